@@ -1,0 +1,97 @@
+/*
+ * frame.h - the control-plane RPC frame codec (pure: no I/O, no locks).
+ *
+ * Wire format.  Every message is a frame: a 4-byte big-endian body length L
+ * (1 <= L <= max_frame) followed by L bytes of one msgpack object.
+ *
+ *   request body: array(3) [ uint id, uint method, array args ]
+ *   reply body:   array(3) [ uint id, int code, result ]
+ *
+ * `args` is the method's positional argument list (see methods.h).  In a
+ * reply, `code` is a moonlet error code (0 = OK); `result` is the method's
+ * result object when code is 0, and a human-readable message string (or nil)
+ * otherwise.  Replies carry the request id, so a client may pipeline many
+ * requests on one connection.
+ *
+ * The decoders check the whole shape: a body that is not exactly one msgpack
+ * object, has trailing bytes, is not an array of 3, or has a field of the
+ * wrong type is rejected with MOONLET_ERR_INVALID_PARAMS.  They never read
+ * past `len`.
+ */
+#ifndef MOONLET_FRAME_H
+#define MOONLET_FRAME_H
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOONLET_FRAME_HEADER_BYTES 4u
+#define MOONLET_DEFAULT_MAX_FRAME (64u << 20) /* 64 MiB */
+#define MOONLET_MAX_KEY_LEN 4096u
+
+/* Writes the header for a body of `body_len` bytes. */
+void moonlet_frame_header_encode(uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], uint32_t body_len);
+
+/* Reads a header.  Returns 0 and sets *body_len, or MOONLET_ERR_INVALID_PARAMS
+ * when the length is 0 or larger than max_frame. */
+int moonlet_frame_header_decode(const uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], size_t max_frame,
+                                uint32_t *body_len);
+
+/* A decoded request.  `args` points into `unp`'s zone; valid until
+ * moonlet_request_destroy(). */
+typedef struct moonlet_request {
+    uint64_t id;
+    uint32_t method;
+    const msgpack_object *args; /* always of type MSGPACK_OBJECT_ARRAY */
+    msgpack_unpacked unp;
+} moonlet_request;
+
+/* Decodes a request body.  On success returns 0 and *req must be released with
+ * moonlet_request_destroy().  On failure returns MOONLET_ERR_INVALID_PARAMS,
+ * sets *id_out to the request id when it could be read (else 0), and *req
+ * needs no release. */
+int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out);
+void moonlet_request_destroy(moonlet_request *req);
+
+/* A decoded reply; `result` points into `unp`'s zone. */
+typedef struct moonlet_reply {
+    uint64_t id;
+    int32_t code;
+    const msgpack_object *result;
+    msgpack_unpacked unp;
+} moonlet_reply;
+
+/* Decodes a reply body; same conventions as moonlet_request_decode. */
+int moonlet_reply_decode(const char *body, size_t len, moonlet_reply *rep);
+void moonlet_reply_destroy(moonlet_reply *rep);
+
+/*
+ * Encoding.  A moonlet_frame_builder packs one frame into a growable buffer:
+ * begin() reserves the header, the caller packs the body through `pk`, and
+ * finish() writes the length.  Several frames may be built back to back into
+ * one builder (pipelining); moonlet_frame_builder_reset() empties it.
+ */
+typedef struct moonlet_frame_builder {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    size_t frame_start; /* offset of the current frame's header */
+} moonlet_frame_builder;
+
+void moonlet_frame_builder_init(moonlet_frame_builder *b);
+void moonlet_frame_builder_destroy(moonlet_frame_builder *b);
+void moonlet_frame_builder_reset(moonlet_frame_builder *b);
+/* Starts a frame; returns the packer to write the body with. */
+msgpack_packer *moonlet_frame_begin(moonlet_frame_builder *b);
+/* Ends the frame.  Returns 0, or MOONLET_ERR_BUFFER_OVERFLOW when the body
+ * exceeds max_frame (the frame is then dropped from the buffer). */
+int moonlet_frame_finish(moonlet_frame_builder *b, size_t max_frame);
+
+/* Convenience: starts a request frame [id, method, array(nargs) ...]; the
+ * caller packs exactly `nargs` objects, then calls moonlet_frame_finish(). */
+msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uint32_t method,
+                                      uint32_t nargs);
+/* Starts a reply frame [id, code, ...]; the caller packs exactly one result
+ * object, then calls moonlet_frame_finish(). */
+msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code);
+
+#endif

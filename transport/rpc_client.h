@@ -1,0 +1,67 @@
+/*
+ * rpc_client.h - a blocking control-plane RPC connection.
+ *
+ * One moonlet_rpc_client is one TCP (or unix-domain) connection.  It is NOT
+ * thread safe: use one per thread, or guard it (MasterClient does).  Every
+ * wait is bounded by opts.timeout_ms; after a timeout or an I/O error the
+ * connection is broken (a late reply would desynchronise it) and every later
+ * call fails with MOONLET_ERR_RPC_FAIL until the owner reconnects.
+ *
+ * Call pattern:
+ *     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
+ *     moonlet_pack_cstr(pk, tenant); moonlet_pack_str(pk, key, len);
+ *     moonlet_reply rep;
+ *     int rc = moonlet_rpc_client_call(c, &rep);   // transport status
+ *     if (rc == 0) { use rep.code / rep.result; moonlet_reply_destroy(&rep); }
+ *
+ * Pipelining: begin()+send() several times, then recv() the replies, which
+ * arrive in request order and carry the request ids.
+ */
+#ifndef MOONLET_RPC_CLIENT_H
+#define MOONLET_RPC_CLIENT_H
+
+#include <msgpack.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+
+typedef struct moonlet_rpc_client moonlet_rpc_client;
+
+typedef struct moonlet_rpc_client_opts {
+    int timeout_ms;          /* per call (connect, send and wait); <= 0 means 10000 */
+    size_t max_frame;        /* 0 means MOONLET_DEFAULT_MAX_FRAME */
+    const char *auth_token;  /* sent as the first frame when non-empty */
+    size_t auth_token_len;
+} moonlet_rpc_client_opts;
+
+/* Connects (TCP_NODELAY) and authenticates when a token is given.  Returns 0,
+ * MOONLET_ERR_RPC_FAIL (cannot connect), MOONLET_ERR_RPC_TIMEOUT, or the
+ * server's code for a refused token (MOONLET_ERR_ILLEGAL_CLIENT). opts may be NULL. */
+int moonlet_rpc_client_connect(const char *host, uint16_t port, const moonlet_rpc_client_opts *opts,
+                               moonlet_rpc_client **out);
+int moonlet_rpc_client_connect_unix(const char *path, const moonlet_rpc_client_opts *opts,
+                                    moonlet_rpc_client **out);
+void moonlet_rpc_client_close(moonlet_rpc_client *c);
+
+/* Starts a request; the caller packs exactly `nargs` arguments through the
+ * returned packer.  Discards any request begun but not sent. */
+msgpack_packer *moonlet_rpc_client_begin(moonlet_rpc_client *c, uint32_t method, uint32_t nargs);
+
+/* Sends the begun request and waits for its reply.  Returns 0 when a reply
+ * arrived (the server's code is rep->code; release rep with
+ * moonlet_reply_destroy), or MOONLET_ERR_RPC_FAIL / MOONLET_ERR_RPC_TIMEOUT /
+ * MOONLET_ERR_BUFFER_OVERFLOW (request larger than max_frame), in which case
+ * rep needs no release. */
+int moonlet_rpc_client_call(moonlet_rpc_client *c, moonlet_reply *rep);
+
+/* Pipelining: sends the begun request without waiting; *id_out gets its id. */
+int moonlet_rpc_client_send(moonlet_rpc_client *c, uint64_t *id_out);
+/* Waits for the next reply, whatever its id. Same return convention as call. */
+int moonlet_rpc_client_recv(moonlet_rpc_client *c, moonlet_reply *rep);
+
+bool moonlet_rpc_client_broken(const moonlet_rpc_client *c);
+int moonlet_rpc_client_fd(const moonlet_rpc_client *c);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * rpc_server.h - the control-plane RPC server (epoll, worker threads).
+ *
+ * One acceptor thread hands accepted connections round-robin to `threads`
+ * event-loop threads; each loop owns its connections, reads frames, runs the
+ * method's handler inline and queues the reply.  A connection is served by
+ * one thread only, so its replies leave in request order; a client may
+ * pipeline any number of requests.  Handlers therefore run concurrently on
+ * different connections and must be thread safe.
+ *
+ * Bad input never takes the server down: an oversized length, a body that is
+ * not a well-formed request, or a connection that closes mid-frame gets an
+ * INVALID_PARAMS reply where a reply is possible, then the connection is
+ * closed; every other connection keeps being served.  An unknown method id is
+ * a well-formed request: it gets an INVALID_PARAMS reply and the connection
+ * stays open.
+ *
+ * Authentication: when a token is configured, the first frame of every
+ * connection must be MOONLET_M_AUTH [token]; anything else (or a wrong token)
+ * gets ILLEGAL_CLIENT and the connection is closed.  The token is compared in
+ * constant time and never logged.
+ *
+ * Locks: the server takes only its own internal locks and never holds one
+ * while calling a handler.
+ */
+#ifndef MOONLET_RPC_SERVER_H
+#define MOONLET_RPC_SERVER_H
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct moonlet_rpc_server moonlet_rpc_server;
+
+/* What a handler learns about the call it serves. */
+typedef struct moonlet_rpc_ctx {
+    void *server_ctx;  /* opts.ctx */
+    void **conn_data;  /* per-connection slot, NULL at accept; the handler may set it */
+    uint64_t id;       /* request id */
+    uint32_t method;   /* method id */
+} moonlet_rpc_ctx;
+
+/*
+ * A method handler.  It reads its positional arguments from `args` (an array;
+ * use wire.h) and packs EXACTLY ONE object into `out`: the result on success,
+ * or an error message (moonlet_rpc_error()) on failure.  It returns the reply
+ * code (0 or a negative moonlet error code).
+ */
+typedef int (*moonlet_rpc_handler)(moonlet_rpc_ctx *ctx, const msgpack_object *args,
+                                   msgpack_packer *out);
+
+typedef struct moonlet_rpc_method {
+    uint32_t id;
+    const char *name;
+    moonlet_rpc_handler fn;
+} moonlet_rpc_method;
+
+typedef struct moonlet_rpc_server_opts {
+    const char *address;      /* IPv4/IPv6 literal or host name; default "127.0.0.1" */
+    uint16_t port;            /* 0 picks a free port (see moonlet_rpc_server_port) */
+    const char *unix_path;    /* when set: listen on this AF_UNIX path instead (mode 0600) */
+    int threads;              /* event-loop threads; <= 0 means the number of cores */
+    size_t max_frame;         /* 0 means MOONLET_DEFAULT_MAX_FRAME */
+    const char *auth_token;   /* NULL or "" disables authentication */
+    size_t auth_token_len;
+    const moonlet_rpc_method *methods;
+    size_t nmethods;
+    void *ctx;                /* handed to handlers as server_ctx */
+    /* Called on the connection's loop thread when it closes, with its conn_data. */
+    void (*on_close)(void *ctx, void *conn_data);
+} moonlet_rpc_server_opts;
+
+/* Binds and listens (does not start threads yet).  Returns 0 or
+ * MOONLET_ERR_INVALID_PARAMS (bad options) / MOONLET_ERR_RPC_FAIL (bind failed). */
+int moonlet_rpc_server_create(const moonlet_rpc_server_opts *opts, moonlet_rpc_server **out);
+/* The bound TCP port (useful with port 0); 0 for unix sockets. */
+uint16_t moonlet_rpc_server_port(const moonlet_rpc_server *s);
+/* Starts the acceptor and loop threads. */
+int moonlet_rpc_server_start(moonlet_rpc_server *s);
+/* Stops accepting, closes every connection, joins all threads.  Returns within
+ * about 100 ms plus the longest running handler.  Idempotent. */
+void moonlet_rpc_server_stop(moonlet_rpc_server *s);
+/* Stops if needed and frees everything (unlinks the unix socket path). */
+void moonlet_rpc_server_destroy(moonlet_rpc_server *s);
+/* Number of currently open connections. */
+size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
+
+/* Packs a formatted error message as the result and returns `code`. */
+int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif
