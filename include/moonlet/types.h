@@ -1,0 +1,57 @@
+/*
+ * types.h - plain data types shared by the master RPC and the client API.
+ */
+#ifndef MOONLET_TYPES_H
+#define MOONLET_TYPES_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOONLET_MAX_KEY_BYTES 4096
+#define MOONLET_MAX_ID_BYTES 255      /* client ids, segment ids, tenant ids */
+#define MOONLET_MAX_ENDPOINT_BYTES 1023
+#define MOONLET_DEFAULT_TENANT "default"
+
+typedef enum {
+    MOONLET_REPLICA_INITIALIZED = 1, /* allocated by PutStart, being written */
+    MOONLET_REPLICA_COMPLETE = 2,    /* written and sealed by PutEnd */
+} moonlet_replica_status;
+
+/* Where one replica of an object lives. Strings are owned by the containing list. */
+typedef struct moonlet_replica_desc {
+    char *segment_id;  /* the store node's segment id */
+    char *endpoint;    /* transport endpoint of the store node, e.g. "127.0.0.1:7000" */
+    char *protocol;    /* "tcp" or "rdma" */
+    uint64_t base;     /* segment base address as registered (verbs: remote VA) */
+    uint64_t offset;   /* offset of the replica inside the segment */
+    uint64_t size;     /* object size in bytes */
+    uint8_t status;    /* moonlet_replica_status */
+} moonlet_replica_desc;
+
+typedef struct moonlet_replica_list {
+    uint64_t size;          /* object size */
+    uint64_t lease_ttl_ms;  /* lease granted by this call (0 when none) */
+    uint32_t count;
+    moonlet_replica_desc *replicas;
+} moonlet_replica_list;
+
+void moonlet_replica_list_free(moonlet_replica_list *l);
+
+/* A segment as mounted on the master by a store node. */
+typedef struct moonlet_segment_desc {
+    const char *client_id;   /* owner (the store node's client id) */
+    const char *segment_id;  /* unique id of this segment */
+    const char *name;        /* human-readable name */
+    uint64_t base;           /* base address (verbs VA; informational for TCP) */
+    uint64_t size;           /* capacity in bytes */
+    const char *endpoint;    /* how peers reach it, e.g. "127.0.0.1:7000" */
+    const char *protocol;    /* "tcp" or "rdma" */
+} moonlet_segment_desc;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

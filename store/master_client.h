@@ -1,0 +1,69 @@
+/*
+ * master_client.h - MasterClient: the C client of the master's control RPC.
+ *
+ * Wraps one RPC connection behind a mutex, so one MasterClient may be shared
+ * by threads (calls are serialised).  A broken connection is re-established
+ * on the next call (one attempt per call; bounded by the timeout).  Every
+ * call returns 0 or a moonlet error code; per-key batch results are written
+ * to `results[i]` as 1 (true), 0 (false) or a negative error code.
+ * Keys and ids are NUL-terminated strings; tenant NULL or "" means "default".
+ *
+ * Locks: its own connection mutex only.
+ */
+#ifndef MOONLET_MASTER_CLIENT_H
+#define MOONLET_MASTER_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moonlet/policy.h"
+#include "moonlet/types.h"
+
+typedef struct moonlet_master_client moonlet_master_client;
+
+typedef struct moonlet_master_client_opts {
+    int timeout_ms;          /* per call; <= 0 means 10000 */
+    const char *auth_token;  /* NULL: none */
+} moonlet_master_client_opts;
+
+/* addr is "HOST:PORT". Connects eagerly; returns MOONLET_ERR_RPC_FAIL when the master is unreachable. */
+int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
+                      moonlet_master_client **out);
+void moonlet_mc_destroy(moonlet_master_client *mc);
+
+int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
+int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id);
+int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *seg);
+int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
+                               const char *segment_id);
+
+int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const char *key,
+                         uint64_t size, uint32_t replica_num, bool soft_pin,
+                         moonlet_replica_list *out);
+int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key);
+int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key);
+int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
+                                moonlet_replica_list *out);
+int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool *exists);
+int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
+                               const char *const *keys, size_t n, int32_t *results);
+int moonlet_mc_probe_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool *exists);
+int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
+                               moonlet_grant_lease_policy policy, const char *const *keys,
+                               size_t n, int32_t *results);
+int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key);
+int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed);
+
+/* Admin calls return the decoded result as a cJSON tree (caller frees with cJSON_Delete). */
+struct cJSON;
+int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out);
+int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
+                         const char *cursor, uint32_t limit, struct cJSON **out);
+int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                           struct cJSON **out);
+int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
+
+#endif
