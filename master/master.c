@@ -1,0 +1,258 @@
+/*
+ * master.c - lifetime of the master service: configuration, the tenant
+ * table, the background thread (eviction, put timeouts, liveness) and
+ * statistics.
+ *
+ * Tenants are interned to small integers so an object stores 4 bytes instead
+ * of a string, and the tenant id seeds the key hash (tenant isolation is then
+ * structural: a lookup in tenant A cannot match an object of tenant B).
+ *
+ * Locks: tenants.lock is a leaf (never held while taking another lock).  The
+ * background thread takes bg_mu only to sleep; each piece of work it runs
+ * takes its own locks (see evict.c and segment.c).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lease.h"
+#include "log.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+void moonlet_master_config_default(moonlet_master_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->shards = 1024;
+    cfg->lease_ttl_ms = MOONLET_DEFAULT_LEASE_TTL_MS;
+    cfg->soft_pin_ttl_ms = MOONLET_DEFAULT_SOFT_PIN_TTL_MS;
+    cfg->eviction_high_watermark = 0.90;
+    cfg->eviction_ratio = 0.05;
+    cfg->client_live_ttl_ms = 10000;
+    cfg->put_timeout_ms = 60000;
+    cfg->background_interval_ms = 100;
+    cfg->background = true;
+}
+
+/* ---- tenants ---------------------------------------------------------------- */
+
+static moonlet_str tenant_name(moonlet_str t)
+{
+    return t.len ? t : MOONLET_STR(MOONLET_DEFAULT_TENANT);
+}
+
+static uint32_t tenant_find_locked(struct tenants *t, moonlet_str name)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->lens[i] == name.len && memcmp(t->names[i], name.ptr, name.len) == 0)
+            return i;
+    return MOONLET_NO_TENANT;
+}
+
+int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id)
+{
+    name = tenant_name(name);
+    if (name.len > MOONLET_MAX_ID_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    *id = tenant_find_locked(&m->tenants, name);
+    pthread_rwlock_unlock(&m->tenants.lock);
+    return MOONLET_OK;
+}
+
+int tenant_intern(moonlet_master *m, moonlet_str name, uint32_t *id)
+{
+    int rc = tenant_lookup(m, name, id);
+    if (rc || *id != MOONLET_NO_TENANT)
+        return rc;
+    name = tenant_name(name);
+    struct tenants *t = &m->tenants;
+    pthread_rwlock_wrlock(&t->lock);
+    *id = tenant_find_locked(t, name);
+    if (*id == MOONLET_NO_TENANT) {
+        rc = MOONLET_ERR_INVALID_PARAMS;
+        if (t->n == t->cap && t->cap < MOONLET_MAX_TENANTS) {
+            uint32_t cap = t->cap ? t->cap * 2 : 8;
+            char **names = realloc(t->names, cap * sizeof(*names));
+            if (names)
+                t->names = names;
+            uint32_t *lens = names ? realloc(t->lens, cap * sizeof(*lens)) : NULL;
+            if (lens) {
+                t->lens = lens;
+                t->cap = cap;
+            }
+        }
+        if (t->n < t->cap && (t->names[t->n] = malloc(name.len ? name.len : 1))) {
+            memcpy(t->names[t->n], name.ptr, name.len);
+            t->lens[t->n] = name.len;
+            *id = t->n++;
+            rc = MOONLET_OK;
+        }
+    } else {
+        rc = MOONLET_OK;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    return rc;
+}
+
+/* ---- background work --------------------------------------------------------- */
+
+void moonlet_master_tick(moonlet_master *m)
+{
+    if (m->cfg.eviction_high_watermark > 0 && registry_usage(m) >= m->cfg.eviction_high_watermark)
+        evict_pass(m, m->cfg.eviction_ratio);
+    uint64_t now = moonlet_clock_now_ns();
+    /* Stale puts are rare: look for them at most 4 times per timeout. */
+    if (atomic_load(&m->st.pending) > 0 && now - m->last_reap_ns >= m->put_timeout_ns / 4) {
+        m->last_reap_ns = now;
+        reap_stale_puts(m);
+    }
+    liveness_check(m);
+}
+
+static void *bg_main(void *arg)
+{
+    moonlet_master *m = arg;
+    pthread_mutex_lock(&m->bg_mu);
+    while (!m->bg_stop) {
+        pthread_mutex_unlock(&m->bg_mu);
+        moonlet_master_tick(m);
+        pthread_mutex_lock(&m->bg_mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + m->cfg.background_interval_ms * MOONLET_NS_PER_MS;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        while (!m->bg_stop && pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &ts) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&m->bg_mu);
+    return NULL;
+}
+
+/* ---- lifetime ------------------------------------------------------------------ */
+
+int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out)
+{
+    moonlet_master_config def;
+    if (!cfg) {
+        moonlet_master_config_default(&def);
+        cfg = &def;
+    }
+    if (cfg->shards == 0 || cfg->shards > (1u << 20) || cfg->eviction_ratio < 0 ||
+        cfg->eviction_ratio > 1 || cfg->eviction_high_watermark < 0 ||
+        cfg->eviction_high_watermark > 1 || cfg->background_interval_ms == 0)
+        return MOONLET_ERR_INVALID_PARAMS;
+
+    moonlet_master *m = calloc(1, sizeof(*m));
+    if (!m)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    m->cfg = *cfg;
+    m->lease_ttl_ns = cfg->lease_ttl_ms * MOONLET_NS_PER_MS;
+    m->soft_pin_ttl_ns = cfg->soft_pin_ttl_ms * MOONLET_NS_PER_MS;
+    m->client_ttl_ns = cfg->client_live_ttl_ms * MOONLET_NS_PER_MS;
+    m->put_timeout_ns = cfg->put_timeout_ms * MOONLET_NS_PER_MS;
+    m->nshards = cfg->shards;
+
+    pthread_mutex_init(&m->evict_mu, NULL);
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* Unmount must not starve behind a steady stream of readers. */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&m->guard, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    pthread_rwlock_init(&m->tenants.lock, NULL);
+    registry_init(&m->reg);
+    pthread_mutex_init(&m->bg_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->bg_cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    if (shards_init(m) != MOONLET_OK) {
+        moonlet_master_destroy(m);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    if (cfg->background) {
+        if (pthread_create(&m->bg, NULL, bg_main, m) != 0) {
+            moonlet_master_destroy(m);
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+        m->bg_started = true;
+    }
+    *out = m;
+    return MOONLET_OK;
+}
+
+void moonlet_master_destroy(moonlet_master *m)
+{
+    if (!m)
+        return;
+    if (m->bg_started) {
+        pthread_mutex_lock(&m->bg_mu);
+        m->bg_stop = true;
+        pthread_cond_signal(&m->bg_cv);
+        pthread_mutex_unlock(&m->bg_mu);
+        pthread_join(m->bg, NULL);
+    }
+    shards_destroy(m);
+    registry_destroy(&m->reg);
+    for (uint32_t i = 0; i < m->tenants.n; i++)
+        free(m->tenants.names[i]);
+    free(m->tenants.names);
+    free(m->tenants.lens);
+    pthread_rwlock_destroy(&m->tenants.lock);
+    pthread_rwlock_destroy(&m->guard);
+    pthread_mutex_destroy(&m->evict_mu);
+    pthread_mutex_destroy(&m->bg_mu);
+    pthread_cond_destroy(&m->bg_cv);
+    free(m);
+}
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+unsigned lock_hist_bucket(uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    unsigned b = 0;
+    while (us && b < MOONLET_LOCK_HIST_BUCKETS - 1) {
+        us >>= 1;
+        b++;
+    }
+    return b; /* 0: <1us, 1: <2us, 2: <4us, ... last: >= 1024us */
+}
+
+void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
+{
+    memset(st, 0, sizeof(*st));
+    struct mstats *s = &m->st;
+    st->objects = atomic_load(&s->objects);
+    st->bytes = atomic_load(&s->bytes);
+    st->put_starts = atomic_load(&s->put_starts);
+    st->put_ends = atomic_load(&s->put_ends);
+    st->put_revokes = atomic_load(&s->put_revokes);
+    st->put_timeouts = atomic_load(&s->put_timeouts);
+    st->removes = atomic_load(&s->removes);
+    st->evictions = atomic_load(&s->evictions);
+    st->eviction_passes = atomic_load(&s->eviction_passes);
+    st->leases_get = atomic_load(&s->leases_get);
+    st->leases_exist = atomic_load(&s->leases_exist);
+    st->leases_probe = atomic_load(&s->leases_probe);
+    st->probe_calls_none = atomic_load(&s->probe_calls_none);
+    st->probe_calls_last_hit = atomic_load(&s->probe_calls_last_hit);
+    st->probe_candidates_examined = atomic_load(&s->probe_candidates_examined);
+    st->probe_recheck_fallbacks = atomic_load(&s->probe_recheck_fallbacks);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        st->probe_lock_hold_hist[i] = atomic_load(&s->probe_lock_hold_hist[i]);
+    st->probe_lock_hold_max_ns = atomic_load(&s->probe_lock_hold_max_ns);
+    st->unmounts_by_liveness = atomic_load(&s->unmounts_by_liveness);
+    st->capacity = atomic_load(&m->reg.capacity);
+    st->used = atomic_load(&m->reg.used);
+    pthread_mutex_lock(&m->reg.mu);
+    st->segments = m->reg.nmounted;
+    for (uint32_t i = 0; i < m->reg.nclients; i++)
+        st->clients += m->reg.clients[i].used;
+    pthread_mutex_unlock(&m->reg.mu);
+}

@@ -1,0 +1,207 @@
+/*
+ * master.h - the master service as a library: metadata, segments, leases,
+ * eviction, liveness and probes.  No I/O: master/service.c exposes these calls
+ * over the control RPC; tests call them directly.
+ *
+ * Strings come as moonlet_str (pointer + length, not NUL-terminated) because
+ * they arrive straight from msgpack frames.  An empty tenant means "default".
+ * Batch results use the convention 1 = true, 0 = false, < 0 = error code.
+ *
+ * Replica and segment details are reported through visitor callbacks that run
+ * while the master holds its locks: a visitor must be quick and must not call
+ * back into the master.  The views' strings are valid only during the call.
+ *
+ * Thread safety: every function may be called from any thread concurrently.
+ * Lock order (see docs/architecture.md): snapshot guard -> shard locks in
+ * ascending index -> segment registry lock.
+ */
+#ifndef MOONLET_MASTER_H
+#define MOONLET_MASTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "moonlet/policy.h"
+#include "moonlet/types.h"
+
+typedef struct moonlet_master moonlet_master;
+
+typedef struct moonlet_str {
+    const char *ptr;
+    uint32_t len;
+} moonlet_str;
+
+#define MOONLET_STR(s) ((moonlet_str){(s), (uint32_t)strlen(s)})
+
+typedef struct moonlet_master_config {
+    uint32_t shards;                  /* metadata shards (1024) */
+    uint64_t lease_ttl_ms;            /* default_kv_lease_ttl (5000) */
+    uint64_t soft_pin_ttl_ms;         /* default_kv_soft_pin_ttl (30 min) */
+    double eviction_high_watermark;   /* 0.90 */
+    double eviction_ratio;            /* 0.05 */
+    uint64_t client_live_ttl_ms;      /* 10000 */
+    uint64_t put_timeout_ms;          /* PutStart without PutEnd is revoked after this (60000) */
+    uint32_t background_interval_ms;  /* eviction / liveness check period (100) */
+    bool background;                  /* run the eviction and liveness thread */
+    /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
+     * the validation phase, with no master lock held. */
+    void (*probe_hook)(void *arg);
+    void *probe_hook_arg;
+} moonlet_master_config;
+
+/* Fills the defaults above. */
+void moonlet_master_config_default(moonlet_master_config *cfg);
+
+int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out);
+void moonlet_master_destroy(moonlet_master *m);
+
+/* ---- clients and segments ---------------------------------------------- */
+
+/* Records that a client is alive.  *segments_out (optional) gets the number
+ * of segments the master has mounted for it: a store node that sees 0 after
+ * it mounted one knows the master forgot it (restart, or declared dead) and
+ * mounts again. */
+int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segments_out);
+
+/* SEGMENT_ALREADY_EXISTS when the segment id is mounted; INVALID_PARAMS for
+ * bad fields. Mounting counts as a ping of the owner. */
+int moonlet_master_mount_segment(moonlet_master *m, const moonlet_segment_desc *seg);
+/* Replicas on the segment stop being readable; objects left with no replica
+ * are removed.  SEGMENT_NOT_FOUND, or ILLEGAL_CLIENT when owned by another client. */
+int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id,
+                                   moonlet_str segment_id);
+
+/* ---- objects ----------------------------------------------------------- */
+
+typedef struct moonlet_replica_view {
+    const char *segment_id;
+    const char *segment_name;
+    const char *endpoint;
+    const char *protocol;
+    uint64_t base;
+    uint64_t offset;
+    uint64_t size;
+    uint8_t status;
+} moonlet_replica_view;
+
+typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r);
+
+/* Allocates replica_num replicas on distinct segments (status INITIALIZED)
+ * and reports each to `visit`.  OBJECT_ALREADY_EXISTS when the key exists (also
+ * while another put of it is in progress), NO_AVAILABLE_HANDLE when nothing
+ * fits even after an eviction pass, INVALID_KEY / INVALID_PARAMS for bad input. */
+int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
+                             uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
+                             void *arg);
+/* Seals a put: every replica becomes COMPLETE and the object readable. */
+int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* Abandons a put in progress: frees its replicas and forgets the key. */
+int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+
+/* Reports the readable replicas and grants a read lease.  OBJECT_NOT_FOUND, or
+ * REPLICA_IS_NOT_READY while the put is in progress. *size and *lease_ttl_ms optional. */
+int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                    uint64_t *size, uint64_t *lease_ttl_ms,
+                                    moonlet_replica_visitor visit, void *arg);
+
+/* Existence with Mooncake semantics: a readable hit is leased. */
+int moonlet_master_exist_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists);
+int moonlet_master_batch_exist_key(moonlet_master *m, moonlet_str tenant, const moonlet_str *keys,
+                                   size_t n, int32_t *results);
+
+/* Existence without any lease. */
+int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists);
+/* BatchProbeKey with a GrantLeasePolicy; see docs/probe-policy.md.  Returns
+ * INVALID_PARAMS (and leases nothing) for an invalid policy; otherwise 0 with
+ * one result per key (for LAST_HIT_ONLY: the selected-only mask, or the scan's
+ * per-key errors with every other position false). */
+int moonlet_master_batch_probe_key(moonlet_master *m, moonlet_str tenant,
+                                   const moonlet_grant_lease_policy *policy,
+                                   const moonlet_str *keys, size_t n, int32_t *results);
+
+/* OBJECT_HAS_LEASE while a lease holds; REPLICA_IS_NOT_READY while a put is in progress. */
+int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* Removes every object of the tenant that has no unexpired lease and no put
+ * in progress; *removed gets the count. */
+int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed);
+
+/* Runs one eviction pass now, whatever the watermark (tests, admin). Returns objects evicted. */
+uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
+/* One pass of the background work: watermark eviction, put timeouts, liveness. */
+void moonlet_master_tick(moonlet_master *m);
+
+/* ---- inspection -------------------------------------------------------- */
+
+typedef struct moonlet_segment_view {
+    const char *segment_id;
+    const char *name;
+    const char *client_id;
+    const char *endpoint;
+    const char *protocol;
+    uint64_t base;
+    uint64_t capacity;
+    uint64_t used;
+    uint64_t objects;
+    uint64_t last_ping_age_ms;
+} moonlet_segment_view;
+
+int moonlet_master_list_segments(moonlet_master *m,
+                                 void (*visit)(void *arg, const moonlet_segment_view *s),
+                                 void *arg);
+
+typedef struct moonlet_key_view {
+    const char *key;
+    uint32_t key_len;
+    uint64_t size;
+    bool complete;               /* PutEnd done */
+    uint32_t replicas;
+    uint32_t readable_replicas;
+    uint64_t lease_remaining_ms; /* 0: no lease */
+    uint64_t soft_pin_remaining_ms;
+} moonlet_key_view;
+
+/* Pages through a tenant's keys in a stable order (by key hash).  `cursor` is
+ * "" for the first page and the returned *next_cursor for the following ones;
+ * *next_cursor is "" after the last page.  At most `limit` keys per page
+ * (1..10000). */
+#define MOONLET_CURSOR_BYTES 40
+int moonlet_master_list_keys(moonlet_master *m, moonlet_str tenant, moonlet_str prefix,
+                             moonlet_str cursor, uint32_t limit,
+                             void (*visit)(void *arg, const moonlet_key_view *k), void *arg,
+                             char next_cursor[MOONLET_CURSOR_BYTES]);
+
+/* One key: its summary, then each replica (all statuses). OBJECT_NOT_FOUND. */
+int moonlet_master_inspect_key(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                               moonlet_key_view *summary, moonlet_replica_visitor visit,
+                               void *arg);
+
+#define MOONLET_LOCK_HIST_BUCKETS 12 /* <1us, <2us, <4us ... <1024us, >=1024us */
+
+typedef struct moonlet_master_stats {
+    uint64_t objects;
+    uint64_t bytes;             /* sum of object sizes */
+    uint64_t segments;
+    uint64_t capacity;
+    uint64_t used;
+    uint64_t clients;
+    uint64_t put_starts, put_ends, put_revokes, put_timeouts;
+    uint64_t removes;
+    uint64_t evictions;
+    uint64_t eviction_passes;
+    uint64_t leases_get;        /* leases granted by GetReplicaList */
+    uint64_t leases_exist;      /* by ExistKey / BatchExistKey */
+    uint64_t leases_probe;      /* by BatchProbeKey (keys leased by probes) */
+    uint64_t probe_calls_none;
+    uint64_t probe_calls_last_hit;
+    uint64_t probe_candidates_examined;
+    uint64_t probe_recheck_fallbacks;
+    uint64_t probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
+    uint64_t probe_lock_hold_max_ns;
+    uint64_t unmounts_by_liveness;
+} moonlet_master_stats;
+
+void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);
+
+#endif

@@ -1,0 +1,205 @@
+/*
+ * master_internal.h - the master's data structures, shared by the master/ sources.
+ *
+ * Lock order (never take them in another order):
+ *   0. evict_mu            - serialises eviction passes (held around a pass)
+ *   1. guard (rwlock)      - shared for every ordinary operation; exclusive
+ *                            for whole-table changes (segment unmount)
+ *   2. shard locks         - several at once only in ascending shard index
+ *   3. registry.mu         - segment registry, allocators and client table
+ *   -  tenants.lock        - leaf lock; never held while taking another
+ *
+ * Invariant that lets readers skip the registry lock: a replica only ever
+ * names a MOUNTED segment slot.  Unmount removes every replica of the segment
+ * under the exclusive guard, so while a thread holds the guard shared, the
+ * segment slots its objects reference stay mounted and their identity
+ * strings (id, name, endpoint, protocol, base) stay unchanged.  Only the
+ * mutable accounting (allocator, used, objects) needs registry.mu.
+ *
+ * Functions named *_locked expect the caller to hold the lock they name;
+ * never call a helper that takes a shard lock while holding that shard lock.
+ */
+#ifndef MOONLET_MASTER_INTERNAL_H
+#define MOONLET_MASTER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "alloc.h"
+#include "master.h"
+
+#define MOONLET_MAX_SEGMENTS 4096u
+#define MOONLET_MAX_REPLICAS 8u
+#define MOONLET_MAX_TENANTS 65536u
+#define MOONLET_NO_TENANT UINT32_MAX
+
+enum { OBJ_PENDING = 1, OBJ_COMPLETE = 2 };
+enum { OBJ_FLAG_SOFT_PIN = 1 };
+
+/* One replica: 16 bytes. */
+struct mrep {
+    uint64_t offset;
+    uint32_t seg;    /* segment slot */
+    uint8_t status;  /* moonlet_replica_status */
+    uint8_t pad[3];
+};
+
+/*
+ * One object, allocated as a single block: header, `nrep` replicas, then the
+ * key bytes (not NUL-terminated).  48 bytes of header + 16 per replica.
+ */
+struct mobj {
+    struct mobj *next;          /* hash chain */
+    uint64_t hash;              /* XXH3 of key, seeded with the tenant id */
+    uint64_t size;              /* object bytes */
+    uint64_t lease_deadline;    /* read lease (ns); while PENDING: put deadline */
+    uint64_t soft_pin_deadline; /* ns; 0 = not pinned */
+    uint32_t tenant;
+    uint16_t key_len;
+    uint8_t nrep;
+    uint8_t state;              /* OBJ_PENDING / OBJ_COMPLETE */
+    uint8_t flags;              /* OBJ_FLAG_* */
+    uint8_t pad[7];
+    struct mrep rep[];
+};
+
+static inline char *mobj_key(struct mobj *o) { return (char *)(o->rep + o->nrep); }
+static inline bool mobj_readable(const struct mobj *o)
+{
+    return o->state == OBJ_COMPLETE && o->nrep > 0;
+}
+
+struct shard {
+    pthread_mutex_t mu;
+    struct mobj **buckets;
+    uint32_t mask;  /* buckets - 1 (power of two) */
+    uint32_t count;
+} __attribute__((aligned(64)));
+
+enum { SEG_FREE = 0, SEG_MOUNTED = 1, SEG_UNMOUNTING = 2 };
+
+struct mseg {
+    _Atomic int state;
+    uint32_t client;             /* index into registry.clients */
+    char id[MOONLET_MAX_ID_BYTES + 1];
+    char name[MOONLET_MAX_ID_BYTES + 1];
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    char protocol[16];
+    uint64_t base;
+    uint64_t size;
+    moonlet_alloc *alloc;        /* registry.mu */
+    uint64_t objects;            /* registry.mu: replicas on this segment */
+};
+
+struct mclient {
+    char id[MOONLET_MAX_ID_BYTES + 1];
+    uint64_t last_ping_ns;
+    uint32_t nsegs;
+    bool used;
+};
+
+struct registry {
+    pthread_mutex_t mu;
+    struct mseg *segs[MOONLET_MAX_SEGMENTS]; /* slots, allocated on first use */
+    uint32_t nslots;                         /* slots ever used */
+    uint32_t nmounted;
+    struct mclient *clients;
+    uint32_t nclients;                       /* entries in use or free (used=false) */
+    uint32_t clients_cap;
+    uint32_t rr;                             /* round-robin start for placement */
+    _Atomic uint64_t capacity;               /* written under mu, read lock-free */
+    _Atomic uint64_t used;
+};
+
+struct tenants {
+    pthread_rwlock_t lock;
+    char **names;
+    uint32_t *lens;
+    uint32_t n, cap;
+};
+
+struct mstats {
+    _Atomic uint64_t objects, bytes;
+    _Atomic uint64_t pending;
+    _Atomic uint64_t put_starts, put_ends, put_revokes, put_timeouts, removes;
+    _Atomic uint64_t evictions, eviction_passes;
+    _Atomic uint64_t leases_get, leases_exist, leases_probe;
+    _Atomic uint64_t probe_calls_none, probe_calls_last_hit;
+    _Atomic uint64_t probe_candidates_examined, probe_recheck_fallbacks;
+    _Atomic uint64_t probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
+    _Atomic uint64_t probe_lock_hold_max_ns;
+    _Atomic uint64_t unmounts_by_liveness;
+};
+
+struct moonlet_master {
+    moonlet_master_config cfg;
+    uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns;
+
+    pthread_mutex_t evict_mu;
+    pthread_rwlock_t guard;
+    struct shard *shards;
+    uint32_t nshards;
+    struct tenants tenants;
+    struct registry reg;
+    struct mstats st;
+
+    pthread_t bg;
+    bool bg_started;
+    pthread_mutex_t bg_mu;
+    pthread_cond_t bg_cv;
+    bool bg_stop;
+    uint64_t last_reap_ns;
+};
+
+/* ---- shard.c: object table ---------------------------------------------- */
+int shards_init(moonlet_master *m);
+void shards_destroy(moonlet_master *m);
+uint64_t key_hash(uint32_t tenant, const char *key, uint32_t len);
+static inline uint32_t shard_of(const moonlet_master *m, uint64_t hash)
+{
+    return (uint32_t)((hash >> 40) % m->nshards);
+}
+struct mobj *shard_find_locked(struct shard *s, uint64_t hash, uint32_t tenant, const char *key,
+                               uint32_t len);
+int shard_insert_locked(struct shard *s, struct mobj *o);
+void shard_unlink_locked(struct shard *s, struct mobj *o);
+struct mobj *mobj_new(uint32_t tenant, uint64_t hash, const char *key, uint32_t len, uint32_t nrep);
+/* Releases the object's space, unlinks and frees it.  Caller holds the guard
+ * (shared) and the shard lock; takes registry.mu. */
+void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
+
+/* Validates a key: INVALID_KEY for empty or longer than MOONLET_MAX_KEY_BYTES. */
+int key_check(moonlet_str key);
+
+/* ---- tenant ids (master.c) ----------------------------------------------- */
+/* Looks a tenant up; MOONLET_NO_TENANT when unknown.  Returns INVALID_PARAMS for bad names. */
+int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* Looks up or creates; INVALID_PARAMS when the table is full. */
+int tenant_intern(moonlet_master *m, moonlet_str name, uint32_t *id);
+
+/* ---- segment.c ------------------------------------------------------------ */
+int registry_init(struct registry *r);
+void registry_destroy(struct registry *r);
+/* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[].
+ * Caller holds the guard shared (and a shard lock); takes registry.mu. */
+int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps);
+/* Gives the ranges back.  Takes registry.mu. */
+void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep);
+void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *r,
+                       moonlet_replica_view *v);
+/* Unmounts every segment of clients not heard from within the liveness TTL. */
+void liveness_check(moonlet_master *m);
+double registry_usage(moonlet_master *m);
+
+/* ---- evict.c -------------------------------------------------------------- */
+/* One eviction pass (takes evict_mu, then the guard shared). */
+uint64_t evict_pass(moonlet_master *m, double ratio);
+/* Revokes puts whose PutEnd did not come within the put timeout. */
+void reap_stale_puts(moonlet_master *m);
+
+/* Lock-hold histogram bucket of a duration. */
+unsigned lock_hist_bucket(uint64_t ns);
+
+#endif

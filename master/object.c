@@ -1,0 +1,325 @@
+/*
+ * object.c - object lifecycle: PutStart / PutEnd / PutRevoke, replica lists,
+ * existence (with leases), Remove and RemoveAll.
+ *
+ * Every operation here touches one key at a time: it takes the snapshot
+ * guard shared, then that key's shard lock, and - only to allocate or free
+ * space - the registry lock.  A batch takes the guard once and the shard
+ * locks one after another, never two at once.
+ *
+ * PutStart may find no space.  It then drops every lock, runs one eviction
+ * pass (which takes evict_mu, the guard and shard locks itself) and tries
+ * once more, so eviction never runs under a shard lock.
+ *
+ * Locks: guard (shared) -> one shard lock -> registry.mu.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lease.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+/* A key located in its shard: what every single-key operation starts from. */
+struct keyref {
+    uint32_t tenant;
+    uint64_t hash;
+    struct shard *shard;
+};
+
+/* Validates key and tenant and finds the shard.  Tenant not found is not an
+ * error: ref->tenant is then MOONLET_NO_TENANT and every lookup misses. */
+static int keyref_init(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool create,
+                       struct keyref *ref)
+{
+    int rc = key_check(key);
+    if (rc)
+        return rc;
+    rc = create ? tenant_intern(m, tenant, &ref->tenant) : tenant_lookup(m, tenant, &ref->tenant);
+    if (rc)
+        return rc;
+    ref->hash = key_hash(ref->tenant, key.ptr, key.len);
+    ref->shard = &m->shards[shard_of(m, ref->hash)];
+    return MOONLET_OK;
+}
+
+static struct mobj *keyref_find_locked(const struct keyref *ref, moonlet_str key)
+{
+    if (ref->tenant == MOONLET_NO_TENANT)
+        return NULL;
+    return shard_find_locked(ref->shard, ref->hash, ref->tenant, key.ptr, key.len);
+}
+
+static void visit_replicas(moonlet_master *m, const struct mobj *o, bool readable_only,
+                           moonlet_replica_visitor visit, void *arg)
+{
+    if (!visit)
+        return;
+    for (uint32_t k = 0; k < o->nrep; k++) {
+        if (readable_only && o->rep[k].status != MOONLET_REPLICA_COMPLETE)
+            continue;
+        moonlet_replica_view v;
+        replica_view_fill(m, o, &o->rep[k], &v);
+        visit(arg, &v);
+    }
+}
+
+/* One PutStart attempt; NO_AVAILABLE_HANDLE lets the caller evict and retry. */
+static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_str key,
+                          uint64_t size, uint32_t nrep, bool soft_pin,
+                          moonlet_replica_visitor visit, void *arg)
+{
+    int rc = MOONLET_OK;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref->shard->mu);
+    if (keyref_find_locked(ref, key)) {
+        rc = MOONLET_ERR_OBJECT_ALREADY_EXISTS;
+        goto out;
+    }
+    struct mobj *o = mobj_new(ref->tenant, ref->hash, key.ptr, key.len, nrep);
+    if (!o) {
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+    rc = registry_place_locked(m, size, nrep, o->rep);
+    if (rc) {
+        free(o);
+        goto out;
+    }
+    o->size = size;
+    o->state = OBJ_PENDING;
+    o->flags = soft_pin ? OBJ_FLAG_SOFT_PIN : 0;
+    o->lease_deadline = moonlet_clock_now_ns() + m->put_timeout_ns; /* put deadline */
+    shard_insert_locked(ref->shard, o);
+    atomic_fetch_add(&m->st.objects, 1);
+    atomic_fetch_add(&m->st.pending, 1);
+    atomic_fetch_add(&m->st.bytes, size);
+    atomic_fetch_add(&m->st.put_starts, 1);
+    visit_replicas(m, o, false, visit, arg);
+out:
+    pthread_mutex_unlock(&ref->shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
+                             uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
+                             void *arg)
+{
+    if (replica_num == 0 || replica_num > MOONLET_MAX_REPLICAS || size > (1ull << 50))
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, true, &ref);
+    if (rc)
+        return rc;
+    rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && evict_pass(m, m->cfg.eviction_ratio) > 0)
+        rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
+    return rc;
+}
+
+int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+{
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, false, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = keyref_find_locked(&ref, key);
+    if (!o) {
+        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
+    } else if (o->state != OBJ_PENDING) {
+        rc = MOONLET_ERR_INVALID_WRITE;
+    } else {
+        for (uint32_t k = 0; k < o->nrep; k++)
+            o->rep[k].status = MOONLET_REPLICA_COMPLETE;
+        o->state = OBJ_COMPLETE;
+        o->lease_deadline = 0;
+        uint64_t now = moonlet_clock_now_ns();
+        if (o->flags & OBJ_FLAG_SOFT_PIN)
+            o->soft_pin_deadline = moonlet_lease_grant(0, now, m->soft_pin_ttl_ns);
+        atomic_fetch_sub(&m->st.pending, 1);
+        atomic_fetch_add(&m->st.put_ends, 1);
+        /* A put whose every replica was lost in flight leaves nothing readable. */
+        if (o->nrep == 0)
+            object_destroy_locked(m, ref.shard, o);
+    }
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+{
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, false, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = keyref_find_locked(&ref, key);
+    if (!o) {
+        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
+    } else if (o->state != OBJ_PENDING) {
+        rc = MOONLET_ERR_INVALID_WRITE;
+    } else {
+        object_destroy_locked(m, ref.shard, o);
+        atomic_fetch_add(&m->st.put_revokes, 1);
+    }
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                    uint64_t *size, uint64_t *lease_ttl_ms,
+                                    moonlet_replica_visitor visit, void *arg)
+{
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, false, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = keyref_find_locked(&ref, key);
+    if (!o) {
+        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
+    } else if (!mobj_readable(o)) {
+        rc = MOONLET_ERR_REPLICA_IS_NOT_READY;
+    } else {
+        o->lease_deadline = moonlet_lease_grant(o->lease_deadline, moonlet_clock_now_ns(),
+                                                m->lease_ttl_ns);
+        atomic_fetch_add(&m->st.leases_get, 1);
+        if (size)
+            *size = o->size;
+        if (lease_ttl_ms)
+            *lease_ttl_ms = m->cfg.lease_ttl_ms;
+        visit_replicas(m, o, true, visit, arg);
+    }
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+/*
+ * Readability of one key under its shard lock, granting a lease on a hit when
+ * `lease` is set.  Caller holds the guard shared.  Returns 1, 0 or an error.
+ */
+static int32_t exist_one_guarded(moonlet_master *m, uint32_t tenant, moonlet_str key, bool lease,
+                                 uint64_t now)
+{
+    if (key_check(key))
+        return MOONLET_ERR_INVALID_KEY;
+    if (tenant == MOONLET_NO_TENANT)
+        return 0;
+    uint64_t h = key_hash(tenant, key.ptr, key.len);
+    struct shard *s = &m->shards[shard_of(m, h)];
+    pthread_mutex_lock(&s->mu);
+    struct mobj *o = shard_find_locked(s, h, tenant, key.ptr, key.len);
+    int32_t hit = o && mobj_readable(o);
+    if (hit && lease) {
+        o->lease_deadline = moonlet_lease_grant(o->lease_deadline, now, m->lease_ttl_ns);
+        atomic_fetch_add_explicit(&m->st.leases_exist, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return hit;
+}
+
+static int master_exist_batch(moonlet_master *m, moonlet_str tenant, const moonlet_str *keys,
+                              size_t n, bool lease, int32_t *results)
+{
+    uint32_t tid;
+    int rc = tenant_lookup(m, tenant, &tid);
+    if (rc)
+        return rc;
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_rwlock_rdlock(&m->guard);
+    for (size_t i = 0; i < n; i++)
+        results[i] = exist_one_guarded(m, tid, keys[i], lease, now);
+    pthread_rwlock_unlock(&m->guard);
+    return MOONLET_OK;
+}
+
+static int exist_single(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool lease,
+                        bool *exists)
+{
+    int32_t r;
+    int rc = master_exist_batch(m, tenant, &key, 1, lease, &r);
+    if (rc)
+        return rc;
+    if (r < 0)
+        return r;
+    *exists = r == 1;
+    return MOONLET_OK;
+}
+
+int moonlet_master_exist_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists)
+{
+    return exist_single(m, tenant, key, true, exists);
+}
+
+int moonlet_master_batch_exist_key(moonlet_master *m, moonlet_str tenant, const moonlet_str *keys,
+                                   size_t n, int32_t *results)
+{
+    return master_exist_batch(m, tenant, keys, n, true, results);
+}
+
+int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists)
+{
+    return exist_single(m, tenant, key, false, exists);
+}
+
+int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+{
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, false, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = keyref_find_locked(&ref, key);
+    if (!o)
+        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
+    else if (o->state == OBJ_PENDING)
+        rc = MOONLET_ERR_REPLICA_IS_NOT_READY;
+    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+        rc = MOONLET_ERR_OBJECT_HAS_LEASE;
+    else {
+        object_destroy_locked(m, ref.shard, o);
+        atomic_fetch_add(&m->st.removes, 1);
+    }
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed)
+{
+    uint32_t tid;
+    int rc = tenant_lookup(m, tenant, &tid);
+    *removed = 0;
+    if (rc || tid == MOONLET_NO_TENANT)
+        return rc;
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_rwlock_rdlock(&m->guard);
+    for (uint32_t i = 0; i < m->nshards; i++) {
+        struct shard *s = &m->shards[i];
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t b = 0; b <= s->mask; b++) {
+            struct mobj *o = s->buckets[b], *next;
+            for (; o; o = next) {
+                next = o->next;
+                if (o->tenant != tid || o->state != OBJ_COMPLETE ||
+                    moonlet_lease_active(o->lease_deadline, now))
+                    continue;
+                object_destroy_locked(m, s, o);
+                (*removed)++;
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_rwlock_unlock(&m->guard);
+    atomic_fetch_add(&m->st.removes, *removed);
+    return MOONLET_OK;
+}

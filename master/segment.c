@@ -1,0 +1,405 @@
+/*
+ * segment.c - the segment registry: mounted segments, their allocators,
+ * replica placement, the client table and liveness.
+ *
+ * A store node mounts a segment (its capacity and transport endpoint); the
+ * master then places replicas in it.  Placement walks the mounted segments
+ * round-robin from a rotating start and takes, for each replica, the next
+ * segment whose allocator can hold the object, so the replicas of one object
+ * always land on distinct segments and load spreads across nodes.
+ *
+ * Unmount is a whole-table operation: it takes the snapshot guard exclusive,
+ * strips the segment's replicas from every object (removing objects left with
+ * none) and only then frees the slot.  That keeps the invariant stated in
+ * master_internal.h: a replica only names a mounted segment.
+ *
+ * Locks: registry.mu (order 3) around every registry change; unmount takes the
+ * guard exclusive (order 1), then each shard lock in turn (order 2), then
+ * registry.mu.  liveness_check takes nothing itself and calls unmount.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lease.h"
+#include "log.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+int registry_init(struct registry *r)
+{
+    memset(r, 0, sizeof(*r));
+    pthread_mutex_init(&r->mu, NULL);
+    return MOONLET_OK;
+}
+
+void registry_destroy(struct registry *r)
+{
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        if (r->segs[i]) {
+            moonlet_alloc_destroy(r->segs[i]->alloc);
+            free(r->segs[i]);
+        }
+    }
+    free(r->clients);
+    pthread_mutex_destroy(&r->mu);
+}
+
+static bool str_eq(const char *c, moonlet_str s)
+{
+    return strlen(c) == s.len && memcmp(c, s.ptr, s.len) == 0;
+}
+
+/* Client entry by id; creates it when `create`.  registry.mu held. */
+static struct mclient *client_get_locked(struct registry *r, moonlet_str id, bool create,
+                                         uint32_t *idx)
+{
+    uint32_t free_idx = UINT32_MAX;
+    for (uint32_t i = 0; i < r->nclients; i++) {
+        if (r->clients[i].used && str_eq(r->clients[i].id, id)) {
+            *idx = i;
+            return &r->clients[i];
+        }
+        if (!r->clients[i].used && free_idx == UINT32_MAX)
+            free_idx = i;
+    }
+    if (!create)
+        return NULL;
+    if (free_idx == UINT32_MAX) {
+        if (r->nclients == r->clients_cap) {
+            uint32_t cap = r->clients_cap ? r->clients_cap * 2 : 16;
+            struct mclient *nc = realloc(r->clients, cap * sizeof(*nc));
+            if (!nc)
+                return NULL;
+            r->clients = nc;
+            r->clients_cap = cap;
+        }
+        free_idx = r->nclients++;
+    }
+    struct mclient *c = &r->clients[free_idx];
+    memset(c, 0, sizeof(*c));
+    memcpy(c->id, id.ptr, id.len);
+    c->used = true;
+    *idx = free_idx;
+    return c;
+}
+
+static int id_check(moonlet_str s)
+{
+    return (s.len == 0 || s.len > MOONLET_MAX_ID_BYTES) ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
+}
+
+int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segments_out)
+{
+    if (id_check(client_id))
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct registry *r = &m->reg;
+    uint32_t idx;
+    pthread_mutex_lock(&r->mu);
+    struct mclient *c = client_get_locked(r, client_id, true, &idx);
+    if (c) {
+        c->last_ping_ns = moonlet_clock_now_ns();
+        if (segments_out)
+            *segments_out = c->nsegs;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return c ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
+}
+
+static struct mseg *seg_find_locked(struct registry *r, moonlet_str id, uint32_t *slot)
+{
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        struct mseg *s = r->segs[i];
+        if (s && atomic_load(&s->state) == SEG_MOUNTED && str_eq(s->id, id)) {
+            *slot = i;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static int seg_desc_check(const moonlet_segment_desc *d)
+{
+    if (!d->client_id || !d->segment_id || !d->endpoint || !d->protocol)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (id_check(MOONLET_STR(d->client_id)) || id_check(MOONLET_STR(d->segment_id)))
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (d->name && strlen(d->name) > MOONLET_MAX_ID_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (strlen(d->endpoint) > MOONLET_MAX_ENDPOINT_BYTES || strlen(d->protocol) >= 16)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (d->size < MOONLET_ALLOC_ALIGN)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return MOONLET_OK;
+}
+
+int moonlet_master_mount_segment(moonlet_master *m, const moonlet_segment_desc *d)
+{
+    int rc = seg_desc_check(d);
+    if (rc)
+        return rc;
+    struct registry *r = &m->reg;
+    moonlet_alloc *alloc = moonlet_alloc_create(d->size);
+    if (!alloc)
+        return MOONLET_ERR_INTERNAL_ERROR;
+
+    pthread_mutex_lock(&r->mu);
+    uint32_t slot, cidx;
+    if (seg_find_locked(r, MOONLET_STR(d->segment_id), &slot)) {
+        rc = MOONLET_ERR_SEGMENT_ALREADY_EXISTS;
+        goto out;
+    }
+    for (slot = 0; slot < r->nslots; slot++)
+        if (r->segs[slot] && atomic_load(&r->segs[slot]->state) == SEG_FREE)
+            break;
+    if (slot == r->nslots) {
+        if (r->nslots == MOONLET_MAX_SEGMENTS || !(r->segs[slot] = calloc(1, sizeof(struct mseg)))) {
+            rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
+            goto out;
+        }
+        r->nslots++;
+    }
+    struct mclient *c = client_get_locked(r, MOONLET_STR(d->client_id), true, &cidx);
+    if (!c) {
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+    struct mseg *s = r->segs[slot];
+    snprintf(s->id, sizeof(s->id), "%s", d->segment_id);
+    snprintf(s->name, sizeof(s->name), "%s", d->name ? d->name : d->segment_id);
+    snprintf(s->endpoint, sizeof(s->endpoint), "%s", d->endpoint);
+    snprintf(s->protocol, sizeof(s->protocol), "%s", d->protocol);
+    s->base = d->base;
+    s->size = moonlet_alloc_capacity(alloc);
+    s->alloc = alloc;
+    alloc = NULL;
+    s->objects = 0;
+    s->client = cidx;
+    c->nsegs++;
+    c->last_ping_ns = moonlet_clock_now_ns();
+    r->nmounted++;
+    atomic_fetch_add(&r->capacity, s->size);
+    atomic_store(&s->state, SEG_MOUNTED);
+    ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s", s->id,
+            s->size, c->id, s->protocol, s->endpoint);
+out:
+    pthread_mutex_unlock(&r->mu);
+    moonlet_alloc_destroy(alloc);
+    return rc;
+}
+
+/* Removes every replica on `slot` from every object; guard held exclusive. */
+static uint64_t strip_segment(moonlet_master *m, uint32_t slot)
+{
+    uint64_t removed = 0;
+    for (uint32_t i = 0; i < m->nshards; i++) {
+        struct shard *s = &m->shards[i];
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t b = 0; b <= s->mask; b++) {
+            struct mobj *o = s->buckets[b], *next;
+            for (; o; o = next) {
+                next = o->next;
+                uint32_t keep = 0;
+                for (uint32_t k = 0; k < o->nrep; k++)
+                    if (o->rep[k].seg != slot)
+                        o->rep[keep++] = o->rep[k];
+                if (keep == o->nrep)
+                    continue;
+                /* The key sits after the replicas: slide it down. */
+                memmove((char *)(o->rep + keep), mobj_key(o), o->key_len);
+                o->nrep = (uint8_t)keep;
+                if (keep == 0) {
+                    object_destroy_locked(m, s, o);
+                    removed++;
+                }
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return removed;
+}
+
+static int unmount_slot(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id,
+                        bool check_owner)
+{
+    struct registry *r = &m->reg;
+    pthread_rwlock_wrlock(&m->guard);
+    pthread_mutex_lock(&r->mu);
+    uint32_t slot;
+    struct mseg *s = seg_find_locked(r, segment_id, &slot);
+    int rc = MOONLET_OK;
+    if (!s)
+        rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+    else if (check_owner && !str_eq(r->clients[s->client].id, client_id))
+        rc = MOONLET_ERR_ILLEGAL_CLIENT;
+    else
+        atomic_store(&s->state, SEG_UNMOUNTING);
+    pthread_mutex_unlock(&r->mu);
+    if (rc) {
+        pthread_rwlock_unlock(&m->guard);
+        return rc;
+    }
+
+    uint64_t removed = strip_segment(m, slot);
+
+    pthread_mutex_lock(&r->mu);
+    atomic_fetch_sub(&r->capacity, s->size);
+    atomic_fetch_sub(&r->used, moonlet_alloc_used(s->alloc));
+    moonlet_alloc_destroy(s->alloc);
+    s->alloc = NULL;
+    r->nmounted--;
+    struct mclient *c = &r->clients[s->client];
+    if (c->nsegs)
+        c->nsegs--;
+    ML_INFO("master", "unmounted segment %s of client %s; %" PRIu64 " objects lost their last replica",
+            s->id, c->id, removed);
+    atomic_store(&s->state, SEG_FREE);
+    pthread_mutex_unlock(&r->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return MOONLET_OK;
+}
+
+int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id)
+{
+    if (id_check(client_id) || id_check(segment_id))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return unmount_slot(m, client_id, segment_id, true);
+}
+
+int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps)
+{
+    struct registry *r = &m->reg;
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    pthread_mutex_lock(&r->mu);
+    if (r->nmounted < nrep) {
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    }
+    uint32_t placed = 0, start = r->rr++;
+    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++) {
+        uint32_t slot = (start + k) % r->nslots;
+        struct mseg *s = r->segs[slot];
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+            continue;
+        uint64_t off;
+        if (moonlet_alloc_reserve(s->alloc, len, &off) != MOONLET_OK)
+            continue;
+        s->objects++;
+        reps[placed++] = (struct mrep){.offset = off, .seg = slot,
+                                       .status = MOONLET_REPLICA_INITIALIZED};
+    }
+    if (placed == nrep) {
+        atomic_fetch_add(&r->used, len * nrep);
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_OK;
+    }
+    for (uint32_t k = 0; k < placed; k++) {
+        struct mseg *s = r->segs[reps[k].seg];
+        moonlet_alloc_release(s->alloc, reps[k].offset, len);
+        s->objects--;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+}
+
+void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep)
+{
+    struct registry *r = &m->reg;
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t k = 0; k < nrep; k++) {
+        struct mseg *s = r->segs[reps[k].seg];
+        if (!s || !s->alloc)
+            continue;
+        if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK) {
+            s->objects--;
+            atomic_fetch_sub(&r->used, len);
+        } else {
+            ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
+                   s->id, reps[k].offset, len);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *rp,
+                       moonlet_replica_view *v)
+{
+    const struct mseg *s = m->reg.segs[rp->seg];
+    v->segment_id = s->id;
+    v->segment_name = s->name;
+    v->endpoint = s->endpoint;
+    v->protocol = s->protocol;
+    v->base = s->base;
+    v->offset = rp->offset;
+    v->size = o->size;
+    v->status = rp->status;
+}
+
+double registry_usage(moonlet_master *m)
+{
+    uint64_t cap = atomic_load(&m->reg.capacity);
+    return cap ? (double)atomic_load(&m->reg.used) / (double)cap : 0.0;
+}
+
+void liveness_check(moonlet_master *m)
+{
+    struct registry *r = &m->reg;
+    uint64_t now = moonlet_clock_now_ns();
+    for (;;) {
+        char client[MOONLET_MAX_ID_BYTES + 1], seg[MOONLET_MAX_ID_BYTES + 1];
+        bool found = false;
+        pthread_mutex_lock(&r->mu);
+        for (uint32_t i = 0; i < r->nclients && !found; i++) {
+            struct mclient *c = &r->clients[i];
+            if (!c->used || now - c->last_ping_ns < m->client_ttl_ns || c->last_ping_ns > now)
+                continue;
+            for (uint32_t k = 0; k < r->nslots; k++) {
+                struct mseg *s = r->segs[k];
+                if (s && s->client == i && atomic_load(&s->state) == SEG_MOUNTED) {
+                    snprintf(client, sizeof(client), "%s", c->id);
+                    snprintf(seg, sizeof(seg), "%s", s->id);
+                    found = true;
+                    break;
+                }
+            }
+            if (!found) {
+                ML_INFO("master", "client %s expired (no ping for %" PRIu64 " ms)", c->id,
+                        (now - c->last_ping_ns) / MOONLET_NS_PER_MS);
+                c->used = false;
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+        if (!found)
+            return;
+        ML_WARN("master", "client %s missed its liveness deadline: unmounting segment %s",
+                client, seg);
+        if (unmount_slot(m, MOONLET_STR(client), MOONLET_STR(seg), false) == MOONLET_OK)
+            atomic_fetch_add(&m->st.unmounts_by_liveness, 1);
+    }
+}
+
+int moonlet_master_list_segments(moonlet_master *m,
+                                 void (*visit)(void *arg, const moonlet_segment_view *s),
+                                 void *arg)
+{
+    struct registry *r = &m->reg;
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        struct mseg *s = r->segs[i];
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+            continue;
+        struct mclient *c = &r->clients[s->client];
+        moonlet_segment_view v = {
+            .segment_id = s->id, .name = s->name, .client_id = c->id,
+            .endpoint = s->endpoint, .protocol = s->protocol, .base = s->base,
+            .capacity = s->size, .used = moonlet_alloc_used(s->alloc), .objects = s->objects,
+            .last_ping_age_ms = now > c->last_ping_ns ? (now - c->last_ping_ns) / MOONLET_NS_PER_MS : 0,
+        };
+        visit(arg, &v);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return MOONLET_OK;
+}

@@ -1,0 +1,153 @@
+/* Tests of master/evict.c: leased objects survive, earliest deadline first,
+ * soft pins only in the second round, watermark and allocation-driven passes. */
+#include "../common/master_fixture.h"
+
+#define MS MOONLET_NS_PER_MS
+
+static bool exists(moonlet_master *m, const char *k)
+{
+    bool ex = false;
+    assert_int_equal(moonlet_master_probe_key(m, MOONLET_STR(""), MOONLET_STR(k), &ex), MOONLET_OK);
+    return ex;
+}
+
+static void lease(moonlet_master *m, const char *k)
+{
+    bool ex;
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR(k), &ex), MOONLET_OK);
+    assert_true(ex);
+}
+
+static void test_leased_survive(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c", "s", 1 << 20);
+    char k[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+        if (i % 2 == 0)
+            lease(m, k);
+    }
+    /* ask for all of them: only the 20 unleased may go */
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 20);
+    for (int i = 0; i < 40; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(exists(m, k), i % 2 == 0);
+    }
+    /* once the leases expire they can be evicted too */
+    moonlet_clock_advance(5001 * MS);
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 20);
+    moonlet_master_destroy(m);
+}
+
+static void test_earliest_deadline_first(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 1000);
+    fix_mount(m, "c", "s", 1 << 20);
+    char k[16];
+    /* k0 leased first ... k9 last; all expired by the end */
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+        lease(m, k);
+        moonlet_clock_advance(100 * MS);
+    }
+    moonlet_clock_advance(2000 * MS);
+    assert_int_equal(moonlet_master_evict_now(m, 0.3), 3);
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(exists(m, k), i >= 3);
+    }
+    /* never-leased objects go before any expired-lease object */
+    assert_int_equal(fix_put(m, "fresh", 64), MOONLET_OK);
+    assert_int_equal(moonlet_master_evict_now(m, 0.01), 1);
+    assert_false(exists(m, "fresh"));
+    moonlet_master_destroy(m);
+}
+
+static void test_soft_pin_second_round(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 1000);
+    fix_mount(m, "c", "s", 1 << 20);
+    char k[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "p%d", i);
+        assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR(k), 64, 1, true, NULL, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(k)), MOONLET_OK);
+        snprintf(k, sizeof(k), "u%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+    }
+    moonlet_key_view v;
+    assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR("p0"), &v, NULL, NULL), MOONLET_OK);
+    assert_true(v.soft_pin_remaining_ms > 0);
+    /* 10 of 20: the unpinned ones go first */
+    assert_int_equal(moonlet_master_evict_now(m, 0.5), 10);
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "p%d", i);
+        assert_true(exists(m, k));
+        snprintf(k, sizeof(k), "u%d", i);
+        assert_false(exists(m, k));
+    }
+    /* only pinned objects left: the second round takes them */
+    assert_int_equal(moonlet_master_evict_now(m, 0.5), 5);
+    moonlet_master_destroy(m);
+}
+
+static void test_watermark_and_put_pressure(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 1000);
+    fix_mount(m, "c", "s", 64 * 100);
+    char k[16];
+    for (int i = 0; i < 89; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+    }
+    moonlet_master_tick(m); /* 89% < 90%: nothing happens */
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(fix_put(m, "k89", 64), MOONLET_OK);
+    moonlet_master_tick(m); /* 90%: evict 5% of 90 objects */
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.evictions, 5);
+    assert_int_equal(st.objects, 85);
+    /* fill up completely, then one more put makes room by evicting */
+    for (int i = 90; i < 105; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+    }
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, st.capacity);
+    /* lease everything: nothing can be evicted, the put fails cleanly */
+    const char *ks[200];
+    char names[200][16];
+    size_t n = 0;
+    for (int i = 0; i < 200; i++) {
+        snprintf(names[i], sizeof(names[i]), "k%d", i);
+        ks[n++] = names[i];
+    }
+    moonlet_str *s = fix_strs(ks, n);
+    int32_t r[200];
+    assert_int_equal(moonlet_master_batch_exist_key(m, MOONLET_STR(""), s, n, r), MOONLET_OK);
+    free(s);
+    assert_int_equal(fix_put(m, "more", 64), MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    moonlet_clock_advance(1001 * MS);
+    assert_int_equal(fix_put(m, "more", 64), MOONLET_OK);
+    moonlet_master_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_leased_survive),
+        cmocka_unit_test(test_earliest_deadline_first),
+        cmocka_unit_test(test_soft_pin_second_round),
+        cmocka_unit_test(test_watermark_and_put_pressure),
+    };
+    return cmocka_run_group_tests_name("master_evict", tests, NULL, NULL);
+}

@@ -1,0 +1,347 @@
+/*
+ * Tests of the master's object lifecycle, leases, tenant isolation, segment
+ * unmount and client liveness (master/object.c, segment.c), on a frozen clock.
+ */
+#include "../common/master_fixture.h"
+
+#include <stdlib.h>
+
+#define MS MOONLET_NS_PER_MS
+
+struct collect {
+    int n;
+    char segs[8][64];
+    uint64_t offsets[8];
+    uint8_t status[8];
+};
+
+static void collect_visit(void *arg, const moonlet_replica_view *r)
+{
+    struct collect *c = arg;
+    snprintf(c->segs[c->n], sizeof(c->segs[0]), "%s", r->segment_id);
+    c->offsets[c->n] = r->offset;
+    c->status[c->n] = r->status;
+    c->n++;
+}
+
+static void test_lifecycle(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    fix_mount(m, "c2", "s2", 1 << 20);
+    moonlet_str t = MOONLET_STR(""), k = MOONLET_STR("obj");
+    struct collect c = {0};
+    assert_int_equal(moonlet_master_put_start(m, t, k, 1000, 2, false, collect_visit, &c), MOONLET_OK);
+    assert_int_equal(c.n, 2);
+    assert_string_not_equal(c.segs[0], c.segs[1]); /* distinct segments */
+    assert_int_equal(c.status[0], MOONLET_REPLICA_INITIALIZED);
+
+    bool ex = true;
+    assert_int_equal(moonlet_master_exist_key(m, t, k, &ex), MOONLET_OK);
+    assert_false(ex); /* not readable before PutEnd */
+    assert_int_equal(moonlet_master_get_replica_list(m, t, k, NULL, NULL, NULL, NULL),
+                     MOONLET_ERR_REPLICA_IS_NOT_READY);
+    assert_int_equal(moonlet_master_put_start(m, t, k, 10, 1, false, NULL, NULL),
+                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_ERR_REPLICA_IS_NOT_READY);
+
+    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(moonlet_master_put_start(m, t, k, 10, 1, false, NULL, NULL),
+                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+
+    struct collect g = {0};
+    uint64_t size = 0, ttl = 0;
+    assert_int_equal(moonlet_master_get_replica_list(m, t, k, &size, &ttl, collect_visit, &g), MOONLET_OK);
+    assert_int_equal(size, 1000);
+    assert_int_equal(ttl, 5000);
+    assert_int_equal(g.n, 2);
+    assert_int_equal(g.status[0], MOONLET_REPLICA_COMPLETE);
+
+    /* leased by the get: remove refused until the lease expires */
+    assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_ERR_OBJECT_HAS_LEASE);
+    moonlet_clock_advance(5001 * MS);
+    assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_OK);
+    assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_get_replica_list(m, t, k, NULL, NULL, NULL, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+
+    /* revoke frees the space */
+    assert_int_equal(moonlet_master_put_start(m, t, k, 4096, 1, false, NULL, NULL), MOONLET_OK);
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 4096);
+    assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_OK);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(st.objects, 0);
+    moonlet_master_destroy(m);
+}
+
+static void test_bad_input(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_str t = MOONLET_STR("");
+    char big[MOONLET_MAX_KEY_BYTES + 2];
+    memset(big, 'k', sizeof(big) - 1);
+    big[sizeof(big) - 1] = 0;
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR(""), 1, 1, false, NULL, NULL),
+                     MOONLET_ERR_INVALID_KEY);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR(big), 1, 1, false, NULL, NULL),
+                     MOONLET_ERR_INVALID_KEY);
+    big[MOONLET_MAX_KEY_BYTES] = 0; /* exactly the limit is fine */
+    assert_int_equal(fix_put(m, big, 1), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 1, 0, false, NULL, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 1, 2, false, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE); /* one segment cannot hold 2 replicas */
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 2 << 20, 1, false, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    moonlet_segment_desc d = {.client_id = "c1", .segment_id = "s1", .size = 1 << 20,
+                              .endpoint = "e", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_SEGMENT_ALREADY_EXISTS);
+    d.segment_id = "";
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_INVALID_PARAMS);
+    d.segment_id = "s9";
+    d.size = 0;
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c1"), MOONLET_STR("nope")),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c2"), MOONLET_STR("s1")),
+                     MOONLET_ERR_ILLEGAL_CLIENT);
+    /* size 0 objects are valid */
+    assert_int_equal(fix_put(m, "empty", 0), MOONLET_OK);
+    moonlet_master_destroy(m);
+}
+
+static void test_lease_deadlines(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    assert_int_equal(fix_put(m, "a", 10), MOONLET_OK);
+    assert_int_equal(fix_lease(m, "a"), 0); /* no lease after put */
+    bool ex;
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("a"), &ex), MOONLET_OK);
+    assert_true(ex);
+    assert_int_equal(fix_lease(m, "a"), 5000); /* granted */
+    moonlet_clock_advance(2000 * MS);
+    assert_int_equal(fix_lease(m, "a"), 3000);
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("a"), &ex), MOONLET_OK);
+    assert_int_equal(fix_lease(m, "a"), 5000); /* extended to now + ttl */
+    /* probe never touches the lease */
+    moonlet_clock_advance(1000 * MS);
+    assert_int_equal(moonlet_master_probe_key(m, MOONLET_STR(""), MOONLET_STR("a"), &ex), MOONLET_OK);
+    assert_true(ex);
+    assert_int_equal(fix_lease(m, "a"), 4000);
+    moonlet_master_destroy(m);
+
+}
+
+static void test_batch_exist(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(64, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    assert_int_equal(fix_put(m, "a", 10), MOONLET_OK);
+    assert_int_equal(fix_put(m, "c", 10), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("pending"), 1, 1, false, NULL, NULL), MOONLET_OK);
+    const char *keys[] = {"a", "b", "c", "", "pending"};
+    moonlet_str *ks = fix_strs(keys, 5);
+    int32_t r[5];
+    assert_int_equal(moonlet_master_batch_exist_key(m, MOONLET_STR(""), ks, 5, r), MOONLET_OK);
+    assert_int_equal(r[0], 1);
+    assert_int_equal(r[1], 0);
+    assert_int_equal(r[2], 1);
+    assert_int_equal(r[3], MOONLET_ERR_INVALID_KEY);
+    assert_int_equal(r[4], 0);
+    assert_int_equal(fix_lease(m, "a"), 5000);
+    assert_int_equal(fix_lease(m, "c"), 5000);
+    free(ks);
+    moonlet_master_destroy(m);
+}
+
+static void test_tenant_isolation(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(m, "A", "k", 10, 1), MOONLET_OK);
+    bool ex = true;
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR("B"), MOONLET_STR("k"), &ex), MOONLET_OK);
+    assert_false(ex);
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("k"), &ex), MOONLET_OK);
+    assert_false(ex);
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR("B"), MOONLET_STR("k")), MOONLET_ERR_OBJECT_NOT_FOUND);
+    /* the same key in another tenant is another object */
+    assert_int_equal(fix_put_t(m, "B", "k", 20, 1), MOONLET_OK);
+    moonlet_key_view v;
+    assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR("A"), MOONLET_STR("k"), &v, NULL, NULL), MOONLET_OK);
+    assert_int_equal(v.size, 10);
+    assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR("B"), MOONLET_STR("k"), &v, NULL, NULL), MOONLET_OK);
+    assert_int_equal(v.size, 20);
+    /* "" and "default" are the same tenant */
+    assert_int_equal(fix_put_t(m, "default", "d", 5, 1), MOONLET_OK);
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("d"), &ex), MOONLET_OK);
+    assert_true(ex);
+    uint64_t removed;
+    assert_int_equal(moonlet_master_remove_all(m, MOONLET_STR("A"), &removed), MOONLET_OK);
+    assert_int_equal(removed, 1);
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR("B"), MOONLET_STR("k"), &ex), MOONLET_OK);
+    assert_true(ex);
+    moonlet_master_destroy(m);
+}
+
+static void test_unmount_removes_objects(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    fix_mount(m, "c2", "s2", 1 << 20);
+    assert_int_equal(fix_put_t(m, "", "two", 100, 2), MOONLET_OK);
+    char key[32];
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "one-%d", i);
+        assert_int_equal(fix_put(m, key, 100), MOONLET_OK);
+    }
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c1"), MOONLET_STR("s1")), MOONLET_OK);
+    bool ex;
+    assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("two"), &ex), MOONLET_OK);
+    assert_true(ex); /* survives on s2 */
+    struct collect c = {0};
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("two"), NULL, NULL, collect_visit, &c), MOONLET_OK);
+    assert_int_equal(c.n, 1);
+    assert_string_equal(c.segs[0], "s2");
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    /* single-replica objects on s1 are gone, those on s2 remain */
+    int alive = 0;
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "one-%d", i);
+        assert_int_equal(moonlet_master_probe_key(m, MOONLET_STR(""), MOONLET_STR(key), &ex), MOONLET_OK);
+        alive += ex;
+    }
+    assert_int_equal(st.objects, (uint64_t)alive + 1);
+    assert_true(alive < 20);
+    assert_int_equal(st.segments, 1);
+    assert_int_equal(st.capacity, 1 << 20);
+    moonlet_master_destroy(m);
+}
+
+static void test_liveness(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    fix_mount(m, "c2", "s2", 1 << 20);
+    assert_int_equal(fix_put_t(m, "", "x", 100, 2), MOONLET_OK);
+    for (int i = 0; i < 8; i++) { /* 8 s: both ping within the 10 s TTL */
+        moonlet_clock_advance(1000 * MS);
+        assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c1"), NULL), MOONLET_OK);
+        assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c2"), NULL), MOONLET_OK);
+        moonlet_master_tick(m);
+    }
+    for (int i = 0; i < 11; i++) { /* c2 goes silent */
+        moonlet_clock_advance(1000 * MS);
+        assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c1"), NULL), MOONLET_OK);
+        moonlet_master_tick(m);
+    }
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.segments, 1);
+    assert_int_equal(st.unmounts_by_liveness, 1);
+    struct collect c = {0};
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("x"), NULL, NULL, collect_visit, &c), MOONLET_OK);
+    assert_int_equal(c.n, 1);
+    assert_string_equal(c.segs[0], "s1");
+    /* the silent client learns it has no segment left when it pings again */
+    uint32_t segs = 9;
+    assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c2"), &segs), MOONLET_OK);
+    assert_int_equal(segs, 0);
+    assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c1"), &segs), MOONLET_OK);
+    assert_int_equal(segs, 1);
+    moonlet_master_destroy(m);
+}
+
+static void test_put_timeout(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("p"), 100, 1, false, NULL, NULL), MOONLET_OK);
+    for (int i = 0; i < 70; i++) {
+        moonlet_clock_advance(1000 * MS);
+        moonlet_master_ping(m, MOONLET_STR("c1"), NULL);
+        moonlet_master_tick(m);
+    }
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.put_timeouts, 1);
+    assert_int_equal(st.objects, 0);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(fix_lease(m, "p"), -1);
+    moonlet_master_destroy(m);
+}
+
+struct pagectx {
+    int *seen;
+    int count;
+};
+
+static void visit(void *arg, const moonlet_key_view *k)
+{
+    struct pagectx *pc = arg;
+    int i = atoi(k->key + (k->key[0] == 'e' ? 5 : 4));
+    pc->seen[i]++;
+    pc->count++;
+}
+
+static void test_list_keys_paging(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(8, 5000);
+    fix_mount(m, "c1", "s1", 16 << 20);
+    char key[32];
+    for (int i = 0; i < 500; i++) {
+        snprintf(key, sizeof(key), "%s-%03d", i % 2 ? "odd" : "even", i);
+        assert_int_equal(fix_put(m, key, 1), MOONLET_OK);
+    }
+    int seen[500] = {0}, pages = 0, total = 0;
+    char cursor[MOONLET_CURSOR_BYTES] = "", next[MOONLET_CURSOR_BYTES];
+    struct pagectx pc = {seen, 0};
+    do {
+        pc.count = 0;
+        assert_int_equal(moonlet_master_list_keys(m, MOONLET_STR(""), MOONLET_STR("even"),
+                                                  MOONLET_STR(cursor), 37, visit, &pc, next), MOONLET_OK);
+        assert_true(pc.count <= 37);
+        total += pc.count;
+        snprintf(cursor, sizeof(cursor), "%s", next);
+        pages++;
+    } while (cursor[0] && pages < 100);
+    assert_int_equal(total, 250);
+    for (int i = 0; i < 500; i++)
+        assert_int_equal(seen[i], i % 2 ? 0 : 1);
+    assert_int_equal(moonlet_master_list_keys(m, MOONLET_STR(""), MOONLET_STR(""), MOONLET_STR("bogus"), 10, visit, &pc, next), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_master_list_keys(m, MOONLET_STR(""), MOONLET_STR(""), MOONLET_STR(""), 0, visit, &pc, next), MOONLET_ERR_INVALID_PARAMS);
+    moonlet_master_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_lease_deadlines),
+        cmocka_unit_test(test_batch_exist),
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_unmount_removes_objects),
+        cmocka_unit_test(test_liveness),
+        cmocka_unit_test(test_put_timeout),
+        cmocka_unit_test(test_list_keys_paging),
+    };
+    return cmocka_run_group_tests_name("master_object", tests, NULL, NULL);
+}
