@@ -76,9 +76,9 @@ static void *prober(void *arg)
                 if (r[selected * RANKS + k] != 1)
                     atomic_fetch_add(&g_violations, 1); /* partial candidate */
         }
-        uint64_t elapsed_ms = (moonlet_clock_now_ns() - t0) / MOONLET_NS_PER_MS;
         for (int i = 0; i < NKEYS; i++) {
             int64_t after = lease_ms(t, g_keys[t][i]);
+            uint64_t elapsed_ms = (moonlet_clock_now_ns() - t0) / MOONLET_NS_PER_MS;
             if (r[i] == 1) {
                 /* Leased by this call at some time in [t0, now]: at least
                  * TTL - elapsed must remain, unless the TTL has run out. */

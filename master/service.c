@@ -1,0 +1,587 @@
+/*
+ * service.c - the master's RPC methods: decode arguments, call the master
+ * library, encode the result.  One table maps method ids (transport/methods.h)
+ * to handlers; every handler follows the same shape, so a reader who knows
+ * one knows them all.
+ *
+ * Decoding is strict: a missing or wrongly-typed argument is INVALID_PARAMS
+ * with a message naming the argument, and the connection stays usable.  Keys
+ * longer than the limit are per-key INVALID_KEY (in batches) or a request
+ * error (single-key calls), decided by the master library.
+ *
+ * Batches decode their key lists into per-thread scratch arrays that grow to
+ * the largest batch seen, so a steady stream of probes allocates nothing.
+ *
+ * Locks: none here; the master library takes its own.
+ */
+#include "service.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_server.h"
+#include "wire.h"
+
+struct moonlet_master_service {
+    moonlet_master *m;
+    moonlet_rpc_server *rpc;
+};
+
+#define M(ctx) ((moonlet_master *)(ctx)->server_ctx)
+
+/* ---- argument helpers ------------------------------------------------------ */
+
+static int arg_str(const msgpack_object *args, uint32_t i, moonlet_str *out)
+{
+    return moonlet_wire_str(args, i, &out->ptr, &out->len);
+}
+
+/* Copies a string argument into a NUL-terminated buffer of `cap` bytes. */
+static int arg_cstr(const msgpack_object *args, uint32_t i, char *buf, size_t cap)
+{
+    moonlet_str s;
+    int rc = arg_str(args, i, &s);
+    if (rc || s.len >= cap || memchr(s.ptr, 0, s.len))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(buf, s.ptr, s.len);
+    buf[s.len] = 0;
+    return MOONLET_OK;
+}
+
+struct scratch {
+    moonlet_str *keys;
+    int32_t *results;
+    size_t cap;
+};
+static __thread struct scratch tls_scratch;
+
+/* Decodes argument i, an array of key strings, into the thread's scratch. */
+static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, int32_t **results,
+                    size_t *n)
+{
+    const msgpack_object *arr;
+    if (moonlet_wire_array(args, i, &arr))
+        return MOONLET_ERR_INVALID_PARAMS;
+    size_t cnt = moonlet_wire_len(arr);
+    struct scratch *s = &tls_scratch;
+    if (cnt > s->cap) {
+        size_t cap = cnt < 1024 ? 1024 : cnt;
+        moonlet_str *k = realloc(s->keys, cap * sizeof(*k));
+        if (k)
+            s->keys = k;
+        int32_t *r = k ? realloc(s->results, cap * sizeof(*r)) : NULL;
+        if (!r)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        s->results = r;
+        s->cap = cap;
+    }
+    for (uint32_t k = 0; k < cnt; k++)
+        if (moonlet_wire_str(arr, k, &s->keys[k].ptr, &s->keys[k].len))
+            return MOONLET_ERR_INVALID_PARAMS;
+    *keys = s->keys;
+    *results = s->results;
+    *n = cnt;
+    return MOONLET_OK;
+}
+
+static void pack_results(msgpack_packer *out, const int32_t *r, size_t n)
+{
+    msgpack_pack_array(out, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        if (r[i] == 1)
+            msgpack_pack_true(out);
+        else if (r[i] == 0)
+            msgpack_pack_false(out);
+        else
+            msgpack_pack_int32(out, r[i]);
+    }
+}
+
+static void pack_u64_kv(msgpack_packer *pk, const char *k, uint64_t v)
+{
+    moonlet_pack_key(pk, k);
+    msgpack_pack_uint64(pk, v);
+}
+
+static void pack_str_kv(msgpack_packer *pk, const char *k, const char *v)
+{
+    moonlet_pack_key(pk, k);
+    moonlet_pack_cstr(pk, v);
+}
+
+/* Replica descriptors are packed into a side buffer first: the count is only
+ * known after the visit. */
+struct replica_pack {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t count;
+    bool as_map; /* inspection: a map per replica; data path: a compact array */
+};
+
+static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
+{
+    struct replica_pack *rp = arg;
+    msgpack_packer *pk = &rp->pk;
+    rp->count++;
+    if (rp->as_map) {
+        msgpack_pack_map(pk, 8);
+        pack_str_kv(pk, "segment_id", r->segment_id);
+        pack_str_kv(pk, "segment_name", r->segment_name);
+        pack_str_kv(pk, "endpoint", r->endpoint);
+        pack_str_kv(pk, "protocol", r->protocol);
+        pack_u64_kv(pk, "offset", r->offset);
+        pack_u64_kv(pk, "length", r->size);
+        pack_u64_kv(pk, "base", r->base);
+        pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
+        return;
+    }
+    msgpack_pack_array(pk, 7);
+    moonlet_pack_cstr(pk, r->segment_id);
+    moonlet_pack_cstr(pk, r->endpoint);
+    moonlet_pack_cstr(pk, r->protocol);
+    msgpack_pack_uint64(pk, r->base);
+    msgpack_pack_uint64(pk, r->offset);
+    msgpack_pack_uint64(pk, r->size);
+    msgpack_pack_uint8(pk, r->status);
+}
+
+static void replica_pack_init(struct replica_pack *rp, bool as_map)
+{
+    msgpack_sbuffer_init(&rp->buf);
+    msgpack_packer_init(&rp->pk, &rp->buf, msgpack_sbuffer_write);
+    rp->count = 0;
+    rp->as_map = as_map;
+}
+
+/* Packs array(count) followed by the side buffer's bytes into out. */
+static void replica_pack_flush(struct replica_pack *rp, msgpack_packer *out)
+{
+    msgpack_pack_array(out, rp->count);
+    if (rp->buf.size)
+        out->callback(out->data, rp->buf.data, rp->buf.size);
+    msgpack_sbuffer_destroy(&rp->buf);
+}
+
+static int reply(msgpack_packer *out, int rc)
+{
+    if (rc)
+        return moonlet_rpc_error(out, rc, "%s", moonlet_strerror(rc));
+    msgpack_pack_nil(out);
+    return MOONLET_OK;
+}
+
+#define BAD_ARGS(out, what) moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "bad arguments: expected %s", what)
+
+/* ---- handlers ----------------------------------------------------------------- */
+
+static int h_echo(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    msgpack_pack_nil(out);
+    return MOONLET_OK;
+}
+
+static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str client;
+    if (arg_str(args, 0, &client))
+        return BAD_ARGS(out, "[client_id]");
+    uint32_t segs = 0;
+    int rc = moonlet_master_ping(M(ctx), client, &segs);
+    if (rc)
+        return reply(out, rc);
+    msgpack_pack_map(out, 1);
+    pack_u64_kv(out, "segments", segs);
+    return MOONLET_OK;
+}
+
+static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    char client[MOONLET_MAX_ID_BYTES + 1], seg[MOONLET_MAX_ID_BYTES + 1];
+    char name[MOONLET_MAX_ID_BYTES + 1], endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1], proto[16];
+    uint64_t base, size;
+    if (arg_cstr(args, 0, client, sizeof(client)) || arg_cstr(args, 1, seg, sizeof(seg)) ||
+        arg_cstr(args, 2, name, sizeof(name)) || moonlet_wire_u64(args, 3, &base) ||
+        moonlet_wire_u64(args, 4, &size) || arg_cstr(args, 5, endpoint, sizeof(endpoint)) ||
+        arg_cstr(args, 6, proto, sizeof(proto)))
+        return BAD_ARGS(out, "[client_id, segment_id, name, base, size, endpoint, protocol]");
+    moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
+                              .size = size, .endpoint = endpoint, .protocol = proto};
+    return reply(out, moonlet_master_mount_segment(M(ctx), &d));
+}
+
+static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str client, seg;
+    if (arg_str(args, 0, &client) || arg_str(args, 1, &seg))
+        return BAD_ARGS(out, "[client_id, segment_id]");
+    return reply(out, moonlet_master_unmount_segment(M(ctx), client, seg));
+}
+
+/* Handlers of the [tenant, key] shape. */
+static int tenant_key(const msgpack_object *args, moonlet_str *tenant, moonlet_str *key)
+{
+    return arg_str(args, 0, tenant) || arg_str(args, 1, key) ? MOONLET_ERR_INVALID_PARAMS : 0;
+}
+
+static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    uint64_t size, nrep;
+    bool soft_pin;
+    if (tenant_key(args, &tenant, &key) || moonlet_wire_u64(args, 2, &size) ||
+        moonlet_wire_u64(args, 3, &nrep) || moonlet_wire_bool(args, 4, &soft_pin) ||
+        nrep > UINT32_MAX)
+        return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin]");
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    int rc = moonlet_master_put_start(M(ctx), tenant, key, size, (uint32_t)nrep, soft_pin,
+                                      replica_pack_visit, &rp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&rp.buf);
+        return reply(out, rc);
+    }
+    replica_pack_flush(&rp, out);
+    return MOONLET_OK;
+}
+
+static int h_put_end(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    return reply(out, moonlet_master_put_end(M(ctx), tenant, key));
+}
+
+static int h_put_revoke(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    return reply(out, moonlet_master_put_revoke(M(ctx), tenant, key));
+}
+
+static int h_get_replicas(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    uint64_t size = 0, ttl = 0;
+    int rc = moonlet_master_get_replica_list(M(ctx), tenant, key, &size, &ttl,
+                                             replica_pack_visit, &rp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&rp.buf);
+        return reply(out, rc);
+    }
+    msgpack_pack_array(out, 3);
+    msgpack_pack_uint64(out, size);
+    msgpack_pack_uint64(out, ttl);
+    replica_pack_flush(&rp, out);
+    return MOONLET_OK;
+}
+
+static int single_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out,
+                        bool lease)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    bool ex = false;
+    int rc = lease ? moonlet_master_exist_key(M(ctx), tenant, key, &ex)
+                   : moonlet_master_probe_key(M(ctx), tenant, key, &ex);
+    if (rc)
+        return reply(out, rc);
+    ex ? msgpack_pack_true(out) : msgpack_pack_false(out);
+    return MOONLET_OK;
+}
+
+static int h_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    return single_exist(ctx, args, out, true);
+}
+
+static int h_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    return single_exist(ctx, args, out, false);
+}
+
+static int h_batch_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, *keys;
+    int32_t *results;
+    size_t n;
+    if (arg_str(args, 0, &tenant) || arg_keys(args, 1, &keys, &results, &n))
+        return BAD_ARGS(out, "[tenant, [key...]]");
+    int rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
+    if (rc)
+        return reply(out, rc);
+    pack_results(out, results, n);
+    return MOONLET_OK;
+}
+
+static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, *keys;
+    int32_t *results;
+    size_t n;
+    uint64_t mode, cs;
+    if (arg_str(args, 0, &tenant) || moonlet_wire_u64(args, 1, &mode) ||
+        moonlet_wire_u64(args, 2, &cs) || arg_keys(args, 3, &keys, &results, &n))
+        return BAD_ARGS(out, "[tenant, lease_mode, candidate_size, [key...]]");
+    if (mode > UINT8_MAX)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "unknown lease mode %llu",
+                                 (unsigned long long)mode);
+    moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)mode, .candidate_size = cs};
+    int rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
+    if (rc == MOONLET_ERR_INVALID_PARAMS)
+        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
+                                 "%llu) for %zu keys", (unsigned long long)mode,
+                                 (unsigned long long)cs, n);
+    if (rc)
+        return reply(out, rc);
+    pack_results(out, results, n);
+    return MOONLET_OK;
+}
+
+static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    return reply(out, moonlet_master_remove(M(ctx), tenant, key));
+}
+
+static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant;
+    if (arg_str(args, 0, &tenant))
+        return BAD_ARGS(out, "[tenant]");
+    uint64_t removed = 0;
+    int rc = moonlet_master_remove_all(M(ctx), tenant, &removed);
+    if (rc)
+        return reply(out, rc);
+    msgpack_pack_uint64(out, removed);
+    return MOONLET_OK;
+}
+
+/* ---- inspection ------------------------------------------------------------------- */
+
+struct seg_pack {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t count;
+};
+
+static void seg_visit(void *arg, const moonlet_segment_view *s)
+{
+    struct seg_pack *sp = arg;
+    msgpack_packer *pk = &sp->pk;
+    sp->count++;
+    msgpack_pack_map(pk, 10);
+    pack_str_kv(pk, "segment_id", s->segment_id);
+    pack_str_kv(pk, "name", s->name);
+    pack_str_kv(pk, "client_id", s->client_id);
+    pack_str_kv(pk, "endpoint", s->endpoint);
+    pack_str_kv(pk, "protocol", s->protocol);
+    pack_u64_kv(pk, "base", s->base);
+    pack_u64_kv(pk, "capacity", s->capacity);
+    pack_u64_kv(pk, "used", s->used);
+    pack_u64_kv(pk, "objects", s->objects);
+    pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
+}
+
+static int h_list_segments(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    struct seg_pack sp = {.count = 0};
+    msgpack_sbuffer_init(&sp.buf);
+    msgpack_packer_init(&sp.pk, &sp.buf, msgpack_sbuffer_write);
+    moonlet_master_list_segments(M(ctx), seg_visit, &sp);
+    msgpack_pack_array(out, sp.count);
+    if (sp.buf.size)
+        out->callback(out->data, sp.buf.data, sp.buf.size);
+    msgpack_sbuffer_destroy(&sp.buf);
+    return MOONLET_OK;
+}
+
+static void pack_key_view(msgpack_packer *pk, const moonlet_key_view *k, uint32_t extra)
+{
+    msgpack_pack_map(pk, 7 + extra);
+    moonlet_pack_key(pk, "key");
+    moonlet_pack_str(pk, k->key, k->key_len);
+    pack_u64_kv(pk, "size", k->size);
+    moonlet_pack_key(pk, "complete");
+    k->complete ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    pack_u64_kv(pk, "replica_count", k->replicas);
+    pack_u64_kv(pk, "readable_replicas", k->readable_replicas);
+    pack_u64_kv(pk, "lease_remaining_ms", k->lease_remaining_ms);
+    pack_u64_kv(pk, "soft_pin_remaining_ms", k->soft_pin_remaining_ms);
+}
+
+struct key_pack {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t count;
+};
+
+static void key_visit(void *arg, const moonlet_key_view *k)
+{
+    struct key_pack *kp = arg;
+    kp->count++;
+    pack_key_view(&kp->pk, k, 0);
+}
+
+static int h_list_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, prefix, cursor;
+    uint64_t limit;
+    if (arg_str(args, 0, &tenant) || arg_str(args, 1, &prefix) || arg_str(args, 2, &cursor) ||
+        moonlet_wire_u64(args, 3, &limit) || limit > UINT32_MAX)
+        return BAD_ARGS(out, "[tenant, prefix, cursor, limit]");
+    struct key_pack kp = {.count = 0};
+    msgpack_sbuffer_init(&kp.buf);
+    msgpack_packer_init(&kp.pk, &kp.buf, msgpack_sbuffer_write);
+    char next[MOONLET_CURSOR_BYTES];
+    int rc = moonlet_master_list_keys(M(ctx), tenant, prefix, cursor, (uint32_t)limit, key_visit,
+                                      &kp, next);
+    if (rc) {
+        msgpack_sbuffer_destroy(&kp.buf);
+        return reply(out, rc);
+    }
+    msgpack_pack_map(out, 2);
+    moonlet_pack_key(out, "keys");
+    msgpack_pack_array(out, kp.count);
+    if (kp.buf.size)
+        out->callback(out->data, kp.buf.data, kp.buf.size);
+    pack_str_kv(out, "next_cursor", next);
+    msgpack_sbuffer_destroy(&kp.buf);
+    return MOONLET_OK;
+}
+
+static int h_inspect_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str tenant, key;
+    if (tenant_key(args, &tenant, &key))
+        return BAD_ARGS(out, "[tenant, key]");
+    struct replica_pack rp;
+    replica_pack_init(&rp, true);
+    moonlet_key_view v;
+    int rc = moonlet_master_inspect_key(M(ctx), tenant, key, &v, replica_pack_visit, &rp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&rp.buf);
+        return reply(out, rc);
+    }
+    v.key = key.ptr; /* the view's key pointer is only valid under the lock */
+    pack_key_view(out, &v, 1);
+    moonlet_pack_key(out, "replicas");
+    replica_pack_flush(&rp, out);
+    return MOONLET_OK;
+}
+
+static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_master_stats st;
+    moonlet_master_get_stats(M(ctx), &st);
+    msgpack_pack_map(out, 23);
+    pack_u64_kv(out, "objects", st.objects);
+    pack_u64_kv(out, "bytes", st.bytes);
+    pack_u64_kv(out, "segments", st.segments);
+    pack_u64_kv(out, "capacity", st.capacity);
+    pack_u64_kv(out, "used", st.used);
+    pack_u64_kv(out, "clients", st.clients);
+    pack_u64_kv(out, "put_starts", st.put_starts);
+    pack_u64_kv(out, "put_ends", st.put_ends);
+    pack_u64_kv(out, "put_revokes", st.put_revokes);
+    pack_u64_kv(out, "put_timeouts", st.put_timeouts);
+    pack_u64_kv(out, "removes", st.removes);
+    pack_u64_kv(out, "evictions", st.evictions);
+    pack_u64_kv(out, "eviction_passes", st.eviction_passes);
+    pack_u64_kv(out, "leases_get", st.leases_get);
+    pack_u64_kv(out, "leases_exist", st.leases_exist);
+    pack_u64_kv(out, "leases_probe", st.leases_probe);
+    pack_u64_kv(out, "probe_calls_none", st.probe_calls_none);
+    pack_u64_kv(out, "probe_calls_last_hit_only", st.probe_calls_last_hit);
+    pack_u64_kv(out, "probe_candidates_examined", st.probe_candidates_examined);
+    pack_u64_kv(out, "probe_recheck_fallbacks", st.probe_recheck_fallbacks);
+    pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
+    pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
+    moonlet_pack_key(out, "probe_lock_hold_us_hist");
+    msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        msgpack_pack_uint64(out, st.probe_lock_hold_hist[i]);
+    return MOONLET_OK;
+}
+
+static const moonlet_rpc_method g_methods[] = {
+    {MOONLET_M_ECHO, "Echo", h_echo},
+    {MOONLET_M_PING, "Ping", h_ping},
+    {MOONLET_M_MOUNT_SEGMENT, "MountSegment", h_mount},
+    {MOONLET_M_UNMOUNT_SEGMENT, "UnmountSegment", h_unmount},
+    {MOONLET_M_PUT_START, "PutStart", h_put_start},
+    {MOONLET_M_PUT_END, "PutEnd", h_put_end},
+    {MOONLET_M_PUT_REVOKE, "PutRevoke", h_put_revoke},
+    {MOONLET_M_GET_REPLICA_LIST, "GetReplicaList", h_get_replicas},
+    {MOONLET_M_EXIST_KEY, "ExistKey", h_exist},
+    {MOONLET_M_BATCH_EXIST_KEY, "BatchExistKey", h_batch_exist},
+    {MOONLET_M_PROBE_KEY, "ProbeKey", h_probe},
+    {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", h_batch_probe},
+    {MOONLET_M_REMOVE, "Remove", h_remove},
+    {MOONLET_M_REMOVE_ALL, "RemoveAll", h_remove_all},
+    {MOONLET_M_LIST_SEGMENTS, "ListSegments", h_list_segments},
+    {MOONLET_M_LIST_KEYS, "ListKeys", h_list_keys},
+    {MOONLET_M_INSPECT_KEY, "InspectKey", h_inspect_key},
+    {MOONLET_M_STATS, "Stats", h_stats},
+};
+
+int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
+                                 moonlet_master_service **out)
+{
+    moonlet_master_service *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->m = m;
+    const char *addr = opts->address ? opts->address : "127.0.0.1";
+    bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
+                    strcmp(addr, "::1") == 0;
+    if (!loopback && !opts->auth_token)
+        ML_WARN("master", "listening on %s without --auth-token-file: any host that reaches this "
+                "port can read and change the cache's metadata", addr);
+    moonlet_rpc_server_opts ro = {
+        .address = opts->address ? opts->address : "127.0.0.1",
+        .port = opts->port,
+        .threads = opts->threads,
+        .max_frame = opts->max_frame,
+        .auth_token = opts->auth_token,
+        .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
+        .methods = g_methods,
+        .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
+        .ctx = m,
+    };
+    int rc = moonlet_rpc_server_create(&ro, &s->rpc);
+    if (!rc)
+        rc = moonlet_rpc_server_start(s->rpc);
+    if (rc) {
+        if (s->rpc)
+            moonlet_rpc_server_destroy(s->rpc);
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return MOONLET_OK;
+}
+
+uint16_t moonlet_master_service_port(const moonlet_master_service *s)
+{
+    return moonlet_rpc_server_port(s->rpc);
+}
+
+void moonlet_master_service_stop(moonlet_master_service *s)
+{
+    if (!s)
+        return;
+    moonlet_rpc_server_destroy(s->rpc);
+    free(s);
+}

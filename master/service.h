@@ -1,0 +1,33 @@
+/*
+ * service.h - the master's control RPC: binds a moonlet_master to an RPC
+ * server (transport/rpc_server.h) through one table of methods.
+ *
+ * Locks: none of its own; each handler calls the master library, which takes
+ * the master's locks.
+ */
+#ifndef MOONLET_SERVICE_H
+#define MOONLET_SERVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "master.h"
+
+typedef struct moonlet_master_service moonlet_master_service;
+
+typedef struct moonlet_service_opts {
+    const char *address;    /* default 127.0.0.1 */
+    uint16_t port;          /* 0: ephemeral */
+    int threads;            /* RPC threads; <= 0: cores */
+    size_t max_frame;       /* 0: default (64 MiB) */
+    const char *auth_token; /* NULL: no authentication */
+} moonlet_service_opts;
+
+/* Binds, listens and starts serving `m` (which must outlive the service). */
+int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
+                                 moonlet_master_service **out);
+uint16_t moonlet_master_service_port(const moonlet_master_service *s);
+/* Stops serving and frees the service (not the master). */
+void moonlet_master_service_stop(moonlet_master_service *s);
+
+#endif

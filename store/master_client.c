@@ -1,0 +1,549 @@
+/*
+ * master_client.c - MasterClient: typed calls over the master's control RPC.
+ *
+ * Every call has the same three steps: begin (lock, reconnect if the last
+ * call broke the connection, start the request), pack the arguments, finish
+ * (send, wait, check the reply code), then decode and end (free the reply,
+ * unlock).  A call never retries on its own: the master may have applied a
+ * request whose reply was lost, and only the caller knows whether repeating
+ * it is safe.  The next call after a failure reconnects.
+ *
+ * Locks: mc->mu for the whole call.
+ */
+#include "master_client.h"
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_client.h"
+#include "wire.h"
+
+struct moonlet_master_client {
+    pthread_mutex_t mu;
+    char host[256];
+    uint16_t port;
+    int timeout_ms;
+    char *token;
+    moonlet_rpc_client *rpc;
+};
+
+void moonlet_replica_list_free(moonlet_replica_list *l)
+{
+    if (!l)
+        return;
+    for (uint32_t i = 0; i < l->count; i++) {
+        free(l->replicas[i].segment_id);
+        free(l->replicas[i].endpoint);
+        free(l->replicas[i].protocol);
+    }
+    free(l->replicas);
+    memset(l, 0, sizeof(*l));
+}
+
+static int parse_addr(const char *addr, char *host, size_t cap, uint16_t *port)
+{
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr || (size_t)(colon - addr) >= cap)
+        return MOONLET_ERR_INVALID_PARAMS;
+    char *end;
+    unsigned long p = strtoul(colon + 1, &end, 10);
+    if (*end || p == 0 || p > 65535)
+        return MOONLET_ERR_INVALID_PARAMS;
+    size_t hl = (size_t)(colon - addr);
+    if (addr[0] == '[' && colon[-1] == ']') { /* [v6]:port */
+        addr++;
+        hl -= 2;
+    }
+    memcpy(host, addr, hl);
+    host[hl] = 0;
+    *port = (uint16_t)p;
+    return MOONLET_OK;
+}
+
+static int mc_connect_locked(moonlet_master_client *mc)
+{
+    if (mc->rpc && !moonlet_rpc_client_broken(mc->rpc))
+        return MOONLET_OK;
+    moonlet_rpc_client_close(mc->rpc);
+    mc->rpc = NULL;
+    moonlet_rpc_client_opts o = {.timeout_ms = mc->timeout_ms, .auth_token = mc->token,
+                                 .auth_token_len = mc->token ? strlen(mc->token) : 0};
+    return moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+}
+
+int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
+                      moonlet_master_client **out)
+{
+    moonlet_master_client *mc = calloc(1, sizeof(*mc));
+    if (!mc)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = parse_addr(addr, mc->host, sizeof(mc->host), &mc->port);
+    if (rc) {
+        free(mc);
+        return rc;
+    }
+    mc->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
+    if (opts && opts->auth_token && opts->auth_token[0])
+        mc->token = strdup(opts->auth_token);
+    pthread_mutex_init(&mc->mu, NULL);
+    rc = mc_connect_locked(mc);
+    if (rc) {
+        moonlet_mc_destroy(mc);
+        return rc;
+    }
+    *out = mc;
+    return MOONLET_OK;
+}
+
+void moonlet_mc_destroy(moonlet_master_client *mc)
+{
+    if (!mc)
+        return;
+    moonlet_rpc_client_close(mc->rpc);
+    pthread_mutex_destroy(&mc->mu);
+    free(mc->token);
+    free(mc);
+}
+
+/* ---- call skeleton ------------------------------------------------------- */
+
+/* Locks and starts a request; NULL (and *rc set, lock released) on failure. */
+static msgpack_packer *mc_begin(moonlet_master_client *mc, uint32_t method, uint32_t nargs, int *rc)
+{
+    pthread_mutex_lock(&mc->mu);
+    *rc = mc_connect_locked(mc);
+    if (*rc) {
+        pthread_mutex_unlock(&mc->mu);
+        return NULL;
+    }
+    return moonlet_rpc_client_begin(mc->rpc, method, nargs);
+}
+
+/* Sends and waits.  Returns the transport error or the reply's code.  When
+ * it returns 0, rep->result is valid until mc_end().  Always call mc_end. */
+static int mc_finish(moonlet_master_client *mc, moonlet_reply *rep, bool *have_rep)
+{
+    int rc = moonlet_rpc_client_call(mc->rpc, rep);
+    *have_rep = rc == 0;
+    return rc ? rc : rep->code;
+}
+
+static void mc_end(moonlet_master_client *mc, moonlet_reply *rep, bool have_rep)
+{
+    if (have_rep)
+        moonlet_reply_destroy(rep);
+    pthread_mutex_unlock(&mc->mu);
+}
+
+static void pack_tenant(msgpack_packer *pk, const char *tenant)
+{
+    moonlet_pack_cstr(pk, tenant ? tenant : "");
+}
+
+/* Calls whose result carries nothing: [tenant, key] shapes and the like. */
+#define MC_SIMPLE_CALL(mc, method, nargs, PACK)                                                   \
+    do {                                                                                          \
+        int rc_;                                                                                  \
+        msgpack_packer *pk = mc_begin(mc, method, nargs, &rc_);                                   \
+        if (!pk)                                                                                  \
+            return rc_;                                                                           \
+        PACK;                                                                                     \
+        moonlet_reply rep_;                                                                       \
+        bool have_;                                                                               \
+        rc_ = mc_finish(mc, &rep_, &have_);                                                       \
+        mc_end(mc, &rep_, have_);                                                                 \
+        return rc_;                                                                               \
+    } while (0)
+
+int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_ECHO, 1, {
+        msgpack_pack_bin(pk, len);
+        msgpack_pack_bin_body(pk, payload, len);
+    });
+}
+
+int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_PING, 1, moonlet_pack_cstr(pk, client_id));
+}
+
+int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, 7, {
+        moonlet_pack_cstr(pk, s->client_id);
+        moonlet_pack_cstr(pk, s->segment_id);
+        moonlet_pack_cstr(pk, s->name ? s->name : s->segment_id);
+        msgpack_pack_uint64(pk, s->base);
+        msgpack_pack_uint64(pk, s->size);
+        moonlet_pack_cstr(pk, s->endpoint);
+        moonlet_pack_cstr(pk, s->protocol);
+    });
+}
+
+int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
+                               const char *segment_id)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_UNMOUNT_SEGMENT, 2, {
+        moonlet_pack_cstr(pk, client_id);
+        moonlet_pack_cstr(pk, segment_id);
+    });
+}
+
+int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_END, 2, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+    });
+}
+
+int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_REVOKE, 2, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+    });
+}
+
+int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 2, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+    });
+}
+
+/* ---- decoders ------------------------------------------------------------------ */
+
+static char *dup_str(const msgpack_object *arr, uint32_t i)
+{
+    const char *p;
+    uint32_t len;
+    if (moonlet_wire_str(arr, i, &p, &len))
+        return NULL;
+    char *s = malloc(len + 1);
+    if (s) {
+        memcpy(s, p, len);
+        s[len] = 0;
+    }
+    return s;
+}
+
+static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
+{
+    uint32_t n = moonlet_wire_len(arr);
+    if (arr->type != MSGPACK_OBJECT_ARRAY)
+        return MOONLET_ERR_RPC_FAIL;
+    out->replicas = calloc(n ? n : 1, sizeof(*out->replicas));
+    if (!out->replicas)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *r = moonlet_wire_at(arr, i);
+        moonlet_replica_desc *d = &out->replicas[i];
+        uint64_t status;
+        out->count = i + 1;
+        d->segment_id = dup_str(r, 0);
+        d->endpoint = dup_str(r, 1);
+        d->protocol = dup_str(r, 2);
+        if (!d->segment_id || !d->endpoint || !d->protocol || moonlet_wire_u64(r, 3, &d->base) ||
+            moonlet_wire_u64(r, 4, &d->offset) || moonlet_wire_u64(r, 5, &d->size) ||
+            moonlet_wire_u64(r, 6, &status))
+            return MOONLET_ERR_RPC_FAIL;
+        d->status = (uint8_t)status;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const char *key,
+                         uint64_t size, uint32_t replica_num, bool soft_pin,
+                         moonlet_replica_list *out)
+{
+    int rc;
+    memset(out, 0, sizeof(*out));
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PUT_START, 5, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_pack_cstr(pk, key);
+    msgpack_pack_uint64(pk, size);
+    msgpack_pack_uint32(pk, replica_num);
+    soft_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0) {
+        out->size = size;
+        rc = decode_replicas(rep.result, out);
+    }
+    mc_end(mc, &rep, have);
+    if (rc)
+        moonlet_replica_list_free(out);
+    return rc;
+}
+
+int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
+                                moonlet_replica_list *out)
+{
+    int rc;
+    memset(out, 0, sizeof(*out));
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_GET_REPLICA_LIST, 2, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_pack_cstr(pk, key);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0) {
+        const msgpack_object *arr;
+        if (moonlet_wire_u64(rep.result, 0, &out->size) ||
+            moonlet_wire_u64(rep.result, 1, &out->lease_ttl_ms) ||
+            moonlet_wire_array(rep.result, 2, &arr))
+            rc = MOONLET_ERR_RPC_FAIL;
+        else
+            rc = decode_replicas(arr, out);
+    }
+    mc_end(mc, &rep, have);
+    if (rc)
+        moonlet_replica_list_free(out);
+    return rc;
+}
+
+static int decode_bool(const msgpack_object *o, bool *out)
+{
+    if (o->type != MSGPACK_OBJECT_BOOLEAN)
+        return MOONLET_ERR_RPC_FAIL;
+    *out = o->via.boolean;
+    return MOONLET_OK;
+}
+
+static int single_key_bool(moonlet_master_client *mc, uint32_t method, const char *tenant,
+                           const char *key, bool *exists)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, method, 2, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_pack_cstr(pk, key);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0)
+        rc = decode_bool(rep.result, exists);
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool *exists)
+{
+    return single_key_bool(mc, MOONLET_M_EXIST_KEY, tenant, key, exists);
+}
+
+int moonlet_mc_probe_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool *exists)
+{
+    return single_key_bool(mc, MOONLET_M_PROBE_KEY, tenant, key, exists);
+}
+
+/* A per-key result array: true/false/negative code. */
+static int decode_results(const msgpack_object *arr, size_t n, int32_t *results)
+{
+    if (arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != n)
+        return MOONLET_ERR_RPC_FAIL;
+    for (size_t i = 0; i < n; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i];
+        if (o->type == MSGPACK_OBJECT_BOOLEAN)
+            results[i] = o->via.boolean;
+        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
+            results[i] = (int32_t)o->via.i64;
+        else
+            return MOONLET_ERR_RPC_FAIL;
+    }
+    return MOONLET_OK;
+}
+
+static void pack_keys(msgpack_packer *pk, const char *const *keys, size_t n)
+{
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        moonlet_pack_cstr(pk, keys[i]);
+}
+
+int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
+                               const char *const *keys, size_t n, int32_t *results)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_BATCH_EXIST_KEY, 2, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    pack_keys(pk, keys, n);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0)
+        rc = decode_results(rep.result, n, results);
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
+                               moonlet_grant_lease_policy policy, const char *const *keys,
+                               size_t n, int32_t *results)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_BATCH_PROBE_KEY, 4, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    msgpack_pack_uint8(pk, policy.lease_mode);
+    msgpack_pack_uint64(pk, policy.candidate_size);
+    pack_keys(pk, keys, n);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0)
+        rc = decode_results(rep.result, n, results);
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, 1, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0) {
+        if (rep.result->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+            *removed = rep.result->via.u64;
+        else
+            rc = MOONLET_ERR_RPC_FAIL;
+    }
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+/* ---- admin calls: results as cJSON ---------------------------------------------- */
+
+static cJSON *to_json(const msgpack_object *o, int depth)
+{
+    if (depth > 32)
+        return cJSON_CreateNull();
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL:
+        return cJSON_CreateNull();
+    case MSGPACK_OBJECT_BOOLEAN:
+        return cJSON_CreateBool(o->via.boolean);
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        return cJSON_CreateNumber((double)o->via.u64);
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        return cJSON_CreateNumber((double)o->via.i64);
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        return cJSON_CreateNumber(o->via.f64);
+    case MSGPACK_OBJECT_STR:
+    case MSGPACK_OBJECT_BIN: {
+        uint32_t len = o->type == MSGPACK_OBJECT_STR ? o->via.str.size : o->via.bin.size;
+        const char *p = o->type == MSGPACK_OBJECT_STR ? o->via.str.ptr : o->via.bin.ptr;
+        char *s = malloc(len + 1);
+        if (!s)
+            return NULL;
+        memcpy(s, p, len);
+        s[len] = 0;
+        cJSON *j = cJSON_CreateString(s);
+        free(s);
+        return j;
+    }
+    case MSGPACK_OBJECT_ARRAY: {
+        cJSON *a = cJSON_CreateArray();
+        for (uint32_t i = 0; a && i < o->via.array.size; i++)
+            cJSON_AddItemToArray(a, to_json(&o->via.array.ptr[i], depth + 1));
+        return a;
+    }
+    case MSGPACK_OBJECT_MAP: {
+        cJSON *m = cJSON_CreateObject();
+        for (uint32_t i = 0; m && i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR)
+                continue;
+            char key[128];
+            uint32_t kl = kv->key.via.str.size < sizeof(key) - 1 ? kv->key.via.str.size : sizeof(key) - 1;
+            memcpy(key, kv->key.via.str.ptr, kl);
+            key[kl] = 0;
+            cJSON_AddItemToObject(m, key, to_json(&kv->val, depth + 1));
+        }
+        return m;
+    }
+    default:
+        return cJSON_CreateNull();
+    }
+}
+
+static int admin_finish(moonlet_master_client *mc, struct cJSON **out)
+{
+    moonlet_reply rep;
+    bool have;
+    int rc = mc_finish(mc, &rep, &have);
+    if (rc == 0) {
+        *out = to_json(rep.result, 0);
+        if (!*out)
+            rc = MOONLET_ERR_INTERNAL_ERROR;
+    }
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out)
+{
+    int rc;
+    if (!mc_begin(mc, MOONLET_M_LIST_SEGMENTS, 0, &rc))
+        return rc;
+    return admin_finish(mc, out);
+}
+
+int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
+                         const char *cursor, uint32_t limit, struct cJSON **out)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_LIST_KEYS, 4, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_pack_cstr(pk, prefix ? prefix : "");
+    moonlet_pack_cstr(pk, cursor ? cursor : "");
+    msgpack_pack_uint32(pk, limit);
+    return admin_finish(mc, out);
+}
+
+int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
+                           struct cJSON **out)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_INSPECT_KEY, 2, &rc);
+    if (!pk)
+        return rc;
+    pack_tenant(pk, tenant);
+    moonlet_pack_cstr(pk, key);
+    return admin_finish(mc, out);
+}
+
+int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
+{
+    int rc;
+    if (!mc_begin(mc, MOONLET_M_STATS, 0, &rc))
+        return rc;
+    return admin_finish(mc, out);
+}

@@ -1,0 +1,117 @@
+/*
+ * proc.h - start and stop the project's daemons from tests.
+ *
+ * proc_start() runs a binary of the build tree with its stdout on a pipe and
+ * waits (bounded) for its "listening on HOST:PORT" line; proc_stop() sends
+ * SIGTERM to that PID only and waits (bounded), falling back to SIGKILL.
+ */
+#ifndef MOONLET_TEST_PROC_H
+#define MOONLET_TEST_PROC_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct test_proc {
+    pid_t pid;
+    int out_fd;
+    unsigned port;
+    char addr[64]; /* "127.0.0.1:PORT" */
+} test_proc;
+
+static inline const char *proc_build_root(void)
+{
+    const char *r = getenv("MOONLET_BUILD_ROOT");
+    return r ? r : ".";
+}
+
+static inline long long proc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+}
+
+/* argv[0] is a path relative to the build root. Returns 0 when it listens. */
+static inline int proc_start(test_proc *p, char *const argv[], int timeout_ms)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", proc_build_root(), argv[0]);
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    p->pid = fork();
+    if (p->pid < 0)
+        return -1;
+    if (p->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    p->out_fd = fds[0];
+    char line[256];
+    size_t len = 0;
+    long long deadline = proc_now_ms() + timeout_ms;
+    while (proc_now_ms() < deadline && len < sizeof(line) - 1) {
+        struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        ssize_t n = read(p->out_fd, line + len, 1);
+        if (n <= 0)
+            break;
+        if (line[len] == '\n') {
+            line[len] = 0;
+            char host[64];
+            if (sscanf(line, "listening on %63[^:]:%u", host, &p->port) == 2) {
+                snprintf(p->addr, sizeof(p->addr), "%s:%u", host, p->port);
+                return 0;
+            }
+            len = 0;
+            continue;
+        }
+        len++;
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->out_fd);
+    return -1;
+}
+
+/* Sends `sig`, waits up to timeout_ms; returns the exit status, or -1 when it
+ * had to be killed. */
+static inline int proc_stop_sig(test_proc *p, int sig, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, sig);
+    long long deadline = proc_now_ms() + timeout_ms;
+    int status = 0;
+    while (proc_now_ms() < deadline) {
+        pid_t r = waitpid(p->pid, &status, WNOHANG);
+        if (r == p->pid) {
+            close(p->out_fd);
+            p->pid = 0;
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+        usleep(10000);
+    }
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, NULL, 0);
+    close(p->out_fd);
+    p->pid = 0;
+    return -1;
+}
+
+static inline int proc_stop(test_proc *p) { return proc_stop_sig(p, SIGTERM, 5000); }
+
+#endif

@@ -1,0 +1,346 @@
+/*
+ * Integration test: starts `moonlet-master` on an ephemeral port and drives
+ * it through MasterClient - object lifecycle, leases seen through the
+ * inspection RPC, BatchProbeKey policies through the wire, several concurrent
+ * connections, the auth token, bad input from the network, clean shutdown.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "../common/proc.h"
+#include "master_client.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_client.h"
+#include "wire.h"
+
+static test_proc g_master;
+static moonlet_master_client *g_mc;
+
+static int start_master(void **state)
+{
+    (void)state;
+    char *argv[] = {"tools/moonlet-master", "--rpc-port", "0", "--shards", "64",
+                    "--client_live_ttl_sec", "60", "--log-level", "warn", NULL};
+    if (proc_start(&g_master, argv, 5000))
+        return -1;
+    if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
+        return -1;
+    moonlet_segment_desc d1 = {.client_id = "node-1", .segment_id = "seg-1", .name = "seg-1",
+                               .size = 64 << 20, .endpoint = "127.0.0.1:7001", .protocol = "tcp"};
+    moonlet_segment_desc d2 = d1;
+    d2.client_id = "node-2";
+    d2.segment_id = d2.name = "seg-2";
+    d2.endpoint = "127.0.0.1:7002";
+    return moonlet_mc_mount_segment(g_mc, &d1) || moonlet_mc_mount_segment(g_mc, &d2);
+}
+
+static int stop_master(void **state)
+{
+    (void)state;
+    moonlet_mc_destroy(g_mc);
+    /* SIGTERM: clean exit within a second */
+    long long t0 = proc_now_ms();
+    int rc = proc_stop_sig(&g_master, SIGTERM, 3000);
+    long long took = proc_now_ms() - t0;
+    if (rc != 0 || took > 1000) {
+        fprintf(stderr, "master exit %d after %lld ms\n", rc, took);
+        return -1;
+    }
+    return 0;
+}
+
+static int put(const char *tenant, const char *key, uint64_t size, uint32_t nrep)
+{
+    moonlet_replica_list l;
+    int rc = moonlet_mc_put_start(g_mc, tenant, key, size, nrep, false, &l);
+    if (rc)
+        return rc;
+    moonlet_replica_list_free(&l);
+    return moonlet_mc_put_end(g_mc, tenant, key);
+}
+
+static double lease_ms(const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    int rc = moonlet_mc_inspect_key(g_mc, tenant, key, &j);
+    if (rc)
+        return -1;
+    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+static void test_lifecycle(void **state)
+{
+    (void)state;
+    moonlet_replica_list l;
+    assert_int_equal(moonlet_mc_put_start(g_mc, NULL, "life", 1000, 2, false, &l), MOONLET_OK);
+    assert_int_equal(l.count, 2);
+    assert_string_not_equal(l.replicas[0].segment_id, l.replicas[1].segment_id);
+    assert_string_equal(l.replicas[0].protocol, "tcp");
+    assert_int_equal(l.replicas[0].size, 1000);
+    assert_int_equal(l.replicas[0].status, MOONLET_REPLICA_INITIALIZED);
+    moonlet_replica_list_free(&l);
+    assert_int_equal(moonlet_mc_get_replica_list(g_mc, NULL, "life", &l), MOONLET_ERR_REPLICA_IS_NOT_READY);
+    assert_int_equal(moonlet_mc_put_end(g_mc, NULL, "life"), MOONLET_OK);
+    assert_int_equal(moonlet_mc_get_replica_list(g_mc, NULL, "life", &l), MOONLET_OK);
+    assert_int_equal(l.count, 2);
+    assert_int_equal(l.size, 1000);
+    assert_int_equal(l.lease_ttl_ms, 5000);
+    assert_int_equal(l.replicas[1].status, MOONLET_REPLICA_COMPLETE);
+    moonlet_replica_list_free(&l);
+    assert_true(lease_ms(NULL, "life") > 4000);
+    assert_int_equal(moonlet_mc_remove(g_mc, NULL, "life"), MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_int_equal(moonlet_mc_put_start(g_mc, NULL, "life", 10, 1, false, &l), MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(moonlet_mc_get_replica_list(g_mc, NULL, "nope", &l), MOONLET_ERR_OBJECT_NOT_FOUND);
+
+    bool ex = false;
+    assert_int_equal(moonlet_mc_exist_key(g_mc, NULL, "life", &ex), MOONLET_OK);
+    assert_true(ex);
+    assert_int_equal(moonlet_mc_probe_key(g_mc, NULL, "nope", &ex), MOONLET_OK);
+    assert_false(ex);
+    assert_int_equal(put("other", "k", 10, 1), MOONLET_OK);
+    uint64_t removed = 0;
+    assert_int_equal(moonlet_mc_remove_all(g_mc, "other", &removed), MOONLET_OK);
+    assert_int_equal(removed, 1);
+    assert_int_equal(moonlet_mc_echo(g_mc, "x", 1), MOONLET_OK);
+    assert_int_equal(moonlet_mc_ping(g_mc, "node-1"), MOONLET_OK);
+
+    cJSON *j;
+    assert_int_equal(moonlet_mc_list_segments(g_mc, &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(j), 2);
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
+    assert_true(cJSON_GetObjectItem(j, "objects")->valuedouble >= 1);
+    assert_non_null(cJSON_GetObjectItem(j, "probe_lock_hold_us_hist"));
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_list_keys(g_mc, NULL, "li", "", 10, &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "keys")), 1);
+    cJSON_Delete(j);
+}
+
+static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
+                                 "kda/256/r1", "kda/384/r0", "kda/384/r1"};
+
+static void test_probe_through_rpc(void **state)
+{
+    (void)state;
+    const char *t = "probe-rpc";
+    assert_int_equal(put(t, K3[0], 64, 1), MOONLET_OK);
+    assert_int_equal(put(t, K3[1], 64, 1), MOONLET_OK);
+    assert_int_equal(put(t, K3[3], 64, 1), MOONLET_OK);
+    assert_int_equal(put(t, K3[4], 64, 1), MOONLET_OK);
+    int32_t r[6];
+    /* NONE: existence, no lease */
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, MOONLET_GRANT_LEASE_POLICY_DEFAULT, K3, 6, r), MOONLET_OK);
+    int want_none[] = {1, 1, 0, 1, 1, 0};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(r[i], want_none[i]);
+    for (int i = 0; i < 6; i++)
+        assert_true(lease_ms(t, K3[i]) <= 0);
+    /* the worked example */
+    moonlet_grant_lease_policy p = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, K3, 6, r), MOONLET_OK);
+    int want[] = {1, 1, 0, 0, 0, 0};
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(r[i], want[i]);
+    assert_true(lease_ms(t, K3[0]) > 4000);
+    assert_true(lease_ms(t, K3[1]) > 4000);
+    assert_true(lease_ms(t, K3[3]) == 0);
+    assert_true(lease_ms(t, K3[4]) == 0);
+    /* invalid policies come back as INVALID_PARAMS */
+    p.candidate_size = 4;
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
+    p.candidate_size = 0;
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
+    p = (moonlet_grant_lease_policy){9, 2};
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
+    /* empty request, per-key errors */
+    p = (moonlet_grant_lease_policy){MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, K3, 0, r), MOONLET_OK);
+    const char *with_err[] = {K3[0], ""};
+    assert_int_equal(moonlet_mc_batch_probe_key(g_mc, t, p, with_err, 2, r), MOONLET_OK);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[1], MOONLET_ERR_INVALID_KEY);
+    /* counters */
+    cJSON *j;
+    assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
+    assert_true(cJSON_GetObjectItem(j, "probe_calls_last_hit_only")->valuedouble >= 2);
+    assert_true(cJSON_GetObjectItem(j, "probe_calls_none")->valuedouble >= 1);
+    assert_true(cJSON_GetObjectItem(j, "leases_probe")->valuedouble >= 2);
+    cJSON_Delete(j);
+}
+
+/* Several connections at once, each its own MasterClient. */
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    moonlet_master_client *mc;
+    if (moonlet_mc_create(g_master.addr, NULL, &mc))
+        return (void *)1;
+    intptr_t bad = 0;
+    char key[64];
+    const char *keys[50];
+    static __thread char names[50][64];
+    for (int i = 0; i < 50; i++) {
+        snprintf(names[i], sizeof(names[i]), "w%d-k%d", id, i);
+        keys[i] = names[i];
+        moonlet_replica_list l;
+        snprintf(key, sizeof(key), "w%d-k%d", id, i);
+        if (moonlet_mc_put_start(mc, "conc", key, 4096, 1, false, &l) || l.count != 1)
+            bad++;
+        moonlet_replica_list_free(&l);
+        if (moonlet_mc_put_end(mc, "conc", key))
+            bad++;
+    }
+    int32_t r[50];
+    for (int round = 0; round < 20; round++) {
+        if (moonlet_mc_batch_exist_key(mc, "conc", keys, 50, r))
+            bad++;
+        for (int i = 0; i < 50; i++)
+            bad += r[i] != 1;
+    }
+    moonlet_mc_destroy(mc);
+    return (void *)bad;
+}
+
+static void test_concurrent_connections(void **state)
+{
+    (void)state;
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++)
+        pthread_create(&th[i], NULL, worker, (void *)(intptr_t)i);
+    for (int i = 0; i < 8; i++) {
+        void *ret;
+        pthread_join(th[i], &ret);
+        assert_int_equal((intptr_t)ret, 0);
+    }
+}
+
+/* Wrongly-typed arguments from the network: an error reply, and the same
+ * connection keeps working. */
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    moonlet_rpc_client *c;
+    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", (uint16_t)g_master.port, NULL, &c), MOONLET_OK);
+    moonlet_reply rep;
+    /* lease_mode as a string */
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_PROBE_KEY, 4);
+    moonlet_pack_cstr(pk, "");
+    moonlet_pack_cstr(pk, "last-hit");
+    msgpack_pack_uint64(pk, 2);
+    msgpack_pack_array(pk, 0);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    moonlet_reply_destroy(&rep);
+    /* a key that is not a string */
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_EXIST_KEY, 2);
+    moonlet_pack_cstr(pk, "");
+    msgpack_pack_array(pk, 2);
+    moonlet_pack_cstr(pk, "a");
+    msgpack_pack_int(pk, 5);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_reply_destroy(&rep);
+    /* missing arguments */
+    moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1);
+    moonlet_pack_cstr(moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1), "");
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_reply_destroy(&rep);
+    /* negative size */
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 5);
+    moonlet_pack_cstr(pk, "");
+    moonlet_pack_cstr(pk, "neg");
+    msgpack_pack_int(pk, -5);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_false(pk);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_reply_destroy(&rep);
+    /* unknown method */
+    moonlet_rpc_client_begin(c, 9999, 0);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_reply_destroy(&rep);
+    /* an oversized key */
+    static char big[5000];
+    memset(big, 'x', sizeof(big) - 1);
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
+    moonlet_pack_cstr(pk, "");
+    moonlet_pack_cstr(pk, big);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_KEY);
+    moonlet_reply_destroy(&rep);
+    /* still usable */
+    moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_OK);
+    moonlet_reply_destroy(&rep);
+    moonlet_rpc_client_close(c);
+
+    /* an oversized frame over a raw socket: error or close, never a crash */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_master.port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    unsigned char hdr[4] = {0x7f, 0xff, 0xff, 0xff};
+    assert_int_equal(write(fd, hdr, 4), 4);
+    char buf[256];
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    long long deadline = proc_now_ms() + 3000;
+    ssize_t n = 1;
+    while (n > 0 && proc_now_ms() < deadline)
+        n = poll(&pfd, 1, 100) > 0 ? read(fd, buf, sizeof(buf)) : 1;
+    assert_true(n <= 0); /* closed by the server */
+    close(fd);
+    assert_int_equal(moonlet_mc_echo(g_mc, "", 0), MOONLET_OK); /* the daemon lives on */
+}
+
+static void test_auth_token(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/moonlet-token-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "s3cret\n", 7), 7);
+    close(fd);
+    char *argv[] = {"tools/moonlet-master", "--rpc-port", "0", "--shards", "8",
+                    "--auth-token-file", path, "--log-level", "warn", NULL};
+    test_proc p;
+    assert_int_equal(proc_start(&p, argv, 5000), 0);
+    moonlet_master_client *mc = NULL;
+    assert_int_equal(moonlet_mc_create(p.addr, NULL, &mc), MOONLET_ERR_ILLEGAL_CLIENT);
+    moonlet_master_client_opts o = {.auth_token = "wrong"};
+    assert_int_equal(moonlet_mc_create(p.addr, &o, &mc), MOONLET_ERR_ILLEGAL_CLIENT);
+    o.auth_token = "s3cret";
+    assert_int_equal(moonlet_mc_create(p.addr, &o, &mc), MOONLET_OK);
+    assert_int_equal(moonlet_mc_echo(mc, "", 0), MOONLET_OK);
+    moonlet_mc_destroy(mc);
+    assert_int_equal(proc_stop(&p), 0);
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_probe_through_rpc),
+        cmocka_unit_test(test_concurrent_connections),
+        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_auth_token),
+    };
+    return cmocka_run_group_tests_name("master_rpc", tests, start_master, stop_master);
+}

@@ -1,0 +1,182 @@
+/*
+ * moonlet-master - the metadata service daemon.
+ *
+ * Parses flags into a moonlet_master_config and moonlet_service_opts, starts
+ * the master and its RPC service, prints "listening on HOST:PORT", and waits
+ * for SIGTERM or SIGINT, after which it stops serving and exits 0.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "master.h"
+#include "moonlet/error.h"
+#include "moonlet_config.h"
+#include "service.h"
+#include "token.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moonlet-master [options]\n"
+            "\n"
+            "  --rpc-address ADDR                 address to listen on (default 127.0.0.1)\n"
+            "  --rpc-port PORT                    port (default 50051; 0 picks a free one)\n"
+            "  --rpc-threads N                    RPC threads (default: number of cores)\n"
+            "  --shards N                         metadata shards (default 1024)\n"
+            "  --default_kv_lease_ttl MS          read lease TTL in ms (default 5000)\n"
+            "  --default_kv_soft_pin_ttl MS       soft pin TTL in ms (default 1800000)\n"
+            "  --eviction_high_watermark_ratio R  start evicting at this usage (default 0.90)\n"
+            "  --eviction_ratio R                 evict this fraction per pass (default 0.05)\n"
+            "  --client_live_ttl_sec S            liveness TTL of clients (default 10)\n"
+            "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
+            "  --max-frame-bytes N                largest RPC frame (default 67108864)\n"
+            "  --auth-token-file PATH             require this shared token from every client\n"
+            "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
+            "  --help, --version\n");
+}
+
+static int parse_u64(const char *flag, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        fprintf(stderr, "moonlet-master: %s: not a non-negative integer: '%s'\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_ratio(const char *flag, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || v < 0 || v > 1) {
+        fprintf(stderr, "moonlet-master: %s: not a ratio in [0, 1]: '%s'\n", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+enum {
+    O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
+    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION
+};
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"rpc-address", required_argument, 0, O_ADDR},
+        {"rpc-port", required_argument, 0, O_PORT},
+        {"rpc-threads", required_argument, 0, O_THREADS},
+        {"shards", required_argument, 0, O_SHARDS},
+        {"default_kv_lease_ttl", required_argument, 0, O_LEASE},
+        {"default_kv_soft_pin_ttl", required_argument, 0, O_PIN},
+        {"eviction_high_watermark_ratio", required_argument, 0, O_HWM},
+        {"eviction_ratio", required_argument, 0, O_RATIO},
+        {"client_live_ttl_sec", required_argument, 0, O_LIVE},
+        {"put_timeout_ms", required_argument, 0, O_PUT},
+        {"max-frame-bytes", required_argument, 0, O_FRAME},
+        {"auth-token-file", required_argument, 0, O_TOKEN},
+        {"log-level", required_argument, 0, O_LOG},
+        {"help", no_argument, 0, O_HELP},
+        {"version", no_argument, 0, O_VERSION},
+        {0, 0, 0, 0},
+    };
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051};
+    const char *token_file = NULL;
+    uint64_t v;
+    int c, bad = 0;
+    while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_ADDR: so.address = optarg; break;
+        case O_PORT:
+            bad = parse_u64("--rpc-port", optarg, &v) || v > 65535;
+            so.port = (uint16_t)v;
+            break;
+        case O_THREADS: bad = parse_u64("--rpc-threads", optarg, &v) || v > 256; so.threads = (int)v; break;
+        case O_SHARDS: bad = parse_u64("--shards", optarg, &v) || v == 0 || v > (1u << 20); cfg.shards = (uint32_t)v; break;
+        case O_LEASE: bad = parse_u64("--default_kv_lease_ttl", optarg, &cfg.lease_ttl_ms); break;
+        case O_PIN: bad = parse_u64("--default_kv_soft_pin_ttl", optarg, &cfg.soft_pin_ttl_ms); break;
+        case O_HWM: bad = parse_ratio("--eviction_high_watermark_ratio", optarg, &cfg.eviction_high_watermark); break;
+        case O_RATIO: bad = parse_ratio("--eviction_ratio", optarg, &cfg.eviction_ratio); break;
+        case O_LIVE:
+            bad = parse_u64("--client_live_ttl_sec", optarg, &v) || v == 0;
+            cfg.client_live_ttl_ms = v * 1000;
+            break;
+        case O_PUT: bad = parse_u64("--put_timeout_ms", optarg, &cfg.put_timeout_ms); break;
+        case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
+        case O_TOKEN: token_file = optarg; break;
+        case O_LOG: {
+            int lvl = moonlet_log_parse_level(optarg);
+            if (lvl < 0) {
+                fprintf(stderr, "moonlet-master: --log-level: unknown level '%s'\n", optarg);
+                bad = 1;
+            }
+            moonlet_log_set_level(lvl);
+            break;
+        }
+        case O_HELP: usage(stdout); return 0;
+        case O_VERSION: printf("moonlet-master %s\n", MOONLET_VERSION); return 0;
+        default: bad = 1; break;
+        }
+    }
+    if (bad || optind < argc) {
+        if (optind < argc && !bad)
+            fprintf(stderr, "moonlet-master: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    char *token = NULL;
+    if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
+        return 2;
+    so.auth_token = token;
+
+    /* Signals are taken synchronously by this thread; workers never see them. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    moonlet_master *m;
+    int rc = moonlet_master_create(&cfg, &m);
+    if (rc) {
+        ML_ERR("master", "cannot create the master: %s", moonlet_strerror(rc));
+        moonlet_token_free(token);
+        return 1;
+    }
+    moonlet_master_service *svc;
+    rc = moonlet_master_service_start(m, &so, &svc);
+    if (rc) {
+        ML_ERR("master", "cannot listen on %s:%u: %s", so.address, so.port, moonlet_strerror(rc));
+        moonlet_master_destroy(m);
+        moonlet_token_free(token);
+        return 1;
+    }
+    printf("listening on %s:%u\n", so.address, moonlet_master_service_port(svc));
+    fflush(stdout);
+    ML_INFO("master", "moonlet-master %s: %u shards, lease TTL %llu ms, liveness TTL %llu ms",
+            MOONLET_VERSION, cfg.shards, (unsigned long long)cfg.lease_ttl_ms,
+            (unsigned long long)cfg.client_live_ttl_ms);
+
+    int sig = 0;
+    sigwait(&set, &sig);
+    ML_INFO("master", "signal %d: shutting down", sig);
+    moonlet_master_service_stop(svc);
+    moonlet_master_destroy(m);
+    moonlet_token_free(token);
+    return 0;
+}
