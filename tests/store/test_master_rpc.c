@@ -255,8 +255,8 @@ static void test_bad_arguments(void **state)
     assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
     moonlet_reply_destroy(&rep);
     /* missing arguments */
-    moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1);
-    moonlet_pack_cstr(moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1), "");
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1);
+    moonlet_pack_cstr(pk, "");
     assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
     assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
     moonlet_reply_destroy(&rep);

@@ -1,0 +1,50 @@
+/*
+ * bench.h - shared pieces of moonlet-bench's subcommands: starting a
+ * moonlet-master child process, latency samples and percentiles, RSS of a
+ * process, JSON output.
+ */
+#ifndef MOONLET_BENCH_H
+#define MOONLET_BENCH_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct bench_master {
+    pid_t pid;
+    int out_fd;
+    char addr[64];
+    uint16_t port;
+} bench_master;
+
+/* Starts tools/moonlet-master (found next to this binary) with extra flags,
+ * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
+int bench_master_start(bench_master *bm, const char *const *extra_args);
+void bench_master_stop(bench_master *bm);
+/* Resident set size of a process in bytes (0 when unknown). */
+uint64_t bench_rss_bytes(pid_t pid);
+
+typedef struct bench_samples {
+    double *v;
+    size_t n, cap;
+} bench_samples;
+
+void bench_samples_add(bench_samples *s, double x);
+/* p in [0, 100]; sorts the samples. */
+double bench_percentile(bench_samples *s, double p);
+void bench_samples_free(bench_samples *s);
+
+uint64_t bench_now_ns(void);
+
+/* Adds {"p50_us": .., "p99_us": .., "samples": n} under `name`. */
+void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);
+
+/* Prints the JSON document (pretty unless compact) and frees it. */
+void bench_print_json(cJSON *root);
+
+/* Subcommands. */
+int bench_rpc_main(int argc, char **argv);
+int bench_probe_main(int argc, char **argv);
+
+#endif

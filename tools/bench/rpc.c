@@ -1,0 +1,201 @@
+/*
+ * rpc.c - `moonlet-bench rpc`: control-plane latency and master memory.
+ *
+ * Starts its own moonlet-master, mounts one (bookkeeping-only) segment and
+ * measures, in one run:
+ *   - p50/p99 of an empty request (Echo);
+ *   - p50/p99 of BatchExistKey on 640 existing keys at --small objects and
+ *     again at --objects objects, and the ratio of the two p50s;
+ *   - the master's RSS growth per stored object (64-byte keys), and that
+ *     figure minus the key itself.
+ * The table is filled with pipelined PutStart/PutEnd requests.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "master_client.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_client.h"
+#include "wire.h"
+
+#define KEY_BYTES 64
+#define WINDOW 512
+
+static void key_of(uint64_t i, char out[KEY_BYTES + 1])
+{
+    snprintf(out, KEY_BYTES + 1, "bench-key-%054" PRIu64, i);
+}
+
+/* Pipelines `method` [tenant, key, ...] for keys [from, to). */
+static int pipelined(moonlet_rpc_client *c, uint32_t method, uint64_t from, uint64_t to)
+{
+    char key[KEY_BYTES + 1];
+    for (uint64_t base = from; base < to; base += WINDOW) {
+        uint64_t end = base + WINDOW < to ? base + WINDOW : to;
+        for (uint64_t i = base; i < end; i++) {
+            key_of(i, key);
+            msgpack_packer *pk =
+                moonlet_rpc_client_begin(c, method, method == MOONLET_M_PUT_START ? 5 : 2);
+            moonlet_pack_cstr(pk, "");
+            moonlet_pack_str(pk, key, KEY_BYTES);
+            if (method == MOONLET_M_PUT_START) {
+                msgpack_pack_uint64(pk, 1);
+                msgpack_pack_uint64(pk, 1);
+                msgpack_pack_false(pk);
+            }
+            uint64_t id;
+            int rc = moonlet_rpc_client_send(c, &id);
+            if (rc)
+                return rc;
+        }
+        for (uint64_t i = base; i < end; i++) {
+            moonlet_reply rep;
+            int rc = moonlet_rpc_client_recv(c, &rep);
+            if (rc)
+                return rc;
+            rc = rep.code;
+            moonlet_reply_destroy(&rep);
+            if (rc) {
+                fprintf(stderr, "moonlet-bench: fill failed: %s\n", moonlet_strerror(rc));
+                return rc;
+            }
+        }
+    }
+    return MOONLET_OK;
+}
+
+static int fill(moonlet_rpc_client *c, uint64_t from, uint64_t to)
+{
+    int rc = pipelined(c, MOONLET_M_PUT_START, from, to);
+    return rc ? rc : pipelined(c, MOONLET_M_PUT_END, from, to);
+}
+
+static int measure_exist(moonlet_master_client *mc, uint64_t nobjects, int calls,
+                         bench_samples *s)
+{
+    static char names[640][KEY_BYTES + 1];
+    const char *keys[640];
+    int32_t r[640];
+    unsigned seed = 12345;
+    for (int call = 0; call < calls; call++) {
+        for (int i = 0; i < 640; i++) {
+            key_of((uint64_t)rand_r(&seed) % nobjects, names[i]);
+            keys[i] = names[i];
+        }
+        uint64_t t0 = bench_now_ns();
+        int rc = moonlet_mc_batch_exist_key(mc, "", keys, 640, r);
+        bench_samples_add(s, (double)(bench_now_ns() - t0) / 1000.0);
+        if (rc)
+            return rc;
+        for (int i = 0; i < 640; i++)
+            if (r[i] != 1)
+                return MOONLET_ERR_OBJECT_NOT_FOUND;
+    }
+    return MOONLET_OK;
+}
+
+int bench_rpc_main(int argc, char **argv)
+{
+    uint64_t objects = 1000000, small = 10000;
+    int calls = 1000, json = 0;
+    static const struct option opts[] = {
+        {"objects", required_argument, 0, 'n'}, {"small", required_argument, 0, 's'},
+        {"calls", required_argument, 0, 'c'},   {"json", no_argument, 0, 'j'},
+        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+    };
+    int o;
+    optind = 1;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (o) {
+        case 'n': objects = strtoull(optarg, NULL, 10); break;
+        case 's': small = strtoull(optarg, NULL, 10); break;
+        case 'c': calls = atoi(optarg); break;
+        case 'j': json = 1; break;
+        case 'h':
+            printf("usage: moonlet-bench rpc [--objects N] [--small N] [--calls N] [--json]\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (small < 640 || objects < small || calls < 10) {
+        fprintf(stderr, "moonlet-bench rpc: need 640 <= --small <= --objects and --calls >= 10\n");
+        return 2;
+    }
+
+    bench_master bm;
+    if (bench_master_start(&bm, NULL)) {
+        fprintf(stderr, "moonlet-bench: cannot start moonlet-master\n");
+        return 1;
+    }
+    int rc = 1;
+    moonlet_master_client *mc = NULL;
+    moonlet_rpc_client *c = NULL;
+    bench_samples echo = {0}, ex_small = {0}, ex_large = {0};
+    if (moonlet_mc_create(bm.addr, NULL, &mc) ||
+        moonlet_rpc_client_connect("127.0.0.1", bm.port, NULL, &c))
+        goto out;
+    moonlet_segment_desc seg = {.client_id = "bench", .segment_id = "bench-seg", .name = "bench",
+                                .size = (objects * 64) * 2 + (1u << 20),
+                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
+    if (moonlet_mc_mount_segment(mc, &seg))
+        goto out;
+
+    for (int i = 0; i < calls * 2; i++) {
+        uint64_t t0 = bench_now_ns();
+        moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+        moonlet_reply rep;
+        if (moonlet_rpc_client_call(c, &rep))
+            goto out;
+        moonlet_reply_destroy(&rep);
+        bench_samples_add(&echo, (double)(bench_now_ns() - t0) / 1000.0);
+    }
+    uint64_t rss0 = bench_rss_bytes(bm.pid);
+    if (fill(c, 0, small) || measure_exist(mc, small, calls, &ex_small))
+        goto out;
+    if (fill(c, small, objects) || measure_exist(mc, objects, calls, &ex_large))
+        goto out;
+    uint64_t rss1 = bench_rss_bytes(bm.pid);
+
+    double per_obj = (double)(rss1 - rss0) / (double)(objects - 0);
+    double p50s = bench_percentile(&ex_small, 50), p50l = bench_percentile(&ex_large, 50);
+    cJSON *root = cJSON_CreateObject();
+    bench_json_latency(root, "echo", &echo);
+    char name[64];
+    snprintf(name, sizeof(name), "batch_exist_640_at_%" PRIu64, small);
+    bench_json_latency(root, name, &ex_small);
+    snprintf(name, sizeof(name), "batch_exist_640_at_%" PRIu64, objects);
+    bench_json_latency(root, name, &ex_large);
+    cJSON_AddNumberToObject(root, "batch_exist_p50_ratio", p50l / p50s);
+    cJSON_AddNumberToObject(root, "batch_exist_p50_ratio_target_max", 1.5);
+    cJSON_AddNumberToObject(root, "objects", (double)objects);
+    cJSON_AddNumberToObject(root, "key_bytes", KEY_BYTES);
+    cJSON_AddNumberToObject(root, "master_rss_growth_bytes", (double)(rss1 - rss0));
+    cJSON_AddNumberToObject(root, "master_bytes_per_object", per_obj);
+    cJSON_AddNumberToObject(root, "master_bytes_per_object_beyond_key", per_obj - KEY_BYTES);
+    cJSON_AddNumberToObject(root, "bytes_beyond_key_target_max", 256);
+    if (json) {
+        bench_print_json(root);
+    } else {
+        printf("echo p50 %.1f us; BatchExistKey(640) p50 %.1f us at %" PRIu64 " objects, %.1f us at %" PRIu64
+               " (ratio %.2f); master %.0f bytes/object (%.0f beyond the key)\n",
+               bench_percentile(&echo, 50), p50s, small, p50l, objects, p50l / p50s, per_obj,
+               per_obj - KEY_BYTES);
+        cJSON_Delete(root);
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "moonlet-bench rpc: failed\n");
+    bench_samples_free(&echo);
+    bench_samples_free(&ex_small);
+    bench_samples_free(&ex_large);
+    moonlet_rpc_client_close(c);
+    moonlet_mc_destroy(mc);
+    bench_master_stop(&bm);
+    return rc;
+}

@@ -1,0 +1,170 @@
+/* util.c - helpers shared by moonlet-bench subcommands; see bench.h. */
+#include "bench.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void master_path(char *out, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(out, cap, "%s/moonlet-master", n > 0 ? self : ".");
+}
+
+int bench_master_start(bench_master *bm, const char *const *extra)
+{
+    char path[PATH_MAX + 32];
+    master_path(path, sizeof(path));
+    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn"};
+    int argc = 5;
+    for (int i = 0; extra && extra[i] && argc < 31; i++)
+        argv[argc++] = extra[i];
+    argv[argc] = NULL;
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    bm->pid = fork();
+    if (bm->pid < 0)
+        return -1;
+    if (bm->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, (char *const *)argv);
+        fprintf(stderr, "moonlet-bench: cannot run %s: %s\n", path, strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    bm->out_fd = fds[0];
+    char line[256];
+    size_t len = 0;
+    uint64_t deadline = bench_now_ns() + 10ull * 1000000000ull;
+    while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
+        struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        if (read(bm->out_fd, line + len, 1) != 1)
+            break;
+        if (line[len] != '\n') {
+            len++;
+            continue;
+        }
+        line[len] = 0;
+        unsigned port;
+        char host[64];
+        if (sscanf(line, "listening on %63[^:]:%u", host, &port) == 2) {
+            bm->port = (uint16_t)port;
+            snprintf(bm->addr, sizeof(bm->addr), "%s:%u", host, port);
+            return 0;
+        }
+        len = 0;
+    }
+    bench_master_stop(bm);
+    return -1;
+}
+
+void bench_master_stop(bench_master *bm)
+{
+    if (bm->pid <= 0)
+        return;
+    kill(bm->pid, SIGTERM);
+    for (int i = 0; i < 300; i++) {
+        if (waitpid(bm->pid, NULL, WNOHANG) == bm->pid) {
+            bm->pid = 0;
+            break;
+        }
+        usleep(10000);
+    }
+    if (bm->pid > 0) {
+        kill(bm->pid, SIGKILL);
+        waitpid(bm->pid, NULL, 0);
+    }
+    close(bm->out_fd);
+    bm->pid = 0;
+}
+
+uint64_t bench_rss_bytes(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    uint64_t kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %lu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+void bench_samples_add(bench_samples *s, double x)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        double *v = realloc(s->v, cap * sizeof(*v));
+        if (!v)
+            return;
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = x;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double bench_percentile(bench_samples *s, double p)
+{
+    if (!s->n)
+        return 0;
+    qsort(s->v, s->n, sizeof(*s->v), cmp_double);
+    size_t i = (size_t)(p / 100.0 * (double)(s->n - 1) + 0.5);
+    return s->v[i < s->n ? i : s->n - 1];
+}
+
+void bench_samples_free(bench_samples *s)
+{
+    free(s->v);
+    memset(s, 0, sizeof(*s));
+}
+
+void bench_json_latency(cJSON *obj, const char *name, bench_samples *s)
+{
+    cJSON *o = cJSON_AddObjectToObject(obj, name);
+    cJSON_AddNumberToObject(o, "p50_us", bench_percentile(s, 50));
+    cJSON_AddNumberToObject(o, "p99_us", bench_percentile(s, 99));
+    cJSON_AddNumberToObject(o, "samples", (double)s->n);
+}
+
+void bench_print_json(cJSON *root)
+{
+    char *s = cJSON_Print(root);
+    if (s) {
+        puts(s);
+        free(s);
+    }
+    cJSON_Delete(root);
+}
