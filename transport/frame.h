@@ -49,9 +49,26 @@ typedef struct moonlet_request {
 /* Decodes a request body.  On success returns 0 and *req must be released with
  * moonlet_request_destroy().  On failure returns MOONLET_ERR_INVALID_PARAMS,
  * sets *id_out to the request id when it could be read (else 0), and *req
- * needs no release. */
+ * needs no release (MOONLET_ERR_INTERNAL_ERROR when out of memory).  The
+ * decoded objects are self-contained: `body` is copied into req's zone, so
+ * the caller may reuse `body` at once. */
 int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out);
 void moonlet_request_destroy(moonlet_request *req);
+
+/* Zero-copy variant for the server's hot path (addition to the original
+ * contract): objects are allocated in the caller's `zone` and strings point
+ * into `body`, so *req stays valid while both do.  req->unp.zone is left NULL
+ * (moonlet_request_destroy() is then a no-op); the caller recycles the zone
+ * with msgpack_zone_clear().  Same return and *id_out conventions. */
+int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
+                               moonlet_request *req, uint64_t *id_out);
+
+/* Returns 0 when body[0..len) is exactly one well-formed msgpack object (no
+ * trailing bytes) whose declared container sizes fit in `len`, else
+ * MOONLET_ERR_INVALID_PARAMS.  Allocation-free; the decoders run it first, so
+ * a tiny frame declaring a 4-billion-element array is refused before msgpack
+ * would try to allocate for it. (Addition to the original contract.) */
+int moonlet_frame_body_check(const char *body, size_t len);
 
 /* A decoded reply; `result` points into `unp`'s zone. */
 typedef struct moonlet_reply {
@@ -61,7 +78,9 @@ typedef struct moonlet_reply {
     msgpack_unpacked unp;
 } moonlet_reply;
 
-/* Decodes a reply body; same conventions as moonlet_request_decode. */
+/* Decodes a reply body; same conventions as moonlet_request_decode (the
+ * result is self-contained).  `code` may use any msgpack int encoding but must
+ * fit in int32. */
 int moonlet_reply_decode(const char *body, size_t len, moonlet_reply *rep);
 void moonlet_reply_destroy(moonlet_reply *rep);
 
@@ -74,24 +93,36 @@ void moonlet_reply_destroy(moonlet_reply *rep);
 typedef struct moonlet_frame_builder {
     msgpack_sbuffer buf;
     msgpack_packer pk;
-    size_t frame_start; /* offset of the current frame's header */
+    size_t frame_start; /* offset of the current frame's header; SIZE_MAX when no frame is open */
 } moonlet_frame_builder;
 
+/* The builder must not be moved after init (pk writes to &b->buf). */
 void moonlet_frame_builder_init(moonlet_frame_builder *b);
 void moonlet_frame_builder_destroy(moonlet_frame_builder *b);
+/* Empties the builder; keeps its buffer unless it grew past 1 MiB. */
 void moonlet_frame_builder_reset(moonlet_frame_builder *b);
-/* Starts a frame; returns the packer to write the body with. */
+/* Starts a frame; returns the packer to write the body with.  A frame begun
+ * but not finished is discarded first. */
 msgpack_packer *moonlet_frame_begin(moonlet_frame_builder *b);
 /* Ends the frame.  Returns 0, or MOONLET_ERR_BUFFER_OVERFLOW when the body
- * exceeds max_frame (the frame is then dropped from the buffer). */
+ * exceeds max_frame (the frame is then dropped from the buffer).  An empty
+ * body, or no open frame, is refused with MOONLET_ERR_INVALID_PARAMS. */
 int moonlet_frame_finish(moonlet_frame_builder *b, size_t max_frame);
+/* Drops the open frame, if any (addition to the original contract). */
+void moonlet_frame_abort(moonlet_frame_builder *b);
 
 /* Convenience: starts a request frame [id, method, array(nargs) ...]; the
  * caller packs exactly `nargs` objects, then calls moonlet_frame_finish(). */
 msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uint32_t method,
                                       uint32_t nargs);
 /* Starts a reply frame [id, code, ...]; the caller packs exactly one result
- * object, then calls moonlet_frame_finish(). */
+ * object, then calls moonlet_frame_finish().  `code` is always packed in the
+ * fixed-width int32 form (0xd2 + 4 bytes) so that it can be patched later. */
 msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code);
+/* Rewrites the code of the open (begun, not yet finished) reply frame in
+ * place, so a server can let a handler pack its result straight into the
+ * output buffer and set the code afterwards without copying.  (Addition to
+ * the original contract.)  No-op when no reply frame is open. */
+void moonlet_reply_patch_code(moonlet_frame_builder *b, int32_t code);
 
 #endif

@@ -1,0 +1,1021 @@
+/*
+ * test_rpc.c - RPC server + client over loopback: calls, pipelining,
+ * concurrency, malformed input on raw sockets, authentication, timeouts,
+ * unix sockets, back-pressure and shutdown.  Every server binds 127.0.0.1
+ * on an ephemeral port; every wait is bounded in count and time.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "log.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_client.h"
+#include "rpc_server.h"
+#include "wire.h"
+
+#define M_ADD 100
+#define M_SET_DATA 101
+#define M_GET_DATA 102
+#define M_SLEEP 103
+#define M_BIG 104
+#define M_BAD 105
+#define M_UNKNOWN 999
+#define TOKEN "s3cret-token-xyz"
+#define RAW_TIMEOUT_MS 3000
+
+typedef struct test_ctx {
+    atomic_int closes;
+    atomic_int closes_with_data;
+} test_ctx;
+
+static test_ctx g_ctx;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------------ */
+/* Test methods                                                         */
+/* ------------------------------------------------------------------ */
+
+static int h_echo(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    msgpack_pack_object(out, *args);
+    return 0;
+}
+
+static int h_add(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    int64_t a, b;
+    if (ctx->server_ctx != &g_ctx || ctx->method != M_ADD || ctx->id == 0)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "bad ctx");
+    if (moonlet_wire_len(args) != 2 || moonlet_wire_i64(args, 0, &a) != 0 ||
+        moonlet_wire_i64(args, 1, &b) != 0)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "add wants %d ints", 2);
+    msgpack_pack_int64(out, a + b);
+    return 0;
+}
+
+/* conn_data: a heap counter per connection, freed by on_close. */
+static int h_set_data(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    if (*ctx->conn_data == NULL)
+        *ctx->conn_data = calloc(1, sizeof(int));
+    msgpack_pack_nil(out);
+    return 0;
+}
+
+static int h_get_data(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    int *n = *ctx->conn_data;
+    msgpack_pack_int(out, n ? ++*n : -1);
+    return 0;
+}
+
+static void on_close(void *ctx, void *conn_data)
+{
+    test_ctx *t = ctx;
+    if (conn_data != NULL)
+        atomic_fetch_add(&t->closes_with_data, 1);
+    atomic_fetch_add(&t->closes, 1);
+    free(conn_data);
+}
+
+static int h_sleep(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t ms;
+    if (moonlet_wire_u64(args, 0, &ms) != 0 || ms > 5000)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "sleep wants ms <= 5000");
+    poll(NULL, 0, (int)ms);
+    msgpack_pack_nil(out);
+    return 0;
+}
+
+static int h_big(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t n;
+    if (moonlet_wire_u64(args, 0, &n) != 0 || n > (16u << 20))
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "big wants n <= 16 MiB");
+    char *buf = malloc(n ? n : 1);
+    if (buf == NULL)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "oom");
+    memset(buf, 'b', n);
+    msgpack_pack_bin(out, n);
+    msgpack_pack_bin_body(out, buf, n);
+    free(buf);
+    return 0;
+}
+
+static int h_bad(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    msgpack_pack_nil(out); /* breaks the contract: two objects */
+    msgpack_pack_nil(out);
+    return 0;
+}
+
+static const moonlet_rpc_method g_methods[] = {
+    {MOONLET_M_ECHO, "echo", h_echo},     {M_ADD, "add", h_add},
+    {M_SET_DATA, "set_data", h_set_data}, {M_GET_DATA, "get_data", h_get_data},
+    {M_SLEEP, "sleep", h_sleep},          {M_BIG, "big", h_big},
+    {M_BAD, "bad", h_bad},
+};
+
+/* ------------------------------------------------------------------ */
+/* Fixtures                                                             */
+/* ------------------------------------------------------------------ */
+
+static moonlet_rpc_server_opts base_opts(void)
+{
+    moonlet_rpc_server_opts o = {0};
+    o.address = "127.0.0.1";
+    o.threads = 2;
+    o.methods = g_methods;
+    o.nmethods = sizeof(g_methods) / sizeof(g_methods[0]);
+    o.ctx = &g_ctx;
+    o.on_close = on_close;
+    return o;
+}
+
+static moonlet_rpc_server *start_opts(const moonlet_rpc_server_opts *o)
+{
+    moonlet_rpc_server *s = NULL;
+    assert_int_equal(moonlet_rpc_server_create(o, &s), 0);
+    assert_int_equal(moonlet_rpc_server_start(s), 0);
+    return s;
+}
+
+static moonlet_rpc_server *start_server(void)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    moonlet_rpc_server *s = start_opts(&o);
+    assert_true(moonlet_rpc_server_port(s) != 0);
+    return s;
+}
+
+static moonlet_rpc_client *connect_ok(const moonlet_rpc_server *s, const char *token, int timeout_ms)
+{
+    moonlet_rpc_client_opts o = {.timeout_ms = timeout_ms, .auth_token = token};
+    moonlet_rpc_client *c = NULL;
+    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", moonlet_rpc_server_port(s), &o, &c), 0);
+    assert_non_null(c);
+    return c;
+}
+
+static bool wait_conns(const moonlet_rpc_server *s, size_t n)
+{
+    for (int i = 0; i < 400; i++) { /* 2 s */
+        if (moonlet_rpc_server_connections(s) == n)
+            return true;
+        poll(NULL, 0, 5);
+    }
+    return false;
+}
+
+static bool wait_int(atomic_int *v, int want)
+{
+    for (int i = 0; i < 400; i++) {
+        if (atomic_load(v) == want)
+            return true;
+        poll(NULL, 0, 5);
+    }
+    return false;
+}
+
+/* add(a, b) on c; asserts a successful reply and returns the sum. */
+static int64_t call_add(moonlet_rpc_client *c, int64_t a, int64_t b)
+{
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, M_ADD, 2);
+    msgpack_pack_int64(pk, a);
+    msgpack_pack_int64(pk, b);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, 0);
+    int64_t sum = rep.result->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? rep.result->via.i64
+                                                                      : (int64_t)rep.result->via.u64;
+    moonlet_reply_destroy(&rep);
+    return sum;
+}
+
+/* Calls a one-u64-argument method and returns the reply code. */
+static int call_u64(moonlet_rpc_client *c, uint32_t method, uint64_t arg, int *transport_rc)
+{
+    msgpack_pack_uint64(moonlet_rpc_client_begin(c, method, 1), arg);
+    moonlet_reply rep;
+    *transport_rc = moonlet_rpc_client_call(c, &rep);
+    if (*transport_rc != 0)
+        return 1;
+    int code = rep.code;
+    moonlet_reply_destroy(&rep);
+    return code;
+}
+
+/* A fresh connection still gets served. */
+static void assert_serving(const moonlet_rpc_server *s)
+{
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    assert_int_equal(call_add(c, 40, 2), 42);
+    moonlet_rpc_client_close(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Raw sockets                                                          */
+/* ------------------------------------------------------------------ */
+
+static int raw_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+/* Sends the msgpack body built by hex-free packer calls: header + body. */
+static void raw_send_frame(int fd, const char *body, uint32_t len)
+{
+    uint8_t h[4];
+    moonlet_frame_header_encode(h, len);
+    raw_send(fd, h, 4);
+    raw_send(fd, body, len);
+}
+
+/* Reads exactly n bytes: n on success, fewer on EOF, -1 on timeout/error. */
+static ssize_t raw_read(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    int64_t deadline = now_ms() + RAW_TIMEOUT_MS;
+    while (got < n) {
+        int64_t left = deadline - now_ms();
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0)
+            return -1;
+        ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
+        if (r == 0)
+            break;
+        if (r < 0)
+            return errno == ECONNRESET ? (ssize_t)got : -1;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* Reads one reply frame; asserts it is there. */
+static void raw_expect_reply(int fd, uint64_t id, int code)
+{
+    uint8_t h[4];
+    assert_int_equal(raw_read(fd, h, 4), 4);
+    uint32_t len;
+    assert_int_equal(moonlet_frame_header_decode(h, 1 << 20, &len), 0);
+    char *body = malloc(len);
+    assert_non_null(body);
+    assert_int_equal(raw_read(fd, body, len), (ssize_t)len);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+    free(body);
+    assert_int_equal(rep.id, id);
+    assert_int_equal(rep.code, code);
+    if (code != 0)
+        assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    moonlet_reply_destroy(&rep);
+}
+
+static void raw_expect_eof(int fd)
+{
+    char b;
+    assert_int_equal(raw_read(fd, &b, 1), 0);
+}
+
+/* Packs a body with a throwaway builder and sends it as one frame. */
+typedef void (*body_fn)(msgpack_packer *pk);
+
+static void raw_send_packed(int fd, body_fn fn)
+{
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    fn(moonlet_frame_begin(&b));
+    assert_int_equal(moonlet_frame_finish(&b, 1 << 20), 0);
+    raw_send(fd, b.buf.data, b.buf.size);
+    moonlet_frame_builder_destroy(&b);
+}
+
+static void body_wrong_method_type(msgpack_packer *pk) /* [7, "x", []] */
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 7);
+    moonlet_pack_cstr(pk, "x");
+    msgpack_pack_array(pk, 0);
+}
+
+static void body_args_not_array(msgpack_packer *pk) /* [9, 2, 5] */
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 9);
+    msgpack_pack_uint32(pk, MOONLET_M_ECHO);
+    msgpack_pack_int(pk, 5);
+}
+
+static void body_echo_id1(msgpack_packer *pk) /* [1, ECHO, []] */
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint32(pk, MOONLET_M_ECHO);
+    msgpack_pack_array(pk, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Tests                                                                */
+/* ------------------------------------------------------------------ */
+
+static void test_calls(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 2);
+    moonlet_pack_cstr(pk, "hello");
+    msgpack_pack_int(pk, -42);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, 0);
+    assert_int_equal(moonlet_wire_len(rep.result), 2);
+    const char *str;
+    uint32_t len;
+    int64_t v;
+    assert_int_equal(moonlet_wire_str(rep.result, 0, &str, &len), 0);
+    assert_int_equal(len, 5);
+    assert_memory_equal(str, "hello", 5);
+    assert_int_equal(moonlet_wire_i64(rep.result, 1, &v), 0);
+    assert_int_equal(v, -42);
+    moonlet_reply_destroy(&rep);
+
+    assert_int_equal(call_add(c, 2, 3), 5);
+    assert_int_equal(call_add(c, -10, 3), -7);
+
+    pk = moonlet_rpc_client_begin(c, M_ADD, 2); /* wrong types: an error reply */
+    moonlet_pack_cstr(pk, "x");
+    msgpack_pack_int(pk, 1);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    assert_int_equal(rep.result->via.str.size, strlen("add wants 2 ints"));
+    assert_memory_equal(rep.result->via.str.ptr, "add wants 2 ints", rep.result->via.str.size);
+    moonlet_reply_destroy(&rep);
+
+    /* a 640-key BatchExistKey-shaped request */
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 2);
+    moonlet_pack_cstr(pk, "tenant");
+    msgpack_pack_array(pk, 640);
+    for (int i = 0; i < 640; i++) {
+        char key[48];
+        int n = snprintf(key, sizeof(key), "model/layer-%03d/block-%06d", i % 80, i);
+        moonlet_pack_str(pk, key, (size_t)n);
+    }
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    const msgpack_object *keys;
+    assert_int_equal(moonlet_wire_array(rep.result, 1, &keys), 0);
+    assert_int_equal(moonlet_wire_len(keys), 640);
+    assert_int_equal(moonlet_wire_str(keys, 639, &str, &len), 0);
+    assert_memory_equal(str, "model/layer-079/block-000639", len);
+    moonlet_reply_destroy(&rep);
+
+    assert_false(moonlet_rpc_client_broken(c));
+    assert_true(moonlet_rpc_client_fd(c) >= 0);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_pipelining(void **state)
+{
+    enum { N = 100 };
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 5000);
+    uint64_t ids[N];
+    for (int i = 0; i < N; i++) {
+        msgpack_pack_int(moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1), i);
+        assert_int_equal(moonlet_rpc_client_send(c, &ids[i]), 0);
+        if (i > 0)
+            assert_true(ids[i] == ids[i - 1] + 1);
+    }
+    assert_int_equal(ids[0], 1); /* ids count from 1 */
+    for (int i = 0; i < N; i++) {
+        moonlet_reply rep;
+        int64_t v;
+        assert_int_equal(moonlet_rpc_client_recv(c, &rep), 0);
+        assert_int_equal(rep.id, ids[i]);
+        assert_int_equal(rep.code, 0);
+        assert_int_equal(moonlet_wire_i64(rep.result, 0, &v), 0);
+        assert_int_equal(v, i);
+        moonlet_reply_destroy(&rep);
+    }
+    assert_int_equal(call_add(c, 1, 1), 2); /* still in step */
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+typedef struct worker {
+    uint16_t port;
+    int index;
+    int ok;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    moonlet_rpc_client_opts o = {.timeout_ms = 5000};
+    moonlet_rpc_client *c = NULL;
+    if (moonlet_rpc_client_connect("127.0.0.1", w->port, &o, &c) != 0)
+        return NULL;
+    for (int i = 0; i < 200; i++) {
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, M_ADD, 2);
+        msgpack_pack_int(pk, w->index * 1000);
+        msgpack_pack_int(pk, i);
+        moonlet_reply rep;
+        if (moonlet_rpc_client_call(c, &rep) != 0)
+            break;
+        if (rep.code == 0 && rep.result->via.u64 == (uint64_t)(w->index * 1000 + i))
+            w->ok++;
+        moonlet_reply_destroy(&rep);
+    }
+    moonlet_rpc_client_close(c);
+    return NULL;
+}
+
+static void test_concurrent_clients(void **state)
+{
+    enum { T = 8 };
+    moonlet_rpc_server *s = start_server();
+    pthread_t th[T];
+    worker w[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (worker){.port = moonlet_rpc_server_port(s), .index = i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].ok, 200);
+    }
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_unknown_method_keeps_connection(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    moonlet_rpc_client_begin(c, M_UNKNOWN, 0);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rep.result->via.str.size, strlen("unknown method 999"));
+    assert_memory_equal(rep.result->via.str.ptr, "unknown method 999", rep.result->via.str.size);
+    moonlet_reply_destroy(&rep);
+    assert_false(moonlet_rpc_client_broken(c));
+    assert_int_equal(call_add(c, 20, 22), 42);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_malformed_input(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    uint16_t port = moonlet_rpc_server_port(s);
+
+    int fd = raw_connect(port); /* oversized length header */
+    raw_send(fd, "\x7f\xff\xff\xff", 4);
+    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+
+    fd = raw_connect(port); /* zero length */
+    raw_send(fd, "\0\0\0\0", 4);
+    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+
+    fd = raw_connect(port); /* garbage body */
+    raw_send_frame(fd, "\xc1\xc1\xc1\xc1", 4);
+    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+
+    fd = raw_connect(port); /* huge declared array, tiny body */
+    raw_send_frame(fd, "\x93\x05\x02\xdd\xff\xff\xff\xff", 8);
+    raw_expect_reply(fd, 5, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+
+    fd = raw_connect(port); /* wrong types: method is a string */
+    raw_send_packed(fd, body_wrong_method_type);
+    raw_expect_reply(fd, 7, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+
+    fd = raw_connect(port); /* args not an array */
+    raw_send_packed(fd, body_args_not_array);
+    raw_expect_reply(fd, 9, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+
+    fd = raw_connect(port); /* a good request, then a bad header, in one write */
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    body_echo_id1(moonlet_frame_begin(&b));
+    assert_int_equal(moonlet_frame_finish(&b, 1024), 0);
+    msgpack_sbuffer_write(&b.buf, "\0\0\0\0", 4);
+    raw_send(fd, b.buf.data, b.buf.size);
+    moonlet_frame_builder_destroy(&b);
+    raw_expect_reply(fd, 1, 0);
+    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+
+    fd = raw_connect(port); /* truncated frame, then the peer stops sending */
+    raw_send(fd, "\0\0\0\x64\x93\x05", 6);
+    shutdown(fd, SHUT_WR);
+    raw_expect_eof(fd); /* closed without a reply */
+    close(fd);
+
+    fd = raw_connect(port); /* truncated header, then close */
+    raw_send(fd, "\0\0", 2);
+    close(fd);
+
+    assert_serving(s);
+    assert_true(wait_conns(s, 0));
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_conn_data_and_on_close(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    int closes = atomic_load(&g_ctx.closes);
+    int with_data = atomic_load(&g_ctx.closes_with_data);
+    moonlet_rpc_client *a = connect_ok(s, NULL, 2000);
+    moonlet_rpc_client *b = connect_ok(s, NULL, 2000);
+    assert_true(wait_conns(s, 2));
+    int rc;
+    assert_int_equal(call_u64(a, M_SET_DATA, 0, &rc), 0);
+    assert_int_equal(rc, 0);
+
+    int vals[3];
+    for (int i = 0; i < 3; i++) {
+        moonlet_rpc_client_begin(i < 2 ? a : b, M_GET_DATA, 0);
+        moonlet_reply rep;
+        assert_int_equal(moonlet_rpc_client_call(i < 2 ? a : b, &rep), 0);
+        vals[i] = rep.result->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (int)rep.result->via.i64
+                                                                       : (int)rep.result->via.u64;
+        moonlet_reply_destroy(&rep);
+    }
+    assert_int_equal(vals[0], 1); /* a's counter persists across calls */
+    assert_int_equal(vals[1], 2);
+    assert_int_equal(vals[2], -1); /* b has none */
+
+    moonlet_rpc_client_close(a);
+    assert_true(wait_int(&g_ctx.closes_with_data, with_data + 1));
+    assert_true(wait_conns(s, 1));
+    moonlet_rpc_client_close(b);
+    assert_true(wait_conns(s, 0));
+    assert_int_equal(atomic_load(&g_ctx.closes), closes + 2);
+    assert_int_equal(atomic_load(&g_ctx.closes_with_data), with_data + 1);
+    moonlet_rpc_server_destroy(s);
+}
+
+/* auth_failures() runs with stderr redirected, so it must not fail through
+ * cmocka (whose report would vanish): it records the first failed check. */
+static int g_auth_failed_line;
+#define CHECK(cond)                                                           \
+    do {                                                                      \
+        if (!(cond)) {                                                        \
+            g_auth_failed_line = __LINE__;                                    \
+            return;                                                           \
+        }                                                                     \
+    } while (0)
+
+static bool raw_reply_is(int fd, uint64_t id, int code)
+{
+    uint8_t h[4];
+    char body[256];
+    uint32_t len;
+    if (raw_read(fd, h, 4) != 4 || moonlet_frame_header_decode(h, sizeof(body), &len) != 0 ||
+        raw_read(fd, body, len) != (ssize_t)len)
+        return false;
+    moonlet_reply rep;
+    if (moonlet_reply_decode(body, len, &rep) != 0)
+        return false;
+    bool ok = rep.id == id && rep.code == code;
+    moonlet_reply_destroy(&rep);
+    return ok;
+}
+
+static void auth_failures(const moonlet_rpc_server *s)
+{
+    /* first frame is not AUTH */
+    int fd = raw_connect(moonlet_rpc_server_port(s));
+    raw_send_packed(fd, body_echo_id1);
+    bool refused = raw_reply_is(fd, 1, MOONLET_ERR_ILLEGAL_CLIENT);
+    char b;
+    bool eof = raw_read(fd, &b, 1) == 0;
+    close(fd);
+    CHECK(refused && eof);
+
+    /* a client without a token: its first call is refused, then the link is dead */
+    moonlet_rpc_client_opts o = {.timeout_ms = 2000};
+    moonlet_rpc_client *c = NULL;
+    CHECK(moonlet_rpc_client_connect("127.0.0.1", moonlet_rpc_server_port(s), &o, &c) == 0);
+    moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_call(c, &rep);
+    int code = rc == 0 ? rep.code : 0;
+    if (rc == 0)
+        moonlet_reply_destroy(&rep);
+    moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+    int rc2 = moonlet_rpc_client_call(c, &rep);
+    bool broken = moonlet_rpc_client_broken(c);
+    if (rc2 == 0)
+        moonlet_reply_destroy(&rep);
+    moonlet_rpc_client_close(c);
+    CHECK(rc == 0 && code == MOONLET_ERR_ILLEGAL_CLIENT);
+    CHECK(rc2 == MOONLET_ERR_RPC_FAIL && broken);
+
+    /* wrong tokens, including a prefix and an extension of the right one */
+    const char *wrong[] = {"wrong", "s3cret-token-xy", "s3cret-token-xyz!", "S3CRET-TOKEN-XYZ"};
+    for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++) {
+        moonlet_rpc_client_opts wo = {.timeout_ms = 2000, .auth_token = wrong[i]};
+        c = (moonlet_rpc_client *)&wo; /* any non-NULL value: connect must reset it */
+        rc = moonlet_rpc_client_connect("127.0.0.1", moonlet_rpc_server_port(s), &wo, &c);
+        CHECK(rc == MOONLET_ERR_ILLEGAL_CLIENT && c == NULL);
+    }
+}
+
+/* Runs auth_failures() with stderr captured; returns what was logged. */
+static char *capture_auth_failures(const moonlet_rpc_server *s)
+{
+    char path[] = "/tmp/moonlet-test-log-XXXXXX";
+    int tmp = mkstemp(path);
+    assert_true(tmp >= 0);
+    unlink(path);
+    int saved = dup(STDERR_FILENO);
+    assert_true(saved >= 0);
+    dup2(tmp, STDERR_FILENO);
+    g_auth_failed_line = 0;
+    auth_failures(s);
+    poll(NULL, 0, 50); /* let the loop threads finish logging */
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    if (g_auth_failed_line != 0)
+        fail_msg("auth check at line %d failed", g_auth_failed_line);
+    off_t n = lseek(tmp, 0, SEEK_END);
+    char *text = calloc(1, (size_t)n + 1);
+    assert_non_null(text);
+    assert_int_equal(pread(tmp, text, (size_t)n, 0), n);
+    close(tmp);
+    return text;
+}
+
+static void test_auth(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.auth_token = TOKEN;
+    o.auth_token_len = strlen(TOKEN);
+    moonlet_rpc_server *s = start_opts(&o);
+    int level = moonlet_log_get_level();
+    moonlet_log_set_level(MOONLET_LOG_DEBUG);
+    char *log = capture_auth_failures(s);
+    moonlet_log_set_level(level);
+    assert_non_null(strstr(log, "authentication failed"));
+    assert_null(strstr(log, "s3cret")); /* neither the token nor the guesses */
+    free(log);
+
+    moonlet_rpc_client *c = connect_ok(s, TOKEN, 2000);
+    assert_int_equal(call_add(c, 1, 2), 3);
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_AUTH, 1); /* re-AUTH is fine */
+    moonlet_pack_cstr(pk, TOKEN);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, 0);
+    assert_int_equal(rep.result->type, MSGPACK_OBJECT_NIL);
+    moonlet_reply_destroy(&rep);
+    assert_int_equal(call_add(c, 3, 4), 7);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+
+    /* without a configured token, AUTH is simply answered OK */
+    s = start_server();
+    c = connect_ok(s, "anything", 2000);
+    assert_int_equal(call_add(c, 5, 5), 10);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_client_timeout(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 100);
+    int rc;
+    int64_t t0 = now_ms();
+    call_u64(c, M_SLEEP, 600, &rc);
+    int64_t took = now_ms() - t0;
+    assert_int_equal(rc, MOONLET_ERR_RPC_TIMEOUT);
+    assert_true(took >= 90 && took < 450);
+    assert_true(moonlet_rpc_client_broken(c));
+    t0 = now_ms();
+    call_u64(c, M_SLEEP, 0, &rc); /* broken: fails at once */
+    assert_int_equal(rc, MOONLET_ERR_RPC_FAIL);
+    assert_true(now_ms() - t0 < 50);
+    uint64_t id;
+    moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+    assert_int_equal(moonlet_rpc_client_send(c, &id), MOONLET_ERR_RPC_FAIL);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_recv(c, &rep), MOONLET_ERR_RPC_FAIL);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_unix_socket(void **state)
+{
+    char dir[] = "/tmp/moonlet-rpc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[128];
+    snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+
+    /* a stale socket file left by a dead server */
+    int stale = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    assert_int_equal(bind(stale, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(stale);
+
+    moonlet_rpc_server_opts o = base_opts();
+    o.unix_path = path;
+    moonlet_rpc_server *s = start_opts(&o);
+    assert_int_equal(moonlet_rpc_server_port(s), 0);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+
+    moonlet_rpc_client_opts co = {.timeout_ms = 2000};
+    moonlet_rpc_client *c = NULL;
+    assert_int_equal(moonlet_rpc_client_connect_unix(path, &co, &c), 0);
+    assert_int_equal(call_add(c, 6, 7), 13);
+
+    moonlet_rpc_server *other = NULL; /* a live server's path is not stolen */
+    assert_int_equal(moonlet_rpc_server_create(&o, &other), MOONLET_ERR_RPC_FAIL);
+    assert_null(other);
+    assert_int_equal(call_add(c, 1, 1), 2);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+    assert_int_equal(lstat(path, &st), -1); /* unlinked on destroy */
+    assert_int_equal(moonlet_rpc_client_connect_unix(path, &co, &c), MOONLET_ERR_RPC_FAIL);
+
+    int f = open(path, O_CREAT | O_WRONLY, 0600); /* not a socket: left alone */
+    assert_true(f >= 0);
+    close(f);
+    assert_int_equal(moonlet_rpc_server_create(&o, &other), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    unlink(path);
+    rmdir(dir);
+}
+
+static void test_stop_with_idle_clients(void **state)
+{
+    enum { N = 4 };
+    moonlet_rpc_server *s = start_server();
+    int closes = atomic_load(&g_ctx.closes);
+    moonlet_rpc_client *c[N];
+    for (int i = 0; i < N; i++)
+        c[i] = connect_ok(s, NULL, 2000);
+    assert_int_equal(call_add(c[0], 1, 1), 2);
+    assert_true(wait_conns(s, N));
+    int64_t t0 = now_ms();
+    moonlet_rpc_server_stop(s);
+    assert_true(now_ms() - t0 < 1000);
+    assert_int_equal(moonlet_rpc_server_connections(s), 0);
+    assert_int_equal(atomic_load(&g_ctx.closes), closes + N);
+    moonlet_rpc_server_stop(s); /* idempotent */
+    assert_int_equal(moonlet_rpc_server_start(s), MOONLET_ERR_INVALID_PARAMS);
+    for (int i = 0; i < N; i++) {
+        int rc;
+        call_u64(c[i], M_SLEEP, 0, &rc);
+        assert_int_equal(rc, MOONLET_ERR_RPC_FAIL);
+        moonlet_rpc_client_close(c[i]);
+    }
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_oversized_and_bad_replies(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.max_frame = 64u << 10;
+    moonlet_rpc_server *s = start_opts(&o);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    int rc;
+    assert_int_equal(call_u64(c, M_BIG, 100000, &rc), MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(rc, 0);
+    assert_int_equal(call_u64(c, M_BIG, 60000, &rc), 0);
+    assert_int_equal(call_u64(c, M_BAD, 0, &rc), MOONLET_ERR_INTERNAL_ERROR);
+    assert_int_equal(rc, 0);
+    assert_int_equal(call_add(c, 2, 2), 4); /* the connection is intact */
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_client_rejects_bad_requests(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client_opts o = {.timeout_ms = 2000, .max_frame = 1024};
+    moonlet_rpc_client *c = NULL;
+    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", moonlet_rpc_server_port(s), &o, &c), 0);
+    char big[2000];
+    memset(big, 'k', sizeof(big));
+    moonlet_pack_str(moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1), big, sizeof(big));
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_false(moonlet_rpc_client_broken(c));
+
+    msgpack_pack_int(moonlet_rpc_client_begin(c, M_ADD, 2), 1); /* one arg short */
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_ERR_INVALID_PARAMS);
+    assert_false(moonlet_rpc_client_broken(c));
+
+    uint64_t id;
+    assert_int_equal(moonlet_rpc_client_send(c, &id), MOONLET_ERR_INVALID_PARAMS); /* nothing begun */
+    assert_int_equal(call_add(c, 8, 8), 16);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_large_frames(void **state)
+{
+    enum { SIZE = 4u << 20 };
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 10000);
+    char *blob = malloc(SIZE);
+    assert_non_null(blob);
+    for (size_t i = 0; i < SIZE; i++)
+        blob[i] = (char)(i * 31);
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1);
+    msgpack_pack_bin(pk, SIZE);
+    msgpack_pack_bin_body(pk, blob, SIZE);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    const char *p;
+    uint32_t len;
+    assert_int_equal(moonlet_wire_str(rep.result, 0, &p, &len), 0);
+    assert_int_equal(len, SIZE);
+    assert_memory_equal(p, blob, SIZE);
+    moonlet_reply_destroy(&rep);
+    free(blob);
+    assert_int_equal(call_add(c, 1, 2), 3);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+/* Many large replies requested without reading: the server must pause that
+ * connection (not buffer without bound, not deadlock) and deliver all. */
+static void test_backpressure(void **state)
+{
+    enum { N = 40, SIZE = 256u << 10 };
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 10000);
+    for (int i = 0; i < N; i++) {
+        msgpack_pack_uint64(moonlet_rpc_client_begin(c, M_BIG, 1), SIZE);
+        uint64_t id;
+        assert_int_equal(moonlet_rpc_client_send(c, &id), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        moonlet_reply rep;
+        assert_int_equal(moonlet_rpc_client_recv(c, &rep), 0);
+        assert_int_equal(rep.code, 0);
+        assert_int_equal(rep.result->type, MSGPACK_OBJECT_BIN);
+        assert_int_equal(rep.result->via.bin.size, SIZE);
+        moonlet_reply_destroy(&rep);
+    }
+    assert_int_equal(call_add(c, 1, 2), 3);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_bad_options(void **state)
+{
+    moonlet_rpc_server *s = NULL;
+    moonlet_rpc_server_opts o = base_opts();
+    moonlet_rpc_method dup[] = {{M_ADD, "a", h_add}, {M_ADD, "b", h_echo}};
+    moonlet_rpc_method auth[] = {{MOONLET_M_AUTH, "auth", h_echo}};
+    moonlet_rpc_method nofn[] = {{M_ADD, "add", NULL}};
+
+    assert_int_equal(moonlet_rpc_server_create(NULL, &s), MOONLET_ERR_INVALID_PARAMS);
+    o.methods = dup;
+    o.nmethods = 2;
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    o.methods = auth;
+    o.nmethods = 1;
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    o.methods = nofn;
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    o = base_opts();
+    o.max_frame = 100;
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    o = base_opts();
+    o.address = "256.1.1.1";
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_RPC_FAIL);
+    o = base_opts();
+    o.unix_path = "/tmp/a-socket-path-that-is-far-too-long-for-sockaddr_un-sun_path-"
+                  "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    assert_null(s);
+
+    moonlet_rpc_server *live = start_server(); /* its port is taken */
+    o = base_opts();
+    o.port = moonlet_rpc_server_port(live);
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_RPC_FAIL);
+    moonlet_rpc_server_destroy(live);
+
+    o = base_opts(); /* created but never started: destroy still cleans up */
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), 0);
+    moonlet_rpc_server_destroy(s);
+}
+
+static void test_connect_failures(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    uint16_t port = moonlet_rpc_server_port(s);
+    moonlet_rpc_server_destroy(s); /* nothing listens there any more */
+    moonlet_rpc_client_opts o = {.timeout_ms = 1000};
+    moonlet_rpc_client *c = NULL;
+    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", port, &o, &c), MOONLET_ERR_RPC_FAIL);
+    assert_null(c);
+    assert_int_equal(moonlet_rpc_client_connect(NULL, port, &o, &c), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_rpc_client_connect_unix("/nonexistent/moonlet.sock", NULL, &c),
+                     MOONLET_ERR_RPC_FAIL);
+}
+
+static void test_rpc_error_helper(void **state)
+{
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    assert_int_equal(moonlet_rpc_error(&pk, MOONLET_ERR_OBJECT_NOT_FOUND, "key %s of %d", "k1", 7),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(sb.size, 1 + strlen("key k1 of 7"));
+    assert_memory_equal(sb.data + 1, "key k1 of 7", sb.size - 1);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+int main(void)
+{
+    moonlet_log_set_level(MOONLET_LOG_WARN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_calls),
+        cmocka_unit_test(test_pipelining),
+        cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_unknown_method_keeps_connection),
+        cmocka_unit_test(test_malformed_input),
+        cmocka_unit_test(test_conn_data_and_on_close),
+        cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_client_timeout),
+        cmocka_unit_test(test_unix_socket),
+        cmocka_unit_test(test_stop_with_idle_clients),
+        cmocka_unit_test(test_oversized_and_bad_replies),
+        cmocka_unit_test(test_client_rejects_bad_requests),
+        cmocka_unit_test(test_large_frames),
+        cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_connect_failures),
+        cmocka_unit_test(test_rpc_error_helper),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,448 @@
+/*
+ * frame.c - the control-plane RPC frame codec: length-prefixed msgpack
+ * requests and replies (see frame.h for the wire format).
+ *
+ * Why it is built this way:
+ *  - Every body is first walked by body_check(), a small allocation-free
+ *    msgpack scanner.  It proves the body is exactly one complete object and
+ *    that every declared array/map size fits in the bytes that remain.  Only
+ *    then does msgpack-c unpack it.  msgpack-c allocates room for a container
+ *    as soon as it reads the container's header, so without this check a
+ *    6-byte body declaring a 4-billion-element array would make it ask for
+ *    ~100 GB.  With it, zone memory is bounded by ~24 bytes per body byte.
+ *  - The server decodes with moonlet_request_decode_ref(): objects live in a
+ *    zone the caller recycles and strings point into the caller's buffer, so
+ *    the hot path neither copies nor mallocs.  The public decoders copy the
+ *    body into the result's own zone so their results are self-contained.
+ *  - Replies pack the code as a fixed-width int32 so the server can reserve
+ *    the header, let the handler pack its result in place, and patch the code
+ *    afterwards (moonlet_reply_patch_code).
+ *
+ * Pure functions on caller-owned memory; takes no locks.
+ */
+#include "frame.h"
+
+#include <assert.h>
+#include <string.h>
+
+#include "moonlet/error.h"
+
+#define INVALID MOONLET_ERR_INVALID_PARAMS
+#define NO_FRAME SIZE_MAX
+#define KEEP_BUFFER_BYTES (1u << 20)
+#define ZONE_CHUNK_BYTES 4096u
+
+/* ------------------------------------------------------------------ */
+/* Header                                                               */
+/* ------------------------------------------------------------------ */
+
+static uint32_t load_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+static uint64_t load_be(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+    for (unsigned i = 0; i < n; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void store_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+void moonlet_frame_header_encode(uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], uint32_t body_len)
+{
+    store_be32(hdr, body_len);
+}
+
+int moonlet_frame_header_decode(const uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], size_t max_frame,
+                                uint32_t *body_len)
+{
+    uint32_t len = load_be32(hdr);
+    if (len == 0 || len > max_frame)
+        return INVALID;
+    *body_len = len;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Allocation-free msgpack scanner                                     */
+/* ------------------------------------------------------------------ */
+
+/* What one msgpack header announces. */
+typedef struct mp_head {
+    unsigned size_bytes;  /* bytes of the big-endian size field after the type byte */
+    uint64_t fixed;       /* payload bytes that do not depend on the size field */
+    uint64_t fixed_count; /* size given by the type byte itself (fix* types) */
+    unsigned per_size;    /* payload bytes per unit of size (0 for containers) */
+    unsigned kids;        /* child objects per unit of size (1 array, 2 map) */
+} mp_head;
+
+static int mp_classify_fix(uint8_t t, mp_head *h)
+{
+    if (t <= 0x7f || t >= 0xe0) /* positive / negative fixint */
+        return 0;
+    if (t <= 0x8f) { /* fixmap */
+        h->fixed_count = t & 0x0f;
+        h->kids = 2;
+    } else if (t <= 0x9f) { /* fixarray */
+        h->fixed_count = t & 0x0f;
+        h->kids = 1;
+    } else { /* 0xa0..0xbf fixstr */
+        h->fixed_count = t & 0x1f;
+        h->per_size = 1;
+    }
+    return 0;
+}
+
+static int mp_classify(uint8_t t, mp_head *h)
+{
+    memset(h, 0, sizeof(*h));
+    if (t <= 0xbf || t >= 0xe0)
+        return mp_classify_fix(t, h);
+    switch (t) {
+    case 0xc0: case 0xc2: case 0xc3: return 0;                     /* nil, false, true */
+    case 0xc4: case 0xd9: h->size_bytes = 1; h->per_size = 1; return 0; /* bin8, str8 */
+    case 0xc5: case 0xda: h->size_bytes = 2; h->per_size = 1; return 0; /* bin16, str16 */
+    case 0xc6: case 0xdb: h->size_bytes = 4; h->per_size = 1; return 0; /* bin32, str32 */
+    case 0xc7: h->size_bytes = 1; h->per_size = 1; h->fixed = 1; return 0; /* ext8 */
+    case 0xc8: h->size_bytes = 2; h->per_size = 1; h->fixed = 1; return 0; /* ext16 */
+    case 0xc9: h->size_bytes = 4; h->per_size = 1; h->fixed = 1; return 0; /* ext32 */
+    case 0xca: case 0xce: case 0xd2: h->fixed = 4; return 0;       /* float32, (u)int32 */
+    case 0xcb: case 0xcf: case 0xd3: h->fixed = 8; return 0;       /* float64, (u)int64 */
+    case 0xcc: case 0xd0: h->fixed = 1; return 0;                  /* (u)int8 */
+    case 0xcd: case 0xd1: h->fixed = 2; return 0;                  /* (u)int16 */
+    case 0xd4: h->fixed = 2; return 0;                             /* fixext1..16: type + data */
+    case 0xd5: h->fixed = 3; return 0;
+    case 0xd6: h->fixed = 5; return 0;
+    case 0xd7: h->fixed = 9; return 0;
+    case 0xd8: h->fixed = 17; return 0;
+    case 0xdc: h->size_bytes = 2; h->kids = 1; return 0;           /* array16 */
+    case 0xdd: h->size_bytes = 4; h->kids = 1; return 0;           /* array32 */
+    case 0xde: h->size_bytes = 2; h->kids = 2; return 0;           /* map16 */
+    case 0xdf: h->size_bytes = 4; h->kids = 2; return 0;           /* map32 */
+    default: return INVALID;                                       /* 0xc1 is never used */
+    }
+}
+
+/*
+ * Walks one object.  `need` counts objects still expected; a container adds
+ * its children.  Every object takes at least one byte, so `need` may never
+ * exceed the bytes left - that is what bounds msgpack-c's allocations later.
+ */
+int moonlet_frame_body_check(const char *body, size_t len)
+{
+    const uint8_t *p = (const uint8_t *)body;
+    uint64_t need = 1;
+    size_t pos = 0;
+    if (body == NULL || len == 0)
+        return INVALID;
+    while (need > 0) {
+        mp_head h;
+        if (pos >= len || mp_classify(p[pos], &h) != 0)
+            return INVALID;
+        pos++;
+        if (h.size_bytes > len - pos)
+            return INVALID;
+        uint64_t n = h.size_bytes ? load_be(p + pos, h.size_bytes) : h.fixed_count;
+        pos += h.size_bytes;
+        uint64_t payload = h.fixed + n * h.per_size;
+        if (payload > len - pos)
+            return INVALID;
+        pos += (size_t)payload;
+        need = need - 1 + n * h.kids;
+        if (need > len - pos)
+            return INVALID;
+    }
+    return pos == len ? 0 : INVALID;
+}
+
+/* Size of the msgpack int at p (any encoding), or 0 when p holds no int. */
+static size_t mp_int_size(uint8_t t)
+{
+    if (t <= 0x7f || t >= 0xe0)
+        return 1;
+    switch (t) {
+    case 0xcc: case 0xd0: return 2;
+    case 0xcd: case 0xd1: return 3;
+    case 0xce: case 0xd2: return 5;
+    case 0xcf: case 0xd3: return 9;
+    default: return 0;
+    }
+}
+
+/* Offset of the first element of the array whose header is at p[0], or 0
+ * when p does not start with a non-empty array header. */
+static size_t mp_array_first(const uint8_t *p, size_t len)
+{
+    if (len >= 1 && p[0] >= 0x91 && p[0] <= 0x9f)
+        return 1;
+    if (len >= 3 && p[0] == 0xdc && load_be(p + 1, 2) > 0)
+        return 3;
+    if (len >= 5 && p[0] == 0xdd && load_be(p + 1, 4) > 0)
+        return 5;
+    return 0;
+}
+
+/* Reads the request id straight from the bytes, so that even a truncated or
+ * otherwise malformed request can be answered with its id.  0 if unreadable. */
+static uint64_t peek_id(const uint8_t *p, size_t len)
+{
+    size_t pos = mp_array_first(p, len);
+    if (pos == 0)
+        return 0;
+    uint8_t t = p[pos];
+    size_t n = mp_int_size(t);
+    if (n == 0 || n > len - pos || t >= 0xe0)
+        return 0;
+    if (n == 1)
+        return t;
+    uint64_t v = load_be(p + pos + 1, (unsigned)(n - 1));
+    if (t >= 0xd0) { /* signed forms: only non-negative values are ids */
+        unsigned bits = (unsigned)(n - 1) * 8;
+        if (v >> (bits - 1))
+            return 0;
+    }
+    return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* Decoding                                                             */
+/* ------------------------------------------------------------------ */
+
+static int unpack_checked(const char *body, size_t len, msgpack_zone *zone, msgpack_object *out)
+{
+    if (moonlet_frame_body_check(body, len) != 0)
+        return INVALID;
+    size_t off = 0;
+    if (msgpack_unpack(body, len, &off, zone, out) != MSGPACK_UNPACK_SUCCESS || off != len)
+        return INVALID;
+    return 0;
+}
+
+static int request_from_object(const msgpack_object *o, moonlet_request *req)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3)
+        return INVALID;
+    const msgpack_object *f = o->via.array.ptr;
+    if (f[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        f[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER || f[1].via.u64 > UINT32_MAX ||
+        f[2].type != MSGPACK_OBJECT_ARRAY)
+        return INVALID;
+    req->id = f[0].via.u64;
+    req->method = (uint32_t)f[1].via.u64;
+    req->args = &f[2];
+    return 0;
+}
+
+static int reply_from_object(const msgpack_object *o, moonlet_reply *rep)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3)
+        return INVALID;
+    const msgpack_object *f = o->via.array.ptr;
+    if (f[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return INVALID;
+    if (f[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (f[1].via.u64 > INT32_MAX)
+            return INVALID;
+        rep->code = (int32_t)f[1].via.u64;
+    } else if (f[1].type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        if (f[1].via.i64 < INT32_MIN)
+            return INVALID;
+        rep->code = (int32_t)f[1].via.i64;
+    } else {
+        return INVALID;
+    }
+    rep->id = f[0].via.u64;
+    rep->result = &f[2];
+    return 0;
+}
+
+/* A fresh zone holding a private copy of body; the copy is returned in *copy. */
+static msgpack_zone *zone_with_copy(const char *body, size_t len, const char **copy)
+{
+    msgpack_zone *z = msgpack_zone_new(ZONE_CHUNK_BYTES + len);
+    if (z == NULL)
+        return NULL;
+    char *dst = msgpack_zone_malloc_no_align(z, len);
+    if (dst == NULL) {
+        msgpack_zone_free(z);
+        return NULL;
+    }
+    memcpy(dst, body, len);
+    *copy = dst;
+    return z;
+}
+
+int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
+                               moonlet_request *req, uint64_t *id_out)
+{
+    msgpack_unpacked_init(&req->unp);
+    req->args = NULL;
+    if (id_out)
+        *id_out = 0;
+    if (unpack_checked(body, len, zone, &req->unp.data) != 0 ||
+        request_from_object(&req->unp.data, req) != 0) {
+        if (id_out && body != NULL)
+            *id_out = peek_id((const uint8_t *)body, len);
+        return INVALID;
+    }
+    if (id_out)
+        *id_out = req->id;
+    return 0;
+}
+
+int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out)
+{
+    const char *copy = NULL;
+    if (id_out)
+        *id_out = 0;
+    if (body == NULL || len == 0)
+        return INVALID;
+    msgpack_zone *z = zone_with_copy(body, len, &copy);
+    if (z == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = moonlet_request_decode_ref(copy, len, z, req, id_out);
+    if (rc != 0) {
+        msgpack_zone_free(z);
+        return rc;
+    }
+    req->unp.zone = z;
+    return 0;
+}
+
+void moonlet_request_destroy(moonlet_request *req)
+{
+    msgpack_unpacked_destroy(&req->unp);
+    req->args = NULL;
+}
+
+int moonlet_reply_decode(const char *body, size_t len, moonlet_reply *rep)
+{
+    const char *copy = NULL;
+    msgpack_unpacked_init(&rep->unp);
+    rep->result = NULL;
+    if (body == NULL || len == 0)
+        return INVALID;
+    msgpack_zone *z = zone_with_copy(body, len, &copy);
+    if (z == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    if (unpack_checked(copy, len, z, &rep->unp.data) != 0 ||
+        reply_from_object(&rep->unp.data, rep) != 0) {
+        msgpack_zone_free(z);
+        msgpack_unpacked_init(&rep->unp);
+        rep->result = NULL;
+        return INVALID;
+    }
+    rep->unp.zone = z;
+    return 0;
+}
+
+void moonlet_reply_destroy(moonlet_reply *rep)
+{
+    msgpack_unpacked_destroy(&rep->unp);
+    rep->result = NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Encoding                                                             */
+/* ------------------------------------------------------------------ */
+
+void moonlet_frame_builder_init(moonlet_frame_builder *b)
+{
+    msgpack_sbuffer_init(&b->buf);
+    msgpack_packer_init(&b->pk, &b->buf, msgpack_sbuffer_write);
+    b->frame_start = NO_FRAME;
+}
+
+void moonlet_frame_builder_destroy(moonlet_frame_builder *b)
+{
+    msgpack_sbuffer_destroy(&b->buf);
+    msgpack_sbuffer_init(&b->buf);
+    b->frame_start = NO_FRAME;
+}
+
+void moonlet_frame_builder_reset(moonlet_frame_builder *b)
+{
+    if (b->buf.alloc > KEEP_BUFFER_BYTES) {
+        msgpack_sbuffer_destroy(&b->buf);
+        msgpack_sbuffer_init(&b->buf);
+    }
+    b->buf.size = 0;
+    b->frame_start = NO_FRAME;
+}
+
+void moonlet_frame_abort(moonlet_frame_builder *b)
+{
+    if (b->frame_start != NO_FRAME)
+        b->buf.size = b->frame_start;
+    b->frame_start = NO_FRAME;
+}
+
+msgpack_packer *moonlet_frame_begin(moonlet_frame_builder *b)
+{
+    static const char zero[MOONLET_FRAME_HEADER_BYTES];
+    moonlet_frame_abort(b);
+    b->frame_start = b->buf.size;
+    msgpack_sbuffer_write(&b->buf, zero, sizeof(zero));
+    return &b->pk;
+}
+
+int moonlet_frame_finish(moonlet_frame_builder *b, size_t max_frame)
+{
+    if (b->frame_start == NO_FRAME || b->buf.size < b->frame_start + MOONLET_FRAME_HEADER_BYTES)
+        return INVALID;
+    size_t body = b->buf.size - b->frame_start - MOONLET_FRAME_HEADER_BYTES;
+    if (max_frame > UINT32_MAX)
+        max_frame = UINT32_MAX;
+    if (body == 0 || body > max_frame) {
+        moonlet_frame_abort(b);
+        return body == 0 ? INVALID : MOONLET_ERR_BUFFER_OVERFLOW;
+    }
+    moonlet_frame_header_encode((uint8_t *)b->buf.data + b->frame_start, (uint32_t)body);
+    b->frame_start = NO_FRAME;
+    return 0;
+}
+
+msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uint32_t method,
+                                      uint32_t nargs)
+{
+    msgpack_packer *pk = moonlet_frame_begin(b);
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, id);
+    msgpack_pack_uint32(pk, method);
+    msgpack_pack_array(pk, nargs);
+    return pk;
+}
+
+msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code)
+{
+    msgpack_packer *pk = moonlet_frame_begin(b);
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, id);
+    msgpack_pack_fix_int32(pk, code); /* fixed width: see moonlet_reply_patch_code */
+    return pk;
+}
+
+void moonlet_reply_patch_code(moonlet_frame_builder *b, int32_t code)
+{
+    if (b->frame_start == NO_FRAME)
+        return;
+    uint8_t *p = (uint8_t *)b->buf.data + b->frame_start + MOONLET_FRAME_HEADER_BYTES;
+    size_t len = b->buf.size - b->frame_start - MOONLET_FRAME_HEADER_BYTES;
+    /* [0x93, id (any uint width), 0xd2, code x4, ...] as packed by reply_begin */
+    size_t id_len = len >= 2 ? mp_int_size(p[1]) : 0;
+    if (len < 2 || p[0] != 0x93 || id_len == 0 || 1 + id_len + 5 > len ||
+        p[1 + id_len] != 0xd2) {
+        assert(!"moonlet_reply_patch_code: open frame is not a reply");
+        return;
+    }
+    store_be32(p + 1 + id_len + 1, (uint32_t)code);
+}

@@ -1,0 +1,412 @@
+/*
+ * rpc_client.c - a blocking control-plane RPC connection (TCP or unix).
+ *
+ * Why it is built this way: the socket is non-blocking and every wait goes
+ * through poll() with the time left until one deadline, so connect, send and
+ * receive are all bounded by opts.timeout_ms.  Requests are packed straight
+ * into a reused frame builder (no per-call buffer), and replies are read
+ * into a reused input buffer that may hold several pipelined replies.  Each
+ * decoded reply owns a private copy of its body (moonlet_reply_decode), so a
+ * caller may keep several pipelined replies while reading more.  After a
+ * timeout or an I/O or framing error the stream position is unknown (a late
+ * reply would be taken for the next one), so the connection is marked broken
+ * and refuses every later call; the owner reconnects.
+ *
+ * Not thread safe; takes no locks (MasterClient serialises access).
+ */
+#include "rpc_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "wire.h"
+
+#define MOD "rpc-client"
+#define DEFAULT_TIMEOUT_MS 10000
+#define IN_BUF_INITIAL (16u << 10)
+#define IN_BUF_KEEP (1u << 20)
+#define UNIX_RETRY_MS 2
+
+struct moonlet_rpc_client {
+    int fd;
+    int timeout_ms;
+    size_t max_frame;
+    bool broken;
+    bool begun;
+    uint64_t next_id;
+    moonlet_frame_builder out;
+    char *in;
+    size_t in_off, in_len, in_cap;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits for `ev` on fd until the deadline: 0, RPC_TIMEOUT or RPC_FAIL. */
+static int wait_fd(int fd, short ev, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return MOONLET_ERR_RPC_TIMEOUT;
+        struct pollfd p = {.fd = fd, .events = ev};
+        int n = poll(&p, 1, (int)(left > 1000000 ? 1000000 : left));
+        if (n > 0)
+            return 0; /* readiness or an error condition: the next syscall tells */
+        if (n < 0 && errno != EINTR)
+            return MOONLET_ERR_RPC_FAIL;
+    }
+}
+
+static int fail(moonlet_rpc_client *c, int rc)
+{
+    c->broken = true;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Connecting                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Non-blocking connect bounded by the deadline.  Returns the fd or a code. */
+static int connect_addr(const struct sockaddr *sa, socklen_t len, int64_t deadline)
+{
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return MOONLET_ERR_RPC_FAIL;
+    int rc = 0;
+    if (connect(fd, sa, len) != 0) {
+        if (errno != EINPROGRESS)
+            rc = MOONLET_ERR_RPC_FAIL;
+        else if ((rc = wait_fd(fd, POLLOUT, deadline)) == 0) {
+            int err = 0;
+            socklen_t el = sizeof(err);
+            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0)
+                rc = MOONLET_ERR_RPC_FAIL;
+        }
+    }
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+static int connect_tcp(const char *host, uint16_t port, int64_t deadline)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    int gai = getaddrinfo(host, service, &hints, &res);
+    if (gai != 0) {
+        ML_WARN(MOD, "cannot resolve %s: %s", host, gai_strerror(gai));
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    int fd = MOONLET_ERR_RPC_FAIL;
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = connect_addr(ai->ai_addr, ai->ai_addrlen, deadline);
+        if (fd >= 0 || fd == MOONLET_ERR_RPC_TIMEOUT)
+            break;
+    }
+    freeaddrinfo(res);
+    if (fd >= 0) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    return fd;
+}
+
+/* A unix connect fails with EAGAIN while the listen backlog is full: retry. */
+static int connect_unix(const char *path, int64_t deadline)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return MOONLET_ERR_INVALID_PARAMS;
+    strcpy(sa.sun_path, path);
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return MOONLET_ERR_RPC_FAIL;
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+            return fd;
+        int err = errno;
+        close(fd);
+        if (err != EAGAIN)
+            return MOONLET_ERR_RPC_FAIL;
+        if (now_ms() + UNIX_RETRY_MS >= deadline)
+            return MOONLET_ERR_RPC_TIMEOUT;
+        poll(NULL, 0, UNIX_RETRY_MS);
+    }
+}
+
+static int authenticate(moonlet_rpc_client *c, const char *token, size_t len)
+{
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_AUTH, 1);
+    moonlet_pack_str(pk, token, len);
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_call(c, &rep);
+    if (rc != 0)
+        return rc;
+    rc = rep.code;
+    moonlet_reply_destroy(&rep);
+    return rc;
+}
+
+static int client_open(int fd, const moonlet_rpc_client_opts *opts, moonlet_rpc_client **out)
+{
+    moonlet_rpc_client *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    c->fd = fd;
+    c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->max_frame = opts && opts->max_frame ? opts->max_frame : MOONLET_DEFAULT_MAX_FRAME;
+    if (c->max_frame > UINT32_MAX)
+        c->max_frame = UINT32_MAX;
+    c->next_id = 1;
+    moonlet_frame_builder_init(&c->out);
+    const char *tok = opts ? opts->auth_token : NULL;
+    size_t tok_len = tok ? (opts->auth_token_len ? opts->auth_token_len : strlen(tok)) : 0;
+    if (tok_len > 0) {
+        int rc = authenticate(c, tok, tok_len);
+        if (rc != 0) {
+            moonlet_rpc_client_close(c);
+            return rc;
+        }
+    }
+    *out = c;
+    return 0;
+}
+
+static int64_t connect_deadline(const moonlet_rpc_client_opts *opts)
+{
+    return now_ms() + (opts && opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS);
+}
+
+int moonlet_rpc_client_connect(const char *host, uint16_t port, const moonlet_rpc_client_opts *opts,
+                               moonlet_rpc_client **out)
+{
+    if (host == NULL || out == NULL)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *out = NULL;
+    int fd = connect_tcp(host, port, connect_deadline(opts));
+    return fd < 0 ? fd : client_open(fd, opts, out);
+}
+
+int moonlet_rpc_client_connect_unix(const char *path, const moonlet_rpc_client_opts *opts,
+                                    moonlet_rpc_client **out)
+{
+    if (path == NULL || out == NULL)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *out = NULL;
+    int fd = connect_unix(path, connect_deadline(opts));
+    return fd < 0 ? fd : client_open(fd, opts, out);
+}
+
+void moonlet_rpc_client_close(moonlet_rpc_client *c)
+{
+    if (c == NULL)
+        return;
+    close(c->fd);
+    moonlet_frame_builder_destroy(&c->out);
+    free(c->in);
+    free(c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Sending                                                              */
+/* ------------------------------------------------------------------ */
+
+msgpack_packer *moonlet_rpc_client_begin(moonlet_rpc_client *c, uint32_t method, uint32_t nargs)
+{
+    moonlet_frame_builder_reset(&c->out);
+    c->begun = true;
+    return moonlet_request_begin(&c->out, c->next_id, method, nargs);
+}
+
+static int send_all(moonlet_rpc_client *c, const char *p, size_t len, int64_t deadline)
+{
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(c->fd, p + off, len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+            return fail(c, MOONLET_ERR_RPC_FAIL);
+        int rc = wait_fd(c->fd, POLLOUT, deadline);
+        if (rc != 0)
+            return fail(c, rc);
+    }
+    return 0;
+}
+
+/* Finishes and sends the begun request.  A request that is too large or not
+ * well formed is dropped without touching the connection. */
+static int send_begun(moonlet_rpc_client *c, uint64_t *id_out, int64_t deadline)
+{
+    if (!c->begun)
+        return MOONLET_ERR_INVALID_PARAMS;
+    c->begun = false;
+    if (c->broken) {
+        moonlet_frame_builder_reset(&c->out);
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    int rc = moonlet_frame_finish(&c->out, c->max_frame);
+    if (rc == 0 && moonlet_frame_body_check(c->out.buf.data + MOONLET_FRAME_HEADER_BYTES,
+                                            c->out.buf.size - MOONLET_FRAME_HEADER_BYTES) != 0) {
+        ML_ERR(MOD, "request packed with the wrong number of arguments; not sent");
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    }
+    if (rc == 0)
+        rc = send_all(c, c->out.buf.data, c->out.buf.size, deadline);
+    moonlet_frame_builder_reset(&c->out);
+    if (rc != 0)
+        return rc;
+    *id_out = c->next_id++;
+    return 0;
+}
+
+int moonlet_rpc_client_send(moonlet_rpc_client *c, uint64_t *id_out)
+{
+    uint64_t id;
+    int rc = send_begun(c, &id, now_ms() + c->timeout_ms);
+    if (rc == 0 && id_out)
+        *id_out = id;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Receiving                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Makes room for `need` contiguous bytes from in_off. */
+static bool reserve_input(moonlet_rpc_client *c, size_t need)
+{
+    if (c->in_cap - c->in_off >= need)
+        return true;
+    if (c->in_off > 0) {
+        memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+        c->in_len -= c->in_off;
+        c->in_off = 0;
+    }
+    if (c->in_cap >= need)
+        return true;
+    size_t cap = c->in_cap ? c->in_cap * 2 : IN_BUF_INITIAL;
+    if (cap < need)
+        cap = need;
+    char *p = realloc(c->in, cap);
+    if (p == NULL)
+        return false;
+    c->in = p;
+    c->in_cap = cap;
+    return true;
+}
+
+/* Takes one complete reply off the buffer: 1 done, 0 need more, <0 error. */
+static int take_reply(moonlet_rpc_client *c, moonlet_reply *rep, size_t *need)
+{
+    size_t avail = c->in_len - c->in_off;
+    *need = MOONLET_FRAME_HEADER_BYTES;
+    if (avail < MOONLET_FRAME_HEADER_BYTES)
+        return 0;
+    uint32_t len;
+    const char *p = c->in + c->in_off;
+    if (moonlet_frame_header_decode((const uint8_t *)p, c->max_frame, &len) != 0) {
+        ML_WARN(MOD, "reply frame length out of range");
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    *need = MOONLET_FRAME_HEADER_BYTES + (size_t)len;
+    if (avail < *need)
+        return 0;
+    int rc = moonlet_reply_decode(p + MOONLET_FRAME_HEADER_BYTES, len, rep);
+    if (rc != 0) {
+        ML_WARN(MOD, "malformed reply frame");
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    c->in_off += *need;
+    if (c->in_off == c->in_len) {
+        c->in_off = c->in_len = 0;
+        if (c->in_cap > IN_BUF_KEEP) {
+            free(c->in);
+            c->in = NULL;
+            c->in_cap = 0;
+        }
+    }
+    return 1;
+}
+
+static int recv_reply(moonlet_rpc_client *c, moonlet_reply *rep, int64_t deadline)
+{
+    if (c->broken)
+        return MOONLET_ERR_RPC_FAIL;
+    for (;;) {
+        size_t need;
+        int got = take_reply(c, rep, &need);
+        if (got < 0)
+            return fail(c, got);
+        if (got > 0)
+            return 0;
+        if (!reserve_input(c, need))
+            return fail(c, MOONLET_ERR_RPC_FAIL);
+        int rc = wait_fd(c->fd, POLLIN, deadline);
+        if (rc != 0)
+            return fail(c, rc);
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        if (n > 0)
+            c->in_len += (size_t)n;
+        else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return fail(c, MOONLET_ERR_RPC_FAIL);
+    }
+}
+
+int moonlet_rpc_client_recv(moonlet_rpc_client *c, moonlet_reply *rep)
+{
+    return recv_reply(c, rep, now_ms() + c->timeout_ms);
+}
+
+int moonlet_rpc_client_call(moonlet_rpc_client *c, moonlet_reply *rep)
+{
+    int64_t deadline = now_ms() + c->timeout_ms;
+    uint64_t id;
+    int rc = send_begun(c, &id, deadline);
+    if (rc == 0)
+        rc = recv_reply(c, rep, deadline);
+    if (rc != 0)
+        return rc;
+    if (rep->id != id) {
+        ML_WARN(MOD, "reply id %llu does not match request id %llu",
+                (unsigned long long)rep->id, (unsigned long long)id);
+        moonlet_reply_destroy(rep);
+        return fail(c, MOONLET_ERR_RPC_FAIL);
+    }
+    return 0;
+}
+
+bool moonlet_rpc_client_broken(const moonlet_rpc_client *c) { return c->broken; }
+
+int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }

@@ -1,0 +1,987 @@
+/*
+ * rpc_server.c - the control-plane RPC server: one acceptor thread plus N
+ * epoll event-loop threads serving length-prefixed msgpack requests.
+ *
+ * Why it is built this way:
+ *  - The acceptor only accepts; it hands each socket round-robin to a loop
+ *    through a small mutex-protected queue and an eventfd wake-up.  From then
+ *    on the connection belongs to that loop alone, so connection state needs
+ *    no locking and replies leave in request order.
+ *  - Loops use level-triggered epoll on non-blocking sockets.  One read per
+ *    readiness event fills the connection's input buffer; every complete
+ *    frame in it is handled inline (pipelining), the replies are appended to
+ *    the connection's output builder and written with one send().  What the
+ *    socket does not take waits for EPOLLOUT.
+ *  - Zero copies and no per-request malloc on the hot path: requests are
+ *    decoded in place (moonlet_request_decode_ref) into a per-loop zone that
+ *    is cleared after each request, and the handler packs its result straight
+ *    into the output buffer behind a reserved reply header whose fixed-width
+ *    code is patched afterwards (moonlet_reply_patch_code).  Input and output
+ *    buffers are reused per connection and shrunk when a huge frame is gone.
+ *  - Back-pressure: a connection whose unsent replies exceed OUT_HIGH_WATER
+ *    stops being read until they drain, so a client that pipelines without
+ *    reading cannot grow server memory without bound.
+ *  - Bad input closes only its own connection, after an INVALID_PARAMS reply
+ *    where one is possible.  Such a "closing" connection flushes the reply,
+ *    shuts down its write side and discards input for up to LINGER_MS, so the
+ *    peer reads the reply instead of a reset.
+ *  - stop() sets a flag and writes every eventfd; loops also wake every
+ *    LOOP_TICK_MS, so it returns promptly (plus any running handler).
+ *
+ * Locks: each loop's `lock` guards only its queue of newly accepted sockets
+ * (taken by the acceptor and by that loop, never while calling a handler or
+ * doing I/O).  Everything else is owned by one thread or atomic.
+ */
+#include "rpc_server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "frame.h"
+#include "log.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "wire.h"
+
+#define MOD "rpc"
+
+#define LOOP_TICK_MS 100               /* bounded epoll_wait: linger expiry and safety */
+#define MAX_EVENTS 64
+#define ACCEPT_BATCH 64
+#define ACCEPT_BACKOFF_MS 10           /* after EMFILE and friends */
+#define IN_BUF_INITIAL (16u << 10)
+#define IN_BUF_KEEP (1u << 20)         /* idle input buffers above this are shrunk */
+#define OUT_HIGH_WATER (1u << 20)      /* stop reading while this much is unsent */
+#define LINGER_MS 1000
+#define LINGER_DISCARD_MAX (1u << 20)
+#define ZONE_CHUNK (64u << 10)         /* fits a 640-key batch without growing */
+#define MIN_MAX_FRAME 512u             /* room for every error reply */
+#define MAX_METHOD_ID 4096u
+#define MAX_THREADS 256
+#define ERR_MSG_MAX 256
+
+enum conn_state {
+    ST_OPEN,      /* reading and serving requests */
+    ST_DRAIN_OUT, /* no more requests: flush the replies, then close */
+    ST_LINGER,    /* replies sent, write side shut: discard input until EOF */
+};
+
+struct loop;
+
+typedef struct conn {
+    int fd;
+    enum conn_state state;
+    bool authed;
+    bool paused;   /* output above high water: input not read nor parsed */
+    bool peer_eof; /* read returned 0 */
+    bool dead;     /* close at the end of this event */
+    uint32_t events;
+    struct loop *loop;
+    void *conn_data;
+    char *in;
+    size_t in_len, in_cap;
+    moonlet_frame_builder out;
+    size_t out_off; /* bytes of out.buf already sent */
+    int64_t linger_deadline_ms;
+    size_t linger_discarded;
+    struct conn *prev, *next;
+} conn;
+
+typedef struct loop {
+    moonlet_rpc_server *s;
+    pthread_t thread;
+    bool thread_started;
+    int epfd;
+    int wake_fd;
+    pthread_mutex_t lock; /* guards pending[] */
+    int *pending;
+    size_t npending, pending_cap;
+    conn *conns;
+    size_t nlinger;
+    msgpack_zone zone;
+    bool zone_ready;
+} loop;
+
+struct moonlet_rpc_server {
+    char *unix_path;
+    dev_t unix_dev;
+    ino_t unix_ino;
+    int listen_fd;
+    int stop_fd;
+    uint16_t port;
+    size_t max_frame;
+    char *token;
+    size_t token_len;
+    const moonlet_rpc_method **table; /* indexed by method id */
+    uint32_t table_len;
+    moonlet_rpc_method *methods;
+    void *ctx;
+    void (*on_close)(void *ctx, void *conn_data);
+    loop *loops;
+    int nloops;
+    unsigned next_loop;
+    pthread_t acceptor;
+    bool acceptor_started;
+    bool started;
+    bool stopped;
+    atomic_bool stopping;       /* acceptor: exit */
+    atomic_bool loops_stopping; /* loops: close everything and exit (set after the acceptor is joined) */
+    atomic_size_t nconns;
+};
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                        */
+/* ------------------------------------------------------------------ */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wake(int efd)
+{
+    uint64_t one = 1;
+    ssize_t w = write(efd, &one, sizeof(one));
+    (void)w; /* EAGAIN means a wake-up is already pending */
+}
+
+static void drain_wake(int efd)
+{
+    uint64_t v;
+    ssize_t r = read(efd, &v, sizeof(v));
+    (void)r;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* Compares in time that depends only on the expected token's length. */
+static bool token_equal(const char *got, size_t got_len, const char *want, size_t want_len)
+{
+    volatile unsigned char diff = (unsigned char)(got_len != want_len);
+    for (size_t i = 0; i < want_len; i++) {
+        unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
+        diff |= (unsigned char)(g ^ (unsigned char)want[i]);
+    }
+    return diff == 0;
+}
+
+static void pack_vfmt(msgpack_packer *out, const char *fmt, va_list ap)
+{
+    char msg[ERR_MSG_MAX];
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(msg))
+        n = (int)sizeof(msg) - 1;
+    moonlet_pack_str(out, msg, (size_t)n);
+}
+
+int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    pack_vfmt(out, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* ------------------------------------------------------------------ */
+/* Replies                                                              */
+/* ------------------------------------------------------------------ */
+
+static size_t out_pending(const conn *c) { return c->out.buf.size - c->out_off; }
+
+__attribute__((format(printf, 4, 5)))
+static void reply_error(conn *c, uint64_t id, int code, const char *fmt, ...)
+{
+    msgpack_packer *pk = moonlet_reply_begin(&c->out, id, code);
+    va_list ap;
+    va_start(ap, fmt);
+    pack_vfmt(pk, fmt, ap);
+    va_end(ap);
+    moonlet_frame_finish(&c->out, c->loop->s->max_frame);
+}
+
+static void reply_nil(conn *c, uint64_t id)
+{
+    msgpack_pack_nil(moonlet_reply_begin(&c->out, id, 0));
+    moonlet_frame_finish(&c->out, c->loop->s->max_frame);
+}
+
+/* Answers with an error and stops serving the connection. */
+static void fail_conn(conn *c, uint64_t id, int code, const char *what)
+{
+    reply_error(c, id, code, "%s", what);
+    c->state = ST_DRAIN_OUT;
+}
+
+/* Runs the handler with its reply header reserved in the output buffer. */
+static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_request *req)
+{
+    moonlet_rpc_server *s = c->loop->s;
+    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method};
+    moonlet_frame_builder *b = &c->out;
+    msgpack_packer *pk = moonlet_reply_begin(b, req->id, 0);
+    int code = m->fn(&ctx, req->args, pk);
+    moonlet_reply_patch_code(b, code);
+    size_t start = b->frame_start + MOONLET_FRAME_HEADER_BYTES;
+    size_t body = b->buf.size - start;
+    if (body > s->max_frame) {
+        moonlet_frame_abort(b);
+        reply_error(c, req->id, MOONLET_ERR_BUFFER_OVERFLOW,
+                    "reply of %zu bytes exceeds the %zu-byte frame limit", body, s->max_frame);
+        return;
+    }
+    if (moonlet_frame_body_check(b->buf.data + start, body) != 0) {
+        ML_ERR(MOD, "method %s (%u) packed a malformed result; replying INTERNAL_ERROR",
+               m->name ? m->name : "?", req->method);
+        moonlet_frame_abort(b);
+        reply_error(c, req->id, MOONLET_ERR_INTERNAL_ERROR, "method %u packed a bad result",
+                    req->method);
+        return;
+    }
+    moonlet_frame_finish(b, s->max_frame);
+}
+
+/* Handles MOONLET_M_AUTH; with no token configured any AUTH is accepted. */
+static void serve_auth(conn *c, const moonlet_request *req)
+{
+    moonlet_rpc_server *s = c->loop->s;
+    const char *tok;
+    uint32_t len;
+    if (s->token_len == 0) {
+        reply_nil(c, req->id);
+        return;
+    }
+    if (moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0 &&
+        token_equal(tok, len, s->token, s->token_len)) {
+        c->authed = true;
+        reply_nil(c, req->id);
+        return;
+    }
+    ML_WARN(MOD, "authentication failed on connection fd %d", c->fd);
+    fail_conn(c, req->id, MOONLET_ERR_ILLEGAL_CLIENT, "authentication failed");
+}
+
+static void serve_request(conn *c, const moonlet_request *req)
+{
+    moonlet_rpc_server *s = c->loop->s;
+    if (req->method == MOONLET_M_AUTH) {
+        serve_auth(c, req);
+        return;
+    }
+    if (s->token_len != 0 && !c->authed) {
+        ML_WARN(MOD, "connection fd %d sent method %u before authenticating", c->fd, req->method);
+        fail_conn(c, req->id, MOONLET_ERR_ILLEGAL_CLIENT, "authentication required");
+        return;
+    }
+    const moonlet_rpc_method *m = req->method < s->table_len ? s->table[req->method] : NULL;
+    if (m == NULL) {
+        reply_error(c, req->id, MOONLET_ERR_INVALID_PARAMS, "unknown method %u", req->method);
+        return;
+    }
+    call_handler(c, m, req);
+}
+
+static void serve_frame(conn *c, const char *body, uint32_t len)
+{
+    loop *l = c->loop;
+    moonlet_request req;
+    uint64_t id;
+    if (moonlet_request_decode_ref(body, len, &l->zone, &req, &id) != 0) {
+        ML_DEBUG(MOD, "malformed request on fd %d (id %llu)", c->fd, (unsigned long long)id);
+        fail_conn(c, id, MOONLET_ERR_INVALID_PARAMS, "malformed request");
+    } else {
+        serve_request(c, &req);
+    }
+    msgpack_zone_clear(&l->zone);
+}
+
+/* ------------------------------------------------------------------ */
+/* Connection I/O                                                       */
+/* ------------------------------------------------------------------ */
+
+/* Handles every complete frame in the input buffer, in order. */
+static void process_input(conn *c)
+{
+    size_t max_frame = c->loop->s->max_frame;
+    size_t off = 0;
+    while (c->state == ST_OPEN && c->in_len - off >= MOONLET_FRAME_HEADER_BYTES) {
+        if (out_pending(c) > OUT_HIGH_WATER) {
+            c->paused = true;
+            break;
+        }
+        uint32_t len;
+        if (moonlet_frame_header_decode((const uint8_t *)c->in + off, max_frame, &len) != 0) {
+            fail_conn(c, 0, MOONLET_ERR_INVALID_PARAMS, "invalid frame length");
+            break;
+        }
+        if (c->in_len - off - MOONLET_FRAME_HEADER_BYTES < len)
+            break;
+        serve_frame(c, c->in + off + MOONLET_FRAME_HEADER_BYTES, len);
+        off += MOONLET_FRAME_HEADER_BYTES + (size_t)len;
+    }
+    if (c->state != ST_OPEN)
+        off = c->in_len; /* nothing more will be served */
+    if (off > 0) {
+        memmove(c->in, c->in + off, c->in_len - off); /* only a partial frame moves */
+        c->in_len -= off;
+    }
+    if (c->in_len == 0 && c->in_cap > IN_BUF_KEEP) {
+        char *small = realloc(c->in, IN_BUF_INITIAL);
+        if (small != NULL) {
+            c->in = small;
+            c->in_cap = IN_BUF_INITIAL;
+        }
+    }
+}
+
+/* Makes room for the next read: grows up to the current frame's size. */
+static bool ensure_input_room(conn *c)
+{
+    if (c->in_len < c->in_cap)
+        return true;
+    size_t limit = c->loop->s->max_frame + MOONLET_FRAME_HEADER_BYTES;
+    size_t need = c->in_cap * 2;
+    if (c->in_len >= MOONLET_FRAME_HEADER_BYTES) {
+        size_t frame = MOONLET_FRAME_HEADER_BYTES + (size_t)((uint32_t)(uint8_t)c->in[0] << 24 |
+                                                             (uint32_t)(uint8_t)c->in[1] << 16 |
+                                                             (uint32_t)(uint8_t)c->in[2] << 8 |
+                                                             (uint32_t)(uint8_t)c->in[3]);
+        if (frame > need)
+            need = frame;
+    }
+    if (need > limit)
+        need = limit;
+    if (need <= c->in_cap)
+        return false; /* cannot happen: a full buffer always holds a frame that fits */
+    char *bigger = realloc(c->in, need);
+    if (bigger == NULL) {
+        ML_ERR(MOD, "out of memory growing the input buffer of fd %d to %zu bytes", c->fd, need);
+        return false;
+    }
+    c->in = bigger;
+    c->in_cap = need;
+    return true;
+}
+
+static void read_requests(conn *c)
+{
+    if (!ensure_input_room(c)) {
+        c->dead = true;
+        return;
+    }
+    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+    if (n > 0) {
+        c->in_len += (size_t)n;
+    } else if (n == 0) {
+        c->peer_eof = true;
+        c->state = ST_DRAIN_OUT; /* a partial frame left in the buffer is dropped */
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        c->dead = true;
+    }
+}
+
+static void discard_input(conn *c)
+{
+    char scratch[4096];
+    ssize_t n = recv(c->fd, scratch, sizeof(scratch), 0);
+    if (n > 0) {
+        c->linger_discarded += (size_t)n;
+        if (c->linger_discarded > LINGER_DISCARD_MAX)
+            c->dead = true;
+    } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c->dead = true;
+    }
+}
+
+static void flush_output(conn *c)
+{
+    while (out_pending(c) > 0) {
+        ssize_t n = send(c->fd, c->out.buf.data + c->out_off, out_pending(c), MSG_NOSIGNAL);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else {
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+                c->dead = true;
+            return;
+        }
+    }
+    moonlet_frame_builder_reset(&c->out);
+    c->out_off = 0;
+}
+
+static void set_events(conn *c, uint32_t ev)
+{
+    if (ev == c->events)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    if (epoll_ctl(c->loop->epfd, EPOLL_CTL_MOD, c->fd, &e) != 0) {
+        ML_ERR(MOD, "epoll_ctl(MOD) on fd %d failed: %s", c->fd, strerror(errno));
+        c->dead = true;
+        return;
+    }
+    c->events = ev;
+}
+
+static void start_linger(conn *c)
+{
+    shutdown(c->fd, SHUT_WR);
+    c->state = ST_LINGER;
+    c->linger_deadline_ms = now_ms() + LINGER_MS;
+    c->loop->nlinger++;
+}
+
+/* Decides what the connection waits for next (or that it must close). */
+static void settle(conn *c)
+{
+    if (c->dead)
+        return;
+    if (c->state == ST_DRAIN_OUT && out_pending(c) == 0) {
+        if (c->peer_eof) {
+            c->dead = true;
+            return;
+        }
+        start_linger(c);
+    }
+    uint32_t ev = 0;
+    if (c->state == ST_LINGER || (c->state == ST_OPEN && !c->paused))
+        ev |= EPOLLIN;
+    /* A paused connection also waits for EPOLLOUT when its output is already
+     * empty: the next wake-up resumes parsing the frames it still holds. */
+    if (out_pending(c) > 0 || (c->state == ST_OPEN && c->paused))
+        ev |= EPOLLOUT;
+    set_events(c, ev);
+}
+
+static void conn_close(loop *l, conn *c)
+{
+    moonlet_rpc_server *s = l->s;
+    epoll_ctl(l->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (s->on_close)
+        s->on_close(s->ctx, c->conn_data);
+    if (c->state == ST_LINGER)
+        l->nlinger--;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    moonlet_frame_builder_destroy(&c->out);
+    free(c->in);
+    free(c);
+    /* last, so that "0 connections" implies every on_close has returned */
+    atomic_fetch_sub(&s->nconns, 1);
+}
+
+static void conn_on_event(loop *l, conn *c, uint32_t ev)
+{
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+        if (c->state == ST_LINGER)
+            discard_input(c);
+        else if (c->state == ST_OPEN && !c->paused)
+            read_requests(c);
+    }
+    if (!c->dead && c->paused && out_pending(c) == 0)
+        c->paused = false;
+    if (!c->dead && c->state == ST_OPEN && !c->paused)
+        process_input(c);
+    if (!c->dead)
+        flush_output(c);
+    if ((ev & (EPOLLHUP | EPOLLERR)) && c->state == ST_DRAIN_OUT && out_pending(c) > 0)
+        c->dead = true; /* the peer is gone: nobody will read the rest */
+    settle(c);
+    if (c->dead)
+        conn_close(l, c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Event loops                                                          */
+/* ------------------------------------------------------------------ */
+
+static void adopt(loop *l, int fd)
+{
+    conn *c = calloc(1, sizeof(*c));
+    char *in = malloc(IN_BUF_INITIAL);
+    struct epoll_event e = {.events = EPOLLIN};
+    if (c == NULL || in == NULL) {
+        ML_ERR(MOD, "out of memory accepting a connection");
+        goto fail;
+    }
+    c->fd = fd;
+    c->loop = l;
+    c->in = in;
+    c->in_cap = IN_BUF_INITIAL;
+    c->events = EPOLLIN;
+    moonlet_frame_builder_init(&c->out);
+    e.data.ptr = c;
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+        ML_ERR(MOD, "epoll_ctl(ADD) failed: %s", strerror(errno));
+        goto fail;
+    }
+    c->next = l->conns;
+    if (l->conns)
+        l->conns->prev = c;
+    l->conns = c;
+    return;
+fail:
+    free(in);
+    free(c);
+    close(fd);
+    if (l->s->on_close)
+        l->s->on_close(l->s->ctx, NULL);
+    atomic_fetch_sub(&l->s->nconns, 1);
+}
+
+static void adopt_pending(loop *l)
+{
+    int batch[64];
+    for (;;) {
+        size_t n = 0;
+        pthread_mutex_lock(&l->lock);
+        while (n < 64 && l->npending > 0)
+            batch[n++] = l->pending[--l->npending];
+        pthread_mutex_unlock(&l->lock);
+        if (n == 0)
+            return;
+        for (size_t i = 0; i < n; i++)
+            adopt(l, batch[i]);
+    }
+}
+
+static void expire_lingering(loop *l)
+{
+    int64_t now = now_ms();
+    conn *c = l->conns;
+    while (c != NULL && l->nlinger > 0) {
+        conn *next = c->next;
+        if (c->state == ST_LINGER && now >= c->linger_deadline_ms)
+            conn_close(l, c);
+        c = next;
+    }
+}
+
+static void *loop_main(void *arg)
+{
+    loop *l = arg;
+    struct epoll_event evs[MAX_EVENTS];
+    while (!atomic_load(&l->s->loops_stopping)) {
+        int n = epoll_wait(l->epfd, evs, MAX_EVENTS, LOOP_TICK_MS);
+        if (n < 0 && errno != EINTR) {
+            ML_ERR(MOD, "epoll_wait failed: %s", strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            if (evs[i].data.ptr == NULL) {
+                drain_wake(l->wake_fd);
+                adopt_pending(l);
+            } else {
+                conn_on_event(l, evs[i].data.ptr, evs[i].events);
+            }
+        }
+        if (l->nlinger > 0)
+            expire_lingering(l);
+    }
+    adopt_pending(l); /* the acceptor is gone: every accepted connection gets its on_close */
+    while (l->conns != NULL)
+        conn_close(l, l->conns);
+    return NULL;
+}
+
+static int loop_init(moonlet_rpc_server *s, loop *l)
+{
+    l->s = s;
+    l->epfd = epoll_create1(EPOLL_CLOEXEC);
+    l->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_mutex_init(&l->lock, NULL);
+    l->zone_ready = msgpack_zone_init(&l->zone, ZONE_CHUNK);
+    if (l->epfd < 0 || l->wake_fd < 0 || !l->zone_ready)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wake_fd, &e) != 0)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    return 0;
+}
+
+static void loop_destroy(loop *l)
+{
+    for (size_t i = 0; i < l->npending; i++) /* only when the loop never ran */
+        close(l->pending[i]);
+    free(l->pending);
+    close_fd(&l->epfd);
+    close_fd(&l->wake_fd);
+    pthread_mutex_destroy(&l->lock);
+    if (l->zone_ready)
+        msgpack_zone_destroy(&l->zone);
+}
+
+/* ------------------------------------------------------------------ */
+/* Acceptor                                                             */
+/* ------------------------------------------------------------------ */
+
+static bool hand_off(moonlet_rpc_server *s, int fd)
+{
+    loop *l = &s->loops[s->next_loop++ % (unsigned)s->nloops];
+    bool ok = true;
+    pthread_mutex_lock(&l->lock);
+    if (l->npending == l->pending_cap) {
+        size_t cap = l->pending_cap ? l->pending_cap * 2 : 16;
+        int *p = realloc(l->pending, cap * sizeof(*p));
+        if (p != NULL) {
+            l->pending = p;
+            l->pending_cap = cap;
+        }
+    }
+    if (l->npending < l->pending_cap)
+        l->pending[l->npending++] = fd;
+    else
+        ok = false;
+    pthread_mutex_unlock(&l->lock);
+    if (ok)
+        wake(l->wake_fd);
+    return ok;
+}
+
+/* Accepts what is ready; returns false after a resource error (back off). */
+static bool accept_batch(moonlet_rpc_server *s)
+{
+    for (int i = 0; i < ACCEPT_BATCH; i++) {
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return true;
+            ML_WARN(MOD, "accept failed: %s", strerror(errno));
+            return false;
+        }
+        if (s->unix_path == NULL) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        atomic_fetch_add(&s->nconns, 1);
+        if (!hand_off(s, fd)) {
+            ML_ERR(MOD, "out of memory queueing a connection");
+            close(fd);
+            atomic_fetch_sub(&s->nconns, 1);
+        }
+    }
+    return true;
+}
+
+static void *acceptor_main(void *arg)
+{
+    moonlet_rpc_server *s = arg;
+    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->stop_fd, .events = POLLIN}};
+    while (!atomic_load(&s->stopping)) {
+        int n = poll(p, 2, LOOP_TICK_MS);
+        if (n < 0 && errno != EINTR) {
+            ML_ERR(MOD, "poll on the listening socket failed: %s", strerror(errno));
+            break;
+        }
+        if (n <= 0 || p[1].revents)
+            continue;
+        if (p[0].revents && !accept_batch(s))
+            poll(&p[1], 1, ACCEPT_BACKOFF_MS);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Listening sockets                                                    */
+/* ------------------------------------------------------------------ */
+
+static int listen_tcp(moonlet_rpc_server *s, const char *address, uint16_t port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", (unsigned)port);
+    int rc = getaddrinfo(address, service, &hints, &res);
+    if (rc != 0) {
+        ML_ERR(MOD, "cannot resolve listen address %s: %s", address, gai_strerror(rc));
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    int err = 0;
+    for (struct addrinfo *ai = res; ai != NULL && s->listen_fd < 0; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        int one = 1;
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
+            s->listen_fd = fd;
+            break;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (s->listen_fd < 0) {
+        ML_ERR(MOD, "cannot listen on %s:%u: %s", address, (unsigned)port, strerror(err));
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) == 0)
+        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    return 0;
+}
+
+/* Removes a leftover socket file, but never a live server's nor a non-socket. */
+static int remove_stale_socket(const struct sockaddr_un *sa)
+{
+    struct stat st;
+    if (lstat(sa->sun_path, &st) != 0)
+        return errno == ENOENT ? 0 : MOONLET_ERR_RPC_FAIL;
+    if (!S_ISSOCK(st.st_mode)) {
+        ML_ERR(MOD, "%s exists and is not a socket", sa->sun_path);
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (probe >= 0 && connect(probe, (const struct sockaddr *)sa, sizeof(*sa)) == 0) {
+        close(probe);
+        ML_ERR(MOD, "%s is in use by a running server", sa->sun_path);
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    if (probe >= 0)
+        close(probe);
+    return unlink(sa->sun_path) == 0 || errno == ENOENT ? 0 : MOONLET_ERR_RPC_FAIL;
+}
+
+static int listen_unix(moonlet_rpc_server *s)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(s->unix_path) >= sizeof(sa.sun_path))
+        return MOONLET_ERR_INVALID_PARAMS;
+    strcpy(sa.sun_path, s->unix_path);
+    if (remove_stale_socket(&sa) != 0)
+        return MOONLET_ERR_RPC_FAIL;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return MOONLET_ERR_RPC_FAIL;
+    fchmod(fd, 0600); /* Linux applies the socket inode's mode at bind */
+    struct stat st;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || chmod(sa.sun_path, 0600) != 0 ||
+        lstat(sa.sun_path, &st) != 0 || listen(fd, SOMAXCONN) != 0) {
+        ML_ERR(MOD, "cannot listen on %s: %s", s->unix_path, strerror(errno));
+        close(fd);
+        return MOONLET_ERR_RPC_FAIL;
+    }
+    s->unix_dev = st.st_dev;
+    s->unix_ino = st.st_ino;
+    s->listen_fd = fd;
+    return 0;
+}
+
+/* Unlinks the socket path only while it is still the one this server bound. */
+static void unlink_own_socket(moonlet_rpc_server *s)
+{
+    struct stat st;
+    if (s->unix_ino != 0 && lstat(s->unix_path, &st) == 0 && st.st_dev == s->unix_dev &&
+        st.st_ino == s->unix_ino)
+        unlink(s->unix_path);
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifecycle                                                            */
+/* ------------------------------------------------------------------ */
+
+static int build_method_table(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
+{
+    uint32_t max_id = 0;
+    if (o->nmethods > 0 && o->methods == NULL)
+        return MOONLET_ERR_INVALID_PARAMS;
+    for (size_t i = 0; i < o->nmethods; i++) {
+        const moonlet_rpc_method *m = &o->methods[i];
+        if (m->fn == NULL || m->id == MOONLET_M_AUTH || m->id > MAX_METHOD_ID) {
+            ML_ERR(MOD, "method %u (%s): no handler, reserved id or id above %u", m->id,
+                   m->name ? m->name : "?", MAX_METHOD_ID);
+            return MOONLET_ERR_INVALID_PARAMS;
+        }
+        if (m->id > max_id)
+            max_id = m->id;
+    }
+    s->table_len = max_id + 1;
+    s->table = calloc(s->table_len, sizeof(*s->table));
+    s->methods = calloc(o->nmethods ? o->nmethods : 1, sizeof(*s->methods));
+    if (s->table == NULL || s->methods == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0; i < o->nmethods; i++) {
+        s->methods[i] = o->methods[i];
+        if (s->table[o->methods[i].id] != NULL) {
+            ML_ERR(MOD, "method id %u registered twice", o->methods[i].id);
+            return MOONLET_ERR_INVALID_PARAMS;
+        }
+        s->table[o->methods[i].id] = &s->methods[i];
+    }
+    return 0;
+}
+
+static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
+{
+    s->max_frame = o->max_frame ? o->max_frame : MOONLET_DEFAULT_MAX_FRAME;
+    if (s->max_frame < MIN_MAX_FRAME || s->max_frame > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    s->ctx = o->ctx;
+    s->on_close = o->on_close;
+    if (o->auth_token != NULL) {
+        s->token_len = o->auth_token_len ? o->auth_token_len : strlen(o->auth_token);
+        s->token = malloc(s->token_len + 1);
+        if (s->token == NULL)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        memcpy(s->token, o->auth_token, s->token_len);
+        s->token[s->token_len] = '\0';
+    }
+    if (o->unix_path != NULL && (s->unix_path = strdup(o->unix_path)) == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    s->nloops = o->threads > 0 ? o->threads : (cores > 0 ? (int)cores : 1);
+    if (s->nloops > MAX_THREADS)
+        s->nloops = MAX_THREADS;
+    return build_method_table(s, o);
+}
+
+static int create_loops(moonlet_rpc_server *s)
+{
+    s->loops = calloc((size_t)s->nloops, sizeof(*s->loops));
+    if (s->loops == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (int i = 0; i < s->nloops; i++) {
+        s->loops[i].epfd = s->loops[i].wake_fd = -1;
+        if (loop_init(s, &s->loops[i]) != 0) {
+            s->nloops = i + 1; /* destroy what was initialised */
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+    }
+    return 0;
+}
+
+int moonlet_rpc_server_create(const moonlet_rpc_server_opts *opts, moonlet_rpc_server **out)
+{
+    if (opts == NULL || out == NULL)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *out = NULL;
+    moonlet_rpc_server *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->listen_fd = -1;
+    s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->loops_stopping, false);
+    atomic_init(&s->nconns, 0);
+    int rc = s->stop_fd < 0 ? MOONLET_ERR_INTERNAL_ERROR : copy_options(s, opts);
+    if (rc == 0)
+        rc = create_loops(s);
+    if (rc == 0)
+        rc = s->unix_path ? listen_unix(s)
+                          : listen_tcp(s, opts->address ? opts->address : "127.0.0.1", opts->port);
+    if (rc != 0) {
+        moonlet_rpc_server_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+uint16_t moonlet_rpc_server_port(const moonlet_rpc_server *s) { return s->unix_path ? 0 : s->port; }
+
+size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s)
+{
+    return atomic_load(&((moonlet_rpc_server *)s)->nconns);
+}
+
+int moonlet_rpc_server_start(moonlet_rpc_server *s)
+{
+    if (s == NULL || s->started || s->stopped)
+        return MOONLET_ERR_INVALID_PARAMS;
+    s->started = true;
+    for (int i = 0; i < s->nloops; i++) {
+        if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0)
+            goto fail;
+        s->loops[i].thread_started = true;
+    }
+    if (pthread_create(&s->acceptor, NULL, acceptor_main, s) != 0)
+        goto fail;
+    s->acceptor_started = true;
+    ML_INFO(MOD, "serving on %s%s%u with %d loop threads", s->unix_path ? s->unix_path : "port",
+            s->unix_path ? "" : " ", s->unix_path ? 0u : (unsigned)s->port, s->nloops);
+    return 0;
+fail:
+    ML_ERR(MOD, "cannot start server threads");
+    moonlet_rpc_server_stop(s);
+    return MOONLET_ERR_INTERNAL_ERROR;
+}
+
+void moonlet_rpc_server_stop(moonlet_rpc_server *s)
+{
+    if (s == NULL || s->stopped)
+        return;
+    s->stopped = true;
+    atomic_store(&s->stopping, true);
+    if (s->stop_fd >= 0)
+        wake(s->stop_fd);
+    if (s->acceptor_started)
+        pthread_join(s->acceptor, NULL);
+    atomic_store(&s->loops_stopping, true);
+    for (int i = 0; s->loops != NULL && i < s->nloops; i++)
+        if (s->loops[i].thread_started)
+            wake(s->loops[i].wake_fd);
+    for (int i = 0; s->loops != NULL && i < s->nloops; i++)
+        if (s->loops[i].thread_started)
+            pthread_join(s->loops[i].thread, NULL);
+    close_fd(&s->listen_fd);
+}
+
+void moonlet_rpc_server_destroy(moonlet_rpc_server *s)
+{
+    if (s == NULL)
+        return;
+    moonlet_rpc_server_stop(s);
+    for (int i = 0; s->loops != NULL && i < s->nloops; i++)
+        loop_destroy(&s->loops[i]);
+    if (s->unix_path)
+        unlink_own_socket(s);
+    close_fd(&s->stop_fd);
+    free(s->loops);
+    free(s->table);
+    free(s->methods);
+    if (s->token)
+        memset(s->token, 0, s->token_len);
+    free(s->token);
+    free(s->unix_path);
+    free(s);
+}
