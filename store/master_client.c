@@ -92,6 +92,8 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
         mc->token = strdup(opts->auth_token);
     pthread_mutex_init(&mc->mu, NULL);
     rc = mc_connect_locked(mc);
+    if (!rc) /* a round trip now, so a refused token or a wrong peer shows here */
+        rc = moonlet_mc_echo(mc, NULL, 0);
     if (rc) {
         moonlet_mc_destroy(mc);
         return rc;
@@ -162,9 +164,12 @@ static void pack_tenant(msgpack_packer *pk, const char *tenant)
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
 {
+    if (!payload)
+        len = 0;
     MC_SIMPLE_CALL(mc, MOONLET_M_ECHO, 1, {
-        msgpack_pack_bin(pk, len);
-        msgpack_pack_bin_body(pk, payload, len);
+        msgpack_pack_bin(pk, (uint32_t)len);
+        if (len)
+            msgpack_pack_bin_body(pk, payload, len);
     });
 }
 

@@ -23,7 +23,7 @@ typedef struct test_proc {
     pid_t pid;
     int out_fd;
     unsigned port;
-    char addr[64]; /* "127.0.0.1:PORT" */
+    char addr[96]; /* "127.0.0.1:PORT" */
 } test_proc;
 
 static inline const char *proc_build_root(void)

@@ -14,7 +14,7 @@
 typedef struct bench_master {
     pid_t pid;
     int out_fd;
-    char addr[64];
+    char addr[96];
     uint16_t port;
 } bench_master;
 
