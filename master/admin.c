@@ -24,14 +24,14 @@
 
 static void key_view_fill(const struct mobj *o, uint64_t now, moonlet_key_view *v)
 {
-    v->key = (const char *)(o->rep + o->nrep);
+    v->key = o->key;
     v->key_len = o->key_len;
     v->size = o->size;
     v->complete = o->state == OBJ_COMPLETE;
     v->replicas = o->nrep;
     v->readable_replicas = 0;
     for (uint32_t k = 0; k < o->nrep; k++)
-        v->readable_replicas += v->complete && o->rep[k].status == MOONLET_REPLICA_COMPLETE;
+        v->readable_replicas += v->complete && mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE;
     v->lease_remaining_ms = v->complete ? moonlet_lease_remaining_ms(o->lease_deadline, now) : 0;
     v->soft_pin_remaining_ms = moonlet_lease_remaining_ms(o->soft_pin_deadline, now);
 }
@@ -110,7 +110,7 @@ int moonlet_master_list_keys(moonlet_master *m, moonlet_str tenant, moonlet_str 
             for (struct mobj *o = s->buckets[b]; o; o = o->next)
                 if (o->tenant == tid && (!has_after || o->hash > after) &&
                     o->key_len >= prefix.len &&
-                    memcmp(o->rep + o->nrep, prefix.ptr, prefix.len) == 0)
+                    memcmp(o->key, prefix.ptr, prefix.len) == 0)
                     scratch[n++] = o;
         qsort(scratch, n, sizeof(*scratch), cmp_obj_hash);
         size_t i = 0;
@@ -153,7 +153,7 @@ int moonlet_master_inspect_key(moonlet_master *m, moonlet_str tenant, moonlet_st
         key_view_fill(o, moonlet_clock_now_ns(), summary);
         for (uint32_t k = 0; visit && k < o->nrep; k++) {
             moonlet_replica_view v;
-            replica_view_fill(m, o, &o->rep[k], &v);
+            replica_view_fill(m, o, &mobj_reps(o)[k], &v);
             visit(arg, &v);
         }
     }

@@ -171,7 +171,9 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     pthread_cond_init(&m->bg_cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    if (shards_init(m) != MOONLET_OK) {
+    m->slab = moonlet_objslab_create(sizeof(struct mobj) + mobj_key_span(MOONLET_MAX_KEY_BYTES) +
+                                     MOONLET_MAX_REPLICAS * sizeof(struct mrep));
+    if (!m->slab || shards_init(m) != MOONLET_OK) {
         moonlet_master_destroy(m);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -197,7 +199,9 @@ void moonlet_master_destroy(moonlet_master *m)
         pthread_mutex_unlock(&m->bg_mu);
         pthread_join(m->bg, NULL);
     }
-    shards_destroy(m);
+    if (m->slab)
+        shards_destroy(m);
+    moonlet_objslab_destroy(m->slab);
     registry_destroy(&m->reg);
     for (uint32_t i = 0; i < m->tenants.n; i++)
         free(m->tenants.names[i]);

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "alloc.h"
+#include "objslab.h"
 #include "master.h"
 
 #define MOONLET_MAX_SEGMENTS 4096u
@@ -36,7 +37,6 @@
 #define MOONLET_NO_TENANT UINT32_MAX
 
 enum { OBJ_PENDING = 1, OBJ_COMPLETE = 2 };
-enum { OBJ_FLAG_SOFT_PIN = 1 };
 
 /* One replica: 16 bytes. */
 struct mrep {
@@ -47,8 +47,10 @@ struct mrep {
 };
 
 /*
- * One object, allocated as a single block: header, `nrep` replicas, then the
- * key bytes (not NUL-terminated).  48 bytes of header + 16 per replica.
+ * One object, allocated as a single block: a 48-byte header, the key bytes
+ * (not NUL-terminated), then `nrep` replicas at the next 8-byte boundary.
+ * The key follows the header directly so a lookup touches the fewest cache
+ * lines: the hash, length and the key's first bytes share the first line.
  */
 struct mobj {
     struct mobj *next;          /* hash chain */
@@ -59,13 +61,24 @@ struct mobj {
     uint32_t tenant;
     uint16_t key_len;
     uint8_t nrep;
-    uint8_t state;              /* OBJ_PENDING / OBJ_COMPLETE */
-    uint8_t flags;              /* OBJ_FLAG_* */
-    uint8_t pad[7];
-    struct mrep rep[];
+    uint8_t state : 2;          /* OBJ_PENDING / OBJ_COMPLETE */
+    uint8_t soft_pin : 1;       /* PutStart asked for a soft pin */
+    uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
+    char key[];
 };
 
-static inline char *mobj_key(struct mobj *o) { return (char *)(o->rep + o->nrep); }
+_Static_assert(sizeof(struct mobj) == 48, "object header grew: lookups touch more cache lines");
+
+static inline char *mobj_key(struct mobj *o) { return o->key; }
+static inline size_t mobj_key_span(uint32_t key_len) { return (key_len + 7u) & ~(size_t)7u; }
+static inline struct mrep *mobj_reps(struct mobj *o)
+{
+    return (struct mrep *)(o->key + mobj_key_span(o->key_len));
+}
+static inline const struct mrep *mobj_creps(const struct mobj *o)
+{
+    return (const struct mrep *)(o->key + mobj_key_span(o->key_len));
+}
 static inline bool mobj_readable(const struct mobj *o)
 {
     return o->state == OBJ_COMPLETE && o->nrep > 0;
@@ -144,6 +157,7 @@ struct moonlet_master {
     struct tenants tenants;
     struct registry reg;
     struct mstats st;
+    moonlet_objslab *slab;          /* object metadata memory (leaf lock) */
 
     pthread_t bg;
     bool bg_started;
@@ -165,10 +179,27 @@ struct mobj *shard_find_locked(struct shard *s, uint64_t hash, uint32_t tenant, 
                                uint32_t len);
 int shard_insert_locked(struct shard *s, struct mobj *o);
 void shard_unlink_locked(struct shard *s, struct mobj *o);
-struct mobj *mobj_new(uint32_t tenant, uint64_t hash, const char *key, uint32_t len, uint32_t nrep);
+struct mobj *mobj_new(moonlet_master *m, uint32_t tenant, uint64_t hash, const char *key,
+                      uint32_t len, uint32_t nrep);
+void mobj_free(moonlet_master *m, struct mobj *o);
 /* Releases the object's space, unlinks and frees it.  Caller holds the guard
  * (shared) and the shard lock; takes registry.mu. */
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
+
+/*
+ * Looks up a batch of keys of one tenant.  For each key, fn(arg, i, obj) runs
+ * under the key's shard lock with the object or NULL; keys that fail
+ * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
+ * receives each key's hash.  The caller holds the guard shared.
+ *
+ * Keys go in groups of up to 16: the group's distinct shard locks are taken
+ * together in ascending order (the lock order allows it), and the bucket
+ * slots, then the objects, are prefetched for the whole group before any is
+ * compared, so the cache misses of one group overlap instead of queueing.
+ */
+typedef void (*batch_lookup_fn)(void *arg, size_t i, struct mobj *o);
+void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *keys, size_t n,
+                        int32_t *results, uint64_t *hashes, batch_lookup_fn fn, void *arg);
 
 /* Validates a key: INVALID_KEY for empty or longer than MOONLET_MAX_KEY_BYTES. */
 int key_check(moonlet_str key);

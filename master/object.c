@@ -56,10 +56,10 @@ static void visit_replicas(moonlet_master *m, const struct mobj *o, bool readabl
     if (!visit)
         return;
     for (uint32_t k = 0; k < o->nrep; k++) {
-        if (readable_only && o->rep[k].status != MOONLET_REPLICA_COMPLETE)
+        if (readable_only && mobj_creps(o)[k].status != MOONLET_REPLICA_COMPLETE)
             continue;
         moonlet_replica_view v;
-        replica_view_fill(m, o, &o->rep[k], &v);
+        replica_view_fill(m, o, &mobj_creps(o)[k], &v);
         visit(arg, &v);
     }
 }
@@ -76,19 +76,19 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
         rc = MOONLET_ERR_OBJECT_ALREADY_EXISTS;
         goto out;
     }
-    struct mobj *o = mobj_new(ref->tenant, ref->hash, key.ptr, key.len, nrep);
+    struct mobj *o = mobj_new(m, ref->tenant, ref->hash, key.ptr, key.len, nrep);
     if (!o) {
         rc = MOONLET_ERR_INTERNAL_ERROR;
         goto out;
     }
-    rc = registry_place_locked(m, size, nrep, o->rep);
+    rc = registry_place_locked(m, size, nrep, mobj_reps(o));
     if (rc) {
-        free(o);
+        mobj_free(m, o);
         goto out;
     }
     o->size = size;
     o->state = OBJ_PENDING;
-    o->flags = soft_pin ? OBJ_FLAG_SOFT_PIN : 0;
+    o->soft_pin = soft_pin;
     o->lease_deadline = moonlet_clock_now_ns() + m->put_timeout_ns; /* put deadline */
     shard_insert_locked(ref->shard, o);
     atomic_fetch_add(&m->st.objects, 1);
@@ -133,11 +133,11 @@ int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str ke
         rc = MOONLET_ERR_INVALID_WRITE;
     } else {
         for (uint32_t k = 0; k < o->nrep; k++)
-            o->rep[k].status = MOONLET_REPLICA_COMPLETE;
+            mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
         o->state = OBJ_COMPLETE;
         o->lease_deadline = 0;
         uint64_t now = moonlet_clock_now_ns();
-        if (o->flags & OBJ_FLAG_SOFT_PIN)
+        if (o->soft_pin)
             o->soft_pin_deadline = moonlet_lease_grant(0, now, m->soft_pin_ttl_ns);
         atomic_fetch_sub(&m->st.pending, 1);
         atomic_fetch_add(&m->st.put_ends, 1);
@@ -202,28 +202,24 @@ int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonl
     return rc;
 }
 
-/*
- * Readability of one key under its shard lock, granting a lease on a hit when
- * `lease` is set.  Caller holds the guard shared.  Returns 1, 0 or an error.
- */
-static int32_t exist_one_guarded(moonlet_master *m, uint32_t tenant, moonlet_str key, bool lease,
-                                 uint64_t now)
+struct exist_ctx {
+    moonlet_master *m;
+    int32_t *results;
+    uint64_t now;
+    bool lease;
+    uint64_t leased;
+};
+
+/* Runs under the key's shard lock (shard_batch_lookup). */
+static void exist_visit(void *arg, size_t i, struct mobj *o)
 {
-    if (key_check(key))
-        return MOONLET_ERR_INVALID_KEY;
-    if (tenant == MOONLET_NO_TENANT)
-        return 0;
-    uint64_t h = key_hash(tenant, key.ptr, key.len);
-    struct shard *s = &m->shards[shard_of(m, h)];
-    pthread_mutex_lock(&s->mu);
-    struct mobj *o = shard_find_locked(s, h, tenant, key.ptr, key.len);
+    struct exist_ctx *c = arg;
     int32_t hit = o && mobj_readable(o);
-    if (hit && lease) {
-        o->lease_deadline = moonlet_lease_grant(o->lease_deadline, now, m->lease_ttl_ns);
-        atomic_fetch_add_explicit(&m->st.leases_exist, 1, memory_order_relaxed);
+    if (hit && c->lease) {
+        o->lease_deadline = moonlet_lease_grant(o->lease_deadline, c->now, c->m->lease_ttl_ns);
+        c->leased++;
     }
-    pthread_mutex_unlock(&s->mu);
-    return hit;
+    c->results[i] = hit;
 }
 
 static int master_exist_batch(moonlet_master *m, moonlet_str tenant, const moonlet_str *keys,
@@ -233,11 +229,17 @@ static int master_exist_batch(moonlet_master *m, moonlet_str tenant, const moonl
     int rc = tenant_lookup(m, tenant, &tid);
     if (rc)
         return rc;
-    uint64_t now = moonlet_clock_now_ns();
+    if (tid == MOONLET_NO_TENANT) { /* nothing stored for it: misses, or bad keys */
+        for (size_t i = 0; i < n; i++)
+            results[i] = key_check(keys[i]) ? MOONLET_ERR_INVALID_KEY : 0;
+        return MOONLET_OK;
+    }
+    struct exist_ctx c = {.m = m, .results = results, .now = moonlet_clock_now_ns(), .lease = lease};
     pthread_rwlock_rdlock(&m->guard);
-    for (size_t i = 0; i < n; i++)
-        results[i] = exist_one_guarded(m, tid, keys[i], lease, now);
+    shard_batch_lookup(m, tid, keys, n, results, NULL, exist_visit, &c);
     pthread_rwlock_unlock(&m->guard);
+    if (c.leased)
+        atomic_fetch_add_explicit(&m->st.leases_exist, c.leased, memory_order_relaxed);
     return MOONLET_OK;
 }
 

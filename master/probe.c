@@ -29,29 +29,23 @@
 #include "moonlet/error.h"
 #include "probe_policy.h"
 
+/* Runs under the key's shard lock: readability only, no lease. */
+static void scan_visit(void *arg, size_t i, struct mobj *o)
+{
+    ((int32_t *)arg)[i] = o && mobj_readable(o);
+}
+
 /* Phase 1: scan[i] = 1/0/error, hashes[i] for phase 2. Guard taken here. */
 static void probe_scan(moonlet_master *m, uint32_t tenant, const moonlet_str *keys, size_t n,
                        int32_t *scan, uint64_t *hashes)
 {
-    pthread_rwlock_rdlock(&m->guard);
-    for (size_t i = 0; i < n; i++) {
-        if (key_check(keys[i])) {
-            scan[i] = MOONLET_ERR_INVALID_KEY;
-            continue;
-        }
-        if (tenant == MOONLET_NO_TENANT) {
-            scan[i] = 0;
-            continue;
-        }
-        uint64_t h = key_hash(tenant, keys[i].ptr, keys[i].len);
-        if (hashes)
-            hashes[i] = h;
-        struct shard *s = &m->shards[shard_of(m, h)];
-        pthread_mutex_lock(&s->mu);
-        struct mobj *o = shard_find_locked(s, h, tenant, keys[i].ptr, keys[i].len);
-        scan[i] = o && mobj_readable(o);
-        pthread_mutex_unlock(&s->mu);
+    if (tenant == MOONLET_NO_TENANT) {
+        for (size_t i = 0; i < n; i++)
+            scan[i] = key_check(keys[i]) ? MOONLET_ERR_INVALID_KEY : 0;
+        return;
     }
+    pthread_rwlock_rdlock(&m->guard);
+    shard_batch_lookup(m, tenant, keys, n, scan, hashes, scan_visit, scan);
     pthread_rwlock_unlock(&m->guard);
 }
 

@@ -200,14 +200,13 @@ static uint64_t strip_segment(moonlet_master *m, uint32_t slot)
             struct mobj *o = s->buckets[b], *next;
             for (; o; o = next) {
                 next = o->next;
+                struct mrep *reps = mobj_reps(o);
                 uint32_t keep = 0;
                 for (uint32_t k = 0; k < o->nrep; k++)
-                    if (o->rep[k].seg != slot)
-                        o->rep[keep++] = o->rep[k];
+                    if (reps[k].seg != slot)
+                        reps[keep++] = reps[k];
                 if (keep == o->nrep)
                     continue;
-                /* The key sits after the replicas: slide it down. */
-                memmove((char *)(o->rep + keep), mobj_key(o), o->key_len);
                 o->nrep = (uint8_t)keep;
                 if (keep == 0) {
                     object_destroy_locked(m, s, o);

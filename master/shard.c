@@ -32,6 +32,18 @@ int key_check(moonlet_str key)
     return MOONLET_OK;
 }
 
+static size_t mobj_bytes(uint32_t key_len, uint32_t nrep)
+{
+    return sizeof(struct mobj) + mobj_key_span(key_len) + nrep * sizeof(struct mrep);
+}
+
+/* nrep may have shrunk since allocation (unmount strips replicas): the block
+ * size comes from the replica capacity. */
+void mobj_free(moonlet_master *m, struct mobj *o)
+{
+    moonlet_objslab_free(m->slab, o, mobj_bytes(o->key_len, o->nrep_cap));
+}
+
 int shards_init(moonlet_master *m)
 {
     m->shards = aligned_alloc(64, sizeof(struct shard) * m->nshards);
@@ -61,7 +73,7 @@ void shards_destroy(moonlet_master *m)
             struct mobj *o = s->buckets[b];
             while (o) {
                 struct mobj *next = o->next;
-                free(o);
+                mobj_free(m, o);
                 o = next;
             }
         }
@@ -72,11 +84,13 @@ void shards_destroy(moonlet_master *m)
     m->shards = NULL;
 }
 
-struct mobj *mobj_new(uint32_t tenant, uint64_t hash, const char *key, uint32_t len, uint32_t nrep)
+struct mobj *mobj_new(moonlet_master *m, uint32_t tenant, uint64_t hash, const char *key,
+                      uint32_t len, uint32_t nrep)
 {
-    struct mobj *o = calloc(1, sizeof(*o) + nrep * sizeof(struct mrep) + len);
+    struct mobj *o = moonlet_objslab_alloc(m->slab, mobj_bytes(len, nrep));
     if (!o)
         return NULL;
+    o->nrep_cap = (uint8_t)nrep; /* the block size: mobj_free uses it */
     o->hash = hash;
     o->tenant = tenant;
     o->key_len = (uint16_t)len;
@@ -142,10 +156,75 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     shard_unlink_locked(s, o);
     if (o->nrep)
-        registry_release(m, o->size, o->rep, o->nrep);
+        registry_release(m, o->size, mobj_reps(o), o->nrep);
     if (o->state == OBJ_PENDING)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);
     atomic_fetch_sub(&m->st.bytes, o->size);
-    free(o);
+    mobj_free(m, o);
+}
+
+#define BATCH_GROUP 32
+
+struct batch_slot {
+    uint64_t hash;
+    uint32_t shard;
+    uint32_t index; /* position in the request */
+};
+
+void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *keys, size_t n,
+                        int32_t *results, uint64_t *hashes, batch_lookup_fn fn, void *arg)
+{
+    struct batch_slot g[BATCH_GROUP];
+    struct mobj *heads[BATCH_GROUP];
+    for (size_t base = 0; base < n; base += BATCH_GROUP) {
+        size_t end = base + BATCH_GROUP < n ? base + BATCH_GROUP : n, cnt = 0;
+        /* hash, and keep the group sorted by shard (insertion sort of <= 16) */
+        for (size_t i = base; i < end; i++) {
+            if (key_check(keys[i])) {
+                results[i] = MOONLET_ERR_INVALID_KEY;
+                continue;
+            }
+            uint64_t h = key_hash(tenant, keys[i].ptr, keys[i].len);
+            if (hashes)
+                hashes[i] = h;
+            struct batch_slot sl = {.hash = h, .shard = shard_of(m, h), .index = (uint32_t)i};
+            size_t pos = cnt++;
+            while (pos > 0 && g[pos - 1].shard > sl.shard) {
+                g[pos] = g[pos - 1];
+                pos--;
+            }
+            g[pos] = sl;
+        }
+        for (size_t k = 0; k < cnt; k++)
+            if (k == 0 || g[k].shard != g[k - 1].shard)
+                pthread_mutex_lock(&m->shards[g[k].shard].mu);
+        for (size_t k = 0; k < cnt; k++) {
+            struct shard *s = &m->shards[g[k].shard];
+            __builtin_prefetch(&s->buckets[g[k].hash & s->mask]);
+        }
+        for (size_t k = 0; k < cnt; k++) {
+            struct shard *s = &m->shards[g[k].shard];
+            heads[k] = s->buckets[g[k].hash & s->mask];
+            if (heads[k]) {
+                /* the header and the key: every line the compare will read */
+                const char *p = (const char *)heads[k];
+                const char *last = p + sizeof(struct mobj) + keys[g[k].index].len - 1;
+                for (; p <= last; p += 64)
+                    __builtin_prefetch(p);
+                __builtin_prefetch(last);
+            }
+        }
+        for (size_t k = 0; k < cnt; k++) {
+            const moonlet_str *key = &keys[g[k].index];
+            struct mobj *o = heads[k];
+            while (o && !(o->hash == g[k].hash && o->tenant == tenant && o->key_len == key->len &&
+                          memcmp(mobj_key(o), key->ptr, key->len) == 0))
+                o = o->next;
+            fn(arg, g[k].index, o);
+        }
+        for (size_t k = cnt; k-- > 0;)
+            if (k == 0 || g[k].shard != g[k - 1].shard)
+                pthread_mutex_unlock(&m->shards[g[k].shard].mu);
+    }
 }

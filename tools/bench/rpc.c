@@ -4,8 +4,10 @@
  * Starts its own moonlet-master, mounts one (bookkeeping-only) segment and
  * measures, in one run:
  *   - p50/p99 of an empty request (Echo);
- *   - p50/p99 of BatchExistKey on 640 existing keys at --small objects and
- *     again at --objects objects, and the ratio of the two p50s;
+ *   - p50/p99 of BatchExistKey on 640 existing keys against a master holding
+ *     --small objects and one holding --objects objects, and the ratio of the
+ *     two p50s.  Two masters run side by side and the calls alternate between
+ *     them, so a noisy neighbour slows both alike;
  *   - the master's RSS growth per stored object (64-byte keys), and that
  *     figure minus the key itself.
  * The table is filled with pipelined PutStart/PutEnd requests.
@@ -75,28 +77,44 @@ static int fill(moonlet_rpc_client *c, uint64_t from, uint64_t to)
     return rc ? rc : pipelined(c, MOONLET_M_PUT_END, from, to);
 }
 
-static int measure_exist(moonlet_master_client *mc, uint64_t nobjects, int calls,
-                         bench_samples *s)
+/* One BatchExistKey of 640 random existing keys; adds its latency to s. */
+static int exist_once(moonlet_master_client *mc, uint64_t nobjects, unsigned *seed,
+                      bench_samples *s)
 {
     static char names[640][KEY_BYTES + 1];
     const char *keys[640];
     int32_t r[640];
-    unsigned seed = 12345;
-    for (int call = 0; call < calls; call++) {
-        for (int i = 0; i < 640; i++) {
-            key_of((uint64_t)rand_r(&seed) % nobjects, names[i]);
-            keys[i] = names[i];
-        }
-        uint64_t t0 = bench_now_ns();
-        int rc = moonlet_mc_batch_exist_key(mc, "", keys, 640, r);
-        bench_samples_add(s, (double)(bench_now_ns() - t0) / 1000.0);
-        if (rc)
-            return rc;
-        for (int i = 0; i < 640; i++)
-            if (r[i] != 1)
-                return MOONLET_ERR_OBJECT_NOT_FOUND;
+    for (int i = 0; i < 640; i++) {
+        key_of((uint64_t)rand_r(seed) % nobjects, names[i]);
+        keys[i] = names[i];
     }
+    uint64_t t0 = bench_now_ns();
+    int rc = moonlet_mc_batch_exist_key(mc, "", keys, 640, r);
+    bench_samples_add(s, (double)(bench_now_ns() - t0) / 1000.0);
+    if (rc)
+        return rc;
+    for (int i = 0; i < 640; i++)
+        if (r[i] != 1)
+            return MOONLET_ERR_OBJECT_NOT_FOUND;
     return MOONLET_OK;
+}
+
+/* A master of its own, with a segment mounted; connections in *mc and *c. */
+static int side_start(bench_master *bm, uint64_t objects, moonlet_master_client **mc,
+                      moonlet_rpc_client **c)
+{
+    if (bench_master_start(bm, NULL)) {
+        fprintf(stderr, "moonlet-bench: cannot start moonlet-master\n");
+        return -1;
+    }
+    moonlet_segment_desc seg = {.client_id = "bench", .segment_id = "bench-seg", .name = "bench",
+                                .size = (objects * 64) * 2 + (1u << 20),
+                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
+    if (moonlet_mc_create(bm->addr, NULL, mc) ||
+        moonlet_rpc_client_connect("127.0.0.1", bm->port, NULL, c) ||
+        moonlet_mc_mount_segment(*mc, &seg))
+        return -1;
+    return 0;
 }
 
 int bench_rpc_main(int argc, char **argv)
@@ -127,41 +145,34 @@ int bench_rpc_main(int argc, char **argv)
         return 2;
     }
 
-    bench_master bm;
-    if (bench_master_start(&bm, NULL)) {
-        fprintf(stderr, "moonlet-bench: cannot start moonlet-master\n");
-        return 1;
-    }
+    bench_master small_m = {0}, large_m = {0};
     int rc = 1;
-    moonlet_master_client *mc = NULL;
-    moonlet_rpc_client *c = NULL;
+    moonlet_master_client *mc_s = NULL, *mc_l = NULL;
+    moonlet_rpc_client *c_s = NULL, *c_l = NULL;
     bench_samples echo = {0}, ex_small = {0}, ex_large = {0};
-    if (moonlet_mc_create(bm.addr, NULL, &mc) ||
-        moonlet_rpc_client_connect("127.0.0.1", bm.port, NULL, &c))
-        goto out;
-    moonlet_segment_desc seg = {.client_id = "bench", .segment_id = "bench-seg", .name = "bench",
-                                .size = (objects * 64) * 2 + (1u << 20),
-                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
-    if (moonlet_mc_mount_segment(mc, &seg))
+    if (side_start(&small_m, small, &mc_s, &c_s) || side_start(&large_m, objects, &mc_l, &c_l))
         goto out;
 
     for (int i = 0; i < calls * 2; i++) {
         uint64_t t0 = bench_now_ns();
-        moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+        moonlet_rpc_client_begin(c_l, MOONLET_M_ECHO, 0);
         moonlet_reply rep;
-        if (moonlet_rpc_client_call(c, &rep))
+        if (moonlet_rpc_client_call(c_l, &rep))
             goto out;
         moonlet_reply_destroy(&rep);
         bench_samples_add(&echo, (double)(bench_now_ns() - t0) / 1000.0);
     }
-    uint64_t rss0 = bench_rss_bytes(bm.pid);
-    if (fill(c, 0, small) || measure_exist(mc, small, calls, &ex_small))
+    uint64_t rss0 = bench_rss_bytes(large_m.pid);
+    if (fill(c_s, 0, small) || fill(c_l, 0, objects))
         goto out;
-    if (fill(c, small, objects) || measure_exist(mc, objects, calls, &ex_large))
-        goto out;
-    uint64_t rss1 = bench_rss_bytes(bm.pid);
+    uint64_t rss1 = bench_rss_bytes(large_m.pid);
+    unsigned seed_s = 1, seed_l = 2;
+    for (int i = 0; i < calls; i++)
+        if (exist_once(mc_s, small, &seed_s, &ex_small) ||
+            exist_once(mc_l, objects, &seed_l, &ex_large))
+            goto out;
 
-    double per_obj = (double)(rss1 - rss0) / (double)(objects - 0);
+    double per_obj = (double)(rss1 - rss0) / (double)objects;
     double p50s = bench_percentile(&ex_small, 50), p50l = bench_percentile(&ex_large, 50);
     cJSON *root = cJSON_CreateObject();
     bench_json_latency(root, "echo", &echo);
@@ -194,8 +205,11 @@ out:
     bench_samples_free(&echo);
     bench_samples_free(&ex_small);
     bench_samples_free(&ex_large);
-    moonlet_rpc_client_close(c);
-    moonlet_mc_destroy(mc);
-    bench_master_stop(&bm);
+    moonlet_rpc_client_close(c_s);
+    moonlet_rpc_client_close(c_l);
+    moonlet_mc_destroy(mc_s);
+    moonlet_mc_destroy(mc_l);
+    bench_master_stop(&small_m);
+    bench_master_stop(&large_m);
     return rc;
 }

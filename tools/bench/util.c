@@ -34,8 +34,11 @@ int bench_master_start(bench_master *bm, const char *const *extra)
 {
     char path[PATH_MAX + 32];
     master_path(path, sizeof(path));
-    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn"};
-    int argc = 5;
+    /* The benches mount a bookkeeping-only segment and do not ping: a long
+     * liveness TTL keeps it mounted however long the fill takes. */
+    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn",
+                            "--client_live_ttl_sec", "86400"};
+    int argc = 7;
     for (int i = 0; extra && extra[i] && argc < 31; i++)
         argv[argc++] = extra[i];
     argv[argc] = NULL;
