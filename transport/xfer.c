@@ -259,7 +259,11 @@ int moonlet_xfer_create(const moonlet_xfer_opts *opts, moonlet_xfer **out)
     }
     pthread_rwlock_init(&x->buf_lock, NULL);
     pthread_mutex_init(&x->pool_lock, NULL);
-    pthread_cond_init(&x->pool_cond, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits immune to clock steps */
+    pthread_cond_init(&x->pool_cond, &ca);
+    pthread_condattr_destroy(&ca);
     x->be = xfer_choose_backend(opts);
     rc = x->be->start(x);
     if (rc) {
@@ -449,17 +453,11 @@ static size_t xfer_lease_locked(moonlet_xfer *x, xfer_peer *p, size_t want, size
     return got;
 }
 
+/* pool_cond runs on CLOCK_MONOTONIC, the clock moonlet_xfer_now_ms() reads. */
 static void xfer_deadline_ts(uint64_t deadline_ms, struct timespec *ts)
 {
-    uint64_t now = moonlet_xfer_now_ms();
-    uint64_t wait = deadline_ms > now ? deadline_ms - now : 0;
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_sec += (time_t)(wait / 1000u);
-    ts->tv_nsec += (long)(wait % 1000u) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
+    ts->tv_sec = (time_t)(deadline_ms / 1000u);
+    ts->tv_nsec = (long)(deadline_ms % 1000u) * 1000000L;
 }
 
 /* Leases at least one slot (waiting until the deadline) and up to `want`. */

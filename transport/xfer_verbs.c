@@ -309,7 +309,8 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
     case RDMA_CM_EVENT_CONNECT_ERROR:
     case RDMA_CM_EVENT_UNREACHABLE:
     case RDMA_CM_EVENT_REJECTED:
-        if (ev->id->context) {
+        /* ids born from the listen id inherit its NULL context until accepted */
+        if (ev->id != v->listen_id && ev->id->context) {
             verbs_sconn *sc = ev->id->context;
             verbs_sconn_unlink(v, sc);
             rdma_disconnect(ev->id);
@@ -380,7 +381,7 @@ static int verbs_listen(moonlet_xfer *x, verbs_state *v)
         return MOONLET_ERR_INVALID_PARAMS;
     v->ec = rdma_create_event_channel();
     if (!v->ec || verbs_set_nonblock(v->ec->fd) ||
-        rdma_create_id(v->ec, &v->listen_id, x, RDMA_PS_TCP)) {
+        rdma_create_id(v->ec, &v->listen_id, NULL, RDMA_PS_TCP)) {
         ML_ERR(MOD, "rdma_create_id: %s", strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
