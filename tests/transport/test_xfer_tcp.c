@@ -1,0 +1,484 @@
+/*
+ * test_xfer_tcp.c - the TCP backend's wire protocol (transport/xfer_tcp.h)
+ * seen from raw sockets, and the client against misbehaving fake servers.
+ *
+ * Server side: the header codec; every request checked against bounds and
+ * segment id on the server itself (not only by the client library); refused
+ * writes drained so the connection stays in step; malformed headers close
+ * only their own connection; authentication before any request.
+ * Client side: a peer that closes after reading the request, one that
+ * stalls, and one that answers nonsense are reported as TRANSFER_FAIL within
+ * a bounded time.  Loopback only; every wait and loop is bounded.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+#include "xfer.h"
+#include "xfer_tcp.h"
+
+#define SEG (1u << 20)
+#define GUARD 4096u
+#define HDR MOONLET_XFER_TCP_HDR_BYTES
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- codec -------------------------------------------------------------- */
+
+static void test_codec(void **state)
+{
+    (void)state;
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_WRITE, .status = -600, .req_id = 77,
+                              .segment = 0x0123456789abcdefull, .offset = UINT64_MAX - 1,
+                              .length = 4096},
+                         d;
+    uint8_t b[HDR];
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(b[0], 'M');
+    assert_int_equal(b[3], 'F');
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.op, h.op);
+    assert_int_equal(d.status, -600);
+    assert_int_equal(d.req_id, 77);
+    assert_int_equal(d.segment, h.segment);
+    assert_int_equal(d.offset, h.offset);
+    assert_int_equal(d.length, 4096);
+
+    static const int bad_bytes[] = {0, 4, 6, 7, 12, 15}; /* magic, version, reserved */
+    for (size_t i = 0; i < sizeof(bad_bytes) / sizeof(bad_bytes[0]); i++) {
+        uint8_t c[HDR];
+        memcpy(c, b, HDR);
+        c[bad_bytes[i]] ^= 0x40;
+        assert_int_equal(moonlet_xfer_tcp_hdr_decode(c, &d), MOONLET_ERR_INVALID_PARAMS);
+    }
+    static const uint8_t bad_ops[] = {0, 4, 0x80, 0x84, 0xff};
+    for (size_t i = 0; i < sizeof(bad_ops); i++) {
+        h.op = bad_ops[i];
+        moonlet_xfer_tcp_hdr_encode(&h, b);
+        assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), MOONLET_ERR_INVALID_PARAMS);
+    }
+    h.op = MOONLET_XFER_TCP_READ;
+    h.length = MOONLET_XFER_MAX_OP_BYTES + 1;
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), MOONLET_ERR_INVALID_PARAMS);
+    h.op = MOONLET_XFER_TCP_AUTH;
+    h.length = MOONLET_XFER_MAX_TOKEN_BYTES + 1;
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), MOONLET_ERR_INVALID_PARAMS);
+    h.op = MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY;
+    h.length = 1;
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.op, 0x82);
+}
+
+/* ---- a real server seen through raw sockets ----------------------------- */
+
+typedef struct server_fx {
+    moonlet_xfer *x;
+    uint8_t *map;
+    uint8_t *seg;
+    moonlet_xfer_segment_info info;
+    uint64_t seg_id;
+    uint16_t port;
+} server_fx;
+
+static void server_up(server_fx *s, const char *token)
+{
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                           .auth_token = token, .server_threads = 2, .timeout_ms = 2000};
+    assert_int_equal(moonlet_xfer_create(&o, &s->x), 0);
+    s->map = mmap(NULL, SEG + 2 * GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                  -1, 0);
+    assert_true(s->map != MAP_FAILED);
+    memset(s->map, 0xA5, SEG + 2 * GUARD);
+    s->seg = s->map + GUARD;
+    for (uint32_t i = 0; i < SEG; i++)
+        s->seg[i] = (uint8_t)(i * 7);
+    assert_int_equal(moonlet_xfer_register_segment(s->x, s->seg, SEG, &s->info), 0);
+    s->seg_id = strtoull(s->info.segment_id, NULL, 16);
+    s->port = (uint16_t)atoi(strrchr(s->info.endpoint, ':') + 1);
+}
+
+static void server_down(server_fx *s)
+{
+    for (uint32_t i = 0; i < GUARD; i++) {
+        assert_int_equal(s->map[i], 0xA5);
+        assert_int_equal(s->map[GUARD + SEG + i], 0xA5);
+    }
+    moonlet_xfer_destroy(s->x);
+    munmap(s->map, SEG + 2 * GUARD);
+}
+
+static int raw_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t n)
+{
+    assert_int_equal(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void raw_request(int fd, uint8_t op, uint64_t req, uint64_t seg, uint64_t off, uint64_t len)
+{
+    moonlet_xfer_tcp_hdr h = {.op = op, .req_id = req, .segment = seg, .offset = off,
+                              .length = len};
+    uint8_t b[HDR];
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    raw_send(fd, b, HDR);
+}
+
+static void raw_recv(int fd, void *p, size_t n)
+{
+    assert_int_equal(recv(fd, p, n, MSG_WAITALL), (ssize_t)n);
+}
+
+static moonlet_xfer_tcp_hdr raw_reply(int fd)
+{
+    uint8_t b[HDR];
+    moonlet_xfer_tcp_hdr h;
+    raw_recv(fd, b, HDR);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &h), 0);
+    return h;
+}
+
+/* The peer closed: recv sees EOF (or a reset) within the bound. */
+static void assert_closed(int fd)
+{
+    uint8_t b[HDR];
+    ssize_t r = recv(fd, b, sizeof(b), 0);
+    assert_true(r <= 0);
+}
+
+static void test_server_checks(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up(&s, NULL);
+    int fd = raw_connect(s.port);
+    /* the server itself refuses ranges a client library would never send */
+    raw_request(fd, MOONLET_XFER_TCP_READ, 1, s.seg_id, UINT64_MAX - 5, 10);
+    moonlet_xfer_tcp_hdr r = raw_reply(fd);
+    assert_int_equal(r.op, MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY);
+    assert_int_equal(r.req_id, 1);
+    assert_int_equal(r.status, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(r.length, 0);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, SEG - 3, 4);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_INVALID_PARAMS);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 3, s.seg_id ^ 1, 0, 4);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_SEGMENT_NOT_FOUND);
+    /* a refused write: its payload is drained, the connection stays in step */
+    uint8_t junk[3000];
+    memset(junk, 0xEE, sizeof(junk));
+    raw_request(fd, MOONLET_XFER_TCP_WRITE, 4, s.seg_id, SEG - 1000, sizeof(junk));
+    raw_send(fd, junk, sizeof(junk));
+    r = raw_reply(fd);
+    assert_int_equal(r.req_id, 4);
+    assert_int_equal(r.status, MOONLET_ERR_INVALID_PARAMS);
+    raw_request(fd, MOONLET_XFER_TCP_WRITE, 5, 12345, 0, sizeof(junk));
+    raw_send(fd, junk, sizeof(junk));
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_SEGMENT_NOT_FOUND);
+    for (uint32_t i = SEG - 1000; i < SEG; i++)
+        assert_int_equal(s.seg[i], (uint8_t)(i * 7));
+    /* a good read on the same connection afterwards */
+    raw_request(fd, MOONLET_XFER_TCP_READ, 6, s.seg_id, SEG - 16, 16);
+    r = raw_reply(fd);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.length, 16);
+    uint8_t data[16];
+    raw_recv(fd, data, 16);
+    for (uint32_t i = 0; i < 16; i++)
+        assert_int_equal(data[i], (uint8_t)((SEG - 16 + i) * 7));
+    /* a good write, pipelined behind a read */
+    raw_request(fd, MOONLET_XFER_TCP_READ, 7, s.seg_id, 0, 1);
+    raw_request(fd, MOONLET_XFER_TCP_WRITE, 8, s.seg_id, 10, 2);
+    raw_send(fd, "\x01\x02", 2);
+    r = raw_reply(fd);
+    assert_int_equal(r.req_id, 7);
+    raw_recv(fd, data, 1);
+    assert_int_equal(raw_reply(fd).req_id, 8);
+    assert_int_equal(s.seg[10], 1);
+    assert_int_equal(s.seg[11], 2);
+    close(fd);
+    server_down(&s);
+}
+
+static void test_malformed_closes_only_its_connection(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up(&s, NULL);
+    int good = raw_connect(s.port);
+    static const int corrupt[] = {0, 4, 5, 6, 12};
+    for (size_t i = 0; i < sizeof(corrupt) / sizeof(corrupt[0]); i++) {
+        int bad = raw_connect(s.port);
+        moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_READ, .req_id = 1, .segment = s.seg_id,
+                                  .length = 8};
+        uint8_t b[HDR];
+        moonlet_xfer_tcp_hdr_encode(&h, b);
+        b[corrupt[i]] ^= 0x21;
+        raw_send(bad, b, HDR);
+        assert_closed(bad);
+        close(bad);
+    }
+    int rep = raw_connect(s.port); /* a reply sent as a request */
+    raw_request(rep, MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY, 1, s.seg_id, 0, 8);
+    assert_closed(rep);
+    close(rep);
+    int huge = raw_connect(s.port); /* a length beyond the protocol limit */
+    raw_request(huge, MOONLET_XFER_TCP_WRITE, 1, s.seg_id, 0, MOONLET_XFER_MAX_OP_BYTES + 1);
+    assert_closed(huge);
+    close(huge);
+    raw_request(good, MOONLET_XFER_TCP_READ, 9, s.seg_id, 1, 1);
+    moonlet_xfer_tcp_hdr r = raw_reply(good);
+    assert_int_equal(r.status, 0);
+    uint8_t byte;
+    raw_recv(good, &byte, 1);
+    assert_int_equal(byte, 7);
+    close(good);
+    server_down(&s);
+}
+
+static void test_raw_auth(void **state)
+{
+    (void)state;
+    const char *tok = "t0ken";
+    server_fx s;
+    server_up(&s, tok);
+    int fd = raw_connect(s.port); /* request before AUTH */
+    raw_request(fd, MOONLET_XFER_TCP_READ, 1, s.seg_id, 0, 8);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* wrong token: same length, one byte off */
+    raw_request(fd, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 5);
+    raw_send(fd, "t0keN", 5);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a prefix of the token */
+    raw_request(fd, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 4);
+    raw_send(fd, "t0ke", 4);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    close(fd);
+    fd = raw_connect(s.port); /* right token */
+    raw_request(fd, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 5);
+    raw_send(fd, tok, 5);
+    assert_int_equal(raw_reply(fd).status, 0);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2, 1);
+    assert_int_equal(raw_reply(fd).status, 0);
+    uint8_t byte;
+    raw_recv(fd, &byte, 1);
+    assert_int_equal(byte, 14);
+    close(fd);
+    server_down(&s);
+}
+
+/* ---- the client against fake servers ------------------------------------ */
+
+typedef enum fake_mode {
+    FAKE_CLOSE_AFTER_HEADER, /* reads one request header, then closes */
+    FAKE_STALL,              /* reads one request header, then says nothing */
+    FAKE_BAD_REPLY,          /* answers with a reply for another request id */
+} fake_mode;
+
+typedef struct fake_server {
+    fake_mode mode;
+    int listen_fd;
+    int stop_pipe[2];
+    uint16_t port;
+    int headers_seen;
+    pthread_t th;
+} fake_server;
+
+/* Serves one accepted connection per the mode; returns when done or stopped. */
+static void fake_serve(fake_server *f, int fd)
+{
+    uint8_t b[HDR];
+    if (recv(fd, b, HDR, MSG_WAITALL) != (ssize_t)HDR)
+        return;
+    __atomic_add_fetch(&f->headers_seen, 1, __ATOMIC_SEQ_CST);
+    if (f->mode == FAKE_BAD_REPLY) {
+        moonlet_xfer_tcp_hdr h;
+        if (moonlet_xfer_tcp_hdr_decode(b, &h) == 0) {
+            h.op |= MOONLET_XFER_TCP_REPLY;
+            h.req_id += 1000;
+            h.length = 0;
+            moonlet_xfer_tcp_hdr_encode(&h, b);
+            send(fd, b, HDR, MSG_NOSIGNAL);
+        }
+    }
+    if (f->mode == FAKE_CLOSE_AFTER_HEADER)
+        return;
+    /* Say nothing more; swallow what arrives until the client gives up and
+     * closes (or the test stops us), so the next connection gets served. */
+    uint64_t end = now_ms() + 10000;
+    static uint8_t sink[65536];
+    while (now_ms() < end) {
+        struct pollfd p[2] = {{.fd = f->stop_pipe[0], .events = POLLIN},
+                              {.fd = fd, .events = POLLIN}};
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        if (p[0].revents || (p[1].revents && recv(fd, sink, sizeof(sink), 0) <= 0))
+            return;
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake_server *f = arg;
+    uint64_t end = now_ms() + 20000;
+    while (now_ms() < end) {
+        struct pollfd p[2] = {{.fd = f->listen_fd, .events = POLLIN},
+                              {.fd = f->stop_pipe[0], .events = POLLIN}};
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        if (p[1].revents)
+            break;
+        int fd = accept(f->listen_fd, NULL, NULL);
+        if (fd < 0)
+            continue;
+        fake_serve(f, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_server *f, fake_mode mode)
+{
+    memset(f, 0, sizeof(*f));
+    f->mode = mode;
+    assert_int_equal(pipe(f->stop_pipe), 0);
+    f->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(f->listen_fd, 16), 0);
+    socklen_t al = sizeof(a);
+    getsockname(f->listen_fd, (struct sockaddr *)&a, &al);
+    f->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_server *f)
+{
+    assert_int_equal(write(f->stop_pipe[1], "x", 1), 1);
+    pthread_join(f->th, NULL);
+    close(f->listen_fd);
+    close(f->stop_pipe[0]);
+    close(f->stop_pipe[1]);
+}
+
+/* A client read and write against the fake; both must fail with
+ * TRANSFER_FAIL within max_ms (and, when min_ms > 0, not before it). */
+static void client_vs_fake(fake_mode mode, uint32_t timeout_ms, uint64_t min_ms, uint64_t max_ms)
+{
+    fake_server f;
+    fake_start(&f, mode);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                           .timeout_ms = timeout_ms};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    size_t len = 8u << 20;
+    uint8_t *buf = calloc(1, len);
+    assert_non_null(buf);
+    for (int opc = 0; opc < 2; opc++) {
+        uint64_t t0 = now_ms();
+        int rc = opc == 0 ? moonlet_xfer_read(c, ep, "00000000000000aa", 0, buf, len)
+                          : moonlet_xfer_write(c, ep, "00000000000000aa", 0, buf, len);
+        uint64_t took = now_ms() - t0;
+        assert_int_equal(rc, MOONLET_ERR_TRANSFER_FAIL);
+        assert_true(took >= min_ms);
+        assert_true(took <= max_ms);
+    }
+    assert_true(__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) >= 1);
+    moonlet_xfer_destroy(c);
+    free(buf);
+    fake_stop(&f);
+}
+
+static void test_peer_closes_mid_transfer(void **state)
+{
+    (void)state;
+    client_vs_fake(FAKE_CLOSE_AFTER_HEADER, 2000, 0, 1500);
+}
+
+static void test_peer_stalls(void **state)
+{
+    (void)state;
+    client_vs_fake(FAKE_STALL, 300, 250, 2000);
+}
+
+static void test_peer_answers_nonsense(void **state)
+{
+    (void)state;
+    client_vs_fake(FAKE_BAD_REPLY, 2000, 0, 1500);
+}
+
+static void test_unreachable(void **state)
+{
+    (void)state;
+    fake_server f; /* bind a port, then close it: nothing listens there */
+    fake_start(&f, FAKE_STALL);
+    uint16_t port = f.port;
+    fake_stop(&f);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .timeout_ms = 1000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", port);
+    uint8_t b[8];
+    uint64_t t0 = now_ms();
+    assert_int_equal(moonlet_xfer_connect(c, ep), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_read(c, ep, "00000000000000aa", 0, b, 8),
+                     MOONLET_ERR_TRANSFER_FAIL);
+    assert_true(now_ms() - t0 < 2000);
+    moonlet_xfer_destroy(c);
+}
+
+int main(void)
+{
+    moonlet_log_set_level(MOONLET_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec),
+        cmocka_unit_test(test_server_checks),
+        cmocka_unit_test(test_malformed_closes_only_its_connection),
+        cmocka_unit_test(test_raw_auth),
+        cmocka_unit_test(test_peer_closes_mid_transfer),
+        cmocka_unit_test(test_peer_stalls),
+        cmocka_unit_test(test_peer_answers_nonsense),
+        cmocka_unit_test(test_unreachable),
+    };
+    return cmocka_run_group_tests_name("xfer tcp wire", tests, NULL, NULL);
+}

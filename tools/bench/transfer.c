@@ -1,0 +1,357 @@
+/*
+ * transfer.c - the data-plane transfer benchmark (`moonlet-bench transfer`).
+ *
+ * It starts a TCP serving instance in-process on 127.0.0.1:0 with its own
+ * worker pool and a 1 GiB segment (as a store node would), and a client
+ * instance; it measures single-operation read and write bandwidth for 4 KiB,
+ * 64 KiB, 1 MiB and 16 MiB transfers, and in the same run a plain loopback
+ * socket stream (one sender thread, one receiver, kernel-default socket
+ * options) moving chunks of the same sizes.  Each figure is the median of
+ * several rounds; each round moves a fixed number of bytes and is cut short
+ * after two seconds, so the whole run stays well under a minute.  The ratio
+ * transfer/plain at 16 MiB is the number the transport is judged by (target
+ * >= 0.70).  The logic lives here, not in a main(), so tests and the
+ * moonlet-bench dispatcher reach it.  Takes no locks of its own.
+ */
+#include "transfer.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+#include "segment_mem.h"
+#include "xfer.h"
+
+#define BENCH_NSIZES 4
+#define BENCH_MAX_ROUNDS 15
+#define BENCH_ROUND_CAP_S 2.0
+#define BENCH_TARGET_RATIO 0.70
+
+static const uint64_t bench_sizes[BENCH_NSIZES] = {4u << 10, 64u << 10, 1u << 20, 16u << 20};
+/* bytes moved per round, per size: enough to reach steady state */
+static const uint64_t bench_round_bytes[BENCH_NSIZES] = {32u << 20, 256u << 20, 512u << 20,
+                                                         1024u << 20};
+
+typedef struct bench_cfg {
+    bool json;
+    int rounds;
+    uint64_t segment_bytes;
+    int server_threads;
+} bench_cfg;
+
+typedef struct bench_ctx {
+    bench_cfg cfg;
+    moonlet_xfer *server;
+    moonlet_xfer *client;
+    moonlet_segment_mem seg;
+    moonlet_segment_mem local;
+    moonlet_xfer_segment_info info;
+} bench_ctx;
+
+typedef struct bench_point {
+    double read_gbps, write_gbps, plain_gbps;
+} bench_point;
+
+static double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), bench_cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ---- flags -------------------------------------------------------------- */
+
+static int bench_parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || *end || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int bench_parse(int argc, char **argv, bench_cfg *c)
+{
+    *c = (bench_cfg){.rounds = 5, .segment_bytes = 1024ull << 20, .server_threads = 4};
+    for (int i = 1; i < argc; i++) {
+        int v;
+        const char *next = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(argv[i], "--json") == 0) {
+            c->json = true;
+        } else if (strcmp(argv[i], "--rounds") == 0 &&
+                   bench_parse_int(next, 1, BENCH_MAX_ROUNDS, &v) == 0) {
+            c->rounds = v;
+            i++;
+        } else if (strcmp(argv[i], "--segment-mib") == 0 &&
+                   bench_parse_int(next, 32, 1 << 20, &v) == 0) {
+            c->segment_bytes = (uint64_t)v << 20;
+            i++;
+        } else if (strcmp(argv[i], "--server-threads") == 0 &&
+                   bench_parse_int(next, 1, 256, &v) == 0) {
+            c->server_threads = v;
+            i++;
+        } else {
+            fprintf(stderr, "usage: %s [--json] [--rounds N<=%d] [--segment-mib N>=32] "
+                    "[--server-threads N]\n", argv[0], BENCH_MAX_ROUNDS);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- setup -------------------------------------------------------------- */
+
+static int bench_setup(bench_ctx *b)
+{
+    moonlet_segment_mem_opts so = {.size = b->cfg.segment_bytes,
+                                   .numa_node = MOONLET_SEGMENT_MEM_NODE_AUTO, .prefault = true};
+    moonlet_segment_mem_opts lo = {.size = bench_sizes[BENCH_NSIZES - 1],
+                                   .numa_node = MOONLET_SEGMENT_MEM_NODE_AUTO, .prefault = true};
+    moonlet_xfer_opts srv = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                             .server_threads = b->cfg.server_threads};
+    moonlet_xfer_opts cli = {.protocol = MOONLET_XFER_TCP};
+    int rc = moonlet_segment_mem_alloc(&so, &b->seg);
+    if (!rc)
+        rc = moonlet_segment_mem_alloc(&lo, &b->local);
+    if (!rc)
+        rc = moonlet_xfer_create(&srv, &b->server);
+    if (!rc)
+        rc = moonlet_xfer_create(&cli, &b->client);
+    if (!rc)
+        rc = moonlet_xfer_register_segment(b->server, b->seg.base, b->seg.size, &b->info);
+    if (!rc)
+        rc = moonlet_xfer_register_buffer(b->client, b->local.base, b->local.size);
+    if (!rc)
+        rc = moonlet_xfer_connect(b->client, b->info.endpoint);
+    if (rc)
+        fprintf(stderr, "transfer bench: setup failed: %s\n", moonlet_strerror(rc));
+    return rc;
+}
+
+static void bench_teardown(bench_ctx *b)
+{
+    moonlet_xfer_destroy(b->client);
+    moonlet_xfer_destroy(b->server);
+    moonlet_segment_mem_free(&b->local);
+    moonlet_segment_mem_free(&b->seg);
+}
+
+/* ---- transport rounds --------------------------------------------------- */
+
+/* One round of single operations of `size` bytes walking the segment;
+ * returns GB/s, or a negative value on a failed transfer. */
+static double bench_xfer_round(bench_ctx *b, moonlet_xfer_opcode opc, uint64_t size,
+                               uint64_t bytes)
+{
+    uint64_t slots = b->seg.size / size, moved = 0, i = 0;
+    double t0 = bench_now(), t = t0;
+    while (moved < bytes && t - t0 < BENCH_ROUND_CAP_S) {
+        uint64_t off = (i++ % slots) * size;
+        int rc = opc == MOONLET_XFER_READ
+                     ? moonlet_xfer_read(b->client, b->info.endpoint, b->info.segment_id, off,
+                                         b->local.base, size)
+                     : moonlet_xfer_write(b->client, b->info.endpoint, b->info.segment_id, off,
+                                          b->local.base, size);
+        if (rc) {
+            fprintf(stderr, "transfer bench: %s of %llu bytes failed: %s\n",
+                    opc == MOONLET_XFER_READ ? "read" : "write", (unsigned long long)size,
+                    moonlet_strerror(rc));
+            return -1;
+        }
+        moved += size;
+        t = bench_now();
+    }
+    return (double)moved / (t - t0) / 1e9;
+}
+
+/* ---- plain socket stream ------------------------------------------------ */
+
+typedef struct plain_sender {
+    int fd;
+    const uint8_t *buf;
+    uint64_t size;
+    uint64_t chunks;
+} plain_sender;
+
+static void *plain_sender_main(void *arg)
+{
+    plain_sender *s = arg;
+    for (uint64_t c = 0; c < s->chunks; c++) {
+        uint64_t off = 0;
+        while (off < s->size) {
+            ssize_t w = send(s->fd, s->buf + off, (size_t)(s->size - off), MSG_NOSIGNAL);
+            if (w <= 0)
+                return NULL;
+            off += (uint64_t)w;
+        }
+    }
+    return NULL;
+}
+
+/* A connected loopback pair (kernel defaults, TCP_NODELAY not needed for a
+ * one-way stream). */
+static int plain_pair(int *tx, int *rx)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof(a);
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof(a)) || listen(l, 1) ||
+        getsockname(l, (struct sockaddr *)&a, &al)) {
+        if (l >= 0)
+            close(l);
+        return -1;
+    }
+    *tx = socket(AF_INET, SOCK_STREAM, 0);
+    if (*tx < 0 || connect(*tx, (struct sockaddr *)&a, sizeof(a))) {
+        close(l);
+        return -1;
+    }
+    *rx = accept(l, NULL, NULL);
+    close(l);
+    return *rx < 0 ? -1 : 0;
+}
+
+/* One round: the sender streams `bytes` in chunks of `size` from its own
+ * buffer, the receiver reads each chunk into another; GB/s at the receiver. */
+static double plain_round(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t bytes)
+{
+    int tx, rx;
+    if (plain_pair(&tx, &rx))
+        return -1;
+    plain_sender s = {.fd = tx, .buf = src, .size = size, .chunks = bytes / size};
+    double t0 = bench_now(), t = t0;
+    pthread_t th;
+    if (pthread_create(&th, NULL, plain_sender_main, &s)) {
+        close(tx);
+        close(rx);
+        return -1;
+    }
+    uint64_t moved = 0;
+    while (moved < bytes && t - t0 < BENCH_ROUND_CAP_S) {
+        ssize_t r = recv(rx, dst, (size_t)size, MSG_WAITALL);
+        if (r <= 0)
+            break;
+        moved += (uint64_t)r;
+        t = bench_now();
+    }
+    shutdown(rx, SHUT_RDWR); /* stops a sender cut short by the time cap */
+    pthread_join(th, NULL);
+    close(tx);
+    close(rx);
+    return (double)moved / (t - t0) / 1e9;
+}
+
+/* ---- measuring ---------------------------------------------------------- */
+
+static int bench_point_measure(bench_ctx *b, int k, uint8_t *plain_dst, bench_point *p)
+{
+    double rd[BENCH_MAX_ROUNDS], wr[BENCH_MAX_ROUNDS], pl[BENCH_MAX_ROUNDS];
+    uint64_t size = bench_sizes[k], bytes = bench_round_bytes[k];
+    for (int r = 0; r < b->cfg.rounds; r++) { /* interleaved so drift hits all three */
+        rd[r] = bench_xfer_round(b, MOONLET_XFER_READ, size, bytes);
+        wr[r] = bench_xfer_round(b, MOONLET_XFER_WRITE, size, bytes);
+        pl[r] = plain_round(b->local.base, plain_dst, size, bytes);
+        if (rd[r] < 0 || wr[r] < 0 || pl[r] < 0)
+            return -1;
+    }
+    p->read_gbps = bench_median(rd, b->cfg.rounds);
+    p->write_gbps = bench_median(wr, b->cfg.rounds);
+    p->plain_gbps = bench_median(pl, b->cfg.rounds);
+    return 0;
+}
+
+static void bench_print_table(const bench_point *pts, double secs)
+{
+    printf("%10s %12s %12s %12s %8s %8s\n", "size", "read GB/s", "write GB/s", "plain GB/s",
+           "rd/pl", "wr/pl");
+    for (int k = 0; k < BENCH_NSIZES; k++)
+        printf("%10llu %12.3f %12.3f %12.3f %8.2f %8.2f\n", (unsigned long long)bench_sizes[k],
+               pts[k].read_gbps, pts[k].write_gbps, pts[k].plain_gbps,
+               pts[k].read_gbps / pts[k].plain_gbps, pts[k].write_gbps / pts[k].plain_gbps);
+    printf("duration %.1f s\n", secs);
+}
+
+static void bench_print_json(const bench_ctx *b, const bench_point *pts, double secs)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "benchmark", "transfer");
+    cJSON_AddStringToObject(o, "transport", moonlet_xfer_protocol_name(b->client));
+    cJSON_AddNumberToObject(o, "segment_bytes", (double)b->seg.size);
+    cJSON_AddNumberToObject(o, "server_threads", b->cfg.server_threads);
+    cJSON_AddNumberToObject(o, "rounds", b->cfg.rounds);
+    cJSON_AddStringToObject(o, "statistic", "median");
+    cJSON *arr = cJSON_AddArrayToObject(o, "results");
+    for (int k = 0; k < BENCH_NSIZES; k++) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "size_bytes", (double)bench_sizes[k]);
+        cJSON_AddNumberToObject(r, "read_gbps", pts[k].read_gbps);
+        cJSON_AddNumberToObject(r, "write_gbps", pts[k].write_gbps);
+        cJSON_AddNumberToObject(r, "plain_socket_gbps", pts[k].plain_gbps);
+        cJSON_AddItemToArray(arr, r);
+    }
+    const bench_point *big = &pts[BENCH_NSIZES - 1];
+    double rr = big->read_gbps / big->plain_gbps, wr = big->write_gbps / big->plain_gbps;
+    cJSON *ratio = cJSON_AddObjectToObject(o, "ratio_16MiB");
+    cJSON_AddNumberToObject(ratio, "read_over_plain", rr);
+    cJSON_AddNumberToObject(ratio, "write_over_plain", wr);
+    cJSON_AddNumberToObject(o, "target_ratio", BENCH_TARGET_RATIO);
+    cJSON_AddBoolToObject(o, "meets_target", rr >= BENCH_TARGET_RATIO && wr >= BENCH_TARGET_RATIO);
+    cJSON_AddNumberToObject(o, "duration_s", secs);
+    char *text = cJSON_PrintUnformatted(o);
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+int moonlet_bench_transfer(int argc, char **argv)
+{
+    bench_ctx b;
+    memset(&b, 0, sizeof(b));
+    if (bench_parse(argc, argv, &b.cfg))
+        return 2;
+    if (b.cfg.json)
+        moonlet_log_set_level(MOONLET_LOG_WARN);
+    double t0 = bench_now();
+    int rc = bench_setup(&b);
+    uint8_t *plain_dst = malloc(bench_sizes[BENCH_NSIZES - 1]);
+    bench_point pts[BENCH_NSIZES];
+    if (!plain_dst)
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    else
+        memset(plain_dst, 0, bench_sizes[BENCH_NSIZES - 1]);
+    for (int k = 0; rc == 0 && k < BENCH_NSIZES; k++)
+        rc = bench_point_measure(&b, k, plain_dst, &pts[k]);
+    if (rc == 0) {
+        if (b.cfg.json)
+            bench_print_json(&b, pts, bench_now() - t0);
+        else
+            bench_print_table(pts, bench_now() - t0);
+    }
+    free(plain_dst);
+    bench_teardown(&b);
+    return rc ? 1 : 0;
+}

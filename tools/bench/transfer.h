@@ -1,0 +1,16 @@
+/*
+ * transfer.h - `moonlet-bench transfer`: data-plane bandwidth of the TCP
+ * transport against a plain loopback socket stream (tools/bench/transfer.c).
+ */
+#ifndef MOONLET_BENCH_TRANSFER_H
+#define MOONLET_BENCH_TRANSFER_H
+
+/* Runs the benchmark; argv[0] is the subcommand name.  Flags:
+ *   --json             print one JSON object instead of a table
+ *   --rounds N         rounds per measurement (median reported; default 5)
+ *   --segment-mib N    served segment size (default 1024)
+ *   --server-threads N serving pool size (default 4)
+ * Returns 0, 1 on a failed transfer, 2 on bad flags. */
+int moonlet_bench_transfer(int argc, char **argv);
+
+#endif

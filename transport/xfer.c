@@ -1,0 +1,771 @@
+/*
+ * xfer.c - the backend-independent half of the data-plane transport (xfer.h).
+ *
+ * It picks the backend (auto: verbs when an ACTIVE RDMA device exists, else
+ * TCP), keeps the options, the local-buffer registry and a pool of cached
+ * connections per peer endpoint, and turns a batch into "lanes": operations
+ * are validated, grouped by peer, and spread by bytes over as many leased
+ * connections of that peer as help.  The backend then runs all lanes at once,
+ * so one batch moves data over several connections and peers in parallel
+ * from the calling thread, with no helper threads on the client side.
+ *
+ * Connections are leased exclusively for one batch; a lane the backend marks
+ * broken is closed and its slot reopened on the next use.  Peers are leased
+ * in endpoint order, so two batches can never wait on each other in a cycle;
+ * every wait is bounded by timeout_ms anyway.
+ *
+ * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
+ * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
+ * call that can block, and they are never nested.
+ */
+#include "xfer_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+
+#define MOD "xfer"
+
+typedef struct xfer_buffer {
+    void *base;
+    size_t len;
+    void *handle; /* backend registration (verbs MR), NULL for TCP */
+    uint32_t lkey;
+    struct xfer_buffer *next;
+} xfer_buffer;
+
+typedef struct xfer_slot {
+    void *conn; /* NULL until opened (or after a broken lane) */
+    bool busy;
+} xfer_slot;
+
+typedef struct xfer_peer {
+    char *endpoint;
+    xfer_slot *slots; /* conns_per_peer of them */
+    struct xfer_peer *next;
+} xfer_peer;
+
+/* One peer's share of a batch while it runs. */
+typedef struct xfer_group {
+    const char *endpoint;
+    xfer_item **items;
+    size_t nitems;
+    uint64_t bytes;
+    xfer_peer *peer;
+    size_t *slot_idx;  /* leased slots */
+    size_t nslots;
+    size_t first_lane; /* index of its first lane in the batch's lane array */
+    size_t nlanes;
+} xfer_group;
+
+/* ---- small helpers shared with the backends ---------------------------- */
+
+uint64_t moonlet_xfer_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t moonlet_xfer_random_id(void)
+{
+    uint64_t v = 0;
+    while (v == 0) {
+        if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            v = ((uint64_t)ts.tv_nsec << 32) ^ (uint64_t)ts.tv_sec ^ (uint64_t)(uintptr_t)&ts;
+        }
+    }
+    return v;
+}
+
+bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen)
+{
+    const volatile unsigned char *pa = a, *pb = b;
+    unsigned char diff = (unsigned char)((alen != blen) | (alen > MOONLET_XFER_MAX_TOKEN_BYTES));
+    for (size_t i = 0; i < MOONLET_XFER_MAX_TOKEN_BYTES; i++) {
+        unsigned char ca = i < alen ? pa[i] : 0;
+        unsigned char cb = i < blen ? pb[i] : 0;
+        diff |= (unsigned char)(ca ^ cb);
+    }
+    return diff == 0;
+}
+
+int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_cap, uint16_t *port)
+{
+    if (!endpoint || !*endpoint)
+        return MOONLET_ERR_INVALID_PARAMS;
+    const char *h = endpoint, *colon;
+    size_t hlen;
+    if (*h == '[') {
+        const char *close = strchr(h, ']');
+        if (!close || close[1] != ':')
+            return MOONLET_ERR_INVALID_PARAMS;
+        h++;
+        hlen = (size_t)(close - h);
+        colon = close + 1;
+    } else {
+        colon = strrchr(h, ':');
+        if (!colon || strchr(h, ':') != colon)
+            return MOONLET_ERR_INVALID_PARAMS;
+        hlen = (size_t)(colon - h);
+    }
+    if (hlen == 0 || hlen >= host_cap)
+        return MOONLET_ERR_INVALID_PARAMS;
+    char *end;
+    errno = 0;
+    unsigned long p = strtoul(colon + 1, &end, 10);
+    if (errno || end == colon + 1 || *end || p > 65535)
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)p;
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap)
+{
+    const struct sockaddr *sa = sockaddr;
+    char ip[256], host[256];
+    unsigned port;
+    bool any;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *in = sockaddr;
+        inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+        port = ntohs(in->sin_port);
+        any = in->sin_addr.s_addr == htonl(INADDR_ANY);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = sockaddr;
+        ip[0] = '[';
+        inet_ntop(AF_INET6, &in6->sin6_addr, ip + 1, sizeof(ip) - 2);
+        strcat(ip, "]");
+        port = ntohs(in6->sin6_port);
+        any = IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr);
+    } else {
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    /* A wildcard bind is advertised under the host name peers resolve. */
+    if (any && gethostname(host, sizeof(host)) == 0) {
+        host[sizeof(host) - 1] = '\0';
+        memcpy(ip, host, sizeof(ip));
+    }
+    int n = snprintf(buf, cap, "%s:%u", ip, port);
+    return n < 0 || (size_t)n >= cap ? MOONLET_ERR_BUFFER_OVERFLOW : MOONLET_OK;
+}
+
+int moonlet_xfer_parse_protocol(const char *name, moonlet_xfer_protocol *out)
+{
+    if (!name || !out)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (strcmp(name, "tcp") == 0)
+        *out = MOONLET_XFER_TCP;
+    else if (strcmp(name, "rdma") == 0)
+        *out = MOONLET_XFER_RDMA;
+    else if (strcmp(name, "auto") == 0)
+        *out = MOONLET_XFER_AUTO;
+    else
+        return MOONLET_ERR_INVALID_PARAMS;
+    return MOONLET_OK;
+}
+
+/* ---- create / destroy --------------------------------------------------- */
+
+static const xfer_backend *xfer_choose_backend(const moonlet_xfer_opts *o)
+{
+    if (o->protocol == MOONLET_XFER_TCP)
+        return &moonlet_xfer_tcp_backend;
+    if (o->protocol == MOONLET_XFER_RDMA)
+        return &moonlet_xfer_verbs_backend;
+    char why[256];
+    if (moonlet_xfer_verbs_probe(o->device, why, sizeof(why)) == MOONLET_OK) {
+        ML_INFO(MOD, "transport: RDMA device available, using verbs");
+        return &moonlet_xfer_verbs_backend;
+    }
+    ML_INFO(MOD, "transport: %s, using TCP", why);
+    return &moonlet_xfer_tcp_backend;
+}
+
+static char *xfer_strdup_opt(const char *s, bool *oom)
+{
+    if (!s || !*s)
+        return NULL;
+    char *d = strdup(s);
+    if (!d)
+        *oom = true;
+    return d;
+}
+
+static void xfer_free_opts(moonlet_xfer *x)
+{
+    free(x->device);
+    free(x->listen_addr);
+    if (x->token) {
+        explicit_bzero(x->token, x->token_len);
+        free(x->token);
+    }
+}
+
+static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
+{
+    bool oom = false;
+    if (o->auth_token && strlen(o->auth_token) > MOONLET_XFER_MAX_TOKEN_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (o->protocol != MOONLET_XFER_AUTO && o->protocol != MOONLET_XFER_TCP &&
+        o->protocol != MOONLET_XFER_RDMA)
+        return MOONLET_ERR_INVALID_PARAMS;
+    x->device = xfer_strdup_opt(o->device, &oom);
+    x->listen_addr = xfer_strdup_opt(o->listen_addr, &oom);
+    x->token = xfer_strdup_opt(o->auth_token, &oom);
+    x->token_len = x->token ? strlen(x->token) : 0;
+    x->conns_per_peer = o->conns_per_peer > 0 ? o->conns_per_peer
+                                              : MOONLET_XFER_DEFAULT_CONNS_PER_PEER;
+    x->server_threads = o->server_threads > 0 ? o->server_threads
+                                              : MOONLET_XFER_DEFAULT_SERVER_THREADS;
+    x->timeout_ms = o->timeout_ms ? o->timeout_ms : MOONLET_XFER_DEFAULT_TIMEOUT_MS;
+    if (oom)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    if (x->listen_addr) {
+        char host[256];
+        uint16_t port;
+        if (moonlet_xfer_split_endpoint(x->listen_addr, host, sizeof(host), &port))
+            return MOONLET_ERR_INVALID_PARAMS;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_create(const moonlet_xfer_opts *opts, moonlet_xfer **out)
+{
+    if (!opts || !out)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *out = NULL;
+    moonlet_xfer *x = calloc(1, sizeof(*x));
+    if (!x)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = xfer_copy_opts(x, opts);
+    if (rc) {
+        xfer_free_opts(x);
+        free(x);
+        return rc;
+    }
+    pthread_rwlock_init(&x->buf_lock, NULL);
+    pthread_mutex_init(&x->pool_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits immune to clock steps */
+    pthread_cond_init(&x->pool_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    x->be = xfer_choose_backend(opts);
+    rc = x->be->start(x);
+    if (rc) {
+        pthread_cond_destroy(&x->pool_cond);
+        pthread_mutex_destroy(&x->pool_lock);
+        pthread_rwlock_destroy(&x->buf_lock);
+        xfer_free_opts(x);
+        free(x);
+        return rc;
+    }
+    *out = x;
+    return MOONLET_OK;
+}
+
+static void xfer_close_peers(moonlet_xfer *x)
+{
+    xfer_peer *p = x->peers;
+    while (p) {
+        xfer_peer *next = p->next;
+        for (int i = 0; i < x->conns_per_peer; i++)
+            if (p->slots[i].conn)
+                x->be->conn_close(x, p->slots[i].conn);
+        free(p->slots);
+        free(p->endpoint);
+        free(p);
+        p = next;
+    }
+    x->peers = NULL;
+}
+
+void moonlet_xfer_destroy(moonlet_xfer *x)
+{
+    if (!x)
+        return;
+    xfer_close_peers(x);
+    xfer_buffer *b = x->bufs;
+    while (b) {
+        xfer_buffer *next = b->next;
+        if (b->handle)
+            x->be->buf_remove(x, b->handle);
+        free(b);
+        b = next;
+    }
+    x->be->stop(x);
+    pthread_cond_destroy(&x->pool_cond);
+    pthread_mutex_destroy(&x->pool_lock);
+    pthread_rwlock_destroy(&x->buf_lock);
+    xfer_free_opts(x);
+    free(x);
+}
+
+const char *moonlet_xfer_protocol_name(const moonlet_xfer *x)
+{
+    return x ? x->be->name : "none";
+}
+
+int moonlet_xfer_local_endpoint(const moonlet_xfer *x, char *buf, size_t cap)
+{
+    if (!x || !buf)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (!x->endpoint[0])
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    if (strlen(x->endpoint) >= cap)
+        return MOONLET_ERR_BUFFER_OVERFLOW;
+    strcpy(buf, x->endpoint);
+    return MOONLET_OK;
+}
+
+/* ---- segments and buffers ---------------------------------------------- */
+
+int moonlet_xfer_register_segment(moonlet_xfer *x, void *base, uint64_t len,
+                                  moonlet_xfer_segment_info *info)
+{
+    if (!x || !base || !len || !info || (uint64_t)(uintptr_t)base > UINT64_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (!x->endpoint[0])
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    memset(info, 0, sizeof(*info));
+    return x->be->seg_add(x, base, len, info);
+}
+
+int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
+{
+    if (!x || !segment_id)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->seg_remove(x, segment_id);
+}
+
+int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
+{
+    if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    xfer_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    b->base = base;
+    b->len = len;
+    int rc = x->be->buf_add(x, base, len, &b->handle, &b->lkey);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    pthread_rwlock_wrlock(&x->buf_lock);
+    b->next = x->bufs;
+    x->bufs = b;
+    pthread_rwlock_unlock(&x->buf_lock);
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
+{
+    if (!x || !base)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_rwlock_wrlock(&x->buf_lock);
+    xfer_buffer **pp = &x->bufs, *b = NULL;
+    for (; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base == base) {
+            b = *pp;
+            *pp = b->next;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&x->buf_lock);
+    if (!b)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (b->handle)
+        x->be->buf_remove(x, b->handle);
+    free(b);
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey)
+{
+    uintptr_t a = (uintptr_t)addr;
+    int rc = MOONLET_ERR_INVALID_PARAMS;
+    pthread_rwlock_rdlock(&x->buf_lock);
+    for (xfer_buffer *b = x->bufs; b; b = b->next) {
+        uintptr_t s = (uintptr_t)b->base;
+        if (a >= s && len <= b->len && a - s <= b->len - len) {
+            *lkey = b->lkey;
+            rc = MOONLET_OK;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&x->buf_lock);
+    return rc;
+}
+
+/* ---- the connection pool ------------------------------------------------ */
+
+/* Finds or adds the peer; called with pool_lock held. */
+static xfer_peer *xfer_peer_get_locked(moonlet_xfer *x, const char *endpoint)
+{
+    for (xfer_peer *p = x->peers; p; p = p->next)
+        if (strcmp(p->endpoint, endpoint) == 0)
+            return p;
+    xfer_peer *p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    p->endpoint = strdup(endpoint);
+    p->slots = calloc((size_t)x->conns_per_peer, sizeof(*p->slots));
+    if (!p->endpoint || !p->slots) {
+        free(p->endpoint);
+        free(p->slots);
+        free(p);
+        return NULL;
+    }
+    p->next = x->peers;
+    x->peers = p;
+    return p;
+}
+
+/* Leases up to `want` idle slots of the peer, open ones first; called with
+ * pool_lock held.  Returns how many were leased. */
+static size_t xfer_lease_locked(moonlet_xfer *x, xfer_peer *p, size_t want, size_t *idx)
+{
+    size_t got = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < x->conns_per_peer && got < want; i++) {
+            xfer_slot *s = &p->slots[i];
+            if (!s->busy && (pass == 1 || s->conn)) {
+                s->busy = true;
+                idx[got++] = (size_t)i;
+            }
+        }
+    }
+    return got;
+}
+
+/* pool_cond runs on CLOCK_MONOTONIC, the clock moonlet_xfer_now_ms() reads. */
+static void xfer_deadline_ts(uint64_t deadline_ms, struct timespec *ts)
+{
+    ts->tv_sec = (time_t)(deadline_ms / 1000u);
+    ts->tv_nsec = (long)(deadline_ms % 1000u) * 1000000L;
+}
+
+/* Leases at least one slot (waiting until the deadline) and up to `want`. */
+static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t deadline_ms)
+{
+    struct timespec ts;
+    xfer_deadline_ts(deadline_ms, &ts);
+    pthread_mutex_lock(&x->pool_lock);
+    xfer_peer *p = xfer_peer_get_locked(x, g->endpoint);
+    if (!p) {
+        pthread_mutex_unlock(&x->pool_lock);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    g->peer = p;
+    for (;;) {
+        g->nslots = xfer_lease_locked(x, p, want, g->slot_idx);
+        if (g->nslots)
+            break;
+        if (pthread_cond_timedwait(&x->pool_cond, &x->pool_lock, &ts) == ETIMEDOUT) {
+            g->nslots = xfer_lease_locked(x, p, want, g->slot_idx);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&x->pool_lock);
+    if (!g->nslots) {
+        ML_WARN(MOD, "no free connection to %s within %u ms", g->endpoint, x->timeout_ms);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    return MOONLET_OK;
+}
+
+/* Opens the leased slots that have no connection yet (no lock held: only
+ * this thread touches a leased slot).  Slots that fail to open are given
+ * back.  Returns 0 when at least one is usable, else the first open error. */
+static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
+{
+    int first_err = MOONLET_OK;
+    size_t kept = 0;
+    for (size_t i = 0; i < g->nslots; i++) {
+        xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
+        if (!s->conn) {
+            int rc = x->be->conn_open(x, g->endpoint, &s->conn);
+            if (rc) {
+                s->conn = NULL;
+                if (!first_err)
+                    first_err = rc;
+                pthread_mutex_lock(&x->pool_lock);
+                s->busy = false;
+                pthread_cond_broadcast(&x->pool_cond);
+                pthread_mutex_unlock(&x->pool_lock);
+                continue;
+            }
+        }
+        g->slot_idx[kept++] = g->slot_idx[i];
+    }
+    g->nslots = kept;
+    return kept ? MOONLET_OK : first_err;
+}
+
+/* Gives the group's slots back, closing those whose lane broke. */
+static void xfer_pool_release(moonlet_xfer *x, xfer_group *g, const xfer_lane *lanes)
+{
+    for (size_t i = 0; i < g->nslots; i++) {
+        xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
+        if (lanes && lanes[g->first_lane + i].broken) {
+            x->be->conn_close(x, s->conn);
+            s->conn = NULL;
+        }
+    }
+    pthread_mutex_lock(&x->pool_lock);
+    for (size_t i = 0; i < g->nslots; i++)
+        g->peer->slots[g->slot_idx[i]].busy = false;
+    pthread_cond_broadcast(&x->pool_cond);
+    pthread_mutex_unlock(&x->pool_lock);
+    g->nslots = 0;
+}
+
+int moonlet_xfer_connect(moonlet_xfer *x, const char *endpoint)
+{
+    char host[256];
+    uint16_t port;
+    if (!x || moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+        return MOONLET_ERR_INVALID_PARAMS;
+    xfer_group g = {.endpoint = endpoint};
+    g.slot_idx = calloc((size_t)x->conns_per_peer, sizeof(size_t));
+    if (!g.slot_idx)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = xfer_pool_lease(x, &g, (size_t)x->conns_per_peer,
+                             moonlet_xfer_now_ms() + x->timeout_ms);
+    if (rc == MOONLET_OK)
+        rc = xfer_pool_open(x, &g);
+    xfer_pool_release(x, &g, NULL);
+    free(g.slot_idx);
+    return rc;
+}
+
+/* ---- batches ------------------------------------------------------------ */
+
+/* What can be refused before any byte moves. */
+static int xfer_check_op(moonlet_xfer *x, xfer_item *it)
+{
+    moonlet_xfer_op *op = it->op;
+    if (op->opcode != MOONLET_XFER_READ && op->opcode != MOONLET_XFER_WRITE)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (op->len == 0)
+        return MOONLET_OK;
+    if (!op->endpoint || !op->segment_id || !op->local || op->len > MOONLET_XFER_MAX_OP_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (op->offset > UINT64_MAX - op->len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if ((uintptr_t)op->local > UINTPTR_MAX - op->len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->prepare(x, it);
+}
+
+/* Orders items by endpoint, then by position in the batch (stable). */
+static int xfer_item_cmp(const void *a, const void *b)
+{
+    const xfer_item *ia = *(const xfer_item *const *)a, *ib = *(const xfer_item *const *)b;
+    int c = strcmp(ia->op->endpoint, ib->op->endpoint);
+    if (c)
+        return c;
+    return ia < ib ? -1 : ia > ib;
+}
+
+/* Validates every op; returns the sorted list of items that must move bytes. */
+static size_t xfer_collect(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n, xfer_item *items,
+                           xfer_item **todo)
+{
+    size_t ntodo = 0;
+    for (size_t i = 0; i < n; i++) {
+        items[i].op = &ops[i];
+        ops[i].status = xfer_check_op(x, &items[i]);
+        if (ops[i].status == MOONLET_OK && ops[i].len)
+            todo[ntodo++] = &items[i];
+    }
+    qsort(todo, ntodo, sizeof(*todo), xfer_item_cmp);
+    return ntodo;
+}
+
+/* Splits the sorted items into per-peer groups; returns how many. */
+static size_t xfer_group_items(xfer_item **todo, size_t ntodo, xfer_group *groups)
+{
+    size_t ng = 0;
+    for (size_t i = 0; i < ntodo; i++) {
+        if (ng == 0 || strcmp(groups[ng - 1].endpoint, todo[i]->op->endpoint) != 0) {
+            groups[ng] = (xfer_group){.endpoint = todo[i]->op->endpoint, .items = &todo[i]};
+            ng++;
+        }
+        groups[ng - 1].nitems++;
+        groups[ng - 1].bytes += todo[i]->op->len;
+    }
+    return ng;
+}
+
+static void xfer_fail_group(xfer_group *g, int rc)
+{
+    for (size_t i = 0; i < g->nitems; i++)
+        g->items[i]->op->status = rc;
+}
+
+/* Spreads a group's items over its lanes, each to the least loaded lane so
+ * far; items keep their batch order inside a lane.  `which` and `load` are
+ * scratch arrays (g->nitems and g->nslots long); the lanes' item lists are
+ * laid out in `out`, which has room for g->nitems pointers. */
+static void xfer_assign_lanes(xfer_group *g, xfer_lane *lanes, xfer_item **out, size_t *which,
+                              uint64_t *load)
+{
+    xfer_lane *gl = &lanes[g->first_lane];
+    for (size_t l = 0; l < g->nslots; l++) {
+        load[l] = 0;
+        gl[l].nitems = 0;
+        gl[l].broken = false;
+        gl[l].conn = g->peer->slots[g->slot_idx[l]].conn;
+    }
+    for (size_t i = 0; i < g->nitems; i++) {
+        size_t best = 0;
+        for (size_t l = 1; l < g->nslots; l++)
+            if (load[l] < load[best])
+                best = l;
+        which[i] = best;
+        load[best] += g->items[i]->op->len;
+        gl[best].nitems++;
+    }
+    size_t pos = 0;
+    for (size_t l = 0; l < g->nslots; l++) {
+        gl[l].items = &out[pos];
+        pos += gl[l].nitems;
+        gl[l].nitems = 0;
+    }
+    for (size_t i = 0; i < g->nitems; i++) {
+        xfer_lane *lane = &gl[which[i]];
+        lane->items[lane->nitems++] = g->items[i];
+    }
+}
+
+/* Scratch memory of one batch, allocated in one place. */
+typedef struct xfer_batch {
+    xfer_item *items;
+    xfer_item **todo;
+    xfer_item **lane_items;
+    size_t *which;
+    xfer_group *groups;
+    size_t *slot_idx; /* conns_per_peer per group */
+    uint64_t *load;
+    xfer_lane *lanes;
+} xfer_batch;
+
+static void xfer_batch_free(xfer_batch *b)
+{
+    free(b->items);
+    free(b->todo);
+    free(b->lane_items);
+    free(b->which);
+    free(b->groups);
+    free(b->slot_idx);
+    free(b->load);
+    free(b->lanes);
+}
+
+static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
+{
+    size_t cpp = (size_t)x->conns_per_peer;
+    memset(b, 0, sizeof(*b));
+    b->items = calloc(n, sizeof(*b->items));
+    b->todo = calloc(n, sizeof(*b->todo));
+    b->lane_items = calloc(n, sizeof(*b->lane_items));
+    b->which = calloc(n, sizeof(*b->which));
+    b->groups = calloc(n, sizeof(*b->groups));
+    b->slot_idx = calloc(n * cpp, sizeof(*b->slot_idx));
+    b->load = calloc(cpp, sizeof(*b->load));
+    b->lanes = calloc(n, sizeof(*b->lanes)); /* at most one lane per item */
+    if (!b->items || !b->todo || !b->lane_items || !b->which || !b->groups || !b->slot_idx ||
+        !b->load || !b->lanes) {
+        xfer_batch_free(b);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    return MOONLET_OK;
+}
+
+/* Leases and opens connections for every group, in endpoint order, and lays
+ * out the lanes.  Groups that get no connection fail all their items. */
+static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
+{
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    size_t cpp = (size_t)x->conns_per_peer, nlanes = 0, nitems_before = 0;
+    for (size_t gi = 0; gi < ng; gi++) {
+        xfer_group *g = &b->groups[gi];
+        g->slot_idx = &b->slot_idx[gi * cpp];
+        size_t want = g->nitems < cpp ? g->nitems : cpp;
+        int rc = xfer_pool_lease(x, g, want, deadline);
+        if (rc == MOONLET_OK)
+            rc = xfer_pool_open(x, g);
+        if (rc) {
+            xfer_fail_group(g, rc);
+            g->nslots = 0;
+        }
+        g->first_lane = nlanes;
+        g->nlanes = g->nslots;
+        if (g->nslots)
+            xfer_assign_lanes(g, b->lanes, &b->lane_items[nitems_before],
+                              &b->which[nitems_before], b->load);
+        nlanes += g->nslots;
+        nitems_before += g->nitems;
+    }
+    return nlanes;
+}
+
+int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
+{
+    if (!x || (!ops && n))
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (n == 0)
+        return MOONLET_OK;
+    xfer_batch b;
+    if (xfer_batch_alloc(x, n, &b)) {
+        for (size_t i = 0; i < n; i++)
+            ops[i].status = MOONLET_ERR_INTERNAL_ERROR;
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    size_t ntodo = xfer_collect(x, ops, n, b.items, b.todo);
+    size_t ng = xfer_group_items(b.todo, ntodo, b.groups);
+    size_t nlanes = xfer_batch_lanes(x, &b, ng);
+    if (nlanes)
+        x->be->run(x, b.lanes, nlanes);
+    for (size_t gi = 0; gi < ng; gi++)
+        if (b.groups[gi].nslots)
+            xfer_pool_release(x, &b.groups[gi], b.lanes);
+    xfer_batch_free(&b);
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].status)
+            return ops[i].status;
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_read(moonlet_xfer *x, const char *endpoint, const char *segment_id,
+                      uint64_t offset, void *dst, uint64_t len)
+{
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_READ, .endpoint = endpoint,
+                          .segment_id = segment_id, .offset = offset, .local = dst, .len = len};
+    return moonlet_xfer_submit(x, &op, 1);
+}
+
+int moonlet_xfer_write(moonlet_xfer *x, const char *endpoint, const char *segment_id,
+                       uint64_t offset, const void *src, uint64_t len)
+{
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = endpoint,
+                          .segment_id = segment_id, .offset = offset, .local = (void *)src,
+                          .len = len};
+    return moonlet_xfer_submit(x, &op, 1);
+}

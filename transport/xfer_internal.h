@@ -1,0 +1,111 @@
+/*
+ * xfer_internal.h - what xfer.c shares with its two backends (xfer_tcp.c,
+ * xfer_verbs.c).  Not installed, not part of the public API.
+ *
+ * xfer.c owns the options, the local-buffer registry and the per-peer
+ * connection pool; it validates each operation, groups a batch by peer,
+ * leases connections ("lanes") and hands them to the backend's run(), which
+ * moves the bytes of all lanes at once and writes each operation's status.
+ *
+ * Locks (all owned by xfer.c): pool_lock guards the peer list and the busy
+ * flags of its connection slots; buf_lock (a rwlock) guards the buffer list.
+ * Neither is held while a backend opens a connection or moves bytes, and
+ * they are never held together.
+ */
+#ifndef MOONLET_XFER_INTERNAL_H
+#define MOONLET_XFER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "xfer.h"
+
+/* One operation as a backend sees it: the caller's op plus what was parsed
+ * out of its segment id and the local registration it falls in. */
+typedef struct xfer_item {
+    moonlet_xfer_op *op;
+    uint64_t seg;          /* segment's 64-bit id */
+    uint64_t remote_addr;  /* verbs: remote VA of op->offset */
+    uint32_t rkey;         /* verbs: remote key */
+    uint32_t lkey;         /* verbs: local key of op->local */
+} xfer_item;
+
+/* A leased connection and the operations assigned to it, in order. */
+typedef struct xfer_lane {
+    void *conn;        /* backend connection (never NULL inside run()) */
+    xfer_item **items;
+    size_t nitems;
+    bool broken;       /* set by run(): close this connection afterwards */
+} xfer_lane;
+
+typedef struct xfer_backend {
+    const char *name; /* "tcp" or "rdma" */
+    /* Opens the device / binds the listener and starts serving threads. */
+    int (*start)(moonlet_xfer *x);
+    /* Stops serving and frees every backend resource (segments included). */
+    void (*stop)(moonlet_xfer *x);
+    int (*seg_add)(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info);
+    int (*seg_remove)(moonlet_xfer *x, const char *segment_id);
+    /* Local buffer registration (verbs: an MR); *handle is passed back. */
+    int (*buf_add)(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey);
+    void (*buf_remove)(moonlet_xfer *x, void *handle);
+    /* Parses op->segment_id into *it and checks what can be checked locally;
+     * returns the op's status (0 = send it). */
+    int (*prepare)(moonlet_xfer *x, xfer_item *it);
+    int (*conn_open)(moonlet_xfer *x, const char *endpoint, void **conn);
+    void (*conn_close)(moonlet_xfer *x, void *conn);
+    /* Runs every lane to completion; sets each item's op->status. */
+    void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
+} xfer_backend;
+
+struct xfer_peer;
+struct xfer_buffer;
+
+struct moonlet_xfer {
+    const xfer_backend *be;
+    void *be_state;
+
+    /* options, copied at create */
+    char *device;
+    char *listen_addr;
+    char *token;        /* NULL when no token */
+    size_t token_len;
+    int conns_per_peer;
+    int server_threads;
+    uint32_t timeout_ms;
+
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
+
+    pthread_rwlock_t buf_lock;
+    struct xfer_buffer *bufs;
+
+    pthread_mutex_t pool_lock;
+    pthread_cond_t pool_cond;
+    struct xfer_peer *peers;
+};
+
+extern const xfer_backend moonlet_xfer_tcp_backend;
+extern const xfer_backend moonlet_xfer_verbs_backend;
+
+/* Discovery only: 0 when an RDMA device (named, or any) has an ACTIVE port;
+ * else UNAVAILABLE_IN_CURRENT_STATUS with the reason in why. */
+int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap);
+
+/* Finds the registration holding [addr, addr + len); 0 and *lkey, or
+ * INVALID_PARAMS.  Takes buf_lock shared. */
+int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey);
+
+/* Splits "host:port" / "[v6]:port" into host and port. */
+int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_cap,
+                                uint16_t *port);
+/* Formats a socket address as an endpoint ("1.2.3.4:5", "[::1]:5"). */
+int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
+/* A random, non-zero 64-bit id (getrandom). */
+uint64_t moonlet_xfer_random_id(void);
+/* Milliseconds on CLOCK_MONOTONIC. */
+uint64_t moonlet_xfer_now_ms(void);
+/* Constant-time equality of two byte strings (time depends on lengths only). */
+bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen);
+
+#endif

@@ -1,0 +1,1129 @@
+/*
+ * xfer_tcp.c - the TCP backend of the data-plane transport (xfer.h), and the
+ * wire header codec (xfer_tcp.h).
+ *
+ * Serving side.  An acceptor thread hands each accepted connection to one
+ * epoll set shared by a pool of worker threads (EPOLLONESHOT: a connection is
+ * served by one worker at a time, so its replies leave in request order).  A
+ * worker serves a request completely with blocking I/O bounded by
+ * SO_RCVTIMEO/SO_SNDTIMEO, then keeps going while more requests are already
+ * queued (up to a fairness limit) and re-arms the connection.  Payloads move
+ * without staging copies: a READ reply is one sendmsg of header + segment
+ * memory, a WRITE payload is received straight into the segment.  Every
+ * request is checked against its segment's bounds before memory is touched.
+ *
+ * Client side.  A connection is a non-blocking socket.  run() drives all the
+ * lanes of a batch from the calling thread with poll(): requests are
+ * pipelined (many headers and write payloads gathered into one sendmsg),
+ * replies are read in order, read payloads land directly in the caller's
+ * buffer.  A lane with no progress for timeout_ms, a closed socket or a reply
+ * that does not match fails its remaining operations with TRANSFER_FAIL.
+ *
+ * Locks: seg_lock (+ seg_cond) guards the segment list and each segment's
+ * in-flight count; conn_lock guards the server's connection list.  Neither is
+ * held during socket I/O; they are never nested.  Client connections are
+ * owned by one batch at a time (xfer.c's pool) and take no lock.
+ */
+#include "xfer_tcp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+#include "xfer_internal.h"
+
+#define MOD "xfer-tcp"
+
+#define TCP_SOCKBUF_BYTES (4 << 20)   /* SO_SNDBUF / SO_RCVBUF */
+#define TCP_SERVE_BURST 16            /* requests served before re-arming */
+#define TCP_PIPELINE_WINDOW 64        /* requests in flight per connection */
+#define TCP_GATHER_IOVS 64            /* iovecs per client sendmsg */
+#define TCP_DRAIN_CHUNK 16384
+
+
+/* ---- wire header -------------------------------------------------------- */
+
+static void put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    put_be32(p, (uint32_t)(v >> 32));
+    put_be32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get_be32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get_be64(const uint8_t *p)
+{
+    return (uint64_t)get_be32(p) << 32 | get_be32(p + 4);
+}
+
+void moonlet_xfer_tcp_hdr_encode(const moonlet_xfer_tcp_hdr *h,
+                                 uint8_t out[MOONLET_XFER_TCP_HDR_BYTES])
+{
+    memset(out, 0, MOONLET_XFER_TCP_HDR_BYTES);
+    put_be32(out, MOONLET_XFER_TCP_MAGIC);
+    out[4] = MOONLET_XFER_TCP_VERSION;
+    out[5] = h->op;
+    put_be32(out + 8, (uint32_t)h->status);
+    put_be64(out + 16, h->req_id);
+    put_be64(out + 24, h->segment);
+    put_be64(out + 32, h->offset);
+    put_be64(out + 40, h->length);
+}
+
+int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
+                                moonlet_xfer_tcp_hdr *h)
+{
+    if (get_be32(in) != MOONLET_XFER_TCP_MAGIC || in[4] != MOONLET_XFER_TCP_VERSION ||
+        in[6] || in[7] || get_be32(in + 12))
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint8_t base = in[5] & (uint8_t)~MOONLET_XFER_TCP_REPLY;
+    if (base < MOONLET_XFER_TCP_AUTH || base > MOONLET_XFER_TCP_WRITE)
+        return MOONLET_ERR_INVALID_PARAMS;
+    h->op = in[5];
+    h->status = (int32_t)get_be32(in + 8);
+    h->req_id = get_be64(in + 16);
+    h->segment = get_be64(in + 24);
+    h->offset = get_be64(in + 32);
+    h->length = get_be64(in + 40);
+    if (h->length > MOONLET_XFER_MAX_OP_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (base == MOONLET_XFER_TCP_AUTH && h->length > MOONLET_XFER_MAX_TOKEN_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return MOONLET_OK;
+}
+
+/* ---- socket helpers ----------------------------------------------------- */
+
+static void tcp_tune(int fd)
+{
+    int one = 1, buf = TCP_SOCKBUF_BYTES;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+static void tcp_set_timeouts(int fd, uint32_t ms)
+{
+    struct timeval tv = {.tv_sec = ms / 1000u, .tv_usec = (suseconds_t)(ms % 1000u) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+/* Blocking receive of exactly n bytes (the socket's SO_RCVTIMEO bounds each
+ * wait).  0, or -1 on EOF, error or timeout. */
+static int tcp_recv_all(int fd, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = recv(fd, p, n, MSG_WAITALL);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+        } else if (r < 0 && errno == EINTR) {
+            continue;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Advances an iovec array past `done` bytes; returns the new start. */
+static struct iovec *tcp_iov_advance(struct iovec *iov, int *cnt, size_t done)
+{
+    while (*cnt && done >= iov->iov_len) {
+        done -= iov->iov_len;
+        iov++;
+        (*cnt)--;
+    }
+    if (*cnt) {
+        iov->iov_base = (uint8_t *)iov->iov_base + done;
+        iov->iov_len -= done;
+    }
+    return iov;
+}
+
+/* Blocking send of every iovec (SO_SNDTIMEO bounds each wait). */
+static int tcp_send_all(int fd, struct iovec *iov, int cnt)
+{
+    while (cnt) {
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        iov = tcp_iov_advance(iov, &cnt, (size_t)w);
+    }
+    return 0;
+}
+
+/* ---- serving side: segments --------------------------------------------- */
+
+typedef struct tcp_segment {
+    uint64_t id;
+    uint8_t *base;
+    uint64_t size;
+    unsigned inflight; /* requests using the memory now */
+    bool removed;      /* unregister waits for inflight == 0 */
+    struct tcp_segment *next;
+} tcp_segment;
+
+/* A served connection.  Workers hand it to each other through epoll
+ * (EPOLLONESHOT): whoever epoll_wait returns it to owns it until re-arming. */
+typedef struct tcp_sconn {
+    int fd;
+    bool authed;
+    struct tcp_sconn *prev, *next;
+} tcp_sconn;
+
+typedef struct tcp_server {
+    int listen_fd;
+    int epfd;
+    int stop_fd; /* eventfd, level-triggered in epfd: wakes every worker */
+    pthread_t acceptor;
+    pthread_t *workers;
+    int nworkers;
+    atomic_bool stopping;
+    uint32_t timeout_ms;
+    const char *token; /* the instance's copy */
+    size_t token_len;
+
+    pthread_mutex_t seg_lock;
+    pthread_cond_t seg_cond;
+    tcp_segment *segs;
+
+    pthread_mutex_t conn_lock;
+    tcp_sconn *conns;
+} tcp_server;
+
+static tcp_segment *tcp_seg_acquire(tcp_server *s, uint64_t id)
+{
+    pthread_mutex_lock(&s->seg_lock);
+    tcp_segment *g = s->segs;
+    while (g && (g->id != id || g->removed))
+        g = g->next;
+    if (g)
+        g->inflight++;
+    pthread_mutex_unlock(&s->seg_lock);
+    return g;
+}
+
+static void tcp_seg_release(tcp_server *s, tcp_segment *g)
+{
+    pthread_mutex_lock(&s->seg_lock);
+    if (--g->inflight == 0 && g->removed)
+        pthread_cond_broadcast(&s->seg_cond);
+    pthread_mutex_unlock(&s->seg_lock);
+}
+
+static int tcp_parse_seg_id(const char *s, uint64_t *id)
+{
+    if (strlen(s) != 16)
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = s[i];
+        unsigned d;
+        if (c >= '0' && c <= '9')
+            d = (unsigned)(c - '0');
+        else if (c >= 'a' && c <= 'f')
+            d = (unsigned)(c - 'a' + 10);
+        else
+            return MOONLET_ERR_SEGMENT_NOT_FOUND;
+        v = v << 4 | d;
+    }
+    *id = v;
+    return MOONLET_OK;
+}
+
+static int tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info)
+{
+    tcp_server *s = x->be_state;
+    tcp_segment *g = calloc(1, sizeof(*g));
+    if (!g)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    g->id = moonlet_xfer_random_id();
+    g->base = base;
+    g->size = len;
+    pthread_mutex_lock(&s->seg_lock);
+    g->next = s->segs;
+    s->segs = g;
+    pthread_mutex_unlock(&s->seg_lock);
+    snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
+    snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
+    snprintf(info->protocol, sizeof(info->protocol), "tcp");
+    info->base = (uint64_t)(uintptr_t)base;
+    info->size = len;
+    ML_INFO(MOD, "segment %s registered: %" PRIu64 " bytes at %s", info->segment_id, len,
+            x->endpoint);
+    return MOONLET_OK;
+}
+
+static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
+{
+    tcp_server *s = x->be_state;
+    uint64_t id;
+    if (!s || tcp_parse_seg_id(segment_id, &id))
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    pthread_mutex_lock(&s->seg_lock);
+    tcp_segment **pp = &s->segs;
+    while (*pp && ((*pp)->id != id || (*pp)->removed))
+        pp = &(*pp)->next;
+    tcp_segment *g = *pp;
+    if (!g) {
+        pthread_mutex_unlock(&s->seg_lock);
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    }
+    g->removed = true;
+    while (g->inflight)
+        pthread_cond_wait(&s->seg_cond, &s->seg_lock);
+    for (pp = &s->segs; *pp != g; pp = &(*pp)->next)
+        ;
+    *pp = g->next;
+    pthread_mutex_unlock(&s->seg_lock);
+    free(g);
+    return MOONLET_OK;
+}
+
+/* ---- serving side: requests --------------------------------------------- */
+
+static int tcp_reply(int fd, const moonlet_xfer_tcp_hdr *req, int status, const void *payload,
+                     uint64_t len)
+{
+    moonlet_xfer_tcp_hdr h = *req;
+    uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
+    h.op = (uint8_t)(req->op | MOONLET_XFER_TCP_REPLY);
+    h.status = status;
+    h.length = status ? 0 : len;
+    moonlet_xfer_tcp_hdr_encode(&h, buf);
+    struct iovec iov[2] = {{buf, sizeof(buf)}, {(void *)payload, status ? 0 : len}};
+    return tcp_send_all(fd, iov, status || !len ? 1 : 2);
+}
+
+/* Reads and discards n payload bytes of a refused write. */
+static int tcp_drain(int fd, uint64_t n)
+{
+    uint8_t sink[TCP_DRAIN_CHUNK];
+    while (n) {
+        size_t k = n < sizeof(sink) ? (size_t)n : sizeof(sink);
+        if (tcp_recv_all(fd, sink, k))
+            return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+/* The segment the request names, with its range checked; NULL and *status. */
+static tcp_segment *tcp_check_request(tcp_server *s, const moonlet_xfer_tcp_hdr *h, int *status)
+{
+    tcp_segment *g = tcp_seg_acquire(s, h->segment);
+    if (!g) {
+        *status = MOONLET_ERR_SEGMENT_NOT_FOUND;
+        return NULL;
+    }
+    if (h->offset > g->size || h->length > g->size - h->offset) {
+        tcp_seg_release(s, g);
+        *status = MOONLET_ERR_INVALID_PARAMS;
+        return NULL;
+    }
+    *status = MOONLET_OK;
+    return g;
+}
+
+static int tcp_serve_auth(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+{
+    uint8_t tok[MOONLET_XFER_MAX_TOKEN_BYTES];
+    if (tcp_recv_all(c->fd, tok, (size_t)h->length))
+        return -1;
+    bool ok = !s->token || moonlet_xfer_token_equal(tok, (size_t)h->length, s->token,
+                                                    s->token_len);
+    explicit_bzero(tok, sizeof(tok));
+    if (!ok) {
+        ML_WARN(MOD, "connection refused: wrong auth token");
+        tcp_reply(c->fd, h, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
+        return -1;
+    }
+    c->authed = true;
+    return tcp_reply(c->fd, h, MOONLET_OK, NULL, 0);
+}
+
+/*
+ * The two places segment memory meets a socket.  They are separate,
+ * never-inlined functions so a ThreadSanitizer run whose clients share the
+ * process can name them: the ordering between these copies and a client's
+ * next request travels through the loopback socket, which TSan cannot see.
+ */
+__attribute__((noinline)) static int tcp_segment_send(int fd, const moonlet_xfer_tcp_hdr *h,
+                                                      const uint8_t *src)
+{
+    return tcp_reply(fd, h, MOONLET_OK, src, h->length);
+}
+
+__attribute__((noinline)) static int tcp_segment_recv(int fd, uint8_t *dst, uint64_t len)
+{
+    int rc = 0;
+    while (len && rc == 0) { /* recv() takes a size_t: chunk very large writes */
+        size_t k = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        rc = tcp_recv_all(fd, dst, k);
+        dst += k;
+        len -= k;
+    }
+    return rc;
+}
+
+static int tcp_serve_read(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+{
+    int status;
+    tcp_segment *g = tcp_check_request(s, h, &status);
+    if (!g)
+        return tcp_reply(c->fd, h, status, NULL, 0);
+    int rc = tcp_segment_send(c->fd, h, g->base + h->offset);
+    tcp_seg_release(s, g);
+    return rc;
+}
+
+static int tcp_serve_write(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+{
+    int status;
+    tcp_segment *g = tcp_check_request(s, h, &status);
+    if (!g) {
+        if (tcp_drain(c->fd, h->length))
+            return -1;
+        return tcp_reply(c->fd, h, status, NULL, 0);
+    }
+    int rc = tcp_segment_recv(c->fd, g->base + h->offset, h->length);
+    tcp_seg_release(s, g);
+    return rc ? -1 : tcp_reply(c->fd, h, MOONLET_OK, NULL, 0);
+}
+
+/* Serves one request.  0 keeps the connection, -1 closes it. */
+static int tcp_serve_one(tcp_server *s, tcp_sconn *c)
+{
+    uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
+    moonlet_xfer_tcp_hdr h;
+    if (tcp_recv_all(c->fd, buf, sizeof(buf)))
+        return -1;
+    if (moonlet_xfer_tcp_hdr_decode(buf, &h) || (h.op & MOONLET_XFER_TCP_REPLY)) {
+        ML_WARN(MOD, "malformed request header, closing connection");
+        return -1;
+    }
+    if (h.op == MOONLET_XFER_TCP_AUTH)
+        return tcp_serve_auth(s, c, &h);
+    if (s->token && !c->authed) {
+        ML_WARN(MOD, "request before authentication, closing connection");
+        tcp_reply(c->fd, &h, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
+        return -1;
+    }
+    if (h.op == MOONLET_XFER_TCP_READ)
+        return tcp_serve_read(s, c, &h);
+    return tcp_serve_write(s, c, &h);
+}
+
+static bool tcp_more_pending(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
+{
+    pthread_mutex_lock(&s->conn_lock);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&s->conn_lock);
+    epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    free(c);
+}
+
+/*
+ * Hands a connection (back) to the pool: the next worker epoll_wait returns
+ * it to owns it.  Re-arming is DEL + ADD rather than MOD: ADD is the hand-off
+ * ThreadSanitizer understands (and one extra syscall per burst is noise next
+ * to the transfer), so a sanitizer run shows real races only.
+ */
+static int tcp_arm(tcp_server *s, tcp_sconn *c, bool rearm)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+    if (rearm)
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    return epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev);
+}
+
+/* A worker was handed a readable connection: serve a burst, then re-arm. */
+static void tcp_serve_conn(tcp_server *s, tcp_sconn *c)
+{
+    for (int i = 0; i < TCP_SERVE_BURST; i++) {
+        if (atomic_load(&s->stopping) || tcp_serve_one(s, c)) {
+            tcp_sconn_close(s, c);
+            return;
+        }
+        if (!tcp_more_pending(c->fd))
+            break;
+    }
+    if (tcp_arm(s, c, true))
+        tcp_sconn_close(s, c);
+}
+
+static void *tcp_worker_main(void *arg)
+{
+    tcp_server *s = arg;
+    for (;;) {
+        struct epoll_event ev;
+        int n = epoll_wait(s->epfd, &ev, 1, -1);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || ev.data.ptr == NULL || atomic_load(&s->stopping))
+            break;
+        tcp_serve_conn(s, ev.data.ptr);
+    }
+    return NULL;
+}
+
+static void tcp_accept_one(tcp_server *s)
+{
+    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    tcp_sconn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return;
+    }
+    tcp_tune(fd);
+    tcp_set_timeouts(fd, s->timeout_ms);
+    c->fd = fd;
+    pthread_mutex_lock(&s->conn_lock);
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+    pthread_mutex_unlock(&s->conn_lock);
+    if (tcp_arm(s, c, false))
+        tcp_sconn_close(s, c);
+}
+
+static void *tcp_acceptor_main(void *arg)
+{
+    tcp_server *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
+                              {.fd = s->stop_fd, .events = POLLIN}};
+        int n = poll(p, 2, -1);
+        if (n < 0 && errno != EINTR)
+            break;
+        if (p[1].revents)
+            break;
+        if (p[0].revents & POLLIN)
+            tcp_accept_one(s);
+    }
+    return NULL;
+}
+
+/* ---- serving side: lifetime --------------------------------------------- */
+
+static int tcp_listen(moonlet_xfer *x, tcp_server *s)
+{
+    char host[256], port_s[8];
+    uint16_t port;
+    moonlet_xfer_split_endpoint(x->listen_addr, host, sizeof(host), &port);
+    snprintf(port_s, sizeof(port_s), "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res;
+    if (getaddrinfo(host, port_s, &hints, &res)) {
+        ML_ERR(MOD, "cannot resolve listen address %s", x->listen_addr);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024)) {
+        ML_ERR(MOD, "cannot listen on %s: %s", x->listen_addr, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(res);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    s->listen_fd = fd;
+    return moonlet_xfer_format_endpoint(&ss, x->endpoint, sizeof(x->endpoint));
+}
+
+static void tcp_server_free(tcp_server *s)
+{
+    tcp_sconn *c = s->conns;
+    while (c) {
+        tcp_sconn *next = c->next;
+        close(c->fd);
+        free(c);
+        c = next;
+    }
+    tcp_segment *g = s->segs;
+    while (g) {
+        tcp_segment *next = g->next;
+        free(g);
+        g = next;
+    }
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    if (s->epfd >= 0)
+        close(s->epfd);
+    if (s->stop_fd >= 0)
+        close(s->stop_fd);
+    pthread_mutex_destroy(&s->seg_lock);
+    pthread_cond_destroy(&s->seg_cond);
+    pthread_mutex_destroy(&s->conn_lock);
+    free(s->workers);
+    free(s);
+}
+
+/* Wakes and joins every thread; closes connections blocked in I/O. */
+static void tcp_server_stop_threads(tcp_server *s, bool acceptor_started)
+{
+    atomic_store(&s->stopping, true);
+    uint64_t one = 1;
+    ssize_t w = write(s->stop_fd, &one, sizeof(one));
+    (void)w;
+    if (acceptor_started)
+        pthread_join(s->acceptor, NULL);
+    pthread_mutex_lock(&s->conn_lock);
+    for (tcp_sconn *c = s->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->conn_lock);
+    for (int i = 0; i < s->nworkers; i++)
+        pthread_join(s->workers[i], NULL);
+    s->nworkers = 0;
+}
+
+static int tcp_server_threads(moonlet_xfer *x, tcp_server *s)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->stop_fd, &ev))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->workers = calloc((size_t)x->server_threads, sizeof(pthread_t));
+    if (!s->workers)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (int i = 0; i < x->server_threads; i++) {
+        if (pthread_create(&s->workers[i], NULL, tcp_worker_main, s)) {
+            tcp_server_stop_threads(s, false);
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+        s->nworkers++;
+    }
+    if (pthread_create(&s->acceptor, NULL, tcp_acceptor_main, s)) {
+        tcp_server_stop_threads(s, false);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    return MOONLET_OK;
+}
+
+static int tcp_start(moonlet_xfer *x)
+{
+    if (!x->listen_addr)
+        return MOONLET_OK; /* client only */
+    tcp_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->listen_fd = -1;
+    s->timeout_ms = x->timeout_ms;
+    s->token = x->token;
+    s->token_len = x->token_len;
+    pthread_mutex_init(&s->seg_lock, NULL);
+    pthread_cond_init(&s->seg_cond, NULL);
+    pthread_mutex_init(&s->conn_lock, NULL);
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    s->stop_fd = eventfd(0, EFD_CLOEXEC);
+    int rc = s->epfd < 0 || s->stop_fd < 0 ? MOONLET_ERR_INTERNAL_ERROR : tcp_listen(x, s);
+    if (rc == MOONLET_OK)
+        rc = tcp_server_threads(x, s);
+    if (rc) {
+        tcp_server_free(s);
+        x->endpoint[0] = '\0';
+        return rc;
+    }
+    x->be_state = s;
+    ML_INFO(MOD, "serving on %s with %d threads", x->endpoint, x->server_threads);
+    return MOONLET_OK;
+}
+
+static void tcp_stop(moonlet_xfer *x)
+{
+    tcp_server *s = x->be_state;
+    if (!s)
+        return;
+    tcp_server_stop_threads(s, true);
+    tcp_server_free(s);
+    x->be_state = NULL;
+}
+
+/* ---- client side: connections ------------------------------------------- */
+
+typedef struct tcp_cconn {
+    int fd;
+    uint64_t next_req;
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+} tcp_cconn;
+
+/* Waits until fd is ready for `events` or the deadline passes. */
+static int tcp_wait(int fd, short events, uint64_t deadline_ms)
+{
+    for (;;) {
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= deadline_ms)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, (int)(deadline_ms - now));
+        if (n > 0)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+static int tcp_connect_addr(const struct addrinfo *ai, uint64_t deadline_ms)
+{
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    tcp_tune(fd);
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS)
+        goto fail;
+    if (tcp_wait(fd, POLLOUT, deadline_ms))
+        goto fail;
+    int err = 0;
+    socklen_t el = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) {
+        errno = err;
+        goto fail;
+    }
+    return fd;
+fail:
+    close(fd);
+    return -1;
+}
+
+/* Non-blocking exchange of exactly n bytes in one direction, by deadline. */
+static int tcp_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EINTR))
+            return -1;
+        if (tcp_wait(fd, out ? POLLOUT : POLLIN, deadline_ms))
+            return -1;
+    }
+    return 0;
+}
+
+/* Sends AUTH and waits for its reply. */
+static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
+{
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_AUTH, .req_id = c->next_req++,
+                              .length = x->token_len};
+    uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
+    moonlet_xfer_tcp_hdr_encode(&h, buf);
+    if (tcp_io_by(c->fd, true, buf, sizeof(buf), deadline_ms) ||
+        tcp_io_by(c->fd, true, x->token, x->token_len, deadline_ms) ||
+        tcp_io_by(c->fd, false, buf, sizeof(buf), deadline_ms))
+        return MOONLET_ERR_TRANSFER_FAIL;
+    moonlet_xfer_tcp_hdr r;
+    if (moonlet_xfer_tcp_hdr_decode(buf, &r) ||
+        r.op != (MOONLET_XFER_TCP_AUTH | MOONLET_XFER_TCP_REPLY) || r.req_id != h.req_id)
+        return MOONLET_ERR_TRANSFER_FAIL;
+    return r.status == MOONLET_OK ? MOONLET_OK : MOONLET_ERR_ILLEGAL_CLIENT;
+}
+
+static int tcp_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
+{
+    char host[256], port_s[8];
+    uint16_t port;
+    if (moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+        return MOONLET_ERR_INVALID_PARAMS;
+    snprintf(port_s, sizeof(port_s), "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res;
+    if (getaddrinfo(host, port_s, &hints, &res)) {
+        ML_WARN(MOD, "cannot resolve %s", endpoint);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+        fd = tcp_connect_addr(ai, deadline);
+    freeaddrinfo(res);
+    if (fd < 0) {
+        ML_WARN(MOD, "cannot connect to %s: %s", endpoint, strerror(errno));
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    tcp_cconn *c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    c->fd = fd;
+    c->next_req = 1;
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    int rc = x->token ? tcp_authenticate(x, c, deadline) : MOONLET_OK;
+    if (rc) {
+        ML_WARN(MOD, "authentication to %s failed: %s", endpoint, moonlet_strerror(rc));
+        close(fd);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return MOONLET_OK;
+}
+
+static void tcp_conn_close(moonlet_xfer *x, void *conn)
+{
+    tcp_cconn *c = conn;
+    close(c->fd);
+    free(c);
+}
+
+/* ---- client side: running a batch --------------------------------------- */
+
+/* Progress of one lane: requests are sent ahead of replies (up to the
+ * pipeline window); replies are parsed in order. */
+typedef struct tcp_lane_run {
+    xfer_lane *lane;
+    tcp_cconn *c;
+    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES]; /* encoded request per item */
+    uint64_t *req_ids;
+    size_t send_i;     /* first item not fully sent */
+    uint64_t send_off; /* bytes of item send_i already sent (header + payload) */
+    size_t recv_i;     /* item whose reply is next */
+    uint8_t rhdr[MOONLET_XFER_TCP_HDR_BYTES];
+    size_t rhdr_got;
+    bool in_payload;
+    uint64_t rpay_got;
+    uint64_t last_progress;
+    bool done;
+} tcp_lane_run;
+
+static void tcp_lane_fail(tcp_lane_run *r, int status, const char *why)
+{
+    if (status == MOONLET_ERR_TRANSFER_FAIL)
+        ML_WARN(MOD, "transfer to %s failed: %s", r->c->endpoint, why);
+    for (size_t i = r->recv_i; i < r->lane->nitems; i++)
+        r->lane->items[i]->op->status = status;
+    r->lane->broken = true;
+    r->done = true;
+}
+
+static uint64_t tcp_item_stream_len(const xfer_item *it)
+{
+    return MOONLET_XFER_TCP_HDR_BYTES + (it->op->opcode == MOONLET_XFER_WRITE ? it->op->len : 0);
+}
+
+static void tcp_encode_requests(tcp_lane_run *r)
+{
+    for (size_t i = 0; i < r->lane->nitems; i++) {
+        const xfer_item *it = r->lane->items[i];
+        moonlet_xfer_tcp_hdr h = {
+            .op = it->op->opcode == MOONLET_XFER_READ ? MOONLET_XFER_TCP_READ
+                                                      : MOONLET_XFER_TCP_WRITE,
+            .req_id = r->c->next_req++, .segment = it->seg, .offset = it->op->offset,
+            .length = it->op->len};
+        r->req_ids[i] = h.req_id;
+        moonlet_xfer_tcp_hdr_encode(&h, r->hdrs[i]);
+    }
+}
+
+/* Gathers the unsent bytes of items send_i.. (within the window) into iov. */
+static int tcp_gather(tcp_lane_run *r, struct iovec *iov)
+{
+    int n = 0;
+    uint64_t skip = r->send_off;
+    for (size_t i = r->send_i; i < r->lane->nitems && i < r->recv_i + TCP_PIPELINE_WINDOW &&
+                               n + 2 <= TCP_GATHER_IOVS;
+         i++) {
+        const moonlet_xfer_op *op = r->lane->items[i]->op;
+        uint64_t hskip = skip < MOONLET_XFER_TCP_HDR_BYTES ? skip : MOONLET_XFER_TCP_HDR_BYTES;
+        if (hskip < MOONLET_XFER_TCP_HDR_BYTES)
+            iov[n++] = (struct iovec){r->hdrs[i] + hskip, MOONLET_XFER_TCP_HDR_BYTES - hskip};
+        if (op->opcode == MOONLET_XFER_WRITE) {
+            uint64_t pskip = skip - hskip;
+            iov[n++] = (struct iovec){(uint8_t *)op->local + pskip, (size_t)(op->len - pskip)};
+        }
+        skip = 0;
+    }
+    return n;
+}
+
+/* Marks `sent` bytes as sent, advancing send_i / send_off. */
+static void tcp_advance_send(tcp_lane_run *r, uint64_t sent)
+{
+    while (sent) {
+        uint64_t left = tcp_item_stream_len(r->lane->items[r->send_i]) - r->send_off;
+        if (sent < left) {
+            r->send_off += sent;
+            return;
+        }
+        sent -= left;
+        r->send_i++;
+        r->send_off = 0;
+    }
+}
+
+static int tcp_recv_step(tcp_lane_run *r, bool *progress);
+
+/* Sends as much as the socket takes.  0, or -1 when the lane failed. */
+static int tcp_send_step(tcp_lane_run *r, bool *progress)
+{
+    while (r->send_i < r->lane->nitems && r->send_i < r->recv_i + TCP_PIPELINE_WINDOW) {
+        struct iovec iov[TCP_GATHER_IOVS];
+        int n = tcp_gather(r, iov);
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(r->c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return 0;
+            int err = errno;
+            bool ignored;
+            /* The peer may have refused us (ILLEGAL_CLIENT) before closing. */
+            if (tcp_recv_step(r, &ignored) == 0)
+                tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, strerror(err));
+            return -1;
+        }
+        *progress = true;
+        tcp_advance_send(r, (uint64_t)w);
+    }
+    return 0;
+}
+
+/* Checks a complete reply header against the request it answers. */
+static int tcp_check_reply(tcp_lane_run *r, const moonlet_xfer_tcp_hdr *h)
+{
+    const moonlet_xfer_op *op = r->lane->items[r->recv_i]->op;
+    uint8_t want = (uint8_t)((op->opcode == MOONLET_XFER_READ ? MOONLET_XFER_TCP_READ
+                                                               : MOONLET_XFER_TCP_WRITE) |
+                             MOONLET_XFER_TCP_REPLY);
+    if (h->op != want || h->req_id != r->req_ids[r->recv_i] || h->status > 0)
+        return -1;
+    uint64_t want_len = h->status == 0 && op->opcode == MOONLET_XFER_READ ? op->len : 0;
+    return h->length == want_len ? 0 : -1;
+}
+
+static void tcp_complete_item(tcp_lane_run *r, int status)
+{
+    r->lane->items[r->recv_i]->op->status = status;
+    r->recv_i++;
+    r->rhdr_got = 0;
+    r->in_payload = false;
+    r->rpay_got = 0;
+    if (r->recv_i == r->lane->nitems)
+        r->done = true;
+}
+
+/* Handles a complete reply header.  0, or -1 when the lane failed. */
+static int tcp_on_reply_header(tcp_lane_run *r)
+{
+    moonlet_xfer_tcp_hdr h;
+    if (moonlet_xfer_tcp_hdr_decode(r->rhdr, &h) || tcp_check_reply(r, &h)) {
+        tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, "reply does not match its request");
+        return -1;
+    }
+    if (h.status == MOONLET_ERR_ILLEGAL_CLIENT) {
+        tcp_lane_fail(r, MOONLET_ERR_ILLEGAL_CLIENT, "not authenticated");
+        return -1;
+    }
+    if (h.status || h.length == 0)
+        tcp_complete_item(r, h.status);
+    else
+        r->in_payload = true;
+    return 0;
+}
+
+/* Reads whatever replies have arrived.  0, or -1 when the lane failed. */
+static int tcp_recv_step(tcp_lane_run *r, bool *progress)
+{
+    while (!r->done && (r->recv_i < r->send_i || (r->recv_i == r->send_i && r->send_off))) {
+        ssize_t got;
+        if (!r->in_payload) {
+            got = recv(r->c->fd, r->rhdr + r->rhdr_got, sizeof(r->rhdr) - r->rhdr_got,
+                       MSG_DONTWAIT);
+        } else {
+            moonlet_xfer_op *op = r->lane->items[r->recv_i]->op;
+            uint64_t left = op->len - r->rpay_got;
+            got = recv(r->c->fd, (uint8_t *)op->local + r->rpay_got,
+                       left > (1u << 30) ? (1u << 30) : (size_t)left, MSG_DONTWAIT);
+        }
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
+            tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL,
+                          got == 0 ? "connection closed by peer" : strerror(errno));
+            return -1;
+        }
+        if (got < 0)
+            return 0;
+        *progress = true;
+        if (!r->in_payload) {
+            r->rhdr_got += (size_t)got;
+            if (r->rhdr_got == sizeof(r->rhdr) && tcp_on_reply_header(r))
+                return -1;
+        } else {
+            r->rpay_got += (uint64_t)got;
+            if (r->rpay_got == r->lane->items[r->recv_i]->op->len)
+                tcp_complete_item(r, MOONLET_OK);
+        }
+    }
+    return 0;
+}
+
+/* One non-blocking pass over a lane; checks its inactivity deadline. */
+static void tcp_lane_step(moonlet_xfer *x, tcp_lane_run *r, uint64_t now)
+{
+    bool progress = false;
+    if (tcp_send_step(r, &progress) == 0 && tcp_recv_step(r, &progress) == 0 && !r->done) {
+        if (progress)
+            r->last_progress = now;
+        else if (now - r->last_progress >= x->timeout_ms)
+            tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, "timed out");
+    }
+}
+
+/* Milliseconds poll() may sleep before some lane's deadline. */
+static int tcp_poll_timeout(moonlet_xfer *x, tcp_lane_run *runs, size_t n, uint64_t now)
+{
+    uint64_t best = x->timeout_ms;
+    for (size_t i = 0; i < n; i++) {
+        if (runs[i].done)
+            continue;
+        uint64_t end = runs[i].last_progress + x->timeout_ms;
+        uint64_t left = end > now ? end - now : 0;
+        if (left < best)
+            best = left;
+    }
+    return (int)best;
+}
+
+static void tcp_run_loop(moonlet_xfer *x, tcp_lane_run *runs, struct pollfd *pfds, size_t n)
+{
+    for (;;) {
+        uint64_t now = moonlet_xfer_now_ms();
+        size_t active = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!runs[i].done)
+                tcp_lane_step(x, &runs[i], now);
+            pfds[i].fd = runs[i].done ? -1 : runs[i].c->fd;
+            pfds[i].events = POLLIN;
+            if (!runs[i].done && runs[i].send_i < runs[i].lane->nitems &&
+                runs[i].send_i < runs[i].recv_i + TCP_PIPELINE_WINDOW)
+                pfds[i].events |= POLLOUT;
+            active += !runs[i].done;
+        }
+        if (!active)
+            return;
+        int rc = poll(pfds, n, tcp_poll_timeout(x, runs, n, now));
+        if (rc < 0 && errno != EINTR) {
+            for (size_t i = 0; i < n; i++)
+                if (!runs[i].done)
+                    tcp_lane_fail(&runs[i], MOONLET_ERR_TRANSFER_FAIL, strerror(errno));
+            return;
+        }
+    }
+}
+
+static void tcp_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < nlanes; i++)
+        total += lanes[i].nitems;
+    tcp_lane_run *runs = calloc(nlanes, sizeof(*runs));
+    struct pollfd *pfds = calloc(nlanes, sizeof(*pfds));
+    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES] = calloc(total, sizeof(*hdrs));
+    uint64_t *ids = calloc(total, sizeof(*ids));
+    if (!runs || !pfds || !hdrs || !ids) {
+        for (size_t i = 0; i < nlanes; i++)
+            for (size_t k = 0; k < lanes[i].nitems; k++)
+                lanes[i].items[k]->op->status = MOONLET_ERR_INTERNAL_ERROR;
+    } else {
+        uint64_t now = moonlet_xfer_now_ms();
+        size_t pos = 0;
+        for (size_t i = 0; i < nlanes; i++) {
+            runs[i] = (tcp_lane_run){.lane = &lanes[i], .c = lanes[i].conn, .hdrs = &hdrs[pos],
+                                     .req_ids = &ids[pos], .last_progress = now};
+            pos += lanes[i].nitems;
+            tcp_encode_requests(&runs[i]);
+        }
+        tcp_run_loop(x, runs, pfds, nlanes);
+    }
+    free(runs);
+    free(pfds);
+    free(hdrs);
+    free(ids);
+}
+
+/* ---- the rest of the backend ------------------------------------------- */
+
+static int tcp_prepare(moonlet_xfer *x, xfer_item *it)
+{
+    return tcp_parse_seg_id(it->op->segment_id, &it->seg);
+}
+
+static int tcp_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey)
+{
+    *handle = NULL; /* TCP needs no registration; xfer.c keeps the bookkeeping */
+    *lkey = 0;
+    return MOONLET_OK;
+}
+
+static void tcp_buf_remove(moonlet_xfer *x, void *handle) {}
+
+const xfer_backend moonlet_xfer_tcp_backend = {
+    .name = "tcp",
+    .start = tcp_start,
+    .stop = tcp_stop,
+    .seg_add = tcp_seg_add,
+    .seg_remove = tcp_seg_remove,
+    .buf_add = tcp_buf_add,
+    .buf_remove = tcp_buf_remove,
+    .prepare = tcp_prepare,
+    .conn_open = tcp_conn_open,
+    .conn_close = tcp_conn_close,
+    .run = tcp_run,
+};

@@ -1,0 +1,61 @@
+/*
+ * xfer_tcp.h - the TCP data-plane wire header (internal to transport/ and its
+ * tests; pure: no I/O, no locks).
+ *
+ * Every message starts with a fixed 48-byte header, all integers big-endian:
+ *
+ *   0  u32 magic    'MLXF' (0x4d4c5846)
+ *   4  u8  version  1
+ *   5  u8  op       AUTH 1, READ 2, WRITE 3; a reply sets bit 0x80
+ *   6  u16 reserved must be 0
+ *   8  i32 status   replies: 0 or a moonlet error code; requests: 0
+ *  12  u32 reserved must be 0
+ *  16  u64 request id (echoed in the reply)
+ *  24  u64 segment id
+ *  32  u64 offset
+ *  40  u64 length   payload bytes that follow THIS message
+ *
+ * AUTH  request: payload = the token (<= MOONLET_XFER_MAX_TOKEN_BYTES).
+ *       reply: status 0, or ILLEGAL_CLIENT and the server closes.
+ * READ  request: no payload, `length` = bytes wanted.  reply: status 0 and
+ *       exactly `length` payload bytes, or an error status and no payload.
+ * WRITE request: `length` payload bytes.  reply: status, no payload.  A
+ *       refused write's payload is read and discarded, so the stream stays
+ *       in step and the connection stays usable.
+ * A server with a token answers any request before a successful AUTH with
+ * ILLEGAL_CLIENT and closes.  Replies on a connection come in request order.
+ * A header that does not decode (magic, version, reserved bits, op, a length
+ * above MOONLET_XFER_MAX_OP_BYTES) closes the connection without a reply.
+ */
+#ifndef MOONLET_XFER_TCP_H
+#define MOONLET_XFER_TCP_H
+
+#include <stdint.h>
+
+#define MOONLET_XFER_TCP_MAGIC 0x4d4c5846u
+#define MOONLET_XFER_TCP_VERSION 1u
+#define MOONLET_XFER_TCP_HDR_BYTES 48u
+
+enum moonlet_xfer_tcp_op {
+    MOONLET_XFER_TCP_AUTH = 1,
+    MOONLET_XFER_TCP_READ = 2,
+    MOONLET_XFER_TCP_WRITE = 3,
+    MOONLET_XFER_TCP_REPLY = 0x80,
+};
+
+typedef struct moonlet_xfer_tcp_hdr {
+    uint8_t op;
+    int32_t status;
+    uint64_t req_id;
+    uint64_t segment;
+    uint64_t offset;
+    uint64_t length;
+} moonlet_xfer_tcp_hdr;
+
+void moonlet_xfer_tcp_hdr_encode(const moonlet_xfer_tcp_hdr *h,
+                                 uint8_t out[MOONLET_XFER_TCP_HDR_BYTES]);
+/* Returns 0, or MOONLET_ERR_INVALID_PARAMS when the bytes are not a header. */
+int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
+                                moonlet_xfer_tcp_hdr *h);
+
+#endif

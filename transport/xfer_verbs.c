@@ -1,0 +1,897 @@
+/*
+ * xfer_verbs.c - the RDMA verbs backend of the data-plane transport (xfer.h),
+ * written for clusters of ConnectX-class NICs (RC queue pairs, rdma_cm).
+ *
+ * It follows the order of rdma-core's rping.c / rc_pingpong.c and names the
+ * steps the same way:
+ *   discovery   ibv_get_device_list: the named device, or the first with an
+ *               ACTIVE port; none -> UNAVAILABLE_IN_CURRENT_STATUS
+ *               ("no RDMA device"), which lets `auto` fall back to TCP.
+ *   PD          one protection domain per instance, allocated on the verbs
+ *               context rdma_cm uses for that device (rdma_get_devices), so
+ *               every cm_id of the instance can use it.
+ *   MR          segments: LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE; client
+ *               buffers: LOCAL_WRITE.
+ *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
+ *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
+ *               private data carries the right token digest, creating an RC
+ *               QP for it (it posts nothing: peers use one-sided operations).
+ *   client      per connection: event channel, rdma_resolve_addr ->
+ *               rdma_resolve_route -> CQ -> QP -> rdma_connect -> ESTABLISHED,
+ *               each step bounded by timeout_ms.
+ *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
+ *               split at the port's max_msg_sz, at most max_send_wr in flight
+ *               per QP; the CQ is polled (never blocked on).  A lane with no
+ *               completion for timeout_ms is timed out: its QP is moved to ERR
+ *               and its flushed completions drained before the QP is destroyed.
+ *   errors      every error work completion becomes TRANSFER_FAIL with a log
+ *               line naming ibv_wc_status_str() and what it usually means.
+ *
+ * The rkey and remote VA travel inside the segment id
+ * ("<id>.<rkey>.<base>.<size>", hex), so the first operation needs no extra
+ * round trip, and a client checks bounds before posting.
+ *
+ * Resource lifetimes (explicit, as in SPDK's nvmf/rdma.c): the instance owns
+ * the device list, PD, server CQ, listen id and event channel; a served
+ * connection owns its cm_id and QP; a client connection owns its event
+ * channel, cm_id, CQ and QP; each MR belongs to its segment or buffer.
+ * Everything is released in the reverse order of creation.
+ *
+ * Locks: `lock` guards the segment list and the served-connection list; it
+ * is never held while waiting for a CM event or polling a CQ.  Client
+ * connections are owned by one batch at a time (xfer.c) and take no lock.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <xxhash.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+#include "xfer_internal.h"
+
+#define MOD "xfer-rdma"
+
+#define VERBS_CONN_MAGIC 0x4d4c5856u /* 'MLXV' */
+#define VERBS_CONN_VERSION 1u
+#define VERBS_SEND_DEPTH 128u        /* max_send_wr per client QP */
+#define VERBS_POLL_BATCH 32
+#define VERBS_DRAIN_MS 1000u         /* bound on draining flushed WRs */
+
+/* Private data of a connect request (fits the 56 bytes RC allows). */
+typedef struct verbs_conn_req {
+    uint32_t magic;
+    uint8_t version;
+    uint8_t has_token;
+    uint16_t reserved;
+    uint8_t digest[16]; /* XXH3-128 of the token: the token itself never travels */
+} verbs_conn_req;
+
+/* Private data of a reject. */
+typedef struct verbs_conn_rej {
+    uint32_t magic;
+    int32_t status;
+} verbs_conn_rej;
+
+typedef struct verbs_seg {
+    uint64_t id;
+    struct ibv_mr *mr;
+    struct verbs_seg *next;
+} verbs_seg;
+
+/* A connection this instance accepted. */
+typedef struct verbs_sconn {
+    struct rdma_cm_id *id;
+    struct verbs_sconn *next;
+} verbs_sconn;
+
+typedef struct verbs_state {
+    struct ibv_context **cm_devs; /* rdma_get_devices() */
+    struct ibv_context *ctx;      /* the chosen device, owned by cm_devs */
+    char dev_name[64];
+    uint8_t port;
+    uint32_t max_msg;             /* port max_msg_sz */
+    uint8_t max_rd_atom;          /* device max_qp_rd_atom */
+    uint8_t max_init_rd_atom;     /* device max_qp_init_rd_atom */
+    struct ibv_pd *pd;
+    uint8_t digest[16];           /* of our token (client side) */
+
+    struct rdma_event_channel *ec; /* server */
+    struct rdma_cm_id *listen_id;
+    struct ibv_cq *srv_cq;
+    pthread_t cm_thread;
+    bool cm_started;
+    atomic_bool stopping;
+
+    pthread_mutex_t lock;
+    verbs_seg *segs;
+    verbs_sconn *sconns;
+} verbs_state;
+
+typedef struct verbs_cconn {
+    struct rdma_event_channel *ec;
+    struct rdma_cm_id *id;
+    struct ibv_cq *cq;
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+} verbs_cconn;
+
+/* ---- discovery ---------------------------------------------------------- */
+
+/* First ACTIVE port of an open device, or 0. */
+static uint8_t verbs_active_port(struct ibv_context *ctx)
+{
+    struct ibv_device_attr da;
+    if (ibv_query_device(ctx, &da))
+        return 0;
+    for (uint8_t p = 1; p <= da.phys_port_cnt; p++) {
+        struct ibv_port_attr pa;
+        if (ibv_query_port(ctx, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE)
+            return p;
+    }
+    return 0;
+}
+
+/* Finds the device to use; fills name and port.  why gets the reason. */
+static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t *port, char *why,
+                          size_t why_cap)
+{
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    if (!list || n == 0) {
+        snprintf(why, why_cap, "no RDMA device found");
+        if (list)
+            ibv_free_device_list(list);
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    int rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    snprintf(why, why_cap, want ? "no RDMA device named %s" : "no RDMA device with an ACTIVE port",
+             want ? want : "");
+    for (int i = 0; i < n && rc; i++) {
+        const char *dn = ibv_get_device_name(list[i]);
+        if (want && strcmp(dn, want) != 0)
+            continue;
+        struct ibv_context *ctx = ibv_open_device(list[i]);
+        uint8_t p = ctx ? verbs_active_port(ctx) : 0;
+        if (ctx)
+            ibv_close_device(ctx);
+        if (p) {
+            snprintf(name, name_cap, "%s", dn);
+            *port = p;
+            rc = MOONLET_OK;
+        } else if (want) {
+            snprintf(why, why_cap, "RDMA device %s has no ACTIVE port", want);
+        }
+    }
+    ibv_free_device_list(list);
+    return rc;
+}
+
+int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap)
+{
+    char name[64];
+    uint8_t port;
+    return verbs_discover(device, name, sizeof(name), &port, why, why_cap);
+}
+
+/* ---- PD and device context ---------------------------------------------- */
+
+/* Picks rdma_cm's context for the chosen device, queries limits, allocates
+ * the PD. */
+static int verbs_open_pd(verbs_state *v)
+{
+    int n = 0;
+    v->cm_devs = rdma_get_devices(&n);
+    for (int i = 0; v->cm_devs && i < n; i++)
+        if (strcmp(ibv_get_device_name(v->cm_devs[i]->device), v->dev_name) == 0)
+            v->ctx = v->cm_devs[i];
+    if (!v->ctx) {
+        ML_ERR(MOD, "rdma_cm does not see device %s", v->dev_name);
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    struct ibv_device_attr da;
+    struct ibv_port_attr pa;
+    if (ibv_query_device(v->ctx, &da) || ibv_query_port(v->ctx, v->port, &pa)) {
+        ML_ERR(MOD, "cannot query %s: %s", v->dev_name, strerror(errno));
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    v->max_msg = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
+    v->max_rd_atom = (uint8_t)(da.max_qp_rd_atom > 255 ? 255 : da.max_qp_rd_atom);
+    v->max_init_rd_atom = (uint8_t)(da.max_qp_init_rd_atom > 255 ? 255 : da.max_qp_init_rd_atom);
+    v->pd = ibv_alloc_pd(v->ctx);
+    if (!v->pd) {
+        ML_ERR(MOD, "ibv_alloc_pd on %s: %s", v->dev_name, strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    return MOONLET_OK;
+}
+
+/* ---- serving side ------------------------------------------------------- */
+
+static bool verbs_auth_ok(moonlet_xfer *x, verbs_state *v, const void *pdata, uint8_t len)
+{
+    if (!x->token)
+        return true;
+    verbs_conn_req req;
+    if (!pdata || len < sizeof(req))
+        return false;
+    memcpy(&req, pdata, sizeof(req));
+    if (req.magic != VERBS_CONN_MAGIC || req.version != VERBS_CONN_VERSION || !req.has_token)
+        return false;
+    return moonlet_xfer_token_equal(req.digest, sizeof(req.digest), v->digest, sizeof(v->digest));
+}
+
+static void verbs_reject(struct rdma_cm_id *id, int status)
+{
+    verbs_conn_rej rej = {.magic = VERBS_CONN_MAGIC, .status = status};
+    rdma_reject(id, &rej, (uint8_t)sizeof(rej));
+}
+
+/* CONNECT_REQUEST: checks the token digest, creates the QP, accepts. */
+static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev)
+{
+    struct rdma_cm_id *id = ev->id;
+    if (!verbs_auth_ok(x, v, ev->param.conn.private_data, ev->param.conn.private_data_len)) {
+        ML_WARN(MOD, "connection refused: wrong auth token");
+        verbs_reject(id, MOONLET_ERR_ILLEGAL_CLIENT);
+        id->context = NULL; /* destroyed after the event is acked */
+        return;
+    }
+    verbs_sconn *sc = calloc(1, sizeof(*sc));
+    struct ibv_qp_init_attr qa = {.send_cq = v->srv_cq, .recv_cq = v->srv_cq,
+                                  .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC};
+    if (!sc || id->verbs != v->ctx || rdma_create_qp(id, v->pd, &qa)) {
+        ML_WARN(MOD, "cannot accept connection: %s",
+                !sc ? "out of memory" : id->verbs != v->ctx ? "arrived on another device"
+                                                            : strerror(errno));
+        free(sc);
+        verbs_reject(id, MOONLET_ERR_INTERNAL_ERROR);
+        id->context = NULL;
+        return;
+    }
+    struct rdma_conn_param cp = {
+        .responder_resources = ev->param.conn.initiator_depth < v->max_rd_atom
+                                   ? ev->param.conn.initiator_depth : v->max_rd_atom,
+        .initiator_depth = 0, .retry_count = 7, .rnr_retry_count = 7};
+    sc->id = id;
+    id->context = sc;
+    if (rdma_accept(id, &cp)) {
+        ML_WARN(MOD, "rdma_accept: %s", strerror(errno));
+        rdma_destroy_qp(id);
+        id->context = NULL;
+        free(sc);
+        return;
+    }
+    pthread_mutex_lock(&v->lock);
+    sc->next = v->sconns;
+    v->sconns = sc;
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* Unlinks a served connection; its id is destroyed by the caller. */
+static void verbs_sconn_unlink(verbs_state *v, verbs_sconn *sc)
+{
+    pthread_mutex_lock(&v->lock);
+    verbs_sconn **pp = &v->sconns;
+    while (*pp && *pp != sc)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = sc->next;
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* Handles one CM event; the id to destroy after the ack goes to *dead. */
+static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev,
+                              struct rdma_cm_id **dead)
+{
+    switch (ev->event) {
+    case RDMA_CM_EVENT_CONNECT_REQUEST:
+        verbs_on_connect_request(x, v, ev);
+        if (!ev->id->context)
+            *dead = ev->id;
+        break;
+    case RDMA_CM_EVENT_ESTABLISHED:
+        ML_DEBUG(MOD, "peer connected");
+        break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+        /* ids born from the listen id inherit its NULL context until accepted */
+        if (ev->id != v->listen_id && ev->id->context) {
+            verbs_sconn *sc = ev->id->context;
+            verbs_sconn_unlink(v, sc);
+            rdma_disconnect(ev->id);
+            rdma_destroy_qp(ev->id);
+            free(sc);
+            ev->id->context = NULL;
+            *dead = ev->id;
+        }
+        break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+        ML_ERR(MOD, "device %s removed", v->dev_name);
+        break;
+    default:
+        ML_DEBUG(MOD, "cm event %s", rdma_event_str(ev->event));
+        break;
+    }
+}
+
+static void *verbs_cm_main(void *arg)
+{
+    moonlet_xfer *x = arg;
+    verbs_state *v = x->be_state;
+    while (!atomic_load(&v->stopping)) {
+        struct pollfd p = {.fd = v->ec->fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        struct rdma_cm_event *ev;
+        if (rdma_get_cm_event(v->ec, &ev))
+            continue;
+        struct rdma_cm_id *dead = NULL;
+        verbs_on_cm_event(x, v, ev, &dead);
+        rdma_ack_cm_event(ev);
+        if (dead)
+            rdma_destroy_id(dead);
+    }
+    return NULL;
+}
+
+static int verbs_set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Resolves "host:port" to a sockaddr for rdma_cm. */
+static int verbs_resolve(const char *endpoint, bool passive, struct sockaddr_storage *ss)
+{
+    char host[256], port_s[8];
+    uint16_t port;
+    if (moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+        return MOONLET_ERR_INVALID_PARAMS;
+    snprintf(port_s, sizeof(port_s), "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    struct addrinfo *res;
+    if (getaddrinfo(host, port_s, &hints, &res))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return MOONLET_OK;
+}
+
+/* rdma_create_event_channel / rdma_create_id / rdma_bind_addr / rdma_listen. */
+static int verbs_listen(moonlet_xfer *x, verbs_state *v)
+{
+    struct sockaddr_storage ss;
+    if (verbs_resolve(x->listen_addr, true, &ss))
+        return MOONLET_ERR_INVALID_PARAMS;
+    v->ec = rdma_create_event_channel();
+    if (!v->ec || verbs_set_nonblock(v->ec->fd) ||
+        rdma_create_id(v->ec, &v->listen_id, NULL, RDMA_PS_TCP)) {
+        ML_ERR(MOD, "rdma_create_id: %s", strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    if (rdma_bind_addr(v->listen_id, (struct sockaddr *)&ss) || rdma_listen(v->listen_id, 128)) {
+        ML_ERR(MOD, "cannot listen on %s: %s", x->listen_addr, strerror(errno));
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    if (v->listen_id->verbs && v->listen_id->verbs != v->ctx) {
+        ML_ERR(MOD, "listen address %s is not on device %s", x->listen_addr, v->dev_name);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    v->srv_cq = ibv_create_cq(v->ctx, 16, NULL, NULL, 0);
+    if (!v->srv_cq) {
+        ML_ERR(MOD, "ibv_create_cq: %s", strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    return moonlet_xfer_format_endpoint(rdma_get_local_addr(v->listen_id), x->endpoint,
+                                        sizeof(x->endpoint));
+}
+
+/* ---- lifetime ----------------------------------------------------------- */
+
+static void verbs_free(verbs_state *v)
+{
+    verbs_sconn *sc = v->sconns;
+    while (sc) { /* reverse order of creation: QP, then id */
+        verbs_sconn *next = sc->next;
+        rdma_disconnect(sc->id);
+        rdma_destroy_qp(sc->id);
+        rdma_destroy_id(sc->id);
+        free(sc);
+        sc = next;
+    }
+    verbs_seg *g = v->segs;
+    while (g) {
+        verbs_seg *next = g->next;
+        ibv_dereg_mr(g->mr);
+        free(g);
+        g = next;
+    }
+    if (v->listen_id)
+        rdma_destroy_id(v->listen_id);
+    if (v->srv_cq)
+        ibv_destroy_cq(v->srv_cq);
+    if (v->ec)
+        rdma_destroy_event_channel(v->ec);
+    if (v->pd)
+        ibv_dealloc_pd(v->pd);
+    if (v->cm_devs)
+        rdma_free_devices(v->cm_devs);
+    pthread_mutex_destroy(&v->lock);
+    free(v);
+}
+
+static int verbs_start(moonlet_xfer *x)
+{
+    verbs_state *v = calloc(1, sizeof(*v));
+    if (!v)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    pthread_mutex_init(&v->lock, NULL);
+    char why[128];
+    int rc = verbs_discover(x->device, v->dev_name, sizeof(v->dev_name), &v->port, why,
+                            sizeof(why));
+    if (rc) {
+        ML_ERR(MOD, "%s", why);
+        verbs_free(v);
+        return rc;
+    }
+    if (x->token) {
+        XXH128_hash_t h = XXH3_128bits(x->token, x->token_len);
+        memcpy(v->digest, &h.high64, 8);
+        memcpy(v->digest + 8, &h.low64, 8);
+    }
+    x->be_state = v;
+    rc = verbs_open_pd(v);
+    if (rc == MOONLET_OK && x->listen_addr)
+        rc = verbs_listen(x, v);
+    if (rc == MOONLET_OK && x->listen_addr) {
+        rc = pthread_create(&v->cm_thread, NULL, verbs_cm_main, x) ? MOONLET_ERR_INTERNAL_ERROR
+                                                                    : MOONLET_OK;
+        v->cm_started = rc == MOONLET_OK;
+    }
+    if (rc) {
+        x->be_state = NULL;
+        x->endpoint[0] = '\0';
+        verbs_free(v);
+        return rc;
+    }
+    ML_INFO(MOD, "using %s port %u%s%s", v->dev_name, v->port, x->endpoint[0] ? ", serving on " : "",
+            x->endpoint);
+    return MOONLET_OK;
+}
+
+static void verbs_stop(moonlet_xfer *x)
+{
+    verbs_state *v = x->be_state;
+    if (!v)
+        return;
+    atomic_store(&v->stopping, true);
+    if (v->cm_started)
+        pthread_join(v->cm_thread, NULL);
+    verbs_free(v);
+    x->be_state = NULL;
+}
+
+/* ---- segments and buffers ---------------------------------------------- */
+
+static int verbs_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info)
+{
+    verbs_state *v = x->be_state;
+    verbs_seg *g = calloc(1, sizeof(*g));
+    if (!g)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    g->mr = ibv_reg_mr(v->pd, base, (size_t)len,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+    if (!g->mr) {
+        ML_ERR(MOD, "ibv_reg_mr of %" PRIu64 " bytes: %s", len, strerror(errno));
+        free(g);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    g->id = moonlet_xfer_random_id();
+    pthread_mutex_lock(&v->lock);
+    g->next = v->segs;
+    v->segs = g;
+    pthread_mutex_unlock(&v->lock);
+    snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64 ".%08" PRIx32
+             ".%016" PRIx64 ".%016" PRIx64, g->id, g->mr->rkey, (uint64_t)(uintptr_t)base, len);
+    snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
+    snprintf(info->protocol, sizeof(info->protocol), "rdma");
+    info->base = (uint64_t)(uintptr_t)base;
+    info->size = len;
+    ML_INFO(MOD, "segment %016" PRIx64 " registered: %" PRIu64 " bytes at %s", g->id, len,
+            x->endpoint);
+    return MOONLET_OK;
+}
+
+/* Parses "<id>.<rkey>.<base>.<size>". */
+static int verbs_parse_seg_id(const char *s, uint64_t *id, uint32_t *rkey, uint64_t *base,
+                              uint64_t *size)
+{
+    char tail;
+    if (strlen(s) != 16 + 1 + 8 + 1 + 16 + 1 + 16 ||
+        sscanf(s, "%16" SCNx64 ".%8" SCNx32 ".%16" SCNx64 ".%16" SCNx64 "%c", id, rkey, base,
+               size, &tail) != 4)
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    return MOONLET_OK;
+}
+
+static int verbs_seg_remove(moonlet_xfer *x, const char *segment_id)
+{
+    verbs_state *v = x->be_state;
+    uint64_t id, base, size;
+    uint32_t rkey;
+    if (verbs_parse_seg_id(segment_id, &id, &rkey, &base, &size))
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    pthread_mutex_lock(&v->lock);
+    verbs_seg **pp = &v->segs;
+    while (*pp && (*pp)->id != id)
+        pp = &(*pp)->next;
+    verbs_seg *g = *pp;
+    if (g)
+        *pp = g->next;
+    pthread_mutex_unlock(&v->lock);
+    if (!g)
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    ibv_dereg_mr(g->mr);
+    free(g);
+    return MOONLET_OK;
+}
+
+static int verbs_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey)
+{
+    verbs_state *v = x->be_state;
+    struct ibv_mr *mr = ibv_reg_mr(v->pd, base, len, IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) {
+        ML_ERR(MOD, "ibv_reg_mr of a %zu-byte buffer: %s", len, strerror(errno));
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    *handle = mr;
+    *lkey = mr->lkey;
+    return MOONLET_OK;
+}
+
+static void verbs_buf_remove(moonlet_xfer *x, void *handle)
+{
+    ibv_dereg_mr(handle);
+}
+
+static int verbs_prepare(moonlet_xfer *x, xfer_item *it)
+{
+    uint64_t base, size;
+    const moonlet_xfer_op *op = it->op;
+    if (verbs_parse_seg_id(op->segment_id, &it->seg, &it->rkey, &base, &size))
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    if (op->offset > size || op->len > size - op->offset || base > UINT64_MAX - size)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (moonlet_xfer_buffer_lookup(x, op->local, op->len, &it->lkey)) {
+        ML_WARN(MOD, "local buffer %p (+%" PRIu64 ") is not registered", op->local, op->len);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    it->remote_addr = base + op->offset;
+    return MOONLET_OK;
+}
+
+/* ---- client connections ------------------------------------------------- */
+
+/* Waits for the next CM event on a client channel; copies what the caller
+ * needs and acks it.  Returns the event type, or -1 on timeout. */
+static int verbs_wait_event(verbs_cconn *c, uint64_t deadline_ms, int *status, int *reject)
+{
+    for (;;) {
+        struct rdma_cm_event *ev;
+        if (rdma_get_cm_event(c->ec, &ev) == 0) {
+            int type = (int)ev->event;
+            *status = ev->status;
+            *reject = 0;
+            if (type == RDMA_CM_EVENT_REJECTED &&
+                ev->param.conn.private_data_len >= sizeof(verbs_conn_rej)) {
+                verbs_conn_rej rej;
+                memcpy(&rej, ev->param.conn.private_data, sizeof(rej));
+                if (rej.magic == VERBS_CONN_MAGIC)
+                    *reject = rej.status;
+            }
+            rdma_ack_cm_event(ev);
+            return type;
+        }
+        if (errno != EAGAIN)
+            return -1;
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= deadline_ms)
+            return -1;
+        struct pollfd p = {.fd = c->ec->fd, .events = POLLIN};
+        poll(&p, 1, (int)(deadline_ms - now));
+    }
+}
+
+/* Waits for one expected event; maps anything else to an error. */
+static int verbs_expect(verbs_cconn *c, int want, uint64_t deadline_ms, const char *step)
+{
+    int status = 0, reject = 0;
+    int got = verbs_wait_event(c, deadline_ms, &status, &reject);
+    if (got == want)
+        return MOONLET_OK;
+    if (got == RDMA_CM_EVENT_REJECTED && reject == MOONLET_ERR_ILLEGAL_CLIENT) {
+        ML_WARN(MOD, "%s refused our auth token", c->endpoint);
+        return MOONLET_ERR_ILLEGAL_CLIENT;
+    }
+    ML_WARN(MOD, "%s to %s failed: %s (status %d)", step, c->endpoint,
+            got < 0 ? "timed out" : rdma_event_str((enum rdma_cm_event_type)got), status);
+    return MOONLET_ERR_TRANSFER_FAIL;
+}
+
+static void verbs_conn_close(moonlet_xfer *x, void *conn)
+{
+    verbs_cconn *c = conn;
+    if (c->id && c->id->qp) {
+        rdma_disconnect(c->id);
+        rdma_destroy_qp(c->id);
+    }
+    if (c->cq)
+        ibv_destroy_cq(c->cq);
+    if (c->id)
+        rdma_destroy_id(c->id);
+    if (c->ec)
+        rdma_destroy_event_channel(c->ec);
+    free(c);
+}
+
+/* CQ and QP on the resolved id (rping: after route resolution). */
+static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
+{
+    if (c->id->verbs != v->ctx) {
+        ML_WARN(MOD, "%s is reached through another device than %s", c->endpoint, v->dev_name);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
+    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, NULL, 0);
+    struct ibv_qp_init_attr qa = {.send_cq = c->cq, .recv_cq = c->cq,
+                                  .cap = {.max_send_wr = VERBS_SEND_DEPTH, .max_recv_wr = 1,
+                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 0};
+    if (!c->cq || rdma_create_qp(c->id, v->pd, &qa)) {
+        ML_WARN(MOD, "cannot create CQ/QP for %s: %s", c->endpoint, strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    return MOONLET_OK;
+}
+
+static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
+{
+    struct sockaddr_storage dst;
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    int tmo = (int)(x->timeout_ms > 60000 ? 60000 : x->timeout_ms);
+    if (verbs_resolve(c->endpoint, false, &dst))
+        return MOONLET_ERR_INVALID_PARAMS;
+    c->ec = rdma_create_event_channel();
+    if (!c->ec || verbs_set_nonblock(c->ec->fd) || rdma_create_id(c->ec, &c->id, c, RDMA_PS_TCP))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = rdma_resolve_addr(c->id, NULL, (struct sockaddr *)&dst, tmo)
+                 ? MOONLET_ERR_TRANSFER_FAIL
+                 : verbs_expect(c, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr");
+    if (rc == MOONLET_OK)
+        rc = rdma_resolve_route(c->id, tmo)
+                 ? MOONLET_ERR_TRANSFER_FAIL
+                 : verbs_expect(c, RDMA_CM_EVENT_ROUTE_RESOLVED, deadline, "rdma_resolve_route");
+    if (rc == MOONLET_OK)
+        rc = verbs_create_qp(v, c);
+    if (rc)
+        return rc;
+    verbs_conn_req req = {.magic = VERBS_CONN_MAGIC, .version = VERBS_CONN_VERSION,
+                          .has_token = x->token != NULL};
+    memcpy(req.digest, v->digest, sizeof(req.digest));
+    struct rdma_conn_param cp = {.private_data = &req, .private_data_len = sizeof(req),
+                                 .initiator_depth = v->max_init_rd_atom < 16 ? v->max_init_rd_atom
+                                                                             : 16,
+                                 .responder_resources = 0, .retry_count = 7,
+                                 .rnr_retry_count = 7};
+    if (rdma_connect(c->id, &cp))
+        return MOONLET_ERR_TRANSFER_FAIL;
+    return verbs_expect(c, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_connect");
+}
+
+static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
+{
+    verbs_state *v = x->be_state;
+    verbs_cconn *c = calloc(1, sizeof(*c));
+    if (!c)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+    int rc = verbs_connect_steps(x, v, c);
+    if (rc) {
+        verbs_conn_close(x, c);
+        return rc;
+    }
+    *out = c;
+    return MOONLET_OK;
+}
+
+/* ---- transfers ---------------------------------------------------------- */
+
+/* What an error completion usually means on a ConnectX cluster. */
+static const char *verbs_wc_hint(enum ibv_wc_status s)
+{
+    switch (s) {
+    case IBV_WC_REM_ACCESS_ERR: return "segment unregistered, stale rkey or range outside it";
+    case IBV_WC_LOC_PROT_ERR: return "local buffer not registered or range outside its MR";
+    case IBV_WC_RETRY_EXC_ERR: return "peer unreachable or gone (transport retries exhausted)";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "peer not ready (RNR retries exhausted)";
+    case IBV_WC_WR_FLUSH_ERR: return "flushed after an earlier error on this connection";
+    case IBV_WC_REM_INV_REQ_ERR: return "peer rejected the request as invalid";
+    case IBV_WC_REM_OP_ERR: return "peer failed the operation";
+    case IBV_WC_LOC_LEN_ERR: return "length exceeds what the QP allows";
+    default: return "transport error";
+    }
+}
+
+/* Progress of one lane.  Each item is split into chunks of at most max_msg
+ * bytes; wr_id is the item's index in the lane. */
+typedef struct verbs_lane_run {
+    xfer_lane *lane;
+    verbs_cconn *c;
+    uint32_t *pending;   /* posted, not completed chunks per item */
+    size_t post_i;       /* next item to post */
+    uint64_t post_off;   /* bytes of item post_i already posted */
+    uint32_t inflight;
+    uint64_t last_progress;
+    bool failed;         /* stop posting; drain what is in flight */
+} verbs_lane_run;
+
+static void verbs_lane_break(verbs_lane_run *r, const char *why)
+{
+    if (!r->failed)
+        ML_WARN(MOD, "connection to %s failed: %s", r->c->endpoint, why);
+    r->failed = true;
+    r->lane->broken = true;
+    for (size_t i = r->post_i; i < r->lane->nitems; i++)
+        r->lane->items[i]->op->status = MOONLET_ERR_TRANSFER_FAIL;
+    r->post_i = r->lane->nitems;
+}
+
+static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
+{
+    xfer_item *it = r->lane->items[r->post_i];
+    uint64_t left = it->op->len - r->post_off;
+    uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
+    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
+                          .length = n, .lkey = it->lkey};
+    struct ibv_send_wr wr = {
+        .wr_id = r->post_i, .sg_list = &sge, .num_sge = 1,
+        .opcode = it->op->opcode == MOONLET_XFER_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
+        .send_flags = IBV_SEND_SIGNALED,
+        .wr.rdma = {.remote_addr = it->remote_addr + r->post_off, .rkey = it->rkey}};
+    struct ibv_send_wr *bad;
+    int err = ibv_post_send(r->c->id->qp, &wr, &bad);
+    if (err) {
+        verbs_lane_break(r, strerror(err));
+        return -1;
+    }
+    r->pending[r->post_i]++;
+    r->inflight++;
+    r->post_off += n;
+    if (r->post_off == it->op->len) {
+        r->post_i++;
+        r->post_off = 0;
+    }
+    return 0;
+}
+
+static void verbs_post(verbs_state *v, verbs_lane_run *r)
+{
+    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH)
+        if (verbs_post_one(v, r))
+            return;
+}
+
+/* Polls a lane's CQ once.  Returns how many completions it consumed. */
+static int verbs_poll(verbs_lane_run *r)
+{
+    struct ibv_wc wc[VERBS_POLL_BATCH];
+    int n = ibv_poll_cq(r->c->cq, VERBS_POLL_BATCH, wc);
+    if (n < 0) {
+        verbs_lane_break(r, "ibv_poll_cq failed");
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        moonlet_xfer_op *op = r->lane->items[wc[i].wr_id]->op;
+        r->inflight--;
+        r->pending[wc[i].wr_id]--;
+        if (wc[i].status != IBV_WC_SUCCESS) {
+            if (wc[i].status != IBV_WC_WR_FLUSH_ERR || !r->failed)
+                ML_WARN(MOD, "RDMA %s at %s offset %" PRIu64 ": %s (vendor_err 0x%x): %s",
+                        op->opcode == MOONLET_XFER_READ ? "READ" : "WRITE", r->c->endpoint,
+                        op->offset, ibv_wc_status_str(wc[i].status), wc[i].vendor_err,
+                        verbs_wc_hint(wc[i].status));
+            op->status = MOONLET_ERR_TRANSFER_FAIL;
+            verbs_lane_break(r, ibv_wc_status_str(wc[i].status));
+        }
+    }
+    return n;
+}
+
+/* No completion for timeout_ms: move the QP to ERR so the NIC flushes what
+ * is in flight, and drain those completions (bounded) before the QP dies. */
+static void verbs_lane_timeout(verbs_lane_run *r)
+{
+    verbs_lane_break(r, "timed out");
+    for (size_t i = 0; i < r->lane->nitems; i++)
+        if (r->pending[i])
+            r->lane->items[i]->op->status = MOONLET_ERR_TRANSFER_FAIL;
+    struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
+    ibv_modify_qp(r->c->id->qp, &qa, IBV_QP_STATE);
+    uint64_t end = moonlet_xfer_now_ms() + VERBS_DRAIN_MS;
+    while (r->inflight && moonlet_xfer_now_ms() < end)
+        if (verbs_poll(r) == 0)
+            sched_yield();
+    r->inflight = 0;
+}
+
+static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)
+{
+    verbs_post(v, r);
+    if (r->inflight == 0)
+        return r->post_i < r->lane->nitems;
+    if (verbs_poll(r) > 0)
+        r->last_progress = now;
+    else if (now - r->last_progress >= x->timeout_ms)
+        verbs_lane_timeout(r);
+    return r->inflight > 0 || r->post_i < r->lane->nitems;
+}
+
+static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
+{
+    verbs_state *v = x->be_state;
+    size_t total = 0;
+    for (size_t i = 0; i < nlanes; i++)
+        total += lanes[i].nitems;
+    verbs_lane_run *runs = calloc(nlanes, sizeof(*runs));
+    uint32_t *pending = calloc(total, sizeof(*pending));
+    if (!runs || !pending) {
+        for (size_t i = 0; i < nlanes; i++)
+            for (size_t k = 0; k < lanes[i].nitems; k++)
+                lanes[i].items[k]->op->status = MOONLET_ERR_INTERNAL_ERROR;
+        free(runs);
+        free(pending);
+        return;
+    }
+    uint64_t now = moonlet_xfer_now_ms();
+    for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
+        runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
+                                   .pending = &pending[pos], .last_progress = now};
+    bool busy = true;
+    while (busy) {
+        busy = false;
+        now = moonlet_xfer_now_ms();
+        for (size_t i = 0; i < nlanes; i++)
+            busy |= verbs_lane_step(x, v, &runs[i], now);
+    }
+    free(runs);
+    free(pending);
+}
+
+const xfer_backend moonlet_xfer_verbs_backend = {
+    .name = "rdma",
+    .start = verbs_start,
+    .stop = verbs_stop,
+    .seg_add = verbs_seg_add,
+    .seg_remove = verbs_seg_remove,
+    .buf_add = verbs_buf_add,
+    .buf_remove = verbs_buf_remove,
+    .prepare = verbs_prepare,
+    .conn_open = verbs_conn_open,
+    .conn_close = verbs_conn_close,
+    .run = verbs_run,
+};
