@@ -1,0 +1,394 @@
+/*
+ * Integration test of moonlet_k3_lookup() (store/k3.c) against a real
+ * moonlet-master and moonlet-store on loopback, with the public client.
+ *
+ * Every case puts its objects under its own tenant, runs the lookup, and
+ * checks three things: the decision (resume position, selected checkpoint,
+ * the exact keys to load, round trips), the leases the master holds
+ * afterwards (through the inspection RPC: leased keys have time left, the
+ * others none), and the master's lease counters (leases_exist,
+ * leases_probe), so a helper that leased one key too many fails.
+ * Cases: the K3 worked example, the KV boundary cutting candidates, the
+ * Eagle-style bound, no KDA candidate, key order for groups x ranks x
+ * components, the lease-all mode, and errors from the key builder.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "../common/cluster.h"
+#include "moonlet/client.h"
+#include "moonlet/error.h"
+#include "moonlet/k3.h"
+
+static test_proc g_master, g_store;
+static moonlet_master_client *g_mc;
+static moonlet_client *g_cli;
+
+static const uint64_t CKPTS[] = {128, 256, 384};
+static const moonlet_k3_layout L2 = {.block_tokens = 128, .groups = 1, .ranks = 2, .components = 1};
+
+static int setup(void **state)
+{
+    (void)state;
+    if (cl_start_master(&g_master, NULL) || cl_start_store(&g_store, g_master.addr, "16MiB", NULL))
+        return -1;
+    if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
+        return -1;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    return moonlet_client_create(&cfg, &g_cli) ? -1 : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    moonlet_client_destroy(g_cli);
+    moonlet_mc_destroy(g_mc);
+    proc_stop(&g_store);
+    proc_stop(&g_master);
+    return 0;
+}
+
+/* Keys in the shape of the worked example: "kv/0", "kda/128/r0" (group and
+ * component only when the layout has more than one). */
+static int key_fn(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap)
+{
+    const moonlet_k3_layout *l = ctx;
+    if (id->kind == MOONLET_K3_KEY_KV)
+        return snprintf(buf, cap, "kv/%llu", (unsigned long long)id->block);
+    if (l->groups == 1 && l->components == 1)
+        return snprintf(buf, cap, "kda/%llu/r%u", (unsigned long long)id->position, id->rank);
+    return snprintf(buf, cap, "kda/%llu/g%u/r%u/c%u", (unsigned long long)id->position, id->group,
+                    id->rank, id->component);
+}
+
+static void put(const char *tenant, const char *key)
+{
+    static const char payload[256] = "k3";
+    moonlet_put_options o = {.tenant = tenant};
+    int rc = moonlet_client_put(g_cli, key, payload, sizeof(payload), &o);
+    if (rc)
+        fail_msg("put %s/%s: %s", tenant, key, moonlet_strerror(rc));
+}
+
+static void put_kv(const char *tenant, int blocks)
+{
+    char k[32];
+    for (int b = 0; b < blocks; b++) {
+        snprintf(k, sizeof(k), "kv/%d", b);
+        put(tenant, k);
+    }
+}
+
+static uint64_t lease_ms(const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
+        fail_msg("inspect %s/%s", tenant, key);
+    uint64_t ms = (uint64_t)cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return ms;
+}
+
+typedef struct counters {
+    double exist, probe, probe_calls;
+} counters;
+
+static counters stats(void)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_stats(g_mc, &j))
+        fail_msg("stats");
+    counters c = {cJSON_GetObjectItem(j, "leases_exist")->valuedouble,
+                  cJSON_GetObjectItem(j, "leases_probe")->valuedouble,
+                  cJSON_GetObjectItem(j, "probe_calls_last_hit_only")->valuedouble};
+    cJSON_Delete(j);
+    return c;
+}
+
+static moonlet_k3_request request(uint64_t prompt, uint64_t blocks)
+{
+    return (moonlet_k3_request){.prompt_tokens = prompt, .kv_blocks = blocks,
+                                .checkpoints = CKPTS, .n_checkpoints = 3};
+}
+
+static void lookup(const moonlet_k3_layout *l, const moonlet_k3_request *r, const char *tenant,
+                   moonlet_k3_result *res)
+{
+    int rc = moonlet_k3_lookup(g_cli, l, r, key_fn, (void *)l, tenant, res);
+    if (rc)
+        fail_msg("lookup: %s", moonlet_strerror(rc));
+}
+
+static void assert_keys(const moonlet_k3_result *r, const char *const *want, size_t n)
+{
+    assert_int_equal(r->kv_keys + r->kda_keys, n);
+    for (size_t i = 0; i < n; i++)
+        assert_string_equal(r->keys[i], want[i]);
+}
+
+/* 128 complete; 256 lacks rank 0; 384 lacks rank 1.  KV for 4 blocks. */
+static void put_worked_example(const char *t)
+{
+    put_kv(t, 4);
+    put(t, "kda/128/r0");
+    put(t, "kda/128/r1");
+    put(t, "kda/256/r1");
+    put(t, "kda/384/r0");
+}
+
+static void test_worked_example(void **state)
+{
+    (void)state;
+    const char *t = "k3-worked";
+    put_worked_example(t);
+    counters c0 = stats();
+    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+
+    assert_int_equal(res.resume_position, 128);
+    assert_int_equal(res.checkpoint, 0);
+    assert_int_equal(res.kv_prefix_blocks, 4);
+    assert_int_equal(res.kv_boundary, 512);
+    assert_int_equal(res.candidates, 3);
+    assert_int_equal(res.rpcs, 2);
+    assert_int_equal(res.kda_keys, 2); /* load its 2 keys ... */
+    assert_int_equal(res.kv_keys, 1);  /* ... and the KV block below 128 */
+    static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
+    assert_keys(&res, want, 3);
+    assert_int_equal(res.kv_hits, 4);
+    assert_int_equal(res.kda_leased, 2);
+
+    /* Exactly checkpoint 128's two keys gained a lease; the other members
+     * exist but were not leased. */
+    assert_true(lease_ms(t, "kda/128/r0") > 0);
+    assert_true(lease_ms(t, "kda/128/r1") > 0);
+    assert_int_equal(lease_ms(t, "kda/256/r1"), 0);
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_int_equal(c1.probe - c0.probe, 2);
+    assert_int_equal(c1.exist - c0.exist, 4); /* the 4 KV hits */
+    assert_int_equal(c1.probe_calls - c0.probe_calls, 1);
+    moonlet_k3_result_free(&res);
+    assert_null(res.keys);
+}
+
+static void test_lease_all_mode(void **state)
+{
+    (void)state;
+    const char *t = "k3-lease-all";
+    put_worked_example(t);
+    counters c0 = stats();
+    moonlet_k3_request r = request(512, 4);
+    r.mode = MOONLET_K3_LEASE_ALL;
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+
+    /* Same decision, one round trip, but every existing KDA key is leased. */
+    assert_int_equal(res.resume_position, 128);
+    assert_int_equal(res.rpcs, 1);
+    static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
+    assert_keys(&res, want, 3);
+    assert_int_equal(res.kda_leased, 4);
+    assert_true(lease_ms(t, "kda/256/r1") > 0);
+    assert_true(lease_ms(t, "kda/384/r0") > 0);
+    assert_int_equal(c1.exist - c0.exist, 4 + 4);
+    assert_int_equal(c1.probe - c0.probe, 0);
+    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_kv_boundary_cuts_candidates(void **state)
+{
+    (void)state;
+    const char *t = "k3-boundary";
+    /* Every checkpoint complete, but KV block 2 is missing: the boundary is
+     * 256, so 384 is neither a candidate nor leased. */
+    put(t, "kv/0");
+    put(t, "kv/1");
+    put(t, "kv/3");
+    for (int i = 0; i < 3; i++) {
+        char k[32];
+        for (int rk = 0; rk < 2; rk++) {
+            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
+            put(t, k);
+        }
+    }
+    counters c0 = stats();
+    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.kv_prefix_blocks, 2);
+    assert_int_equal(res.kv_boundary, 256);
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.resume_position, 256);
+    static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
+    assert_keys(&res, want, 4);
+    assert_int_equal(res.kv_hits, 3); /* kv/3 is a hit (leased) beyond the boundary */
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_int_equal(lease_ms(t, "kda/384/r1"), 0);
+    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
+    assert_true(lease_ms(t, "kda/256/r0") > 0);
+    assert_int_equal(c1.probe - c0.probe, 2);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_eagle_final_token(void **state)
+{
+    (void)state;
+    const char *t = "k3-eagle";
+    put_kv(t, 3);
+    for (int i = 0; i < 3; i++) {
+        char k[32];
+        for (int rk = 0; rk < 2; rk++) {
+            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
+            put(t, k);
+        }
+    }
+    /* A 384-token prompt, all cached.  With final-token recompute the resume
+     * must stay strictly below 384: 256. */
+    moonlet_k3_request r = request(384, 3);
+    r.recompute_last_token = true;
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    assert_int_equal(res.kv_boundary, 384);
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.resume_position, 256);
+    assert_true(res.resume_position < r.prompt_tokens);
+    static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
+    assert_keys(&res, want, 4);
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    moonlet_k3_result_free(&res);
+    /* Without it, the whole prompt is reusable. */
+    r.recompute_last_token = false;
+    lookup(&L2, &r, t, &res);
+    assert_int_equal(res.resume_position, 384);
+    assert_int_equal(res.kv_keys, 3);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_no_kda_candidate(void **state)
+{
+    (void)state;
+    const char *t = "k3-none";
+    /* Checkpoints complete, but KV block 0 is missing: no candidate, one
+     * round trip, no probe, nothing to load. */
+    put(t, "kv/1");
+    put(t, "kda/128/r0");
+    put(t, "kda/128/r1");
+    counters c0 = stats();
+    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.kv_boundary, 0);
+    assert_int_equal(res.candidates, 0);
+    assert_int_equal(res.resume_position, 0);
+    assert_int_equal(res.checkpoint, MOONLET_K3_NONE);
+    assert_int_equal(res.kv_keys + res.kda_keys, 0);
+    assert_null(res.keys);
+    assert_int_equal(res.rpcs, 1);
+    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
+    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
+    moonlet_k3_result_free(&res);
+
+    /* KV present but no checkpoint complete: probed, nothing selected. */
+    const char *t2 = "k3-none-2";
+    put_kv(t2, 2);
+    put(t2, "kda/128/r1");
+    c0 = stats();
+    r = request(256, 2);
+    lookup(&L2, &r, t2, &res);
+    c1 = stats();
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.rpcs, 2);
+    assert_int_equal(res.resume_position, 0);
+    assert_int_equal(res.kv_keys + res.kda_keys, 0);
+    assert_int_equal(c1.probe - c0.probe, 0);
+    assert_int_equal(lease_ms(t2, "kda/128/r1"), 0);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_key_order(void **state)
+{
+    (void)state;
+    const char *t = "k3-order";
+    /* 2 groups x 2 ranks x 2 components: 8 keys per checkpoint, contiguous,
+     * group -> rank -> component. */
+    const moonlet_k3_layout l = {.block_tokens = 128, .groups = 2, .ranks = 2, .components = 2};
+    put_kv(t, 2);
+    char want[8][48];
+    const char *wp[9] = {"kv/0"};
+    int n = 0;
+    for (unsigned g = 0; g < 2; g++)
+        for (unsigned rk = 0; rk < 2; rk++)
+            for (unsigned c = 0; c < 2; c++) {
+                snprintf(want[n], sizeof(want[n]), "kda/128/g%u/r%u/c%u", g, rk, c);
+                put(t, want[n]);
+                wp[1 + n] = want[n];
+                n++;
+            }
+    counters c0 = stats();
+    moonlet_k3_request r = request(300, 2);
+    moonlet_k3_result res;
+    lookup(&l, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.resume_position, 128);
+    assert_keys(&res, wp, 9);
+    assert_int_equal(c1.probe - c0.probe, 8);
+    moonlet_k3_result_free(&res);
+}
+
+static int failing_key_fn(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap)
+{
+    (void)buf;
+    (void)cap;
+    int mode = *(const int *)ctx;
+    if (id->kind == MOONLET_K3_KEY_KDA)
+        return mode == 0 ? MOONLET_ERR_INVALID_PARAMS : mode == 1 ? 0 : (int)cap;
+    return snprintf(buf, cap, "kv/%llu", (unsigned long long)id->block);
+}
+
+static void test_key_builder_errors(void **state)
+{
+    (void)state;
+    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_result res;
+    int mode = 0;
+    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_null(res.keys);
+    mode = 1; /* an empty key */
+    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+                     MOONLET_ERR_INVALID_KEY);
+    mode = 2; /* a key that did not fit */
+    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+                     MOONLET_ERR_INVALID_KEY);
+    assert_int_equal(res.rpcs, 0);
+    assert_int_equal(moonlet_k3_lookup(NULL, &L2, &r, key_fn, (void *)&L2, NULL, &res),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, NULL, NULL, NULL, &res),
+                     MOONLET_ERR_INVALID_PARAMS);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_worked_example),
+        cmocka_unit_test(test_lease_all_mode),
+        cmocka_unit_test(test_kv_boundary_cuts_candidates),
+        cmocka_unit_test(test_eagle_final_token),
+        cmocka_unit_test(test_no_kda_candidate),
+        cmocka_unit_test(test_key_order),
+        cmocka_unit_test(test_key_builder_errors),
+    };
+    return cmocka_run_group_tests_name("k3_lookup", tests, setup, teardown);
+}
