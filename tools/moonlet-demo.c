@@ -8,9 +8,13 @@
  * the K3 example (KDA checkpoints 128, 256, 384 with two rank keys each,
  * where 256 lacks rank 0 and 384 lacks rank 1) and shows BatchProbeKey with
  * NONE and with LAST_HIT_ONLY, and BatchExistKey, with the lease each key
- * holds afterwards.  Leases and replica placement are read back through the
- * master's inspection RPC (MasterClient): inspection is an operator's view,
- * not part of the client API.  Exit code 0 when every step succeeded.
+ * holds afterwards.  It ends with the K3 lookup helper (include/moonlet/k3.h)
+ * on a small synthetic request: KV blocks plus three checkpoints of which
+ * the last is incomplete; it prints the selected checkpoint, the keys to
+ * load and which keys the lookup leased.  Leases and replica placement are
+ * read back through the master's inspection RPC (MasterClient): inspection is
+ * an operator's view, not part of the client API.  Exit code 0 when every
+ * step succeeded.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -20,6 +24,7 @@
 
 #include "master_client.h"
 #include "moonlet/client.h"
+#include "moonlet/k3.h"
 
 #define TENANT "demo"
 #define BLOB_BYTES (1u << 20)
@@ -137,6 +142,106 @@ static int demo_probe(moonlet_client *c, moonlet_master_client *mc)
     return 0;
 }
 
+/* The synthetic request of demo_k3_lookup(): a 500-token prompt in 128-token
+ * blocks (4 KV blocks), checkpoints at 128, 256 and 384 with two rank keys
+ * each; 384 lacks rank 1. */
+#define REQ_PROMPT 500
+#define REQ_BLOCK 128
+#define REQ_BLOCKS 4
+static const uint64_t REQ_CKPTS[] = {128, 256, 384};
+
+static int req_key(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap)
+{
+    (void)ctx;
+    if (id->kind == MOONLET_K3_KEY_KV)
+        return snprintf(buf, cap, "req/kv/%llu", (unsigned long long)id->block);
+    return snprintf(buf, cap, "req/kda/%llu/r%u", (unsigned long long)id->position, id->rank);
+}
+
+/* Lease time left on a key, or -1 when it cannot be inspected. */
+static double lease_left(moonlet_master_client *mc, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, TENANT, key, &j) != 0)
+        return -1;
+    double ms = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return ms;
+}
+
+/* The K3 lookup helper on a synthetic request. */
+static int demo_k3_lookup(moonlet_client *c, moonlet_master_client *mc)
+{
+    const moonlet_k3_layout layout = {.block_tokens = REQ_BLOCK, .groups = 1, .ranks = 2,
+                                      .components = 1};
+    unsigned char block[4096];
+    memset(block, 0x6b, sizeof(block));
+    char key[64];
+    moonlet_k3_key_id id = {.kind = MOONLET_K3_KEY_KV};
+    for (id.block = 0; id.block < REQ_BLOCKS; id.block++) {
+        req_key(NULL, &id, key, sizeof(key));
+        int rc = moonlet_client_put(c, key, block, sizeof(block), NULL);
+        if (rc && rc != MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+            return check(rc, "Put");
+    }
+    id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KDA};
+    for (int i = 0; i < 3; i++)
+        for (id.rank = 0; id.rank < 2; id.rank++) {
+            id.position = REQ_CKPTS[i];
+            if (id.position == 384 && id.rank == 1)
+                continue; /* the incomplete checkpoint */
+            req_key(NULL, &id, key, sizeof(key));
+            int rc = moonlet_client_put(c, key, block, sizeof(block), NULL);
+            if (rc && rc != MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+                return check(rc, "Put");
+        }
+    printf("K3 lookup of a %d-token prompt: %d KV blocks of %d tokens, checkpoints at 128, 256 "
+           "and 384 (two rank keys each; 384 lacks rank 1)\n",
+           REQ_PROMPT, REQ_BLOCKS, REQ_BLOCK);
+    moonlet_k3_request req = {.prompt_tokens = REQ_PROMPT, .kv_blocks = REQ_BLOCKS,
+                              .checkpoints = REQ_CKPTS, .n_checkpoints = 3,
+                              .recompute_last_token = true};
+    moonlet_k3_result res;
+    if (check(moonlet_k3_lookup(c, &layout, &req, req_key, NULL, NULL, &res), "K3 lookup"))
+        return 1;
+    printf("  KV boundary %llu tokens; %zu candidate checkpoints; %u round trips\n",
+           (unsigned long long)res.kv_boundary, res.candidates, res.rpcs);
+    if (res.checkpoint == MOONLET_K3_NONE)
+        printf("  no complete checkpoint: prefill from token 0\n");
+    else
+        printf("  selected checkpoint %llu: resume at token %llu, prefill %llu tokens\n",
+               (unsigned long long)res.resume_position, (unsigned long long)res.resume_position,
+               (unsigned long long)(REQ_PROMPT - res.resume_position));
+    printf("  keys to load:");
+    for (size_t i = 0; i < res.kv_keys + res.kda_keys; i++)
+        printf(" %s", res.keys[i]);
+    printf("\n  leased by the lookup (lease ms left):\n   ");
+    id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KV};
+    for (id.block = 0; id.block < REQ_BLOCKS; id.block++) {
+        req_key(NULL, &id, key, sizeof(key));
+        printf(" %s=%.0f", key, lease_left(mc, key));
+    }
+    printf("\n   ");
+    size_t leased = 0;
+    id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KDA};
+    for (int i = 0; i < 3; i++)
+        for (id.rank = 0; id.rank < 2; id.rank++) {
+            id.position = REQ_CKPTS[i];
+            req_key(NULL, &id, key, sizeof(key));
+            double ms = lease_left(mc, key);
+            if (ms < 0)
+                printf(" %s=absent", key);
+            else
+                printf(" %s=%.0f", key, ms);
+            leased += ms > 0;
+        }
+    int rc = leased == res.kda_keys ? 0 : 1;
+    printf("\n  -> %zu KDA keys hold a lease: %s\n", leased,
+           rc ? "NOT only the selected checkpoint's" : "only the selected checkpoint's");
+    moonlet_k3_result_free(&res);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *addr = argc > 1 ? argv[1] : "127.0.0.1:50051";
@@ -159,6 +264,10 @@ int main(int argc, char **argv)
     if (!rc) {
         printf("\n");
         rc = demo_probe(c, mc);
+    }
+    if (!rc) {
+        printf("\n");
+        rc = demo_k3_lookup(c, mc);
     }
     moonlet_mc_destroy(mc);
     moonlet_client_destroy(c);
