@@ -1,7 +1,7 @@
 /*
- * bench.h - shared pieces of moonlet-bench's subcommands: starting a
- * moonlet-master child process, latency samples and percentiles, RSS of a
- * process, JSON output.
+ * bench.h - shared pieces of moonlet-bench's subcommands: starting
+ * moonlet-master and moonlet-store child processes, latency samples and
+ * percentiles, RSS of a process, JSON output.
  */
 #ifndef MOONLET_BENCH_H
 #define MOONLET_BENCH_H
@@ -21,7 +21,17 @@ typedef struct bench_master {
 /* Starts tools/moonlet-master (found next to this binary) with extra flags,
  * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
 int bench_master_start(bench_master *bm, const char *const *extra_args);
+/* Starts tools/moonlet-store (next to this binary): a TCP segment of
+ * segment_bytes on 127.0.0.1, mounted on master_addr.  Returns 0 once it
+ * printed its "listening on" line (it prints it after mounting). */
+int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes);
+/* Runs the program `name` found next to this binary with args (NULL
+ * terminated) and waits up to 10 s for its "listening on HOST:PORT" line. */
+int bench_spawn(bench_master *p, const char *name, const char *const *args);
+/* SIGTERM, then (after 3 s) SIGKILL; works for any process bench_spawn started. */
 void bench_master_stop(bench_master *bm);
+/* The path of `name` in the directory of this binary. */
+void bench_tool_path(const char *name, char *out, size_t cap);
 /* Resident set size of a process in bytes (0 when unknown). */
 uint64_t bench_rss_bytes(pid_t pid);
 
@@ -46,5 +56,6 @@ void bench_print_json(cJSON *root);
 /* Subcommands. */
 int bench_rpc_main(int argc, char **argv);
 int bench_probe_main(int argc, char **argv);
+int bench_trace_main(int argc, char **argv);
 
 #endif

@@ -1,4 +1,8 @@
-/* util.c - helpers shared by moonlet-bench subcommands; see bench.h. */
+/*
+ * util.c - helpers shared by moonlet-bench subcommands (see bench.h):
+ * starting sibling daemons (moonlet-master, moonlet-store) from the
+ * directory this binary lives in, latency samples and percentiles, JSON.
+ */
 #include "bench.h"
 
 #include <errno.h>
@@ -19,7 +23,7 @@ uint64_t bench_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void master_path(char *out, size_t cap)
+void bench_tool_path(const char *name, char *out, size_t cap)
 {
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -27,20 +31,17 @@ static void master_path(char *out, size_t cap)
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = 0;
-    snprintf(out, cap, "%s/moonlet-master", n > 0 ? self : ".");
+    snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
-int bench_master_start(bench_master *bm, const char *const *extra)
+int bench_spawn(bench_master *bm, const char *name, const char *const *args)
 {
     char path[PATH_MAX + 32];
-    master_path(path, sizeof(path));
-    /* The benches mount a bookkeeping-only segment and do not ping: a long
-     * liveness TTL keeps it mounted however long the fill takes. */
-    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn",
-                            "--client_live_ttl_sec", "86400"};
-    int argc = 7;
-    for (int i = 0; extra && extra[i] && argc < 31; i++)
-        argv[argc++] = extra[i];
+    bench_tool_path(name, path, sizeof(path));
+    const char *argv[40] = {path};
+    int argc = 1;
+    for (int i = 0; args && args[i] && argc < 39; i++)
+        argv[argc++] = args[i];
     argv[argc] = NULL;
     int fds[2];
     if (pipe(fds))
@@ -83,6 +84,28 @@ int bench_master_start(bench_master *bm, const char *const *extra)
     }
     bench_master_stop(bm);
     return -1;
+}
+
+int bench_master_start(bench_master *bm, const char *const *extra)
+{
+    /* The benches mount a bookkeeping-only segment and do not ping: a long
+     * liveness TTL keeps it mounted however long the fill takes. */
+    const char *args[32] = {"--rpc-port", "0", "--log-level", "warn",
+                            "--client_live_ttl_sec", "86400"};
+    int n = 6;
+    for (int i = 0; extra && extra[i] && n < 31; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    return bench_spawn(bm, "moonlet-master", args);
+}
+
+int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes)
+{
+    char size[32];
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)segment_bytes);
+    const char *args[] = {"--master", master_addr, "--segment-size", size, "--protocol", "tcp",
+                          "--listen", "127.0.0.1:0", "--log-level", "error", NULL};
+    return bench_spawn(bs, "moonlet-store", args);
 }
 
 void bench_master_stop(bench_master *bm)
