@@ -17,6 +17,7 @@ struct subcommand {
 static const struct subcommand g_cmds[] = {
     {"rpc", bench_rpc_main, "control-plane latency (Echo, BatchExistKey) and master memory per object"},
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
+    {"trace", bench_trace_main, "replay of a Mooncake trace: lease-all vs. selective K3 lookup under eviction"},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,125 @@
+"""Integration test of `moonlet-bench trace` (tools/bench/trace.c).
+
+Writes a four-turn conversation in the trace's format, replays it with the
+build tree's moonlet-bench (which starts its own master and store node), and
+checks the JSON figures against numbers worked out by hand from the model in
+trace.c: a KV object per 512-token block, a checkpoint every 4 blocks of
+`ranks` keys, the checkpoint at the new end put after each request, resume
+strictly below the prompt.  The capacity holds the whole working set, so
+no eviction touches a figure and every figure is exact.  Then --plot must produce a
+PNG and --series the per-request rows.
+
+Turns (ids = hash_ids, input = prompt tokens):
+  1: ids 0..7,  input 4096  - nothing cached; puts 8 KV and checkpoint@8 blocks
+  2: ids 0..11, input 6000  - KV 8 blocks; checkpoints @4 (absent), @8: resume 8
+  3: ids 0..15, input 8192  - KV 12; @4, @8, @12 probed (@16 = prompt: excluded):
+                              resume 8; puts checkpoint@16
+  3 again                   - KV 16; @16 exists but is the prompt's end: final-token
+                              recompute keeps the resume at 8; @16 is put again
+                              (already present)
+  4: ids 0..19, input 10000 - KV 16; complete @8 and @16: resume 16
+Lease-all leases every existing checkpoint it probes (4 + 4 + 4 + 8 keys),
+the selective lookup only the one it resumes from (4 + 4 + 4 + 4).  Use
+stays at or below 24 of the 28 objects (86%, under the 90% watermark) until
+turn 4's puts, which follow its lookup, so no eviction can change a figure.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+BUILD = os.environ.get("MOONLET_BUILD_ROOT")
+BENCH = os.path.join(BUILD or ".", "tools", "moonlet-bench")
+RANKS = 4
+
+TURNS = [(0, 8, 4096), (1000, 12, 6000), (2000, 16, 8192), (3000, 16, 8192), (4000, 20, 10000)]
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("trace") / "conv.jsonl"
+    with open(p, "w") as f:
+        for ts, blocks, inp in TURNS:
+            f.write(json.dumps({"timestamp": ts, "input_length": inp, "output_length": 10,
+                                "hash_ids": list(range(blocks))}) + "\n")
+    return p
+
+
+def run_bench(*args, timeout=120):
+    if not BUILD:
+        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+    p = subprocess.Popen([BENCH, "trace", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    assert p.returncode == 0, err.decode()
+    return out.decode()
+
+
+def common_args(trace_file):
+    # 64 KiB objects: the 20 KV + 8 KDA objects are 1.75 MiB, above the
+    # store's 1 MiB minimum at capacity fraction 1.
+    return ["--trace", str(trace_file), "--kv-bytes", "64KiB", "--kda-bytes", "64KiB",
+            "--ranks", str(RANKS), "--kda-every", "4", "--capacity-fraction", "1",
+            "--time-scale", "0.001"]
+
+
+def test_figures_are_exact(trace_file):
+    r = json.loads(run_bench(*common_args(trace_file), "--json"))
+    assert r["requests"] == 5
+    assert r["working_set"] == {"kv_objects": 20, "checkpoints": 2, "kda_objects": 8,
+                                "bytes": 28 * 65536}
+    for mode in ("lease_all", "selective"):
+        m = r[mode]
+        assert m["lookups"] == 5
+        assert m["blocks_requested"] == 8 + 12 + 16 + 16 + 20
+        assert m["kv_hit_blocks"] == 0 + 8 + 12 + 16 + 16
+        assert m["kda_hit_blocks"] == 0 + 8 + 8 + 8 + 16
+        assert m["prefill_tokens_saved"] == 512 * (8 + 8 + 8 + 16)
+        assert m["kv_keys_leased"] == 8 + 12 + 16 + 16
+        assert m["puts"] == (8 + 4) + 4 + (4 + 4) + 0 + 4  # per turn, KV + KDA
+        assert m["puts_already_present"] == 4
+        # (an eviction may run after the last put, so evictions is not asserted)
+        assert m["put_failures"] == 0
+        # The master's counters agree with the helper's own count.
+        assert m["kda_keys_leased"] == m["kda_keys_leased_own_count"]
+        assert m["kda_bytes_leased"] == m["kda_keys_leased"] * 65536
+    assert r["lease_all"]["kda_keys_leased"] == 4 + 4 + 4 + 8
+    assert r["selective"]["kda_keys_leased"] == 4 + 4 + 4 + 4
+    assert r["selective"]["master_leases_probe"] == 16
+    assert r["lease_all"]["master_leases_probe"] == 0
+    assert r["lease_all"]["lookup_rpcs"] == 5
+    assert r["selective"]["lookup_rpcs"] == 1 + 2 + 2 + 2 + 2  # turn 1 has no KV: no probe
+    assert r["kda_keys_leased_ratio_lease_all_over_selective"] == pytest.approx(20 / 16)
+    assert r["never_evicting_cache"]["kv_hit_ratio"] == pytest.approx(52 / 72)
+    assert r["never_evicting_cache"]["kda_hit_ratio"] == pytest.approx(40 / 72)
+
+
+def test_plot_and_series(trace_file, tmp_path):
+    png, csv = tmp_path / "t.png", tmp_path / "t.csv"
+    out = run_bench(*common_args(trace_file), "--limit", "3", "--plot", str(png),
+                    "--series", str(csv))
+    assert "lease_all" in out and "selective" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = csv.read_text().splitlines()
+    assert rows[0].startswith("mode,t_s,requests,blocks,")
+    assert len(rows) == 1 + 2 * 3
+    last = dict(zip(rows[0].split(","), rows[-1].split(",")))
+    assert last["mode"] == "selective" and last["requests"] == "3"
+    assert last["blocks"] == str(8 + 12 + 16) and last["kda_keys_leased"] == "8"
+
+
+def test_rejects_bad_flags(trace_file):
+    p = subprocess.run([BENCH, "trace", "--trace", str(trace_file), "--kda-every", "0"],
+                       capture_output=True, timeout=30)
+    assert p.returncode == 2 and b"--kda-every" in p.stderr
+    # Too small for a store node: refused before anything starts.
+    p = subprocess.run([BENCH, "trace", "--trace", str(trace_file)], capture_output=True,
+                       timeout=30)
+    assert p.returncode == 2 and b"1 MiB minimum" in p.stderr

@@ -1,0 +1,896 @@
+/*
+ * trace.c - `moonlet-bench trace`: replays Mooncake's conversation trace
+ * against a master and store nodes this command starts, once with the
+ * lease-all K3 lookup and once with the selective one, and compares what each
+ * leases, what each hits and how much each evicts.
+ *
+ * Why a replay: the selective lookup's claim is about memory under pressure.
+ * Leasing every probed checkpoint protects checkpoints nobody will load, and
+ * the master's eviction (earliest lease deadline first, never-leased objects
+ * first) then takes other objects instead.  Only a workload with real prefix
+ * reuse and a cache smaller than its working set shows whether that costs
+ * hits; the trace's hash_ids (512-token prefix blocks) are that workload.
+ *
+ * Model (a hybrid attention + KDA model, as an engine would drive it):
+ *  - one KV object ("kv/<hash>") of --kv-bytes per 512-token block;
+ *  - a KDA checkpoint may exist every --kda-every blocks; one checkpoint is
+ *    --ranks objects ("kda/<hash of its last block>/r<rank>") of --kda-bytes;
+ *  - per request: the K3 lookup (moonlet_k3_lookup, include/moonlet/k3.h)
+ *    over its blocks and its checkpoint positions, with final-token
+ *    recompute (resume strictly below the prompt); then, as after prefill,
+ *    a put of the KV blocks past the KV boundary and of the checkpoint at the
+ *    new end (the last checkpoint position within the prompt's full blocks);
+ *  - KV hit blocks = the KV boundary in blocks (what attention alone could
+ *    reuse); KDA hit blocks = the resume position in blocks (what the hybrid
+ *    model does reuse: KV and a checkpoint); prefill tokens saved = the resume
+ *    position.
+ * Segment capacity is --capacity-fraction of the replayed working set (every
+ * distinct KV object and checkpoint object), split over --stores nodes, so
+ * the master evicts (at 90% use, and on an allocation failure).
+ *
+ * Time is compressed by --time-scale (replay seconds per trace second); the
+ * lease TTL (--lease-ttl-ms, trace time) is scaled with it and passed as the
+ * master's --default_kv_lease_ttl.  Requests start on their scaled schedule;
+ * when the replay falls behind, they start at once and the lag is reported.
+ *
+ * KDA leases: the master's counters (leases_exist, leases_probe) before and
+ * after each run, cross-checked against the helper's own counts (kda_leased,
+ * kv_hits).  For scale, the output also gives the hit ratios of a cache that
+ * never evicts (same model, computed without a cluster).  With --plot, tools/bench/plot_trace.py (next to this binary) is
+ * run with /usr/bin/python3 on a per-request time series.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "bytesize.h"
+#include "master_client.h"
+#include "moonlet/client.h"
+#include "moonlet/error.h"
+#include "moonlet/k3.h"
+
+#define BLOCK_TOKENS 512u /* the trace's hash block */
+#define MAX_STORES 16u
+
+typedef struct trace_opts {
+    const char *path, *plot, *series;
+    size_t limit;             /* 0: every request */
+    double time_scale;        /* replay seconds per trace second */
+    uint64_t lease_ttl_ms;    /* in trace time */
+    uint32_t kda_every, ranks, stores;
+    uint64_t kv_bytes, kda_bytes;
+    double capacity_fraction;
+    bool json;
+} trace_opts;
+
+typedef struct treq {
+    uint64_t ts_ms;  /* trace timestamp */
+    uint64_t input;  /* prompt tokens */
+    uint32_t n;      /* blocks (hash ids) */
+    size_t off;      /* first hash id in trace.ids */
+} treq;
+
+typedef struct trace {
+    treq *r;
+    size_t n, cap;
+    uint64_t *ids;
+    size_t nids, cap_ids;
+    uint32_t max_blocks;
+} trace;
+
+/* Cumulative figures after one request, for the plot. */
+typedef struct series_row {
+    double t_s; /* trace time */
+    uint64_t blocks, kv_hit, kda_hit, kda_keys;
+} series_row;
+
+typedef struct run_result {
+    const char *mode;
+    uint64_t lookups, rpcs, blocks, kv_hit_blocks, kda_hit_blocks, prompt_tokens, saved_tokens;
+    uint64_t kv_hits, kda_leased_own, puts, puts_existing, put_failures;
+    double leases_exist, leases_probe, evictions, eviction_passes, put_revokes;
+    bench_samples lookup_us, lag_ms;
+    double wall_s;
+    series_row *rows;
+} run_result;
+
+/* ---- the trace ---------------------------------------------------------------- */
+
+static int trace_push_id(trace *t, uint64_t id)
+{
+    if (t->nids == t->cap_ids) {
+        size_t cap = t->cap_ids ? t->cap_ids * 2 : 1 << 16;
+        uint64_t *v = realloc(t->ids, cap * sizeof(*v));
+        if (!v)
+            return -1;
+        t->ids = v;
+        t->cap_ids = cap;
+    }
+    t->ids[t->nids++] = id;
+    return 0;
+}
+
+static int trace_push_req(trace *t, const treq *q)
+{
+    if (t->n == t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 1024;
+        treq *v = realloc(t->r, cap * sizeof(*v));
+        if (!v)
+            return -1;
+        t->r = v;
+        t->cap = cap;
+    }
+    t->r[t->n++] = *q;
+    if (q->n > t->max_blocks)
+        t->max_blocks = q->n;
+    return 0;
+}
+
+static bool json_uint(const cJSON *o, const char *name, uint64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItem(o, name);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+        return false;
+    *out = (uint64_t)v->valuedouble;
+    return true;
+}
+
+/* One JSON object per line: timestamp (ms), input_length, hash_ids. */
+static int trace_parse_line(trace *t, const char *line, size_t lineno)
+{
+    cJSON *o = cJSON_Parse(line);
+    treq q = {.off = t->nids};
+    const cJSON *ids = o ? cJSON_GetObjectItem(o, "hash_ids") : NULL;
+    int rc = -1;
+    if (!o || !json_uint(o, "timestamp", &q.ts_ms) || !json_uint(o, "input_length", &q.input) ||
+        !cJSON_IsArray(ids) || cJSON_GetArraySize(ids) == 0 || q.input == 0) {
+        fprintf(stderr, "moonlet-bench trace: line %zu: expected timestamp, input_length and "
+                        "a non-empty hash_ids\n", lineno);
+        goto out;
+    }
+    const cJSON *id;
+    cJSON_ArrayForEach(id, ids) {
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || trace_push_id(t, (uint64_t)id->valuedouble))
+            goto out;
+        q.n++;
+    }
+    rc = trace_push_req(t, &q);
+out:
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int trace_load(const char *path, size_t limit, trace *t)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "moonlet-bench trace: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0, lineno = 0;
+    int rc = 0;
+    while ((!limit || t->n < limit) && getline(&line, &cap, f) > 0) {
+        lineno++;
+        if (line[0] == '\n')
+            continue;
+        if ((rc = trace_parse_line(t, line, lineno)))
+            break;
+    }
+    free(line);
+    fclose(f);
+    if (!rc && t->n == 0) {
+        fprintf(stderr, "moonlet-bench trace: %s holds no request\n", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+static void trace_free(trace *t)
+{
+    free(t->r);
+    free(t->ids);
+    memset(t, 0, sizeof(*t));
+}
+
+/* ---- the hybrid layout ------------------------------------------------------------ */
+
+/* Blocks covered by the checkpoint an engine stores after prefilling q: the
+ * last multiple of kda_every within the prompt's full blocks (0: none). */
+static uint32_t end_checkpoint_blocks(const treq *q, uint32_t every)
+{
+    uint64_t full = q->input / BLOCK_TOKENS;
+    if (full > q->n)
+        full = q->n;
+    return (uint32_t)(full / every * every);
+}
+
+/* Keys are named by content: a block by its prefix hash, a checkpoint by the
+ * prefix hash of its last block. */
+static int trace_key(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap)
+{
+    const uint64_t *ids = ctx;
+    if (id->kind == MOONLET_K3_KEY_KV)
+        return snprintf(buf, cap, "kv/%llu", (unsigned long long)ids[id->block]);
+    return snprintf(buf, cap, "kda/%llu/r%u",
+                    (unsigned long long)ids[id->position / BLOCK_TOKENS - 1], id->rank);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static size_t count_unique(uint64_t *v, size_t n)
+{
+    if (!n)
+        return 0;
+    qsort(v, n, sizeof(*v), cmp_u64);
+    size_t u = 1;
+    for (size_t i = 1; i < n; i++)
+        u += v[i] != v[i - 1];
+    return u;
+}
+
+typedef struct working_set {
+    size_t kv_objects, checkpoints;
+    uint64_t bytes;
+} working_set;
+
+static uint64_t round64(uint64_t x)
+{
+    return (x + 63) & ~(uint64_t)63; /* the master's allocation granule */
+}
+
+/* Every distinct object the replay can ever put. */
+static int working_set_of(const trace *t, const trace_opts *o, working_set *ws)
+{
+    uint64_t *v = malloc((t->nids > t->n ? t->nids : t->n) * sizeof(*v) + 1);
+    if (!v)
+        return -1;
+    memcpy(v, t->ids, t->nids * sizeof(*v));
+    ws->kv_objects = count_unique(v, t->nids);
+    size_t k = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        uint32_t e = end_checkpoint_blocks(&t->r[i], o->kda_every);
+        if (e)
+            v[k++] = t->ids[t->r[i].off + e - 1];
+    }
+    ws->checkpoints = count_unique(v, k);
+    free(v);
+    ws->bytes = ws->kv_objects * round64(o->kv_bytes) +
+                ws->checkpoints * (uint64_t)o->ranks * round64(o->kda_bytes);
+    return 0;
+}
+
+/* ---- the infinite-cache reference ------------------------------------------------- */
+
+/* An open-addressing set of hash ids (id + 1 stored, so 0 marks a free slot). */
+typedef struct idset {
+    uint64_t *slot;
+    size_t mask;
+} idset;
+
+static int idset_init(idset *s, size_t expected)
+{
+    size_t cap = 1024;
+    while (cap < expected * 2)
+        cap *= 2;
+    s->slot = calloc(cap, sizeof(*s->slot));
+    s->mask = cap - 1;
+    return s->slot ? 0 : -1;
+}
+
+static size_t idset_pos(const idset *s, uint64_t id)
+{
+    size_t i = (size_t)((id + 1) * 0x9E3779B97F4A7C15ull) & s->mask;
+    while (s->slot[i] && s->slot[i] != id + 1)
+        i = (i + 1) & s->mask;
+    return i;
+}
+
+static bool idset_has(const idset *s, uint64_t id)
+{
+    return s->slot[idset_pos(s, id)] != 0;
+}
+
+static void idset_add(idset *s, uint64_t id)
+{
+    s->slot[idset_pos(s, id)] = id + 1;
+}
+
+/* The hit ratios of a cache that never evicts, same model as the replay:
+ * the bound any eviction policy is measured against. */
+static int reference_hits(const trace *t, const trace_opts *o, const working_set *ws,
+                          double *kv_ratio, double *kda_ratio)
+{
+    idset kv, ck;
+    if (idset_init(&kv, ws->kv_objects) || idset_init(&ck, ws->checkpoints + 1)) {
+        free(kv.slot);
+        return -1;
+    }
+    uint64_t blocks = 0, kv_hit = 0, kda_hit = 0;
+    for (size_t i = 0; i < t->n; i++) {
+        const treq *q = &t->r[i];
+        const uint64_t *ids = t->ids + q->off;
+        uint32_t k = 0, res = 0;
+        while (k < q->n && idset_has(&kv, ids[k]))
+            k++;
+        for (uint32_t p = o->kda_every; p <= k; p += o->kda_every)
+            if ((uint64_t)p * BLOCK_TOKENS < q->input && idset_has(&ck, ids[p - 1]))
+                res = p;
+        blocks += q->n;
+        kv_hit += k;
+        kda_hit += res;
+        for (uint32_t b = 0; b < q->n; b++)
+            idset_add(&kv, ids[b]);
+        uint32_t e = end_checkpoint_blocks(q, o->kda_every);
+        if (e)
+            idset_add(&ck, ids[e - 1]);
+    }
+    free(kv.slot);
+    free(ck.slot);
+    *kv_ratio = blocks ? (double)kv_hit / (double)blocks : 0;
+    *kda_ratio = blocks ? (double)kda_hit / (double)blocks : 0;
+    return 0;
+}
+
+/* ---- one replay ----------------------------------------------------------------------- */
+
+typedef struct cluster {
+    bench_master master;
+    bench_master stores[MAX_STORES];
+    uint32_t nstores;
+    moonlet_master_client *mc;
+    moonlet_client *cli;
+    void *buf;
+} cluster;
+
+static void cluster_stop(cluster *cl)
+{
+    if (cl->cli && cl->buf)
+        moonlet_client_unregister_buffer(cl->cli, cl->buf);
+    moonlet_client_destroy(cl->cli);
+    moonlet_mc_destroy(cl->mc);
+    free(cl->buf);
+    for (uint32_t i = cl->nstores; i-- > 0;)
+        bench_master_stop(&cl->stores[i]);
+    bench_master_stop(&cl->master);
+    memset(cl, 0, sizeof(*cl));
+}
+
+static int cluster_start(cluster *cl, const trace_opts *o, uint64_t per_store)
+{
+    memset(cl, 0, sizeof(*cl));
+    char ttl[32];
+    double scaled = (double)o->lease_ttl_ms * o->time_scale;
+    snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)(scaled < 1 ? 1 : scaled + 0.5));
+    const char *flags[] = {"--default_kv_lease_ttl", ttl, NULL};
+    if (bench_master_start(&cl->master, flags)) {
+        fprintf(stderr, "moonlet-bench trace: cannot start moonlet-master\n");
+        return -1;
+    }
+    for (; cl->nstores < o->stores; cl->nstores++)
+        if (bench_store_start(&cl->stores[cl->nstores], cl->master.addr, per_store)) {
+            fprintf(stderr, "moonlet-bench trace: cannot start moonlet-store\n");
+            return -1;
+        }
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = cl->master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    size_t len = o->kv_bytes > o->kda_bytes ? o->kv_bytes : o->kda_bytes;
+    if (moonlet_mc_create(cl->master.addr, NULL, &cl->mc) ||
+        moonlet_client_create(&cfg, &cl->cli) || !(cl->buf = malloc(len ? len : 1))) {
+        fprintf(stderr, "moonlet-bench trace: cannot connect to the master\n");
+        return -1;
+    }
+    memset(cl->buf, 0x4b, len ? len : 1);
+    return moonlet_client_register_buffer(cl->cli, cl->buf, len ? len : 1) ? -1 : 0;
+}
+
+static double stat_num(cJSON *st, const char *name)
+{
+    cJSON *v = cJSON_GetObjectItem(st, name);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+static int stats_now(moonlet_master_client *mc, double out[5])
+{
+    cJSON *st = NULL;
+    int rc = moonlet_mc_stats(mc, &st);
+    if (rc)
+        return rc;
+    out[0] = stat_num(st, "leases_exist");
+    out[1] = stat_num(st, "leases_probe");
+    out[2] = stat_num(st, "evictions");
+    out[3] = stat_num(st, "eviction_passes");
+    out[4] = stat_num(st, "put_revokes");
+    cJSON_Delete(st);
+    return MOONLET_OK;
+}
+
+/* Per-request scratch: checkpoint positions and the keys of the puts. */
+typedef struct scratch {
+    uint64_t *ckpts;
+    char (*names)[48];
+    const char **keys;
+    const void **bufs;
+    size_t *lens;
+    int32_t *results;
+} scratch;
+
+static void scratch_free(scratch *s)
+{
+    free(s->ckpts);
+    free(s->names);
+    free(s->keys);
+    free(s->bufs);
+    free(s->lens);
+    free(s->results);
+}
+
+static int scratch_alloc(scratch *s, uint32_t max_blocks, uint32_t ranks)
+{
+    size_t n = (size_t)max_blocks + ranks;
+    s->ckpts = calloc(max_blocks + 1u, sizeof(*s->ckpts));
+    s->names = calloc(n, sizeof(*s->names));
+    s->keys = calloc(n, sizeof(*s->keys));
+    s->bufs = calloc(n, sizeof(*s->bufs));
+    s->lens = calloc(n, sizeof(*s->lens));
+    s->results = calloc(n, sizeof(*s->results));
+    return s->ckpts && s->names && s->keys && s->bufs && s->lens && s->results ? 0 : -1;
+}
+
+static void sleep_until(uint64_t t_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000u), .tv_nsec = (long)(t_ns % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* After prefill: the KV blocks past the boundary and the checkpoint at the
+ * new end (unless it is the one the request resumed from). */
+static void put_after_prefill(cluster *cl, const trace_opts *o, const treq *q,
+                              const uint64_t *ids, const moonlet_k3_result *res, scratch *s,
+                              run_result *rr)
+{
+    size_t np = 0;
+    moonlet_k3_key_id id = {.kind = MOONLET_K3_KEY_KV};
+    for (id.block = res->kv_prefix_blocks; id.block < q->n; id.block++, np++) {
+        trace_key((void *)ids, &id, s->names[np], sizeof(s->names[np]));
+        s->lens[np] = o->kv_bytes;
+    }
+    uint32_t e = end_checkpoint_blocks(q, o->kda_every);
+    if (e && (uint64_t)e * BLOCK_TOKENS != res->resume_position) {
+        id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KDA, .position = (uint64_t)e * BLOCK_TOKENS};
+        for (id.rank = 0; id.rank < o->ranks; id.rank++, np++) {
+            trace_key((void *)ids, &id, s->names[np], sizeof(s->names[np]));
+            s->lens[np] = o->kda_bytes;
+        }
+    }
+    if (!np)
+        return;
+    for (size_t i = 0; i < np; i++) {
+        s->keys[i] = s->names[i];
+        s->bufs[i] = cl->buf;
+    }
+    moonlet_client_batch_put_from(cl->cli, s->keys, s->bufs, s->lens, np, NULL, s->results);
+    for (size_t i = 0; i < np; i++) {
+        if (s->results[i] == MOONLET_OK)
+            rr->puts++;
+        else if (s->results[i] == MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+            rr->puts_existing++;
+        else
+            rr->put_failures++;
+    }
+}
+
+static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uint64_t per_store,
+                  run_result *rr)
+{
+    memset(rr, 0, sizeof(*rr));
+    rr->mode = mode == MOONLET_K3_LEASE_ALL ? "lease_all" : "selective";
+    rr->rows = calloc(t->n, sizeof(*rr->rows));
+    scratch s = {0};
+    cluster cl = {0};
+    double st0[5], st1[5];
+    int rc = -1;
+    if (!rr->rows || scratch_alloc(&s, t->max_blocks, o->ranks) ||
+        cluster_start(&cl, o, per_store) || stats_now(cl.mc, st0))
+        goto out;
+    const moonlet_k3_layout layout = {.block_tokens = BLOCK_TOKENS, .groups = 1,
+                                      .ranks = o->ranks, .components = 1};
+    const uint64_t step = (uint64_t)o->kda_every * BLOCK_TOKENS;
+    uint64_t start = bench_now_ns();
+    for (size_t i = 0; i < t->n; i++) {
+        const treq *q = &t->r[i];
+        const uint64_t *ids = t->ids + q->off;
+        uint64_t sched = start + (uint64_t)((double)(q->ts_ms - t->r[0].ts_ms) * 1e6 * o->time_scale);
+        uint64_t now = bench_now_ns();
+        if (now < sched)
+            sleep_until(sched);
+        bench_samples_add(&rr->lag_ms, now > sched ? (double)(now - sched) / 1e6 : 0);
+
+        size_t ncp = 0;
+        for (uint64_t p = step; p <= (uint64_t)q->n * BLOCK_TOKENS; p += step)
+            s.ckpts[ncp++] = p;
+        moonlet_k3_request req = {.prompt_tokens = q->input, .kv_blocks = q->n,
+                                  .checkpoints = s.ckpts, .n_checkpoints = ncp,
+                                  .recompute_last_token = true, .mode = mode};
+        moonlet_k3_result res;
+        uint64_t t0 = bench_now_ns();
+        int lrc = moonlet_k3_lookup(cl.cli, &layout, &req, trace_key, (void *)ids, NULL, &res);
+        bench_samples_add(&rr->lookup_us, (double)(bench_now_ns() - t0) / 1e3);
+        if (lrc) {
+            fprintf(stderr, "moonlet-bench trace: lookup of request %zu: %s\n", i,
+                    moonlet_strerror(lrc));
+            goto out;
+        }
+        rr->lookups++;
+        rr->rpcs += res.rpcs;
+        rr->blocks += q->n;
+        rr->kv_hit_blocks += res.kv_prefix_blocks;
+        rr->kda_hit_blocks += res.resume_position / BLOCK_TOKENS;
+        rr->prompt_tokens += q->input;
+        rr->saved_tokens += res.resume_position;
+        rr->kv_hits += res.kv_hits;
+        rr->kda_leased_own += res.kda_leased;
+        put_after_prefill(&cl, o, q, ids, &res, &s, rr);
+        moonlet_k3_result_free(&res);
+        rr->rows[i] = (series_row){.t_s = (double)(q->ts_ms - t->r[0].ts_ms) / 1e3,
+                                   .blocks = rr->blocks, .kv_hit = rr->kv_hit_blocks,
+                                   .kda_hit = rr->kda_hit_blocks, .kda_keys = rr->kda_leased_own};
+    }
+    rr->wall_s = (double)(bench_now_ns() - start) / 1e9;
+    if (stats_now(cl.mc, st1))
+        goto out;
+    rr->leases_exist = st1[0] - st0[0];
+    rr->leases_probe = st1[1] - st0[1];
+    rr->evictions = st1[2] - st0[2];
+    rr->eviction_passes = st1[3] - st0[3];
+    rr->put_revokes = st1[4] - st0[4];
+    rc = 0;
+out:
+    cluster_stop(&cl);
+    scratch_free(&s);
+    return rc;
+}
+
+static void run_free(run_result *rr)
+{
+    bench_samples_free(&rr->lookup_us);
+    bench_samples_free(&rr->lag_ms);
+    free(rr->rows);
+    rr->rows = NULL;
+}
+
+/* ---- output ---------------------------------------------------------------------------- */
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+/* KDA keys leased according to the master: every probe lease is a KDA key;
+ * exist leases are KV hits plus, in lease-all, the KDA hits. */
+static double kda_leased_master(const run_result *rr)
+{
+    return rr->leases_probe + rr->leases_exist - (double)rr->kv_hits;
+}
+
+static cJSON *run_json(run_result *rr, const trace_opts *o)
+{
+    cJSON *j = cJSON_CreateObject();
+    double kda_master = kda_leased_master(rr);
+    cJSON_AddNumberToObject(j, "lookups", (double)rr->lookups);
+    cJSON_AddNumberToObject(j, "lookup_rpcs", (double)rr->rpcs);
+    cJSON_AddNumberToObject(j, "rpcs_per_lookup", ratio((double)rr->rpcs, (double)rr->lookups));
+    bench_json_latency(j, "lookup_us", &rr->lookup_us);
+    cJSON_AddNumberToObject(j, "kda_keys_leased", kda_master);
+    cJSON_AddNumberToObject(j, "kda_keys_leased_own_count", (double)rr->kda_leased_own);
+    cJSON_AddNumberToObject(j, "kda_bytes_leased", kda_master * (double)o->kda_bytes);
+    cJSON_AddNumberToObject(j, "kv_keys_leased", (double)rr->kv_hits);
+    cJSON_AddNumberToObject(j, "master_leases_exist", rr->leases_exist);
+    cJSON_AddNumberToObject(j, "master_leases_probe", rr->leases_probe);
+    cJSON_AddNumberToObject(j, "blocks_requested", (double)rr->blocks);
+    cJSON_AddNumberToObject(j, "kv_hit_blocks", (double)rr->kv_hit_blocks);
+    cJSON_AddNumberToObject(j, "kda_hit_blocks", (double)rr->kda_hit_blocks);
+    cJSON_AddNumberToObject(j, "kv_hit_ratio", ratio((double)rr->kv_hit_blocks, (double)rr->blocks));
+    cJSON_AddNumberToObject(j, "kda_hit_ratio", ratio((double)rr->kda_hit_blocks, (double)rr->blocks));
+    cJSON_AddNumberToObject(j, "prefill_tokens", (double)rr->prompt_tokens);
+    cJSON_AddNumberToObject(j, "prefill_tokens_saved", (double)rr->saved_tokens);
+    cJSON_AddNumberToObject(j, "prefill_tokens_saved_ratio",
+                            ratio((double)rr->saved_tokens, (double)rr->prompt_tokens));
+    cJSON_AddNumberToObject(j, "evictions", rr->evictions);
+    cJSON_AddNumberToObject(j, "eviction_passes", rr->eviction_passes);
+    cJSON_AddNumberToObject(j, "puts", (double)rr->puts);
+    cJSON_AddNumberToObject(j, "puts_already_present", (double)rr->puts_existing);
+    cJSON_AddNumberToObject(j, "put_failures", (double)rr->put_failures);
+    cJSON *lag = cJSON_AddObjectToObject(j, "schedule_lag_ms");
+    cJSON_AddNumberToObject(lag, "p50", bench_percentile(&rr->lag_ms, 50));
+    cJSON_AddNumberToObject(lag, "p99", bench_percentile(&rr->lag_ms, 99));
+    cJSON_AddNumberToObject(lag, "max", bench_percentile(&rr->lag_ms, 100));
+    cJSON_AddNumberToObject(j, "wall_s", rr->wall_s);
+    return j;
+}
+
+static void print_text(run_result *r, const trace_opts *o)
+{
+    printf("%-10s %7s %9s %9s %12s %12s %7s %7s %8s %10s\n", "lookup", "rpcs", "p50 us", "p99 us",
+           "KDA leased", "KDA MiB", "KV hit", "KDA hit", "saved", "evictions");
+    for (int i = 0; i < 2; i++) {
+        run_result *rr = &r[i];
+        double kda = kda_leased_master(rr);
+        printf("%-10s %7llu %9.1f %9.1f %12.0f %12.1f %6.1f%% %6.1f%% %7.1f%% %10.0f\n", rr->mode,
+               (unsigned long long)rr->rpcs, bench_percentile(&rr->lookup_us, 50),
+               bench_percentile(&rr->lookup_us, 99), kda,
+               kda * (double)o->kda_bytes / 1048576.0,
+               100 * ratio((double)rr->kv_hit_blocks, (double)rr->blocks),
+               100 * ratio((double)rr->kda_hit_blocks, (double)rr->blocks),
+               100 * ratio((double)rr->saved_tokens, (double)rr->prompt_tokens), rr->evictions);
+    }
+    printf("KDA keys leased, lease-all / selective: %.1fx\n",
+           ratio(kda_leased_master(&r[0]), kda_leased_master(&r[1])));
+}
+
+static int write_series(const char *path, const run_result *r, size_t n, const trace_opts *o)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "moonlet-bench trace: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "mode,t_s,requests,blocks,kv_hit_blocks,kda_hit_blocks,kda_keys_leased,"
+               "kda_bytes_leased\n");
+    for (int m = 0; m < 2; m++)
+        for (size_t i = 0; i < n; i++) {
+            const series_row *w = &r[m].rows[i];
+            fprintf(f, "%s,%.3f,%zu,%llu,%llu,%llu,%llu,%llu\n", r[m].mode, w->t_s, i + 1,
+                    (unsigned long long)w->blocks, (unsigned long long)w->kv_hit,
+                    (unsigned long long)w->kda_hit, (unsigned long long)w->kda_keys,
+                    (unsigned long long)(w->kda_keys * o->kda_bytes));
+        }
+    return fclose(f) ? -1 : 0;
+}
+
+/* /usr/bin/python3 plot_trace.py SERIES OUT; 0 when it succeeded. */
+static int run_plot(const char *series, const char *out)
+{
+    char script[4096 + 32];
+    bench_tool_path("plot_trace.py", script, sizeof(script));
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(2, 1); /* keep stdout for the result */
+        execl("/usr/bin/python3", "python3", script, series, out, (char *)NULL);
+        fprintf(stderr, "moonlet-bench trace: cannot run /usr/bin/python3: %s\n", strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+        fprintf(stderr, "moonlet-bench trace: %s failed\n", script);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- flags ----------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moonlet-bench trace --trace PATH [options] [--json] [--plot OUT.png]\n"
+            "\n"
+            "Replays a Mooncake trace (JSONL: timestamp, input_length, hash_ids) twice against a\n"
+            "master and store nodes it starts: K3 lookup leasing every hit, then the selective\n"
+            "lookup (KV BatchExistKey + BatchProbeKey LastHitOnly).\n"
+            "\n"
+            "  --trace PATH              the trace (e.g. ../shared/data/conversation_trace.jsonl)\n"
+            "  --limit N                 replay the first N requests only (default: all)\n"
+            "  --time-scale S            replay seconds per trace second (default 0.02)\n"
+            "  --lease-ttl-ms MS         lease TTL in trace time (default 5000; the master gets MS*S)\n"
+            "  --kda-every N             a checkpoint every N blocks of 512 tokens (default 4)\n"
+            "  --ranks N                 keys per checkpoint (default 4)\n"
+            "  --kv-bytes SIZE           bytes per KV block object (default 2KiB, at most 1GiB)\n"
+            "  --kda-bytes SIZE          bytes per checkpoint key (default 4KiB, at most 1GiB)\n"
+            "  --capacity-fraction F     segment capacity / working set (default 0.3)\n"
+            "  --stores N                store nodes sharing the capacity (default 1, at most 16)\n"
+            "  --series PATH             write the per-request time series (CSV) there\n"
+            "  --plot OUT.png            draw it (tools/bench/plot_trace.py, /usr/bin/python3)\n"
+            "  --json                    print the result as JSON\n");
+}
+
+/* A decimal integer in [1, max]. */
+static bool parse_count(const char *s, unsigned long long max, unsigned long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long u = strtoull(s, &end, 10);
+    if (!*s || *end || s[0] == '-' || errno || u == 0 || u > max)
+        return false;
+    *out = u;
+    return true;
+}
+
+/* A decimal fraction in (0, max]. */
+static bool parse_positive(const char *s, double max, double *out)
+{
+    char *end = NULL;
+    double d = strtod(s, &end);
+    if (!*s || *end || !(d > 0) || d > max)
+        return false;
+    *out = d;
+    return true;
+}
+
+static bool parse_size(const char *s, uint64_t *out)
+{
+    return moonlet_bytesize_parse(s, out) == 0 && *out > 0 && *out <= (1u << 30);
+}
+
+/* 0: run; 1: --help printed; 2: bad flags. */
+static int parse_opts(int argc, char **argv, trace_opts *o)
+{
+    *o = (trace_opts){.time_scale = 0.02, .lease_ttl_ms = 5000, .kda_every = 4, .ranks = 4,
+                      .stores = 1, .kv_bytes = 2048, .kda_bytes = 4096, .capacity_fraction = 0.3};
+    enum { O_TRACE = 256, O_LIMIT, O_SCALE, O_TTL, O_EVERY, O_RANKS, O_KV, O_KDA, O_CAP,
+           O_STORES, O_SERIES, O_PLOT, O_JSON, O_HELP };
+    static const struct option opts[] = {
+        {"trace", required_argument, 0, O_TRACE}, {"limit", required_argument, 0, O_LIMIT},
+        {"time-scale", required_argument, 0, O_SCALE}, {"lease-ttl-ms", required_argument, 0, O_TTL},
+        {"kda-every", required_argument, 0, O_EVERY}, {"ranks", required_argument, 0, O_RANKS},
+        {"kv-bytes", required_argument, 0, O_KV}, {"kda-bytes", required_argument, 0, O_KDA},
+        {"capacity-fraction", required_argument, 0, O_CAP}, {"stores", required_argument, 0, O_STORES},
+        {"series", required_argument, 0, O_SERIES}, {"plot", required_argument, 0, O_PLOT},
+        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
+    };
+    int c, li = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
+        unsigned long long u = 0;
+        bool ok = true;
+        switch (c) {
+        case O_TRACE: o->path = optarg; break;
+        case O_SERIES: o->series = optarg; break;
+        case O_PLOT: o->plot = optarg; break;
+        case O_JSON: o->json = true; break;
+        case O_HELP: usage(stdout); return 1;
+        case O_SCALE: ok = parse_positive(optarg, 1000, &o->time_scale); break;
+        case O_CAP: ok = parse_positive(optarg, 1, &o->capacity_fraction); break;
+        case O_KV: ok = parse_size(optarg, &o->kv_bytes); break;
+        case O_KDA: ok = parse_size(optarg, &o->kda_bytes); break;
+        case O_LIMIT: ok = parse_count(optarg, SIZE_MAX, &u); o->limit = (size_t)u; break;
+        case O_TTL: ok = parse_count(optarg, 86400000, &u); o->lease_ttl_ms = u; break;
+        case O_EVERY: ok = parse_count(optarg, 1024, &u); o->kda_every = (uint32_t)u; break;
+        case O_RANKS: ok = parse_count(optarg, 1024, &u); o->ranks = (uint32_t)u; break;
+        case O_STORES: ok = parse_count(optarg, MAX_STORES, &u); o->stores = (uint32_t)u; break;
+        default: usage(stderr); return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "moonlet-bench trace: bad value '%s' for --%s\n", optarg, opts[li].name);
+            return 2;
+        }
+    }
+    if (!o->path || optind < argc) {
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint64_t capacity,
+                run_result r[2])
+{
+    double kda_all = kda_leased_master(&r[0]), kda_sel = kda_leased_master(&r[1]);
+    double ref_kv = 0, ref_kda = 0;
+    if (reference_hits(t, o, ws, &ref_kv, &ref_kda))
+        return -1;
+    if (!o->json) {
+        printf("%zu requests (%.0f s of trace at time scale %g), working set %.1f MiB, capacity "
+               "%.1f MiB\n", t->n, (double)(t->r[t->n - 1].ts_ms - t->r[0].ts_ms) / 1e3,
+               o->time_scale, (double)ws->bytes / 1048576.0, (double)capacity / 1048576.0);
+        print_text(r, o);
+        printf("a cache that never evicts: KV hit %.1f%%, KDA hit %.1f%%\n", 100 * ref_kv,
+               100 * ref_kda);
+        return 0;
+    }
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "trace", o->path);
+    cJSON_AddNumberToObject(root, "requests", (double)t->n);
+    cJSON_AddNumberToObject(root, "trace_span_s", (double)(t->r[t->n - 1].ts_ms - t->r[0].ts_ms) / 1e3);
+    cJSON *cfg = cJSON_AddObjectToObject(root, "config");
+    cJSON_AddNumberToObject(cfg, "block_tokens", BLOCK_TOKENS);
+    cJSON_AddNumberToObject(cfg, "kda_every_blocks", o->kda_every);
+    cJSON_AddNumberToObject(cfg, "ranks", o->ranks);
+    cJSON_AddNumberToObject(cfg, "kv_bytes", (double)o->kv_bytes);
+    cJSON_AddNumberToObject(cfg, "kda_bytes", (double)o->kda_bytes);
+    cJSON_AddNumberToObject(cfg, "capacity_fraction", o->capacity_fraction);
+    cJSON_AddNumberToObject(cfg, "stores", o->stores);
+    cJSON_AddNumberToObject(cfg, "time_scale", o->time_scale);
+    cJSON_AddNumberToObject(cfg, "lease_ttl_ms_trace", (double)o->lease_ttl_ms);
+    cJSON_AddNumberToObject(cfg, "lease_ttl_ms_master", (double)o->lease_ttl_ms * o->time_scale);
+    cJSON_AddBoolToObject(cfg, "recompute_last_token", 1);
+    cJSON *w = cJSON_AddObjectToObject(root, "working_set");
+    cJSON_AddNumberToObject(w, "kv_objects", (double)ws->kv_objects);
+    cJSON_AddNumberToObject(w, "checkpoints", (double)ws->checkpoints);
+    cJSON_AddNumberToObject(w, "kda_objects", (double)ws->checkpoints * o->ranks);
+    cJSON_AddNumberToObject(w, "bytes", (double)ws->bytes);
+    cJSON_AddNumberToObject(root, "capacity_bytes", (double)capacity);
+    cJSON *ref = cJSON_AddObjectToObject(root, "never_evicting_cache");
+    cJSON_AddNumberToObject(ref, "kv_hit_ratio", ref_kv);
+    cJSON_AddNumberToObject(ref, "kda_hit_ratio", ref_kda);
+    cJSON_AddItemToObject(root, "lease_all", run_json(&r[0], o));
+    cJSON_AddItemToObject(root, "selective", run_json(&r[1], o));
+    cJSON_AddNumberToObject(root, "kda_keys_leased_ratio_lease_all_over_selective", ratio(kda_all, kda_sel));
+    cJSON_AddNumberToObject(root, "kda_hit_ratio_selective_minus_lease_all",
+                            ratio((double)r[1].kda_hit_blocks, (double)r[1].blocks) -
+                                ratio((double)r[0].kda_hit_blocks, (double)r[0].blocks));
+    bench_print_json(root);
+    return 0;
+}
+
+static int plot_and_series(const trace_opts *o, const run_result r[2], size_t n)
+{
+    char tmp[] = "/tmp/moonlet-trace-XXXXXX";
+    const char *series = o->series;
+    if (!series && o->plot) {
+        int fd = mkstemp(tmp);
+        if (fd < 0)
+            return -1;
+        close(fd);
+        series = tmp;
+    }
+    int rc = series ? write_series(series, r, n, o) : 0;
+    if (!rc && o->plot)
+        rc = run_plot(series, o->plot);
+    if (series == tmp)
+        unlink(tmp);
+    return rc;
+}
+
+int bench_trace_main(int argc, char **argv)
+{
+    trace_opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    trace t = {0};
+    working_set ws;
+    if (trace_load(o.path, o.limit, &t) || working_set_of(&t, &o, &ws)) {
+        trace_free(&t);
+        return 1;
+    }
+    uint64_t capacity = (uint64_t)((double)ws.bytes * o.capacity_fraction + 0.5);
+    uint64_t per_store = (capacity / o.stores + 4095) / 4096 * 4096;
+    if (per_store < (1u << 20)) {
+        fprintf(stderr, "moonlet-bench trace: %llu bytes per store node is below the 1 MiB minimum; "
+                        "raise --kv-bytes/--kda-bytes or --limit, or lower --stores\n",
+                (unsigned long long)per_store);
+        trace_free(&t);
+        return 2;
+    }
+    run_result r[2];
+    memset(r, 0, sizeof(r));
+    rc = replay(&t, &o, MOONLET_K3_LEASE_ALL, per_store, &r[0]) ||
+         replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, &r[1]);
+    if (!rc)
+        rc = emit(&t, &o, &ws, per_store * o.stores, r) || plot_and_series(&o, r, t.n);
+    run_free(&r[0]);
+    run_free(&r[1]);
+    trace_free(&t);
+    if (rc)
+        fprintf(stderr, "moonlet-bench trace: failed\n");
+    return rc ? 1 : 0;
+}
