@@ -85,6 +85,10 @@ def test_figures_are_exact(trace_file):
         assert m["kv_keys_leased"] == 8 + 12 + 16 + 16
         assert m["puts"] == (8 + 4) + 4 + (4 + 4) + 0 + 4  # per turn, KV + KDA
         assert m["puts_already_present"] == 4
+        # Nothing evicted before a lookup: every resume is from the newest
+        # checkpoint written (turns 2 to 5; turn 1 has no candidate).
+        assert m["resumes_with_a_written_checkpoint"] == {
+            "from_newest": 4, "from_older_newest_evicted": 0, "none_all_evicted": 0}
         # (an eviction may run after the last put, so evictions is not asserted)
         assert m["put_failures"] == 0
         # The master's counters agree with the helper's own count.

@@ -36,7 +36,10 @@
  * KDA leases: the master's counters (leases_exist, leases_probe) before and
  * after each run, cross-checked against the helper's own counts (kda_leased,
  * kv_hits).  For scale, the output also gives the hit ratios of a cache that
- * never evicts (same model, computed without a cluster).  With --plot, tools/bench/plot_trace.py (next to this binary) is
+ * never evicts (same model, computed without a cluster), and, for requests
+ * whose candidates include a checkpoint written earlier in the run, whether
+ * they resumed from the newest one, from an older one (the newest had been
+ * evicted) or from none.  With --plot, tools/bench/plot_trace.py (next to this binary) is
  * run with /usr/bin/python3 on a per-request time series.
  */
 #include <errno.h>
@@ -95,7 +98,11 @@ typedef struct run_result {
     const char *mode;
     uint64_t lookups, rpcs, blocks, kv_hit_blocks, kda_hit_blocks, prompt_tokens, saved_tokens;
     uint64_t kv_hits, kda_leased_own, puts, puts_existing, put_failures;
-    double leases_exist, leases_probe, evictions, eviction_passes, put_revokes;
+    /* Requests with a checkpoint ever written among their candidates, by what
+     * they resumed from: the newest such checkpoint, an older one (the newest
+     * was evicted), or none (all were evicted). */
+    uint64_t resume_newest, resume_older, resume_none;
+    double leases_exist, leases_probe, evictions, eviction_passes;
     bench_samples lookup_us, lag_ms;
     double wall_s;
     series_row *rows;
@@ -403,7 +410,7 @@ static double stat_num(cJSON *st, const char *name)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-static int stats_now(moonlet_master_client *mc, double out[5])
+static int stats_now(moonlet_master_client *mc, double out[4])
 {
     cJSON *st = NULL;
     int rc = moonlet_mc_stats(mc, &st);
@@ -413,7 +420,6 @@ static int stats_now(moonlet_master_client *mc, double out[5])
     out[1] = stat_num(st, "leases_probe");
     out[2] = stat_num(st, "evictions");
     out[3] = stat_num(st, "eviction_passes");
-    out[4] = stat_num(st, "put_revokes");
     cJSON_Delete(st);
     return MOONLET_OK;
 }
@@ -461,7 +467,7 @@ static void sleep_until(uint64_t t_ns)
  * new end (unless it is the one the request resumed from). */
 static void put_after_prefill(cluster *cl, const trace_opts *o, const treq *q,
                               const uint64_t *ids, const moonlet_k3_result *res, scratch *s,
-                              run_result *rr)
+                              idset *written, run_result *rr)
 {
     size_t np = 0;
     moonlet_k3_key_id id = {.kind = MOONLET_K3_KEY_KV};
@@ -469,6 +475,7 @@ static void put_after_prefill(cluster *cl, const trace_opts *o, const treq *q,
         trace_key((void *)ids, &id, s->names[np], sizeof(s->names[np]));
         s->lens[np] = o->kv_bytes;
     }
+    size_t kv_puts = np;
     uint32_t e = end_checkpoint_blocks(q, o->kda_every);
     if (e && (uint64_t)e * BLOCK_TOKENS != res->resume_position) {
         id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KDA, .position = (uint64_t)e * BLOCK_TOKENS};
@@ -484,14 +491,39 @@ static void put_after_prefill(cluster *cl, const trace_opts *o, const treq *q,
         s->bufs[i] = cl->buf;
     }
     moonlet_client_batch_put_from(cl->cli, s->keys, s->bufs, s->lens, np, NULL, s->results);
+    bool ckpt_stored = np > kv_puts;
     for (size_t i = 0; i < np; i++) {
-        if (s->results[i] == MOONLET_OK)
+        if (s->results[i] == MOONLET_OK) {
             rr->puts++;
-        else if (s->results[i] == MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+        } else if (s->results[i] == MOONLET_ERR_OBJECT_ALREADY_EXISTS) {
             rr->puts_existing++;
-        else
+        } else {
             rr->put_failures++;
+            ckpt_stored = ckpt_stored && i < kv_puts;
+        }
     }
+    if (ckpt_stored)
+        idset_add(written, ids[e - 1]);
+}
+
+/* Which checkpoint a request resumed from, against the newest candidate
+ * ever written (see run_result). */
+static void count_resume(const moonlet_k3_request *req, const moonlet_k3_result *res,
+                         const uint64_t *ids, const idset *written, run_result *rr)
+{
+    uint64_t newest = 0;
+    size_t cands = moonlet_k3_candidates(req, res->kv_boundary);
+    for (size_t i = 0; i < cands; i++)
+        if (idset_has(written, ids[req->checkpoints[i] / BLOCK_TOKENS - 1]))
+            newest = req->checkpoints[i];
+    if (!newest)
+        return;
+    if (res->resume_position == newest)
+        rr->resume_newest++;
+    else if (res->resume_position)
+        rr->resume_older++;
+    else
+        rr->resume_none++;
 }
 
 static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uint64_t per_store,
@@ -502,9 +534,10 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     rr->rows = calloc(t->n, sizeof(*rr->rows));
     scratch s = {0};
     cluster cl = {0};
-    double st0[5], st1[5];
+    idset written = {0};
+    double st0[4], st1[4];
     int rc = -1;
-    if (!rr->rows || scratch_alloc(&s, t->max_blocks, o->ranks) ||
+    if (!rr->rows || scratch_alloc(&s, t->max_blocks, o->ranks) || idset_init(&written, t->n) ||
         cluster_start(&cl, o, per_store) || stats_now(cl.mc, st0))
         goto out;
     const moonlet_k3_layout layout = {.block_tokens = BLOCK_TOKENS, .groups = 1,
@@ -544,7 +577,8 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
         rr->saved_tokens += res.resume_position;
         rr->kv_hits += res.kv_hits;
         rr->kda_leased_own += res.kda_leased;
-        put_after_prefill(&cl, o, q, ids, &res, &s, rr);
+        count_resume(&req, &res, ids, &written, rr);
+        put_after_prefill(&cl, o, q, ids, &res, &s, &written, rr);
         moonlet_k3_result_free(&res);
         rr->rows[i] = (series_row){.t_s = (double)(q->ts_ms - t->r[0].ts_ms) / 1e3,
                                    .blocks = rr->blocks, .kv_hit = rr->kv_hit_blocks,
@@ -557,11 +591,11 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     rr->leases_probe = st1[1] - st0[1];
     rr->evictions = st1[2] - st0[2];
     rr->eviction_passes = st1[3] - st0[3];
-    rr->put_revokes = st1[4] - st0[4];
     rc = 0;
 out:
     cluster_stop(&cl);
     scratch_free(&s);
+    free(written.slot);
     return rc;
 }
 
@@ -606,6 +640,10 @@ static cJSON *run_json(run_result *rr, const trace_opts *o)
     cJSON_AddNumberToObject(j, "kda_hit_blocks", (double)rr->kda_hit_blocks);
     cJSON_AddNumberToObject(j, "kv_hit_ratio", ratio((double)rr->kv_hit_blocks, (double)rr->blocks));
     cJSON_AddNumberToObject(j, "kda_hit_ratio", ratio((double)rr->kda_hit_blocks, (double)rr->blocks));
+    cJSON *rs = cJSON_AddObjectToObject(j, "resumes_with_a_written_checkpoint");
+    cJSON_AddNumberToObject(rs, "from_newest", (double)rr->resume_newest);
+    cJSON_AddNumberToObject(rs, "from_older_newest_evicted", (double)rr->resume_older);
+    cJSON_AddNumberToObject(rs, "none_all_evicted", (double)rr->resume_none);
     cJSON_AddNumberToObject(j, "prefill_tokens", (double)rr->prompt_tokens);
     cJSON_AddNumberToObject(j, "prefill_tokens_saved", (double)rr->saved_tokens);
     cJSON_AddNumberToObject(j, "prefill_tokens_saved_ratio",
