@@ -196,7 +196,7 @@ static size_t mp_array_first(const uint8_t *p, size_t len)
 static uint64_t peek_id(const uint8_t *p, size_t len)
 {
     size_t pos = mp_array_first(p, len);
-    if (pos == 0)
+    if (pos == 0 || pos >= len)
         return 0;
     uint8_t t = p[pos];
     size_t n = mp_int_size(t);
