@@ -110,9 +110,10 @@ int moonlet_master_list_keys(moonlet_master *m, moonlet_str tenant, moonlet_str 
             for (struct mobj *o = s->buckets[b]; o; o = o->next)
                 if (o->tenant == tid && (!has_after || o->hash > after) &&
                     o->key_len >= prefix.len &&
-                    memcmp(o->key, prefix.ptr, prefix.len) == 0)
+                    (prefix.len == 0 || memcmp(o->key, prefix.ptr, prefix.len) == 0))
                     scratch[n++] = o;
-        qsort(scratch, n, sizeof(*scratch), cmp_obj_hash);
+        if (n > 1)
+            qsort(scratch, n, sizeof(*scratch), cmp_obj_hash);
         size_t i = 0;
         for (; i < n && emitted < limit; i++, emitted++) {
             moonlet_key_view v;

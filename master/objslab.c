@@ -101,7 +101,7 @@ void *moonlet_objslab_alloc(moonlet_objslab *s, size_t size)
     if (c->free) {
         p = c->free;
         c->free = c->free->next;
-    } else if (c->cur + size <= c->end || class_grow_locked(s, c) == 0) {
+    } else if ((c->cur && (size_t)(c->end - c->cur) >= size) || class_grow_locked(s, c) == 0) {
         p = c->cur;
         c->cur += size;
     }

@@ -16,6 +16,7 @@
  */
 #include "service.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,7 +57,31 @@ struct scratch {
     int32_t *results;
     size_t cap;
 };
-static __thread struct scratch tls_scratch;
+
+/* Per-thread scratch, freed by the key's destructor when an RPC thread exits. */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    struct scratch *s = p;
+    free(s->keys);
+    free(s->results);
+    free(s);
+}
+
+static void scratch_key_init(void) { pthread_key_create(&g_scratch_key, scratch_free); }
+
+static struct scratch *scratch_get(void)
+{
+    pthread_once(&g_scratch_once, scratch_key_init);
+    struct scratch *s = pthread_getspecific(g_scratch_key);
+    if (!s && (s = calloc(1, sizeof(*s))) && pthread_setspecific(g_scratch_key, s)) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
 
 /* Decodes argument i, an array of key strings, into the thread's scratch. */
 static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, int32_t **results,
@@ -66,7 +91,9 @@ static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, 
     if (moonlet_wire_array(args, i, &arr))
         return MOONLET_ERR_INVALID_PARAMS;
     size_t cnt = moonlet_wire_len(arr);
-    struct scratch *s = &tls_scratch;
+    struct scratch *s = scratch_get();
+    if (!s)
+        return MOONLET_ERR_INTERNAL_ERROR;
     if (cnt > s->cap) {
         size_t cap = cnt < 1024 ? 1024 : cnt;
         moonlet_str *k = realloc(s->keys, cap * sizeof(*k));

@@ -51,7 +51,10 @@ static void test_walk_order(void **state)
     assert_int_equal(order[2], 0);
 
     int32_t sparse[] = {1, 0, 1, 1, 0, 1};
-    assert_int_equal(moonlet_policy_walk_order(sparse, 6, 1, order + 0), 4);
+    uint32_t order6[6];
+    assert_int_equal(moonlet_policy_walk_order(sparse, 6, 1, order6), 4);
+    assert_int_equal(order6[0], 5);
+    assert_int_equal(order6[3], 0);
 
     int32_t none[] = {0, 1, 1, 0};
     assert_int_equal(moonlet_policy_walk_order(none, 4, 2, order), 0);
