@@ -90,8 +90,8 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
 
     const char *h = "moonlet_probe_lock_hold_seconds";
     family(f, h, "histogram",
-           "Time BatchProbeKey(LAST_HIT_ONLY) held a candidate's shard locks (no _sum: the "
-           "master keeps bucket counts only).");
+           "Time BatchProbeKey(LAST_HIT_ONLY) held a candidate's shard locks (bucket "
+           "counts only: the master keeps no sum).");
     uint64_t cum = 0;
     for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
         cum += st->probe_lock_hold_hist[i];

@@ -96,6 +96,7 @@ typedef struct inspect_col {
     inspect_align align;
     int min_width;  /* a flexible column is never narrowed below this */
     bool flexible;  /* may be narrowed (middle of the cell elided) to fit the width */
+    bool droppable; /* left out when the table cannot fit otherwise */
 } inspect_col;
 
 typedef struct inspect_table inspect_table;

@@ -26,9 +26,9 @@
 /* ---- keys ------------------------------------------------------------------ */
 
 static const inspect_col KEY_COLS[] = {
-    {"KEY", INSPECT_LEFT, 12, true},       {"SIZE", INSPECT_RIGHT, 0, false},
-    {"REPLICAS", INSPECT_RIGHT, 0, false}, {"READABLE", INSPECT_RIGHT, 0, false},
-    {"LEASE", INSPECT_RIGHT, 0, false},
+    {"KEY", INSPECT_LEFT, 12, true, false},       {"SIZE", INSPECT_RIGHT, 0, false, false},
+    {"REPLICAS", INSPECT_RIGHT, 0, false, false}, {"READABLE", INSPECT_RIGHT, 0, false, false},
+    {"LEASE", INSPECT_RIGHT, 0, false, false},
 };
 #define NKEY_COLS ((int)(sizeof(KEY_COLS) / sizeof(KEY_COLS[0])))
 
@@ -179,9 +179,9 @@ int inspect_cmd_keys(const inspect_opts *o, int argc, char **argv)
 /* ---- key ------------------------------------------------------------------- */
 
 static const inspect_col REPLICA_COLS[] = {
-    {"SEGMENT", INSPECT_LEFT, 8, true},   {"NODE", INSPECT_LEFT, 10, true},
-    {"PROTO", INSPECT_LEFT, 0, false},    {"OFFSET", INSPECT_RIGHT, 0, false},
-    {"LENGTH", INSPECT_RIGHT, 0, false},  {"STATUS", INSPECT_LEFT, 0, false},
+    {"SEGMENT", INSPECT_LEFT, 8, true, false},   {"NODE", INSPECT_LEFT, 10, true, false},
+    {"PROTO", INSPECT_LEFT, 0, false, false},    {"OFFSET", INSPECT_RIGHT, 0, false, false},
+    {"LENGTH", INSPECT_RIGHT, 0, false, false},  {"STATUS", INSPECT_LEFT, 0, false, false},
 };
 #define NREPLICA_COLS ((int)(sizeof(REPLICA_COLS) / sizeof(REPLICA_COLS[0])))
 
@@ -271,7 +271,7 @@ int inspect_cmd_key(const inspect_opts *o, int argc, char **argv)
         cJSON_AddStringToObject(doc, "tenant", inspect_tenant(o));
         arr = cJSON_AddArrayToObject(doc, "keys");
     }
-    uint64_t missing = 0, failed = 0;
+    uint64_t missing = 0, failed = 0, shown = 0;
     for (int i = 0; i < argc; i++) {
         cJSON *k = NULL;
         int rc = moonlet_mc_inspect_key(mc, o->tenant, argv[i], &k);
@@ -298,7 +298,7 @@ int inspect_cmd_key(const inspect_opts *o, int argc, char **argv)
             }
             cJSON_AddItemToArray(arr, j);
         } else if (!rc) {
-            if (i > 0)
+            if (shown++)
                 putchar('\n');
             rc = print_key_detail(k, argv[i], width);
             failed += rc != 0;

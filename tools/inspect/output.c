@@ -5,8 +5,10 @@
  * Tables are laid out once, at their first flush, and then keep their column
  * widths, so `keys` can stream a million rows a page at a time without
  * holding them.  When a table is wider than the terminal, its flexible
- * columns (keys, names, endpoints) give up width first, the widest first; a
- * cell that no longer fits keeps its head and tail around "..".  Cells never
+ * columns (keys, names, endpoints) give up width first, the widest first, down
+ * to their minimum; a cell that no longer fits keeps its head and tail around
+ * "..".  If that is not enough, droppable columns are left out, the rightmost
+ * first; what still does not fit wraps.  Cells never
  * reach the terminal with control characters in them: keys are arbitrary
  * bytes and an escape sequence in one must not repaint the operator's screen.
  *
@@ -85,7 +87,7 @@ struct inspect_table {
     int ncols;
     int width;      /* terminal columns */
     int indent;     /* spaces before each line */
-    int *w;         /* column widths, fixed at the first flush */
+    int *w;         /* column widths, fixed at the first flush; -1: left out */
     bool laid_out;
     char **cells;   /* nrows * ncols, row-major */
     size_t nrows, cap;
@@ -186,6 +188,12 @@ static void layout(inspect_table *t)
         t->w[widest]--;
         total--;
     }
+    for (int c = t->ncols - 1; c >= 0 && total > t->width; c--) {
+        if (t->cols[c].droppable) {
+            total -= t->w[c] + GAP;
+            t->w[c] = -1;
+        }
+    }
     t->laid_out = true;
 }
 
@@ -209,9 +217,13 @@ static void put_cell(FILE *out, const inspect_table *t, int c, const char *s, bo
 
 static void put_row(FILE *out, const inspect_table *t, const char *const *cells)
 {
+    int last = t->ncols - 1;
+    while (last > 0 && t->w[last] < 0)
+        last--;
     fprintf(out, "%*s", t->indent, "");
-    for (int c = 0; c < t->ncols; c++)
-        put_cell(out, t, c, cells[c], c == t->ncols - 1);
+    for (int c = 0; c <= last; c++)
+        if (t->w[c] >= 0)
+            put_cell(out, t, c, cells[c], c == last);
     fputc('\n', out);
 }
 

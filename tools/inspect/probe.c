@@ -91,8 +91,8 @@ static int print_json(const struct probe_view *v)
 }
 
 static const inspect_col PROBE_COLS[] = {
-    {"", INSPECT_LEFT, 0, false},          {"CANDIDATE", INSPECT_RIGHT, 0, false},
-    {"KEY", INSPECT_LEFT, 12, true},       {"RESULT", INSPECT_LEFT, 0, false},
+    {"", INSPECT_LEFT, 0, false, false},          {"CANDIDATE", INSPECT_RIGHT, 0, false, false},
+    {"KEY", INSPECT_LEFT, 12, true, false},       {"RESULT", INSPECT_LEFT, 0, false, false},
 };
 #define NPROBE_COLS ((int)(sizeof(PROBE_COLS) / sizeof(PROBE_COLS[0])))
 

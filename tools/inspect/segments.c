@@ -42,11 +42,11 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
 }
 
 static const inspect_col SEG_COLS[] = {
-    {"SEGMENT", INSPECT_LEFT, 8, true},    {"NAME", INSPECT_LEFT, 6, true},
-    {"OWNER", INSPECT_LEFT, 8, true},      {"PROTO", INSPECT_LEFT, 0, false},
-    {"ENDPOINT", INSPECT_LEFT, 10, true},  {"CAPACITY", INSPECT_RIGHT, 0, false},
-    {"USED", INSPECT_RIGHT, 0, false},     {"USE%", INSPECT_RIGHT, 0, false},
-    {"OBJECTS", INSPECT_RIGHT, 0, false},  {"LAST PING", INSPECT_RIGHT, 0, false},
+    {"SEGMENT", INSPECT_LEFT, 8, true, false},   {"NAME", INSPECT_LEFT, 6, true, true},
+    {"OWNER", INSPECT_LEFT, 8, true, false},     {"PROTO", INSPECT_LEFT, 0, false, true},
+    {"ENDPOINT", INSPECT_LEFT, 10, true, false}, {"CAPACITY", INSPECT_RIGHT, 0, false, false},
+    {"USED", INSPECT_RIGHT, 0, false, false},    {"USE%", INSPECT_RIGHT, 0, false, true},
+    {"OBJECTS", INSPECT_RIGHT, 0, false, false}, {"LAST PING", INSPECT_RIGHT, 0, false, false},
 };
 #define NSEG_COLS ((int)(sizeof(SEG_COLS) / sizeof(SEG_COLS[0])))
 

@@ -69,7 +69,7 @@ static int render_json(const cJSON *st, const inspect_opts *o, FILE *out)
     return inspect_json_print(out, doc) ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
 }
 
-static const inspect_col KV_COLS[] = {{"", INSPECT_LEFT, 0, false}, {"", INSPECT_LEFT, 10, true}};
+static const inspect_col KV_COLS[] = {{"", INSPECT_LEFT, 0, false, false}, {"", INSPECT_LEFT, 10, true, false}};
 
 static int kv(inspect_table *t, const char *label, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
