@@ -178,15 +178,15 @@ def test_segments_table_fits_the_width_and_uses_units(master):
     assert any(l.startswith("seg-2") and "32.0 MiB" in l for l in lines)
     assert lines[-1].startswith("2 segments, 96.0 MiB capacity")
     assert all(len(l) <= 120 for l in lines)
-    # narrower terminals: endpoints are elided, then USE%, PROTO, NAME left out
+    # narrower terminals: USE%, PROTO and NAME are left out, then endpoints elided
     r = inspect(master, "segments", env=child_env(COLUMNS="80"))
     lines = r.stdout.splitlines()
     assert all(len(l) <= 80 for l in lines[:-1])
     r = inspect(master, "segments", env=child_env(COLUMNS="70"))
     lines = r.stdout.splitlines()
     assert all(len(l) <= 70 for l in lines[:-1])
-    assert lines[0].split() == ["SEGMENT", "NAME", "OWNER", "ENDPOINT", "CAPACITY", "USED",
-                                "OBJECTS", "LAST", "PING"]  # USE% and PROTO left out
+    assert lines[0].split() == ["SEGMENT", "OWNER", "ENDPOINT", "CAPACITY", "USED", "OBJECTS",
+                                "LAST", "PING"]  # USE%, PROTO and NAME left out
     assert any(l.startswith("seg-1 ") and "64.0 MiB" in l for l in lines)
 
 
@@ -478,6 +478,14 @@ def test_auth_token(tmp_path):
     try:
         r = inspect(m, "stats")
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and "refused" in r.stderr
+        r = inspect(m, "--auth-token-file", str(tmp_path / "absent"), "stats")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1
+        assert r.stderr.startswith("moonlet-inspect: --auth-token-file ")
+        empty = tmp_path / "empty"
+        empty.write_text("\n")
+        r = inspect(m, "--auth-token-file", str(empty), "stats")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1
+        assert r.stderr.startswith("moonlet-inspect: --auth-token-file ")
         r = inspect(m, "--auth-token-file", str(token), "--json", "stats")
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["segments"] == 0

@@ -6,10 +6,13 @@
  * MasterClient's create makes a round trip, so a master that is down, a
  * wrong port or a refused token all show here, before any command runs.
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "inspect.h"
+#include "log.h"
 #include "moonlet/error.h"
 #include "moonlet/types.h"
 #include "token.h"
@@ -39,9 +42,23 @@ int inspect_rpc_failed(const char *what, int rc)
 int inspect_connect(const inspect_opts *o, moonlet_master_client **out)
 {
     char *token = NULL;
-    /* moonlet_token_read logs its own one-line reason */
-    if (o->token_file && moonlet_token_read(o->token_file, &token) != MOONLET_OK)
-        return INSPECT_EXIT_USAGE;
+    if (o->token_file) {
+        FILE *f = fopen(o->token_file, "r");
+        if (!f) {
+            inspect_error("--auth-token-file %s: %s", o->token_file, strerror(errno));
+            return INSPECT_EXIT_USAGE;
+        }
+        fclose(f);
+        /* the reader's own log lines would make a second line: keep them quiet */
+        int level = moonlet_log_get_level();
+        moonlet_log_set_level(-1);
+        int rc = moonlet_token_read(o->token_file, &token);
+        moonlet_log_set_level(level);
+        if (rc != MOONLET_OK) {
+            inspect_error("--auth-token-file %s: no token in its first line", o->token_file);
+            return INSPECT_EXIT_USAGE;
+        }
+    }
     moonlet_master_client_opts mo = {.timeout_ms = 10000, .auth_token = token};
     int rc = moonlet_mc_create(o->master, &mo, out);
     moonlet_token_free(token);

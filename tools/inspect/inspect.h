@@ -94,7 +94,8 @@ typedef enum { INSPECT_LEFT = 0, INSPECT_RIGHT = 1 } inspect_align;
 typedef struct inspect_col {
     const char *title;
     inspect_align align;
-    int min_width;  /* a flexible column is never narrowed below this */
+    int min_width;  /* a flexible column narrows below this only after droppable
+                       columns are left out */
     bool flexible;  /* may be narrowed (middle of the cell elided) to fit the width */
     bool droppable; /* left out when the table cannot fit otherwise */
 } inspect_col;

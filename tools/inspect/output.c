@@ -6,9 +6,10 @@
  * widths, so `keys` can stream a million rows a page at a time without
  * holding them.  When a table is wider than the terminal, its flexible
  * columns (keys, names, endpoints) give up width first, the widest first, down
- * to their minimum; a cell that no longer fits keeps its head and tail around
- * "..".  If that is not enough, droppable columns are left out, the rightmost
- * first; what still does not fit wraps.  Cells never
+ * to a minimum that keeps them readable; a cell that no longer fits keeps its
+ * head and tail around "..".  If that is not enough, droppable columns are
+ * left out, the rightmost first, and then the flexible columns narrow
+ * further; what still does not fit wraps.  Cells never
  * reach the terminal with control characters in them: keys are arbitrary
  * bytes and an escape sequence in one must not repaint the operator's screen.
  *
@@ -164,6 +165,30 @@ void inspect_table_set_indent(inspect_table *t, int indent)
     t->indent = indent < 0 ? 0 : indent;
 }
 
+/* Narrows flexible columns, the widest first, while the table is wider than
+ * the terminal and some flexible column is wider than its floor (`use_min`:
+ * the column's min_width; otherwise 4).  Returns the new total. */
+static int shrink(inspect_table *t, int total, bool use_min)
+{
+    while (total > t->width) {
+        int widest = -1;
+        for (int c = 0; c < t->ncols; c++) {
+            int floor = use_min && t->cols[c].min_width > 4 ? t->cols[c].min_width : 4;
+            if (t->cols[c].flexible && t->w[c] > floor && (widest < 0 || t->w[c] > t->w[widest]))
+                widest = c;
+        }
+        if (widest < 0)
+            break;
+        t->w[widest]--;
+        total--;
+    }
+    return total;
+}
+
+/* Fits the table to the width in three steps: narrow the flexible columns
+ * down to their min_width, then leave out droppable columns (the rightmost
+ * first), then narrow the flexible columns down to 4.  What still does not
+ * fit wraps. */
 static void layout(inspect_table *t)
 {
     int total = t->indent + GAP * (t->ncols - 1);
@@ -176,24 +201,14 @@ static void layout(inspect_table *t)
         t->w[c] = w;
         total += w;
     }
-    while (total > t->width) {
-        int widest = -1;
-        for (int c = 0; c < t->ncols; c++) {
-            int floor = t->cols[c].min_width > 4 ? t->cols[c].min_width : 4;
-            if (t->cols[c].flexible && t->w[c] > floor && (widest < 0 || t->w[c] > t->w[widest]))
-                widest = c;
-        }
-        if (widest < 0)
-            break; /* only fixed columns left: let the terminal wrap */
-        t->w[widest]--;
-        total--;
-    }
+    total = shrink(t, total, true);
     for (int c = t->ncols - 1; c >= 0 && total > t->width; c--) {
         if (t->cols[c].droppable) {
             total -= t->w[c] + GAP;
             t->w[c] = -1;
         }
     }
+    shrink(t, total, false);
     t->laid_out = true;
 }
 

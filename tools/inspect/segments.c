@@ -42,9 +42,9 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
 }
 
 static const inspect_col SEG_COLS[] = {
-    {"SEGMENT", INSPECT_LEFT, 8, true, false},   {"NAME", INSPECT_LEFT, 6, true, true},
-    {"OWNER", INSPECT_LEFT, 8, true, false},     {"PROTO", INSPECT_LEFT, 0, false, true},
-    {"ENDPOINT", INSPECT_LEFT, 10, true, false}, {"CAPACITY", INSPECT_RIGHT, 0, false, false},
+    {"SEGMENT", INSPECT_LEFT, 12, true, false},  {"NAME", INSPECT_LEFT, 12, true, true},
+    {"OWNER", INSPECT_LEFT, 10, true, false},    {"PROTO", INSPECT_LEFT, 0, false, true},
+    {"ENDPOINT", INSPECT_LEFT, 15, true, false}, {"CAPACITY", INSPECT_RIGHT, 0, false, false},
     {"USED", INSPECT_RIGHT, 0, false, false},    {"USE%", INSPECT_RIGHT, 0, false, true},
     {"OBJECTS", INSPECT_RIGHT, 0, false, false}, {"LAST PING", INSPECT_RIGHT, 0, false, false},
 };
