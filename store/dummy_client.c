@@ -218,7 +218,7 @@ static int chan_attach(moonlet_dummy *d, dchan *ch, const dregion *r)
     int rc = chan_finish(ch, r->fd, &k);
     const char *p;
     uint32_t n;
-    if (rc == MOONLET_OK && !d->protocol[0] && moonlet_wire_str(k.res, 1, &p, &n) == 0 &&
+    if (rc == MOONLET_OK && !d->protocol[0] && moonlet_wire_str(k.res, 1, &p, &n) == 0 && n &&
         n < sizeof(d->protocol)) {
         memcpy(d->protocol, p, n);
         d->protocol[n] = 0;
@@ -639,12 +639,13 @@ static int take_str(const msgpack_object *res, void *arg)
 {
     const char *p;
     uint32_t n;
-    if (moonlet_wire_str(res, 1, &p, &n) || memchr(p, 0, n))
+    if (moonlet_wire_str(res, 1, &p, &n) || (n && memchr(p, 0, n)))
         return MOONLET_ERR_RPC_FAIL;
     char *s = malloc((size_t)n + 1);
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
-    memcpy(s, p, n);
+    if (n)
+        memcpy(s, p, n);
     s[n] = 0;
     *(char **)arg = s;
     return MOONLET_OK;
@@ -716,7 +717,7 @@ int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *te
     return rc;
 }
 
-/* ---- key batches ------------------------------------------------------------------------------ */
+/* ---- key batches ------------------------------------------------------------------- */
 
 /* Copies a per-key result array of n ints; false when it is not one. */
 static bool unpack_results(const msgpack_object *arr, uint32_t i, size_t n, int32_t *out)
@@ -780,7 +781,7 @@ int moonlet_dummy_batch_probe_key(moonlet_dummy *d, moonlet_grant_lease_policy p
     return dummy_batch_keys(d, &policy, keys, n, results, tenant);
 }
 
-/* ---- transfer batches ---------------------------------------------------------------------------- */
+/* ---- transfer batches -------------------------------------------------------------- */
 
 /* Where one item of a batch put / get lives for the RealClient. */
 typedef struct ditem {
@@ -1006,7 +1007,7 @@ int moonlet_dummy_batch_get_into(moonlet_dummy *d, const char *const *keys, void
     return filled ? rc : first_error(results, n);
 }
 
-/* ---- buffers ---------------------------------------------------------------------------------- */
+/* ---- buffers ----------------------------------------------------------------------- */
 
 int moonlet_dummy_register_buffer(moonlet_dummy *d, void *base, size_t len)
 {
@@ -1107,7 +1108,7 @@ int moonlet_dummy_free_shared(moonlet_dummy *d, void *p)
     return MOONLET_OK;
 }
 
-/* ---- create / destroy ------------------------------------------------------------------------- */
+/* ---- create / destroy -------------------------------------------------------------- */
 
 const char *moonlet_dummy_protocol(const moonlet_dummy *d)
 {

@@ -140,19 +140,28 @@ static void on_close(void *server_ctx, void *conn_data)
 
 /* ---- argument decoding --------------------------------------------------------------- */
 
-/* Per-request scratch: NUL-terminated copies of the strings it names. */
+/* Per-request scratch: NUL-terminated copies of the strings it names, in one
+ * block that may move while strings are added (so a pointer into it is
+ * taken only once the request's last string is copied). */
 typedef struct rc_args {
-    char *tenant; /* NULL: the client's default */
-    char *mem;    /* one allocation for every string */
+    char *mem;
     size_t used, cap;
+    bool has_tenant;   /* false: the client's default tenant */
+    size_t tenant_off; /* in mem */
 } rc_args;
+
+/* The request's tenant: NULL for the default. */
+static const char *args_tenant_of(const rc_args *a)
+{
+    return a->has_tenant ? a->mem + a->tenant_off : NULL;
+}
 
 /* Copies a wire string (no NUL inside) into a's memory; *out is NUL-terminated. */
 static int args_str(rc_args *a, const msgpack_object *arr, uint32_t i, char **out)
 {
     const char *p;
     uint32_t len;
-    if (moonlet_wire_str(arr, i, &p, &len) || memchr(p, 0, len))
+    if (moonlet_wire_str(arr, i, &p, &len) || (len && memchr(p, 0, len)))
         return MOONLET_ERR_INVALID_PARAMS;
     if (a->cap - a->used < (size_t)len + 1) {
         size_t cap = a->cap ? a->cap : 256;
@@ -161,21 +170,18 @@ static int args_str(rc_args *a, const msgpack_object *arr, uint32_t i, char **ou
         char *m = realloc(a->mem, cap);
         if (!m)
             return MOONLET_ERR_INTERNAL_ERROR;
-        /* strings already handed out move with the block */
-        if (a->tenant)
-            a->tenant = m + (a->tenant - a->mem);
         a->mem = m;
         a->cap = cap;
     }
     *out = a->mem + a->used;
-    memcpy(*out, p, len);
+    if (len)
+        memcpy(*out, p, len);
     (*out)[len] = 0;
     a->used += (size_t)len + 1;
     return MOONLET_OK;
 }
 
-/* Argument i: nil (the default tenant) or a tenant string.  Must be the first
- * string copied into a (later strings are referenced by offset). */
+/* Argument i: nil (the default tenant) or a tenant string. */
 static int args_tenant(rc_args *a, const msgpack_object *arr, uint32_t i)
 {
     const msgpack_object *o = moonlet_wire_at(arr, i);
@@ -183,7 +189,13 @@ static int args_tenant(rc_args *a, const msgpack_object *arr, uint32_t i)
         return MOONLET_ERR_INVALID_PARAMS;
     if (o->type == MSGPACK_OBJECT_NIL)
         return MOONLET_OK;
-    return args_str(a, arr, i, &a->tenant);
+    char *t;
+    int rc = args_str(a, arr, i, &t);
+    if (rc == MOONLET_OK) {
+        a->has_tenant = true;
+        a->tenant_off = (size_t)(t - a->mem);
+    }
+    return rc;
 }
 
 static void args_free(rc_args *a)
@@ -372,7 +384,7 @@ static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return code;
     }
     moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                             .tenant = a.tenant};
+                             .tenant = args_tenant_of(&a)};
     moonlet_client *c = RC(ctx)->client;
     int rc = ctx->method == MOONLET_DM_UPSERT ? moonlet_client_upsert(c, key, p, len, &o)
                                               : moonlet_client_put_from(c, key, p, len, &o);
@@ -399,7 +411,7 @@ static int h_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         args_free(&a);
         return code;
     }
-    int rc = moonlet_client_get_into(RC(ctx)->client, key, p, cap, &len, a.tenant);
+    int rc = moonlet_client_get_into(RC(ctx)->client, key, p, cap, &len, args_tenant_of(&a));
     args_free(&a);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -423,30 +435,31 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return BAD(out, "[tenant, key]");
     }
     moonlet_client *c = RC(ctx)->client;
+    const char *t = args_tenant_of(&a);
     int rc;
     bool yes = false;
     uint64_t size = 0;
     char *json = NULL;
     switch (ctx->method) {
     case MOONLET_DM_GET_SIZE:
-        rc = moonlet_client_get_size(c, key, &size, a.tenant);
+        rc = moonlet_client_get_size(c, key, &size, t);
         msgpack_pack_array(out, 2);
         pack_int(out, rc);
         msgpack_pack_uint64(out, size);
         break;
     case MOONLET_DM_REMOVE:
-        reply_rc(out, moonlet_client_remove(c, key, a.tenant));
+        reply_rc(out, moonlet_client_remove(c, key, t));
         break;
     case MOONLET_DM_EXIST_KEY:
     case MOONLET_DM_PROBE_KEY:
-        rc = ctx->method == MOONLET_DM_EXIST_KEY ? moonlet_client_exist_key(c, key, &yes, a.tenant)
-                                                 : moonlet_client_probe_key(c, key, &yes, a.tenant);
+        rc = ctx->method == MOONLET_DM_EXIST_KEY ? moonlet_client_exist_key(c, key, &yes, t)
+                                                 : moonlet_client_probe_key(c, key, &yes, t);
         msgpack_pack_array(out, 2);
         pack_int(out, rc);
         yes ? msgpack_pack_true(out) : msgpack_pack_false(out);
         break;
     default: /* MOONLET_DM_INSPECT_KEY */
-        rc = moonlet_client_inspect_key(c, key, a.tenant, &json);
+        rc = moonlet_client_inspect_key(c, key, t, &json);
         msgpack_pack_array(out, 2);
         pack_int(out, rc);
         moonlet_pack_cstr(out, json);
@@ -469,7 +482,7 @@ static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpac
         return BAD(out, "[tenant]");
     }
     uint64_t removed = 0;
-    int rc = moonlet_client_remove_all(RC(ctx)->client, &removed, a.tenant);
+    int rc = moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
     args_free(&a);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -499,12 +512,14 @@ static int h_batch_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpac
                               : "[tenant, [key...]]");
     }
     int32_t *res = calloc(n ? n : 1, sizeof(*res));
+    moonlet_client *c = RC(ctx)->client;
+    const char *t = args_tenant_of(&a);
     int rc = MOONLET_ERR_INTERNAL_ERROR;
     if (res && probe) {
         moonlet_grant_lease_policy pol = {.lease_mode = (uint8_t)mode, .candidate_size = k};
-        rc = moonlet_client_batch_probe_key(RC(ctx)->client, pol, keys, n, res, a.tenant);
+        rc = moonlet_client_batch_probe_key(c, pol, keys, n, res, t);
     } else if (res) {
-        rc = moonlet_client_batch_exist_key(RC(ctx)->client, keys, n, res, a.tenant);
+        rc = moonlet_client_batch_exist_key(c, keys, n, res, t);
     }
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -572,7 +587,7 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     if (!code) {
         moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                                 .tenant = a.tenant};
+                                 .tenant = args_tenant_of(&a)};
         int rc = moonlet_client_batch_put_from(RC(ctx)->client, keys, (const void *const *)ptrs,
                                                lens, n, &o, res);
         msgpack_pack_array(out, 2);
@@ -611,7 +626,7 @@ static int h_batch_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     if (!code) {
         int rc = moonlet_client_batch_get_into(RC(ctx)->client, keys, ptrs, caps, n, lens, res,
-                                               a.tenant);
+                                               args_tenant_of(&a));
         msgpack_pack_array(out, 3);
         pack_int(out, rc);
         pack_results(out, res, n);

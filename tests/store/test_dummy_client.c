@@ -28,8 +28,10 @@
 
 #include "../common/cluster.h"
 #include "dummy_proto.h"
+#include "log.h"
 #include "moonlet/client.h"
 #include "moonlet/error.h"
+#include "moonlet/real_client.h"
 #include "rpc_client.h"
 #include "wire.h"
 
@@ -105,6 +107,7 @@ static int setup(void **state)
 {
     (void)state;
     static const char *const flags[] = {"--client_live_ttl_sec", "2", NULL};
+    moonlet_log_set_level(MOONLET_LOG_ERROR); /* the refusals tested below log at WARN */
     snprintf(g_sock, sizeof(g_sock), "/tmp/moonlet-test-dummy-%ld.sock", (long)getpid());
     if (cl_start_master(&g_master, flags) || start_real(&g_real, g_sock, "320MiB", NULL))
         return -1;
@@ -481,11 +484,11 @@ static void test_shared_and_registered(void **state)
     const char *pk[4] = {"bat/shared", "bat/reg", "bat/none", "bat/empty"};
     const void *pb[4] = {sh, mine + 5, stack, sh + 10};
     const size_t pl[4] = {MiB, 300 * 1024, 5, 0};
-    int32_t res[4] = {9, 9, 9, 9};
+    int32_t res[5] = {9, 9, 9, 9, 9};
     assert_int_equal(moonlet_client_batch_put_from(c, pk, pb, pl, 4, NULL, res),
                      MOONLET_ERR_INVALID_PARAMS);
     const int32_t put_want[4] = {0, 0, MOONLET_ERR_INVALID_PARAMS, 0};
-    assert_memory_equal(res, put_want, sizeof(res));
+    assert_memory_equal(res, put_want, sizeof(put_want));
     const char *gk[5] = {"bat/shared", "bat/reg", "bat/empty", "bat/shared", "bat/nope"};
     void *gb[5] = {sh + 2 * MiB, back, back + MiB, back + MiB, sh + 3 * MiB};
     const size_t gc[5] = {MiB, 300 * 1024, 0, 10, 64};
@@ -493,7 +496,8 @@ static void test_shared_and_registered(void **state)
     memset(back, 0, 2 * MiB);
     assert_int_equal(moonlet_client_batch_get_into(c, gk, gb, gc, 5, gl, res, NULL),
                      MOONLET_ERR_BUFFER_OVERFLOW);
-    const int32_t get_want[5] = {0, 0, 0, MOONLET_ERR_BUFFER_OVERFLOW, MOONLET_ERR_OBJECT_NOT_FOUND};
+    const int32_t get_want[5] = {0, 0, 0, MOONLET_ERR_BUFFER_OVERFLOW,
+                                 MOONLET_ERR_OBJECT_NOT_FOUND};
     const size_t len_want[5] = {MiB, 300 * 1024, 0, MiB, 0};
     assert_memory_equal(res, get_want, sizeof(get_want));
     assert_memory_equal(gl, len_want, sizeof(len_want));
@@ -537,7 +541,8 @@ static void test_shared_real_backend(void **state)
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_OK);
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_ERR_INVALID_PARAMS);
     void *q = NULL;
-    assert_int_equal(moonlet_client_alloc_shared(real, 4096, &q), MOONLET_OK); /* freed by destroy */
+    /* left to destroy, which frees it */
+    assert_int_equal(moonlet_client_alloc_shared(real, 4096, &q), MOONLET_OK);
     moonlet_client_destroy(real);
     free(want);
 }
@@ -634,6 +639,74 @@ static void test_socket_mode(void **state)
     bool yes = false;
     assert_int_equal(moonlet_client_probe_key(g_dc, "grp/a", &yes, NULL), MOONLET_OK);
     assert_true(yes);
+}
+
+/* ---- the RealClient library API ------------------------------------------------------ */
+
+typedef struct rc_wait {
+    moonlet_real_client *rc;
+    size_t conns, regions;
+} rc_wait;
+
+static bool rc_reached(void *arg)
+{
+    rc_wait *w = arg;
+    return moonlet_real_client_connections(w->rc) == w->conns &&
+           moonlet_real_client_regions(w->rc) == w->regions;
+}
+
+static void test_real_client_api(void **state)
+{
+    (void)state;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    char path[108];
+    snprintf(path, sizeof(path), "/tmp/moonlet-test-dummy-%ld-lib.sock", (long)getpid());
+    moonlet_real_client *rc = NULL;
+    /* refused: no segment, no path, an unknown group, a live server's path */
+    assert_int_equal(moonlet_real_client_create(&cfg, path, NULL, &rc), MOONLET_ERR_INVALID_PARAMS);
+    cfg.local_segment_size = 16 * MiB;
+    assert_int_equal(moonlet_real_client_create(&cfg, NULL, NULL, &rc), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_real_client_create(NULL, path, NULL, &rc), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_real_client_create(&cfg, path, "moonlet-no-such-group", &rc),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(moonlet_real_client_create(&cfg, g_sock, NULL, &rc), MOONLET_ERR_RPC_FAIL);
+    assert_null(rc);
+
+    assert_int_equal(moonlet_real_client_create(&cfg, path, NULL, &rc), MOONLET_OK);
+    rc_wait w = {rc, 0, 0};
+    assert_true(rc_reached(&w));
+    moonlet_client *own = moonlet_real_client_client(rc);
+    char ep[64];
+    assert_int_equal(moonlet_client_local_endpoint(own, ep, sizeof(ep)), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(own, "lib/own", "owner", 5, NULL), MOONLET_OK);
+
+    moonlet_client *d = new_dummy(path, 0, 0, NULL);
+    w.conns = 1;
+    w.regions = 1;
+    assert_true(cl_wait(rc_reached, &w, 2000));
+    assert_get_equals(d, "lib/own", NULL, "owner", 5);
+    void *sh = NULL;
+    assert_int_equal(moonlet_client_alloc_shared(d, 8192, &sh), MOONLET_OK);
+    memcpy(sh, "shared", 6);
+    assert_int_equal(moonlet_client_put_from(d, "lib/sh", sh, 6, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_real_client_regions(rc), 2);
+    assert_get_equals(own, "lib/sh", NULL, "shared", 6);
+    moonlet_client_destroy(d); /* without free_shared: the connection's close unmaps all */
+    w.conns = 0;
+    w.regions = 0;
+    assert_true(cl_wait(rc_reached, &w, 2000));
+
+    d = new_dummy(path, 0, 0, NULL);
+    moonlet_real_client_destroy(rc);
+    assert_int_not_equal(access(path, F_OK), 0);
+    bool yes;
+    assert_int_equal(moonlet_client_exist_key(d, "lib/own", &yes, NULL), MOONLET_ERR_RPC_FAIL);
+    moonlet_client_destroy(d);
+    moonlet_real_client_destroy(NULL);
 }
 
 /* ---- hostile and malformed requests ---------------------------------------------------- */
@@ -888,7 +961,7 @@ static void test_dummy_dies(void **state)
     assert_true(yes);
 }
 
-/* ---- a RealClient that stops or dies during a call ----------------------------------------------- */
+/* ---- a RealClient that stops or dies during a call --------------------------------- */
 
 typedef struct slow_call {
     moonlet_client *c;
@@ -972,6 +1045,7 @@ int main(void)
         cmocka_unit_test(test_shared_real_backend),
         cmocka_unit_test(test_parallel_calls),
         cmocka_unit_test(test_socket_mode),
+        cmocka_unit_test(test_real_client_api),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_dummy_dies),
         cmocka_unit_test(test_real_client_killed), /* last: leaves a dead segment mounted */
