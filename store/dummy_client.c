@@ -91,7 +91,8 @@ struct moonlet_dummy {
     int timeout_ms;
     size_t stage_len;
     uint32_t max_chans;
-    char protocol[16];
+    bool creating;     /* inside create (one thread): the first ATTACH sets protocol */
+    char protocol[16]; /* the RealClient's transport; fixed after create */
     atomic_uint_fast64_t next_id;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -206,8 +207,8 @@ static void pack_tenant(msgpack_packer *pk, const moonlet_dummy *d, const char *
     moonlet_pack_cstr(pk, tenant ? tenant : d->tenant); /* NULL packs nil */
 }
 
-/* ATTACH: maps r on the RealClient's side of this connection.  The first
- * one of the DummyClient (at create) learns the RealClient's protocol. */
+/* ATTACH: maps r on the RealClient's side of this connection.  The one made
+ * by create learns the RealClient's protocol. */
 static int chan_attach(moonlet_dummy *d, dchan *ch, const dregion *r)
 {
     msgpack_packer *pk = chan_begin(ch, MOONLET_DM_ATTACH, 3);
@@ -218,7 +219,7 @@ static int chan_attach(moonlet_dummy *d, dchan *ch, const dregion *r)
     int rc = chan_finish(ch, r->fd, &k);
     const char *p;
     uint32_t n;
-    if (rc == MOONLET_OK && !d->protocol[0] && moonlet_wire_str(k.res, 1, &p, &n) == 0 && n &&
+    if (rc == MOONLET_OK && d->creating && moonlet_wire_str(k.res, 1, &p, &n) == 0 && n &&
         n < sizeof(d->protocol)) {
         memcpy(d->protocol, p, n);
         d->protocol[n] = 0;
@@ -1142,8 +1143,12 @@ int moonlet_dummy_create(const char *socket_path, const moonlet_dummy_config *cf
     if (!rc && cfg && cfg->default_tenant && !(d->tenant = strdup(cfg->default_tenant)))
         rc = MOONLET_ERR_INTERNAL_ERROR;
     dchan *ch;
+    d->creating = true;
     if (!rc && !(rc = chan_acquire(d, &ch))) /* the first connection: is anyone there? */
         chan_release(d, ch);
+    d->creating = false;
+    if (!d->protocol[0])
+        snprintf(d->protocol, sizeof(d->protocol), "unknown");
     if (rc) {
         moonlet_dummy_destroy(d);
         return rc;

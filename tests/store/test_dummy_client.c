@@ -536,8 +536,19 @@ static void test_shared_real_backend(void **state)
     cl_fill(p, 100000, 8);
     assert_int_equal(moonlet_client_put_from(real, "realsh", p, 100000, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_unregister_buffer(real, p), MOONLET_ERR_INVALID_PARAMS);
+    /* inspect_key on the real backend: no lease until the get below */
+    char *json = NULL;
+    assert_int_equal(moonlet_client_inspect_key(real, "realsh", NULL, &json), MOONLET_OK);
+    cJSON *j = cJSON_Parse(json);
+    free(json);
+    assert_non_null(j);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "size")), 100000);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "replicas")), 1);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "lease_remaining_ms")), 0);
+    cJSON_Delete(j);
     unsigned char *want = random_bytes(100000, 8);
     assert_get_equals(g_dc, "realsh", NULL, want, 100000);
+    assert_true(lease_ms(real, "realsh", NULL) > 0);
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_OK);
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_ERR_INVALID_PARAMS);
     void *q = NULL;
@@ -705,7 +716,13 @@ static void test_real_client_api(void **state)
     assert_int_not_equal(access(path, F_OK), 0);
     bool yes;
     assert_int_equal(moonlet_client_exist_key(d, "lib/own", &yes, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_exist_key(d, "lib/own", &yes, NULL), MOONLET_ERR_RPC_FAIL);
+    /* a RealClient serving the path again: the same DummyClient reconnects */
+    assert_int_equal(moonlet_real_client_create(&cfg, path, NULL, &rc), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(d, "lib/again", "again", 5, NULL), MOONLET_OK);
+    assert_get_equals(d, "lib/again", NULL, "again", 5);
     moonlet_client_destroy(d);
+    moonlet_real_client_destroy(rc);
     moonlet_real_client_destroy(NULL);
 }
 
