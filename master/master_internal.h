@@ -187,6 +187,15 @@ void mobj_free(moonlet_master *m, struct mobj *o);
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
 
 /*
+ * Visits every object of every shard, one shard lock at a time (ascending).
+ * The visitor may destroy the object it is given (object_destroy_locked);
+ * returning false stops the walk.  The caller holds the guard (shared, or
+ * exclusive for whole-table changes).
+ */
+typedef bool (*shard_visit_fn)(moonlet_master *m, struct shard *s, struct mobj *o, void *arg);
+void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
+
+/*
  * Looks up a batch of keys of one tenant.  For each key, fn(arg, i, obj) runs
  * under the key's shard lock with the object or NULL; keys that fail
  * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
