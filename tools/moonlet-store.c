@@ -7,6 +7,7 @@
  * heartbeats until SIGTERM or SIGINT, after which the node unmounts and the
  * process exits 0.  Exit code 2: bad flags; 1: the node could not start.
  * Signals are taken by one thread with sigwait(); no other thread sees them.
+ * Takes no locks of its own (the node's are described in store_node.c).
  */
 #include <errno.h>
 #include <getopt.h>
