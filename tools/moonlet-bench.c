@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "bench.h"
-#include "transfer.h"
 
 struct subcommand {
     const char *name;
@@ -18,7 +17,6 @@ struct subcommand {
 static const struct subcommand g_cmds[] = {
     {"rpc", bench_rpc_main, "control-plane latency (Echo, BatchExistKey) and master memory per object"},
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
-    {"transfer", moonlet_bench_transfer, "data-plane bandwidth: TCP transport read/write vs. a plain loopback stream"},
 };
 
 static void usage(FILE *f)
