@@ -173,9 +173,25 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
     });
 }
 
-int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id)
+int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_PING, 1, moonlet_pack_cstr(pk, client_id));
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 1, &rc);
+    if (!pk)
+        return rc;
+    moonlet_pack_cstr(pk, client_id);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0 && segments_out) {
+        const msgpack_object *v = moonlet_wire_map_get(rep.result, "segments");
+        if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= UINT32_MAX)
+            *segments_out = (uint32_t)v->via.u64;
+        else
+            rc = MOONLET_ERR_RPC_FAIL;
+    }
+    mc_end(mc, &rep, have);
+    return rc;
 }
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)

@@ -33,7 +33,11 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
 void moonlet_mc_destroy(moonlet_master_client *mc);
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
-int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id);
+/* Records that client_id is alive.  *segments_out (optional, may be NULL) gets
+ * the number of segments the master has mounted for it: a store node that
+ * reads 0 after it mounted one knows the master forgot it (restart, or
+ * declared dead) and must mount again. */
+int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out);
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *seg);
 int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
                                const char *segment_id);

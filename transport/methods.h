@@ -15,7 +15,7 @@
 enum moonlet_method {
     MOONLET_M_AUTH = 1,            /* [token]                          -> nil (handled by the server) */
     MOONLET_M_ECHO = 2,            /* [any...]                         -> nil (no work; for benchmarks) */
-    MOONLET_M_PING = 3,            /* [client_id]                      -> {view_version} */
+    MOONLET_M_PING = 3,            /* [client_id]                      -> {segments: n mounted for it} */
     MOONLET_M_MOUNT_SEGMENT = 4,   /* [client_id, segment_id, name, base, size, endpoint, protocol] -> nil */
     MOONLET_M_UNMOUNT_SEGMENT = 5, /* [client_id, segment_id]          -> nil */
     MOONLET_M_PUT_START = 6,       /* [tenant, key, size, replica_num, soft_pin] -> [replica...] */

@@ -114,7 +114,12 @@ static void test_lifecycle(void **state)
     assert_int_equal(moonlet_mc_remove_all(g_mc, "other", &removed), MOONLET_OK);
     assert_int_equal(removed, 1);
     assert_int_equal(moonlet_mc_echo(g_mc, "x", 1), MOONLET_OK);
-    assert_int_equal(moonlet_mc_ping(g_mc, "node-1"), MOONLET_OK);
+    uint32_t segs = 99;
+    assert_int_equal(moonlet_mc_ping(g_mc, "node-1", &segs), MOONLET_OK);
+    assert_int_equal(segs, 1);
+    assert_int_equal(moonlet_mc_ping(g_mc, "node-never-mounted", &segs), MOONLET_OK);
+    assert_int_equal(segs, 0);
+    assert_int_equal(moonlet_mc_ping(g_mc, "node-2", NULL), MOONLET_OK);
 
     cJSON *j;
     assert_int_equal(moonlet_mc_list_segments(g_mc, &j), MOONLET_OK);

@@ -1,0 +1,276 @@
+/*
+ * moonlet/client.h - the public C client of a moonlet cluster.
+ *
+ * A moonlet_client talks to the master for metadata (where an object's
+ * replicas live, leases, existence) and moves object bytes directly to and
+ * from store nodes through the data-plane transport (RDMA verbs, or TCP
+ * where no RDMA device exists).  Bytes never pass through the master.
+ *
+ * Conventions, the same for every call:
+ *  - Objects follow create / use / destroy: moonlet_client_create() ...
+ *    moonlet_client_destroy().
+ *  - Every call returns MOONLET_OK (0) or a negative moonlet error code
+ *    (moonlet/error.h; Mooncake Store's numbers); moonlet_strerror() names it.
+ *    Besides the errors listed per call, any call that talks to the master
+ *    may return RPC_FAIL or RPC_TIMEOUT (master unreachable or too slow;
+ *    the next call reconnects) and INVALID_PARAMS for a NULL client or key.
+ *  - Keys are NUL-terminated strings of 1..MOONLET_MAX_KEY_BYTES bytes
+ *    (INVALID_KEY otherwise).  Objects belong to a tenant: the `tenant`
+ *    argument (or put option) names it; NULL means the client's default
+ *    tenant (moonlet_client_config.default_tenant, itself "default" when
+ *    unset).  Tenants are separate name spaces.
+ *  - Per-key batch results are int32_t: 1 (true) / 0 (false) / a negative
+ *    code for existence and probes; 0 / a negative code for puts and gets.
+ *  - Blocking: every call except the accessors blocks the calling thread
+ *    until the master answered and every byte moved (or failed); each wait
+ *    is bounded by the configured rpc / transfer timeouts.
+ *  - Thread safety: one client may be used by any number of threads at once.
+ *    Master calls are serialised on the client's one master connection;
+ *    transfers run in parallel.  destroy() must not race with other calls.
+ *
+ * Reads and leases.  A get asks the master for the replica list, which also
+ * grants a read lease (lease_ttl_ms, 5 s by default): for that long the
+ * master will neither evict nor remove the object.  The client measures the
+ * lease from just before it asked; if the lease ran out before the last byte
+ * arrived, the bytes may come from memory the master already gave to another
+ * object, and the call returns MOONLET_ERR_LEASE_EXPIRED instead of them.
+ *
+ * Writes.  A put asks the master for space on replica_num distinct store
+ * nodes (PutStart), writes every replica in one transport batch, and seals
+ * the object (PutEnd).  If any write fails the put is revoked (PutRevoke):
+ * a half-written object never becomes readable.
+ */
+#ifndef MOONLET_CLIENT_H
+#define MOONLET_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moonlet/error.h"
+#include "moonlet/policy.h"
+#include "moonlet/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moonlet_client moonlet_client;
+
+/* How object bytes move. */
+typedef enum moonlet_protocol {
+    MOONLET_PROTOCOL_AUTO = 0, /* RDMA when a device with an ACTIVE port exists, else TCP */
+    MOONLET_PROTOCOL_TCP = 1,
+    MOONLET_PROTOCOL_RDMA = 2,
+} moonlet_protocol;
+
+#define MOONLET_CLIENT_DEFAULT_TIMEOUT_MS 10000u
+
+typedef struct moonlet_client_config {
+    const char *master_addr;      /* "HOST:PORT" of the master (required) */
+    moonlet_protocol protocol;    /* default AUTO */
+    const char *device;           /* RDMA device ("mlx5_0"); NULL: the first ACTIVE one */
+    const char *auth_token;       /* the cluster's shared token; NULL or "": none */
+    uint32_t rpc_timeout_ms;      /* per master call; 0: 10000 */
+    uint32_t transfer_timeout_ms; /* longest wait without progress in a transfer; 0: 10000 */
+    const char *default_tenant;   /* tenant of calls that name none; NULL: "default" */
+    uint32_t replica_num;         /* replicas per put unless the put says; 0: 1 */
+    /* Optional: contribute memory to the cluster from this process, like a
+     * store node (reads then prefer the local replica).  0: a pure client. */
+    uint64_t local_segment_size;
+    const char *local_listen_addr; /* data endpoint for it; NULL: "127.0.0.1:0" */
+} moonlet_client_config;
+
+/* Options of one put.  A NULL options pointer means all defaults. */
+typedef struct moonlet_put_options {
+    uint32_t replica_num; /* 0: the client's default (config.replica_num) */
+    bool soft_pin;        /* keep the object out of eviction for the soft-pin TTL */
+    const char *tenant;   /* NULL: the client's default tenant */
+} moonlet_put_options;
+
+/* Fills *cfg with the defaults above (all zero / NULL).  master_addr must
+ * still be set.  Never fails. */
+void moonlet_client_config_init(moonlet_client_config *cfg);
+
+/*
+ * Connects to the master (one round trip, so a wrong address or a refused
+ * token shows here) and starts the transport; with local_segment_size it
+ * also allocates, serves and mounts a local segment.
+ * Returns 0 and sets *out, or
+ *   INVALID_PARAMS   no master address, a bad address or protocol value
+ *   RPC_FAIL / RPC_TIMEOUT  the master cannot be reached
+ *   ILLEGAL_CLIENT   the master refused the auth token
+ *   UNAVAILABLE_IN_CURRENT_STATUS  protocol RDMA but no usable RDMA device
+ *   INTERNAL_ERROR   out of memory, threads or sockets
+ * Blocks for the connection.  Thread safe (creates an independent client).
+ */
+int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out);
+
+/* Unmounts the local segment (if any), closes every connection and frees the
+ * client.  Buffers registered with it are unregistered (the memory stays the
+ * caller's).  Calls on other threads must have returned.  NULL is a no-op. */
+void moonlet_client_destroy(moonlet_client *c);
+
+/* ---- objects ------------------------------------------------------------ */
+
+/*
+ * Stores `len` bytes from `buf` under `key` (len 0 is a valid, empty object).
+ * Returns 0 when every replica was written and the object sealed, or
+ *   OBJECT_ALREADY_EXISTS  the key exists, or another put of it is in progress
+ *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
+ *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written (the
+ *                          put was revoked: nothing readable remains)
+ *   OBJECT_NOT_FOUND       every store node holding a replica left the
+ *                          cluster while the put ran (nothing was stored)
+ *   INVALID_KEY, INVALID_PARAMS (replica_num above the master's limit)
+ * When PutEnd itself fails (RPC_FAIL / RPC_TIMEOUT) the put is revoked, but
+ * the master may have sealed it before the connection broke: a retry may
+ * then find OBJECT_ALREADY_EXISTS with the object complete.
+ * On RDMA the bytes are staged through a registered buffer of the client;
+ * put_from() avoids that copy.  Blocks; thread safe.
+ */
+int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
+                       const moonlet_put_options *opt);
+
+/*
+ * Reads `key` into buf (capacity cap); *len gets the object's size.
+ * Reads one replica: the one this client serves itself if there is one, else
+ * the first; when a replica cannot be read (TRANSFER_FAIL, or
+ * SEGMENT_NOT_FOUND because its node re-registered) the next one is tried.
+ * Returns 0, or
+ *   OBJECT_NOT_FOUND       no such key
+ *   REPLICA_IS_NOT_READY   its put is still in progress
+ *   BUFFER_OVERFLOW        cap < size; *len is set to the size needed, no byte moved
+ *   LEASE_EXPIRED          the read lease ran out before the read completed;
+ *                          buf holds unspecified bytes
+ *   TRANSFER_FAIL          no replica could be read
+ * Grants a read lease as a side effect.  Blocks; thread safe.
+ */
+int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
+                       const char *tenant);
+
+/* As moonlet_client_get() into a buffer it allocates: *buf gets malloc'd
+ * memory of *len bytes (at least 1 byte allocated, so an empty object gives a
+ * non-NULL pointer) that the caller releases with free().  On error *buf is
+ * NULL.  Also INTERNAL_ERROR when the allocation fails. */
+int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
+                             const char *tenant);
+
+/* The size of a readable object.  Asks the same question as a get
+ * (GetReplicaList), so it also grants a read lease.  OBJECT_NOT_FOUND,
+ * REPLICA_IS_NOT_READY.  Blocks; thread safe. */
+int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
+                            const char *tenant);
+
+/* Removes an object.  OBJECT_NOT_FOUND, OBJECT_HAS_LEASE (a read lease
+ * holds), REPLICA_IS_NOT_READY (its put is in progress).  Blocks; thread safe. */
+int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant);
+
+/* Removes every object of the tenant that holds no lease and has no put in
+ * progress; *removed (optional) gets the count.  Blocks; thread safe. */
+int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
+
+/*
+ * Put, or replace: a put; when the key exists, a remove and a second put.
+ * NOT atomic: between the remove and the second put readers see
+ * OBJECT_NOT_FOUND, and a concurrent put of the same key may win (this call
+ * then returns OBJECT_ALREADY_EXISTS).  An object under a read lease cannot
+ * be replaced: OBJECT_HAS_LEASE.  Otherwise the errors of put and remove.
+ * Blocks; thread safe.
+ */
+int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
+                          const moonlet_put_options *opt);
+
+/* ---- existence and probes -------------------------------------------------- */
+
+/* Whether a readable object exists.  Mooncake semantics: a hit is leased
+ * (like a get would).  Blocks; thread safe. */
+int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant);
+
+/* ExistKey for n keys in one round trip: results[i] is 1, 0 or a per-key
+ * error (INVALID_KEY).  Every hit is leased.  Blocks; thread safe. */
+int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
+                                   int32_t *results, const char *tenant);
+
+/* Point-in-time existence; never grants or extends a lease.  Blocks; thread safe. */
+int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant);
+
+/*
+ * BatchProbeKey with a GrantLeasePolicy (moonlet/policy.h), passed to the
+ * master unchanged.  NONE: results[i] is point-in-time existence, nothing is
+ * leased.  LAST_HIT_ONLY with candidate_size k: the n keys are n/k
+ * candidates of k contiguous keys; the last candidate whose every key is
+ * readable is leased and its positions are the only 1s in results.
+ * Returns INVALID_PARAMS (nothing leased) when the master rejects the policy
+ * (unknown mode, candidate_size 0 or not dividing n).  Blocks; thread safe.
+ */
+int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
+                                   const char *const *keys, size_t n, int32_t *results,
+                                   const char *tenant);
+
+/* ---- zero-copy buffers ----------------------------------------------------- */
+
+/*
+ * Registers [base, base + len) as a source or destination of put_from /
+ * get_into (on RDMA: a memory region, so the NIC moves bytes without a copy).
+ * The memory stays the caller's and must stay valid until unregistered.
+ * INVALID_PARAMS for NULL / 0 length or a base already registered;
+ * TRANSFER_FAIL when the NIC refuses the registration.  Thread safe.
+ */
+int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len);
+
+/* Unregisters the buffer registered at `base`; transfers using it must have
+ * returned.  INVALID_PARAMS when nothing is registered there.  Thread safe. */
+int moonlet_client_unregister_buffer(moonlet_client *c, void *base);
+
+/* Put from registered memory: [buf, buf + len) must lie inside one
+ * registered buffer, else INVALID_PARAMS.  Otherwise as moonlet_client_put(). */
+int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
+                            const moonlet_put_options *opt);
+
+/* Get into registered memory: [buf, buf + cap) must lie inside one registered
+ * buffer, else INVALID_PARAMS.  cap smaller than the object: BUFFER_OVERFLOW
+ * with *len set to the size needed.  Otherwise as moonlet_client_get(). */
+int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
+                            size_t *len, const char *tenant);
+
+/*
+ * put_from for n keys: one PutStart per key, every replica of every key
+ * written in one transport batch, then PutEnd (or PutRevoke) per key.
+ * results[i] is 0 or that key's error (INVALID_PARAMS for a buffer outside
+ * registered memory; otherwise put's errors).  Returns 0 when every key was
+ * stored, else the first non-zero results[i] (in array order); INVALID_PARAMS
+ * without doing anything when an array is NULL.  Blocks; thread safe.
+ */
+int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
+                                  const void *const *bufs, const size_t *lens, size_t n,
+                                  const moonlet_put_options *opt, int32_t *results);
+
+/*
+ * get_into for n keys: one GetReplicaList per key, then every read in one
+ * transport batch (failed replicas are retried on the next one, again in one
+ * batch).  lens[i] gets each object's size (also on BUFFER_OVERFLOW);
+ * results[i] is 0 or that key's error as in get_into().  Returns 0 when every
+ * key was read, else the first non-zero results[i]; INVALID_PARAMS without
+ * doing anything when an array is NULL.  Blocks; thread safe.
+ */
+int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
+                                  void *const *bufs, const size_t *caps, size_t n,
+                                  size_t *lens, int32_t *results, const char *tenant);
+
+/* ---- accessors (never block) -------------------------------------------------------- */
+
+/* "tcp" or "rdma": the transport this client runs. */
+const char *moonlet_client_protocol(const moonlet_client *c);
+
+/* Copies the data endpoint of the client's local segment ("127.0.0.1:41234").
+ * UNAVAILABLE_IN_CURRENT_STATUS for a pure client; BUFFER_OVERFLOW when cap
+ * is too small. */
+int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,805 @@
+/*
+ * client.c - the public C client (include/moonlet/client.h): MasterClient for
+ * metadata, the xfer transport for bytes, an optional local segment.
+ *
+ * Every object operation is "ask the master, move the bytes, tell the
+ * master": put = PutStart, one transport batch writing every replica,
+ * PutEnd (PutRevoke when a write failed); get = GetReplicaList, a read of one
+ * replica (falling over to the next when a node is gone), then the lease
+ * check.  The batch calls keep the same shape but put every transfer of
+ * every key into one transport batch, so n objects cost n master round trips
+ * and one parallel transfer rather than n sequential ones.
+ *
+ * Copying calls hand the caller's memory straight to the transport on TCP,
+ * which accepts any memory.  On RDMA the NIC can only touch registered
+ * memory, so the copying calls stage through a private bounce buffer that is
+ * malloc'd and registered per call (unless the caller's memory already lies
+ * in a buffer registered with the client).  A private buffer, rather than
+ * registering the caller's memory for the call, keeps registrations from
+ * different threads from ever covering the same addresses, so unregistering
+ * one can never pull the memory region out from under another.
+ *
+ * The local segment, when configured, is a store node (store_node.c) run on
+ * a thread of the client; reads prefer the replica it serves.
+ *
+ * Locks: buf_mu guards the list of registered buffers and is never held
+ * across a transport call; the MasterClient serialises master calls with its
+ * own mutex; xfer is thread safe.  No lock is held while another is taken.
+ */
+#include "moonlet/client.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client_internal.h"
+#include "log.h"
+#include "master_client.h"
+#include "store_node.h"
+#include "xfer.h"
+
+#define MOD "client"
+#define CLIENT_STAGE_ALIGN 4096u
+
+typedef struct client_buf {
+    void *base;
+    size_t len;
+    bool ready; /* false while its transport registration is being made */
+    struct client_buf *next;
+} client_buf;
+
+struct moonlet_client {
+    moonlet_master_client *mc;
+    moonlet_xfer *xfer;
+    char *tenant;          /* default tenant; NULL: the master's "default" */
+    uint32_t replica_num;
+    atomic_bool stage;     /* copying calls use a registered bounce buffer */
+    pthread_mutex_t buf_mu;
+    client_buf *bufs;
+    moonlet_store_node *node; /* the local segment, or NULL */
+    pthread_t node_thread;
+    char own_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* "" without a local segment */
+};
+
+/* ---- pure decisions (client_internal.h) ----------------------------------------- */
+
+bool moonlet_client_lease_expired(uint64_t asked_ns, uint64_t lease_ttl_ms, uint64_t done_ns)
+{
+    if (done_ns < asked_ns)
+        return false;
+    uint64_t ttl_ns = lease_ttl_ms > UINT64_MAX / 1000000u ? UINT64_MAX : lease_ttl_ms * 1000000u;
+    return done_ns - asked_ns >= ttl_ns;
+}
+
+uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
+                                      const char *own_endpoint, uint32_t *order)
+{
+    bool have_own = own_endpoint && *own_endpoint;
+    uint32_t k = 0;
+    for (int pass = have_own ? 0 : 1; pass < 2; pass++)
+        for (uint32_t i = 0; i < n; i++) {
+            bool own = have_own && r[i].endpoint && strcmp(r[i].endpoint, own_endpoint) == 0;
+            if (own == (pass == 0))
+                order[k++] = i;
+        }
+    return k;
+}
+
+bool moonlet_client_try_next_replica(int rc)
+{
+    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND;
+}
+
+void moonlet_client_force_staging(moonlet_client *c, bool on)
+{
+    atomic_store(&c->stage, on);
+}
+
+/* ---- small helpers -------------------------------------------------------------- */
+
+static uint64_t client_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static const char *client_tenant(const moonlet_client *c, const char *tenant)
+{
+    return tenant ? tenant : c->tenant;
+}
+
+static bool client_keys_ok(const char *const *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!keys[i])
+            return false;
+    return true;
+}
+
+/* ---- registered buffers --------------------------------------------------------- */
+
+/* Whether [p, p + len) lies inside one registered buffer; len 0 always does. */
+static bool client_buf_covers(moonlet_client *c, const void *p, size_t len)
+{
+    if (len == 0)
+        return true;
+    uintptr_t a = (uintptr_t)p;
+    bool found = false;
+    pthread_mutex_lock(&c->buf_mu);
+    for (client_buf *b = c->bufs; b && !found; b = b->next) {
+        uintptr_t s = (uintptr_t)b->base;
+        found = b->ready && a >= s && len <= b->len && a - s <= b->len - len;
+    }
+    pthread_mutex_unlock(&c->buf_mu);
+    return found;
+}
+
+/* Unlinks the entry at `base` (ready or not); NULL when there is none. */
+static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_only)
+{
+    client_buf *b = NULL;
+    pthread_mutex_lock(&c->buf_mu);
+    for (client_buf **pp = &c->bufs; *pp; pp = &(*pp)->next) {
+        if ((*pp)->base == base && (!ready_only || (*pp)->ready)) {
+            b = *pp;
+            *pp = b->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->buf_mu);
+    return b;
+}
+
+int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
+{
+    if (!c || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_buf *b = calloc(1, sizeof(*b));
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    b->base = base;
+    b->len = len;
+    /* Claim the base first (not ready), so a slow NIC registration holds no lock. */
+    pthread_mutex_lock(&c->buf_mu);
+    for (client_buf *o = c->bufs; o; o = o->next) {
+        if (o->base == base) {
+            pthread_mutex_unlock(&c->buf_mu);
+            free(b);
+            return MOONLET_ERR_INVALID_PARAMS;
+        }
+    }
+    b->next = c->bufs;
+    c->bufs = b;
+    pthread_mutex_unlock(&c->buf_mu);
+    int rc = moonlet_xfer_register_buffer(c->xfer, base, len);
+    if (rc) {
+        free(client_buf_unlink(c, base, false));
+        return rc;
+    }
+    pthread_mutex_lock(&c->buf_mu);
+    b->ready = true;
+    pthread_mutex_unlock(&c->buf_mu);
+    return MOONLET_OK;
+}
+
+int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
+{
+    if (!c || !base)
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_buf *b = client_buf_unlink(c, base, true);
+    if (!b)
+        return MOONLET_ERR_INVALID_PARAMS;
+    int rc = moonlet_xfer_unregister_buffer(c->xfer, base);
+    free(b);
+    return rc;
+}
+
+/* ---- staging for the copying calls ----------------------------------------------- */
+
+typedef struct client_stage {
+    void *ptr;    /* what the transport moves bytes from / to */
+    void *bounce; /* private registered copy, or NULL when ptr is the caller's memory */
+} client_stage;
+
+static int client_stage_begin(moonlet_client *c, void *user, size_t len, client_stage *st)
+{
+    st->ptr = user;
+    st->bounce = NULL;
+    if (len == 0 || !atomic_load(&c->stage) || client_buf_covers(c, user, len))
+        return MOONLET_OK;
+    if (len > SIZE_MAX - CLIENT_STAGE_ALIGN)
+        return MOONLET_ERR_INVALID_PARAMS;
+    size_t rounded = (len + CLIENT_STAGE_ALIGN - 1) / CLIENT_STAGE_ALIGN * CLIENT_STAGE_ALIGN;
+    void *b = aligned_alloc(CLIENT_STAGE_ALIGN, rounded);
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = moonlet_xfer_register_buffer(c->xfer, b, len);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    st->ptr = st->bounce = b;
+    return MOONLET_OK;
+}
+
+static void client_stage_end(moonlet_client *c, client_stage *st)
+{
+    if (!st->bounce)
+        return;
+    moonlet_xfer_unregister_buffer(c->xfer, st->bounce);
+    free(st->bounce);
+    st->bounce = NULL;
+}
+
+/* ---- put ------------------------------------------------------------------------ */
+
+typedef struct client_put_args {
+    const char *tenant;
+    uint32_t replica_num;
+    bool soft_pin;
+} client_put_args;
+
+static client_put_args client_put_resolve(const moonlet_client *c, const moonlet_put_options *o)
+{
+    client_put_args a = {.tenant = client_tenant(c, o ? o->tenant : NULL),
+                         .replica_num = o && o->replica_num ? o->replica_num : c->replica_num,
+                         .soft_pin = o && o->soft_pin};
+    return a;
+}
+
+/* Seals a put whose writes ended with `rc`, or revokes it so nothing
+ * half-written becomes readable.  Returns the put's outcome. */
+static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc)
+{
+    if (rc == MOONLET_OK) {
+        rc = moonlet_mc_put_end(c->mc, tenant, key);
+        if (rc == MOONLET_OK)
+            return MOONLET_OK;
+        ML_WARN(MOD, "PutEnd of '%s' failed: %s", key, moonlet_strerror(rc));
+    }
+    int rv = moonlet_mc_put_revoke(c->mc, tenant, key);
+    /* NOT_FOUND: the master already dropped it; INVALID_WRITE: a PutEnd whose
+     * reply was lost did land. */
+    if (rv && rv != MOONLET_ERR_OBJECT_NOT_FOUND && rv != MOONLET_ERR_INVALID_WRITE)
+        ML_WARN(MOD, "PutRevoke of '%s' failed (%s); the master reaps it after its put timeout",
+                key, moonlet_strerror(rv));
+    return rc;
+}
+
+/* Fills one write per replica of `l` from src. */
+static void client_put_ops(const moonlet_replica_list *l, const void *src, uint64_t len,
+                           moonlet_xfer_op *ops)
+{
+    for (uint32_t k = 0; k < l->count; k++)
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE,
+                                   .endpoint = l->replicas[k].endpoint,
+                                   .segment_id = l->replicas[k].segment_id,
+                                   .offset = l->replicas[k].offset, .local = (void *)src,
+                                   .len = len};
+}
+
+static int client_put_core(moonlet_client *c, const char *key, const void *src, size_t len,
+                           const moonlet_put_options *opt)
+{
+    client_put_args a = client_put_resolve(c, opt);
+    moonlet_replica_list l;
+    int rc = moonlet_mc_put_start(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin, &l);
+    if (rc)
+        return rc;
+    moonlet_xfer_op *ops = calloc(l.count ? l.count : 1, sizeof(*ops));
+    if (ops) {
+        client_put_ops(&l, src, len, ops);
+        rc = moonlet_xfer_submit(c->xfer, ops, l.count);
+    } else {
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    }
+    free(ops);
+    moonlet_replica_list_free(&l);
+    return client_put_finish(c, a.tenant, key, rc);
+}
+
+int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
+                       const moonlet_put_options *opt)
+{
+    if (!c || !key || (!buf && len))
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_stage st;
+    int rc = client_stage_begin(c, (void *)buf, len, &st);
+    if (rc)
+        return rc;
+    if (st.bounce)
+        memcpy(st.bounce, buf, len);
+    rc = client_put_core(c, key, st.ptr, len, opt);
+    client_stage_end(c, &st);
+    return rc;
+}
+
+int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
+                            const moonlet_put_options *opt)
+{
+    if (!c || !key || (!buf && len) || !client_buf_covers(c, buf, len))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return client_put_core(c, key, buf, len, opt);
+}
+
+int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
+                          const moonlet_put_options *opt)
+{
+    int rc = moonlet_client_put(c, key, buf, len, opt);
+    if (rc != MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+        return rc;
+    rc = moonlet_mc_remove(c->mc, client_tenant(c, opt ? opt->tenant : NULL), key);
+    if (rc && rc != MOONLET_ERR_OBJECT_NOT_FOUND)
+        return rc;
+    return moonlet_client_put(c, key, buf, len, opt);
+}
+
+/* ---- get ------------------------------------------------------------------------ */
+
+/* GetReplicaList, remembering when it was asked (for the lease check). */
+static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
+                         moonlet_replica_list *l, uint64_t *asked_ns)
+{
+    *asked_ns = client_now_ns();
+    return moonlet_mc_get_replica_list(c->mc, client_tenant(c, tenant), key, l);
+}
+
+/* Reads the object of `l` into dst (room for l->size bytes): the preferred
+ * replica first, the next ones when a node is gone; then the lease check. */
+static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, void *dst,
+                              uint64_t asked_ns)
+{
+    if (l->size == 0)
+        return MOONLET_OK; /* no bytes a reclaimed lease could have changed */
+    if (l->count == 0)
+        return MOONLET_ERR_TRANSFER_FAIL;
+    uint32_t *order = malloc(l->count * sizeof(*order));
+    if (!order)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    uint32_t n = moonlet_client_replica_order(l->replicas, l->count, c->own_endpoint, order);
+    int rc = MOONLET_ERR_TRANSFER_FAIL;
+    for (uint32_t k = 0; k < n; k++) {
+        const moonlet_replica_desc *r = &l->replicas[order[k]];
+        rc = moonlet_xfer_read(c->xfer, r->endpoint, r->segment_id, r->offset, dst, l->size);
+        if (!moonlet_client_try_next_replica(rc))
+            break;
+        ML_DEBUG(MOD, "replica at %s unreadable (%s), trying the next", r->endpoint,
+                 moonlet_strerror(rc));
+    }
+    free(order);
+    if (rc == MOONLET_OK && moonlet_client_lease_expired(asked_ns, l->lease_ttl_ms, client_now_ns()))
+        rc = MOONLET_ERR_LEASE_EXPIRED;
+    return rc;
+}
+
+/* Reads into caller memory, staging through a bounce buffer when needed. */
+static int client_read_staged(moonlet_client *c, const moonlet_replica_list *l, void *dst,
+                              uint64_t asked_ns)
+{
+    client_stage st;
+    int rc = client_stage_begin(c, dst, l->size, &st);
+    if (rc)
+        return rc;
+    rc = client_read_object(c, l, st.ptr, asked_ns);
+    if (rc == MOONLET_OK && st.bounce)
+        memcpy(dst, st.bounce, l->size);
+    client_stage_end(c, &st);
+    return rc;
+}
+
+/* get and get_into: lookup, size check, read. */
+static int client_get_core(moonlet_client *c, const char *key, void *buf, size_t cap,
+                           size_t *len, const char *tenant, bool staged)
+{
+    moonlet_replica_list l;
+    uint64_t asked;
+    int rc = client_lookup(c, key, tenant, &l, &asked);
+    if (rc)
+        return rc;
+    *len = l.size > SIZE_MAX ? SIZE_MAX : (size_t)l.size;
+    if (l.size > cap)
+        rc = MOONLET_ERR_BUFFER_OVERFLOW;
+    else
+        rc = staged ? client_read_staged(c, &l, buf, asked) : client_read_object(c, &l, buf, asked);
+    moonlet_replica_list_free(&l);
+    return rc;
+}
+
+int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
+                       const char *tenant)
+{
+    if (!c || !key || !len || (!buf && cap))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return client_get_core(c, key, buf, cap, len, tenant, true);
+}
+
+int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
+                            size_t *len, const char *tenant)
+{
+    if (!c || !key || !len || (!buf && cap) || !client_buf_covers(c, buf, cap))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return client_get_core(c, key, buf, cap, len, tenant, false);
+}
+
+int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
+                             const char *tenant)
+{
+    if (!c || !key || !buf || !len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *buf = NULL;
+    moonlet_replica_list l;
+    uint64_t asked;
+    int rc = client_lookup(c, key, tenant, &l, &asked);
+    if (rc)
+        return rc;
+    void *p = l.size < SIZE_MAX ? malloc(l.size ? (size_t)l.size : 1) : NULL;
+    rc = p ? client_read_staged(c, &l, p, asked) : MOONLET_ERR_INTERNAL_ERROR;
+    if (rc == MOONLET_OK) {
+        *buf = p;
+        *len = (size_t)l.size;
+    } else {
+        free(p);
+    }
+    moonlet_replica_list_free(&l);
+    return rc;
+}
+
+int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
+                            const char *tenant)
+{
+    if (!c || !key || !size)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_replica_list l;
+    uint64_t asked;
+    int rc = client_lookup(c, key, tenant, &l, &asked);
+    if (rc == MOONLET_OK)
+        *size = l.size;
+    moonlet_replica_list_free(&l);
+    return rc;
+}
+
+/* ---- batches ---------------------------------------------------------------------- */
+
+int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
+                                  const void *const *bufs, const size_t *lens, size_t n,
+                                  const moonlet_put_options *opt, int32_t *results)
+{
+    if (!c || (n && (!keys || !bufs || !lens || !results || !client_keys_ok(keys, n))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_put_args a = client_put_resolve(c, opt);
+    moonlet_replica_list *lists = calloc(n ? n : 1, sizeof(*lists));
+    size_t *first = calloc(n ? n : 1, sizeof(*first)); /* each key's first op */
+    if (!lists || !first) {
+        free(lists);
+        free(first);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    size_t nops = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]))
+            results[i] = MOONLET_ERR_INVALID_PARAMS;
+        else
+            results[i] = moonlet_mc_put_start(c->mc, a.tenant, keys[i], lens[i], a.replica_num,
+                                              a.soft_pin, &lists[i]);
+        first[i] = nops;
+        if (results[i] == MOONLET_OK)
+            nops += lists[i].count;
+    }
+    moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
+    for (size_t i = 0; ops && i < n; i++)
+        if (results[i] == MOONLET_OK)
+            client_put_ops(&lists[i], bufs[i], lens[i], &ops[first[i]]);
+    if (ops)
+        moonlet_xfer_submit(c->xfer, ops, nops);
+    int ret = MOONLET_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] == MOONLET_OK) {
+            int rc = ops ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
+            for (uint32_t k = 0; ops && k < lists[i].count && !rc; k++)
+                rc = ops[first[i] + k].status;
+            results[i] = client_put_finish(c, a.tenant, keys[i], rc);
+        }
+        moonlet_replica_list_free(&lists[i]);
+        if (!ret)
+            ret = results[i];
+    }
+    free(ops);
+    free(first);
+    free(lists);
+    return ret;
+}
+
+/* One key of a batch get while it runs. */
+typedef struct client_bget {
+    moonlet_replica_list l;
+    uint64_t asked_ns;
+    uint32_t *order;
+    uint32_t norder, next; /* replicas to try, and the one being tried */
+    bool pending;
+} client_bget;
+
+/* Lookups and size checks; leaves the keys that need a read pending. */
+static void client_bget_lookup(moonlet_client *c, const char *const *keys, void *const *bufs,
+                               const size_t *caps, size_t n, size_t *lens, int32_t *results,
+                               const char *tenant, client_bget *g)
+{
+    for (size_t i = 0; i < n; i++) {
+        lens[i] = 0;
+        if ((!bufs[i] && caps[i]) || !client_buf_covers(c, bufs[i], caps[i])) {
+            results[i] = MOONLET_ERR_INVALID_PARAMS;
+            continue;
+        }
+        results[i] = client_lookup(c, keys[i], tenant, &g[i].l, &g[i].asked_ns);
+        if (results[i])
+            continue;
+        lens[i] = g[i].l.size > SIZE_MAX ? SIZE_MAX : (size_t)g[i].l.size;
+        if (g[i].l.size > caps[i]) {
+            results[i] = MOONLET_ERR_BUFFER_OVERFLOW;
+        } else if (g[i].l.size && !g[i].l.count) {
+            results[i] = MOONLET_ERR_TRANSFER_FAIL;
+        } else if (g[i].l.size) {
+            g[i].order = malloc(g[i].l.count * sizeof(*g[i].order));
+            if (!g[i].order) {
+                results[i] = MOONLET_ERR_INTERNAL_ERROR;
+                continue;
+            }
+            g[i].norder = moonlet_client_replica_order(g[i].l.replicas, g[i].l.count,
+                                                       c->own_endpoint, g[i].order);
+            g[i].pending = true;
+        }
+    }
+}
+
+/* One round: every pending key reads its current replica, all in one batch.
+ * Returns how many keys are still pending (to retry on their next replica). */
+static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, int32_t *results,
+                                client_bget *g, moonlet_xfer_op *ops, size_t *owner)
+{
+    size_t nops = 0, left = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!g[i].pending)
+            continue;
+        const moonlet_replica_desc *r = &g[i].l.replicas[g[i].order[g[i].next]];
+        ops[nops] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = r->endpoint,
+                                      .segment_id = r->segment_id, .offset = r->offset,
+                                      .local = bufs[i], .len = g[i].l.size};
+        owner[nops++] = i;
+    }
+    moonlet_xfer_submit(c->xfer, ops, nops);
+    uint64_t done = client_now_ns();
+    for (size_t k = 0; k < nops; k++) {
+        client_bget *e = &g[owner[k]];
+        int rc = ops[k].status;
+        if (moonlet_client_try_next_replica(rc) && e->next + 1 < e->norder) {
+            e->next++;
+            left++;
+            continue;
+        }
+        if (rc == MOONLET_OK && moonlet_client_lease_expired(e->asked_ns, e->l.lease_ttl_ms, done))
+            rc = MOONLET_ERR_LEASE_EXPIRED;
+        results[owner[k]] = rc;
+        e->pending = false;
+    }
+    return left;
+}
+
+int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
+                                  void *const *bufs, const size_t *caps, size_t n,
+                                  size_t *lens, int32_t *results, const char *tenant)
+{
+    if (!c || (n && (!keys || !bufs || !caps || !lens || !results || !client_keys_ok(keys, n))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_bget *g = calloc(n ? n : 1, sizeof(*g));
+    moonlet_xfer_op *ops = calloc(n ? n : 1, sizeof(*ops));
+    size_t *owner = calloc(n ? n : 1, sizeof(*owner));
+    if (!g || !ops || !owner) {
+        free(g);
+        free(ops);
+        free(owner);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    client_bget_lookup(c, keys, bufs, caps, n, lens, results, tenant, g);
+    while (client_bget_round(c, bufs, n, results, g, ops, owner) > 0)
+        ;
+    int ret = MOONLET_OK;
+    for (size_t i = 0; i < n; i++) {
+        moonlet_replica_list_free(&g[i].l);
+        free(g[i].order);
+        if (!ret)
+            ret = results[i];
+    }
+    free(owner);
+    free(ops);
+    free(g);
+    return ret;
+}
+
+/* ---- metadata-only calls ------------------------------------------------------------ */
+
+int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (!c || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
+}
+
+int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (!c)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t n = 0;
+    int rc = moonlet_mc_remove_all(c->mc, client_tenant(c, tenant), &n);
+    if (rc == MOONLET_OK && removed)
+        *removed = n;
+    return rc;
+}
+
+int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant)
+{
+    if (!c || !key || !exists)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_exist_key(c->mc, client_tenant(c, tenant), key, exists);
+}
+
+int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant)
+{
+    if (!c || !key || !exists)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_probe_key(c->mc, client_tenant(c, tenant), key, exists);
+}
+
+int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
+                                   int32_t *results, const char *tenant)
+{
+    if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_batch_exist_key(c->mc, client_tenant(c, tenant), keys, n, results);
+}
+
+int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
+                                   const char *const *keys, size_t n, int32_t *results,
+                                   const char *tenant)
+{
+    if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_batch_probe_key(c->mc, client_tenant(c, tenant), policy, keys, n, results);
+}
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+
+void moonlet_client_config_init(moonlet_client_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static int client_xfer_protocol(moonlet_protocol p, moonlet_xfer_protocol *out)
+{
+    switch (p) {
+    case MOONLET_PROTOCOL_AUTO: *out = MOONLET_XFER_AUTO; return MOONLET_OK;
+    case MOONLET_PROTOCOL_TCP: *out = MOONLET_XFER_TCP; return MOONLET_OK;
+    case MOONLET_PROTOCOL_RDMA: *out = MOONLET_XFER_RDMA; return MOONLET_OK;
+    default: return MOONLET_ERR_INVALID_PARAMS;
+    }
+}
+
+static void *client_node_main(void *arg)
+{
+    moonlet_store_node_run(arg);
+    return NULL;
+}
+
+/* The local segment: a store node on a thread of the client. */
+static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg,
+                             moonlet_xfer_protocol proto)
+{
+    moonlet_store_node_config nc;
+    moonlet_store_node_config_default(&nc);
+    nc.master_addr = cfg->master_addr;
+    nc.segment_size = cfg->local_segment_size;
+    nc.protocol = proto;
+    nc.device = cfg->device;
+    nc.auth_token = cfg->auth_token;
+    if (cfg->local_listen_addr)
+        nc.listen_addr = cfg->local_listen_addr;
+    int rc = moonlet_store_node_create(&nc, &c->node);
+    if (rc)
+        return rc;
+    if (pthread_create(&c->node_thread, NULL, client_node_main, c->node) != 0) {
+        moonlet_store_node_destroy(c->node);
+        c->node = NULL;
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    snprintf(c->own_endpoint, sizeof(c->own_endpoint), "%s", moonlet_store_node_endpoint(c->node));
+    return MOONLET_OK;
+}
+
+static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
+                          moonlet_xfer_protocol proto)
+{
+    moonlet_master_client_opts mo = {.timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
+                                                         : MOONLET_CLIENT_DEFAULT_TIMEOUT_MS),
+                                     .auth_token = cfg->auth_token};
+    int rc = moonlet_mc_create(cfg->master_addr, &mo, &c->mc);
+    if (rc)
+        return rc;
+    moonlet_xfer_opts xo = {.protocol = proto, .device = cfg->device,
+                            .auth_token = cfg->auth_token,
+                            .timeout_ms = cfg->transfer_timeout_ms};
+    rc = moonlet_xfer_create(&xo, &c->xfer);
+    if (rc)
+        return rc;
+    atomic_store(&c->stage, strcmp(moonlet_xfer_protocol_name(c->xfer), "rdma") == 0);
+    return cfg->local_segment_size ? client_start_node(c, cfg, proto) : MOONLET_OK;
+}
+
+int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out)
+{
+    moonlet_xfer_protocol proto;
+    if (!cfg || !out || !cfg->master_addr || !*cfg->master_addr ||
+        client_xfer_protocol(cfg->protocol, &proto) ||
+        (cfg->default_tenant && strlen(cfg->default_tenant) > MOONLET_MAX_ID_BYTES))
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_client *c = calloc(1, sizeof(*c));
+    if (!c)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    pthread_mutex_init(&c->buf_mu, NULL);
+    c->replica_num = cfg->replica_num ? cfg->replica_num : 1;
+    int rc = MOONLET_OK;
+    if (cfg->default_tenant && !(c->tenant = strdup(cfg->default_tenant)))
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    if (!rc)
+        rc = client_connect(c, cfg, proto);
+    if (rc) {
+        moonlet_client_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return MOONLET_OK;
+}
+
+void moonlet_client_destroy(moonlet_client *c)
+{
+    if (!c)
+        return;
+    if (c->node) {
+        moonlet_store_node_stop(c->node);
+        pthread_join(c->node_thread, NULL);
+        moonlet_store_node_destroy(c->node);
+    }
+    moonlet_xfer_destroy(c->xfer); /* also drops every buffer registration */
+    moonlet_mc_destroy(c->mc);
+    while (c->bufs) {
+        client_buf *b = c->bufs;
+        c->bufs = b->next;
+        free(b);
+    }
+    pthread_mutex_destroy(&c->buf_mu);
+    free(c->tenant);
+    free(c);
+}
+
+/* ---- accessors ---------------------------------------------------------------------------- */
+
+const char *moonlet_client_protocol(const moonlet_client *c)
+{
+    return c ? moonlet_xfer_protocol_name(c->xfer) : "none";
+}
+
+int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap)
+{
+    if (!c || !buf)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (!c->own_endpoint[0])
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    size_t len = strlen(c->own_endpoint);
+    if (len >= cap)
+        return MOONLET_ERR_BUFFER_OVERFLOW;
+    memcpy(buf, c->own_endpoint, len + 1);
+    return MOONLET_OK;
+}

@@ -1,0 +1,38 @@
+/*
+ * client_internal.h - the decisions of the public client (store/client.c)
+ * that are worth testing on their own, as pure functions, and one switch for
+ * tests.  Not installed; not part of the public API.
+ */
+#ifndef MOONLET_CLIENT_INTERNAL_H
+#define MOONLET_CLIENT_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moonlet/client.h"
+#include "moonlet/types.h"
+
+/* True when a read lease of lease_ttl_ms, granted no earlier than asked_ns
+ * (CLOCK_MONOTONIC, taken just before GetReplicaList was sent), had run out
+ * by done_ns (when the read completed).  The master grants the lease while
+ * handling the request, so measuring from before the request can only make
+ * the client stricter than the master, never laxer.  A lease of 0 ms
+ * protects nothing: always expired.  Pure. */
+bool moonlet_client_lease_expired(uint64_t asked_ns, uint64_t lease_ttl_ms, uint64_t done_ns);
+
+/* The order in which to try the n replicas: those served at own_endpoint
+ * (this client's own segment; NULL or "" when it has none) first, then the
+ * others in the master's order.  Writes n indexes to order; returns n.  Pure. */
+uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
+                                      const char *own_endpoint, uint32_t *order);
+
+/* Whether a failed replica read should move on to the next replica:
+ * TRANSFER_FAIL (node gone, connection lost) and SEGMENT_NOT_FOUND (node
+ * re-registered its segment).  Pure. */
+bool moonlet_client_try_next_replica(int rc);
+
+/* Tests: make the copying calls (put, get, get_alloc, upsert) stage through
+ * a registered bounce buffer as they do on RDMA, so that path runs on TCP. */
+void moonlet_client_force_staging(moonlet_client *c, bool on);
+
+#endif

@@ -1,0 +1,434 @@
+/*
+ * store_node.c - a store node as a library (store_node.h): the segment, its
+ * transport registration, its mount on the master and the heartbeat loop.
+ *
+ * Built around one loop thread (the caller of run()) that is the only one to
+ * talk to the master and to (re)register the segment, so the mount state
+ * machine has a single writer:
+ *
+ *     mounted --Ping says 0 segments--> stale --unregister/register--> fresh
+ *        ^                                                               |
+ *        +-------------------------- MountSegment ok ------------------+
+ *
+ * A Ping that fails changes nothing: the master may just be slow or
+ * restarting, and only its answer tells whether it forgot the node.  Waits
+ * happen on a condition variable on CLOCK_MONOTONIC, so stop() wakes the loop
+ * at once; every master call is bounded by rpc_timeout_ms, which bounds how
+ * long stop() can take.
+ *
+ * Locks: n->mu guards `mounted`, `stopping`, `mounts` and the published copy
+ * of the segment id; it is never held across an RPC or a transport call.
+ */
+#include "store_node.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bytesize.h"
+#include "log.h"
+#include "master_client.h"
+#include "moonlet/error.h"
+#include "segment_mem.h"
+
+#define MOD "store"
+
+struct moonlet_store_node {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;   /* signalled by stop() */
+    bool stopping;
+    bool mounted;          /* the master holds the current segment id */
+    bool stale;            /* the registration must be renewed before mounting */
+    bool ping_failing;     /* for logging transitions only (loop thread) */
+    uint64_t mounts;
+    char seg_id[MOONLET_MAX_ID_BYTES + 1]; /* published copy of info.segment_id */
+
+    uint32_t ping_interval_ms;
+    char client_id[MOONLET_MAX_ID_BYTES + 1];
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    moonlet_master_client *mc;
+    moonlet_xfer *xfer;
+    moonlet_segment_mem mem;
+    bool registered;
+    moonlet_xfer_segment_info info; /* written by the loop thread only */
+};
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static uint64_t node_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint32_t moonlet_store_node_backoff_ms(unsigned failures)
+{
+    uint32_t ms = MOONLET_STORE_NODE_BACKOFF_FIRST_MS;
+    for (unsigned i = 1; i < failures && ms < MOONLET_STORE_NODE_BACKOFF_CAP_MS; i++)
+        ms *= 2;
+    return ms < MOONLET_STORE_NODE_BACKOFF_CAP_MS ? ms : MOONLET_STORE_NODE_BACKOFF_CAP_MS;
+}
+
+void moonlet_store_node_config_default(moonlet_store_node_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->protocol = MOONLET_XFER_AUTO;
+    cfg->listen_addr = "127.0.0.1:0";
+    cfg->numa_node = MOONLET_SEGMENT_MEM_NODE_AUTO;
+    cfg->ping_interval_ms = MOONLET_STORE_NODE_PING_MS;
+    cfg->rpc_timeout_ms = MOONLET_STORE_NODE_RPC_TIMEOUT_MS;
+    cfg->huge_pages = true;
+    cfg->lock_memory = true;
+}
+
+/* "store-<hostname>-<8 hex>": unique per run, readable in listings. */
+static void node_make_client_id(char *buf, size_t cap)
+{
+    char host[65] = "host";
+    uint32_t r = 0;
+    if (gethostname(host, sizeof(host)) != 0)
+        strcpy(host, "host");
+    host[sizeof(host) - 1] = '\0';
+    if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
+        r = (uint32_t)getpid() ^ (uint32_t)node_now_ms();
+    snprintf(buf, cap, "store-%s-%08x", host, r);
+}
+
+static int node_check_config(const moonlet_store_node_config *c)
+{
+    if (!c->master_addr || !*c->master_addr) {
+        ML_ERR(MOD, "no master address");
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    if (c->segment_size < MOONLET_STORE_NODE_MIN_SEGMENT) {
+        ML_ERR(MOD, "segment size %" PRIu64 " is below the minimum of 1 MiB", c->segment_size);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    if (c->client_id && (!*c->client_id || strlen(c->client_id) > MOONLET_MAX_ID_BYTES)) {
+        ML_ERR(MOD, "client id must be 1..%d bytes", MOONLET_MAX_ID_BYTES);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    return MOONLET_OK;
+}
+
+static bool node_is_mounted(moonlet_store_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    bool m = n->mounted;
+    pthread_mutex_unlock(&n->mu);
+    return m;
+}
+
+/* ---- registration and mounting (loop thread, or create/destroy) ------------- */
+
+static int node_register(moonlet_store_node *n)
+{
+    int rc = moonlet_xfer_register_segment(n->xfer, n->mem.base, n->mem.size, &n->info);
+    if (rc) {
+        ML_ERR(MOD, "cannot register the segment with the transport: %s", moonlet_strerror(rc));
+        return rc;
+    }
+    n->registered = true;
+    pthread_mutex_lock(&n->mu);
+    snprintf(n->seg_id, sizeof(n->seg_id), "%s", n->info.segment_id);
+    n->stale = false;
+    pthread_mutex_unlock(&n->mu);
+    return MOONLET_OK;
+}
+
+/* Gives the old id up (waiting for requests being served on it) and takes a
+ * fresh one. */
+static int node_reregister(moonlet_store_node *n)
+{
+    if (n->registered) {
+        int rc = moonlet_xfer_unregister_segment(n->xfer, n->info.segment_id);
+        if (rc && rc != MOONLET_ERR_SEGMENT_NOT_FOUND)
+            ML_WARN(MOD, "unregistering segment %s: %s", n->info.segment_id, moonlet_strerror(rc));
+        n->registered = false;
+    }
+    return node_register(n);
+}
+
+static int node_mount(moonlet_store_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    bool stale = n->stale;
+    pthread_mutex_unlock(&n->mu);
+    if (stale) {
+        int rc = node_reregister(n);
+        if (rc)
+            return rc;
+    }
+    moonlet_segment_desc d = {.client_id = n->client_id, .segment_id = n->info.segment_id,
+                              .name = n->client_id, .base = n->info.base,
+                              .size = n->info.size, .endpoint = n->info.endpoint,
+                              .protocol = n->info.protocol};
+    int rc = moonlet_mc_mount_segment(n->mc, &d);
+    if (rc == MOONLET_ERR_SEGMENT_ALREADY_EXISTS)
+        rc = MOONLET_OK; /* an earlier attempt landed but its reply was lost */
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&n->mu);
+    n->mounted = true;
+    n->mounts++;
+    pthread_mutex_unlock(&n->mu);
+    char sz[32];
+    ML_INFO(MOD, "mounted segment %s (%s) of client %s at %s://%s", d.segment_id,
+            moonlet_bytesize_format(d.size, sz, sizeof(sz)), n->client_id, d.protocol,
+            d.endpoint);
+    return MOONLET_OK;
+}
+
+static void node_unmount(moonlet_store_node *n)
+{
+    if (!node_is_mounted(n))
+        return;
+    int rc = moonlet_mc_unmount_segment(n->mc, n->client_id, n->info.segment_id);
+    if (rc == MOONLET_OK || rc == MOONLET_ERR_SEGMENT_NOT_FOUND)
+        ML_INFO(MOD, "unmounted segment %s", n->info.segment_id);
+    else
+        ML_WARN(MOD, "unmount of segment %s failed (%s); the master drops it when the "
+                "liveness TTL runs out", n->info.segment_id, moonlet_strerror(rc));
+    pthread_mutex_lock(&n->mu);
+    n->mounted = false;
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* Segments the master still lists under our client id belong to an earlier
+ * run of this node that did not unmount (killed, or the host died). */
+static void node_unmount_leftovers(moonlet_store_node *n)
+{
+    cJSON *segs = NULL;
+    if (moonlet_mc_list_segments(n->mc, &segs) != MOONLET_OK)
+        return;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, segs) {
+        const char *owner = cJSON_GetStringValue(cJSON_GetObjectItem(s, "client_id"));
+        const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(s, "segment_id"));
+        if (!owner || !id || strcmp(owner, n->client_id) != 0)
+            continue;
+        int rc = moonlet_mc_unmount_segment(n->mc, n->client_id, id);
+        ML_WARN(MOD, "segment %s was left mounted by an earlier run of client %s: unmount %s",
+                id, n->client_id, moonlet_strerror(rc));
+    }
+    cJSON_Delete(segs);
+}
+
+/* ---- the heartbeat ------------------------------------------------------------ */
+
+static void node_note_ping(moonlet_store_node *n, int rc)
+{
+    if (rc && !n->ping_failing)
+        ML_WARN(MOD, "master call failed (%s); retrying with backoff up to %u ms",
+                moonlet_strerror(rc), MOONLET_STORE_NODE_BACKOFF_CAP_MS);
+    else if (!rc && n->ping_failing)
+        ML_INFO(MOD, "master answers again");
+    n->ping_failing = rc != 0;
+}
+
+/* One beat: a Ping, or a (re-)mount when the master no longer holds us. */
+static int node_heartbeat(moonlet_store_node *n)
+{
+    if (!node_is_mounted(n)) {
+        int rc = node_mount(n);
+        node_note_ping(n, rc);
+        return rc;
+    }
+    uint32_t segs = 0;
+    int rc = moonlet_mc_ping(n->mc, n->client_id, &segs);
+    node_note_ping(n, rc);
+    if (rc || segs > 0)
+        return rc;
+    ML_WARN(MOD, "the master holds no segment for client %s (it restarted, or declared this "
+            "node dead): registering the segment afresh and mounting it again", n->client_id);
+    pthread_mutex_lock(&n->mu);
+    n->mounted = false;
+    n->stale = true;
+    pthread_mutex_unlock(&n->mu);
+    return node_mount(n);
+}
+
+/* Waits until deadline_ms or stop(); n->mu held. */
+static void node_wait_locked(moonlet_store_node *n, uint64_t deadline_ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ms / 1000u),
+                          .tv_nsec = (long)(deadline_ms % 1000u) * 1000000L};
+    while (!n->stopping && node_now_ms() < deadline_ms)
+        if (pthread_cond_timedwait(&n->wake, &n->mu, &ts) == ETIMEDOUT)
+            break;
+}
+
+int moonlet_store_node_run(moonlet_store_node *n)
+{
+    unsigned failures = 0;
+    uint64_t next = node_now_ms() + n->ping_interval_ms;
+    pthread_mutex_lock(&n->mu);
+    while (!n->stopping) {
+        if (node_now_ms() < next) {
+            node_wait_locked(n, next);
+            continue;
+        }
+        pthread_mutex_unlock(&n->mu);
+        int rc = node_heartbeat(n);
+        failures = rc ? failures + 1 : 0;
+        next = node_now_ms() +
+               (rc ? moonlet_store_node_backoff_ms(failures) : n->ping_interval_ms);
+        pthread_mutex_lock(&n->mu);
+    }
+    pthread_mutex_unlock(&n->mu);
+    node_unmount(n);
+    return MOONLET_OK;
+}
+
+void moonlet_store_node_stop(moonlet_store_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    n->stopping = true;
+    pthread_cond_broadcast(&n->wake);
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* ---- create / destroy ------------------------------------------------------------ */
+
+static int node_alloc(moonlet_store_node *n, const moonlet_store_node_config *c)
+{
+    moonlet_segment_mem_opts mo = {.size = c->segment_size, .numa_node = c->numa_node,
+                                   .device = c->device, .huge_pages = c->huge_pages,
+                                   .lock = c->lock_memory, .prefault = true};
+    int rc = moonlet_segment_mem_alloc(&mo, &n->mem);
+    if (rc) {
+        ML_ERR(MOD, "cannot allocate the segment: %s", moonlet_strerror(rc));
+        return rc;
+    }
+    char sz[32], node[32] = "local (first touch)";
+    if (n->mem.node >= 0)
+        snprintf(node, sizeof(node), "%d", n->mem.node);
+    ML_INFO(MOD, "segment of %s: NUMA node %s, %s pages, %s",
+            moonlet_bytesize_format(n->mem.size, sz, sizeof(sz)), node,
+            n->mem.huge ? "2 MiB" : "4 KiB", n->mem.locked ? "locked" : "not locked");
+    return MOONLET_OK;
+}
+
+/* Starts serving before the segment exists: a missing device or a taken
+ * port then fails in milliseconds, not after locking a large segment. */
+static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
+{
+    moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
+                            .listen_addr = c->listen_addr ? c->listen_addr : "127.0.0.1:0",
+                            .auth_token = c->auth_token, .server_threads = c->server_threads};
+    int rc = moonlet_xfer_create(&xo, &n->xfer);
+    if (rc) {
+        ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));
+        return rc;
+    }
+    return moonlet_xfer_local_endpoint(n->xfer, n->endpoint, sizeof(n->endpoint));
+}
+
+int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out)
+{
+    if (!cfg || !out)
+        return MOONLET_ERR_INVALID_PARAMS;
+    int rc = node_check_config(cfg);
+    if (rc)
+        return rc;
+    moonlet_store_node *n = calloc(1, sizeof(*n));
+    if (!n)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    pthread_mutex_init(&n->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&n->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    n->ping_interval_ms = cfg->ping_interval_ms ? cfg->ping_interval_ms : MOONLET_STORE_NODE_PING_MS;
+    if (cfg->client_id)
+        snprintf(n->client_id, sizeof(n->client_id), "%s", cfg->client_id);
+    else
+        node_make_client_id(n->client_id, sizeof(n->client_id));
+
+    moonlet_master_client_opts mo = {
+        .timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
+                                                : MOONLET_STORE_NODE_RPC_TIMEOUT_MS),
+        .auth_token = cfg->auth_token};
+    rc = moonlet_mc_create(cfg->master_addr, &mo, &n->mc);
+    if (rc)
+        ML_ERR(MOD, "cannot reach the master at %s: %s", cfg->master_addr, moonlet_strerror(rc));
+    if (!rc)
+        rc = node_serve(n, cfg);
+    if (!rc)
+        rc = node_alloc(n, cfg);
+    if (!rc)
+        rc = node_register(n);
+    if (!rc) {
+        node_unmount_leftovers(n);
+        rc = node_mount(n);
+        if (rc)
+            ML_ERR(MOD, "the master refused the mount: %s", moonlet_strerror(rc));
+    }
+    if (rc) {
+        moonlet_store_node_destroy(n);
+        return rc;
+    }
+    *out = n;
+    return MOONLET_OK;
+}
+
+void moonlet_store_node_destroy(moonlet_store_node *n)
+{
+    if (!n)
+        return;
+    if (n->mc)
+        node_unmount(n);
+    if (n->registered)
+        moonlet_xfer_unregister_segment(n->xfer, n->info.segment_id);
+    moonlet_xfer_destroy(n->xfer);
+    moonlet_segment_mem_free(&n->mem);
+    moonlet_mc_destroy(n->mc);
+    pthread_cond_destroy(&n->wake);
+    pthread_mutex_destroy(&n->mu);
+    free(n);
+}
+
+/* ---- getters ------------------------------------------------------------------------ */
+
+const char *moonlet_store_node_endpoint(const moonlet_store_node *n)
+{
+    return n->endpoint;
+}
+
+const char *moonlet_store_node_client_id(const moonlet_store_node *n)
+{
+    return n->client_id;
+}
+
+const char *moonlet_store_node_protocol(const moonlet_store_node *n)
+{
+    return moonlet_xfer_protocol_name(n->xfer);
+}
+
+int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&n->mu);
+    size_t len = strlen(n->seg_id);
+    int rc = len < cap ? MOONLET_OK : MOONLET_ERR_BUFFER_OVERFLOW;
+    if (!rc)
+        memcpy(buf, n->seg_id, len + 1);
+    pthread_mutex_unlock(&n->mu);
+    return rc;
+}
+
+uint64_t moonlet_store_node_mounts(moonlet_store_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    uint64_t m = n->mounts;
+    pthread_mutex_unlock(&n->mu);
+    return m;
+}

@@ -1,0 +1,110 @@
+/*
+ * store_node.h - a store node: one segment of memory contributed to the
+ * cluster, served for one-sided reads and writes, kept mounted on the master.
+ *
+ * create() starts the transport serving on the listen address (xfer; first,
+ * so a missing device or a taken port fails fast), allocates the segment
+ * (segment_mem: on the NIC's NUMA node unless told otherwise, huge pages when
+ * the kernel has them, locked), registers it with the transport and mounts it
+ * on the master under the node's client id.  What the master
+ * records is exactly what the transport returned: segment id, endpoint,
+ * protocol, base and size.
+ *
+ * run() heartbeats until stop(): a Ping every ping_interval_ms.  While the
+ * master does not answer, it retries with exponential backoff capped at 2 s
+ * (moonlet_store_node_backoff_ms).  When the master answers that it holds no
+ * segment for this client (it restarted, or declared the node dead and
+ * unmounted it), the segment's old contents are no longer vouched for by
+ * anyone: the node unregisters it, registers it again - a fresh segment id,
+ * so a client still holding the old id is refused instead of served - and
+ * mounts it again.  After stop(), run() unmounts the segment and returns.
+ *
+ * A node's client id must be unique in the cluster.  On create, segments the
+ * master still lists under that id (left by an earlier run that was killed)
+ * are unmounted first, so a node restarted with a fixed --client-id takes
+ * over cleanly instead of keeping a dead segment alive with its pings.
+ *
+ * Thread safety: stop() and the getters may be called from any thread between
+ * create() and destroy(); run() from one thread; destroy() once run() has
+ * returned (or was never called).  Locks: the node's mutex, guarding the
+ * mount state, the current segment id and the stop flag; it is never held
+ * across an RPC or a transport call.
+ */
+#ifndef MOONLET_STORE_NODE_H
+#define MOONLET_STORE_NODE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "xfer.h"
+
+typedef struct moonlet_store_node moonlet_store_node;
+
+#define MOONLET_STORE_NODE_MIN_SEGMENT (1u << 20)      /* smallest segment accepted */
+#define MOONLET_STORE_NODE_PING_MS 1000u                /* default heartbeat period */
+#define MOONLET_STORE_NODE_RPC_TIMEOUT_MS 400u          /* default per master call */
+#define MOONLET_STORE_NODE_BACKOFF_FIRST_MS 100u        /* first retry after a failure */
+#define MOONLET_STORE_NODE_BACKOFF_CAP_MS 2000u         /* longest wait between retries */
+
+typedef struct moonlet_store_node_config {
+    const char *master_addr;        /* "HOST:PORT" of the master (required) */
+    uint64_t segment_size;          /* bytes, >= MOONLET_STORE_NODE_MIN_SEGMENT */
+    moonlet_xfer_protocol protocol; /* auto, tcp or rdma */
+    const char *listen_addr;        /* data endpoint to serve on; NULL: "127.0.0.1:0" */
+    const char *device;             /* RDMA device; NULL: first ACTIVE one */
+    int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
+    const char *client_id;          /* NULL: "store-<hostname>-<random>" */
+    const char *auth_token;         /* for the master and the transport; NULL: none */
+    uint32_t ping_interval_ms;      /* 0: MOONLET_STORE_NODE_PING_MS */
+    uint32_t rpc_timeout_ms;        /* 0: MOONLET_STORE_NODE_RPC_TIMEOUT_MS; keeps stop prompt */
+    int server_threads;             /* transport serving pool; <= 0: transport default */
+    bool huge_pages;                /* try 2 MiB pages first */
+    bool lock_memory;               /* mlock the segment (a failure is a warning) */
+} moonlet_store_node_config;
+
+/* Fills the defaults: protocol auto, listen 127.0.0.1:0, NUMA auto, huge
+ * pages and locking on, default intervals; master_addr and segment_size
+ * stay unset. */
+void moonlet_store_node_config_default(moonlet_store_node_config *cfg);
+
+/*
+ * Allocates, serves, registers and mounts.  Blocks for the allocation (a
+ * locked segment is populated) and a few master round trips.  Returns 0, or
+ * INVALID_PARAMS (bad configuration), RPC_FAIL / RPC_TIMEOUT (master
+ * unreachable), ILLEGAL_CLIENT (token refused), UNAVAILABLE_IN_CURRENT_STATUS
+ * (rdma without a device), TRANSFER_FAIL (cannot listen), INTERNAL_ERROR, or
+ * the master's refusal of the mount.  The reason is logged.
+ */
+int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out);
+
+/* Heartbeats (and re-mounts when needed) until stop(); then unmounts and
+ * returns 0.  Blocks.  An unmount the master does not answer is logged; the
+ * master then drops the segment when the node's liveness TTL runs out. */
+int moonlet_store_node_run(moonlet_store_node *n);
+
+/* Makes run() return promptly (within one master call).  Thread safe;
+ * not async-signal-safe: call it from a thread that waited for the signal. */
+void moonlet_store_node_stop(moonlet_store_node *n);
+
+/* Unmounts if still mounted, stops serving, frees the segment.  NULL is a no-op. */
+void moonlet_store_node_destroy(moonlet_store_node *n);
+
+/* The data endpoint ("127.0.0.1:40123"), fixed for the node's lifetime. */
+const char *moonlet_store_node_endpoint(const moonlet_store_node *n);
+const char *moonlet_store_node_client_id(const moonlet_store_node *n);
+/* "tcp" or "rdma". */
+const char *moonlet_store_node_protocol(const moonlet_store_node *n);
+
+/* Copies the segment id currently registered (it changes on re-mount).
+ * Returns 0 or BUFFER_OVERFLOW. */
+int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap);
+
+/* Times the segment was mounted (1 after create; +1 per re-mount). */
+uint64_t moonlet_store_node_mounts(moonlet_store_node *n);
+
+/* Wait before retry number `failures` (1 = the first retry): 100 ms doubling
+ * per failure, capped at 2 s.  Pure. */
+uint32_t moonlet_store_node_backoff_ms(unsigned failures);
+
+#endif

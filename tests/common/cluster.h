@@ -1,0 +1,156 @@
+/*
+ * cluster.h - a loopback cluster for integration tests: a moonlet-master and
+ * moonlet-store processes on ephemeral ports (built on proc.h: every process
+ * is stopped by its own PID), plus the questions tests ask the master about
+ * it (segments mounted, replicas of a key) and bounded waiting.
+ */
+#ifndef MOONLET_TEST_CLUSTER_H
+#define MOONLET_TEST_CLUSTER_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "master_client.h"
+#include "proc.h"
+
+#define CL_MAX_ARGS 40
+
+/* Appends a NULL-terminated list of extra arguments to argv at *n. */
+static inline void cl_append(char **argv, int *n, const char *const *extra)
+{
+    for (; extra && *extra && *n < CL_MAX_ARGS - 1; extra++)
+        argv[(*n)++] = (char *)*extra;
+    argv[*n] = NULL;
+}
+
+/* moonlet-master on 127.0.0.1, port `port` ("0": ephemeral), 64 shards,
+ * quiet, plus `extra` flags. */
+static inline int cl_start_master_on(test_proc *m, const char *port, const char *const *extra)
+{
+    char *argv[CL_MAX_ARGS] = {"tools/moonlet-master", "--rpc-port", (char *)port, "--shards",
+                               "64", "--log-level", "warn"};
+    int n = 7;
+    cl_append(argv, &n, extra);
+    return proc_start(m, argv, 5000);
+}
+
+static inline int cl_start_master(test_proc *m, const char *const *extra)
+{
+    return cl_start_master_on(m, "0", extra);
+}
+
+/* moonlet-store over TCP on 127.0.0.1:0 with a segment of `size`, pinging
+ * every 100 ms (well inside a 1 s liveness TTL), plus `extra` flags. */
+static inline int cl_start_store(test_proc *s, const char *master, const char *size,
+                                 const char *const *extra)
+{
+    char *argv[CL_MAX_ARGS] = {"tools/moonlet-store", "--master", (char *)master,
+                               "--segment-size", (char *)size, "--protocol", "tcp",
+                               "--listen", "127.0.0.1:0", "--ping-interval-ms", "100",
+                               "--log-level", "warn"};
+    int n = 13;
+    cl_append(argv, &n, extra);
+    return proc_start(s, argv, 10000);
+}
+
+/* Mounted segments, or -1 when the master does not answer. */
+static inline int cl_segments(moonlet_master_client *mc)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_list_segments(mc, &j) != 0)
+        return -1;
+    int n = cJSON_GetArraySize(j);
+    cJSON_Delete(j);
+    return n;
+}
+
+/* The segment id mounted with data endpoint `endpoint` into buf ("" when none). */
+static inline void cl_segment_at(moonlet_master_client *mc, const char *endpoint, char *buf,
+                                 size_t cap)
+{
+    buf[0] = '\0';
+    cJSON *j = NULL, *s;
+    if (moonlet_mc_list_segments(mc, &j) != 0)
+        return;
+    cJSON_ArrayForEach(s, j) {
+        const char *ep = cJSON_GetStringValue(cJSON_GetObjectItem(s, "endpoint"));
+        const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(s, "segment_id"));
+        if (ep && id && strcmp(ep, endpoint) == 0)
+            snprintf(buf, cap, "%s", id);
+    }
+    cJSON_Delete(j);
+}
+
+/* replica_count of a key as the inspection RPC reports it; -1 when absent. */
+static inline int cl_replicas(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
+        return -1;
+    int n = (int)cJSON_GetObjectItem(j, "replica_count")->valuedouble;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* Polls `pred` every 20 ms until it holds or timeout_ms passed. */
+static inline bool cl_wait(bool (*pred)(void *), void *arg, int timeout_ms)
+{
+    long long deadline = proc_now_ms() + timeout_ms;
+    for (;;) {
+        if (pred(arg))
+            return true;
+        if (proc_now_ms() >= deadline)
+            return false;
+        usleep(20000);
+    }
+}
+
+/* Deterministic pseudo-random bytes (xorshift64*), different per seed. */
+static inline void cl_fill(void *buf, size_t len, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    unsigned char *p = buf;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        p[i] = (unsigned char)((x * 0x2545F4914F6CDD1Dull) >> 56);
+    }
+}
+
+/* Runs argv (path relative to the build root) with stdout and stderr sent to
+ * /dev/null; returns its exit code, or -1 when it had to be killed after
+ * timeout_ms. */
+static inline int cl_run_exit_code(char *const argv[], int timeout_ms)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", proc_build_root(), argv[0]);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execv(path, argv);
+        _exit(127);
+    }
+    long long deadline = proc_now_ms() + timeout_ms;
+    int status = 0;
+    while (proc_now_ms() < deadline) {
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        usleep(5000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+#endif

@@ -1,0 +1,701 @@
+/*
+ * Test of the public client (include/moonlet/client.h, store/client.c).
+ *
+ * The pure decisions (lease expiry, replica order, fall-over) are tested in
+ * isolation; everything else against real daemons on loopback: a master and
+ * two moonlet-store processes.  Round trips of every call, tenants, upsert,
+ * registered buffers and their errors, batches, BatchProbeKey policy
+ * passthrough (the K3 worked example), the RDMA staging path forced on TCP,
+ * a client with a local segment reading its own replica first, concurrent
+ * use, and a put whose write fails (a store killed just before) being
+ * revoked.  A second master with a 1 ms lease shows LEASE_EXPIRED; a third
+ * with an auth token shows the token guarding both the master and the data
+ * path.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "../common/cluster.h"
+#include "client_internal.h"
+#include "moonlet/client.h"
+#include "moonlet/error.h"
+#include "xfer.h"
+
+static test_proc g_master, g_a, g_b;
+static moonlet_master_client *g_mc;
+static moonlet_client *g_cli;
+
+static moonlet_client *new_client(const char *addr, const char *tenant, const char *token)
+{
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.default_tenant = tenant;
+    cfg.auth_token = token;
+    cfg.transfer_timeout_ms = 3000;
+    moonlet_client *c = NULL;
+    int rc = moonlet_client_create(&cfg, &c);
+    if (rc)
+        fail_msg("client_create: %s", moonlet_strerror(rc));
+    return c;
+}
+
+static int setup_cluster(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--client_live_ttl_sec", "2", NULL};
+    if (cl_start_master(&g_master, flags) || cl_start_store(&g_a, g_master.addr, "64MiB", NULL) ||
+        cl_start_store(&g_b, g_master.addr, "64MiB", NULL))
+        return -1;
+    if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
+        return -1;
+    g_cli = new_client(g_master.addr, NULL, NULL);
+    return 0;
+}
+
+static int teardown_cluster(void **state)
+{
+    (void)state;
+    moonlet_client_destroy(g_cli);
+    moonlet_mc_destroy(g_mc);
+    proc_stop(&g_a);
+    proc_stop(&g_b);
+    proc_stop(&g_master);
+    return 0;
+}
+
+static unsigned char *random_bytes(size_t len, uint64_t seed)
+{
+    unsigned char *p = malloc(len ? len : 1);
+    cl_fill(p, len, seed);
+    return p;
+}
+
+static void assert_get_equals(moonlet_client *c, const char *key, const char *tenant,
+                              const void *want, size_t size)
+{
+    unsigned char *got = malloc(size ? size : 1);
+    size_t len = 999;
+    int rc = moonlet_client_get(c, key, got, size, &len, tenant);
+    if (rc)
+        fail_msg("get %s: %s", key, moonlet_strerror(rc));
+    assert_int_equal(len, size);
+    assert_memory_equal(got, want, size);
+    free(got);
+}
+
+/* ---- pure decisions ----------------------------------------------------------- */
+
+static void test_lease_decision(void **state)
+{
+    (void)state;
+    const uint64_t ms = 1000000, t0 = 5000 * ms;
+    assert_false(moonlet_client_lease_expired(t0, 5, t0));
+    assert_false(moonlet_client_lease_expired(t0, 5, t0 + 5 * ms - 1));
+    assert_true(moonlet_client_lease_expired(t0, 5, t0 + 5 * ms)); /* deadline itself: gone */
+    assert_true(moonlet_client_lease_expired(t0, 5, t0 + 60 * ms));
+    assert_true(moonlet_client_lease_expired(t0, 0, t0));          /* a 0 ms lease protects nothing */
+    assert_false(moonlet_client_lease_expired(t0, UINT64_MAX, UINT64_MAX)); /* no overflow */
+    assert_false(moonlet_client_lease_expired(t0, 5, t0 - 1));     /* clock never runs back */
+}
+
+static void test_replica_order(void **state)
+{
+    (void)state;
+    moonlet_replica_desc r[3] = {{.endpoint = "10.0.0.1:7000"}, {.endpoint = "10.0.0.2:7000"},
+                                 {.endpoint = "10.0.0.3:7000"}};
+    uint32_t o[3];
+    assert_int_equal(moonlet_client_replica_order(r, 3, "10.0.0.2:7000", o), 3);
+    assert_int_equal(o[0], 1);
+    assert_int_equal(o[1], 0);
+    assert_int_equal(o[2], 2);
+    assert_int_equal(moonlet_client_replica_order(r, 3, "10.0.0.3:7000", o), 3);
+    assert_int_equal(o[0], 2);
+    assert_int_equal(o[1], 0);
+    assert_int_equal(o[2], 1);
+    const char *none[] = {NULL, "", "10.0.0.9:7000"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(moonlet_client_replica_order(r, 3, none[k], o), 3);
+        for (uint32_t i = 0; i < 3; i++)
+            assert_int_equal(o[i], i);
+    }
+    assert_int_equal(moonlet_client_replica_order(r, 0, "10.0.0.1:7000", o), 0);
+
+    assert_true(moonlet_client_try_next_replica(MOONLET_ERR_TRANSFER_FAIL));
+    assert_true(moonlet_client_try_next_replica(MOONLET_ERR_SEGMENT_NOT_FOUND));
+    assert_false(moonlet_client_try_next_replica(MOONLET_OK));
+    assert_false(moonlet_client_try_next_replica(MOONLET_ERR_OBJECT_NOT_FOUND));
+    assert_false(moonlet_client_try_next_replica(MOONLET_ERR_ILLEGAL_CLIENT));
+    assert_false(moonlet_client_try_next_replica(MOONLET_ERR_INVALID_PARAMS));
+}
+
+/* ---- create ---------------------------------------------------------------------- */
+
+static void test_create_errors(void **state)
+{
+    (void)state;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    moonlet_client *c = NULL;
+    assert_int_equal(moonlet_client_create(NULL, &c), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_INVALID_PARAMS);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = (moonlet_protocol)7;
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_INVALID_PARAMS);
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.master_addr = "127.0.0.1:1";
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_RPC_FAIL);
+    cfg.master_addr = "no-port";
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_INVALID_PARAMS);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_RDMA;
+    int rc = moonlet_client_create(&cfg, &c);
+    if (rc == MOONLET_OK) { /* a machine with an RDMA device */
+        assert_string_equal(moonlet_client_protocol(c), "rdma");
+        moonlet_client_destroy(c);
+    } else {
+        assert_int_equal(rc, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+    }
+    assert_string_equal(moonlet_client_protocol(g_cli), "tcp");
+    char ep[64];
+    assert_int_equal(moonlet_client_local_endpoint(g_cli, ep, sizeof(ep)),
+                     MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+    assert_string_equal(moonlet_strerror(MOONLET_ERR_LEASE_EXPIRED), "LEASE_EXPIRED");
+    moonlet_client_destroy(NULL);
+}
+
+/* ---- objects ---------------------------------------------------------------------- */
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, 1, 4096, (1u << 20) + 3};
+    for (size_t i = 0; i < 4; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "rt/%zu", sizes[i]);
+        unsigned char *data = random_bytes(sizes[i], i + 1);
+        assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL), MOONLET_OK);
+        assert_int_equal(cl_replicas(g_mc, NULL, key), 1); /* replica_num defaults to 1 */
+        assert_get_equals(g_cli, key, NULL, data, sizes[i]);
+        void *p = NULL;
+        size_t len = 7;
+        assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
+        assert_non_null(p);
+        assert_int_equal(len, sizes[i]);
+        assert_memory_equal(p, data, sizes[i]);
+        free(p);
+        uint64_t size = 1;
+        assert_int_equal(moonlet_client_get_size(g_cli, key, &size, NULL), MOONLET_OK);
+        assert_int_equal(size, sizes[i]);
+        bool ex = false;
+        assert_int_equal(moonlet_client_exist_key(g_cli, key, &ex, NULL), MOONLET_OK);
+        assert_true(ex);
+        assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL),
+                         MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+        free(data);
+    }
+    /* too small a buffer: nothing read, the size needed reported */
+    unsigned char small[100];
+    size_t len = 0;
+    assert_int_equal(moonlet_client_get(g_cli, "rt/4096", small, sizeof(small), &len, NULL),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(len, 4096);
+    /* absent keys */
+    void *p = (void *)1;
+    assert_int_equal(moonlet_client_get(g_cli, "rt/none", small, sizeof(small), &len, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_client_get_alloc(g_cli, "rt/none", &p, &len, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_null(p);
+    bool ex = true;
+    assert_int_equal(moonlet_client_probe_key(g_cli, "rt/none", &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+    /* remove: refused while leased (the gets above), done when not */
+    assert_int_equal(moonlet_client_remove(g_cli, "rt/1", NULL), MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_int_equal(moonlet_client_put(g_cli, "rt/unleased", "abc", 3, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_remove(g_cli, "rt/unleased", NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_remove(g_cli, "rt/unleased", NULL), MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_client_get(g_cli, "rt/unleased", small, sizeof(small), &len, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    /* bad arguments */
+    assert_int_equal(moonlet_client_put(g_cli, NULL, "x", 1, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_put(g_cli, "k", NULL, 1, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_put(g_cli, "", "x", 1, NULL), MOONLET_ERR_INVALID_KEY);
+    assert_int_equal(moonlet_client_get(g_cli, "k", NULL, 0, NULL, NULL), MOONLET_ERR_INVALID_PARAMS);
+    moonlet_put_options nine = {.replica_num = 9};
+    assert_int_equal(moonlet_client_put(g_cli, "k9", "x", 1, &nine), MOONLET_ERR_INVALID_PARAMS);
+}
+
+static void test_tenants(void **state)
+{
+    (void)state;
+    moonlet_client *other = new_client(g_master.addr, "tenant-b", NULL);
+    moonlet_put_options in_b = {.tenant = "tenant-b"};
+    assert_int_equal(moonlet_client_put(g_cli, "shared-name", "bbb", 3, &in_b), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(g_cli, "shared-name", "ddd", 3, NULL), MOONLET_OK);
+    assert_get_equals(g_cli, "shared-name", NULL, "ddd", 3);
+    assert_get_equals(g_cli, "shared-name", "tenant-b", "bbb", 3);
+    assert_get_equals(other, "shared-name", NULL, "bbb", 3); /* its default tenant */
+    assert_get_equals(other, "shared-name", "default", "ddd", 3);
+    int32_t r[1];
+    const char *k[] = {"shared-name"};
+    assert_int_equal(moonlet_client_batch_exist_key(other, k, 1, r, "nobody"), MOONLET_OK);
+    assert_int_equal(r[0], 0);
+    assert_int_equal(moonlet_client_put(other, "only-b", "x", 1, NULL), MOONLET_OK);
+    uint64_t removed = 0;
+    assert_int_equal(moonlet_client_remove_all(other, &removed, NULL), MOONLET_OK);
+    assert_int_equal(removed, 1); /* "shared-name" in tenant-b is leased */
+    moonlet_client_destroy(other);
+}
+
+static void test_upsert(void **state)
+{
+    (void)state;
+    assert_int_equal(moonlet_client_upsert(g_cli, "up", "first", 5, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_upsert(g_cli, "up", "second!", 7, NULL), MOONLET_OK);
+    assert_get_equals(g_cli, "up", NULL, "second!", 7); /* leases it */
+    assert_int_equal(moonlet_client_upsert(g_cli, "up", "third", 5, NULL),
+                     MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_get_equals(g_cli, "up", NULL, "second!", 7);
+}
+
+/* ---- registered buffers --------------------------------------------------------------- */
+
+static void test_registered_buffers(void **state)
+{
+    (void)state;
+    const size_t mb = 1u << 20;
+    unsigned char *src = random_bytes(2 * mb, 77);
+    unsigned char *dst = calloc(1, 2 * mb);
+    size_t len = 0;
+    /* unregistered memory is refused before anything happens */
+    assert_int_equal(moonlet_client_put_from(g_cli, "zc/a", src, mb, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_get_into(g_cli, "rt/4096", dst, mb, &len, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+    bool ex = true;
+    assert_int_equal(moonlet_client_probe_key(g_cli, "zc/a", &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+
+    assert_int_equal(moonlet_client_register_buffer(g_cli, src, 2 * mb), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, src, mb), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, NULL, mb), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, dst, 2 * mb), MOONLET_OK);
+
+    assert_int_equal(moonlet_client_put_from(g_cli, "zc/a", src, mb, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_put_from(g_cli, "zc/b", src + mb + 512, mb - 512, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_put_from(g_cli, "zc/c", src + mb + 1, mb, NULL),
+                     MOONLET_ERR_INVALID_PARAMS); /* runs past the registration */
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 2 * mb, &len, NULL), MOONLET_OK);
+    assert_int_equal(len, mb);
+    assert_memory_equal(dst, src, mb);
+    /* a destination smaller than the object */
+    len = 0;
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 1000, &len, NULL),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(len, mb);
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst + 2 * mb - 10, 20, &len, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+
+    /* batches: per-key results, the first error returned */
+    unsigned char *loose = malloc(64);
+    const char *pk[] = {"zc/p0", "zc/p1", "zc/p2", "zc/a"};
+    const void *pb[] = {src, src + 4096, loose, src};
+    const size_t pl[] = {4096, 8192, 64, 10};
+    int32_t pr[4];
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, pk, pb, pl, 4, NULL, pr),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(pr[0], MOONLET_OK);
+    assert_int_equal(pr[1], MOONLET_OK);
+    assert_int_equal(pr[2], MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(pr[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    const char *gk[] = {"zc/p0", "zc/p1", "zc/none", "zc/b"};
+    void *gb[] = {dst, dst + 4096, dst + 3 * 4096, dst + 4 * 4096};
+    const size_t gc[] = {4096, 8192, 4096, 100};
+    size_t gl[4];
+    int32_t gr[4];
+    memset(dst, 0, 2 * mb);
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, gk, gb, gc, 4, gl, gr, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(gr[0], MOONLET_OK);
+    assert_int_equal(gr[1], MOONLET_OK);
+    assert_int_equal(gr[2], MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(gr[3], MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(gl[0], 4096);
+    assert_int_equal(gl[1], 8192);
+    assert_int_equal(gl[3], mb - 512);
+    assert_memory_equal(dst, src, 4096);
+    assert_memory_equal(dst + 4096, src + 4096, 8192);
+    const char *ok_keys[] = {"zc/p0", "zc/p1"};
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, ok_keys, gb, gc, 2, gl, gr, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, NULL, gb, gc, 2, gl, gr, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_OK);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_put_from(g_cli, "zc/d", src, 10, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, dst), MOONLET_OK);
+    free(loose);
+    free(src);
+    free(dst);
+}
+
+/* ---- probes ---------------------------------------------------------------------------- */
+
+static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
+                                 "kda/256/r1", "kda/384/r0", "kda/384/r1"};
+
+static double lease_ms(const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
+        return -1;
+    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+static void test_batch_probe_policy(void **state)
+{
+    (void)state;
+    const char *t = "probe";
+    moonlet_put_options o = {.tenant = t};
+    unsigned char blob[4096];
+    cl_fill(blob, sizeof(blob), 3);
+    const int present[] = {0, 1, 3, 4}; /* 256 lacks r0, 384 lacks r1 */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(moonlet_client_put(g_cli, K3[present[i]], blob, sizeof(blob), &o), MOONLET_OK);
+    int32_t r[6];
+    assert_int_equal(moonlet_client_batch_probe_key(g_cli, MOONLET_GRANT_LEASE_POLICY_DEFAULT, K3,
+                                                    6, r, t), MOONLET_OK);
+    const int32_t want_none[] = {1, 1, 0, 1, 1, 0};
+    assert_memory_equal(r, want_none, sizeof(r));
+    for (int i = 0; i < 6; i++)
+        assert_true(lease_ms(t, K3[i]) <= 0);
+    moonlet_grant_lease_policy last = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
+    assert_int_equal(moonlet_client_batch_probe_key(g_cli, last, K3, 6, r, t), MOONLET_OK);
+    const int32_t want_last[] = {1, 1, 0, 0, 0, 0};
+    assert_memory_equal(r, want_last, sizeof(r));
+    assert_true(lease_ms(t, K3[0]) > 1000);
+    assert_true(lease_ms(t, K3[1]) > 1000);
+    assert_true(lease_ms(t, K3[3]) == 0);
+    assert_true(lease_ms(t, K3[4]) == 0);
+    /* invalid policies are the master's to judge, and come back unchanged */
+    moonlet_grant_lease_policy bad[] = {{MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 4},
+                                        {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 0}, {9, 2}};
+    for (int i = 0; i < 3; i++) {
+        memset(r, 0x55, sizeof(r));
+        assert_int_equal(moonlet_client_batch_probe_key(g_cli, bad[i], K3, 6, r, t), -600);
+    }
+    assert_true(lease_ms(t, K3[3]) == 0); /* nothing leased by the refused calls */
+    /* BatchExistKey leases every hit */
+    assert_int_equal(moonlet_client_batch_exist_key(g_cli, K3, 6, r, t), MOONLET_OK);
+    assert_memory_equal(r, want_none, sizeof(r));
+    assert_true(lease_ms(t, K3[4]) > 1000);
+    bool ex = false;
+    assert_int_equal(moonlet_client_probe_key(g_cli, K3[3], &ex, t), MOONLET_OK);
+    assert_true(ex);
+}
+
+/* ---- the staging path, local segment, concurrency --------------------------------------- */
+
+static void test_staging_path(void **state)
+{
+    (void)state;
+    moonlet_client_force_staging(g_cli, true);
+    const size_t sizes[] = {4096, (1u << 20) + 5};
+    for (int i = 0; i < 2; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "staged/%zu", sizes[i]);
+        unsigned char *data = random_bytes(sizes[i], 40 + (uint64_t)i);
+        assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL), MOONLET_OK);
+        assert_get_equals(g_cli, key, NULL, data, sizes[i]);
+        void *p;
+        size_t len;
+        assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
+        assert_memory_equal(p, data, sizes[i]);
+        free(p);
+        free(data);
+    }
+    /* memory already registered is used as is */
+    unsigned char *reg = random_bytes(8192, 9);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, reg, 8192), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(g_cli, "staged/reg", reg, 8192, NULL), MOONLET_OK);
+    assert_get_equals(g_cli, "staged/reg", NULL, reg, 8192);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, reg), MOONLET_OK);
+    free(reg);
+    moonlet_client_force_staging(g_cli, false);
+}
+
+static void test_local_segment(void **state)
+{
+    (void)state;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.local_segment_size = 8u << 20;
+    cfg.transfer_timeout_ms = 3000;
+    moonlet_client *c;
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
+    char own[128];
+    assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof(own)), MOONLET_OK);
+    assert_int_equal(moonlet_client_local_endpoint(c, own, 4), MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(cl_segments(g_mc), 3);
+    unsigned char *data = random_bytes(1u << 20, 55);
+    moonlet_put_options three = {.replica_num = 3};
+    assert_int_equal(moonlet_client_put(c, "local/k", data, 1u << 20, &three), MOONLET_OK);
+    /* With both store processes frozen, only the local replica can answer:
+     * a quick, correct read proves it was tried first. */
+    assert_int_equal(kill(g_a.pid, SIGSTOP), 0);
+    assert_int_equal(kill(g_b.pid, SIGSTOP), 0);
+    unsigned char *got = malloc(1u << 20);
+    size_t len = 0;
+    long long t0 = proc_now_ms();
+    int rc = moonlet_client_get(c, "local/k", got, 1u << 20, &len, NULL);
+    long long took = proc_now_ms() - t0;
+    kill(g_a.pid, SIGCONT);
+    kill(g_b.pid, SIGCONT);
+    assert_int_equal(rc, MOONLET_OK);
+    assert_true(took < 1000);
+    assert_memory_equal(got, data, 1u << 20);
+    /* the pure client reads it too */
+    assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
+    moonlet_client_destroy(c);
+    assert_int_equal(cl_segments(g_mc), 2); /* destroy unmounted it */
+    assert_int_equal(cl_replicas(g_mc, NULL, "local/k"), 2);
+    assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
+    free(got);
+    free(data);
+}
+
+static void *hammer(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    intptr_t bad = 0;
+    unsigned char *data = random_bytes(65536, 100 + (uint64_t)id), *got = malloc(65536);
+    for (int i = 0; i < 40; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "conc/%d/%d", id, i);
+        data[0] = (unsigned char)i;
+        size_t len = 0;
+        bad += moonlet_client_put(g_cli, key, data, 65536, NULL) != MOONLET_OK;
+        bad += moonlet_client_get(g_cli, key, got, 65536, &len, NULL) != MOONLET_OK;
+        bad += len != 65536 || memcmp(got, data, 65536) != 0;
+    }
+    free(data);
+    free(got);
+    return (void *)bad;
+}
+
+static void test_concurrent_use(void **state)
+{
+    (void)state;
+    pthread_t th[4];
+    intptr_t bad = 0;
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, hammer, (void *)(intptr_t)i);
+    for (int i = 0; i < 4; i++) { /* join all before asserting: the client outlives them */
+        void *ret;
+        pthread_join(th[i], &ret);
+        bad += (intptr_t)ret;
+    }
+    assert_int_equal(bad, 0);
+}
+
+/* ---- a failed write revokes the put ------------------------------------------------------ */
+
+static double stat_of(const char *name)
+{
+    cJSON *j = NULL;
+    assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
+    double v = cJSON_GetObjectItem(j, name)->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+static void assert_not_there(const char *key)
+{
+    unsigned char buf[16];
+    size_t len;
+    bool ex = true;
+    assert_int_equal(moonlet_client_get(g_cli, key, buf, sizeof(buf), &len, NULL),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_client_exist_key(g_cli, key, &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+    assert_int_equal(cl_replicas(g_mc, NULL, key), -1);
+    cJSON *j = NULL;
+    assert_int_equal(moonlet_mc_list_keys(g_mc, NULL, key, "", 100, &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "keys")), 0);
+    cJSON_Delete(j);
+}
+
+static void test_put_revoked_when_write_fails(void **state)
+{
+    (void)state;
+    double revokes = stat_of("put_revokes");
+    /* B dies; for the next two seconds (the liveness TTL) the master still
+     * places replicas on it, so PutStart succeeds and B's write fails. */
+    assert_int_equal(proc_stop_sig(&g_b, SIGKILL, 3000), 128 + SIGKILL);
+    unsigned char data[4096];
+    cl_fill(data, sizeof(data), 8);
+    moonlet_put_options two = {.replica_num = 2};
+    assert_int_equal(moonlet_client_put(g_cli, "revoked", data, sizeof(data), &two),
+                     MOONLET_ERR_TRANSFER_FAIL);
+    assert_not_there("revoked");
+    assert_true(stat_of("put_revokes") >= revokes + 1);
+
+    /* the batch form revokes per key, and says which */
+    assert_int_equal(moonlet_client_register_buffer(g_cli, data, sizeof(data)), MOONLET_OK);
+    const char *keys[] = {"revoked/b0", "revoked/b1"};
+    const void *bufs[] = {data, data + 100};
+    const size_t lens[] = {100, 200};
+    int32_t res[2];
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, bufs, lens, 2, &two, res),
+                     MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(res[0], MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(res[1], MOONLET_ERR_TRANSFER_FAIL);
+    assert_not_there("revoked/b0");
+    assert_not_there("revoked/b1");
+    assert_true(stat_of("put_revokes") >= revokes + 3);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, data), MOONLET_OK);
+}
+
+/* ---- leases that run out ------------------------------------------------------------------ */
+
+static test_proc g_lmaster, g_lstore;
+
+static int setup_short_lease(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--default_kv_lease_ttl", "1", NULL};
+    if (cl_start_master(&g_lmaster, flags) || cl_start_store(&g_lstore, g_lmaster.addr, "96MiB", NULL))
+        return -1;
+    return 0;
+}
+
+static int teardown_short_lease(void **state)
+{
+    (void)state;
+    proc_stop(&g_lstore);
+    proc_stop(&g_lmaster);
+    return 0;
+}
+
+/* A 1 ms lease cannot outlast a 32 MiB read: the bytes must not be returned. */
+static void test_lease_expired(void **state)
+{
+    (void)state;
+    moonlet_client *c = new_client(g_lmaster.addr, NULL, NULL);
+    const size_t big = 32u << 20;
+    unsigned char *data = random_bytes(big, 11), *got = malloc(big);
+    assert_int_equal(moonlet_client_put(c, "big", data, big, NULL), MOONLET_OK);
+    size_t len = 0;
+    assert_int_equal(moonlet_client_get(c, "big", got, big, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    void *p = (void *)1;
+    assert_int_equal(moonlet_client_get_alloc(c, "big", &p, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    assert_null(p);
+    assert_int_equal(moonlet_client_register_buffer(c, got, big), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(c, "big", got, big, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    const char *keys[] = {"big"};
+    void *bufs[] = {got};
+    size_t caps[] = {big}, lens[1];
+    int32_t res[1];
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, bufs, caps, 1, lens, res, NULL),
+                     MOONLET_ERR_LEASE_EXPIRED);
+    assert_int_equal(res[0], MOONLET_ERR_LEASE_EXPIRED);
+    assert_int_equal(lens[0], big);
+    /* an empty object has no bytes a reclaimed lease could change */
+    assert_int_equal(moonlet_client_put(c, "empty", "", 0, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, "empty", NULL, 0, &len, NULL), MOONLET_OK);
+    assert_int_equal(len, 0);
+    moonlet_client_destroy(c);
+    free(data);
+    free(got);
+}
+
+/* ---- the auth token guards both paths ---------------------------------------------------- */
+
+static void test_auth_token(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/moonlet-client-token-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "t0ken\n", 6), 6);
+    close(fd);
+    const char *const flags[] = {"--auth-token-file", path, NULL};
+    test_proc m, s;
+    assert_int_equal(cl_start_master(&m, flags), 0);
+    assert_int_equal(cl_start_store(&s, m.addr, "8MiB", flags), 0);
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = m.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client *c = NULL;
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    cfg.auth_token = "wrong";
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    c = new_client(m.addr, NULL, "t0ken");
+    unsigned char *data = random_bytes(1u << 20, 21);
+    assert_int_equal(moonlet_client_put(c, "secret", data, 1u << 20, NULL), MOONLET_OK);
+    assert_get_equals(c, "secret", NULL, data, 1u << 20);
+    /* the store's data endpoint refuses a peer without the token */
+    moonlet_replica_list l;
+    moonlet_master_client_opts mo = {.auth_token = "t0ken"};
+    moonlet_master_client *mc;
+    assert_int_equal(moonlet_mc_create(m.addr, &mo, &mc), MOONLET_OK);
+    assert_int_equal(moonlet_mc_get_replica_list(mc, NULL, "secret", &l), MOONLET_OK);
+    moonlet_xfer_opts xo = {.protocol = MOONLET_XFER_TCP, .timeout_ms = 2000};
+    moonlet_xfer *x;
+    assert_int_equal(moonlet_xfer_create(&xo, &x), MOONLET_OK);
+    unsigned char buf[64];
+    assert_int_equal(moonlet_xfer_read(x, l.replicas[0].endpoint, l.replicas[0].segment_id,
+                                       l.replicas[0].offset, buf, sizeof(buf)),
+                     MOONLET_ERR_ILLEGAL_CLIENT);
+    moonlet_xfer_destroy(x);
+    moonlet_replica_list_free(&l);
+    moonlet_mc_destroy(mc);
+    moonlet_client_destroy(c);
+    free(data);
+    assert_int_equal(proc_stop(&s), 0);
+    assert_int_equal(proc_stop(&m), 0);
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest pure[] = {
+        cmocka_unit_test(test_lease_decision),
+        cmocka_unit_test(test_replica_order),
+    };
+    const struct CMUnitTest cluster[] = {
+        cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_tenants),
+        cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_batch_probe_policy),
+        cmocka_unit_test(test_staging_path),
+        cmocka_unit_test(test_local_segment),
+        cmocka_unit_test(test_concurrent_use),
+        cmocka_unit_test(test_put_revoked_when_write_fails), /* last: kills a store */
+    };
+    const struct CMUnitTest lease[] = {
+        cmocka_unit_test(test_lease_expired),
+    };
+    const struct CMUnitTest auth[] = {
+        cmocka_unit_test(test_auth_token),
+    };
+    int failed = cmocka_run_group_tests_name("client_pure", pure, NULL, NULL);
+    failed += cmocka_run_group_tests_name("client", cluster, setup_cluster, teardown_cluster);
+    failed += cmocka_run_group_tests_name("client_lease", lease, setup_short_lease,
+                                          teardown_short_lease);
+    failed += cmocka_run_group_tests_name("client_auth", auth, NULL, NULL);
+    return failed;
+}

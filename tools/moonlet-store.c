@@ -1,0 +1,247 @@
+/*
+ * moonlet-store - the store node daemon.
+ *
+ * Parses flags into a moonlet_store_node_config, creates the node (segment
+ * allocated, served, registered and mounted - store/store_node.c does all of
+ * it), prints "listening on HOST:PORT" (the data endpoint) once mounted, and
+ * heartbeats until SIGTERM or SIGINT, after which the node unmounts and the
+ * process exits 0.  Exit code 2: bad flags; 1: the node could not start.
+ * Signals are taken by one thread with sigwait(); no other thread sees them.
+ * Takes no locks of its own (the node's are described in store_node.c).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytesize.h"
+#include "log.h"
+#include "moonlet/error.h"
+#include "moonlet_config.h"
+#include "segment_mem.h"
+#include "store_node.h"
+#include "token.h"
+
+#define PROG "moonlet-store"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: " PROG " --master HOST:PORT [options]\n"
+            "\n"
+            "  --master HOST:PORT        the master's RPC address (required)\n"
+            "  --segment-size SIZE       memory contributed, e.g. 1GiB, 64MiB, 1048576 (default 1GiB)\n"
+            "  --protocol P              auto|tcp|rdma (default auto: rdma when a device is active)\n"
+            "  --listen HOST:PORT        data endpoint to serve on (default 127.0.0.1:0; 0 = any port;\n"
+            "                            for rdma an address on the RDMA device)\n"
+            "  --device NAME             RDMA device, e.g. mlx5_0 (default: first active)\n"
+            "  --numa-node N|auto        NUMA node of the segment (default auto: the device's node)\n"
+            "  --client-id ID            this node's id on the master (default store-<host>-<random>)\n"
+            "  --auth-token-file PATH    shared token for the master and the data endpoint\n"
+            "  --ping-interval-ms N      heartbeat period (default 1000)\n"
+            "  --log-level LEVEL         error|warn|info|debug (default info)\n"
+            "  --help, --version\n");
+}
+
+static int bad_flag(const char *flag, const char *why, const char *value)
+{
+    fprintf(stderr, PROG ": %s: %s: '%s'\n", flag, why, value);
+    return 1;
+}
+
+/* HOST:PORT with a non-empty host and a decimal port (>= min_port). */
+static int check_hostport(const char *flag, const char *s, unsigned min_port)
+{
+    const char *colon = strrchr(s, ':');
+    if (!colon || colon == s || !colon[1] || strlen(colon + 1) > 5)
+        return bad_flag(flag, "expected HOST:PORT", s);
+    unsigned long port = 0;
+    for (const char *p = colon + 1; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return bad_flag(flag, "expected HOST:PORT", s);
+        port = port * 10 + (unsigned long)(*p - '0');
+    }
+    if (port < min_port || port > 65535)
+        return bad_flag(flag, "port out of range", s);
+    return 0;
+}
+
+static int parse_uint(const char *flag, const char *s, unsigned long min, unsigned long max,
+                      unsigned long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-' || s[0] == '+' || s[0] == ' ' || v < min ||
+        v > max) {
+        fprintf(stderr, PROG ": %s: expected an integer in [%lu, %lu]: '%s'\n", flag, min, max, s);
+        return 1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    if (moonlet_bytesize_parse(s, out))
+        return bad_flag("--segment-size", "expected a size such as 1GiB, 64MiB or bytes", s);
+    if (*out < MOONLET_STORE_NODE_MIN_SEGMENT)
+        return bad_flag("--segment-size", "must be at least 1MiB", s);
+    return 0;
+}
+
+static int parse_numa(const char *s, int *out)
+{
+    unsigned long v;
+    if (strcmp(s, "auto") == 0) {
+        *out = MOONLET_SEGMENT_MEM_NODE_AUTO;
+        return 0;
+    }
+    if (parse_uint("--numa-node", s, 0, 1023, &v))
+        return 1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_log_level(const char *s)
+{
+    int lvl = moonlet_log_parse_level(s);
+    if (lvl < 0)
+        return bad_flag("--log-level", "unknown level", s);
+    moonlet_log_set_level(lvl);
+    return 0;
+}
+
+enum {
+    O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
+    O_LOG, O_HELP, O_VERSION
+};
+
+static const struct option g_opts[] = {
+    {"master", required_argument, 0, O_MASTER},
+    {"segment-size", required_argument, 0, O_SIZE},
+    {"protocol", required_argument, 0, O_PROTO},
+    {"listen", required_argument, 0, O_LISTEN},
+    {"device", required_argument, 0, O_DEVICE},
+    {"numa-node", required_argument, 0, O_NUMA},
+    {"client-id", required_argument, 0, O_CLIENT},
+    {"auth-token-file", required_argument, 0, O_TOKEN},
+    {"ping-interval-ms", required_argument, 0, O_PING},
+    {"log-level", required_argument, 0, O_LOG},
+    {"help", no_argument, 0, O_HELP},
+    {"version", no_argument, 0, O_VERSION},
+    {0, 0, 0, 0},
+};
+
+/* Returns 0 to run, 2 on bad flags, -1 after --help / --version (exit 0). */
+static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
+                       const char **token_file)
+{
+    unsigned long v;
+    int c, bad = 0;
+    opterr = 0;
+    while (!bad && (c = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
+        switch (c) {
+        case O_MASTER: cfg->master_addr = optarg; bad = check_hostport("--master", optarg, 1); break;
+        case O_SIZE: bad = parse_size(optarg, &cfg->segment_size); break;
+        case O_PROTO:
+            bad = moonlet_xfer_parse_protocol(optarg, &cfg->protocol) != MOONLET_OK &&
+                  bad_flag("--protocol", "expected auto, tcp or rdma", optarg);
+            break;
+        case O_LISTEN: cfg->listen_addr = optarg; bad = check_hostport("--listen", optarg, 0); break;
+        case O_DEVICE: cfg->device = optarg; break;
+        case O_NUMA: bad = parse_numa(optarg, &cfg->numa_node); break;
+        case O_CLIENT:
+            cfg->client_id = optarg;
+            bad = (!*optarg || strlen(optarg) > MOONLET_MAX_ID_BYTES) &&
+                  bad_flag("--client-id", "must be 1..255 bytes", optarg);
+            break;
+        case O_TOKEN: *token_file = optarg; break;
+        case O_PING:
+            bad = parse_uint("--ping-interval-ms", optarg, 1, 600000, &v);
+            cfg->ping_interval_ms = (uint32_t)v;
+            break;
+        case O_LOG: bad = parse_log_level(optarg); break;
+        case O_HELP: usage(stdout); return -1;
+        case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
+        default:
+            fprintf(stderr, PROG ": unknown or incomplete option '%s'\n", argv[optind - 1]);
+            bad = 1;
+            break;
+        }
+    }
+    if (!bad && optind < argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+        bad = 1;
+    }
+    if (!bad && !cfg->master_addr) {
+        fprintf(stderr, PROG ": --master HOST:PORT is required\n");
+        bad = 1;
+    }
+    if (bad) {
+        usage(stderr);
+        return 2;
+    }
+    return 0;
+}
+
+static void *signal_thread(void *arg)
+{
+    moonlet_store_node *n = arg;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    sigwait(&set, &sig);
+    ML_INFO("store", "signal %d: unmounting and shutting down", sig);
+    moonlet_store_node_stop(n);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    moonlet_store_node_config cfg;
+    moonlet_store_node_config_default(&cfg);
+    cfg.segment_size = UINT64_C(1) << 30;
+    const char *token_file = NULL;
+    int rc = parse_flags(argc, argv, &cfg, &token_file);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    char *token = NULL;
+    if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
+        return 2;
+    cfg.auth_token = token;
+
+    /* Blocked before any thread exists, so every thread inherits the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    moonlet_store_node *node;
+    rc = moonlet_store_node_create(&cfg, &node);
+    if (rc) {
+        moonlet_token_free(token);
+        return 1;
+    }
+    printf("listening on %s\n", moonlet_store_node_endpoint(node));
+    fflush(stdout);
+    pthread_t sig_th;
+    if (pthread_create(&sig_th, NULL, signal_thread, node) != 0) {
+        ML_ERR("store", "cannot start the signal thread");
+        moonlet_store_node_destroy(node);
+        moonlet_token_free(token);
+        return 1;
+    }
+    moonlet_store_node_run(node);
+    pthread_join(sig_th, NULL);
+    moonlet_store_node_destroy(node);
+    moonlet_token_free(token);
+    return 0;
+}
