@@ -232,6 +232,8 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
 /* Unmounts every segment of clients not heard from within the liveness TTL. */
 void liveness_check(moonlet_master *m);
 double registry_usage(moonlet_master *m);
+/* Number of mounted segments (takes registry.mu). */
+uint32_t registry_mounted(moonlet_master *m);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */

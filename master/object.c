@@ -134,7 +134,10 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
     if (rc)
         return rc;
     rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
-    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && evict_pass(m, m->cfg.eviction_ratio) > 0)
+    /* Eviction frees space, not segments: with fewer mounted segments than
+     * replicas asked for, evicting would only lose objects. */
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && registry_mounted(m) >= replica_num &&
+        evict_pass(m, m->cfg.eviction_ratio) > 0)
         rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
     return rc;
 }

@@ -338,6 +338,14 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->status = rp->status;
 }
 
+uint32_t registry_mounted(moonlet_master *m)
+{
+    pthread_mutex_lock(&m->reg.mu);
+    uint32_t n = m->reg.nmounted;
+    pthread_mutex_unlock(&m->reg.mu);
+    return n;
+}
+
 double registry_usage(moonlet_master *m)
 {
     uint64_t cap = atomic_load(&m->reg.capacity);
