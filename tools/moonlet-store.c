@@ -7,6 +7,8 @@
  * heartbeats until SIGTERM or SIGINT, after which the node unmounts and the
  * process exits 0.  Exit code 2: bad flags; 1: the node could not start.
  * Signals are taken by one thread with sigwait(); no other thread sees them.
+ * Takes no locks of its own (the node's are described in store_node.c, the
+ * RealClient's in real_client.c).
  *
  * With --serve-dummy PATH the process is a RealClient
  * (include/moonlet/real_client.h): the node's segment becomes the local

@@ -184,7 +184,12 @@ void moonlet_client_destroy(moonlet_client *c);
  *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
  *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written (the
  *                          put was revoked: nothing readable remains)
+ *   OBJECT_NOT_FOUND       every store node holding a replica left the
+ *                          cluster while the put ran (nothing was stored)
  *   INVALID_KEY, INVALID_PARAMS (replica_num above the master's limit)
+ * When PutEnd itself fails (RPC_FAIL / RPC_TIMEOUT) the put is revoked, but
+ * the master may have sealed it before the connection broke: a retry may
+ * then find OBJECT_ALREADY_EXISTS with the object complete.
  * On RDMA the bytes are staged through a registered buffer of the client;
  * put_from() avoids that copy.  Blocks; thread safe.
  */
