@@ -429,9 +429,12 @@ static void test_shared_and_registered(void **state)
     (void)state;
     moonlet_client *c = new_dummy(g_sock, 256 * 1024, 20000, NULL);
     pid_t me = getpid();
-    maps_wait w = {g_real.pid, me, 0};
-    int before = regions_mapped_by(g_real.pid, me);
-    assert_true(before >= 2); /* staging of g_dc and of c, at least */
+    /* the staging regions of g_dc (used by one thread so far: one
+     * connection) and of c; connections closed by earlier tests are unmapped
+     * as the RealClient sees them close, so wait for that */
+    const int before = 2;
+    maps_wait w = {g_real.pid, me, before};
+    assert_true(cl_wait(maps_reached, &w, 3000));
 
     unsigned char *sh = NULL;
     assert_int_equal(moonlet_client_alloc_shared(c, 0, (void **)&sh), MOONLET_ERR_INVALID_PARAMS);
@@ -1010,8 +1013,13 @@ static void test_real_client_killed(void **state)
     slow_call s = {.c = new_dummy(path, 0, 8000, NULL), .buf = malloc(64 * MiB)};
     assert_get_equals(s.c, "kill/64m", NULL, data, 64 * MiB); /* it serves */
 
-    /* stopped: no answer within the DummyClient's timeout */
+    /* stopped: no answer within the DummyClient's timeout.  kill() only
+     * starts the group stop; waitpid(WUNTRACED) returns once every thread of
+     * the RealClient has stopped. */
     kill(b.pid, SIGSTOP);
+    int st = 0;
+    assert_int_equal(waitpid(b.pid, &st, WUNTRACED), b.pid);
+    assert_true(WIFSTOPPED(st));
     bool yes;
     long long t0 = proc_now_ms();
     assert_int_equal(moonlet_client_exist_key(quick, "kill/64m", &yes, NULL),
