@@ -152,6 +152,31 @@ class Store(_moonlet.Client):
                       replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)
         return self
 
+    @classmethod
+    def connect_dummy(cls, socket_path, *, default_tenant=None, rpc_timeout_ms=0,
+                      staging_bytes=0, max_connections=0):
+        """Connects through the RealClient serving on socket_path (a DummyClient).
+
+        A RealClient is a moonlet-store started with --serve-dummy PATH; it
+        runs the one real client of the host and makes every call of this
+        Store on it, with object bytes in shared memory.  The API is the same
+        as a direct Store's; local_endpoint is None (the RealClient holds the
+        segment).
+
+        default_tenant:  tenant of calls without tenant_id (None: the
+                         RealClient's default).
+        rpc_timeout_ms:  longest wait for one RealClient answer (0: 30000).
+        staging_bytes:   shared staging memory per connection (0: 64 MiB).
+        max_connections: calls that may run at once (0: 4).
+
+        Raises StoreError: RPC_FAIL (-900) when nothing listens on the path,
+        INVALID_PARAMS (-600) for a path too long for a unix socket.
+        """
+        self = cls.__new__(cls)
+        self._connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes,
+                            max_connections)
+        return self
+
     def inspect(self, key, *, tenant_id=None):
         """What the master holds for key, as a dict (the master's InspectKey).
 

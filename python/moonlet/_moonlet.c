@@ -381,6 +381,9 @@ static void ml_connected(ClientObject *self, ml_kind kind, PyObject *target, con
     self->kind = kind;
     Py_INCREF(target);
     Py_SETREF(self->target, target);
+    /* A DummyClient without a tenant uses its RealClient's default, unknown here. */
+    if (!tenant && kind == ML_KIND_DUMMY)
+        return;
     PyObject *t = PyUnicode_FromString(tenant ? tenant : MOONLET_DEFAULT_TENANT);
     if (t)
         Py_SETREF(self->tenant, t);
@@ -445,6 +448,43 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
         return ml_raise(rc, "connect", NULL);
     self->client = c;
     ml_connected(self, ML_KIND_DIRECT, addr_obj, cfg.default_tenant);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(connect_dummy_doc,
+"_connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes, max_connections)\n"
+"--\n\n"
+"Connects this unconnected object to a RealClient (moonlet_client_create_dummy).\n"
+"Use moonlet.Store.connect_dummy() instead.");
+
+static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"socket_path", "default_tenant", "rpc_timeout_ms", "staging_bytes",
+                          "max_connections", NULL};
+    PyObject *path_obj;
+    const char *path;
+    moonlet_dummy_config cfg;
+    moonlet_dummy_config_init(&cfg);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&:_connect_dummy", kwl, &path_obj,
+                                     conv_opt_str, &cfg.default_tenant, conv_u32,
+                                     &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,
+                                     &cfg.max_connections))
+        return NULL;
+    if (!conv_tenant(path_obj, &path))
+        return NULL;
+    if (self->client || self->kind != ML_KIND_NONE) {
+        PyErr_SetString(PyExc_RuntimeError, "already connected");
+        return NULL;
+    }
+    moonlet_client *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = moonlet_client_create_dummy(path, &cfg, &c);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return ml_raise(rc, "connect_dummy", NULL);
+    self->client = c;
+    ml_connected(self, ML_KIND_DUMMY, path_obj, cfg.default_tenant);
     Py_RETURN_NONE;
 }
 
@@ -550,6 +590,25 @@ static PyObject *Client_remove_all(ClientObject *self, PyObject *args, PyObject 
     if (rc)
         return ml_raise(rc, "remove_all", NULL);
     return PyLong_FromUnsignedLongLong(n);
+}
+
+/* The master's InspectKey of a key as the JSON text of the C API; moonlet.Store.inspect()
+ * turns it into a dict. */
+static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_inspect_json", kwl, conv_key, &key,
+                                     conv_tenant, &tenant))
+        return NULL;
+    char *json = NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_inspect_key(c, key, tenant, &json));
+    if (rc)
+        return ml_raise(rc, "inspect", NULL);
+    PyObject *out = PyUnicode_FromString(json);
+    free(json);
+    return out;
 }
 
 /* ---- existence and probes ---------------------------------------------------------------- */
@@ -910,6 +969,12 @@ static PyObject *Client_get_tenant(ClientObject *self, void *closure)
 
 static PyMethodDef Client_methods[] = {
     {"_connect", ML_KW(Client_connect), METH_VARARGS | METH_KEYWORDS, connect_doc},
+    {"_connect_dummy", ML_KW(Client_connect_dummy), METH_VARARGS | METH_KEYWORDS,
+     connect_dummy_doc},
+    {"_inspect_json", ML_KW(Client_inspect_json), METH_VARARGS | METH_KEYWORDS,
+     "_inspect_json(key, *, tenant_id=None) -> str\n--\n\n"
+     "The master's InspectKey result as JSON (moonlet_client_inspect_key); never leases.  "
+     "moonlet.Store.inspect() parses it."},
     {"close", (PyCFunction)Client_close, METH_NOARGS,
      "close()\n--\n\nDisconnects and frees the client; waits for calls in flight on other "
      "threads.  Buffers registered with it are unregistered (the memory stays yours).  "
@@ -999,7 +1064,8 @@ static PyGetSetDef Client_getset[] = {
     {"target", (getter)Client_get_target, NULL,
      "The master address or RealClient socket path connected to.", NULL},
     {"default_tenant", (getter)Client_get_tenant, NULL,
-     "Tenant of calls that pass no tenant_id.", NULL},
+     "Tenant of calls that pass no tenant_id (None: a DummyClient's RealClient decides).",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
