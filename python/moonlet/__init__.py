@@ -28,10 +28,12 @@ __path__ = extend_path(__path__, __name__)
 from .errors import StoreError  # noqa: E402  (before the extension, which imports it)
 from . import _moonlet  # noqa: E402
 
-__all__ = ["Store", "StoreError", "GrantLeasePolicy", "ProbeLeaseMode", "strerror"]
+__all__ = ["Store", "StoreError", "GrantLeasePolicy", "ProbeLeaseMode", "SharedBuffer",
+           "strerror"]
 __version__ = "0.1.0"
 
 strerror = _moonlet.strerror
+SharedBuffer = _moonlet.SharedBuffer
 
 
 class ProbeLeaseMode(enum.IntEnum):

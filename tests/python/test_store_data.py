@@ -164,6 +164,47 @@ def test_zero_copy_through_registered_buffers(store):
         store.unregister_buffer(dst_addr)
 
 
+def test_shared_buffers_need_no_registration_and_no_copy(store):
+    n = 2 * MIB + 5
+    data = payload(n, 11)
+    with store.alloc_buffer(n) as src, store.alloc_buffer(4 * MIB) as dst:
+        assert isinstance(src, moonlet.SharedBuffer) and src.size == n and len(src) == n
+        view = memoryview(src)
+        assert not view.readonly and bytes(view[:8]) == bytes(8)  # zeroed
+        view[:] = data
+        view.release()
+        store.put_from("sh/a", src.address, n)
+        assert store.get("sh/a") == data
+        assert store.get_into("sh/a", dst.address, dst.size) == n
+        with memoryview(dst) as dv:
+            assert dv[:n] == data
+        store.batch_put_from(["sh/b", "sh/c"], [src.address, src.address + 100], [100, 1000])
+        assert store.batch_get_into(["sh/b", "sh/c"], [dst.address, dst.address + 100],
+                                    [100, 1000]) == [100, 1000]
+        with memoryview(dst) as dv:
+            assert dv[:1100] == data[:100] + data[100:1100]
+        held = memoryview(src)
+        with pytest.raises(BufferError):
+            src.free()
+        with pytest.raises(BufferError):
+            store.close()  # would free memory a view still reaches
+        assert not store.closed
+        held.release()
+        assert "address=" in repr(src)
+    assert src.freed and dst.freed and src.size == 0 and "freed" in repr(src)
+    src.free()  # again: nothing
+    with pytest.raises(ValueError):
+        memoryview(src)
+    with pytest.raises(ValueError):
+        src.address
+    # the store's close() frees what is left
+    left = store.alloc_buffer(4096)
+    store.close()
+    assert left.freed
+    with pytest.raises(moonlet.StoreError):
+        store.alloc_buffer(10)
+
+
 def test_zero_copy_errors_for_unregistered_memory(store):
     buf = c_buffer(b"z" * 8192)
     addr = ctypes.addressof(buf)
