@@ -41,8 +41,11 @@ class Daemon:
     def __init__(self, argv, ready, timeout=15.0):
         self.argv = argv
         self.stderr = tempfile.TemporaryFile()
+        # Under AddressSanitizer the test interpreter preloads the shared
+        # runtime for the extension; the daemons link their own.
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=env)
         self._buf = b""
         self.lines = []
         deadline = time.monotonic() + timeout
