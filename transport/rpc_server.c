@@ -993,8 +993,10 @@ int moonlet_rpc_server_start(moonlet_rpc_server *s)
     if (pthread_create(&s->acceptor, NULL, acceptor_main, s) != 0)
         goto fail;
     s->acceptor_started = true;
-    ML_INFO(MOD, "serving on %s%s%u with %d loop threads", s->unix_path ? s->unix_path : "port",
-            s->unix_path ? "" : " ", s->unix_path ? 0u : (unsigned)s->port, s->nloops);
+    if (s->unix_path)
+        ML_INFO(MOD, "serving on %s with %d loop threads", s->unix_path, s->nloops);
+    else
+        ML_INFO(MOD, "serving on port %u with %d loop threads", (unsigned)s->port, s->nloops);
     return 0;
 fail:
     ML_ERR(MOD, "cannot start server threads");
