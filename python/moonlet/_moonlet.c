@@ -1144,10 +1144,13 @@ static PyTypeObject SharedType = {
 static PyObject *Client_get_protocol(ClientObject *self, void *closure)
 {
     const char *p = NULL;
-    pthread_rwlock_rdlock(&self->lock); /* never blocks for long: close holds it briefly */
+    /* without the GIL: a close() waiting for calls in flight holds readers off */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&self->lock);
     if (self->client)
         p = moonlet_client_protocol(self->client);
     pthread_rwlock_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
     if (!p)
         Py_RETURN_NONE;
     return PyUnicode_FromString(p);
@@ -1156,11 +1159,8 @@ static PyObject *Client_get_protocol(ClientObject *self, void *closure)
 static PyObject *Client_get_local_endpoint(ClientObject *self, void *closure)
 {
     char buf[MOONLET_MAX_ENDPOINT_BYTES + 1];
-    int rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
-    pthread_rwlock_rdlock(&self->lock);
-    if (self->client)
-        rc = moonlet_client_local_endpoint(self->client, buf, sizeof(buf));
-    pthread_rwlock_unlock(&self->lock);
+    int rc;
+    ML_CALL(self, rc, moonlet_client_local_endpoint(c, buf, sizeof(buf)));
     if (rc)
         Py_RETURN_NONE;
     return PyUnicode_FromString(buf);
