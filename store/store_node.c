@@ -317,6 +317,8 @@ static int node_alloc(moonlet_store_node *n, const moonlet_store_node_config *c)
     return MOONLET_OK;
 }
 
+/* Starts serving before the segment exists: a missing device or a taken
+ * port then fails in milliseconds, not after locking a large segment. */
 static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
 {
     moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
@@ -327,8 +329,7 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));
         return rc;
     }
-    rc = moonlet_xfer_local_endpoint(n->xfer, n->endpoint, sizeof(n->endpoint));
-    return rc ? rc : node_register(n);
+    return moonlet_xfer_local_endpoint(n->xfer, n->endpoint, sizeof(n->endpoint));
 }
 
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out)
@@ -361,9 +362,11 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     if (rc)
         ML_ERR(MOD, "cannot reach the master at %s: %s", cfg->master_addr, moonlet_strerror(rc));
     if (!rc)
+        rc = node_serve(n, cfg);
+    if (!rc)
         rc = node_alloc(n, cfg);
     if (!rc)
-        rc = node_serve(n, cfg);
+        rc = node_register(n);
     if (!rc) {
         node_unmount_leftovers(n);
         rc = node_mount(n);

@@ -14,22 +14,25 @@
 typedef struct bench_master {
     pid_t pid;
     int out_fd;
-    char addr[96];
+    char addr[256];
     uint16_t port;
 } bench_master;
 
 /* Starts tools/moonlet-master (found next to this binary) with extra flags,
  * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
 int bench_master_start(bench_master *bm, const char *const *extra_args);
+void bench_master_stop(bench_master *bm);
+/* Starts tools/<tool> (next to this binary) with args (NULL-terminated, no
+ * argv[0]) and waits up to 15 s for a stdout line starting with
+ * ready_prefix; the rest of that line goes to bm->addr.  Returns 0 when seen.
+ * Stop it with bench_master_stop(). */
+int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
+                      const char *ready_prefix);
 /* Starts tools/moonlet-store (next to this binary): a TCP segment of
  * segment_bytes on 127.0.0.1, mounted on master_addr.  Returns 0 once it
- * printed its "listening on" line (it prints it after mounting). */
+ * printed its "listening on" line (it prints it after mounting); bm->addr
+ * then holds its data endpoint. */
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes);
-/* Runs the program `name` found next to this binary with args (NULL
- * terminated) and waits up to 10 s for its "listening on HOST:PORT" line. */
-int bench_spawn(bench_master *p, const char *name, const char *const *args);
-/* SIGTERM, then (after 3 s) SIGKILL; works for any process bench_spawn started. */
-void bench_master_stop(bench_master *bm);
 /* The path of `name` in the directory of this binary. */
 void bench_tool_path(const char *name, char *out, size_t cap);
 /* Resident set size of a process in bytes (0 when unknown). */
@@ -56,6 +59,7 @@ void bench_print_json(cJSON *root);
 /* Subcommands. */
 int bench_rpc_main(int argc, char **argv);
 int bench_probe_main(int argc, char **argv);
+int bench_client_main(int argc, char **argv);
 int bench_trace_main(int argc, char **argv);
 
 #endif

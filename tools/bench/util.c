@@ -34,14 +34,17 @@ void bench_tool_path(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
-int bench_spawn(bench_master *bm, const char *name, const char *const *args)
+int bench_master_start(bench_master *bm, const char *const *extra)
 {
     char path[PATH_MAX + 32];
-    bench_tool_path(name, path, sizeof(path));
-    const char *argv[40] = {path};
-    int argc = 1;
-    for (int i = 0; args && args[i] && argc < 39; i++)
-        argv[argc++] = args[i];
+    bench_tool_path("moonlet-master", path, sizeof(path));
+    /* The benches mount a bookkeeping-only segment and do not ping: a long
+     * liveness TTL keeps it mounted however long the fill takes. */
+    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn",
+                            "--client_live_ttl_sec", "86400"};
+    int argc = 7;
+    for (int i = 0; extra && extra[i] && argc < 31; i++)
+        argv[argc++] = extra[i];
     argv[argc] = NULL;
     int fds[2];
     if (pipe(fds))
@@ -86,17 +89,55 @@ int bench_spawn(bench_master *bm, const char *name, const char *const *args)
     return -1;
 }
 
-int bench_master_start(bench_master *bm, const char *const *extra)
+int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
+                      const char *ready_prefix)
 {
-    /* The benches mount a bookkeeping-only segment and do not ping: a long
-     * liveness TTL keeps it mounted however long the fill takes. */
-    const char *args[32] = {"--rpc-port", "0", "--log-level", "warn",
-                            "--client_live_ttl_sec", "86400"};
-    int n = 6;
-    for (int i = 0; extra && extra[i] && n < 31; i++)
-        args[n++] = extra[i];
-    args[n] = NULL;
-    return bench_spawn(bm, "moonlet-master", args);
+    char path[PATH_MAX + 32];
+    bench_tool_path(tool, path, sizeof(path));
+    const char *argv[48] = {path};
+    int argc = 1;
+    for (int i = 0; args && args[i] && argc < 47; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    bm->pid = fork();
+    if (bm->pid < 0)
+        return -1;
+    if (bm->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, (char *const *)argv);
+        fprintf(stderr, "moonlet-bench: cannot run %s: %s\n", path, strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    bm->out_fd = fds[0];
+    bm->port = 0;
+    char line[512];
+    size_t len = 0, plen = strlen(ready_prefix);
+    uint64_t deadline = bench_now_ns() + 15ull * 1000000000ull;
+    while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
+        struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        if (read(bm->out_fd, line + len, 1) != 1)
+            break;
+        if (line[len] != '\n') {
+            len++;
+            continue;
+        }
+        line[len] = 0;
+        if (len >= plen && strncmp(line, ready_prefix, plen) == 0) {
+            snprintf(bm->addr, sizeof(bm->addr), "%s", line + plen);
+            return 0;
+        }
+        len = 0;
+    }
+    bench_master_stop(bm);
+    return -1;
 }
 
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes)
@@ -105,7 +146,7 @@ int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segmen
     snprintf(size, sizeof(size), "%llu", (unsigned long long)segment_bytes);
     const char *args[] = {"--master", master_addr, "--segment-size", size, "--protocol", "tcp",
                           "--listen", "127.0.0.1:0", "--log-level", "error", NULL};
-    return bench_spawn(bs, "moonlet-store", args);
+    return bench_child_start(bs, "moonlet-store", args, "listening on ");
 }
 
 void bench_master_stop(bench_master *bm)
