@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "transfer.h"
 
 struct subcommand {
     const char *name;
@@ -17,6 +18,7 @@ struct subcommand {
 static const struct subcommand g_cmds[] = {
     {"rpc", bench_rpc_main, "control-plane latency (Echo, BatchExistKey) and master memory per object"},
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
+    {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
 };
 
 static void usage(FILE *f)

@@ -2,8 +2,9 @@
  * moonlet-master - the metadata service daemon.
  *
  * Parses flags into a moonlet_master_config and moonlet_service_opts, starts
- * the master and its RPC service, prints "listening on HOST:PORT", and waits
- * for SIGTERM or SIGINT, after which it stops serving and exits 0.
+ * the master and its RPC service, prints "listening on HOST:PORT" (then
+ * "metrics on HOST:PORT" with --metrics-port), and waits for SIGTERM or
+ * SIGINT, after which it stops serving and exits 0.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -15,6 +16,7 @@
 
 #include "log.h"
 #include "master.h"
+#include "metrics.h"
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "service.h"
@@ -37,6 +39,8 @@ static void usage(FILE *f)
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864)\n"
             "  --auth-token-file PATH             require this shared token from every client\n"
+            "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
+            "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
             "  --help, --version\n");
 }
@@ -68,7 +72,7 @@ static int parse_ratio(const char *flag, const char *s, double *out)
 
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
-    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION
+    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS
 };
 
 int main(int argc, char **argv)
@@ -86,6 +90,7 @@ int main(int argc, char **argv)
         {"put_timeout_ms", required_argument, 0, O_PUT},
         {"max-frame-bytes", required_argument, 0, O_FRAME},
         {"auth-token-file", required_argument, 0, O_TOKEN},
+        {"metrics-port", required_argument, 0, O_METRICS},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
@@ -95,6 +100,7 @@ int main(int argc, char **argv)
     moonlet_master_config_default(&cfg);
     moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051};
     const char *token_file = NULL;
+    int metrics_port = -1; /* off */
     uint64_t v;
     int c, bad = 0;
     while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -117,6 +123,7 @@ int main(int argc, char **argv)
         case O_PUT: bad = parse_u64("--put_timeout_ms", optarg, &cfg.put_timeout_ms); break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
+        case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
             if (lvl < 0) {
@@ -166,7 +173,17 @@ int main(int argc, char **argv)
         moonlet_token_free(token);
         return 1;
     }
+    moonlet_metrics *metrics = NULL;
+    if (metrics_port >= 0 &&
+        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, &metrics) != MOONLET_OK) {
+        moonlet_master_service_stop(svc);
+        moonlet_master_destroy(m);
+        moonlet_token_free(token);
+        return 1;
+    }
     printf("listening on %s:%u\n", so.address, moonlet_master_service_port(svc));
+    if (metrics)
+        printf("metrics on %s:%u\n", so.address, moonlet_metrics_port(metrics));
     fflush(stdout);
     ML_INFO("master", "moonlet-master %s: %u shards, lease TTL %llu ms, liveness TTL %llu ms",
             MOONLET_VERSION, cfg.shards, (unsigned long long)cfg.lease_ttl_ms,
@@ -175,6 +192,7 @@ int main(int argc, char **argv)
     int sig = 0;
     sigwait(&set, &sig);
     ML_INFO("master", "signal %d: shutting down", sig);
+    moonlet_metrics_stop(metrics);
     moonlet_master_service_stop(svc);
     moonlet_master_destroy(m);
     moonlet_token_free(token);

@@ -30,7 +30,7 @@
 #define INVALID MOONLET_ERR_INVALID_PARAMS
 #define NO_FRAME SIZE_MAX
 #define KEEP_BUFFER_BYTES (1u << 20)
-#define ZONE_CHUNK_BYTES 4096u
+#define ZONE_SLACK_BYTES 64u /* alignment padding after the unaligned body copy */
 
 /* ------------------------------------------------------------------ */
 /* Header                                                               */
@@ -134,19 +134,39 @@ static int mp_classify(uint8_t t, mp_head *h)
 
 /*
  * Walks one object.  `need` counts objects still expected; a container adds
- * its children.  Every object takes at least one byte, so `need` may never
- * exceed the bytes left - that is what bounds msgpack-c's allocations later.
+ * its children.  The body is accepted only when every declared child is
+ * present, so the children msgpack-c allocates for can never outnumber the
+ * body's bytes.  Checking `need` against the bytes left after each container
+ * header merely rejects a lying header early.  *children gets the number of
+ * container elements (map entries count twice), i.e. how many
+ * msgpack_objects msgpack-c will allocate in the zone.
  */
-int moonlet_frame_body_check(const char *body, size_t len)
+static int scan_body(const char *body, size_t len, uint64_t *children)
 {
     const uint8_t *p = (const uint8_t *)body;
     uint64_t need = 1;
     size_t pos = 0;
+    *children = 0;
     if (body == NULL || len == 0)
         return INVALID;
     while (need > 0) {
         mp_head h;
-        if (pos >= len || mp_classify(p[pos], &h) != 0)
+        if (pos >= len)
+            return INVALID;
+        uint8_t t = p[pos];
+        if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) {
+            pos++; /* fast path: fixint, nil, bool */
+            need--;
+            continue;
+        }
+        if ((t & 0xe0) == 0xa0) { /* fast path: fixstr */
+            if ((size_t)(t & 0x1f) >= len - pos)
+                return INVALID;
+            pos += 1 + (size_t)(t & 0x1f);
+            need--;
+            continue;
+        }
+        if (mp_classify(t, &h) != 0)
             return INVALID;
         pos++;
         if (h.size_bytes > len - pos)
@@ -158,10 +178,17 @@ int moonlet_frame_body_check(const char *body, size_t len)
             return INVALID;
         pos += (size_t)payload;
         need = need - 1 + n * h.kids;
+        *children += n * h.kids;
         if (need > len - pos)
             return INVALID;
     }
     return pos == len ? 0 : INVALID;
+}
+
+int moonlet_frame_body_check(const char *body, size_t len)
+{
+    uint64_t children;
+    return scan_body(body, len, &children);
 }
 
 /* Size of the msgpack int at p (any encoding), or 0 when p holds no int. */
@@ -196,7 +223,7 @@ static size_t mp_array_first(const uint8_t *p, size_t len)
 static uint64_t peek_id(const uint8_t *p, size_t len)
 {
     size_t pos = mp_array_first(p, len);
-    if (pos == 0)
+    if (pos == 0 || pos >= len)
         return 0;
     uint8_t t = p[pos];
     size_t n = mp_int_size(t);
@@ -217,13 +244,12 @@ static uint64_t peek_id(const uint8_t *p, size_t len)
 /* Decoding                                                             */
 /* ------------------------------------------------------------------ */
 
-static int unpack_checked(const char *body, size_t len, msgpack_zone *zone, msgpack_object *out)
+/* Unpacks a body that scan_body() accepted. */
+static int unpack_scanned(const char *body, size_t len, msgpack_zone *zone, msgpack_object *out)
 {
-    if (moonlet_frame_body_check(body, len) != 0)
-        return INVALID;
     size_t off = 0;
     if (msgpack_unpack(body, len, &off, zone, out) != MSGPACK_UNPACK_SUCCESS || off != len)
-        return INVALID;
+        return INVALID; /* e.g. nesting deeper than msgpack-c's stack */
     return 0;
 }
 
@@ -265,10 +291,13 @@ static int reply_from_object(const msgpack_object *o, moonlet_reply *rep)
     return 0;
 }
 
-/* A fresh zone holding a private copy of body; the copy is returned in *copy. */
-static msgpack_zone *zone_with_copy(const char *body, size_t len, const char **copy)
+/* A fresh zone holding a private copy of body, sized for the copy plus the
+ * `children` objects msgpack-c will allocate, so it never grows. */
+static msgpack_zone *zone_with_copy(const char *body, size_t len, uint64_t children,
+                                    const char **copy)
 {
-    msgpack_zone *z = msgpack_zone_new(ZONE_CHUNK_BYTES + len);
+    size_t size = len + (size_t)children * sizeof(msgpack_object) + ZONE_SLACK_BYTES;
+    msgpack_zone *z = msgpack_zone_new(size);
     if (z == NULL)
         return NULL;
     char *dst = msgpack_zone_malloc_no_align(z, len);
@@ -281,37 +310,55 @@ static msgpack_zone *zone_with_copy(const char *body, size_t len, const char **c
     return z;
 }
 
-int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
-                               moonlet_request *req, uint64_t *id_out)
+static int invalid_request(const char *body, size_t len, uint64_t *id_out)
 {
-    msgpack_unpacked_init(&req->unp);
-    req->args = NULL;
-    if (id_out)
-        *id_out = 0;
-    if (unpack_checked(body, len, zone, &req->unp.data) != 0 ||
-        request_from_object(&req->unp.data, req) != 0) {
-        if (id_out && body != NULL)
-            *id_out = peek_id((const uint8_t *)body, len);
-        return INVALID;
-    }
+    if (id_out && body != NULL)
+        *id_out = peek_id((const uint8_t *)body, len);
+    return INVALID;
+}
+
+/* Decodes a request body that scan_body() accepted. */
+static int request_finish(const char *body, size_t len, msgpack_zone *zone, moonlet_request *req,
+                          uint64_t *id_out)
+{
+    if (unpack_scanned(body, len, zone, &req->unp.data) != 0 ||
+        request_from_object(&req->unp.data, req) != 0)
+        return invalid_request(body, len, id_out);
     if (id_out)
         *id_out = req->id;
     return 0;
 }
 
-int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out)
+int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
+                               moonlet_request *req, uint64_t *id_out)
 {
-    const char *copy = NULL;
+    uint64_t children;
+    msgpack_unpacked_init(&req->unp);
+    req->args = NULL;
     if (id_out)
         *id_out = 0;
-    if (body == NULL || len == 0)
-        return INVALID;
-    msgpack_zone *z = zone_with_copy(body, len, &copy);
+    if (scan_body(body, len, &children) != 0)
+        return invalid_request(body, len, id_out);
+    return request_finish(body, len, zone, req, id_out);
+}
+
+int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out)
+{
+    uint64_t children;
+    const char *copy = NULL;
+    msgpack_unpacked_init(&req->unp);
+    req->args = NULL;
+    if (id_out)
+        *id_out = 0;
+    if (scan_body(body, len, &children) != 0)
+        return invalid_request(body, len, id_out);
+    msgpack_zone *z = zone_with_copy(body, len, children, &copy);
     if (z == NULL)
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = moonlet_request_decode_ref(copy, len, z, req, id_out);
+    int rc = request_finish(copy, len, z, req, id_out);
     if (rc != 0) {
         msgpack_zone_free(z);
+        msgpack_unpacked_init(&req->unp);
         return rc;
     }
     req->unp.zone = z;
@@ -326,15 +373,16 @@ void moonlet_request_destroy(moonlet_request *req)
 
 int moonlet_reply_decode(const char *body, size_t len, moonlet_reply *rep)
 {
+    uint64_t children;
     const char *copy = NULL;
     msgpack_unpacked_init(&rep->unp);
     rep->result = NULL;
-    if (body == NULL || len == 0)
+    if (scan_body(body, len, &children) != 0)
         return INVALID;
-    msgpack_zone *z = zone_with_copy(body, len, &copy);
+    msgpack_zone *z = zone_with_copy(body, len, children, &copy);
     if (z == NULL)
         return MOONLET_ERR_INTERNAL_ERROR;
-    if (unpack_checked(copy, len, z, &rep->unp.data) != 0 ||
+    if (unpack_scanned(copy, len, z, &rep->unp.data) != 0 ||
         reply_from_object(&rep->unp.data, rep) != 0) {
         msgpack_zone_free(z);
         msgpack_unpacked_init(&rep->unp);

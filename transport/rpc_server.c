@@ -143,7 +143,7 @@ struct moonlet_rpc_server {
     bool started;
     bool stopped;
     atomic_bool stopping;       /* acceptor: exit */
-    atomic_bool loops_stopping; /* loops: close everything and exit (set after the acceptor is joined) */
+    atomic_bool loops_stopping; /* loops: close all and exit (set once the acceptor is joined) */
     atomic_size_t nconns;
 };
 
@@ -701,7 +701,8 @@ static bool accept_batch(moonlet_rpc_server *s)
 static void *acceptor_main(void *arg)
 {
     moonlet_rpc_server *s = arg;
-    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN}, {.fd = s->stop_fd, .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
+                          {.fd = s->stop_fd, .events = POLLIN}};
     while (!atomic_load(&s->stopping)) {
         int n = poll(p, 2, LOOP_TICK_MS);
         if (n < 0 && errno != EINTR) {

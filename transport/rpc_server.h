@@ -8,10 +8,10 @@
  * pipeline any number of requests.  Handlers therefore run concurrently on
  * different connections and must be thread safe.
  *
- * Bad input never takes the server down: an oversized length, a body that is
- * not a well-formed request, or a connection that closes mid-frame gets an
- * INVALID_PARAMS reply where a reply is possible, then the connection is
- * closed; every other connection keeps being served.  An unknown method id is
+ * Bad input never takes the server down: an oversized or zero length, or a
+ * body that is not a well-formed request, gets an INVALID_PARAMS reply, then
+ * the connection is closed; a connection that closes mid-frame is simply
+ * closed.  Every other connection keeps being served.  An unknown method id is
  * a well-formed request: it gets an INVALID_PARAMS reply and the connection
  * stays open.
  *

@@ -7,7 +7,9 @@
  * MOONLET_ERR_INVALID_PARAMS instead of trusting the frame; a wrongly-typed
  * request therefore becomes an error reply, never a crash.  Out-parameters
  * are written only on success.  Strings are returned as pointer+length (they
- * are not NUL-terminated on the wire) and are never copied.
+ * are not NUL-terminated on the wire) and are never copied.  msgpack-c leaves
+ * the pointer of an empty string NULL; the getters return "" instead, so
+ * callers may pass it to memcmp/memcpy without a special case.
  *
  * Pure functions; takes no locks.
  */
@@ -86,17 +88,22 @@ int moonlet_wire_strn(const msgpack_object *arr, uint32_t i, uint32_t max_len, c
     const msgpack_object *o = moonlet_wire_at(arr, i);
     if (o == NULL)
         return INVALID;
-    if (o->type == MSGPACK_OBJECT_STR && o->via.str.size <= max_len) {
-        *ptr = o->via.str.ptr;
-        *len = o->via.str.size;
-        return 0;
+    const char *p;
+    uint32_t n;
+    if (o->type == MSGPACK_OBJECT_STR) {
+        p = o->via.str.ptr;
+        n = o->via.str.size;
+    } else if (o->type == MSGPACK_OBJECT_BIN) {
+        p = o->via.bin.ptr;
+        n = o->via.bin.size;
+    } else {
+        return INVALID;
     }
-    if (o->type == MSGPACK_OBJECT_BIN && o->via.bin.size <= max_len) {
-        *ptr = o->via.bin.ptr;
-        *len = o->via.bin.size;
-        return 0;
-    }
-    return INVALID;
+    if (n > max_len)
+        return INVALID;
+    *ptr = n > 0 ? p : "";
+    *len = n;
+    return 0;
 }
 
 int moonlet_wire_array(const msgpack_object *arr, uint32_t i, const msgpack_object **out)
@@ -120,11 +127,18 @@ int moonlet_wire_map(const msgpack_object *arr, uint32_t i, const msgpack_object
 /* True when o is a str (or bin) equal to key[0..klen). */
 static bool key_equals(const msgpack_object *o, const char *key, size_t klen)
 {
-    if (o->type == MSGPACK_OBJECT_STR)
-        return o->via.str.size == klen && memcmp(o->via.str.ptr, key, klen) == 0;
-    if (o->type == MSGPACK_OBJECT_BIN)
-        return o->via.bin.size == klen && memcmp(o->via.bin.ptr, key, klen) == 0;
-    return false;
+    const char *p;
+    size_t n;
+    if (o->type == MSGPACK_OBJECT_STR) {
+        p = o->via.str.ptr;
+        n = o->via.str.size;
+    } else if (o->type == MSGPACK_OBJECT_BIN) {
+        p = o->via.bin.ptr;
+        n = o->via.bin.size;
+    } else {
+        return false;
+    }
+    return n == klen && (n == 0 || memcmp(p, key, n) == 0); /* p is NULL when n is 0 */
 }
 
 const msgpack_object *moonlet_wire_map_get(const msgpack_object *map, const char *key)
@@ -141,7 +155,8 @@ const msgpack_object *moonlet_wire_map_get(const msgpack_object *map, const char
 void moonlet_pack_str(msgpack_packer *pk, const char *s, size_t len)
 {
     msgpack_pack_str(pk, len);
-    msgpack_pack_str_body(pk, s, len);
+    if (len > 0)
+        msgpack_pack_str_body(pk, s, len);
 }
 
 void moonlet_pack_cstr(msgpack_packer *pk, const char *s)

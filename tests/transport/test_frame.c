@@ -291,9 +291,14 @@ static void test_request_malformed(void **state)
         {"huge ext32", "93 05 02 91 c9 ff ff ff ff 01", 5, false},
         {"fixext16 truncated", "93 05 02 91 d8 01 02", 5, false},
     };
+    msgpack_zone zone;
+    assert_true(msgpack_zone_init(&zone, 4096));
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        char body[128];
-        size_t n = unhex(bad[i].hex, body, sizeof(body));
+        char hex[128];
+        size_t n = unhex(bad[i].hex, hex, sizeof(hex));
+        char *body = malloc(n); /* exact size, so ASan sees any over-read */
+        assert_non_null(body);
+        memcpy(body, hex, n);
         moonlet_request req;
         uint64_t id = 12345;
         int rc = moonlet_request_decode(body, n, &req, &id);
@@ -303,7 +308,14 @@ static void test_request_malformed(void **state)
         /* shape and type errors are well-formed msgpack; the rest are not */
         if ((moonlet_frame_body_check(body, n) == 0) != bad[i].wellformed)
             fail_msg("case '%s': body_check disagrees", bad[i].what);
+        id = 12345; /* the zero-copy decoder reads `body` itself: same answer */
+        rc = moonlet_request_decode_ref(body, n, &zone, &req, &id);
+        msgpack_zone_clear(&zone);
+        if (rc != INVALID || id != bad[i].id)
+            fail_msg("case '%s' (ref): rc %d id %llu", bad[i].what, rc, (unsigned long long)id);
+        free(body);
     }
+    msgpack_zone_destroy(&zone);
     moonlet_request req;
     uint64_t id = 1;
     assert_int_equal(moonlet_request_decode("", 0, &req, &id), INVALID);
@@ -355,10 +367,14 @@ static void test_reply_malformed(void **state)
         {"huge result array", "93 05 00 dd ff ff ff ff"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        char body[64];
-        size_t n = unhex(bad[i].hex, body, sizeof(body));
+        char hex[64];
+        size_t n = unhex(bad[i].hex, hex, sizeof(hex));
+        char *body = malloc(n);
+        assert_non_null(body);
+        memcpy(body, hex, n);
         moonlet_reply rep;
         int rc = moonlet_reply_decode(body, n, &rep);
+        free(body);
         if (rc != INVALID)
             fail_msg("case '%s': rc %d", bad[i].what, rc);
         assert_null(rep.result);
@@ -386,15 +402,25 @@ static void test_body_check(void **state)
         "c0 c0", "dd 00 00 00", "c7 02 05 aa", "d8 01 00",
     };
     for (size_t i = 0; i < sizeof(valid) / sizeof(valid[0]); i++) {
-        char b[64];
-        size_t n = unhex(valid[i], b, sizeof(b));
-        if (moonlet_frame_body_check(b, n) != 0)
+        char hex[64];
+        size_t n = unhex(valid[i], hex, sizeof(hex));
+        char *b = malloc(n);
+        assert_non_null(b);
+        memcpy(b, hex, n);
+        int rc = moonlet_frame_body_check(b, n);
+        free(b);
+        if (rc != 0)
             fail_msg("valid '%s' rejected", valid[i]);
     }
     for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
-        char b[64];
-        size_t n = unhex(invalid[i], b, sizeof(b));
-        if (moonlet_frame_body_check(b, n) != INVALID)
+        char hex[64];
+        size_t n = unhex(invalid[i], hex, sizeof(hex));
+        char *b = malloc(n);
+        assert_non_null(b);
+        memcpy(b, hex, n);
+        int rc = moonlet_frame_body_check(b, n);
+        free(b);
+        if (rc != INVALID)
             fail_msg("invalid '%s' accepted", invalid[i]);
     }
     assert_int_equal(moonlet_frame_body_check(NULL, 1), INVALID);
@@ -645,6 +671,40 @@ static void test_wire_getters(void **state)
     moonlet_frame_builder_destroy(&b);
 }
 
+/* msgpack-c leaves ptr NULL for empty strings; the getters must not. */
+static void test_wire_empty_strings(void **state)
+{
+    char body[32];
+    size_t n = unhex("93 01 02 93 a0 c4 00 81 a0 01", body, sizeof(body)); /* ["", bin(0), {"": 1}] */
+    moonlet_request req;
+    uint64_t id;
+    assert_int_equal(moonlet_request_decode(body, n, &req, &id), 0);
+    const char *p = NULL;
+    uint32_t len = 9;
+    assert_int_equal(moonlet_wire_str(req.args, 0, &p, &len), 0);
+    assert_non_null(p);
+    assert_int_equal(len, 0);
+    p = NULL;
+    assert_int_equal(moonlet_wire_strn(req.args, 1, 0, &p, &len), 0);
+    assert_non_null(p);
+    const msgpack_object *map;
+    assert_int_equal(moonlet_wire_map(req.args, 2, &map), 0);
+    const msgpack_object *v = moonlet_wire_map_get(map, "");
+    assert_non_null(v);
+    assert_int_equal(v->via.u64, 1);
+    assert_null(moonlet_wire_map_get(map, "x"));
+    moonlet_request_destroy(&req);
+
+    msgpack_sbuffer sb; /* packing an empty string from a NULL pointer */
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    moonlet_pack_str(&pk, NULL, 0);
+    assert_int_equal(sb.size, 1);
+    assert_int_equal((uint8_t)sb.data[0], 0xa0);
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_pack_helpers(void **state)
 {
     msgpack_sbuffer sb;
@@ -677,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_builder_misuse),
         cmocka_unit_test(test_builder_pipelined),
         cmocka_unit_test(test_wire_getters),
+        cmocka_unit_test(test_wire_empty_strings),
         cmocka_unit_test(test_pack_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,207 @@
+/*
+ * metrics.c - GET /metrics: the master's statistics in the Prometheus text
+ * format, served by libmicrohttpd.  See metrics.h.
+ *
+ * Each scrape takes one moonlet_master_get_stats() snapshot and renders it;
+ * nothing is cached.  The probe lock-hold histogram keeps the master's own
+ * buckets (master.h: <1us, <2us, ... <1024us, >=1024us), exposed as a
+ * Prometheus histogram in seconds with cumulative counts; its _sum is not
+ * emitted because the master records only bucket counts and the maximum.
+ *
+ * Locks: none of its own; moonlet_master_get_stats() takes what it needs.
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+
+#define MOD "metrics"
+
+struct moonlet_metrics {
+    moonlet_master *m;
+    struct MHD_Daemon *d;
+    uint16_t port;
+};
+
+/* ---- rendering -------------------------------------------------------------- */
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void sample(FILE *f, const char *name, const char *labels, uint64_t v)
+{
+    fprintf(f, "%s%s %" PRIu64 "\n", name, labels, v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, uint64_t v)
+{
+    family(f, name, "gauge", help);
+    sample(f, name, "", v);
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v)
+{
+    family(f, name, "counter", help);
+    sample(f, name, "", v);
+}
+
+char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    gauge(f, "moonlet_objects", "Objects in the master's table.", st->objects);
+    gauge(f, "moonlet_bytes", "Sum of the objects' sizes in bytes.", st->bytes);
+    gauge(f, "moonlet_segments", "Mounted segments.", st->segments);
+    gauge(f, "moonlet_capacity_bytes", "Capacity of the mounted segments in bytes.", st->capacity);
+    gauge(f, "moonlet_used_bytes", "Bytes allocated to replicas in the mounted segments.",
+          st->used);
+    gauge(f, "moonlet_clients", "Store clients known to the master.", st->clients);
+
+    family(f, "moonlet_leases_granted_total", "counter",
+           "Read leases granted, by the operation that granted them.");
+    sample(f, "moonlet_leases_granted_total", "{op=\"get\"}", st->leases_get);
+    sample(f, "moonlet_leases_granted_total", "{op=\"exist\"}", st->leases_exist);
+    sample(f, "moonlet_leases_granted_total", "{op=\"probe\"}", st->leases_probe);
+
+    family(f, "moonlet_probe_calls_total", "counter", "BatchProbeKey calls, by lease mode.");
+    sample(f, "moonlet_probe_calls_total", "{mode=\"none\"}", st->probe_calls_none);
+    sample(f, "moonlet_probe_calls_total", "{mode=\"last_hit_only\"}", st->probe_calls_last_hit);
+
+    counter(f, "moonlet_evictions_total", "Objects evicted.", st->evictions);
+    counter(f, "moonlet_probe_candidates_examined_total",
+            "Candidates rechecked under their shard locks by BatchProbeKey(LAST_HIT_ONLY).",
+            st->probe_candidates_examined);
+    counter(f, "moonlet_probe_recheck_fallbacks_total",
+            "Candidates that failed the recheck, so an earlier candidate was tried.",
+            st->probe_recheck_fallbacks);
+
+    const char *h = "moonlet_probe_lock_hold_seconds";
+    family(f, h, "histogram",
+           "Time BatchProbeKey(LAST_HIT_ONLY) held a candidate's shard locks (bucket "
+           "counts only: the master keeps no sum).");
+    uint64_t cum = 0;
+    for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
+        cum += st->probe_lock_hold_hist[i];
+        /* bucket i holds durations below 2^i microseconds */
+        fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", h, (double)(1u << i) * 1e-6, cum);
+    }
+    cum += st->probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", h, cum);
+    fprintf(f, "%s_count %" PRIu64 "\n", h, cum);
+    family(f, "moonlet_probe_lock_hold_max_seconds", "gauge",
+           "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.");
+    fprintf(f, "moonlet_probe_lock_hold_max_seconds %.9f\n",
+            (double)st->probe_lock_hold_max_ns * 1e-9);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = n;
+    return buf;
+}
+
+/* ---- HTTP ------------------------------------------------------------------- */
+
+static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status, char *body,
+                                    size_t len, enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            status == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
+                                                  : "text/plain; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    moonlet_metrics *s = cls;
+    static char not_found[] = "not found: the only path is /metrics\n";
+    static char not_allowed[] = "method not allowed\n";
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
+                            sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics") != 0)
+        return respond_text(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
+                            MHD_RESPMEM_PERSISTENT);
+    moonlet_master_stats st;
+    moonlet_master_get_stats(s->m, &st);
+    size_t len = 0;
+    char *body = moonlet_metrics_render(&st, &len);
+    if (!body)
+        return MHD_NO;
+    return respond_text(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE);
+}
+
+int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
+                          moonlet_metrics **out)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char service[8];
+    snprintf(service, sizeof(service), "%u", port);
+    int gai = getaddrinfo(address, service, &hints, &ai);
+    if (gai != 0 || !ai) {
+        ML_ERR(MOD, "cannot resolve %s: %s", address, gai_strerror(gai));
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    moonlet_metrics *s = calloc(1, sizeof(*s));
+    if (!s) {
+        freeaddrinfo(ai);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    s->m = m;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        ML_ERR(MOD, "cannot serve metrics on %s:%u (port in use?)", address, port);
+        free(s);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : port;
+    *out = s;
+    return MOONLET_OK;
+}
+
+uint16_t moonlet_metrics_port(const moonlet_metrics *s)
+{
+    return s->port;
+}
+
+void moonlet_metrics_stop(moonlet_metrics *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    free(s);
+}

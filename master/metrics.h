@@ -1,0 +1,39 @@
+/*
+ * metrics.h - the master's statistics over HTTP in the Prometheus text
+ * exposition format (version 0.0.4), for scraping.
+ *
+ * Owns the HTTP server (libmicrohttpd, one internal polling thread).  GET or
+ * HEAD /metrics answers with the current moonlet_master_stats; any other path
+ * is 404 and any other method 405.  Nothing here is needed by the client
+ * library: only the moonlet-master daemon links it.
+ *
+ * Locks: takes no master lock itself; each scrape calls
+ * moonlet_master_get_stats(), which reads atomic counters and briefly takes
+ * the segment registry lock.
+ */
+#ifndef MOONLET_METRICS_H
+#define MOONLET_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "master.h"
+
+typedef struct moonlet_metrics moonlet_metrics;
+
+/* Serves `m` (which must outlive the server) on address:port; port 0 picks a
+ * free port (see moonlet_metrics_port).  Returns 0, INVALID_PARAMS for an
+ * address that does not resolve, or INTERNAL_ERROR when it cannot listen
+ * (port in use, for example; the reason is logged). */
+int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
+                          moonlet_metrics **out);
+/* The port the server listens on. */
+uint16_t moonlet_metrics_port(const moonlet_metrics *s);
+/* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */
+void moonlet_metrics_stop(moonlet_metrics *s);
+
+/* Renders `st` as the /metrics body.  Returns a malloc'd NUL-terminated text
+ * (its length in *len when len is not NULL), or NULL when out of memory. */
+char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len);
+
+#endif

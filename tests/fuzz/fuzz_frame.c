@@ -1,0 +1,196 @@
+/*
+ * fuzz_frame.c - libFuzzer target for the frame codec and the wire getters.
+ *
+ * Each input is read as a frame when it starts with a valid header whose
+ * body fits in the input, else as a bare body.  The body goes through the
+ * request and reply decoders (copying and zero-copy variants), every wire
+ * getter runs over the decoded args (nested arrays too), and decoded
+ * messages are re-encoded and decoded again.  Besides crashes and sanitizer
+ * reports, abort() flags broken invariants: the two request decoders must
+ * agree, a decodable body must pass moonlet_frame_body_check, getters must
+ * agree with each other, and re-encoding must round-trip to stable bytes.
+ *
+ * Built twice: with -fsanitize=fuzzer for fuzzing (-Dfuzz=true, clang), and
+ * with replay_main.c as a unit test that replays the seed corpus.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frame.h"
+#include "moonlet/error.h"
+#include "wire.h"
+
+#define FUZZ_MAX_FRAME (1u << 20)
+#define MAX_GETTER_INDEX 64
+#define MAX_NEST 4
+
+#define CHECK(cond)                                                           \
+    do {                                                                      \
+        if (!(cond))                                                          \
+            abort();                                                          \
+    } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void touch(const char *p, uint32_t len)
+{
+    volatile unsigned char sink = 0;
+    for (uint32_t i = 0; i < len; i++)
+        sink ^= (unsigned char)p[i];
+    (void)sink;
+}
+
+static void poke_strings(const msgpack_object *arr, uint32_t i)
+{
+    const char *p, *q;
+    uint32_t len, len2;
+    if (moonlet_wire_str(arr, i, &p, &len) != 0) {
+        CHECK(moonlet_wire_strn(arr, i, UINT32_MAX, &p, &len) != 0);
+        return;
+    }
+    touch(p, len);
+    CHECK(moonlet_wire_strn(arr, i, len, &q, &len2) == 0 && q == p && len2 == len);
+    if (len > 0)
+        CHECK(moonlet_wire_strn(arr, i, len - 1, &q, &len2) != 0);
+}
+
+static void poke_map(const msgpack_object *map)
+{
+    moonlet_wire_map_get(map, "");
+    moonlet_wire_map_get(map, "key");
+    for (uint32_t k = 0; k < map->via.map.size && k < MAX_GETTER_INDEX; k++) {
+        const msgpack_object *key = &map->via.map.ptr[k].key;
+        uint32_t n = key->via.str.size;
+        char name[32];
+        if (key->type != MSGPACK_OBJECT_STR || n >= sizeof(name))
+            continue;
+        if (n > 0) { /* msgpack-c leaves ptr NULL for an empty string */
+            if (memchr(key->via.str.ptr, 0, n) != NULL)
+                continue;
+            memcpy(name, key->via.str.ptr, n);
+        }
+        name[n] = '\0';
+        CHECK(moonlet_wire_map_get(map, name) != NULL); /* a present key is found */
+    }
+}
+
+/* Runs every getter on every index of arr (one past the end too). */
+static void poke_getters(const msgpack_object *arr, int depth)
+{
+    uint32_t n = moonlet_wire_len(arr);
+    for (uint32_t i = 0; i <= n && i < MAX_GETTER_INDEX; i++) {
+        uint64_t u;
+        int64_t s;
+        bool b;
+        const msgpack_object *o;
+        int ru = moonlet_wire_u64(arr, i, &u);
+        int rs = moonlet_wire_i64(arr, i, &s);
+        if (ru == 0 && u <= INT64_MAX)
+            CHECK(rs == 0 && (uint64_t)s == u);
+        if (i == n)
+            CHECK(ru != 0 && rs != 0 && moonlet_wire_at(arr, i) == NULL);
+        moonlet_wire_bool(arr, i, &b);
+        poke_strings(arr, i);
+        if (moonlet_wire_map(arr, i, &o) == 0)
+            poke_map(o);
+        if (moonlet_wire_array(arr, i, &o) == 0 && depth < MAX_NEST)
+            poke_getters(o, depth + 1);
+    }
+}
+
+/* Packs [id, method, args] from a decoded request into b. */
+static void encode_request(moonlet_frame_builder *b, const moonlet_request *req)
+{
+    uint32_t n = moonlet_wire_len(req->args);
+    msgpack_packer *pk = moonlet_request_begin(b, req->id, req->method, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_object(pk, req->args->via.array.ptr[i]);
+    CHECK(moonlet_frame_finish(b, UINT32_MAX) == 0);
+}
+
+/* Re-encodes, decodes again, re-encodes again: the two encodings match. */
+static void roundtrip_request(const moonlet_request *req)
+{
+    moonlet_frame_builder b1, b2;
+    moonlet_frame_builder_init(&b1);
+    moonlet_frame_builder_init(&b2);
+    encode_request(&b1, req);
+    uint32_t len;
+    CHECK(moonlet_frame_header_decode((const uint8_t *)b1.buf.data, UINT32_MAX, &len) == 0);
+    CHECK(len + MOONLET_FRAME_HEADER_BYTES == b1.buf.size);
+    moonlet_request again;
+    uint64_t id;
+    CHECK(moonlet_request_decode(b1.buf.data + MOONLET_FRAME_HEADER_BYTES, len, &again, &id) == 0);
+    CHECK(again.id == req->id && id == req->id && again.method == req->method);
+    CHECK(moonlet_wire_len(again.args) == moonlet_wire_len(req->args));
+    encode_request(&b2, &again);
+    CHECK(b1.buf.size == b2.buf.size && memcmp(b1.buf.data, b2.buf.data, b1.buf.size) == 0);
+    moonlet_request_destroy(&again);
+    moonlet_frame_builder_destroy(&b1);
+    moonlet_frame_builder_destroy(&b2);
+}
+
+static void fuzz_request(const char *body, size_t len)
+{
+    moonlet_request req, ref;
+    uint64_t id = 0, ref_id = 0;
+    int rc = moonlet_request_decode(body, len, &req, &id);
+    msgpack_zone zone;
+    CHECK(msgpack_zone_init(&zone, 4096));
+    int ref_rc = moonlet_request_decode_ref(body, len, &zone, &ref, &ref_id);
+    CHECK(rc == ref_rc && id == ref_id);
+    if (rc == 0) {
+        CHECK(moonlet_frame_body_check(body, len) == 0);
+        CHECK(req.args->type == MSGPACK_OBJECT_ARRAY && req.id == id);
+        CHECK(ref.id == req.id && ref.method == req.method);
+        poke_getters(req.args, 0);
+        roundtrip_request(&req);
+        moonlet_request_destroy(&req);
+        moonlet_request_destroy(&ref);
+    }
+    msgpack_zone_destroy(&zone);
+}
+
+static void fuzz_reply(const char *body, size_t len)
+{
+    moonlet_reply rep;
+    if (moonlet_reply_decode(body, len, &rep) != 0) {
+        CHECK(rep.result == NULL);
+        return;
+    }
+    CHECK(moonlet_frame_body_check(body, len) == 0);
+    if (rep.result->type == MSGPACK_OBJECT_ARRAY)
+        poke_getters(rep.result, 0);
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    msgpack_pack_object(moonlet_reply_begin(&b, rep.id, 0), *rep.result);
+    moonlet_reply_patch_code(&b, rep.code);
+    CHECK(moonlet_frame_finish(&b, UINT32_MAX) == 0);
+    moonlet_reply again;
+    CHECK(moonlet_reply_decode(b.buf.data + MOONLET_FRAME_HEADER_BYTES,
+                               b.buf.size - MOONLET_FRAME_HEADER_BYTES, &again) == 0);
+    CHECK(again.id == rep.id && again.code == rep.code && again.result->type == rep.result->type);
+    moonlet_reply_destroy(&again);
+    moonlet_frame_builder_destroy(&b);
+    moonlet_reply_destroy(&rep);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *body = (const char *)data;
+    size_t len = size;
+    uint32_t blen;
+    if (size >= MOONLET_FRAME_HEADER_BYTES &&
+        moonlet_frame_header_decode(data, FUZZ_MAX_FRAME, &blen) == 0) {
+        CHECK(blen >= 1 && blen <= FUZZ_MAX_FRAME);
+        if (blen <= size - MOONLET_FRAME_HEADER_BYTES) {
+            body += MOONLET_FRAME_HEADER_BYTES;
+            len = blen;
+        }
+    }
+    fuzz_request(body, len);
+    fuzz_reply(body, len);
+    return 0;
+}

@@ -1,0 +1,172 @@
+/*
+ * Unit tests of master/metrics.c: the Prometheus text rendering of a stats
+ * snapshot (families, labels, cumulative histogram buckets) and the HTTP
+ * server itself on an ephemeral loopback port (200 on /metrics with the
+ * master's live counters, 404 elsewhere, 405 for other methods).
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "master.h"
+#include "metrics.h"
+#include "moonlet/error.h"
+
+static bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = text; (p = strstr(p, line)) != NULL; p += n)
+        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == 0))
+            return true;
+    return false;
+}
+
+static void test_render(void **state)
+{
+    (void)state;
+    moonlet_master_stats st;
+    memset(&st, 0, sizeof(st));
+    st.objects = 7;
+    st.bytes = 123456789012ull;
+    st.segments = 3;
+    st.capacity = 1ull << 40;
+    st.used = 4096;
+    st.leases_get = 11;
+    st.leases_exist = 12;
+    st.leases_probe = 13;
+    st.probe_calls_none = 21;
+    st.probe_calls_last_hit = 22;
+    st.evictions = 31;
+    st.probe_recheck_fallbacks = 41;
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        st.probe_lock_hold_hist[i] = i + 1; /* 1, 2, ... 12 */
+    size_t len = 0;
+    char *text = moonlet_metrics_render(&st, &len);
+    assert_non_null(text);
+    assert_int_equal(len, strlen(text));
+    assert_true(has_line(text, "# TYPE moonlet_objects gauge"));
+    assert_true(has_line(text, "moonlet_objects 7"));
+    assert_true(has_line(text, "moonlet_bytes 123456789012"));
+    assert_true(has_line(text, "moonlet_segments 3"));
+    assert_true(has_line(text, "moonlet_capacity_bytes 1099511627776"));
+    assert_true(has_line(text, "moonlet_used_bytes 4096"));
+    assert_true(has_line(text, "# TYPE moonlet_leases_granted_total counter"));
+    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"get\"} 11"));
+    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"exist\"} 12"));
+    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"probe\"} 13"));
+    assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"none\"} 21"));
+    assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"last_hit_only\"} 22"));
+    assert_true(has_line(text, "moonlet_evictions_total 31"));
+    assert_true(has_line(text, "moonlet_probe_recheck_fallbacks_total 41"));
+    assert_true(has_line(text, "# TYPE moonlet_probe_lock_hold_seconds histogram"));
+    /* cumulative: bucket i (< 2^i us) holds 1 + 2 + ... + (i + 1) */
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"1e-06\"} 1"));
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"2e-06\"} 3"));
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"1.6e-05\"} 15"));
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"0.001024\"} 66"));
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"+Inf\"} 78"));
+    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_count 78"));
+    assert_null(strstr(text, "_sum"));
+    free(text);
+}
+
+/* One HTTP/1.0 request over a fresh connection; returns the response (malloc'd). */
+static char *http(uint16_t port, const char *request)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    size_t want = strlen(request);
+    if (write(fd, request, want) != (ssize_t)want) {
+        close(fd);
+        return NULL;
+    }
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (int spins = 0; buf && spins < 100 && len < cap - 1; spins++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(fd, buf + len, cap - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    if (buf)
+        buf[len] = 0;
+    return buf;
+}
+
+static void test_http_server(void **state)
+{
+    (void)state;
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 8;
+    cfg.background = false;
+    moonlet_master *m;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_segment_desc seg = {.client_id = "c", .segment_id = "s", .name = "s", .size = 1 << 20,
+                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &seg), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 1, false,
+                                              NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
+
+    moonlet_metrics *s;
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, &s), MOONLET_OK);
+    uint16_t port = moonlet_metrics_port(s);
+    assert_true(port != 0);
+
+    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    assert_non_null(r);
+    assert_non_null(strstr(r, "HTTP/1.0 200") ? r : strstr(r, "HTTP/1.1 200"));
+    assert_non_null(strstr(r, "text/plain; version=0.0.4"));
+    assert_true(has_line(r, "moonlet_objects 1"));
+    assert_true(has_line(r, "moonlet_bytes 100"));
+    assert_true(has_line(r, "moonlet_segments 1"));
+    assert_true(has_line(r, "moonlet_capacity_bytes 1048576"));
+    free(r);
+
+    r = http(port, "GET /other HTTP/1.0\r\n\r\n");
+    assert_non_null(r);
+    assert_non_null(strstr(r, " 404 "));
+    free(r);
+    r = http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    assert_non_null(r);
+    assert_non_null(strstr(r, " 405 "));
+    free(r);
+
+    /* the port is taken: a second server on it fails cleanly */
+    moonlet_metrics *s2 = NULL;
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", port, &s2), MOONLET_ERR_INTERNAL_ERROR);
+    assert_null(s2);
+    moonlet_metrics_stop(s);
+    moonlet_metrics_stop(NULL);
+    moonlet_master_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_render),
+        cmocka_unit_test(test_http_server),
+    };
+    return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
+}

@@ -1,0 +1,176 @@
+/*
+ * mlt-put - a test helper (built, not installed) that drives a running
+ * moonlet-master through MasterClient from its command line, so Python tests
+ * can set up exactly the state they then inspect.
+ *
+ *   mlt-put HOST:PORT OP ARGS... [OP ARGS...]
+ *
+ *   mount CLIENT SEGMENT SIZE ENDPOINT   mount a segment (protocol tcp; bookkeeping only)
+ *   put TENANT KEY SIZE REPLICAS         PutStart + PutEnd
+ *   pending TENANT KEY SIZE              PutStart only: a put in progress
+ *   get TENANT KEY                       GetReplicaList, which grants a read lease
+ *   exist TENANT KEY                     BatchExistKey on one key (leases a hit)
+ *   fill TENANT PREFIX N SIZE            N one-replica keys PREFIX0000000.., pipelined
+ *
+ * Operations run in order; the first failure prints one line and exits 1.
+ * Each operation prints one line saying what it did.  `fill` keeps a window
+ * of WINDOW requests in flight on a raw RPC connection (the pattern of
+ * tools/bench/rpc.c), which puts a million keys in a few seconds.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "master_client.h"
+#include "methods.h"
+#include "moonlet/error.h"
+#include "rpc_client.h"
+#include "wire.h"
+
+#define WINDOW 512
+
+static const char *g_addr;
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "mlt-put: %s: %s (%d)\n", what, moonlet_strerror(rc), rc);
+    return 1;
+}
+
+static uint64_t num(const char *s)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || *end) {
+        fprintf(stderr, "mlt-put: not a number: '%s'\n", s);
+        exit(2);
+    }
+    return v;
+}
+
+/* Sends [tenant, key(, size, 1, false)] for keys [from, to) of `prefix`, a
+ * window at a time, and checks every reply. */
+static int pipelined(moonlet_rpc_client *c, uint32_t method, const char *tenant,
+                     const char *prefix, uint64_t size, uint64_t from, uint64_t to)
+{
+    char key[512];
+    for (uint64_t base = from; base < to; base += WINDOW) {
+        uint64_t end = base + WINDOW < to ? base + WINDOW : to;
+        for (uint64_t i = base; i < end; i++) {
+            snprintf(key, sizeof(key), "%s%07" PRIu64, prefix, i);
+            msgpack_packer *pk =
+                moonlet_rpc_client_begin(c, method, method == MOONLET_M_PUT_START ? 5 : 2);
+            moonlet_pack_cstr(pk, tenant);
+            moonlet_pack_cstr(pk, key);
+            if (method == MOONLET_M_PUT_START) {
+                msgpack_pack_uint64(pk, size);
+                msgpack_pack_uint64(pk, 1);
+                msgpack_pack_false(pk);
+            }
+            uint64_t id;
+            int rc = moonlet_rpc_client_send(c, &id);
+            if (rc)
+                return rc;
+        }
+        for (uint64_t i = base; i < end; i++) {
+            moonlet_reply rep;
+            int rc = moonlet_rpc_client_recv(c, &rep);
+            if (rc)
+                return rc;
+            rc = rep.code;
+            moonlet_reply_destroy(&rep);
+            if (rc)
+                return rc;
+        }
+    }
+    return MOONLET_OK;
+}
+
+static int fill(const char *tenant, const char *prefix, uint64_t n, uint64_t size)
+{
+    char host[256];
+    const char *colon = strrchr(g_addr, ':');
+    if (!colon || (size_t)(colon - g_addr) >= sizeof(host))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(host, g_addr, (size_t)(colon - g_addr));
+    host[colon - g_addr] = 0;
+    moonlet_rpc_client *c;
+    moonlet_rpc_client_opts o = {.timeout_ms = 60000};
+    int rc = moonlet_rpc_client_connect(host, (uint16_t)atoi(colon + 1), &o, &c);
+    if (rc)
+        return rc;
+    /* PutStart then PutEnd per chunk, so a chunk's puts are never left pending long */
+    const uint64_t chunk = 65536;
+    for (uint64_t from = 0; !rc && from < n; from += chunk) {
+        uint64_t to = from + chunk < n ? from + chunk : n;
+        rc = pipelined(c, MOONLET_M_PUT_START, tenant, prefix, size, from, to);
+        if (!rc)
+            rc = pipelined(c, MOONLET_M_PUT_END, tenant, prefix, size, from, to);
+    }
+    moonlet_rpc_client_close(c);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: mlt-put HOST:PORT OP ARGS... (see the comment in mlt-put.c)\n");
+        return 2;
+    }
+    g_addr = argv[1];
+    moonlet_master_client *mc;
+    int rc = moonlet_mc_create(g_addr, NULL, &mc);
+    if (rc)
+        return fail("connect", rc);
+    int i = 2, ex = 0;
+    while (i < argc && !ex) {
+        const char *op = argv[i];
+        int need = !strcmp(op, "mount") || !strcmp(op, "put") || !strcmp(op, "fill") ? 4
+                   : !strcmp(op, "pending")                                       ? 3
+                   : !strcmp(op, "get") || !strcmp(op, "exist")                   ? 2
+                                                                                  : -1;
+        if (need < 0 || i + need >= argc) {
+            fprintf(stderr, "mlt-put: bad operation or missing arguments at '%s'\n", op);
+            ex = 2;
+            break;
+        }
+        char **a = &argv[i + 1];
+        moonlet_replica_list l;
+        if (!strcmp(op, "mount")) {
+            moonlet_segment_desc d = {.client_id = a[0], .segment_id = a[1], .name = a[1],
+                                      .size = num(a[2]), .endpoint = a[3], .protocol = "tcp"};
+            rc = moonlet_mc_mount_segment(mc, &d);
+            ex = rc ? fail("MountSegment", rc) : (printf("mounted %s\n", a[1]), 0);
+        } else if (!strcmp(op, "put") || !strcmp(op, "pending")) {
+            uint32_t nrep = !strcmp(op, "put") ? (uint32_t)num(a[3]) : 1;
+            rc = moonlet_mc_put_start(mc, a[0], a[1], num(a[2]), nrep, false, &l);
+            if (!rc) {
+                moonlet_replica_list_free(&l);
+                if (!strcmp(op, "put"))
+                    rc = moonlet_mc_put_end(mc, a[0], a[1]);
+            }
+            ex = rc ? fail(op, rc) : (printf("%s %s\n", op, a[1]), 0);
+        } else if (!strcmp(op, "get")) {
+            rc = moonlet_mc_get_replica_list(mc, a[0], a[1], &l);
+            if (!rc) {
+                printf("got %s: %u replicas, lease %" PRIu64 " ms\n", a[1], l.count,
+                       l.lease_ttl_ms);
+                moonlet_replica_list_free(&l);
+            }
+            ex = rc ? fail("GetReplicaList", rc) : 0;
+        } else if (!strcmp(op, "exist")) {
+            int32_t r = 0;
+            const char *keys[] = {a[1]};
+            rc = moonlet_mc_batch_exist_key(mc, a[0], keys, 1, &r);
+            ex = rc ? fail("BatchExistKey", rc) : (printf("exist %s: %d\n", a[1], r), 0);
+        } else {
+            rc = fill(a[0], a[1], num(a[2]), num(a[3]));
+            ex = rc ? fail("fill", rc) : (printf("filled %s keys\n", a[2]), 0);
+        }
+        i += need + 1;
+    }
+    fflush(stdout);
+    moonlet_mc_destroy(mc);
+    return ex;
+}

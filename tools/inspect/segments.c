@@ -1,0 +1,124 @@
+/*
+ * segments.c - `moonlet-inspect segments`: every segment mounted on the
+ * master, with its owner, transport endpoint, space and the age of its
+ * owner's last ping (a store node that stops pinging is unmounted when the
+ * age passes the master's liveness TTL).
+ *
+ * One ListSegments call; the master caps segments at a few thousand, so the
+ * reply is small enough to hold whole.
+ */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+
+#include "inspect.h"
+#include "moonlet/error.h"
+
+static const char *const SEG_FIELDS[] = {"segment_id", "name", "client_id", "protocol",
+                                         "endpoint"};
+static const char *const SEG_NUMBERS[] = {"base", "capacity", "used", "objects",
+                                          "last_ping_age_ms"};
+
+static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
+{
+    cJSON *doc = cJSON_CreateObject();
+    cJSON_AddStringToObject(doc, "master", o->master);
+    cJSON *arr = cJSON_AddArrayToObject(doc, "segments");
+    uint64_t cap = 0, used = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, list) {
+        cJSON *j = cJSON_CreateObject();
+        for (size_t i = 0; i < sizeof(SEG_FIELDS) / sizeof(SEG_FIELDS[0]); i++)
+            cJSON_AddStringToObject(j, SEG_FIELDS[i], inspect_json_str(s, SEG_FIELDS[i]));
+        for (size_t i = 0; i < sizeof(SEG_NUMBERS) / sizeof(SEG_NUMBERS[0]); i++)
+            inspect_json_add_u64(j, SEG_NUMBERS[i], inspect_json_u64(s, SEG_NUMBERS[i]));
+        cap += inspect_json_u64(s, "capacity");
+        used += inspect_json_u64(s, "used");
+        cJSON_AddItemToArray(arr, j);
+    }
+    inspect_json_add_u64(doc, "count", (uint64_t)cJSON_GetArraySize(list));
+    inspect_json_add_u64(doc, "capacity", cap);
+    inspect_json_add_u64(doc, "used", used);
+    return inspect_json_print(out, doc) ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
+}
+
+static const inspect_col SEG_COLS[] = {
+    {"SEGMENT", INSPECT_LEFT, 12, true, false},  {"NAME", INSPECT_LEFT, 12, true, true},
+    {"OWNER", INSPECT_LEFT, 10, true, false},    {"PROTO", INSPECT_LEFT, 0, false, true},
+    {"ENDPOINT", INSPECT_LEFT, 15, true, false}, {"CAPACITY", INSPECT_RIGHT, 0, false, false},
+    {"USED", INSPECT_RIGHT, 0, false, false},    {"USE%", INSPECT_RIGHT, 0, false, true},
+    {"OBJECTS", INSPECT_RIGHT, 0, false, false}, {"LAST PING", INSPECT_RIGHT, 0, false, false},
+};
+#define NSEG_COLS ((int)(sizeof(SEG_COLS) / sizeof(SEG_COLS[0])))
+
+static double pct(uint64_t part, uint64_t whole)
+{
+    return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+static int render_table(const cJSON *list, FILE *out, int width)
+{
+    inspect_table *t = inspect_table_new(SEG_COLS, NSEG_COLS, width);
+    if (!t)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    uint64_t cap = 0, used = 0, objects = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, list) {
+        uint64_t c = inspect_json_u64(s, "capacity"), u = inspect_json_u64(s, "used");
+        uint64_t n = inspect_json_u64(s, "objects"), age = inspect_json_u64(s, "last_ping_age_ms");
+        char capb[32], usedb[32], pctb[16], objb[24], ageb[32];
+        inspect_fmt_size(c, capb, sizeof(capb));
+        inspect_fmt_size(u, usedb, sizeof(usedb));
+        snprintf(pctb, sizeof(pctb), "%.1f%%", pct(u, c));
+        snprintf(objb, sizeof(objb), "%" PRIu64, n);
+        if (age == 0)
+            snprintf(ageb, sizeof(ageb), "0 ms");
+        else
+            inspect_fmt_ms(age, ageb, sizeof(ageb));
+        const char *row[] = {inspect_json_str(s, "segment_id"), inspect_json_str(s, "name"),
+                             inspect_json_str(s, "client_id"), inspect_json_str(s, "protocol"),
+                             inspect_json_str(s, "endpoint"), capb, usedb, pctb, objb, ageb};
+        if (inspect_table_add(t, row)) {
+            inspect_table_free(t);
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+        cap += c;
+        used += u;
+        objects += n;
+    }
+    int n = cJSON_GetArraySize(list);
+    if (n > 0)
+        inspect_table_flush(t, out);
+    inspect_table_free(t);
+    char capb[32], usedb[32];
+    inspect_fmt_size(cap, capb, sizeof(capb));
+    inspect_fmt_size(used, usedb, sizeof(usedb));
+    fprintf(out, "%d segment%s, %s capacity, %s used (%.1f%%), %" PRIu64 " replica%s\n", n,
+            n == 1 ? "" : "s", capb, usedb, pct(used, cap), objects, objects == 1 ? "" : "s");
+    return MOONLET_OK;
+}
+
+int inspect_render_segments(moonlet_master_client *mc, const inspect_opts *o, FILE *out,
+                            int width)
+{
+    cJSON *list = NULL;
+    int rc = moonlet_mc_list_segments(mc, &list);
+    if (rc)
+        return rc;
+    if (!cJSON_IsArray(list))
+        rc = MOONLET_ERR_RPC_FAIL;
+    else
+        rc = o->json ? render_json(list, o, out) : render_table(list, out, width);
+    cJSON_Delete(list);
+    return rc;
+}
+
+int inspect_cmd_segments(const inspect_opts *o, int argc, char **argv)
+{
+    moonlet_master_client *mc;
+    int ex = inspect_connect(o, &mc);
+    if (ex)
+        return ex;
+    int rc = inspect_render_segments(mc, o, stdout, inspect_term_width(stdout));
+    moonlet_mc_destroy(mc);
+    return rc ? inspect_rpc_failed("ListSegments", rc) : INSPECT_EXIT_OK;
+}
