@@ -129,29 +129,29 @@ uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio)
     return evict_pass(m, ratio);
 }
 
+struct reap_args {
+    uint64_t now, reaped;
+};
+
+static bool reap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    struct reap_args *r = arg;
+    if (o->state == OBJ_PENDING && o->lease_deadline <= r->now) {
+        object_destroy_locked(m, s, o);
+        r->reaped++;
+    }
+    return true;
+}
+
 void reap_stale_puts(moonlet_master *m)
 {
-    uint64_t now = moonlet_clock_now_ns(), reaped = 0;
+    struct reap_args r = {.now = moonlet_clock_now_ns()};
     pthread_rwlock_rdlock(&m->guard);
-    for (uint32_t i = 0; i < m->nshards; i++) {
-        struct shard *s = &m->shards[i];
-        pthread_mutex_lock(&s->mu);
-        for (uint32_t b = 0; b <= s->mask; b++) {
-            struct mobj *o = s->buckets[b], *next;
-            for (; o; o = next) {
-                next = o->next;
-                if (o->state == OBJ_PENDING && o->lease_deadline <= now) {
-                    object_destroy_locked(m, s, o);
-                    reaped++;
-                }
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
+    shards_foreach(m, reap_visit, &r);
     pthread_rwlock_unlock(&m->guard);
-    if (reaped) {
-        atomic_fetch_add(&m->st.put_timeouts, reaped);
-        ML_WARN("master", "revoked %" PRIu64 " puts that did not end within %" PRIu64 " ms", reaped,
+    if (r.reaped) {
+        atomic_fetch_add(&m->st.put_timeouts, r.reaped);
+        ML_WARN("master", "revoked %" PRIu64 " puts that did not end within %" PRIu64 " ms", r.reaped,
                 m->cfg.put_timeout_ms);
     }
 }

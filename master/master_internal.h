@@ -187,6 +187,15 @@ void mobj_free(moonlet_master *m, struct mobj *o);
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
 
 /*
+ * Visits every object of every shard, one shard lock at a time (ascending).
+ * The visitor may destroy the object it is given (object_destroy_locked);
+ * returning false stops the walk.  The caller holds the guard (shared, or
+ * exclusive for whole-table changes).
+ */
+typedef bool (*shard_visit_fn)(moonlet_master *m, struct shard *s, struct mobj *o, void *arg);
+void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
+
+/*
  * Looks up a batch of keys of one tenant.  For each key, fn(arg, i, obj) runs
  * under the key's shard lock with the object or NULL; keys that fail
  * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
@@ -223,6 +232,8 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
 /* Unmounts every segment of clients not heard from within the liveness TTL. */
 void liveness_check(moonlet_master *m);
 double registry_usage(moonlet_master *m);
+/* Number of mounted segments (takes registry.mu). */
+uint32_t registry_mounted(moonlet_master *m);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */

@@ -50,6 +50,27 @@ static struct mobj *keyref_find_locked(const struct keyref *ref, moonlet_str key
     return shard_find_locked(ref->shard, ref->hash, ref->tenant, key.ptr, key.len);
 }
 
+/* An operation on one existing object, run under its shard lock. */
+typedef int (*object_op)(moonlet_master *m, struct shard *s, struct mobj *o, void *arg);
+
+/* Locks the key's shard (guard shared first), finds the object and runs op
+ * on it; OBJECT_NOT_FOUND when there is none. */
+static int with_object(moonlet_master *m, moonlet_str tenant, moonlet_str key, object_op op,
+                       void *arg)
+{
+    struct keyref ref;
+    int rc = keyref_init(m, tenant, key, false, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = keyref_find_locked(&ref, key);
+    rc = o ? op(m, ref.shard, o, arg) : MOONLET_ERR_OBJECT_NOT_FOUND;
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
 static void visit_replicas(moonlet_master *m, const struct mobj *o, bool readable_only,
                            moonlet_replica_visitor visit, void *arg)
 {
@@ -113,93 +134,79 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
     if (rc)
         return rc;
     rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
-    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && evict_pass(m, m->cfg.eviction_ratio) > 0)
+    /* Eviction frees space, not segments: with fewer mounted segments than
+     * replicas asked for, evicting would only lose objects. */
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && registry_mounted(m) >= replica_num &&
+        evict_pass(m, m->cfg.eviction_ratio) > 0)
         rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
     return rc;
 }
 
+static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    if (o->state != OBJ_PENDING)
+        return MOONLET_ERR_INVALID_WRITE;
+    for (uint32_t k = 0; k < o->nrep; k++)
+        mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
+    o->state = OBJ_COMPLETE;
+    o->lease_deadline = 0;
+    if (o->soft_pin)
+        o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), m->soft_pin_ttl_ns);
+    atomic_fetch_sub(&m->st.pending, 1);
+    atomic_fetch_add(&m->st.put_ends, 1);
+    /* A put whose every replica was lost in flight leaves nothing readable. */
+    if (o->nrep == 0)
+        object_destroy_locked(m, s, o);
+    return MOONLET_OK;
+}
+
 int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key)
 {
-    struct keyref ref;
-    int rc = keyref_init(m, tenant, key, false, &ref);
-    if (rc)
-        return rc;
-    pthread_rwlock_rdlock(&m->guard);
-    pthread_mutex_lock(&ref.shard->mu);
-    struct mobj *o = keyref_find_locked(&ref, key);
-    if (!o) {
-        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
-    } else if (o->state != OBJ_PENDING) {
-        rc = MOONLET_ERR_INVALID_WRITE;
-    } else {
-        for (uint32_t k = 0; k < o->nrep; k++)
-            mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
-        o->state = OBJ_COMPLETE;
-        o->lease_deadline = 0;
-        uint64_t now = moonlet_clock_now_ns();
-        if (o->soft_pin)
-            o->soft_pin_deadline = moonlet_lease_grant(0, now, m->soft_pin_ttl_ns);
-        atomic_fetch_sub(&m->st.pending, 1);
-        atomic_fetch_add(&m->st.put_ends, 1);
-        /* A put whose every replica was lost in flight leaves nothing readable. */
-        if (o->nrep == 0)
-            object_destroy_locked(m, ref.shard, o);
-    }
-    pthread_mutex_unlock(&ref.shard->mu);
-    pthread_rwlock_unlock(&m->guard);
-    return rc;
+    return with_object(m, tenant, key, put_end_op, NULL);
+}
+
+static int put_revoke_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    if (o->state != OBJ_PENDING)
+        return MOONLET_ERR_INVALID_WRITE;
+    object_destroy_locked(m, s, o);
+    atomic_fetch_add(&m->st.put_revokes, 1);
+    return MOONLET_OK;
 }
 
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key)
 {
-    struct keyref ref;
-    int rc = keyref_init(m, tenant, key, false, &ref);
-    if (rc)
-        return rc;
-    pthread_rwlock_rdlock(&m->guard);
-    pthread_mutex_lock(&ref.shard->mu);
-    struct mobj *o = keyref_find_locked(&ref, key);
-    if (!o) {
-        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
-    } else if (o->state != OBJ_PENDING) {
-        rc = MOONLET_ERR_INVALID_WRITE;
-    } else {
-        object_destroy_locked(m, ref.shard, o);
-        atomic_fetch_add(&m->st.put_revokes, 1);
-    }
-    pthread_mutex_unlock(&ref.shard->mu);
-    pthread_rwlock_unlock(&m->guard);
-    return rc;
+    return with_object(m, tenant, key, put_revoke_op, NULL);
+}
+
+struct get_args {
+    uint64_t *size, *lease_ttl_ms;
+    moonlet_replica_visitor visit;
+    void *arg;
+};
+
+static int get_replicas_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    struct get_args *g = arg;
+    if (!mobj_readable(o))
+        return MOONLET_ERR_REPLICA_IS_NOT_READY;
+    o->lease_deadline = moonlet_lease_grant(o->lease_deadline, moonlet_clock_now_ns(),
+                                            m->lease_ttl_ns);
+    atomic_fetch_add(&m->st.leases_get, 1);
+    if (g->size)
+        *g->size = o->size;
+    if (g->lease_ttl_ms)
+        *g->lease_ttl_ms = m->cfg.lease_ttl_ms;
+    visit_replicas(m, o, true, g->visit, g->arg);
+    return MOONLET_OK;
 }
 
 int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
                                     uint64_t *size, uint64_t *lease_ttl_ms,
                                     moonlet_replica_visitor visit, void *arg)
 {
-    struct keyref ref;
-    int rc = keyref_init(m, tenant, key, false, &ref);
-    if (rc)
-        return rc;
-    pthread_rwlock_rdlock(&m->guard);
-    pthread_mutex_lock(&ref.shard->mu);
-    struct mobj *o = keyref_find_locked(&ref, key);
-    if (!o) {
-        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
-    } else if (!mobj_readable(o)) {
-        rc = MOONLET_ERR_REPLICA_IS_NOT_READY;
-    } else {
-        o->lease_deadline = moonlet_lease_grant(o->lease_deadline, moonlet_clock_now_ns(),
-                                                m->lease_ttl_ns);
-        atomic_fetch_add(&m->st.leases_get, 1);
-        if (size)
-            *size = o->size;
-        if (lease_ttl_ms)
-            *lease_ttl_ms = m->cfg.lease_ttl_ms;
-        visit_replicas(m, o, true, visit, arg);
-    }
-    pthread_mutex_unlock(&ref.shard->mu);
-    pthread_rwlock_unlock(&m->guard);
-    return rc;
+    struct get_args g = {size, lease_ttl_ms, visit, arg};
+    return with_object(m, tenant, key, get_replicas_op, &g);
 }
 
 struct exist_ctx {
@@ -272,56 +279,49 @@ int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str 
     return exist_single(m, tenant, key, false, exists);
 }
 
+static int remove_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    if (o->state == OBJ_PENDING)
+        return MOONLET_ERR_REPLICA_IS_NOT_READY;
+    if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+        return MOONLET_ERR_OBJECT_HAS_LEASE;
+    object_destroy_locked(m, s, o);
+    atomic_fetch_add(&m->st.removes, 1);
+    return MOONLET_OK;
+}
+
 int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key)
 {
-    struct keyref ref;
-    int rc = keyref_init(m, tenant, key, false, &ref);
-    if (rc)
-        return rc;
-    pthread_rwlock_rdlock(&m->guard);
-    pthread_mutex_lock(&ref.shard->mu);
-    struct mobj *o = keyref_find_locked(&ref, key);
-    if (!o)
-        rc = MOONLET_ERR_OBJECT_NOT_FOUND;
-    else if (o->state == OBJ_PENDING)
-        rc = MOONLET_ERR_REPLICA_IS_NOT_READY;
-    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
-        rc = MOONLET_ERR_OBJECT_HAS_LEASE;
-    else {
-        object_destroy_locked(m, ref.shard, o);
-        atomic_fetch_add(&m->st.removes, 1);
-    }
-    pthread_mutex_unlock(&ref.shard->mu);
-    pthread_rwlock_unlock(&m->guard);
-    return rc;
+    return with_object(m, tenant, key, remove_op, NULL);
+}
+
+struct remove_all_args {
+    uint32_t tenant;
+    uint64_t now, removed;
+};
+
+static bool remove_all_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    struct remove_all_args *r = arg;
+    if (o->tenant != r->tenant || o->state != OBJ_COMPLETE ||
+        moonlet_lease_active(o->lease_deadline, r->now))
+        return true;
+    object_destroy_locked(m, s, o);
+    r->removed++;
+    return true;
 }
 
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed)
 {
-    uint32_t tid;
-    int rc = tenant_lookup(m, tenant, &tid);
+    struct remove_all_args r = {.now = moonlet_clock_now_ns()};
+    int rc = tenant_lookup(m, tenant, &r.tenant);
     *removed = 0;
-    if (rc || tid == MOONLET_NO_TENANT)
+    if (rc || r.tenant == MOONLET_NO_TENANT)
         return rc;
-    uint64_t now = moonlet_clock_now_ns();
     pthread_rwlock_rdlock(&m->guard);
-    for (uint32_t i = 0; i < m->nshards; i++) {
-        struct shard *s = &m->shards[i];
-        pthread_mutex_lock(&s->mu);
-        for (uint32_t b = 0; b <= s->mask; b++) {
-            struct mobj *o = s->buckets[b], *next;
-            for (; o; o = next) {
-                next = o->next;
-                if (o->tenant != tid || o->state != OBJ_COMPLETE ||
-                    moonlet_lease_active(o->lease_deadline, now))
-                    continue;
-                object_destroy_locked(m, s, o);
-                (*removed)++;
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
+    shards_foreach(m, remove_all_visit, &r);
     pthread_rwlock_unlock(&m->guard);
-    atomic_fetch_add(&m->st.removes, *removed);
+    *removed = r.removed;
+    atomic_fetch_add(&m->st.removes, r.removed);
     return MOONLET_OK;
 }

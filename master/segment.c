@@ -189,34 +189,36 @@ out:
     return rc;
 }
 
+struct strip_args {
+    uint32_t slot;
+    uint64_t removed;
+};
+
+/* Drops the object's replicas on the slot; destroys it when none is left. */
+static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    struct strip_args *st = arg;
+    struct mrep *reps = mobj_reps(o);
+    uint32_t keep = 0;
+    for (uint32_t k = 0; k < o->nrep; k++)
+        if (reps[k].seg != st->slot)
+            reps[keep++] = reps[k];
+    if (keep == o->nrep)
+        return true;
+    o->nrep = (uint8_t)keep;
+    if (keep == 0) {
+        object_destroy_locked(m, s, o);
+        st->removed++;
+    }
+    return true;
+}
+
 /* Removes every replica on `slot` from every object; guard held exclusive. */
 static uint64_t strip_segment(moonlet_master *m, uint32_t slot)
 {
-    uint64_t removed = 0;
-    for (uint32_t i = 0; i < m->nshards; i++) {
-        struct shard *s = &m->shards[i];
-        pthread_mutex_lock(&s->mu);
-        for (uint32_t b = 0; b <= s->mask; b++) {
-            struct mobj *o = s->buckets[b], *next;
-            for (; o; o = next) {
-                next = o->next;
-                struct mrep *reps = mobj_reps(o);
-                uint32_t keep = 0;
-                for (uint32_t k = 0; k < o->nrep; k++)
-                    if (reps[k].seg != slot)
-                        reps[keep++] = reps[k];
-                if (keep == o->nrep)
-                    continue;
-                o->nrep = (uint8_t)keep;
-                if (keep == 0) {
-                    object_destroy_locked(m, s, o);
-                    removed++;
-                }
-            }
-        }
-        pthread_mutex_unlock(&s->mu);
-    }
-    return removed;
+    struct strip_args st = {.slot = slot};
+    shards_foreach(m, strip_visit, &st);
+    return st.removed;
 }
 
 static int unmount_slot(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id,
@@ -334,6 +336,14 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->offset = rp->offset;
     v->size = o->size;
     v->status = rp->status;
+}
+
+uint32_t registry_mounted(moonlet_master *m)
+{
+    pthread_mutex_lock(&m->reg.mu);
+    uint32_t n = m->reg.nmounted;
+    pthread_mutex_unlock(&m->reg.mu);
+    return n;
 }
 
 double registry_usage(moonlet_master *m)

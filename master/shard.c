@@ -152,6 +152,23 @@ void shard_unlink_locked(struct shard *s, struct mobj *o)
     }
 }
 
+void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
+{
+    bool go = true;
+    for (uint32_t i = 0; i < m->nshards && go; i++) {
+        struct shard *s = &m->shards[i];
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t b = 0; b <= s->mask && go; b++) {
+            struct mobj *o = s->buckets[b], *next;
+            for (; o && go; o = next) {
+                next = o->next; /* the visitor may free o */
+                go = fn(m, s, o, arg);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+}
+
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     shard_unlink_locked(s, o);

@@ -22,6 +22,14 @@
  * The local segment, when configured, is a store node (store_node.c) run on
  * a thread of the client; reads prefer the replica it serves.
  *
+ * Two backends behind one type.  A client of moonlet_client_create_dummy()
+ * has `dummy` set and nothing else: every public function starts with the
+ * backend switch `if (c->dummy) return moonlet_dummy_<same name>(...)`
+ * (store/dummy_client.c forwards the call to the RealClient).  The
+ * argument checks that need no backend (NULL client) come first; the rest
+ * of each function is the real backend.  A switch per function, rather than
+ * a table of function pointers, keeps each call's two paths side by side.
+ *
  * Locks: buf_mu guards the list of registered buffers and is never held
  * across a transport call; the MasterClient serialises master calls with its
  * own mutex; xfer is thread safe.  No lock is held while another is taken.
@@ -35,7 +43,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <cjson/cJSON.h>
+
 #include "client_internal.h"
+#include "dummy_client.h"
 #include "log.h"
 #include "master_client.h"
 #include "store_node.h"
@@ -47,11 +58,13 @@
 typedef struct client_buf {
     void *base;
     size_t len;
-    bool ready; /* false while its transport registration is being made */
+    bool ready;  /* false while its transport registration is being made */
+    bool shared; /* memory of moonlet_client_alloc_shared(), freed with it */
     struct client_buf *next;
 } client_buf;
 
 struct moonlet_client {
+    moonlet_dummy *dummy;  /* set: the DummyClient backend, nothing below is used */
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
     char *tenant;          /* default tenant; NULL: the master's "default" */
@@ -138,13 +151,14 @@ static bool client_buf_covers(moonlet_client *c, const void *p, size_t len)
     return found;
 }
 
-/* Unlinks the entry at `base` (ready or not); NULL when there is none. */
-static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_only)
+/* Unlinks the entry at `base` (ready or not, only if ready; shared or not,
+ * only if of the kind `shared`); NULL when there is none. */
+static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_only, bool shared)
 {
     client_buf *b = NULL;
     pthread_mutex_lock(&c->buf_mu);
     for (client_buf **pp = &c->bufs; *pp; pp = &(*pp)->next) {
-        if ((*pp)->base == base && (!ready_only || (*pp)->ready)) {
+        if ((*pp)->base == base && (!ready_only || (*pp)->ready) && (*pp)->shared == shared) {
             b = *pp;
             *pp = b->next;
             break;
@@ -156,6 +170,8 @@ static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_o
 
 int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_register_buffer(c->dummy, base, len);
     if (!c || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
         return MOONLET_ERR_INVALID_PARAMS;
     client_buf *b = calloc(1, sizeof(*b));
@@ -177,7 +193,7 @@ int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
     pthread_mutex_unlock(&c->buf_mu);
     int rc = moonlet_xfer_register_buffer(c->xfer, base, len);
     if (rc) {
-        free(client_buf_unlink(c, base, false));
+        free(client_buf_unlink(c, base, false, false));
         return rc;
     }
     pthread_mutex_lock(&c->buf_mu);
@@ -188,14 +204,56 @@ int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
 
 int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_unregister_buffer(c->dummy, base);
     if (!c || !base)
         return MOONLET_ERR_INVALID_PARAMS;
-    client_buf *b = client_buf_unlink(c, base, true);
+    client_buf *b = client_buf_unlink(c, base, true, false);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
     int rc = moonlet_xfer_unregister_buffer(c->xfer, base);
     free(b);
     return rc;
+}
+
+int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_alloc_shared(c->dummy, len, out);
+    if (!c || !len || !out || len > SIZE_MAX - CLIENT_STAGE_ALIGN)
+        return MOONLET_ERR_INVALID_PARAMS;
+    size_t rounded = (len + CLIENT_STAGE_ALIGN - 1) / CLIENT_STAGE_ALIGN * CLIENT_STAGE_ALIGN;
+    void *p = aligned_alloc(CLIENT_STAGE_ALIGN, rounded);
+    if (!p)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    memset(p, 0, rounded);
+    int rc = moonlet_client_register_buffer(c, p, len);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    pthread_mutex_lock(&c->buf_mu);
+    for (client_buf *b = c->bufs; b; b = b->next)
+        if (b->base == p)
+            b->shared = true;
+    pthread_mutex_unlock(&c->buf_mu);
+    *out = p;
+    return MOONLET_OK;
+}
+
+int moonlet_client_free_shared(moonlet_client *c, void *p)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_free_shared(c->dummy, p);
+    if (!c || !p)
+        return MOONLET_ERR_INVALID_PARAMS;
+    client_buf *b = client_buf_unlink(c, p, true, true);
+    if (!b)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_xfer_unregister_buffer(c->xfer, p);
+    free(b);
+    free(p);
+    return MOONLET_OK;
 }
 
 /* ---- staging for the copying calls ----------------------------------------------- */
@@ -305,6 +363,8 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
                        const moonlet_put_options *opt)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_put(c->dummy, key, buf, len, opt);
     if (!c || !key || (!buf && len))
         return MOONLET_ERR_INVALID_PARAMS;
     client_stage st;
@@ -321,6 +381,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
 int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
                             const moonlet_put_options *opt)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_put_from(c->dummy, key, buf, len, opt);
     if (!c || !key || (!buf && len) || !client_buf_covers(c, buf, len))
         return MOONLET_ERR_INVALID_PARAMS;
     return client_put_core(c, key, buf, len, opt);
@@ -329,6 +391,8 @@ int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf,
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
                           const moonlet_put_options *opt)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_upsert(c->dummy, key, buf, len, opt);
     int rc = moonlet_client_put(c, key, buf, len, opt);
     if (rc != MOONLET_ERR_OBJECT_ALREADY_EXISTS)
         return rc;
@@ -412,6 +476,8 @@ static int client_get_core(moonlet_client *c, const char *key, void *buf, size_t
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
                        const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_get(c->dummy, key, buf, cap, len, tenant);
     if (!c || !key || !len || (!buf && cap))
         return MOONLET_ERR_INVALID_PARAMS;
     return client_get_core(c, key, buf, cap, len, tenant, true);
@@ -420,6 +486,8 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
                             size_t *len, const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_get_into(c->dummy, key, buf, cap, len, tenant);
     if (!c || !key || !len || (!buf && cap) || !client_buf_covers(c, buf, cap))
         return MOONLET_ERR_INVALID_PARAMS;
     return client_get_core(c, key, buf, cap, len, tenant, false);
@@ -428,6 +496,8 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
 int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
                              const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_get_alloc(c->dummy, key, buf, len, tenant);
     if (!c || !key || !buf || !len)
         return MOONLET_ERR_INVALID_PARAMS;
     *buf = NULL;
@@ -451,6 +521,8 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, siz
 int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
                             const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_get_size(c->dummy, key, size, tenant);
     if (!c || !key || !size)
         return MOONLET_ERR_INVALID_PARAMS;
     moonlet_replica_list l;
@@ -468,6 +540,8 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
                                   const void *const *bufs, const size_t *lens, size_t n,
                                   const moonlet_put_options *opt, int32_t *results)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_batch_put_from(c->dummy, keys, bufs, lens, n, opt, results);
     if (!c || (n && (!keys || !bufs || !lens || !results || !client_keys_ok(keys, n))))
         return MOONLET_ERR_INVALID_PARAMS;
     client_put_args a = client_put_resolve(c, opt);
@@ -591,6 +665,8 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
                                   void *const *bufs, const size_t *caps, size_t n,
                                   size_t *lens, int32_t *results, const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_batch_get_into(c->dummy, keys, bufs, caps, n, lens, results, tenant);
     if (!c || (n && (!keys || !bufs || !caps || !lens || !results || !client_keys_ok(keys, n))))
         return MOONLET_ERR_INVALID_PARAMS;
     client_bget *g = calloc(n ? n : 1, sizeof(*g));
@@ -622,6 +698,8 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 
 int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_remove(c->dummy, key, tenant);
     if (!c || !key)
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
@@ -629,6 +707,8 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
 
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_remove_all(c->dummy, removed, tenant);
     if (!c)
         return MOONLET_ERR_INVALID_PARAMS;
     uint64_t n = 0;
@@ -641,6 +721,8 @@ int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *
 int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
                              const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_exist_key(c->dummy, key, exists, tenant);
     if (!c || !key || !exists)
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_exist_key(c->mc, client_tenant(c, tenant), key, exists);
@@ -649,6 +731,8 @@ int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
 int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
                              const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_probe_key(c->dummy, key, exists, tenant);
     if (!c || !key || !exists)
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_probe_key(c->mc, client_tenant(c, tenant), key, exists);
@@ -657,6 +741,8 @@ int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
 int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
                                    int32_t *results, const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_batch_exist_key(c->dummy, keys, n, results, tenant);
     if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_batch_exist_key(c->mc, client_tenant(c, tenant), keys, n, results);
@@ -666,9 +752,28 @@ int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy
                                    const char *const *keys, size_t n, int32_t *results,
                                    const char *tenant)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_batch_probe_key(c->dummy, policy, keys, n, results, tenant);
     if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_batch_probe_key(c->mc, client_tenant(c, tenant), policy, keys, n, results);
+}
+
+int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
+                               char **json_out)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_inspect_key(c->dummy, key, tenant, json_out);
+    if (!c || !key || !json_out)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *json_out = NULL;
+    cJSON *j = NULL;
+    int rc = moonlet_mc_inspect_key(c->mc, client_tenant(c, tenant), key, &j);
+    if (rc)
+        return rc;
+    *json_out = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return *json_out ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
 }
 
 /* ---- create / destroy ------------------------------------------------------------------ */
@@ -694,9 +799,10 @@ static void *client_node_main(void *arg)
     return NULL;
 }
 
-/* The local segment: a store node on a thread of the client. */
+/* The local segment: a store node on a thread of the client, configured by
+ * `node` or, when NULL, from cfg. */
 static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg,
-                             moonlet_xfer_protocol proto)
+                             moonlet_xfer_protocol proto, const moonlet_store_node_config *node)
 {
     moonlet_store_node_config nc;
     moonlet_store_node_config_default(&nc);
@@ -707,6 +813,8 @@ static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg
     nc.auth_token = cfg->auth_token;
     if (cfg->local_listen_addr)
         nc.listen_addr = cfg->local_listen_addr;
+    if (node)
+        nc = *node;
     int rc = moonlet_store_node_create(&nc, &c->node);
     if (rc)
         return rc;
@@ -720,7 +828,7 @@ static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg
 }
 
 static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
-                          moonlet_xfer_protocol proto)
+                          moonlet_xfer_protocol proto, const moonlet_store_node_config *node)
 {
     moonlet_master_client_opts mo = {.timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
                                                          : MOONLET_CLIENT_DEFAULT_TIMEOUT_MS),
@@ -735,10 +843,11 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
     if (rc)
         return rc;
     atomic_store(&c->stage, strcmp(moonlet_xfer_protocol_name(c->xfer), "rdma") == 0);
-    return cfg->local_segment_size ? client_start_node(c, cfg, proto) : MOONLET_OK;
+    return node || cfg->local_segment_size ? client_start_node(c, cfg, proto, node) : MOONLET_OK;
 }
 
-int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out)
+int moonlet_client_create_with_node(const moonlet_client_config *cfg,
+                                    const moonlet_store_node_config *node, moonlet_client **out)
 {
     moonlet_xfer_protocol proto;
     if (!cfg || !out || !cfg->master_addr || !*cfg->master_addr ||
@@ -754,7 +863,35 @@ int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out
     if (cfg->default_tenant && !(c->tenant = strdup(cfg->default_tenant)))
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (!rc)
-        rc = client_connect(c, cfg, proto);
+        rc = client_connect(c, cfg, proto, node);
+    if (rc) {
+        moonlet_client_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return MOONLET_OK;
+}
+
+int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out)
+{
+    return moonlet_client_create_with_node(cfg, NULL, out);
+}
+
+void moonlet_dummy_config_init(moonlet_dummy_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
+                                moonlet_client **out)
+{
+    if (!socket_path || !out)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_client *c = calloc(1, sizeof(*c));
+    if (!c)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    pthread_mutex_init(&c->buf_mu, NULL);
+    int rc = moonlet_dummy_create(socket_path, cfg, &c->dummy);
     if (rc) {
         moonlet_client_destroy(c);
         return rc;
@@ -767,6 +904,7 @@ void moonlet_client_destroy(moonlet_client *c)
 {
     if (!c)
         return;
+    moonlet_dummy_destroy(c->dummy);
     if (c->node) {
         moonlet_store_node_stop(c->node);
         pthread_join(c->node_thread, NULL);
@@ -777,6 +915,8 @@ void moonlet_client_destroy(moonlet_client *c)
     while (c->bufs) {
         client_buf *b = c->bufs;
         c->bufs = b->next;
+        if (b->shared)
+            free(b->base);
         free(b);
     }
     pthread_mutex_destroy(&c->buf_mu);
@@ -788,6 +928,8 @@ void moonlet_client_destroy(moonlet_client *c)
 
 const char *moonlet_client_protocol(const moonlet_client *c)
 {
+    if (c && c->dummy)
+        return moonlet_dummy_protocol(c->dummy);
     return c ? moonlet_xfer_protocol_name(c->xfer) : "none";
 }
 

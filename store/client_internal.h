@@ -11,6 +11,7 @@
 
 #include "moonlet/client.h"
 #include "moonlet/types.h"
+#include "store_node.h"
 
 /* True when a read lease of lease_ttl_ms, granted no earlier than asked_ns
  * (CLOCK_MONOTONIC, taken just before GetReplicaList was sent), had run out
@@ -34,5 +35,11 @@ bool moonlet_client_try_next_replica(int rc);
 /* Tests: make the copying calls (put, get, get_alloc, upsert) stage through
  * a registered bounce buffer as they do on RDMA, so that path runs on TCP. */
 void moonlet_client_force_staging(moonlet_client *c, bool on);
+
+/* As moonlet_client_create(), with the local segment configured as a full
+ * store node by `node` (used verbatim: its segment_size wins over
+ * cfg->local_segment_size); NULL: moonlet_client_create() itself. */
+int moonlet_client_create_with_node(const moonlet_client_config *cfg,
+                                    const moonlet_store_node_config *node, moonlet_client **out);
 
 #endif

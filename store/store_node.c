@@ -326,6 +326,8 @@ static int node_alloc(moonlet_store_node *n, const moonlet_store_node_config *c)
     return MOONLET_OK;
 }
 
+/* Starts serving before the segment exists: a missing device or a taken
+ * port then fails in milliseconds, not after locking a large segment. */
 static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
 {
     moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
@@ -340,20 +342,20 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     rc = moonlet_xfer_local_endpoint(n->xfer, n->listen_ep, sizeof(n->listen_ep));
     if (rc)
         return rc;
-    if (c->advertise_addr) {
-        /* rdma_cm connects to the listener itself; nothing can stand in for it. */
-        if (strcmp(moonlet_xfer_protocol_name(n->xfer), "tcp") != 0) {
-            ML_ERR(MOD, "an advertised address needs the tcp protocol, not %s",
-                   moonlet_xfer_protocol_name(n->xfer));
-            return MOONLET_ERR_INVALID_PARAMS;
-        }
-        snprintf(n->endpoint, sizeof(n->endpoint), "%s", c->advertise_addr);
-        n->advertised = true;
-        ML_INFO(MOD, "serving on %s, advertising %s to the master", n->listen_ep, n->endpoint);
-    } else {
+    if (!c->advertise_addr) {
         snprintf(n->endpoint, sizeof(n->endpoint), "%s", n->listen_ep);
+        return MOONLET_OK;
     }
-    return node_register(n);
+    /* rdma_cm connects to the listener itself; nothing can stand in for it. */
+    if (strcmp(moonlet_xfer_protocol_name(n->xfer), "tcp") != 0) {
+        ML_ERR(MOD, "an advertised address needs the tcp protocol, not %s",
+               moonlet_xfer_protocol_name(n->xfer));
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    snprintf(n->endpoint, sizeof(n->endpoint), "%s", c->advertise_addr);
+    n->advertised = true;
+    ML_INFO(MOD, "serving on %s, advertising %s to the master", n->listen_ep, n->endpoint);
+    return MOONLET_OK;
 }
 
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out)
@@ -386,9 +388,11 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     if (rc)
         ML_ERR(MOD, "cannot reach the master at %s: %s", cfg->master_addr, moonlet_strerror(rc));
     if (!rc)
+        rc = node_serve(n, cfg);
+    if (!rc)
         rc = node_alloc(n, cfg);
     if (!rc)
-        rc = node_serve(n, cfg);
+        rc = node_register(n);
     if (!rc) {
         node_unmount_leftovers(n);
         rc = node_mount(n);

@@ -2,10 +2,11 @@
  * store_node.h - a store node: one segment of memory contributed to the
  * cluster, served for one-sided reads and writes, kept mounted on the master.
  *
- * create() allocates the segment (segment_mem: on the NIC's NUMA node unless
- * told otherwise, huge pages when the kernel has them, locked), starts the
- * transport serving on the listen address (xfer), registers the segment with
- * it and mounts it on the master under the node's client id.  What the master
+ * create() starts the transport serving on the listen address (xfer; first,
+ * so a missing device or a taken port fails fast), allocates the segment
+ * (segment_mem: on the NIC's NUMA node unless told otherwise, huge pages when
+ * the kernel has them, locked), registers it with the transport and mounts it
+ * on the master under the node's client id.  What the master
  * records is exactly what the transport returned: segment id, endpoint,
  * protocol, base and size - except that an advertised address, when one is
  * configured (TCP only), replaces the endpoint: peers then reach the node

@@ -18,6 +18,7 @@ struct subcommand {
 static const struct subcommand g_cmds[] = {
     {"rpc", bench_rpc_main, "control-plane latency (Echo, BatchExistKey) and master memory per object"},
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
+    {"client", bench_client_main, "batch_probe_key latency from the C client, Python direct and Python via a DummyClient"},
     {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
 };
 

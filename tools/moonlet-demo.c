@@ -11,6 +11,7 @@
  * holds afterwards.  Leases and replica placement are read back through the
  * master's inspection RPC (MasterClient): inspection is an operator's view,
  * not part of the client API.  Exit code 0 when every step succeeded.
+ * Single-threaded; takes no locks.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>

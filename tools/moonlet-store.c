@@ -5,9 +5,18 @@
  * allocated, served, registered and mounted - store/store_node.c does all of
  * it), prints "listening on HOST:PORT" (the address it serves on) once
  * mounted, and with --advertise a second line "advertising HOST:PORT" (the
- * endpoint the master hands to peers), and heartbeats until SIGTERM or SIGINT, after which the node unmounts and the
- * process exits 0.  Exit code 2: bad flags; 1: the node could not start.
+ * endpoint the master hands to peers), and heartbeats until SIGTERM or
+ * SIGINT, after which the node unmounts and the process exits 0.  Exit code 2: bad flags; 1: the node could not start.
  * Signals are taken by one thread with sigwait(); no other thread sees them.
+ * Takes no locks of its own (the node's are described in store_node.c, the
+ * RealClient's in real_client.c).
+ *
+ * With --serve-dummy PATH the process is a RealClient
+ * (include/moonlet/real_client.h): the node's segment becomes the local
+ * segment of a client that also serves DummyClients on the unix socket PATH
+ * (mode 0600, or 0660 with --socket-group).  It prints "listening on
+ * HOST:PORT" and then "serving dummy clients on PATH"; on SIGTERM it stops
+ * serving, removes the socket, unmounts and exits 0.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -21,6 +30,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "moonlet_config.h"
+#include "real_client_internal.h"
 #include "segment_mem.h"
 #include "store_node.h"
 #include "token.h"
@@ -46,6 +56,9 @@ static void usage(FILE *f)
             "  --ping-interval-ms N      heartbeat period (default 1000)\n"
             "  --rpc-timeout-ms N        deadline of each master call (default 400)\n"
             "  --transfer-timeout-ms N   longest wait on a stalled peer while serving (default 10000)\n"
+            "  --serve-dummy PATH        also serve DummyClients of this host on the unix socket\n"
+            "                            PATH (a RealClient; the socket gets mode 0600)\n"
+            "  --socket-group NAME       with --serve-dummy: give the socket group NAME, mode 0660\n"
             "  --log-level LEVEL         error|warn|info|debug (default info)\n"
             "  --help, --version\n");
 }
@@ -121,7 +134,8 @@ static int parse_log_level(const char *s)
 
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
-    O_LOG, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT, O_XFER_TIMEOUT
+    O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
+    O_XFER_TIMEOUT
 };
 
 static const struct option g_opts[] = {
@@ -138,14 +152,22 @@ static const struct option g_opts[] = {
     {"rpc-timeout-ms", required_argument, 0, O_RPC_TIMEOUT},
     {"transfer-timeout-ms", required_argument, 0, O_XFER_TIMEOUT},
     {"log-level", required_argument, 0, O_LOG},
+    {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
+    {"socket-group", required_argument, 0, O_SOCKET_GROUP},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
 };
 
+/* The RealClient flags. */
+typedef struct serve_flags {
+    const char *path;  /* --serve-dummy; NULL: a plain store node */
+    const char *group; /* --socket-group */
+} serve_flags;
+
 /* Returns 0 to run, 2 on bad flags, -1 after --help / --version (exit 0). */
 static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
-                       const char **token_file)
+                       const char **token_file, serve_flags *sv)
 {
     unsigned long v;
     int c, bad = 0;
@@ -184,6 +206,14 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             cfg->transfer_timeout_ms = (uint32_t)v;
             break;
         case O_LOG: bad = parse_log_level(optarg); break;
+        case O_SERVE_DUMMY:
+            sv->path = optarg;
+            bad = !*optarg && bad_flag("--serve-dummy", "expected a socket path", optarg);
+            break;
+        case O_SOCKET_GROUP:
+            sv->group = optarg;
+            bad = !*optarg && bad_flag("--socket-group", "expected a group name", optarg);
+            break;
         case O_HELP: usage(stdout); return -1;
         case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
         default:
@@ -198,6 +228,10 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
     }
     if (!bad && !cfg->master_addr) {
         fprintf(stderr, PROG ": --master HOST:PORT is required\n");
+        bad = 1;
+    }
+    if (!bad && sv->group && !sv->path) {
+        fprintf(stderr, PROG ": --socket-group needs --serve-dummy\n");
         bad = 1;
     }
     if (bad) {
@@ -221,13 +255,45 @@ static void *signal_thread(void *arg)
     return NULL;
 }
 
+/* --serve-dummy: the node as the local segment of a RealClient; serves
+ * until SIGTERM / SIGINT (blocked in every thread; taken here). */
+static int serve_dummies(const moonlet_store_node_config *node, const serve_flags *sv,
+                         const sigset_t *sigs)
+{
+    moonlet_client_config cc;
+    moonlet_client_config_init(&cc);
+    cc.master_addr = node->master_addr;
+    cc.protocol = node->protocol == MOONLET_XFER_TCP    ? MOONLET_PROTOCOL_TCP
+                  : node->protocol == MOONLET_XFER_RDMA ? MOONLET_PROTOCOL_RDMA
+                                                        : MOONLET_PROTOCOL_AUTO;
+    cc.device = node->device;
+    cc.auth_token = node->auth_token;
+    moonlet_real_client *rc;
+    int r = moonlet_real_client_create_with_node(&cc, node, sv->path, sv->group, &rc);
+    if (r) {
+        fprintf(stderr, PROG ": cannot serve dummy clients on %s: %s\n", sv->path,
+                moonlet_strerror(r));
+        return 1;
+    }
+    char ep[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    moonlet_client_local_endpoint(moonlet_real_client_client(rc), ep, sizeof(ep));
+    printf("listening on %s\nserving dummy clients on %s\n", ep, sv->path);
+    fflush(stdout);
+    int sig = 0;
+    sigwait(sigs, &sig);
+    ML_INFO("store", "signal %d: closing the dummy socket, unmounting and shutting down", sig);
+    moonlet_real_client_destroy(rc);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     moonlet_store_node_config cfg;
     moonlet_store_node_config_default(&cfg);
     cfg.segment_size = UINT64_C(1) << 30;
     const char *token_file = NULL;
-    int rc = parse_flags(argc, argv, &cfg, &token_file);
+    serve_flags sv = {NULL, NULL};
+    int rc = parse_flags(argc, argv, &cfg, &token_file, &sv);
     if (rc)
         return rc < 0 ? 0 : rc;
     char *token = NULL;
@@ -242,6 +308,12 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    if (sv.path) {
+        rc = serve_dummies(&cfg, &sv, &set);
+        moonlet_token_free(token);
+        return rc;
+    }
 
     moonlet_store_node *node;
     rc = moonlet_store_node_create(&cfg, &node);

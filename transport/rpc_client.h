@@ -56,6 +56,13 @@ msgpack_packer *moonlet_rpc_client_begin(moonlet_rpc_client *c, uint32_t method,
  * rep needs no release. */
 int moonlet_rpc_client_call(moonlet_rpc_client *c, moonlet_reply *rep);
 
+/* As moonlet_rpc_client_call(), and passes the descriptor fd to the server
+ * with the request (SCM_RIGHTS; unix-domain connections only, else
+ * INVALID_PARAMS before anything is sent).  The caller keeps its own fd
+ * open either way; the server gets a duplicate (rpc_server.h:
+ * moonlet_rpc_ctx_take_fd). */
+int moonlet_rpc_client_call_fd(moonlet_rpc_client *c, int fd, moonlet_reply *rep);
+
 /* Pipelining: sends the begun request without waiting; *id_out gets its id. */
 int moonlet_rpc_client_send(moonlet_rpc_client *c, uint64_t *id_out);
 /* Waits for the next reply, whatever its id. Same return convention as call. */

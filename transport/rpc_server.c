@@ -27,6 +27,9 @@
  *    peer reads the reply instead of a reset.
  *  - stop() sets a flag and writes every eventfd; loops also wake every
  *    LOOP_TICK_MS, so it returns promptly (plus any running handler).
+ *  - Unix-socket connections read with recvmsg() so that descriptors a peer
+ *    passes (SCM_RIGHTS; the DummyClient's shared memory) are kept on the
+ *    connection for a handler to take, and closed with it if nobody does.
  *
  * Locks: each loop's `lock` guards only its queue of newly accepted sockets
  * (taken by the acceptor and by that loop, never while calling a handler or
@@ -96,6 +99,8 @@ typedef struct conn {
     uint32_t events;
     struct loop *loop;
     void *conn_data;
+    int fds[MOONLET_RPC_MAX_CONN_FDS]; /* passed descriptors not yet taken (unix only) */
+    unsigned nfds;
     char *in;
     size_t in_len, in_cap;
     moonlet_frame_builder out;
@@ -244,7 +249,7 @@ static void fail_conn(conn *c, uint64_t id, int code, const char *what)
 static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
-    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method};
+    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c};
     moonlet_frame_builder *b = &c->out;
     msgpack_packer *pk = moonlet_reply_begin(b, req->id, 0);
     int code = m->fn(&ctx, req->args, pk);
@@ -390,13 +395,61 @@ static bool ensure_input_room(conn *c)
     return true;
 }
 
+int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx)
+{
+    conn *c = ctx ? ctx->conn : NULL;
+    if (c == NULL || c->nfds == 0)
+        return -1;
+    int fd = c->fds[0];
+    c->nfds--;
+    memmove(c->fds, c->fds + 1, c->nfds * sizeof(c->fds[0]));
+    return fd;
+}
+
+/* recv() that also keeps the descriptors a unix peer passed (SCM_RIGHTS). */
+static ssize_t recv_keep_fds(conn *c, char *buf, size_t len)
+{
+    union {
+        char b[CMSG_SPACE(sizeof(int) * MOONLET_RPC_MAX_CONN_FDS)];
+        struct cmsghdr align;
+    } cbuf;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf.b,
+                        .msg_controllen = sizeof(cbuf.b)};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(fd));
+            if (c->nfds < MOONLET_RPC_MAX_CONN_FDS) {
+                c->fds[c->nfds++] = fd;
+            } else {
+                ML_WARN(MOD, "fd %d passed more than %d descriptors; dropping one", c->fd,
+                        MOONLET_RPC_MAX_CONN_FDS);
+                close(fd);
+            }
+        }
+    }
+    if (mh.msg_flags & MSG_CTRUNC)
+        ML_WARN(MOD, "fd %d passed more descriptors than fit one message; the kernel dropped them",
+                c->fd);
+    return n;
+}
+
 static void read_requests(conn *c)
 {
     if (!ensure_input_room(c)) {
         c->dead = true;
         return;
     }
-    ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+    ssize_t n = c->loop->s->unix_path
+                    ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
+                    : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
         c->in_len += (size_t)n;
     } else if (n == 0) {
@@ -486,6 +539,8 @@ static void conn_close(loop *l, conn *c)
     moonlet_rpc_server *s = l->s;
     epoll_ctl(l->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    for (unsigned i = 0; i < c->nfds; i++)
+        close(c->fds[i]);
     if (s->on_close)
         s->on_close(s->ctx, c->conn_data);
     if (c->state == ST_LINGER)
@@ -938,8 +993,10 @@ int moonlet_rpc_server_start(moonlet_rpc_server *s)
     if (pthread_create(&s->acceptor, NULL, acceptor_main, s) != 0)
         goto fail;
     s->acceptor_started = true;
-    ML_INFO(MOD, "serving on %s%s%u with %d loop threads", s->unix_path ? s->unix_path : "port",
-            s->unix_path ? "" : " ", s->unix_path ? 0u : (unsigned)s->port, s->nloops);
+    if (s->unix_path)
+        ML_INFO(MOD, "serving on %s with %d loop threads", s->unix_path, s->nloops);
+    else
+        ML_INFO(MOD, "serving on port %u with %d loop threads", (unsigned)s->port, s->nloops);
     return 0;
 fail:
     ML_ERR(MOD, "cannot start server threads");

@@ -38,6 +38,7 @@ typedef struct moonlet_rpc_ctx {
     void **conn_data;  /* per-connection slot, NULL at accept; the handler may set it */
     uint64_t id;       /* request id */
     uint32_t method;   /* method id */
+    void *conn;        /* the server's connection; only for moonlet_rpc_ctx_take_fd() */
 } moonlet_rpc_ctx;
 
 /*
@@ -84,6 +85,20 @@ void moonlet_rpc_server_stop(moonlet_rpc_server *s);
 void moonlet_rpc_server_destroy(moonlet_rpc_server *s);
 /* Number of currently open connections. */
 size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
+
+/*
+ * File descriptors passed over a unix-socket connection (SCM_RIGHTS).  The
+ * server of a unix_path keeps the descriptors a peer sends, in arrival order,
+ * up to MOONLET_RPC_MAX_CONN_FDS per connection (more are closed and
+ * dropped); they belong to the connection, not to a frame.  A handler takes
+ * the oldest one with moonlet_rpc_ctx_take_fd() and then owns it; -1 when
+ * none is waiting.  Descriptors nobody took are closed with the connection.
+ * A protocol that passes descriptors sends one with the request that uses
+ * it and waits for that reply before sending another (as rpc_client's
+ * moonlet_rpc_client_call_fd() does).  Loop thread only; no locks.
+ */
+#define MOONLET_RPC_MAX_CONN_FDS 8
+int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx);
 
 /* Packs a formatted error message as the result and returns `code`. */
 int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)

@@ -39,6 +39,15 @@
  * nodes (PutStart), writes every replica in one transport batch, and seals
  * the object (PutEnd).  If any write fails the put is revoked (PutRevoke):
  * a half-written object never becomes readable.
+ *
+ * Two backends.  moonlet_client_create() makes a client that talks to the
+ * master and moves bytes itself.  moonlet_client_create_dummy() makes a
+ * DummyClient: the same moonlet_client, every call of this header works on
+ * it, but it holds no segment and no master connection; it forwards each
+ * call to the RealClient of its host (moonlet/real_client.h) over a
+ * unix-domain socket, with object bytes in shared memory, and returns the
+ * RealClient's codes unchanged.  Differences are stated per call; see also
+ * docs/client-layers.md.
  */
 #ifndef MOONLET_CLIENT_H
 #define MOONLET_CLIENT_H
@@ -106,6 +115,61 @@ void moonlet_client_config_init(moonlet_client_config *cfg);
  */
 int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out);
 
+/* ---- DummyClient ------------------------------------------------------------ */
+
+#define MOONLET_DUMMY_DEFAULT_TIMEOUT_MS 30000u
+#define MOONLET_DUMMY_DEFAULT_STAGING (64u << 20)
+#define MOONLET_DUMMY_DEFAULT_CONNECTIONS 4u
+
+typedef struct moonlet_dummy_config {
+    /* Longest wait for one RealClient answer; 0: 30000.  Keep it above the
+     * RealClient's own rpc + transfer timeouts, or a slow but healthy call is
+     * reported as RPC_TIMEOUT. */
+    uint32_t rpc_timeout_ms;
+    /* Shared-memory staging area per connection, for the copying calls; 0:
+     * 64 MiB.  Memory is only used as bytes are written.  A call that needs
+     * more uses a one-off shared area of its exact size for that call. */
+    uint64_t staging_bytes;
+    /* Calls that may run at once (one socket connection + staging area
+     * each, opened as needed); 0: 4.  Further calls wait for a free one. */
+    uint32_t max_connections;
+    /* Tenant of calls that name none; NULL: the RealClient's default. */
+    const char *default_tenant;
+} moonlet_dummy_config;
+
+/* Fills *cfg with the defaults (all zero / NULL).  Never fails. */
+void moonlet_dummy_config_init(moonlet_dummy_config *cfg);
+
+/*
+ * Creates a DummyClient served by the RealClient listening on socket_path
+ * (cfg may be NULL: defaults).  Connects once, so a wrong path or a dead
+ * RealClient shows here.  Returns 0 and sets *out, or
+ *   INVALID_PARAMS   NULL path or out, a path too long for a unix socket
+ *   RPC_FAIL / RPC_TIMEOUT  nothing (alive) listens there; no permission
+ *   INVALID_VERSION  the RealClient speaks an older protocol
+ *   INTERNAL_ERROR   out of memory or shared memory (memfd)
+ * Blocks for the connection.  Thread safe (creates an independent client).
+ *
+ * Behaviour of a DummyClient:
+ *  - Every call is one request to the RealClient, which makes the same call
+ *    on its own client and answers with its return code and outputs; the
+ *    DummyClient returns them unchanged.  BatchProbeKey's policy reaches the
+ *    master unchanged.  Besides the errors of each call, RPC_FAIL (the
+ *    RealClient is gone or closed the connection) or RPC_TIMEOUT (no answer
+ *    within rpc_timeout_ms); the next call reconnects.  No call hangs
+ *    beyond rpc_timeout_ms per request.
+ *  - put/get/get_alloc/upsert copy the caller's bytes through the
+ *    connection's shared staging area (one memcpy on this side).
+ *  - register_buffer accepts any memory; put_from/get_into (and batches)
+ *    copy through the staging area for it, since the RealClient cannot see
+ *    this process's memory.  Memory from moonlet_client_alloc_shared() is
+ *    shared with the RealClient: calls on it copy nothing on this side.
+ *  - moonlet_client_protocol() is the RealClient's transport;
+ *    moonlet_client_local_endpoint() is UNAVAILABLE_IN_CURRENT_STATUS.
+ */
+int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
+                                moonlet_client **out);
+
 /* Unmounts the local segment (if any), closes every connection and frees the
  * client.  Buffers registered with it are unregistered (the memory stays the
  * caller's).  Calls on other threads must have returned.  NULL is a no-op. */
@@ -120,7 +184,12 @@ void moonlet_client_destroy(moonlet_client *c);
  *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
  *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written (the
  *                          put was revoked: nothing readable remains)
+ *   OBJECT_NOT_FOUND       every store node holding a replica left the
+ *                          cluster while the put ran (nothing was stored)
  *   INVALID_KEY, INVALID_PARAMS (replica_num above the master's limit)
+ * When PutEnd itself fails (RPC_FAIL / RPC_TIMEOUT) the put is revoked, but
+ * the master may have sealed it before the connection broke: a retry may
+ * then find OBJECT_ALREADY_EXISTS with the object complete.
  * On RDMA the bytes are staged through a registered buffer of the client;
  * put_from() avoids that copy.  Blocks; thread safe.
  */
@@ -176,6 +245,20 @@ int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
                           const moonlet_put_options *opt);
 
+/*
+ * The master's view of one object, for inspection: *json_out gets a
+ * malloc'd NUL-terminated JSON object (release with free()):
+ *   {"key", "size", "complete", "replica_count", "readable_replicas",
+ *    "lease_remaining_ms", "soft_pin_remaining_ms",
+ *    "replicas": [{"segment_id", "segment_name", "endpoint", "protocol",
+ *                  "offset", "length", "base", "status"}...]}
+ * status is "COMPLETE" or "INITIALIZED".  Unlike get or exist, it grants no
+ * lease.  Returns 0, OBJECT_NOT_FOUND, INVALID_PARAMS (NULL json_out), or
+ * INTERNAL_ERROR; on error *json_out is NULL.  Blocks; thread safe.
+ */
+int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
+                               char **json_out);
+
 /* ---- existence and probes -------------------------------------------------- */
 
 /* Whether a readable object exists.  Mooncake semantics: a hit is leased
@@ -213,12 +296,31 @@ int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy
  * The memory stays the caller's and must stay valid until unregistered.
  * INVALID_PARAMS for NULL / 0 length or a base already registered;
  * TRANSFER_FAIL when the NIC refuses the registration.  Thread safe.
+ * On a DummyClient it only records the range: put_from / get_into copy it
+ * through shared memory (moonlet_client_alloc_shared() avoids the copy).
  */
 int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len);
 
 /* Unregisters the buffer registered at `base`; transfers using it must have
  * returned.  INVALID_PARAMS when nothing is registered there.  Thread safe. */
 int moonlet_client_unregister_buffer(moonlet_client *c, void *base);
+
+/*
+ * Allocates len bytes that put_from / get_into (and their batches) use with
+ * no copy on every backend, already registered (do not register them
+ * again).  On a DummyClient it is shared memory (memfd) that the RealClient
+ * maps on first use, so object bytes go straight between it and the store;
+ * on a client of moonlet_client_create() it is page-aligned memory
+ * registered with the transport.  *out gets the memory (zeroed); release
+ * it with moonlet_client_free_shared().  INVALID_PARAMS for len 0 or NULL
+ * out; INTERNAL_ERROR when out of memory; TRANSFER_FAIL when the NIC
+ * refuses the registration.  Thread safe.
+ */
+int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out);
+
+/* Releases memory of moonlet_client_alloc_shared(); transfers using it must
+ * have returned.  INVALID_PARAMS when p is not such memory.  Thread safe. */
+int moonlet_client_free_shared(moonlet_client *c, void *p);
 
 /* Put from registered memory: [buf, buf + len) must lie inside one
  * registered buffer, else INVALID_PARAMS.  Otherwise as moonlet_client_put(). */
@@ -257,12 +359,13 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 
 /* ---- accessors (never block) -------------------------------------------------------- */
 
-/* "tcp" or "rdma": the transport this client runs. */
+/* "tcp" or "rdma": the transport this client runs (a DummyClient: its
+ * RealClient's). */
 const char *moonlet_client_protocol(const moonlet_client *c);
 
 /* Copies the data endpoint of the client's local segment ("127.0.0.1:41234").
- * UNAVAILABLE_IN_CURRENT_STATUS for a pure client; BUFFER_OVERFLOW when cap
- * is too small. */
+ * UNAVAILABLE_IN_CURRENT_STATUS for a pure client and a DummyClient;
+ * BUFFER_OVERFLOW when cap is too small. */
 int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap);
 
 #ifdef __cplusplus

@@ -127,10 +127,14 @@ static inline int cl_run_exit_code(char *const argv[], int timeout_ms)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/%s", proc_build_root(), argv[0]);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
         int fd = open("/dev/null", O_WRONLY);
         dup2(fd, 1);
         dup2(fd, 2);

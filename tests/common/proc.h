@@ -4,6 +4,8 @@
  * proc_start() runs a binary of the build tree with its stdout on a pipe and
  * waits (bounded) for its "listening on HOST:PORT" line; proc_stop() sends
  * SIGTERM to that PID only and waits (bounded), falling back to SIGKILL.
+ * A started process gets SIGKILL when the test process dies, so a test that
+ * crashes never leaves daemons behind holding the test runner's pipes.
  */
 #ifndef MOONLET_TEST_PROC_H
 #define MOONLET_TEST_PROC_H
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,10 +50,14 @@ static inline int proc_start(test_proc *p, char *const argv[], int timeout_ms)
     int fds[2];
     if (pipe(fds))
         return -1;
+    pid_t parent = getpid();
     p->pid = fork();
     if (p->pid < 0)
         return -1;
     if (p->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) /* the test died before prctl took effect */
+            _exit(127);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);

@@ -97,6 +97,29 @@ static void test_soft_pin_second_round(void **state)
     moonlet_master_destroy(m);
 }
 
+/* Asking for more replicas than there are segments must not evict anything. */
+static void test_no_eviction_for_missing_segments(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 1000);
+    fix_mount(m, "c", "s", 64 * 10);
+    char k[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+    }
+    assert_int_equal(fix_put_t(m, "", "two", 64, 2), MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.evictions, 0);
+    assert_int_equal(st.objects, 10);
+    /* a full segment with enough segments does evict to make room */
+    assert_int_equal(fix_put(m, "more", 64), MOONLET_OK);
+    moonlet_master_get_stats(m, &st);
+    assert_true(st.evictions >= 1);
+    moonlet_master_destroy(m);
+}
+
 static void test_watermark_and_put_pressure(void **state)
 {
     (void)state;
@@ -148,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_earliest_deadline_first),
         cmocka_unit_test(test_soft_pin_second_round),
         cmocka_unit_test(test_watermark_and_put_pressure),
+        cmocka_unit_test(test_no_eviction_for_missing_segments),
     };
     return cmocka_run_group_tests_name("master_evict", tests, NULL, NULL);
 }

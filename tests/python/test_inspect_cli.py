@@ -31,6 +31,7 @@ if not BUILD:
 MASTER_BIN = os.path.join(BUILD, "tools", "moonlet-master")
 INSPECT_BIN = os.path.join(BUILD, "tools", "moonlet-inspect")
 PUT_BIN = os.path.join(BUILD, "tests", "tools", "mlt-put")
+STORE_BIN = os.path.join(BUILD, "tools", "moonlet-store")
 
 MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
@@ -144,6 +145,86 @@ def mount_two(master):
 
 def round64(n):
     return (n + 63) // 64 * 64
+
+
+class Store:
+    """A moonlet-store child process serving a TCP segment on loopback."""
+
+    def __init__(self, master_addr, size="64MiB", timeout=10.0):
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [STORE_BIN, "--master", master_addr, "--segment-size", size, "--protocol", "tcp",
+             "--listen", "127.0.0.1:0", "--log-level", "warn"],
+            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL,
+            env=child_env())
+        self.endpoint = None
+        deadline = time.monotonic() + timeout
+        buf = b""
+        fd = self.proc.stdout.fileno()
+        while self.endpoint is None and time.monotonic() < deadline:
+            r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 4096) if r else b""
+            if not chunk:
+                break
+            buf += chunk
+            m = re.search(rb"listening on (\S+:\d+)\n", buf)
+            if m:
+                self.endpoint = m.group(1).decode()
+        if self.endpoint is None:
+            self.stop()
+            raise RuntimeError("moonlet-store did not start")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        self.stderr.close()
+
+
+def test_inspect_a_store_node_holding_real_data(master):
+    """A master and a real store node: bytes written through the transport are
+    what moonlet-inspect reports (segment, sizes, replicas, leases)."""
+    store = Store(master.addr)
+    try:
+        put(master, "cput", "t", "obj/a", "100000", "1", "cput", "t", "obj/b", "5000", "1")
+        segs = inspect_json(master, "segments")["segments"]
+        assert len(segs) == 1
+        seg = segs[0]
+        assert seg["endpoint"] == store.endpoint
+        assert seg["protocol"] == "tcp"
+        assert seg["capacity"] == 64 * MIB
+        assert seg["objects"] == 2
+        assert seg["used"] == round64(100000) + round64(5000)
+
+        keys = {k["key"]: k for k in inspect_json(master, "--tenant", "t", "keys")["keys"]}
+        assert set(keys) == {"obj/a", "obj/b"}
+        assert keys["obj/a"]["size"] == 100000 and keys["obj/b"]["size"] == 5000
+        assert keys["obj/a"]["replica_count"] == 1 and keys["obj/a"]["readable_replicas"] == 1
+
+        key = inspect_json(master, "--tenant", "t", "key", "obj/a")["keys"][0]
+        assert key["replicas"][0]["endpoint"] == store.endpoint
+        assert key["replicas"][0]["status"] == "COMPLETE"
+        assert key["lease_remaining_ms"] == 0  # a put grants no lease
+
+        put(master, "cget", "t", "obj/a")  # a real read through the transport
+        after_get = inspect_json(master, "--tenant", "t", "key", "obj/a")["keys"][0]
+        assert 0 < after_get["lease_remaining_ms"] <= 5000
+
+        r = inspect(master, "--tenant", "t", "probe", "--mode", "none", "obj/a", "obj/b")
+        assert r.returncode == 0, r.stderr
+        after_probe = inspect_json(master, "--tenant", "t", "key", "obj/a", "obj/b")["keys"]
+        assert after_probe[0]["lease_remaining_ms"] <= after_get["lease_remaining_ms"]
+        assert after_probe[1]["lease_remaining_ms"] == 0  # probe NONE leased nothing
+
+        st = inspect_json(master, "stats")
+        assert st["objects"] == 2 and st["bytes"] == 105000 and st["segments"] == 1
+    finally:
+        store.stop()
 
 
 # ---- segments ----------------------------------------------------------------

@@ -1,6 +1,6 @@
 /*
  * Integration test of moonlet-store (store/store_node.c, tools/moonlet-store.c):
- * a master with a 1 s liveness TTL and two store processes on loopback,
+ * a master with a 2 s liveness TTL and two store processes on loopback,
  * driven through the public client and inspected through MasterClient.
  *
  * Replicated puts land on both segments and read back byte for byte; a
@@ -29,7 +29,7 @@
 static test_proc g_master, g_a, g_b;
 static moonlet_master_client *g_mc;
 static moonlet_client *g_cli;
-static const char *const g_master_flags[] = {"--client_live_ttl_sec", "1", NULL};
+static const char *const g_master_flags[] = {"--client_live_ttl_sec", "2", NULL};
 
 #define NSIZES 5
 static const size_t g_sizes[NSIZES] = {0, 1, 4096, 1u << 20, 16u << 20};

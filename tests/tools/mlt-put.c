@@ -11,6 +11,10 @@
  *   get TENANT KEY                       GetReplicaList, which grants a read lease
  *   exist TENANT KEY                     BatchExistKey on one key (leases a hit)
  *   fill TENANT PREFIX N SIZE            N one-replica keys PREFIX0000000.., pipelined
+ *   cput TENANT KEY SIZE REPLICAS        a real put through the public client: the
+ *                                        bytes go to the store nodes over the transport
+ *   cget TENANT KEY                      a real get through the public client (checks
+ *                                        the bytes cput wrote)
  *
  * Operations run in order; the first failure prints one line and exits 1.
  * Each operation prints one line saying what it did.  `fill` keeps a window
@@ -23,6 +27,7 @@
 #include <string.h>
 
 #include "master_client.h"
+#include "moonlet/client.h"
 #include "methods.h"
 #include "moonlet/error.h"
 #include "rpc_client.h"
@@ -112,6 +117,54 @@ static int fill(const char *tenant, const char *prefix, uint64_t n, uint64_t siz
     return rc;
 }
 
+/* The bytes cput writes for a key of a given size: a function of both. */
+static void fill_pattern(unsigned char *buf, size_t len, const char *key)
+{
+    uint32_t h = 2166136261u;
+    for (const char *p = key; *p; p++)
+        h = (h ^ (unsigned char)*p) * 16777619u;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (unsigned char)(h + i * 131u);
+}
+
+/* cput / cget through the public client; returns 0 or an error code. */
+static int client_op(const char *op, char **a)
+{
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client *c;
+    int rc = moonlet_client_create(&cfg, &c);
+    if (rc)
+        return rc;
+    if (!strcmp(op, "cput")) {
+        size_t len = num(a[2]);
+        unsigned char *buf = malloc(len ? len : 1);
+        fill_pattern(buf, len, a[1]);
+        moonlet_put_options o = {.replica_num = (uint32_t)num(a[3]), .tenant = a[0]};
+        rc = moonlet_client_put(c, a[1], buf, len, &o);
+        free(buf);
+        if (!rc)
+            printf("cput %s: %zu bytes\n", a[1], len);
+    } else {
+        void *buf = NULL;
+        size_t len = 0;
+        rc = moonlet_client_get_alloc(c, a[1], &buf, &len, a[0]);
+        if (!rc) {
+            unsigned char *want = malloc(len ? len : 1);
+            fill_pattern(want, len, a[1]);
+            rc = memcmp(want, buf, len) ? MOONLET_ERR_INVALID_READ : MOONLET_OK;
+            free(want);
+            if (!rc)
+                printf("cget %s: %zu bytes, content verified\n", a[1], len);
+        }
+        free(buf);
+    }
+    moonlet_client_destroy(c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -126,10 +179,12 @@ int main(int argc, char **argv)
     int i = 2, ex = 0;
     while (i < argc && !ex) {
         const char *op = argv[i];
-        int need = !strcmp(op, "mount") || !strcmp(op, "put") || !strcmp(op, "fill") ? 4
-                   : !strcmp(op, "pending")                                       ? 3
-                   : !strcmp(op, "get") || !strcmp(op, "exist")                   ? 2
-                                                                                  : -1;
+        int need = !strcmp(op, "mount") || !strcmp(op, "put") || !strcmp(op, "fill") ||
+                           !strcmp(op, "cput")
+                       ? 4
+                   : !strcmp(op, "pending") ? 3
+                   : !strcmp(op, "get") || !strcmp(op, "exist") || !strcmp(op, "cget") ? 2
+                                                                                       : -1;
         if (need < 0 || i + need >= argc) {
             fprintf(stderr, "mlt-put: bad operation or missing arguments at '%s'\n", op);
             ex = 2;
@@ -164,6 +219,9 @@ int main(int argc, char **argv)
             const char *keys[] = {a[1]};
             rc = moonlet_mc_batch_exist_key(mc, a[0], keys, 1, &r);
             ex = rc ? fail("BatchExistKey", rc) : (printf("exist %s: %d\n", a[1], r), 0);
+        } else if (!strcmp(op, "cput") || !strcmp(op, "cget")) {
+            rc = client_op(op, a);
+            ex = rc ? fail(op, rc) : 0;
         } else {
             rc = fill(a[0], a[1], num(a[2]), num(a[3]));
             ex = rc ? fail("fill", rc) : (printf("filled %s keys\n", a[2]), 0);

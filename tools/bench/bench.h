@@ -14,7 +14,7 @@
 typedef struct bench_master {
     pid_t pid;
     int out_fd;
-    char addr[96];
+    char addr[256];
     uint16_t port;
 } bench_master;
 
@@ -22,6 +22,12 @@ typedef struct bench_master {
  * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
 int bench_master_start(bench_master *bm, const char *const *extra_args);
 void bench_master_stop(bench_master *bm);
+/* Starts tools/<tool> (next to this binary) with args (NULL-terminated, no
+ * argv[0]) and waits up to 15 s for a stdout line starting with
+ * ready_prefix; the rest of that line goes to bm->addr.  Returns 0 when seen.
+ * Stop it with bench_master_stop(). */
+int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
+                      const char *ready_prefix);
 /* Resident set size of a process in bytes (0 when unknown). */
 uint64_t bench_rss_bytes(pid_t pid);
 
@@ -46,5 +52,6 @@ void bench_print_json(cJSON *root);
 /* Subcommands. */
 int bench_rpc_main(int argc, char **argv);
 int bench_probe_main(int argc, char **argv);
+int bench_client_main(int argc, char **argv);
 
 #endif

@@ -19,7 +19,8 @@ uint64_t bench_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void master_path(char *out, size_t cap)
+/* Path of tool `name` in the directory of this binary. */
+static void tool_path(const char *name, char *out, size_t cap)
 {
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -27,13 +28,13 @@ static void master_path(char *out, size_t cap)
     char *slash = strrchr(self, '/');
     if (slash)
         *slash = 0;
-    snprintf(out, cap, "%s/moonlet-master", n > 0 ? self : ".");
+    snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
 int bench_master_start(bench_master *bm, const char *const *extra)
 {
     char path[PATH_MAX + 32];
-    master_path(path, sizeof(path));
+    tool_path("moonlet-master", path, sizeof(path));
     /* The benches mount a bookkeeping-only segment and do not ping: a long
      * liveness TTL keeps it mounted however long the fill takes. */
     const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn",
@@ -77,6 +78,57 @@ int bench_master_start(bench_master *bm, const char *const *extra)
         if (sscanf(line, "listening on %63[^:]:%u", host, &port) == 2) {
             bm->port = (uint16_t)port;
             snprintf(bm->addr, sizeof(bm->addr), "%s:%u", host, port);
+            return 0;
+        }
+        len = 0;
+    }
+    bench_master_stop(bm);
+    return -1;
+}
+
+int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
+                      const char *ready_prefix)
+{
+    char path[PATH_MAX + 32];
+    tool_path(tool, path, sizeof(path));
+    const char *argv[48] = {path};
+    int argc = 1;
+    for (int i = 0; args && args[i] && argc < 47; i++)
+        argv[argc++] = args[i];
+    argv[argc] = NULL;
+    int fds[2];
+    if (pipe(fds))
+        return -1;
+    bm->pid = fork();
+    if (bm->pid < 0)
+        return -1;
+    if (bm->pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execv(path, (char *const *)argv);
+        fprintf(stderr, "moonlet-bench: cannot run %s: %s\n", path, strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    bm->out_fd = fds[0];
+    bm->port = 0;
+    char line[512];
+    size_t len = 0, plen = strlen(ready_prefix);
+    uint64_t deadline = bench_now_ns() + 15ull * 1000000000ull;
+    while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
+        struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        if (read(bm->out_fd, line + len, 1) != 1)
+            break;
+        if (line[len] != '\n') {
+            len++;
+            continue;
+        }
+        line[len] = 0;
+        if (len >= plen && strncmp(line, ready_prefix, plen) == 0) {
+            snprintf(bm->addr, sizeof(bm->addr), "%s", line + plen);
             return 0;
         }
         len = 0;

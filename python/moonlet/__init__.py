@@ -1,0 +1,216 @@
+"""moonlet - Python binding of the moonlet distributed KV-cache store.
+
+A Store is one connection to a moonlet cluster, made either directly (the C
+Client: talks to the master, moves bytes to and from store nodes itself) or
+through a RealClient process (a DummyClient: every call goes over a unix
+socket to the RealClient, which runs the Client)::
+
+    import moonlet
+    s = moonlet.Store.connect("127.0.0.1:50051", protocol="tcp")
+    s.put("k", b"bytes")
+    s.get("k")                                    # -> b"bytes"
+    policy = moonlet.GrantLeasePolicy(moonlet.ProbeLeaseMode.LAST_HIT_ONLY, 2)
+    s.batch_probe_key(["a/0", "a/1", "b/0", "b/1"], policy=policy)
+
+Every failure raises moonlet.StoreError with .code, Mooncake's numeric error
+code.  Calls release the GIL while they wait on the network.
+`moonlet.mooncake` has Mooncake Store's own Python class on top of this.
+See docs/python.md.
+"""
+import enum
+import json
+from pkgutil import extend_path
+
+# The pure-Python modules and the built extension may sit in different
+# directories (a source tree plus a build tree on PYTHONPATH).
+__path__ = extend_path(__path__, __name__)
+
+from .errors import StoreError  # noqa: E402  (before the extension, which imports it)
+from . import _moonlet  # noqa: E402
+
+__all__ = ["Store", "StoreError", "GrantLeasePolicy", "ProbeLeaseMode", "SharedBuffer",
+           "strerror"]
+__version__ = "0.1.0"
+
+strerror = _moonlet.strerror
+SharedBuffer = _moonlet.SharedBuffer
+
+
+class ProbeLeaseMode(enum.IntEnum):
+    """lease_mode of a GrantLeasePolicy (moonlet_probe_lease_mode)."""
+
+    NONE = 0
+    """Point-in-time existence per key; nothing is leased."""
+    LAST_HIT_ONLY = 1
+    """Lease only the last complete candidate; the result is a selected-only mask."""
+
+
+_U8_MAX = (1 << 8) - 1
+_U64_MAX = (1 << 64) - 1
+
+
+def _check_uint(name, value, maximum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be int, not {type(value).__name__}")
+    if not 0 <= value <= maximum:
+        raise ValueError(f"{name} {value} does not fit its wire type (0..{maximum})")
+    return int(value)
+
+
+class GrantLeasePolicy:
+    """The lease policy of batch_probe_key (moonlet_grant_lease_policy).
+
+    lease_mode:     a ProbeLeaseMode (or any int 0..255: the wire type).
+    candidate_size: keys per candidate for LAST_HIT_ONLY (int 0..2**64-1).
+
+    Only the types are checked here.  Whether the values make sense is the
+    master's call: an unknown mode, a candidate_size of 0, or one that does
+    not divide the number of keys come back from batch_probe_key as
+    StoreError code -600 (INVALID_PARAMS).
+    """
+
+    __slots__ = ("_mode", "_size")
+
+    def __init__(self, lease_mode=ProbeLeaseMode.NONE, candidate_size=1):
+        self.lease_mode = lease_mode
+        self.candidate_size = candidate_size
+
+    @property
+    def lease_mode(self):
+        """A ProbeLeaseMode, or the raw int when it names no known mode."""
+        return self._mode
+
+    @lease_mode.setter
+    def lease_mode(self, value):
+        value = _check_uint("lease_mode", value, _U8_MAX)
+        try:
+            self._mode = ProbeLeaseMode(value)
+        except ValueError:
+            self._mode = value
+
+    @property
+    def candidate_size(self):
+        """Keys per candidate (LAST_HIT_ONLY); ignored by NONE."""
+        return self._size
+
+    @candidate_size.setter
+    def candidate_size(self, value):
+        self._size = _check_uint("candidate_size", value, _U64_MAX)
+
+    def __repr__(self):
+        mode = self._mode
+        mode_s = f"ProbeLeaseMode.{mode.name}" if isinstance(mode, ProbeLeaseMode) else str(mode)
+        return f"GrantLeasePolicy(lease_mode={mode_s}, candidate_size={self._size})"
+
+    def __eq__(self, other):
+        if not isinstance(other, GrantLeasePolicy):
+            return NotImplemented
+        return (int(self._mode), self._size) == (int(other._mode), other._size)
+
+    def __hash__(self):
+        return hash((int(self._mode), self._size))
+
+
+class Store(_moonlet.Client):
+    """One connection to a moonlet cluster.
+
+    Make one with Store.connect() (directly to a master) or
+    Store.connect_dummy() (through a RealClient process).  Calls may come
+    from many threads at once.  Objects live in tenants (separate name
+    spaces): tenant_id=None means the connection's default tenant.
+
+    Errors raise StoreError; a per-key error inside a batch raises too (with
+    .results), so an error never reads as False.  Use as a context manager to
+    close on exit.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use moonlet.Store.connect(...) or moonlet.Store.connect_dummy(...)")
+
+    @classmethod
+    def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
+                auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
+                transfer_timeout_ms=0, local_listen_addr=None):
+        """Connects to the master at master_addr ("HOST:PORT").
+
+        protocol:       "auto" (RDMA when a device with an active port exists,
+                        else TCP), "tcp" or "rdma".
+        segment_size:   bytes of memory this process contributes to the
+                        cluster (served on local_listen_addr, default
+                        127.0.0.1 and any port); 0 makes a pure client.
+        device:         RDMA device name (None: the first active one).
+        auth_token:     the cluster's shared token (None: none).
+        default_tenant: tenant of calls without tenant_id ("default").
+        replica_num:    replicas per put unless a put says otherwise.
+        rpc_timeout_ms, transfer_timeout_ms: 0 means 10000.
+
+        Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
+        ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600).
+        """
+        self = cls.__new__(cls)
+        self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
+                      replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)
+        return self
+
+    @classmethod
+    def connect_dummy(cls, socket_path, *, default_tenant=None, rpc_timeout_ms=0,
+                      staging_bytes=0, max_connections=0):
+        """Connects through the RealClient serving on socket_path (a DummyClient).
+
+        A RealClient is a moonlet-store started with --serve-dummy PATH; it
+        runs the one real client of the host and makes every call of this
+        Store on it, with object bytes in shared memory.  The API is the same
+        as a direct Store's; local_endpoint is None (the RealClient holds the
+        segment).
+
+        default_tenant:  tenant of calls without tenant_id (None: the
+                         RealClient's default).
+        rpc_timeout_ms:  longest wait for one RealClient answer (0: 30000).
+        staging_bytes:   shared staging memory per connection (0: 64 MiB).
+        max_connections: calls that may run at once (0: 4).
+
+        Raises StoreError: RPC_FAIL (-900) when nothing listens on the path,
+        INVALID_PARAMS (-600) for a path too long for a unix socket.
+        """
+        self = cls.__new__(cls)
+        self._connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes,
+                            max_connections)
+        return self
+
+    def inspect(self, key, *, tenant_id=None):
+        """What the master holds for key, as a dict (the master's InspectKey).
+
+        Keys: key, size, complete, replica_count, readable_replicas,
+        lease_remaining_ms (0 when no read lease holds), soft_pinned (bool),
+        soft_pin_remaining_ms, and replicas: a list of dicts with segment
+        (the segment id), segment_name, endpoint, protocol, offset, length
+        and status ("COMPLETE" or "INITIALIZED").  Never grants a lease.
+        Raises StoreError OBJECT_NOT_FOUND (-704) for an absent key.
+        """
+        doc = json.loads(self._inspect_json(key, tenant_id=tenant_id))
+        replicas = []
+        for r in doc.get("replicas", []):
+            r = dict(r)
+            r["segment"] = r.pop("segment_id", None)
+            replicas.append(r)
+        doc["replicas"] = replicas
+        doc["soft_pinned"] = doc.get("soft_pin_remaining_ms", 0) > 0
+        return doc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def __repr__(self):
+        name = f"{type(self).__module__}.{type(self).__qualname__}"
+        if self.closed:
+            return f"<{name} closed ({self.kind} {self.target!r})>"
+        where = "master" if self.kind == "direct" else "realclient"
+        extra = f" segment={self.local_endpoint}" if self.local_endpoint else ""
+        return (f"<{name} {self.kind} {where}={self.target!r} protocol={self.protocol} "
+                f"tenant={self.default_tenant!r}{extra}>")

@@ -1,0 +1,1404 @@
+/*
+ * _moonlet.c - the CPython extension under the `moonlet` package: one type,
+ * moonlet._moonlet.Client, that owns a moonlet_client (include/moonlet/client.h)
+ * and exposes its calls to Python.  The pure-Python package (moonlet/__init__.py)
+ * subclasses it as moonlet.Store and adds what is easier to say in Python
+ * (constructors, inspect(), repr, the context manager); moonlet/mooncake.py
+ * builds Mooncake Store's Python class on top.
+ *
+ * Conventions of every method:
+ *  - A moonlet error code becomes moonlet.StoreError(code, message) (the class
+ *    lives in moonlet/errors.py; .code is Mooncake's number).  A per-key error
+ *    inside a batch raises too, with .results holding every key's outcome, so
+ *    an error never reads as "absent".
+ *  - The GIL is released around every call that may block (anything that talks
+ *    to the master, a store node or a RealClient).  Arguments are converted
+ *    and pinned before: keys of a batch are copied into a tuple that this call
+ *    owns, so another thread mutating the caller's list cannot free a key
+ *    while C reads it; byte values stay exported (Py_buffer) for the call.
+ *  - close() may race with calls on other threads: calls hold the object's
+ *    rwlock shared (taken with the GIL released), close() takes it exclusive,
+ *    so it waits for calls in flight and later calls see a closed store.
+ *
+ * Built by python/moonlet/meson.build against Debian's python3-dev and the
+ * static libmoonlet; no warning flag is relaxed for it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moonlet/client.h"
+#include "moonlet/error.h"
+#include "moonlet/policy.h"
+
+/* A PyCFunction-compatible pointer to a METH_VARARGS | METH_KEYWORDS method
+ * (the cast through void (*)(void) is what CPython itself does). */
+#define ML_KW(f) ((PyCFunction)(void (*)(void))(f))
+
+/* rc of a call made on a closed client (never a moonlet code). */
+#define ML_CLOSED INT_MIN
+
+typedef enum { ML_KIND_NONE = 0, ML_KIND_DIRECT = 1, ML_KIND_DUMMY = 2 } ml_kind;
+
+struct SharedObject;
+
+typedef struct {
+    PyObject_HEAD
+    moonlet_client *client;  /* NULL before connect and after close */
+    pthread_rwlock_t lock;   /* calls: shared; close: exclusive */
+    ml_kind kind;
+    PyObject *target;        /* str: master address or RealClient socket; or None */
+    PyObject *tenant;        /* str: default tenant of the connection; or None */
+    PyObject *weakrefs;
+    struct SharedObject *shared; /* live alloc_buffer() memory (each holds a reference to us) */
+} ClientObject;
+
+/* moonlet._moonlet.SharedBuffer: memory of moonlet_client_alloc_shared(),
+ * exported through the buffer protocol.  It keeps its Store alive; its
+ * memory goes with free() or the Store's close(), both of which refuse
+ * while a memoryview (or numpy array, ctypes object, ...) of it exists, so
+ * Python code can never reach freed memory through it. */
+typedef struct SharedObject {
+    PyObject_HEAD
+    ClientObject *owner;          /* strong reference */
+    void *ptr;                    /* NULL once freed */
+    size_t len;
+    Py_ssize_t exports;           /* buffer views handed out and not released */
+    struct SharedObject *next, **pprev; /* in owner->shared while not freed */
+} SharedObject;
+
+static PyObject *g_store_error; /* moonlet.errors.StoreError */
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+/* Raises StoreError(code, "<what>: NAME (code)", results=results). */
+static PyObject *ml_raise(int code, const char *what, PyObject *results)
+{
+    PyObject *exc;
+    if (code == ML_CLOSED) {
+        code = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        exc = PyObject_CallFunction(g_store_error, "is", code, "the store is closed");
+    } else {
+        PyObject *msg = PyUnicode_FromFormat("%s: %s (%d)", what, moonlet_strerror(code), code);
+        exc = msg ? PyObject_CallFunction(g_store_error, "iO", code, msg) : NULL;
+        Py_XDECREF(msg);
+    }
+    if (exc && results && PyObject_SetAttrString(exc, "results", results) < 0)
+        Py_CLEAR(exc);
+    if (exc) {
+        PyErr_SetObject(g_store_error, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* As ml_raise for the first negative entry of a batch (key named in the message). */
+static PyObject *ml_raise_batch(const char *what, const char *const *keys, const int32_t *codes,
+                                size_t n, PyObject *results)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (codes[i] < 0) {
+            char buf[160];
+            snprintf(buf, sizeof(buf), "%s: key %zu ('%.64s')", what, i, keys[i]);
+            return ml_raise(codes[i], buf, results);
+        }
+    }
+    return ml_raise(MOONLET_ERR_INTERNAL_ERROR, what, results);
+}
+
+/* ---- argument conversion ----------------------------------------------------------- */
+
+/* O& converter: a str key (UTF-8, no NUL) to const char *.  The pointer lives
+ * as long as the str, which the argument tuple keeps alive for the call. */
+static int conv_key(PyObject *o, void *out)
+{
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "key must be str, not %.80s", Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+    if (!s)
+        return 0;
+    if ((size_t)len != strlen(s)) {
+        PyErr_SetString(PyExc_ValueError, "key contains a NUL character");
+        return 0;
+    }
+    *(const char **)out = s;
+    return 1;
+}
+
+/* O& converter: None or a str tenant id. */
+static int conv_tenant(PyObject *o, void *out)
+{
+    if (o == Py_None) {
+        *(const char **)out = NULL;
+        return 1;
+    }
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "tenant_id must be str or None, not %.80s",
+                     Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    Py_ssize_t len;
+    const char *s = PyUnicode_AsUTF8AndSize(o, &len);
+    if (!s)
+        return 0;
+    if ((size_t)len != strlen(s)) {
+        PyErr_SetString(PyExc_ValueError, "tenant_id contains a NUL character");
+        return 0;
+    }
+    *(const char **)out = s;
+    return 1;
+}
+
+/* An int (not bool) in [0, max]; `what` names it in errors. */
+static int ml_uint(PyObject *o, uint64_t max, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be int, not %.80s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s out of range (0..%llu)", what, (unsigned long long)max);
+        return -1;
+    }
+    if (v > max) {
+        PyErr_Format(PyExc_ValueError, "%s out of range (0..%llu)", what, (unsigned long long)max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* O& converters for a memory address, a byte count and a uint32. */
+static int conv_addr(PyObject *o, void *out)
+{
+    uint64_t v;
+    if (ml_uint(o, UINTPTR_MAX, "address", &v))
+        return 0;
+    *(void **)out = (void *)(uintptr_t)v;
+    return 1;
+}
+
+static int conv_size(PyObject *o, void *out)
+{
+    uint64_t v;
+    if (ml_uint(o, SIZE_MAX, "size", &v))
+        return 0;
+    *(size_t *)out = (size_t)v;
+    return 1;
+}
+
+static int conv_u32(PyObject *o, void *out)
+{
+    uint64_t v;
+    if (ml_uint(o, UINT32_MAX, "value", &v))
+        return 0;
+    *(uint32_t *)out = (uint32_t)v;
+    return 1;
+}
+
+static int conv_u64(PyObject *o, void *out)
+{
+    uint64_t v;
+    if (ml_uint(o, UINT64_MAX, "value", &v))
+        return 0;
+    *(uint64_t *)out = v;
+    return 1;
+}
+
+/* O& converter: None or a str without NUL. */
+static int conv_opt_str(PyObject *o, void *out)
+{
+    if (o == Py_None) {
+        *(const char **)out = NULL;
+        return 1;
+    }
+    return conv_tenant(o, out);
+}
+
+/* The keys of a batch: a tuple this call owns and their UTF-8 pointers. */
+typedef struct {
+    PyObject *tuple;
+    const char **keys;
+    size_t n;
+} ml_keys;
+
+static int ml_keys_init(ml_keys *k, PyObject *seq)
+{
+    k->keys = NULL;
+    k->n = 0;
+    if (PyUnicode_Check(seq) || PyBytes_Check(seq)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a sequence of str, not a single str");
+        k->tuple = NULL;
+        return -1;
+    }
+    k->tuple = PySequence_Tuple(seq);
+    if (!k->tuple)
+        return -1;
+    k->n = (size_t)PyTuple_GET_SIZE(k->tuple);
+    k->keys = PyMem_Malloc((k->n ? k->n : 1) * sizeof(*k->keys));
+    if (!k->keys) {
+        Py_CLEAR(k->tuple);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < k->n; i++) {
+        if (!conv_key(PyTuple_GET_ITEM(k->tuple, (Py_ssize_t)i), &k->keys[i])) {
+            PyMem_Free(k->keys);
+            k->keys = NULL;
+            Py_CLEAR(k->tuple);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void ml_keys_free(ml_keys *k)
+{
+    PyMem_Free(k->keys);
+    Py_XDECREF(k->tuple);
+}
+
+/* n ints of a sequence (addresses or sizes) converted with conv into out[]. */
+static int ml_seq_conv(PyObject *seq, size_t n, const char *what, int (*conv)(PyObject *, void *),
+                       void *out, size_t elem)
+{
+    PyObject *t = PySequence_Tuple(seq);
+    if (!t)
+        return -1;
+    if ((size_t)PyTuple_GET_SIZE(t) != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries for %zu keys", what,
+                     PyTuple_GET_SIZE(t), n);
+        Py_DECREF(t);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!conv(PyTuple_GET_ITEM(t, (Py_ssize_t)i), (char *)out + i * elem)) {
+            Py_DECREF(t);
+            return -1;
+        }
+    }
+    Py_DECREF(t);
+    return 0;
+}
+
+/* The policy object's lease_mode (0..255, the wire type) and candidate_size
+ * (0..2^64-1), read as attributes; None is the default policy.  Values the
+ * master rejects (unknown mode, size 0 or not dividing) pass unchanged. */
+static int ml_policy(PyObject *o, moonlet_grant_lease_policy *p)
+{
+    *p = MOONLET_GRANT_LEASE_POLICY_DEFAULT;
+    if (o == Py_None)
+        return 0;
+    PyObject *mode = PyObject_GetAttrString(o, "lease_mode");
+    PyObject *size = mode ? PyObject_GetAttrString(o, "candidate_size") : NULL;
+    uint64_t m = 0, s = 0;
+    int rc = -1;
+    if (mode && size && !ml_uint(mode, UINT8_MAX, "lease_mode", &m) &&
+        !ml_uint(size, UINT64_MAX, "candidate_size", &s)) {
+        p->lease_mode = (uint8_t)m;
+        p->candidate_size = s;
+        rc = 0;
+    } else if (!mode || !size) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "policy must be a moonlet.GrantLeasePolicy (or None), not %.80s",
+                     Py_TYPE(o)->tp_name);
+    }
+    Py_XDECREF(mode);
+    Py_XDECREF(size);
+    return rc;
+}
+
+/* Put options from keyword arguments. */
+static void ml_put_opts(moonlet_put_options *o, const char *tenant, uint32_t replica_num,
+                        int soft_pin)
+{
+    memset(o, 0, sizeof(*o));
+    o->tenant = tenant;
+    o->replica_num = replica_num;
+    o->soft_pin = soft_pin != 0;
+}
+
+/* ---- calls with the GIL released ------------------------------------------------------- */
+
+/* Runs `expr` (which may use the local `c`, the client) with the GIL released
+ * and the object's lock held shared; rc gets its result, or ML_CLOSED. */
+#define ML_CALL(self, rc, expr)                                    \
+    do {                                                           \
+        Py_BEGIN_ALLOW_THREADS                                     \
+        pthread_rwlock_rdlock(&(self)->lock);                      \
+        moonlet_client *c = (self)->client;                        \
+        (rc) = c ? (expr) : ML_CLOSED;                             \
+        pthread_rwlock_unlock(&(self)->lock);                      \
+        Py_END_ALLOW_THREADS                                       \
+    } while (0)
+
+/* ---- the type ------------------------------------------------------------------------ */
+
+static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    ClientObject *self = (ClientObject *)type->tp_alloc(type, 0);
+    if (!self)
+        return NULL;
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* close() must not starve behind a steady stream of calls */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&self->lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+    self->client = NULL;
+    self->kind = ML_KIND_NONE;
+    Py_INCREF(Py_None);
+    self->target = Py_None;
+    Py_INCREF(Py_None);
+    self->tenant = Py_None;
+    return (PyObject *)self;
+}
+
+/* Destroys the client (waiting for calls in flight); idempotent. */
+static void ml_close(ClientObject *self)
+{
+    moonlet_client *c;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&self->lock);
+    c = self->client;
+    self->client = NULL;
+    pthread_rwlock_unlock(&self->lock);
+    moonlet_client_destroy(c);
+    Py_END_ALLOW_THREADS
+}
+
+static void Client_dealloc(ClientObject *self)
+{
+    if (self->weakrefs)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->client)
+        ml_close(self);
+    pthread_rwlock_destroy(&self->lock);
+    Py_CLEAR(self->target);
+    Py_CLEAR(self->tenant);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Stores the connection's description once connected. */
+static void ml_connected(ClientObject *self, ml_kind kind, PyObject *target, const char *tenant)
+{
+    self->kind = kind;
+    Py_INCREF(target);
+    Py_SETREF(self->target, target);
+    /* A DummyClient without a tenant uses its RealClient's default, unknown here. */
+    if (!tenant && kind == ML_KIND_DUMMY)
+        return;
+    PyObject *t = PyUnicode_FromString(tenant ? tenant : MOONLET_DEFAULT_TENANT);
+    if (t)
+        Py_SETREF(self->tenant, t);
+    else
+        PyErr_Clear();
+}
+
+static int ml_protocol(PyObject *o, void *out)
+{
+    const char *s;
+    if (!conv_tenant(o, &s))
+        return 0;
+    moonlet_protocol *p = out;
+    if (!s || !strcmp(s, "auto") || !*s) {
+        *p = MOONLET_PROTOCOL_AUTO;
+    } else if (!strcmp(s, "tcp")) {
+        *p = MOONLET_PROTOCOL_TCP;
+    } else if (!strcmp(s, "rdma")) {
+        *p = MOONLET_PROTOCOL_RDMA;
+    } else {
+        PyErr_Format(PyExc_ValueError, "protocol must be 'auto', 'tcp' or 'rdma', not '%s'", s);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(connect_doc,
+"_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
+"         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)\n"
+"--\n\n"
+"Connects this unconnected object to a master (moonlet_client_create).\n"
+"Use moonlet.Store.connect() instead.");
+
+static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"master_addr", "protocol", "segment_size", "device", "auth_token",
+                          "default_tenant", "replica_num", "rpc_timeout_ms",
+                          "transfer_timeout_ms", "local_listen_addr", NULL};
+    PyObject *addr_obj;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&:_connect", kwl, &addr_obj,
+                                     ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
+                                     conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
+                                     conv_opt_str, &cfg.default_tenant, conv_u32, &cfg.replica_num,
+                                     conv_u32, &cfg.rpc_timeout_ms, conv_u32,
+                                     &cfg.transfer_timeout_ms, conv_opt_str,
+                                     &cfg.local_listen_addr))
+        return NULL;
+    if (!conv_tenant(addr_obj, &cfg.master_addr))
+        return NULL;
+    if (self->client || self->kind != ML_KIND_NONE) {
+        PyErr_SetString(PyExc_RuntimeError, "already connected");
+        return NULL;
+    }
+    moonlet_client *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = moonlet_client_create(&cfg, &c);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return ml_raise(rc, "connect", NULL);
+    self->client = c;
+    ml_connected(self, ML_KIND_DIRECT, addr_obj, cfg.default_tenant);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(connect_dummy_doc,
+"_connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes, max_connections)\n"
+"--\n\n"
+"Connects this unconnected object to a RealClient (moonlet_client_create_dummy).\n"
+"Use moonlet.Store.connect_dummy() instead.");
+
+static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"socket_path", "default_tenant", "rpc_timeout_ms", "staging_bytes",
+                          "max_connections", NULL};
+    PyObject *path_obj;
+    const char *path;
+    moonlet_dummy_config cfg;
+    moonlet_dummy_config_init(&cfg);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&:_connect_dummy", kwl, &path_obj,
+                                     conv_opt_str, &cfg.default_tenant, conv_u32,
+                                     &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,
+                                     &cfg.max_connections))
+        return NULL;
+    if (!conv_tenant(path_obj, &path))
+        return NULL;
+    if (self->client || self->kind != ML_KIND_NONE) {
+        PyErr_SetString(PyExc_RuntimeError, "already connected");
+        return NULL;
+    }
+    moonlet_client *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = moonlet_client_create_dummy(path, &cfg, &c);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return ml_raise(rc, "connect_dummy", NULL);
+    self->client = c;
+    ml_connected(self, ML_KIND_DUMMY, path_obj, cfg.default_tenant);
+    Py_RETURN_NONE;
+}
+
+static void shared_unlink(SharedObject *b)
+{
+    if (b->pprev) {
+        *b->pprev = b->next;
+        if (b->next)
+            b->next->pprev = b->pprev;
+    }
+    b->next = NULL;
+    b->pprev = NULL;
+    b->ptr = NULL;
+}
+
+static PyObject *Client_close(ClientObject *self, PyObject *unused)
+{
+    for (SharedObject *b = self->shared; b; b = b->next) {
+        if (b->exports > 0) {
+            PyErr_SetString(PyExc_BufferError,
+                            "close: a view of a SharedBuffer of this store is still alive "
+                            "(release memoryviews / arrays of it first)");
+            return NULL;
+        }
+    }
+    /* the client frees alloc_shared memory with itself */
+    while (self->shared)
+        shared_unlink(self->shared);
+    ml_close(self);
+    Py_RETURN_NONE;
+}
+
+/* ---- objects ------------------------------------------------------------------------ */
+
+static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw, bool upsert)
+{
+    static char *kwl[] = {"key", "value", "tenant_id", "replica_num", "soft_pin", NULL};
+    const char *key, *tenant = NULL;
+    Py_buffer value;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&p:upsert" : "O&y*|$O&O&p:put",
+                                     kwl, conv_key, &key, &value, conv_tenant, &tenant, conv_u32,
+                                     &replica_num, &soft_pin))
+        return NULL;
+    moonlet_put_options o;
+    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    int rc;
+    if (upsert)
+        ML_CALL(self, rc, moonlet_client_upsert(c, key, value.buf, (size_t)value.len, &o));
+    else
+        ML_CALL(self, rc, moonlet_client_put(c, key, value.buf, (size_t)value.len, &o));
+    PyBuffer_Release(&value);
+    if (rc)
+        return ml_raise(rc, upsert ? "upsert" : "put", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_put(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_put_common(self, args, kw, false);
+}
+
+static PyObject *Client_upsert(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_put_common(self, args, kw, true);
+}
+
+static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:get", kwl, conv_key, &key, conv_tenant,
+                                     &tenant))
+        return NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_get_alloc(c, key, &buf, &len, tenant));
+    if (rc)
+        return ml_raise(rc, "get", NULL);
+    PyObject *out = len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
+                                          : PyErr_NoMemory();
+    free(buf);
+    return out;
+}
+
+static PyObject *Client_get_size(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:get_size", kwl, conv_key, &key,
+                                     conv_tenant, &tenant))
+        return NULL;
+    uint64_t size = 0;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_get_size(c, key, &size, tenant));
+    if (rc)
+        return ml_raise(rc, "get_size", NULL);
+    return PyLong_FromUnsignedLongLong(size);
+}
+
+static PyObject *Client_remove(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:remove", kwl, conv_key, &key, conv_tenant,
+                                     &tenant))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove(c, key, tenant));
+    if (rc)
+        return ml_raise(rc, "remove", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_remove_all(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"tenant_id", NULL};
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&:remove_all", kwl, conv_tenant, &tenant))
+        return NULL;
+    uint64_t n = 0;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove_all(c, &n, tenant));
+    if (rc)
+        return ml_raise(rc, "remove_all", NULL);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+/* The master's InspectKey of a key as the JSON text of the C API; moonlet.Store.inspect()
+ * turns it into a dict. */
+static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_inspect_json", kwl, conv_key, &key,
+                                     conv_tenant, &tenant))
+        return NULL;
+    char *json = NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_inspect_key(c, key, tenant, &json));
+    if (rc)
+        return ml_raise(rc, "inspect", NULL);
+    PyObject *out = PyUnicode_FromString(json);
+    free(json);
+    return out;
+}
+
+/* ---- existence and probes ---------------------------------------------------------------- */
+
+static PyObject *ml_exist_one(ClientObject *self, PyObject *args, PyObject *kw, bool probe)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, probe ? "O&|$O&:probe_key" : "O&|$O&:is_exist",
+                                     kwl, conv_key, &key, conv_tenant, &tenant))
+        return NULL;
+    bool ex = false;
+    int rc;
+    if (probe)
+        ML_CALL(self, rc, moonlet_client_probe_key(c, key, &ex, tenant));
+    else
+        ML_CALL(self, rc, moonlet_client_exist_key(c, key, &ex, tenant));
+    if (rc)
+        return ml_raise(rc, probe ? "probe_key" : "is_exist", NULL);
+    return PyBool_FromLong(ex);
+}
+
+static PyObject *Client_is_exist(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_exist_one(self, args, kw, false);
+}
+
+static PyObject *Client_probe_key(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_exist_one(self, args, kw, true);
+}
+
+/* A list of n ints from codes[], or of bools when every code is 0 or 1 and
+ * as_bool is set. */
+static PyObject *ml_result_list(const int32_t *codes, size_t n, bool as_bool)
+{
+    PyObject *l = PyList_New((Py_ssize_t)n);
+    if (!l)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *v;
+        if (as_bool) {
+            v = codes[i] ? Py_True : Py_False;
+            Py_INCREF(v);
+        } else {
+            v = PyLong_FromLong(codes[i]);
+            if (!v) {
+                Py_DECREF(l);
+                return NULL;
+            }
+        }
+        PyList_SET_ITEM(l, (Py_ssize_t)i, v);
+    }
+    return l;
+}
+
+/* batch_is_exist / batch_probe_key: list[bool], or StoreError (with .results,
+ * the per-key 1 / 0 / negative codes) when any key failed.  codes=True gives
+ * the per-key ints instead of raising for per-key errors (Mooncake's form). */
+static PyObject *ml_exist_batch(ClientObject *self, PyObject *args, PyObject *kw, bool probe)
+{
+    static char *kwl_exist[] = {"keys", "tenant_id", "codes", NULL};
+    static char *kwl_probe[] = {"keys", "policy", "tenant_id", "codes", NULL};
+    PyObject *keys_obj, *policy_obj = Py_None;
+    const char *tenant = NULL;
+    int as_codes = 0;
+    int ok = probe ? PyArg_ParseTupleAndKeywords(args, kw, "O|O$O&p:batch_probe_key", kwl_probe,
+                                                 &keys_obj, &policy_obj, conv_tenant, &tenant,
+                                                 &as_codes)
+                   : PyArg_ParseTupleAndKeywords(args, kw, "O|$O&p:batch_is_exist", kwl_exist,
+                                                 &keys_obj, conv_tenant, &tenant, &as_codes);
+    if (!ok)
+        return NULL;
+    moonlet_grant_lease_policy pol;
+    if (probe && ml_policy(policy_obj, &pol))
+        return NULL;
+    ml_keys k;
+    if (ml_keys_init(&k, keys_obj))
+        return NULL;
+    int32_t stack[256];
+    int32_t *r = k.n <= 256 ? stack : PyMem_Malloc(k.n * sizeof(*r));
+    if (!r) {
+        ml_keys_free(&k);
+        return PyErr_NoMemory();
+    }
+    int rc;
+    if (probe)
+        ML_CALL(self, rc, moonlet_client_batch_probe_key(c, pol, k.keys, k.n, r, tenant));
+    else
+        ML_CALL(self, rc, moonlet_client_batch_exist_key(c, k.keys, k.n, r, tenant));
+    const char *what = probe ? "batch_probe_key" : "batch_is_exist";
+    PyObject *out = NULL;
+    if (rc) {
+        ml_raise(rc, what, NULL);
+    } else {
+        bool failed = false;
+        for (size_t i = 0; i < k.n && !failed; i++)
+            failed = r[i] < 0 || r[i] > 1;
+        if (failed && !as_codes) {
+            PyObject *codes = ml_result_list(r, k.n, false);
+            if (codes)
+                ml_raise_batch(what, k.keys, r, k.n, codes);
+            Py_XDECREF(codes);
+        } else {
+            out = ml_result_list(r, k.n, !as_codes);
+        }
+    }
+    if (r != stack)
+        PyMem_Free(r);
+    ml_keys_free(&k);
+    return out;
+}
+
+static PyObject *Client_batch_is_exist(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_exist_batch(self, args, kw, false);
+}
+
+static PyObject *Client_batch_probe_key(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    return ml_exist_batch(self, args, kw, true);
+}
+
+/* ---- zero-copy buffers ----------------------------------------------------------------- */
+
+static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"address", "size", NULL};
+    void *addr;
+    size_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&:register_buffer", kwl, conv_addr, &addr,
+                                     conv_size, &size))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_register_buffer(c, addr, size));
+    if (rc)
+        return ml_raise(rc, "register_buffer", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"address", NULL};
+    void *addr;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:unregister_buffer", kwl, conv_addr, &addr))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_unregister_buffer(c, addr));
+    if (rc)
+        return ml_raise(rc, "unregister_buffer", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "address", "size", "tenant_id", "replica_num", "soft_pin", NULL};
+    const char *key, *tenant = NULL;
+    void *addr;
+    size_t size;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&p:put_from", kwl, conv_key, &key,
+                                     conv_addr, &addr, conv_size, &size, conv_tenant, &tenant,
+                                     conv_u32, &replica_num, &soft_pin))
+        return NULL;
+    moonlet_put_options o;
+    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    int rc;
+    ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &o));
+    if (rc)
+        return ml_raise(rc, "put_from", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "address", "size", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    void *addr;
+    size_t size, len = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&:get_into", kwl, conv_key, &key,
+                                     conv_addr, &addr, conv_size, &size, conv_tenant, &tenant))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_get_into(c, key, addr, size, &len, tenant));
+    if (rc)
+        return ml_raise(rc, "get_into", NULL);
+    return PyLong_FromSize_t(len);
+}
+
+/* The arrays of a zero-copy batch. */
+typedef struct {
+    ml_keys k;
+    void **addrs;
+    size_t *sizes, *lens;
+    int32_t *results;
+} ml_zbatch;
+
+static void ml_zbatch_free(ml_zbatch *z)
+{
+    ml_keys_free(&z->k);
+    PyMem_Free(z->addrs);
+    PyMem_Free(z->sizes);
+    PyMem_Free(z->lens);
+    PyMem_Free(z->results);
+}
+
+static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObject *sizes)
+{
+    memset(z, 0, sizeof(*z));
+    if (ml_keys_init(&z->k, keys))
+        return -1;
+    size_t n = z->k.n ? z->k.n : 1;
+    z->addrs = PyMem_Calloc(n, sizeof(*z->addrs));
+    z->sizes = PyMem_Calloc(n, sizeof(*z->sizes));
+    z->lens = PyMem_Calloc(n, sizeof(*z->lens));
+    z->results = PyMem_Calloc(n, sizeof(*z->results));
+    if (!z->addrs || !z->sizes || !z->lens || !z->results) {
+        ml_zbatch_free(z);
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (ml_seq_conv(addrs, z->k.n, "addresses", conv_addr, z->addrs, sizeof(*z->addrs)) ||
+        ml_seq_conv(sizes, z->k.n, "sizes", conv_size, z->sizes, sizeof(*z->sizes))) {
+        ml_zbatch_free(z);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", "replica_num", "soft_pin",
+                          NULL};
+    PyObject *keys, *addrs, *sizes;
+    const char *tenant = NULL;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&p:batch_put_from", kwl, &keys, &addrs,
+                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
+                                     &soft_pin))
+        return NULL;
+    ml_zbatch z;
+    if (ml_zbatch_init(&z, keys, addrs, sizes))
+        return NULL;
+    moonlet_put_options o;
+    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    int rc;
+    ML_CALL(self, rc,
+            moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
+                                          z.k.n, &o, z.results));
+    PyObject *out = NULL;
+    if (rc == ML_CLOSED || (rc && z.k.n == 0)) {
+        ml_raise(rc, "batch_put_from", NULL);
+    } else if (rc) {
+        PyObject *res = ml_result_list(z.results, z.k.n, false);
+        if (res)
+            ml_raise_batch("batch_put_from", z.k.keys, z.results, z.k.n, res);
+        Py_XDECREF(res);
+    } else {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    ml_zbatch_free(&z);
+    return out;
+}
+
+static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", NULL};
+    PyObject *keys, *addrs, *sizes;
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&:batch_get_into", kwl, &keys, &addrs,
+                                     &sizes, conv_tenant, &tenant))
+        return NULL;
+    ml_zbatch z;
+    if (ml_zbatch_init(&z, keys, addrs, sizes))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc,
+            moonlet_client_batch_get_into(c, z.k.keys, z.addrs, z.sizes, z.k.n, z.lens,
+                                          z.results, tenant));
+    PyObject *out = NULL;
+    if (rc == ML_CLOSED || (rc && z.k.n == 0)) {
+        ml_raise(rc, "batch_get_into", NULL);
+    } else {
+        /* each key's outcome: bytes read, or its negative code */
+        PyObject *res = PyList_New((Py_ssize_t)z.k.n);
+        for (size_t i = 0; res && i < z.k.n; i++) {
+            PyObject *v = z.results[i] ? PyLong_FromLong(z.results[i]) : PyLong_FromSize_t(z.lens[i]);
+            if (!v) {
+                Py_CLEAR(res);
+                break;
+            }
+            PyList_SET_ITEM(res, (Py_ssize_t)i, v);
+        }
+        if (res && rc)
+            ml_raise_batch("batch_get_into", z.k.keys, z.results, z.k.n, res);
+        else
+            out = res, res = NULL;
+        Py_XDECREF(res);
+    }
+    ml_zbatch_free(&z);
+    return out;
+}
+
+/* ---- shared buffers ------------------------------------------------------------------------ */
+
+static PyTypeObject SharedType;
+
+static PyObject *Client_alloc_buffer(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"size", NULL};
+    size_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:alloc_buffer", kwl, conv_size, &size))
+        return NULL;
+    void *p = NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_alloc_shared(c, size, &p));
+    if (rc)
+        return ml_raise(rc, "alloc_buffer", NULL);
+    SharedObject *b = PyObject_New(SharedObject, &SharedType);
+    if (!b) {
+        ML_CALL(self, rc, moonlet_client_free_shared(c, p));
+        return NULL;
+    }
+    Py_INCREF(self);
+    b->owner = self;
+    b->ptr = p;
+    b->len = size;
+    b->exports = 0;
+    b->next = self->shared;
+    b->pprev = &self->shared;
+    if (self->shared)
+        self->shared->pprev = &b->next;
+    self->shared = b;
+    return (PyObject *)b;
+}
+
+/* Frees the memory unless views of it are alive; idempotent. */
+static int shared_free(SharedObject *b)
+{
+    if (!b->ptr)
+        return 0;
+    if (b->exports > 0) {
+        PyErr_SetString(PyExc_BufferError,
+                        "SharedBuffer.free: a view of it is still alive (release it first)");
+        return -1;
+    }
+    void *p = b->ptr;
+    shared_unlink(b);
+    int rc;
+    ML_CALL(b->owner, rc, moonlet_client_free_shared(c, p));
+    if (rc && rc != ML_CLOSED) {
+        ml_raise(rc, "SharedBuffer.free", NULL);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Shared_free(SharedObject *b, PyObject *unused)
+{
+    if (shared_free(b))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Shared_enter(SharedObject *b, PyObject *unused)
+{
+    Py_INCREF(b);
+    return (PyObject *)b;
+}
+
+static PyObject *Shared_exit(SharedObject *b, PyObject *args)
+{
+    if (shared_free(b))
+        return NULL;
+    Py_RETURN_FALSE;
+}
+
+static void Shared_dealloc(SharedObject *b)
+{
+    if (b->ptr && shared_free(b))
+        PyErr_WriteUnraisable((PyObject *)b);
+    Py_CLEAR(b->owner);
+    PyObject_Free(b);
+}
+
+static int Shared_getbuffer(SharedObject *b, Py_buffer *view, int flags)
+{
+    if (!b->ptr) {
+        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
+        view->obj = NULL;
+        return -1;
+    }
+    if (b->len > PY_SSIZE_T_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "SharedBuffer too large for a buffer view");
+        view->obj = NULL;
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)b, b->ptr, (Py_ssize_t)b->len, 0, flags) < 0)
+        return -1;
+    b->exports++;
+    return 0;
+}
+
+static void Shared_releasebuffer(SharedObject *b, Py_buffer *view)
+{
+    b->exports--;
+}
+
+static Py_ssize_t Shared_len(SharedObject *b)
+{
+    return b->ptr ? (Py_ssize_t)b->len : 0;
+}
+
+static PyObject *Shared_get_address(SharedObject *b, void *closure)
+{
+    if (!b->ptr) {
+        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(b->ptr);
+}
+
+static PyObject *Shared_get_size(SharedObject *b, void *closure)
+{
+    return PyLong_FromSize_t(b->ptr ? b->len : 0);
+}
+
+static PyObject *Shared_get_freed(SharedObject *b, void *closure)
+{
+    return PyBool_FromLong(b->ptr == NULL);
+}
+
+static PyObject *Shared_repr(SharedObject *b)
+{
+    if (!b->ptr)
+        return PyUnicode_FromString("<moonlet.SharedBuffer freed>");
+    return PyUnicode_FromFormat("<moonlet.SharedBuffer address=%p size=%zu>", b->ptr, b->len);
+}
+
+static PyMethodDef Shared_methods[] = {
+    {"free", (PyCFunction)Shared_free, METH_NOARGS,
+     "free()\n--\n\nReturns the memory to the store (BufferError while a view of it is "
+     "alive).  Calling it again does nothing."},
+    {"__enter__", (PyCFunction)Shared_enter, METH_NOARGS, "Returns itself."},
+    {"__exit__", (PyCFunction)Shared_exit, METH_VARARGS, "Frees the memory."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Shared_getset[] = {
+    {"address", (getter)Shared_get_address, NULL,
+     "The memory's address, for put_from / get_into and their batches.", NULL},
+    {"size", (getter)Shared_get_size, NULL, "Its size in bytes (0 once freed).", NULL},
+    {"freed", (getter)Shared_get_freed, NULL, "True once freed (or its store closed).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyBufferProcs Shared_as_buffer = {
+    .bf_getbuffer = (getbufferproc)Shared_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)Shared_releasebuffer,
+};
+
+static PySequenceMethods Shared_as_sequence = {
+    .sq_length = (lenfunc)Shared_len,
+};
+
+PyDoc_STRVAR(Shared_doc,
+"Memory that put_from / get_into use with no copy on either backend\n"
+"(Store.alloc_buffer()): shared memory the RealClient maps for a DummyClient,\n"
+"registered memory for a direct Store.  A writable buffer object\n"
+"(memoryview(buf), numpy.frombuffer(buf, ...)); .address is its address.\n"
+"Freed by free(), leaving a with block, or its Store's close(); none of them\n"
+"runs while a view of it is alive (BufferError).");
+
+static PyTypeObject SharedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "moonlet.SharedBuffer",
+    .tp_basicsize = sizeof(SharedObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = Shared_doc,
+    .tp_dealloc = (destructor)Shared_dealloc,
+    .tp_repr = (reprfunc)Shared_repr,
+    .tp_as_buffer = &Shared_as_buffer,
+    .tp_as_sequence = &Shared_as_sequence,
+    .tp_methods = Shared_methods,
+    .tp_getset = Shared_getset,
+};
+
+/* ---- accessors ---------------------------------------------------------------------------- */
+
+static PyObject *Client_get_protocol(ClientObject *self, void *closure)
+{
+    const char *p = NULL;
+    /* without the GIL: a close() waiting for calls in flight holds readers off */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&self->lock);
+    if (self->client)
+        p = moonlet_client_protocol(self->client);
+    pthread_rwlock_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (!p)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(p);
+}
+
+static PyObject *Client_get_local_endpoint(ClientObject *self, void *closure)
+{
+    char buf[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    int rc;
+    ML_CALL(self, rc, moonlet_client_local_endpoint(c, buf, sizeof(buf)));
+    if (rc)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(buf);
+}
+
+static PyObject *Client_get_closed(ClientObject *self, void *closure)
+{
+    return PyBool_FromLong(self->client == NULL);
+}
+
+static PyObject *Client_get_kind(ClientObject *self, void *closure)
+{
+    static const char *const names[] = {"none", "direct", "dummy"};
+    return PyUnicode_FromString(names[self->kind]);
+}
+
+static PyObject *Client_get_target(ClientObject *self, void *closure)
+{
+    Py_INCREF(self->target);
+    return self->target;
+}
+
+static PyObject *Client_get_tenant(ClientObject *self, void *closure)
+{
+    Py_INCREF(self->tenant);
+    return self->tenant;
+}
+
+/* ---- tables ---------------------------------------------------------------------------------- */
+
+static PyMethodDef Client_methods[] = {
+    {"_connect", ML_KW(Client_connect), METH_VARARGS | METH_KEYWORDS, connect_doc},
+    {"_connect_dummy", ML_KW(Client_connect_dummy), METH_VARARGS | METH_KEYWORDS,
+     connect_dummy_doc},
+    {"_inspect_json", ML_KW(Client_inspect_json), METH_VARARGS | METH_KEYWORDS,
+     "_inspect_json(key, *, tenant_id=None) -> str\n--\n\n"
+     "The master's InspectKey result as JSON (moonlet_client_inspect_key); never leases.  "
+     "moonlet.Store.inspect() parses it."},
+    {"close", (PyCFunction)Client_close, METH_NOARGS,
+     "close()\n--\n\nDisconnects and frees the client; waits for calls in flight on other "
+     "threads.  Buffers registered with it are unregistered (the memory stays yours).  "
+     "Calling it again does nothing; any other call afterwards raises StoreError "
+     "(UNAVAILABLE_IN_CURRENT_STATUS)."},
+    {"put", ML_KW(Client_put), METH_VARARGS | METH_KEYWORDS,
+     "put(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+     "Stores the bytes-like value under key (0 bytes is a valid object).  replica_num 0 "
+     "means the connection's default.  Raises StoreError: OBJECT_ALREADY_EXISTS (-705), "
+     "NO_AVAILABLE_HANDLE (-200), INVALID_KEY (-400), TRANSFER_FAIL (-800), ..."},
+    {"upsert", ML_KW(Client_upsert), METH_VARARGS | METH_KEYWORDS,
+     "upsert(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+     "Put, or replace an existing object (remove then put; not atomic).  An object under "
+     "a read lease cannot be replaced: StoreError OBJECT_HAS_LEASE (-706)."},
+    {"get", ML_KW(Client_get), METH_VARARGS | METH_KEYWORDS,
+     "get(key, *, tenant_id=None) -> bytes\n--\n\n"
+     "Reads an object (and leases it).  Raises StoreError OBJECT_NOT_FOUND (-704), "
+     "REPLICA_IS_NOT_READY (-703), LEASE_EXPIRED (-707), TRANSFER_FAIL (-800)."},
+    {"get_size", ML_KW(Client_get_size), METH_VARARGS | METH_KEYWORDS,
+     "get_size(key, *, tenant_id=None) -> int\n--\n\n"
+     "The size of a readable object in bytes (asks like a get, so it leases it too)."},
+    {"remove", ML_KW(Client_remove), METH_VARARGS | METH_KEYWORDS,
+     "remove(key, *, tenant_id=None)\n--\n\n"
+     "Removes an object.  StoreError OBJECT_NOT_FOUND (-704), OBJECT_HAS_LEASE (-706), "
+     "REPLICA_IS_NOT_READY (-703)."},
+    {"remove_all", ML_KW(Client_remove_all), METH_VARARGS | METH_KEYWORDS,
+     "remove_all(*, tenant_id=None) -> int\n--\n\n"
+     "Removes every object of the tenant that holds no lease and has no put in progress; "
+     "returns how many were removed."},
+    {"is_exist", ML_KW(Client_is_exist), METH_VARARGS | METH_KEYWORDS,
+     "is_exist(key, *, tenant_id=None) -> bool\n--\n\n"
+     "Whether a readable object exists.  Mooncake semantics: a hit is leased."},
+    {"probe_key", ML_KW(Client_probe_key), METH_VARARGS | METH_KEYWORDS,
+     "probe_key(key, *, tenant_id=None) -> bool\n--\n\n"
+     "Point-in-time existence; never grants or extends a lease."},
+    {"batch_is_exist", ML_KW(Client_batch_is_exist), METH_VARARGS | METH_KEYWORDS,
+     "batch_is_exist(keys, *, tenant_id=None) -> list[bool]\n--\n\n"
+     "is_exist for many keys in one round trip; every hit is leased.  A per-key error "
+     "raises StoreError with .results (1 / 0 / negative code per key)."},
+    {"batch_probe_key", ML_KW(Client_batch_probe_key), METH_VARARGS | METH_KEYWORDS,
+     "batch_probe_key(keys, policy=None, *, tenant_id=None) -> list[bool]\n--\n\n"
+     "BatchProbeKey with a GrantLeasePolicy (None: NONE, nothing leased).  With "
+     "LAST_HIT_ONLY and candidate_size k, the keys are len(keys)/k candidates of k "
+     "contiguous keys; the last complete one is leased and its positions are the only "
+     "True values.  The master judges the policy: an unknown mode, a candidate_size of 0 "
+     "or one not dividing len(keys) raises StoreError INVALID_PARAMS (-600).  A per-key "
+     "error raises StoreError with .results."},
+    {"alloc_buffer", ML_KW(Client_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
+     "alloc_buffer(size) -> SharedBuffer\n--\n\n"
+     "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "
+     "either backend, already registered (do not register them again).  Through a "
+     "DummyClient it is shared memory the RealClient reads and writes directly.  Free it "
+     "with .free() (or a with block); close() frees what is left."},
+    {"register_buffer", ML_KW(Client_register_buffer), METH_VARARGS | METH_KEYWORDS,
+     "register_buffer(address, size)\n--\n\n"
+     "Registers [address, address+size) (an int address, e.g. ctypes.addressof(buf)) as a "
+     "source or destination of put_from / get_into.  The memory must stay valid until "
+     "unregistered.  StoreError INVALID_PARAMS (-600) for 0 / NULL or a base already "
+     "registered."},
+    {"unregister_buffer", ML_KW(Client_unregister_buffer), METH_VARARGS | METH_KEYWORDS,
+     "unregister_buffer(address)\n--\n\n"
+     "Unregisters the buffer registered at address (INVALID_PARAMS when none is)."},
+    {"put_from", ML_KW(Client_put_from), METH_VARARGS | METH_KEYWORDS,
+     "put_from(key, address, size, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+     "put from registered memory without a copy; [address, address+size) must lie in one "
+     "registered buffer, else StoreError INVALID_PARAMS (-600)."},
+    {"get_into", ML_KW(Client_get_into), METH_VARARGS | METH_KEYWORDS,
+     "get_into(key, address, size, *, tenant_id=None) -> int\n--\n\n"
+     "Reads an object into registered memory of `size` bytes; returns the bytes read.  "
+     "StoreError BUFFER_OVERFLOW (-10) when the object is larger, INVALID_PARAMS (-600) "
+     "for memory outside a registered buffer."},
+    {"batch_put_from", ML_KW(Client_batch_put_from), METH_VARARGS | METH_KEYWORDS,
+     "batch_put_from(keys, addresses, sizes, *, tenant_id=None, replica_num=0, "
+     "soft_pin=False)\n--\n\n"
+     "put_from for many keys, every transfer in one batch.  Any failed key raises "
+     "StoreError with .results (0 or the negative code per key); the others were stored."},
+    {"batch_get_into", ML_KW(Client_batch_get_into), METH_VARARGS | METH_KEYWORDS,
+     "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
+     "get_into for many keys; returns the bytes read per key.  Any failed key raises "
+     "StoreError with .results (bytes read, or the negative code, per key)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Client_getset[] = {
+    {"protocol", (getter)Client_get_protocol, NULL,
+     "The transport in use ('tcp' or 'rdma'); None when closed.", NULL},
+    {"local_endpoint", (getter)Client_get_local_endpoint, NULL,
+     "Data endpoint of the memory this process contributes ('127.0.0.1:41234'); None "
+     "for a pure client.", NULL},
+    {"closed", (getter)Client_get_closed, NULL, "True once closed (or never connected).", NULL},
+    {"kind", (getter)Client_get_kind, NULL,
+     "'direct' (connected to a master), 'dummy' (through a RealClient) or 'none'.", NULL},
+    {"target", (getter)Client_get_target, NULL,
+     "The master address or RealClient socket path connected to.", NULL},
+    {"default_tenant", (getter)Client_get_tenant, NULL,
+     "Tenant of calls that pass no tenant_id (None: a DummyClient's RealClient decides).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyDoc_STRVAR(Client_doc,
+"A connection to a moonlet cluster (the C moonlet_client).  Use moonlet.Store,\n"
+"which subclasses it; this base type holds the calls implemented in C.");
+
+static PyTypeObject ClientType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "moonlet._moonlet.Client",
+    .tp_basicsize = sizeof(ClientObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = Client_doc,
+    .tp_new = Client_new,
+    .tp_dealloc = (destructor)Client_dealloc,
+    .tp_weaklistoffset = offsetof(ClientObject, weakrefs),
+    .tp_methods = Client_methods,
+    .tp_getset = Client_getset,
+};
+
+/* ---- module ---------------------------------------------------------------------------------- */
+
+static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
+{
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(code < INT_MIN || code > INT_MAX ? "UNKNOWN_ERROR"
+                                                                  : moonlet_strerror((int)code));
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O,
+     "strerror(code) -> str\n--\n\nName of a moonlet / Mooncake error code "
+     "('OBJECT_NOT_FOUND'); 'UNKNOWN_ERROR' for others."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyDoc_STRVAR(module_doc,
+"moonlet._moonlet - the C part of the moonlet Python binding.\n\n"
+"Holds the Client type (the C client library) and strerror(); import the\n"
+"`moonlet` package instead of this module.");
+
+static struct PyModuleDef moonlet_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "moonlet._moonlet",
+    .m_doc = module_doc,
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__moonlet(void);
+
+PyMODINIT_FUNC PyInit__moonlet(void)
+{
+    PyObject *errors = PyImport_ImportModule("moonlet.errors");
+    if (!errors)
+        return NULL;
+    g_store_error = PyObject_GetAttrString(errors, "StoreError");
+    Py_DECREF(errors);
+    if (!g_store_error)
+        return NULL;
+    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&SharedType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moonlet_module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&ClientType);
+    if (PyModule_AddObject(m, "Client", (PyObject *)&ClientType) < 0) {
+        Py_DECREF(&ClientType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SharedType);
+    if (PyModule_AddObject(m, "SharedBuffer", (PyObject *)&SharedType) < 0) {
+        Py_DECREF(&SharedType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    static const struct { const char *name; int code; } codes[] = {
+        {"OK", MOONLET_OK},
+        {"INTERNAL_ERROR", MOONLET_ERR_INTERNAL_ERROR},
+        {"BUFFER_OVERFLOW", MOONLET_ERR_BUFFER_OVERFLOW},
+        {"SEGMENT_NOT_FOUND", MOONLET_ERR_SEGMENT_NOT_FOUND},
+        {"NO_AVAILABLE_HANDLE", MOONLET_ERR_NO_AVAILABLE_HANDLE},
+        {"INVALID_KEY", MOONLET_ERR_INVALID_KEY},
+        {"INVALID_PARAMS", MOONLET_ERR_INVALID_PARAMS},
+        {"ILLEGAL_CLIENT", MOONLET_ERR_ILLEGAL_CLIENT},
+        {"REPLICA_IS_NOT_READY", MOONLET_ERR_REPLICA_IS_NOT_READY},
+        {"OBJECT_NOT_FOUND", MOONLET_ERR_OBJECT_NOT_FOUND},
+        {"OBJECT_ALREADY_EXISTS", MOONLET_ERR_OBJECT_ALREADY_EXISTS},
+        {"OBJECT_HAS_LEASE", MOONLET_ERR_OBJECT_HAS_LEASE},
+        {"LEASE_EXPIRED", MOONLET_ERR_LEASE_EXPIRED},
+        {"TRANSFER_FAIL", MOONLET_ERR_TRANSFER_FAIL},
+        {"RPC_FAIL", MOONLET_ERR_RPC_FAIL},
+        {"RPC_TIMEOUT", MOONLET_ERR_RPC_TIMEOUT},
+        {"UNAVAILABLE_IN_CURRENT_STATUS", MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS},
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        if (PyModule_AddIntConstant(m, codes[i].name, codes[i].code) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}

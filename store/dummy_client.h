@@ -1,0 +1,69 @@
+/*
+ * dummy_client.h - the DummyClient backend of moonlet_client
+ * (store/dummy_client.c).  store/client.c forwards every public call of a
+ * client made by moonlet_client_create_dummy() to the function of the same
+ * name here; arguments and return values are those of include/moonlet/
+ * client.h, already checked for NULL client.  Not installed.
+ *
+ * Thread safety: every function may be called from any number of threads,
+ * except create and destroy.  Locks: the DummyClient's one mutex (its
+ * connection pool and buffer lists), never held across a request.
+ */
+#ifndef MOONLET_DUMMY_CLIENT_H
+#define MOONLET_DUMMY_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moonlet/client.h"
+
+typedef struct moonlet_dummy moonlet_dummy;
+
+int moonlet_dummy_create(const char *socket_path, const moonlet_dummy_config *cfg,
+                         moonlet_dummy **out);
+void moonlet_dummy_destroy(moonlet_dummy *d);
+
+int moonlet_dummy_put(moonlet_dummy *d, const char *key, const void *buf, size_t len,
+                      const moonlet_put_options *opt);
+int moonlet_dummy_upsert(moonlet_dummy *d, const char *key, const void *buf, size_t len,
+                         const moonlet_put_options *opt);
+int moonlet_dummy_put_from(moonlet_dummy *d, const char *key, const void *buf, size_t len,
+                           const moonlet_put_options *opt);
+int moonlet_dummy_get(moonlet_dummy *d, const char *key, void *buf, size_t cap, size_t *len,
+                      const char *tenant);
+int moonlet_dummy_get_into(moonlet_dummy *d, const char *key, void *buf, size_t cap,
+                           size_t *len, const char *tenant);
+int moonlet_dummy_get_alloc(moonlet_dummy *d, const char *key, void **buf, size_t *len,
+                            const char *tenant);
+int moonlet_dummy_get_size(moonlet_dummy *d, const char *key, uint64_t *size,
+                           const char *tenant);
+int moonlet_dummy_remove(moonlet_dummy *d, const char *key, const char *tenant);
+int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant);
+int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *tenant,
+                              char **json_out);
+int moonlet_dummy_exist_key(moonlet_dummy *d, const char *key, bool *exists,
+                            const char *tenant);
+int moonlet_dummy_probe_key(moonlet_dummy *d, const char *key, bool *exists,
+                            const char *tenant);
+int moonlet_dummy_batch_exist_key(moonlet_dummy *d, const char *const *keys, size_t n,
+                                  int32_t *results, const char *tenant);
+int moonlet_dummy_batch_probe_key(moonlet_dummy *d, moonlet_grant_lease_policy policy,
+                                  const char *const *keys, size_t n, int32_t *results,
+                                  const char *tenant);
+int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
+                                 const void *const *bufs, const size_t *lens, size_t n,
+                                 const moonlet_put_options *opt, int32_t *results);
+int moonlet_dummy_batch_get_into(moonlet_dummy *d, const char *const *keys, void *const *bufs,
+                                 const size_t *caps, size_t n, size_t *lens, int32_t *results,
+                                 const char *tenant);
+
+int moonlet_dummy_register_buffer(moonlet_dummy *d, void *base, size_t len);
+int moonlet_dummy_unregister_buffer(moonlet_dummy *d, void *base);
+int moonlet_dummy_alloc_shared(moonlet_dummy *d, size_t len, void **out);
+int moonlet_dummy_free_shared(moonlet_dummy *d, void *p);
+
+/* The RealClient's transport ("tcp" / "rdma"), learnt at create. */
+const char *moonlet_dummy_protocol(const moonlet_dummy *d);
+
+#endif

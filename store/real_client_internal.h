@@ -1,0 +1,20 @@
+/*
+ * real_client_internal.h - a RealClient whose segment is configured as a
+ * full store node (store_node.h), for moonlet-store --serve-dummy, where the
+ * node's own flags (client id, NUMA node, heartbeat period, huge pages)
+ * apply.  Not installed; not part of the public API.
+ */
+#ifndef MOONLET_REAL_CLIENT_INTERNAL_H
+#define MOONLET_REAL_CLIENT_INTERNAL_H
+
+#include "moonlet/real_client.h"
+#include "store_node.h"
+
+/* As moonlet_real_client_create(), with the local segment configured by
+ * `node` (its segment_size, not cfg->local_segment_size; NULL: from cfg). */
+int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
+                                         const moonlet_store_node_config *node,
+                                         const char *socket_path, const char *socket_group,
+                                         moonlet_real_client **out);
+
+#endif

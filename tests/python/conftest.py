@@ -1,0 +1,176 @@
+"""Fixtures of the Python binding tests: a loopback moonlet cluster.
+
+One cluster per test session (the binding tests share it; every test works
+in its own tenant, so they cannot see each other's keys):
+  - moonlet-master on 127.0.0.1 and an ephemeral port (--rpc-port 0; its
+    "listening on HOST:PORT" line gives the address);
+  - a moonlet-store contributing a TCP segment;
+  - a RealClient: moonlet-store --serve-dummy SOCKET, which prints
+    "serving dummy clients on SOCKET" (started only when a test needs it).
+Every process is stopped by its own PID (SIGTERM, then SIGKILL after a
+bounded wait); every wait is bounded.
+
+Only the standard library is imported here at module level: this conftest
+also sits beside test_inspect_cli.py, which runs without moonlet on the path.
+"""
+import os
+import re
+import select
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+
+import pytest
+
+MIB = 1 << 20
+K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
+
+
+def build_root():
+    root = os.environ.get("MOONLET_BUILD_ROOT")
+    if not root:
+        raise RuntimeError("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+    return root
+
+
+class Daemon:
+    """A child process of the build tree that announces itself on stdout."""
+
+    def __init__(self, argv, ready, timeout=15.0):
+        self.argv = argv
+        self.stderr = tempfile.TemporaryFile()
+        # Under AddressSanitizer the test interpreter preloads the shared
+        # runtime for the extension; the daemons link their own.
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     stdin=subprocess.DEVNULL, env=env)
+        self._buf = b""
+        self.lines = []
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self._line(deadline)
+            if line is None:
+                err = self.err()
+                self.stop()
+                raise RuntimeError(f"{argv[0]} did not start: {err}")
+            self.lines.append(line)
+            m = re.match(ready, line)
+            if m:
+                self.match = m
+                return
+
+    def _line(self, deadline):
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def err(self):
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-2000:]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        self.stderr.close()
+
+
+def start_master(*extra):
+    return Daemon([os.path.join(build_root(), "tools", "moonlet-master"), "--rpc-port", "0",
+                   "--shards", "64", "--client_live_ttl_sec", "600", "--log-level", "warn",
+                   *extra], r"listening on (\S+:\d+)$")
+
+
+def start_store(master_addr, size, *extra, ready=r"listening on (\S+:\d+)$"):
+    return Daemon([os.path.join(build_root(), "tools", "moonlet-store"), "--master", master_addr,
+                   "--segment-size", size, "--protocol", "tcp", "--listen", "127.0.0.1:0",
+                   "--ping-interval-ms", "200", "--log-level", "warn", *extra], ready)
+
+
+class Cluster:
+    def __init__(self):
+        self.master = start_master()
+        self.addr = self.master.match.group(1)
+        self.stores = [start_store(self.addr, "320MiB")]
+        self._tmp = tempfile.TemporaryDirectory(prefix="moonlet-py-")
+        self._real = None
+
+    def realclient(self):
+        """The socket path of the RealClient (started on first use)."""
+        if self._real is None:
+            path = os.path.join(self._tmp.name, "real.sock")
+            self._real = start_store(self.addr, "320MiB", "--serve-dummy", path,
+                                     ready=r"serving dummy clients on (.+)$")
+            self.socket = self._real.match.group(1)
+        return self.socket
+
+    def stop(self):
+        if self._real is not None:
+            self._real.stop()
+        for s in self.stores:
+            s.stop()
+        self.master.stop()
+        self._tmp.cleanup()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def tenant():
+    """A tenant of this test alone."""
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+def connect(cluster, path, tenant=None, **kw):
+    """A moonlet.Store on `path`: "direct" (to the master) or "dummy"
+    (through the RealClient)."""
+    import moonlet
+
+    if path == "direct":
+        return moonlet.Store.connect(cluster.addr, protocol="tcp", default_tenant=tenant, **kw)
+    return moonlet.Store.connect_dummy(cluster.realclient(), default_tenant=tenant, **kw)
+
+
+@pytest.fixture(params=["direct", "dummy"])
+def path(request):
+    """Both ways of reaching the cluster: a direct Store and a DummyClient."""
+    return request.param
+
+
+@pytest.fixture
+def store(cluster, path, tenant):
+    """A Store on `path` whose default tenant is the test's own."""
+    s = connect(cluster, path, tenant)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def direct(cluster, tenant):
+    """A direct Store in the test's tenant, to inspect what the other did."""
+    s = connect(cluster, "direct", tenant)
+    yield s
+    s.close()

@@ -1,0 +1,164 @@
+"""moonlet.mooncake: Mooncake Store's MooncakeDistributedStore on moonlet.
+
+Checks Mooncake's return conventions (0 / negative codes instead of
+exceptions, b"" for a missing key, is_exist 1 / 0) and both forms of setup().
+"""
+import ctypes
+
+import pytest
+
+import moonlet
+from conftest import K3, MIB
+from moonlet.mooncake import (MooncakeDistributedStore, ReplicateConfig, SoftPinAction,
+                              parse_size)
+
+
+@pytest.fixture
+def mc(cluster, tenant):
+    s = MooncakeDistributedStore()
+    assert s.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                    "global_segment_size": 0, "local_buffer_size": "16MB", "protocol": "tcp",
+                    "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
+    yield s
+    assert s.close() == 0
+
+
+def test_setup_with_the_seven_positional_arguments(cluster):
+    s = MooncakeDistributedStore()
+    assert s.get("k") == b"" and s.put("k", b"v") == -1010  # not set up yet
+    rc = s.setup("127.0.0.1", "http://127.0.0.1:8080/metadata", 16 * MIB, 16 * MIB, "tcp", "",
+                 cluster.addr)
+    assert rc == 0
+    host, port = s.get_hostname().rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0  # it contributes memory, served there
+    assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.addr) == -600  # already set up
+    key = "mc/pos/" + port
+    assert s.put(key, b"positional") == 0
+    assert s.get(key) == b"positional"
+    assert s.remove(key, force=True) == -706  # leased by the get; force does not override
+    assert s.close() == 0
+    assert s.close() == 0
+
+
+def test_setup_with_a_config_dict_and_readable_sizes(cluster, tenant):
+    s = MooncakeDistributedStore()
+    cfg = {"local_hostname": "127.0.0.1:0", "metadata_server": "P2PHANDSHAKE",
+           "global_segment_size": "16MB", "local_buffer_size": "1.5 GB", "protocol": "tcp",
+           "rdma_devices": "", "master_server_addr": cluster.addr, "tenant_id": tenant,
+           "enable_ssd_offload": "false"}
+    assert s.setup(cfg) == 0
+    assert s.get_hostname().startswith("127.0.0.1:") and not s.get_hostname().endswith(":0")
+    assert s.put("d", b"dict") == 0 and s.get("d") == b"dict"
+    s.close()
+    # Mooncake's keys and vLLM's spellings both work; pure client with 0
+    s = MooncakeDistributedStore()
+    assert s.setup({"local_hostname": "localhost", "global_segment_size": 0,
+                    "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
+    assert s.get_hostname() == "localhost"
+    assert s.put("d2", b"pure client") == 0 and s.get("d2") == b"pure client"
+    s.close()
+
+
+def test_setup_errors_are_codes(cluster):
+    bad = [({"local_hostname": "h", "global_segment_size": "16XB",
+             "master_server_addr": cluster.addr}, -600),
+           ({"local_hostname": "h", "local_buffer_size": "-5", "master_server_addr": cluster.addr},
+            -600),
+           ({"local_hostname": "h", "protocol": "efa", "master_server_addr": cluster.addr}, -600),
+           ({"global_segment_size": 0, "master_server_addr": cluster.addr}, -600),  # no hostname
+           ({"local_hostname": "h", "global_segment_size": 0,
+             "master_server_addr": "127.0.0.1:1"}, -900)]
+    for cfg, code in bad:
+        assert MooncakeDistributedStore().setup(cfg) == code, cfg
+    assert MooncakeDistributedStore().setup("h", "", 0, 0, "tcp", "", "127.0.0.1:1") == -900
+
+
+def test_parse_size():
+    assert parse_size("16MB") == 16 << 20
+    assert parse_size("16 mb") == 16 << 20
+    assert parse_size("1.5GB") == 3 << 29
+    assert parse_size("512") == 512 and parse_size(7) == 7
+    assert parse_size("2KiB") == 2048 and parse_size("1t") == 1 << 40
+    for bad in ("16XB", "", "-5", "MB"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    with pytest.raises(TypeError):
+        parse_size(1.5)
+
+
+def test_return_conventions(mc):
+    assert mc.get("missing") == b""
+    assert mc.is_exist("missing") == 0
+    assert mc.get_size("missing") == -704
+    assert mc.remove("missing") == -704
+    assert mc.put("k", b"value") == 0
+    assert mc.put("k", b"other") == 0  # an existing key: 0, object unchanged (as Mooncake)
+    assert mc.get("k") == b"value"
+    assert mc.is_exist("k") == 1
+    assert mc.get_size("k") == 5
+    assert mc.batch_is_exist(["k", "missing", ""]) == [1, 0, -400]
+    assert mc.upsert("u", b"1") == 0 and mc.upsert("u", b"22") == 0
+    assert mc.get("u") == b"22"
+    assert mc.put("", b"x") == -400
+    assert mc.put("e", b"") == 0 and mc.get("e") == b"" and mc.get_size("e") == 0
+    assert mc.put("r1", b"1") == 0 and mc.put("r2", b"2") == 0
+    assert mc.remove("r1") == 0
+    assert mc.remove("k") == -706  # leased by the get above
+    assert mc.remove_all() == 1   # r2 (k, u, e hold leases)
+    assert mc.batch_is_exist([]) == []
+
+
+def test_replicate_config(mc, cluster):
+    cluster.realclient()  # a second store node for two replicas
+    cfg = ReplicateConfig()
+    assert cfg.replica_num == 1 and cfg.with_soft_pin is False and cfg.preferred_segment == ""
+    cfg.replica_num = 2
+    cfg.with_soft_pin = True
+    cfg.preferred_segment = "127.0.0.1:12345"  # accepted; placement is the master's
+    assert mc.put("rc", b"x" * 64, cfg) == 0
+    info = mc._store.inspect("rc")
+    assert len(info["replicas"]) == 2 and info["soft_pinned"] is True
+    off = ReplicateConfig(soft_pin_action=SoftPinAction.DISABLE, with_soft_pin=True)
+    assert mc.put("rc2", b"y", off) == 0
+    assert mc._store.inspect("rc2")["soft_pinned"] is False
+    assert [a.value for a in SoftPinAction] == [0, 1, 2]
+    with pytest.raises(AttributeError):
+        cfg.no_such_option = 1
+    assert "replica_num=2" in repr(cfg)
+
+
+def test_zero_copy(mc):
+    n = 64 * 1024
+    src = (ctypes.c_ubyte * n)(*[i & 0xFF for i in range(n)])
+    dst = (ctypes.c_ubyte * (2 * n))()
+    sp, dp = ctypes.addressof(src), ctypes.addressof(dst)
+    assert mc.put_from("z", sp, n) == -600  # not registered yet
+    assert mc.register_buffer(sp, n) == 0
+    assert mc.register_buffer(dp, 2 * n) == 0
+    assert mc.register_buffer(sp, n) == -600
+    assert mc.put_from("z", sp, n) == 0
+    assert mc.get_into("z", dp, 2 * n) == n
+    assert bytes(dst[:n]) == bytes(src)
+    assert mc.get_into("z", dp, n - 1) == -10
+    assert mc.get_into("missing", dp, n) == -704
+    assert mc.batch_put_from(["z0", "z1", "z"], [sp, sp + 10, sp], [10, 20, 5]) == [0, 0, 0]
+    assert mc.batch_get_into(["z0", "z1", "nope", "z"], [dp, dp + 10, dp + 100, dp + 200],
+                             [10, 20, 10, 10]) == [10, 20, -704, -10]
+    assert bytes(dst[:30]) == bytes(src[:10]) + bytes(src[10:30])
+    assert mc.batch_put_from(["zz"], [sp + n], [10]) == [-600]  # outside the registration
+    assert mc.unregister_buffer(sp) == 0
+    assert mc.unregister_buffer(sp) == -600
+    assert mc.unregister_buffer(dp) == 0
+
+
+def test_batch_probe_key(mc):
+    for i in (0, 1, 3, 4):
+        assert mc.put(K3[i], b"ckpt") == 0
+    policy = moonlet.GrantLeasePolicy(moonlet.ProbeLeaseMode.LAST_HIT_ONLY, 2)
+    assert mc.batch_probe_key(K3, policy) == [1, 1, 0, 0, 0, 0]
+    assert mc.batch_probe_key(K3) == [1, 1, 0, 1, 1, 0]
+    bad = moonlet.GrantLeasePolicy(moonlet.ProbeLeaseMode.LAST_HIT_ONLY, 4)
+    assert mc.batch_probe_key(K3, bad) == [-600] * 6
+    assert mc.batch_probe_key(["ok", ""], None)[1] == -400
+    assert mc._store.inspect(K3[0])["lease_remaining_ms"] > 0
+    assert mc._store.inspect(K3[3])["lease_remaining_ms"] == 0
