@@ -308,6 +308,7 @@ class Cluster:
         self.relays = {}
         self._nft = {}            # host -> {"loss": ..., "partition": ...}
         self._torn = False
+        self.unclean = {}         # process name -> exit code, filled by teardown()
 
     # -- names and addresses
     def ns(self, host):
@@ -391,14 +392,23 @@ class Cluster:
 
     def teardown(self):
         """Stops every process (TERM, then KILL), deletes every namespace (and
-        with the switch namespace the bridge).  Idempotent; never raises."""
+        with the switch namespace the bridge).  Records in self.unclean every
+        process that died on its own with a non-zero status or did not exit 0
+        on SIGTERM.  Idempotent; never raises."""
         if self._torn:
             return
         self._torn = True
         _live.discard(self)
         for p in reversed(self.procs):
             try:
-                p.stop(signal.SIGTERM, 3)
+                died = None if p.alive() else p.popen.returncode
+                rc = p.stop(signal.SIGTERM, 3)
+                # A daemon must shut down cleanly on SIGTERM (exit 0; under a
+                # sanitizer a leak or error makes it non-zero), and nothing
+                # the harness did not kill may have died on its own.
+                if died not in (None, 0) or (died is None and rc != 0 and
+                                             not p.name.startswith("mlc")):
+                    self.unclean[p.name] = died if died is not None else rc
             except Exception as e:  # noqa: BLE001 - teardown goes on
                 self.log(f"teardown: stopping {p.name}: {e}")
         for ns in reversed(self.namespaces):
