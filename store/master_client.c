@@ -6,17 +6,21 @@
  * (send, wait, check the reply code), then decode and end (free the reply,
  * unlock).  A call never retries on its own: the master may have applied a
  * request whose reply was lost, and only the caller knows whether repeating
- * it is safe.  The next call after a failure reconnects.
+ * it is safe.  The next call after a failure reconnects, pacing its
+ * attempts with a capped exponential backoff (master_client.h) so that a
+ * master that is down is not hammered by every caller of every client.
  *
  * Locks: mc->mu for the whole call.
  */
 #include "master_client.h"
 
 #include <cjson/cJSON.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "methods.h"
 #include "moonlet/error.h"
@@ -30,7 +34,29 @@ struct moonlet_master_client {
     int timeout_ms;
     char *token;
     moonlet_rpc_client *rpc;
+    uint32_t backoff_base_ms, backoff_cap_ms;
+    unsigned failures;         /* failed connects in a row */
+    uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
 };
+
+static uint64_t mc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures)
+{
+    if (failures == 0)
+        return 0;
+    if (cap_ms < base_ms)
+        cap_ms = base_ms;
+    uint64_t ms = base_ms;
+    for (unsigned i = 1; i < failures && ms < cap_ms; i++)
+        ms *= 2;
+    return ms < cap_ms ? (uint32_t)ms : cap_ms;
+}
 
 void moonlet_replica_list_free(moonlet_replica_list *l)
 {
@@ -65,15 +91,51 @@ static int parse_addr(const char *addr, char *host, size_t cap, uint16_t *port)
     return MOONLET_OK;
 }
 
+/* Whether an idle connection is dead: the master sends nothing unasked, so
+ * anything readable (EOF after a restart, a reset, stray bytes) means the
+ * connection cannot carry the next call. */
+static bool mc_idle_conn_dead(const moonlet_rpc_client *rpc)
+{
+    struct pollfd p = {.fd = moonlet_rpc_client_fd(rpc), .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) > 0;
+}
+
 static int mc_connect_locked(moonlet_master_client *mc)
 {
-    if (mc->rpc && !moonlet_rpc_client_broken(mc->rpc))
+    if (mc->rpc && !moonlet_rpc_client_broken(mc->rpc) && !mc_idle_conn_dead(mc->rpc))
         return MOONLET_OK;
     moonlet_rpc_client_close(mc->rpc);
     mc->rpc = NULL;
+    if (mc->failures) {
+        uint64_t now = mc_now_ms();
+        if (now < mc->next_connect_ms) {
+            uint64_t wait = mc->next_connect_ms - now;
+            if (wait > (uint64_t)mc->timeout_ms)
+                return MOONLET_ERR_RPC_FAIL; /* not this call's turn: fail without waiting */
+            poll(NULL, 0, (int)wait);
+        }
+    }
     moonlet_rpc_client_opts o = {.timeout_ms = mc->timeout_ms, .auth_token = mc->token,
                                  .auth_token_len = mc->token ? strlen(mc->token) : 0};
-    return moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+    int rc = moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+    if (rc) {
+        mc->rpc = NULL;
+        if (mc->failures < 64)
+            mc->failures++;
+        mc->next_connect_ms =
+            mc_now_ms() + moonlet_mc_backoff_ms(mc->backoff_base_ms, mc->backoff_cap_ms, mc->failures);
+    } else {
+        mc->failures = 0;
+    }
+    return rc;
+}
+
+unsigned moonlet_mc_connect_failures(moonlet_master_client *mc)
+{
+    pthread_mutex_lock(&mc->mu);
+    unsigned f = mc->failures;
+    pthread_mutex_unlock(&mc->mu);
+    return f;
 }
 
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
@@ -88,6 +150,10 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
         return rc;
     }
     mc->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 10000;
+    mc->backoff_base_ms = opts && opts->backoff_base_ms ? opts->backoff_base_ms
+                                                        : MOONLET_MC_BACKOFF_BASE_MS;
+    mc->backoff_cap_ms = opts && opts->backoff_cap_ms ? opts->backoff_cap_ms
+                                                      : MOONLET_MC_BACKOFF_CAP_MS;
     if (opts && opts->auth_token && opts->auth_token[0])
         mc->token = strdup(opts->auth_token);
     pthread_mutex_init(&mc->mu, NULL);

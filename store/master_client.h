@@ -3,9 +3,16 @@
  *
  * Wraps one RPC connection behind a mutex, so one MasterClient may be shared
  * by threads (calls are serialised).  A broken connection is re-established
- * on the next call (one attempt per call; bounded by the timeout).  Every
- * call returns 0 or a moonlet error code; per-key batch results are written
- * to `results[i]` as 1 (true), 0 (false) or a negative error code.
+ * on the next call, and so is one the master closed while it sat idle (the
+ * master restarted): that is noticed before the request is sent, so the call
+ * goes to the new master instead of failing.  Reconnects back off: after n
+ * failed connects in a row the next attempt waits until
+ * min(cap, base * 2^(n-1)) ms after the last failure (moonlet_mc_backoff_ms).
+ * A call waits that out only when the wait fits in its timeout; otherwise it
+ * fails at once with RPC_FAIL and sends nothing.  So every call is bounded by
+ * about twice the timeout, one connect attempt at most, and nothing loops.
+ * Every call returns 0 or a moonlet error code; per-key batch results are
+ * written to `results[i]` as 1 (true), 0 (false) or a negative error code.
  * Keys and ids are NUL-terminated strings; tenant NULL or "" means "default".
  *
  * Locks: its own connection mutex only.
@@ -22,10 +29,22 @@
 
 typedef struct moonlet_master_client moonlet_master_client;
 
+#define MOONLET_MC_BACKOFF_BASE_MS 50u   /* wait after the first failed connect */
+#define MOONLET_MC_BACKOFF_CAP_MS 1000u  /* longest wait between connect attempts */
+
 typedef struct moonlet_master_client_opts {
-    int timeout_ms;          /* per call; <= 0 means 10000 */
-    const char *auth_token;  /* NULL: none */
+    int timeout_ms;            /* per call; <= 0 means 10000 */
+    const char *auth_token;    /* NULL: none */
+    uint32_t backoff_base_ms;  /* 0: MOONLET_MC_BACKOFF_BASE_MS */
+    uint32_t backoff_cap_ms;   /* 0: MOONLET_MC_BACKOFF_CAP_MS (raised to base when below) */
 } moonlet_master_client_opts;
+
+/* The wait before the next connect attempt after `failures` failed ones in a
+ * row: 0 for none, else min(cap, base * 2^(failures-1)).  Pure. */
+uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures);
+
+/* Failed connects in a row so far (0 once one succeeds).  Thread safe. */
+unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 
 /* addr is "HOST:PORT". Connects eagerly; returns MOONLET_ERR_RPC_FAIL when the master is unreachable. */
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,

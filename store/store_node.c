@@ -52,7 +52,9 @@ struct moonlet_store_node {
 
     uint32_t ping_interval_ms;
     char client_id[MOONLET_MAX_ID_BYTES + 1];
-    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];   /* mounted: advertised, or the listen one */
+    char listen_ep[MOONLET_MAX_ENDPOINT_BYTES + 1];  /* where the transport serves */
+    bool advertised;                                 /* endpoint came from advertise_addr */
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
     moonlet_segment_mem mem;
@@ -116,6 +118,12 @@ static int node_check_config(const moonlet_store_node_config *c)
         ML_ERR(MOD, "client id must be 1..%d bytes", MOONLET_MAX_ID_BYTES);
         return MOONLET_ERR_INVALID_PARAMS;
     }
+    if (c->advertise_addr && (!strchr(c->advertise_addr, ':') ||
+                              strlen(c->advertise_addr) > MOONLET_MAX_ENDPOINT_BYTES)) {
+        ML_ERR(MOD, "advertised address must be HOST:PORT of at most %d bytes",
+               MOONLET_MAX_ENDPOINT_BYTES);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     return MOONLET_OK;
 }
 
@@ -169,7 +177,8 @@ static int node_mount(moonlet_store_node *n)
     }
     moonlet_segment_desc d = {.client_id = n->client_id, .segment_id = n->info.segment_id,
                               .name = n->client_id, .base = n->info.base,
-                              .size = n->info.size, .endpoint = n->info.endpoint,
+                              .size = n->info.size,
+                              .endpoint = n->advertised ? n->endpoint : n->info.endpoint,
                               .protocol = n->info.protocol};
     int rc = moonlet_mc_mount_segment(n->mc, &d);
     if (rc == MOONLET_ERR_SEGMENT_ALREADY_EXISTS)
@@ -323,13 +332,30 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
 {
     moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
                             .listen_addr = c->listen_addr ? c->listen_addr : "127.0.0.1:0",
-                            .auth_token = c->auth_token, .server_threads = c->server_threads};
+                            .auth_token = c->auth_token, .server_threads = c->server_threads,
+                            .timeout_ms = c->transfer_timeout_ms};
     int rc = moonlet_xfer_create(&xo, &n->xfer);
     if (rc) {
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));
         return rc;
     }
-    return moonlet_xfer_local_endpoint(n->xfer, n->endpoint, sizeof(n->endpoint));
+    rc = moonlet_xfer_local_endpoint(n->xfer, n->listen_ep, sizeof(n->listen_ep));
+    if (rc)
+        return rc;
+    if (!c->advertise_addr) {
+        snprintf(n->endpoint, sizeof(n->endpoint), "%s", n->listen_ep);
+        return MOONLET_OK;
+    }
+    /* rdma_cm connects to the listener itself; nothing can stand in for it. */
+    if (strcmp(moonlet_xfer_protocol_name(n->xfer), "tcp") != 0) {
+        ML_ERR(MOD, "an advertised address needs the tcp protocol, not %s",
+               moonlet_xfer_protocol_name(n->xfer));
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    snprintf(n->endpoint, sizeof(n->endpoint), "%s", c->advertise_addr);
+    n->advertised = true;
+    ML_INFO(MOD, "serving on %s, advertising %s to the master", n->listen_ep, n->endpoint);
+    return MOONLET_OK;
 }
 
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out)
@@ -402,6 +428,11 @@ void moonlet_store_node_destroy(moonlet_store_node *n)
 const char *moonlet_store_node_endpoint(const moonlet_store_node *n)
 {
     return n->endpoint;
+}
+
+const char *moonlet_store_node_listen_endpoint(const moonlet_store_node *n)
+{
+    return n->listen_ep;
 }
 
 const char *moonlet_store_node_client_id(const moonlet_store_node *n)

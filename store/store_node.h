@@ -8,7 +8,10 @@
  * the kernel has them, locked), registers it with the transport and mounts it
  * on the master under the node's client id.  What the master
  * records is exactly what the transport returned: segment id, endpoint,
- * protocol, base and size.
+ * protocol, base and size - except that an advertised address, when one is
+ * configured (TCP only), replaces the endpoint: peers then reach the node
+ * through whatever listens there (a proxy, a NAT rule, a test's delaying
+ * relay) while the node itself serves on its listen address.
  *
  * run() heartbeats until stop(): a Ping every ping_interval_ms.  While the
  * master does not answer, it retries with exponential backoff capped at 2 s
@@ -58,6 +61,8 @@ typedef struct moonlet_store_node_config {
     const char *auth_token;         /* for the master and the transport; NULL: none */
     uint32_t ping_interval_ms;      /* 0: MOONLET_STORE_NODE_PING_MS */
     uint32_t rpc_timeout_ms;        /* 0: MOONLET_STORE_NODE_RPC_TIMEOUT_MS; keeps stop prompt */
+    uint32_t transfer_timeout_ms;   /* serving: longest wait on a stalled peer; 0: transport default */
+    const char *advertise_addr;     /* "HOST:PORT" mounted as the endpoint; NULL: the listen one */
     int server_threads;             /* transport serving pool; <= 0: transport default */
     bool huge_pages;                /* try 2 MiB pages first */
     bool lock_memory;               /* mlock the segment (a failure is a warning) */
@@ -71,7 +76,7 @@ void moonlet_store_node_config_default(moonlet_store_node_config *cfg);
 /*
  * Allocates, serves, registers and mounts.  Blocks for the allocation (a
  * locked segment is populated) and a few master round trips.  Returns 0, or
- * INVALID_PARAMS (bad configuration), RPC_FAIL / RPC_TIMEOUT (master
+ * INVALID_PARAMS (bad configuration; an advertised address with rdma), RPC_FAIL / RPC_TIMEOUT (master
  * unreachable), ILLEGAL_CLIENT (token refused), UNAVAILABLE_IN_CURRENT_STATUS
  * (rdma without a device), TRANSFER_FAIL (cannot listen), INTERNAL_ERROR, or
  * the master's refusal of the mount.  The reason is logged.
@@ -90,8 +95,11 @@ void moonlet_store_node_stop(moonlet_store_node *n);
 /* Unmounts if still mounted, stops serving, frees the segment.  NULL is a no-op. */
 void moonlet_store_node_destroy(moonlet_store_node *n);
 
-/* The data endpoint ("127.0.0.1:40123"), fixed for the node's lifetime. */
+/* The data endpoint mounted on the master, the one peers use ("127.0.0.1:40123";
+ * the advertised address when one is configured); fixed for the node's lifetime. */
 const char *moonlet_store_node_endpoint(const moonlet_store_node *n);
+/* The address the node serves on (equal to the endpoint unless advertising). */
+const char *moonlet_store_node_listen_endpoint(const moonlet_store_node *n);
 const char *moonlet_store_node_client_id(const moonlet_store_node *n);
 /* "tcp" or "rdma". */
 const char *moonlet_store_node_protocol(const moonlet_store_node *n);

@@ -3,9 +3,10 @@
  *
  * Parses flags into a moonlet_store_node_config, creates the node (segment
  * allocated, served, registered and mounted - store/store_node.c does all of
- * it), prints "listening on HOST:PORT" (the data endpoint) once mounted, and
- * heartbeats until SIGTERM or SIGINT, after which the node unmounts and the
- * process exits 0.  Exit code 2: bad flags; 1: the node could not start.
+ * it), prints "listening on HOST:PORT" (the address it serves on) once
+ * mounted, and with --advertise a second line "advertising HOST:PORT" (the
+ * endpoint the master hands to peers), and heartbeats until SIGTERM or
+ * SIGINT, after which the node unmounts and the process exits 0.  Exit code 2: bad flags; 1: the node could not start.
  * Signals are taken by one thread with sigwait(); no other thread sees them.
  * Takes no locks of its own (the node's are described in store_node.c, the
  * RealClient's in real_client.c).
@@ -48,9 +49,13 @@ static void usage(FILE *f)
             "                            for rdma an address on the RDMA device)\n"
             "  --device NAME             RDMA device, e.g. mlx5_0 (default: first active)\n"
             "  --numa-node N|auto        NUMA node of the segment (default auto: the device's node)\n"
+            "  --advertise HOST:PORT     endpoint mounted on the master instead of the listen address\n"
+            "                            (tcp only; for a proxy or relay in front of this node)\n"
             "  --client-id ID            this node's id on the master (default store-<host>-<random>)\n"
             "  --auth-token-file PATH    shared token for the master and the data endpoint\n"
             "  --ping-interval-ms N      heartbeat period (default 1000)\n"
+            "  --rpc-timeout-ms N        deadline of each master call (default 400)\n"
+            "  --transfer-timeout-ms N   longest wait on a stalled peer while serving (default 10000)\n"
             "  --serve-dummy PATH        also serve DummyClients of this host on the unix socket\n"
             "                            PATH (a RealClient; the socket gets mode 0600)\n"
             "  --socket-group NAME       with --serve-dummy: give the socket group NAME, mode 0660\n"
@@ -129,7 +134,8 @@ static int parse_log_level(const char *s)
 
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
-    O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_HELP, O_VERSION
+    O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
+    O_XFER_TIMEOUT
 };
 
 static const struct option g_opts[] = {
@@ -142,6 +148,9 @@ static const struct option g_opts[] = {
     {"client-id", required_argument, 0, O_CLIENT},
     {"auth-token-file", required_argument, 0, O_TOKEN},
     {"ping-interval-ms", required_argument, 0, O_PING},
+    {"advertise", required_argument, 0, O_ADVERTISE},
+    {"rpc-timeout-ms", required_argument, 0, O_RPC_TIMEOUT},
+    {"transfer-timeout-ms", required_argument, 0, O_XFER_TIMEOUT},
     {"log-level", required_argument, 0, O_LOG},
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
@@ -183,6 +192,18 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_PING:
             bad = parse_uint("--ping-interval-ms", optarg, 1, 600000, &v);
             cfg->ping_interval_ms = (uint32_t)v;
+            break;
+        case O_ADVERTISE:
+            cfg->advertise_addr = optarg;
+            bad = check_hostport("--advertise", optarg, 1);
+            break;
+        case O_RPC_TIMEOUT:
+            bad = parse_uint("--rpc-timeout-ms", optarg, 1, 600000, &v);
+            cfg->rpc_timeout_ms = (uint32_t)v;
+            break;
+        case O_XFER_TIMEOUT:
+            bad = parse_uint("--transfer-timeout-ms", optarg, 1, 600000, &v);
+            cfg->transfer_timeout_ms = (uint32_t)v;
             break;
         case O_LOG: bad = parse_log_level(optarg); break;
         case O_SERVE_DUMMY:
@@ -300,7 +321,9 @@ int main(int argc, char **argv)
         moonlet_token_free(token);
         return 1;
     }
-    printf("listening on %s\n", moonlet_store_node_endpoint(node));
+    printf("listening on %s\n", moonlet_store_node_listen_endpoint(node));
+    if (cfg.advertise_addr)
+        printf("advertising %s\n", moonlet_store_node_endpoint(node));
     fflush(stdout);
     pthread_t sig_th;
     if (pthread_create(&sig_th, NULL, signal_thread, node) != 0) {

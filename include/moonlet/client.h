@@ -13,7 +13,9 @@
  *    (moonlet/error.h; Mooncake Store's numbers); moonlet_strerror() names it.
  *    Besides the errors listed per call, any call that talks to the master
  *    may return RPC_FAIL or RPC_TIMEOUT (master unreachable or too slow;
- *    the next call reconnects) and INVALID_PARAMS for a NULL client or key.
+ *    a later call reconnects, attempts spaced 50 ms doubling to 1 s apart
+ *    while the master stays away, so a caller that retries in a loop does
+ *    not hammer it) and INVALID_PARAMS for a NULL client or key.
  *  - Keys are NUL-terminated strings of 1..MOONLET_MAX_KEY_BYTES bytes
  *    (INVALID_KEY otherwise).  Objects belong to a tenant: the `tenant`
  *    argument (or put option) names it; NULL means the client's default

@@ -2,7 +2,10 @@
  * Integration test: starts `moonlet-master` on an ephemeral port and drives
  * it through MasterClient - object lifecycle, leases seen through the
  * inspection RPC, BatchProbeKey policies through the wire, several concurrent
- * connections, the auth token, bad input from the network, clean shutdown.
+ * connections, the auth token, bad input from the network, clean shutdown,
+ * and reconnecting: a master restarted under an idle connection is noticed
+ * before the next call, and a master that is down is retried on the capped
+ * exponential backoff schedule, never faster, never past a call's timeout.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -338,6 +341,88 @@ static void test_auth_token(void **state)
     unlink(path);
 }
 
+/* ---- reconnecting ------------------------------------------------------------ */
+
+static void test_backoff_schedule(void **state)
+{
+    (void)state;
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 0), 0);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 1), 50);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 2), 100);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 3), 200);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 5), 800);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 6), 1000);
+    assert_int_equal(moonlet_mc_backoff_ms(50, 1000, 4000000), 1000);
+    assert_int_equal(moonlet_mc_backoff_ms(300, 100, 3), 300); /* cap below base: base */
+}
+
+static int start_own_master(test_proc *p, const char *port)
+{
+    char *argv[] = {"tools/moonlet-master", "--rpc-port", (char *)port, "--shards", "8",
+                    "--log-level", "error", NULL};
+    return proc_start(p, argv, 5000);
+}
+
+static void test_reconnect_with_backoff(void **state)
+{
+    (void)state;
+    test_proc p;
+    assert_int_equal(start_own_master(&p, "0"), 0);
+    char port[16];
+    snprintf(port, sizeof(port), "%u", p.port);
+    moonlet_master_client_opts o = {.timeout_ms = 500, .backoff_base_ms = 50, .backoff_cap_ms = 400};
+    moonlet_master_client *mc = NULL;
+    assert_int_equal(moonlet_mc_create(p.addr, &o, &mc), MOONLET_OK);
+
+    /* Restarted under an idle connection: the first call already reaches the new master. */
+    assert_int_equal(proc_stop_sig(&p, SIGKILL, 3000), 128 + SIGKILL);
+    assert_int_equal(start_own_master(&p, port), 0);
+    assert_int_equal(moonlet_mc_echo(mc, "", 0), MOONLET_OK);
+    assert_int_equal(moonlet_mc_connect_failures(mc), 0);
+
+    /* Down: 1.5 s of back-to-back calls make a handful of connect attempts
+     * (at about 0, 50, 150, 350, 750, 1150 ms), not thousands, and no call
+     * takes longer than the wait it is due plus its connect. */
+    assert_int_equal(proc_stop_sig(&p, SIGKILL, 3000), 128 + SIGKILL);
+    long long t0 = proc_now_ms(), longest = 0;
+    unsigned calls = 0;
+    while (proc_now_ms() - t0 < 1500) {
+        long long c0 = proc_now_ms();
+        assert_int_not_equal(moonlet_mc_echo(mc, "", 0), MOONLET_OK);
+        long long took = proc_now_ms() - c0;
+        longest = took > longest ? took : longest;
+        calls++;
+    }
+    unsigned failures = moonlet_mc_connect_failures(mc);
+    if (failures < 4 || failures > 9 || longest > 400 + 300)
+        fail_msg("%u calls made %u connect attempts; longest call %lld ms", calls, failures, longest);
+
+    /* Back: the next attempt is at most one capped wait away. */
+    assert_int_equal(start_own_master(&p, port), 0);
+    long long up = proc_now_ms(), deadline = up + 3000;
+    int rc;
+    while ((rc = moonlet_mc_echo(mc, "", 0)) != MOONLET_OK && proc_now_ms() < deadline)
+        ;
+    assert_int_equal(rc, MOONLET_OK);
+    if (proc_now_ms() - up > 400 + 300)
+        fail_msg("reconnected %lld ms after the master came back", proc_now_ms() - up);
+    assert_int_equal(moonlet_mc_connect_failures(mc), 0);
+    moonlet_mc_destroy(mc);
+
+    /* A wait longer than the call's timeout is not waited: the call fails at once. */
+    moonlet_master_client_opts fast = {.timeout_ms = 100, .backoff_base_ms = 1000,
+                                       .backoff_cap_ms = 1000};
+    assert_int_equal(moonlet_mc_create(p.addr, &fast, &mc), MOONLET_OK);
+    assert_int_equal(proc_stop_sig(&p, SIGKILL, 3000), 128 + SIGKILL);
+    assert_int_not_equal(moonlet_mc_echo(mc, "", 0), MOONLET_OK);
+    assert_int_equal(moonlet_mc_connect_failures(mc), 1);
+    long long c0 = proc_now_ms();
+    assert_int_equal(moonlet_mc_echo(mc, "", 0), MOONLET_ERR_RPC_FAIL);
+    assert_true(proc_now_ms() - c0 < 50);
+    assert_int_equal(moonlet_mc_connect_failures(mc), 1); /* no attempt was made */
+    moonlet_mc_destroy(mc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -346,6 +431,8 @@ int main(void)
         cmocka_unit_test(test_concurrent_connections),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_auth_token),
+        cmocka_unit_test(test_backoff_schedule),
+        cmocka_unit_test(test_reconnect_with_backoff),
     };
     return cmocka_run_group_tests_name("master_rpc", tests, start_master, stop_master);
 }

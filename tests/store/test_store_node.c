@@ -9,7 +9,8 @@
  * store is started again; SIGTERM unmounts and exits 0 within a second; a
  * store the master declared dead (SIGSTOP past the TTL) and a store whose
  * master restarted register a fresh segment id and mount again; bad flags
- * exit 2.  The node library is also run in-process.
+ * exit 2.  The node library is also run in-process, also with an advertised
+ * address, which the master then hands to writers instead of the listen one.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -163,6 +164,43 @@ static void test_in_process_node(void **state)
     assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_ERR_RPC_FAIL);
 }
 
+/* An advertised address is what the master hands out; the node serves elsewhere. */
+static void test_advertise_in_process(void **state)
+{
+    (void)state;
+    int before = cl_segments(g_mc);
+    moonlet_store_node_config cfg;
+    moonlet_store_node_config_default(&cfg);
+    cfg.master_addr = g_master.addr;
+    cfg.segment_size = 4u << 20;
+    cfg.protocol = MOONLET_XFER_TCP;
+    cfg.lock_memory = false;
+    cfg.advertise_addr = "nocolon";
+    moonlet_store_node *n;
+    assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_ERR_INVALID_PARAMS);
+    cfg.advertise_addr = "127.0.0.1:9"; /* discard: nothing of ours listens there */
+    assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_OK);
+    assert_string_equal(moonlet_store_node_endpoint(n), "127.0.0.1:9");
+    const char *listen = moonlet_store_node_listen_endpoint(n);
+    assert_true(strncmp(listen, "127.0.0.1:", 10) == 0 && strcmp(listen, "127.0.0.1:9") != 0);
+    char id[MOONLET_MAX_ID_BYTES + 1], listed[MOONLET_MAX_ID_BYTES + 1];
+    assert_int_equal(moonlet_store_node_segment_id(n, id, sizeof(id)), MOONLET_OK);
+    cl_segment_at(g_mc, "127.0.0.1:9", listed, sizeof(listed));
+    assert_string_equal(id, listed);
+    cl_segment_at(g_mc, listen, listed, sizeof(listed));
+    assert_string_equal(listed, "");
+    /* Writers go where the master points: a put needing all three nodes fails
+     * on the advertised address, cleanly (revoked, nothing readable). */
+    moonlet_put_options three = {.replica_num = (uint32_t)before + 1};
+    assert_int_equal(moonlet_client_put(g_cli, "via-advertised", g_data[2], g_sizes[2], &three),
+                     MOONLET_ERR_TRANSFER_FAIL);
+    bool ex = true;
+    assert_int_equal(moonlet_client_probe_key(g_cli, "via-advertised", &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+    moonlet_store_node_destroy(n);
+    assert_int_equal(cl_segments(g_mc), before);
+}
+
 /* ---- flags ------------------------------------------------------------------------ */
 
 static int run_store(const char *const *args)
@@ -196,6 +234,12 @@ static void test_bad_flags(void **state)
         BAD("--master", m, "--ping-interval-ms", "abc"),
         BAD("--master", m, "--log-level", "loud"),
         BAD("--master", m, "--client-id", ""),
+        BAD("--master", m, "--advertise", "nohostport"),
+        BAD("--master", m, "--advertise", "127.0.0.1:0"),
+        BAD("--master", m, "--rpc-timeout-ms", "0"),
+        BAD("--master", m, "--rpc-timeout-ms", "x"),
+        BAD("--master", m, "--transfer-timeout-ms", "0"),
+        BAD("--master", m, "--transfer-timeout-ms", "-5"),
         BAD("--master", m, "--bogus"),
         BAD("--master", m, "stray"),
         BAD("--master", m, "--auth-token-file", "/nonexistent/moonlet-token"),
@@ -433,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_backoff),
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_in_process_node),
+        cmocka_unit_test(test_advertise_in_process),
         cmocka_unit_test(test_replicated_put_get),
         cmocka_unit_test(test_store_killed),
         cmocka_unit_test(test_sigterm_unmounts),
