@@ -2,7 +2,9 @@
  * evict.c - eviction under memory pressure, and the reaper of stale puts.
  *
  * A pass evicts about `ratio` of the objects, choosing those whose lease
- * deadline is earliest (never-leased objects first).  It never evicts an
+ * deadline is earliest.  PutEnd dates a new object's (already expired)
+ * deadline at its seal time and every read pushes it to now + TTL, so the
+ * order is least recently written or read first.  It never evicts an
  * object with an unexpired lease or a put in progress.  Soft-pinned objects
  * are spared by the first round and considered only by a second round when
  * the first could not reach the target.

@@ -56,7 +56,8 @@ struct mobj {
     struct mobj *next;          /* hash chain */
     uint64_t hash;              /* XXH3 of key, seeded with the tenant id */
     uint64_t size;              /* object bytes */
-    uint64_t lease_deadline;    /* read lease (ns); while PENDING: put deadline */
+    uint64_t lease_deadline;    /* read lease (ns); while PENDING: put deadline;
+                                 * sealed and never read: the seal time */
     uint64_t soft_pin_deadline; /* ns; 0 = not pinned */
     uint32_t tenant;
     uint16_t key_len;

@@ -149,7 +149,10 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     for (uint32_t k = 0; k < o->nrep; k++)
         mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
     o->state = OBJ_COMPLETE;
-    o->lease_deadline = 0;
+    /* An expired lease dated now: no protection, but eviction (earliest
+     * deadline first) then ranks a fresh object after those last read long
+     * ago instead of before them - least recently used goes first. */
+    o->lease_deadline = moonlet_clock_now_ns();
     if (o->soft_pin)
         o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), m->soft_pin_ttl_ns);
     atomic_fetch_sub(&m->st.pending, 1);

@@ -413,8 +413,10 @@ void moonlet_store_node_destroy(moonlet_store_node *n)
         return;
     if (n->mc)
         node_unmount(n);
-    if (n->registered)
-        moonlet_xfer_unregister_segment(n->xfer, n->info.segment_id);
+    /* Destroying the transport closes every serving connection first, which
+     * ends requests stuck on a slow or silent peer, then releases the
+     * segment's registration.  Unregistering first would wait for those
+     * requests for up to the transfer timeout, past a prompt SIGTERM exit. */
     moonlet_xfer_destroy(n->xfer);
     moonlet_segment_mem_free(&n->mem);
     moonlet_mc_destroy(n->mc);

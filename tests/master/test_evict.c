@@ -61,10 +61,28 @@ static void test_earliest_deadline_first(void **state)
         snprintf(k, sizeof(k), "k%d", i);
         assert_int_equal(exists(m, k), i >= 3);
     }
-    /* never-leased objects go before any expired-lease object */
+    /* a fresh put ranks by its seal time: after every object whose lease
+     * expired before it was written (least recently used goes first) */
     assert_int_equal(fix_put(m, "fresh", 64), MOONLET_OK);
+    moonlet_clock_advance(10 * MS);
     assert_int_equal(moonlet_master_evict_now(m, 0.01), 1);
+    assert_true(exists(m, "fresh"));
+    assert_false(exists(m, "k3"));
+    /* and before an object read after it was written */
+    moonlet_clock_advance(10 * MS);
+    assert_int_equal(fix_put(m, "fresh2", 64), MOONLET_OK);
+    lease(m, "k9");
+    moonlet_clock_advance(5000 * MS);
+    for (int i = 4; i < 9; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR(k)), MOONLET_OK);
+    }
+    /* left: fresh (sealed first), fresh2, k9 (read last) */
+    assert_int_equal(moonlet_master_evict_now(m, 0.3), 1);
     assert_false(exists(m, "fresh"));
+    assert_int_equal(moonlet_master_evict_now(m, 0.5), 1);
+    assert_false(exists(m, "fresh2"));
+    assert_true(exists(m, "k9"));
     moonlet_master_destroy(m);
 }
 
