@@ -36,57 +36,19 @@ void bench_tool_path(const char *name, char *out, size_t cap)
 
 int bench_master_start(bench_master *bm, const char *const *extra)
 {
-    char path[PATH_MAX + 32];
-    bench_tool_path("moonlet-master", path, sizeof(path));
     /* The benches mount a bookkeeping-only segment and do not ping: a long
      * liveness TTL keeps it mounted however long the fill takes. */
-    const char *argv[32] = {path, "--rpc-port", "0", "--log-level", "warn",
+    const char *argv[32] = {"--rpc-port", "0", "--log-level", "warn",
                             "--client_live_ttl_sec", "86400"};
-    int argc = 7;
+    int argc = 6;
     for (int i = 0; extra && extra[i] && argc < 31; i++)
         argv[argc++] = extra[i];
     argv[argc] = NULL;
-    int fds[2];
-    if (pipe(fds))
+    if (bench_child_start(bm, "moonlet-master", argv, "listening on "))
         return -1;
-    bm->pid = fork();
-    if (bm->pid < 0)
-        return -1;
-    if (bm->pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execv(path, (char *const *)argv);
-        fprintf(stderr, "moonlet-bench: cannot run %s: %s\n", path, strerror(errno));
-        _exit(127);
-    }
-    close(fds[1]);
-    bm->out_fd = fds[0];
-    char line[256];
-    size_t len = 0;
-    uint64_t deadline = bench_now_ns() + 10ull * 1000000000ull;
-    while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
-        struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
-        if (poll(&pfd, 1, 100) <= 0)
-            continue;
-        if (read(bm->out_fd, line + len, 1) != 1)
-            break;
-        if (line[len] != '\n') {
-            len++;
-            continue;
-        }
-        line[len] = 0;
-        unsigned port;
-        char host[64];
-        if (sscanf(line, "listening on %63[^:]:%u", host, &port) == 2) {
-            bm->port = (uint16_t)port;
-            snprintf(bm->addr, sizeof(bm->addr), "%s:%u", host, port);
-            return 0;
-        }
-        len = 0;
-    }
-    bench_master_stop(bm);
-    return -1;
+    const char *colon = strrchr(bm->addr, ':');
+    bm->port = colon ? (uint16_t)atoi(colon + 1) : 0;
+    return bm->port ? 0 : -1;
 }
 
 int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
