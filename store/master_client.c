@@ -282,28 +282,29 @@ int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
     });
 }
 
-int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key)
+/* The calls of shape [tenant, key] whose result carries nothing. */
+static int tenant_key_call(moonlet_master_client *mc, uint32_t method, const char *tenant,
+                           const char *key)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_END, 2, {
+    MC_SIMPLE_CALL(mc, method, 2, {
         pack_tenant(pk, tenant);
         moonlet_pack_cstr(pk, key);
     });
+}
+
+int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    return tenant_key_call(mc, MOONLET_M_PUT_END, tenant, key);
 }
 
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_REVOKE, 2, {
-        pack_tenant(pk, tenant);
-        moonlet_pack_cstr(pk, key);
-    });
+    return tenant_key_call(mc, MOONLET_M_PUT_REVOKE, tenant, key);
 }
 
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 2, {
-        pack_tenant(pk, tenant);
-        moonlet_pack_cstr(pk, key);
-    });
+    return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
 }
 
 /* ---- decoders ------------------------------------------------------------------ */
