@@ -37,8 +37,10 @@ XFER_MS = 800
 OP_BOUND_MS = RPC_MS + 2 * XFER_MS + 1500
 # What a client may see while a store dies or is cut off; anything else
 # (and any wrong byte) is a failure.
+# REPLICA_IS_NOT_READY: a get that meets another client's put of the same key
+# still in progress (the mixed load re-puts keys that were lost), any time.
 FAULT_CODES = {"TRANSFER_FAIL", "OBJECT_NOT_FOUND", "SEGMENT_NOT_FOUND", "OBJECT_HAS_LEASE",
-               "NO_AVAILABLE_HANDLE"}
+               "NO_AVAILABLE_HANDLE", "REPLICA_IS_NOT_READY"}
 # ... and while the master restarts, also the master being unreachable.
 RESTART_CODES = FAULT_CODES | {"RPC_FAIL", "RPC_TIMEOUT"}
 
