@@ -955,6 +955,491 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
     return out;
 }
 
+/* ---- copying batches: batch_put, put_parts, batch_get --------------------------------------- */
+
+/*
+ * The C batch calls take registered memory only, so these move Python bytes
+ * through one staging region per call: on a direct Store, malloc'd memory
+ * registered for the call (as put stages through a bounce buffer on RDMA);
+ * on a DummyClient, shared memory of moonlet_client_alloc_shared(), which
+ * the RealClient reads and writes in place.  Either way the bytes are copied
+ * once on this side, as put and get copy them, and the transfers of every
+ * key go in one transport batch (one request to a RealClient).  The copies
+ * and the calls run with the GIL released; a key's bytes go to a bytes
+ * object that nobody else can see until the call returns.
+ */
+#define ML_ITEM_ALIGN 64u /* items in a staging region start on a cache line */
+#define ML_GET_TRIES 3    /* reads of an object that grew since its size was learnt */
+
+/* The source of an empty value (a C call wants a non-NULL pointer). */
+static const char ml_empty[1];
+
+typedef struct {
+    void *base;  /* NULL: no region (nothing to stage) */
+    bool shared; /* moonlet_client_alloc_shared() memory; else malloc + register */
+} ml_region;
+
+/* Adds a slot of len bytes (rounded up to ML_ITEM_ALIGN) to *total; -1 on overflow. */
+static int ml_add_slot(size_t *total, size_t len)
+{
+    size_t slot = len;
+    if (slot % ML_ITEM_ALIGN) {
+        if (slot > SIZE_MAX - ML_ITEM_ALIGN)
+            return -1;
+        slot += ML_ITEM_ALIGN - slot % ML_ITEM_ALIGN;
+    }
+    if (slot > SIZE_MAX - *total)
+        return -1;
+    *total += slot;
+    return 0;
+}
+
+/* Called with the client lock held and the GIL released. */
+static int ml_region_begin(moonlet_client *c, ml_kind kind, size_t len, ml_region *r)
+{
+    r->base = NULL;
+    r->shared = kind == ML_KIND_DUMMY;
+    if (len == 0)
+        return MOONLET_OK;
+    if (r->shared)
+        return moonlet_client_alloc_shared(c, len, &r->base);
+    void *p = malloc(len);
+    if (!p)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = moonlet_client_register_buffer(c, p, len);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    r->base = p;
+    return MOONLET_OK;
+}
+
+static void ml_region_end(moonlet_client *c, ml_region *r)
+{
+    if (!r->base)
+        return;
+    if (r->shared) {
+        moonlet_client_free_shared(c, r->base);
+    } else {
+        moonlet_client_unregister_buffer(c, r->base);
+        free(r->base);
+    }
+    r->base = NULL;
+}
+
+/* Per-key results a call left unset (it failed as a whole) get its code. */
+#define ML_UNSET 1
+static void ml_fill_unset(int32_t *results, size_t n, int rc)
+{
+    for (size_t i = 0; i < n; i++)
+        if (results[i] == ML_UNSET)
+            results[i] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
+}
+
+/* A put of n keys, key i being the concatenation of pieces[first[i] .. first[i + 1]). */
+typedef struct {
+    ml_kind kind;
+    const char *const *keys;
+    size_t n;
+    const Py_buffer *pieces;
+    const size_t *first; /* n + 1 entries */
+    const size_t *lens;  /* each key's total */
+    size_t total;        /* the staging region: every key's slot */
+    const void **bufs;   /* scratch, n entries */
+    const moonlet_put_options *opt;
+    int32_t *results;
+} ml_put_job;
+
+static int ml_put_job_run(moonlet_client *c, ml_put_job *j)
+{
+    for (size_t i = 0; i < j->n; i++)
+        j->results[i] = ML_UNSET;
+    ml_region r;
+    int rc = ml_region_begin(c, j->kind, j->total, &r);
+    if (rc) {
+        ml_fill_unset(j->results, j->n, rc);
+        return rc;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        if (!j->lens[i]) {
+            j->bufs[i] = ml_empty;
+            continue;
+        }
+        unsigned char *dst = (unsigned char *)r.base + off;
+        j->bufs[i] = dst;
+        for (size_t p = j->first[i]; p < j->first[i + 1]; p++) {
+            if (j->pieces[p].len)
+                memcpy(dst, j->pieces[p].buf, (size_t)j->pieces[p].len);
+            dst += j->pieces[p].len;
+        }
+        ml_add_slot(&off, j->lens[i]); /* cannot overflow: total was computed the same way */
+    }
+    rc = moonlet_client_batch_put_from(c, j->keys, j->bufs, j->lens, j->n, j->opt, j->results);
+    ml_fill_unset(j->results, j->n, rc);
+    ml_region_end(c, &r);
+    return rc;
+}
+
+/* The exported buffers of a copying put. */
+typedef struct {
+    Py_buffer *pieces;
+    size_t npieces, nheld; /* entries, and how many hold an export */
+    size_t *first, *lens;
+    const void **bufs;
+    int32_t *results;
+    size_t total;
+} ml_puts;
+
+static void ml_puts_free(ml_puts *p)
+{
+    for (size_t i = 0; i < p->nheld; i++)
+        PyBuffer_Release(&p->pieces[i]);
+    PyMem_Free(p->pieces);
+    PyMem_Free(p->first);
+    PyMem_Free(p->lens);
+    PyMem_Free(p->bufs);
+    PyMem_Free(p->results);
+}
+
+/* Exports the npieces objects of `objs` (C-contiguous bytes-like) for n keys;
+ * first[] must be filled by the caller after this returns 0, then
+ * ml_puts_sizes() computes the lengths. */
+static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_t n)
+{
+    memset(p, 0, sizeof(*p));
+    p->npieces = npieces;
+    p->pieces = PyMem_Calloc(npieces ? npieces : 1, sizeof(*p->pieces));
+    p->first = PyMem_Calloc(n + 1, sizeof(*p->first));
+    p->lens = PyMem_Calloc(n ? n : 1, sizeof(*p->lens));
+    p->bufs = PyMem_Calloc(n ? n : 1, sizeof(*p->bufs));
+    p->results = PyMem_Calloc(n ? n : 1, sizeof(*p->results));
+    if (!p->pieces || !p->first || !p->lens || !p->bufs || !p->results) {
+        ml_puts_free(p);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < npieces; i++) {
+        if (PyObject_GetBuffer(objs[i], &p->pieces[i], PyBUF_SIMPLE) < 0) {
+            ml_puts_free(p);
+            return -1;
+        }
+        p->nheld++;
+    }
+    return 0;
+}
+
+/* Each key's length and the staging size, from first[]; -1 (OverflowError)
+ * when they do not fit a size_t. */
+static int ml_puts_sizes(ml_puts *p, size_t n)
+{
+    p->total = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = 0;
+        for (size_t k = p->first[i]; k < p->first[i + 1]; k++) {
+            if ((size_t)p->pieces[k].len > SIZE_MAX - len)
+                goto overflow;
+            len += (size_t)p->pieces[k].len;
+        }
+        p->lens[i] = len;
+        if (ml_add_slot(&p->total, len))
+            goto overflow;
+    }
+    return 0;
+overflow:
+    PyErr_SetString(PyExc_OverflowError, "the values are too large together");
+    return -1;
+}
+
+static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "values", "tenant_id", "replica_num", "soft_pin", NULL};
+    PyObject *keys_obj, *values_obj;
+    const char *tenant = NULL;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&p:batch_put", kwl, &keys_obj,
+                                     &values_obj, conv_tenant, &tenant, conv_u32, &replica_num,
+                                     &soft_pin))
+        return NULL;
+    if (PyUnicode_Check(values_obj) || PyBytes_Check(values_obj) ||
+        PyByteArray_Check(values_obj) || PyMemoryView_Check(values_obj)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "values must be a sequence of bytes-like objects, not a single value");
+        return NULL;
+    }
+    ml_keys k;
+    if (ml_keys_init(&k, keys_obj))
+        return NULL;
+    PyObject *values = PySequence_Tuple(values_obj);
+    if (!values) {
+        ml_keys_free(&k);
+        return NULL;
+    }
+    if ((size_t)PyTuple_GET_SIZE(values) != k.n) {
+        PyErr_Format(PyExc_ValueError, "values has %zd entries for %zu keys",
+                     PyTuple_GET_SIZE(values), k.n);
+        Py_DECREF(values);
+        ml_keys_free(&k);
+        return NULL;
+    }
+    ml_puts p;
+    if (ml_puts_init(&p, PySequence_Fast_ITEMS(values), k.n, k.n)) {
+        Py_DECREF(values);
+        ml_keys_free(&k);
+        return NULL;
+    }
+    for (size_t i = 0; i <= k.n; i++)
+        p.first[i] = i;
+    PyObject *out = NULL;
+    if (ml_puts_sizes(&p, k.n) == 0) {
+        moonlet_put_options o;
+        ml_put_opts(&o, tenant, replica_num, soft_pin);
+        ml_put_job job = {.kind = self->kind, .keys = k.keys, .n = k.n, .pieces = p.pieces,
+                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
+                          .opt = &o, .results = p.results};
+        int rc;
+        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        if (rc == ML_CLOSED || (rc && k.n == 0)) {
+            ml_raise(rc, "batch_put", NULL);
+        } else if (rc) {
+            PyObject *res = ml_result_list(p.results, k.n, false);
+            if (res)
+                ml_raise_batch("batch_put", k.keys, p.results, k.n, res);
+            Py_XDECREF(res);
+        } else {
+            out = Py_None;
+            Py_INCREF(out);
+        }
+    }
+    ml_puts_free(&p);
+    Py_DECREF(values);
+    ml_keys_free(&k);
+    return out;
+}
+
+static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"tenant_id", "replica_num", "soft_pin", NULL};
+    const char *key, *tenant = NULL;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "put_parts() missing required argument 'key'");
+        return NULL;
+    }
+    PyObject *empty = PyTuple_New(0);
+    if (!empty)
+        return NULL;
+    int ok = PyArg_ParseTupleAndKeywords(empty, kw, "|$O&O&p:put_parts", kwl, conv_tenant, &tenant,
+                                         conv_u32, &replica_num, &soft_pin);
+    Py_DECREF(empty);
+    if (!ok || !conv_key(PyTuple_GET_ITEM(args, 0), &key))
+        return NULL;
+    ml_puts p;
+    if (ml_puts_init(&p, PySequence_Fast_ITEMS(args) + 1, (size_t)nargs - 1, 1))
+        return NULL;
+    p.first[0] = 0;
+    p.first[1] = (size_t)nargs - 1;
+    PyObject *out = NULL;
+    if (ml_puts_sizes(&p, 1) == 0) {
+        moonlet_put_options o;
+        ml_put_opts(&o, tenant, replica_num, soft_pin);
+        ml_put_job job = {.kind = self->kind, .keys = &key, .n = 1, .pieces = p.pieces,
+                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
+                          .opt = &o, .results = p.results};
+        int rc;
+        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        if (rc) {
+            ml_raise(rc, "put_parts", NULL);
+        } else {
+            out = Py_None;
+            Py_INCREF(out);
+        }
+    }
+    ml_puts_free(&p);
+    return out;
+}
+
+/* One round of batch_get: reads m keys into a staging region of their caps
+ * and copies each object read into dst[i] (its bytes object). */
+typedef struct {
+    ml_kind kind;
+    const char **keys;
+    void **dst;
+    size_t *caps, *lens;
+    void **bufs; /* scratch */
+    int32_t *results;
+    size_t m;
+    const char *tenant;
+} ml_get_job;
+
+static int ml_get_job_run(moonlet_client *c, ml_get_job *j)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < j->m; i++) {
+        j->results[i] = ML_UNSET;
+        j->lens[i] = 0;
+        if (ml_add_slot(&total, j->caps[i])) {
+            ml_fill_unset(j->results, j->m, MOONLET_ERR_INVALID_PARAMS);
+            return MOONLET_ERR_INVALID_PARAMS;
+        }
+    }
+    ml_region r;
+    int rc = ml_region_begin(c, j->kind, total, &r);
+    if (rc) {
+        ml_fill_unset(j->results, j->m, rc);
+        return rc;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < j->m; i++) {
+        j->bufs[i] = j->caps[i] ? (unsigned char *)r.base + off : NULL;
+        ml_add_slot(&off, j->caps[i]);
+    }
+    rc = moonlet_client_batch_get_into(c, j->keys, j->bufs, j->caps, j->m, j->lens, j->results,
+                                       j->tenant);
+    ml_fill_unset(j->results, j->m, rc);
+    for (size_t i = 0; i < j->m; i++)
+        if (j->results[i] == MOONLET_OK && j->lens[i] && j->lens[i] <= j->caps[i])
+            memcpy(j->dst[i], j->bufs[i], j->lens[i]);
+    ml_region_end(c, &r);
+    return rc;
+}
+
+/*
+ * batch_get: the first round asks with capacity 0, which reads nothing and
+ * learns each object's size (BUFFER_OVERFLOW with its length; an empty
+ * object is done); the next reads every such key into a bytes object of
+ * that size.  A key whose object grew in between (it was replaced) is read
+ * again at its new size, ML_GET_TRIES times at most.
+ */
+static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "tenant_id", NULL};
+    PyObject *keys_obj;
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:batch_get", kwl, &keys_obj, conv_tenant,
+                                     &tenant))
+        return NULL;
+    ml_keys k;
+    if (ml_keys_init(&k, keys_obj))
+        return NULL;
+    size_t n = k.n, alloc = n ? n : 1;
+    PyObject **objs = PyMem_Calloc(alloc, sizeof(*objs));
+    size_t *caps = PyMem_Calloc(alloc, sizeof(*caps));
+    int32_t *res = PyMem_Calloc(alloc, sizeof(*res));
+    unsigned char *pending = PyMem_Calloc(alloc, 1);
+    size_t *idx = PyMem_Calloc(alloc, sizeof(*idx));
+    const char **skeys = PyMem_Calloc(alloc, sizeof(*skeys));
+    void **sdst = PyMem_Calloc(alloc, sizeof(*sdst));
+    void **sbufs = PyMem_Calloc(alloc, sizeof(*sbufs));
+    size_t *scaps = PyMem_Calloc(alloc, sizeof(*scaps));
+    size_t *slens = PyMem_Calloc(alloc, sizeof(*slens));
+    int32_t *sres = PyMem_Calloc(alloc, sizeof(*sres));
+    PyObject *out = NULL, *list = NULL;
+    bool failed = false;
+    if (!objs || !caps || !res || !pending || !idx || !skeys || !sdst || !sbufs || !scaps ||
+        !slens || !sres) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memset(pending, 1, n);
+    for (int round = 0; round <= ML_GET_TRIES; round++) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!pending[i])
+                continue;
+            idx[m] = i;
+            skeys[m] = k.keys[i];
+            scaps[m] = caps[i];
+            sdst[m] = objs[i] ? PyBytes_AS_STRING(objs[i]) : NULL;
+            m++;
+        }
+        if (m == 0)
+            break;
+        ml_get_job job = {.kind = self->kind, .keys = skeys, .dst = sdst, .caps = scaps,
+                          .lens = slens, .bufs = sbufs, .results = sres, .m = m,
+                          .tenant = tenant};
+        int rc;
+        ML_CALL(self, rc, ml_get_job_run(c, &job));
+        if (rc == ML_CLOSED) {
+            ml_raise(rc, "batch_get", NULL);
+            goto done;
+        }
+        for (size_t j = 0; j < m; j++) {
+            size_t i = idx[j];
+            if (sres[j] == MOONLET_OK) {
+                pending[i] = 0;
+                res[i] = MOONLET_OK;
+                if (!objs[i] || slens[j] < caps[i]) {
+                    /* empty, or the object shrank since its size was learnt */
+                    PyObject *b = PyBytes_FromStringAndSize(objs[i] ? PyBytes_AS_STRING(objs[i])
+                                                                    : NULL,
+                                                            objs[i] ? (Py_ssize_t)slens[j] : 0);
+                    if (!b)
+                        goto done;
+                    Py_XSETREF(objs[i], b);
+                }
+            } else if (sres[j] == MOONLET_ERR_BUFFER_OVERFLOW && round < ML_GET_TRIES &&
+                       slens[j] > caps[i]) {
+                if (slens[j] > PY_SSIZE_T_MAX) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                caps[i] = slens[j];
+                Py_XSETREF(objs[i], PyBytes_FromStringAndSize(NULL, (Py_ssize_t)caps[i]));
+                if (!objs[i])
+                    goto done;
+            } else {
+                pending[i] = 0;
+                res[i] = sres[j];
+                Py_CLEAR(objs[i]);
+            }
+        }
+    }
+    list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        if (pending[i]) /* kept growing */
+            res[i] = MOONLET_ERR_BUFFER_OVERFLOW;
+        PyObject *v;
+        if (res[i] == MOONLET_OK) {
+            v = objs[i];
+            objs[i] = NULL;
+        } else {
+            failed = true;
+            v = PyLong_FromLong(res[i]);
+        }
+        if (!v) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    if (list && failed)
+        ml_raise_batch("batch_get", k.keys, res, n, list);
+    else
+        out = list, list = NULL;
+    Py_XDECREF(list);
+done:
+    for (size_t i = 0; objs && i < n; i++)
+        Py_XDECREF(objs[i]);
+    PyMem_Free(objs);
+    PyMem_Free(caps);
+    PyMem_Free(res);
+    PyMem_Free(pending);
+    PyMem_Free(idx);
+    PyMem_Free(skeys);
+    PyMem_Free(sdst);
+    PyMem_Free(sbufs);
+    PyMem_Free(scaps);
+    PyMem_Free(slens);
+    PyMem_Free(sres);
+    ml_keys_free(&k);
+    return out;
+}
+
 /* ---- shared buffers ------------------------------------------------------------------------ */
 
 static PyTypeObject SharedType;
@@ -1279,6 +1764,23 @@ static PyMethodDef Client_methods[] = {
      "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
      "get_into for many keys; returns the bytes read per key.  Any failed key raises "
      "StoreError with .results (bytes read, or the negative code, per key)."},
+    {"batch_put", ML_KW(Client_batch_put), METH_VARARGS | METH_KEYWORDS,
+     "batch_put(keys, values, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+     "put for many keys: values[i] (any contiguous bytes-like object) under keys[i], every "
+     "transfer in one batch.  The values are copied once, into memory the batch can use "
+     "(shared memory the RealClient reads in place, through a DummyClient).  A values "
+     "sequence of another length raises ValueError.  Any failed key raises StoreError with "
+     ".results (0 or the negative code per key; OBJECT_ALREADY_EXISTS -705 for a key that "
+     "exists); the others were stored."},
+    {"put_parts", ML_KW(Client_put_parts), METH_VARARGS | METH_KEYWORDS,
+     "put_parts(key, *parts, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+     "put of the concatenation of the bytes-like parts as one object (no parts: an empty "
+     "object), copied once.  Raises StoreError as put does."},
+    {"batch_get", ML_KW(Client_batch_get), METH_VARARGS | METH_KEYWORDS,
+     "batch_get(keys, *, tenant_id=None) -> list[bytes]\n--\n\n"
+     "get for many keys, every read in one transfer batch; leases each object read.  It "
+     "asks the master twice per key: once for the size, once for the read.  Any failed key "
+     "raises StoreError with .results (the bytes, or the negative code, per key)."},
     {NULL, NULL, 0, NULL},
 };
 

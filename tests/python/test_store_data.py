@@ -363,3 +363,83 @@ def test_close_waits_for_calls_in_flight(cluster, tenant):
     s.close()
     t.join(30)
     assert results and all(r in (16 * MIB, -1010) for r in results), results
+
+
+def test_copying_batches_batch_put_batch_get_put_parts(store):
+    keys = [f"cb/{size}" for size in SIZES]
+    data = [payload(size, size + 1) for size in SIZES]
+    assert store.batch_put(keys, data) is None
+    got = store.batch_get(keys)
+    assert [type(g) for g in got] == [bytes] * len(SIZES) and got == data
+    assert [store.get(k) for k in keys] == data
+    assert store.batch_put([], []) is None and store.batch_get([]) == []
+    # a failed key raises with every key's outcome; the other keys were stored
+    with pytest.raises(moonlet.StoreError) as ei:
+        store.batch_put(["cb/0", "cb/new", ""], [b"x", bytearray(b"new"), memoryview(b"y")])
+    assert ei.value.code == -705 and ei.value.results == [-705, 0, -400]
+    with pytest.raises(moonlet.StoreError) as ei:
+        store.batch_get(["cb/new", "cb/missing", ""])
+    assert ei.value.code == -704 and ei.value.results == [b"new", -704, -400]
+    big = payload(MIB + 3, 9)
+    store.put_parts("cb/parts", b"a", bytearray(b"b"), memoryview(b"-c-")[1:2],
+                    (ctypes.c_char * 1).from_buffer_copy(b"d"), big)
+    assert store.get("cb/parts") == b"abcd" + big
+    store.put_parts("cb/no-parts")
+    assert store.get("cb/no-parts") == b""
+    with pytest.raises(moonlet.StoreError) as ei:
+        store.put_parts("cb/parts", b"again")
+    assert ei.value.code == -705
+    # options reach the put; tenants as elsewhere
+    store.batch_put(["cb/pinned"], [b"p"], soft_pin=True, tenant_id=store.default_tenant)
+    assert store.inspect("cb/pinned")["soft_pinned"] is True
+    store.put_parts("cb/other", b"1", b"2", tenant_id=store.default_tenant + "-b")
+    assert store.batch_get(["cb/other"], tenant_id=store.default_tenant + "-b") == [b"12"]
+    with pytest.raises(moonlet.StoreError):
+        store.batch_get(["cb/other"])
+    # argument errors, before anything is sent
+    with pytest.raises(ValueError):
+        store.batch_put(["cb/a", "cb/b"], [b"a"])
+    for bad in (lambda: store.batch_put(["cb/a"], ["str"]),
+                lambda: store.batch_put(["cb/a"], b"a"),
+                lambda: store.batch_put("cb/a", [b"a"]),
+                lambda: store.batch_get("cb/a"),
+                lambda: store.put_parts(),
+                lambda: store.put_parts("cb/a", "str")):
+        with pytest.raises(TypeError):
+            bad()
+    with pytest.raises(moonlet.StoreError) as ei:  # nothing stored by the refusals
+        store.get("cb/a")
+    assert ei.value.code == -704
+
+
+def test_copying_batches_from_many_threads(store):
+    errors = []
+
+    def work(t):
+        try:
+            for r in range(10):
+                keys = [f"cbt/{t}/{r}/{i}" for i in range(8)]
+                values = [bytes([t, r, i]) * (1000 * i + 1) for i in range(8)]
+                store.batch_put(keys, values)
+                assert store.batch_get(keys) == values
+                store.put_parts(f"cbt/{t}/{r}", *values)
+                assert store.get(f"cbt/{t}/{r}") == b"".join(values)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors
+
+
+def test_copying_batches_on_a_closed_store(cluster, path, tenant):
+    s = connect(cluster, path, tenant)
+    s.close()
+    for call in (lambda: s.batch_put(["k"], [b"v"]), lambda: s.batch_get(["k"]),
+                 lambda: s.put_parts("k", b"v")):
+        with pytest.raises(moonlet.StoreError) as ei:
+            call()
+        assert ei.value.code == -1010
