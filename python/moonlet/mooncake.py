@@ -9,6 +9,9 @@ For code written against ``mooncake.store``::
     store.put("k", b"v")
     store.get("k")
 
+or, through the RealClient of this host (moonlet-store --serve-dummy PATH),
+``store.setup_dummy(0, 64 << 20, "/run/moonlet/real.sock")``.
+
 It keeps Mooncake's conventions rather than moonlet's: calls return 0 or a
 negative error code (the same numbers) instead of raising, get() of a missing
 key returns b"", is_exist() returns 1 / 0 / a negative code, and a put of a
@@ -17,10 +20,12 @@ Mooncake's Put does; upsert() replaces).  batch_probe_key() is moonlet's
 addition.
 
 What is accepted but means nothing here: metadata_server (moonlet needs no
-metadata service), local_buffer_size (moonlet stages through registered
-memory per call instead of a preallocated pool), ReplicateConfig.preferred_segment
-(placement is the master's), remove(force=True) (moonlet has no forced
-remove: an object under a lease stays, and OBJECT_HAS_LEASE comes back).
+metadata service), setup()'s local_buffer_size (moonlet stages through
+registered memory per call instead of a preallocated pool), setup_dummy()'s
+mem_pool_size (moonlet has Store.alloc_buffer() instead of a pool),
+ReplicateConfig.preferred_segment (placement is the master's),
+remove(force=True) (moonlet has no forced remove: an object under a lease
+stays, and OBJECT_HAS_LEASE comes back).
 """
 import enum
 import re
@@ -124,9 +129,10 @@ def _split_host(hostname):
 class MooncakeDistributedStore:
     """Mooncake Store's MooncakeDistributedStore on a moonlet cluster.
 
-    Create it, call setup(), use it, close() it.  Every call returns what
-    Mooncake's returns (0 / a negative error code, sizes, bytes); none raises
-    for a store error.  Calls before setup() return UNAVAILABLE_IN_CURRENT_STATUS
+    Create it, call setup() (a client of its own) or setup_dummy() (through
+    a RealClient), use it, close() it.  Every call returns what Mooncake's
+    returns (0 / a negative error code, sizes, bytes); none raises for a
+    store error.  Calls before setup return UNAVAILABLE_IN_CURRENT_STATUS
     (-1010) (get(): b"").
     """
 
@@ -208,6 +214,49 @@ class MooncakeDistributedStore:
             self._hostname = local_hostname
         return 0
 
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address, *, tenant_id=None):
+        """Connects through the RealClient serving on server_address (a
+        DummyClient): every later call is made by that process's client.
+        Returns 0, or a negative code.
+
+        server_address: in Mooncake the RealClient's "host:port"; a moonlet
+            RealClient (moonlet-store --serve-dummy PATH) listens on a unix
+            socket, so this is that socket's path.  An empty or non-str
+            address is INVALID_PARAMS (-600); a path where no RealClient
+            listens is RPC_FAIL (-900), the connect's own code.
+        local_buffer_size: the DummyClient's shared staging memory per
+            connection, through which put / get copy bytes (0: 64 MiB;
+            pages are only used as bytes are written).  A larger call uses
+            a one-off area of its size, so this bounds no value.
+        mem_pool_size: accepted, not used (moonlet has no memory pool to
+            allocate from; Store.alloc_buffer() is the zero-copy memory).
+        Sizes may be ints or strings such as "512MB", as setup() takes them.
+        tenant_id (moonlet's addition): tenant of every call; None: the
+            RealClient's default tenant.
+
+        get_hostname() is "" afterwards, as with Mooncake's DummyClient: the
+        segment belongs to the RealClient, this process contributes none.
+        INVALID_PARAMS as well when this object is already set up.
+        """
+        if self._store is not None:
+            return _INVALID_PARAMS
+        if not isinstance(server_address, str) or not server_address:
+            return _INVALID_PARAMS
+        try:
+            parse_size(mem_pool_size)
+            staging = parse_size(local_buffer_size)
+        except (TypeError, ValueError):
+            return _INVALID_PARAMS
+        try:
+            self._store = Store.connect_dummy(server_address, default_tenant=tenant_id,
+                                              staging_bytes=staging)
+        except StoreError as e:
+            return e.code
+        except (TypeError, ValueError):  # a NUL in the path, a size past 2**64
+            return _INVALID_PARAMS
+        self._hostname = ""
+        return 0
+
     def close(self):
         """Disconnects (and withdraws the contributed memory).  Returns 0."""
         if self._store is not None:
@@ -217,7 +266,8 @@ class MooncakeDistributedStore:
 
     def get_hostname(self):
         """"host:port" of this client: local_hostname, with the port its
-        contributed memory is served on when it contributes some."""
+        contributed memory is served on when it contributes some.  "" after
+        setup_dummy() (the RealClient holds the segment) and before setup."""
         return self._hostname
 
     # ---- helpers ----------------------------------------------------------------

@@ -1,7 +1,8 @@
 """moonlet.mooncake: Mooncake Store's MooncakeDistributedStore on moonlet.
 
 Checks Mooncake's return conventions (0 / negative codes instead of
-exceptions, b"" for a missing key, is_exist 1 / 0) and both forms of setup().
+exceptions, b"" for a missing key, is_exist 1 / 0), both forms of setup()
+and setup_dummy() (through the RealClient).
 """
 import ctypes
 
@@ -162,3 +163,56 @@ def test_batch_probe_key(mc):
     assert mc.batch_probe_key(["ok", ""], None)[1] == -400
     assert mc._store.inspect(K3[0])["lease_remaining_ms"] > 0
     assert mc._store.inspect(K3[3])["lease_remaining_ms"] == 0
+
+
+# ---- setup_dummy ------------------------------------------------------------------------------
+
+
+def test_setup_dummy(cluster, tenant):
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(256 * MIB, 64 * MIB, cluster.realclient(), tenant_id=tenant) == 0
+    assert s.get_hostname() == ""  # the RealClient holds the segment, as in Mooncake
+    assert s._store.kind == "dummy" and s._store.target == cluster.realclient()
+    assert s.setup_dummy(0, 0, cluster.realclient()) == -600  # already set up
+    assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.addr) == -600
+    assert s.put("sd", b"through the RealClient") == 0
+    assert s.get("sd") == b"through the RealClient"
+    assert s.is_exist("sd") == 1 and s.get_size("sd") == 22
+    assert s.close() == 0 and s.get("sd") == b"" and s.put("sd", b"x") == -1010
+    # the RealClient stored it in the tenant: a direct client sees it
+    d = MooncakeDistributedStore()
+    assert d.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                    "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
+    assert d.get("sd") == b"through the RealClient"
+    d.close()
+    # sizes as setup() reads them; set up again after close()
+    assert s.setup_dummy("1GB", "1.5 MB", cluster.realclient(), tenant_id=tenant) == 0
+    assert s._store.kind == "dummy" and s.get("sd") == b"through the RealClient"
+    s.close()
+
+
+def test_setup_dummy_without_a_tenant_uses_the_realclients(cluster):
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(0, 0, cluster.realclient()) == 0
+    key = "sd/default/" + cluster.realclient()
+    assert s.put(key, b"default tenant") == 0
+    with moonlet.Store.connect(cluster.addr, protocol="tcp") as d:  # tenant "default"
+        assert d.get(key) == b"default tenant"
+    s.close()
+
+
+def test_setup_dummy_errors_are_codes(cluster, tmp_path):
+    sock = cluster.realclient()
+    for address in ("", None, 7, b"/tmp/real.sock", tmp_path):
+        assert MooncakeDistributedStore().setup_dummy(0, 0, address) == -600, address
+    for pool, buf in (("16XB", 0), (0, "-5"), (-1, 0), (0, 1.5), (0, True)):
+        assert MooncakeDistributedStore().setup_dummy(pool, buf, sock) == -600, (pool, buf)
+    assert MooncakeDistributedStore().setup_dummy(0, 0, "with\0nul") == -600
+    assert MooncakeDistributedStore().setup_dummy(0, 0, "/x" * 100) == -600  # too long
+    assert MooncakeDistributedStore().setup_dummy(0, 1 << 41, sock) == -600  # staging > 1 TiB
+    # nothing listens there: the connect's own code
+    s = MooncakeDistributedStore()
+    assert s.setup_dummy(0, 0, str(tmp_path / "nobody.sock")) == -900
+    assert s.get("k") == b"" and s.put("k", b"v") == -1010  # still not set up
+    assert s.setup_dummy(0, 0, sock) == 0  # a failed setup leaves it usable
+    s.close()
