@@ -14,10 +14,10 @@ or, through the RealClient of this host (moonlet-store --serve-dummy PATH),
 
 It keeps Mooncake's conventions rather than moonlet's: calls return 0 or a
 negative error code (the same numbers) instead of raising, get() of a missing
-key returns b"", is_exist() returns 1 / 0 / a negative code, and a put of a
-key that already exists returns 0 and leaves the object as it was (as
-Mooncake's Put does; upsert() replaces).  batch_probe_key() is moonlet's
-addition.
+key returns b"" (get_batch() a b"" per such key), is_exist() returns 1 / 0 /
+a negative code, and a put of a key that already exists returns 0 and leaves
+the object as it was (as Mooncake's Put and BatchPut do; upsert() replaces).
+batch_probe_key() is moonlet's addition.
 
 What is accepted but means nothing here: metadata_server (moonlet needs no
 metadata service), setup()'s local_buffer_size (moonlet stages through
@@ -115,6 +115,14 @@ def parse_size(value):
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _key_list(keys):
+    """keys as a list; a single str (or bytes) is refused, as Mooncake's
+    binding refuses it, rather than taken as a list of one-letter keys."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("keys must be a sequence of str, not a single str")
+    return list(keys)
+
+
 def _split_host(hostname):
     """("host", "port" or None) of "host", "host:port" or "[v6]:port"."""
     if hostname.startswith("["):
@@ -133,7 +141,7 @@ class MooncakeDistributedStore:
     a RealClient), use it, close() it.  Every call returns what Mooncake's
     returns (0 / a negative error code, sizes, bytes); none raises for a
     store error.  Calls before setup return UNAVAILABLE_IN_CURRENT_STATUS
-    (-1010) (get(): b"").
+    (-1010) (get(): b"", get_batch(): b"" per key).
     """
 
     def __init__(self):
@@ -313,6 +321,51 @@ class MooncakeDistributedStore:
         """The object's bytes; b"" when it is missing or cannot be read."""
         value, rc = self._call(lambda: self._store.get(key))
         return value if rc == 0 else b""
+
+    def put_batch(self, keys, values, config=None):
+        """Stores values[i] (bytes-like) under keys[i], every transfer in one
+        batch.  0 when every key was stored or already existed (left as it
+        was, as put does), else the first failed key's negative code (in key
+        order; the other keys were stored).  Lists of different lengths:
+        INVALID_PARAMS (-600), nothing stored.  The values are copied once
+        (Mooncake copies them too)."""
+        keys = _key_list(keys)
+        if isinstance(values, (str, bytes, bytearray, memoryview)):
+            raise TypeError("values must be a sequence of bytes-like objects, not one value")
+        values = list(values)
+        if self._store is None:
+            return _UNAVAILABLE
+        if len(keys) != len(values):
+            return _INVALID_PARAMS
+        kw = self._put_kwargs(config)
+        out = self._batch(len(keys), lambda: self._store.batch_put(keys, values, **kw)
+                          or [0] * len(keys))
+        return next((r for r in out if r != 0 and r != _ALREADY_EXISTS), 0)
+
+    def get_batch(self, keys):
+        """The bytes of each key, in order: b"" for a key that is missing or
+        cannot be read (and for an empty object), as get() gives.  Every
+        read goes in one batch; each object read is leased.  Always one entry
+        per key (Mooncake's gives a lone b"" for [] or before setup)."""
+        keys = _key_list(keys)
+        if self._store is None:
+            return [b""] * len(keys)
+        try:
+            return self._store.batch_get(keys)
+        except StoreError as e:
+            if e.results is None:
+                return [b""] * len(keys)
+            return [r if isinstance(r, bytes) else b"" for r in e.results]
+
+    def put_parts(self, key, *parts, config=None):
+        """Stores the concatenation of the bytes-like parts as one object
+        (copied once, with no intermediate bytes object).  0 (also for an
+        existing key, left as it was) or a negative code.  No parts, or only
+        empty ones, store an empty object, as put(key, b"") does (Mooncake's
+        returns 0 and stores nothing)."""
+        _, rc = self._call(lambda: self._store.put_parts(key, *parts,
+                                                         **self._put_kwargs(config)))
+        return 0 if rc == _ALREADY_EXISTS else rc
 
     def get_size(self, key):
         """The object's size in bytes, or a negative code."""

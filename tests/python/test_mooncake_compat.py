@@ -1,9 +1,11 @@
 """moonlet.mooncake: Mooncake Store's MooncakeDistributedStore on moonlet.
 
 Checks Mooncake's return conventions (0 / negative codes instead of
-exceptions, b"" for a missing key, is_exist 1 / 0), both forms of setup()
-and setup_dummy() (through the RealClient).
+exceptions, b"" for a missing key, is_exist 1 / 0), both forms of setup(),
+setup_dummy() (through the RealClient) and the copying batches put_batch /
+get_batch / put_parts on either setup.
 """
+import array
 import ctypes
 
 import pytest
@@ -216,3 +218,103 @@ def test_setup_dummy_errors_are_codes(cluster, tmp_path):
     assert s.get("k") == b"" and s.put("k", b"v") == -1010  # still not set up
     assert s.setup_dummy(0, 0, sock) == 0  # a failed setup leaves it usable
     s.close()
+
+
+# ---- put_batch, get_batch, put_parts, after either setup ------------------------------------
+
+
+@pytest.fixture(params=["setup", "setup_dummy"])
+def mcs(request, cluster, tenant):
+    """A MooncakeDistributedStore in the test's tenant, set up either way:
+    a client of its own (setup) or through the RealClient (setup_dummy)."""
+    s = MooncakeDistributedStore()
+    if request.param == "setup":
+        rc = s.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                      "protocol": "tcp", "master_server_address": cluster.addr,
+                      "tenant_id": tenant})
+    else:
+        rc = s.setup_dummy(0, "16MB", cluster.realclient(), tenant_id=tenant)
+    assert rc == 0
+    yield s
+    assert s.close() == 0
+
+
+def test_put_batch_and_get_batch(mcs):
+    keys = ["pb/bytes", "pb/bytearray", "pb/memoryview", "pb/slice", "pb/array", "pb/ctypes",
+            "pb/empty"]
+    values = [b"bytes", bytearray(b"bytearray"), memoryview(b"memoryview"),
+              memoryview(b"--slice--")[2:7], array.array("B", b"array"),
+              (ctypes.c_char * 6).from_buffer_copy(b"ctypes"), b""]
+    assert mcs.put_batch(keys, values) == 0
+    want = [b"bytes", b"bytearray", b"memoryview", b"slice", b"array", b"ctypes", b""]
+    assert mcs.get_batch(keys) == want
+    assert [mcs.get(k) for k in keys] == want
+    assert mcs.get_batch(["pb/bytes", "pb/missing", "", "pb/empty"]) == [b"bytes", b"", b"", b""]
+    # an existing key: 0 and the object stays (Mooncake's BatchPut counts it stored)
+    assert mcs.put_batch(["pb/bytes", "pb/new"], [b"other", b"new"]) == 0
+    assert mcs.get_batch(["pb/bytes", "pb/new"]) == [b"bytes", b"new"]
+    # the first failed key's code, in key order; the other keys were stored
+    assert mcs.put_batch(["pb/ok1", "", "pb/ok2"], [b"1", b"2", b"3"]) == -400
+    assert mcs.get_batch(["pb/ok1", "pb/ok2"]) == [b"1", b"3"]
+    # lists of different lengths: -600, nothing stored
+    assert mcs.put_batch(["pb/m1", "pb/m2"], [b"1"]) == -600
+    assert mcs.put_batch(["pb/m1"], [b"1", b"2"]) == -600
+    assert mcs.is_exist("pb/m1") == 0
+    assert mcs.put_batch([], []) == 0 and mcs.get_batch([]) == []
+    assert mcs.put_batch(iter(["pb/gen"]), (v for v in [b"generated"])) == 0
+    assert mcs.get_batch(("pb/gen",)) == [b"generated"]
+    with pytest.raises(TypeError):
+        mcs.put_batch(["pb/str"], ["not bytes"])  # as put("k", "str") and Mooncake
+    with pytest.raises(TypeError):
+        mcs.put_batch("pb/one", b"value")
+    with pytest.raises(TypeError):
+        mcs.get_batch("pb/bytes")
+
+
+def test_batches_of_large_values(mcs):
+    # larger than the 16 MB staging of setup_dummy in total, and one key alone
+    keys = [f"big/{i}" for i in range(6)]
+    values = [bytes([i]) * (3 * MIB + i) for i in range(5)] + [b"\x07" * (17 * MIB)]
+    assert mcs.put_batch(keys, values) == 0
+    assert mcs.get_batch(keys) == values
+    assert mcs.get_batch(keys[:2] + ["big/missing"]) == values[:2] + [b""]
+
+
+def test_put_batch_with_a_replicate_config(mcs, cluster):
+    cluster.realclient()  # a second store node for two replicas
+    cfg = ReplicateConfig(replica_num=2, with_soft_pin=True)
+    assert mcs.put_batch(["pc/a", "pc/b"], [b"a" * 100, b"b"], cfg) == 0
+    assert mcs.put_parts("pc/p", b"p", b"q", config=cfg) == 0
+    for k in ("pc/a", "pc/b", "pc/p"):
+        info = mcs._store.inspect(k)
+        assert len(info["replicas"]) == 2 and info["soft_pinned"] is True, k
+    assert mcs.put_batch(["pc/c"], [b"c"], ReplicateConfig(replica_num=1000)) == -600
+
+
+def test_put_parts(mcs):
+    assert mcs.put_parts("pp/k", b"head|", bytearray(b"body|"), memoryview(b"tail")) == 0
+    assert mcs.get("pp/k") == b"head|body|tail" and mcs.get_size("pp/k") == 14
+    assert mcs.put_parts("pp/one", b"only") == 0 and mcs.get("pp/one") == b"only"
+    assert mcs.put_parts("pp/k", b"other") == 0  # exists: 0, unchanged
+    assert mcs.get("pp/k") == b"head|body|tail"
+    assert mcs.put_parts("pp/none") == 0  # no parts: an empty object
+    assert mcs.put_parts("pp/empties", b"", b"") == 0
+    assert mcs.is_exist("pp/none") == 1 and mcs.get_size("pp/empties") == 0
+    assert mcs.put_parts("", b"x") == -400
+    parts = [bytes([i]) * MIB for i in range(20)]  # 20 MB, above the dummy's staging
+    assert mcs.put_parts("pp/big", *parts) == 0 and mcs.get("pp/big") == b"".join(parts)
+    with pytest.raises(TypeError):
+        mcs.put_parts("pp/str", b"ok", "not bytes")
+
+
+def test_batch_calls_before_setup_and_after_close(cluster, tenant):
+    s = MooncakeDistributedStore()
+    assert s.put_batch(["a", "b"], [b"1", b"2"]) == -1010
+    assert s.get_batch(["a", "b"]) == [b"", b""]
+    assert s.put_parts("a", b"1") == -1010
+    assert s.setup_dummy(0, 0, cluster.realclient(), tenant_id=tenant) == 0
+    assert s.put_batch(["a"], [b"1"]) == 0
+    s.close()
+    assert s.put_batch(["a"], [b"1"]) == -1010 and s.get_batch(["a"]) == [b""]
+    assert s.put_parts("a", b"1") == -1010
+
