@@ -679,10 +679,11 @@ static int socket_to_group(const char *path, const char *name)
     return MOONLET_OK;
 }
 
-static int real_client_serve(moonlet_real_client *rc, const char *path, const char *group)
+static int real_client_serve(moonlet_real_client *rc, const char *path, const char *group,
+                             uint32_t busy_poll_us)
 {
     moonlet_rpc_server_opts o = {.unix_path = path, .threads = MOONLET_REAL_CLIENT_THREADS,
-                                 .methods = g_methods,
+                                 .busy_poll_us = busy_poll_us, .methods = g_methods,
                                  .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
                                  .ctx = rc, .on_close = on_close};
     int r = moonlet_rpc_server_create(&o, &rc->srv);
@@ -700,7 +701,7 @@ static int real_client_serve(moonlet_real_client *rc, const char *path, const ch
 int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
                                          const moonlet_store_node_config *node,
                                          const char *socket_path, const char *socket_group,
-                                         moonlet_real_client **out)
+                                         uint32_t busy_poll_us, moonlet_real_client **out)
 {
     if (!cfg || !socket_path || !*socket_path || !out ||
         (!node && cfg->local_segment_size == 0))
@@ -710,7 +711,7 @@ int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
         return MOONLET_ERR_INTERNAL_ERROR;
     int r = moonlet_client_create_with_node(cfg, node, &rc->client);
     if (r == MOONLET_OK)
-        r = real_client_serve(rc, socket_path, socket_group);
+        r = real_client_serve(rc, socket_path, socket_group, busy_poll_us);
     if (r) {
         moonlet_real_client_destroy(rc);
         return r;
@@ -722,7 +723,8 @@ int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
 int moonlet_real_client_create(const moonlet_client_config *cfg, const char *socket_path,
                                const char *socket_group, moonlet_real_client **out)
 {
-    return moonlet_real_client_create_with_node(cfg, NULL, socket_path, socket_group, out);
+    return moonlet_real_client_create_with_node(cfg, NULL, socket_path, socket_group,
+                                                MOONLET_REAL_CLIENT_BUSY_POLL_US, out);
 }
 
 void moonlet_real_client_destroy(moonlet_real_client *rc)

@@ -31,6 +31,7 @@
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "real_client_internal.h"
+#include "rpc_server.h"
 #include "segment_mem.h"
 #include "store_node.h"
 #include "token.h"
@@ -59,6 +60,8 @@ static void usage(FILE *f)
             "  --serve-dummy PATH        also serve DummyClients of this host on the unix socket\n"
             "                            PATH (a RealClient; the socket gets mode 0600)\n"
             "  --socket-group NAME       with --serve-dummy: give the socket group NAME, mode 0660\n"
+            "  --busy-poll-us N          with --serve-dummy: after a request, poll for the next one\n"
+            "                            this long before sleeping (default 200; 0 = off)\n"
             "  --log-level LEVEL         error|warn|info|debug (default info)\n"
             "  --help, --version\n");
 }
@@ -134,7 +137,7 @@ static int parse_log_level(const char *s)
 
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
-    O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
+    O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
     O_XFER_TIMEOUT
 };
 
@@ -154,6 +157,7 @@ static const struct option g_opts[] = {
     {"log-level", required_argument, 0, O_LOG},
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
+    {"busy-poll-us", required_argument, 0, O_BUSY_POLL},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
@@ -163,6 +167,8 @@ static const struct option g_opts[] = {
 typedef struct serve_flags {
     const char *path;  /* --serve-dummy; NULL: a plain store node */
     const char *group; /* --socket-group */
+    uint32_t busy_poll_us;
+    bool busy_poll_set;
 } serve_flags;
 
 /* Returns 0 to run, 2 on bad flags, -1 after --help / --version (exit 0). */
@@ -210,6 +216,11 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             sv->path = optarg;
             bad = !*optarg && bad_flag("--serve-dummy", "expected a socket path", optarg);
             break;
+        case O_BUSY_POLL:
+            bad = parse_uint("--busy-poll-us", optarg, 0, MOONLET_RPC_MAX_BUSY_POLL_US, &v);
+            sv->busy_poll_us = (uint32_t)v;
+            sv->busy_poll_set = true;
+            break;
         case O_SOCKET_GROUP:
             sv->group = optarg;
             bad = !*optarg && bad_flag("--socket-group", "expected a group name", optarg);
@@ -230,8 +241,9 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         fprintf(stderr, PROG ": --master HOST:PORT is required\n");
         bad = 1;
     }
-    if (!bad && sv->group && !sv->path) {
-        fprintf(stderr, PROG ": --socket-group needs --serve-dummy\n");
+    if (!bad && (sv->group || sv->busy_poll_set) && !sv->path) {
+        fprintf(stderr, PROG ": %s needs --serve-dummy\n",
+                sv->group ? "--socket-group" : "--busy-poll-us");
         bad = 1;
     }
     if (bad) {
@@ -269,7 +281,8 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
     cc.device = node->device;
     cc.auth_token = node->auth_token;
     moonlet_real_client *rc;
-    int r = moonlet_real_client_create_with_node(&cc, node, sv->path, sv->group, &rc);
+    int r = moonlet_real_client_create_with_node(&cc, node, sv->path, sv->group, sv->busy_poll_us,
+                                                 &rc);
     if (r) {
         fprintf(stderr, PROG ": cannot serve dummy clients on %s: %s\n", sv->path,
                 moonlet_strerror(r));
@@ -292,7 +305,7 @@ int main(int argc, char **argv)
     moonlet_store_node_config_default(&cfg);
     cfg.segment_size = UINT64_C(1) << 30;
     const char *token_file = NULL;
-    serve_flags sv = {NULL, NULL};
+    serve_flags sv = {NULL, NULL, MOONLET_REAL_CLIENT_BUSY_POLL_US, false};
     int rc = parse_flags(argc, argv, &cfg, &token_file, &sv);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -22,6 +22,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,7 @@ struct moonlet_rpc_client {
     moonlet_frame_builder out;
     char *in;
     size_t in_off, in_len, in_cap;
+    int64_t wait_ewma_ns; /* how long replies took to start arriving */
 };
 
 static int64_t now_ms(void)
@@ -77,28 +79,61 @@ static int wait_fd(int fd, short ev, int64_t deadline)
 }
 
 /*
- * A reply on loopback or a LAN usually arrives within tens of microseconds.
- * Polling the socket for a short, bounded while before sleeping in poll()
- * saves the wake-up of a blocked thread, which is a large share of a small
- * RPC's latency (measured with moonlet-bench probe: see docs/benchmarks.md).
- * Returns 1 once data (or EOF/error) is there, 0 when the spin ran out.
+ * Waiting for a reply.  On loopback or a LAN a reply comes within tens to
+ * hundreds of microseconds, and the wake-up of a thread that slept in
+ * poll() is a large share of that (tens of microseconds on a VM, where an
+ * idle vCPU is woken by an inter-processor interrupt).  So a wait first
+ * polls the socket without sleeping, for about twice as long as this
+ * connection's recent waits took (an EWMA), at least SPIN_MIN_NS and at
+ * most SPIN_MAX_NS; a connection whose replies take longer than
+ * SPIN_MAX_NS (large transfers, a slow peer) spins SPIN_MIN_NS only.  Each
+ * round yields the CPU, so on a host with fewer cores than busy threads the
+ * spinning thread does not keep the peer that must answer from running.
+ * Figures: docs/benchmarks.md, "Client layers".
  */
-#define RPC_SPIN_NS 50000
+#define SPIN_MIN_NS 50000
+#define SPIN_MAX_NS 500000
+#define WAIT_EWMA_SHIFT 3 /* new = old + (sample - old) / 8 */
 
-static int spin_for_input(int fd)
+static int64_t now_ns(void)
 {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t spin_budget_ns(const moonlet_rpc_client *c)
+{
+    int64_t w = c->wait_ewma_ns;
+    if (w > SPIN_MAX_NS)
+        return SPIN_MIN_NS;
+    w *= 2;
+    return w < SPIN_MIN_NS ? SPIN_MIN_NS : w > SPIN_MAX_NS ? SPIN_MAX_NS : w;
+}
+
+/* Returns 1 once data (or EOF/error) is there, 0 when the budget ran out. */
+static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
+{
     for (;;) {
         char b;
         ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             return 1;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) > RPC_SPIN_NS)
+        if (now_ns() - t0 > budget_ns)
             return 0;
-        __builtin_ia32_pause();
+        sched_yield();
     }
+}
+
+/* Waits for input until the deadline, spinning first: 0, RPC_TIMEOUT or
+ * RPC_FAIL.  Learns how long waits take on this connection. */
+static int wait_input(moonlet_rpc_client *c, int64_t deadline)
+{
+    int64_t t0 = now_ns();
+    int rc = spin_for_input(c->fd, t0, spin_budget_ns(c)) ? 0 : wait_fd(c->fd, POLLIN, deadline);
+    if (rc == 0)
+        c->wait_ewma_ns += (now_ns() - t0 - c->wait_ewma_ns) / (1 << WAIT_EWMA_SHIFT);
+    return rc;
 }
 
 static int fail(moonlet_rpc_client *c, int rc)
@@ -422,7 +457,7 @@ static int recv_reply(moonlet_rpc_client *c, moonlet_reply *rep, int64_t deadlin
             return 0;
         if (!reserve_input(c, need))
             return fail(c, MOONLET_ERR_RPC_FAIL);
-        int rc = spin_for_input(c->fd) ? 0 : wait_fd(c->fd, POLLIN, deadline);
+        int rc = wait_input(c, deadline);
         if (rc != 0)
             return fail(c, rc);
         ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);

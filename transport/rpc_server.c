@@ -27,6 +27,11 @@
  *    peer reads the reply instead of a reset.
  *  - stop() sets a flag and writes every eventfd; loops also wake every
  *    LOOP_TICK_MS, so it returns promptly (plus any running handler).
+ *  - Optional busy polling (opts.busy_poll_us): after handling events a
+ *    loop polls epoll without sleeping for that long before it blocks, so a
+ *    request that follows soon does not pay the wake-up of a sleeping
+ *    thread.  Each idle round yields the CPU.  A loop with no traffic
+ *    sleeps as usual; one kept busy costs up to a core.
  *  - Unix-socket connections read with recvmsg() so that descriptors a peer
  *    passes (SCM_RIGHTS; the DummyClient's shared memory) are kept on the
  *    connection for a handler to take, and closed with it if nobody does.
@@ -44,6 +49,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -140,6 +146,7 @@ struct moonlet_rpc_server {
     moonlet_rpc_method *methods;
     void *ctx;
     void (*on_close)(void *ctx, void *conn_data);
+    int64_t busy_poll_ns;
     loop *loops;
     int nloops;
     unsigned next_loop;
@@ -161,6 +168,13 @@ static int64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static void wake(int efd)
@@ -645,12 +659,26 @@ static void expire_lingering(loop *l)
     }
 }
 
+/* Next events: polled without sleeping until busy_until (0: not busy), then
+ * waited for. */
+static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
+{
+    while (busy_until > 0 && now_ns() < busy_until) {
+        int n = epoll_wait(l->epfd, evs, MAX_EVENTS, 0);
+        if (n != 0)
+            return n;
+        sched_yield();
+    }
+    return epoll_wait(l->epfd, evs, MAX_EVENTS, LOOP_TICK_MS);
+}
+
 static void *loop_main(void *arg)
 {
     loop *l = arg;
     struct epoll_event evs[MAX_EVENTS];
+    int64_t busy_until = 0;
     while (!atomic_load(&l->s->loops_stopping)) {
-        int n = epoll_wait(l->epfd, evs, MAX_EVENTS, LOOP_TICK_MS);
+        int n = loop_wait(l, evs, busy_until);
         if (n < 0 && errno != EINTR) {
             ML_ERR(MOD, "epoll_wait failed: %s", strerror(errno));
             break;
@@ -665,6 +693,8 @@ static void *loop_main(void *arg)
         }
         if (l->nlinger > 0)
             expire_lingering(l);
+        if (n > 0 && l->s->busy_poll_ns > 0)
+            busy_until = now_ns() + l->s->busy_poll_ns;
     }
     adopt_pending(l); /* the acceptor is gone: every accepted connection gets its on_close */
     while (l->conns != NULL)
@@ -912,6 +942,9 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     s->max_frame = o->max_frame ? o->max_frame : MOONLET_DEFAULT_MAX_FRAME;
     if (s->max_frame < MIN_MAX_FRAME || s->max_frame > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
+    if (o->busy_poll_us > MOONLET_RPC_MAX_BUSY_POLL_US)
+        return MOONLET_ERR_INVALID_PARAMS;
+    s->busy_poll_ns = (int64_t)o->busy_poll_us * 1000;
     s->ctx = o->ctx;
     s->on_close = o->on_close;
     if (o->auth_token != NULL) {

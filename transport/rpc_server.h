@@ -56,6 +56,8 @@ typedef struct moonlet_rpc_method {
     moonlet_rpc_handler fn;
 } moonlet_rpc_method;
 
+#define MOONLET_RPC_MAX_BUSY_POLL_US 100000
+
 typedef struct moonlet_rpc_server_opts {
     const char *address;      /* IPv4/IPv6 literal or host name; default "127.0.0.1" */
     uint16_t port;            /* 0 picks a free port (see moonlet_rpc_server_port) */
@@ -67,6 +69,9 @@ typedef struct moonlet_rpc_server_opts {
     const moonlet_rpc_method *methods;
     size_t nmethods;
     void *ctx;                /* handed to handlers as server_ctx */
+    /* After handling events a loop keeps polling, without sleeping, for this
+     * long before it blocks (0: never); at most MOONLET_RPC_MAX_BUSY_POLL_US. */
+    uint32_t busy_poll_us;
     /* Called on the connection's loop thread when it closes, with its conn_data. */
     void (*on_close)(void *ctx, void *conn_data);
 } moonlet_rpc_server_opts;

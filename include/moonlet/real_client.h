@@ -41,6 +41,18 @@ typedef struct moonlet_real_client moonlet_real_client;
 #define MOONLET_REAL_CLIENT_THREADS 8
 
 /*
+ * Busy polling of the serving threads, in microseconds: after serving a
+ * request a thread keeps polling its connections, without sleeping and
+ * yielding the CPU each round, for this long before it sleeps.  A request
+ * that comes within the window skips the wake-up of a sleeping thread, a
+ * large share of the DummyClient hop (docs/benchmarks.md, "Client layers").
+ * Cost: while DummyClients keep calling, up to one core per busy serving
+ * thread; nothing while they are idle.  moonlet-store --busy-poll-us sets
+ * it (0: off).
+ */
+#define MOONLET_REAL_CLIENT_BUSY_POLL_US 200
+
+/*
  * Creates the client (moonlet_client_create(cfg): master connection, local
  * segment) and starts serving DummyClients on socket_path.  cfg must have a
  * local_segment_size > 0: a RealClient always contributes its segment.

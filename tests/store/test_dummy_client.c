@@ -617,7 +617,7 @@ static void test_socket_mode(void **state)
     assert_true(S_ISSOCK(st.st_mode));
     assert_int_equal(st.st_mode & 07777, 0600);
 
-    /* --socket-group: group-accessible */
+    /* --socket-group: group-accessible (served without busy polling) */
     char path[108];
     snprintf(path, sizeof(path), "/tmp/moonlet-test-dummy-%ld-grp.sock", (long)getpid());
     struct group *gr = getgrgid(getgid());
@@ -625,13 +625,18 @@ static void test_socket_mode(void **state)
     char gname[64];
     snprintf(gname, sizeof(gname), "%s", gr->gr_name);
     test_proc p;
-    const char *const grp[] = {"--socket-group", gname, NULL};
+    const char *const grp[] = {"--socket-group", gname, "--busy-poll-us", "0", NULL};
     assert_int_equal(start_real(&p, path, "16MiB", grp), 0);
     assert_int_equal(lstat(path, &st), 0);
     assert_int_equal(st.st_mode & 07777, 0660);
     assert_int_equal(st.st_gid, getgid());
     moonlet_client *c = new_dummy(path, 0, 0, NULL);
     assert_int_equal(moonlet_client_put(c, "grp/a", "g", 1, NULL), MOONLET_OK);
+    char got[4];
+    uint64_t len = 0;
+    assert_int_equal(moonlet_client_get(c, "grp/a", got, sizeof(got), &len, NULL), MOONLET_OK);
+    assert_int_equal(len, 1);
+    assert_int_equal(got[0], 'g');
     moonlet_client_destroy(c);
     assert_int_equal(proc_stop(&p), 0);
     assert_int_not_equal(access(path, F_OK), 0); /* SIGTERM removed the socket */

@@ -240,6 +240,11 @@ static void test_bad_flags(void **state)
         BAD("--master", m, "--rpc-timeout-ms", "x"),
         BAD("--master", m, "--transfer-timeout-ms", "0"),
         BAD("--master", m, "--transfer-timeout-ms", "-5"),
+        BAD("--master", m, "--busy-poll-us", "100"), /* no --serve-dummy */
+        BAD("--master", m, "--serve-dummy", "/tmp/moonlet-bad-flags.sock", "--busy-poll-us", "-1"),
+        BAD("--master", m, "--serve-dummy", "/tmp/moonlet-bad-flags.sock", "--busy-poll-us",
+            "100001"),
+        BAD("--master", m, "--serve-dummy", "/tmp/moonlet-bad-flags.sock", "--busy-poll-us", "x"),
         BAD("--master", m, "--bogus"),
         BAD("--master", m, "stray"),
         BAD("--master", m, "--auth-token-file", "/nonexistent/moonlet-token"),

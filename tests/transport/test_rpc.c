@@ -968,6 +968,52 @@ static void test_bad_options(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+static int64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* CPU time this process uses while the calling thread sleeps ms. */
+static int64_t cpu_ns_while_sleeping(int ms)
+{
+    int64_t c0 = cpu_ns();
+    usleep((useconds_t)ms * 1000);
+    return cpu_ns() - c0;
+}
+
+/* busy_poll_us: requests are served as usual; a loop polls for about the
+ * window after a request, and sleeps once the window has passed. */
+static void test_busy_poll(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    moonlet_rpc_server *s = NULL;
+    o.busy_poll_us = MOONLET_RPC_MAX_BUSY_POLL_US + 1;
+    assert_int_equal(moonlet_rpc_server_create(&o, &s), MOONLET_ERR_INVALID_PARAMS);
+    assert_null(s);
+
+    o.busy_poll_us = 60000; /* 60 ms: long enough to see from the outside */
+    s = start_opts(&o);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(call_add(c, i, 1), i + 1);
+
+    /* Inside the window the loop is polling: it uses CPU while we sleep
+     * (each round yields, so a busy host lowers this, hence the low bar). */
+    int64_t busy = cpu_ns_while_sleeping(40);
+    assert_true(busy >= 2000000);
+    /* Past it the loop sleeps in epoll_wait again: next to no CPU. */
+    usleep(100000);
+    int64_t idle = cpu_ns_while_sleeping(300);
+    assert_true(idle < 30000000);
+    /* ... and still serves. */
+    assert_int_equal(call_add(c, 40, 2), 42);
+
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
 static void test_connect_failures(void **state)
 {
     moonlet_rpc_server *s = start_server();
@@ -1014,6 +1060,7 @@ int main(void)
         cmocka_unit_test(test_large_frames),
         cmocka_unit_test(test_backpressure),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_busy_poll),
         cmocka_unit_test(test_connect_failures),
         cmocka_unit_test(test_rpc_error_helper),
     };

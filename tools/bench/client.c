@@ -12,6 +12,9 @@
  *   python_dummy   the same through the RealClient
  * The Python paths run in a child /usr/bin/python3 (tools/bench/client_py.py)
  * that times each call with perf_counter_ns and reports per-call latencies.
+ * --gap-us adds a pause after each call (an engine that probes now and then
+ * rather than back to back); --busy-poll-us sets the RealClient's busy
+ * polling (moonlet-store --busy-poll-us), so its effect can be measured.
  * The paths take turns in rounds (the first path of each round rotates), so
  * machine noise hits all of them alike; every call is timed on its own.
  */
@@ -43,6 +46,8 @@ static const char *const g_path_names[NPATHS] = {"c_direct", "c_dummy", "python_
 
 typedef struct client_bench {
     int candidates, ranks, rounds, per_round;
+    int gap_us;          /* pause after each call */
+    const char *busy_us; /* the RealClient's --busy-poll-us; NULL: its default */
     const char *python, *script, *pythonpath;
     char **names;
     const char **keys;
@@ -153,7 +158,7 @@ static int py_line(client_bench *b, int timeout_ms)
 static int py_round(client_bench *b, const char *path, int calls, bench_samples *s)
 {
     char cmd[64];
-    int len = snprintf(cmd, sizeof(cmd), "%s %d\n", path, calls);
+    int len = snprintf(cmd, sizeof(cmd), "%s %d %d\n", path, calls, b->gap_us);
     if (write(b->py_in, cmd, (size_t)len) != len || py_line(b, 60000))
         return -1;
     char *p = b->line, *end;
@@ -204,6 +209,8 @@ static int c_round(client_bench *b, moonlet_client *c, int calls, bench_samples 
             return rc;
         if (s)
             bench_samples_add(s, (double)(t1 - t0) / 1000.0);
+        if (b->gap_us)
+            usleep((useconds_t)b->gap_us);
     }
     return 0;
 }
@@ -227,6 +234,8 @@ static void usage(FILE *f)
             "  --ranks N        keys per checkpoint, the candidate_size (default 4)\n"
             "  --rounds N       rounds; each path makes --per-round calls per round (default 40)\n"
             "  --per-round N    calls per path and round (default 50)\n"
+            "  --gap-us N       pause after each call (default 0: back to back)\n"
+            "  --busy-poll-us N the RealClient's busy polling (default: moonlet-store's, 200)\n"
             "  --python PATH    interpreter of the Python paths (default /usr/bin/python3)\n"
             "  --script PATH    the Python half (default %s)\n"
             "  --pythonpath P   PYTHONPATH for it (default %s)\n",
@@ -245,6 +254,7 @@ int bench_client_main(int argc, char **argv)
         {"rounds", required_argument, 0, 'r'}, {"per-round", required_argument, 0, 'p'},
         {"python", required_argument, 0, 'y'}, {"script", required_argument, 0, 's'},
         {"pythonpath", required_argument, 0, 'P'}, {"json", no_argument, 0, 'j'},
+        {"gap-us", required_argument, 0, 'g'}, {"busy-poll-us", required_argument, 0, 'b'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int o;
@@ -259,12 +269,15 @@ int bench_client_main(int argc, char **argv)
         case 's': b.script = optarg; break;
         case 'P': b.pythonpath = optarg; break;
         case 'j': json = 1; break;
+        case 'g': b.gap_us = atoi(optarg); break;
+        case 'b': b.busy_us = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
-    if (b.candidates < 1 || b.ranks < 1 || b.rounds < 1 || b.per_round < 1) {
-        fprintf(stderr, "moonlet-bench client: every count must be >= 1\n");
+    if (b.candidates < 1 || b.ranks < 1 || b.rounds < 1 || b.per_round < 1 || b.gap_us < 0 ||
+        b.gap_us > 1000000) {
+        fprintf(stderr, "moonlet-bench client: every count must be >= 1, --gap-us 0..1000000\n");
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -285,7 +298,7 @@ int bench_client_main(int argc, char **argv)
     step = "start the RealClient (moonlet-store --serve-dummy)";
     const char *real_args[] = {"--master", bm.addr, "--segment-size", "64MiB", "--protocol", "tcp",
                                "--listen", "127.0.0.1:0", "--serve-dummy", sock, "--log-level",
-                               "warn", NULL};
+                               "warn", b.busy_us ? "--busy-poll-us" : NULL, b.busy_us, NULL};
     if (bench_child_start(&real, "moonlet-store", real_args, "serving dummy clients on "))
         goto out;
     step = "connect the C clients";
@@ -327,6 +340,8 @@ int bench_client_main(int argc, char **argv)
              "batch_probe_key: %d candidates x %d keys, LAST_HIT_ONLY, all present", b.candidates,
              b.ranks);
     cJSON_AddStringToObject(root, "workload", workload);
+    cJSON_AddNumberToObject(root, "gap_us", b.gap_us);
+    cJSON_AddStringToObject(root, "realclient_busy_poll_us", b.busy_us ? b.busy_us : "default");
     for (int p = 0; p < NPATHS; p++)
         bench_json_latency(root, g_path_names[p], &s[p]);
     cJSON_AddNumberToObject(root, "python_direct_over_c_direct", p50[P_PY_DIRECT] / p50[P_C_DIRECT]);

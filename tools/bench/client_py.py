@@ -9,8 +9,9 @@ It opens a direct moonlet.Store and one through the RealClient (a
 DummyClient), checks that batch_probe_key gives the expected mask on each,
 prints "ready", then serves commands from stdin, one per line:
 
-    direct N   time N calls of batch_probe_key on the direct Store
-    dummy N    the same through the DummyClient
+    direct N G  time N calls of batch_probe_key on the direct Store,
+                pausing G microseconds after each
+    dummy N G   the same through the DummyClient
 
 answering each with one line of N per-call latencies in microseconds (each
 call timed alone with time.perf_counter_ns, so the figure includes all the
@@ -48,11 +49,14 @@ def main(argv):
         if not parts:
             break
         probe = stores[parts[0]].batch_probe_key
+        gap = int(parts[2]) / 1e6
         out = []
         for _ in range(int(parts[1])):
             t0 = clock()
             probe(keys, policy)
             out.append(clock() - t0)
+            if gap:
+                time.sleep(gap)
         sys.stdout.write(" ".join(f"{ns / 1000:.3f}" for ns in out) + "\n")
         sys.stdout.flush()
     for s in stores.values():
