@@ -379,7 +379,7 @@ class MooncakeDistributedStore:
 
     def batch_is_exist(self, keys):
         """is_exist for each key: a list of 1 / 0 / negative codes."""
-        keys = list(keys)
+        keys = _key_list(keys)
         return self._batch(len(keys), lambda: self._store.batch_is_exist(keys, codes=True))
 
     def batch_probe_key(self, keys, policy=None):
@@ -388,7 +388,7 @@ class MooncakeDistributedStore:
         policy is a moonlet.GrantLeasePolicy (None: NONE, nothing leased).
         An invalid policy gives INVALID_PARAMS (-600) for every key.
         """
-        keys = list(keys)
+        keys = _key_list(keys)
         return self._batch(len(keys), lambda: self._store.batch_probe_key(keys, policy,
                                                                           codes=True))
 
@@ -428,7 +428,7 @@ class MooncakeDistributedStore:
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         """put_from for each key: a list of 0 / negative codes."""
-        keys = list(keys)
+        keys = _key_list(keys)
         kw = self._put_kwargs(config)
         out = self._batch(len(keys), lambda: self._store.batch_put_from(keys, buffer_ptrs, sizes,
                                                                          **kw) or [0] * len(keys))
@@ -436,7 +436,7 @@ class MooncakeDistributedStore:
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
         """get_into for each key: a list of bytes read / negative codes."""
-        keys = list(keys)
+        keys = _key_list(keys)
         return self._batch(len(keys), lambda: self._store.batch_get_into(keys, buffer_ptrs,
                                                                           sizes))
 

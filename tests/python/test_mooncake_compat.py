@@ -271,6 +271,20 @@ def test_put_batch_and_get_batch(mcs):
         mcs.get_batch("pb/bytes")
 
 
+def test_batch_calls_refuse_a_single_str_as_keys(mcs):
+    # a str is a sequence of one-letter keys to list(); Mooncake refuses it
+    assert mcs.put("k", b"v") == 0
+    with pytest.raises(TypeError):
+        mcs.batch_is_exist("k")
+    with pytest.raises(TypeError):
+        mcs.batch_probe_key("k")
+    with pytest.raises(TypeError):
+        mcs.batch_put_from("k", [0], [1])
+    with pytest.raises(TypeError):
+        mcs.batch_get_into("k", [0], [1])
+    assert mcs.batch_is_exist(["k"]) == [1]
+
+
 def test_batches_of_large_values(mcs):
     # larger than the 16 MB staging of setup_dummy in total, and one key alone
     keys = [f"big/{i}" for i in range(6)]
