@@ -7,90 +7,22 @@ in its own tenant, so they cannot see each other's keys):
   - a moonlet-store contributing a TCP segment;
   - a RealClient: moonlet-store --serve-dummy SOCKET, which prints
     "serving dummy clients on SOCKET" (started only when a test needs it).
-Every process is stopped by its own PID (SIGTERM, then SIGKILL after a
-bounded wait); every wait is bounded.
+Every process is a daemons.Daemon: stopped by its own PID (SIGTERM, then
+SIGKILL after a bounded wait); every wait is bounded.
 
 Only the standard library is imported here at module level: this conftest
 also sits beside test_inspect_cli.py, which runs without moonlet on the path.
 """
 import os
-import re
-import select
-import signal
-import subprocess
 import tempfile
-import time
 import uuid
 
 import pytest
 
+from daemons import Daemon, build_root
+
 MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
-
-
-def build_root():
-    root = os.environ.get("MOONLET_BUILD_ROOT")
-    if not root:
-        raise RuntimeError("MOONLET_BUILD_ROOT is not set: run through `meson test`")
-    return root
-
-
-class Daemon:
-    """A child process of the build tree that announces itself on stdout."""
-
-    def __init__(self, argv, ready, timeout=15.0):
-        self.argv = argv
-        self.stderr = tempfile.TemporaryFile()
-        # Under AddressSanitizer the test interpreter preloads the shared
-        # runtime for the extension; the daemons link their own.
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     stdin=subprocess.DEVNULL, env=env)
-        self._buf = b""
-        self.lines = []
-        deadline = time.monotonic() + timeout
-        while True:
-            line = self._line(deadline)
-            if line is None:
-                err = self.err()
-                self.stop()
-                raise RuntimeError(f"{argv[0]} did not start: {err}")
-            self.lines.append(line)
-            m = re.match(ready, line)
-            if m:
-                self.match = m
-                return
-
-    def _line(self, deadline):
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode()
-
-    def err(self):
-        self.stderr.seek(0)
-        return self.stderr.read().decode(errors="replace")[-2000:]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc.stdout.close()
-        self.stderr.close()
 
 
 def start_master(*extra):

@@ -25,9 +25,9 @@ import urllib.request
 
 import pytest
 
-BUILD = os.environ.get("MOONLET_BUILD_ROOT")
-if not BUILD:
-    raise RuntimeError("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+from daemons import Daemon, build_root, child_env
+
+BUILD = build_root()
 MASTER_BIN = os.path.join(BUILD, "tools", "moonlet-master")
 INSPECT_BIN = os.path.join(BUILD, "tools", "moonlet-inspect")
 PUT_BIN = os.path.join(BUILD, "tests", "tools", "mlt-put")
@@ -37,78 +37,17 @@ MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
 
 
-def child_env(**extra):
-    env = dict(os.environ)
-    # Under AddressSanitizer, freed memory waits in a quarantine (256 MiB by
-    # default) before reuse, which would look like growth in the RSS checks.
-    env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4").lstrip(":")
-    env.pop("COLUMNS", None)
-    env.update(extra)
-    return env
-
-
-class Master:
-    """A moonlet-master child process on an ephemeral port."""
-
-    def __init__(self, *extra, timeout=10.0):
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [MASTER_BIN, "--rpc-port", "0", "--client_live_ttl_sec", "600",
-             "--log-level", "warn", *extra],
-            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL,
-            env=child_env())
-        self.addr = None
-        self.metrics = None
-        self._buf = b""
-        deadline = time.monotonic() + timeout
-        want_metrics = "--metrics-port" in extra
-        while self.addr is None or (want_metrics and self.metrics is None):
-            line = self._line(deadline)
-            if line is None:
-                self.stop()
-                self.stderr.seek(0)
-                raise RuntimeError("moonlet-master did not start: "
-                                   + self.stderr.read().decode(errors="replace"))
-            m = re.match(r"listening on (\S+:\d+)$", line)
-            if m:
-                self.addr = m.group(1)
-            m = re.match(r"metrics on (\S+:\d+)$", line)
-            if m:
-                self.metrics = m.group(1)
-
-    def _line(self, deadline):
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                return None
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                return None
-            self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
-        return line.decode()
-
-    def rss_kib(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise RuntimeError("no VmRSS")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc.stdout.close()
-        self.stderr.close()
+def Master(*extra, timeout=10.0):
+    """A moonlet-master child process on an ephemeral port: .addr, and
+    .metrics when started with --metrics-port (else None)."""
+    ready = [r"listening on (\S+:\d+)$"]
+    if "--metrics-port" in extra:
+        ready.append(r"metrics on (\S+:\d+)$")
+    m = Daemon([MASTER_BIN, "--rpc-port", "0", "--client_live_ttl_sec", "600",
+                "--log-level", "warn", *extra], ready, timeout=timeout)
+    m.addr = m.match.group(1)
+    m.metrics = m.matches[ready[1]].group(1) if len(ready) > 1 else None
+    return m
 
 
 @pytest.fixture
@@ -147,43 +86,14 @@ def round64(n):
     return (n + 63) // 64 * 64
 
 
-class Store:
-    """A moonlet-store child process serving a TCP segment on loopback."""
-
-    def __init__(self, master_addr, size="64MiB", timeout=10.0):
-        self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [STORE_BIN, "--master", master_addr, "--segment-size", size, "--protocol", "tcp",
-             "--listen", "127.0.0.1:0", "--log-level", "warn"],
-            stdout=subprocess.PIPE, stderr=self.stderr, stdin=subprocess.DEVNULL,
-            env=child_env())
-        self.endpoint = None
-        deadline = time.monotonic() + timeout
-        buf = b""
-        fd = self.proc.stdout.fileno()
-        while self.endpoint is None and time.monotonic() < deadline:
-            r, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(fd, 4096) if r else b""
-            if not chunk:
-                break
-            buf += chunk
-            m = re.search(rb"listening on (\S+:\d+)\n", buf)
-            if m:
-                self.endpoint = m.group(1).decode()
-        if self.endpoint is None:
-            self.stop()
-            raise RuntimeError("moonlet-store did not start")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc.stdout.close()
-        self.stderr.close()
+def Store(master_addr, size="64MiB", timeout=10.0):
+    """A moonlet-store child process serving a TCP segment on loopback:
+    .endpoint."""
+    s = Daemon([STORE_BIN, "--master", master_addr, "--segment-size", size, "--protocol", "tcp",
+                "--listen", "127.0.0.1:0", "--log-level", "warn"], r"listening on (\S+:\d+)$",
+               timeout=timeout)
+    s.endpoint = s.match.group(1)
+    return s
 
 
 def test_inspect_a_store_node_holding_real_data(master):

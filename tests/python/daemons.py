@@ -1,0 +1,109 @@
+"""Child processes of the build tree for the pytest suites.
+
+A Daemon runs one binary (moonlet-master, moonlet-store, ...) and waits,
+bounded, until it has printed the lines that say it is ready ("listening on
+HOST:PORT", ...).  It is stopped by its own PID: SIGTERM, then SIGKILL after a
+bounded wait.  Standard library only: test_inspect_cli.py uses it without the
+moonlet package on the path.
+"""
+import os
+import re
+import select
+import signal
+import subprocess
+import tempfile
+import time
+
+
+def build_root():
+    root = os.environ.get("MOONLET_BUILD_ROOT")
+    if not root:
+        raise RuntimeError("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+    return root
+
+
+def child_env(**extra):
+    """The environment of a daemon: this one without LD_PRELOAD (under
+    AddressSanitizer the test interpreter preloads the runtime for the
+    extension; the daemons link their own), with a small ASan quarantine
+    (freed memory waiting for reuse would look like growth in RSS checks)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "COLUMNS")}
+    env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4").lstrip(":")
+    env.update(extra)
+    return env
+
+
+class Daemon:
+    """A child process that announces itself on stdout.
+
+    ready: one regular expression, or several, each of which some stdout
+    line must match (in any order) within `timeout` seconds.  self.match is
+    the match of the first; self.matches maps every pattern to its match.
+    """
+
+    def __init__(self, argv, ready, timeout=15.0, env=None):
+        self.argv = argv
+        patterns = [ready] if isinstance(ready, str) else list(ready)
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     stdin=subprocess.DEVNULL,
+                                     env=env if env is not None else child_env())
+        self._buf = b""
+        self.lines = []
+        self.matches = {}
+        deadline = time.monotonic() + timeout
+        while len(self.matches) < len(patterns):
+            line = self._line(deadline)
+            if line is None:
+                err = self.err()
+                self.stop()
+                raise RuntimeError(f"{os.path.basename(argv[0])} did not start: {err}")
+            self.lines.append(line)
+            for p in patterns:
+                m = re.match(p, line)
+                if m and p not in self.matches:
+                    self.matches[p] = m
+        self.match = self.matches[patterns[0]]
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def _line(self, deadline):
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            r, _, _ = select.select([fd], [], [], left)
+            if not r:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def err(self):
+        """The end of what it wrote on stderr so far."""
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-2000:]
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        self.stderr.close()
