@@ -129,7 +129,8 @@ static int seg_desc_check(const moonlet_segment_desc *d)
         return MOONLET_ERR_INVALID_PARAMS;
     if (strlen(d->endpoint) > MOONLET_MAX_ENDPOINT_BYTES || strlen(d->protocol) >= 16)
         return MOONLET_ERR_INVALID_PARAMS;
-    if (d->size < MOONLET_ALLOC_ALIGN)
+    if (d->size < MOONLET_ALLOC_ALIGN || d->size > MOONLET_MAX_SEGMENT_BYTES ||
+        d->base > UINT64_MAX - d->size)
         return MOONLET_ERR_INVALID_PARAMS;
     return MOONLET_OK;
 }
@@ -336,6 +337,46 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->offset = rp->offset;
     v->size = o->size;
     v->status = rp->status;
+}
+
+uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&m->reg.mu);
+    for (uint32_t i = 0; i < m->reg.nslots; i++) {
+        struct mseg *s = m->reg.segs[i];
+        n += s && atomic_load(&s->state) == SEG_MOUNTED && s->size >= len;
+    }
+    pthread_mutex_unlock(&m->reg.mu);
+    return n;
+}
+
+struct free_visit {
+    void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len);
+    void *arg;
+    uint32_t slot;
+};
+
+static void free_visit_one(void *arg, uint64_t offset, uint64_t len)
+{
+    struct free_visit *v = arg;
+    v->fn(v->arg, v->slot, offset, len);
+}
+
+void registry_foreach_free(moonlet_master *m, uint64_t min_size,
+                           void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
+                           void *arg)
+{
+    struct free_visit v = {.fn = fn, .arg = arg};
+    pthread_mutex_lock(&m->reg.mu);
+    for (uint32_t i = 0; i < m->reg.nslots; i++) {
+        struct mseg *s = m->reg.segs[i];
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED || s->size < min_size)
+            continue;
+        v.slot = i;
+        moonlet_alloc_foreach_free(s->alloc, free_visit_one, &v);
+    }
+    pthread_mutex_unlock(&m->reg.mu);
 }
 
 uint32_t registry_mounted(moonlet_master *m)

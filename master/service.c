@@ -234,6 +234,11 @@ static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_wire_u64(args, 4, &size) || arg_cstr(args, 5, endpoint, sizeof(endpoint)) ||
         arg_cstr(args, 6, proto, sizeof(proto)))
         return BAD_ARGS(out, "[client_id, segment_id, name, base, size, endpoint, protocol]");
+    if (size > MOONLET_MAX_SEGMENT_BYTES || base > UINT64_MAX - size)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "segment size %llu at base %llu: "
+                                 "at most %llu bytes, and base + size must not wrap",
+                                 (unsigned long long)size, (unsigned long long)base,
+                                 (unsigned long long)MOONLET_MAX_SEGMENT_BYTES);
     moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
                               .size = size, .endpoint = endpoint, .protocol = proto};
     return reply(out, moonlet_master_mount_segment(M(ctx), &d));
