@@ -79,6 +79,29 @@ int moonlet_master_mount_segment(moonlet_master *m, const moonlet_segment_desc *
 int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id,
                                    moonlet_str segment_id);
 
+/*
+ * Identity of store nodes, for the RPC service: `session` names the
+ * connection a call came on (non-zero, never reused).  A client id belongs
+ * to the session that first pinged, mounted or bound it; calls for it from
+ * another session are ILLEGAL_CLIENT.  bind_client also records a secret
+ * (1..64 bytes): a later session that presents the same secret takes the
+ * id over (a reconnect), any other secret is ILLEGAL_CLIENT until the
+ * client expires (no ping for client_live_ttl).  An id bound without a
+ * secret can be claimed by a new session only once its session closed.
+ * session_closed unbinds a closed connection's ids, and forgets those with
+ * no mounted segment (a node that shut down cleanly).  The calls without
+ * a session are the library's own (tests, tools): always allowed.
+ */
+int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet_str secret,
+                               uint64_t session);
+int moonlet_master_ping_as(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                           uint32_t *segments_out);
+int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_desc *seg,
+                                    uint64_t session);
+int moonlet_master_unmount_segment_as(moonlet_master *m, moonlet_str client_id,
+                                      moonlet_str segment_id, uint64_t session);
+void moonlet_master_session_closed(moonlet_master *m, uint64_t session);
+
 /* ---- objects ----------------------------------------------------------- */
 
 typedef struct moonlet_replica_view {

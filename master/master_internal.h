@@ -107,10 +107,23 @@ struct mseg {
     uint64_t objects;            /* registry.mu: replicas on this segment */
 };
 
+/*
+ * A client (store node) id.  Its identity is bound to the connection
+ * (session) that claimed it: only that session may ping, mount or unmount
+ * for it.  A node proves who it is after reconnecting with the secret it
+ * sent when it first bound the id (BindClient).  session 0: unbound (the
+ * owning connection closed); calls of the library itself pass session 0 and
+ * are trusted.  The entry, and with it the secret, goes away when liveness
+ * expires the client.
+ */
+#define MOONLET_MAX_SECRET_BYTES 64u
 struct mclient {
     char id[MOONLET_MAX_ID_BYTES + 1];
     uint64_t last_ping_ns;
+    uint64_t session;
     uint32_t nsegs;
+    uint8_t secret_len;                      /* 0: none */
+    uint8_t secret[MOONLET_MAX_SECRET_BYTES];
     bool used;
 };
 

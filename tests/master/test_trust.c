@@ -209,6 +209,51 @@ static void test_pinned_only_when_needed(void **state)
     moonlet_master_destroy(m);
 }
 
+/* Identity: the session that holds an id, a reconnect proving the secret,
+ * expiry freeing the id, an id without secret claimable once unbound. */
+static void test_client_identity(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 1000);
+    moonlet_str id = MOONLET_STR("n1"), a = MOONLET_STR("secret-a"), b = MOONLET_STR("secret-b");
+    uint32_t segs;
+    assert_int_equal(moonlet_master_bind_client(m, id, a, 1), MOONLET_OK);
+    moonlet_segment_desc d = {.client_id = "n1", .segment_id = "s1", .size = MiB,
+                              .endpoint = "127.0.0.1:1", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment_as(m, &d, 1), MOONLET_OK);
+    assert_int_equal(moonlet_master_ping_as(m, id, 2, &segs), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(moonlet_master_unmount_segment_as(m, id, MOONLET_STR("s1"), 2),
+                     MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(moonlet_master_bind_client(m, id, b, 2), MOONLET_ERR_ILLEGAL_CLIENT);
+    /* the node reconnects (session 3) and proves its secret */
+    moonlet_master_session_closed(m, 1);
+    assert_int_equal(moonlet_master_ping_as(m, id, 3, &segs), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(moonlet_master_bind_client(m, id, a, 3), MOONLET_OK);
+    assert_int_equal(moonlet_master_ping_as(m, id, 3, &segs), MOONLET_OK);
+    assert_int_equal(segs, 1);
+    assert_int_equal(moonlet_master_ping_as(m, id, 1, &segs), MOONLET_ERR_ILLEGAL_CLIENT);
+    /* it dies: pings from others do not keep it alive, expiry frees the id */
+    moonlet_master_session_closed(m, 3);
+    moonlet_clock_advance(5000 * MS);
+    assert_int_equal(moonlet_master_ping_as(m, id, 4, &segs), MOONLET_ERR_ILLEGAL_CLIENT);
+    moonlet_clock_advance(6000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).segments, 0);
+    assert_int_equal(moonlet_master_bind_client(m, id, b, 4), MOONLET_OK);
+    /* no secret: the id is claimable only once its session closed */
+    d.client_id = "legacy";
+    d.segment_id = "s2";
+    assert_int_equal(moonlet_master_mount_segment_as(m, &d, 5), MOONLET_OK);
+    assert_int_equal(moonlet_master_ping_as(m, MOONLET_STR("legacy"), 6, &segs),
+                     MOONLET_ERR_ILLEGAL_CLIENT);
+    moonlet_master_session_closed(m, 5);
+    assert_int_equal(moonlet_master_ping_as(m, MOONLET_STR("legacy"), 6, &segs), MOONLET_OK);
+    /* the library's own calls (session 0) are trusted */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("legacy"), MOONLET_STR("s2")),
+                     MOONLET_OK);
+    moonlet_master_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_evicts_for_contiguous_space),
         cmocka_unit_test(test_no_eviction_when_no_run_can_fit),
         cmocka_unit_test(test_pinned_only_when_needed),
+        cmocka_unit_test(test_client_identity),
     };
     return cmocka_run_group_tests_name("master_trust", tests, NULL, NULL);
 }
