@@ -7,11 +7,16 @@
  * of a string, and the tenant id seeds the key hash (tenant isolation is then
  * structural: a lookup in tenant A cannot match an object of tenant B).
  *
+ * After a mass removal (objects at most half of their peak, 65,536 fewer)
+ * the background thread calls malloc_trim, so freed heap goes back to the
+ * system; the object slab returns its empty chunks itself (objslab.c).
+ *
  * Locks: tenants.lock is a leaf (never held while taking another lock).  The
  * background thread takes bg_mu only to sleep; each piece of work it runs
  * takes its own locks (see evict.c and segment.c).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -192,6 +197,15 @@ void moonlet_master_tick(moonlet_master *m)
         reap_stale_puts(m);
     }
     liveness_check(m);
+    /* After a mass removal, give the allocator's free memory back (the
+     * object slab returns its empty chunks by itself). */
+    uint64_t objs = atomic_load(&m->st.objects);
+    if (objs > m->trim_peak) {
+        m->trim_peak = objs;
+    } else if (m->trim_peak - objs >= 65536 && objs <= m->trim_peak / 2) {
+        malloc_trim(0);
+        m->trim_peak = objs;
+    }
 }
 
 static void *bg_main(void *arg)

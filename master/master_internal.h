@@ -197,6 +197,7 @@ struct moonlet_master {
     pthread_cond_t bg_cv;
     bool bg_stop;
     uint64_t last_reap_ns;
+    uint64_t trim_peak;             /* objects at the last malloc_trim or since (bg thread) */
 };
 
 /* ---- shard.c: object table ---------------------------------------------- */
