@@ -25,6 +25,13 @@
  *    ones when they are next taken.
  * Unused staging costs nothing: memfd pages exist only once written.
  *
+ * Trust.  Before a connection carries anything, the server's credentials
+ * (SO_PEERCRED) must show root, the expected uid (this process's, or
+ * peer_uid) or the expected group (peer_gid): a socket path bound first by
+ * another local user gets nothing.  Sizes the RealClient reports are checked
+ * against the room the call gave it: a success claiming more is RPC_FAIL and
+ * the connection is dropped, so nothing is copied or reported past the room.
+ *
  * Results.  A refused request (reply code) and the RealClient's call result
  * (first element of the result) are both returned unchanged.
  *
