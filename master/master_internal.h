@@ -107,10 +107,23 @@ struct mseg {
     uint64_t objects;            /* registry.mu: replicas on this segment */
 };
 
+/*
+ * A client (store node) id.  Its identity is bound to the connection
+ * (session) that claimed it: only that session may ping, mount or unmount
+ * for it.  A node proves who it is after reconnecting with the secret it
+ * sent when it first bound the id (BindClient).  session 0: unbound (the
+ * owning connection closed); calls of the library itself pass session 0 and
+ * are trusted.  The entry, and with it the secret, goes away when liveness
+ * expires the client.
+ */
+#define MOONLET_MAX_SECRET_BYTES 64u
 struct mclient {
     char id[MOONLET_MAX_ID_BYTES + 1];
     uint64_t last_ping_ns;
+    uint64_t session;
     uint32_t nsegs;
+    uint8_t secret_len;                      /* 0: none */
+    uint8_t secret[MOONLET_MAX_SECRET_BYTES];
     bool used;
 };
 
@@ -127,11 +140,29 @@ struct registry {
     _Atomic uint64_t used;
 };
 
+/*
+ * A tenant slot.  A tenant exists only while something holds a reference:
+ * each of its objects holds one, and a PutStart holds one for the duration of
+ * the call.  The last release frees the slot, so a failed call under a new
+ * name leaves nothing behind and unused tenants expire by themselves.
+ * A tenant's id is (generation << 16) | slot; the generation changes each
+ * time a slot is reused, so a reader that looked a name up before its tenant
+ * expired can never match the objects of the slot's next tenant.
+ */
+struct tenant_slot {
+    char *name;                  /* NULL: free slot */
+    uint32_t len;
+    uint32_t id;                 /* current id; the generation survives reuse */
+    _Atomic uint64_t refs;       /* objects + PutStarts in flight */
+};
+
 struct tenants {
     pthread_rwlock_t lock;
-    char **names;
-    uint32_t *lens;
-    uint32_t n, cap;
+    struct tenant_slot *slots;
+    uint32_t n, cap;             /* slots ever used, allocated */
+    uint32_t live;               /* slots holding a tenant */
+    uint32_t max;                /* cfg.max_tenants */
+    uint64_t full_warned_ns;     /* last "table full" warning (lock held for writing) */
 };
 
 struct mstats {
@@ -166,6 +197,7 @@ struct moonlet_master {
     pthread_cond_t bg_cv;
     bool bg_stop;
     uint64_t last_reap_ns;
+    uint64_t trim_peak;             /* objects at the last malloc_trim or since (bg thread) */
 };
 
 /* ---- shard.c: object table ---------------------------------------------- */
@@ -217,8 +249,16 @@ int key_check(moonlet_str key);
 /* ---- tenant ids (master.c) ----------------------------------------------- */
 /* Looks a tenant up; MOONLET_NO_TENANT when unknown.  Returns INVALID_PARAMS for bad names. */
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id);
-/* Looks up or creates; INVALID_PARAMS when the table is full. */
-int tenant_intern(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* Looks up or creates the tenant and takes a reference on it (the caller
+ * releases it with tenant_release).  NO_AVAILABLE_HANDLE when the table
+ * already holds cfg.max_tenants live tenants. */
+int tenant_acquire(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* One more reference on a tenant the caller already holds one on. */
+void tenant_ref(moonlet_master *m, uint32_t id);
+/* Drops a reference; the last one frees the tenant's slot.  Takes tenants.lock. */
+void tenant_release(moonlet_master *m, uint32_t id);
+/* Live tenants (takes tenants.lock). */
+uint32_t tenant_count(moonlet_master *m);
 
 /* ---- segment.c ------------------------------------------------------------ */
 int registry_init(struct registry *r);
@@ -235,10 +275,22 @@ void liveness_check(moonlet_master *m);
 double registry_usage(moonlet_master *m);
 /* Number of mounted segments (takes registry.mu). */
 uint32_t registry_mounted(moonlet_master *m);
+/* Number of mounted segments of at least `len` bytes (takes registry.mu). */
+uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len);
+/* Calls fn(arg, slot, offset, len) for every free extent of every mounted
+ * segment of at least min_size bytes, under registry.mu: fn must not lock. */
+void registry_foreach_free(moonlet_master *m, uint64_t min_size,
+                           void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
+                           void *arg);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */
 uint64_t evict_pass(moonlet_master *m, double ratio);
+/* Evicts what a put of `size` bytes with `nrep` replicas needs: on nrep
+ * distinct segments, the cheapest run of adjacent free and evictable ranges
+ * that is at least the rounded size.  Evicts nothing when no such runs
+ * exist.  Returns objects evicted (takes evict_mu, then the guard shared). */
+uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep);
 /* Revokes puts whose PutEnd did not come within the put timeout. */
 void reap_stale_puts(moonlet_master *m);
 

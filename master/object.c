@@ -7,9 +7,12 @@
  * space - the registry lock.  A batch takes the guard once and the shard
  * locks one after another, never two at once.
  *
- * PutStart may find no space.  It then drops every lock, runs one eviction
- * pass (which takes evict_mu, the guard and shard locks itself) and tries
- * once more, so eviction never runs under a shard lock.
+ * PutStart may find no space.  A put larger than every segment but fewer
+ * than replica_num is refused at once (INVALID_PARAMS: it can never fit).
+ * Otherwise it drops every lock, evicts for its own contiguous space
+ * (evict_for_space, which takes evict_mu, the guard and shard locks itself)
+ * and tries again, at most 3 times, so eviction never runs under a shard
+ * lock and stops as soon as nothing can be evicted usefully.
  *
  * Locks: guard (shared) -> one shard lock -> registry.mu.
  */
@@ -28,14 +31,16 @@ struct keyref {
 };
 
 /* Validates key and tenant and finds the shard.  Tenant not found is not an
- * error: ref->tenant is then MOONLET_NO_TENANT and every lookup misses. */
+ * error: ref->tenant is then MOONLET_NO_TENANT and every lookup misses.
+ * With `create`, the tenant is created if needed and the caller holds a
+ * reference on it (tenant_release) when this returns 0. */
 static int keyref_init(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool create,
                        struct keyref *ref)
 {
     int rc = key_check(key);
     if (rc)
         return rc;
-    rc = create ? tenant_intern(m, tenant, &ref->tenant) : tenant_lookup(m, tenant, &ref->tenant);
+    rc = create ? tenant_acquire(m, tenant, &ref->tenant) : tenant_lookup(m, tenant, &ref->tenant);
     if (rc)
         return rc;
     ref->hash = key_hash(ref->tenant, key.ptr, key.len);
@@ -112,6 +117,7 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
     o->soft_pin = soft_pin;
     o->lease_deadline = moonlet_clock_now_ns() + m->put_timeout_ns; /* put deadline */
     shard_insert_locked(ref->shard, o);
+    tenant_ref(m, ref->tenant); /* the object's own reference */
     atomic_fetch_add(&m->st.objects, 1);
     atomic_fetch_add(&m->st.pending, 1);
     atomic_fetch_add(&m->st.bytes, size);
@@ -134,11 +140,25 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
     if (rc)
         return rc;
     rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
-    /* Eviction frees space, not segments: with fewer mounted segments than
-     * replicas asked for, evicting would only lose objects. */
-    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && registry_mounted(m) >= replica_num &&
-        evict_pass(m, m->cfg.eviction_ratio) > 0)
+    /* Eviction frees space, not segments: a put larger than all but fewer
+     * than replica_num segments can never fit, and evicting would only lose
+     * objects.  Otherwise evict for this request's contiguous space (a run
+     * on each of replica_num segments); a few rounds, as other puts may take
+     * the space in between. */
+    bool can_fit = true;
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE &&
+        registry_segments_fitting(m, moonlet_alloc_rounded(size ? size : 1)) < replica_num) {
+        can_fit = false;
+        if (registry_mounted(m) >= replica_num)
+            rc = MOONLET_ERR_INVALID_PARAMS;
+    }
+    for (int i = 0; i < 3 && can_fit && rc == MOONLET_ERR_NO_AVAILABLE_HANDLE; i++) {
+        if (evict_for_space(m, size, replica_num) == 0)
+            break;
         rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
+    }
+    /* The call's reference; a failed call under a new name frees the tenant here. */
+    tenant_release(m, ref.tenant);
     return rc;
 }
 

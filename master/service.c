@@ -12,11 +12,16 @@
  * Batches decode their key lists into per-thread scratch arrays that grow to
  * the largest batch seen, so a steady stream of probes allocates nothing.
  *
+ * Node identity: Ping, MountSegment, UnmountSegment and BindClient pass the
+ * connection's session (a number kept in its conn_data slot, never reused)
+ * to the master, which binds client ids to it; on_close unbinds them.
+ *
  * Locks: none here; the master library takes its own.
  */
 #include "service.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +37,37 @@ struct moonlet_master_service {
 };
 
 #define M(ctx) ((moonlet_master *)(ctx)->server_ctx)
+
+/* The identity of the connection a call came on (for the node-identity
+ * calls): a number never reused, kept in the connection's conn_data slot and
+ * dropped by on_close.  0 when out of memory (then treated as no session:
+ * refused where identity matters, see session_of callers). */
+static _Atomic uint64_t g_next_session = 1;
+
+static uint64_t session_of(moonlet_rpc_ctx *ctx)
+{
+    if (!*ctx->conn_data) {
+        uint64_t *s = malloc(sizeof(*s));
+        if (!s)
+            return 0;
+        *s = atomic_fetch_add(&g_next_session, 1);
+        *ctx->conn_data = s;
+    }
+    return *(uint64_t *)*ctx->conn_data;
+}
+
+static void session_close(void *server_ctx, void *conn_data)
+{
+    if (!conn_data)
+        return;
+    moonlet_master_session_closed(server_ctx, *(uint64_t *)conn_data);
+    free(conn_data);
+}
+
+#define SESSION_OR_FAIL(ctx, out, var)                                                         \
+    uint64_t var = session_of(ctx);                                                            \
+    if (!var)                                                                                  \
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory")
 
 /* ---- argument helpers ------------------------------------------------------ */
 
@@ -215,8 +251,12 @@ static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
     moonlet_str client;
     if (arg_str(args, 0, &client))
         return BAD_ARGS(out, "[client_id]");
+    SESSION_OR_FAIL(ctx, out, session);
     uint32_t segs = 0;
-    int rc = moonlet_master_ping(M(ctx), client, &segs);
+    int rc = moonlet_master_ping_as(M(ctx), client, session, &segs);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %.*s is held by another connection",
+                                 (int)client.len, client.ptr);
     if (rc)
         return reply(out, rc);
     msgpack_pack_map(out, 1);
@@ -234,9 +274,33 @@ static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_wire_u64(args, 4, &size) || arg_cstr(args, 5, endpoint, sizeof(endpoint)) ||
         arg_cstr(args, 6, proto, sizeof(proto)))
         return BAD_ARGS(out, "[client_id, segment_id, name, base, size, endpoint, protocol]");
+    if (size > MOONLET_MAX_SEGMENT_BYTES || base > UINT64_MAX - size)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "segment size %llu at base %llu: "
+                                 "at most %llu bytes, and base + size must not wrap",
+                                 (unsigned long long)size, (unsigned long long)base,
+                                 (unsigned long long)MOONLET_MAX_SEGMENT_BYTES);
     moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
                               .size = size, .endpoint = endpoint, .protocol = proto};
-    return reply(out, moonlet_master_mount_segment(M(ctx), &d));
+    SESSION_OR_FAIL(ctx, out, session);
+    int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %s is held by another live node (same "
+                                 "--client-id?); it is free once that node stops pinging", client);
+    return reply(out, rc);
+}
+
+static int h_bind_client(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str client, secret;
+    if (arg_str(args, 0, &client) || arg_str(args, 1, &secret))
+        return BAD_ARGS(out, "[client_id, secret]");
+    SESSION_OR_FAIL(ctx, out, session);
+    int rc = moonlet_master_bind_client(M(ctx), client, secret, session);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %.*s is held by another live node (same "
+                                 "--client-id?); it is free once that node stops pinging",
+                                 (int)client.len, client.ptr);
+    return reply(out, rc);
 }
 
 static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -244,7 +308,8 @@ static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_p
     moonlet_str client, seg;
     if (arg_str(args, 0, &client) || arg_str(args, 1, &seg))
         return BAD_ARGS(out, "[client_id, segment_id]");
-    return reply(out, moonlet_master_unmount_segment(M(ctx), client, seg));
+    SESSION_OR_FAIL(ctx, out, session);
+    return reply(out, moonlet_master_unmount_segment_as(M(ctx), client, seg, session));
 }
 
 /* Handlers of the [tenant, key] shape. */
@@ -561,6 +626,7 @@ static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_LIST_KEYS, "ListKeys", h_list_keys},
     {MOONLET_M_INSPECT_KEY, "InspectKey", h_inspect_key},
     {MOONLET_M_STATS, "Stats", h_stats},
+    {MOONLET_M_BIND_CLIENT, "BindClient", h_bind_client},
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -586,6 +652,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .methods = g_methods,
         .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
         .ctx = m,
+        .on_close = session_close,
     };
     int rc = moonlet_rpc_server_create(&ro, &s->rpc);
     if (!rc)

@@ -9,7 +9,8 @@
  * array doubles when it holds more objects than buckets (load factor <= 1).
  *
  * Locks: functions named *_locked run under the shard's mutex, which the
- * caller holds; object_destroy_locked also takes registry.mu (order 3).
+ * caller holds; object_destroy_locked also takes registry.mu (order 3) and,
+ * to drop the object's tenant reference, tenants.lock (a leaf).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -178,7 +179,9 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);
     atomic_fetch_sub(&m->st.bytes, o->size);
+    uint32_t tenant = o->tenant;
     mobj_free(m, o);
+    tenant_release(m, tenant); /* tenants.lock is a leaf */
 }
 
 #define BATCH_GROUP 32

@@ -37,6 +37,8 @@ struct moonlet_master_client {
     uint32_t backoff_base_ms, backoff_cap_ms;
     unsigned failures;         /* failed connects in a row */
     uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
+    char *ident_id, *ident_secret; /* moonlet_mc_bind_client: re-sent on every new connection */
+    bool bound;                /* the current connection holds ident_id */
 };
 
 static uint64_t mc_now_ms(void)
@@ -118,6 +120,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
     moonlet_rpc_client_opts o = {.timeout_ms = mc->timeout_ms, .auth_token = mc->token,
                                  .auth_token_len = mc->token ? strlen(mc->token) : 0};
     int rc = moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+    mc->bound = false;
     if (rc) {
         mc->rpc = NULL;
         if (mc->failures < 64)
@@ -168,23 +171,62 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     return MOONLET_OK;
 }
 
+static int mc_bind_locked(moonlet_master_client *mc);
+
+int moonlet_mc_bind_client(moonlet_master_client *mc, const char *client_id, const char *secret)
+{
+    if (!client_id || !secret || !*secret)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_mutex_lock(&mc->mu);
+    free(mc->ident_id);
+    free(mc->ident_secret);
+    mc->ident_id = strdup(client_id);
+    mc->ident_secret = strdup(secret);
+    int rc = mc->ident_id && mc->ident_secret ? mc_connect_locked(mc) : MOONLET_ERR_INTERNAL_ERROR;
+    if (!rc)
+        rc = mc_bind_locked(mc);
+    pthread_mutex_unlock(&mc->mu);
+    return rc;
+}
+
 void moonlet_mc_destroy(moonlet_master_client *mc)
 {
     if (!mc)
         return;
     moonlet_rpc_client_close(mc->rpc);
     pthread_mutex_destroy(&mc->mu);
+    free(mc->ident_id);
+    free(mc->ident_secret);
     free(mc->token);
     free(mc);
 }
 
 /* ---- call skeleton ------------------------------------------------------- */
 
+/* BindClient on the current connection; mc->mu held, connected. */
+static int mc_bind_locked(moonlet_master_client *mc)
+{
+    msgpack_packer *pk = moonlet_rpc_client_begin(mc->rpc, MOONLET_M_BIND_CLIENT, 2);
+    moonlet_pack_cstr(pk, mc->ident_id);
+    moonlet_pack_cstr(pk, mc->ident_secret);
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_call(mc->rpc, &rep);
+    if (rc == 0) {
+        rc = rep.code;
+        moonlet_reply_destroy(&rep);
+    }
+    mc->bound = rc == 0;
+    return rc;
+}
+
 /* Locks and starts a request; NULL (and *rc set, lock released) on failure. */
 static msgpack_packer *mc_begin(moonlet_master_client *mc, uint32_t method, uint32_t nargs, int *rc)
 {
     pthread_mutex_lock(&mc->mu);
     *rc = mc_connect_locked(mc);
+    /* A new connection proves the node's identity before any other call. */
+    if (!*rc && mc->ident_id && !mc->bound)
+        *rc = mc_bind_locked(mc);
     if (*rc) {
         pthread_mutex_unlock(&mc->mu);
         return NULL;

@@ -58,6 +58,11 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
  * declared dead) and must mount again. */
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out);
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *seg);
+/* Binds client_id to this MasterClient's connection with a per-node secret
+ * (BindClient), now and again on every reconnect before any other call, so
+ * only this node may ping, mount and unmount for the id.  ILLEGAL_CLIENT:
+ * another live node holds the id. */
+int moonlet_mc_bind_client(moonlet_master_client *mc, const char *client_id, const char *secret);
 int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
                                const char *segment_id);
 

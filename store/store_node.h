@@ -66,6 +66,11 @@ typedef struct moonlet_store_node_config {
     int server_threads;             /* transport serving pool; <= 0: transport default */
     bool huge_pages;                /* try 2 MiB pages first */
     bool lock_memory;               /* mlock the segment (a failure is a warning) */
+    /* The node binds its client id on the master with a random per-run
+     * secret (BindClient); while another live node holds the id (or this
+     * node's previous run, until the master expires it), create waits up to
+     * this long, then fails with ILLEGAL_CLIENT.  Default 15000. */
+    uint32_t client_id_wait_ms;
 } moonlet_store_node_config;
 
 /* Fills the defaults: protocol auto, listen 127.0.0.1:0, NUMA auto, huge
@@ -73,11 +78,17 @@ typedef struct moonlet_store_node_config {
  * stay unset. */
 void moonlet_store_node_config_default(moonlet_store_node_config *cfg);
 
+#define MOONLET_STORE_NODE_ID_WAIT_MS 15000u
+
+/* True for "127.x.x.x:PORT", "localhost:PORT" and "[::1]:PORT". */
+bool moonlet_store_node_addr_is_loopback(const char *hostport);
+
 /*
  * Allocates, serves, registers and mounts.  Blocks for the allocation (a
  * locked segment is populated) and a few master round trips.  Returns 0, or
  * INVALID_PARAMS (bad configuration; an advertised address with rdma), RPC_FAIL / RPC_TIMEOUT (master
- * unreachable), ILLEGAL_CLIENT (token refused), UNAVAILABLE_IN_CURRENT_STATUS
+ * unreachable), ILLEGAL_CLIENT (token refused, or the client id is held by
+ * another live node past client_id_wait_ms), UNAVAILABLE_IN_CURRENT_STATUS
  * (rdma without a device), TRANSFER_FAIL (cannot listen), INTERNAL_ERROR, or
  * the master's refusal of the mount.  The reason is logged.
  */

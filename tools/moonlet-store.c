@@ -53,6 +53,8 @@ static void usage(FILE *f)
             "  --advertise HOST:PORT     endpoint mounted on the master instead of the listen address\n"
             "                            (tcp only; for a proxy or relay in front of this node)\n"
             "  --client-id ID            this node's id on the master (default store-<host>-<random>)\n"
+            "  --client-id-wait-ms N     when a live node holds the id, wait this long for it to\n"
+            "                            expire before refusing to start (default 15000)\n"
             "  --auth-token-file PATH    shared token for the master and the data endpoint\n"
             "  --ping-interval-ms N      heartbeat period (default 1000)\n"
             "  --rpc-timeout-ms N        deadline of each master call (default 400)\n"
@@ -138,7 +140,7 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT
+    O_XFER_TIMEOUT, O_ID_WAIT
 };
 
 static const struct option g_opts[] = {
@@ -154,6 +156,7 @@ static const struct option g_opts[] = {
     {"advertise", required_argument, 0, O_ADVERTISE},
     {"rpc-timeout-ms", required_argument, 0, O_RPC_TIMEOUT},
     {"transfer-timeout-ms", required_argument, 0, O_XFER_TIMEOUT},
+    {"client-id-wait-ms", required_argument, 0, O_ID_WAIT},
     {"log-level", required_argument, 0, O_LOG},
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
@@ -198,6 +201,10 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_PING:
             bad = parse_uint("--ping-interval-ms", optarg, 1, 600000, &v);
             cfg->ping_interval_ms = (uint32_t)v;
+            break;
+        case O_ID_WAIT:
+            bad = parse_uint("--client-id-wait-ms", optarg, 0, 3600000, &v);
+            cfg->client_id_wait_ms = (uint32_t)v;
             break;
         case O_ADVERTISE:
             cfg->advertise_addr = optarg;

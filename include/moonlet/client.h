@@ -137,6 +137,16 @@ typedef struct moonlet_dummy_config {
     uint32_t max_connections;
     /* Tenant of calls that name none; NULL: the RealClient's default. */
     const char *default_tenant;
+    /* Who may serve this client.  Every connection checks the process at
+     * the other end of the socket (SO_PEERCRED) before it sends anything:
+     * it must run as root, or as peer_uid (default: this process's uid),
+     * or with peer_gid as its group (only when peer_gid_set).  Anything
+     * else is ILLEGAL_CLIENT: another local user who bound the socket path
+     * first receives nothing. */
+    bool peer_uid_set;
+    uint32_t peer_uid;
+    bool peer_gid_set;
+    uint32_t peer_gid;
 } moonlet_dummy_config;
 
 /* Fills *cfg with the defaults (all zero / NULL).  Never fails. */
@@ -149,6 +159,8 @@ void moonlet_dummy_config_init(moonlet_dummy_config *cfg);
  *   INVALID_PARAMS   NULL path or out, a path too long for a unix socket
  *   RPC_FAIL / RPC_TIMEOUT  nothing (alive) listens there; no permission
  *   INVALID_VERSION  the RealClient speaks an older protocol
+ *   ILLEGAL_CLIENT   the socket's server runs as neither root nor the
+ *                    expected uid/gid (peer_uid / peer_gid above)
  *   INTERNAL_ERROR   out of memory or shared memory (memfd)
  * Blocks for the connection.  Thread safe (creates an independent client).
  *

@@ -156,7 +156,7 @@ class Store(_moonlet.Client):
 
     @classmethod
     def connect_dummy(cls, socket_path, *, default_tenant=None, rpc_timeout_ms=0,
-                      staging_bytes=0, max_connections=0):
+                      staging_bytes=0, max_connections=0, peer_uid=None, peer_gid=None):
         """Connects through the RealClient serving on socket_path (a DummyClient).
 
         A RealClient is a moonlet-store started with --serve-dummy PATH; it
@@ -170,13 +170,18 @@ class Store(_moonlet.Client):
         rpc_timeout_ms:  longest wait for one RealClient answer (0: 30000).
         staging_bytes:   shared staging memory per connection (0: 64 MiB).
         max_connections: calls that may run at once (0: 4).
+        peer_uid:        the uid the RealClient must run as (None: this
+                         process's); root is always accepted.
+        peer_gid:        also accept a RealClient running with this group.
 
         Raises StoreError: RPC_FAIL (-900) when nothing listens on the path,
-        INVALID_PARAMS (-600) for a path too long for a unix socket.
+        INVALID_PARAMS (-600) for a path too long for a unix socket,
+        ILLEGAL_CLIENT (-601) when the process on the socket is neither root
+        nor the expected uid/gid (checked before anything is sent).
         """
         self = cls.__new__(cls)
         self._connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes,
-                            max_connections)
+                            max_connections, peer_uid, peer_gid)
         return self
 
     def inspect(self, key, *, tenant_id=None):

@@ -469,7 +469,8 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
 }
 
 PyDoc_STRVAR(connect_dummy_doc,
-"_connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes, max_connections)\n"
+"_connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes, max_connections,\n"
+"               peer_uid=None, peer_gid=None)\n"
 "--\n\n"
 "Connects this unconnected object to a RealClient (moonlet_client_create_dummy).\n"
 "Use moonlet.Store.connect_dummy() instead.");
@@ -477,16 +478,26 @@ PyDoc_STRVAR(connect_dummy_doc,
 static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"socket_path", "default_tenant", "rpc_timeout_ms", "staging_bytes",
-                          "max_connections", NULL};
-    PyObject *path_obj;
+                          "max_connections", "peer_uid", "peer_gid", NULL};
+    PyObject *path_obj, *uid_obj = Py_None, *gid_obj = Py_None;
     const char *path;
     moonlet_dummy_config cfg;
     moonlet_dummy_config_init(&cfg);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&:_connect_dummy", kwl, &path_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&|OO:_connect_dummy", kwl, &path_obj,
                                      conv_opt_str, &cfg.default_tenant, conv_u32,
                                      &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,
-                                     &cfg.max_connections))
+                                     &cfg.max_connections, &uid_obj, &gid_obj))
         return NULL;
+    if (uid_obj != Py_None) {
+        if (!conv_u32(uid_obj, &cfg.peer_uid))
+            return NULL;
+        cfg.peer_uid_set = true;
+    }
+    if (gid_obj != Py_None) {
+        if (!conv_u32(gid_obj, &cfg.peer_gid))
+            return NULL;
+        cfg.peer_gid_set = true;
+    }
     if (!conv_tenant(path_obj, &path))
         return NULL;
     if (self->client || self->kind != ML_KIND_NONE) {

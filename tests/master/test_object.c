@@ -100,7 +100,7 @@ static void test_bad_input(void **state)
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 1, 2, false, NULL, NULL),
                      MOONLET_ERR_NO_AVAILABLE_HANDLE); /* one segment cannot hold 2 replicas */
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 2 << 20, 1, false, NULL, NULL),
-                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+                     MOONLET_ERR_INVALID_PARAMS); /* larger than every segment: can never fit */
     moonlet_segment_desc d = {.client_id = "c1", .segment_id = "s1", .size = 1 << 20,
                               .endpoint = "e", .protocol = "tcp"};
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_SEGMENT_ALREADY_EXISTS);
