@@ -157,6 +157,7 @@ struct moonlet_rpc_server {
     uint16_t port;
     size_t max_frame;
     uint32_t max_conns; /* 0: no cap */
+    uint64_t max_elements; /* per request; UINT64_MAX: no cap */
     int64_t auth_timeout_ms, frame_timeout_ms, idle_timeout_ms; /* idle 0: never */
     moonlet_ratelimit accept_log;
     char *token;
@@ -359,7 +360,12 @@ static void serve_frame(conn *c, const char *body, uint32_t len)
     loop *l = c->loop;
     moonlet_request req;
     uint64_t id;
-    if (moonlet_request_decode_ref(body, len, &l->zone, &req, &id) != 0) {
+    int rc = moonlet_request_decode_ref_max(body, len, &l->zone, l->s->max_elements, &req, &id);
+    if (rc == MOONLET_ERR_BUFFER_OVERFLOW) { /* well-delimited: the connection stays usable */
+        reply_error(c, id, MOONLET_ERR_INVALID_PARAMS,
+                    "request refused: more than %llu elements in its argument lists",
+                    (unsigned long long)l->s->max_elements);
+    } else if (rc != 0) {
         ML_DEBUG(MOD, "malformed request on fd %d (id %llu)", c->fd, (unsigned long long)id);
         fail_conn(c, id, MOONLET_ERR_INVALID_PARAMS, "malformed request");
     } else {
@@ -1060,6 +1066,7 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     if (s->max_frame < MIN_MAX_FRAME || s->max_frame > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     s->max_conns = o->max_connections;
+    s->max_elements = o->max_request_elements ? o->max_request_elements : UINT64_MAX;
     s->auth_timeout_ms = o->auth_timeout_ms ? o->auth_timeout_ms
                                             : MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS;
     s->frame_timeout_ms = o->frame_timeout_ms ? o->frame_timeout_ms

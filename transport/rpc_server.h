@@ -92,6 +92,11 @@ typedef struct moonlet_rpc_server_opts {
     uint32_t auth_timeout_ms;  /* 0: MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS (token only) */
     uint32_t frame_timeout_ms; /* 0: MOONLET_RPC_DEFAULT_FRAME_TIMEOUT_MS */
     uint32_t idle_timeout_ms;  /* 0: idle connections are kept */
+    /* Elements (array items, map entries twice) one request may hold; a larger
+     * request is answered INVALID_PARAMS before it is decoded, and the
+     * connection stays open.  Bounds the work and memory of one request on
+     * its loop thread.  0: no cap. */
+    uint64_t max_request_elements;
 } moonlet_rpc_server_opts;
 
 #define MOONLET_RPC_PRE_AUTH_MAX_FRAME 8192u /* fits AUTH with the longest token file */

@@ -1160,6 +1160,29 @@ static void test_connection_cap(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+/* A request with more elements than max_request_elements is answered
+ * INVALID_PARAMS before it is decoded; the connection stays usable. */
+static void test_request_element_cap(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.max_request_elements = 100;
+    moonlet_rpc_server *s = start_opts(&o);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    for (int n = 90; n <= 1000; n += 910) {
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1);
+        msgpack_pack_array(pk, (size_t)n);
+        for (int i = 0; i < n; i++)
+            msgpack_pack_nil(pk);
+        moonlet_reply rep;
+        assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+        assert_int_equal(rep.code, n <= 100 ? 0 : MOONLET_ERR_INVALID_PARAMS);
+        moonlet_reply_destroy(&rep);
+    }
+    assert_int_equal(call_add(c, 1, 1), 2);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -1185,6 +1208,7 @@ int main(void)
         cmocka_unit_test(test_pre_auth_frame_limit),
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_connection_cap),
+        cmocka_unit_test(test_request_element_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
