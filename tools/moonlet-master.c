@@ -89,7 +89,7 @@ enum {
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
-#define FD_RESERVE 256u /* descriptors beyond the RPC connections: metrics, logs, ... */
+#define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
 
 int main(int argc, char **argv)
 {

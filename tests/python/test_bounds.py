@@ -630,3 +630,37 @@ def test_store_at_fd_limit_backs_off_and_closes_idle():
         assert len(lines) <= 4, lines
     finally:
         n.stop()
+
+
+# ---- the master's /metrics ---------------------------------------------------------
+
+def http_get_metrics(addr, timeout=2.0):
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def test_metrics_not_starved_by_idle_connections():
+    """100 idle connections to the metrics port do not keep a scrape out
+    (before the fix libmicrohttpd took 64 connections and refused the rest)."""
+    d = master("--metrics-port", "0", ready=[r"listening on (\S+:\d+)$", r"metrics on (\S+:\d+)$"])
+    try:
+        maddr = d.matches[r"metrics on (\S+:\d+)$"].group(1)
+        host, port = maddr.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port)), timeout=2.0) for _ in range(100)]
+        try:
+            body = http_get_metrics(maddr)
+            assert body.startswith(b"HTTP/1.1 200") and b"moonlet_" in body, body[:200]
+        finally:
+            for s in idle:
+                s.close()
+    finally:
+        d.stop()
