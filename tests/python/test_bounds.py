@@ -236,6 +236,7 @@ def test_unauthenticated_big_frames_pin_no_memory(token_file):
         grown = rss_settled(d) - base
         for s in socks:
             s.close()
+        print(f"RESULT pre_auth rss_growth_kib={grown} codes={codes}")
         assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
         assert codes.count(ILLEGAL_CLIENT) >= 1, codes
         assert echo_rtt_auth(addr) < 2.0
@@ -286,6 +287,7 @@ def test_huge_batch_pins_no_memory():
             s.sendall(batch_exist_empty_keys(1, 8 << 20))
             rid, code, msg = read_reply(s, 60.0)
             grown = rss_settled(d) - base
+            print(f"RESULT huge_batch rss_growth_kib={grown} code={code}")
             assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
             assert (rid, code) == (1, INVALID_PARAMS), (rid, code)
             s.sendall(request(2, M_ECHO))
@@ -326,6 +328,7 @@ def test_scratch_given_back_after_a_large_batch():
             s.sendall(request(2, M_ECHO))
             assert read_reply(s)[:2] == (2, 0)
             grown = rss_settled(d) - base
+        print(f"RESULT scratch_4M rss_growth_kib={grown}")
         assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
     finally:
         d.stop()
@@ -356,6 +359,7 @@ def test_heavy_request_does_not_stall_the_loop():
         while t.is_alive() and time.monotonic() < t_end:
             worst = max(worst, echo_rtt(addr, 30.0))
         t.join(60.0)
+        print(f"RESULT head_of_line worst_echo_s={worst:.4f} {done}")
         assert done.get("reply") == (1, INVALID_PARAMS), done
         assert done.get("cap") == (2, 0), done
         assert worst < 0.5, f"an Echo waited {worst:.3f} s behind the heavy request"
@@ -411,6 +415,7 @@ def test_fd_exhaustion_backs_off_and_idle_connections_close():
             s.close()
         err = d.err()
         lines = [l for l in err.splitlines() if "accept failed" in l or "cap of" in l]
+        print(f"RESULT master_fd_limit cpu_s_per_s={busy:.3f} log_lines={len(lines)} served={ok}")
         assert ok, "no new client served after the idle timeout"
         assert busy < 0.3, f"master used {busy:.2f} s CPU in 1 s at the limit"
         assert len(lines) <= 4, lines
@@ -527,6 +532,7 @@ def test_slowloris_does_not_starve_the_data_plane():
         tr.append(Trickler(n.data, 4, prefix=xf_header(XF_WRITE, 1, n.segment, 0, 1 << 20)))
         time.sleep(0.2)
         worst = max(xf_read(n.data, n.segment) for _ in range(10))
+        print(f"RESULT slowloris worst_read_s={worst:.4f}")
         assert worst < 0.5, f"a read took {worst:.3f} s"
         t_end = time.monotonic() + 4.0
         while time.monotonic() < t_end and not all(all(t.closed) for t in tr):
@@ -551,6 +557,7 @@ def test_stalled_write_is_closed_by_its_deadline():
             t0 = time.monotonic()
             assert closed_by_server(s, 4.0)
             took = time.monotonic() - t0
+        print(f"RESULT stalled_write closed_after_s={took:.3f}")
         assert 0.9 < took < 1.6, f"closed after {took:.2f} s"
     finally:
         n.stop()
@@ -625,6 +632,7 @@ def test_store_at_fd_limit_backs_off_and_closes_idle():
             s.close()
         err = n.store.err()
         lines = [l for l in err.splitlines() if "accept failed" in l or "cap of" in l]
+        print(f"RESULT store_fd_limit cpu_s_per_s={busy:.3f} log_lines={len(lines)} served={ok}")
         assert ok, "no reader served after the idle timeout"
         assert busy < 0.3, f"store used {busy:.2f} s CPU in 1 s at the limit"
         assert len(lines) <= 4, lines
