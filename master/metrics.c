@@ -8,6 +8,10 @@
  * Prometheus histogram in seconds with cumulative counts; its _sum is not
  * emitted because the master records only bucket counts and the maximum.
  *
+ * Idle connections cannot starve a scrape: up to METRICS_MAX_CONNS
+ * connections (METRICS_MAX_CONNS_PER_IP from one address), each closed after
+ * METRICS_IDLE_S seconds without a request.
+ *
  * Locks: none of its own; moonlet_master_get_stats() takes what it needs.
  */
 #include "metrics.h"
@@ -24,6 +28,9 @@
 #include "moonlet/error.h"
 
 #define MOD "metrics"
+#define METRICS_MAX_CONNS 1024u
+#define METRICS_MAX_CONNS_PER_IP 256u
+#define METRICS_IDLE_S 3u
 
 struct moonlet_metrics {
     moonlet_master *m;
@@ -178,8 +185,9 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, METRICS_MAX_CONNS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, METRICS_MAX_CONNS_PER_IP,
+                            MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {

@@ -9,8 +9,11 @@
  * longer than the limit are per-key INVALID_KEY (in batches) or a request
  * error (single-key calls), decided by the master library.
  *
- * Batches decode their key lists into per-thread scratch arrays that grow to
- * the largest batch seen, so a steady stream of probes allocates nothing.
+ * Batches decode their key lists into per-thread scratch arrays, so a steady
+ * stream of probes allocates nothing.  A batch may hold at most
+ * max_batch_keys keys (INVALID_PARAMS naming the limit otherwise, before any
+ * key is decoded), and scratch grown past SCRATCH_KEEP keys is given back
+ * after the call, so one large batch does not pin memory on its thread.
  *
  * Node identity: Ping, MountSegment, UnmountSegment and BindClient pass the
  * connection's session (a number kept in its conn_data slot, never reused)
@@ -22,6 +25,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,9 +38,12 @@
 struct moonlet_master_service {
     moonlet_master *m;
     moonlet_rpc_server *rpc;
+    size_t max_batch_keys;
 };
 
-#define M(ctx) ((moonlet_master *)(ctx)->server_ctx)
+#define SVC(ctx) ((moonlet_master_service *)(ctx)->server_ctx)
+#define M(ctx) (SVC(ctx)->m)
+#define SCRATCH_KEEP 4096 /* keys of scratch kept between calls */
 
 /* The identity of the connection a call came on (for the node-identity
  * calls): a number never reused, kept in the connection's conn_data slot and
@@ -60,7 +67,7 @@ static void session_close(void *server_ctx, void *conn_data)
 {
     if (!conn_data)
         return;
-    moonlet_master_session_closed(server_ctx, *(uint64_t *)conn_data);
+    moonlet_master_session_closed(((moonlet_master_service *)server_ctx)->m, *(uint64_t *)conn_data);
     free(conn_data);
 }
 
@@ -148,6 +155,32 @@ static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, 
     *results = s->results;
     *n = cnt;
     return MOONLET_OK;
+}
+
+/* Gives back scratch that a large batch grew. */
+static void scratch_trim(void)
+{
+    struct scratch *s = pthread_getspecific(g_scratch_key);
+    if (s && s->cap > SCRATCH_KEEP) {
+        free(s->keys);
+        free(s->results);
+        s->keys = NULL;
+        s->results = NULL;
+        s->cap = 0;
+    }
+}
+
+/* True (and the error packed) when argument i is a key list above the cap. */
+static bool batch_too_big(moonlet_rpc_ctx *ctx, const msgpack_object *args, uint32_t i,
+                          msgpack_packer *out, int *rc)
+{
+    const msgpack_object *arr;
+    if (moonlet_wire_array(args, i, &arr) || moonlet_wire_len(arr) <= SVC(ctx)->max_batch_keys)
+        return false;
+    *rc = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
+                            "batch of %u keys exceeds the limit of %zu keys (--max-batch-keys)",
+                            moonlet_wire_len(arr), SVC(ctx)->max_batch_keys);
+    return true;
 }
 
 static void pack_results(msgpack_packer *out, const int32_t *r, size_t n)
@@ -406,13 +439,18 @@ static int h_batch_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     moonlet_str tenant, *keys;
     int32_t *results;
     size_t n;
+    int rc;
+    if (batch_too_big(ctx, args, 1, out, &rc))
+        return rc;
     if (arg_str(args, 0, &tenant) || arg_keys(args, 1, &keys, &results, &n))
         return BAD_ARGS(out, "[tenant, [key...]]");
-    int rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
+    rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
     if (rc)
-        return reply(out, rc);
-    pack_results(out, results, n);
-    return MOONLET_OK;
+        rc = reply(out, rc);
+    else
+        pack_results(out, results, n);
+    scratch_trim();
+    return rc;
 }
 
 static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -421,6 +459,9 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     int32_t *results;
     size_t n;
     uint64_t mode, cs;
+    int rc;
+    if (batch_too_big(ctx, args, 3, out, &rc))
+        return rc;
     if (arg_str(args, 0, &tenant) || moonlet_wire_u64(args, 1, &mode) ||
         moonlet_wire_u64(args, 2, &cs) || arg_keys(args, 3, &keys, &results, &n))
         return BAD_ARGS(out, "[tenant, lease_mode, candidate_size, [key...]]");
@@ -428,15 +469,17 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "unknown lease mode %llu",
                                  (unsigned long long)mode);
     moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)mode, .candidate_size = cs};
-    int rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
+    rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
     if (rc == MOONLET_ERR_INVALID_PARAMS)
-        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
-                                 "%llu) for %zu keys", (unsigned long long)mode,
-                                 (unsigned long long)cs, n);
-    if (rc)
-        return reply(out, rc);
-    pack_results(out, results, n);
-    return MOONLET_OK;
+        rc = moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
+                               "%llu) for %zu keys", (unsigned long long)mode,
+                               (unsigned long long)cs, n);
+    else if (rc)
+        rc = reply(out, rc);
+    else
+        pack_results(out, results, n);
+    scratch_trim();
+    return rc;
 }
 
 static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -636,6 +679,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
+    s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     const char *addr = opts->address ? opts->address : "127.0.0.1";
     bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
                     strcmp(addr, "::1") == 0;
@@ -651,8 +695,15 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
         .methods = g_methods,
         .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
-        .ctx = m,
+        .ctx = s,
         .on_close = session_close,
+        .max_connections = opts->max_connections,
+        .auth_timeout_ms = opts->auth_timeout_ms,
+        .frame_timeout_ms = opts->frame_timeout_ms,
+        .idle_timeout_ms = opts->idle_timeout_ms,
+        /* twice the key cap: a batch a little over it gets the clear per-call
+         * error above; anything far larger is refused before decoding */
+        .max_request_elements = 2 * (uint64_t)s->max_batch_keys + 1024,
     };
     int rc = moonlet_rpc_server_create(&ro, &s->rpc);
     if (!rc)

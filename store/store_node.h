@@ -64,6 +64,9 @@ typedef struct moonlet_store_node_config {
     uint32_t transfer_timeout_ms;   /* serving: longest wait on a stalled peer; 0: transport default */
     const char *advertise_addr;     /* "HOST:PORT" mounted as the endpoint; NULL: the listen one */
     int server_threads;             /* transport serving pool; <= 0: transport default */
+    unsigned max_connections;       /* data connections served; 0: transport default */
+    unsigned max_connections_per_peer; /* from one address; 0: transport default */
+    uint32_t idle_timeout_ms;       /* close data connections idle this long; 0: never */
     bool huge_pages;                /* try 2 MiB pages first */
     bool lock_memory;               /* mlock the segment (a failure is a warning) */
     /* The node binds its client id on the master with a random per-run

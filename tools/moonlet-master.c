@@ -4,7 +4,9 @@
  * Parses flags into a moonlet_master_config and moonlet_service_opts, starts
  * the master and its RPC service, prints "listening on HOST:PORT" (then
  * "metrics on HOST:PORT" with --metrics-port), and waits for SIGTERM or
- * SIGINT, after which it stops serving and exits 0.
+ * SIGINT, after which it stops serving and exits 0.  Before serving it
+ * raises its file-descriptor limit to what --max-connections needs (soft up
+ * to the hard limit) and lowers the cap when the hard limit is below that.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fdlimit.h"
 #include "log.h"
 #include "master.h"
 #include "metrics.h"
@@ -37,7 +40,15 @@ static void usage(FILE *f)
             "  --eviction_ratio R                 evict this fraction per pass (default 0.05)\n"
             "  --client_live_ttl_sec S            liveness TTL of clients (default 10)\n"
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
-            "  --max-frame-bytes N                largest RPC frame (default 67108864)\n"
+            "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
+            "                                     authentication 8192)\n"
+            "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey (default 65536)\n"
+            "  --max-connections N                open RPC connections (default 8192)\n"
+            "  --auth-timeout-ms MS               with a token: AUTH due within (default 5000)\n"
+            "  --frame-timeout-ms MS              a frame begun must arrive, and replies be\n"
+            "                                     taken, within (default 30000)\n"
+            "  --idle-timeout-ms MS               close connections idle this long (default\n"
+            "                                     300000; 0 never)\n"
             "  --auth-token-file PATH             require this shared token from every client\n"
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
@@ -72,8 +83,13 @@ static int parse_ratio(const char *flag, const char *s, double *out)
 
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
-    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS
+    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
+    O_FRAME_TO, O_IDLE_TO
 };
+
+#define DEFAULT_MAX_CONNECTIONS 8192u
+#define DEFAULT_IDLE_TIMEOUT_MS 300000u
+#define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
 
 int main(int argc, char **argv)
 {
@@ -91,6 +107,11 @@ int main(int argc, char **argv)
         {"max-frame-bytes", required_argument, 0, O_FRAME},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
+        {"max-batch-keys", required_argument, 0, O_BATCH},
+        {"max-connections", required_argument, 0, O_MAXCONN},
+        {"auth-timeout-ms", required_argument, 0, O_AUTH_TO},
+        {"frame-timeout-ms", required_argument, 0, O_FRAME_TO},
+        {"idle-timeout-ms", required_argument, 0, O_IDLE_TO},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
@@ -98,7 +119,9 @@ int main(int argc, char **argv)
     };
     moonlet_master_config cfg;
     moonlet_master_config_default(&cfg);
-    moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051};
+    moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051,
+                               .max_connections = DEFAULT_MAX_CONNECTIONS,
+                               .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
     const char *token_file = NULL;
     int metrics_port = -1; /* off */
     uint64_t v;
@@ -123,6 +146,14 @@ int main(int argc, char **argv)
         case O_PUT: bad = parse_u64("--put_timeout_ms", optarg, &cfg.put_timeout_ms); break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
+        case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
+        case O_MAXCONN: bad = parse_u64("--max-connections", optarg, &v) || v == 0 || v > (1u << 20); so.max_connections = (uint32_t)v; break;
+        case O_AUTH_TO: bad = parse_u64("--auth-timeout-ms", optarg, &v) || v == 0 || v > 3600000; so.auth_timeout_ms = (uint32_t)v; break;
+        case O_FRAME_TO: bad = parse_u64("--frame-timeout-ms", optarg, &v) || v == 0 || v > 3600000; so.frame_timeout_ms = (uint32_t)v; break;
+        case O_IDLE_TO:
+            bad = parse_u64("--idle-timeout-ms", optarg, &v) || v > 86400000;
+            so.idle_timeout_ms = (uint32_t)v;
+            break;
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
@@ -143,6 +174,14 @@ int main(int argc, char **argv)
             fprintf(stderr, "moonlet-master: unexpected argument '%s'\n", argv[optind]);
         usage(stderr);
         return 2;
+    }
+
+    uint64_t nofile = moonlet_fdlimit_raise((uint64_t)so.max_connections + FD_RESERVE);
+    if (nofile < (uint64_t)so.max_connections + FD_RESERVE) {
+        uint64_t fit = nofile > 2 * FD_RESERVE ? nofile - FD_RESERVE : nofile / 2;
+        ML_WARN("master", "--max-connections lowered from %u to %llu to fit the descriptor limit",
+                so.max_connections, (unsigned long long)fit);
+        so.max_connections = (uint32_t)(fit ? fit : 1);
     }
 
     char *token = NULL;

@@ -232,6 +232,12 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->server_threads = o->server_threads > 0 ? o->server_threads
                                               : MOONLET_XFER_DEFAULT_SERVER_THREADS;
     x->timeout_ms = o->timeout_ms ? o->timeout_ms : MOONLET_XFER_DEFAULT_TIMEOUT_MS;
+    x->server_max_conns = o->server_max_conns ? o->server_max_conns
+                                              : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS;
+    x->server_max_conns_per_peer = o->server_max_conns_per_peer
+                                       ? o->server_max_conns_per_peer
+                                       : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER;
+    x->server_idle_timeout_ms = o->server_idle_timeout_ms;
     if (oom)
         return MOONLET_ERR_INTERNAL_ERROR;
     if (x->listen_addr) {
@@ -498,6 +504,10 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
     size_t kept = 0;
     for (size_t i = 0; i < g->nslots; i++) {
         xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
+        if (s->conn && x->be->conn_stale && x->be->conn_stale(x, s->conn)) {
+            x->be->conn_close(x, s->conn); /* closed by the server while idle */
+            s->conn = NULL;
+        }
         if (!s->conn) {
             int rc = x->be->conn_open(x, g->endpoint, &s->conn);
             if (rc) {

@@ -68,6 +68,8 @@ typedef enum moonlet_xfer_protocol {
 #define MOONLET_XFER_DEFAULT_CONNS_PER_PEER 4
 #define MOONLET_XFER_DEFAULT_SERVER_THREADS 4
 #define MOONLET_XFER_DEFAULT_TIMEOUT_MS 10000u
+#define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS 4096u
+#define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER 256u
 #define MOONLET_XFER_MAX_TOKEN_BYTES 1024u
 /* Largest single operation (1 TiB); longer requests are refused. */
 #define MOONLET_XFER_MAX_OP_BYTES (UINT64_C(1) << 40)
@@ -81,6 +83,10 @@ typedef struct moonlet_xfer_opts {
     int conns_per_peer;       /* <= 0: MOONLET_XFER_DEFAULT_CONNS_PER_PEER */
     int server_threads;       /* TCP serving pool; <= 0: MOONLET_XFER_DEFAULT_SERVER_THREADS */
     uint32_t timeout_ms;      /* max wait without progress; 0: MOONLET_XFER_DEFAULT_TIMEOUT_MS */
+    /* Serving limits (TCP; see xfer_tcp.h).  0 picks the default. */
+    unsigned server_max_conns;          /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS */
+    unsigned server_max_conns_per_peer; /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER */
+    uint32_t server_idle_timeout_ms;    /* 0: idle connections are kept */
 } moonlet_xfer_opts;
 
 /* Parses "rdma", "tcp" or "auto"; returns 0 or MOONLET_ERR_INVALID_PARAMS. */

@@ -57,6 +57,9 @@ typedef struct xfer_backend {
     void (*conn_close)(moonlet_xfer *x, void *conn);
     /* Runs every lane to completion; sets each item's op->status. */
     void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
+    /* Optional: true when an idle pooled connection was closed by its peer
+     * (then it is closed and opened afresh instead of failing a transfer). */
+    bool (*conn_stale)(moonlet_xfer *x, void *conn);
 } xfer_backend;
 
 struct xfer_peer;
@@ -74,6 +77,8 @@ struct moonlet_xfer {
     int conns_per_peer;
     int server_threads;
     uint32_t timeout_ms;
+    unsigned server_max_conns, server_max_conns_per_peer; /* 0: no cap */
+    uint32_t server_idle_timeout_ms;                      /* 0: never */
 
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 

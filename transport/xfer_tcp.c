@@ -4,13 +4,24 @@
  *
  * Serving side.  An acceptor thread hands each accepted connection to one
  * epoll set shared by a pool of worker threads (EPOLLONESHOT: a connection is
- * served by one worker at a time, so its replies leave in request order).  A
- * worker serves a request completely with blocking I/O bounded by
- * SO_RCVTIMEO/SO_SNDTIMEO, then keeps going while more requests are already
- * queued (up to a fairness limit) and re-arms the connection.  Payloads move
- * without staging copies: a READ reply is one sendmsg of header + segment
+ * served by one worker at a time, so its replies leave in request order).
+ * Sockets are non-blocking and a connection's request is a small state
+ * machine (header, token or payload, reply): a worker advances it as far as
+ * the socket allows, then parks the connection in epoll for the direction it
+ * waits on and serves others, so a slow or stalled peer never holds a worker.
+ * Payloads move without staging copies: a READ reply is sent from segment
  * memory, a WRITE payload is received straight into the segment.  Every
  * request is checked against its segment's bounds before memory is touched.
+ *
+ * Limits.  Each request has an overall deadline from its first header byte
+ * (timeout_ms, plus time for its payload at 16 MB/s); connections idle
+ * between requests for server_idle_timeout_ms are closed; the acceptor
+ * refuses connections beyond server_max_conns in all or
+ * server_max_conns_per_peer from one address (accepted and closed at once).
+ * The acceptor thread also reaps: every 200 ms it shuts down connections past
+ * a deadline, and the worker that gets the connection next closes it.  At
+ * the descriptor limit the acceptor sheds the oldest waiting connection with
+ * a reserved descriptor and backs off, logging at most one line per 5 s.
  *
  * Client side.  A connection is a non-blocking socket.  run() drives all the
  * lanes of a batch from the calling thread with poll(): requests are
@@ -20,14 +31,19 @@
  * that does not match fails its remaining operations with TRANSFER_FAIL.
  *
  * Locks: seg_lock (+ seg_cond) guards the segment list and each segment's
- * in-flight count; conn_lock guards the server's connection list.  Neither is
- * held during socket I/O; they are never nested.  Client connections are
- * owned by one batch at a time (xfer.c's pool) and take no lock.
+ * in-flight count; conn_lock guards the server's connection list, its count
+ * and the per-peer counts.  Neither is held during socket I/O (shutdown(2),
+ * which never blocks, is called under conn_lock by the reaper and by segment
+ * removal); they are never nested.  A connection's request state belongs to
+ * the worker that holds it; the reaper reads only its atomics.  Client
+ * connections are owned by one batch at a time (xfer.c's pool) and take no
+ * lock.
  */
 #include "xfer_tcp.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -43,6 +59,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fdlimit.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
@@ -128,63 +145,6 @@ static void tcp_tune(int fd)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
 }
 
-static void tcp_set_timeouts(int fd, uint32_t ms)
-{
-    struct timeval tv = {.tv_sec = ms / 1000u, .tv_usec = (suseconds_t)(ms % 1000u) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-/* Blocking receive of exactly n bytes (the socket's SO_RCVTIMEO bounds each
- * wait).  0, or -1 on EOF, error or timeout. */
-static int tcp_recv_all(int fd, void *buf, size_t n)
-{
-    uint8_t *p = buf;
-    while (n) {
-        ssize_t r = recv(fd, p, n, MSG_WAITALL);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-        } else if (r < 0 && errno == EINTR) {
-            continue;
-        } else {
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Advances an iovec array past `done` bytes; returns the new start. */
-static struct iovec *tcp_iov_advance(struct iovec *iov, int *cnt, size_t done)
-{
-    while (*cnt && done >= iov->iov_len) {
-        done -= iov->iov_len;
-        iov++;
-        (*cnt)--;
-    }
-    if (*cnt) {
-        iov->iov_base = (uint8_t *)iov->iov_base + done;
-        iov->iov_len -= done;
-    }
-    return iov;
-}
-
-/* Blocking send of every iovec (SO_SNDTIMEO bounds each wait). */
-static int tcp_send_all(int fd, struct iovec *iov, int cnt)
-{
-    while (cnt) {
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
-        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        iov = tcp_iov_advance(iov, &cnt, (size_t)w);
-    }
-    return 0;
-}
-
 /* ---- serving side: segments --------------------------------------------- */
 
 typedef struct tcp_segment {
@@ -196,25 +156,66 @@ typedef struct tcp_segment {
     struct tcp_segment *next;
 } tcp_segment;
 
+/* Where a connection is in serving its current request. */
+enum tcp_phase {
+    PH_HEADER,  /* receiving a request header (hgot of 48 bytes) */
+    PH_AUTH,    /* receiving the token of an AUTH */
+    PH_PAYLOAD, /* receiving a WRITE payload into segment memory */
+    PH_DRAIN,   /* receiving and discarding the payload of a refused WRITE */
+    PH_REPLY,   /* sending a reply header (and a READ's payload) */
+};
+
 /* A served connection.  Workers hand it to each other through epoll
- * (EPOLLONESHOT): whoever epoll_wait returns it to owns it until re-arming. */
+ * (EPOLLONESHOT): whoever epoll_wait returns it to owns it until re-arming.
+ * Every field but the atomics and the list links belongs to that owner; the
+ * reaper (the acceptor thread) reads the atomics only, under conn_lock. */
 typedef struct tcp_sconn {
     int fd;
     bool authed;
+    bool close_after_reply; /* refused AUTH or request before AUTH */
+    struct tcp_peer *peer;  /* per-peer count (conn_lock) */
     struct tcp_sconn *prev, *next;
+
+    enum tcp_phase phase;
+    uint8_t hbuf[MOONLET_XFER_TCP_HDR_BYTES];
+    size_t hgot;
+    moonlet_xfer_tcp_hdr h;      /* the request being served */
+    _Atomic(tcp_segment *) seg;  /* segment memory held by it, or NULL */
+    uint64_t done;               /* payload bytes moved so far */
+    int status;                  /* a refused WRITE's reply status */
+    uint8_t tok[MOONLET_XFER_MAX_TOKEN_BYTES];
+    uint8_t rbuf[MOONLET_XFER_TCP_HDR_BYTES]; /* the encoded reply header */
+    const uint8_t *rpayload;
+    uint64_t rlen, rsent;        /* reply bytes (header + payload) and sent */
+    atomic_uint_fast64_t deadline_ms; /* the request's; 0 while waiting for one */
+    atomic_uint_fast64_t idle_since_ms;
 } tcp_sconn;
+
+/* Open connections from one peer address. */
+typedef struct tcp_peer {
+    uint8_t addr[16];
+    uint8_t len;
+    unsigned conns;
+    struct tcp_peer *next;
+} tcp_peer;
+
+#define TCP_PEER_BUCKETS 256
 
 typedef struct tcp_server {
     int listen_fd;
     int epfd;
     int stop_fd; /* eventfd, level-triggered in epfd: wakes every worker */
+    int reserve_fd; /* spare descriptor: freed to shed a connection at EMFILE */
     pthread_t acceptor;
     pthread_t *workers;
     int nworkers;
     atomic_bool stopping;
     uint32_t timeout_ms;
+    uint32_t idle_timeout_ms; /* 0: never */
+    unsigned max_conns, max_conns_per_peer;
     const char *token; /* the instance's copy */
     size_t token_len;
+    moonlet_ratelimit accept_log;
 
     pthread_mutex_t seg_lock;
     pthread_cond_t seg_cond;
@@ -222,6 +223,8 @@ typedef struct tcp_server {
 
     pthread_mutex_t conn_lock;
     tcp_sconn *conns;
+    unsigned nconns;
+    tcp_peer *peers[TCP_PEER_BUCKETS];
 } tcp_server;
 
 static tcp_segment *tcp_seg_acquire(tcp_server *s, uint64_t id)
@@ -287,6 +290,17 @@ static int tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_s
     return MOONLET_OK;
 }
 
+/* Shuts down the connections whose request holds segment g, so a removal
+ * does not wait for a stalled peer's deadline (conn_lock). */
+static void tcp_kick_segment_users(tcp_server *s, tcp_segment *g)
+{
+    pthread_mutex_lock(&s->conn_lock);
+    for (tcp_sconn *c = s->conns; c; c = c->next)
+        if (atomic_load(&c->seg) == g)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->conn_lock);
+}
+
 static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
 {
     tcp_server *s = x->be_state;
@@ -303,6 +317,11 @@ static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     }
     g->removed = true;
+    bool busy = g->inflight > 0;
+    pthread_mutex_unlock(&s->seg_lock);
+    if (busy)
+        tcp_kick_segment_users(s, g); /* never with seg_lock held: the locks do not nest */
+    pthread_mutex_lock(&s->seg_lock);
     while (g->inflight)
         pthread_cond_wait(&s->seg_cond, &s->seg_lock);
     for (pp = &s->segs; *pp != g; pp = &(*pp)->next)
@@ -313,32 +332,57 @@ static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     return MOONLET_OK;
 }
 
-/* ---- serving side: requests --------------------------------------------- */
+/* ---- serving side: requests --------------------------------------------- *
+ *
+ * A connection serves one request at a time through the phases of
+ * enum tcp_phase.  Every socket call is non-blocking: when the peer has
+ * nothing more to give (or cannot take more), the worker parks the
+ * connection in epoll and serves others, so a slow or stalled peer never
+ * holds a worker.  A request's deadline starts with its first header byte:
+ * the header must be complete, the payload received and the reply taken
+ * within timeout_ms plus one millisecond per TCP_MIN_RATE_BYTES_PER_MS of
+ * payload; the reaper (tcp_reap) shuts down connections past it, and
+ * connections idle between requests for idle_timeout_ms.
+ */
 
-static int tcp_reply(int fd, const moonlet_xfer_tcp_hdr *req, int status, const void *payload,
-                     uint64_t len)
+#define TCP_MIN_RATE_BYTES_PER_MS (16u << 10) /* 16 MB/s: slower payloads fail */
+
+typedef enum { STEP_AGAIN_IN, STEP_AGAIN_OUT, STEP_NEXT, STEP_CLOSE } tcp_step_rc;
+
+/* Non-blocking receive: >0 bytes, 0 when nothing is there yet, -1 on EOF or
+ * error. */
+static ssize_t tcp_recv_some(int fd, void *buf, size_t n)
 {
-    moonlet_xfer_tcp_hdr h = *req;
-    uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
-    h.op = (uint8_t)(req->op | MOONLET_XFER_TCP_REPLY);
-    h.status = status;
-    h.length = status ? 0 : len;
-    moonlet_xfer_tcp_hdr_encode(&h, buf);
-    struct iovec iov[2] = {{buf, sizeof(buf)}, {(void *)payload, status ? 0 : len}};
-    return tcp_send_all(fd, iov, status || !len ? 1 : 2);
+    for (;;) {
+        ssize_t r = recv(fd, buf, n, MSG_DONTWAIT);
+        if (r > 0)
+            return r;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        return -1;
+    }
 }
 
-/* Reads and discards n payload bytes of a refused write. */
-static int tcp_drain(int fd, uint64_t n)
+static void tcp_set_deadline(tcp_server *s, tcp_sconn *c, uint64_t payload)
 {
-    uint8_t sink[TCP_DRAIN_CHUNK];
-    while (n) {
-        size_t k = n < sizeof(sink) ? (size_t)n : sizeof(sink);
-        if (tcp_recv_all(fd, sink, k))
-            return -1;
-        n -= k;
-    }
-    return 0;
+    uint64_t start = moonlet_xfer_now_ms();
+    atomic_store(&c->deadline_ms, start + s->timeout_ms + payload / TCP_MIN_RATE_BYTES_PER_MS);
+}
+
+/* Queues a reply (header, and for a READ its payload) and enters PH_REPLY. */
+static void tcp_queue_reply(tcp_sconn *c, int status, const uint8_t *payload, uint64_t len)
+{
+    moonlet_xfer_tcp_hdr h = c->h;
+    h.op = (uint8_t)(c->h.op | MOONLET_XFER_TCP_REPLY);
+    h.status = status;
+    h.length = status ? 0 : len;
+    moonlet_xfer_tcp_hdr_encode(&h, c->rbuf);
+    c->rpayload = status ? NULL : payload;
+    c->rlen = MOONLET_XFER_TCP_HDR_BYTES + h.length;
+    c->rsent = 0;
+    c->phase = PH_REPLY;
 }
 
 /* The segment the request names, with its range checked; NULL and *status. */
@@ -358,21 +402,104 @@ static tcp_segment *tcp_check_request(tcp_server *s, const moonlet_xfer_tcp_hdr 
     return g;
 }
 
-static int tcp_serve_auth(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+static void tcp_drop_segment(tcp_server *s, tcp_sconn *c)
 {
-    uint8_t tok[MOONLET_XFER_MAX_TOKEN_BYTES];
-    if (tcp_recv_all(c->fd, tok, (size_t)h->length))
-        return -1;
-    bool ok = !s->token || moonlet_xfer_token_equal(tok, (size_t)h->length, s->token,
+    tcp_segment *g = atomic_exchange(&c->seg, NULL);
+    if (g)
+        tcp_seg_release(s, g);
+}
+
+/* A WRITE's header is in: take the segment, or prepare to discard. */
+static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
+{
+    int status;
+    tcp_segment *g = tcp_check_request(s, &c->h, &status);
+    c->done = 0;
+    if (!g) {
+        c->status = status;
+        c->phase = PH_DRAIN;
+        return;
+    }
+    atomic_store(&c->seg, g);
+    c->phase = PH_PAYLOAD;
+}
+
+/* A READ's header is in: reply with the segment's bytes (held until sent). */
+static void tcp_begin_read(tcp_server *s, tcp_sconn *c)
+{
+    int status;
+    tcp_segment *g = tcp_check_request(s, &c->h, &status);
+    if (!g) {
+        tcp_queue_reply(c, status, NULL, 0);
+        return;
+    }
+    atomic_store(&c->seg, g);
+    tcp_queue_reply(c, MOONLET_OK, g->base + c->h.offset, c->h.length);
+}
+
+/* Parses a complete request header and starts serving it. */
+static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
+{
+    if (moonlet_xfer_tcp_hdr_decode(c->hbuf, &c->h) || (c->h.op & MOONLET_XFER_TCP_REPLY)) {
+        ML_WARN(MOD, "malformed request header, closing connection");
+        return STEP_CLOSE;
+    }
+    tcp_set_deadline(s, c, c->h.length);
+    c->done = 0;
+    if (c->h.op == MOONLET_XFER_TCP_AUTH) {
+        c->phase = PH_AUTH;
+    } else if (s->token && !c->authed) {
+        ML_WARN(MOD, "request before authentication, closing connection");
+        c->close_after_reply = true;
+        tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
+    } else if (c->h.op == MOONLET_XFER_TCP_READ) {
+        tcp_begin_read(s, c);
+    } else {
+        tcp_begin_write(s, c);
+    }
+    return STEP_NEXT;
+}
+
+static tcp_step_rc tcp_header_step(tcp_server *s, tcp_sconn *c)
+{
+    ssize_t r = tcp_recv_some(c->fd, c->hbuf + c->hgot, sizeof(c->hbuf) - c->hgot);
+    if (r < 0)
+        return STEP_CLOSE;
+    if (r == 0)
+        return STEP_AGAIN_IN;
+    if (c->hgot == 0)
+        tcp_set_deadline(s, c, 0); /* the header itself is due within timeout_ms */
+    c->hgot += (size_t)r;
+    if (c->hgot < sizeof(c->hbuf))
+        return STEP_NEXT;
+    c->hgot = 0;
+    return tcp_parse_request_header(s, c);
+}
+
+static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
+{
+    if (c->done < c->h.length) {
+        ssize_t r = tcp_recv_some(c->fd, c->tok + c->done, (size_t)(c->h.length - c->done));
+        if (r < 0)
+            return STEP_CLOSE;
+        if (r == 0)
+            return STEP_AGAIN_IN;
+        c->done += (uint64_t)r;
+        if (c->done < c->h.length)
+            return STEP_NEXT;
+    }
+    bool ok = !s->token || moonlet_xfer_token_equal(c->tok, (size_t)c->h.length, s->token,
                                                     s->token_len);
-    explicit_bzero(tok, sizeof(tok));
+    explicit_bzero(c->tok, sizeof(c->tok));
     if (!ok) {
         ML_WARN(MOD, "connection refused: wrong auth token");
-        tcp_reply(c->fd, h, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
-        return -1;
+        c->close_after_reply = true;
+        tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
+    } else {
+        c->authed = true;
+        tcp_queue_reply(c, MOONLET_OK, NULL, 0);
     }
-    c->authed = true;
-    return tcp_reply(c->fd, h, MOONLET_OK, NULL, 0);
+    return STEP_NEXT;
 }
 
 /*
@@ -380,81 +507,116 @@ static int tcp_serve_auth(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hd
  * never-inlined functions so a ThreadSanitizer run whose clients share the
  * process can name them: the ordering between these copies and a client's
  * next request travels through the loopback socket, which TSan cannot see.
+ * Both are non-blocking and move what the socket has (or takes) now.
  */
-__attribute__((noinline)) static int tcp_segment_send(int fd, const moonlet_xfer_tcp_hdr *h,
-                                                      const uint8_t *src)
+__attribute__((noinline)) static ssize_t tcp_segment_send(int fd, struct iovec *iov, int cnt)
 {
-    return tcp_reply(fd, h, MOONLET_OK, src, h->length);
-}
-
-__attribute__((noinline)) static int tcp_segment_recv(int fd, uint8_t *dst, uint64_t len)
-{
-    int rc = 0;
-    while (len && rc == 0) { /* recv() takes a size_t: chunk very large writes */
-        size_t k = len > (1u << 30) ? (1u << 30) : (size_t)len;
-        rc = tcp_recv_all(fd, dst, k);
-        dst += k;
-        len -= k;
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)cnt};
+    for (;;) {
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w >= 0)
+            return w;
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
     }
-    return rc;
 }
 
-static int tcp_serve_read(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+/* Receives what has arrived of a WRITE payload straight into the segment:
+ * >0 bytes, 0 when nothing is there yet, -1 on EOF or error. */
+__attribute__((noinline)) static ssize_t tcp_segment_recv(int fd, uint8_t *dst, uint64_t len)
 {
-    int status;
-    tcp_segment *g = tcp_check_request(s, h, &status);
-    if (!g)
-        return tcp_reply(c->fd, h, status, NULL, 0);
-    int rc = tcp_segment_send(c->fd, h, g->base + h->offset);
-    tcp_seg_release(s, g);
-    return rc;
+    size_t k = len > (1u << 30) ? (1u << 30) : (size_t)len; /* recv() takes a size_t */
+    return tcp_recv_some(fd, dst, k);
 }
 
-static int tcp_serve_write(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
+/* Receives the WRITE payload; the reply follows the last byte. */
+static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
 {
-    int status;
-    tcp_segment *g = tcp_check_request(s, h, &status);
-    if (!g) {
-        if (tcp_drain(c->fd, h->length))
-            return -1;
-        return tcp_reply(c->fd, h, status, NULL, 0);
+    tcp_segment *g = atomic_load(&c->seg);
+    if (c->done < c->h.length) {
+        ssize_t r = tcp_segment_recv(c->fd, g->base + c->h.offset + c->done,
+                                     c->h.length - c->done);
+        if (r < 0)
+            return STEP_CLOSE;
+        if (r == 0)
+            return STEP_AGAIN_IN;
+        c->done += (uint64_t)r;
+        if (c->done < c->h.length)
+            return STEP_NEXT;
     }
-    int rc = tcp_segment_recv(c->fd, g->base + h->offset, h->length);
-    tcp_seg_release(s, g);
-    return rc ? -1 : tcp_reply(c->fd, h, MOONLET_OK, NULL, 0);
+    tcp_drop_segment(s, c);
+    tcp_queue_reply(c, MOONLET_OK, NULL, 0);
+    return STEP_NEXT;
 }
 
-/* Serves one request.  0 keeps the connection, -1 closes it. */
-static int tcp_serve_one(tcp_server *s, tcp_sconn *c)
+/* Reads and discards the payload of a refused write, then replies. */
+static tcp_step_rc tcp_drain_step(tcp_server *s, tcp_sconn *c)
 {
-    uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
-    moonlet_xfer_tcp_hdr h;
-    if (tcp_recv_all(c->fd, buf, sizeof(buf)))
-        return -1;
-    if (moonlet_xfer_tcp_hdr_decode(buf, &h) || (h.op & MOONLET_XFER_TCP_REPLY)) {
-        ML_WARN(MOD, "malformed request header, closing connection");
-        return -1;
+    if (c->done < c->h.length) {
+        uint8_t sink[TCP_DRAIN_CHUNK];
+        uint64_t left = c->h.length - c->done;
+        ssize_t r = tcp_recv_some(c->fd, sink, left < sizeof(sink) ? (size_t)left : sizeof(sink));
+        if (r < 0)
+            return STEP_CLOSE;
+        if (r == 0)
+            return STEP_AGAIN_IN;
+        c->done += (uint64_t)r;
+        if (c->done < c->h.length)
+            return STEP_NEXT;
     }
-    if (h.op == MOONLET_XFER_TCP_AUTH)
-        return tcp_serve_auth(s, c, &h);
-    if (s->token && !c->authed) {
-        ML_WARN(MOD, "request before authentication, closing connection");
-        tcp_reply(c->fd, &h, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
-        return -1;
-    }
-    if (h.op == MOONLET_XFER_TCP_READ)
-        return tcp_serve_read(s, c, &h);
-    return tcp_serve_write(s, c, &h);
+    tcp_queue_reply(c, c->status, NULL, 0);
+    return STEP_NEXT;
 }
 
-static bool tcp_more_pending(int fd)
+/* Sends what the socket takes of the reply; back to PH_HEADER when done. */
+static tcp_step_rc tcp_reply_step(tcp_server *s, tcp_sconn *c)
 {
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+    while (c->rsent < c->rlen) {
+        struct iovec iov[2];
+        int n = 0;
+        if (c->rsent < MOONLET_XFER_TCP_HDR_BYTES)
+            iov[n++] = (struct iovec){c->rbuf + c->rsent, MOONLET_XFER_TCP_HDR_BYTES - c->rsent};
+        uint64_t poff = c->rsent > MOONLET_XFER_TCP_HDR_BYTES ? c->rsent - MOONLET_XFER_TCP_HDR_BYTES
+                                                              : 0;
+        uint64_t pleft = c->rlen - MOONLET_XFER_TCP_HDR_BYTES - poff;
+        if (pleft)
+            iov[n++] = (struct iovec){(void *)(c->rpayload + poff),
+                                      pleft > (1u << 30) ? (1u << 30) : (size_t)pleft};
+        ssize_t w = tcp_segment_send(c->fd, iov, n);
+        if (w < 0)
+            return STEP_CLOSE;
+        if (w == 0)
+            return STEP_AGAIN_OUT;
+        c->rsent += (uint64_t)w;
+    }
+    tcp_drop_segment(s, c);
+    if (c->close_after_reply)
+        return STEP_CLOSE;
+    c->phase = PH_HEADER;
+    atomic_store(&c->idle_since_ms, moonlet_xfer_now_ms()); /* first: the reaper reads */
+    atomic_store(&c->deadline_ms, 0);                       /* deadline, then idle_since */
+    return STEP_NEXT;
 }
+
+/* Advances the connection's request by one step. */
+static tcp_step_rc tcp_step(tcp_server *s, tcp_sconn *c)
+{
+    switch (c->phase) {
+    case PH_HEADER: return tcp_header_step(s, c);
+    case PH_AUTH: return tcp_auth_step(s, c);
+    case PH_PAYLOAD: return tcp_payload_step(s, c);
+    case PH_DRAIN: return tcp_drain_step(s, c);
+    case PH_REPLY: return tcp_reply_step(s, c);
+    }
+    return STEP_CLOSE;
+}
+
+static void tcp_peer_put_locked(tcp_server *s, tcp_peer *p);
 
 static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
 {
+    tcp_drop_segment(s, c);
     pthread_mutex_lock(&s->conn_lock);
     if (c->prev)
         c->prev->next = c->next;
@@ -462,6 +624,8 @@ static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
         s->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    s->nconns--;
+    tcp_peer_put_locked(s, c->peer);
     pthread_mutex_unlock(&s->conn_lock);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -474,26 +638,40 @@ static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
  * ThreadSanitizer understands (and one extra syscall per burst is noise next
  * to the transfer), so a sanitizer run shows real races only.
  */
-static int tcp_arm(tcp_server *s, tcp_sconn *c, bool rearm)
+static int tcp_arm(tcp_server *s, tcp_sconn *c, bool rearm, uint32_t dir)
 {
-    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
+    struct epoll_event ev = {.events = dir | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = c};
     if (rearm)
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     return epoll_ctl(s->epfd, EPOLL_CTL_ADD, c->fd, &ev);
 }
 
-/* A worker was handed a readable connection: serve a burst, then re-arm. */
+/* A worker was handed a ready connection: serves until the peer has nothing
+ * more for now (or a burst of requests is done, for fairness), then parks it
+ * in epoll waiting for the direction its request needs. */
 static void tcp_serve_conn(tcp_server *s, tcp_sconn *c)
 {
-    for (int i = 0; i < TCP_SERVE_BURST; i++) {
-        if (atomic_load(&s->stopping) || tcp_serve_one(s, c)) {
+    int served = 0;
+    uint32_t dir = EPOLLIN;
+    for (;;) {
+        if (atomic_load(&s->stopping)) {
             tcp_sconn_close(s, c);
             return;
         }
-        if (!tcp_more_pending(c->fd))
+        enum tcp_phase before = c->phase;
+        tcp_step_rc rc = tcp_step(s, c);
+        if (rc == STEP_CLOSE) {
+            tcp_sconn_close(s, c);
+            return;
+        }
+        if (rc == STEP_AGAIN_IN || rc == STEP_AGAIN_OUT) {
+            dir = rc == STEP_AGAIN_IN ? EPOLLIN : EPOLLOUT;
             break;
+        }
+        if (before == PH_REPLY && c->phase == PH_HEADER && ++served >= TCP_SERVE_BURST)
+            break; /* re-armed for EPOLLIN: level-triggered, it comes back if more is queued */
     }
-    if (tcp_arm(s, c, true))
+    if (tcp_arm(s, c, true, dir))
         tcp_sconn_close(s, c);
 }
 
@@ -512,42 +690,194 @@ static void *tcp_worker_main(void *arg)
     return NULL;
 }
 
-static void tcp_accept_one(tcp_server *s)
+/* ---- serving side: connection limits and deadlines ---------------------- */
+
+#define TCP_REAP_MS 200         /* reaper period */
+#define TCP_ACCEPT_BACKOFF_MS 100
+#define TCP_LOG_EVERY_MS 5000
+
+static unsigned tcp_peer_hash(const uint8_t *a, uint8_t len)
 {
-    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0)
+    unsigned h = 2166136261u;
+    for (uint8_t i = 0; i < len; i++)
+        h = (h ^ a[i]) * 16777619u;
+    return h % TCP_PEER_BUCKETS;
+}
+
+/* The peer's entry with one more connection, or NULL when the peer is at
+ * its cap (or out of memory).  conn_lock held. */
+static tcp_peer *tcp_peer_get_locked(tcp_server *s, const uint8_t *a, uint8_t len)
+{
+    tcp_peer **b = &s->peers[tcp_peer_hash(a, len)], *p = *b;
+    while (p && (p->len != len || memcmp(p->addr, a, len)))
+        p = p->next;
+    if (!p) {
+        if (!(p = calloc(1, sizeof(*p))))
+            return NULL;
+        memcpy(p->addr, a, len);
+        p->len = len;
+        p->next = *b;
+        *b = p;
+    }
+    if (s->max_conns_per_peer && p->conns >= s->max_conns_per_peer)
+        return NULL;
+    p->conns++;
+    return p;
+}
+
+static void tcp_peer_put_locked(tcp_server *s, tcp_peer *p)
+{
+    if (!p || --p->conns)
         return;
+    tcp_peer **pp = &s->peers[tcp_peer_hash(p->addr, p->len)];
+    while (*pp != p)
+        pp = &(*pp)->next;
+    *pp = p->next;
+    free(p);
+}
+
+/* The address bytes that identify a peer (IPv4-mapped IPv6 as IPv4). */
+static uint8_t tcp_peer_key(const struct sockaddr_storage *ss, uint8_t out[16])
+{
+    if (ss->ss_family == AF_INET) {
+        memcpy(out, &((const struct sockaddr_in *)ss)->sin_addr, 4);
+        return 4;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)ss)->sin6_addr.s6_addr;
+        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(a, mapped, 12) == 0) {
+            memcpy(out, a + 12, 4);
+            return 4;
+        }
+        memcpy(out, a, 16);
+        return 16;
+    }
+    return 0;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void tcp_log_limited(tcp_server *s, const char *fmt, ...)
+{
+    uint64_t held;
+    if (!moonlet_ratelimit_allow(&s->accept_log, TCP_LOG_EVERY_MS, &held))
+        return;
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ML_WARN(MOD, "%s (%llu more such events not logged)", msg, (unsigned long long)held);
+}
+
+/* Out of descriptors: frees the reserved one to take the oldest waiting
+ * connection off the listen queue and close it, then reserves again. */
+static void tcp_shed_at_fd_limit(tcp_server *s, int err)
+{
+    if (s->reserve_fd >= 0) {
+        close(s->reserve_fd);
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0)
+            close(fd);
+        s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    tcp_log_limited(s, "accept failed: %s; backing off", strerror(err));
+}
+
+/* Accepts one connection; false after a resource error (back off). */
+static bool tcp_accept_one(tcp_server *s)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            tcp_shed_at_fd_limit(s, errno);
+            return false;
+        }
+        return true;
+    }
+    uint8_t key[16];
+    uint8_t klen = tcp_peer_key(&ss, key);
     tcp_sconn *c = calloc(1, sizeof(*c));
     if (!c) {
         close(fd);
-        return;
+        return false;
+    }
+    pthread_mutex_lock(&s->conn_lock);
+    bool full = s->max_conns && s->nconns >= s->max_conns;
+    tcp_peer *p = full ? NULL : tcp_peer_get_locked(s, key, klen);
+    if (p) {
+        c->fd = fd;
+        c->peer = p;
+        atomic_store(&c->idle_since_ms, moonlet_xfer_now_ms());
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        s->nconns++;
+    }
+    pthread_mutex_unlock(&s->conn_lock);
+    if (!p) {
+        tcp_log_limited(s, full ? "connection cap of %u reached: closing new connections"
+                                : "a peer reached its cap of %u connections: closing its new ones",
+                        full ? s->max_conns : s->max_conns_per_peer);
+        close(fd);
+        free(c);
+        return true;
     }
     tcp_tune(fd);
-    tcp_set_timeouts(fd, s->timeout_ms);
-    c->fd = fd;
-    pthread_mutex_lock(&s->conn_lock);
-    c->next = s->conns;
-    if (s->conns)
-        s->conns->prev = c;
-    s->conns = c;
-    pthread_mutex_unlock(&s->conn_lock);
-    if (tcp_arm(s, c, false))
+    if (tcp_arm(s, c, false, EPOLLIN))
         tcp_sconn_close(s, c);
+    return true;
+}
+
+/* Shuts down connections past their request deadline or idle too long; the
+ * worker that then gets the connection sees the error and closes it. */
+static void tcp_reap(tcp_server *s)
+{
+    uint64_t now = moonlet_xfer_now_ms();
+    unsigned late = 0, idle = 0;
+    pthread_mutex_lock(&s->conn_lock);
+    for (tcp_sconn *c = s->conns; c; c = c->next) {
+        uint64_t d = atomic_load(&c->deadline_ms);
+        if (d) {
+            if (now > d) {
+                shutdown(c->fd, SHUT_RDWR);
+                late++;
+            }
+        } else if (s->idle_timeout_ms &&
+                   now - atomic_load(&c->idle_since_ms) > s->idle_timeout_ms) {
+            shutdown(c->fd, SHUT_RDWR);
+            idle++;
+        }
+    }
+    pthread_mutex_unlock(&s->conn_lock);
+    if (late)
+        ML_DEBUG(MOD, "%u connections past their request deadline closed", late);
+    if (idle)
+        ML_DEBUG(MOD, "%u idle connections closed", idle);
 }
 
 static void *tcp_acceptor_main(void *arg)
 {
     tcp_server *s = arg;
+    uint64_t next_reap = moonlet_xfer_now_ms() + TCP_REAP_MS;
     while (!atomic_load(&s->stopping)) {
         struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
                               {.fd = s->stop_fd, .events = POLLIN}};
-        int n = poll(p, 2, -1);
+        uint64_t now = moonlet_xfer_now_ms();
+        int n = poll(p, 2, next_reap > now ? (int)(next_reap - now) : 0);
         if (n < 0 && errno != EINTR)
             break;
-        if (p[1].revents)
+        if (n > 0 && p[1].revents)
             break;
-        if (p[0].revents & POLLIN)
-            tcp_accept_one(s);
+        if (n > 0 && (p[0].revents & POLLIN) && !tcp_accept_one(s))
+            poll(&p[1], 1, TCP_ACCEPT_BACKOFF_MS);
+        if (moonlet_xfer_now_ms() >= next_reap) {
+            tcp_reap(s);
+            next_reap = moonlet_xfer_now_ms() + TCP_REAP_MS;
+        }
     }
     return NULL;
 }
@@ -567,7 +897,7 @@ static int tcp_listen(moonlet_xfer *x, tcp_server *s)
         ML_ERR(MOD, "cannot resolve listen address %s", x->listen_addr);
         return MOONLET_ERR_INVALID_PARAMS;
     }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     if (fd >= 0)
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -595,6 +925,16 @@ static void tcp_server_free(tcp_server *s)
         free(c);
         c = next;
     }
+    for (int i = 0; i < TCP_PEER_BUCKETS; i++) {
+        tcp_peer *p = s->peers[i];
+        while (p) {
+            tcp_peer *next = p->next;
+            free(p);
+            p = next;
+        }
+    }
+    if (s->reserve_fd >= 0)
+        close(s->reserve_fd);
     tcp_segment *g = s->segs;
     while (g) {
         tcp_segment *next = g->next;
@@ -663,6 +1003,10 @@ static int tcp_start(moonlet_xfer *x)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->listen_fd = -1;
     s->timeout_ms = x->timeout_ms;
+    s->idle_timeout_ms = x->server_idle_timeout_ms;
+    s->max_conns = x->server_max_conns;
+    s->max_conns_per_peer = x->server_max_conns_per_peer;
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->token = x->token;
     s->token_len = x->token_len;
     pthread_mutex_init(&s->seg_lock, NULL);
@@ -679,7 +1023,8 @@ static int tcp_start(moonlet_xfer *x)
         return rc;
     }
     x->be_state = s;
-    ML_INFO(MOD, "serving on %s with %d threads", x->endpoint, x->server_threads);
+    ML_INFO(MOD, "serving on %s with %d threads, at most %u connections (%u per peer)",
+            x->endpoint, x->server_threads, s->max_conns, s->max_conns_per_peer);
     return MOONLET_OK;
 }
 
@@ -816,6 +1161,15 @@ static int tcp_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
     }
     *out = c;
     return MOONLET_OK;
+}
+
+/* An idle pooled connection never has anything to read: readable means the
+ * server closed it (its idle timeout, a restart), so it must not be reused. */
+static bool tcp_conn_stale(moonlet_xfer *x, void *conn)
+{
+    tcp_cconn *c = conn;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) != 0;
 }
 
 static void tcp_conn_close(moonlet_xfer *x, void *conn)
@@ -1125,5 +1479,6 @@ const xfer_backend moonlet_xfer_tcp_backend = {
     .prepare = tcp_prepare,
     .conn_open = tcp_conn_open,
     .conn_close = tcp_conn_close,
+    .conn_stale = tcp_conn_stale,
     .run = tcp_run,
 };

@@ -26,6 +26,11 @@
  * ILLEGAL_CLIENT and closes.  Replies on a connection come in request order.
  * A header that does not decode (magic, version, reserved bits, op, a length
  * above MOONLET_XFER_MAX_OP_BYTES) closes the connection without a reply.
+ * The server closes, without a reply, a connection whose request (header,
+ * payload, reply taken) is not done within its deadline (the transfer
+ * timeout from the first header byte, plus 1 ms per 16 KiB of payload), or
+ * that stays idle between requests past the idle timeout; it closes at once
+ * a connection beyond its total or per-address cap.
  */
 #ifndef MOONLET_XFER_TCP_H
 #define MOONLET_XFER_TCP_H

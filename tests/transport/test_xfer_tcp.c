@@ -467,6 +467,38 @@ static void test_unreachable(void **state)
     moonlet_xfer_destroy(c);
 }
 
+/* The server closes a connection idle past server_idle_timeout_ms; the
+ * client notices before reusing it from its pool and opens a fresh one, so
+ * the next transfer succeeds instead of failing with TRANSFER_FAIL. */
+static void test_idle_close_is_invisible_to_clients(void **state)
+{
+    server_fx s;
+    moonlet_xfer_opts so = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                            .server_threads = 2, .timeout_ms = 2000,
+                            .server_idle_timeout_ms = 200};
+    assert_int_equal(moonlet_xfer_create(&so, &s.x), 0);
+    uint8_t *seg = calloc(1, 4096);
+    assert_non_null(seg);
+    for (int i = 0; i < 4096; i++)
+        seg[i] = (uint8_t)(i * 3);
+    assert_int_equal(moonlet_xfer_register_segment(s.x, seg, 4096, &s.info), 0);
+    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                            .timeout_ms = 2000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    uint8_t buf[4096];
+    for (int round = 0; round < 3; round++) {
+        memset(buf, 0, sizeof(buf));
+        assert_int_equal(moonlet_xfer_read(c, s.info.endpoint, s.info.segment_id, 0, buf,
+                                           sizeof(buf)), 0);
+        assert_memory_equal(buf, seg, sizeof(buf));
+        poll(NULL, 0, 700); /* the server's reaper closes the pooled connection */
+    }
+    moonlet_xfer_destroy(c);
+    moonlet_xfer_destroy(s.x);
+    free(seg);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_ERROR);
@@ -479,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_peer_stalls),
         cmocka_unit_test(test_peer_answers_nonsense),
         cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_idle_close_is_invisible_to_clients),
     };
     return cmocka_run_group_tests_name("xfer tcp wire", tests, NULL, NULL);
 }
