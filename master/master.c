@@ -350,6 +350,14 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
         st->probe_lock_hold_hist[i] = atomic_load(&s->probe_lock_hold_hist[i]);
     st->probe_lock_hold_max_ns = atomic_load(&s->probe_lock_hold_max_ns);
     st->unmounts_by_liveness = atomic_load(&s->unmounts_by_liveness);
+    st->resume_calls = atomic_load(&s->resume_calls);
+    st->resume_candidates_examined = atomic_load(&s->resume_candidates_examined);
+    st->resume_recheck_fallbacks = atomic_load(&s->resume_recheck_fallbacks);
+    st->leases_resume_kda = atomic_load(&s->leases_resume_kda);
+    st->leases_resume_kv = atomic_load(&s->leases_resume_kv);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        st->resume_lock_hold_hist[i] = atomic_load(&s->resume_lock_hold_hist[i]);
+    st->resume_lock_hold_max_ns = atomic_load(&s->resume_lock_hold_max_ns);
     st->tenants = tenant_count(m);
     st->capacity = atomic_load(&m->reg.capacity);
     st->used = atomic_load(&m->reg.used);

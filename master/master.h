@@ -47,7 +47,8 @@ typedef struct moonlet_master_config {
     bool background;                  /* run the eviction and liveness thread */
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
-     * the validation phase, with no master lock held. */
+     * the validation phase, and by ProbeResume before each candidate's
+     * validation, with no master lock held. */
     void (*probe_hook)(void *arg);
     void *probe_hook_arg;
 } moonlet_master_config;
@@ -153,6 +154,31 @@ int moonlet_master_batch_probe_key(moonlet_master *m, moonlet_str tenant,
                                    const moonlet_grant_lease_policy *policy,
                                    const moonlet_str *keys, size_t n, int32_t *results);
 
+/*
+ * ProbeResume: the K3 lookup in one call (master/probe_resume.c,
+ * docs/probe-policy.md).  kv: the request's KV keys in order; kda: n_kda
+ * keys, candidates of candidate_size contiguous keys in order of increasing
+ * resume position; boundaries[c]: the leading KV keys candidate c needs
+ * (n_boundaries = n_kda / candidate_size, each <= n_kv).  out->kv_prefix gets
+ * the leading readable KV keys; out->selected the last candidate whose
+ * boundary is within the prefix and whose every KDA key (and every KV key
+ * below its boundary) is readable under its locks, or -1; mask[i] (n_kda) is
+ * 1 exactly at the selected candidate's keys.  Leases exactly the selected
+ * candidate's KDA keys and kv[0..boundary); nothing when none is selected.
+ * INVALID_PARAMS (nothing leased): candidate_size 0 or not dividing a
+ * nonempty kda, a boundary count other than n_kda / candidate_size, a
+ * boundary above n_kv.  INVALID_KEY: any key empty or over-long.
+ */
+typedef struct moonlet_probe_resume_out {
+    uint64_t kv_prefix;
+    int64_t selected; /* -1: none */
+} moonlet_probe_resume_out;
+int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moonlet_str *kv,
+                                size_t n_kv, const moonlet_str *kda, size_t n_kda,
+                                uint64_t candidate_size, const uint64_t *boundaries,
+                                size_t n_boundaries, moonlet_probe_resume_out *out,
+                                int32_t *mask);
+
 /* OBJECT_HAS_LEASE while a lease holds; REPLICA_IS_NOT_READY while a put is in progress. */
 int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key);
 /* Removes every object of the tenant that has no unexpired lease and no put
@@ -233,6 +259,13 @@ typedef struct moonlet_master_stats {
     uint64_t probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     uint64_t probe_lock_hold_max_ns;
     uint64_t unmounts_by_liveness;
+    uint64_t resume_calls;                /* ProbeResume calls */
+    uint64_t resume_candidates_examined;  /* candidates validated under locks */
+    uint64_t resume_recheck_fallbacks;    /* of which failed the recheck */
+    uint64_t leases_resume_kda;           /* KDA keys leased by ProbeResume */
+    uint64_t leases_resume_kv;            /* KV keys leased by ProbeResume */
+    uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
+    uint64_t resume_lock_hold_max_ns;
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

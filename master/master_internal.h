@@ -176,6 +176,10 @@ struct mstats {
     _Atomic uint64_t probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     _Atomic uint64_t probe_lock_hold_max_ns;
     _Atomic uint64_t unmounts_by_liveness;
+    _Atomic uint64_t resume_calls, resume_candidates_examined, resume_recheck_fallbacks;
+    _Atomic uint64_t leases_resume_kda, leases_resume_kv;
+    _Atomic uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
+    _Atomic uint64_t resume_lock_hold_max_ns;
 };
 
 struct moonlet_master {

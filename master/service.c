@@ -482,6 +482,88 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     return rc;
 }
 
+/*
+ * ProbeResume [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
+ *   -> [kv_prefix, selected (-1: none), [bool...] over the KDA keys]
+ * Both key lists go into the thread's scratch (KV keys first); the KV plus
+ * KDA keys together may number at most max_batch_keys.
+ */
+static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    static const char *const what =
+        "[tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]";
+    moonlet_str tenant, *kv, *kda;
+    const msgpack_object *kv_arr, *kda_arr, *b_arr;
+    int32_t *mask;
+    uint64_t cs;
+    if (moonlet_wire_len(args) != 5 || arg_str(args, 0, &tenant) ||
+        moonlet_wire_array(args, 1, &kv_arr) || moonlet_wire_u64(args, 2, &cs) ||
+        moonlet_wire_array(args, 3, &kda_arr) || moonlet_wire_array(args, 4, &b_arr))
+        return BAD_ARGS(out, what);
+    size_t n_kv = moonlet_wire_len(kv_arr), n_kda = moonlet_wire_len(kda_arr);
+    size_t n_b = moonlet_wire_len(b_arr);
+    if (n_kv + n_kda > SVC(ctx)->max_batch_keys)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
+                                 "batch of %zu keys exceeds the limit of %zu keys "
+                                 "(--max-batch-keys)", n_kv + n_kda, SVC(ctx)->max_batch_keys);
+    if (n_b > n_kda)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
+                                 "%zu boundaries for %zu KDA keys", n_b, n_kda);
+    struct scratch *s = scratch_get();
+    uint64_t *bounds = malloc((n_b ? n_b : 1) * sizeof(*bounds));
+    int rc = MOONLET_OK;
+    if (!s || !bounds) {
+        free(bounds);
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    }
+    if (n_kv + n_kda > s->cap) {
+        size_t cap = n_kv + n_kda < 1024 ? 1024 : n_kv + n_kda;
+        moonlet_str *k = realloc(s->keys, cap * sizeof(*k));
+        if (k)
+            s->keys = k;
+        int32_t *r = k ? realloc(s->results, cap * sizeof(*r)) : NULL;
+        if (r) {
+            s->results = r;
+            s->cap = cap;
+        } else {
+            free(bounds);
+            return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+        }
+    }
+    kv = s->keys;
+    kda = s->keys + n_kv;
+    mask = s->results;
+    for (uint32_t i = 0; i < n_kv && !rc; i++)
+        rc = moonlet_wire_str(kv_arr, i, &kv[i].ptr, &kv[i].len);
+    for (uint32_t i = 0; i < n_kda && !rc; i++)
+        rc = moonlet_wire_str(kda_arr, i, &kda[i].ptr, &kda[i].len);
+    for (uint32_t i = 0; i < n_b && !rc; i++)
+        rc = moonlet_wire_u64(b_arr, i, &bounds[i]);
+    if (rc) {
+        free(bounds);
+        scratch_trim();
+        return BAD_ARGS(out, what);
+    }
+    moonlet_probe_resume_out r;
+    rc = moonlet_master_probe_resume(M(ctx), tenant, kv, n_kv, kda, n_kda, cs, bounds, n_b, &r,
+                                     mask);
+    if (rc == MOONLET_ERR_INVALID_PARAMS) {
+        rc = moonlet_rpc_error(out, rc, "invalid ProbeResume: candidate_size %llu, %zu KDA keys, "
+                               "%zu boundaries (each at most %zu KV keys)",
+                               (unsigned long long)cs, n_kda, n_b, n_kv);
+    } else if (rc) {
+        rc = reply(out, rc);
+    } else {
+        msgpack_pack_array(out, 3);
+        msgpack_pack_uint64(out, r.kv_prefix);
+        msgpack_pack_int64(out, r.selected);
+        pack_results(out, mask, n_kda);
+    }
+    free(bounds);
+    scratch_trim();
+    return rc;
+}
+
 static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
@@ -620,7 +702,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 23);
+    msgpack_pack_map(out, 30);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -647,6 +729,16 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         msgpack_pack_uint64(out, st.probe_lock_hold_hist[i]);
+    pack_u64_kv(out, "resume_calls", st.resume_calls);
+    pack_u64_kv(out, "resume_candidates_examined", st.resume_candidates_examined);
+    pack_u64_kv(out, "resume_recheck_fallbacks", st.resume_recheck_fallbacks);
+    pack_u64_kv(out, "leases_resume_kda", st.leases_resume_kda);
+    pack_u64_kv(out, "leases_resume_kv", st.leases_resume_kv);
+    pack_u64_kv(out, "resume_lock_hold_max_ns", st.resume_lock_hold_max_ns);
+    moonlet_pack_key(out, "resume_lock_hold_us_hist");
+    msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        msgpack_pack_uint64(out, st.resume_lock_hold_hist[i]);
     return MOONLET_OK;
 }
 
@@ -670,6 +762,7 @@ static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_INSPECT_KEY, "InspectKey", h_inspect_key},
     {MOONLET_M_STATS, "Stats", h_stats},
     {MOONLET_M_BIND_CLIENT, "BindClient", h_bind_client},
+    {MOONLET_M_PROBE_RESUME, "ProbeResume", h_probe_resume},
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,

@@ -759,6 +759,32 @@ int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy
     return moonlet_mc_batch_probe_key(c->mc, client_tenant(c, tenant), policy, keys, n, results);
 }
 
+int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
+                                const char *const *kda_keys, size_t n_kda,
+                                uint64_t candidate_size, const uint64_t *boundaries,
+                                moonlet_probe_resume_result *out, int32_t *mask,
+                                const char *tenant)
+{
+    if (out)
+        *out = (moonlet_probe_resume_result){0, -1};
+    if (!c || !out || (n_kv && (!kv_keys || !client_keys_ok(kv_keys, n_kv))) ||
+        (n_kda && (!kda_keys || !mask || !boundaries || !candidate_size ||
+                   n_kda % candidate_size || !client_keys_ok(kda_keys, n_kda))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    size_t nb = n_kda ? n_kda / (size_t)candidate_size : 0;
+    if (c->dummy)
+        return moonlet_dummy_probe_resume(c->dummy, kv_keys, n_kv, kda_keys, n_kda,
+                                          candidate_size, boundaries, nb, out, mask, tenant);
+    moonlet_mc_resume_out r;
+    int rc = moonlet_mc_probe_resume(c->mc, client_tenant(c, tenant), kv_keys, n_kv, kda_keys,
+                                     n_kda, candidate_size, boundaries, nb, &r, mask);
+    if (rc == MOONLET_OK) {
+        out->kv_prefix = r.kv_prefix;
+        out->selected = r.selected;
+    }
+    return rc;
+}
+
 int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
                                char **json_out)
 {

@@ -834,6 +834,63 @@ int moonlet_dummy_batch_probe_key(moonlet_dummy *d, moonlet_grant_lease_policy p
     return dummy_batch_keys(d, &policy, keys, n, results, tenant);
 }
 
+static void pack_key_list(msgpack_packer *pk, const char *const *keys, size_t n)
+{
+    msgpack_pack_array(pk, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        moonlet_pack_cstr(pk, keys[i]);
+}
+
+int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n_kv,
+                               const char *const *kda, size_t n_kda, uint64_t candidate_size,
+                               const uint64_t *boundaries, size_t n_boundaries,
+                               moonlet_probe_resume_result *out, int32_t *mask,
+                               const char *tenant)
+{
+    if (!out || (n_kv && !kv) || (n_kda && (!kda || !mask)) || (n_boundaries && !boundaries) ||
+        n_kv > UINT32_MAX || n_kda > UINT32_MAX || n_boundaries > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    *out = (moonlet_probe_resume_result){0, -1};
+    for (size_t i = 0; i < n_kv; i++)
+        if (!kv[i])
+            return MOONLET_ERR_INVALID_PARAMS;
+    for (size_t i = 0; i < n_kda; i++)
+        if (!kda[i])
+            return MOONLET_ERR_INVALID_PARAMS;
+    dchan *ch;
+    int rc = chan_acquire(d, &ch);
+    if (rc)
+        return rc;
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_PROBE_RESUME, 5);
+    pack_tenant(pk, d, tenant);
+    pack_key_list(pk, kv, n_kv);
+    msgpack_pack_uint64(pk, candidate_size);
+    pack_key_list(pk, kda, n_kda);
+    msgpack_pack_array(pk, (uint32_t)n_boundaries);
+    for (size_t i = 0; i < n_boundaries; i++)
+        msgpack_pack_uint64(pk, boundaries[i]);
+    dcall k;
+    rc = chan_finish(ch, -1, &k);
+    if (rc == MOONLET_OK) {
+        uint64_t prefix;
+        int64_t sel;
+        if (moonlet_wire_u64(k.res, 1, &prefix) || moonlet_wire_i64(k.res, 2, &sel) ||
+            sel < -1 || !unpack_results(k.res, 3, n_kda, mask)) {
+            rc = MOONLET_ERR_RPC_FAIL;
+        } else {
+            out->kv_prefix = prefix;
+            out->selected = sel;
+        }
+    } else if (rc == MOONLET_ERR_INVALID_PARAMS && k.have && k.rep.result &&
+               k.rep.result->type == MSGPACK_OBJECT_STR && k.rep.result->via.str.size >= 14 &&
+               memcmp(k.rep.result->via.str.ptr, "unknown method", 14) == 0) {
+        rc = MOONLET_ERR_INVALID_VERSION; /* a RealClient that predates ProbeResume */
+    }
+    dcall_end(&k);
+    chan_release(d, ch);
+    return rc;
+}
+
 /* ---- transfer batches -------------------------------------------------------------- */
 
 /* Where one item of a batch put / get lives for the RealClient. */

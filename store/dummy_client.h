@@ -48,6 +48,13 @@ int moonlet_dummy_probe_key(moonlet_dummy *d, const char *key, bool *exists,
                             const char *tenant);
 int moonlet_dummy_batch_exist_key(moonlet_dummy *d, const char *const *keys, size_t n,
                                   int32_t *results, const char *tenant);
+/* ProbeResume through the RealClient (MOONLET_DM_PROBE_RESUME); n_boundaries
+ * = n_kda / candidate_size.  INVALID_VERSION from a RealClient without it. */
+int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n_kv,
+                               const char *const *kda, size_t n_kda, uint64_t candidate_size,
+                               const uint64_t *boundaries, size_t n_boundaries,
+                               moonlet_probe_resume_result *out, int32_t *mask,
+                               const char *tenant);
 int moonlet_dummy_batch_probe_key(moonlet_dummy *d, moonlet_grant_lease_policy policy,
                                   const char *const *keys, size_t n, int32_t *results,
                                   const char *tenant);

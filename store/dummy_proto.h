@@ -80,6 +80,11 @@ enum moonlet_dummy_method {
     MOONLET_DM_BATCH_GET = 114,
     /* [tenant, key] -> [rc, json str]  (str only when rc is 0, else nil) */
     MOONLET_DM_INSPECT_KEY = 115,
+    /* [tenant, [kv_key...], candidate_size u64, [kda_key...], [boundary u64...]]
+     *   -> [rc, kv_prefix u64, selected i64 (-1: none), [result...] or nil]
+     *   ProbeResume (moonlet_client_probe_resume), passed to the master unchanged;
+     *   a RealClient without it answers "unknown method" */
+    MOONLET_DM_PROBE_RESUME = 116,
 };
 
 #endif

@@ -39,6 +39,8 @@ struct moonlet_master_client {
     uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
     char *ident_id, *ident_secret; /* moonlet_mc_bind_client: re-sent on every new connection */
     bool bound;                /* the current connection holds ident_id */
+    uint64_t conns;            /* connections made so far */
+    uint64_t no_resume_conn;   /* that connection's master lacks ProbeResume (0: none seen) */
 };
 
 static uint64_t mc_now_ms(void)
@@ -129,6 +131,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
             mc_now_ms() + moonlet_mc_backoff_ms(mc->backoff_base_ms, mc->backoff_cap_ms, mc->failures);
     } else {
         mc->failures = 0;
+        mc->conns++;
     }
     return rc;
 }
@@ -542,6 +545,70 @@ int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
     rc = mc_finish(mc, &rep, &have);
     if (rc == 0)
         rc = decode_results(rep.result, n, results);
+    mc_end(mc, &rep, have);
+    return rc;
+}
+
+/* True when a refused call's message says the master does not know the method. */
+static bool unknown_method(const moonlet_reply *rep)
+{
+    static const char prefix[] = "unknown method";
+    const msgpack_object *o = rep->result;
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size >= sizeof(prefix) - 1 &&
+           memcmp(o->via.str.ptr, prefix, sizeof(prefix) - 1) == 0;
+}
+
+static int decode_resume(const msgpack_object *r, size_t n_kda, moonlet_mc_resume_out *out,
+                         int32_t *mask)
+{
+    if (r->type != MSGPACK_OBJECT_ARRAY || r->via.array.size != 3)
+        return MOONLET_ERR_RPC_FAIL;
+    const msgpack_object *v = r->via.array.ptr;
+    if (v[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return MOONLET_ERR_RPC_FAIL;
+    out->kv_prefix = v[0].via.u64;
+    if (v[1].type == MSGPACK_OBJECT_NEGATIVE_INTEGER && v[1].via.i64 == -1)
+        out->selected = -1;
+    else if (v[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER && v[1].via.u64 <= INT64_MAX)
+        out->selected = (int64_t)v[1].via.u64;
+    else
+        return MOONLET_ERR_RPC_FAIL;
+    return decode_results(&v[2], n_kda, mask);
+}
+
+int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
+                            const char *const *kv, size_t n_kv, const char *const *kda,
+                            size_t n_kda, uint64_t candidate_size, const uint64_t *boundaries,
+                            size_t n_boundaries, moonlet_mc_resume_out *out, int32_t *mask)
+{
+    if (!out || (n_kv && !kv) || (n_kda && (!kda || !mask)) || (n_boundaries && !boundaries) ||
+        n_kv > UINT32_MAX || n_kda > UINT32_MAX || n_boundaries > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PROBE_RESUME, 5, &rc);
+    if (!pk)
+        return rc;
+    if (mc->no_resume_conn == mc->conns) { /* this master said it lacks the method; the
+                                            * request begun is discarded by the next begin */
+        pthread_mutex_unlock(&mc->mu);
+        return MOONLET_ERR_INVALID_VERSION;
+    }
+    pack_tenant(pk, tenant);
+    pack_keys(pk, kv, n_kv);
+    msgpack_pack_uint64(pk, candidate_size);
+    pack_keys(pk, kda, n_kda);
+    msgpack_pack_array(pk, (uint32_t)n_boundaries);
+    for (size_t i = 0; i < n_boundaries; i++)
+        msgpack_pack_uint64(pk, boundaries[i]);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0) {
+        rc = decode_resume(rep.result, n_kda, out, mask);
+    } else if (rc == MOONLET_ERR_INVALID_PARAMS && have && unknown_method(&rep)) {
+        mc->no_resume_conn = mc->conns;
+        rc = MOONLET_ERR_INVALID_VERSION;
+    }
     mc_end(mc, &rep, have);
     return rc;
 }

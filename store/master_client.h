@@ -82,6 +82,25 @@ int moonlet_mc_probe_key(moonlet_master_client *mc, const char *tenant, const ch
 int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
                                moonlet_grant_lease_policy policy, const char *const *keys,
                                size_t n, int32_t *results);
+/*
+ * ProbeResume: the K3 lookup in one round trip (docs/probe-policy.md).
+ * kv: the request's KV keys in order; kda: candidates of candidate_size
+ * contiguous keys; boundaries[c]: the leading KV keys candidate c needs.
+ * out gets the KV prefix and the selected candidate (-1: none), mask[i]
+ * (n_kda entries) 1 exactly at the selected candidate's keys.  Leases the
+ * selected candidate's KDA keys and the KV keys below its boundary, nothing
+ * else.  INVALID_VERSION: the master does not know the method (an older
+ * master); remembered for the connection, so later calls on it fail at once
+ * without a round trip (a new connection asks again).
+ */
+typedef struct moonlet_mc_resume_out {
+    uint64_t kv_prefix;
+    int64_t selected;
+} moonlet_mc_resume_out;
+int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
+                            const char *const *kv, size_t n_kv, const char *const *kda,
+                            size_t n_kda, uint64_t candidate_size, const uint64_t *boundaries,
+                            size_t n_boundaries, moonlet_mc_resume_out *out, int32_t *mask);
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed);
 

@@ -642,6 +642,72 @@ static int h_batch_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     args_free(&a);
     return code;
 }
+/* PROBE_RESUME [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
+ *   -> [rc, kv_prefix, selected, [result...] or nil] */
+static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    int code;
+    if (!need_attached(ctx, out, &code))
+        return code;
+    rc_args a = {0};
+    uint64_t cs = 0;
+    const msgpack_object *kv_l, *kda_l, *b_l;
+    size_t n_kv = 0, n_kda = 0, n_b = 0, *offs = NULL;
+    uint64_t *bounds = NULL;
+    int rc = MOONLET_OK;
+    if (moonlet_wire_len(args) != 5 || args_tenant(&a, args, 0) ||
+        moonlet_wire_array(args, 1, &kv_l) || moonlet_wire_u64(args, 2, &cs) ||
+        moonlet_wire_array(args, 3, &kda_l) || moonlet_wire_array(args, 4, &b_l)) {
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    } else {
+        n_kv = kv_l->via.array.size;
+        n_kda = kda_l->via.array.size;
+        n_b = b_l->via.array.size;
+        offs = malloc((n_kv + n_kda + 1) * sizeof(*offs));
+        bounds = malloc((n_b + 1) * sizeof(*bounds));
+        if (!offs || !bounds)
+            rc = MOONLET_ERR_INVALID_PARAMS;
+    }
+    /* copy every key first: copying may move a->mem, so pointers come after */
+    for (size_t i = 0; i < n_kv + n_kda && !rc; i++) {
+        char *k;
+        rc = i < n_kv ? args_str(&a, kv_l, (uint32_t)i, &k)
+                      : args_str(&a, kda_l, (uint32_t)(i - n_kv), &k);
+        if (!rc)
+            offs[i] = (size_t)(k - a.mem);
+    }
+    for (size_t i = 0; i < n_b && !rc; i++)
+        rc = moonlet_wire_u64(b_l, (uint32_t)i, &bounds[i]);
+    const char **keys = rc ? NULL : args_ptrs(&a, offs, n_kv + n_kda);
+    free(offs);
+    if (!keys) {
+        free(bounds);
+        args_free(&a);
+        return BAD(out, "[tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]");
+    }
+    int32_t *mask = calloc(n_kda ? n_kda : 1, sizeof(*mask));
+    moonlet_probe_resume_result r = {0, -1};
+    if (!mask)
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    else if (n_kda && (!cs || n_kda % cs || n_kda / cs != n_b))
+        rc = MOONLET_ERR_INVALID_PARAMS; /* the client call derives the count from cs */
+    else
+        rc = moonlet_client_probe_resume(RC(ctx)->client, keys, n_kv, keys + n_kv, n_kda, cs,
+                                         bounds, &r, mask, args_tenant_of(&a));
+    msgpack_pack_array(out, 4);
+    pack_int(out, rc);
+    msgpack_pack_uint64(out, r.kv_prefix);
+    msgpack_pack_int64(out, r.selected);
+    if (rc == MOONLET_OK)
+        pack_results(out, mask, n_kda);
+    else
+        msgpack_pack_nil(out);
+    free(mask);
+    free(bounds);
+    free(keys);
+    args_free(&a);
+    return MOONLET_OK;
+}
 
 static const moonlet_rpc_method g_methods[] = {
     {MOONLET_DM_ATTACH, "Attach", h_attach},
@@ -659,6 +725,7 @@ static const moonlet_rpc_method g_methods[] = {
     {MOONLET_DM_BATCH_PUT, "BatchPut", h_batch_put},
     {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get},
     {MOONLET_DM_INSPECT_KEY, "InspectKey", h_key},
+    {MOONLET_DM_PROBE_RESUME, "ProbeResume", h_probe_resume},
 };
 
 /* ---- create / destroy ------------------------------------------------------------------------ */

@@ -302,6 +302,38 @@ int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy
                                    const char *const *keys, size_t n, int32_t *results,
                                    const char *tenant);
 
+/*
+ * ProbeResume: the whole K3 lookup in one master round trip
+ * (docs/probe-policy.md; moonlet_k3_lookup() uses it).  kv_keys are the
+ * request's KV keys in order; kda_keys are n_kda / candidate_size candidates
+ * of candidate_size contiguous keys, in order of increasing resume position;
+ * boundaries[c] (n_kda / candidate_size entries) is how many leading KV keys
+ * candidate c needs.  The master computes the KV prefix (leading readable KV
+ * keys), selects the last candidate whose boundary lies within it and whose
+ * every KDA key and every KV key below its boundary is readable (rechecked
+ * under its locks, falling back to an earlier candidate when one vanished),
+ * and leases exactly that candidate's KDA keys and kv_keys[0 .. boundary):
+ * nothing else, and nothing at all when no candidate is selected.
+ * out->kv_prefix and out->selected (-1: none) are set; mask[i] (n_kda
+ * entries) is 1 exactly at the selected candidate's keys.
+ * Returns 0, INVALID_PARAMS (candidate_size 0 or not dividing a nonempty
+ * kda_keys, a boundary above n_kv, NULL arrays, more keys than the master's
+ * --max-batch-keys: nothing leased), INVALID_KEY (any key empty or too long:
+ * nothing leased), INVALID_VERSION (the master, or the RealClient, predates
+ * the method: use BatchExistKey + BatchProbeKey), or the transport errors.
+ * Blocks; thread safe.
+ */
+typedef struct moonlet_probe_resume_result {
+    uint64_t kv_prefix; /* leading readable KV keys */
+    int64_t selected;   /* the selected candidate, or -1 */
+} moonlet_probe_resume_result;
+
+int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
+                                const char *const *kda_keys, size_t n_kda,
+                                uint64_t candidate_size, const uint64_t *boundaries,
+                                moonlet_probe_resume_result *out, int32_t *mask,
+                                const char *tenant);
+
 /* ---- zero-copy buffers ----------------------------------------------------- */
 
 /*

@@ -1,0 +1,265 @@
+/*
+ * probe_resume.c - ProbeResume: the whole K3 lookup in one master call.
+ *
+ * Input: the request's KV keys in order, the flat list of KDA candidate keys
+ * (candidate_size keys each, in order of increasing resume position) and, per
+ * candidate, its resume boundary: how many leading KV keys it needs.  Output:
+ * the KV prefix (leading readable KV keys), the selected candidate (or none)
+ * and the selected-only mask over the KDA keys.  Exactly the selected
+ * candidate's KDA keys and the KV keys below its boundary are leased; with no
+ * candidate selected nothing is leased.
+ *
+ *   1. check: every key is checked first (INVALID_KEY fails the request and
+ *      leases nothing); then the KV keys are scanned in grouped batch lookups
+ *      (guard shared, each group's shard locks ascending) until the first
+ *      unreadable one: the KV prefix.  No lease.
+ *   2. walk: the candidates whose boundary lies within the prefix, from the
+ *      last to the first.  For each: scan its KDA keys (no lease); when all
+ *      are readable, validate it.
+ *   3. validate: take the guard shared, then the distinct shard locks of its
+ *      KDA keys and of the KV keys below its boundary, in ascending shard
+ *      index (a bitmap of shards gives the order); recheck every one of them;
+ *      if all are still readable, lease each before releasing, and the
+ *      mask names exactly that candidate; otherwise release and walk on
+ *      (a fallback).
+ *
+ * So a selection is never partially leased, and what the mask says is what
+ * gained leases: the recheck and the leases happen under the same locks.
+ * The lease grant is max(deadline, now + TTL), so granting an object twice
+ * (a key listed twice) under the locks is harmless; the distinct count for
+ * the statistics is taken after the locks are released.
+ *
+ * The test hook (cfg.probe_hook) runs before each validation, no lock held.
+ *
+ * Locks: guard (shared) -> shard locks, ascending.  Never the registry lock.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "lease.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+#define KV_SCAN_CHUNK 64 /* KV keys per scan step: the scan stops at the first miss */
+
+/* Runs under the key's shard lock: readability only, no lease. */
+static void readable_visit(void *arg, size_t i, struct mobj *o)
+{
+    ((int32_t *)arg)[i] = o && mobj_readable(o);
+}
+
+struct pr_scratch {
+    uint64_t *kv_hash;      /* n_kv */
+    uint64_t *cand_hash;    /* cs */
+    int32_t *res;           /* max(KV_SCAN_CHUNK, cs) */
+    struct mobj **objs;     /* n_kv + cs */
+    uint32_t *locked;       /* n_kv + cs */
+    uint64_t *bitmap;       /* nshards bits */
+    size_t bitmap_words;
+};
+
+static void record_hold(moonlet_master *m, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&m->st.resume_lock_hold_hist[lock_hist_bucket(ns)], 1,
+                              memory_order_relaxed);
+    uint64_t cur = atomic_load_explicit(&m->st.resume_lock_hold_max_ns, memory_order_relaxed);
+    while (ns > cur && !atomic_compare_exchange_weak(&m->st.resume_lock_hold_max_ns, &cur, ns))
+        ;
+}
+
+/* The leading readable KV keys, scanned in chunks that stop at a miss. */
+static uint64_t scan_kv_prefix(moonlet_master *m, uint32_t tenant, const moonlet_str *kv,
+                               size_t n_kv, struct pr_scratch *s)
+{
+    size_t done = 0;
+    pthread_rwlock_rdlock(&m->guard);
+    while (done < n_kv) {
+        size_t step = n_kv - done < KV_SCAN_CHUNK ? n_kv - done : KV_SCAN_CHUNK;
+        shard_batch_lookup(m, tenant, kv + done, step, s->res, s->kv_hash + done,
+                           readable_visit, s->res);
+        size_t k = 0;
+        while (k < step && s->res[k] == 1)
+            k++;
+        done += k;
+        if (k < step)
+            break;
+    }
+    pthread_rwlock_unlock(&m->guard);
+    return done;
+}
+
+/* Whether every key of a candidate is readable now (no lease); hashes too. */
+static bool scan_candidate(moonlet_master *m, uint32_t tenant, const moonlet_str *keys, size_t cs,
+                           struct pr_scratch *s)
+{
+    pthread_rwlock_rdlock(&m->guard);
+    shard_batch_lookup(m, tenant, keys, cs, s->res, s->cand_hash, readable_visit, s->res);
+    pthread_rwlock_unlock(&m->guard);
+    for (size_t k = 0; k < cs; k++)
+        if (s->res[k] != 1)
+            return false;
+    return true;
+}
+
+static int ptr_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (struct mobj *const *)a, y = (uintptr_t) * (struct mobj *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* Distinct pointers in v[0..n) (sorts v).  Pointers are only compared. */
+static uint64_t distinct(struct mobj **v, size_t n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, n, sizeof(*v), ptr_cmp);
+    uint64_t d = 1;
+    for (size_t i = 1; i < n; i++)
+        d += v[i] != v[i - 1];
+    return d;
+}
+
+/*
+ * Recheck and lease one candidate under its locks: the KDA keys `ck`
+ * (hashes in s->cand_hash) and the KV keys kv[0..b) (hashes in s->kv_hash).
+ * Returns true when it was selected and leased.
+ */
+static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, size_t b,
+                     const moonlet_str *ck, size_t cs, struct pr_scratch *s)
+{
+    memset(s->bitmap, 0, s->bitmap_words * sizeof(*s->bitmap));
+    for (size_t i = 0; i < b; i++) {
+        uint32_t sh = shard_of(m, s->kv_hash[i]);
+        s->bitmap[sh / 64] |= UINT64_C(1) << (sh % 64);
+    }
+    for (size_t k = 0; k < cs; k++) {
+        uint32_t sh = shard_of(m, s->cand_hash[k]);
+        s->bitmap[sh / 64] |= UINT64_C(1) << (sh % 64);
+    }
+    size_t nlocked = 0;
+    for (size_t w = 0; w < s->bitmap_words; w++)
+        for (uint64_t bits = s->bitmap[w]; bits; bits &= bits - 1)
+            s->locked[nlocked++] = (uint32_t)(w * 64 + (unsigned)__builtin_ctzll(bits));
+
+    pthread_rwlock_rdlock(&m->guard);
+    for (size_t i = 0; i < nlocked; i++) /* ascending: the lock order */
+        pthread_mutex_lock(&m->shards[s->locked[i]].mu);
+    uint64_t t0 = moonlet_clock_real_ns();
+
+    bool all = true;
+    for (size_t k = 0; k < cs && all; k++) {
+        struct shard *sh = &m->shards[shard_of(m, s->cand_hash[k])];
+        struct mobj *o = shard_find_locked(sh, s->cand_hash[k], tenant, ck[k].ptr, ck[k].len);
+        s->objs[k] = o;
+        all = o && mobj_readable(o);
+    }
+    for (size_t i = 0; i < b && all; i++) {
+        struct shard *sh = &m->shards[shard_of(m, s->kv_hash[i])];
+        struct mobj *o = shard_find_locked(sh, s->kv_hash[i], tenant, kv[i].ptr, kv[i].len);
+        s->objs[cs + i] = o;
+        all = o && mobj_readable(o);
+    }
+    if (all) {
+        uint64_t now = moonlet_clock_now_ns();
+        for (size_t i = 0; i < cs + b; i++) /* idempotent for an object listed twice */
+            s->objs[i]->lease_deadline =
+                moonlet_lease_grant(s->objs[i]->lease_deadline, now, m->lease_ttl_ns);
+    }
+
+    uint64_t held = moonlet_clock_real_ns() - t0;
+    for (size_t i = nlocked; i-- > 0;)
+        pthread_mutex_unlock(&m->shards[s->locked[i]].mu);
+    pthread_rwlock_unlock(&m->guard);
+    record_hold(m, held);
+
+    if (all) { /* counts only: the pointers are compared, never followed */
+        uint64_t kda = distinct(s->objs, cs);
+        uint64_t total = distinct(s->objs, cs + b);
+        atomic_fetch_add_explicit(&m->st.leases_resume_kda, kda, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->st.leases_resume_kv, total - kda, memory_order_relaxed);
+    }
+    return all;
+}
+
+static int check_request(const moonlet_str *kv, size_t n_kv, const moonlet_str *kda, size_t n_kda,
+                         uint64_t cs, const uint64_t *boundaries, size_t n_boundaries)
+{
+    if ((n_kv && !kv) || (n_kda && !kda) || (n_boundaries && !boundaries))
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (n_kda == 0) {
+        if (n_boundaries)
+            return MOONLET_ERR_INVALID_PARAMS;
+    } else if (cs == 0 || n_kda % cs || n_kda / cs != n_boundaries) {
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    for (size_t c = 0; c < n_boundaries; c++)
+        if (boundaries[c] > n_kv)
+            return MOONLET_ERR_INVALID_PARAMS;
+    for (size_t i = 0; i < n_kv; i++)
+        if (key_check(kv[i]))
+            return MOONLET_ERR_INVALID_KEY;
+    for (size_t i = 0; i < n_kda; i++)
+        if (key_check(kda[i]))
+            return MOONLET_ERR_INVALID_KEY;
+    return MOONLET_OK;
+}
+
+int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moonlet_str *kv,
+                                size_t n_kv, const moonlet_str *kda, size_t n_kda,
+                                uint64_t candidate_size, const uint64_t *boundaries,
+                                size_t n_boundaries, moonlet_probe_resume_out *out,
+                                int32_t *mask)
+{
+    if (!out || (n_kda && !mask))
+        return MOONLET_ERR_INVALID_PARAMS;
+    out->kv_prefix = 0;
+    out->selected = -1;
+    for (size_t i = 0; i < n_kda; i++)
+        mask[i] = 0;
+    int rc = check_request(kv, n_kv, kda, n_kda, candidate_size, boundaries, n_boundaries);
+    if (rc)
+        return rc;
+    uint32_t tid;
+    if ((rc = tenant_lookup(m, tenant, &tid)))
+        return rc;
+    atomic_fetch_add_explicit(&m->st.resume_calls, 1, memory_order_relaxed);
+    if (tid == MOONLET_NO_TENANT || (n_kv == 0 && n_kda == 0))
+        return MOONLET_OK; /* nothing exists: no prefix, nothing selected */
+
+    size_t cs = n_kda ? (size_t)candidate_size : 0;
+    struct pr_scratch s = {.bitmap_words = (m->nshards + 63) / 64};
+    size_t nres = cs > KV_SCAN_CHUNK ? cs : KV_SCAN_CHUNK;
+    s.kv_hash = malloc((n_kv ? n_kv : 1) * sizeof(*s.kv_hash));
+    s.cand_hash = malloc((cs ? cs : 1) * sizeof(*s.cand_hash));
+    s.res = malloc(nres * sizeof(*s.res));
+    s.objs = malloc((n_kv + cs + 1) * sizeof(*s.objs));
+    s.locked = malloc((n_kv + cs + 1) * sizeof(*s.locked));
+    s.bitmap = malloc(s.bitmap_words * sizeof(*s.bitmap));
+    if (!s.kv_hash || !s.cand_hash || !s.res || !s.objs || !s.locked || !s.bitmap) {
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+
+    uint64_t prefix = scan_kv_prefix(m, tid, kv, n_kv, &s);
+    out->kv_prefix = prefix;
+    for (size_t c = n_boundaries; c-- > 0;) {
+        if (boundaries[c] > prefix)
+            continue;
+        const moonlet_str *ck = kda + c * cs;
+        if (!scan_candidate(m, tid, ck, cs, &s))
+            continue;
+        if (m->cfg.probe_hook)
+            m->cfg.probe_hook(m->cfg.probe_hook_arg);
+        atomic_fetch_add_explicit(&m->st.resume_candidates_examined, 1, memory_order_relaxed);
+        if (validate(m, tid, kv, (size_t)boundaries[c], ck, cs, &s)) {
+            out->selected = (int64_t)c;
+            for (size_t k = 0; k < cs; k++)
+                mask[c * cs + k] = 1;
+            break;
+        }
+        atomic_fetch_add_explicit(&m->st.resume_recheck_fallbacks, 1, memory_order_relaxed);
+    }
+out:
+    free(s.kv_hash), free(s.cand_hash), free(s.res), free(s.objs), free(s.locked), free(s.bitmap);
+    return rc;
+}
