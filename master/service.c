@@ -39,6 +39,7 @@ struct moonlet_master_service {
     moonlet_master *m;
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
+    moonlet_rpc_method *methods; /* the table without opts->disabled_method, or NULL */
 };
 
 #define SVC(ctx) ((moonlet_master_service *)(ctx)->server_ctx)
@@ -773,6 +774,23 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
+    const moonlet_rpc_method *table = g_methods;
+    size_t ntable = sizeof(g_methods) / sizeof(g_methods[0]);
+    if (opts->disabled_method) {
+        s->methods = malloc(sizeof(g_methods));
+        size_t k = 0;
+        for (size_t i = 0; s->methods && i < ntable; i++)
+            if (strcmp(g_methods[i].name, opts->disabled_method) != 0)
+                s->methods[k++] = g_methods[i];
+        if (!s->methods || k == ntable) {
+            int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
+            free(s->methods);
+            free(s);
+            return rc;
+        }
+        table = s->methods;
+        ntable = k;
+    }
     const char *addr = opts->address ? opts->address : "127.0.0.1";
     bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
                     strcmp(addr, "::1") == 0;
@@ -786,8 +804,8 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
-        .methods = g_methods,
-        .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
+        .methods = table,
+        .nmethods = ntable,
         .ctx = s,
         .on_close = session_close,
         .max_connections = opts->max_connections,
@@ -804,6 +822,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     if (rc) {
         if (s->rpc)
             moonlet_rpc_server_destroy(s->rpc);
+        free(s->methods);
         free(s);
         return rc;
     }
@@ -821,5 +840,6 @@ void moonlet_master_service_stop(moonlet_master_service *s)
     if (!s)
         return;
     moonlet_rpc_server_destroy(s->rpc);
+    free(s->methods);
     free(s);
 }

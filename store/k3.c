@@ -9,10 +9,13 @@
  * names the keys through the caller's builder, makes the one or two calls,
  * and hands the pure functions their answers.
  *
- * Why the selective path takes two round trips rather than one: the
- * candidates depend on the KV boundary, and a checkpoint beyond it can never
- * be resumed from, so probing (and leasing) it would only pin memory.  The
- * lease-all mode exists to measure exactly that cost.
+ * The selective path is one round trip, ProbeResume: the candidates depend
+ * on the KV boundary, so the master computes it and restricts them itself,
+ * and leases only what the engine loads (the selected checkpoint and the KV
+ * blocks below it).  Against a master without it (INVALID_VERSION) it takes
+ * two: BatchExistKey on the KV keys, then BatchProbeKey(LAST_HIT_ONLY) on the
+ * checkpoints within the boundary.  The lease-all mode exists to measure what
+ * leasing every hit costs.
  *
  * The builder's strings are copied once; the KV keys of the result are the
  * same allocations that were probed, moved rather than copied.  No locks.
@@ -42,7 +45,8 @@ int moonlet_k3_request_check(const moonlet_k3_layout *l, const moonlet_k3_reques
         return MOONLET_ERR_INVALID_PARAMS;
     if (!r->prompt_tokens || !r->kv_blocks || (r->n_checkpoints && !r->checkpoints))
         return MOONLET_ERR_INVALID_PARAMS;
-    if (r->mode != MOONLET_K3_SELECTIVE && r->mode != MOONLET_K3_LEASE_ALL)
+    if (r->mode != MOONLET_K3_SELECTIVE && r->mode != MOONLET_K3_LEASE_ALL &&
+        r->mode != MOONLET_K3_SELECTIVE_TWO_CALLS)
         return MOONLET_ERR_INVALID_PARAMS;
     if (r->kv_blocks > SIZE_MAX / sizeof(char *))
         return MOONLET_ERR_INVALID_PARAMS;
@@ -300,7 +304,7 @@ static int lookup_lease_all(moonlet_client *c, const moonlet_k3_layout *l,
         return rc;
     if ((rc = first_error(res + kv, reach * per)))
         return rc;
-    out->kv_hits = count_ones(res, kv);
+    out->kv_hits = out->kv_leased = count_ones(res, kv);
     out->kda_leased = count_ones(res + kv, reach * per);
     out->candidates = moonlet_k3_candidates(r, out->kv_boundary);
     return moonlet_k3_last_complete(res + kv, out->candidates, per, &out->checkpoint);
@@ -321,7 +325,7 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
     if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
                                      &out->kv_prefix_blocks, &out->kv_boundary)))
         return rc;
-    out->kv_hits = count_ones(res, kv);
+    out->kv_hits = out->kv_leased = count_ones(res, kv);
     out->candidates = moonlet_k3_candidates(r, out->kv_boundary);
     if (!out->candidates)
         return MOONLET_OK;
@@ -333,6 +337,58 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
     if ((rc = moonlet_k3_check_mask(res + kv, out->candidates, per, &out->checkpoint)))
         return rc;
     out->kda_leased = out->checkpoint == MOONLET_K3_NONE ? 0 : per;
+    return MOONLET_OK;
+}
+
+static uint64_t bounds_kv(const moonlet_k3_request *r, const moonlet_k3_layout *l, size_t ckpt)
+{
+    return r->checkpoints[ckpt] / l->block_tokens;
+}
+
+/* ProbeResume: the whole lookup in one round trip.  Every reachable
+ * checkpoint is a candidate, with boundary position / block_tokens KV keys;
+ * the master keeps those within the KV prefix and leases the selected one's
+ * keys and the KV keys below it.  INVALID_VERSION from an older master (the
+ * caller then takes the two-call path). */
+static int lookup_one_rtt(moonlet_client *c, const moonlet_k3_layout *l,
+                          const moonlet_k3_request *r, const k3_keys *all, size_t reach,
+                          const char *tenant, int32_t *res, moonlet_k3_result *out)
+{
+    size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
+    uint64_t *bounds = malloc((reach ? reach : 1) * sizeof(*bounds));
+    if (!bounds)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0; i < reach; i++)
+        bounds[i] = r->checkpoints[i] / l->block_tokens;
+    const char *const *keys = (const char *const *)all->v;
+    moonlet_probe_resume_result pr;
+    int rc = moonlet_client_probe_resume(c, keys, kv, keys + kv, reach * per, per, bounds, &pr,
+                                         res + kv, tenant);
+    free(bounds);
+    out->rpcs = 1;
+    if (rc)
+        return rc;
+    if (pr.kv_prefix > kv)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0; i < kv; i++) /* the prefix as BatchExistKey results */
+        res[i] = i < pr.kv_prefix;
+    if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
+                                     &out->kv_prefix_blocks, &out->kv_boundary)))
+        return rc;
+    out->kv_hits = out->kv_prefix_blocks;
+    out->candidates = moonlet_k3_candidates(r, out->kv_boundary);
+    if ((rc = moonlet_k3_check_mask(res + kv, reach, per, &out->checkpoint)))
+        return rc;
+    /* the mask and the selection must agree, and lie within the candidates */
+    bool none = out->checkpoint == MOONLET_K3_NONE;
+    if (none ? pr.selected != -1
+             : (pr.selected < 0 || (size_t)pr.selected != out->checkpoint ||
+                out->checkpoint >= out->candidates)) {
+        out->checkpoint = MOONLET_K3_NONE;
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    out->kda_leased = none ? 0 : per;
+    out->kv_leased = none ? 0 : bounds_kv(r, l, out->checkpoint);
     return MOONLET_OK;
 }
 
@@ -363,8 +419,18 @@ int moonlet_k3_lookup(moonlet_client *c, const moonlet_k3_layout *l,
         keys_free(&all);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
-    rc = r->mode == MOONLET_K3_LEASE_ALL ? lookup_lease_all(c, l, r, &all, reach, tenant, res, out)
-                                         : lookup_selective(c, l, r, &all, tenant, res, out);
+    if (r->mode == MOONLET_K3_LEASE_ALL) {
+        rc = lookup_lease_all(c, l, r, &all, reach, tenant, res, out);
+    } else {
+        rc = MOONLET_ERR_INVALID_VERSION;
+        if (r->mode == MOONLET_K3_SELECTIVE)
+            rc = lookup_one_rtt(c, l, r, &all, reach, tenant, res, out);
+        if (rc == MOONLET_ERR_INVALID_VERSION) { /* an older master: two calls */
+            memset(out, 0, sizeof(*out));
+            out->checkpoint = MOONLET_K3_NONE;
+            rc = lookup_selective(c, l, r, &all, tenant, res, out);
+        }
+    }
     if (!rc && out->checkpoint != MOONLET_K3_NONE)
         out->resume_position = r->checkpoints[out->checkpoint];
     if (!rc)

@@ -42,7 +42,10 @@ static void usage(FILE *f)
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
-            "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey (default 65536)\n"
+            "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
+            "                                     (default 65536)\n"
+            "  --disable-method NAME              answer NAME (e.g. ProbeResume) as an unknown method,\n"
+            "                                     as an older master would (compatibility tests)\n"
             "  --max-connections N                open RPC connections (default 8192)\n"
             "  --auth-timeout-ms MS               with a token: AUTH due within (default 5000)\n"
             "  --frame-timeout-ms MS              a frame begun must arrive, and replies be\n"
@@ -84,7 +87,7 @@ static int parse_ratio(const char *flag, const char *s, double *out)
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
-    O_FRAME_TO, O_IDLE_TO
+    O_FRAME_TO, O_IDLE_TO, O_DISABLE
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -112,6 +115,7 @@ int main(int argc, char **argv)
         {"auth-timeout-ms", required_argument, 0, O_AUTH_TO},
         {"frame-timeout-ms", required_argument, 0, O_FRAME_TO},
         {"idle-timeout-ms", required_argument, 0, O_IDLE_TO},
+        {"disable-method", required_argument, 0, O_DISABLE},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
@@ -154,6 +158,7 @@ int main(int argc, char **argv)
             bad = parse_u64("--idle-timeout-ms", optarg, &v) || v > 86400000;
             so.idle_timeout_ms = (uint32_t)v;
             break;
+        case O_DISABLE: so.disabled_method = optarg; break;
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);

@@ -7,8 +7,10 @@
  * attention KV blocks covering it, and a KDA checkpoint (the recurrent state)
  * taken exactly at its end.  Checkpoints exist only at some block boundaries,
  * and one checkpoint is several physical keys (cache groups x ranks x
- * components).  moonlet_k3_lookup() answers the question in at most two
- * master round trips:
+ * components).  moonlet_k3_lookup() answers the question in one master
+ * round trip (ProbeResume: the master does steps 1-3 itself and leases only
+ * the selected checkpoint and the KV blocks below it), or, against a master
+ * that predates ProbeResume, in two:
  *
  *   1. BatchExistKey over the request's KV keys (leasing every hit, Mooncake
  *      semantics) gives the KV boundary: the longest prefix of present blocks.
@@ -85,14 +87,23 @@ typedef struct moonlet_k3_key_id {
 typedef int (*moonlet_k3_key_fn)(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap);
 
 typedef enum moonlet_k3_mode {
-    /* KV with BatchExistKey, then BatchProbeKey(LAST_HIT_ONLY): leases the
-     * KV hits and one checkpoint. */
+    /* One ProbeResume: leases the selected checkpoint and the KV blocks below
+     * it, nothing else (nothing at all when none is selected).  Against a
+     * master without ProbeResume: MOONLET_K3_SELECTIVE_TWO_CALLS (the master
+     * client remembers per connection that the master refused it, so only
+     * the first lookup on a connection pays for the refused call; rpcs does
+     * not count it). */
     MOONLET_K3_SELECTIVE = 0,
     /* One BatchExistKey over every KV key and every KDA key of the
      * checkpoints below the resume bound, then the same choice: leases every
      * hit.  What an engine without BatchProbeKey does; kept for comparison
      * (moonlet-bench trace) and for masters that predate the policy. */
     MOONLET_K3_LEASE_ALL = 1,
+    /* KV with BatchExistKey, then BatchProbeKey(LAST_HIT_ONLY): leases the
+     * KV hits and one checkpoint; two round trips (one when no checkpoint
+     * is within the KV boundary).  What SELECTIVE did before ProbeResume;
+     * kept for older masters and for comparison (moonlet-bench trace). */
+    MOONLET_K3_SELECTIVE_TWO_CALLS = 2,
 } moonlet_k3_mode;
 
 typedef struct moonlet_k3_request {
@@ -119,8 +130,10 @@ typedef struct moonlet_k3_result {
     size_t kda_keys;           /* keys[kv_keys ..]: the selected checkpoint's keys (or 0) */
     char **keys;               /* the kv_keys + kda_keys keys to load, owned by the result */
     uint32_t rpcs;             /* master round trips made (1 or 2) */
-    uint64_t kv_hits;          /* KV keys found present (each of them leased) */
+    uint64_t kv_hits;          /* KV keys found present (one-call path: the prefix only) */
     uint64_t kda_leased;       /* KDA keys this lookup leased or renewed */
+    uint64_t kv_leased;        /* KV keys this lookup leased or renewed (one-call path: the
+                                  blocks below the resume position; else every KV hit) */
 } moonlet_k3_result;
 
 /* Keys per checkpoint: groups * ranks * components (0 for a bad layout). */
@@ -186,9 +199,10 @@ int moonlet_k3_common_resume(const uint64_t *const *positions, const size_t *cou
  *   INVALID_KEY      the key builder produced an empty or over-long key
  *   INTERNAL_ERROR   the probe mask broke its contract, or out of memory
  *   a per-key error from the master (a KV or KDA result that is negative)
- *   the errors of moonlet_client_batch_exist_key / batch_probe_key
+ *   the errors of moonlet_client_probe_resume / batch_exist_key / batch_probe_key
  *   whatever negative code the key builder returned
- * Blocks for one or two master round trips; thread safe as the client is.
+ * Blocks for one round trip (two or three against an older master); thread
+ * safe as the client is.
  */
 int moonlet_k3_lookup(moonlet_client *c, const moonlet_k3_layout *layout,
                       const moonlet_k3_request *req, moonlet_k3_key_fn key_fn, void *key_ctx,

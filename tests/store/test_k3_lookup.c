@@ -10,7 +10,11 @@
  * leases_probe), so a helper that leased one key too many fails.
  * Cases: the K3 worked example, the KV boundary cutting candidates, the
  * Eagle-style bound, no KDA candidate, key order for groups x ranks x
- * components, the lease-all mode, and errors from the key builder.
+ * components, the lease-all mode, and errors from the key builder; each
+ * selective case on the two-call path (MOONLET_K3_SELECTIVE_TWO_CALLS) and on
+ * the one-call path (ProbeResume, the default), and the default against a
+ * master that answers ProbeResume as unknown (--disable-method): the
+ * two-call path.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -96,7 +100,7 @@ static uint64_t lease_ms(const char *tenant, const char *key)
 }
 
 typedef struct counters {
-    double exist, probe, probe_calls;
+    double exist, probe, probe_calls, resume_kda, resume_kv, resume_calls;
 } counters;
 
 static counters stats(void)
@@ -106,7 +110,10 @@ static counters stats(void)
         fail_msg("stats");
     counters c = {cJSON_GetObjectItem(j, "leases_exist")->valuedouble,
                   cJSON_GetObjectItem(j, "leases_probe")->valuedouble,
-                  cJSON_GetObjectItem(j, "probe_calls_last_hit_only")->valuedouble};
+                  cJSON_GetObjectItem(j, "probe_calls_last_hit_only")->valuedouble,
+                  cJSON_GetObjectItem(j, "leases_resume_kda")->valuedouble,
+                  cJSON_GetObjectItem(j, "leases_resume_kv")->valuedouble,
+                  cJSON_GetObjectItem(j, "resume_calls")->valuedouble};
     cJSON_Delete(j);
     return c;
 }
@@ -114,7 +121,16 @@ static counters stats(void)
 static moonlet_k3_request request(uint64_t prompt, uint64_t blocks)
 {
     return (moonlet_k3_request){.prompt_tokens = prompt, .kv_blocks = blocks,
-                                .checkpoints = CKPTS, .n_checkpoints = 3};
+                                .checkpoints = CKPTS, .n_checkpoints = 3,
+                                .mode = MOONLET_K3_SELECTIVE_TWO_CALLS};
+}
+
+/* The default mode: one ProbeResume. */
+static moonlet_k3_request request1(uint64_t prompt, uint64_t blocks)
+{
+    moonlet_k3_request r = request(prompt, blocks);
+    r.mode = MOONLET_K3_SELECTIVE;
+    return r;
 }
 
 static void lookup(const moonlet_k3_layout *l, const moonlet_k3_request *r, const char *tenant,
@@ -379,6 +395,268 @@ static void test_key_builder_errors(void **state)
                      MOONLET_ERR_INVALID_PARAMS);
 }
 
+/* ---- the one-call path (ProbeResume) ---------------------------------------------- */
+
+static void assert_no_exist_or_probe_leases(counters c0, counters c1)
+{
+    assert_int_equal(c1.exist - c0.exist, 0);
+    assert_int_equal(c1.probe - c0.probe, 0);
+    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
+}
+
+static void test_one_call_worked_example(void **state)
+{
+    (void)state;
+    const char *t = "k3-1-worked";
+    put_worked_example(t);
+    counters c0 = stats();
+    moonlet_k3_request r = request1(512, 4);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.resume_position, 128);
+    assert_int_equal(res.checkpoint, 0);
+    assert_int_equal(res.kv_prefix_blocks, 4);
+    assert_int_equal(res.kv_boundary, 512);
+    assert_int_equal(res.candidates, 3);
+    assert_int_equal(res.rpcs, 1);
+    static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
+    assert_keys(&res, want, 3);
+    assert_int_equal(res.kda_leased, 2);
+    assert_int_equal(res.kv_leased, 1);
+    /* exactly what is loaded gained a lease: kv/0 and checkpoint 128 */
+    assert_true(lease_ms(t, "kv/0") > 0);
+    for (int b = 1; b < 4; b++) {
+        char k[16];
+        snprintf(k, sizeof(k), "kv/%d", b);
+        assert_int_equal(lease_ms(t, k), 0);
+    }
+    assert_true(lease_ms(t, "kda/128/r0") > 0);
+    assert_true(lease_ms(t, "kda/128/r1") > 0);
+    assert_int_equal(lease_ms(t, "kda/256/r1"), 0);
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_int_equal(c1.resume_kda - c0.resume_kda, 2);
+    assert_int_equal(c1.resume_kv - c0.resume_kv, 1);
+    assert_int_equal(c1.resume_calls - c0.resume_calls, 1);
+    assert_no_exist_or_probe_leases(c0, c1);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_one_call_kv_boundary(void **state)
+{
+    (void)state;
+    const char *t = "k3-1-boundary";
+    put(t, "kv/0");
+    put(t, "kv/1");
+    put(t, "kv/3");
+    for (int i = 0; i < 3; i++)
+        for (int rk = 0; rk < 2; rk++) {
+            char k[32];
+            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
+            put(t, k);
+        }
+    counters c0 = stats();
+    moonlet_k3_request r = request1(512, 4);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.kv_prefix_blocks, 2);
+    assert_int_equal(res.kv_boundary, 256);
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.resume_position, 256);
+    assert_int_equal(res.rpcs, 1);
+    static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
+    assert_keys(&res, want, 4);
+    assert_int_equal(res.kv_hits, 2); /* the prefix: kv/3 is not looked at */
+    assert_int_equal(lease_ms(t, "kv/3"), 0);
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
+    assert_true(lease_ms(t, "kda/256/r1") > 0);
+    assert_int_equal(c1.resume_kda - c0.resume_kda, 2);
+    assert_int_equal(c1.resume_kv - c0.resume_kv, 2);
+    assert_no_exist_or_probe_leases(c0, c1);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_one_call_eagle(void **state)
+{
+    (void)state;
+    const char *t = "k3-1-eagle";
+    put_kv(t, 3);
+    for (int i = 0; i < 3; i++)
+        for (int rk = 0; rk < 2; rk++) {
+            char k[32];
+            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
+            put(t, k);
+        }
+    moonlet_k3_request r = request1(384, 3);
+    r.recompute_last_token = true;
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    assert_int_equal(res.kv_boundary, 384);
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.resume_position, 256);
+    assert_int_equal(res.rpcs, 1);
+    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_int_equal(lease_ms(t, "kv/2"), 0);
+    moonlet_k3_result_free(&res);
+    r.recompute_last_token = false;
+    lookup(&L2, &r, t, &res);
+    assert_int_equal(res.resume_position, 384);
+    assert_int_equal(res.kv_keys, 3);
+    assert_int_equal(res.kv_leased, 3);
+    assert_true(lease_ms(t, "kv/2") > 0);
+    moonlet_k3_result_free(&res);
+}
+
+/* No checkpoint to resume from: nothing is leased, not even the KV prefix. */
+static void test_one_call_no_candidate(void **state)
+{
+    (void)state;
+    const char *t = "k3-1-none";
+    put_kv(t, 2);
+    put(t, "kda/128/r1");
+    counters c0 = stats();
+    moonlet_k3_request r = request1(256, 2);
+    moonlet_k3_result res;
+    lookup(&L2, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.kv_prefix_blocks, 2);
+    assert_int_equal(res.candidates, 2);
+    assert_int_equal(res.rpcs, 1);
+    assert_int_equal(res.resume_position, 0);
+    assert_int_equal(res.checkpoint, MOONLET_K3_NONE);
+    assert_int_equal(res.kv_keys + res.kda_keys, 0);
+    assert_int_equal(res.kv_leased + res.kda_leased, 0);
+    assert_int_equal(lease_ms(t, "kv/0"), 0);
+    assert_int_equal(lease_ms(t, "kda/128/r1"), 0);
+    assert_int_equal(c1.resume_kda + c1.resume_kv - c0.resume_kda - c0.resume_kv, 0);
+    assert_no_exist_or_probe_leases(c0, c1);
+    moonlet_k3_result_free(&res);
+}
+
+static void test_one_call_key_order(void **state)
+{
+    (void)state;
+    const char *t = "k3-1-order";
+    const moonlet_k3_layout l = {.block_tokens = 128, .groups = 2, .ranks = 2, .components = 2};
+    put_kv(t, 2);
+    char want[8][48];
+    const char *wp[9] = {"kv/0"};
+    int n = 0;
+    for (unsigned g = 0; g < 2; g++)
+        for (unsigned rk = 0; rk < 2; rk++)
+            for (unsigned c = 0; c < 2; c++) {
+                snprintf(want[n], sizeof(want[n]), "kda/128/g%u/r%u/c%u", g, rk, c);
+                put(t, want[n]);
+                wp[1 + n] = want[n];
+                n++;
+            }
+    counters c0 = stats();
+    moonlet_k3_request r = request1(300, 2);
+    moonlet_k3_result res;
+    lookup(&l, &r, t, &res);
+    counters c1 = stats();
+    assert_int_equal(res.resume_position, 128);
+    assert_keys(&res, wp, 9);
+    assert_int_equal(c1.resume_kda - c0.resume_kda, 8);
+    assert_int_equal(c1.resume_kv - c0.resume_kv, 1);
+    moonlet_k3_result_free(&res);
+}
+
+/* A master that answers ProbeResume as an unknown method (as one from before
+ * it does): the default mode takes the two-call path, with the two-call
+ * result, on every lookup. */
+static void test_older_master_two_calls(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"--disable-method", "ProbeResume", NULL};
+    test_proc om, os;
+    assert_int_equal(cl_start_master(&om, extra), 0);
+    assert_int_equal(cl_start_store(&os, om.addr, "8MiB", NULL), 0);
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = om.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client *cli;
+    assert_int_equal(moonlet_client_create(&cfg, &cli), 0);
+    static const char payload[64] = "old";
+    moonlet_put_options o = {.tenant = "old"};
+    const char *keys[] = {"kv/0", "kv/1", "kv/2", "kv/3", "kda/128/r0", "kda/128/r1",
+                          "kda/256/r1", "kda/384/r0"};
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(moonlet_client_put(cli, keys[i], payload, sizeof(payload), &o), 0);
+    const char *kv1[] = {"kv/0"}, *kda1[] = {"kda/128/r0", "kda/128/r1"};
+    const uint64_t b1[] = {1};
+    moonlet_probe_resume_result pr;
+    int32_t mask[2];
+    assert_int_equal(moonlet_client_probe_resume(cli, kv1, 1, kda1, 2, 2, b1, &pr, mask, "old"),
+                     MOONLET_ERR_INVALID_VERSION);
+    for (int round = 0; round < 2; round++) {
+        moonlet_k3_request r = request1(512, 4);
+        moonlet_k3_result res;
+        assert_int_equal(moonlet_k3_lookup(cli, &L2, &r, key_fn, (void *)&L2, "old", &res), 0);
+        assert_int_equal(res.resume_position, 128);
+        assert_int_equal(res.rpcs, 2);
+        assert_int_equal(res.kv_hits, 4);
+        assert_int_equal(res.kv_leased, 4); /* BatchExistKey leases every KV hit */
+        assert_int_equal(res.kda_leased, 2);
+        static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
+        assert_keys(&res, want, 3);
+        moonlet_k3_result_free(&res);
+    }
+    moonlet_client_destroy(cli);
+    proc_stop(&os);
+    proc_stop(&om);
+}
+
+/* ProbeResume's request errors through the public client. */
+static void test_probe_resume_errors(void **state)
+{
+    (void)state;
+    const char *kv[] = {"kv/0", "kv/1"}, *kda[] = {"a", "b", "c", "d"};
+    const uint64_t b[] = {1, 2}, over[] = {1, 3};
+    moonlet_probe_resume_result pr;
+    int32_t mask[4];
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 0, b, &pr, mask, "e"),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 3, b, &pr, mask, "e"),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, over, &pr, mask, "e"),
+                     MOONLET_ERR_INVALID_PARAMS);
+    const char *bad[] = {"kv/0", ""};
+    assert_int_equal(moonlet_client_probe_resume(g_cli, bad, 2, kda, 4, 2, b, &pr, mask, "e"),
+                     MOONLET_ERR_INVALID_KEY);
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, b, &pr, mask, "e"), 0);
+    assert_int_equal(pr.kv_prefix, 0);
+    assert_int_equal(pr.selected, -1);
+    /* boundary count mismatch: only reachable through the MasterClient */
+    moonlet_mc_resume_out mo;
+    assert_int_equal(moonlet_mc_probe_resume(g_mc, "e", kv, 2, kda, 4, 2, b, 1, &mo, mask),
+                     MOONLET_ERR_INVALID_PARAMS);
+}
+
+/* The master's --max-batch-keys counts KV and KDA keys together. */
+static void test_probe_resume_batch_cap(void **state)
+{
+    (void)state;
+    static const char *const extra[] = {"--max-batch-keys", "8", NULL};
+    test_proc cm;
+    assert_int_equal(cl_start_master(&cm, extra), 0);
+    moonlet_master_client *mc;
+    assert_int_equal(moonlet_mc_create(cm.addr, NULL, &mc), 0);
+    const char *kv[] = {"k0", "k1", "k2", "k3", "k4"}, *kda[] = {"a", "b", "c", "d"};
+    const uint64_t b[] = {1, 2};
+    moonlet_mc_resume_out mo;
+    int32_t mask[4];
+    assert_int_equal(moonlet_mc_probe_resume(mc, "", kv, 4, kda, 4, 2, b, 2, &mo, mask), 0);
+    assert_int_equal(moonlet_mc_probe_resume(mc, "", kv, 5, kda, 4, 2, b, 2, &mo, mask),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_mc_probe_resume(mc, "", kv, 4, kda, 4, 2, b, 2, &mo, mask), 0);
+    moonlet_mc_destroy(mc);
+    proc_stop(&cm);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +667,14 @@ int main(void)
         cmocka_unit_test(test_no_kda_candidate),
         cmocka_unit_test(test_key_order),
         cmocka_unit_test(test_key_builder_errors),
+        cmocka_unit_test(test_one_call_worked_example),
+        cmocka_unit_test(test_one_call_kv_boundary),
+        cmocka_unit_test(test_one_call_eagle),
+        cmocka_unit_test(test_one_call_no_candidate),
+        cmocka_unit_test(test_one_call_key_order),
+        cmocka_unit_test(test_older_master_two_calls),
+        cmocka_unit_test(test_probe_resume_errors),
+        cmocka_unit_test(test_probe_resume_batch_cap),
     };
     return cmocka_run_group_tests_name("k3_lookup", tests, setup, teardown);
 }
