@@ -364,6 +364,86 @@ static void test_k3_probe_policy(void **state)
     assert_int_equal(moonlet_client_batch_probe_key(g_dc, lho, k3_keys, 0, r, t), MOONLET_OK);
 }
 
+/* ProbeResume through the DummyClient and directly: the same answer and the
+ * same leases (exactly the selected checkpoint and the KV keys below it);
+ * request errors pass up unchanged; the K3 helper takes one round trip. */
+static void probe_resume_case(moonlet_client *c, const char *t)
+{
+    static const char *const kv[4] = {"kv/0", "kv/1", "kv/2", "kv/3"};
+    const uint64_t b[3] = {1, 2, 3};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(moonlet_client_put(c, kv[i], "kv", 2,
+                                            &(moonlet_put_options){.tenant = t}), MOONLET_OK);
+    for (int i = 0; i < 6; i++)
+        if (i != 2 && i != 5)
+            assert_int_equal(moonlet_client_put(c, k3_keys[i], "kda", 3,
+                                                &(moonlet_put_options){.tenant = t}),
+                             MOONLET_OK);
+    moonlet_probe_resume_result pr;
+    int32_t mask[6];
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+                     MOONLET_OK);
+    assert_int_equal(pr.kv_prefix, 4);
+    assert_int_equal(pr.selected, 0);
+    const int32_t want[6] = {1, 1, 0, 0, 0, 0};
+    assert_memory_equal(mask, want, sizeof(mask));
+    for (int i = 0; i < 4; i++) {
+        long long ms = lease_ms(c, kv[i], t);
+        if (i == 0)
+            assert_true(ms > 0);
+        else
+            assert_int_equal(ms, 0);
+    }
+    for (int i = 0; i < 6; i++) {
+        long long ms = lease_ms(c, k3_keys[i], t);
+        if (i < 2)
+            assert_true(ms > 0);
+        else
+            assert_int_equal(ms, i == 2 || i == 5 ? -1 : 0);
+    }
+    const uint64_t over[3] = {1, 2, 5};
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, over, &pr, mask, t),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(pr.selected, -1);
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 4, b, &pr, mask, t),
+                     MOONLET_ERR_INVALID_PARAMS);
+    const char *badkv[4] = {"kv/0", "", "kv/2", "kv/3"};
+    assert_int_equal(moonlet_client_probe_resume(c, badkv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+                     MOONLET_ERR_INVALID_KEY);
+    const char *nullkv[4] = {"kv/0", NULL, "kv/2", "kv/3"};
+    assert_int_equal(moonlet_client_probe_resume(c, nullkv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+                     MOONLET_ERR_INVALID_PARAMS);
+    /* empty lists: a valid call, nothing selected */
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 0, k3_keys, 0, 0, NULL, &pr, mask, t),
+                     MOONLET_OK);
+    assert_int_equal(pr.selected, -1);
+}
+
+static void test_probe_resume_both_paths(void **state)
+{
+    (void)state;
+    probe_resume_case(g_dc, "resume-dummy");
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client *direct = NULL;
+    assert_int_equal(moonlet_client_create(&cfg, &direct), MOONLET_OK);
+    probe_resume_case(direct, "resume-direct");
+    moonlet_client_destroy(direct);
+    /* the DummyClient's default tenant reaches the master */
+    moonlet_client *ta = new_dummy(g_sock, 0, 0, "resume-dummy");
+    static const char *const kv[1] = {"kv/0"};
+    const uint64_t b[3] = {1, 1, 1};
+    moonlet_probe_resume_result pr;
+    int32_t mask[6];
+    assert_int_equal(moonlet_client_probe_resume(ta, kv, 1, k3_keys, 6, 2, b, &pr, mask, NULL),
+                     MOONLET_OK);
+    assert_int_equal(pr.kv_prefix, 1);
+    assert_int_equal(pr.selected, 0);
+    moonlet_client_destroy(ta);
+}
+
 static void test_tenant_isolation(void **state)
 {
     (void)state;
@@ -1076,6 +1156,7 @@ int main(void)
         cmocka_unit_test(test_parallel_calls),
         cmocka_unit_test(test_socket_mode),
         cmocka_unit_test(test_real_client_api),
+        cmocka_unit_test(test_probe_resume_both_paths),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_dummy_dies),
         cmocka_unit_test(test_real_client_killed), /* last: leaves a dead segment mounted */
