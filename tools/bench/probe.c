@@ -3,15 +3,19 @@
  * selective, against a master this command starts.
  *
  * Workload: 128 KV keys and 128 KDA checkpoints of 4 recurrent keys, all
- * present.  Three paths, interleaved call by call so machine noise hits all
- * of them alike:
+ * present; checkpoint c resumes after the first c KV blocks (the last, 127,
+ * leaves the final block to be recomputed).  Four paths, interleaved call by
+ * call (the first path rotating) so machine noise hits all of them alike:
  *   echo             - Echo carrying the same 640 keys: the cost of the RPC alone;
  *   exist_all        - one BatchExistKey over all 640 keys (leases every hit);
  *   kv_then_last_hit - BatchExistKey over the 128 KV keys, then
  *                      BatchProbeKey(LastHitOnly, candidate_size 4) over the
- *                      512 KDA keys (leases one checkpoint).
- * KDA keys leased per call come from the master's lease counters; the lock
- * hold p99 from its validation histogram.
+ *                      512 KDA keys (leases one checkpoint and every KV hit);
+ *   k3_one_rtt       - one ProbeResume over the 128 KV keys and the 512 KDA keys
+ *                      with each checkpoint's boundary (leases one checkpoint
+ *                      and the KV blocks below it).
+ * Keys leased per call come from the master's lease counters; the lock hold
+ * p99s from its validation histograms (BatchProbeKey's and ProbeResume's).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -33,6 +37,7 @@
 
 static char g_names[ALL][32];
 static const char *g_all[ALL]; /* KV keys first, then KDA keys */
+static uint64_t g_bounds[CKPT]; /* checkpoint c needs the first c KV keys */
 
 static double stat_num(cJSON *st, const char *name)
 {
@@ -88,10 +93,16 @@ static int do_selective(moonlet_master_client *mc, int32_t *r)
     return rc ? rc : moonlet_mc_batch_probe_key(mc, "", p, g_all + KV, KDA, r + KV);
 }
 
-/* Upper bound (us) of the histogram bucket holding the p99 sample. */
-static double hist_p99_us(cJSON *st)
+static int do_one_rtt(moonlet_master_client *mc, int32_t *r, moonlet_mc_resume_out *out)
 {
-    cJSON *h = cJSON_GetObjectItem(st, "probe_lock_hold_us_hist");
+    return moonlet_mc_probe_resume(mc, "", g_all, KV, g_all + KV, KDA, RANKS, g_bounds, CKPT, out,
+                                   r + KV);
+}
+
+/* Upper bound (us) of the histogram bucket holding the p99 sample. */
+static double hist_p99_us(cJSON *st, const char *name)
+{
+    cJSON *h = cJSON_GetObjectItem(st, name);
     int n = cJSON_GetArraySize(h);
     double total = 0, seen = 0;
     for (int i = 0; i < n; i++)
@@ -131,6 +142,8 @@ int bench_probe_main(int argc, char **argv)
         snprintf(g_names[KV + i], sizeof(g_names[0]), "kda/ckpt-%04d/rank-%d", (i / RANKS + 1) * 4, i % RANKS);
     for (int i = 0; i < ALL; i++)
         g_all[i] = g_names[i];
+    for (int c = 0; c < CKPT; c++)
+        g_bounds[c] = (uint64_t)c;
 
     bench_master bm;
     if (bench_master_start(&bm, NULL)) {
@@ -141,7 +154,8 @@ int bench_probe_main(int argc, char **argv)
     moonlet_master_client *mc = NULL;
     moonlet_rpc_client *c = NULL;
     cJSON *st = NULL;
-    bench_samples echo = {0}, all = {0}, sel = {0};
+    bench_samples echo = {0}, all = {0}, sel = {0}, one = {0};
+    moonlet_mc_resume_out ro;
     static int32_t r[ALL];
     if (moonlet_mc_create(bm.addr, NULL, &mc) ||
         moonlet_rpc_client_connect("127.0.0.1", bm.port, NULL, &c))
@@ -166,26 +180,36 @@ int bench_probe_main(int argc, char **argv)
     int selected = 0;
     for (int i = KV; i < ALL; i++)
         selected += r[i] == 1;
+    double rk0 = stat_num(st, "leases_resume_kda"), rv0 = stat_num(st, "leases_resume_kv");
+    if (do_one_rtt(mc, r, &ro) || stats(mc, &st))
+        goto out;
+    double kda_one = stat_num(st, "leases_resume_kda") - rk0;
+    double kv_one = stat_num(st, "leases_resume_kv") - rv0;
+    int selected_one = 0;
+    for (int i = KV; i < ALL; i++)
+        selected_one += r[i] == 1;
+    int64_t sel_ckpt = ro.selected;
+    uint64_t sel_boundary = ro.selected >= 0 ? g_bounds[ro.selected] : 0;
 
     for (int i = 0; i < iters; i++) {
-        uint64_t t0 = bench_now_ns();
-        if (do_echo(c))
-            goto out;
-        uint64_t t1 = bench_now_ns();
-        if (do_exist_all(mc, r))
-            goto out;
-        uint64_t t2 = bench_now_ns();
-        if (do_selective(mc, r))
-            goto out;
-        uint64_t t3 = bench_now_ns();
-        bench_samples_add(&echo, (double)(t1 - t0) / 1000.0);
-        bench_samples_add(&all, (double)(t2 - t1) / 1000.0);
-        bench_samples_add(&sel, (double)(t3 - t2) / 1000.0);
+        for (int k = 0; k < 4; k++) {
+            int path = (i + k) % 4;
+            uint64_t t0 = bench_now_ns();
+            int e = path == 0   ? do_echo(c)
+                    : path == 1 ? do_exist_all(mc, r)
+                    : path == 2 ? do_selective(mc, r)
+                                : do_one_rtt(mc, r, &ro);
+            if (e)
+                goto out;
+            double us = (double)(bench_now_ns() - t0) / 1000.0;
+            bench_samples_add(path == 0 ? &echo : path == 1 ? &all : path == 2 ? &sel : &one, us);
+        }
     }
     if (stats(mc, &st))
         goto out;
 
     double p50e = bench_percentile(&echo, 50), p50s = bench_percentile(&sel, 50);
+    double p50a = bench_percentile(&all, 50), p50o = bench_percentile(&one, 50);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "workload", "128 KV keys + 128 checkpoints x 4 KDA keys, all present");
     bench_json_latency(root, "echo", &echo);
@@ -198,7 +222,20 @@ int bench_probe_main(int argc, char **argv)
     cJSON_AddNumberToObject(s, "kda_keys_selected", selected);
     cJSON_AddNumberToObject(root, "kv_then_last_hit_p50_over_echo_p50", p50s / p50e);
     cJSON_AddNumberToObject(root, "ratio_target_max", 2.5);
-    cJSON_AddNumberToObject(root, "lock_hold_p99_us", hist_p99_us(st));
+    bench_json_latency(root, "k3_one_rtt", &one);
+    cJSON *k1 = cJSON_GetObjectItem(root, "k3_one_rtt");
+    cJSON_AddNumberToObject(k1, "kda_keys_leased", kda_one);
+    cJSON_AddNumberToObject(k1, "kv_keys_leased", kv_one);
+    cJSON_AddNumberToObject(k1, "kda_keys_selected", selected_one);
+    cJSON_AddNumberToObject(k1, "selected_checkpoint", (double)sel_ckpt);
+    cJSON_AddNumberToObject(k1, "selected_boundary_kv_keys", (double)sel_boundary);
+    cJSON_AddNumberToObject(k1, "lock_hold_p99_us", hist_p99_us(st, "resume_lock_hold_us_hist"));
+    cJSON_AddNumberToObject(k1, "lock_hold_max_us", stat_num(st, "resume_lock_hold_max_ns") / 1000.0);
+    cJSON_AddNumberToObject(root, "k3_one_rtt_p50_over_exist_all_p50", p50o / p50a);
+    cJSON_AddNumberToObject(root, "k3_one_rtt_p50_over_echo_p50", p50o / p50e);
+    cJSON_AddNumberToObject(root, "k3_one_rtt_over_exist_all_target_max", 1.0);
+    cJSON_AddNumberToObject(root, "k3_one_rtt_over_echo_target_max", 1.5);
+    cJSON_AddNumberToObject(root, "lock_hold_p99_us", hist_p99_us(st, "probe_lock_hold_us_hist"));
     cJSON_AddNumberToObject(root, "lock_hold_max_us", stat_num(st, "probe_lock_hold_max_ns") / 1000.0);
     cJSON_AddNumberToObject(root, "lock_hold_p99_target_max_us", 10);
     if (json) {
@@ -206,8 +243,11 @@ int bench_probe_main(int argc, char **argv)
     } else {
         printf("echo p50 %.1f us; exist_all p50 %.1f us (%.0f KDA keys leased); kv_then_last_hit p50 "
                "%.1f us (%.0f KDA keys leased), %.2fx echo; lock hold p99 <= %.0f us\n",
-               p50e, bench_percentile(&all, 50), kda_all, p50s, kda_sel, p50s / p50e,
-               hist_p99_us(st));
+               p50e, p50a, kda_all, p50s, kda_sel, p50s / p50e,
+               hist_p99_us(st, "probe_lock_hold_us_hist"));
+        printf("k3_one_rtt p50 %.1f us (%.2fx exist_all, %.2fx echo; %.0f KDA + %.0f KV keys leased); "
+               "lock hold p99 <= %.0f us\n", p50o, p50o / p50a, p50o / p50e, kda_one, kv_one,
+               hist_p99_us(st, "resume_lock_hold_us_hist"));
         cJSON_Delete(root);
     }
     rc = 0;
@@ -218,6 +258,7 @@ out:
     bench_samples_free(&echo);
     bench_samples_free(&all);
     bench_samples_free(&sel);
+    bench_samples_free(&one);
     moonlet_rpc_client_close(c);
     moonlet_mc_destroy(mc);
     bench_master_stop(&bm);
