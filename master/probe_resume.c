@@ -25,9 +25,9 @@
  *
  * So a selection is never partially leased, and what the mask says is what
  * gained leases: the recheck and the leases happen under the same locks.
- * The lease grant is max(deadline, now + TTL), so granting an object twice
- * (a key listed twice) under the locks is harmless; the distinct count for
- * the statistics is taken after the locks are released.
+ * A key listed twice is one object, leased and counted once: each object is
+ * marked (mobj.mark) when leased, and the marks are cleared before the locks
+ * are released, so the count costs two linear passes, no sort.
  *
  * The test hook (cfg.probe_hook) runs before each validation, no lock held.
  *
@@ -101,22 +101,19 @@ static bool scan_candidate(moonlet_master *m, uint32_t tenant, const moonlet_str
     return true;
 }
 
-static int ptr_cmp(const void *a, const void *b)
+/* Leases the objects v[0..n) not yet marked, marks them; returns how many.
+ * Runs under every one of their shard locks. */
+static uint64_t lease_unmarked_locked(moonlet_master *m, struct mobj **v, size_t n, uint64_t now)
 {
-    uintptr_t x = (uintptr_t) * (struct mobj *const *)a, y = (uintptr_t) * (struct mobj *const *)b;
-    return (x > y) - (x < y);
-}
-
-/* Distinct pointers in v[0..n) (sorts v).  Pointers are only compared. */
-static uint64_t distinct(struct mobj **v, size_t n)
-{
-    if (n == 0)
-        return 0;
-    qsort(v, n, sizeof(*v), ptr_cmp);
-    uint64_t d = 1;
-    for (size_t i = 1; i < n; i++)
-        d += v[i] != v[i - 1];
-    return d;
+    uint64_t leased = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i]->mark)
+            continue;
+        v[i]->mark = 1;
+        v[i]->lease_deadline = moonlet_lease_grant(v[i]->lease_deadline, now, m->lease_ttl_ns);
+        leased++;
+    }
+    return leased;
 }
 
 /*
@@ -159,11 +156,13 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
         s->objs[cs + i] = o;
         all = o && mobj_readable(o);
     }
+    uint64_t kda = 0, kv_only = 0;
     if (all) {
         uint64_t now = moonlet_clock_now_ns();
-        for (size_t i = 0; i < cs + b; i++) /* idempotent for an object listed twice */
-            s->objs[i]->lease_deadline =
-                moonlet_lease_grant(s->objs[i]->lease_deadline, now, m->lease_ttl_ns);
+        kda = lease_unmarked_locked(m, s->objs, cs, now);
+        kv_only = lease_unmarked_locked(m, s->objs + cs, b, now);
+        for (size_t i = 0; i < cs + b; i++)
+            s->objs[i]->mark = 0;
     }
 
     uint64_t held = moonlet_clock_real_ns() - t0;
@@ -172,11 +171,9 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
     pthread_rwlock_unlock(&m->guard);
     record_hold(m, held);
 
-    if (all) { /* counts only: the pointers are compared, never followed */
-        uint64_t kda = distinct(s->objs, cs);
-        uint64_t total = distinct(s->objs, cs + b);
+    if (all) {
         atomic_fetch_add_explicit(&m->st.leases_resume_kda, kda, memory_order_relaxed);
-        atomic_fetch_add_explicit(&m->st.leases_resume_kv, total - kda, memory_order_relaxed);
+        atomic_fetch_add_explicit(&m->st.leases_resume_kv, kv_only, memory_order_relaxed);
     }
     return all;
 }
