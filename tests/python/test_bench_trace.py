@@ -19,7 +19,9 @@ Turns (ids = hash_ids, input = prompt tokens):
                               (already present)
   4: ids 0..19, input 10000 - KV 16; complete @8 and @16: resume 16
 Lease-all leases every existing checkpoint it probes (4 + 4 + 4 + 8 keys),
-the selective lookup only the one it resumes from (4 + 4 + 4 + 4).  Use
+the selective lookup only the one it resumes from (4 + 4 + 4 + 4); in two
+calls it leases every KV hit (8 + 12 + 16 + 16), in one call (ProbeResume,
+k3_one_rtt) only the KV blocks below the resume position (8 + 8 + 8 + 16).  Use
 stays at or below 24 of the 28 objects (86%, under the 90% watermark) until
 turn 4's puts, which follow its lookup, so no eviction can change a figure.
 """
@@ -75,14 +77,14 @@ def test_figures_are_exact(trace_file):
     assert r["requests"] == 5
     assert r["working_set"] == {"kv_objects": 20, "checkpoints": 2, "kda_objects": 8,
                                 "bytes": 28 * 65536}
-    for mode in ("lease_all", "selective"):
+    for mode in ("lease_all", "selective", "k3_one_rtt"):
         m = r[mode]
         assert m["lookups"] == 5
         assert m["blocks_requested"] == 8 + 12 + 16 + 16 + 20
         assert m["kv_hit_blocks"] == 0 + 8 + 12 + 16 + 16
         assert m["kda_hit_blocks"] == 0 + 8 + 8 + 8 + 16
         assert m["prefill_tokens_saved"] == 512 * (8 + 8 + 8 + 16)
-        assert m["kv_keys_leased"] == 8 + 12 + 16 + 16
+        assert m["kv_keys_leased"] == m["kv_keys_leased_own_count"]
         assert m["puts"] == (8 + 4) + 4 + (4 + 4) + 0 + 4  # per turn, KV + KDA
         assert m["puts_already_present"] == 4
         # Nothing evicted before a lookup: every resume is from the newest
@@ -101,6 +103,16 @@ def test_figures_are_exact(trace_file):
     assert r["lease_all"]["lookup_rpcs"] == 5
     assert r["selective"]["lookup_rpcs"] == 1 + 2 + 2 + 2 + 2  # turn 1 has no KV: no probe
     assert r["kda_keys_leased_ratio_lease_all_over_selective"] == pytest.approx(20 / 16)
+    assert r["lease_all"]["kv_keys_leased"] == 8 + 12 + 16 + 16
+    assert r["selective"]["kv_keys_leased"] == 8 + 12 + 16 + 16
+    one = r["k3_one_rtt"]
+    assert one["kv_keys_leased"] == 8 + 8 + 8 + 16  # below the resume position only
+    assert one["kda_keys_leased"] == 4 + 4 + 4 + 4
+    assert one["master_leases_resume_kda"] == 16 and one["master_leases_resume_kv"] == 40
+    assert one["master_leases_exist"] == 0 and one["master_leases_probe"] == 0
+    assert one["lookup_rpcs"] == 5  # one per request
+    assert r["kda_keys_leased_ratio_lease_all_over_k3_one_rtt"] == pytest.approx(20 / 16)
+    assert r["kv_keys_leased_ratio_selective_over_k3_one_rtt"] == pytest.approx(52 / 40)
     assert r["never_evicting_cache"]["kv_hit_ratio"] == pytest.approx(52 / 72)
     assert r["never_evicting_cache"]["kda_hit_ratio"] == pytest.approx(40 / 72)
 
@@ -109,13 +121,13 @@ def test_plot_and_series(trace_file, tmp_path):
     png, csv = tmp_path / "t.png", tmp_path / "t.csv"
     out = run_bench(*common_args(trace_file), "--limit", "3", "--plot", str(png),
                     "--series", str(csv))
-    assert "lease_all" in out and "selective" in out
+    assert "lease_all" in out and "selective" in out and "k3_one_rtt" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = csv.read_text().splitlines()
     assert rows[0].startswith("mode,t_s,requests,blocks,")
-    assert len(rows) == 1 + 2 * 3
+    assert len(rows) == 1 + 3 * 3
     last = dict(zip(rows[0].split(","), rows[-1].split(",")))
-    assert last["mode"] == "selective" and last["requests"] == "3"
+    assert last["mode"] == "k3_one_rtt" and last["requests"] == "3"
     assert last["blocks"] == str(8 + 12 + 16) and last["kda_keys_leased"] == "8"
 
 

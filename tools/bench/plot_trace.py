@@ -20,7 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 WINDOWS = 30  # hit-ratio windows across the trace
-STYLE = {"lease_all": ("tab:red", "lease-all"), "selective": ("tab:blue", "selective")}
+STYLE = {"lease_all": ("tab:red", "lease-all"), "selective": ("tab:blue", "selective, two calls"),
+         "k3_one_rtt": ("tab:green", "selective, one call (ProbeResume)")}
 
 
 def load(path):

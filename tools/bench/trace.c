@@ -1,8 +1,10 @@
 /*
  * trace.c - `moonlet-bench trace`: replays Mooncake's conversation trace
- * against a master and store nodes this command starts, once with the
- * lease-all K3 lookup and once with the selective one, and compares what each
- * leases, what each hits and how much each evicts.
+ * against a master and store nodes this command starts, three times: with the
+ * lease-all K3 lookup, with the selective one in two calls (BatchExistKey,
+ * then BatchProbeKey(LAST_HIT_ONLY)) and with the selective one in one call
+ * (ProbeResume, "k3_one_rtt"), and compares what each leases, what each hits
+ * and how much each evicts.
  *
  * Why a replay: the selective lookup's claim is about memory under pressure.
  * Leasing every probed checkpoint protects checkpoints nobody will load, and
@@ -33,9 +35,9 @@
  * master's --default_kv_lease_ttl.  Requests start on their scaled schedule;
  * when the replay falls behind, they start at once and the lag is reported.
  *
- * KDA leases: the master's counters (leases_exist, leases_probe) before and
- * after each run, cross-checked against the helper's own counts (kda_leased,
- * kv_hits).  For scale, the output also gives the hit ratios of a cache that
+ * Leases: the master's counters (leases_exist, leases_probe, leases_resume_kda,
+ * leases_resume_kv) before and after each run, cross-checked against the
+ * helper's own counts (kda_leased, kv_leased, kv_hits).  For scale, the output also gives the hit ratios of a cache that
  * never evicts (same model, computed without a cluster), and, for requests
  * whose candidates include a checkpoint written earlier in the run, whether
  * they resumed from the newest one, from an older one (the newest had been
@@ -88,6 +90,9 @@ typedef struct trace {
     uint32_t max_blocks;
 } trace;
 
+/* Runs, in order: lease-all, selective in two calls, selective in one (ProbeResume). */
+#define NMODES 3
+
 /* Cumulative figures after one request, for the plot. */
 typedef struct series_row {
     double t_s; /* trace time */
@@ -97,12 +102,12 @@ typedef struct series_row {
 typedef struct run_result {
     const char *mode;
     uint64_t lookups, rpcs, blocks, kv_hit_blocks, kda_hit_blocks, prompt_tokens, saved_tokens;
-    uint64_t kv_hits, kda_leased_own, puts, puts_existing, put_failures;
+    uint64_t kv_hits, kda_leased_own, kv_leased_own, puts, puts_existing, put_failures;
     /* Requests with a checkpoint ever written among their candidates, by what
      * they resumed from: the newest such checkpoint, an older one (the newest
      * was evicted), or none (all were evicted). */
     uint64_t resume_newest, resume_older, resume_none;
-    double leases_exist, leases_probe, evictions, eviction_passes;
+    double leases_exist, leases_probe, evictions, eviction_passes, resume_kda, resume_kv;
     bench_samples lookup_us, lag_ms;
     double wall_s;
     series_row *rows;
@@ -410,7 +415,8 @@ static double stat_num(cJSON *st, const char *name)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-static int stats_now(moonlet_master_client *mc, double out[4])
+#define NSTATS 6
+static int stats_now(moonlet_master_client *mc, double out[NSTATS])
 {
     cJSON *st = NULL;
     int rc = moonlet_mc_stats(mc, &st);
@@ -420,6 +426,8 @@ static int stats_now(moonlet_master_client *mc, double out[4])
     out[1] = stat_num(st, "leases_probe");
     out[2] = stat_num(st, "evictions");
     out[3] = stat_num(st, "eviction_passes");
+    out[4] = stat_num(st, "leases_resume_kda");
+    out[5] = stat_num(st, "leases_resume_kv");
     cJSON_Delete(st);
     return MOONLET_OK;
 }
@@ -530,12 +538,14 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
                   run_result *rr)
 {
     memset(rr, 0, sizeof(*rr));
-    rr->mode = mode == MOONLET_K3_LEASE_ALL ? "lease_all" : "selective";
+    rr->mode = mode == MOONLET_K3_LEASE_ALL ? "lease_all"
+               : mode == MOONLET_K3_SELECTIVE_TWO_CALLS ? "selective"
+                                                        : "k3_one_rtt";
     rr->rows = calloc(t->n, sizeof(*rr->rows));
     scratch s = {0};
     cluster cl = {0};
     idset written = {0};
-    double st0[4], st1[4];
+    double st0[NSTATS], st1[NSTATS];
     int rc = -1;
     if (!rr->rows || scratch_alloc(&s, t->max_blocks, o->ranks) || idset_init(&written, t->n) ||
         cluster_start(&cl, o, per_store) || stats_now(cl.mc, st0))
@@ -577,6 +587,7 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
         rr->saved_tokens += res.resume_position;
         rr->kv_hits += res.kv_hits;
         rr->kda_leased_own += res.kda_leased;
+        rr->kv_leased_own += res.kv_leased;
         count_resume(&req, &res, ids, &written, rr);
         put_after_prefill(&cl, o, q, ids, &res, &s, &written, rr);
         moonlet_k3_result_free(&res);
@@ -591,6 +602,8 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     rr->leases_probe = st1[1] - st0[1];
     rr->evictions = st1[2] - st0[2];
     rr->eviction_passes = st1[3] - st0[3];
+    rr->resume_kda = st1[4] - st0[4];
+    rr->resume_kv = st1[5] - st0[5];
     rc = 0;
 out:
     cluster_stop(&cl);
@@ -615,10 +628,21 @@ static double ratio(double a, double b)
 }
 
 /* KDA keys leased according to the master: every probe lease is a KDA key;
- * exist leases are KV hits plus, in lease-all, the KDA hits. */
+ * exist leases are KV hits plus, in lease-all, the KDA hits; ProbeResume
+ * counts its KDA and KV leases apart. */
 static double kda_leased_master(const run_result *rr)
 {
+    if (rr->resume_kda + rr->resume_kv > 0)
+        return rr->resume_kda + rr->leases_probe;
     return rr->leases_probe + rr->leases_exist - (double)rr->kv_hits;
+}
+
+/* KV keys leased according to the master. */
+static double kv_leased_master(const run_result *rr)
+{
+    if (rr->resume_kda + rr->resume_kv > 0)
+        return rr->resume_kv + rr->leases_exist;
+    return (double)rr->kv_hits;
 }
 
 static cJSON *run_json(run_result *rr, const trace_opts *o)
@@ -632,7 +656,11 @@ static cJSON *run_json(run_result *rr, const trace_opts *o)
     cJSON_AddNumberToObject(j, "kda_keys_leased", kda_master);
     cJSON_AddNumberToObject(j, "kda_keys_leased_own_count", (double)rr->kda_leased_own);
     cJSON_AddNumberToObject(j, "kda_bytes_leased", kda_master * (double)o->kda_bytes);
-    cJSON_AddNumberToObject(j, "kv_keys_leased", (double)rr->kv_hits);
+    cJSON_AddNumberToObject(j, "kv_keys_leased", kv_leased_master(rr));
+    cJSON_AddNumberToObject(j, "kv_keys_leased_own_count", (double)rr->kv_leased_own);
+    cJSON_AddNumberToObject(j, "kv_bytes_leased", kv_leased_master(rr) * (double)o->kv_bytes);
+    cJSON_AddNumberToObject(j, "master_leases_resume_kda", rr->resume_kda);
+    cJSON_AddNumberToObject(j, "master_leases_resume_kv", rr->resume_kv);
     cJSON_AddNumberToObject(j, "master_leases_exist", rr->leases_exist);
     cJSON_AddNumberToObject(j, "master_leases_probe", rr->leases_probe);
     cJSON_AddNumberToObject(j, "blocks_requested", (double)rr->blocks);
@@ -663,21 +691,25 @@ static cJSON *run_json(run_result *rr, const trace_opts *o)
 
 static void print_text(run_result *r, const trace_opts *o)
 {
-    printf("%-10s %7s %9s %9s %12s %12s %7s %7s %8s %10s\n", "lookup", "rpcs", "p50 us", "p99 us",
-           "KDA leased", "KDA MiB", "KV hit", "KDA hit", "saved", "evictions");
-    for (int i = 0; i < 2; i++) {
+    printf("%-10s %7s %9s %9s %12s %12s %10s %7s %7s %8s %10s\n", "lookup", "rpcs", "p50 us",
+           "p99 us", "KDA leased", "KDA MiB", "KV leased", "KV hit", "KDA hit", "saved",
+           "evictions");
+    for (int i = 0; i < NMODES; i++) {
         run_result *rr = &r[i];
         double kda = kda_leased_master(rr);
-        printf("%-10s %7llu %9.1f %9.1f %12.0f %12.1f %6.1f%% %6.1f%% %7.1f%% %10.0f\n", rr->mode,
-               (unsigned long long)rr->rpcs, bench_percentile(&rr->lookup_us, 50),
+        printf("%-10s %7llu %9.1f %9.1f %12.0f %12.1f %10.0f %6.1f%% %6.1f%% %7.1f%% %10.0f\n",
+               rr->mode, (unsigned long long)rr->rpcs, bench_percentile(&rr->lookup_us, 50),
                bench_percentile(&rr->lookup_us, 99), kda,
-               kda * (double)o->kda_bytes / 1048576.0,
+               kda * (double)o->kda_bytes / 1048576.0, kv_leased_master(rr),
                100 * ratio((double)rr->kv_hit_blocks, (double)rr->blocks),
                100 * ratio((double)rr->kda_hit_blocks, (double)rr->blocks),
                100 * ratio((double)rr->saved_tokens, (double)rr->prompt_tokens), rr->evictions);
     }
-    printf("KDA keys leased, lease-all / selective: %.1fx\n",
-           ratio(kda_leased_master(&r[0]), kda_leased_master(&r[1])));
+    printf("KDA keys leased, lease-all / selective: %.1fx; lease-all / k3_one_rtt: %.1fx\n",
+           ratio(kda_leased_master(&r[0]), kda_leased_master(&r[1])),
+           ratio(kda_leased_master(&r[0]), kda_leased_master(&r[2])));
+    printf("KV keys leased, selective / k3_one_rtt: %.2fx\n",
+           ratio(kv_leased_master(&r[1]), kv_leased_master(&r[2])));
 }
 
 static int write_series(const char *path, const run_result *r, size_t n, const trace_opts *o)
@@ -689,7 +721,7 @@ static int write_series(const char *path, const run_result *r, size_t n, const t
     }
     fprintf(f, "mode,t_s,requests,blocks,kv_hit_blocks,kda_hit_blocks,kda_keys_leased,"
                "kda_bytes_leased\n");
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < NMODES; m++)
         for (size_t i = 0; i < n; i++) {
             const series_row *w = &r[m].rows[i];
             fprintf(f, "%s,%.3f,%zu,%llu,%llu,%llu,%llu,%llu\n", r[m].mode, w->t_s, i + 1,
@@ -729,9 +761,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: moonlet-bench trace --trace PATH [options] [--json] [--plot OUT.png]\n"
             "\n"
-            "Replays a Mooncake trace (JSONL: timestamp, input_length, hash_ids) twice against a\n"
-            "master and store nodes it starts: K3 lookup leasing every hit, then the selective\n"
-            "lookup (KV BatchExistKey + BatchProbeKey LastHitOnly).\n"
+            "Replays a Mooncake trace (JSONL: timestamp, input_length, hash_ids) three times against\n"
+            "a master and store nodes it starts: K3 lookup leasing every hit, the selective lookup\n"
+            "in two calls (KV BatchExistKey + BatchProbeKey LastHitOnly), and in one (ProbeResume).\n"
             "\n"
             "  --trace PATH              the trace (e.g. ../shared/data/conversation_trace.jsonl)\n"
             "  --limit N                 replay the first N requests only (default: all)\n"
@@ -829,7 +861,7 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint64_t capacity,
-                run_result r[2])
+                run_result r[NMODES])
 {
     double kda_all = kda_leased_master(&r[0]), kda_sel = kda_leased_master(&r[1]);
     double ref_kv = 0, ref_kda = 0;
@@ -871,6 +903,14 @@ static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint
     cJSON_AddNumberToObject(ref, "kda_hit_ratio", ref_kda);
     cJSON_AddItemToObject(root, "lease_all", run_json(&r[0], o));
     cJSON_AddItemToObject(root, "selective", run_json(&r[1], o));
+    cJSON_AddItemToObject(root, "k3_one_rtt", run_json(&r[2], o));
+    cJSON_AddNumberToObject(root, "kda_keys_leased_ratio_lease_all_over_k3_one_rtt",
+                            ratio(kda_all, kda_leased_master(&r[2])));
+    cJSON_AddNumberToObject(root, "kv_keys_leased_ratio_selective_over_k3_one_rtt",
+                            ratio(kv_leased_master(&r[1]), kv_leased_master(&r[2])));
+    cJSON_AddNumberToObject(root, "kda_hit_ratio_k3_one_rtt_minus_lease_all",
+                            ratio((double)r[2].kda_hit_blocks, (double)r[2].blocks) -
+                                ratio((double)r[0].kda_hit_blocks, (double)r[0].blocks));
     cJSON_AddNumberToObject(root, "kda_keys_leased_ratio_lease_all_over_selective", ratio(kda_all, kda_sel));
     cJSON_AddNumberToObject(root, "kda_hit_ratio_selective_minus_lease_all",
                             ratio((double)r[1].kda_hit_blocks, (double)r[1].blocks) -
@@ -879,7 +919,7 @@ static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint
     return 0;
 }
 
-static int plot_and_series(const trace_opts *o, const run_result r[2], size_t n)
+static int plot_and_series(const trace_opts *o, const run_result r[NMODES], size_t n)
 {
     char tmp[] = "/tmp/moonlet-trace-XXXXXX";
     const char *series = o->series;
@@ -919,14 +959,15 @@ int bench_trace_main(int argc, char **argv)
         trace_free(&t);
         return 2;
     }
-    run_result r[2];
+    run_result r[NMODES];
     memset(r, 0, sizeof(r));
     rc = replay(&t, &o, MOONLET_K3_LEASE_ALL, per_store, &r[0]) ||
-         replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, &r[1]);
+         replay(&t, &o, MOONLET_K3_SELECTIVE_TWO_CALLS, per_store, &r[1]) ||
+         replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, &r[2]);
     if (!rc)
         rc = emit(&t, &o, &ws, per_store * o.stores, r) || plot_and_series(&o, r, t.n);
-    run_free(&r[0]);
-    run_free(&r[1]);
+    for (int m = 0; m < NMODES; m++)
+        run_free(&r[m]);
     trace_free(&t);
     if (rc)
         fprintf(stderr, "moonlet-bench trace: failed\n");
