@@ -783,6 +783,69 @@ static PyObject *Client_batch_probe_key(ClientObject *self, PyObject *args, PyOb
     return ml_exist_batch(self, args, kw, true);
 }
 
+/* ---- ProbeResume: the K3 lookup in one round trip -------------------------------------- */
+
+/* probe_resume(kv_keys, kda_keys, candidate_size, boundaries, *, tenant_id=None)
+ *   -> (kv_prefix, selected or None, list[bool] over kda_keys)
+ * StoreError with the code otherwise (INVALID_VERSION: the master predates it). */
+static PyObject *Client_probe_resume(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"kv_keys", "kda_keys", "candidate_size", "boundaries", "tenant_id",
+                          NULL};
+    PyObject *kv_obj, *kda_obj, *b_obj;
+    unsigned long long cs;
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOKO|$O&:probe_resume", kwl, &kv_obj, &kda_obj,
+                                     &cs, &b_obj, conv_tenant, &tenant))
+        return NULL;
+    ml_keys kv, kda;
+    if (ml_keys_init(&kv, kv_obj))
+        return NULL;
+    if (ml_keys_init(&kda, kda_obj)) {
+        ml_keys_free(&kv);
+        return NULL;
+    }
+    PyObject *out = NULL, *bt = PySequence_Tuple(b_obj);
+    size_t nb = bt ? (size_t)PyTuple_GET_SIZE(bt) : 0;
+    uint64_t *bounds = bt ? PyMem_Malloc((nb ? nb : 1) * sizeof(*bounds)) : NULL;
+    int32_t *mask = bounds ? PyMem_Malloc((kda.n ? kda.n : 1) * sizeof(*mask)) : NULL;
+    if (bt && !mask)
+        PyErr_NoMemory();
+    for (size_t i = 0; mask && i < nb; i++) {
+        bounds[i] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(bt, (Py_ssize_t)i));
+        if (PyErr_Occurred())
+            goto done;
+    }
+    if (mask && kda.n && (!cs || kda.n % cs || kda.n / cs != nb)) {
+        PyErr_Format(PyExc_ValueError, "probe_resume: %zu boundaries for %zu KDA keys in "
+                     "candidates of %llu", nb, kda.n, cs);
+        goto done;
+    }
+    if (mask) {
+        moonlet_probe_resume_result r;
+        int rc;
+        ML_CALL(self, rc, moonlet_client_probe_resume(c, kv.keys, kv.n, kda.keys, kda.n, cs,
+                                                      bounds, &r, mask, tenant));
+        if (rc) {
+            ml_raise(rc, "probe_resume", NULL);
+        } else {
+            PyObject *m = ml_result_list(mask, kda.n, true);
+            if (m && r.selected >= 0)
+                out = Py_BuildValue("(KLN)", (unsigned long long)r.kv_prefix,
+                                    (long long)r.selected, m);
+            else if (m)
+                out = Py_BuildValue("(KON)", (unsigned long long)r.kv_prefix, Py_None, m);
+        }
+    }
+done:
+    PyMem_Free(mask);
+    PyMem_Free(bounds);
+    Py_XDECREF(bt);
+    ml_keys_free(&kda);
+    ml_keys_free(&kv);
+    return out;
+}
+
 /* ---- zero-copy buffers ----------------------------------------------------------------- */
 
 static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyObject *kw)
@@ -1742,6 +1805,15 @@ static PyMethodDef Client_methods[] = {
      "True values.  The master judges the policy: an unknown mode, a candidate_size of 0 "
      "or one not dividing len(keys) raises StoreError INVALID_PARAMS (-600).  A per-key "
      "error raises StoreError with .results."},
+    {"probe_resume", ML_KW(Client_probe_resume), METH_VARARGS | METH_KEYWORDS,
+     "probe_resume(kv_keys, kda_keys, candidate_size, boundaries, *, tenant_id=None)\n--\n\n"
+     "The K3 lookup in one round trip (ProbeResume): the KV prefix (leading present\n"
+     "kv_keys), the last candidate of candidate_size kda_keys whose boundary (leading\n"
+     "KV keys it needs) lies within it and whose keys all exist, and the selected-only\n"
+     "mask over kda_keys.  Leases exactly that candidate's keys and the KV keys below its\n"
+     "boundary; nothing when none is selected.  Returns (kv_prefix, selected or None,\n"
+     "mask).  StoreError: INVALID_PARAMS, INVALID_KEY, INVALID_VERSION (the master\n"
+     "predates ProbeResume).  Releases the GIL."},
     {"alloc_buffer", ML_KW(Client_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
      "alloc_buffer(size) -> SharedBuffer\n--\n\n"
      "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "

@@ -5,7 +5,11 @@ moonlet from Python.  A hybrid model (attention plus recurrent "KDA" layers)
 can skip the prefill of a prefix only when attention KV blocks cover it and a
 KDA checkpoint exists exactly at its end.  Checkpoints exist only at some
 block boundaries and each is several physical keys (cache groups x ranks x
-components).  ``lookup`` answers in at most two calls to the store:
+components).  ``lookup`` answers in one call to a store that has
+``probe_resume`` (moonlet.Store: ProbeResume, the master does steps 1-3 and
+leases only the selected checkpoint and the KV blocks below it), and
+otherwise - or when the master predates ProbeResume (StoreError
+INVALID_VERSION) - in at most two:
 
 1. ``batch_is_exist`` over the KV keys (leases every hit) gives the KV
    boundary: the longest prefix of present blocks;
@@ -20,7 +24,9 @@ components).  ``lookup`` answers in at most two calls to the store:
 The store is duck-typed: any object with
 ``batch_is_exist(keys, tenant_id=...) -> list[bool]`` and
 ``batch_probe_key(keys, policy=..., tenant_id=...) -> list[bool]``, the
-policy having ``lease_mode`` and ``candidate_size``.  Key naming is the
+policy having ``lease_mode`` and ``candidate_size``; optionally
+``probe_resume(kv_keys, kda_keys, candidate_size, boundaries, tenant_id=...)
+-> (kv_prefix, selected or None, mask)``.  Key naming is the
 caller's: a ``key_builder`` callable turns a :class:`KVKey` or
 :class:`KDAKey` into the string the engine stores it under.
 
@@ -123,8 +129,10 @@ class LookupResult:
     kv_keys: List[str] = field(default_factory=list)   # KV blocks below resume_position
     kda_keys: List[str] = field(default_factory=list)  # the selected checkpoint's keys
     calls: int = 0                      # store round trips (1 or 2)
-    kv_hits: int = 0                    # KV keys present (each leased)
+    kv_hits: int = 0                    # KV keys present (one call: the prefix only)
     kda_leased: int = 0                 # KDA keys leased or renewed
+    kv_leased: int = 0                  # KV keys leased or renewed (one call: those below
+                                        # resume_position; otherwise every KV hit)
 
     @property
     def keys(self) -> List[str]:
@@ -232,9 +240,48 @@ def _answer(values: Sequence[object], n: int, what: str) -> List[object]:
     return values
 
 
+INVALID_VERSION = -300  # the master does not know ProbeResume
+
+
+def _one_call(store, layout: Layout, checkpoints: Sequence[int], kv_keys: List[str],
+              ckpt_keys: List[List[str]], prompt_tokens: int, recompute_last_token: bool,
+              kw: dict) -> Optional[LookupResult]:
+    """The lookup through ``store.probe_resume``; None when the master
+    predates it (the caller takes the two-call path)."""
+    per, bt = layout.keys_per_checkpoint, layout.block_tokens
+    kda = [k for ck in ckpt_keys for k in ck]
+    bounds = [p // bt for p in checkpoints[:len(ckpt_keys)]]
+    try:
+        prefix, sel, mask = store.probe_resume(kv_keys, kda, per, bounds, **kw)
+    except Exception as e:  # noqa: BLE001 - only INVALID_VERSION is handled
+        if getattr(e, "code", None) == INVALID_VERSION:
+            return None
+        raise
+    mask = _answer(mask, len(kda), "probe_resume")
+    if not isinstance(prefix, int) or not 0 <= prefix <= len(kv_keys):
+        raise K3MaskError(f"probe_resume returned a KV prefix of {prefix!r}")
+    res = LookupResult(calls=1)
+    res.kv_prefix_blocks, res.kv_boundary = kv_boundary([True] * prefix + [False] *
+                                                        (len(kv_keys) - prefix), bt,
+                                                        prompt_tokens)
+    res.kv_hits = prefix
+    res.candidates = candidates(checkpoints, res.kv_boundary, prompt_tokens,
+                                recompute_last_token)
+    selected = check_mask(mask, len(ckpt_keys), per)
+    if selected != sel or (selected is not None and selected >= res.candidates):
+        raise K3MaskError(f"probe_resume selected {sel!r} but its mask says {selected!r} "
+                          f"of {res.candidates} candidates")
+    if selected is not None:
+        res.checkpoint = res.resume_position = checkpoints[selected]
+        res.kv_keys = kv_keys[:res.resume_position // bt]
+        res.kda_keys = ckpt_keys[selected]
+        res.kda_leased, res.kv_leased = per, len(res.kv_keys)
+    return res
+
+
 def lookup(store, layout: Layout, key_builder: KeyBuilder, *, prompt_tokens: int,
            kv_blocks: int, checkpoints: Sequence[int], recompute_last_token: bool = False,
-           tenant_id: Optional[str] = None, lease_all: bool = False,
+           tenant_id: Optional[str] = None, lease_all: bool = False, two_calls: bool = False,
            make_policy: Callable[..., object] = ProbePolicy) -> LookupResult:
     """Runs the K3 lookup against ``store`` (see the module docstring).
 
@@ -246,7 +293,8 @@ def lookup(store, layout: Layout, key_builder: KeyBuilder, *, prompt_tokens: int
     KV and KDA key, leasing every hit - for comparison.  ``make_policy`` builds
     the policy object (``make_policy(lease_mode=..., candidate_size=...)``),
     so a binding's own policy type can be used.  ``tenant_id`` is passed on
-    only when given.
+    only when given.  ``two_calls`` skips ``probe_resume`` (the selective
+    lookup as it was before ProbeResume, for comparison).
 
     Raises ValueError for a bad request, K3MaskError for an answer that
     breaks the contract; the store's own exceptions propagate.
@@ -266,6 +314,11 @@ def lookup(store, layout: Layout, key_builder: KeyBuilder, *, prompt_tokens: int
 
     kv_keys = [_key(key_builder, KVKey(b)) for b in range(kv_blocks)]
     ckpt_keys = [_checkpoint_keys(layout, key_builder, p) for p in checkpoints[:reach]]
+    if not lease_all and not two_calls and hasattr(store, "probe_resume"):
+        one = _one_call(store, layout, checkpoints, kv_keys, ckpt_keys, prompt_tokens,
+                        recompute_last_token, kw)
+        if one is not None:
+            return one
     res = LookupResult()
 
     if lease_all:
@@ -278,7 +331,7 @@ def lookup(store, layout: Layout, key_builder: KeyBuilder, *, prompt_tokens: int
         exist = _answer(store.batch_is_exist(kv_keys, **kw), kv_blocks, "batch_is_exist")
         res.calls = 1
     res.kv_prefix_blocks, res.kv_boundary = kv_boundary(exist[:kv_blocks], bt, prompt_tokens)
-    res.kv_hits = sum(_as_bool(v, "batch_is_exist") for v in exist[:kv_blocks])
+    res.kv_hits = res.kv_leased = sum(_as_bool(v, "batch_is_exist") for v in exist[:kv_blocks])
     res.candidates = candidates(checkpoints, res.kv_boundary, prompt_tokens, recompute_last_token)
 
     if lease_all:

@@ -265,3 +265,113 @@ def test_bad_requests():
     with pytest.raises(ValueError):
         k3.Layout(block_tokens=0)
     assert not s.calls
+
+
+# ---- the one-call path (probe_resume) ------------------------------------------
+
+
+class ResumeStore(FakeStore):
+    """A store with probe_resume, keeping ProbeResume's contract: the KV
+    prefix, the last complete candidate within it, leases of exactly its
+    keys and the KV keys below its boundary."""
+
+    def probe_resume(self, kv_keys, kda_keys, candidate_size, boundaries, tenant_id=None):
+        self.calls.append(("resume", list(kv_keys), list(kda_keys), list(boundaries), tenant_id))
+        prefix = 0
+        while prefix < len(kv_keys) and kv_keys[prefix] in self.present:
+            prefix += 1
+        n = candidate_size
+        mask = [False] * len(kda_keys)
+        for c in reversed(range(len(boundaries))):
+            members = kda_keys[c * n:(c + 1) * n]
+            if boundaries[c] <= prefix and all(k in self.present for k in members):
+                for j in range(c * n, (c + 1) * n):
+                    mask[j] = True
+                for k in members + list(kv_keys[:boundaries[c]]):
+                    self._lease(k)
+                return prefix, c, mask
+        return prefix, None, mask
+
+
+def test_one_call_worked_example():
+    s = ResumeStore(worked_store().present)
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS)
+    assert r.resume_position == 128 and r.keys == ["kv/0", "kda/128/r0", "kda/128/r1"]
+    assert (r.kv_boundary, r.candidates, r.calls, r.kv_hits, r.kda_leased, r.kv_leased) == (
+        512, 3, 1, 4, 2, 1)
+    (call,) = s.calls
+    assert call[0] == "resume" and call[1] == ["kv/0", "kv/1", "kv/2", "kv/3"]
+    assert call[2] == ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1",
+                       "kda/384/r0", "kda/384/r1"]
+    assert call[3] == [1, 2, 3]  # each checkpoint's KV blocks
+    assert set(s.leases) == {"kv/0", "kda/128/r0", "kda/128/r1"}
+
+
+def test_one_call_boundary_and_eagle():
+    kda = [f"kda/{p}/r{r}" for p in CKPTS for r in (0, 1)]
+    s = ResumeStore(["kv/0", "kv/1", "kv/3"] + kda)
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS)
+    assert (r.kv_prefix_blocks, r.kv_boundary, r.candidates, r.resume_position) == (2, 256, 2, 256)
+    assert set(s.leases) == {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"}  # not kv/3
+    s = ResumeStore(["kv/0", "kv/1", "kv/2"] + kda)
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=384, kv_blocks=3, checkpoints=CKPTS,
+                  recompute_last_token=True)
+    assert r.resume_position == 256 and r.calls == 1
+    assert s.calls[0][3] == [1, 2]  # 384 = the prompt's end: not a candidate
+
+
+def test_one_call_nothing_selected_leases_nothing():
+    s = ResumeStore(["kv/0", "kv/1", "kda/128/r1"])
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=256, kv_blocks=2, checkpoints=CKPTS)
+    assert r.resume_position == 0 and r.keys == [] and r.calls == 1
+    assert (r.kv_leased, r.kda_leased) == (0, 0) and s.leases == {}
+
+
+class OldMasterError(Exception):
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
+class OldMasterStore(FakeStore):
+    """probe_resume exists in the binding, but the master predates it."""
+
+    def probe_resume(self, *a, **kw):
+        self.calls.append(("resume",))
+        raise OldMasterError(-300)
+
+
+def test_older_master_falls_back_to_two_calls():
+    s = OldMasterStore(worked_store().present)
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS)
+    assert r.resume_position == 128 and r.calls == 2 and r.kv_leased == 4
+    assert [c[0] for c in s.calls] == ["resume", "exist", "probe"]
+    # any other error is the caller's
+    class Broken(FakeStore):
+        def probe_resume(self, *a, **kw):
+            raise OldMasterError(-600)
+    with pytest.raises(OldMasterError):
+        k3.lookup(Broken(), L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS)
+
+
+def test_two_calls_flag_skips_probe_resume():
+    s = ResumeStore(worked_store().present)
+    r = k3.lookup(s, L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS,
+                  two_calls=True)
+    assert r.calls == 2 and [c[0] for c in s.calls] == ["exist", "probe"]
+
+
+@pytest.mark.parametrize("answer", [
+    (4, 1, [True, True, False, False, False, False]),   # selection and mask disagree
+    (4, 0, [True, False, False, False, False, False]),  # partial candidate
+    (4, None, [True, True, False, False, False, False]),
+    (5, 0, [True, True, False, False, False, False]),   # prefix above the KV keys
+    (0, 0, [True, True, False, False, False, False]),   # selected past the prefix
+    (4, 0, [True, True, False, False]),                 # wrong mask length
+])
+def test_one_call_contract_breaks_are_rejected(answer):
+    class Liar(FakeStore):
+        def probe_resume(self, *a, **kw):
+            return answer
+    with pytest.raises(k3.K3MaskError):
+        k3.lookup(Liar(), L2, short_keys, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS)
