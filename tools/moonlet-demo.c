@@ -11,7 +11,8 @@
  * holds afterwards.  It ends with the K3 lookup helper (include/moonlet/k3.h)
  * on a small synthetic request: KV blocks plus three checkpoints of which
  * the last is incomplete; it prints the selected checkpoint, the keys to
- * load and which keys the lookup leased.  Leases and replica placement are
+ * load and which keys the lookup leased (one ProbeResume: the checkpoint and
+ * the KV blocks below it).  Leases and replica placement are
  * read back through the master's inspection RPC (MasterClient): inspection is
  * an operator's view, not part of the client API.  Exit code 0 when every
  * step succeeded.
@@ -205,8 +206,8 @@ static int demo_k3_lookup(moonlet_client *c, moonlet_master_client *mc)
     moonlet_k3_result res;
     if (check(moonlet_k3_lookup(c, &layout, &req, req_key, NULL, NULL, &res), "K3 lookup"))
         return 1;
-    printf("  KV boundary %llu tokens; %zu candidate checkpoints; %u round trips\n",
-           (unsigned long long)res.kv_boundary, res.candidates, res.rpcs);
+    printf("  KV boundary %llu tokens; %zu candidate checkpoints; %u round trip%s\n",
+           (unsigned long long)res.kv_boundary, res.candidates, res.rpcs, res.rpcs == 1 ? "" : "s");
     if (res.checkpoint == MOONLET_K3_NONE)
         printf("  no complete checkpoint: prefill from token 0\n");
     else
@@ -218,9 +219,12 @@ static int demo_k3_lookup(moonlet_client *c, moonlet_master_client *mc)
         printf(" %s", res.keys[i]);
     printf("\n  leased by the lookup (lease ms left):\n   ");
     id = (moonlet_k3_key_id){.kind = MOONLET_K3_KEY_KV};
+    size_t kv_leased = 0;
     for (id.block = 0; id.block < REQ_BLOCKS; id.block++) {
         req_key(NULL, &id, key, sizeof(key));
-        printf(" %s=%.0f", key, lease_left(mc, key));
+        double ms = lease_left(mc, key);
+        printf(" %s=%.0f", key, ms);
+        kv_leased += ms > 0;
     }
     printf("\n   ");
     size_t leased = 0;
@@ -236,9 +240,10 @@ static int demo_k3_lookup(moonlet_client *c, moonlet_master_client *mc)
                 printf(" %s=%.0f", key, ms);
             leased += ms > 0;
         }
-    int rc = leased == res.kda_keys ? 0 : 1;
-    printf("\n  -> %zu KDA keys hold a lease: %s\n", leased,
-           rc ? "NOT only the selected checkpoint's" : "only the selected checkpoint's");
+    int rc = leased == res.kda_keys && kv_leased == res.kv_leased ? 0 : 1;
+    printf("\n  -> %zu KDA keys and %zu KV keys hold a lease: %s\n", leased, kv_leased,
+           rc ? "NOT only what the lookup reported" : "only the selected checkpoint's and the "
+                                                     "KV blocks the lookup reported");
     moonlet_k3_result_free(&res);
     return rc;
 }
