@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Draws `moonlet-bench trace`'s two runs side by side.
+"""Draws `moonlet-bench trace`'s three runs side by side.
 
 Usage: plot_trace.py SERIES.csv OUT.png
 
