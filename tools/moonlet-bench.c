@@ -20,6 +20,7 @@ static const struct subcommand g_cmds[] = {
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
     {"client", bench_client_main, "batch_probe_key latency from the C client, Python direct and Python via a DummyClient"},
     {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
+    {"load", bench_load_main, "many clients: BatchExistKey keys/s and 4 KiB put+get ops/s against one master, and Redis"},
     {"trace", bench_trace_main, "replay of a Mooncake trace: lease-all vs. selective K3 lookup under eviction"},
 };
 

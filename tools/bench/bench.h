@@ -28,6 +28,11 @@ void bench_master_stop(bench_master *bm);
  * Stop it with bench_master_stop(). */
 int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
                       const char *ready_prefix);
+/* Starts the program at `path` (any binary, e.g. /usr/bin/redis-server)
+ * with args and waits up to 15 s for a stdout line containing ready_text.
+ * Returns 0 when seen; stop it with bench_master_stop() (by its PID). */
+int bench_exec_start(bench_master *bm, const char *path, const char *const *args,
+                     const char *ready_text);
 /* Starts tools/moonlet-store (next to this binary): a TCP segment of
  * segment_bytes on 127.0.0.1, mounted on master_addr.  Returns 0 once it
  * printed its "listening on" line (it prints it after mounting); bm->addr
@@ -61,5 +66,6 @@ int bench_rpc_main(int argc, char **argv);
 int bench_probe_main(int argc, char **argv);
 int bench_client_main(int argc, char **argv);
 int bench_trace_main(int argc, char **argv);
+int bench_load_main(int argc, char **argv);
 
 #endif

@@ -6,6 +6,7 @@
 #include "bench.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -51,11 +52,11 @@ int bench_master_start(bench_master *bm, const char *const *extra)
     return bm->port ? 0 : -1;
 }
 
-int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
-                      const char *ready_prefix)
+/* Starts `path` with args; waits for a stdout line that starts with `ready`
+ * (prefix) or holds it anywhere (!prefix). */
+static int child_start(bench_master *bm, const char *path, const char *const *args,
+                       const char *ready, bool prefix)
 {
-    char path[PATH_MAX + 32];
-    bench_tool_path(tool, path, sizeof(path));
     const char *argv[48] = {path};
     int argc = 1;
     for (int i = 0; args && args[i] && argc < 47; i++)
@@ -79,7 +80,7 @@ int bench_child_start(bench_master *bm, const char *tool, const char *const *arg
     bm->out_fd = fds[0];
     bm->port = 0;
     char line[512];
-    size_t len = 0, plen = strlen(ready_prefix);
+    size_t len = 0, plen = strlen(ready);
     uint64_t deadline = bench_now_ns() + 15ull * 1000000000ull;
     while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
         struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
@@ -92,14 +93,32 @@ int bench_child_start(bench_master *bm, const char *tool, const char *const *arg
             continue;
         }
         line[len] = 0;
-        if (len >= plen && strncmp(line, ready_prefix, plen) == 0) {
+        if (prefix && len >= plen && strncmp(line, ready, plen) == 0) {
             snprintf(bm->addr, sizeof(bm->addr), "%s", line + plen);
+            return 0;
+        }
+        if (!prefix && strstr(line, ready)) {
+            bm->addr[0] = 0;
             return 0;
         }
         len = 0;
     }
     bench_master_stop(bm);
     return -1;
+}
+
+int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
+                      const char *ready_prefix)
+{
+    char path[PATH_MAX + 32];
+    bench_tool_path(tool, path, sizeof(path));
+    return child_start(bm, path, args, ready_prefix, true);
+}
+
+int bench_exec_start(bench_master *bm, const char *path, const char *const *args,
+                     const char *ready_text)
+{
+    return child_start(bm, path, args, ready_text, false);
 }
 
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes)
