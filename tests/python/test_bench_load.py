@@ -1,0 +1,60 @@
+"""Integration test of `moonlet-bench load` (tools/bench/load.c): a short run
+with 1 and 2 clients against the master, store node and redis-server it
+starts itself.  Checks the document's shape, that every phase made calls and
+none failed (the exist phases also check every key of the batch was found:
+an error there counts), that throughput and latencies are positive and
+ordered (p50 <= p99), that --plot writes a PNG, and that redis-server is
+gone afterwards (stopped by its PID).  Skips when Debian's redis-server is
+not installed.
+"""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+BUILD = os.environ.get("MOONLET_BUILD_ROOT")
+BENCH = os.path.join(BUILD or ".", "tools", "moonlet-bench")
+REDIS = "/usr/bin/redis-server"
+
+pytestmark = pytest.mark.skipif(not os.access(REDIS, os.X_OK),
+                                reason="redis-server not installed (apt-get install redis-server)")
+
+
+def redis_children(pid):
+    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "redis-server"], capture_output=True)
+    return out.stdout.split()
+
+
+def test_short_run(tmp_path):
+    if not BUILD:
+        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+    png = tmp_path / "load.png"
+    p = subprocess.Popen([BENCH, "load", "--clients", "1,2", "--phase-ms", "150", "--rounds", "1",
+                          "--json", "--plot", str(png)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        out, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    assert p.returncode == 0, err.decode()
+    assert not redis_children(p.pid)
+    d = json.loads(out)
+    assert [r["clients"] for r in d["by_clients"]] == [1, 2]
+    for r in d["by_clients"]:
+        for phase, unit in (("moonlet_exist", "keys_per_s"), ("redis_exists", "keys_per_s"),
+                            ("moonlet_putget", "ops_per_s"), ("redis_setget", "ops_per_s")):
+            m = r[phase]
+            assert m["errors"] == 0, (r["clients"], phase)
+            assert m["calls"] > 0 and m[unit] > 0
+            assert 0 < m["p50_us"] <= m["p99_us"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rejects_bad_flags():
+    for args in (["--clients", "0"], ["--clients", "1,x"], ["--phase-ms", "1"], ["--rounds", "0"]):
+        p = subprocess.run([BENCH, "load", *args], capture_output=True, timeout=30)
+        assert p.returncode == 2, args
