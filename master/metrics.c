@@ -112,6 +112,36 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
            "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.");
     fprintf(f, "moonlet_probe_lock_hold_max_seconds %.9f\n",
             (double)st->probe_lock_hold_max_ns * 1e-9);
+
+    /* ProbeResume (master/probe_resume.c) */
+    counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
+            st->resume_calls);
+    counter(f, "moonlet_resume_candidates_examined_total",
+            "Candidates rechecked under their shard locks by ProbeResume.",
+            st->resume_candidates_examined);
+    counter(f, "moonlet_resume_recheck_fallbacks_total",
+            "ProbeResume candidates that failed the recheck, so an earlier one was tried.",
+            st->resume_recheck_fallbacks);
+    family(f, "moonlet_resume_leases_granted_total", "counter",
+           "Read leases granted by ProbeResume, by kind of key.");
+    sample(f, "moonlet_resume_leases_granted_total", "{kind=\"kda\"}", st->leases_resume_kda);
+    sample(f, "moonlet_resume_leases_granted_total", "{kind=\"kv\"}", st->leases_resume_kv);
+    const char *rh = "moonlet_resume_lock_hold_seconds";
+    family(f, rh, "histogram",
+           "Time ProbeResume held a candidate's and its KV keys' shard locks (bucket counts "
+           "only: the master keeps no sum).");
+    cum = 0;
+    for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
+        cum += st->resume_lock_hold_hist[i];
+        fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", rh, (double)(1u << i) * 1e-6, cum);
+    }
+    cum += st->resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", rh, cum);
+    fprintf(f, "%s_count %" PRIu64 "\n", rh, cum);
+    family(f, "moonlet_resume_lock_hold_max_seconds", "gauge",
+           "Longest shard-lock hold by ProbeResume since the master started.");
+    fprintf(f, "moonlet_resume_lock_hold_max_seconds %.9f\n",
+            (double)st->resume_lock_hold_max_ns * 1e-9);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;

@@ -50,6 +50,13 @@ static void test_render(void **state)
     st.probe_recheck_fallbacks = 41;
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         st.probe_lock_hold_hist[i] = i + 1; /* 1, 2, ... 12 */
+    st.resume_calls = 51;
+    st.resume_recheck_fallbacks = 52;
+    st.leases_resume_kda = 53;
+    st.leases_resume_kv = 54;
+    st.resume_lock_hold_hist[2] = 5; /* <4 us */
+    st.resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1] = 1;
+    st.resume_lock_hold_max_ns = 2500000;
     size_t len = 0;
     char *text = moonlet_metrics_render(&st, &len);
     assert_non_null(text);
@@ -76,6 +83,15 @@ static void test_render(void **state)
     assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"0.001024\"} 66"));
     assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"+Inf\"} 78"));
     assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_count 78"));
+    assert_true(has_line(text, "moonlet_resume_calls_total 51"));
+    assert_true(has_line(text, "moonlet_resume_recheck_fallbacks_total 52"));
+    assert_true(has_line(text, "moonlet_resume_leases_granted_total{kind=\"kda\"} 53"));
+    assert_true(has_line(text, "moonlet_resume_leases_granted_total{kind=\"kv\"} 54"));
+    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"2e-06\"} 0"));
+    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"4e-06\"} 5"));
+    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"0.001024\"} 5"));
+    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"+Inf\"} 6"));
+    assert_true(has_line(text, "moonlet_resume_lock_hold_max_seconds 0.002500000"));
     assert_null(strstr(text, "_sum"));
     free(text);
 }

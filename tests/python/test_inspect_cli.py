@@ -415,6 +415,7 @@ def test_stats_counts_objects_bytes_and_leases_by_operation(master):
     assert st["put_starts"] == 3 and st["put_ends"] == 2
     assert st["leases_get"] == 1 and st["leases_exist"] == 1 and st["leases_probe"] == 0
     assert st["evictions"] == 0
+    assert st["resume_calls"] == 0 and st["leases_resume_kda"] == 0 and st["leases_resume_kv"] == 0
     hist = st["probe_lock_hold_us_hist"]
     assert [b["lt_us"] for b in hist] == [1 << i for i in range(11)] + [None]
     assert sum(b["count"] for b in hist) == 0
@@ -422,6 +423,8 @@ def test_stats_counts_objects_bytes_and_leases_by_operation(master):
     r = inspect(master, "stats")
     assert r.returncode == 0, r.stderr
     assert re.search(r"^objects\s+3 \(3\.9 KiB in objects\)$", r.stdout, re.M)
+    assert re.search(r"^ProbeResume\s+0 calls, 0 validated, 0 fallbacks$", r.stdout, re.M)
+    assert re.search(r"^ProbeResume leases\s+0 KDA \+ 0 KV keys$", r.stdout, re.M)
     assert re.search(r"^leases granted\s+GetReplicaList 1, ExistKey 1, BatchProbeKey 0$",
                      r.stdout, re.M)
     assert "  >=1024 us" in r.stdout and "     <1 us" in r.stdout

@@ -24,6 +24,8 @@ static const char *const STAT_FIELDS[] = {
     "leases_get", "leases_exist", "leases_probe",
     "probe_calls_none", "probe_calls_last_hit_only", "probe_candidates_examined",
     "probe_recheck_fallbacks", "probe_lock_hold_max_ns", "unmounts_by_liveness",
+    "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
+    "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
@@ -115,6 +117,11 @@ static int render_table(const cJSON *st, FILE *out, int width)
               U("probe_calls_last_hit_only"));
     bad |= kv(t, "probe candidates", "%" PRIu64 " examined, %" PRIu64 " recheck fallbacks",
               U("probe_candidates_examined"), U("probe_recheck_fallbacks"));
+    bad |= kv(t, "ProbeResume", "%" PRIu64 " calls, %" PRIu64 " validated, %" PRIu64
+              " fallbacks", U("resume_calls"), U("resume_candidates_examined"),
+              U("resume_recheck_fallbacks"));
+    bad |= kv(t, "ProbeResume leases", "%" PRIu64 " KDA + %" PRIu64 " KV keys",
+              U("leases_resume_kda"), U("leases_resume_kv"));
     bad |= kv(t, "liveness unmounts", "%" PRIu64, U("unmounts_by_liveness"));
     if (bad) {
         inspect_table_free(t);
