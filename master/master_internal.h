@@ -65,8 +65,6 @@ struct mobj {
     uint8_t state : 2;          /* OBJ_PENDING / OBJ_COMPLETE */
     uint8_t soft_pin : 1;       /* PutStart asked for a soft pin */
     uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
-    uint8_t mark : 1;           /* scratch of one call that holds the shard lock: set and
-                                 * cleared before it is released (ProbeResume's dedup) */
     char key[];
 };
 

@@ -25,9 +25,10 @@
  *
  * So a selection is never partially leased, and what the mask says is what
  * gained leases: the recheck and the leases happen under the same locks.
- * A key listed twice is one object, leased and counted once: each object is
- * marked (mobj.mark) when leased, and the marks are cleared before the locks
- * are released, so the count costs two linear passes, no sort.
+ * A key listed twice is one object.  Granting its lease twice is harmless
+ * (the grant is max(deadline, now + TTL)), and the statistics count distinct
+ * keys - within a tenant, the same key is the same object - with a small
+ * hash set over the keys' hashes, after the locks are released.
  *
  * The test hook (cfg.probe_hook) runs before each validation, no lock held.
  *
@@ -56,6 +57,8 @@ struct pr_scratch {
     uint32_t *locked;       /* n_kv + cs */
     uint64_t *bitmap;       /* nshards bits */
     size_t bitmap_words;
+    uint32_t *set;          /* distinct-key set: 1 + index, 0 empty; set_mask + 1 slots */
+    size_t set_mask;
 };
 
 static void record_hold(moonlet_master *m, uint64_t ns)
@@ -101,19 +104,41 @@ static bool scan_candidate(moonlet_master *m, uint32_t tenant, const moonlet_str
     return true;
 }
 
-/* Leases the objects v[0..n) not yet marked, marks them; returns how many.
- * Runs under every one of their shard locks. */
-static uint64_t lease_unmarked_locked(moonlet_master *m, struct mobj **v, size_t n, uint64_t now)
+/* Element i of the selection: the candidate's keys, then kv[0..b). */
+static const moonlet_str *sel_key(const moonlet_str *ck, size_t cs, const moonlet_str *kv,
+                                  size_t i, uint64_t *hash, const struct pr_scratch *s)
 {
-    uint64_t leased = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i]->mark)
-            continue;
-        v[i]->mark = 1;
-        v[i]->lease_deadline = moonlet_lease_grant(v[i]->lease_deadline, now, m->lease_ttl_ns);
-        leased++;
+    *hash = i < cs ? s->cand_hash[i] : s->kv_hash[i - cs];
+    return i < cs ? &ck[i] : &kv[i - cs];
+}
+
+/* Inserts element i into the distinct-key set; true when it was new. */
+static bool set_insert(struct pr_scratch *s, const moonlet_str *ck, size_t cs,
+                       const moonlet_str *kv, size_t i)
+{
+    uint64_t h, oh;
+    const moonlet_str *k = sel_key(ck, cs, kv, i, &h, s);
+    for (size_t slot = (size_t)h & s->set_mask;; slot = (slot + 1) & s->set_mask) {
+        if (!s->set[slot]) {
+            s->set[slot] = (uint32_t)i + 1;
+            return true;
+        }
+        const moonlet_str *o = sel_key(ck, cs, kv, s->set[slot] - 1, &oh, s);
+        if (oh == h && o->len == k->len && memcmp(o->ptr, k->ptr, k->len) == 0)
+            return false;
     }
-    return leased;
+}
+
+/* Distinct keys among the candidate's (*kda) and among the KV keys below its
+ * boundary that are not also candidate keys (*kv_only).  No lock. */
+static void count_distinct(struct pr_scratch *s, const moonlet_str *ck, size_t cs,
+                           const moonlet_str *kv, size_t b, uint64_t *kda, uint64_t *kv_only)
+{
+    memset(s->set, 0, (s->set_mask + 1) * sizeof(*s->set));
+    *kda = *kv_only = 0;
+    for (size_t i = 0; i < cs + b; i++)
+        if (set_insert(s, ck, cs, kv, i))
+            (*(i < cs ? kda : kv_only))++;
 }
 
 /*
@@ -156,13 +181,11 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
         s->objs[cs + i] = o;
         all = o && mobj_readable(o);
     }
-    uint64_t kda = 0, kv_only = 0;
     if (all) {
         uint64_t now = moonlet_clock_now_ns();
-        kda = lease_unmarked_locked(m, s->objs, cs, now);
-        kv_only = lease_unmarked_locked(m, s->objs + cs, b, now);
-        for (size_t i = 0; i < cs + b; i++)
-            s->objs[i]->mark = 0;
+        for (size_t i = 0; i < cs + b; i++) /* an object listed twice: the same grant */
+            s->objs[i]->lease_deadline =
+                moonlet_lease_grant(s->objs[i]->lease_deadline, now, m->lease_ttl_ns);
     }
 
     uint64_t held = moonlet_clock_real_ns() - t0;
@@ -172,6 +195,8 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
     record_hold(m, held);
 
     if (all) {
+        uint64_t kda, kv_only;
+        count_distinct(s, ck, cs, kv, b, &kda, &kv_only);
         atomic_fetch_add_explicit(&m->st.leases_resume_kda, kda, memory_order_relaxed);
         atomic_fetch_add_explicit(&m->st.leases_resume_kv, kv_only, memory_order_relaxed);
     }
@@ -232,7 +257,10 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
     s.objs = malloc((n_kv + cs + 1) * sizeof(*s.objs));
     s.locked = malloc((n_kv + cs + 1) * sizeof(*s.locked));
     s.bitmap = malloc(s.bitmap_words * sizeof(*s.bitmap));
-    if (!s.kv_hash || !s.cand_hash || !s.res || !s.objs || !s.locked || !s.bitmap) {
+    for (s.set_mask = 15; s.set_mask + 1 < 2 * (n_kv + cs); s.set_mask = s.set_mask * 2 + 1)
+        ;
+    s.set = malloc((s.set_mask + 1) * sizeof(*s.set));
+    if (!s.kv_hash || !s.cand_hash || !s.res || !s.objs || !s.locked || !s.bitmap || !s.set) {
         rc = MOONLET_ERR_INTERNAL_ERROR;
         goto out;
     }
@@ -258,5 +286,6 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
     }
 out:
     free(s.kv_hash), free(s.cand_hash), free(s.res), free(s.objs), free(s.locked), free(s.bitmap);
+    free(s.set);
     return rc;
 }

@@ -303,6 +303,15 @@ static void test_duplicates(void **state)
     assert_int_equal(st.leases_resume_kv, 1);  /* kv/0 (kv/1 counted as KDA) */
     assert_int_equal(fix_lease(m, KV[0]), 5000);
     assert_int_equal(fix_lease(m, KDA[0]), 0);
+    /* a selected candidate that lists one key twice: one lease, counted once */
+    const char *twice[] = {KDA[0], KDA[0]};
+    const uint64_t b1[] = {1};
+    assert_int_equal(resume_t(m, "", kv, 3, twice, 2, 2, b1, 1, &out, mask), MOONLET_OK);
+    assert_int_equal(out.selected, 0);
+    assert_int_equal(fix_lease(m, KDA[0]), 5000);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.leases_resume_kda, 2 + 1);
+    assert_int_equal(st.leases_resume_kv, 1 + 1);
     moonlet_master_destroy(m);
 }
 
