@@ -485,7 +485,7 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
 
 /*
  * ProbeResume [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
- *   -> [kv_prefix, selected (-1: none), [bool...] over the KDA keys]
+ *   -> [kv_prefix, selected (-1: none), mask: bin of one byte (0/1) per KDA key]
  * Both key lists go into the thread's scratch (KV keys first); the KV plus
  * KDA keys together may number at most max_batch_keys.
  */
@@ -555,10 +555,23 @@ static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
     } else if (rc) {
         rc = reply(out, rc);
     } else {
-        msgpack_pack_array(out, 3);
-        msgpack_pack_uint64(out, r.kv_prefix);
-        msgpack_pack_int64(out, r.selected);
-        pack_results(out, mask, n_kda);
+        /* the mask as one bin of n_kda bytes (0 / 1): one object to decode
+         * instead of n_kda booleans */
+        char stackbuf[1024];
+        char *mb = n_kda <= sizeof(stackbuf) ? stackbuf : malloc(n_kda);
+        if (!mb) {
+            rc = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+        } else {
+            for (size_t i = 0; i < n_kda; i++)
+                mb[i] = (char)(mask[i] == 1);
+            msgpack_pack_array(out, 3);
+            msgpack_pack_uint64(out, r.kv_prefix);
+            msgpack_pack_int64(out, r.selected);
+            msgpack_pack_bin(out, (uint32_t)n_kda);
+            msgpack_pack_bin_body(out, mb, n_kda);
+            if (mb != stackbuf)
+                free(mb);
+        }
     }
     free(bounds);
     scratch_trim();

@@ -573,7 +573,16 @@ static int decode_resume(const msgpack_object *r, size_t n_kda, moonlet_mc_resum
         out->selected = (int64_t)v[1].via.u64;
     else
         return MOONLET_ERR_RPC_FAIL;
-    return decode_results(&v[2], n_kda, mask);
+    /* the mask: a bin of one byte (0 / 1) per KDA key */
+    if (v[2].type != MSGPACK_OBJECT_BIN || v[2].via.bin.size != n_kda)
+        return MOONLET_ERR_RPC_FAIL;
+    for (size_t i = 0; i < n_kda; i++) {
+        unsigned char b = (unsigned char)v[2].via.bin.ptr[i];
+        if (b > 1)
+            return MOONLET_ERR_RPC_FAIL;
+        mask[i] = b;
+    }
+    return MOONLET_OK;
 }
 
 int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
