@@ -52,6 +52,8 @@ static void readable_visit(void *arg, size_t i, struct mobj *o)
 struct pr_scratch {
     uint64_t *kv_hash;      /* n_kv */
     uint64_t *cand_hash;    /* cs */
+    uint32_t *kv_shard;     /* n_kv: shard_of(kv_hash), computed once (a division each) */
+    uint32_t *cand_shard;   /* cs */
     int32_t *res;           /* max(KV_SCAN_CHUNK, cs) */
     struct mobj **objs;     /* n_kv + cs */
     uint32_t *locked;       /* n_kv + cs */
@@ -150,13 +152,11 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
                      const moonlet_str *ck, size_t cs, struct pr_scratch *s)
 {
     memset(s->bitmap, 0, s->bitmap_words * sizeof(*s->bitmap));
-    for (size_t i = 0; i < b; i++) {
-        uint32_t sh = shard_of(m, s->kv_hash[i]);
-        s->bitmap[sh / 64] |= UINT64_C(1) << (sh % 64);
-    }
+    for (size_t i = 0; i < b; i++)
+        s->bitmap[s->kv_shard[i] / 64] |= UINT64_C(1) << (s->kv_shard[i] % 64);
     for (size_t k = 0; k < cs; k++) {
-        uint32_t sh = shard_of(m, s->cand_hash[k]);
-        s->bitmap[sh / 64] |= UINT64_C(1) << (sh % 64);
+        s->cand_shard[k] = shard_of(m, s->cand_hash[k]);
+        s->bitmap[s->cand_shard[k] / 64] |= UINT64_C(1) << (s->cand_shard[k] % 64);
     }
     size_t nlocked = 0;
     for (size_t w = 0; w < s->bitmap_words; w++)
@@ -170,13 +170,13 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
 
     bool all = true;
     for (size_t k = 0; k < cs && all; k++) {
-        struct shard *sh = &m->shards[shard_of(m, s->cand_hash[k])];
+        struct shard *sh = &m->shards[s->cand_shard[k]];
         struct mobj *o = shard_find_locked(sh, s->cand_hash[k], tenant, ck[k].ptr, ck[k].len);
         s->objs[k] = o;
         all = o && mobj_readable(o);
     }
     for (size_t i = 0; i < b && all; i++) {
-        struct shard *sh = &m->shards[shard_of(m, s->kv_hash[i])];
+        struct shard *sh = &m->shards[s->kv_shard[i]];
         struct mobj *o = shard_find_locked(sh, s->kv_hash[i], tenant, kv[i].ptr, kv[i].len);
         s->objs[cs + i] = o;
         all = o && mobj_readable(o);
@@ -217,11 +217,11 @@ static int check_request(const moonlet_str *kv, size_t n_kv, const moonlet_str *
     for (size_t c = 0; c < n_boundaries; c++)
         if (boundaries[c] > n_kv)
             return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n_kv; i++)
-        if (key_check(kv[i]))
+    for (size_t i = 0; i < n_kv; i++) /* key_check(), inline: every key passes here */
+        if (kv[i].len == 0 || kv[i].len > MOONLET_MAX_KEY_BYTES)
             return MOONLET_ERR_INVALID_KEY;
     for (size_t i = 0; i < n_kda; i++)
-        if (key_check(kda[i]))
+        if (kda[i].len == 0 || kda[i].len > MOONLET_MAX_KEY_BYTES)
             return MOONLET_ERR_INVALID_KEY;
     return MOONLET_OK;
 }
@@ -253,6 +253,8 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
     size_t nres = cs > KV_SCAN_CHUNK ? cs : KV_SCAN_CHUNK;
     s.kv_hash = malloc((n_kv ? n_kv : 1) * sizeof(*s.kv_hash));
     s.cand_hash = malloc((cs ? cs : 1) * sizeof(*s.cand_hash));
+    s.kv_shard = malloc((n_kv ? n_kv : 1) * sizeof(*s.kv_shard));
+    s.cand_shard = malloc((cs ? cs : 1) * sizeof(*s.cand_shard));
     s.res = malloc(nres * sizeof(*s.res));
     s.objs = malloc((n_kv + cs + 1) * sizeof(*s.objs));
     s.locked = malloc((n_kv + cs + 1) * sizeof(*s.locked));
@@ -260,13 +262,16 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
     for (s.set_mask = 15; s.set_mask + 1 < 2 * (n_kv + cs); s.set_mask = s.set_mask * 2 + 1)
         ;
     s.set = malloc((s.set_mask + 1) * sizeof(*s.set));
-    if (!s.kv_hash || !s.cand_hash || !s.res || !s.objs || !s.locked || !s.bitmap || !s.set) {
+    if (!s.kv_hash || !s.cand_hash || !s.kv_shard || !s.cand_shard || !s.res || !s.objs ||
+        !s.locked || !s.bitmap || !s.set) {
         rc = MOONLET_ERR_INTERNAL_ERROR;
         goto out;
     }
 
     uint64_t prefix = scan_kv_prefix(m, tid, kv, n_kv, &s);
     out->kv_prefix = prefix;
+    for (size_t i = 0; i < prefix; i++) /* only keys below the prefix are ever locked */
+        s.kv_shard[i] = shard_of(m, s.kv_hash[i]);
     for (size_t c = n_boundaries; c-- > 0;) {
         if (boundaries[c] > prefix)
             continue;
@@ -286,6 +291,6 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
     }
 out:
     free(s.kv_hash), free(s.cand_hash), free(s.res), free(s.objs), free(s.locked), free(s.bitmap);
-    free(s.set);
+    free(s.set), free(s.kv_shard), free(s.cand_shard);
     return rc;
 }
