@@ -9,13 +9,17 @@
  * candidate's KDA keys and the KV keys below its boundary are leased; with no
  * candidate selected nothing is leased.
  *
- *   1. check: every key is checked first (INVALID_KEY fails the request and
- *      leases nothing); then the KV keys are scanned in grouped batch lookups
- *      (guard shared, each group's shard locks ascending) until the first
- *      unreadable one: the KV prefix.  No lease.
- *   2. walk: the candidates whose boundary lies within the prefix, from the
- *      last to the first.  For each: scan its KDA keys (no lease); when all
- *      are readable, validate it.
+ *   0. check: every key is checked first (INVALID_KEY fails the request and
+ *      leases nothing).
+ *   1. fast path: the last candidate is validated at once (step 3), without
+ *      a scan; when it is selected, the KV keys past its boundary are scanned
+ *      for the prefix (no lease) and the call is done: one pass over the keys
+ *      when everything is cached.  Otherwise it counts as a fallback and:
+ *   2. scan: the KV keys are scanned in grouped batch lookups (guard shared,
+ *      each group's shard locks ascending) until the first unreadable one:
+ *      the KV prefix.  No lease.  Then the walk: the other candidates whose
+ *      boundary lies within the prefix, from the last to the first.  For
+ *      each: scan its KDA keys (no lease); when all are readable, validate it.
  *   3. validate: take the guard shared, then the distinct shard locks of its
  *      KDA keys and of the KV keys below its boundary, in ascending shard
  *      index (a bitmap of shards gives the order); recheck every one of them;
@@ -30,7 +34,8 @@
  * keys - within a tenant, the same key is the same object - with a small
  * hash set over the keys' hashes, after the locks are released.
  *
- * The test hook (cfg.probe_hook) runs before each validation, no lock held.
+ * The test hook (cfg.probe_hook) runs before each validation (the fast
+ * path's too), no lock held.
  *
  * Locks: guard (shared) -> shard locks, ascending.  Never the registry lock.
  */
@@ -72,11 +77,12 @@ static void record_hold(moonlet_master *m, uint64_t ns)
         ;
 }
 
-/* The leading readable KV keys, scanned in chunks that stop at a miss. */
+/* The leading readable KV keys, kv[from..] scanned in chunks that stop at a
+ * miss (kv[0..from) are known to be readable); returns the prefix length. */
 static uint64_t scan_kv_prefix(moonlet_master *m, uint32_t tenant, const moonlet_str *kv,
-                               size_t n_kv, struct pr_scratch *s)
+                               size_t from, size_t n_kv, struct pr_scratch *s)
 {
-    size_t done = 0;
+    size_t done = from;
     pthread_rwlock_rdlock(&m->guard);
     while (done < n_kv) {
         size_t step = n_kv - done < KV_SCAN_CHUNK ? n_kv - done : KV_SCAN_CHUNK;
@@ -203,6 +209,30 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
     return all;
 }
 
+/*
+ * The fast path: the last candidate validated at once, without a scan.  When
+ * the request's KV keys and its last checkpoint are cached (the case the
+ * one-call lookup is for), this is the only pass over the keys it needs.
+ * Computes the hashes and shards of kv[0..b) and of the candidate's keys.
+ */
+static bool try_last(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, size_t b,
+                     const moonlet_str *ck, size_t cs, struct pr_scratch *s)
+{
+    for (size_t i = 0; i < b; i++) {
+        s->kv_hash[i] = key_hash(tenant, kv[i].ptr, kv[i].len);
+        s->kv_shard[i] = shard_of(m, s->kv_hash[i]);
+    }
+    for (size_t k = 0; k < cs; k++)
+        s->cand_hash[k] = key_hash(tenant, ck[k].ptr, ck[k].len);
+    if (m->cfg.probe_hook)
+        m->cfg.probe_hook(m->cfg.probe_hook_arg);
+    atomic_fetch_add_explicit(&m->st.resume_candidates_examined, 1, memory_order_relaxed);
+    if (validate(m, tenant, kv, b, ck, cs, s))
+        return true;
+    atomic_fetch_add_explicit(&m->st.resume_recheck_fallbacks, 1, memory_order_relaxed);
+    return false;
+}
+
 static int check_request(const moonlet_str *kv, size_t n_kv, const moonlet_str *kda, size_t n_kda,
                          uint64_t cs, const uint64_t *boundaries, size_t n_boundaries)
 {
@@ -268,12 +298,24 @@ int moonlet_master_probe_resume(moonlet_master *m, moonlet_str tenant, const moo
         goto out;
     }
 
-    uint64_t prefix = scan_kv_prefix(m, tid, kv, n_kv, &s);
+    size_t last = n_boundaries; /* n_boundaries: no candidate tried yet */
+    if (n_boundaries) {
+        last = n_boundaries - 1;
+        size_t b = (size_t)boundaries[last];
+        if (try_last(m, tid, kv, b, kda + last * cs, cs, &s)) {
+            out->selected = (int64_t)last;
+            for (size_t k = 0; k < cs; k++)
+                mask[last * cs + k] = 1;
+            out->kv_prefix = scan_kv_prefix(m, tid, kv, b, n_kv, &s); /* the rest, no lease */
+            goto out;
+        }
+    }
+    uint64_t prefix = scan_kv_prefix(m, tid, kv, 0, n_kv, &s);
     out->kv_prefix = prefix;
     for (size_t i = 0; i < prefix; i++) /* only keys below the prefix are ever locked */
         s.kv_shard[i] = shard_of(m, s.kv_hash[i]);
     for (size_t c = n_boundaries; c-- > 0;) {
-        if (boundaries[c] > prefix)
+        if (boundaries[c] > prefix || c == last) /* the last one was just tried */
             continue;
         const moonlet_str *ck = kda + c * cs;
         if (!scan_candidate(m, tid, ck, cs, &s))

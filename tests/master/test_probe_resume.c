@@ -111,7 +111,10 @@ static void test_worked_example(void **state)
     assert_int_equal(st.resume_calls, 1);
     assert_int_equal(st.leases_resume_kda, 2);
     assert_int_equal(st.leases_resume_kv, 1);
-    assert_int_equal(st.resume_candidates_examined, 1);
+    /* 384, tried first without a scan, lacks r1 (a fallback); 256 is skipped
+     * by its scan; 128 is validated */
+    assert_int_equal(st.resume_candidates_examined, 2);
+    assert_int_equal(st.resume_recheck_fallbacks, 1);
     assert_int_equal(st.leases_probe + st.leases_exist, 0);
     moonlet_master_destroy(m);
 }
@@ -156,7 +159,8 @@ static void test_kv_boundary_restricts(void **state)
     assert_leased_exactly(m, "", kv0, kda0, 1, 2);
     moonlet_master_stats st;
     moonlet_master_get_stats(m, &st);
-    assert_int_equal(st.resume_candidates_examined, 1); /* 384 never validated */
+    /* 384 only in the first try, which finds kv/2 missing; then 256 */
+    assert_int_equal(st.resume_candidates_examined, 2);
     moonlet_master_destroy(m);
 }
 
@@ -353,12 +357,13 @@ struct hook_ctx {
     moonlet_master *m;
     const char *victim;
     int calls;
+    int at; /* the call (0: the first) before which the victim is removed */
 };
 
 static void remove_once_hook(void *arg)
 {
     struct hook_ctx *h = arg;
-    if (h->calls++ == 0 && h->victim)
+    if (h->calls++ == h->at && h->victim)
         assert_int_equal(moonlet_master_remove(h->m, MOONLET_STR(""), MOONLET_STR(h->victim)),
                          MOONLET_OK);
 }
@@ -378,7 +383,8 @@ static moonlet_master *hook_master(struct hook_ctx *h)
     return h->m;
 }
 
-static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b)
+static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b,
+                           uint64_t want_examined, uint64_t want_prefix)
 {
     struct hook_ctx h = {.victim = victim};
     moonlet_master *m = hook_master(&h);
@@ -387,7 +393,7 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
     moonlet_probe_resume_out out;
     int32_t mask[6];
     assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, 4); /* as scanned */
+    assert_int_equal(out.kv_prefix, want_prefix); /* as scanned */
     assert_int_equal(out.selected, want_sel);
     assert_mask_sel(mask, 6, 2, want_sel);
     /* the victim is gone (-1); every other key as assert_leased_exactly says */
@@ -400,8 +406,8 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
     assert_leased_exactly(m, "", kv0, kda0, want_sel, want_b);
     moonlet_master_stats st;
     moonlet_master_get_stats(m, &st);
-    assert_int_equal(st.resume_recheck_fallbacks, (uint64_t)(2 - want_sel));
-    assert_int_equal(st.resume_candidates_examined, (uint64_t)(3 - want_sel));
+    assert_int_equal(st.resume_candidates_examined, want_examined);
+    assert_int_equal(st.resume_recheck_fallbacks, want_examined - 1);
     uint64_t hist = 0;
     for (int i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         hist += st.resume_lock_hold_hist[i];
@@ -414,14 +420,58 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
 static void test_kda_member_evicted_between_phases(void **state)
 {
     (void)state;
-    check_fallback("kda/384/r1", 1, 2); /* 384 loses a rank: 256 */
+    check_fallback("kda/384/r1", 1, 2, 2, 4); /* 384 loses a rank: 256 */
 }
 
 static void test_kv_key_evicted_between_phases(void **state)
 {
     (void)state;
-    check_fallback("kv/2", 1, 2); /* 384 needs kv/2: 256, which does not */
-    check_fallback("kv/1", 0, 1); /* 384 and 256 need kv/1: 128 */
+    /* removed before the first try (the last candidate, without a scan): */
+    check_fallback("kv/2", 1, 2, 2, 2); /* 384 needs kv/2: 256, which does not */
+    /* 384 and 256 need kv/1: 128; the scan after the failed first try sees
+     * the prefix at 1, so 256 is not validated at all */
+    check_fallback("kv/1", 0, 1, 2, 1);
+}
+
+/* A key removed between the scan and a validation: 384 lacks a rank (the
+ * first try fails), the scan sees all four KV blocks and 256 complete, then
+ * kv/1 (or a member of 256) goes before 256 is validated: 256 fails its
+ * recheck, 128 is selected, and only kv/0 and 128's keys gained leases. */
+static void after_the_scan(const char *victim)
+{
+    struct hook_ctx h = {.victim = victim, .at = 1};
+    moonlet_master *m = hook_master(&h);
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR(KDA[5])), MOONLET_OK);
+    int64_t kv0[4], kda0[6];
+    leases_t(m, "", kv0, kda0);
+    moonlet_probe_resume_out out;
+    int32_t mask[6];
+    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
+    assert_int_equal(h.calls, 3); /* before 384 (first try), 256, 128 */
+    assert_int_equal(out.kv_prefix, 4); /* scanned before kv/1 went */
+    assert_int_equal(out.selected, 0);
+    assert_mask_sel(mask, 6, 2, 0);
+    for (int i = 0; i < 4; i++)
+        if (strcmp(KV[i], victim) == 0)
+            kv0[i] = -1;
+    for (int i = 0; i < 6; i++)
+        if (strcmp(KDA[i], victim) == 0)
+            kda0[i] = -1;
+    assert_leased_exactly(m, "", kv0, kda0, 0, 1); /* 256 failed: nothing of it leased */
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.resume_candidates_examined, 3);
+    assert_int_equal(st.resume_recheck_fallbacks, 2);
+    assert_int_equal(st.leases_resume_kda, 2);
+    assert_int_equal(st.leases_resume_kv, 1);
+    moonlet_master_destroy(m);
+}
+
+static void test_evicted_after_the_scan(void **state)
+{
+    (void)state;
+    after_the_scan("kv/1");       /* a KV key 256 needs */
+    after_the_scan("kda/256/r0"); /* a member of 256 */
 }
 
 /* Keys over many shards: a candidate with a long KV boundary takes many
@@ -478,6 +528,7 @@ int main(void)
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_kda_member_evicted_between_phases),
         cmocka_unit_test(test_kv_key_evicted_between_phases),
+        cmocka_unit_test(test_evicted_after_the_scan),
         cmocka_unit_test(test_many_shards),
     };
     return cmocka_run_group_tests_name("master_probe_resume", tests, NULL, NULL);
