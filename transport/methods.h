@@ -35,7 +35,8 @@ enum moonlet_method {
     MOONLET_M_BIND_CLIENT = 20,    /* [client_id, secret str (1..64 bytes)] -> nil: this connection
                                     * now holds client_id (Ping/Mount/Unmount for it) */
     MOONLET_M_PROBE_RESUME = 21,   /* [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
-                                    * -> [kv_prefix, selected int (-1: none), [bool...]]: the K3
+                                    * -> [kv_prefix, selected int (-1: none), mask bin (a byte 0/1
+                                    * per KDA key)]: the K3
                                     * lookup in one call; leases the selected candidate's KDA keys
                                     * and the KV keys below its boundary (docs/probe-policy.md) */
     MOONLET_M__COUNT
