@@ -108,6 +108,7 @@ typedef struct run_result {
      * was evicted), or none (all were evicted). */
     uint64_t resume_newest, resume_older, resume_none;
     double leases_exist, leases_probe, evictions, eviction_passes, resume_kda, resume_kv;
+    double resume_examined, resume_fallbacks;
     bench_samples lookup_us, lag_ms;
     double wall_s;
     series_row *rows;
@@ -415,7 +416,7 @@ static double stat_num(cJSON *st, const char *name)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-#define NSTATS 6
+#define NSTATS 8
 static int stats_now(moonlet_master_client *mc, double out[NSTATS])
 {
     cJSON *st = NULL;
@@ -428,6 +429,8 @@ static int stats_now(moonlet_master_client *mc, double out[NSTATS])
     out[3] = stat_num(st, "eviction_passes");
     out[4] = stat_num(st, "leases_resume_kda");
     out[5] = stat_num(st, "leases_resume_kv");
+    out[6] = stat_num(st, "resume_candidates_examined");
+    out[7] = stat_num(st, "resume_recheck_fallbacks");
     cJSON_Delete(st);
     return MOONLET_OK;
 }
@@ -604,6 +607,8 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     rr->eviction_passes = st1[3] - st0[3];
     rr->resume_kda = st1[4] - st0[4];
     rr->resume_kv = st1[5] - st0[5];
+    rr->resume_examined = st1[6] - st0[6];
+    rr->resume_fallbacks = st1[7] - st0[7];
     rc = 0;
 out:
     cluster_stop(&cl);
@@ -661,6 +666,8 @@ static cJSON *run_json(run_result *rr, const trace_opts *o)
     cJSON_AddNumberToObject(j, "kv_bytes_leased", kv_leased_master(rr) * (double)o->kv_bytes);
     cJSON_AddNumberToObject(j, "master_leases_resume_kda", rr->resume_kda);
     cJSON_AddNumberToObject(j, "master_leases_resume_kv", rr->resume_kv);
+    cJSON_AddNumberToObject(j, "master_resume_candidates_examined", rr->resume_examined);
+    cJSON_AddNumberToObject(j, "master_resume_recheck_fallbacks", rr->resume_fallbacks);
     cJSON_AddNumberToObject(j, "master_leases_exist", rr->leases_exist);
     cJSON_AddNumberToObject(j, "master_leases_probe", rr->leases_probe);
     cJSON_AddNumberToObject(j, "blocks_requested", (double)rr->blocks);
