@@ -11,10 +11,11 @@
  *
  *   0. check: every key is checked first (INVALID_KEY fails the request and
  *      leases nothing).
- *   1. fast path: the last candidate is validated at once (step 3), without
- *      a scan; when it is selected, the KV keys past its boundary are scanned
- *      for the prefix (no lease) and the call is done: one pass over the keys
- *      when everything is cached.  Otherwise it counts as a fallback and:
+ *   1. fast path: the last candidate's own keys are scanned; when all are
+ *      readable it is validated (step 3) without the KV scan; when it is
+ *      selected, the KV keys past its boundary are scanned for the prefix (no
+ *      lease) and the call is done: one pass over the KV keys when everything
+ *      is cached.  A failed validation counts as a fallback; either way:
  *   2. scan: the KV keys are scanned in grouped batch lookups (guard shared,
  *      each group's shard locks ascending) until the first unreadable one:
  *      the KV prefix.  No lease.  Then the walk: the other candidates whose
@@ -210,10 +211,11 @@ static bool validate(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
 }
 
 /*
- * The fast path: the last candidate validated at once, without a scan.  When
- * the request's KV keys and its last checkpoint are cached (the case the
- * one-call lookup is for), this is the only pass over the keys it needs.
- * Computes the hashes and shards of kv[0..b) and of the candidate's keys.
+ * The fast path: the last candidate validated without the KV scan, once a
+ * scan of its own keys found them all readable.  When the request's KV keys
+ * and its last checkpoint are cached (the case the one-call lookup is for),
+ * this is the only pass over the KV keys.  Computes the hashes and shards of
+ * kv[0..b) and of the candidate's keys.
  */
 static bool try_last(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, size_t b,
                      const moonlet_str *ck, size_t cs, struct pr_scratch *s)
@@ -222,8 +224,8 @@ static bool try_last(moonlet_master *m, uint32_t tenant, const moonlet_str *kv, 
         s->kv_hash[i] = key_hash(tenant, kv[i].ptr, kv[i].len);
         s->kv_shard[i] = shard_of(m, s->kv_hash[i]);
     }
-    for (size_t k = 0; k < cs; k++)
-        s->cand_hash[k] = key_hash(tenant, ck[k].ptr, ck[k].len);
+    if (!scan_candidate(m, tenant, ck, cs, s)) /* its own keys first: cheap, no lease */
+        return false;
     if (m->cfg.probe_hook)
         m->cfg.probe_hook(m->cfg.probe_hook_arg);
     atomic_fetch_add_explicit(&m->st.resume_candidates_examined, 1, memory_order_relaxed);
