@@ -187,7 +187,7 @@ static const xfer_backend *xfer_choose_backend(const moonlet_xfer_opts *o)
     if (o->protocol == MOONLET_XFER_RDMA)
         return &moonlet_xfer_verbs_backend;
     char why[256];
-    if (moonlet_xfer_verbs_probe(o->device, why, sizeof(why)) == MOONLET_OK) {
+    if (moonlet_xfer_verbs_probe(o->device, o->listen_addr, why, sizeof(why)) == MOONLET_OK) {
         ML_INFO(MOD, "transport: RDMA device available, using verbs");
         return &moonlet_xfer_verbs_backend;
     }
@@ -209,6 +209,7 @@ static void xfer_free_opts(moonlet_xfer *x)
 {
     free(x->device);
     free(x->listen_addr);
+    free(x->source_addr);
     if (x->token) {
         explicit_bzero(x->token, x->token_len);
         free(x->token);
@@ -225,6 +226,7 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
         return MOONLET_ERR_INVALID_PARAMS;
     x->device = xfer_strdup_opt(o->device, &oom);
     x->listen_addr = xfer_strdup_opt(o->listen_addr, &oom);
+    x->source_addr = xfer_strdup_opt(o->source_addr, &oom);
     x->token = xfer_strdup_opt(o->auth_token, &oom);
     x->token_len = x->token ? strlen(x->token) : 0;
     x->conns_per_peer = o->conns_per_peer > 0 ? o->conns_per_peer

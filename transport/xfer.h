@@ -10,8 +10,16 @@
  *     against registered segments over a compact binary header (xfer_tcp.h);
  *     clients keep several connections per peer and stream payloads straight
  *     into / out of the caller's buffer.
- * MOONLET_XFER_AUTO picks verbs when an RDMA device with an ACTIVE port exists
- * and TCP otherwise, and says which in one INFO log line.
+ * MOONLET_XFER_AUTO picks verbs when an InfiniBand-transport RDMA device
+ * (InfiniBand or RoCE; not iWARP, not EFA) with an ACTIVE port exists - and,
+ * when a listen address is given, when that address is on such a device - and
+ * TCP otherwise, and says which in one INFO log line.
+ *
+ * Addresses and devices (rdma).  RDMA exists only on the addresses of RDMA
+ * interfaces (never on 127.0.0.1).  The device is the one the listen address
+ * (or else `source_addr`) is on; a named `device` must agree.  Protocol
+ * "rdma" with a listen address on no RDMA device fails with
+ * UNAVAILABLE_IN_CURRENT_STATUS and one ERROR line naming the address.
  *
  * Roles.  The same instance type serves both sides: a store node creates one
  * with a listen address and registers its segment(s); a client creates one
@@ -81,6 +89,9 @@ typedef struct moonlet_xfer_opts {
     int conns_per_peer;       /* <= 0: MOONLET_XFER_DEFAULT_CONNS_PER_PEER */
     int server_threads;       /* TCP serving pool; <= 0: MOONLET_XFER_DEFAULT_SERVER_THREADS */
     uint32_t timeout_ms;      /* max wait without progress; 0: MOONLET_XFER_DEFAULT_TIMEOUT_MS */
+    const char *source_addr;  /* rdma: local IP outgoing connections bind (picks the NIC
+                               * and port, as rping -I); NULL = the route's choice.
+                               * Ignored by TCP. */
 } moonlet_xfer_opts;
 
 /* Parses "rdma", "tcp" or "auto"; returns 0 or MOONLET_ERR_INVALID_PARAMS. */

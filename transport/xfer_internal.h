@@ -69,6 +69,7 @@ struct moonlet_xfer {
     /* options, copied at create */
     char *device;
     char *listen_addr;
+    char *source_addr;  /* rdma: bind outgoing connections here; NULL = any */
     char *token;        /* NULL when no token */
     size_t token_len;
     int conns_per_peer;
@@ -88,9 +89,25 @@ struct moonlet_xfer {
 extern const xfer_backend moonlet_xfer_tcp_backend;
 extern const xfer_backend moonlet_xfer_verbs_backend;
 
-/* Discovery only: 0 when an RDMA device (named, or any) has an ACTIVE port;
- * else UNAVAILABLE_IN_CURRENT_STATUS with the reason in why. */
-int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap);
+/* Discovery only (auto): 0 when an InfiniBand-transport RDMA device (named,
+ * or any) has an ACTIVE port and, when listen_addr ("host:port") is given and
+ * not a wildcard, that address is on such a device; else
+ * UNAVAILABLE_IN_CURRENT_STATUS with the reason in why. */
+int moonlet_xfer_verbs_probe(const char *device, const char *listen_addr, char *why,
+                             size_t why_cap);
+
+/* Test and self-check hook (verbs only): the QP attributes of every open
+ * connection of an instance - client connections in its pool and connections
+ * it serves - as ibv_query_qp reports them.  Fills up to cap entries and
+ * returns how many connections exist (0 for TCP). */
+typedef struct moonlet_xfer_qp_info {
+    bool served;              /* accepted by this instance (passive side) */
+    int state;                /* enum ibv_qp_state */
+    uint8_t max_rd_atomic;    /* RDMA READs this QP may have outstanding as initiator */
+    uint8_t max_dest_rd_atomic; /* RDMA READs it accepts as responder */
+    char device[64];
+} moonlet_xfer_qp_info;
+size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);
 
 /* Finds the registration holding [addr, addr + len); 0 and *lkey, or
  * INVALID_PARAMS.  Takes buf_lock shared. */

@@ -41,6 +41,7 @@
  * is never held while waiting for a CM event or polling a CQ.  Client
  * connections are owned by one batch at a time (xfer.c) and take no lock.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -68,6 +69,9 @@
 #define VERBS_SEND_DEPTH 128u        /* max_send_wr per client QP */
 #define VERBS_POLL_BATCH 32
 #define VERBS_DRAIN_MS 1000u         /* bound on draining flushed WRs */
+/* Largest work request: a stall is noticed per chunk, and a lossy or slow
+ * fabric (or Soft-RoCE) completes something at least every chunk. */
+#define VERBS_CHUNK_BYTES (1u << 20)
 
 /* Private data of a connect request (fits the 56 bytes RC allows). */
 typedef struct verbs_conn_req {
@@ -117,6 +121,7 @@ typedef struct verbs_state {
     pthread_mutex_t lock;
     verbs_seg *segs;
     verbs_sconn *sconns;
+    struct verbs_cconn *cconns;   /* open client connections (for qp_info) */
 } verbs_state;
 
 typedef struct verbs_cconn {
@@ -124,6 +129,7 @@ typedef struct verbs_cconn {
     struct rdma_cm_id *id;
     struct ibv_cq *cq;
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
 } verbs_cconn;
 
 /* ---- discovery ---------------------------------------------------------- */
@@ -142,9 +148,11 @@ static uint8_t verbs_active_port(struct ibv_context *ctx)
     return 0;
 }
 
-/* Finds the device to use; fills name and port.  why gets the reason. */
-static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t *port, char *why,
-                          size_t why_cap)
+/* Finds the device to use; fills name and port.  why gets the reason.
+ * ib_only (auto): only InfiniBand-transport devices (IB and RoCE NICs, rxe),
+ * not iWARP or EFA, whose semantics this backend was not written for. */
+static int verbs_discover(const char *want, bool ib_only, char *name, size_t name_cap,
+                          uint8_t *port, char *why, size_t why_cap)
 {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -161,6 +169,11 @@ static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t
         const char *dn = ibv_get_device_name(list[i]);
         if (want && strcmp(dn, want) != 0)
             continue;
+        if (ib_only && list[i]->transport_type != IBV_TRANSPORT_IB) {
+            snprintf(why, why_cap, "RDMA device %s is not an InfiniBand-transport device "
+                     "(iWARP/EFA are not used by auto)", dn);
+            continue;
+        }
         struct ibv_context *ctx = ibv_open_device(list[i]);
         uint8_t p = ctx ? verbs_active_port(ctx) : 0;
         if (ctx)
@@ -177,11 +190,116 @@ static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t
     return rc;
 }
 
-int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap)
+/* Parses an IP ("host" or "host:port") into a sockaddr with port 0 or the
+ * given port; *wildcard says whether it is INADDR_ANY / in6addr_any. */
+static int verbs_parse_addr(const char *addr, bool with_port, struct sockaddr_storage *ss,
+                            bool *wildcard)
+{
+    char host[256], port_s[8] = "0";
+    uint16_t port = 0;
+    if (with_port) {
+        if (moonlet_xfer_split_endpoint(addr, host, sizeof(host), &port))
+            return MOONLET_ERR_INVALID_PARAMS;
+        snprintf(port_s, sizeof(port_s), "%u", port);
+    } else {
+        if (!addr || strlen(addr) >= sizeof(host))
+            return MOONLET_ERR_INVALID_PARAMS;
+        snprintf(host, sizeof(host), "%s", addr);
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res;
+    if (getaddrinfo(host, port_s, &hints, &res))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (ss->ss_family == AF_INET)
+        *wildcard = ((struct sockaddr_in *)ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+    else
+        *wildcard = IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)ss)->sin6_addr);
+    return MOONLET_OK;
+}
+
+/* The RDMA device and port an IP address belongs to, found the way rdma_cm
+ * finds it: a throw-away cm_id bound to the address (port 0).  An address of
+ * no RDMA interface (127.0.0.1, a plain NIC) binds with no device. */
+static int verbs_addr_device(const char *addr, bool with_port, char *name, size_t name_cap,
+                             uint8_t *port, char *why, size_t why_cap)
+{
+    struct sockaddr_storage ss;
+    bool wildcard;
+    if (verbs_parse_addr(addr, with_port, &ss, &wildcard)) {
+        snprintf(why, why_cap, "cannot parse address %s", addr);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    if (ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&ss)->sin_port = 0;
+    else
+        ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+    struct rdma_cm_id *id;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+        snprintf(why, why_cap, "rdma_create_id: %s", strerror(errno));
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    int rc = MOONLET_OK;
+    if (rdma_bind_addr(id, (struct sockaddr *)&ss)) {
+        snprintf(why, why_cap, "cannot bind RDMA to %s: %s", addr, strerror(errno));
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    } else if (!id->verbs) {
+        snprintf(why, why_cap, "address %s is on no RDMA device (RDMA exists only on the "
+                 "addresses of RDMA interfaces, never on loopback)", addr);
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    } else {
+        snprintf(name, name_cap, "%s", ibv_get_device_name(id->verbs->device));
+        *port = id->port_num ? id->port_num : verbs_active_port(id->verbs);
+    }
+    rdma_destroy_id(id);
+    return rc;
+}
+
+/* Is addr ("host:port" or "host") a wildcard address? */
+static bool verbs_is_wildcard(const char *addr, bool with_port)
+{
+    struct sockaddr_storage ss;
+    bool wildcard = false;
+    return verbs_parse_addr(addr, with_port, &ss, &wildcard) == MOONLET_OK && wildcard;
+}
+
+/* Picks the device: the one the listen address, else the source address, is
+ * on; else the named one, or the first ACTIVE one.  A named device must be
+ * the address's. */
+static int verbs_pick_device(const char *want, const char *listen_addr, const char *source_addr,
+                             bool ib_only, char *name, size_t name_cap, uint8_t *port,
+                             char *why, size_t why_cap)
+{
+    const char *addr = NULL;
+    bool with_port = false;
+    if (listen_addr && !verbs_is_wildcard(listen_addr, true)) {
+        addr = listen_addr;
+        with_port = true;
+    } else if (source_addr && !verbs_is_wildcard(source_addr, false)) {
+        addr = source_addr;
+    }
+    int rc = verbs_discover(addr ? NULL : want, ib_only, name, name_cap, port, why, why_cap);
+    if (rc || !addr)
+        return rc; /* no usable device at all, or the device is not tied to an address */
+    rc = verbs_addr_device(addr, with_port, name, name_cap, port, why, why_cap);
+    if (rc)
+        return rc;
+    if (want && strcmp(want, name) != 0) {
+        snprintf(why, why_cap, "address %s is on RDMA device %s, not on %s", addr, name, want);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_verbs_probe(const char *device, const char *listen_addr, char *why,
+                             size_t why_cap)
 {
     char name[64];
     uint8_t port;
-    return verbs_discover(device, name, sizeof(name), &port, why, why_cap);
+    return verbs_pick_device(device, listen_addr, NULL, true, name, sizeof(name), &port, why,
+                             why_cap);
 }
 
 /* ---- PD and device context ---------------------------------------------- */
@@ -205,7 +323,8 @@ static int verbs_open_pd(verbs_state *v)
         ML_ERR(MOD, "cannot query %s: %s", v->dev_name, strerror(errno));
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     }
-    v->max_msg = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
+    v->max_msg = pa.max_msg_sz && pa.max_msg_sz < VERBS_CHUNK_BYTES ? pa.max_msg_sz
+                                                                    : VERBS_CHUNK_BYTES;
     v->max_rd_atom = (uint8_t)(da.max_qp_rd_atom > 255 ? 255 : da.max_qp_rd_atom);
     v->max_init_rd_atom = (uint8_t)(da.max_qp_init_rd_atom > 255 ? 255 : da.max_qp_init_rd_atom);
     v->pd = ibv_alloc_pd(v->ctx);
@@ -261,10 +380,21 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         id->context = NULL;
         return;
     }
+    /* On the passive side the request's values are already seen from this
+     * side (rdma_cm swaps them, as rping's server relies on):
+     * param.conn.responder_resources is the READs the peer wants to have in
+     * flight towards us (its initiator_depth) and initiator_depth what it can
+     * serve.  So our responder_resources, which becomes this QP's
+     * max_dest_rd_atomic, is the peer's wish capped by our device, and at
+     * least 1: with 0 every RDMA READ of the peer fails. */
+    uint8_t want_resp = ev->param.conn.responder_resources;
+    uint8_t want_init = ev->param.conn.initiator_depth;
     struct rdma_conn_param cp = {
-        .responder_resources = ev->param.conn.initiator_depth < v->max_rd_atom
-                                   ? ev->param.conn.initiator_depth : v->max_rd_atom,
-        .initiator_depth = 0, .retry_count = 7, .rnr_retry_count = 7};
+        .responder_resources = want_resp < v->max_rd_atom ? want_resp : v->max_rd_atom,
+        .initiator_depth = want_init < v->max_init_rd_atom ? want_init : v->max_init_rd_atom,
+        .retry_count = 7, .rnr_retry_count = 7};
+    if (cp.responder_resources == 0)
+        cp.responder_resources = v->max_rd_atom ? 1 : 0;
     sc->id = id;
     id->context = sc;
     if (rdma_accept(id, &cp)) {
@@ -442,11 +572,11 @@ static int verbs_start(moonlet_xfer *x)
     if (!v)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&v->lock, NULL);
-    char why[128];
-    int rc = verbs_discover(x->device, v->dev_name, sizeof(v->dev_name), &v->port, why,
-                            sizeof(why));
+    char why[256];
+    int rc = verbs_pick_device(x->device, x->listen_addr, x->source_addr, false, v->dev_name,
+                               sizeof(v->dev_name), &v->port, why, sizeof(why));
     if (rc) {
-        ML_ERR(MOD, "%s", why);
+        ML_ERR(MOD, "rdma unavailable: %s", why);
         verbs_free(v);
         return rc;
     }
@@ -470,8 +600,10 @@ static int verbs_start(moonlet_xfer *x)
         verbs_free(v);
         return rc;
     }
-    ML_INFO(MOD, "using %s port %u%s%s", v->dev_name, v->port, x->endpoint[0] ? ", serving on " : "",
-            x->endpoint);
+    if (x->endpoint[0]) /* a client says nothing more than xfer.c's one line */
+        ML_INFO(MOD, "using %s port %u, serving on %s", v->dev_name, v->port, x->endpoint);
+    else
+        ML_DEBUG(MOD, "using %s port %u", v->dev_name, v->port);
     return MOONLET_OK;
 }
 
@@ -637,6 +769,14 @@ static int verbs_expect(verbs_cconn *c, int want, uint64_t deadline_ms, const ch
 static void verbs_conn_close(moonlet_xfer *x, void *conn)
 {
     verbs_cconn *c = conn;
+    verbs_state *v = x->be_state;
+    pthread_mutex_lock(&v->lock);
+    verbs_cconn **pp = &v->cconns;
+    while (*pp && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = c->next;
+    pthread_mutex_unlock(&v->lock);
     if (c->id && c->id->qp) {
         rdma_disconnect(c->id);
         rdma_destroy_qp(c->id);
@@ -669,6 +809,57 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
     return MOONLET_OK;
 }
 
+/*
+ * rdma_resolve_addr in short attempts.  The kernel's address resolution
+ * (drivers/infiniband/core/addr.c) parks a request whose neighbour entry is
+ * not yet valid and re-examines it when a neighbour-update netevent arrives
+ * - or at its timeout.  When the ARP reply lands between the first look and
+ * the parking (a local wire, or a second connect racing a first one's ARP),
+ * the update is missed and the request sleeps until the timeout, and then
+ * succeeds: with the whole transfer timeout as the resolve timeout, the
+ * connection came up exactly when the caller gave up (issue 12's "second
+ * connection accepted ~10 s later").  Short attempts bound that delay to one
+ * step; an attempt that times out is simply repeated until the deadline.
+ */
+#define VERBS_RESOLVE_STEP_MS 200
+
+static int verbs_resolve_addr(verbs_cconn *c, struct sockaddr *src, struct sockaddr *dst,
+                              uint64_t deadline)
+{
+    int last_status = 0, attempts = 0;
+    for (;;) {
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= deadline || attempts >= 10000)
+            break;
+        uint64_t left = deadline - now;
+        int step = (int)(left < VERBS_RESOLVE_STEP_MS ? left : VERBS_RESOLVE_STEP_MS);
+        attempts++;
+        if (rdma_resolve_addr(c->id, src, dst, step ? step : 1)) {
+            ML_WARN(MOD, "rdma_resolve_addr to %s: %s", c->endpoint, strerror(errno));
+            return MOONLET_ERR_TRANSFER_FAIL;
+        }
+        /* the kernel answers at its own timeout at the latest: wait a bit more */
+        uint64_t wait_until = now + (uint64_t)step + 1000u;
+        int status = 0, reject = 0;
+        int got = verbs_wait_event(c, wait_until < deadline ? wait_until : deadline, &status,
+                                   &reject);
+        if (got == RDMA_CM_EVENT_ADDR_RESOLVED) {
+            if (attempts > 1)
+                ML_DEBUG(MOD, "address of %s resolved at attempt %d", c->endpoint, attempts);
+            return MOONLET_OK;
+        }
+        if (got != RDMA_CM_EVENT_ADDR_ERROR || (status != -ETIMEDOUT && status != -ENODATA)) {
+            ML_WARN(MOD, "rdma_resolve_addr to %s failed: %s (status %d)", c->endpoint,
+                    got < 0 ? "timed out" : rdma_event_str((enum rdma_cm_event_type)got), status);
+            return MOONLET_ERR_TRANSFER_FAIL;
+        }
+        last_status = status;
+    }
+    ML_WARN(MOD, "rdma_resolve_addr to %s failed: no answer in %d attempts (status %d)",
+            c->endpoint, attempts, last_status);
+    return MOONLET_ERR_TRANSFER_FAIL;
+}
+
 static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
 {
     struct sockaddr_storage dst;
@@ -679,9 +870,13 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
     c->ec = rdma_create_event_channel();
     if (!c->ec || verbs_set_nonblock(c->ec->fd) || rdma_create_id(c->ec, &c->id, c, RDMA_PS_TCP))
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = rdma_resolve_addr(c->id, NULL, (struct sockaddr *)&dst, tmo)
-                 ? MOONLET_ERR_TRANSFER_FAIL
-                 : verbs_expect(c, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr");
+    struct sockaddr_storage src;
+    bool src_any = true;
+    if (x->source_addr && verbs_parse_addr(x->source_addr, false, &src, &src_any))
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* binding the source address picks the NIC and port (as rping -I) */
+    int rc = verbs_resolve_addr(c, src_any ? NULL : (struct sockaddr *)&src,
+                                (struct sockaddr *)&dst, deadline);
     if (rc == MOONLET_OK)
         rc = rdma_resolve_route(c->id, tmo)
                  ? MOONLET_ERR_TRANSFER_FAIL
@@ -715,8 +910,47 @@ static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
         verbs_conn_close(x, c);
         return rc;
     }
+    pthread_mutex_lock(&v->lock);
+    c->next = v->cconns;
+    v->cconns = c;
+    pthread_mutex_unlock(&v->lock);
     *out = c;
     return MOONLET_OK;
+}
+
+static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
+                               moonlet_xfer_qp_info *o)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    memset(o, 0, sizeof(*o));
+    o->served = served;
+    snprintf(o->device, sizeof(o->device), "%s", v->dev_name);
+    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC,
+                     &ia) == 0) {
+        o->state = (int)a.qp_state;
+        o->max_rd_atomic = a.max_rd_atomic;
+        o->max_dest_rd_atomic = a.max_dest_rd_atomic;
+    } else {
+        o->state = -1;
+    }
+}
+
+size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap)
+{
+    if (!x || x->be != &moonlet_xfer_verbs_backend || !x->be_state)
+        return 0;
+    verbs_state *v = x->be_state;
+    size_t n = 0;
+    pthread_mutex_lock(&v->lock);
+    for (verbs_cconn *c = v->cconns; c; c = c->next, n++)
+        if (n < cap && c->id->qp)
+            verbs_fill_qp_info(v, c->id->qp, false, &out[n]);
+    for (verbs_sconn *sc = v->sconns; sc; sc = sc->next, n++)
+        if (n < cap && sc->id->qp)
+            verbs_fill_qp_info(v, sc->id->qp, true, &out[n]);
+    pthread_mutex_unlock(&v->lock);
+    return n;
 }
 
 /* ---- transfers ---------------------------------------------------------- */
