@@ -20,8 +20,8 @@
  *               rdma_resolve_route -> CQ -> QP -> rdma_connect -> ESTABLISHED,
  *               each step bounded by timeout_ms.
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
- *               split at the port's max_msg_sz, at most max_send_wr in flight
- *               per QP; the CQ is polled (never blocked on).  A lane with no
+ *               split at 1 MiB (or the port's smaller max_msg_sz), at most
+ *               max_send_wr WRs and 4 MiB in flight per QP; the CQ is polled (never blocked on).  A lane with no
  *               completion for timeout_ms is timed out: its QP is moved to ERR
  *               and its flushed completions drained before the QP is destroyed.
  *   errors      every error work completion becomes TRANSFER_FAIL with a log
@@ -72,6 +72,10 @@
 /* Largest work request: a stall is noticed per chunk, and a lossy or slow
  * fabric (or Soft-RoCE) completes something at least every chunk. */
 #define VERBS_CHUNK_BYTES (1u << 20)
+/* Bytes in flight per connection.  Enough for any real fabric's
+ * bandwidth-delay product; more only overruns a receiver (Soft-RoCE over a
+ * veth drops packets and then crawls through go-back-N retransmissions). */
+#define VERBS_LANE_INFLIGHT_BYTES (4u << 20)
 
 /* Private data of a connect request (fits the 56 bytes RC allows). */
 typedef struct verbs_conn_req {
@@ -972,7 +976,8 @@ static const char *verbs_wc_hint(enum ibv_wc_status s)
 }
 
 /* Progress of one lane.  Each item is split into chunks of at most max_msg
- * bytes; wr_id is the item's index in the lane. */
+ * bytes; wr_id is the item's index in the lane (high 32 bits) and the
+ * chunk's length (low 32 bits). */
 typedef struct verbs_lane_run {
     xfer_lane *lane;
     verbs_cconn *c;
@@ -980,6 +985,7 @@ typedef struct verbs_lane_run {
     size_t post_i;       /* next item to post */
     uint64_t post_off;   /* bytes of item post_i already posted */
     uint32_t inflight;
+    uint64_t inflight_bytes;
     uint64_t last_progress;
     bool failed;         /* stop posting; drain what is in flight */
 } verbs_lane_run;
@@ -1003,7 +1009,7 @@ static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
                           .length = n, .lkey = it->lkey};
     struct ibv_send_wr wr = {
-        .wr_id = r->post_i, .sg_list = &sge, .num_sge = 1,
+        .wr_id = ((uint64_t)r->post_i << 32) | n, .sg_list = &sge, .num_sge = 1,
         .opcode = it->op->opcode == MOONLET_XFER_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
         .send_flags = IBV_SEND_SIGNALED,
         .wr.rdma = {.remote_addr = it->remote_addr + r->post_off, .rkey = it->rkey}};
@@ -1015,6 +1021,7 @@ static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
     }
     r->pending[r->post_i]++;
     r->inflight++;
+    r->inflight_bytes += n;
     r->post_off += n;
     if (r->post_off == it->op->len) {
         r->post_i++;
@@ -1025,7 +1032,8 @@ static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
 
 static void verbs_post(verbs_state *v, verbs_lane_run *r)
 {
-    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH)
+    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH &&
+           (r->inflight == 0 || r->inflight_bytes < VERBS_LANE_INFLIGHT_BYTES))
         if (verbs_post_one(v, r))
             return;
 }
@@ -1040,9 +1048,11 @@ static int verbs_poll(verbs_lane_run *r)
         return 0;
     }
     for (int i = 0; i < n; i++) {
-        moonlet_xfer_op *op = r->lane->items[wc[i].wr_id]->op;
+        size_t idx = (size_t)(wc[i].wr_id >> 32);
+        moonlet_xfer_op *op = r->lane->items[idx]->op;
         r->inflight--;
-        r->pending[wc[i].wr_id]--;
+        r->inflight_bytes -= (uint32_t)wc[i].wr_id;
+        r->pending[idx]--;
         if (wc[i].status != IBV_WC_SUCCESS) {
             if (wc[i].status != IBV_WC_WR_FLUSH_ERR || !r->failed)
                 ML_WARN(MOD, "RDMA %s at %s offset %" PRIu64 ": %s (vendor_err 0x%x): %s",
@@ -1071,6 +1081,7 @@ static void verbs_lane_timeout(verbs_lane_run *r)
         if (verbs_poll(r) == 0)
             sched_yield();
     r->inflight = 0;
+    r->inflight_bytes = 0;
 }
 
 static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)

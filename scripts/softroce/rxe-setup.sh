@@ -26,6 +26,11 @@ rxe_setup() {
     ip addr add $IP_B/24 dev vethB
     ip link set vethA up
     ip link set vethB up
+    # A veth hands each packet to the peer's per-CPU backlog (1000 packets by
+    # default); rxe bursts more than that, and every drop costs a go-back-N
+    # retransmission after the ~0.5 s ACK timeout (4x less bandwidth, transfers
+    # stalling for seconds).  Real RoCE runs on a lossless class (PFC) instead.
+    sysctl -qw net.core.netdev_max_backlog=50000
     local k
     for k in all default vethA vethB; do
         sysctl -qw net.ipv4.conf.$k.rp_filter=0 net.ipv4.conf.$k.accept_local=1
