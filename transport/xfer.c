@@ -10,7 +10,8 @@
  * from the calling thread, with no helper threads on the client side.
  *
  * Connections are leased exclusively for one batch; a lane the backend marks
- * broken is closed and its slot reopened on the next use.  Peers are leased
+ * broken, or a cached connection the backend reports dead (conn_ok), is
+ * closed and its slot reopened on the next use.  Peers are leased
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
  *
@@ -493,13 +494,27 @@ static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t
 
 /* Opens the leased slots that have no connection yet (no lock held: only
  * this thread touches a leased slot).  Slots that fail to open are given
- * back.  Returns 0 when at least one is usable, else the first open error. */
+ * back; after one failed open the other unopened slots are not tried (the
+ * peer is unreachable or refusing: each try would cost up to timeout_ms, and
+ * a batch would wait conns_per_peer timeouts per peer).  Returns 0 when at
+ * least one is usable, else the first open error. */
 static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
 {
     int first_err = MOONLET_OK;
     size_t kept = 0;
     for (size_t i = 0; i < g->nslots; i++) {
         xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
+        if (s->conn && x->be->conn_ok && !x->be->conn_ok(x, s->conn)) {
+            x->be->conn_close(x, s->conn); /* the peer went away: a new one, now */
+            s->conn = NULL;
+        }
+        if (!s->conn && first_err) {
+            pthread_mutex_lock(&x->pool_lock);
+            s->busy = false;
+            pthread_cond_broadcast(&x->pool_cond);
+            pthread_mutex_unlock(&x->pool_lock);
+            continue;
+        }
         if (!s->conn) {
             int rc = x->be->conn_open(x, g->endpoint, &s->conn);
             if (rc) {

@@ -55,6 +55,9 @@ typedef struct xfer_backend {
     int (*prepare)(moonlet_xfer *x, xfer_item *it);
     int (*conn_open)(moonlet_xfer *x, const char *endpoint, void **conn);
     void (*conn_close)(moonlet_xfer *x, void *conn);
+    /* Optional: false when a cached connection is known dead (verbs: its CM
+     * channel reported DISCONNECTED); xfer.c then reopens it before use. */
+    bool (*conn_ok)(moonlet_xfer *x, void *conn);
     /* Runs every lane to completion; sets each item's op->status. */
     void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
 } xfer_backend;

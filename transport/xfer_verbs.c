@@ -37,8 +37,14 @@
  * channel, cm_id, CQ and QP; each MR belongs to its segment or buffer.
  * Everything is released in the reverse order of creation.
  *
- * Locks: `lock` guards the segment list and the served-connection list; it
- * is never held while waiting for a CM event or polling a CQ.  Client
+ * Threads (serving side): the CM thread accepts and handles CM events only;
+ * the reaper thread disconnects and destroys served connections (either can
+ * block in the kernel for seconds when a peer is unreachable, and accepting
+ * must never wait for that).
+ *
+ * Locks: `lock` guards the segment list, the served- and client-connection
+ * lists and the reaper's queue (with reap_cond); it is never held while
+ * waiting for a CM event, polling a CQ or destroying an id.  Client
  * connections are owned by one batch at a time (xfer.c) and take no lock.
  */
 #include <arpa/inet.h>
@@ -51,6 +57,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -98,6 +105,12 @@ typedef struct verbs_seg {
     struct verbs_seg *next;
 } verbs_seg;
 
+/* An id (with its QP, if any) waiting for the reaper. */
+typedef struct verbs_reap {
+    struct rdma_cm_id *id;
+    struct verbs_reap *next;
+} verbs_reap;
+
 /* A connection this instance accepted. */
 typedef struct verbs_sconn {
     struct rdma_cm_id *id;
@@ -122,6 +135,16 @@ typedef struct verbs_state {
     bool cm_started;
     atomic_bool stopping;
 
+    /* Teardown of served connections runs on the reaper thread, never on the
+     * CM thread: rdma_destroy_id (and rdma_disconnect) can block in the
+     * kernel for seconds - until the CM's DREQ/DREP exchange with a peer that
+     * is unreachable (link down, host gone) times out - and every connect
+     * request waited behind it.  Queue under `lock`, signalled by reap_cond. */
+    struct verbs_reap *reap;
+    pthread_cond_t reap_cond;
+    pthread_t reap_thread;
+    bool reap_started;
+
     pthread_mutex_t lock;
     verbs_seg *segs;
     verbs_sconn *sconns;
@@ -133,6 +156,8 @@ typedef struct verbs_cconn {
     struct rdma_cm_id *id;
     struct ibv_cq *cq;
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    bool dead;                /* its CM channel reported the peer gone */
+    uint64_t next_watch_ms;   /* next look at the CM channel during a transfer */
     struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
 } verbs_cconn;
 
@@ -426,6 +451,63 @@ static void verbs_sconn_unlink(verbs_state *v, verbs_sconn *sc)
     pthread_mutex_unlock(&v->lock);
 }
 
+/* Hands an id to the reaper (after its event was acked). */
+static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id)
+{
+    verbs_reap *r = malloc(sizeof(*r));
+    if (!r) { /* out of memory: destroy here rather than leak */
+        if (id->qp)
+            rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+        return;
+    }
+    r->id = id;
+    pthread_mutex_lock(&v->lock);
+    r->next = v->reap;
+    v->reap = r;
+    pthread_cond_signal(&v->reap_cond);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* The reaper: disconnects and destroys what the CM thread queued, until
+ * stopping and the queue is empty. */
+static void *verbs_reap_main(void *arg)
+{
+    verbs_state *v = arg;
+    pthread_mutex_lock(&v->lock);
+    for (;;) {
+        verbs_reap *r = v->reap;
+        if (!r) {
+            if (atomic_load(&v->stopping))
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&v->reap_cond, &v->lock, &ts);
+            continue;
+        }
+        v->reap = r->next;
+        pthread_mutex_unlock(&v->lock);
+        if (r->id->qp) {
+            rdma_disconnect(r->id);
+            rdma_destroy_qp(r->id);
+        }
+        uint64_t t0 = moonlet_xfer_now_ms();
+        rdma_destroy_id(r->id);
+        uint64_t ms = moonlet_xfer_now_ms() - t0;
+        if (ms > 500)
+            ML_DEBUG(MOD, "tearing a served connection down took %" PRIu64 " ms", ms);
+        free(r);
+        pthread_mutex_lock(&v->lock);
+    }
+    pthread_mutex_unlock(&v->lock);
+    return NULL;
+}
+
 /* Handles one CM event; the id to destroy after the ack goes to *dead. */
 static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev,
                               struct rdma_cm_id **dead)
@@ -446,9 +528,7 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
         /* ids born from the listen id inherit its NULL context until accepted */
         if (ev->id != v->listen_id && ev->id->context) {
             verbs_sconn *sc = ev->id->context;
-            verbs_sconn_unlink(v, sc);
-            rdma_disconnect(ev->id);
-            rdma_destroy_qp(ev->id);
+            verbs_sconn_unlink(v, sc); /* QP and id: the reaper's */
             free(sc);
             ev->id->context = NULL;
             *dead = ev->id;
@@ -478,7 +558,7 @@ static void *verbs_cm_main(void *arg)
         verbs_on_cm_event(x, v, ev, &dead);
         rdma_ack_cm_event(ev);
         if (dead)
-            rdma_destroy_id(dead);
+            verbs_reap_push(v, dead);
     }
     return NULL;
 }
@@ -567,6 +647,7 @@ static void verbs_free(verbs_state *v)
     if (v->cm_devs)
         rdma_free_devices(v->cm_devs);
     pthread_mutex_destroy(&v->lock);
+    pthread_cond_destroy(&v->reap_cond);
     free(v);
 }
 
@@ -576,6 +657,7 @@ static int verbs_start(moonlet_xfer *x)
     if (!v)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&v->lock, NULL);
+    pthread_cond_init(&v->reap_cond, NULL);
     char why[256];
     int rc = verbs_pick_device(x->device, x->listen_addr, x->source_addr, false, v->dev_name,
                                sizeof(v->dev_name), &v->port, why, sizeof(why));
@@ -593,6 +675,11 @@ static int verbs_start(moonlet_xfer *x)
     rc = verbs_open_pd(v);
     if (rc == MOONLET_OK && x->listen_addr)
         rc = verbs_listen(x, v);
+    if (rc == MOONLET_OK && x->listen_addr) {
+        rc = pthread_create(&v->reap_thread, NULL, verbs_reap_main, v)
+                 ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
+        v->reap_started = rc == MOONLET_OK;
+    }
     if (rc == MOONLET_OK && x->listen_addr) {
         rc = pthread_create(&v->cm_thread, NULL, verbs_cm_main, x) ? MOONLET_ERR_INTERNAL_ERROR
                                                                     : MOONLET_OK;
@@ -619,6 +706,12 @@ static void verbs_stop(moonlet_xfer *x)
     atomic_store(&v->stopping, true);
     if (v->cm_started)
         pthread_join(v->cm_thread, NULL);
+    if (v->reap_started) { /* after the CM thread: nothing is queued any more */
+        pthread_mutex_lock(&v->lock);
+        pthread_cond_signal(&v->reap_cond);
+        pthread_mutex_unlock(&v->lock);
+        pthread_join(v->reap_thread, NULL);
+    }
     verbs_free(v);
     x->be_state = NULL;
 }
@@ -922,6 +1015,33 @@ static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
     return MOONLET_OK;
 }
 
+/* Reads what the connection's CM channel has (non-blocking, bounded): the
+ * peer's DISCONNECTED (it closed, or its process died and its kernel said
+ * so), a device removal or an error event mark the connection dead.
+ * Returns !dead. */
+static bool verbs_watch(verbs_cconn *c)
+{
+    for (int i = 0; i < 16 && !c->dead; i++) {
+        struct rdma_cm_event *ev;
+        if (rdma_get_cm_event(c->ec, &ev))
+            break; /* EAGAIN: nothing new */
+        enum rdma_cm_event_type t = ev->event;
+        rdma_ack_cm_event(ev);
+        if (t == RDMA_CM_EVENT_DISCONNECTED || t == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+            t == RDMA_CM_EVENT_CONNECT_ERROR || t == RDMA_CM_EVENT_UNREACHABLE ||
+            t == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+            ML_INFO(MOD, "connection to %s: %s", c->endpoint, rdma_event_str(t));
+            c->dead = true;
+        }
+    }
+    return !c->dead;
+}
+
+static bool verbs_conn_ok(moonlet_xfer *x, void *conn)
+{
+    return verbs_watch(conn);
+}
+
 static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
                                moonlet_xfer_qp_info *o)
 {
@@ -1066,11 +1186,12 @@ static int verbs_poll(verbs_lane_run *r)
     return n;
 }
 
-/* No completion for timeout_ms: move the QP to ERR so the NIC flushes what
- * is in flight, and drain those completions (bounded) before the QP dies. */
-static void verbs_lane_timeout(verbs_lane_run *r)
+/* No completion for timeout_ms, or the peer is gone: move the QP to ERR so
+ * the NIC flushes what is in flight, and drain those completions (bounded)
+ * before the QP dies. */
+static void verbs_lane_abort(verbs_lane_run *r, const char *why)
 {
-    verbs_lane_break(r, "timed out");
+    verbs_lane_break(r, why);
     for (size_t i = 0; i < r->lane->nitems; i++)
         if (r->pending[i])
             r->lane->items[i]->op->status = MOONLET_ERR_TRANSFER_FAIL;
@@ -1089,10 +1210,18 @@ static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, 
     verbs_post(v, r);
     if (r->inflight == 0)
         return r->post_i < r->lane->nitems;
-    if (verbs_poll(r) > 0)
+    if (verbs_poll(r) > 0) {
         r->last_progress = now;
-    else if (now - r->last_progress >= x->timeout_ms)
-        verbs_lane_timeout(r);
+    } else if (now - r->last_progress >= x->timeout_ms) {
+        verbs_lane_abort(r, "timed out");
+    } else if (now >= r->c->next_watch_ms) {
+        /* a peer that died mid-transfer (its kernel sent a disconnect) fails
+         * the lane now rather than after the transport's retries or the
+         * timeout, so the caller can go to another replica at once */
+        r->c->next_watch_ms = now + 5;
+        if (!verbs_watch(r->c))
+            verbs_lane_abort(r, "peer disconnected");
+    }
     return r->inflight > 0 || r->post_i < r->lane->nitems;
 }
 
@@ -1138,5 +1267,6 @@ const xfer_backend moonlet_xfer_verbs_backend = {
     .prepare = verbs_prepare,
     .conn_open = verbs_conn_open,
     .conn_close = verbs_conn_close,
+    .conn_ok = verbs_conn_ok,
     .run = verbs_run,
 };
