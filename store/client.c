@@ -838,7 +838,8 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
         return rc;
     moonlet_xfer_opts xo = {.protocol = proto, .device = cfg->device,
                             .auth_token = cfg->auth_token,
-                            .timeout_ms = cfg->transfer_timeout_ms};
+                            .timeout_ms = cfg->transfer_timeout_ms,
+                            .source_addr = cfg->source_addr};
     rc = moonlet_xfer_create(&xo, &c->xfer);
     if (rc)
         return rc;

@@ -90,6 +90,9 @@ typedef struct moonlet_client_config {
      * store node (reads then prefer the local replica).  0: a pure client. */
     uint64_t local_segment_size;
     const char *local_listen_addr; /* data endpoint for it; NULL: "127.0.0.1:0" */
+    /* RDMA: the local IP the client's connections bind (the NIC and port to
+     * use on a multi-NIC host, as `rping -I`); NULL: the route's choice. */
+    const char *source_addr;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */
