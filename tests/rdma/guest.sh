@@ -44,7 +44,16 @@ t_xfer_verbs() {
         timeout 600 "$B/tests/rdma/test_xfer_verbs"
 }
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs"
+# A cluster over RDMA: master, two stores on rxe0, mlc clients bound to rxe1;
+# puts/gets 1 KiB-16 MiB, a store killed mid-read and restarted, a link flap.
+t_rdma_cluster() {
+    MOONLET_RDMA_SERVER_ADDR=$IP_A MOONLET_RDMA_CLIENT_ADDR=$IP_B \
+    MOONLET_RDMA_SERVER_DEV=$RXE_A MOONLET_RDMA_CLIENT_DEV=$RXE_B MOONLET_RDMA_CLIENT_NETDEV=vethB \
+    MOONLET_RDMA_RESULTS=$OUT/results.jsonl \
+        timeout 600 python3 -m pytest -q -s -p no:cacheprovider "$S/tests/rdma/test_rdma_cluster.py"
+}
+
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {

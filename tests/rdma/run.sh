@@ -8,7 +8,8 @@
 # Reports "1..0 # SKIP <reason>" (TAP skip) when it cannot run here: not root,
 # no qemu, no kernel unpacked (scripts/setup.sh installs both), no busybox.
 # Env: SOFTROCE_DIR (default /var/tmp/softroce), MOONLET_RDMA_TESTS (space-
-# separated subset of the guest's test names), RDMA_TIMEOUT (s, default 1500).
+# separated subset of the guest's test names), MOONLET_VERBS_CASE (a cmocka
+# filter for test_xfer_verbs), RDMA_TIMEOUT (s, default 1500).
 set -u
 B=$(readlink -f "$1") S=$(readlink -f "$2")
 RXE=$(readlink -f "${SOFTROCE_DIR:-/var/tmp/softroce}")
@@ -34,6 +35,8 @@ fi
 {
     printf 'B=%q\nS=%q\nOUT=%q\n' "$B" "$S" "$OUT"
     printf 'MOONLET_RDMA_TESTS=%q\n' "${MOONLET_RDMA_TESTS:-}"
+    # a cmocka filter for test_xfer_verbs (debugging one case)
+    [ -z "${MOONLET_VERBS_CASE:-}" ] || printf 'export MOONLET_VERBS_CASE=%q\n' "$MOONLET_VERBS_CASE"
 } > "$OUT/env.sh"
 
 t0=$(date +%s)
