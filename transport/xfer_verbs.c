@@ -21,7 +21,7 @@
  *               each step bounded by timeout_ms.
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
  *               split at 1 MiB (or the port's smaller max_msg_sz), at most
- *               max_send_wr WRs and 4 MiB in flight per QP; the CQ is polled (never blocked on).  A lane with no
+ *               max_send_wr WRs and 2 MiB in flight per QP; the CQ is polled (never blocked on).  A lane with no
  *               completion for timeout_ms is timed out: its QP is moved to ERR
  *               and its flushed completions drained before the QP is destroyed.
  *   errors      every error work completion becomes TRANSFER_FAIL with a log
@@ -82,7 +82,7 @@
 /* Bytes in flight per connection.  Enough for any real fabric's
  * bandwidth-delay product; more only overruns a receiver (Soft-RoCE over a
  * veth drops packets and then crawls through go-back-N retransmissions). */
-#define VERBS_LANE_INFLIGHT_BYTES (4u << 20)
+#define VERBS_LANE_INFLIGHT_BYTES (2u << 20)
 
 /* Private data of a connect request (fits the 56 bytes RC allows). */
 typedef struct verbs_conn_req {

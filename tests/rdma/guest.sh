@@ -53,7 +53,10 @@ t_rdma_cluster() {
         timeout 600 python3 -m pytest -q -s -p no:cacheprovider "$S/tests/rdma/test_rdma_cluster.py"
 }
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_cluster"
+# moonlet-bench transfer --protocol rdma beside perftest (tests/rdma/bench.sh)
+. "$S/tests/rdma/bench.sh"
+
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs bench rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {
