@@ -57,6 +57,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <string.h>
 #include <unistd.h>
@@ -651,8 +652,45 @@ static void verbs_free(verbs_state *v)
     free(v);
 }
 
+/* RLIMIT_MEMLOCK as text ("unlimited" or bytes). */
+static const char *verbs_memlock_str(char *buf, size_t cap)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl))
+        snprintf(buf, cap, "unknown");
+    else if (rl.rlim_cur == RLIM_INFINITY)
+        snprintf(buf, cap, "unlimited");
+    else
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)rl.rlim_cur);
+    return buf;
+}
+
+/* A failed ibv_reg_mr: names RLIMIT_MEMLOCK when that is the likely cause. */
+static void verbs_reg_failed(const char *what, uint64_t len, int err)
+{
+    char lim[32];
+    if (err == ENOMEM || err == EPERM || err == EAGAIN)
+        ML_ERR(MOD, "ibv_reg_mr of %s of %" PRIu64 " bytes: %s; RLIMIT_MEMLOCK is %s "
+               "(pinned memory: raise it, e.g. LimitMEMLOCK=infinity or ulimit -l unlimited)",
+               what, len, strerror(err), verbs_memlock_str(lim, sizeof(lim)));
+    else
+        ML_ERR(MOD, "ibv_reg_mr of %s of %" PRIu64 " bytes: %s", what, len, strerror(err));
+}
+
+/* Once per process, before this backend's first verbs call: fork safety for
+ * registered memory (a no-op where the kernel provides it, >= 5.13). */
+static void verbs_fork_init(void)
+{
+    int rc = ibv_fork_init();
+    ML_DEBUG(MOD, "ibv_fork_init: %s (%s)", rc ? strerror(rc) : "ok",
+             ibv_is_fork_initialized() == IBV_FORK_UNNEEDED ? "the kernel is fork safe"
+                                                            : "userspace fork protection");
+}
+
 static int verbs_start(moonlet_xfer *x)
 {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, verbs_fork_init);
     verbs_state *v = calloc(1, sizeof(*v));
     if (!v)
         return MOONLET_ERR_INTERNAL_ERROR;
@@ -691,6 +729,14 @@ static int verbs_start(moonlet_xfer *x)
         verbs_free(v);
         return rc;
     }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (64u << 20) && geteuid() != 0) {
+        char lim[32];
+        ML_WARN(MOD, "RLIMIT_MEMLOCK is %s: RDMA registrations beyond it will fail "
+                "(raise it: LimitMEMLOCK=infinity, ulimit -l unlimited)",
+                verbs_memlock_str(lim, sizeof(lim)));
+    }
     if (x->endpoint[0]) /* a client says nothing more than xfer.c's one line */
         ML_INFO(MOD, "using %s port %u, serving on %s", v->dev_name, v->port, x->endpoint);
     else
@@ -727,7 +773,7 @@ static int verbs_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer
     g->mr = ibv_reg_mr(v->pd, base, (size_t)len,
                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
     if (!g->mr) {
-        ML_ERR(MOD, "ibv_reg_mr of %" PRIu64 " bytes: %s", len, strerror(errno));
+        verbs_reg_failed("a segment", len, errno);
         free(g);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
@@ -786,7 +832,7 @@ static int verbs_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle,
     verbs_state *v = x->be_state;
     struct ibv_mr *mr = ibv_reg_mr(v->pd, base, len, IBV_ACCESS_LOCAL_WRITE);
     if (!mr) {
-        ML_ERR(MOD, "ibv_reg_mr of a %zu-byte buffer: %s", len, strerror(errno));
+        verbs_reg_failed("a buffer", len, errno);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
     *handle = mr;

@@ -23,6 +23,8 @@
  *                       kernel's address resolution can miss the ARP reply
  *                       and sleep until its timeout (the issue's "second
  *                       connection accepted ~10 s later").
+ *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
+ *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
  * Every wait is bounded; threads are joined; stalled peers are released.
  */
@@ -41,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -399,6 +403,45 @@ static void test_cold_neighbour(void **state)
     server_stop(&s);
 }
 
+/* In a child: drop to nobody with a 1 MiB memlock limit, register 8 MiB. */
+static void test_memlock(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/moonlet-memlock-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd, STDERR_FILENO);
+        struct rlimit rl = {.rlim_cur = 1u << 20, .rlim_max = 1u << 20};
+        if (setrlimit(RLIMIT_MEMLOCK, &rl) || setresgid(65534, 65534, 65534) ||
+            setresuid(65534, 65534, 65534))
+            _exit(3);
+        moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .source_addr = src_addr};
+        moonlet_xfer *c = NULL;
+        if (moonlet_xfer_create(&o, &c))
+            _exit(4);
+        size_t len = 8u << 20;
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        int rc = moonlet_xfer_register_buffer(c, p, len);
+        moonlet_xfer_destroy(c);
+        _exit(rc == MOONLET_OK ? 5 : 0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    char text[4096] = "";
+    ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
+    close(fd);
+    text[n > 0 ? n : 0] = '\0';
+    print_message("child exit %d: %s", WEXITSTATUS(st), text);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_non_null(strstr(text, "RLIMIT_MEMLOCK"));
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -413,7 +456,7 @@ int main(void)
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_qp_attrs), cmocka_unit_test(test_non_rdma_address),
         cmocka_unit_test(test_reconnect_after_close), cmocka_unit_test(test_accept_while_stalled),
-        cmocka_unit_test(test_cold_neighbour),
+        cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
     };
     if (only)
         cmocka_set_test_filter(only);
