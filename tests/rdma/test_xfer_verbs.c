@@ -440,6 +440,7 @@ static void test_memlock(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
     assert_non_null(strstr(text, "RLIMIT_MEMLOCK"));
+    assert_non_null(strstr(text, "ibv_reg_mr of a buffer"));
 }
 
 int main(void)
