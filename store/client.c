@@ -12,9 +12,12 @@
  *
  * Copying calls hand the caller's memory straight to the transport on TCP,
  * which accepts any memory.  On RDMA the NIC can only touch registered
- * memory, so the copying calls stage through a private bounce buffer that is
- * malloc'd and registered per call (unless the caller's memory already lies
- * in a buffer registered with the client).  A private buffer, rather than
+ * memory, so the copying calls stage through a private bounce buffer (unless
+ * the caller's memory already lies in a buffer registered with the client).
+ * Bounce buffers are registered once and kept in a small cache (power-of-two
+ * sizes from 64 KiB, at most CLIENT_STAGE_CACHE_BYTES idle, and no more than
+ * a quarter of a finite RLIMIT_MEMLOCK): registering memory with a NIC costs
+ * tens of microseconds to milliseconds per call, pinning included.  A private buffer, rather than
  * registering the caller's memory for the call, keeps registrations from
  * different threads from ever covering the same addresses, so unregistering
  * one can never pull the memory region out from under another.
@@ -31,12 +34,14 @@
  * a table of function pointers, keeps each call's two paths side by side.
  *
  * Locks: buf_mu guards the list of registered buffers and is never held
- * across a transport call; the MasterClient serialises master calls with its
+ * across a transport call; stage_mu guards the idle bounce buffers and the
+ * staging counters, and is never held across a registration; the MasterClient serialises master calls with its
  * own mutex; xfer is thread safe.  No lock is held while another is taken.
  */
 #include "moonlet/client.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +68,16 @@ typedef struct client_buf {
     struct client_buf *next;
 } client_buf;
 
+/* An idle registered bounce buffer. */
+typedef struct client_bounce {
+    void *base;
+    size_t cap;
+    struct client_bounce *next;
+} client_bounce;
+
+#define CLIENT_STAGE_MIN (64u << 10)
+#define CLIENT_STAGE_CACHE_BYTES ((size_t)256 << 20)
+
 struct moonlet_client {
     moonlet_dummy *dummy;  /* set: the DummyClient backend, nothing below is used */
     moonlet_master_client *mc;
@@ -72,6 +87,10 @@ struct moonlet_client {
     atomic_bool stage;     /* copying calls use a registered bounce buffer */
     pthread_mutex_t buf_mu;
     client_buf *bufs;
+    pthread_mutex_t stage_mu;
+    client_bounce *idle;      /* registered bounce buffers not in use */
+    size_t idle_bytes, stage_limit;
+    uint64_t stage_regs;      /* registrations made for staging, ever */
     moonlet_store_node *node; /* the local segment, or NULL */
     pthread_t node_thread;
     char own_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* "" without a local segment */
@@ -261,36 +280,117 @@ int moonlet_client_free_shared(moonlet_client *c, void *p)
 typedef struct client_stage {
     void *ptr;    /* what the transport moves bytes from / to */
     void *bounce; /* private registered copy, or NULL when ptr is the caller's memory */
+    size_t cap;   /* its size */
 } client_stage;
 
+/* The bounce cache of a new client: at most CLIENT_STAGE_CACHE_BYTES idle,
+ * and a quarter of a finite memlock limit (pinned pages count against it). */
+static void client_stage_init(moonlet_client *c)
+{
+    pthread_mutex_init(&c->stage_mu, NULL);
+    c->stage_limit = CLIENT_STAGE_CACHE_BYTES;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 4 < c->stage_limit)
+        c->stage_limit = (size_t)(rl.rlim_cur / 4);
+}
+
+static void client_bounce_free(moonlet_client *c, void *base)
+{
+    moonlet_xfer_unregister_buffer(c->xfer, base);
+    free(base);
+}
+
+/* Takes the smallest idle buffer of at least len bytes, or registers a new
+ * one (a power of two from 64 KiB) - outside stage_mu. */
 static int client_stage_begin(moonlet_client *c, void *user, size_t len, client_stage *st)
 {
     st->ptr = user;
     st->bounce = NULL;
     if (len == 0 || !atomic_load(&c->stage) || client_buf_covers(c, user, len))
         return MOONLET_OK;
-    if (len > SIZE_MAX - CLIENT_STAGE_ALIGN)
+    if (len > SIZE_MAX / 2 - CLIENT_STAGE_ALIGN)
         return MOONLET_ERR_INVALID_PARAMS;
-    size_t rounded = (len + CLIENT_STAGE_ALIGN - 1) / CLIENT_STAGE_ALIGN * CLIENT_STAGE_ALIGN;
-    void *b = aligned_alloc(CLIENT_STAGE_ALIGN, rounded);
-    if (!b)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = moonlet_xfer_register_buffer(c->xfer, b, len);
-    if (rc) {
+    pthread_mutex_lock(&c->stage_mu);
+    client_bounce **best = NULL;
+    for (client_bounce **pp = &c->idle; *pp; pp = &(*pp)->next)
+        if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best) {
+        client_bounce *b = *best;
+        *best = b->next;
+        c->idle_bytes -= b->cap;
+        pthread_mutex_unlock(&c->stage_mu);
+        st->ptr = st->bounce = b->base;
+        st->cap = b->cap;
         free(b);
+        return MOONLET_OK;
+    }
+    pthread_mutex_unlock(&c->stage_mu);
+    size_t cap = CLIENT_STAGE_MIN;
+    while (cap < len)
+        cap *= 2;
+    void *p = aligned_alloc(CLIENT_STAGE_ALIGN, cap);
+    if (!p)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = moonlet_xfer_register_buffer(c->xfer, p, cap);
+    if (rc) {
+        free(p);
         return rc;
     }
-    st->ptr = st->bounce = b;
+    pthread_mutex_lock(&c->stage_mu);
+    c->stage_regs++;
+    pthread_mutex_unlock(&c->stage_mu);
+    st->ptr = st->bounce = p;
+    st->cap = cap;
     return MOONLET_OK;
 }
 
+/* Gives the bounce buffer back to the cache; beyond the cache's limit the
+ * largest idle buffers are deregistered and freed (outside stage_mu). */
 static void client_stage_end(moonlet_client *c, client_stage *st)
 {
     if (!st->bounce)
         return;
-    moonlet_xfer_unregister_buffer(c->xfer, st->bounce);
-    free(st->bounce);
+    client_bounce *b = malloc(sizeof(*b));
+    if (!b) {
+        client_bounce_free(c, st->bounce);
+        st->bounce = NULL;
+        return;
+    }
+    *b = (client_bounce){.base = st->bounce, .cap = st->cap};
     st->bounce = NULL;
+    client_bounce *evict = NULL;
+    pthread_mutex_lock(&c->stage_mu);
+    b->next = c->idle;
+    c->idle = b;
+    c->idle_bytes += b->cap;
+    while (c->idle_bytes > c->stage_limit && c->idle) {
+        client_bounce **big = &c->idle;
+        for (client_bounce **pp = &c->idle; *pp; pp = &(*pp)->next)
+            if ((*pp)->cap > (*big)->cap)
+                big = pp;
+        client_bounce *e = *big;
+        *big = e->next;
+        c->idle_bytes -= e->cap;
+        e->next = evict;
+        evict = e;
+    }
+    pthread_mutex_unlock(&c->stage_mu);
+    while (evict) {
+        client_bounce *next = evict->next;
+        client_bounce_free(c, evict->base);
+        free(evict);
+        evict = next;
+    }
+}
+
+void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size_t *idle_bytes)
+{
+    pthread_mutex_lock(&c->stage_mu);
+    *registrations = c->stage_regs;
+    *idle_bytes = c->idle_bytes;
+    pthread_mutex_unlock(&c->stage_mu);
 }
 
 /* ---- put ------------------------------------------------------------------------ */
@@ -859,6 +959,7 @@ int moonlet_client_create_with_node(const moonlet_client_config *cfg,
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    client_stage_init(c);
     c->replica_num = cfg->replica_num ? cfg->replica_num : 1;
     int rc = MOONLET_OK;
     if (cfg->default_tenant && !(c->tenant = strdup(cfg->default_tenant)))
@@ -892,6 +993,7 @@ int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_con
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    client_stage_init(c);
     int rc = moonlet_dummy_create(socket_path, cfg, &c->dummy);
     if (rc) {
         moonlet_client_destroy(c);
@@ -913,6 +1015,13 @@ void moonlet_client_destroy(moonlet_client *c)
     }
     moonlet_xfer_destroy(c->xfer); /* also drops every buffer registration */
     moonlet_mc_destroy(c->mc);
+    while (c->idle) {
+        client_bounce *b = c->idle;
+        c->idle = b->next;
+        free(b->base);
+        free(b);
+    }
+    pthread_mutex_destroy(&c->stage_mu);
     while (c->bufs) {
         client_buf *b = c->bufs;
         c->bufs = b->next;

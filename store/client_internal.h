@@ -36,6 +36,10 @@ bool moonlet_client_try_next_replica(int rc);
  * a registered bounce buffer as they do on RDMA, so that path runs on TCP. */
 void moonlet_client_force_staging(moonlet_client *c, bool on);
 
+/* Tests: how many bounce-buffer registrations staging has made so far, and
+ * how many bytes of registered bounce buffers sit idle in the cache. */
+void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size_t *idle_bytes);
+
 /* As moonlet_client_create(), with the local segment configured as a full
  * store node by `node` (used verbatim: its segment_size wins over
  * cfg->local_segment_size); NULL: moonlet_client_create() itself. */

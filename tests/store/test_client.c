@@ -429,6 +429,23 @@ static void test_staging_path(void **state)
     assert_get_equals(g_cli, "staged/reg", NULL, reg, 8192);
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, reg), MOONLET_OK);
     free(reg);
+    /* bounce buffers are registered once and reused, not per call */
+    uint64_t regs0, regs1;
+    size_t idle;
+    moonlet_client_stage_stats(g_cli, &regs0, &idle);
+    unsigned char *d = random_bytes(100000, 77);
+    for (int i = 0; i < 20; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "staged/reuse/%d", i);
+        assert_int_equal(moonlet_client_put(g_cli, key, d, 100000, NULL), MOONLET_OK);
+        assert_get_equals(g_cli, key, NULL, d, 100000);
+    }
+    free(d);
+    moonlet_client_stage_stats(g_cli, &regs1, &idle);
+    print_message("40 staged calls: %llu new registrations, %zu bytes idle\n",
+                  (unsigned long long)(regs1 - regs0), idle);
+    assert_true(regs1 - regs0 <= 1);
+    assert_true(idle >= 100000);
     moonlet_client_force_staging(g_cli, false);
 }
 
