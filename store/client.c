@@ -910,6 +910,7 @@ static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg
     nc.segment_size = cfg->local_segment_size;
     nc.protocol = proto;
     nc.device = cfg->device;
+    nc.rdma_tos = cfg->rdma_tos;
     nc.auth_token = cfg->auth_token;
     if (cfg->local_listen_addr)
         nc.listen_addr = cfg->local_listen_addr;
@@ -939,7 +940,7 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
     moonlet_xfer_opts xo = {.protocol = proto, .device = cfg->device,
                             .auth_token = cfg->auth_token,
                             .timeout_ms = cfg->transfer_timeout_ms,
-                            .source_addr = cfg->source_addr};
+                            .source_addr = cfg->source_addr, .rdma_tos = cfg->rdma_tos};
     rc = moonlet_xfer_create(&xo, &c->xfer);
     if (rc)
         return rc;

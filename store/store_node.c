@@ -333,7 +333,7 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
                             .listen_addr = c->listen_addr ? c->listen_addr : "127.0.0.1:0",
                             .auth_token = c->auth_token, .server_threads = c->server_threads,
-                            .timeout_ms = c->transfer_timeout_ms};
+                            .timeout_ms = c->transfer_timeout_ms, .rdma_tos = c->rdma_tos};
     int rc = moonlet_xfer_create(&xo, &n->xfer);
     if (rc) {
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));

@@ -56,6 +56,7 @@ typedef struct moonlet_store_node_config {
     moonlet_xfer_protocol protocol; /* auto, tcp or rdma */
     const char *listen_addr;        /* data endpoint to serve on; NULL: "127.0.0.1:0" */
     const char *device;             /* RDMA device; NULL: first ACTIVE one */
+    int rdma_tos;                   /* rdma: IP TOS of its connections; 0: default */
     int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
     const char *client_id;          /* NULL: "store-<hostname>-<random>" */
     const char *auth_token;         /* for the master and the transport; NULL: none */

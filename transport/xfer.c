@@ -228,6 +228,9 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->device = xfer_strdup_opt(o->device, &oom);
     x->listen_addr = xfer_strdup_opt(o->listen_addr, &oom);
     x->source_addr = xfer_strdup_opt(o->source_addr, &oom);
+    if (o->rdma_tos < 0 || o->rdma_tos > 255)
+        return MOONLET_ERR_INVALID_PARAMS;
+    x->rdma_tos = o->rdma_tos;
     x->token = xfer_strdup_opt(o->auth_token, &oom);
     x->token_len = x->token ? strlen(x->token) : 0;
     x->conns_per_peer = o->conns_per_peer > 0 ? o->conns_per_peer

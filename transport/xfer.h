@@ -92,6 +92,9 @@ typedef struct moonlet_xfer_opts {
     const char *source_addr;  /* rdma: local IP outgoing connections bind (picks the NIC
                                * and port, as rping -I); NULL = the route's choice.
                                * Ignored by TCP. */
+    int rdma_tos;             /* rdma: IP TOS byte of every connection (RoCE v2 traffic
+                               * class, e.g. 106 = DSCP 26 + ECT for a lossless class);
+                               * 0: the kernel's default.  Ignored by TCP. */
 } moonlet_xfer_opts;
 
 /* Parses "rdma", "tcp" or "auto"; returns 0 or MOONLET_ERR_INVALID_PARAMS. */

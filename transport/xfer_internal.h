@@ -73,6 +73,7 @@ struct moonlet_xfer {
     char *device;
     char *listen_addr;
     char *source_addr;  /* rdma: bind outgoing connections here; NULL = any */
+    int rdma_tos;       /* rdma: TOS of every connection; 0 = default */
     char *token;        /* NULL when no token */
     size_t token_len;
     int conns_per_peer;
@@ -108,6 +109,7 @@ typedef struct moonlet_xfer_qp_info {
     int state;                /* enum ibv_qp_state */
     uint8_t max_rd_atomic;    /* RDMA READs this QP may have outstanding as initiator */
     uint8_t max_dest_rd_atomic; /* RDMA READs it accepts as responder */
+    uint8_t traffic_class;    /* GRH traffic class of its path (RoCE: the IP TOS) */
     char device[64];
 } moonlet_xfer_qp_info;
 size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);

@@ -600,6 +600,12 @@ static int verbs_listen(moonlet_xfer *x, verbs_state *v)
         ML_ERR(MOD, "rdma_create_id: %s", strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
+    uint8_t tos = (uint8_t)x->rdma_tos; /* accepted connections inherit it */
+    if (x->rdma_tos && rdma_set_option(v->listen_id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos,
+                                       sizeof(tos))) {
+        ML_ERR(MOD, "cannot set TOS %d: %s", x->rdma_tos, strerror(errno));
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     if (rdma_bind_addr(v->listen_id, (struct sockaddr *)&ss) || rdma_listen(v->listen_id, 128)) {
         ML_ERR(MOD, "cannot listen on %s: %s", x->listen_addr, strerror(errno));
         return MOONLET_ERR_TRANSFER_FAIL;
@@ -1020,6 +1026,13 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
     /* binding the source address picks the NIC and port (as rping -I) */
     int rc = verbs_resolve_addr(c, src_any ? NULL : (struct sockaddr *)&src,
                                 (struct sockaddr *)&dst, deadline);
+    uint8_t tos = (uint8_t)x->rdma_tos; /* before route resolution, which uses it */
+    if (rc == MOONLET_OK && x->rdma_tos &&
+        rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos))) {
+        ML_WARN(MOD, "cannot set TOS %d on the connection to %s: %s", x->rdma_tos, c->endpoint,
+                strerror(errno));
+        rc = MOONLET_ERR_TRANSFER_FAIL;
+    }
     if (rc == MOONLET_OK)
         rc = rdma_resolve_route(c->id, tmo)
                  ? MOONLET_ERR_TRANSFER_FAIL
@@ -1096,9 +1109,10 @@ static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
     memset(o, 0, sizeof(*o));
     o->served = served;
     snprintf(o->device, sizeof(o->device), "%s", v->dev_name);
-    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC,
-                     &ia) == 0) {
+    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
+                     IBV_QP_AV, &ia) == 0) {
         o->state = (int)a.qp_state;
+        o->traffic_class = a.ah_attr.grh.traffic_class;
         o->max_rd_atomic = a.max_rd_atomic;
         o->max_dest_rd_atomic = a.max_dest_rd_atomic;
     } else {

@@ -93,6 +93,9 @@ typedef struct moonlet_client_config {
     /* RDMA: the local IP the client's connections bind (the NIC and port to
      * use on a multi-NIC host, as `rping -I`); NULL: the route's choice. */
     const char *source_addr;
+    /* RDMA: the IP TOS byte of the client's connections (the RoCE v2 traffic
+     * class of a lossless class, e.g. 106); 0: the kernel's default. */
+    int rdma_tos;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */

@@ -23,6 +23,7 @@
  *                       kernel's address resolution can miss the ARP reply
  *                       and sleep until its timeout (the issue's "second
  *                       connection accepted ~10 s later").
+ *   tos                 --rdma-tos reaches the QP's traffic class (ibv_query_qp).
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -443,6 +444,33 @@ static void test_memlock(void **state)
     assert_non_null(strstr(text, "ibv_reg_mr of a buffer"));
 }
 
+/* --rdma-tos: the client's QP carries the TOS as its GRH traffic class (the
+ * RoCE v2 packets' IP TOS); without the option, the kernel's default (0). */
+static void test_tos(void **state)
+{
+    (void)state;
+    server s;
+    server_start(&s);
+    for (int want = 0; want <= 106; want += 106) {
+        moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .source_addr = src_addr,
+                               .timeout_ms = TMO, .conns_per_peer = 1, .rdma_tos = want};
+        moonlet_xfer *c = NULL;
+        assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+        static uint8_t buf[65536];
+        assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+        read_check(c, &s, buf, 0);
+        moonlet_xfer_qp_info qi[2];
+        assert_int_equal(moonlet_xfer_verbs_qp_info(c, qi, 2), 1);
+        print_message("rdma_tos %d: traffic class %u\n", want, qi[0].traffic_class);
+        assert_int_equal(qi[0].traffic_class, want);
+        moonlet_xfer_destroy(c);
+    }
+    moonlet_xfer_opts bad = {.protocol = MOONLET_XFER_RDMA, .rdma_tos = 256};
+    moonlet_xfer *x = NULL;
+    assert_int_equal(moonlet_xfer_create(&bad, &x), MOONLET_ERR_INVALID_PARAMS);
+    server_stop(&s);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -458,6 +486,7 @@ int main(void)
         cmocka_unit_test(test_qp_attrs), cmocka_unit_test(test_non_rdma_address),
         cmocka_unit_test(test_reconnect_after_close), cmocka_unit_test(test_accept_while_stalled),
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
+        cmocka_unit_test(test_tos),
     };
     if (only)
         cmocka_set_test_filter(only);
