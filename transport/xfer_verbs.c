@@ -21,7 +21,10 @@
  *               each step bounded by timeout_ms.
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
  *               split at 1 MiB (or the port's smaller max_msg_sz), at most
- *               max_send_wr WRs and 2 MiB in flight per QP; the CQ is polled (never blocked on).  A lane with no
+ *               max_send_wr WRs and 2 MiB in flight per QP.  The CQ is
+ *               polled; after 50 us without progress the thread sleeps on
+ *               the CQs' completion channels and the CM channels instead of
+ *               spinning a core through a stall.  A lane with no
  *               completion for timeout_ms is timed out: its QP is moved to ERR
  *               and its flushed completions drained before the QP is destroyed.
  *   errors      every error work completion becomes TRANSFER_FAIL with a log
@@ -156,6 +159,7 @@ typedef struct verbs_cconn {
     struct rdma_event_channel *ec;
     struct rdma_cm_id *id;
     struct ibv_cq *cq;
+    struct ibv_comp_channel *cc; /* the CQ's completion channel (waits after a spin) */
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     bool dead;                /* its CM channel reported the peer gone */
     uint64_t next_watch_ms;   /* next look at the CM channel during a transfer */
@@ -931,7 +935,9 @@ static void verbs_conn_close(moonlet_xfer *x, void *conn)
         rdma_destroy_qp(c->id);
     }
     if (c->cq)
-        ibv_destroy_cq(c->cq);
+        ibv_destroy_cq(c->cq); /* every event taken from cc was acked at once */
+    if (c->cc)
+        ibv_destroy_comp_channel(c->cc);
     if (c->id)
         rdma_destroy_id(c->id);
     if (c->ec)
@@ -946,7 +952,13 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
         ML_WARN(MOD, "%s is reached through another device than %s", c->endpoint, v->dev_name);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
-    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, NULL, 0);
+    c->cc = ibv_create_comp_channel(v->ctx);
+    if (!c->cc || verbs_set_nonblock(c->cc->fd)) {
+        ML_WARN(MOD, "cannot create a completion channel for %s: %s", c->endpoint,
+                strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, c->cc, 0);
     struct ibv_qp_init_attr qa = {.send_cq = c->cq, .recv_cq = c->cq,
                                   .cap = {.max_send_wr = VERBS_SEND_DEPTH, .max_recv_wr = 1,
                                           .max_send_sge = 1, .max_recv_sge = 1},
@@ -1167,6 +1179,7 @@ typedef struct verbs_lane_run {
     uint32_t inflight;
     uint64_t inflight_bytes;
     uint64_t last_progress;
+    bool progressed;     /* this pass posted or completed something */
     bool failed;         /* stop posting; drain what is in flight */
 } verbs_lane_run;
 
@@ -1267,10 +1280,13 @@ static void verbs_lane_abort(verbs_lane_run *r, const char *why)
 
 static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)
 {
+    uint32_t before = r->inflight;
     verbs_post(v, r);
+    r->progressed = r->inflight != before;
     if (r->inflight == 0)
         return r->post_i < r->lane->nitems;
     if (verbs_poll(r) > 0) {
+        r->progressed = true;
         r->last_progress = now;
     } else if (now - r->last_progress >= x->timeout_ms) {
         verbs_lane_abort(r, "timed out");
@@ -1285,6 +1301,61 @@ static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, 
     return r->inflight > 0 || r->post_i < r->lane->nitems;
 }
 
+/*
+ * Nothing moved for VERBS_SPIN_US: rather than spin a core through a slow
+ * peer or a stall, arm every waiting lane's CQ, look once more (a completion
+ * may have landed before the arming), then sleep in poll() on the lanes'
+ * completion channels and CM channels until a completion, a disconnect, or
+ * the nearest lane timeout (at most 100 ms, so timeouts stay exact).
+ */
+#define VERBS_SPIN_US 50u
+#define VERBS_WAIT_MAX_MS 100u
+
+static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, struct pollfd *fds,
+                       uint64_t now)
+{
+    uint64_t wait_ms = VERBS_WAIT_MAX_MS;
+    size_t n = 0;
+    for (size_t i = 0; i < nlanes; i++) {
+        verbs_lane_run *r = &runs[i];
+        if (r->inflight == 0 || r->failed)
+            continue;
+        if (ibv_req_notify_cq(r->c->cq, 0))
+            return; /* cannot arm: keep polling */
+        if (verbs_poll(r) > 0) {
+            r->last_progress = now;
+            return;
+        }
+        uint64_t idle = now - r->last_progress;
+        uint64_t left = idle >= x->timeout_ms ? 0 : x->timeout_ms - idle;
+        wait_ms = left < wait_ms ? left : wait_ms;
+        fds[n++] = (struct pollfd){.fd = r->c->cc->fd, .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = r->c->ec->fd, .events = POLLIN};
+    }
+    if (n == 0 || wait_ms == 0)
+        return;
+    poll(fds, (nfds_t)n, (int)wait_ms);
+    for (size_t i = 0, k = 0; i < nlanes && k < n; i++) {
+        verbs_lane_run *r = &runs[i];
+        if (r->inflight == 0 || r->failed || fds[k].fd != r->c->cc->fd)
+            continue;
+        struct ibv_cq *cq;
+        void *cq_ctx;
+        for (int j = 0; j < 64 && ibv_get_cq_event(r->c->cc, &cq, &cq_ctx) == 0; j++)
+            ibv_ack_cq_events(cq, 1);
+        if ((fds[k + 1].revents & POLLIN) && !verbs_watch(r->c))
+            verbs_lane_abort(r, "peer disconnected");
+        k += 2;
+    }
+}
+
+static uint64_t verbs_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
 {
     verbs_state *v = x->be_state;
@@ -1293,7 +1364,9 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         total += lanes[i].nitems;
     verbs_lane_run *runs = calloc(nlanes, sizeof(*runs));
     uint32_t *pending = calloc(total, sizeof(*pending));
-    if (!runs || !pending) {
+    struct pollfd *fds = calloc(2 * nlanes, sizeof(*fds));
+    if (!runs || !pending || !fds) {
+        free(fds);
         for (size_t i = 0; i < nlanes; i++)
             for (size_t k = 0; k < lanes[i].nitems; k++)
                 lanes[i].items[k]->op->status = MOONLET_ERR_INTERNAL_ERROR;
@@ -1306,12 +1379,28 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
                                    .pending = &pending[pos], .last_progress = now};
     bool busy = true;
+    uint64_t idle_since = 0; /* us; 0: something moved in the last pass */
     while (busy) {
         busy = false;
+        bool moved = false;
         now = moonlet_xfer_now_ms();
-        for (size_t i = 0; i < nlanes; i++)
+        for (size_t i = 0; i < nlanes; i++) {
             busy |= verbs_lane_step(x, v, &runs[i], now);
+            moved |= runs[i].progressed;
+        }
+        if (!busy || moved) {
+            idle_since = 0;
+            continue;
+        }
+        uint64_t us = verbs_now_us();
+        if (!idle_since)
+            idle_since = us;
+        else if (us - idle_since >= VERBS_SPIN_US) {
+            verbs_wait(x, runs, nlanes, fds, now);
+            idle_since = 0;
+        }
     }
+    free(fds);
     free(runs);
     free(pending);
 }

@@ -40,8 +40,10 @@ t_traffic_crossed_wire() {
 # Verbs-only checks: QP attributes after connect, accept while other peers
 # connect / stall, refusal of an address without an RDMA device.
 t_xfer_verbs() {
+    MOONLET_RDMA_STALL_ON="modprobe -q -d $RXE_KDIR sch_netem; tc qdisc add dev vethB root netem loss 100%" \
+    MOONLET_RDMA_STALL_OFF="tc qdisc del dev vethB root" \
     MOONLET_XFER_RDMA_ADDR=$IP_A MOONLET_XFER_RDMA_SRC=$IP_B \
-        timeout 600 "$B/tests/rdma/test_xfer_verbs"
+        timeout 300 "$B/tests/rdma/test_xfer_verbs"
 }
 
 # A cluster over RDMA: master, two stores on rxe0, mlc clients bound to rxe1;

@@ -23,6 +23,9 @@
  *                       kernel's address resolution can miss the ARP reply
  *                       and sleep until its timeout (the issue's "second
  *                       connection accepted ~10 s later").
+ *   stall_sleeps        a peer that stops answering: TRANSFER_FAIL after the
+ *                       timeout, and the caller sleeps on the completion
+ *                       channel meanwhile (CPU time < 1/4 of the wait).
  *   tos                 --rdma-tos reaches the QP's traffic class (ibv_query_qp).
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
@@ -471,6 +474,46 @@ static void test_tos(void **state)
     server_stop(&s);
 }
 
+/* A peer that stops answering mid-transfer (RoCE packets dropped): the
+ * caller gets TRANSFER_FAIL after the timeout and, meanwhile, sleeps on the
+ * completion channel instead of spinning a core.  MOONLET_RDMA_STALL_ON /
+ * _OFF are shell commands from the harness (netem dropping every packet the
+ * client's link sends: an nftables drop fails the send itself, and rxe then
+ * retries its CM messages forever, which is no network's behaviour). */
+static void test_stall_sleeps(void **state)
+{
+    (void)state;
+    const char *on = getenv("MOONLET_RDMA_STALL_ON"), *off = getenv("MOONLET_RDMA_STALL_OFF");
+    assert_non_null(on);
+    assert_non_null(off);
+    server s;
+    server_start(&s);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .source_addr = src_addr,
+                           .timeout_ms = 2000, .conns_per_peer = 1};
+    moonlet_xfer *c = NULL;
+    assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+    static uint8_t buf[1u << 20];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    read_check(c, &s, buf, 0);
+    assert_int_equal(system(on), 0);
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    uint64_t t0 = now_ms();
+    int rc = moonlet_xfer_read(c, s.si.endpoint, s.si.segment_id, 0, buf, sizeof(buf));
+    uint64_t wall = now_ms() - t0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    assert_int_equal(system(off), 0);
+    double cpu_ms = (double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6;
+    print_message("stalled read: rc %d after %llu ms, %.0f ms of CPU\n", rc,
+                  (unsigned long long)wall, cpu_ms);
+    assert_int_equal(rc, MOONLET_ERR_TRANSFER_FAIL);
+    assert_true(wall >= 1900 && wall < 4000);
+    assert_true(cpu_ms < 0.25 * (double)wall);
+    read_check(c, &s, buf, 8192); /* a new connection, once packets flow again */
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -486,7 +529,7 @@ int main(void)
         cmocka_unit_test(test_qp_attrs), cmocka_unit_test(test_non_rdma_address),
         cmocka_unit_test(test_reconnect_after_close), cmocka_unit_test(test_accept_while_stalled),
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
-        cmocka_unit_test(test_tos),
+        cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
     };
     if (only)
         cmocka_set_test_filter(only);
