@@ -4,9 +4,13 @@
  *
  * It follows the order of rdma-core's rping.c / rc_pingpong.c and names the
  * steps the same way:
- *   discovery   ibv_get_device_list: the named device, or the first with an
- *               ACTIVE port; none -> UNAVAILABLE_IN_CURRENT_STATUS
- *               ("no RDMA device"), which lets `auto` fall back to TCP.
+ *   discovery   the device the listen address (else the source address) is
+ *               on, found by binding a throw-away cm_id to it; without an
+ *               address, the named device or the first with an ACTIVE port
+ *               (`auto`: InfiniBand-transport devices only).  None, or an
+ *               address on no RDMA device (127.0.0.1) ->
+ *               UNAVAILABLE_IN_CURRENT_STATUS with one ERROR line, which
+ *               lets `auto` fall back to TCP.  ibv_fork_init once.
  *   PD          one protection domain per instance, allocated on the verbs
  *               context rdma_cm uses for that device (rdma_get_devices), so
  *               every cm_id of the instance can use it.
@@ -15,10 +19,15 @@
  *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
  *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
  *               private data carries the right token digest, creating an RC
- *               QP for it (it posts nothing: peers use one-sided operations).
- *   client      per connection: event channel, rdma_resolve_addr ->
- *               rdma_resolve_route -> CQ -> QP -> rdma_connect -> ESTABLISHED,
- *               each step bounded by timeout_ms.
+ *               QP for it (it posts nothing: peers use one-sided operations)
+ *               with responder_resources = the peer's initiator depth (as
+ *               rdma_cm reports it on the passive side), capped by the device.
+ *   client      per connection: event channel, rdma_resolve_addr (bound to
+ *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
+ *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
+ *               all within timeout_ms.  After connect the CM channel is
+ *               watched: DISCONNECTED fails a running lane and makes xfer.c
+ *               reopen the connection before its next use (conn_ok).
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
  *               split at 1 MiB (or the port's smaller max_msg_sz), at most
  *               max_send_wr WRs and 2 MiB in flight per QP.  The CQ is
@@ -37,7 +46,8 @@
  * Resource lifetimes (explicit, as in SPDK's nvmf/rdma.c): the instance owns
  * the device list, PD, server CQ, listen id and event channel; a served
  * connection owns its cm_id and QP; a client connection owns its event
- * channel, cm_id, CQ and QP; each MR belongs to its segment or buffer.
+ * channel, cm_id, completion channel, CQ and QP; each MR belongs to its
+ * segment or buffer.
  * Everything is released in the reverse order of creation.
  *
  * Threads (serving side): the CM thread accepts and handles CM events only;
