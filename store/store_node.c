@@ -286,6 +286,12 @@ int moonlet_store_node_run(moonlet_store_node *n)
             continue;
         }
         pthread_mutex_unlock(&n->mu);
+        if (moonlet_xfer_health(n->xfer) != MOONLET_OK) {
+            ML_ERR(MOD, "the data endpoint cannot serve any more (RDMA device gone): "
+                   "unmounting and exiting, for the service manager to restart the store");
+            node_unmount(n);
+            return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        }
         int rc = node_heartbeat(n);
         failures = rc ? failures + 1 : 0;
         next = node_now_ms() +

@@ -85,7 +85,9 @@ void moonlet_store_node_config_default(moonlet_store_node_config *cfg);
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out);
 
 /* Heartbeats (and re-mounts when needed) until stop(); then unmounts and
- * returns 0.  Blocks.  An unmount the master does not answer is logged; the
+ * returns 0.  When the data endpoint can no longer serve (moonlet_xfer_health:
+ * the RDMA device was removed or failed) it unmounts and returns
+ * UNAVAILABLE_IN_CURRENT_STATUS at the next heartbeat instead.  Blocks.  An unmount the master does not answer is logged; the
  * master then drops the segment when the node's liveness TTL runs out. */
 int moonlet_store_node_run(moonlet_store_node *n);
 

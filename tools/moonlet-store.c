@@ -352,9 +352,11 @@ int main(int argc, char **argv)
         moonlet_token_free(token);
         return 1;
     }
-    moonlet_store_node_run(node);
+    rc = moonlet_store_node_run(node);
+    if (rc) /* it stopped by itself (its RDMA device is gone): no signal will come */
+        pthread_cancel(sig_th);
     pthread_join(sig_th, NULL);
     moonlet_store_node_destroy(node);
     moonlet_token_free(token);
-    return 0;
+    return rc ? 1 : 0;
 }

@@ -321,6 +321,13 @@ void moonlet_xfer_destroy(moonlet_xfer *x)
     free(x);
 }
 
+int moonlet_xfer_health(moonlet_xfer *x)
+{
+    if (!x)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->health ? x->be->health(x) : MOONLET_OK;
+}
+
 const char *moonlet_xfer_protocol_name(const moonlet_xfer *x)
 {
     return x ? x->be->name : "none";

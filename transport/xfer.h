@@ -113,6 +113,12 @@ int moonlet_xfer_create(const moonlet_xfer_opts *opts, moonlet_xfer **out);
  * Transfers still running on other threads must have returned.  NULL is a no-op. */
 void moonlet_xfer_destroy(moonlet_xfer *x);
 
+/* 0 while the instance can serve and transfer; UNAVAILABLE_IN_CURRENT_STATUS
+ * once it cannot any more (rdma: its device was removed - RDMA_CM_EVENT_
+ * DEVICE_REMOVAL - or reported a fatal error).  Such an instance must be
+ * destroyed; a store node exits so that its service manager restarts it. */
+int moonlet_xfer_health(moonlet_xfer *x);
+
 /* "tcp" or "rdma": the backend this instance runs. */
 const char *moonlet_xfer_protocol_name(const moonlet_xfer *x);
 

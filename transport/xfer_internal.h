@@ -58,6 +58,9 @@ typedef struct xfer_backend {
     /* Optional: false when a cached connection is known dead (verbs: its CM
      * channel reported DISCONNECTED); xfer.c then reopens it before use. */
     bool (*conn_ok)(moonlet_xfer *x, void *conn);
+    /* Optional: MOONLET_OK, or an error once the instance cannot serve any
+     * more (verbs: its device was removed or failed). */
+    int (*health)(moonlet_xfer *x);
     /* Runs every lane to completion; sets each item's op->status. */
     void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
 } xfer_backend;

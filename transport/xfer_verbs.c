@@ -148,6 +148,7 @@ typedef struct verbs_state {
     pthread_t cm_thread;
     bool cm_started;
     atomic_bool stopping;
+    atomic_bool device_gone;      /* DEVICE_REMOVAL or a fatal async event */
 
     /* Teardown of served connections runs on the reaper thread, never on the
      * CM thread: rdma_destroy_id (and rdma_disconnect) can block in the
@@ -550,7 +551,9 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
         }
         break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        ML_ERR(MOD, "device %s removed", v->dev_name);
+        if (!atomic_exchange(&v->device_gone, true))
+            ML_ERR(MOD, "RDMA device %s removed: this instance can no longer serve",
+                   v->dev_name);
         break;
     default:
         ML_DEBUG(MOD, "cm event %s", rdma_event_str(ev->event));
@@ -558,13 +561,47 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
     }
 }
 
+/* The device's asynchronous events (non-blocking, bounded): a fatal device
+ * error marks the instance unhealthy; port changes are logged. */
+static void verbs_async_events(verbs_state *v)
+{
+    for (int i = 0; i < 16; i++) {
+        struct ibv_async_event ae;
+        if (ibv_get_async_event(v->ctx, &ae))
+            break;
+        enum ibv_event_type t = ae.event_type;
+        ibv_ack_async_event(&ae);
+        if (t == IBV_EVENT_DEVICE_FATAL) {
+            if (!atomic_exchange(&v->device_gone, true))
+                ML_ERR(MOD, "RDMA device %s: fatal error, this instance can no longer serve",
+                       v->dev_name);
+        } else if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE) {
+            ML_WARN(MOD, "RDMA device %s: %s", v->dev_name, ibv_event_type_str(t));
+        } else {
+            ML_DEBUG(MOD, "RDMA device %s: %s", v->dev_name, ibv_event_type_str(t));
+        }
+    }
+}
+
+static int verbs_health(moonlet_xfer *x)
+{
+    verbs_state *v = x->be_state;
+    return v && atomic_load(&v->device_gone) ? MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS
+                                             : MOONLET_OK;
+}
+
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
     verbs_state *v = x->be_state;
     while (!atomic_load(&v->stopping)) {
-        struct pollfd p = {.fd = v->ec->fd, .events = POLLIN};
-        if (poll(&p, 1, 100) <= 0)
+        struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
+                              {.fd = v->ctx->async_fd, .events = POLLIN}};
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        if (p[1].revents & POLLIN)
+            verbs_async_events(v);
+        if (!(p[0].revents & POLLIN))
             continue;
         struct rdma_cm_event *ev;
         if (rdma_get_cm_event(v->ec, &ev))
@@ -1427,5 +1464,6 @@ const xfer_backend moonlet_xfer_verbs_backend = {
     .conn_open = verbs_conn_open,
     .conn_close = verbs_conn_close,
     .conn_ok = verbs_conn_ok,
+    .health = verbs_health,
     .run = verbs_run,
 };

@@ -148,6 +148,29 @@ def test_rdma_cluster():
         cl.stop()
 
 
+def test_device_removal():
+    """The store's RDMA device is removed (`rdma link delete`): the store
+    logs it, unmounts and exits 1 within a few heartbeats, so that systemd
+    (Restart=on-failure) starts it again once the device is back.  Runs last:
+    rxe0 is gone afterwards."""
+    cl = Cluster()
+    try:
+        d = cl.start_store(1)
+        assert wait_for(lambda: cl.mounted(1), 20)
+        t0 = time.monotonic()
+        rm = subprocess.Popen(["rdma", "link", "delete", DEV_A])
+        rc = d.proc.wait(timeout=30)
+        exit_s = time.monotonic() - t0
+        assert rm.wait(timeout=30) == 0
+        assert rc == 1, rc
+        err = d.err()
+        assert "removed" in err and "exiting" in err, err[-1500:]
+        assert wait_for(lambda: not cl.mounted(1), 10, 0.1)  # it unmounted (or its TTL ran out)
+        result("device_removal", store_exit_s=round(exit_s, 2))
+    finally:
+        cl.stop()
+
+
 def scenario(cl):
     # ---- 2-replica puts and verified gets, 1 KiB - 16 MiB, over the wire
     sent0, rcvd0 = counter(DEV_B, "sent_pkts"), counter(DEV_B, "rcvd_pkts")
