@@ -55,10 +55,25 @@ t_rdma_cluster() {
         timeout 600 python3 -m pytest -q -s -p no:cacheprovider "$S/tests/rdma/test_rdma_cluster.py"
 }
 
+# The operator's self-test (scripts/rdma-check.sh) on rxe0's address: finds
+# the device, the RoCE v2 GID, and moves data through moonlet; and refuses an
+# address with no RDMA device.
+t_rdma_check() {
+    local out
+    out=$(timeout 300 bash "$S/scripts/rdma-check.sh" "$IP_A" "$B")
+    echo "$out"
+    echo "$out" | grep -q "^device:      $RXE_A port 1" &&
+    echo "$out" | grep -q "^GID index:   $GID_IDX .*RoCE v2" &&
+    echo "$out" | tail -1 | grep -q "^check: PASS" || return 1
+    out=$(bash "$S/scripts/rdma-check.sh" 127.0.0.1 "$B")
+    echo "$out"
+    echo "$out" | tail -1 | grep -q "^check: FAIL .*no RDMA device"
+}
+
 # moonlet-bench transfer --protocol rdma beside perftest (tests/rdma/bench.sh)
 . "$S/tests/rdma/bench.sh"
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs bench rdma_cluster"
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {
