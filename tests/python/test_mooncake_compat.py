@@ -332,3 +332,38 @@ def test_batch_calls_before_setup_and_after_close(cluster, tenant):
     assert s.put_batch(["a"], [b"1"]) == -1010 and s.get_batch(["a"]) == [b""]
     assert s.put_parts("a", b"1") == -1010
 
+
+
+# ---- the import path mooncake.store ---------------------------------------------------------
+
+
+def test_mooncake_store_import_path_is_moonlet():
+    from mooncake.store import MooncakeDistributedStore as M, ReplicateConfig as R
+    import mooncake
+    assert mooncake.BACKEND == "moonlet"
+    assert M is MooncakeDistributedStore and R is ReplicateConfig
+
+
+def _import_backend(tmp_path, env_extra):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.environ["PYTHONPATH"] + ":" + str(tmp_path)
+    out = subprocess.run([sys.executable, "-c",
+                          "import mooncake; print(mooncake.BACKEND, mooncake.__path__[0])"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_a_real_mooncake_on_the_path_is_not_shadowed(tmp_path):
+    real = tmp_path / "mooncake"
+    real.mkdir()
+    (real / "__init__.py").write_text("")
+    (real / "store.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")  # what Mooncake ships
+    backend, first = _import_backend(tmp_path, {})
+    assert backend == "mooncake" and first == str(real)  # mooncake.store would be the real one
+    backend, first = _import_backend(tmp_path, {"MOONLET_MOONCAKE": "1"})
+    assert backend == "moonlet" and first.endswith("python/mooncake")
+    (real / "store.cpython-311-x86_64-linux-gnu.so").unlink()  # a directory without Mooncake
+    assert _import_backend(tmp_path, {})[0] == "moonlet"
