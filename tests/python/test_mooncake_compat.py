@@ -57,7 +57,7 @@ def test_setup_with_a_config_dict_and_readable_sizes(cluster, tenant):
     s = MooncakeDistributedStore()
     assert s.setup({"local_hostname": "localhost", "global_segment_size": 0,
                     "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
-    assert s.get_hostname() == "localhost"
+    assert s.get_hostname() == "localhost:0"  # always host:port; a pure client serves nothing
     assert s.put("d2", b"pure client") == 0 and s.get("d2") == b"pure client"
     s.close()
 
@@ -173,7 +173,7 @@ def test_batch_probe_key(mc):
 def test_setup_dummy(cluster, tenant):
     s = MooncakeDistributedStore()
     assert s.setup_dummy(256 * MIB, 64 * MIB, cluster.realclient(), tenant_id=tenant) == 0
-    assert s.get_hostname() == ""  # the RealClient holds the segment, as in Mooncake
+    assert s.get_hostname() == "localhost:0"  # host:port; the RealClient holds the segment
     assert s._store.kind == "dummy" and s._store.target == cluster.realclient()
     assert s.setup_dummy(0, 0, cluster.realclient()) == -600  # already set up
     assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.addr) == -600
@@ -260,7 +260,7 @@ def test_put_batch_and_get_batch(mcs):
     assert mcs.put_batch(["pb/m1", "pb/m2"], [b"1"]) == -600
     assert mcs.put_batch(["pb/m1"], [b"1", b"2"]) == -600
     assert mcs.is_exist("pb/m1") == 0
-    assert mcs.put_batch([], []) == 0 and mcs.get_batch([]) == []
+    assert mcs.put_batch([], []) == 0 and mcs.get_batch([]) == [b""]  # as Mooncake
     assert mcs.put_batch(iter(["pb/gen"]), (v for v in [b"generated"])) == 0
     assert mcs.get_batch(("pb/gen",)) == [b"generated"]
     with pytest.raises(TypeError):
