@@ -19,13 +19,13 @@ a negative code, and a put of a key that already exists returns 0 and leaves
 the object as it was (as Mooncake's Put and BatchPut do; upsert() replaces).
 batch_probe_key() is moonlet's addition.
 
-What is accepted but means nothing here: metadata_server (moonlet needs no
-metadata service), setup()'s local_buffer_size (moonlet stages through
-registered memory per call instead of a preallocated pool), setup_dummy()'s
-mem_pool_size (moonlet has Store.alloc_buffer() instead of a pool),
-ReplicateConfig.preferred_segment (placement is the master's),
-remove(force=True) (moonlet has no forced remove: an object under a lease
-stays, and OBJECT_HAS_LEASE comes back).
+The same class is importable as ``mooncake.store.MooncakeDistributedStore``
+(python/mooncake, installed unless a real Mooncake is there).  It has the
+calls vLLM's, SGLang's and LMCache's Mooncake backends make (multi-buffer
+batches, get_buffer, ranged reads and get sessions, replica descriptors,
+MooncakeHostMemAllocator); docs/python.md has the table of Mooncake's whole
+surface: supported, supported with a difference, not supported and why.
+Device (GPU) memory is refused: register_buffer takes host memory only.
 """
 import ctypes
 import enum
