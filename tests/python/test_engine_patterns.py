@@ -246,3 +246,28 @@ def test_lmcache_connector(engine_store):
     assert store.put(f"{prefix}@gone", b"x") == 0
     assert store.remove(f"{prefix}@gone") == 0
     assert store.is_exist(f"{prefix}@gone") == 0
+
+
+# ---- a C / C++ engine: docs/examples/engine_client.c -------------------------------------------
+
+
+@pytest.mark.parametrize("build", ["engine_client_example", "engine_client_example_cpp"])
+@pytest.mark.parametrize("how", ["direct", "dummy"])
+def test_c_engine_example(cluster, build, how):
+    """The C API example of docs/api-c.md, built as C and as C++, run as is."""
+    import subprocess
+    from daemons import build_root, child_env
+    exe = os.path.join(build_root(), "tests", "store", build)
+    if not os.path.exists(exe):
+        pytest.skip("no C++ compiler at configure time")
+    args = [cluster.addr] if how == "direct" else ["--dummy", cluster.realclient()]
+    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=60, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "put 6 pages: 0 0 0 0 0 0",
+        "lookup: 6 leading hits",
+        "load: 6 pages, 16384 bytes each, bytes equal",
+        "load of a missing page: -704 (OBJECT_NOT_FOUND)",
+        "remove of a page just read: -706 (OBJECT_HAS_LEASE)",
+        "remove_all: ok",
+    ]
