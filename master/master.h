@@ -158,6 +158,12 @@ int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key
 /* Removes every object of the tenant that has no unexpired lease and no put
  * in progress; *removed gets the count. */
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed);
+/* The same with Mooncake's force: with force, an object under an unexpired
+ * read lease is removed too (a reader still transferring may then read
+ * bytes of whatever is placed there next); a put in progress never is. */
+int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force);
+int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool force,
+                                 uint64_t *removed);
 
 /* Runs one eviction pass now, whatever the watermark (tests, admin). Returns objects evicted. */
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);

@@ -304,9 +304,10 @@ int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str 
 
 static int remove_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
+    bool force = arg && *(const bool *)arg;
     if (o->state == OBJ_PENDING)
         return MOONLET_ERR_REPLICA_IS_NOT_READY;
-    if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+    if (!force && moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
         return MOONLET_ERR_OBJECT_HAS_LEASE;
     object_destroy_locked(m, s, o);
     atomic_fetch_add(&m->st.removes, 1);
@@ -318,16 +319,22 @@ int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key
     return with_object(m, tenant, key, remove_op, NULL);
 }
 
+int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force)
+{
+    return with_object(m, tenant, key, remove_op, &force);
+}
+
 struct remove_all_args {
     uint32_t tenant;
     uint64_t now, removed;
+    bool force;
 };
 
 static bool remove_all_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
     struct remove_all_args *r = arg;
     if (o->tenant != r->tenant || o->state != OBJ_COMPLETE ||
-        moonlet_lease_active(o->lease_deadline, r->now))
+        (!r->force && moonlet_lease_active(o->lease_deadline, r->now)))
         return true;
     object_destroy_locked(m, s, o);
     r->removed++;
@@ -336,7 +343,13 @@ static bool remove_all_visit(moonlet_master *m, struct shard *s, struct mobj *o,
 
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed)
 {
-    struct remove_all_args r = {.now = moonlet_clock_now_ns()};
+    return moonlet_master_remove_all_ex(m, tenant, false, removed);
+}
+
+int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool force,
+                                 uint64_t *removed)
+{
+    struct remove_all_args r = {.now = moonlet_clock_now_ns(), .force = force};
     int rc = tenant_lookup(m, tenant, &r.tenant);
     *removed = 0;
     if (rc || r.tenant == MOONLET_NO_TENANT)

@@ -482,21 +482,26 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     return rc;
 }
 
+/* [tenant, key] or [tenant, key, force] (force: a trailing optional bool) */
 static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_remove(M(ctx), tenant, key));
+    bool force = false;
+    if (tenant_key(args, &tenant, &key) ||
+        (moonlet_wire_len(args) > 2 && moonlet_wire_bool(args, 2, &force)))
+        return BAD_ARGS(out, "[tenant, key, force?]");
+    return reply(out, moonlet_master_remove_ex(M(ctx), tenant, key, force));
 }
 
 static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant;
-    if (arg_str(args, 0, &tenant))
-        return BAD_ARGS(out, "[tenant]");
+    bool force = false;
+    if (arg_str(args, 0, &tenant) ||
+        (moonlet_wire_len(args) > 1 && moonlet_wire_bool(args, 1, &force)))
+        return BAD_ARGS(out, "[tenant, force?]");
     uint64_t removed = 0;
-    int rc = moonlet_master_remove_all(M(ctx), tenant, &removed);
+    int rc = moonlet_master_remove_all_ex(M(ctx), tenant, force, &removed);
     if (rc)
         return reply(out, rc);
     msgpack_pack_uint64(out, removed);

@@ -705,6 +705,28 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
     return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
 }
 
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_ex(c->dummy, key, tenant, true);
+    if (!c || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_remove_ex(c->mc, client_tenant(c, tenant), key, true);
+}
+
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_all_ex(c->dummy, removed, tenant, true);
+    if (!c)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t n = 0;
+    int rc = moonlet_mc_remove_all_ex(c->mc, client_tenant(c, tenant), true, &n);
+    if (rc == MOONLET_OK && removed)
+        *removed = n;
+    return rc;
+}
+
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
 {
     if (c && c->dummy)

@@ -753,13 +753,43 @@ int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *ten
     return key_call(d, MOONLET_DM_INSPECT_KEY, key, tenant, take_str, json_out);
 }
 
+int moonlet_dummy_remove_ex(moonlet_dummy *d, const char *key, const char *tenant, bool force)
+{
+    if (!force)
+        return moonlet_dummy_remove(d, key, tenant);
+    if (!key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    dchan *ch;
+    int rc = chan_acquire(d, &ch);
+    if (rc)
+        return rc;
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE, 3);
+    pack_tenant(pk, d, tenant);
+    moonlet_pack_cstr(pk, key);
+    msgpack_pack_true(pk);
+    dcall k;
+    rc = chan_finish(ch, -1, &k);
+    dcall_end(&k);
+    chan_release(d, ch);
+    return rc;
+}
+
 int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant)
+{
+    return moonlet_dummy_remove_all_ex(d, removed, tenant, false);
+}
+
+int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
+                                bool force)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    pack_tenant(chan_begin(ch, MOONLET_DM_REMOVE_ALL, 1), d, tenant);
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE_ALL, force ? 2 : 1);
+    pack_tenant(pk, d, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     uint64_t v;

@@ -349,6 +349,18 @@ int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char 
     return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
 }
 
+int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool force)
+{
+    if (!force)
+        return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 3, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+        msgpack_pack_true(pk);
+    });
+}
+
 /* ---- decoders ------------------------------------------------------------------ */
 
 static char *dup_str(const msgpack_object *arr, uint32_t i)
@@ -548,11 +560,19 @@ int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
 
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
 {
+    return moonlet_mc_remove_all_ex(mc, tenant, false, removed);
+}
+
+int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
+                             uint64_t *removed)
+{
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, 1, &rc);
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, force ? 2 : 1, &rc);
     if (!pk)
         return rc;
     pack_tenant(pk, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);

@@ -84,6 +84,11 @@ int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
                                size_t n, int32_t *results);
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed);
+/* The same with Mooncake's force (a trailing argument, sent only when true). */
+int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool force);
+int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
+                             uint64_t *removed);
 
 /* Admin calls return the decoded result as a cJSON tree (caller frees with cJSON_Delete). */
 struct cJSON;

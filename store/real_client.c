@@ -422,7 +422,8 @@ static int h_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     return MOONLET_OK;
 }
 
-/* [tenant, key]: GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY */
+/* [tenant, key]: GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY;
+ * REMOVE also [tenant, key, force] */
 static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -430,7 +431,11 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return code;
     rc_args a = {0};
     char *key;
-    if (moonlet_wire_len(args) != 2 || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
+    bool force = false;
+    uint32_t nargs = moonlet_wire_len(args);
+    if (!(nargs == 2 || (nargs == 3 && ctx->method == MOONLET_DM_REMOVE &&
+                         moonlet_wire_bool(args, 2, &force) == 0)) ||
+        args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
         args_free(&a);
         return BAD(out, "[tenant, key]");
     }
@@ -448,7 +453,8 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         msgpack_pack_uint64(out, size);
         break;
     case MOONLET_DM_REMOVE:
-        reply_rc(out, moonlet_client_remove(c, key, t));
+        reply_rc(out, force ? moonlet_client_remove_force(c, key, t)
+                            : moonlet_client_remove(c, key, t));
         break;
     case MOONLET_DM_EXIST_KEY:
     case MOONLET_DM_PROBE_KEY:
@@ -477,12 +483,17 @@ static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpac
     if (!need_attached(ctx, out, &code))
         return code;
     rc_args a = {0};
-    if (moonlet_wire_len(args) != 1 || args_tenant(&a, args, 0)) {
+    bool force = false;
+    uint32_t nargs = moonlet_wire_len(args);
+    if (!(nargs == 1 || (nargs == 2 && moonlet_wire_bool(args, 1, &force) == 0)) ||
+        args_tenant(&a, args, 0)) {
         args_free(&a);
-        return BAD(out, "[tenant]");
+        return BAD(out, "[tenant, force?]");
     }
     uint64_t removed = 0;
-    int rc = moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
+    int rc = force ? moonlet_client_remove_all_force(RC(ctx)->client, &removed,
+                                                     args_tenant_of(&a))
+                   : moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
     args_free(&a);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);

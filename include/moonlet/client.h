@@ -248,6 +248,15 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
  * progress; *removed (optional) gets the count.  Blocks; thread safe. */
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
 
+/* remove / remove_all with Mooncake's force: objects under an unexpired read
+ * lease are removed too (a put in progress still is not).  A reader still
+ * transferring from a removed replica may read bytes of whatever the master
+ * places there next, so use it for resets with no reads in flight, as with
+ * Mooncake.  Through a DummyClient, the RealClient must know the force
+ * argument (this version). */
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant);
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant);
+
 /*
  * Put, or replace: a put; when the key exists, a remove and a second put.
  * NOT atomic: between the remove and the second put readers see

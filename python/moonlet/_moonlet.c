@@ -1451,6 +1451,40 @@ done:
     return out;
 }
 
+/* ---- Mooncake's forced remove ----------------------------------------------------------------- */
+
+/* _remove_force / _remove_all_force: remove / remove_all that also take
+ * objects under a read lease (moonlet_client_remove_force); moonlet.mooncake's
+ * remove(key, force=True) and remove_all(force=True). */
+static PyObject *Client_remove_force(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_remove_force", kwl, conv_key, &key,
+                                     conv_tenant, &tenant))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove_force(c, key, tenant));
+    if (rc)
+        return ml_raise(rc, "remove(force)", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"tenant_id", NULL};
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&:_remove_all_force", kwl, conv_tenant,
+                                     &tenant))
+        return NULL;
+    uint64_t n = 0;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove_all_force(c, &n, tenant));
+    if (rc)
+        return ml_raise(rc, "remove_all(force)", NULL);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 /* ---- several buffers per key: the multi-buffer batches of moonlet.mooncake ----------------- */
 
 /*
@@ -1994,6 +2028,12 @@ static PyMethodDef Client_methods[] = {
      "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
      "get_into for many keys; returns the bytes read per key.  Any failed key raises "
      "StoreError with .results (bytes read, or the negative code, per key)."},
+    {"_remove_force", ML_KW(Client_remove_force), METH_VARARGS | METH_KEYWORDS,
+     "_remove_force(key, *, tenant_id=None)\n--\n\n"
+     "remove that also removes an object under a read lease (Mooncake's force)."},
+    {"_remove_all_force", ML_KW(Client_remove_all_force), METH_VARARGS | METH_KEYWORDS,
+     "_remove_all_force(*, tenant_id=None) -> int\n--\n\n"
+     "remove_all that also removes objects under a read lease (Mooncake's force)."},
     {"_batch_put_multi", ML_KW(Client_batch_put_multi), METH_VARARGS | METH_KEYWORDS,
      "_batch_put_multi(keys, all_addresses, all_sizes, *, tenant_id=None, replica_num=0, "
      "soft_pin=False) -> list[int]\n--\n\n"

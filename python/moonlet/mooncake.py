@@ -725,15 +725,24 @@ class MooncakeDistributedStore:
 
     def remove(self, key, force=False):
         """Removes the object: 0, or a negative code (OBJECT_HAS_LEASE -706
-        while a read lease holds; force does not override it here: the
-        master has no forced remove yet)."""
-        _, rc = self._call(lambda: self._store.remove(key))
+        while a read lease holds, unless force; REPLICA_IS_NOT_READY -703
+        while its put is in progress, even with force).  With force a reader
+        still transferring may read bytes placed there later, as with
+        Mooncake's: for resets with no reads in flight."""
+        if force:
+            _, rc = self._call(lambda: self._store._remove_force(key))
+        else:
+            _, rc = self._call(lambda: self._store.remove(key))
         return rc
 
     def remove_all(self, force=False):
-        """Removes every object that holds no lease: the count, or a
-        negative code (force: as for remove)."""
-        value, rc = self._call(lambda: self._store.remove_all())
+        """Removes every object of the tenant that holds no lease (with
+        force: leased ones too; never one whose put is in progress): the
+        count, or a negative code."""
+        if force:
+            value, rc = self._call(lambda: self._store._remove_all_force())
+        else:
+            value, rc = self._call(lambda: self._store.remove_all())
         return value if rc == 0 else rc
 
     # ---- zero-copy ------------------------------------------------------------------

@@ -80,6 +80,41 @@ static void test_lifecycle(void **state)
     moonlet_master_destroy(m);
 }
 
+/* Mooncake's force: a leased object goes, a put in progress does not. */
+static void test_force_remove(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_str t = MOONLET_STR("");
+    assert_int_equal(fix_put(m, "leased", 100), MOONLET_OK);
+    assert_int_equal(fix_put(m, "leased2", 100), MOONLET_OK);
+    assert_int_equal(fix_put(m, "free", 100), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("pending"), 100, 1, false, NULL,
+                                              NULL), MOONLET_OK);
+    bool ex = false;
+    assert_int_equal(moonlet_master_exist_key(m, t, MOONLET_STR("leased"), &ex), MOONLET_OK);
+    assert_int_equal(moonlet_master_exist_key(m, t, MOONLET_STR("leased2"), &ex), MOONLET_OK);
+    assert_true(ex);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), false),
+                     MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), true), MOONLET_OK);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), true),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("pending"), true),
+                     MOONLET_ERR_REPLICA_IS_NOT_READY);
+    uint64_t n = 0;
+    assert_int_equal(moonlet_master_remove_all_ex(m, t, false, &n), MOONLET_OK);
+    assert_int_equal(n, 1); /* free */
+    assert_int_equal(moonlet_master_remove_all_ex(m, t, true, &n), MOONLET_OK);
+    assert_int_equal(n, 1); /* leased2; pending stays */
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.objects, 1);
+    assert_true(st.used >= 100 && st.used < 1024); /* the pending put's space, rounded up */
+    moonlet_master_destroy(m);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -334,6 +369,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_force_remove),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_lease_deadlines),
         cmocka_unit_test(test_batch_exist),

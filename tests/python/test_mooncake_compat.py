@@ -38,7 +38,8 @@ def test_setup_with_the_seven_positional_arguments(cluster):
     key = "mc/pos/" + port
     assert s.put(key, b"positional") == 0
     assert s.get(key) == b"positional"
-    assert s.remove(key, force=True) == -706  # leased by the get; force does not override
+    assert s.remove(key) == -706  # leased by the get
+    assert s.remove(key, force=True) == 0 and s.is_exist(key) == 0  # Mooncake's force
     assert s.close() == 0
     assert s.close() == 0
 
@@ -539,3 +540,14 @@ def test_setup_forms_engines_use(cluster, tenant, tmp_path, monkeypatch):
     cfg2 = ReplicateConfig(preferred_segments=["a", "b"], group_ids=["g"])
     assert cfg2.preferred_segments == ["a", "b"] and s2.put("sf/soft", b"x", cfg2) == 0
     s2.close()
+
+
+def test_force_remove(mcs):
+    assert mcs.put("fr/a", b"a") == 0 and mcs.put("fr/b", b"b") == 0 and mcs.put("fr/c", b"c") == 0
+    assert mcs.get("fr/a") == b"a" and mcs.get("fr/b") == b"b"  # leased
+    assert mcs.remove("fr/a") == -706 and mcs.remove("fr/a", force=True) == 0
+    assert mcs.remove("fr/a", True) == -704
+    assert mcs.remove_all() == 1                     # fr/c
+    assert mcs.remove_all(force=True) == 1           # fr/b, under its lease
+    assert mcs.batch_is_exist(["fr/a", "fr/b", "fr/c"]) == [0, 0, 0]
+    assert mcs.remove_all(True) == 0
