@@ -345,11 +345,13 @@ class ReplicaDescriptor:
 
 
 class MooncakeHostMemAllocator:
-    """Host memory for a DummyClient's buffers (Mooncake's
+    """Host memory for an engine's KV pool (Mooncake's
     MooncakeHostMemAllocator): alloc(size) -> address (0 on failure),
-    free(address) -> 0 / INVALID_PARAMS.  Shared anonymous pages
-    (mmap MAP_SHARED | MAP_ANONYMOUS), page-aligned and zeroed; register them
-    with register_buffer() before put_from / get_into."""
+    free(address) -> 0 / INVALID_PARAMS.  Anonymous pages of this process
+    (mmap), page-aligned and zeroed; register them with register_buffer()
+    before the zero-copy calls.  Unlike Mooncake's they are not shared with
+    a RealClient: through a DummyClient those calls copy them once through
+    the connection's staging."""
 
     def __init__(self):
         self._maps = {}
@@ -890,8 +892,8 @@ class MooncakeDistributedStore:
     def _read_handles(self, keys):
         """A BufferHandle or None per key: the size of each object, memory
         of the store (shared with a RealClient, or registered) of that size,
-        one batch of reads into it; a key whose object grew in between is
-        read again (3 times at most)."""
+        one batch of reads into it; a key whose object was replaced by one
+        of another size in between is read again (3 rounds at most)."""
         out = [None] * len(keys)
         pending = list(range(len(keys)))
         for _ in range(3):
@@ -924,15 +926,10 @@ class MooncakeDistributedStore:
                     out[i] = memory.adopt(buf, n)
                     continue
                 buf.free()
-                if r == _BUFFER_OVERFLOW:
+                # grown (BUFFER_OVERFLOW) or shrunk (fewer bytes) since its
+                # size was learnt: replaced in between; read it again
+                if r == _BUFFER_OVERFLOW or (isinstance(r, int) and 0 <= r < n):
                     pending.append(i)
-                elif isinstance(r, int) and 0 <= r < n:  # it shrank: this read is whole
-                    again = store.alloc_buffer(r) if r else None
-                    if again is None:
-                        out[i] = _handle_type(0)()
-                    else:
-                        pending.append(i)
-                        again.free()
         return out
 
     def get_buffer(self, key):
