@@ -214,7 +214,7 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, &metrics) != MOONLET_OK) {
+        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics) != MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);
