@@ -352,6 +352,13 @@ int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
     return x->be->seg_remove(x, segment_id);
 }
 
+int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    if (!x || !segment_id || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->seg_set_key ? x->be->seg_set_key(x, segment_id, key) : MOONLET_OK;
+}
+
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
 {
     if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
@@ -588,9 +595,15 @@ static size_t xfer_collect(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n, xfer
                            xfer_item **todo)
 {
     size_t ntodo = 0;
+    uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0; i < n; i++) {
         items[i].op = &ops[i];
         ops[i].status = xfer_check_op(x, &items[i]);
+        /* A write past its writer's deadline is never started (both
+         * backends): the master may already have given its range away. */
+        if (ops[i].status == MOONLET_OK && ops[i].opcode == MOONLET_XFER_WRITE && ops[i].cap &&
+            ops[i].cap->deadline_ms && now >= ops[i].cap->deadline_ms)
+            ops[i].status = MOONLET_ERR_TRANSFER_FAIL;
         if (ops[i].status == MOONLET_OK && ops[i].len)
             todo[ntodo++] = &items[i];
     }

@@ -10,17 +10,22 @@
  * queued (up to a fairness limit) and re-arms the connection.  Payloads move
  * without staging copies: a READ reply is one sendmsg of header + segment
  * memory, a WRITE payload is received straight into the segment.  Every
- * request is checked against its segment's bounds before memory is touched.
+ * request is checked against its segment's bounds before memory is touched,
+ * and a write to a keyed segment against its capability
+ * (tcp_write_cap_check), whose expiry is checked again before each chunk
+ * lands in the segment.
  *
  * Client side.  A connection is a non-blocking socket.  run() drives all the
  * lanes of a batch from the calling thread with poll(): requests are
  * pipelined (many headers and write payloads gathered into one sendmsg),
  * replies are read in order, read payloads land directly in the caller's
  * buffer.  A lane with no progress for timeout_ms, a closed socket or a reply
- * that does not match fails its remaining operations with TRANSFER_FAIL.
+ * that does not match fails its remaining operations with TRANSFER_FAIL.  A
+ * lane holding a write past its writer's deadline (moonlet_xfer_cap) is
+ * aborted with a reset (SO_LINGER 0), so bytes still queued are dropped.
  *
  * Locks: seg_lock (+ seg_cond) guards the segment list and each segment's
- * in-flight count; conn_lock guards the server's connection list.  Neither is
+ * in-flight count and write key; conn_lock guards the server's connection list.  Neither is
  * held during socket I/O; they are never nested.  Client connections are
  * owned by one batch at a time (xfer.c's pool) and take no lock.
  */
@@ -45,6 +50,7 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "writecap.h"
 #include "xfer_internal.h"
 
 #define MOD "xfer-tcp"
@@ -54,6 +60,7 @@
 #define TCP_PIPELINE_WINDOW 64        /* requests in flight per connection */
 #define TCP_GATHER_IOVS 64            /* iovecs per client sendmsg */
 #define TCP_DRAIN_CHUNK 16384
+#define TCP_REQ_BYTES (MOONLET_XFER_TCP_HDR_BYTES + MOONLET_XFER_TCP_CAP_BYTES)
 
 
 /* ---- wire header -------------------------------------------------------- */
@@ -89,6 +96,7 @@ void moonlet_xfer_tcp_hdr_encode(const moonlet_xfer_tcp_hdr *h,
     put_be32(out, MOONLET_XFER_TCP_MAGIC);
     out[4] = MOONLET_XFER_TCP_VERSION;
     out[5] = h->op;
+    out[6] = h->flags;
     put_be32(out + 8, (uint32_t)h->status);
     put_be64(out + 16, h->req_id);
     put_be64(out + 24, h->segment);
@@ -100,12 +108,15 @@ int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
                                 moonlet_xfer_tcp_hdr *h)
 {
     if (get_be32(in) != MOONLET_XFER_TCP_MAGIC || in[4] != MOONLET_XFER_TCP_VERSION ||
-        in[6] || in[7] || get_be32(in + 12))
+        in[7] || get_be32(in + 12))
         return MOONLET_ERR_INVALID_PARAMS;
     uint8_t base = in[5] & (uint8_t)~MOONLET_XFER_TCP_REPLY;
     if (base < MOONLET_XFER_TCP_AUTH || base > MOONLET_XFER_TCP_WRITE)
         return MOONLET_ERR_INVALID_PARAMS;
+    if (in[6] && (in[5] != MOONLET_XFER_TCP_WRITE || in[6] != MOONLET_XFER_TCP_F_CAP))
+        return MOONLET_ERR_INVALID_PARAMS;
     h->op = in[5];
+    h->flags = in[6];
     h->status = (int32_t)get_be32(in + 8);
     h->req_id = get_be64(in + 16);
     h->segment = get_be64(in + 24);
@@ -191,6 +202,8 @@ typedef struct tcp_segment {
     uint64_t id;
     uint8_t *base;
     uint64_t size;
+    bool keyed;        /* seg_lock: writes need a capability under key */
+    uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
     unsigned inflight; /* requests using the memory now */
     bool removed;      /* unregister waits for inflight == 0 */
     struct tcp_segment *next;
@@ -313,6 +326,24 @@ static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     return MOONLET_OK;
 }
 
+static int tcp_seg_set_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    tcp_server *s = x->be_state;
+    uint64_t id;
+    if (!s || tcp_parse_seg_id(segment_id, &id))
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    pthread_mutex_lock(&s->seg_lock);
+    tcp_segment *g = s->segs;
+    while (g && (g->id != id || g->removed))
+        g = g->next;
+    if (g) {
+        memcpy(g->key, key, sizeof(g->key));
+        g->keyed = true;
+    }
+    pthread_mutex_unlock(&s->seg_lock);
+    return g ? MOONLET_OK : MOONLET_ERR_SEGMENT_NOT_FOUND;
+}
+
 /* ---- serving side: requests --------------------------------------------- */
 
 static int tcp_reply(int fd, const moonlet_xfer_tcp_hdr *req, int status, const void *payload,
@@ -321,6 +352,7 @@ static int tcp_reply(int fd, const moonlet_xfer_tcp_hdr *req, int status, const 
     moonlet_xfer_tcp_hdr h = *req;
     uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
     h.op = (uint8_t)(req->op | MOONLET_XFER_TCP_REPLY);
+    h.flags = 0;
     h.status = status;
     h.length = status ? 0 : len;
     moonlet_xfer_tcp_hdr_encode(&h, buf);
@@ -387,16 +419,84 @@ __attribute__((noinline)) static int tcp_segment_send(int fd, const moonlet_xfer
     return tcp_reply(fd, h, MOONLET_OK, src, h->length);
 }
 
-__attribute__((noinline)) static int tcp_segment_recv(int fd, uint8_t *dst, uint64_t len)
+/*
+ * Receives a write's payload into segment memory, checking before each chunk
+ * that the capability has not expired (expiry_ms; UINT64_MAX: none), so no
+ * byte lands after it.  0 when all arrived; 1 when the capability expired
+ * first (*left: bytes still to discard); -1 on EOF, error or a stall longer
+ * than timeout_ms.
+ */
+__attribute__((noinline)) static int tcp_segment_recv(int fd, uint8_t *dst, uint64_t len,
+                                                      uint64_t expiry_ms, uint32_t timeout_ms,
+                                                      uint64_t *left)
 {
-    int rc = 0;
-    while (len && rc == 0) { /* recv() takes a size_t: chunk very large writes */
-        size_t k = len > (1u << 30) ? (1u << 30) : (size_t)len;
-        rc = tcp_recv_all(fd, dst, k);
-        dst += k;
-        len -= k;
+    if (expiry_ms == UINT64_MAX) {
+        int rc = 0;
+        while (len && rc == 0) { /* recv() takes a size_t: chunk very large writes */
+            size_t k = len > (1u << 30) ? (1u << 30) : (size_t)len;
+            rc = tcp_recv_all(fd, dst, k);
+            dst += k;
+            len -= k;
+        }
+        return rc;
     }
-    return rc;
+    while (len) {
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= expiry_ms) {
+            *left = len;
+            return 1;
+        }
+        uint64_t wait = expiry_ms - now < timeout_ms ? expiry_ms - now : timeout_ms;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int n = poll(&p, 1, (int)wait);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 || (n == 0 && wait == timeout_ms))
+            return -1;
+        if (n == 0)
+            continue; /* expired: the next pass says so */
+        ssize_t r = recv(fd, dst, len > (1u << 30) ? (1u << 30) : (size_t)len, MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            return -1;
+        if (r > 0) {
+            dst += r;
+            len -= (uint64_t)r;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The write-capability check, before any payload byte is received: a segment
+ * with a key accepts a write only with a genuine capability that covers the
+ * written range and has not expired; *expiry_ms gets the instant after which
+ * no more bytes may land (UINT64_MAX for a segment without a key).  Returns 0
+ * or MOONLET_ERR_INVALID_WRITE.
+ */
+static int tcp_write_cap_check(tcp_server *s, tcp_segment *g, const moonlet_xfer_tcp_hdr *h,
+                               const moonlet_writecap *cap, uint64_t *expiry_ms)
+{
+    uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
+    pthread_mutex_lock(&s->seg_lock);
+    bool keyed = g->keyed;
+    memcpy(key, g->key, sizeof(key));
+    pthread_mutex_unlock(&s->seg_lock);
+    *expiry_ms = UINT64_MAX;
+    if (!keyed)
+        return MOONLET_OK;
+    char id[17];
+    snprintf(id, sizeof(id), "%016" PRIx64, g->id);
+    bool ok = cap && moonlet_writecap_valid(key, id, cap, h->offset, h->length,
+                                            moonlet_xfer_now_ms());
+    explicit_bzero(key, sizeof(key));
+    if (!ok) {
+        ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") to segment %s refused: %s", h->offset,
+                h->length, id, cap ? "capability forged, out of range or expired"
+                                   : "no capability");
+        return MOONLET_ERR_INVALID_WRITE;
+    }
+    *expiry_ms = cap->expiry_ms;
+    return MOONLET_OK;
 }
 
 static int tcp_serve_read(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
@@ -412,15 +512,37 @@ static int tcp_serve_read(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hd
 
 static int tcp_serve_write(tcp_server *s, tcp_sconn *c, const moonlet_xfer_tcp_hdr *h)
 {
+    moonlet_writecap cap;
+    bool has_cap = h->flags & MOONLET_XFER_TCP_F_CAP;
+    if (has_cap) {
+        uint8_t b[MOONLET_XFER_TCP_CAP_BYTES];
+        if (tcp_recv_all(c->fd, b, sizeof(b)))
+            return -1;
+        cap = (moonlet_writecap){.offset = get_be64(b), .len = get_be64(b + 8),
+                                 .expiry_ms = get_be64(b + 16), .tag = get_be64(b + 24)};
+    }
     int status;
+    uint64_t expiry = UINT64_MAX, left = 0;
     tcp_segment *g = tcp_check_request(s, h, &status);
-    if (!g) {
+    if (g) {
+        status = tcp_write_cap_check(s, g, h, has_cap ? &cap : NULL, &expiry);
+        if (status)
+            tcp_seg_release(s, g);
+    }
+    if (status) {
         if (tcp_drain(c->fd, h->length))
             return -1;
         return tcp_reply(c->fd, h, status, NULL, 0);
     }
-    int rc = tcp_segment_recv(c->fd, g->base + h->offset, h->length);
+    int rc = tcp_segment_recv(c->fd, g->base + h->offset, h->length, expiry, s->timeout_ms, &left);
     tcp_seg_release(s, g);
+    if (rc == 1) { /* expired while arriving: discard the rest, refuse */
+        ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") refused: its capability expired "
+                "with %" PRIu64 " bytes still to come", h->offset, h->length, left);
+        if (tcp_drain(c->fd, left))
+            return -1;
+        return tcp_reply(c->fd, h, MOONLET_ERR_INVALID_WRITE, NULL, 0);
+    }
     return rc ? -1 : tcp_reply(c->fd, h, MOONLET_OK, NULL, 0);
 }
 
@@ -832,7 +954,7 @@ static void tcp_conn_close(moonlet_xfer *x, void *conn)
 typedef struct tcp_lane_run {
     xfer_lane *lane;
     tcp_cconn *c;
-    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES]; /* encoded request per item */
+    uint8_t (*hdrs)[TCP_REQ_BYTES]; /* encoded request (+ capability) per item */
     uint64_t *req_ids;
     size_t send_i;     /* first item not fully sent */
     uint64_t send_off; /* bytes of item send_i already sent (header + payload) */
@@ -855,9 +977,20 @@ static void tcp_lane_fail(tcp_lane_run *r, int status, const char *why)
     r->done = true;
 }
 
+static bool tcp_op_has_cap(const moonlet_xfer_op *op)
+{
+    return op->opcode == MOONLET_XFER_WRITE && op->cap;
+}
+
+/* Bytes of an item's request before its payload: the header (+ capability). */
+static uint64_t tcp_req_len(const moonlet_xfer_op *op)
+{
+    return MOONLET_XFER_TCP_HDR_BYTES + (tcp_op_has_cap(op) ? MOONLET_XFER_TCP_CAP_BYTES : 0);
+}
+
 static uint64_t tcp_item_stream_len(const xfer_item *it)
 {
-    return MOONLET_XFER_TCP_HDR_BYTES + (it->op->opcode == MOONLET_XFER_WRITE ? it->op->len : 0);
+    return tcp_req_len(it->op) + (it->op->opcode == MOONLET_XFER_WRITE ? it->op->len : 0);
 }
 
 static void tcp_encode_requests(tcp_lane_run *r)
@@ -870,6 +1003,15 @@ static void tcp_encode_requests(tcp_lane_run *r)
             .req_id = r->c->next_req++, .segment = it->seg, .offset = it->op->offset,
             .length = it->op->len};
         r->req_ids[i] = h.req_id;
+        if (tcp_op_has_cap(it->op)) {
+            const moonlet_xfer_cap *cap = it->op->cap;
+            uint8_t *b = r->hdrs[i] + MOONLET_XFER_TCP_HDR_BYTES;
+            h.flags = MOONLET_XFER_TCP_F_CAP;
+            put_be64(b, cap->offset);
+            put_be64(b + 8, cap->len);
+            put_be64(b + 16, cap->expiry_ms);
+            put_be64(b + 24, cap->tag);
+        }
         moonlet_xfer_tcp_hdr_encode(&h, r->hdrs[i]);
     }
 }
@@ -883,9 +1025,10 @@ static int tcp_gather(tcp_lane_run *r, struct iovec *iov)
                                n + 2 <= TCP_GATHER_IOVS;
          i++) {
         const moonlet_xfer_op *op = r->lane->items[i]->op;
-        uint64_t hskip = skip < MOONLET_XFER_TCP_HDR_BYTES ? skip : MOONLET_XFER_TCP_HDR_BYTES;
-        if (hskip < MOONLET_XFER_TCP_HDR_BYTES)
-            iov[n++] = (struct iovec){r->hdrs[i] + hskip, MOONLET_XFER_TCP_HDR_BYTES - hskip};
+        uint64_t hlen = tcp_req_len(op);
+        uint64_t hskip = skip < hlen ? skip : hlen;
+        if (hskip < hlen)
+            iov[n++] = (struct iovec){r->hdrs[i] + hskip, (size_t)(hlen - hskip)};
         if (op->opcode == MOONLET_XFER_WRITE) {
             uint64_t pskip = skip - hskip;
             iov[n++] = (struct iovec){(uint8_t *)op->local + pskip, (size_t)(op->len - pskip)};
@@ -1014,9 +1157,37 @@ static int tcp_recv_step(tcp_lane_run *r, bool *progress)
     return 0;
 }
 
+/* The earliest writer deadline among the lane's unfinished writes; 0: none. */
+static uint64_t tcp_lane_deadline(const tcp_lane_run *r)
+{
+    uint64_t best = 0;
+    for (size_t i = r->recv_i; i < r->lane->nitems; i++) {
+        const moonlet_xfer_op *op = r->lane->items[i]->op;
+        if (tcp_op_has_cap(op) && op->cap->deadline_ms &&
+            (!best || op->cap->deadline_ms < best))
+            best = op->cap->deadline_ms;
+    }
+    return best;
+}
+
+/* A write passed its writer's deadline: the master may give its range away
+ * from then on.  The connection is closed with a reset (SO_LINGER 0), so the
+ * bytes still in our socket buffer are dropped rather than sent late. */
+static void tcp_lane_abort(tcp_lane_run *r)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(r->c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, "write deadline passed (aborted with a reset)");
+}
+
 /* One non-blocking pass over a lane; checks its inactivity deadline. */
 static void tcp_lane_step(moonlet_xfer *x, tcp_lane_run *r, uint64_t now)
 {
+    uint64_t dl = tcp_lane_deadline(r);
+    if (dl && now >= dl) {
+        tcp_lane_abort(r);
+        return;
+    }
     bool progress = false;
     if (tcp_send_step(r, &progress) == 0 && tcp_recv_step(r, &progress) == 0 && !r->done) {
         if (progress)
@@ -1034,6 +1205,9 @@ static int tcp_poll_timeout(moonlet_xfer *x, tcp_lane_run *runs, size_t n, uint6
         if (runs[i].done)
             continue;
         uint64_t end = runs[i].last_progress + x->timeout_ms;
+        uint64_t dl = tcp_lane_deadline(&runs[i]);
+        if (dl && dl < end)
+            end = dl;
         uint64_t left = end > now ? end - now : 0;
         if (left < best)
             best = left;
@@ -1075,7 +1249,7 @@ static void tcp_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         total += lanes[i].nitems;
     tcp_lane_run *runs = calloc(nlanes, sizeof(*runs));
     struct pollfd *pfds = calloc(nlanes, sizeof(*pfds));
-    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES] = calloc(total, sizeof(*hdrs));
+    uint8_t (*hdrs)[TCP_REQ_BYTES] = calloc(total, sizeof(*hdrs));
     uint64_t *ids = calloc(total, sizeof(*ids));
     if (!runs || !pfds || !hdrs || !ids) {
         for (size_t i = 0; i < nlanes; i++)
@@ -1120,6 +1294,7 @@ const xfer_backend moonlet_xfer_tcp_backend = {
     .stop = tcp_stop,
     .seg_add = tcp_seg_add,
     .seg_remove = tcp_seg_remove,
+    .seg_set_key = tcp_seg_set_key,
     .buf_add = tcp_buf_add,
     .buf_remove = tcp_buf_remove,
     .prepare = tcp_prepare,

@@ -90,6 +90,11 @@ typedef struct moonlet_client_config {
      * store node (reads then prefer the local replica).  0: a pure client. */
     uint64_t local_segment_size;
     const char *local_listen_addr; /* data endpoint for it; NULL: "127.0.0.1:0" */
+    /* End-to-end checksums (XXH3-64) are on by default: puts record one,
+     * gets verify it and fall over to the next replica on a mismatch
+     * (INVALID_READ when none matches).  true: this client neither computes
+     * nor verifies them (its puts' objects then read without a check). */
+    bool skip_checksum;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */
@@ -97,6 +102,7 @@ typedef struct moonlet_put_options {
     uint32_t replica_num; /* 0: the client's default (config.replica_num) */
     bool soft_pin;        /* keep the object out of eviction for the soft-pin TTL */
     const char *tenant;   /* NULL: the client's default tenant */
+    bool skip_checksum;   /* true: record no checksum for this put (saves one pass over the bytes) */
 } moonlet_put_options;
 
 /* Fills *cfg with the defaults above (all zero / NULL).  master_addr must

@@ -46,8 +46,8 @@ static void test_lifecycle(void **state)
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);
     assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_ERR_REPLICA_IS_NOT_READY);
 
-    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(moonlet_master_put_end(m, t, k, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, t, k, NULL), MOONLET_ERR_INVALID_WRITE);
     assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_ERR_INVALID_WRITE);
     assert_int_equal(moonlet_master_put_start(m, t, k, 10, 1, false, NULL, NULL),
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);

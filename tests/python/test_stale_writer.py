@@ -33,7 +33,7 @@ SEGMENT = 1 << 20
 OBJ = 192 << 10
 # The master of the reaper test releases quarantined ranges 300 ms after the
 # put deadline, so ranges are reused while the stale bytes are still on the way.
-GRACE = ()
+GRACE = ("--put_quarantine_grace_ms", "300")
 
 
 def free_port():
