@@ -123,6 +123,11 @@ void moonlet_client_force_staging(moonlet_client *c, bool on)
     atomic_store(&c->stage, on);
 }
 
+void *moonlet_client_local_segment_base(moonlet_client *c)
+{
+    return c->node ? moonlet_store_node_segment_base(c->node) : NULL;
+}
+
 /* ---- small helpers -------------------------------------------------------------- */
 
 static uint64_t client_now_ns(void)

@@ -40,6 +40,10 @@ uint64_t moonlet_client_checksum(const void *buf, size_t len);
  * a registered bounce buffer as they do on RDMA, so that path runs on TCP. */
 void moonlet_client_force_staging(moonlet_client *c, bool on);
 
+/* Tests: the memory of the client's local segment (NULL without one), to
+ * corrupt a replica in place. */
+void *moonlet_client_local_segment_base(moonlet_client *c);
+
 /* As moonlet_client_create(), with the local segment configured as a full
  * store node by `node` (used verbatim: its segment_size wins over
  * cfg->local_segment_size); NULL: moonlet_client_create() itself. */

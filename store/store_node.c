@@ -462,6 +462,11 @@ const char *moonlet_store_node_protocol(const moonlet_store_node *n)
     return moonlet_xfer_protocol_name(n->xfer);
 }
 
+void *moonlet_store_node_segment_base(moonlet_store_node *n)
+{
+    return n->mem.base;
+}
+
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)
 {
     pthread_mutex_lock(&n->mu);
