@@ -116,7 +116,7 @@ struct mseg {
     uint8_t write_key[16];
     _Atomic int64_t clock_offset_ms; /* lower bound of node clock - master clock */
     /* registry.mu: ranges freed from unfinished puts, each reusable only
-     * after its put deadline + the grace (quarantine.c order: unsorted). */
+     * after its put deadline + the grace (unsorted). */
     struct quarantined *quar;
     uint32_t nquar, quar_cap;
 };
