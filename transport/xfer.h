@@ -178,7 +178,7 @@ typedef enum moonlet_xfer_opcode {
 typedef struct moonlet_xfer_cap {
     uint64_t offset, len;  /* the range the capability covers */
     uint64_t expiry_ms;    /* the store node's clock */
-    uint64_t tag;
+    uint64_t tag;          /* 0: no capability (only the deadline applies) */
     uint64_t deadline_ms;  /* the writer's clock; 0: none */
 } moonlet_xfer_cap;
 

@@ -977,9 +977,17 @@ static void tcp_lane_fail(tcp_lane_run *r, int status, const char *why)
     r->done = true;
 }
 
+/* Whether a write sends a capability: only a real one (tag 0 is "none", as
+ * the master reports for a segment without a key), so a node that predates
+ * capabilities is never sent the F_CAP flag it would not decode. */
 static bool tcp_op_has_cap(const moonlet_xfer_op *op)
 {
-    return op->opcode == MOONLET_XFER_WRITE && op->cap;
+    return op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->tag;
+}
+
+static uint64_t tcp_op_deadline(const moonlet_xfer_op *op)
+{
+    return op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
 }
 
 /* Bytes of an item's request before its payload: the header (+ capability). */
@@ -1162,10 +1170,9 @@ static uint64_t tcp_lane_deadline(const tcp_lane_run *r)
 {
     uint64_t best = 0;
     for (size_t i = r->recv_i; i < r->lane->nitems; i++) {
-        const moonlet_xfer_op *op = r->lane->items[i]->op;
-        if (tcp_op_has_cap(op) && op->cap->deadline_ms &&
-            (!best || op->cap->deadline_ms < best))
-            best = op->cap->deadline_ms;
+        uint64_t dl = tcp_op_deadline(r->lane->items[i]->op);
+        if (dl && (!best || dl < best))
+            best = dl;
     }
     return best;
 }

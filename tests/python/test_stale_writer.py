@@ -15,7 +15,10 @@ an error, never another put's bytes with success.
   test_put_reaped_while_streaming: the put outlives --put_timeout_ms (1000,
       link delay 4 s) and the master's reaper revokes it while it streams.
 
-Standard library plus the moonlet package; every wait is bounded.
+Both failed on the code before the fence (the next objects read back the
+stale put's bytes with success); the master there had no
+--put_quarantine_grace_ms, so the reaper case ran without it.  Standard
+library plus the moonlet package; every wait is bounded.
 """
 import json
 import os
