@@ -14,6 +14,12 @@
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
  *
+ * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
+ * backends: a write is not started once its deadline passed, neither before
+ * leasing its connection nor after (the TCP backend also aborts a lane whose
+ * deadline passes mid-transfer; verbs writes already posted are covered by
+ * the master's quarantine grace).
+ *
  * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
  * call that can block, and they are never nested.
@@ -711,8 +717,26 @@ static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
     return MOONLET_OK;
 }
 
+/* The earliest writer deadline (moonlet_xfer_cap) among a group's items; 0: none. */
+static uint64_t xfer_group_deadline(const xfer_group *g)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < g->nitems; i++) {
+        const moonlet_xfer_op *op = g->items[i]->op;
+        uint64_t dl = op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
+        if (dl && (!best || dl < best))
+            best = dl;
+    }
+    return best;
+}
+
 /* Leases and opens connections for every group, in endpoint order, and lays
- * out the lanes.  Groups that get no connection fail all their items. */
+ * out the lanes.  Groups that get no connection fail all their items.  A
+ * group holding a write with a deadline waits for a connection no longer
+ * than that deadline, and fails (TRANSFER_FAIL) when the deadline passed
+ * while its connections were leased and opened: on both backends no write is
+ * started after its writer's deadline (the master may have given its range
+ * away; docs/reliability.md). */
 static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
 {
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
@@ -721,9 +745,14 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
         size_t want = g->nitems < cpp ? g->nitems : cpp;
-        int rc = xfer_pool_lease(x, g, want, deadline);
+        uint64_t gdl = xfer_group_deadline(g);
+        int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
             rc = xfer_pool_open(x, g);
+        if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
+            xfer_pool_release(x, g, NULL);
+            rc = MOONLET_ERR_TRANSFER_FAIL;
+        }
         if (rc) {
             xfer_fail_group(g, rc);
             g->nslots = 0;

@@ -602,6 +602,20 @@ static void test_write_capability_expires_mid_payload(void **state)
     server_down(&s);
 }
 
+typedef struct busy_read_args {
+    moonlet_xfer *c;
+    const char *ep;
+    int rc;
+} busy_read_args;
+
+static void *busy_read(void *arg)
+{
+    busy_read_args *a = arg;
+    uint8_t b[16];
+    a->rc = moonlet_xfer_read(a->c, a->ep, "00000000000000aa", 0, b, sizeof(b));
+    return NULL;
+}
+
 /* A client whose write passes its deadline gives up then, not after the
  * transfer timeout, and resets the connection. */
 static void test_client_write_deadline(void **state)
@@ -610,7 +624,7 @@ static void test_client_write_deadline(void **state)
     fake_server f;
     fake_start(&f, FAKE_STALL);
     moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = 10000};
+                           .timeout_ms = 3000};
     moonlet_xfer *c;
     assert_int_equal(moonlet_xfer_create(&o, &c), 0);
     char ep[32];
@@ -626,6 +640,22 @@ static void test_client_write_deadline(void **state)
     uint64_t took = now_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 2000);
+
+    /* The only pooled connection is busy (a read stalled on the fake): the
+     * write waits for it no longer than its deadline. */
+    pthread_t th;
+    busy_read_args ra = {.c = c, .ep = ep};
+    assert_int_equal(pthread_create(&th, NULL, busy_read, &ra), 0);
+    while (__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) < 2 && now_ms() < t0 + 5000)
+        usleep(1000); /* bounded: the read's header reached the fake */
+    t0 = now_ms();
+    cap.deadline_ms = t0 + 300;
+    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    took = now_ms() - t0;
+    assert_true(took >= 250);
+    assert_true(took < 1500); /* not the 3 s the read holds the connection */
+    pthread_join(th, NULL);
+    assert_int_equal(ra.rc, MOONLET_ERR_TRANSFER_FAIL);
     moonlet_xfer_destroy(c);
     fake_stop(&f);
 }
