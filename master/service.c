@@ -547,7 +547,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 23);
+    msgpack_pack_map(out, 24);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -570,6 +570,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "probe_recheck_fallbacks", st.probe_recheck_fallbacks);
     pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
     pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
+    pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
