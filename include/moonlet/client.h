@@ -190,8 +190,11 @@ void moonlet_client_destroy(moonlet_client *c);
  * Returns 0 when every replica was written and the object sealed, or
  *   OBJECT_ALREADY_EXISTS  the key exists, or another put of it is in progress
  *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
- *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written (the
- *                          put was revoked: nothing readable remains)
+ *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written, or
+ *                          not before the put's deadline (the put was
+ *                          revoked: nothing readable remains)
+ *   INVALID_WRITE          a store node refused the write's capability (late,
+ *                          or the segment changed); the put was revoked
  *   OBJECT_NOT_FOUND       every store node holding a replica left the
  *                          cluster while the put ran (nothing was stored)
  *   INVALID_KEY, INVALID_PARAMS (replica_num above the master's limit)
@@ -199,7 +202,9 @@ void moonlet_client_destroy(moonlet_client *c);
  * the master may have sealed it before the connection broke: a retry may
  * then find OBJECT_ALREADY_EXISTS with the object complete.
  * On RDMA the bytes are staged through a registered buffer of the client;
- * put_from() avoids that copy.  Blocks; thread safe.
+ * put_from() avoids that copy.  Unless skip_checksum (options or client
+ * config), the XXH3-64 of the bytes is recorded for readers to verify.
+ * Blocks; thread safe.
  */
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
                        const moonlet_put_options *opt);
@@ -208,7 +213,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
  * Reads `key` into buf (capacity cap); *len gets the object's size.
  * Reads one replica: the one this client serves itself if there is one, else
  * the first; when a replica cannot be read (TRANSFER_FAIL, or
- * SEGMENT_NOT_FOUND because its node re-registered) the next one is tried.
+ * SEGMENT_NOT_FOUND because its node re-registered) or its bytes fail the
+ * end-to-end checksum the put recorded, the next one is tried.
  * Returns 0, or
  *   OBJECT_NOT_FOUND       no such key
  *   REPLICA_IS_NOT_READY   its put is still in progress
@@ -216,6 +222,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
  *   LEASE_EXPIRED          the read lease ran out before the read completed;
  *                          buf holds unspecified bytes
  *   TRANSFER_FAIL          no replica could be read
+ *   INVALID_READ           every replica read failed the checksum (buf holds
+ *                          unspecified bytes; never reported as success)
  * Grants a read lease as a side effect.  Blocks; thread safe.
  */
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
