@@ -127,7 +127,7 @@ static void test_http_server(void **state)
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 1, false,
                                               NULL, NULL),
                      MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k"), NULL), MOONLET_OK);
 
     moonlet_metrics *s;
     assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, NULL, &s), MOONLET_OK);
