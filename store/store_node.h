@@ -122,6 +122,9 @@ const char *moonlet_store_node_protocol(const moonlet_store_node *n);
  * Returns 0 or BUFFER_OVERFLOW. */
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap);
 
+/* The segment's memory (tests: corrupt a replica in place). */
+void *moonlet_store_node_segment_base(moonlet_store_node *n);
+
 /* Times the segment was mounted (1 after create; +1 per re-mount). */
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n);
 

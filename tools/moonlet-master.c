@@ -49,6 +49,9 @@ static void usage(FILE *f)
             "  --eviction_ratio R                 evict this fraction per pass (default 0.05)\n"
             "  --client_live_ttl_sec S            liveness TTL of clients (default 10)\n"
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
+            "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
+            "                                     this long after its put deadline (default 2000)\n"
+            "  --max-frame-bytes N                largest RPC frame (default 67108864)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey (default 65536)\n"
@@ -139,7 +142,7 @@ static int parse_duration_ms(const char *flag, const char *s, uint64_t unit_ms, 
 
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
-    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
+    O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED
 };
 
@@ -160,6 +163,7 @@ int main(int argc, char **argv)
         {"eviction_ratio", required_argument, 0, O_RATIO},
         {"client_live_ttl_sec", required_argument, 0, O_LIVE},
         {"put_timeout_ms", required_argument, 0, O_PUT},
+        {"put_quarantine_grace_ms", required_argument, 0, O_QGRACE},
         {"max-frame-bytes", required_argument, 0, O_FRAME},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
@@ -240,6 +244,10 @@ int main(int argc, char **argv)
                             "for moonlet (see --help)\n", opts[idx].name);
             break;
         case O_PUT: bad = parse_duration_ms("--put_timeout_ms", optarg, 1, &cfg.put_timeout_ms); break;
+        case O_QGRACE:
+            bad = parse_duration_ms("--put_quarantine_grace_ms", optarg, 1,
+                                    &cfg.put_quarantine_grace_ms);
+            break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
         case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
@@ -313,7 +321,7 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, &metrics) != MOONLET_OK) {
+        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics) != MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);

@@ -14,6 +14,12 @@
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
  *
+ * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
+ * backends: a write is not started once its deadline passed, neither before
+ * leasing its connection nor after (the TCP backend also aborts a lane whose
+ * deadline passes mid-transfer; verbs writes already posted are covered by
+ * the master's quarantine grace).
+ *
  * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
  * call that can block, and they are never nested.
@@ -358,6 +364,13 @@ int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
     return x->be->seg_remove(x, segment_id);
 }
 
+int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    if (!x || !segment_id || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->seg_set_key ? x->be->seg_set_key(x, segment_id, key) : MOONLET_OK;
+}
+
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
 {
     if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
@@ -598,9 +611,15 @@ static size_t xfer_collect(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n, xfer
                            xfer_item **todo)
 {
     size_t ntodo = 0;
+    uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0; i < n; i++) {
         items[i].op = &ops[i];
         ops[i].status = xfer_check_op(x, &items[i]);
+        /* A write past its writer's deadline is never started (both
+         * backends): the master may already have given its range away. */
+        if (ops[i].status == MOONLET_OK && ops[i].opcode == MOONLET_XFER_WRITE && ops[i].cap &&
+            ops[i].cap->deadline_ms && now >= ops[i].cap->deadline_ms)
+            ops[i].status = MOONLET_ERR_TRANSFER_FAIL;
         if (ops[i].status == MOONLET_OK && ops[i].len)
             todo[ntodo++] = &items[i];
     }
@@ -708,8 +727,26 @@ static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
     return MOONLET_OK;
 }
 
+/* The earliest writer deadline (moonlet_xfer_cap) among a group's items; 0: none. */
+static uint64_t xfer_group_deadline(const xfer_group *g)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < g->nitems; i++) {
+        const moonlet_xfer_op *op = g->items[i]->op;
+        uint64_t dl = op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
+        if (dl && (!best || dl < best))
+            best = dl;
+    }
+    return best;
+}
+
 /* Leases and opens connections for every group, in endpoint order, and lays
- * out the lanes.  Groups that get no connection fail all their items. */
+ * out the lanes.  Groups that get no connection fail all their items.  A
+ * group holding a write with a deadline waits for a connection no longer
+ * than that deadline, and fails (TRANSFER_FAIL) when the deadline passed
+ * while its connections were leased and opened: on both backends no write is
+ * started after its writer's deadline (the master may have given its range
+ * away; docs/reliability.md). */
 static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
 {
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
@@ -718,9 +755,14 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
         size_t want = g->nitems < cpp ? g->nitems : cpp;
-        int rc = xfer_pool_lease(x, g, want, deadline);
+        uint64_t gdl = xfer_group_deadline(g);
+        int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
             rc = xfer_pool_open(x, g);
+        if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
+            xfer_pool_release(x, g, NULL);
+            rc = MOONLET_ERR_TRANSFER_FAIL;
+        }
         if (rc) {
             xfer_fail_group(g, rc);
             g->nslots = 0;

@@ -47,6 +47,8 @@ typedef struct xfer_backend {
     void (*stop)(moonlet_xfer *x);
     int (*seg_add)(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info);
     int (*seg_remove)(moonlet_xfer *x, const char *segment_id);
+    /* Optional (NULL: keys are not checked by this backend). */
+    int (*seg_set_key)(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
     /* Local buffer registration (verbs: an MR); *handle is passed back. */
     int (*buf_add)(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey);
     void (*buf_remove)(moonlet_xfer *x, void *handle);
@@ -108,8 +110,6 @@ int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_ca
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
 /* A random, non-zero 64-bit id (getrandom). */
 uint64_t moonlet_xfer_random_id(void);
-/* Milliseconds on CLOCK_MONOTONIC. */
-uint64_t moonlet_xfer_now_ms(void);
 /* Constant-time equality of two byte strings (time depends on lengths only). */
 bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen);
 

@@ -429,7 +429,8 @@ static int ml_protocol(PyObject *o, void *out)
 
 PyDoc_STRVAR(connect_doc,
 "_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
-"         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)\n"
+"         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,\n"
+"         checksum=True)\n"
 "--\n\n"
 "Connects this unconnected object to a master (moonlet_client_create).\n"
 "Use moonlet.Store.connect() instead.");
@@ -438,18 +439,20 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
 {
     static char *kwl[] = {"master_addr", "protocol", "segment_size", "device", "auth_token",
                           "default_tenant", "replica_num", "rpc_timeout_ms",
-                          "transfer_timeout_ms", "local_listen_addr", NULL};
+                          "transfer_timeout_ms", "local_listen_addr", "checksum", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&:_connect", kwl, &addr_obj,
+    int checksum = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|p:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
                                      conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
                                      conv_opt_str, &cfg.default_tenant, conv_u32, &cfg.replica_num,
                                      conv_u32, &cfg.rpc_timeout_ms, conv_u32,
                                      &cfg.transfer_timeout_ms, conv_opt_str,
-                                     &cfg.local_listen_addr))
+                                     &cfg.local_listen_addr, &checksum))
         return NULL;
+    cfg.skip_checksum = !checksum;
     if (!conv_tenant(addr_obj, &cfg.master_addr))
         return NULL;
     if (self->client || self->kind != ML_KIND_NONE) {
