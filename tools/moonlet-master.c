@@ -51,7 +51,6 @@ static void usage(FILE *f)
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
             "                                     this long after its put deadline (default 2000)\n"
-            "  --max-frame-bytes N                largest RPC frame (default 67108864)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey (default 65536)\n"
