@@ -26,6 +26,7 @@
 #include "../common/cluster.h"
 #include "client_internal.h"
 #include "moonlet/client.h"
+#include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
 #include "xfer.h"
 

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
 #include "writecap.h"
 #include "xfer.h"
