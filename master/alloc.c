@@ -180,3 +180,11 @@ uint64_t moonlet_alloc_largest_free(const moonlet_alloc *a)
     struct extent *e = RB_MAX(size_tree, (struct size_tree *)&a->sizes);
     return e ? e->len : 0;
 }
+
+void moonlet_alloc_foreach_free(const moonlet_alloc *a,
+                                void (*fn)(void *arg, uint64_t offset, uint64_t len), void *arg)
+{
+    struct extent *e;
+    RB_FOREACH(e, off_tree, (struct off_tree *)&a->offs)
+        fn(arg, e->off, e->len);
+}

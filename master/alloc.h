@@ -40,5 +40,8 @@ uint64_t moonlet_alloc_capacity(const moonlet_alloc *a);
 uint64_t moonlet_alloc_used(const moonlet_alloc *a);
 uint64_t moonlet_alloc_largest_free(const moonlet_alloc *a);
 uint64_t moonlet_alloc_free_extents(const moonlet_alloc *a);
+/* Calls fn for every free extent in ascending offset order. */
+void moonlet_alloc_foreach_free(const moonlet_alloc *a,
+                                void (*fn)(void *arg, uint64_t offset, uint64_t len), void *arg);
 
 #endif

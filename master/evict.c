@@ -16,8 +16,20 @@
  *      and at the threshold while the quota lasts.  Eligibility is checked
  *      again under the shard lock, so a lease granted in between wins.
  *
+ * PutStart that finds no space does not run such a pass: evict_for_space
+ * evicts for that request's space only.  Objects count for nothing there;
+ * contiguity does.  It snapshots every replica's range (owner, evictable or
+ * not) and every free extent, and on each segment large enough finds the
+ * cheapest run of adjacent free and evictable ranges spanning the rounded
+ * size (cost: bytes evicted; ranges of leased objects or puts in progress
+ * break a run, pinned ones too unless unpinned runs cannot be found on
+ * enough segments).  It then evicts exactly the owners in the nrep cheapest
+ * runs, each re-checked under its shard lock.  With no such runs it evicts
+ * nothing: the put fails without destroying the cache.
+ *
  * Locks: evict_mu (order 0) for the whole pass, the guard shared, then one
- * shard lock at a time (object_destroy_locked adds registry.mu).
+ * shard lock at a time (object_destroy_locked adds registry.mu);
+ * evict_for_space also takes registry.mu alone to list free extents.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -129,6 +141,192 @@ uint64_t evict_pass(moonlet_master *m, double ratio)
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio)
 {
     return evict_pass(m, ratio);
+}
+
+/* ---- eviction for one request's space ------------------------------------------ */
+
+enum { RUN_FREE = 0, RUN_EVICT = 1, RUN_PINNED = 2, RUN_BLOCKED = 3 };
+
+/* A range of a segment as the run search sees it. */
+struct run_item {
+    uint64_t off, len;
+    struct mobj *obj;   /* RUN_EVICT / RUN_PINNED: the owner (re-checked before eviction) */
+    uint64_t hash;
+    uint32_t slot;
+    uint8_t kind;
+};
+
+struct run_items {
+    struct run_item *v;
+    size_t n, cap;
+    bool oom;
+    uint64_t min_seg;   /* only segments of at least this size matter */
+    uint64_t now;
+};
+
+static void run_push(struct run_items *it, struct run_item x)
+{
+    if (it->n == it->cap) {
+        size_t cap = it->cap ? it->cap * 2 : 1024;
+        struct run_item *v = realloc(it->v, cap * sizeof(*v));
+        if (!v) {
+            it->oom = true;
+            return;
+        }
+        it->v = v;
+        it->cap = cap;
+    }
+    it->v[it->n++] = x;
+}
+
+static bool run_collect_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    struct run_items *it = arg;
+    (void)s;
+    uint8_t kind = RUN_BLOCKED;
+    if (evictable(o, it->now, false))
+        kind = RUN_EVICT;
+    else if (evictable(o, it->now, true))
+        kind = RUN_PINNED;
+    uint64_t len = moonlet_alloc_rounded(o->size ? o->size : 1);
+    for (uint32_t k = 0; k < o->nrep; k++)
+        run_push(it, (struct run_item){.off = mobj_reps(o)[k].offset, .len = len, .obj = o,
+                                       .hash = o->hash, .slot = mobj_reps(o)[k].seg, .kind = kind});
+    return !it->oom;
+}
+
+static void run_collect_free(void *arg, uint32_t slot, uint64_t off, uint64_t len)
+{
+    run_push(arg, (struct run_item){.off = off, .len = len, .slot = slot, .kind = RUN_FREE});
+}
+
+static int cmp_run_item(const void *a, const void *b)
+{
+    const struct run_item *x = a, *y = b;
+    if (x->slot != y->slot)
+        return x->slot < y->slot ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The cheapest run of one segment: items [lo, hi) of that slot.  A run is a
+ * sequence of adjacent items, none blocked (nor pinned unless allowed), whose
+ * span is at least len; its cost is the bytes it evicts.  Returns false when
+ * the segment has none. */
+static bool best_run(const struct run_item *v, size_t lo, size_t hi, uint64_t len,
+                     bool allow_pinned, size_t *first, size_t *last, uint64_t *cost)
+{
+    bool found = false;
+    size_t l = lo;
+    uint64_t sum = 0;
+    for (size_t r = lo; r < hi; r++) {
+        bool usable = v[r].kind == RUN_FREE || v[r].kind == RUN_EVICT ||
+                      (allow_pinned && v[r].kind == RUN_PINNED);
+        /* Overlaps mean the two snapshots disagree: do not bridge them. */
+        bool adjacent = r > l && v[r].off == v[r - 1].off + v[r - 1].len;
+        if (!usable) {
+            l = r + 1;
+            sum = 0;
+            continue;
+        }
+        if (r > l && !adjacent) {
+            l = r;
+            sum = 0;
+        }
+        sum += v[r].kind == RUN_FREE ? 0 : v[r].len;
+        /* Drop items from the left while the rest still spans len. */
+        while (l < r && v[r].off + v[r].len - v[l + 1].off >= len) {
+            sum -= v[l].kind == RUN_FREE ? 0 : v[l].len;
+            l++;
+        }
+        if (v[r].off + v[r].len - v[l].off >= len && (!found || sum < *cost)) {
+            found = true;
+            *first = l;
+            *last = r;
+            *cost = sum;
+        }
+    }
+    return found;
+}
+
+struct seg_run {
+    size_t first, last;
+    uint64_t cost;
+};
+
+static int cmp_seg_run(const void *a, const void *b)
+{
+    const struct seg_run *x = a, *y = b;
+    return x->cost < y->cost ? -1 : x->cost > y->cost;
+}
+
+/* Evicts the owner of item x if it is still there and still evictable. */
+static bool evict_item(moonlet_master *m, const struct run_item *x, uint64_t now, bool allow_pinned)
+{
+    struct shard *s = &m->shards[shard_of(m, x->hash)];
+    bool done = false;
+    pthread_mutex_lock(&s->mu);
+    for (struct mobj *o = s->buckets[x->hash & s->mask]; o; o = o->next) {
+        if (o != x->obj)
+            continue;
+        bool here = false;
+        for (uint32_t k = 0; k < o->nrep; k++)
+            here |= mobj_reps(o)[k].seg == x->slot && mobj_reps(o)[k].offset == x->off;
+        if (here && o->hash == x->hash && evictable(o, now, allow_pinned)) {
+            object_destroy_locked(m, s, o);
+            done = true;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
+uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
+{
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1), evicted = 0;
+    pthread_mutex_lock(&m->evict_mu);
+    pthread_rwlock_rdlock(&m->guard);
+    struct run_items it = {.min_seg = len, .now = moonlet_clock_now_ns()};
+    shards_foreach(m, run_collect_visit, &it);
+    if (!it.oom)
+        registry_foreach_free(m, len, run_collect_free, &it);
+    struct seg_run *runs = NULL;
+    if (it.oom || !(runs = calloc(MOONLET_MAX_SEGMENTS, sizeof(*runs))))
+        goto out;
+    if (it.n) /* it.v is NULL when nothing was collected */
+        qsort(it.v, it.n, sizeof(*it.v), cmp_run_item);
+    /* Pinned objects only when unpinned ones cannot make room (as evict_pass). */
+    for (int round = 0; round < 2; round++) {
+        bool allow_pinned = round == 1;
+        size_t nruns = 0;
+        for (size_t lo = 0, hi; lo < it.n; lo = hi) {
+            for (hi = lo; hi < it.n && it.v[hi].slot == it.v[lo].slot; hi++)
+                ;
+            struct seg_run sr;
+            if (best_run(it.v, lo, hi, len, allow_pinned, &sr.first, &sr.last, &sr.cost) &&
+                nruns < MOONLET_MAX_SEGMENTS)
+                runs[nruns++] = sr;
+        }
+        if (nruns < nrep)
+            continue;
+        qsort(runs, nruns, sizeof(*runs), cmp_seg_run);
+        for (uint32_t k = 0; k < nrep; k++)
+            for (size_t i = runs[k].first; i <= runs[k].last; i++)
+                if (it.v[i].kind != RUN_FREE && evict_item(m, &it.v[i], it.now, allow_pinned))
+                    evicted++;
+        break;
+    }
+out:
+    pthread_rwlock_unlock(&m->guard);
+    pthread_mutex_unlock(&m->evict_mu);
+    free(runs);
+    free(it.v);
+    atomic_fetch_add(&m->st.eviction_passes, 1);
+    atomic_fetch_add(&m->st.evictions, evicted);
+    if (evicted)
+        ML_DEBUG("master", "eviction for %" PRIu64 " bytes x %u: %" PRIu64 " objects evicted",
+                 len, nrep, evicted);
+    return evicted;
 }
 
 struct reap_args {

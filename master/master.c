@@ -7,11 +7,16 @@
  * of a string, and the tenant id seeds the key hash (tenant isolation is then
  * structural: a lookup in tenant A cannot match an object of tenant B).
  *
+ * After a mass removal (objects at most half of their peak, 65,536 fewer)
+ * the background thread calls malloc_trim, so freed heap goes back to the
+ * system; the object slab returns its empty chunks itself (objslab.c).
+ *
  * Locks: tenants.lock is a leaf (never held while taking another lock).  The
  * background thread takes bg_mu only to sleep; each piece of work it runs
  * takes its own locks (see evict.c and segment.c).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,8 +36,10 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->eviction_ratio = 0.05;
     cfg->client_live_ttl_ms = 10000;
     cfg->put_timeout_ms = 60000;
+    cfg->put_quarantine_grace_ms = 2000;
     cfg->background_interval_ms = 100;
     cfg->background = true;
+    cfg->max_tenants = MOONLET_MAX_TENANTS;
 }
 
 /* ---- tenants ---------------------------------------------------------------- */
@@ -42,13 +49,17 @@ static moonlet_str tenant_name(moonlet_str t)
     return t.len ? t : MOONLET_STR(MOONLET_DEFAULT_TENANT);
 }
 
+/* The slot of a live tenant by name, or UINT32_MAX. */
 static uint32_t tenant_find_locked(struct tenants *t, moonlet_str name)
 {
     for (uint32_t i = 0; i < t->n; i++)
-        if (t->lens[i] == name.len && memcmp(t->names[i], name.ptr, name.len) == 0)
+        if (t->slots[i].name && t->slots[i].len == name.len &&
+            memcmp(t->slots[i].name, name.ptr, name.len) == 0)
             return i;
-    return MOONLET_NO_TENANT;
+    return UINT32_MAX;
 }
+
+static inline uint32_t tenant_slot_of(uint32_t id) { return id & 0xffffu; }
 
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id)
 {
@@ -56,44 +67,122 @@ int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id)
     if (name.len > MOONLET_MAX_ID_BYTES)
         return MOONLET_ERR_INVALID_PARAMS;
     pthread_rwlock_rdlock(&m->tenants.lock);
-    *id = tenant_find_locked(&m->tenants, name);
+    uint32_t i = tenant_find_locked(&m->tenants, name);
+    *id = i == UINT32_MAX ? MOONLET_NO_TENANT : m->tenants.slots[i].id;
     pthread_rwlock_unlock(&m->tenants.lock);
     return MOONLET_OK;
 }
 
-int tenant_intern(moonlet_master *m, moonlet_str name, uint32_t *id)
+/* Creates a tenant in a free slot; tenants.lock held for writing. */
+static int tenant_create_locked(moonlet_master *m, moonlet_str name, uint32_t *slot)
 {
-    int rc = tenant_lookup(m, name, id);
-    if (rc || *id != MOONLET_NO_TENANT)
-        return rc;
-    name = tenant_name(name);
     struct tenants *t = &m->tenants;
-    pthread_rwlock_wrlock(&t->lock);
-    *id = tenant_find_locked(t, name);
-    if (*id == MOONLET_NO_TENANT) {
-        rc = MOONLET_ERR_INVALID_PARAMS;
-        if (t->n == t->cap && t->cap < MOONLET_MAX_TENANTS) {
+    if (t->live >= t->max) {
+        uint64_t now = moonlet_clock_real_ns();
+        if (now - t->full_warned_ns >= 10000 * MOONLET_NS_PER_MS || !t->full_warned_ns) {
+            t->full_warned_ns = now;
+            ML_WARN("master", "tenant table full (%u tenants with live objects): PutStart under "
+                    "a new tenant name fails with NO_AVAILABLE_HANDLE", t->live);
+        }
+        return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    }
+    uint32_t i = 0;
+    while (i < t->n && t->slots[i].name)
+        i++;
+    if (i == t->n) {
+        if (t->n == t->cap) {
             uint32_t cap = t->cap ? t->cap * 2 : 8;
-            char **names = realloc(t->names, cap * sizeof(*names));
-            if (names)
-                t->names = names;
-            uint32_t *lens = names ? realloc(t->lens, cap * sizeof(*lens)) : NULL;
-            if (lens) {
-                t->lens = lens;
-                t->cap = cap;
-            }
+            struct tenant_slot *ns = realloc(t->slots, cap * sizeof(*ns));
+            if (!ns)
+                return MOONLET_ERR_INTERNAL_ERROR;
+            memset(ns + t->cap, 0, (cap - t->cap) * sizeof(*ns));
+            for (uint32_t k = t->cap; k < cap; k++)
+                ns[k].id = k; /* generation 0 */
+            t->slots = ns;
+            t->cap = cap;
         }
-        if (t->n < t->cap && (t->names[t->n] = malloc(name.len ? name.len : 1))) {
-            memcpy(t->names[t->n], name.ptr, name.len);
-            t->lens[t->n] = name.len;
-            *id = t->n++;
-            rc = MOONLET_OK;
-        }
-    } else {
-        rc = MOONLET_OK;
+        t->n++;
+    }
+    struct tenant_slot *ts = &t->slots[i];
+    if (!(ts->name = malloc(name.len ? name.len : 1)))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    memcpy(ts->name, name.ptr, name.len);
+    ts->len = name.len;
+    atomic_store(&ts->refs, 0);
+    t->live++;
+    *slot = i;
+    return MOONLET_OK;
+}
+
+int tenant_acquire(moonlet_master *m, moonlet_str name, uint32_t *id)
+{
+    name = tenant_name(name);
+    if (name.len > MOONLET_MAX_ID_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct tenants *t = &m->tenants;
+    /* A reference taken under the read lock keeps the slot: freeing needs the write lock. */
+    pthread_rwlock_rdlock(&t->lock);
+    uint32_t i = tenant_find_locked(t, name);
+    if (i != UINT32_MAX) {
+        atomic_fetch_add(&t->slots[i].refs, 1);
+        *id = t->slots[i].id;
+    }
+    pthread_rwlock_unlock(&t->lock);
+    if (i != UINT32_MAX)
+        return MOONLET_OK;
+    int rc = MOONLET_OK;
+    pthread_rwlock_wrlock(&t->lock);
+    i = tenant_find_locked(t, name);
+    if (i == UINT32_MAX)
+        rc = tenant_create_locked(m, name, &i);
+    if (rc == MOONLET_OK) {
+        atomic_fetch_add(&t->slots[i].refs, 1);
+        *id = t->slots[i].id;
     }
     pthread_rwlock_unlock(&t->lock);
     return rc;
+}
+
+void tenant_ref(moonlet_master *m, uint32_t id)
+{
+    /* The caller holds a reference, so the slot cannot be freed or moved
+     * (realloc happens only under the write lock, which creation takes). */
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    atomic_fetch_add(&m->tenants.slots[tenant_slot_of(id)].refs, 1);
+    pthread_rwlock_unlock(&m->tenants.lock);
+}
+
+void tenant_release(moonlet_master *m, uint32_t id)
+{
+    struct tenants *t = &m->tenants;
+    uint32_t i = tenant_slot_of(id);
+    pthread_rwlock_rdlock(&t->lock);
+    bool last = i < t->n && t->slots[i].id == id && atomic_fetch_sub(&t->slots[i].refs, 1) == 1;
+    pthread_rwlock_unlock(&t->lock);
+    if (!last)
+        return;
+    /* Free the slot unless a PutStart took a new reference in between. */
+    pthread_rwlock_wrlock(&t->lock);
+    struct tenant_slot *ts = &t->slots[i];
+    if (ts->name && ts->id == id && atomic_load(&ts->refs) == 0) {
+        free(ts->name);
+        ts->name = NULL;
+        ts->len = 0;
+        uint32_t gen = (id >> 16) + 1;
+        ts->id = ((gen & 0xffffu) << 16) | i;
+        if (ts->id == MOONLET_NO_TENANT)
+            ts->id = i; /* skip the reserved value: generation 0 again */
+        t->live--;
+    }
+    pthread_rwlock_unlock(&t->lock);
+}
+
+uint32_t tenant_count(moonlet_master *m)
+{
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    uint32_t n = m->tenants.live;
+    pthread_rwlock_unlock(&m->tenants.lock);
+    return n;
 }
 
 /* ---- background work --------------------------------------------------------- */
@@ -108,7 +197,18 @@ void moonlet_master_tick(moonlet_master *m)
         m->last_reap_ns = now;
         reap_stale_puts(m);
     }
+    if (atomic_load(&m->reg.quarantined) > 0)
+        registry_quarantine_sweep(m);
     liveness_check(m);
+    /* After a mass removal, give the allocator's free memory back (the
+     * object slab returns its empty chunks by itself). */
+    uint64_t objs = atomic_load(&m->st.objects);
+    if (objs > m->trim_peak) {
+        m->trim_peak = objs;
+    } else if (m->trim_peak - objs >= 65536 && objs <= m->trim_peak / 2) {
+        malloc_trim(0);
+        m->trim_peak = objs;
+    }
 }
 
 static void *bg_main(void *arg)
@@ -142,7 +242,8 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     }
     if (cfg->shards == 0 || cfg->shards > (1u << 20) || cfg->eviction_ratio < 0 ||
         cfg->eviction_ratio > 1 || cfg->eviction_high_watermark < 0 ||
-        cfg->eviction_high_watermark > 1 || cfg->background_interval_ms == 0)
+        cfg->eviction_high_watermark > 1 || cfg->background_interval_ms == 0 ||
+        cfg->max_tenants == 0 || cfg->max_tenants > MOONLET_MAX_TENANTS)
         return MOONLET_ERR_INVALID_PARAMS;
 
     moonlet_master *m = calloc(1, sizeof(*m));
@@ -153,6 +254,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     m->soft_pin_ttl_ns = cfg->soft_pin_ttl_ms * MOONLET_NS_PER_MS;
     m->client_ttl_ns = cfg->client_live_ttl_ms * MOONLET_NS_PER_MS;
     m->put_timeout_ns = cfg->put_timeout_ms * MOONLET_NS_PER_MS;
+    m->quarantine_grace_ns = cfg->put_quarantine_grace_ms * MOONLET_NS_PER_MS;
     m->nshards = cfg->shards;
 
     pthread_mutex_init(&m->evict_mu, NULL);
@@ -163,6 +265,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     pthread_rwlock_init(&m->guard, &attr);
     pthread_rwlockattr_destroy(&attr);
     pthread_rwlock_init(&m->tenants.lock, NULL);
+    m->tenants.max = cfg->max_tenants;
     registry_init(&m->reg);
     pthread_mutex_init(&m->bg_mu, NULL);
     pthread_condattr_t ca;
@@ -204,9 +307,8 @@ void moonlet_master_destroy(moonlet_master *m)
     moonlet_objslab_destroy(m->slab);
     registry_destroy(&m->reg);
     for (uint32_t i = 0; i < m->tenants.n; i++)
-        free(m->tenants.names[i]);
-    free(m->tenants.names);
-    free(m->tenants.lens);
+        free(m->tenants.slots[i].name);
+    free(m->tenants.slots);
     pthread_rwlock_destroy(&m->tenants.lock);
     pthread_rwlock_destroy(&m->guard);
     pthread_mutex_destroy(&m->evict_mu);
@@ -252,6 +354,8 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
         st->probe_lock_hold_hist[i] = atomic_load(&s->probe_lock_hold_hist[i]);
     st->probe_lock_hold_max_ns = atomic_load(&s->probe_lock_hold_max_ns);
     st->unmounts_by_liveness = atomic_load(&s->unmounts_by_liveness);
+    st->tenants = tenant_count(m);
+    st->quarantined = atomic_load(&m->reg.quarantined);
     st->capacity = atomic_load(&m->reg.capacity);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);

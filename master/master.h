@@ -43,8 +43,11 @@ typedef struct moonlet_master_config {
     double eviction_ratio;            /* 0.05 */
     uint64_t client_live_ttl_ms;      /* 10000 */
     uint64_t put_timeout_ms;          /* PutStart without PutEnd is revoked after this (60000) */
+    uint64_t put_quarantine_grace_ms; /* a range freed from an unfinished put is reused only
+                                       * this long after its put deadline (2000) */
     uint32_t background_interval_ms;  /* eviction / liveness check period (100) */
     bool background;                  /* run the eviction and liveness thread */
+    uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, with no master lock held. */
     void (*probe_hook)(void *arg);
@@ -64,14 +67,46 @@ void moonlet_master_destroy(moonlet_master *m);
  * it mounted one knows the master forgot it (restart, or declared dead) and
  * mounts again. */
 int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segments_out);
+/* A Ping's optional node clock: node_ms is the node's CLOCK_MONOTONIC (ms) when
+ * it sent the Ping.  Refreshes the clock offset bound of the client's segments
+ * (node clock - master clock, a lower bound; see docs/reliability.md). */
+void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, uint64_t node_ms);
+
+/* Largest segment a node may mount: 1 PiB.  With at most 4096 segments the
+ * capacity total stays far from 2^64, and base + size never wraps. */
+#define MOONLET_MAX_SEGMENT_BYTES (UINT64_C(1) << 50)
 
 /* SEGMENT_ALREADY_EXISTS when the segment id is mounted; INVALID_PARAMS for
- * bad fields. Mounting counts as a ping of the owner. */
+ * bad fields, a size above MOONLET_MAX_SEGMENT_BYTES or a base + size that
+ * wraps. Mounting counts as a ping of the owner. */
 int moonlet_master_mount_segment(moonlet_master *m, const moonlet_segment_desc *seg);
 /* Replicas on the segment stop being readable; objects left with no replica
  * are removed.  SEGMENT_NOT_FOUND, or ILLEGAL_CLIENT when owned by another client. */
 int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id,
                                    moonlet_str segment_id);
+
+/*
+ * Identity of store nodes, for the RPC service: `session` names the
+ * connection a call came on (non-zero, never reused).  A client id belongs
+ * to the session that first pinged, mounted or bound it; calls for it from
+ * another session are ILLEGAL_CLIENT.  bind_client also records a secret
+ * (1..64 bytes): a later session that presents the same secret takes the
+ * id over (a reconnect), any other secret is ILLEGAL_CLIENT until the
+ * client expires (no ping for client_live_ttl).  An id bound without a
+ * secret can be claimed by a new session only once its session closed.
+ * session_closed unbinds a closed connection's ids, and forgets those with
+ * no mounted segment (a node that shut down cleanly).  The calls without
+ * a session are the library's own (tests, tools): always allowed.
+ */
+int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet_str secret,
+                               uint64_t session);
+int moonlet_master_ping_as(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                           uint32_t *segments_out);
+int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_desc *seg,
+                                    uint64_t session);
+int moonlet_master_unmount_segment_as(moonlet_master *m, moonlet_str client_id,
+                                      moonlet_str segment_id, uint64_t session);
+void moonlet_master_session_closed(moonlet_master *m, uint64_t session);
 
 /* ---- objects ----------------------------------------------------------- */
 
@@ -84,6 +119,10 @@ typedef struct moonlet_replica_view {
     uint64_t offset;
     uint64_t size;
     uint8_t status;
+    /* PutStart only (has_cap): the write capability of this replica and the
+     * ms left until the put's deadline. */
+    bool has_cap;
+    uint64_t cap_len, cap_expiry_ms, cap_tag, put_ttl_ms;
 } moonlet_replica_view;
 
 typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r);
@@ -91,12 +130,17 @@ typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r
 /* Allocates replica_num replicas on distinct segments (status INITIALIZED)
  * and reports each to `visit`.  OBJECT_ALREADY_EXISTS when the key exists (also
  * while another put of it is in progress), NO_AVAILABLE_HANDLE when nothing
- * fits even after an eviction pass, INVALID_KEY / INVALID_PARAMS for bad input. */
+ * fits even after evicting for the request's space (or when the tenant table
+ * is full), INVALID_PARAMS when the object is larger than all but fewer than
+ * replica_num mounted segments (it can never fit; nothing is evicted),
+ * INVALID_KEY / INVALID_PARAMS for bad input. */
 int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
                              uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
                              void *arg);
-/* Seals a put: every replica becomes COMPLETE and the object readable. */
-int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* Seals a put: every replica becomes COMPLETE and the object readable.
+ * checksum (optional): the writer's XXH3-64 of the bytes, returned to readers. */
+int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                           const uint64_t *checksum);
 /* Abandons a put in progress: frees its replicas and forgets the key. */
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
 
@@ -105,6 +149,11 @@ int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str
 int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
                                     uint64_t *size, uint64_t *lease_ttl_ms,
                                     moonlet_replica_visitor visit, void *arg);
+/* The same, and the checksum PutEnd recorded (*has_checksum false: none). */
+int moonlet_master_get_replica_list_ck(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                       uint64_t *size, uint64_t *lease_ttl_ms,
+                                       bool *has_checksum, uint64_t *checksum,
+                                       moonlet_replica_visitor visit, void *arg);
 
 /* Existence with Mooncake semantics: a readable hit is leased. */
 int moonlet_master_exist_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists);
@@ -126,6 +175,12 @@ int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key
 /* Removes every object of the tenant that has no unexpired lease and no put
  * in progress; *removed gets the count. */
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed);
+/* The same with Mooncake's force: with force, an object under an unexpired
+ * read lease is removed too (a reader still transferring may then read
+ * bytes of whatever is placed there next); a put in progress never is. */
+int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force);
+int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool force,
+                                 uint64_t *removed);
 
 /* Runs one eviction pass now, whatever the watermark (tests, admin). Returns objects evicted. */
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
@@ -186,6 +241,7 @@ typedef struct moonlet_master_stats {
     uint64_t capacity;
     uint64_t used;
     uint64_t clients;
+    uint64_t tenants;           /* live tenants (each holds objects or a PutStart in flight) */
     uint64_t put_starts, put_ends, put_revokes, put_timeouts;
     uint64_t removes;
     uint64_t evictions;
@@ -200,6 +256,7 @@ typedef struct moonlet_master_stats {
     uint64_t probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     uint64_t probe_lock_hold_max_ns;
     uint64_t unmounts_by_liveness;
+    uint64_t quarantined;       /* bytes freed from unfinished puts, not yet reusable */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

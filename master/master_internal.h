@@ -49,6 +49,7 @@ struct mrep {
 /*
  * One object, allocated as a single block: a 48-byte header, the key bytes
  * (not NUL-terminated), then `nrep` replicas at the next 8-byte boundary.
+ * (56 bytes since the end-to-end checksum.)
  * The key follows the header directly so a lookup touches the fewest cache
  * lines: the hash, length and the key's first bytes share the first line.
  */
@@ -65,10 +66,14 @@ struct mobj {
     uint8_t state : 2;          /* OBJ_PENDING / OBJ_COMPLETE */
     uint8_t soft_pin : 1;       /* PutStart asked for a soft pin */
     uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
+    uint8_t has_checksum : 1;   /* PutEnd recorded `checksum` */
+    uint64_t checksum;          /* the writer's XXH3-64 of the bytes (end-to-end check) */
     char key[];
 };
 
-_Static_assert(sizeof(struct mobj) == 48, "object header grew: lookups touch more cache lines");
+/* 56 bytes: the end-to-end checksum added 8.  The hash, size, length and the
+ * key's first bytes still share the first cache line. */
+_Static_assert(sizeof(struct mobj) == 56, "object header grew: lookups touch more cache lines");
 
 static inline char *mobj_key(struct mobj *o) { return o->key; }
 static inline size_t mobj_key_span(uint32_t key_len) { return (key_len + 7u) & ~(size_t)7u; }
@@ -105,12 +110,39 @@ struct mseg {
     uint64_t size;
     moonlet_alloc *alloc;        /* registry.mu */
     uint64_t objects;            /* registry.mu: replicas on this segment */
+    /* Write fencing (docs/reliability.md).  The key is set at mount (identity:
+     * unchanged while mounted); the clock offset bound is refreshed by Pings. */
+    bool has_key;
+    uint8_t write_key[16];
+    _Atomic int64_t clock_offset_ms; /* lower bound of node clock - master clock */
+    /* registry.mu: ranges freed from unfinished puts, each reusable only
+     * after its put deadline + the grace (unsorted). */
+    struct quarantined *quar;
+    uint32_t nquar, quar_cap;
 };
 
+/* A range held back from the allocator until `until_ns`. */
+struct quarantined {
+    uint64_t offset, len, until_ns;
+};
+
+/*
+ * A client (store node) id.  Its identity is bound to the connection
+ * (session) that claimed it: only that session may ping, mount or unmount
+ * for it.  A node proves who it is after reconnecting with the secret it
+ * sent when it first bound the id (BindClient).  session 0: unbound (the
+ * owning connection closed); calls of the library itself pass session 0 and
+ * are trusted.  The entry, and with it the secret, goes away when liveness
+ * expires the client.
+ */
+#define MOONLET_MAX_SECRET_BYTES 64u
 struct mclient {
     char id[MOONLET_MAX_ID_BYTES + 1];
     uint64_t last_ping_ns;
+    uint64_t session;
     uint32_t nsegs;
+    uint8_t secret_len;                      /* 0: none */
+    uint8_t secret[MOONLET_MAX_SECRET_BYTES];
     bool used;
 };
 
@@ -124,14 +156,33 @@ struct registry {
     uint32_t clients_cap;
     uint32_t rr;                             /* round-robin start for placement */
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
-    _Atomic uint64_t used;
+    _Atomic uint64_t used;                   /* allocated + quarantined bytes */
+    _Atomic uint64_t quarantined;            /* bytes in quarantine (part of used) */
+};
+
+/*
+ * A tenant slot.  A tenant exists only while something holds a reference:
+ * each of its objects holds one, and a PutStart holds one for the duration of
+ * the call.  The last release frees the slot, so a failed call under a new
+ * name leaves nothing behind and unused tenants expire by themselves.
+ * A tenant's id is (generation << 16) | slot; the generation changes each
+ * time a slot is reused, so a reader that looked a name up before its tenant
+ * expired can never match the objects of the slot's next tenant.
+ */
+struct tenant_slot {
+    char *name;                  /* NULL: free slot */
+    uint32_t len;
+    uint32_t id;                 /* current id; the generation survives reuse */
+    _Atomic uint64_t refs;       /* objects + PutStarts in flight */
 };
 
 struct tenants {
     pthread_rwlock_t lock;
-    char **names;
-    uint32_t *lens;
-    uint32_t n, cap;
+    struct tenant_slot *slots;
+    uint32_t n, cap;             /* slots ever used, allocated */
+    uint32_t live;               /* slots holding a tenant */
+    uint32_t max;                /* cfg.max_tenants */
+    uint64_t full_warned_ns;     /* last "table full" warning (lock held for writing) */
 };
 
 struct mstats {
@@ -149,7 +200,7 @@ struct mstats {
 
 struct moonlet_master {
     moonlet_master_config cfg;
-    uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns;
+    uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns, quarantine_grace_ns;
 
     pthread_mutex_t evict_mu;
     pthread_rwlock_t guard;
@@ -166,6 +217,7 @@ struct moonlet_master {
     pthread_cond_t bg_cv;
     bool bg_stop;
     uint64_t last_reap_ns;
+    uint64_t trim_peak;             /* objects at the last malloc_trim or since (bg thread) */
 };
 
 /* ---- shard.c: object table ---------------------------------------------- */
@@ -217,8 +269,16 @@ int key_check(moonlet_str key);
 /* ---- tenant ids (master.c) ----------------------------------------------- */
 /* Looks a tenant up; MOONLET_NO_TENANT when unknown.  Returns INVALID_PARAMS for bad names. */
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id);
-/* Looks up or creates; INVALID_PARAMS when the table is full. */
-int tenant_intern(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* Looks up or creates the tenant and takes a reference on it (the caller
+ * releases it with tenant_release).  NO_AVAILABLE_HANDLE when the table
+ * already holds cfg.max_tenants live tenants. */
+int tenant_acquire(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* One more reference on a tenant the caller already holds one on. */
+void tenant_ref(moonlet_master *m, uint32_t id);
+/* Drops a reference; the last one frees the tenant's slot.  Takes tenants.lock. */
+void tenant_release(moonlet_master *m, uint32_t id);
+/* Live tenants (takes tenants.lock). */
+uint32_t tenant_count(moonlet_master *m);
 
 /* ---- segment.c ------------------------------------------------------------ */
 int registry_init(struct registry *r);
@@ -226,8 +286,20 @@ void registry_destroy(struct registry *r);
 /* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[].
  * Caller holds the guard shared (and a shard lock); takes registry.mu. */
 int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps);
-/* Gives the ranges back.  Takes registry.mu. */
-void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep);
+/* Gives the ranges back.  Takes registry.mu.  until_ns 0: to the allocator
+ * at once (a sealed object: every write to it was acknowledged before its
+ * PutEnd, so no stale byte can follow); otherwise into the segment's
+ * quarantine until then (an unfinished put: its writer may still be sending). */
+void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,
+                      uint64_t until_ns);
+/* Returns every quarantined range whose time has come to its allocator
+ * (the background thread; placement does the same per segment).  Takes registry.mu. */
+void registry_quarantine_sweep(moonlet_master *m);
+/* The write capability of a replica of a put whose deadline is deadline_ns
+ * (the master's clock), into v (has_cap false when the segment has no key).
+ * Caller holds the guard shared, so the segment stays mounted. */
+void replica_cap_fill(const moonlet_master *m, const struct mrep *r, uint64_t size,
+                      uint64_t deadline_ns, uint64_t now_ns, moonlet_replica_view *v);
 void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *r,
                        moonlet_replica_view *v);
 /* Unmounts every segment of clients not heard from within the liveness TTL. */
@@ -235,10 +307,22 @@ void liveness_check(moonlet_master *m);
 double registry_usage(moonlet_master *m);
 /* Number of mounted segments (takes registry.mu). */
 uint32_t registry_mounted(moonlet_master *m);
+/* Number of mounted segments of at least `len` bytes (takes registry.mu). */
+uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len);
+/* Calls fn(arg, slot, offset, len) for every free extent of every mounted
+ * segment of at least min_size bytes, under registry.mu: fn must not lock. */
+void registry_foreach_free(moonlet_master *m, uint64_t min_size,
+                           void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
+                           void *arg);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */
 uint64_t evict_pass(moonlet_master *m, double ratio);
+/* Evicts what a put of `size` bytes with `nrep` replicas needs: on nrep
+ * distinct segments, the cheapest run of adjacent free and evictable ranges
+ * that is at least the rounded size.  Evicts nothing when no such runs
+ * exist.  Returns objects evicted (takes evict_mu, then the guard shared). */
+uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep);
 /* Revokes puts whose PutEnd did not come within the put timeout. */
 void reap_stale_puts(moonlet_master *m);
 

@@ -8,6 +8,10 @@
  * Prometheus histogram in seconds with cumulative counts; its _sum is not
  * emitted because the master records only bucket counts and the maximum.
  *
+ * Idle connections cannot starve a scrape: up to METRICS_MAX_CONNS
+ * connections (METRICS_MAX_CONNS_PER_IP from one address), each closed after
+ * METRICS_IDLE_S seconds without a request.
+ *
  * Locks: none of its own; moonlet_master_get_stats() takes what it needs.
  */
 #include "metrics.h"
@@ -22,13 +26,18 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "token.h"
 
 #define MOD "metrics"
+#define METRICS_MAX_CONNS 1024u
+#define METRICS_MAX_CONNS_PER_IP 256u
+#define METRICS_IDLE_S 3u
 
 struct moonlet_metrics {
     moonlet_master *m;
     struct MHD_Daemon *d;
     uint16_t port;
+    char *token; /* NULL: scrapes need no credentials */
 };
 
 /* ---- rendering -------------------------------------------------------------- */
@@ -133,6 +142,34 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
     return ret;
 }
 
+/* With a token: "Authorization: Bearer <token>", compared in constant time. */
+static bool scrape_authorized(const moonlet_metrics *s, struct MHD_Connection *conn)
+{
+    if (!s->token)
+        return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    static const char bearer[] = "Bearer ";
+    if (!h || strncmp(h, bearer, sizeof(bearer) - 1) != 0)
+        return false;
+    h += sizeof(bearer) - 1;
+    return moonlet_token_equal(h, strlen(h), s->token, strlen(s->token));
+}
+
+static enum MHD_Result respond_unauthorized(struct MHD_Connection *conn)
+{
+    static char body[] = "unauthorized: send the cluster token as \"Authorization: Bearer <token>\"\n";
+    struct MHD_Response *r = MHD_create_response_from_buffer(sizeof(body) - 1, body,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"moonlet\"");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -144,6 +181,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
                             sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT);
+    if (!scrape_authorized(s, conn))
+        return respond_unauthorized(conn);
     if (strcmp(url, "/metrics") != 0)
         return respond_text(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
                             MHD_RESPMEM_PERSISTENT);
@@ -157,7 +196,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 }
 
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
-                          moonlet_metrics **out)
+                          const char *token, moonlet_metrics **out)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -175,15 +214,22 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     s->m = m;
+    if (token && *token && !(s->token = strdup(token))) {
+        freeaddrinfo(ai);
+        free(s);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+                            MHD_OPTION_CONNECTION_LIMIT, METRICS_MAX_CONNS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, METRICS_MAX_CONNS_PER_IP,
+                            MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S,
                             MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         ML_ERR(MOD, "cannot serve metrics on %s:%u (port in use?)", address, port);
+        moonlet_token_free(s->token);
         free(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -203,5 +249,6 @@ void moonlet_metrics_stop(moonlet_metrics *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
+    moonlet_token_free(s->token);
     free(s);
 }

@@ -6,9 +6,11 @@
  * advised for transparent huge pages, so a random lookup costs far fewer TLB
  * misses than with malloc'd blocks scattered over 4 KiB pages (measured with
  * moonlet-bench rpc: see docs/benchmarks.md), and carries no per-block
- * header.  Sizes are rounded to 16 bytes; each size class keeps a free list.
- * Freed memory is reused by later objects of the same class and returned to
- * the system only when the slab is destroyed.
+ * header.  Sizes are rounded to 16 bytes; each size class keeps its chunks
+ * and their free blocks.  Freed memory is reused by later objects of the
+ * same class; a chunk whose every block was freed is returned to the system
+ * (one empty chunk per class is kept as a spare), so a mass removal gives
+ * its memory back.  A chunk with even one live block stays.
  *
  * Thread safe: one mutex per size class, a leaf lock (taken under shard
  * locks, never held while taking another lock).

@@ -9,14 +9,23 @@
  * longer than the limit are per-key INVALID_KEY (in batches) or a request
  * error (single-key calls), decided by the master library.
  *
- * Batches decode their key lists into per-thread scratch arrays that grow to
- * the largest batch seen, so a steady stream of probes allocates nothing.
+ * Batches decode their key lists into per-thread scratch arrays, so a steady
+ * stream of probes allocates nothing.  A batch may hold at most
+ * max_batch_keys keys (INVALID_PARAMS naming the limit otherwise, before any
+ * key is decoded), and scratch grown past SCRATCH_KEEP keys is given back
+ * after the call, so one large batch does not pin memory on its thread.
+ *
+ * Node identity: Ping, MountSegment, UnmountSegment and BindClient pass the
+ * connection's session (a number kept in its conn_data slot, never reused)
+ * to the master, which binds client ids to it; on_close unbinds them.
  *
  * Locks: none here; the master library takes its own.
  */
 #include "service.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,9 +38,43 @@
 struct moonlet_master_service {
     moonlet_master *m;
     moonlet_rpc_server *rpc;
+    size_t max_batch_keys;
 };
 
-#define M(ctx) ((moonlet_master *)(ctx)->server_ctx)
+#define SVC(ctx) ((moonlet_master_service *)(ctx)->server_ctx)
+#define M(ctx) (SVC(ctx)->m)
+#define SCRATCH_KEEP 4096 /* keys of scratch kept between calls */
+
+/* The identity of the connection a call came on (for the node-identity
+ * calls): a number never reused, kept in the connection's conn_data slot and
+ * dropped by on_close.  0 when out of memory (then treated as no session:
+ * refused where identity matters, see session_of callers). */
+static _Atomic uint64_t g_next_session = 1;
+
+static uint64_t session_of(moonlet_rpc_ctx *ctx)
+{
+    if (!*ctx->conn_data) {
+        uint64_t *s = malloc(sizeof(*s));
+        if (!s)
+            return 0;
+        *s = atomic_fetch_add(&g_next_session, 1);
+        *ctx->conn_data = s;
+    }
+    return *(uint64_t *)*ctx->conn_data;
+}
+
+static void session_close(void *server_ctx, void *conn_data)
+{
+    if (!conn_data)
+        return;
+    moonlet_master_session_closed(((moonlet_master_service *)server_ctx)->m, *(uint64_t *)conn_data);
+    free(conn_data);
+}
+
+#define SESSION_OR_FAIL(ctx, out, var)                                                         \
+    uint64_t var = session_of(ctx);                                                            \
+    if (!var)                                                                                  \
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory")
 
 /* ---- argument helpers ------------------------------------------------------ */
 
@@ -114,6 +157,32 @@ static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, 
     return MOONLET_OK;
 }
 
+/* Gives back scratch that a large batch grew. */
+static void scratch_trim(void)
+{
+    struct scratch *s = pthread_getspecific(g_scratch_key);
+    if (s && s->cap > SCRATCH_KEEP) {
+        free(s->keys);
+        free(s->results);
+        s->keys = NULL;
+        s->results = NULL;
+        s->cap = 0;
+    }
+}
+
+/* True (and the error packed) when argument i is a key list above the cap. */
+static bool batch_too_big(moonlet_rpc_ctx *ctx, const msgpack_object *args, uint32_t i,
+                          msgpack_packer *out, int *rc)
+{
+    const msgpack_object *arr;
+    if (moonlet_wire_array(args, i, &arr) || moonlet_wire_len(arr) <= SVC(ctx)->max_batch_keys)
+        return false;
+    *rc = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
+                            "batch of %u keys exceeds the limit of %zu keys (--max-batch-keys)",
+                            moonlet_wire_len(arr), SVC(ctx)->max_batch_keys);
+    return true;
+}
+
 static void pack_results(msgpack_packer *out, const int32_t *r, size_t n)
 {
     msgpack_pack_array(out, (uint32_t)n);
@@ -146,6 +215,7 @@ struct replica_pack {
     msgpack_packer pk;
     uint32_t count;
     bool as_map; /* inspection: a map per replica; data path: a compact array */
+    bool with_cap; /* PutStart: 4 more fields per replica (write capability, put TTL) */
 };
 
 static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
@@ -165,7 +235,7 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
         return;
     }
-    msgpack_pack_array(pk, 7);
+    msgpack_pack_array(pk, rp->with_cap ? 11 : 7);
     moonlet_pack_cstr(pk, r->segment_id);
     moonlet_pack_cstr(pk, r->endpoint);
     moonlet_pack_cstr(pk, r->protocol);
@@ -173,6 +243,12 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     msgpack_pack_uint64(pk, r->offset);
     msgpack_pack_uint64(pk, r->size);
     msgpack_pack_uint8(pk, r->status);
+    if (rp->with_cap) { /* cap_tag 0: the segment checks no capability */
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_len : 0);
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_expiry_ms : 0);
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_tag : 0);
+        msgpack_pack_uint64(pk, r->put_ttl_ms);
+    }
 }
 
 static void replica_pack_init(struct replica_pack *rp, bool as_map)
@@ -181,6 +257,7 @@ static void replica_pack_init(struct replica_pack *rp, bool as_map)
     msgpack_packer_init(&rp->pk, &rp->buf, msgpack_sbuffer_write);
     rp->count = 0;
     rp->as_map = as_map;
+    rp->with_cap = false;
 }
 
 /* Packs array(count) followed by the side buffer's bytes into out. */
@@ -215,12 +292,36 @@ static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
     moonlet_str client;
     if (arg_str(args, 0, &client))
         return BAD_ARGS(out, "[client_id]");
+    SESSION_OR_FAIL(ctx, out, session);
     uint32_t segs = 0;
-    int rc = moonlet_master_ping(M(ctx), client, &segs);
+    uint64_t node_ms; /* optional trailing arg: the node's clock when it sent this */
+    int rc = moonlet_master_ping_as(M(ctx), client, session, &segs);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %.*s is held by another connection",
+                                 (int)client.len, client.ptr);
+    if (rc == MOONLET_OK && moonlet_wire_len(args) > 1 && moonlet_wire_u64(args, 1, &node_ms) == 0)
+        moonlet_master_note_node_clock(M(ctx), client, node_ms);
     if (rc)
         return reply(out, rc);
     msgpack_pack_map(out, 1);
     pack_u64_kv(out, "segments", segs);
+    return MOONLET_OK;
+}
+
+/* MountSegment's optional trailing args i, i+1: the node's 16-byte write key
+ * and its clock when it sent the mount.  Absent: *key stays NULL. */
+static int arg_write_key(const msgpack_object *args, uint32_t i, const uint8_t **key,
+                         uint64_t *node_ms)
+{
+    *key = NULL;
+    *node_ms = 0;
+    if (moonlet_wire_len(args) <= i)
+        return MOONLET_OK;
+    const msgpack_object *k = moonlet_wire_at(args, i);
+    if (!k || k->type != MSGPACK_OBJECT_BIN || k->via.bin.size != 16 ||
+        moonlet_wire_u64(args, i + 1, node_ms))
+        return MOONLET_ERR_INVALID_PARAMS;
+    *key = (const uint8_t *)k->via.bin.ptr;
     return MOONLET_OK;
 }
 
@@ -234,9 +335,35 @@ static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_wire_u64(args, 4, &size) || arg_cstr(args, 5, endpoint, sizeof(endpoint)) ||
         arg_cstr(args, 6, proto, sizeof(proto)))
         return BAD_ARGS(out, "[client_id, segment_id, name, base, size, endpoint, protocol]");
+    if (size > MOONLET_MAX_SEGMENT_BYTES || base > UINT64_MAX - size)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "segment size %llu at base %llu: "
+                                 "at most %llu bytes, and base + size must not wrap",
+                                 (unsigned long long)size, (unsigned long long)base,
+                                 (unsigned long long)MOONLET_MAX_SEGMENT_BYTES);
     moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
                               .size = size, .endpoint = endpoint, .protocol = proto};
-    return reply(out, moonlet_master_mount_segment(M(ctx), &d));
+    if (arg_write_key(args, 7, &d.write_key, &d.node_clock_ms))
+        return BAD_ARGS(out, "[..., write_key (bin 16), node_clock_ms]");
+    SESSION_OR_FAIL(ctx, out, session);
+    int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %s is held by another live node (same "
+                                 "--client-id?); it is free once that node stops pinging", client);
+    return reply(out, rc);
+}
+
+static int h_bind_client(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    moonlet_str client, secret;
+    if (arg_str(args, 0, &client) || arg_str(args, 1, &secret))
+        return BAD_ARGS(out, "[client_id, secret]");
+    SESSION_OR_FAIL(ctx, out, session);
+    int rc = moonlet_master_bind_client(M(ctx), client, secret, session);
+    if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+        return moonlet_rpc_error(out, rc, "client id %.*s is held by another live node (same "
+                                 "--client-id?); it is free once that node stops pinging",
+                                 (int)client.len, client.ptr);
+    return reply(out, rc);
 }
 
 static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -244,7 +371,8 @@ static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_p
     moonlet_str client, seg;
     if (arg_str(args, 0, &client) || arg_str(args, 1, &seg))
         return BAD_ARGS(out, "[client_id, segment_id]");
-    return reply(out, moonlet_master_unmount_segment(M(ctx), client, seg));
+    SESSION_OR_FAIL(ctx, out, session);
+    return reply(out, moonlet_master_unmount_segment_as(M(ctx), client, seg, session));
 }
 
 /* Handlers of the [tenant, key] shape. */
@@ -264,6 +392,7 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
+    rp.with_cap = true;
     int rc = moonlet_master_put_start(M(ctx), tenant, key, size, (uint32_t)nrep, soft_pin,
                                       replica_pack_visit, &rp);
     if (rc) {
@@ -277,9 +406,11 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
 static int h_put_end(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_put_end(M(ctx), tenant, key));
+    uint64_t checksum; /* optional trailing arg: XXH3-64 of the bytes */
+    bool has_ck = moonlet_wire_len(args) > 2;
+    if (tenant_key(args, &tenant, &key) || (has_ck && moonlet_wire_u64(args, 2, &checksum)))
+        return BAD_ARGS(out, "[tenant, key, checksum?]");
+    return reply(out, moonlet_master_put_end(M(ctx), tenant, key, has_ck ? &checksum : NULL));
 }
 
 static int h_put_revoke(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -297,17 +428,19 @@ static int h_get_replicas(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
         return BAD_ARGS(out, "[tenant, key]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
-    uint64_t size = 0, ttl = 0;
-    int rc = moonlet_master_get_replica_list(M(ctx), tenant, key, &size, &ttl,
-                                             replica_pack_visit, &rp);
+    uint64_t size = 0, ttl = 0, checksum = 0;
+    bool has_ck = false;
+    int rc = moonlet_master_get_replica_list_ck(M(ctx), tenant, key, &size, &ttl, &has_ck,
+                                                &checksum, replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
         return reply(out, rc);
     }
-    msgpack_pack_array(out, 3);
+    msgpack_pack_array(out, 4);
     msgpack_pack_uint64(out, size);
     msgpack_pack_uint64(out, ttl);
     replica_pack_flush(&rp, out);
+    has_ck ? msgpack_pack_uint64(out, checksum) : msgpack_pack_nil(out); /* XXH3-64, nil: none */
     return MOONLET_OK;
 }
 
@@ -341,13 +474,18 @@ static int h_batch_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     moonlet_str tenant, *keys;
     int32_t *results;
     size_t n;
+    int rc;
+    if (batch_too_big(ctx, args, 1, out, &rc))
+        return rc;
     if (arg_str(args, 0, &tenant) || arg_keys(args, 1, &keys, &results, &n))
         return BAD_ARGS(out, "[tenant, [key...]]");
-    int rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
+    rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
     if (rc)
-        return reply(out, rc);
-    pack_results(out, results, n);
-    return MOONLET_OK;
+        rc = reply(out, rc);
+    else
+        pack_results(out, results, n);
+    scratch_trim();
+    return rc;
 }
 
 static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -356,6 +494,9 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
     int32_t *results;
     size_t n;
     uint64_t mode, cs;
+    int rc;
+    if (batch_too_big(ctx, args, 3, out, &rc))
+        return rc;
     if (arg_str(args, 0, &tenant) || moonlet_wire_u64(args, 1, &mode) ||
         moonlet_wire_u64(args, 2, &cs) || arg_keys(args, 3, &keys, &results, &n))
         return BAD_ARGS(out, "[tenant, lease_mode, candidate_size, [key...]]");
@@ -363,32 +504,39 @@ static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpa
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "unknown lease mode %llu",
                                  (unsigned long long)mode);
     moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)mode, .candidate_size = cs};
-    int rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
+    rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
     if (rc == MOONLET_ERR_INVALID_PARAMS)
-        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
-                                 "%llu) for %zu keys", (unsigned long long)mode,
-                                 (unsigned long long)cs, n);
-    if (rc)
-        return reply(out, rc);
-    pack_results(out, results, n);
-    return MOONLET_OK;
+        rc = moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
+                               "%llu) for %zu keys", (unsigned long long)mode,
+                               (unsigned long long)cs, n);
+    else if (rc)
+        rc = reply(out, rc);
+    else
+        pack_results(out, results, n);
+    scratch_trim();
+    return rc;
 }
 
+/* [tenant, key] or [tenant, key, force] (force: a trailing optional bool) */
 static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_remove(M(ctx), tenant, key));
+    bool force = false;
+    if (tenant_key(args, &tenant, &key) ||
+        (moonlet_wire_len(args) > 2 && moonlet_wire_bool(args, 2, &force)))
+        return BAD_ARGS(out, "[tenant, key, force?]");
+    return reply(out, moonlet_master_remove_ex(M(ctx), tenant, key, force));
 }
 
 static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant;
-    if (arg_str(args, 0, &tenant))
-        return BAD_ARGS(out, "[tenant]");
+    bool force = false;
+    if (arg_str(args, 0, &tenant) ||
+        (moonlet_wire_len(args) > 1 && moonlet_wire_bool(args, 1, &force)))
+        return BAD_ARGS(out, "[tenant, force?]");
     uint64_t removed = 0;
-    int rc = moonlet_master_remove_all(M(ctx), tenant, &removed);
+    int rc = moonlet_master_remove_all_ex(M(ctx), tenant, force, &removed);
     if (rc)
         return reply(out, rc);
     msgpack_pack_uint64(out, removed);
@@ -512,7 +660,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 23);
+    msgpack_pack_map(out, 24);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -535,6 +683,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "probe_recheck_fallbacks", st.probe_recheck_fallbacks);
     pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
     pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
+    pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
@@ -561,6 +710,7 @@ static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_LIST_KEYS, "ListKeys", h_list_keys},
     {MOONLET_M_INSPECT_KEY, "InspectKey", h_inspect_key},
     {MOONLET_M_STATS, "Stats", h_stats},
+    {MOONLET_M_BIND_CLIENT, "BindClient", h_bind_client},
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -570,6 +720,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
+    s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     const char *addr = opts->address ? opts->address : "127.0.0.1";
     bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
                     strcmp(addr, "::1") == 0;
@@ -585,7 +736,15 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
         .methods = g_methods,
         .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
-        .ctx = m,
+        .ctx = s,
+        .on_close = session_close,
+        .max_connections = opts->max_connections,
+        .auth_timeout_ms = opts->auth_timeout_ms,
+        .frame_timeout_ms = opts->frame_timeout_ms,
+        .idle_timeout_ms = opts->idle_timeout_ms,
+        /* twice the key cap: a batch a little over it gets the clear per-call
+         * error above; anything far larger is refused before decoding */
+        .max_request_elements = 2 * (uint64_t)s->max_batch_keys + 1024,
     };
     int rc = moonlet_rpc_server_create(&ro, &s->rpc);
     if (!rc)

@@ -21,7 +21,15 @@ typedef struct moonlet_service_opts {
     int threads;            /* RPC threads; <= 0: cores */
     size_t max_frame;       /* 0: default (64 MiB) */
     const char *auth_token; /* NULL: no authentication */
+    size_t max_batch_keys;  /* keys per batch call; 0: MOONLET_DEFAULT_MAX_BATCH_KEYS */
+    /* Connection limits, passed to the RPC server (rpc_server.h; 0: its default). */
+    uint32_t max_connections;
+    uint32_t auth_timeout_ms;
+    uint32_t frame_timeout_ms;
+    uint32_t idle_timeout_ms;
 } moonlet_service_opts;
+
+#define MOONLET_DEFAULT_MAX_BATCH_KEYS 65536u
 
 /* Binds, listens and starts serving `m` (which must outlive the service). */
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,

@@ -9,7 +9,8 @@
  * array doubles when it holds more objects than buckets (load factor <= 1).
  *
  * Locks: functions named *_locked run under the shard's mutex, which the
- * caller holds; object_destroy_locked also takes registry.mu (order 3).
+ * caller holds; object_destroy_locked also takes registry.mu (order 3) and,
+ * to drop the object's tenant reference, tenants.lock (a leaf).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -172,13 +173,20 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     shard_unlink_locked(s, o);
+    /* An unfinished put's writer may still be sending: its ranges wait in
+     * quarantine until its put deadline (after which no store node accepts
+     * its writes) plus the grace.  A sealed object's ranges go back at once:
+     * every write to it was acknowledged before its PutEnd. */
     if (o->nrep)
-        registry_release(m, o->size, mobj_reps(o), o->nrep);
+        registry_release(m, o->size, mobj_reps(o), o->nrep,
+                         o->state == OBJ_PENDING ? o->lease_deadline + m->quarantine_grace_ns : 0);
     if (o->state == OBJ_PENDING)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);
     atomic_fetch_sub(&m->st.bytes, o->size);
+    uint32_t tenant = o->tenant;
     mobj_free(m, o);
+    tenant_release(m, tenant); /* tenants.lock is a leaf */
 }
 
 #define BATCH_GROUP 32

@@ -11,7 +11,7 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config meson ninja-build clang libclang-rt-dev
   libibverbs-dev librdmacm-dev libmsgpack-dev libcmocka-dev libnuma-dev
-  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev
+  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev libsodium-dev
   python3 python3-dev python3-pytest python3-matplotlib
   iproute2 nftables procps
   qemu-system-x86 busybox-static cpio kmod xz-utils

@@ -6,7 +6,16 @@
  * master": put = PutStart, one transport batch writing every replica,
  * PutEnd (PutRevoke when a write failed); get = GetReplicaList, a read of one
  * replica (falling over to the next when a node is gone), then the lease
- * check.  The batch calls keep the same shape but put every transfer of
+ * check.
+ *
+ * Stale-writer fencing and integrity (docs/reliability.md).  Each write
+ * carries the capability PutStart granted for its replica and a deadline on
+ * this host's clock: the time PutStart was sent plus the put's TTL, never
+ * later than the master's put deadline; the transport refuses to start, or
+ * aborts with a reset, a write past it.  A put records the XXH3-64 of its
+ * bytes at PutEnd; a get verifies it and treats a mismatch like an
+ * unreachable replica (the next one is tried; INVALID_READ when none is
+ * left), so wrong bytes never come back as success.  The batch calls keep the same shape but put every transfer of
  * every key into one transport batch, so n objects cost n master round trips
  * and one parallel transfer rather than n sequential ones.
  *
@@ -49,6 +58,7 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include "client_internal.h"
 #include "dummy_client.h"
@@ -85,6 +95,7 @@ struct moonlet_client {
     char *tenant;          /* default tenant; NULL: the master's "default" */
     uint32_t replica_num;
     atomic_bool stage;     /* copying calls use a registered bounce buffer */
+    bool checksum;         /* compute checksums at put and verify them at get */
     pthread_mutex_t buf_mu;
     client_buf *bufs;
     pthread_mutex_t stage_mu;
@@ -122,12 +133,18 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
 
 bool moonlet_client_try_next_replica(int rc)
 {
-    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND;
+    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND ||
+           rc == MOONLET_ERR_INVALID_READ; /* checksum mismatch: another replica may be good */
 }
 
 void moonlet_client_force_staging(moonlet_client *c, bool on)
 {
     atomic_store(&c->stage, on);
+}
+
+void *moonlet_client_local_segment_base(moonlet_client *c)
+{
+    return c->node ? moonlet_store_node_segment_base(c->node) : NULL;
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -399,22 +416,31 @@ typedef struct client_put_args {
     const char *tenant;
     uint32_t replica_num;
     bool soft_pin;
+    bool checksum;
 } client_put_args;
 
 static client_put_args client_put_resolve(const moonlet_client *c, const moonlet_put_options *o)
 {
     client_put_args a = {.tenant = client_tenant(c, o ? o->tenant : NULL),
                          .replica_num = o && o->replica_num ? o->replica_num : c->replica_num,
-                         .soft_pin = o && o->soft_pin};
+                         .soft_pin = o && o->soft_pin,
+                         .checksum = c->checksum && !(o && o->skip_checksum)};
     return a;
 }
 
-/* Seals a put whose writes ended with `rc`, or revokes it so nothing
- * half-written becomes readable.  Returns the put's outcome. */
-static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc)
+uint64_t moonlet_client_checksum(const void *buf, size_t len)
+{
+    return XXH3_64bits(buf, len);
+}
+
+/* Seals a put whose writes ended with `rc` (recording `checksum` when not
+ * NULL), or revokes it so nothing half-written becomes readable.  Returns
+ * the put's outcome. */
+static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc,
+                             const uint64_t *checksum)
 {
     if (rc == MOONLET_OK) {
-        rc = moonlet_mc_put_end(c->mc, tenant, key);
+        rc = moonlet_mc_put_end_checksum(c->mc, tenant, key, checksum);
         if (rc == MOONLET_OK)
             return MOONLET_OK;
         ML_WARN(MOD, "PutEnd of '%s' failed: %s", key, moonlet_strerror(rc));
@@ -428,16 +454,23 @@ static int client_put_finish(moonlet_client *c, const char *tenant, const char *
     return rc;
 }
 
-/* Fills one write per replica of `l` from src. */
+/* Fills one write per replica of `l` from src, each with its capability
+ * and the put's deadline on our clock: sent_ms (when PutStart was sent) plus
+ * the put's TTL, never later than the master's put deadline. */
 static void client_put_ops(const moonlet_replica_list *l, const void *src, uint64_t len,
-                           moonlet_xfer_op *ops)
+                           uint64_t sent_ms, moonlet_xfer_op *ops, moonlet_xfer_cap *caps)
 {
-    for (uint32_t k = 0; k < l->count; k++)
-        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE,
-                                   .endpoint = l->replicas[k].endpoint,
-                                   .segment_id = l->replicas[k].segment_id,
-                                   .offset = l->replicas[k].offset, .local = (void *)src,
-                                   .len = len};
+    for (uint32_t k = 0; k < l->count; k++) {
+        const moonlet_replica_desc *r = &l->replicas[k];
+        caps[k] = (moonlet_xfer_cap){.offset = r->offset, .len = r->cap_len,
+                                     .expiry_ms = r->cap_expiry_ms, .tag = r->cap_tag,
+                                     .deadline_ms = l->put_ttl_ms ? sent_ms + l->put_ttl_ms : 0};
+        bool any = r->cap_tag || l->put_ttl_ms;
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE, .endpoint = r->endpoint,
+                                   .segment_id = r->segment_id, .offset = r->offset,
+                                   .local = (void *)src, .len = len,
+                                   .cap = any ? &caps[k] : NULL};
+    }
 }
 
 static int client_put_core(moonlet_client *c, const char *key, const void *src, size_t len,
@@ -445,19 +478,23 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
 {
     client_put_args a = client_put_resolve(c, opt);
     moonlet_replica_list l;
+    uint64_t sent_ms = moonlet_xfer_now_ms();
     int rc = moonlet_mc_put_start(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin, &l);
     if (rc)
         return rc;
+    uint64_t ck = a.checksum ? moonlet_client_checksum(src, len) : 0;
     moonlet_xfer_op *ops = calloc(l.count ? l.count : 1, sizeof(*ops));
-    if (ops) {
-        client_put_ops(&l, src, len, ops);
+    moonlet_xfer_cap *caps = calloc(l.count ? l.count : 1, sizeof(*caps));
+    if (ops && caps) {
+        client_put_ops(&l, src, len, sent_ms, ops, caps);
         rc = moonlet_xfer_submit(c->xfer, ops, l.count);
     } else {
         rc = MOONLET_ERR_INTERNAL_ERROR;
     }
     free(ops);
+    free(caps);
     moonlet_replica_list_free(&l);
-    return client_put_finish(c, a.tenant, key, rc);
+    return client_put_finish(c, a.tenant, key, rc, a.checksum ? &ck : NULL);
 }
 
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -512,6 +549,18 @@ static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
     return moonlet_mc_get_replica_list(c->mc, client_tenant(c, tenant), key, l);
 }
 
+/* The end-to-end check of bytes read from replica r: 0, or INVALID_READ when
+ * they are not the bytes the writer recorded (never returned as success). */
+static int client_verify(moonlet_client *c, const moonlet_replica_list *l, const void *dst,
+                         const moonlet_replica_desc *r)
+{
+    if (!c->checksum || !l->has_checksum || moonlet_client_checksum(dst, l->size) == l->checksum)
+        return MOONLET_OK;
+    ML_WARN(MOD, "replica at %s segment %s offset %llu: checksum mismatch", r->endpoint,
+            r->segment_id, (unsigned long long)r->offset);
+    return MOONLET_ERR_INVALID_READ;
+}
+
 /* Reads the object of `l` into dst (room for l->size bytes): the preferred
  * replica first, the next ones when a node is gone; then the lease check. */
 static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, void *dst,
@@ -529,6 +578,8 @@ static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, 
     for (uint32_t k = 0; k < n; k++) {
         const moonlet_replica_desc *r = &l->replicas[order[k]];
         rc = moonlet_xfer_read(c->xfer, r->endpoint, r->segment_id, r->offset, dst, l->size);
+        if (rc == MOONLET_OK)
+            rc = client_verify(c, l, dst, r);
         if (!moonlet_client_try_next_replica(rc))
             break;
         ML_DEBUG(MOD, "replica at %s unreadable (%s), trying the next", r->endpoint,
@@ -653,9 +704,12 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     size_t nops = 0;
+    uint64_t *sent = calloc(n ? n : 1, sizeof(*sent));
+    uint64_t *cks = calloc(n ? n : 1, sizeof(*cks));
     for (size_t i = 0; i < n; i++) {
-        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]))
-            results[i] = MOONLET_ERR_INVALID_PARAMS;
+        sent[i] = moonlet_xfer_now_ms();
+        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]) || !sent || !cks)
+            results[i] = !sent || !cks ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_ERR_INVALID_PARAMS;
         else
             results[i] = moonlet_mc_put_start(c->mc, a.tenant, keys[i], lens[i], a.replica_num,
                                               a.soft_pin, &lists[i]);
@@ -664,9 +718,18 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
             nops += lists[i].count;
     }
     moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
-    for (size_t i = 0; ops && i < n; i++)
-        if (results[i] == MOONLET_OK)
-            client_put_ops(&lists[i], bufs[i], lens[i], &ops[first[i]]);
+    moonlet_xfer_cap *caps = calloc(nops ? nops : 1, sizeof(*caps));
+    if (!caps) {
+        free(ops);
+        ops = NULL;
+    }
+    for (size_t i = 0; ops && i < n; i++) {
+        if (results[i] != MOONLET_OK)
+            continue;
+        client_put_ops(&lists[i], bufs[i], lens[i], sent[i], &ops[first[i]], &caps[first[i]]);
+        if (a.checksum)
+            cks[i] = moonlet_client_checksum(bufs[i], lens[i]);
+    }
     if (ops)
         moonlet_xfer_submit(c->xfer, ops, nops);
     int ret = MOONLET_OK;
@@ -675,13 +738,16 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
             int rc = ops ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
             for (uint32_t k = 0; ops && k < lists[i].count && !rc; k++)
                 rc = ops[first[i] + k].status;
-            results[i] = client_put_finish(c, a.tenant, keys[i], rc);
+            results[i] = client_put_finish(c, a.tenant, keys[i], rc, a.checksum ? &cks[i] : NULL);
         }
         moonlet_replica_list_free(&lists[i]);
         if (!ret)
             ret = results[i];
     }
     free(ops);
+    free(caps);
+    free(sent);
+    free(cks);
     free(first);
     free(lists);
     return ret;
@@ -748,6 +814,8 @@ static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, 
     for (size_t k = 0; k < nops; k++) {
         client_bget *e = &g[owner[k]];
         int rc = ops[k].status;
+        if (rc == MOONLET_OK)
+            rc = client_verify(c, &e->l, bufs[owner[k]], &e->l.replicas[e->order[e->next]]);
         if (moonlet_client_try_next_replica(rc) && e->next + 1 < e->norder) {
             e->next++;
             left++;
@@ -803,6 +871,28 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
     if (!c || !key)
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
+}
+
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_ex(c->dummy, key, tenant, true);
+    if (!c || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_remove_ex(c->mc, client_tenant(c, tenant), key, true);
+}
+
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_all_ex(c->dummy, removed, tenant, true);
+    if (!c)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t n = 0;
+    int rc = moonlet_mc_remove_all_ex(c->mc, client_tenant(c, tenant), true, &n);
+    if (rc == MOONLET_OK && removed)
+        *removed = n;
+    return rc;
 }
 
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
@@ -962,6 +1052,7 @@ int moonlet_client_create_with_node(const moonlet_client_config *cfg,
     pthread_mutex_init(&c->buf_mu, NULL);
     client_stage_init(c);
     c->replica_num = cfg->replica_num ? cfg->replica_num : 1;
+    c->checksum = !cfg->skip_checksum;
     int rc = MOONLET_OK;
     if (cfg->default_tenant && !(c->tenant = strdup(cfg->default_tenant)))
         rc = MOONLET_ERR_INTERNAL_ERROR;

@@ -25,6 +25,13 @@
  *    ones when they are next taken.
  * Unused staging costs nothing: memfd pages exist only once written.
  *
+ * Trust.  Before a connection carries anything, the server's credentials
+ * (SO_PEERCRED) must show root, the expected uid (this process's, or
+ * peer_uid) or the expected group (peer_gid): a socket path bound first by
+ * another local user gets nothing.  Sizes the RealClient reports are checked
+ * against the room the call gave it: a success claiming more is RPC_FAIL and
+ * the connection is dropped, so nothing is copied or reported past the room.
+ *
  * Results.  A refused request (reply code) and the RealClient's call result
  * (first element of the result) are both returned unchanged.
  *
@@ -43,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -92,6 +100,9 @@ struct moonlet_dummy {
     size_t stage_len;
     uint32_t max_chans;
     bool creating;     /* inside create (one thread): the first ATTACH sets protocol */
+    uid_t peer_uid;    /* who may serve us (besides root): see chan_peer_check */
+    bool peer_gid_set;
+    gid_t peer_gid;
     char protocol[16]; /* the RealClient's transport; fixed after create */
     atomic_uint_fast64_t next_id;
     pthread_mutex_t mu;
@@ -240,11 +251,36 @@ static void chan_detach(dchan *ch, uint64_t id)
         ML_DEBUG(MOD, "detach of region %llu: %s", (unsigned long long)id, moonlet_strerror(rc));
 }
 
+/* The process at the other end must be root, the expected uid or (when set)
+ * in the expected group; checked before anything is sent on the connection,
+ * so a socket path bound first by another local user receives nothing. */
+static int chan_peer_check(const moonlet_dummy *d, int fd)
+{
+    struct ucred cr;
+    socklen_t len = sizeof(cr);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof(cr)) {
+        ML_ERR(MOD, "%s: cannot read the server's credentials: %s", d->path, strerror(errno));
+        return MOONLET_ERR_ILLEGAL_CLIENT;
+    }
+    if (cr.uid == 0 || cr.uid == d->peer_uid || (d->peer_gid_set && cr.gid == d->peer_gid))
+        return MOONLET_OK;
+    ML_ERR(MOD, "%s is served by pid %d as uid %u gid %u, not the expected owner (uid %u%s): "
+           "refusing to send it anything; put the socket in a directory only the service user "
+           "can write, or set peer_uid / peer_gid", d->path, (int)cr.pid, (unsigned)cr.uid,
+           (unsigned)cr.gid, (unsigned)d->peer_uid, d->peer_gid_set ? " or its gid" : "");
+    return MOONLET_ERR_ILLEGAL_CLIENT;
+}
+
 static int chan_connect(moonlet_dummy *d, dchan *ch)
 {
     moonlet_rpc_client_opts o = {.timeout_ms = d->timeout_ms};
     int rc = moonlet_rpc_client_connect_unix(d->path, &o, &ch->rpc);
     if (rc) {
+        ch->rpc = NULL;
+        return rc;
+    }
+    if ((rc = chan_peer_check(d, moonlet_rpc_client_fd(ch->rpc)))) {
+        moonlet_rpc_client_close(ch->rpc);
         ch->rpc = NULL;
         return rc;
     }
@@ -426,6 +462,20 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 
 /* ---- put --------------------------------------------------------------------------------- */
 
+/* A put's request carries skip_checksum as one more trailing argument only
+ * when it is set, so a RealClient from before the option serves every other
+ * put unchanged. */
+static uint32_t put_extra_args(const moonlet_put_options *opt)
+{
+    return opt && opt->skip_checksum ? 1u : 0u;
+}
+
+static void pack_put_extra(msgpack_packer *pk, const moonlet_put_options *opt)
+{
+    if (put_extra_args(opt))
+        msgpack_pack_true(pk);
+}
+
 static void pack_put_opts(msgpack_packer *pk, const moonlet_put_options *opt)
 {
     msgpack_pack_uint32(pk, opt ? opt->replica_num : 0);
@@ -458,13 +508,14 @@ static int dummy_put_common(moonlet_dummy *d, uint32_t method, const char *key, 
         }
     }
     if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, method, 7);
+        msgpack_packer *pk = chan_begin(ch, method, 7 + put_extra_args(opt));
         pack_tenant(pk, d, opt ? opt->tenant : NULL);
         moonlet_pack_cstr(pk, key);
         msgpack_pack_uint64(pk, region);
         msgpack_pack_uint64(pk, off);
         msgpack_pack_uint64(pk, len);
         pack_put_opts(pk, opt);
+        pack_put_extra(pk, opt);
         dcall k;
         rc = chan_finish(ch, -1, &k);
         dcall_end(&k);
@@ -499,6 +550,17 @@ int moonlet_dummy_put_from(moonlet_dummy *d, const char *key, const void *buf, s
 }
 
 /* ---- get ---------------------------------------------------------------------------------- */
+
+/* A reply claiming a success larger than the room it was given: the
+ * RealClient is broken or hostile.  Nothing is read past the room; the
+ * connection is dropped. */
+static int bad_size(dchan *ch, const char *call, uint64_t size, uint64_t room)
+{
+    ML_WARN(MOD, "%s: the RealClient claims %llu bytes in a room of %llu; dropping the connection",
+            call, (unsigned long long)size, (unsigned long long)room);
+    chan_drop(ch);
+    return MOONLET_ERR_RPC_FAIL;
+}
 
 /* GET into [region+off, +cap): the call's code; *size gets the object's size
  * when the RealClient learnt it (*have_size). */
@@ -540,7 +602,9 @@ static int dummy_get_common(moonlet_dummy *d, const char *key, void *buf, size_t
         if (!rc)
             rc = get_once(d, ch, key, tenant, s->r.id,
                           (uint64_t)((unsigned char *)buf - s->r.base), cap, &size, &have);
-        if (have)
+        if (rc == MOONLET_OK && (!have || size > cap))
+            rc = bad_size(ch, "get", size, cap);
+        if (have && rc != MOONLET_ERR_RPC_FAIL)
             *len = size > SIZE_MAX ? SIZE_MAX : (size_t)size;
         chan_release(d, ch);
         return rc;
@@ -550,8 +614,11 @@ static int dummy_get_common(moonlet_dummy *d, const char *key, void *buf, size_t
     size_t want = cap < ch->stage.len ? cap : ch->stage.len;
     for (int tries = 0;; tries++) {
         rc = get_once(d, ch, key, tenant, area->id, 0, want, &size, &have);
+        /* Success must fit what the RealClient was allowed to write. */
+        if (rc == MOONLET_OK && (!have || size > want))
+            rc = bad_size(ch, "get", size, want);
         if (rc != MOONLET_ERR_BUFFER_OVERFLOW || !have || size > cap || size <= want ||
-            tries + 1 == GET_TRIES)
+            size > MOONLET_DUMMY_MAX_REGION_BYTES || tries + 1 == GET_TRIES)
             break;
         /* larger than the area but within the caller's room: a one-off area */
         chan_area_end(ch, &one);
@@ -559,7 +626,7 @@ static int dummy_get_common(moonlet_dummy *d, const char *key, void *buf, size_t
         if ((rc = chan_area(d, ch, want, &one, &area)))
             break;
     }
-    if (have && rc != MOONLET_OK && !alloc_out)
+    if (have && rc != MOONLET_OK && rc != MOONLET_ERR_RPC_FAIL && !alloc_out)
         *len = size > SIZE_MAX ? SIZE_MAX : (size_t)size;
     if (rc == MOONLET_OK) {
         void *dst = buf;
@@ -701,13 +768,43 @@ int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *ten
     return key_call(d, MOONLET_DM_INSPECT_KEY, key, tenant, take_str, json_out);
 }
 
+int moonlet_dummy_remove_ex(moonlet_dummy *d, const char *key, const char *tenant, bool force)
+{
+    if (!force)
+        return moonlet_dummy_remove(d, key, tenant);
+    if (!key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    dchan *ch;
+    int rc = chan_acquire(d, &ch);
+    if (rc)
+        return rc;
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE, 3);
+    pack_tenant(pk, d, tenant);
+    moonlet_pack_cstr(pk, key);
+    msgpack_pack_true(pk);
+    dcall k;
+    rc = chan_finish(ch, -1, &k);
+    dcall_end(&k);
+    chan_release(d, ch);
+    return rc;
+}
+
 int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant)
+{
+    return moonlet_dummy_remove_all_ex(d, removed, tenant, false);
+}
+
+int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
+                                bool force)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    pack_tenant(chan_begin(ch, MOONLET_DM_REMOVE_ALL, 1), d, tenant);
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE_ALL, force ? 2 : 1);
+    pack_tenant(pk, d, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     uint64_t v;
@@ -915,13 +1012,14 @@ int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
         if (it[i].send && !it[i].s && lens[i])
             memcpy(area->base + it[i].off, bufs[i], lens[i]);
     if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_PUT, 4);
+        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_PUT, 4 + put_extra_args(opt));
         pack_tenant(pk, d, opt ? opt->tenant : NULL);
         pack_put_opts(pk, opt);
         msgpack_pack_array(pk, (uint32_t)nsend);
         for (size_t i = 0; i < n; i++)
             if (it[i].send)
                 pack_item(pk, keys[i], &it[i], area->id, lens[i]);
+        pack_put_extra(pk, opt);
         dcall k;
         rc = chan_finish(ch, -1, &k);
         if (k.res && !scatter_results(k.res, 1, it, n, nsend, results, NULL)) {
@@ -992,7 +1090,14 @@ int moonlet_dummy_batch_get_into(moonlet_dummy *d, const char *const *keys, void
                 if (!it[i].send)
                     continue;
                 lens[i] = sizes[i] > SIZE_MAX ? SIZE_MAX : (size_t)sizes[i];
-                if (results[i] == MOONLET_OK && !it[i].s && lens[i] <= caps[i] && lens[i])
+                if (results[i] == MOONLET_OK && lens[i] > caps[i]) {
+                    /* a success larger than the item's room: never trust it */
+                    ML_WARN(MOD, "batch get: the RealClient claims %llu bytes in a room of %zu",
+                            (unsigned long long)sizes[i], caps[i]);
+                    results[i] = MOONLET_ERR_RPC_FAIL;
+                    lens[i] = 0;
+                }
+                if (results[i] == MOONLET_OK && !it[i].s && lens[i])
                     memcpy(bufs[i], area->base + it[i].off, lens[i]);
             }
             rc = first_error(results, n);
@@ -1138,6 +1243,9 @@ int moonlet_dummy_create(const char *socket_path, const moonlet_dummy_config *cf
                                              : MOONLET_DUMMY_DEFAULT_STAGING;
     d->max_chans = cfg && cfg->max_connections ? cfg->max_connections
                                                : MOONLET_DUMMY_DEFAULT_CONNECTIONS;
+    d->peer_uid = cfg && cfg->peer_uid_set ? (uid_t)cfg->peer_uid : getuid();
+    d->peer_gid_set = cfg && cfg->peer_gid_set;
+    d->peer_gid = cfg && cfg->peer_gid_set ? (gid_t)cfg->peer_gid : 0;
     d->path = strdup(socket_path);
     int rc = d->path ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
     if (!rc && cfg && cfg->default_tenant && !(d->tenant = strdup(cfg->default_tenant)))

@@ -37,6 +37,8 @@ struct moonlet_master_client {
     uint32_t backoff_base_ms, backoff_cap_ms;
     unsigned failures;         /* failed connects in a row */
     uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
+    char *ident_id, *ident_secret; /* moonlet_mc_bind_client: re-sent on every new connection */
+    bool bound;                /* the current connection holds ident_id */
 };
 
 static uint64_t mc_now_ms(void)
@@ -118,6 +120,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
     moonlet_rpc_client_opts o = {.timeout_ms = mc->timeout_ms, .auth_token = mc->token,
                                  .auth_token_len = mc->token ? strlen(mc->token) : 0};
     int rc = moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+    mc->bound = false;
     if (rc) {
         mc->rpc = NULL;
         if (mc->failures < 64)
@@ -168,23 +171,62 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     return MOONLET_OK;
 }
 
+static int mc_bind_locked(moonlet_master_client *mc);
+
+int moonlet_mc_bind_client(moonlet_master_client *mc, const char *client_id, const char *secret)
+{
+    if (!client_id || !secret || !*secret)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_mutex_lock(&mc->mu);
+    free(mc->ident_id);
+    free(mc->ident_secret);
+    mc->ident_id = strdup(client_id);
+    mc->ident_secret = strdup(secret);
+    int rc = mc->ident_id && mc->ident_secret ? mc_connect_locked(mc) : MOONLET_ERR_INTERNAL_ERROR;
+    if (!rc)
+        rc = mc_bind_locked(mc);
+    pthread_mutex_unlock(&mc->mu);
+    return rc;
+}
+
 void moonlet_mc_destroy(moonlet_master_client *mc)
 {
     if (!mc)
         return;
     moonlet_rpc_client_close(mc->rpc);
     pthread_mutex_destroy(&mc->mu);
+    free(mc->ident_id);
+    free(mc->ident_secret);
     free(mc->token);
     free(mc);
 }
 
 /* ---- call skeleton ------------------------------------------------------- */
 
+/* BindClient on the current connection; mc->mu held, connected. */
+static int mc_bind_locked(moonlet_master_client *mc)
+{
+    msgpack_packer *pk = moonlet_rpc_client_begin(mc->rpc, MOONLET_M_BIND_CLIENT, 2);
+    moonlet_pack_cstr(pk, mc->ident_id);
+    moonlet_pack_cstr(pk, mc->ident_secret);
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_call(mc->rpc, &rep);
+    if (rc == 0) {
+        rc = rep.code;
+        moonlet_reply_destroy(&rep);
+    }
+    mc->bound = rc == 0;
+    return rc;
+}
+
 /* Locks and starts a request; NULL (and *rc set, lock released) on failure. */
 static msgpack_packer *mc_begin(moonlet_master_client *mc, uint32_t method, uint32_t nargs, int *rc)
 {
     pthread_mutex_lock(&mc->mu);
     *rc = mc_connect_locked(mc);
+    /* A new connection proves the node's identity before any other call. */
+    if (!*rc && mc->ident_id && !mc->bound)
+        *rc = mc_bind_locked(mc);
     if (*rc) {
         pthread_mutex_unlock(&mc->mu);
         return NULL;
@@ -239,13 +281,24 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
     });
 }
 
+/* CLOCK_MONOTONIC in ms: the clock store nodes check write capabilities on
+ * (the same as moonlet_xfer_now_ms). */
+static uint64_t mc_node_clock_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 1, &rc);
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 2, &rc);
     if (!pk)
         return rc;
     moonlet_pack_cstr(pk, client_id);
+    /* Sampled before the send: only makes the master's offset bound smaller. */
+    msgpack_pack_uint64(pk, mc_node_clock_ms());
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
@@ -262,7 +315,7 @@ int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, 7, {
+    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, s->write_key ? 9 : 7, {
         moonlet_pack_cstr(pk, s->client_id);
         moonlet_pack_cstr(pk, s->segment_id);
         moonlet_pack_cstr(pk, s->name ? s->name : s->segment_id);
@@ -270,6 +323,11 @@ int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_de
         msgpack_pack_uint64(pk, s->size);
         moonlet_pack_cstr(pk, s->endpoint);
         moonlet_pack_cstr(pk, s->protocol);
+        if (s->write_key) {
+            msgpack_pack_bin(pk, 16);
+            msgpack_pack_bin_body(pk, s->write_key, 16);
+            msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms());
+        }
     });
 }
 
@@ -297,6 +355,18 @@ int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char
     return tenant_key_call(mc, MOONLET_M_PUT_END, tenant, key);
 }
 
+int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, const char *key,
+                                const uint64_t *checksum)
+{
+    if (!checksum)
+        return moonlet_mc_put_end(mc, tenant, key);
+    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_END, 3, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+        msgpack_pack_uint64(pk, *checksum);
+    });
+}
+
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key)
 {
     return tenant_key_call(mc, MOONLET_M_PUT_REVOKE, tenant, key);
@@ -305,6 +375,18 @@ int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const c
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key)
 {
     return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+}
+
+int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool force)
+{
+    if (!force)
+        return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 3, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+        msgpack_pack_true(pk);
+    });
 }
 
 /* ---- decoders ------------------------------------------------------------------ */
@@ -344,6 +426,11 @@ static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
             moonlet_wire_u64(r, 6, &status))
             return MOONLET_ERR_RPC_FAIL;
         d->status = (uint8_t)status;
+        /* PutStart: the write capability and the put's TTL (optional). */
+        if (moonlet_wire_len(r) >= 11 &&
+            (moonlet_wire_u64(r, 7, &d->cap_len) || moonlet_wire_u64(r, 8, &d->cap_expiry_ms) ||
+             moonlet_wire_u64(r, 9, &d->cap_tag) || moonlet_wire_u64(r, 10, &out->put_ttl_ms)))
+            return MOONLET_ERR_RPC_FAIL;
     }
     return MOONLET_OK;
 }
@@ -396,6 +483,14 @@ int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, c
             rc = MOONLET_ERR_RPC_FAIL;
         else
             rc = decode_replicas(arr, out);
+        const msgpack_object *ck = moonlet_wire_len(rep.result) > 3 ? moonlet_wire_at(rep.result, 3)
+                                                                    : NULL;
+        if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
+            if (moonlet_wire_u64(rep.result, 3, &out->checksum))
+                rc = MOONLET_ERR_RPC_FAIL;
+            else
+                out->has_checksum = true;
+        }
     }
     mc_end(mc, &rep, have);
     if (rc)
@@ -506,11 +601,19 @@ int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
 
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
 {
+    return moonlet_mc_remove_all_ex(mc, tenant, false, removed);
+}
+
+int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
+                             uint64_t *removed)
+{
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, 1, &rc);
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, force ? 2 : 1, &rc);
     if (!pk)
         return rc;
     pack_tenant(pk, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);

@@ -10,11 +10,22 @@
  *        ^                                                               |
  *        +-------------------------- MountSegment ok ------------------+
  *
+ * Every registration gets a fresh random write key (common/writecap.h): the
+ * transport refuses writes without a capability under it, and MountSegment
+ * hands it to the master with this host's clock, so only writes the master
+ * granted, and only until their put deadline, land in the segment.
+ *
  * A Ping that fails changes nothing: the master may just be slow or
  * restarting, and only its answer tells whether it forgot the node.  Waits
  * happen on a condition variable on CLOCK_MONOTONIC, so stop() wakes the loop
  * at once; every master call is bounded by rpc_timeout_ms, which bounds how
  * long stop() can take.
+ *
+ * Identity: before anything else the node binds its client id on the master
+ * with a random per-run secret (master_client re-sends it on every
+ * reconnect), so a second node with the same --client-id is refused while
+ * this one lives, and nobody else can ping or unmount for it.  Serving on a
+ * non-loopback address without a token is warned about.
  *
  * Locks: n->mu guards `mounted`, `stopping`, `mounts` and the published copy
  * of the segment id; it is never held across an RPC or a transport call.
@@ -37,6 +48,7 @@
 #include "master_client.h"
 #include "moonlet/error.h"
 #include "segment_mem.h"
+#include "writecap.h"
 
 #define MOD "store"
 
@@ -58,6 +70,7 @@ struct moonlet_store_node {
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
     moonlet_segment_mem mem;
+    uint8_t write_key[MOONLET_WRITECAP_KEY_BYTES]; /* of the current registration */
     bool registered;
     moonlet_xfer_segment_info info; /* written by the loop thread only */
 };
@@ -79,6 +92,12 @@ uint32_t moonlet_store_node_backoff_ms(unsigned failures)
     return ms < MOONLET_STORE_NODE_BACKOFF_CAP_MS ? ms : MOONLET_STORE_NODE_BACKOFF_CAP_MS;
 }
 
+bool moonlet_store_node_addr_is_loopback(const char *hostport)
+{
+    return strncmp(hostport, "127.", 4) == 0 || strncmp(hostport, "localhost:", 10) == 0 ||
+           strncmp(hostport, "[::1]:", 6) == 0;
+}
+
 void moonlet_store_node_config_default(moonlet_store_node_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -89,6 +108,43 @@ void moonlet_store_node_config_default(moonlet_store_node_config *cfg)
     cfg->rpc_timeout_ms = MOONLET_STORE_NODE_RPC_TIMEOUT_MS;
     cfg->huge_pages = true;
     cfg->lock_memory = true;
+    cfg->client_id_wait_ms = MOONLET_STORE_NODE_ID_WAIT_MS;
+}
+
+/* Binds the client id to this node's master connection with a random
+ * secret; waits (bounded by wait_ms) while another live node holds it. */
+static int node_bind(moonlet_store_node *n, uint32_t wait_ms)
+{
+    unsigned char raw[24];
+    char secret[2 * sizeof(raw) + 1];
+    if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw)) {
+        ML_ERR(MOD, "no randomness for the node secret: %s", strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    for (size_t i = 0; i < sizeof(raw); i++)
+        snprintf(secret + 2 * i, 3, "%02x", raw[i]);
+    uint64_t deadline = node_now_ms() + wait_ms;
+    bool warned = false;
+    for (;;) {
+        int rc = moonlet_mc_bind_client(n->mc, n->client_id, secret);
+        if (rc != MOONLET_ERR_ILLEGAL_CLIENT || node_now_ms() >= deadline) {
+            if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
+                ML_ERR(MOD, "client id %s is held by another live node (two nodes started with "
+                       "the same --client-id?): refusing to start", n->client_id);
+            else if (rc)
+                ML_ERR(MOD, "cannot bind client id %s on the master: %s", n->client_id,
+                       moonlet_strerror(rc));
+            return rc;
+        }
+        if (!warned) {
+            ML_WARN(MOD, "client id %s is held by another live node, or by this node's previous "
+                    "run until the master expires it: waiting up to %u ms", n->client_id, wait_ms);
+            warned = true;
+        }
+        uint64_t left = deadline - node_now_ms();
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)((left < 250 ? left : 250) * 1000000)};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* "store-<hostname>-<8 hex>": unique per run, readable in listings. */
@@ -145,6 +201,13 @@ static int node_register(moonlet_store_node *n)
         return rc;
     }
     n->registered = true;
+    rc = moonlet_writecap_new_key(n->write_key);
+    if (rc == MOONLET_OK)
+        rc = moonlet_xfer_set_segment_key(n->xfer, n->info.segment_id, n->write_key);
+    if (rc) {
+        ML_ERR(MOD, "cannot key the segment's writes: %s", moonlet_strerror(rc));
+        return rc;
+    }
     pthread_mutex_lock(&n->mu);
     snprintf(n->seg_id, sizeof(n->seg_id), "%s", n->info.segment_id);
     n->stale = false;
@@ -179,7 +242,8 @@ static int node_mount(moonlet_store_node *n)
                               .name = n->client_id, .base = n->info.base,
                               .size = n->info.size,
                               .endpoint = n->advertised ? n->endpoint : n->info.endpoint,
-                              .protocol = n->info.protocol};
+                              .protocol = n->info.protocol, .write_key = n->write_key,
+                              .node_clock_ms = moonlet_xfer_now_ms()};
     int rc = moonlet_mc_mount_segment(n->mc, &d);
     if (rc == MOONLET_ERR_SEGMENT_ALREADY_EXISTS)
         rc = MOONLET_OK; /* an earlier attempt landed but its reply was lost */
@@ -339,7 +403,11 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     moonlet_xfer_opts xo = {.protocol = c->protocol, .device = c->device,
                             .listen_addr = c->listen_addr ? c->listen_addr : "127.0.0.1:0",
                             .auth_token = c->auth_token, .server_threads = c->server_threads,
-                            .timeout_ms = c->transfer_timeout_ms, .rdma_tos = c->rdma_tos};
+                            .timeout_ms = c->transfer_timeout_ms,
+                            .server_max_conns = c->max_connections,
+                            .server_max_conns_per_peer = c->max_connections_per_peer,
+                            .server_idle_timeout_ms = c->idle_timeout_ms,
+                            .rdma_tos = c->rdma_tos};
     int rc = moonlet_xfer_create(&xo, &n->xfer);
     if (rc) {
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));
@@ -348,6 +416,9 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     rc = moonlet_xfer_local_endpoint(n->xfer, n->listen_ep, sizeof(n->listen_ep));
     if (rc)
         return rc;
+    if (!c->auth_token && !moonlet_store_node_addr_is_loopback(xo.listen_addr))
+        ML_WARN(MOD, "serving on %s without --auth-token-file: any host that reaches this port "
+                "can read and overwrite the segment's bytes", xo.listen_addr);
     if (!c->advertise_addr) {
         snprintf(n->endpoint, sizeof(n->endpoint), "%s", n->listen_ep);
         return MOONLET_OK;
@@ -393,6 +464,8 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     rc = moonlet_mc_create(cfg->master_addr, &mo, &n->mc);
     if (rc)
         ML_ERR(MOD, "cannot reach the master at %s: %s", cfg->master_addr, moonlet_strerror(rc));
+    if (!rc)
+        rc = node_bind(n, cfg->client_id_wait_ms);
     if (!rc)
         rc = node_serve(n, cfg);
     if (!rc)
@@ -451,6 +524,11 @@ const char *moonlet_store_node_client_id(const moonlet_store_node *n)
 const char *moonlet_store_node_protocol(const moonlet_store_node *n)
 {
     return moonlet_xfer_protocol_name(n->xfer);
+}
+
+void *moonlet_store_node_segment_base(moonlet_store_node *n)
+{
+    return n->mem.base;
 }
 
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)

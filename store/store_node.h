@@ -65,8 +65,16 @@ typedef struct moonlet_store_node_config {
     uint32_t transfer_timeout_ms;   /* serving: longest wait on a stalled peer; 0: transport default */
     const char *advertise_addr;     /* "HOST:PORT" mounted as the endpoint; NULL: the listen one */
     int server_threads;             /* transport serving pool; <= 0: transport default */
+    unsigned max_connections;       /* data connections served; 0: transport default */
+    unsigned max_connections_per_peer; /* from one address; 0: transport default */
+    uint32_t idle_timeout_ms;       /* close data connections idle this long; 0: never */
     bool huge_pages;                /* try 2 MiB pages first */
     bool lock_memory;               /* mlock the segment (a failure is a warning) */
+    /* The node binds its client id on the master with a random per-run
+     * secret (BindClient); while another live node holds the id (or this
+     * node's previous run, until the master expires it), create waits up to
+     * this long, then fails with ILLEGAL_CLIENT.  Default 15000. */
+    uint32_t client_id_wait_ms;
 } moonlet_store_node_config;
 
 /* Fills the defaults: protocol auto, listen 127.0.0.1:0, NUMA auto, huge
@@ -74,11 +82,17 @@ typedef struct moonlet_store_node_config {
  * stay unset. */
 void moonlet_store_node_config_default(moonlet_store_node_config *cfg);
 
+#define MOONLET_STORE_NODE_ID_WAIT_MS 15000u
+
+/* True for "127.x.x.x:PORT", "localhost:PORT" and "[::1]:PORT". */
+bool moonlet_store_node_addr_is_loopback(const char *hostport);
+
 /*
  * Allocates, serves, registers and mounts.  Blocks for the allocation (a
  * locked segment is populated) and a few master round trips.  Returns 0, or
  * INVALID_PARAMS (bad configuration; an advertised address with rdma), RPC_FAIL / RPC_TIMEOUT (master
- * unreachable), ILLEGAL_CLIENT (token refused), UNAVAILABLE_IN_CURRENT_STATUS
+ * unreachable), ILLEGAL_CLIENT (token refused, or the client id is held by
+ * another live node past client_id_wait_ms), UNAVAILABLE_IN_CURRENT_STATUS
  * (rdma without a device), TRANSFER_FAIL (cannot listen), INTERNAL_ERROR, or
  * the master's refusal of the mount.  The reason is logged.
  */
@@ -110,6 +124,9 @@ const char *moonlet_store_node_protocol(const moonlet_store_node *n);
 /* Copies the segment id currently registered (it changes on re-mount).
  * Returns 0 or BUFFER_OVERFLOW. */
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap);
+
+/* The segment's memory (tests: corrupt a replica in place). */
+void *moonlet_store_node_segment_base(moonlet_store_node *n);
 
 /* Times the segment was mounted (1 after create; +1 per re-mount). */
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n);

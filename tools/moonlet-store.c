@@ -7,6 +7,9 @@
  * mounted, and with --advertise a second line "advertising HOST:PORT" (the
  * endpoint the master hands to peers), and heartbeats until SIGTERM or
  * SIGINT, after which the node unmounts and the process exits 0.  Exit code 2: bad flags; 1: the node could not start.
+ * Before serving it raises its file-descriptor limit to what
+ * --max-connections needs (soft up to the hard limit; the cap is lowered
+ * when the hard limit is below that).
  * Signals are taken by one thread with sigwait(); no other thread sees them.
  * Takes no locks of its own (the node's are described in store_node.c, the
  * RealClient's in real_client.c).
@@ -27,6 +30,7 @@
 #include <string.h>
 
 #include "bytesize.h"
+#include "fdlimit.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "moonlet_config.h"
@@ -55,10 +59,17 @@ static void usage(FILE *f)
             "  --advertise HOST:PORT     endpoint mounted on the master instead of the listen address\n"
             "                            (tcp only; for a proxy or relay in front of this node)\n"
             "  --client-id ID            this node's id on the master (default store-<host>-<random>)\n"
+            "  --client-id-wait-ms N     when a live node holds the id, wait this long for it to\n"
+            "                            expire before refusing to start (default 15000)\n"
             "  --auth-token-file PATH    shared token for the master and the data endpoint\n"
             "  --ping-interval-ms N      heartbeat period (default 1000)\n"
             "  --rpc-timeout-ms N        deadline of each master call (default 400)\n"
-            "  --transfer-timeout-ms N   longest wait on a stalled peer while serving (default 10000)\n"
+            "  --transfer-timeout-ms N   deadline of each served request, header to reply, plus\n"
+            "                            1 ms per 16 KiB of payload (default 10000)\n"
+            "  --max-connections N       data connections served (default 4096)\n"
+            "  --max-connections-per-peer N  data connections from one address (default 256)\n"
+            "  --idle-timeout-ms N       close data connections idle this long (default 300000;\n"
+            "                            0 = never)\n"
             "  --serve-dummy PATH        also serve DummyClients of this host on the unix socket\n"
             "                            PATH (a RealClient; the socket gets mode 0600)\n"
             "  --socket-group NAME       with --serve-dummy: give the socket group NAME, mode 0660\n"
@@ -140,8 +151,11 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT, O_TOS
+    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS
 };
+
+#define DEFAULT_IDLE_TIMEOUT_MS 300000u
+#define FD_RESERVE 256u /* descriptors beyond the data connections: master, segments, DummyClients */
 
 static const struct option g_opts[] = {
     {"master", required_argument, 0, O_MASTER},
@@ -157,6 +171,10 @@ static const struct option g_opts[] = {
     {"advertise", required_argument, 0, O_ADVERTISE},
     {"rpc-timeout-ms", required_argument, 0, O_RPC_TIMEOUT},
     {"transfer-timeout-ms", required_argument, 0, O_XFER_TIMEOUT},
+    {"client-id-wait-ms", required_argument, 0, O_ID_WAIT},
+    {"max-connections", required_argument, 0, O_MAXCONN},
+    {"max-connections-per-peer", required_argument, 0, O_MAXCONN_PEER},
+    {"idle-timeout-ms", required_argument, 0, O_IDLE_TO},
     {"log-level", required_argument, 0, O_LOG},
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
@@ -206,6 +224,10 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             bad = parse_uint("--ping-interval-ms", optarg, 1, 600000, &v);
             cfg->ping_interval_ms = (uint32_t)v;
             break;
+        case O_ID_WAIT:
+            bad = parse_uint("--client-id-wait-ms", optarg, 0, 3600000, &v);
+            cfg->client_id_wait_ms = (uint32_t)v;
+            break;
         case O_ADVERTISE:
             cfg->advertise_addr = optarg;
             bad = check_hostport("--advertise", optarg, 1);
@@ -217,6 +239,18 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_XFER_TIMEOUT:
             bad = parse_uint("--transfer-timeout-ms", optarg, 1, 600000, &v);
             cfg->transfer_timeout_ms = (uint32_t)v;
+            break;
+        case O_MAXCONN:
+            bad = parse_uint("--max-connections", optarg, 1, 1u << 20, &v);
+            cfg->max_connections = (unsigned)v;
+            break;
+        case O_MAXCONN_PEER:
+            bad = parse_uint("--max-connections-per-peer", optarg, 1, 1u << 20, &v);
+            cfg->max_connections_per_peer = (unsigned)v;
+            break;
+        case O_IDLE_TO:
+            bad = parse_uint("--idle-timeout-ms", optarg, 0, 86400000, &v);
+            cfg->idle_timeout_ms = (uint32_t)v;
             break;
         case O_LOG: bad = parse_log_level(optarg); break;
         case O_SERVE_DUMMY:
@@ -311,11 +345,21 @@ int main(int argc, char **argv)
     moonlet_store_node_config cfg;
     moonlet_store_node_config_default(&cfg);
     cfg.segment_size = UINT64_C(1) << 30;
+    cfg.idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS;
     const char *token_file = NULL;
     serve_flags sv = {NULL, NULL, MOONLET_REAL_CLIENT_BUSY_POLL_US, false};
     int rc = parse_flags(argc, argv, &cfg, &token_file, &sv);
     if (rc)
         return rc < 0 ? 0 : rc;
+    unsigned conns = cfg.max_connections ? cfg.max_connections
+                                         : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS;
+    uint64_t nofile = moonlet_fdlimit_raise((uint64_t)conns + FD_RESERVE);
+    if (nofile < (uint64_t)conns + FD_RESERVE) {
+        uint64_t fit = nofile > 2 * FD_RESERVE ? nofile - FD_RESERVE : nofile / 2;
+        cfg.max_connections = fit ? (unsigned)fit : 1;
+        ML_WARN("store", "--max-connections lowered from %u to %u to fit the descriptor limit",
+                conns, cfg.max_connections);
+    }
     char *token = NULL;
     if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
         return 2;

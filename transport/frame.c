@@ -139,9 +139,12 @@ static int mp_classify(uint8_t t, mp_head *h)
  * body's bytes.  Checking `need` against the bytes left after each container
  * header merely rejects a lying header early.  *children gets the number of
  * container elements (map entries count twice), i.e. how many
- * msgpack_objects msgpack-c will allocate in the zone.
+ * msgpack_objects msgpack-c will allocate in the zone.  More than
+ * `max_children` of them stops the walk at once with TOO_MANY (the bytes are
+ * not looked at further).
  */
-static int scan_body(const char *body, size_t len, uint64_t *children)
+#define TOO_MANY 1
+static int scan_body_max(const char *body, size_t len, uint64_t max_children, uint64_t *children)
 {
     const uint8_t *p = (const uint8_t *)body;
     uint64_t need = 1;
@@ -181,8 +184,15 @@ static int scan_body(const char *body, size_t len, uint64_t *children)
         *children += n * h.kids;
         if (need > len - pos)
             return INVALID;
+        if (*children > max_children)
+            return TOO_MANY;
     }
     return pos == len ? 0 : INVALID;
+}
+
+static int scan_body(const char *body, size_t len, uint64_t *children)
+{
+    return scan_body_max(body, len, UINT64_MAX, children);
 }
 
 int moonlet_frame_body_check(const char *body, size_t len)
@@ -332,12 +342,23 @@ static int request_finish(const char *body, size_t len, msgpack_zone *zone, moon
 int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
                                moonlet_request *req, uint64_t *id_out)
 {
+    return moonlet_request_decode_ref_max(body, len, zone, UINT64_MAX, req, id_out);
+}
+
+int moonlet_request_decode_ref_max(const char *body, size_t len, msgpack_zone *zone,
+                                   uint64_t max_elements, moonlet_request *req, uint64_t *id_out)
+{
     uint64_t children;
     msgpack_unpacked_init(&req->unp);
     req->args = NULL;
     if (id_out)
         *id_out = 0;
-    if (scan_body(body, len, &children) != 0)
+    int rc = scan_body_max(body, len, max_elements, &children);
+    if (rc == TOO_MANY) {
+        invalid_request(body, len, id_out);
+        return MOONLET_ERR_BUFFER_OVERFLOW;
+    }
+    if (rc != 0)
         return invalid_request(body, len, id_out);
     return request_finish(body, len, zone, req, id_out);
 }

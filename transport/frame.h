@@ -62,6 +62,13 @@ void moonlet_request_destroy(moonlet_request *req);
  * with msgpack_zone_clear().  Same return and *id_out conventions. */
 int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
                                moonlet_request *req, uint64_t *id_out);
+/* The same with a bound on the work a request may cause (addition to the
+ * original contract): a body whose containers hold more than `max_elements`
+ * elements in all (map entries count twice) is refused with
+ * MOONLET_ERR_BUFFER_OVERFLOW as soon as the walk counts them, before
+ * anything is allocated, with *id_out set when the id can be read. */
+int moonlet_request_decode_ref_max(const char *body, size_t len, msgpack_zone *zone,
+                                   uint64_t max_elements, moonlet_request *req, uint64_t *id_out);
 
 /* Returns 0 when body[0..len) is exactly one well-formed msgpack object (no
  * trailing bytes) whose declared container sizes fit in `len`, else

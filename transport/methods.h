@@ -32,6 +32,8 @@ enum moonlet_method {
     MOONLET_M_LIST_KEYS = 17,      /* [tenant, prefix, cursor, limit]  -> {keys: [...], next_cursor} */
     MOONLET_M_INSPECT_KEY = 18,    /* [tenant, key]                    -> {key map} */
     MOONLET_M_STATS = 19,          /* []                               -> {stats map} */
+    MOONLET_M_BIND_CLIENT = 20,    /* [client_id, secret str (1..64 bytes)] -> nil: this connection
+                                    * now holds client_id (Ping/Mount/Unmount for it) */
     MOONLET_M__COUNT
 };
 

@@ -35,6 +35,14 @@
  *  - Unix-socket connections read with recvmsg() so that descriptors a peer
  *    passes (SCM_RIGHTS; the DummyClient's shared memory) are kept on the
  *    connection for a handler to take, and closed with it if nobody does.
+ *  - What a peer can hold is bounded: before it authenticates a connection
+ *    may announce frames of MOONLET_RPC_PRE_AUTH_MAX_FRAME bytes only, so an
+ *    unauthenticated peer never makes the server buffer more than that; each
+ *    loop sweeps its connections every SWEEP_MS and closes those past their
+ *    deadline (authentication, a frame begun but not complete, replies not
+ *    taken, idle).  The acceptor enforces the connection cap and, at the
+ *    descriptor limit, sheds the waiting connection with a reserved
+ *    descriptor instead of spinning, with a rate-limited log line.
  *
  * Locks: each loop's `lock` guards only its queue of newly accepted sockets
  * (taken by the acceptor and by that loop, never while calling a handler or
@@ -64,18 +72,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdlimit.h"
 #include "frame.h"
 #include "log.h"
 #include "methods.h"
 #include "moonlet/error.h"
 #include "wire.h"
+#include "token.h"
 
 #define MOD "rpc"
 
 #define LOOP_TICK_MS 100               /* bounded epoll_wait: linger expiry and safety */
 #define MAX_EVENTS 64
 #define ACCEPT_BATCH 64
-#define ACCEPT_BACKOFF_MS 10           /* after EMFILE and friends */
+#define ACCEPT_BACKOFF_MS 100          /* after EMFILE and friends */
+#define SWEEP_MS 200                   /* deadline sweep period of a loop */
+#define LOG_EVERY_MS 5000              /* repeated acceptor warnings */
 #define IN_BUF_INITIAL (16u << 10)
 #define IN_BUF_KEEP (1u << 20)         /* idle input buffers above this are shrunk */
 #define OUT_HIGH_WATER (1u << 20)      /* stop reading while this much is unsent */
@@ -113,6 +125,10 @@ typedef struct conn {
     size_t out_off; /* bytes of out.buf already sent */
     int64_t linger_deadline_ms;
     size_t linger_discarded;
+    int64_t accepted_ms;    /* authentication deadline base */
+    int64_t frame_start_ms; /* when the partial frame in `in` began */
+    int64_t sent_ms;        /* last send progress (or when output was queued) */
+    int64_t active_ms;      /* last request served (idle deadline base) */
     struct conn *prev, *next;
 } conn;
 
@@ -129,6 +145,7 @@ typedef struct loop {
     size_t nlinger;
     msgpack_zone zone;
     bool zone_ready;
+    int64_t next_sweep_ms;
 } loop;
 
 struct moonlet_rpc_server {
@@ -137,8 +154,13 @@ struct moonlet_rpc_server {
     ino_t unix_ino;
     int listen_fd;
     int stop_fd;
+    int reserve_fd; /* spare descriptor: freed to shed a connection at EMFILE */
     uint16_t port;
     size_t max_frame;
+    uint32_t max_conns; /* 0: no cap */
+    uint64_t max_elements; /* per request; UINT64_MAX: no cap */
+    int64_t auth_timeout_ms, frame_timeout_ms, idle_timeout_ms; /* idle 0: never */
+    moonlet_ratelimit accept_log;
     char *token;
     size_t token_len;
     const moonlet_rpc_method **table; /* indexed by method id */
@@ -198,17 +220,6 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-/* Compares in time that depends only on the expected token's length. */
-static bool token_equal(const char *got, size_t got_len, const char *want, size_t want_len)
-{
-    volatile unsigned char diff = (unsigned char)(got_len != want_len);
-    for (size_t i = 0; i < want_len; i++) {
-        unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
-        diff |= (unsigned char)(g ^ (unsigned char)want[i]);
-    }
-    return diff == 0;
-}
-
 static void pack_vfmt(msgpack_packer *out, const char *fmt, va_list ap)
 {
     char msg[ERR_MSG_MAX];
@@ -234,6 +245,13 @@ int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)
 /* ------------------------------------------------------------------ */
 
 static size_t out_pending(const conn *c) { return c->out.buf.size - c->out_off; }
+
+/* The largest frame this connection may send now. */
+static size_t frame_limit(const conn *c)
+{
+    const moonlet_rpc_server *s = c->loop->s;
+    return s->token_len != 0 && !c->authed ? MOONLET_RPC_PRE_AUTH_MAX_FRAME : s->max_frame;
+}
 
 __attribute__((format(printf, 4, 5)))
 static void reply_error(conn *c, uint64_t id, int code, const char *fmt, ...)
@@ -298,7 +316,7 @@ static void serve_auth(conn *c, const moonlet_request *req)
         return;
     }
     if (moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0 &&
-        token_equal(tok, len, s->token, s->token_len)) {
+        moonlet_token_equal(tok, len, s->token, s->token_len)) {
         c->authed = true;
         reply_nil(c, req->id);
         return;
@@ -332,7 +350,12 @@ static void serve_frame(conn *c, const char *body, uint32_t len)
     loop *l = c->loop;
     moonlet_request req;
     uint64_t id;
-    if (moonlet_request_decode_ref(body, len, &l->zone, &req, &id) != 0) {
+    int rc = moonlet_request_decode_ref_max(body, len, &l->zone, l->s->max_elements, &req, &id);
+    if (rc == MOONLET_ERR_BUFFER_OVERFLOW) { /* well-delimited: the connection stays usable */
+        reply_error(c, id, MOONLET_ERR_INVALID_PARAMS,
+                    "request refused: more than %llu elements in its argument lists",
+                    (unsigned long long)l->s->max_elements);
+    } else if (rc != 0) {
         ML_DEBUG(MOD, "malformed request on fd %d (id %llu)", c->fd, (unsigned long long)id);
         fail_conn(c, id, MOONLET_ERR_INVALID_PARAMS, "malformed request");
     } else {
@@ -348,7 +371,6 @@ static void serve_frame(conn *c, const char *body, uint32_t len)
 /* Handles every complete frame in the input buffer, in order. */
 static void process_input(conn *c)
 {
-    size_t max_frame = c->loop->s->max_frame;
     size_t off = 0;
     while (c->state == ST_OPEN && c->in_len - off >= MOONLET_FRAME_HEADER_BYTES) {
         if (out_pending(c) > OUT_HIGH_WATER) {
@@ -356,8 +378,16 @@ static void process_input(conn *c)
             break;
         }
         uint32_t len;
+        size_t max_frame = frame_limit(c);
         if (moonlet_frame_header_decode((const uint8_t *)c->in + off, max_frame, &len) != 0) {
-            fail_conn(c, 0, MOONLET_ERR_INVALID_PARAMS, "invalid frame length");
+            if (max_frame < c->loop->s->max_frame) {
+                ML_WARN(MOD, "fd %d announced a frame above %zu bytes before authenticating",
+                        c->fd, max_frame);
+                fail_conn(c, 0, MOONLET_ERR_ILLEGAL_CLIENT,
+                          "authentication required: the first frame must be AUTH");
+            } else {
+                fail_conn(c, 0, MOONLET_ERR_INVALID_PARAMS, "invalid frame length");
+            }
             break;
         }
         if (c->in_len - off - MOONLET_FRAME_HEADER_BYTES < len)
@@ -370,6 +400,7 @@ static void process_input(conn *c)
     if (off > 0) {
         memmove(c->in, c->in + off, c->in_len - off); /* only a partial frame moves */
         c->in_len -= off;
+        c->frame_start_ms = c->active_ms = now_ms(); /* what is left is a new frame */
     }
     if (c->in_len == 0 && c->in_cap > IN_BUF_KEEP) {
         char *small = realloc(c->in, IN_BUF_INITIAL);
@@ -385,7 +416,7 @@ static bool ensure_input_room(conn *c)
 {
     if (c->in_len < c->in_cap)
         return true;
-    size_t limit = c->loop->s->max_frame + MOONLET_FRAME_HEADER_BYTES;
+    size_t limit = frame_limit(c) + MOONLET_FRAME_HEADER_BYTES;
     size_t need = c->in_cap * 2;
     if (c->in_len >= MOONLET_FRAME_HEADER_BYTES) {
         size_t frame = MOONLET_FRAME_HEADER_BYTES + (size_t)((uint32_t)(uint8_t)c->in[0] << 24 |
@@ -465,6 +496,8 @@ static void read_requests(conn *c)
                     ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
                     : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
     if (n > 0) {
+        if (c->in_len == 0)
+            c->frame_start_ms = now_ms();
         c->in_len += (size_t)n;
     } else if (n == 0) {
         c->peer_eof = true;
@@ -493,6 +526,7 @@ static void flush_output(conn *c)
         ssize_t n = send(c->fd, c->out.buf.data + c->out_off, out_pending(c), MSG_NOSIGNAL);
         if (n > 0) {
             c->out_off += (size_t)n;
+            c->sent_ms = now_ms();
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else {
@@ -582,8 +616,11 @@ static void conn_on_event(loop *l, conn *c, uint32_t ev)
     }
     if (!c->dead && c->paused && out_pending(c) == 0)
         c->paused = false;
+    size_t queued = out_pending(c);
     if (!c->dead && c->state == ST_OPEN && !c->paused)
         process_input(c);
+    if (queued == 0 && out_pending(c) > 0)
+        c->sent_ms = now_ms(); /* the drain deadline counts from when replies were queued */
     if (!c->dead)
         flush_output(c);
     if ((ev & (EPOLLHUP | EPOLLERR)) && c->state == ST_DRAIN_OUT && out_pending(c) > 0)
@@ -608,6 +645,7 @@ static void adopt(loop *l, int fd)
     }
     c->fd = fd;
     c->loop = l;
+    c->accepted_ms = c->active_ms = c->sent_ms = c->frame_start_ms = now_ms();
     c->in = in;
     c->in_cap = IN_BUF_INITIAL;
     c->events = EPOLLIN;
@@ -659,6 +697,45 @@ static void expire_lingering(loop *l)
     }
 }
 
+/* When the connection must have made progress by, or INT64_MAX. */
+static int64_t conn_deadline(const moonlet_rpc_server *s, const conn *c)
+{
+    int64_t d = INT64_MAX;
+    if (c->state == ST_LINGER)
+        return d; /* expire_lingering() */
+    if (s->token_len != 0 && !c->authed)
+        d = c->accepted_ms + s->auth_timeout_ms;
+    if (c->in_len > 0 && c->frame_start_ms + s->frame_timeout_ms < d)
+        d = c->frame_start_ms + s->frame_timeout_ms;
+    if (out_pending(c) > 0 && c->sent_ms + s->frame_timeout_ms < d)
+        d = c->sent_ms + s->frame_timeout_ms;
+    if (s->idle_timeout_ms > 0 && c->in_len == 0 && out_pending(c) == 0 &&
+        c->active_ms + s->idle_timeout_ms < d)
+        d = c->active_ms + s->idle_timeout_ms;
+    return d;
+}
+
+/* Closes the loop's connections that are past their deadline. */
+static void expire_deadlines(loop *l, int64_t now)
+{
+    conn *c = l->conns;
+    size_t closed = 0;
+    while (c != NULL) {
+        conn *next = c->next;
+        if (now >= conn_deadline(l->s, c)) {
+            ML_DEBUG(MOD, "fd %d: deadline passed (%s), closing", c->fd,
+                     l->s->token_len && !c->authed ? "authentication"
+                     : c->in_len ? "frame incomplete"
+                     : out_pending(c) ? "replies not taken" : "idle");
+            conn_close(l, c);
+            closed++;
+        }
+        c = next;
+    }
+    if (closed > 0)
+        ML_DEBUG(MOD, "closed %zu connections past their deadline", closed);
+}
+
 /* Next events: polled without sleeping until busy_until (0: not busy), then
  * waited for. */
 static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
@@ -693,6 +770,11 @@ static void *loop_main(void *arg)
         }
         if (l->nlinger > 0)
             expire_lingering(l);
+        int64_t now = now_ms();
+        if (now >= l->next_sweep_ms) {
+            expire_deadlines(l, now);
+            l->next_sweep_ms = now + SWEEP_MS;
+        }
         if (n > 0 && l->s->busy_poll_ns > 0)
             busy_until = now_ns() + l->s->busy_poll_ns;
     }
@@ -756,6 +838,25 @@ static bool hand_off(moonlet_rpc_server *s, int fd)
     return ok;
 }
 
+/* Out of descriptors: frees the reserved one to take the oldest waiting
+ * connection off the queue and close it (its client sees the connection
+ * closed instead of hanging), then reserves again.  Logs rate-limited. */
+static void shed_at_fd_limit(moonlet_rpc_server *s, int err)
+{
+    if (s->reserve_fd >= 0) {
+        close_fd(&s->reserve_fd);
+        int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0)
+            close(fd);
+        s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    uint64_t held;
+    if (moonlet_ratelimit_allow(&s->accept_log, LOG_EVERY_MS, &held))
+        ML_WARN(MOD, "accept failed: %s (%zu connections open; %llu more such failures not "
+                "logged); backing off", strerror(err), atomic_load(&s->nconns),
+                (unsigned long long)held);
+}
+
 /* Accepts what is ready; returns false after a resource error (back off). */
 static bool accept_batch(moonlet_rpc_server *s)
 {
@@ -766,8 +867,20 @@ static bool accept_batch(moonlet_rpc_server *s)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return true;
-            ML_WARN(MOD, "accept failed: %s", strerror(errno));
+            int err = errno;
+            if (err == EMFILE || err == ENFILE)
+                shed_at_fd_limit(s, err);
+            else
+                ML_WARN(MOD, "accept failed: %s", strerror(err));
             return false;
+        }
+        if (s->max_conns != 0 && atomic_load(&s->nconns) >= s->max_conns) {
+            uint64_t held;
+            if (moonlet_ratelimit_allow(&s->accept_log, LOG_EVERY_MS, &held))
+                ML_WARN(MOD, "connection cap of %u reached: closing new connections (%llu "
+                        "more not logged)", s->max_conns, (unsigned long long)held);
+            close(fd);
+            continue;
         }
         if (s->unix_path == NULL) {
             int one = 1;
@@ -942,6 +1055,13 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     s->max_frame = o->max_frame ? o->max_frame : MOONLET_DEFAULT_MAX_FRAME;
     if (s->max_frame < MIN_MAX_FRAME || s->max_frame > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
+    s->max_conns = o->max_connections;
+    s->max_elements = o->max_request_elements ? o->max_request_elements : UINT64_MAX;
+    s->auth_timeout_ms = o->auth_timeout_ms ? o->auth_timeout_ms
+                                            : MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS;
+    s->frame_timeout_ms = o->frame_timeout_ms ? o->frame_timeout_ms
+                                              : MOONLET_RPC_DEFAULT_FRAME_TIMEOUT_MS;
+    s->idle_timeout_ms = o->idle_timeout_ms;
     if (o->busy_poll_us > MOONLET_RPC_MAX_BUSY_POLL_US)
         return MOONLET_ERR_INVALID_PARAMS;
     s->busy_poll_ns = (int64_t)o->busy_poll_us * 1000;
@@ -989,6 +1109,7 @@ int moonlet_rpc_server_create(const moonlet_rpc_server_opts *opts, moonlet_rpc_s
         return MOONLET_ERR_INTERNAL_ERROR;
     s->listen_fd = -1;
     s->stop_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     atomic_init(&s->stopping, false);
     atomic_init(&s->loops_stopping, false);
     atomic_init(&s->nconns, 0);
@@ -1067,6 +1188,7 @@ void moonlet_rpc_server_destroy(moonlet_rpc_server *s)
     if (s->unix_path)
         unlink_own_socket(s);
     close_fd(&s->stop_fd);
+    close_fd(&s->reserve_fd);
     free(s->loops);
     free(s->table);
     free(s->methods);

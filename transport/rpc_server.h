@@ -18,7 +18,20 @@
  * Authentication: when a token is configured, the first frame of every
  * connection must be MOONLET_M_AUTH [token]; anything else (or a wrong token)
  * gets ILLEGAL_CLIENT and the connection is closed.  The token is compared in
- * constant time and never logged.
+ * constant time and never logged.  Until it has authenticated, a connection
+ * may send frames of at most MOONLET_RPC_PRE_AUTH_MAX_FRAME bytes (a longer
+ * length gets ILLEGAL_CLIENT before any of the body is buffered) and must
+ * authenticate within auth_timeout_ms of being accepted.
+ *
+ * Limits on what a peer can hold (each closes only the offending
+ * connection): at most max_connections open connections (more are accepted
+ * and closed at once, so the listen queue never backs up); a frame whose
+ * first byte arrived must be complete within frame_timeout_ms, and replies a
+ * peer does not read must drain within it too; a connection without a
+ * request for idle_timeout_ms is closed.  At the process's descriptor limit
+ * (EMFILE/ENFILE) the acceptor closes the oldest waiting connection with a
+ * reserved descriptor, backs off, and logs at most one line every few
+ * seconds.
  *
  * Locks: the server takes only its own internal locks and never holds one
  * while calling a handler.
@@ -74,7 +87,21 @@ typedef struct moonlet_rpc_server_opts {
     uint32_t busy_poll_us;
     /* Called on the connection's loop thread when it closes, with its conn_data. */
     void (*on_close)(void *ctx, void *conn_data);
+    /* Limits (see above).  0 picks the default named beside each. */
+    uint32_t max_connections;  /* 0: no cap below the descriptor limit */
+    uint32_t auth_timeout_ms;  /* 0: MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS (token only) */
+    uint32_t frame_timeout_ms; /* 0: MOONLET_RPC_DEFAULT_FRAME_TIMEOUT_MS */
+    uint32_t idle_timeout_ms;  /* 0: idle connections are kept */
+    /* Elements (array items, map entries twice) one request may hold; a larger
+     * request is answered INVALID_PARAMS before it is decoded, and the
+     * connection stays open.  Bounds the work and memory of one request on
+     * its loop thread.  0: no cap. */
+    uint64_t max_request_elements;
 } moonlet_rpc_server_opts;
+
+#define MOONLET_RPC_PRE_AUTH_MAX_FRAME 8192u /* fits AUTH with the longest token file */
+#define MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS 5000u
+#define MOONLET_RPC_DEFAULT_FRAME_TIMEOUT_MS 30000u
 
 /* Binds and listens (does not start threads yet).  Returns 0 or
  * MOONLET_ERR_INVALID_PARAMS (bad options) / MOONLET_ERR_RPC_FAIL (bind failed). */

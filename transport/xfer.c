@@ -10,10 +10,16 @@
  * from the calling thread, with no helper threads on the client side.
  *
  * Connections are leased exclusively for one batch; a lane the backend marks
- * broken, or a cached connection the backend reports dead (conn_ok), is
+ * broken, or a cached connection the backend reports dead (conn_stale), is
  * closed and its slot reopened on the next use.  Peers are leased
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
+ *
+ * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
+ * backends: a write is not started once its deadline passed, neither before
+ * leasing its connection nor after (the TCP backend also aborts a lane whose
+ * deadline passes mid-transfer; verbs writes already posted are covered by
+ * the master's quarantine grace).
  *
  * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
@@ -238,6 +244,12 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->server_threads = o->server_threads > 0 ? o->server_threads
                                               : MOONLET_XFER_DEFAULT_SERVER_THREADS;
     x->timeout_ms = o->timeout_ms ? o->timeout_ms : MOONLET_XFER_DEFAULT_TIMEOUT_MS;
+    x->server_max_conns = o->server_max_conns ? o->server_max_conns
+                                              : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS;
+    x->server_max_conns_per_peer = o->server_max_conns_per_peer
+                                       ? o->server_max_conns_per_peer
+                                       : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER;
+    x->server_idle_timeout_ms = o->server_idle_timeout_ms;
     if (oom)
         return MOONLET_ERR_INTERNAL_ERROR;
     if (x->listen_addr) {
@@ -363,6 +375,13 @@ int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
     if (!x || !segment_id)
         return MOONLET_ERR_INVALID_PARAMS;
     return x->be->seg_remove(x, segment_id);
+}
+
+int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    if (!x || !segment_id || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->seg_set_key ? x->be->seg_set_key(x, segment_id, key) : MOONLET_OK;
 }
 
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
@@ -514,11 +533,11 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
     size_t kept = 0;
     for (size_t i = 0; i < g->nslots; i++) {
         xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
-        if (s->conn && x->be->conn_ok && !x->be->conn_ok(x, s->conn)) {
-            x->be->conn_close(x, s->conn); /* the peer went away: a new one, now */
+        if (s->conn && x->be->conn_stale && x->be->conn_stale(x, s->conn)) {
+            x->be->conn_close(x, s->conn); /* the peer closed or went away: a new one, now */
             s->conn = NULL;
         }
-        if (!s->conn && first_err) {
+        if (!s->conn && first_err) { /* one failed open is enough: don't try the others */
             pthread_mutex_lock(&x->pool_lock);
             s->busy = false;
             pthread_cond_broadcast(&x->pool_cond);
@@ -615,9 +634,15 @@ static size_t xfer_collect(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n, xfer
                            xfer_item **todo)
 {
     size_t ntodo = 0;
+    uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0; i < n; i++) {
         items[i].op = &ops[i];
         ops[i].status = xfer_check_op(x, &items[i]);
+        /* A write past its writer's deadline is never started (both
+         * backends): the master may already have given its range away. */
+        if (ops[i].status == MOONLET_OK && ops[i].opcode == MOONLET_XFER_WRITE && ops[i].cap &&
+            ops[i].cap->deadline_ms && now >= ops[i].cap->deadline_ms)
+            ops[i].status = MOONLET_ERR_TRANSFER_FAIL;
         if (ops[i].status == MOONLET_OK && ops[i].len)
             todo[ntodo++] = &items[i];
     }
@@ -725,8 +750,26 @@ static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
     return MOONLET_OK;
 }
 
+/* The earliest writer deadline (moonlet_xfer_cap) among a group's items; 0: none. */
+static uint64_t xfer_group_deadline(const xfer_group *g)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < g->nitems; i++) {
+        const moonlet_xfer_op *op = g->items[i]->op;
+        uint64_t dl = op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
+        if (dl && (!best || dl < best))
+            best = dl;
+    }
+    return best;
+}
+
 /* Leases and opens connections for every group, in endpoint order, and lays
- * out the lanes.  Groups that get no connection fail all their items. */
+ * out the lanes.  Groups that get no connection fail all their items.  A
+ * group holding a write with a deadline waits for a connection no longer
+ * than that deadline, and fails (TRANSFER_FAIL) when the deadline passed
+ * while its connections were leased and opened: on both backends no write is
+ * started after its writer's deadline (the master may have given its range
+ * away; docs/reliability.md). */
 static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
 {
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
@@ -735,9 +778,14 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
         size_t want = g->nitems < cpp ? g->nitems : cpp;
-        int rc = xfer_pool_lease(x, g, want, deadline);
+        uint64_t gdl = xfer_group_deadline(g);
+        int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
             rc = xfer_pool_open(x, g);
+        if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
+            xfer_pool_release(x, g, NULL);
+            rc = MOONLET_ERR_TRANSFER_FAIL;
+        }
         if (rc) {
             xfer_fail_group(g, rc);
             g->nslots = 0;

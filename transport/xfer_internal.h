@@ -47,6 +47,8 @@ typedef struct xfer_backend {
     void (*stop)(moonlet_xfer *x);
     int (*seg_add)(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info);
     int (*seg_remove)(moonlet_xfer *x, const char *segment_id);
+    /* Optional (NULL: keys are not checked by this backend). */
+    int (*seg_set_key)(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
     /* Local buffer registration (verbs: an MR); *handle is passed back. */
     int (*buf_add)(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey);
     void (*buf_remove)(moonlet_xfer *x, void *handle);
@@ -55,14 +57,15 @@ typedef struct xfer_backend {
     int (*prepare)(moonlet_xfer *x, xfer_item *it);
     int (*conn_open)(moonlet_xfer *x, const char *endpoint, void **conn);
     void (*conn_close)(moonlet_xfer *x, void *conn);
-    /* Optional: false when a cached connection is known dead (verbs: its CM
-     * channel reported DISCONNECTED); xfer.c then reopens it before use. */
-    bool (*conn_ok)(moonlet_xfer *x, void *conn);
     /* Optional: MOONLET_OK, or an error once the instance cannot serve any
      * more (verbs: its device was removed or failed). */
     int (*health)(moonlet_xfer *x);
     /* Runs every lane to completion; sets each item's op->status. */
     void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
+    /* Optional: true when an idle pooled connection is known dead (TCP: the
+     * server closed it; verbs: its CM channel reported DISCONNECTED); xfer.c
+     * then closes it and opens a fresh one instead of failing a transfer. */
+    bool (*conn_stale)(moonlet_xfer *x, void *conn);
 } xfer_backend;
 
 struct xfer_peer;
@@ -82,6 +85,8 @@ struct moonlet_xfer {
     int conns_per_peer;
     int server_threads;
     uint32_t timeout_ms;
+    unsigned server_max_conns, server_max_conns_per_peer; /* 0: no cap */
+    uint32_t server_idle_timeout_ms;                      /* 0: never */
 
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 
@@ -128,8 +133,6 @@ int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_ca
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
 /* A random, non-zero 64-bit id (getrandom). */
 uint64_t moonlet_xfer_random_id(void);
-/* Milliseconds on CLOCK_MONOTONIC. */
-uint64_t moonlet_xfer_now_ms(void);
 /* Constant-time equality of two byte strings (time depends on lengths only). */
 bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen);
 

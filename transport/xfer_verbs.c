@@ -27,7 +27,7 @@
  *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
  *               all within timeout_ms.  After connect the CM channel is
  *               watched: DISCONNECTED fails a running lane and makes xfer.c
- *               reopen the connection before its next use (conn_ok).
+ *               reopen the connection before its next use (conn_stale).
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
  *               split at 1 MiB (or the port's smaller max_msg_sz), at most
  *               max_send_wr WRs and 2 MiB in flight per QP.  The CQ is
@@ -1155,9 +1155,9 @@ static bool verbs_watch(verbs_cconn *c)
     return !c->dead;
 }
 
-static bool verbs_conn_ok(moonlet_xfer *x, void *conn)
+static bool verbs_conn_stale(moonlet_xfer *x, void *conn)
 {
-    return verbs_watch(conn);
+    return !verbs_watch(conn);
 }
 
 static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
@@ -1226,6 +1226,7 @@ typedef struct verbs_lane_run {
     uint32_t inflight;
     uint64_t inflight_bytes;
     uint64_t last_progress;
+    uint64_t write_deadline; /* earliest writer deadline of its writes (ms); 0: none */
     bool progressed;     /* this pass posted or completed something */
     bool failed;         /* stop posting; drain what is in flight */
 } verbs_lane_run;
@@ -1244,6 +1245,16 @@ static void verbs_lane_break(verbs_lane_run *r, const char *why)
 static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
 {
     xfer_item *it = r->lane->items[r->post_i];
+    const moonlet_xfer_cap *cap = it->op->cap;
+    if (it->op->opcode == MOONLET_XFER_WRITE && cap && cap->deadline_ms &&
+        moonlet_xfer_now_ms() >= cap->deadline_ms) {
+        /* The master may free the range soon after the writer's deadline: no
+         * chunk is posted past it (what is already posted lands within the
+         * master's quarantine grace; docs/reliability.md, "Stale writers"). */
+        it->op->status = MOONLET_ERR_TRANSFER_FAIL;
+        verbs_lane_break(r, "a write passed its writer's deadline");
+        return -1;
+    }
     uint64_t left = it->op->len - r->post_off;
     uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
@@ -1337,6 +1348,9 @@ static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, 
         r->last_progress = now;
     } else if (now - r->last_progress >= x->timeout_ms) {
         verbs_lane_abort(r, "timed out");
+    } else if (r->write_deadline && now >= r->write_deadline) {
+        /* the QP goes to ERR: the NIC stops retransmitting what is posted */
+        verbs_lane_abort(r, "a write passed its writer's deadline");
     } else if (now >= r->c->next_watch_ms) {
         /* a peer that died mid-transfer (its kernel sent a disconnect) fails
          * the lane now rather than after the transport's retries or the
@@ -1356,6 +1370,12 @@ static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, 
  * the nearest lane timeout (at most 100 ms, so timeouts stay exact).
  */
 #define VERBS_SPIN_US 50u
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
 #define VERBS_WAIT_MAX_MS 100u
 
 static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, struct pollfd *fds,
@@ -1375,6 +1395,8 @@ static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, str
         }
         uint64_t idle = now - r->last_progress;
         uint64_t left = idle >= x->timeout_ms ? 0 : x->timeout_ms - idle;
+        if (r->write_deadline)
+            left = now >= r->write_deadline ? 0 : min_u64(left, r->write_deadline - now);
         wait_ms = left < wait_ms ? left : wait_ms;
         fds[n++] = (struct pollfd){.fd = r->c->cc->fd, .events = POLLIN};
         fds[n++] = (struct pollfd){.fd = r->c->ec->fd, .events = POLLIN};
@@ -1394,6 +1416,19 @@ static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, str
             verbs_lane_abort(r, "peer disconnected");
         k += 2;
     }
+}
+
+/* The earliest writer deadline among a lane's writes; 0 when none has one. */
+static uint64_t verbs_lane_write_deadline(const xfer_lane *l)
+{
+    uint64_t d = 0;
+    for (size_t k = 0; k < l->nitems; k++) {
+        const moonlet_xfer_op *op = l->items[k]->op;
+        if (op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->deadline_ms &&
+            (d == 0 || op->cap->deadline_ms < d))
+            d = op->cap->deadline_ms;
+    }
+    return d;
 }
 
 static uint64_t verbs_now_us(void)
@@ -1424,7 +1459,8 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
     uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
-                                   .pending = &pending[pos], .last_progress = now};
+                                   .pending = &pending[pos], .last_progress = now,
+                                   .write_deadline = verbs_lane_write_deadline(&lanes[i])};
     bool busy = true;
     uint64_t idle_since = 0; /* us; 0: something moved in the last pass */
     while (busy) {
@@ -1463,7 +1499,7 @@ const xfer_backend moonlet_xfer_verbs_backend = {
     .prepare = verbs_prepare,
     .conn_open = verbs_conn_open,
     .conn_close = verbs_conn_close,
-    .conn_ok = verbs_conn_ok,
+    .conn_stale = verbs_conn_stale,
     .health = verbs_health,
     .run = verbs_run,
 };

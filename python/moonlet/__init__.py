@@ -132,7 +132,7 @@ class Store(_moonlet.Client):
     @classmethod
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
-                transfer_timeout_ms=0, local_listen_addr=None):
+                transfer_timeout_ms=0, local_listen_addr=None, checksum=True):
         """Connects to the master at master_addr ("HOST:PORT").
 
         protocol:       "auto" (RDMA when a device with an active port exists,
@@ -145,18 +145,24 @@ class Store(_moonlet.Client):
         default_tenant: tenant of calls without tenant_id ("default").
         replica_num:    replicas per put unless a put says otherwise.
         rpc_timeout_ms, transfer_timeout_ms: 0 means 10000.
+        checksum:       True (default): every put records an XXH3-64 of its
+                        bytes and every get verifies it, falling over to the
+                        next replica on a mismatch (StoreError INVALID_READ
+                        when none matches).  False skips both (one pass over
+                        the bytes less per call).
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
         ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600).
         """
         self = cls.__new__(cls)
         self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
-                      replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)
+                      replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
+                      checksum=checksum)
         return self
 
     @classmethod
     def connect_dummy(cls, socket_path, *, default_tenant=None, rpc_timeout_ms=0,
-                      staging_bytes=0, max_connections=0):
+                      staging_bytes=0, max_connections=0, peer_uid=None, peer_gid=None):
         """Connects through the RealClient serving on socket_path (a DummyClient).
 
         A RealClient is a moonlet-store started with --serve-dummy PATH; it
@@ -170,13 +176,18 @@ class Store(_moonlet.Client):
         rpc_timeout_ms:  longest wait for one RealClient answer (0: 30000).
         staging_bytes:   shared staging memory per connection (0: 64 MiB).
         max_connections: calls that may run at once (0: 4).
+        peer_uid:        the uid the RealClient must run as (None: this
+                         process's); root is always accepted.
+        peer_gid:        also accept a RealClient running with this group.
 
         Raises StoreError: RPC_FAIL (-900) when nothing listens on the path,
-        INVALID_PARAMS (-600) for a path too long for a unix socket.
+        INVALID_PARAMS (-600) for a path too long for a unix socket,
+        ILLEGAL_CLIENT (-601) when the process on the socket is neither root
+        nor the expected uid/gid (checked before anything is sent).
         """
         self = cls.__new__(cls)
         self._connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes,
-                            max_connections)
+                            max_connections, peer_uid, peer_gid)
         return self
 
     def inspect(self, key, *, tenant_id=None):

@@ -7,6 +7,8 @@ DummyClient of a RealClient process.
 import ctypes
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -443,3 +445,66 @@ def test_copying_batches_on_a_closed_store(cluster, path, tenant):
         with pytest.raises(moonlet.StoreError) as ei:
             call()
         assert ei.value.code == -1010
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a second uid to run the impostor as")
+def test_connect_dummy_checks_the_socket_owner():
+    """A socket bound by another user (nobody) gets nothing: ILLEGAL_CLIENT;
+    trusting that uid or group explicitly gets past the check (then the
+    impostor, which never answers, times out)."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="mlt-owner-", dir="/tmp")
+    os.chmod(d, 0o777)  # the world-writable /tmp case
+    path = os.path.join(d, "real.sock")
+    code = ("import socket,sys,time\n"
+            "s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)\n"
+            "print('ready', flush=True)\n"
+            "conns=[]\n"
+            "end=time.monotonic()+60\n"
+            "s.settimeout(1)\n"
+            "while time.monotonic()<end:\n"
+            "    try: conns.append(s.accept()[0])\n"
+            "    except socket.timeout: pass\n")
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+
+    p = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True,
+                         preexec_fn=as_nobody)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        with pytest.raises(moonlet.StoreError) as ei:
+            moonlet.Store.connect_dummy(path, rpc_timeout_ms=300)
+        assert ei.value.name == "ILLEGAL_CLIENT"
+        for kw in ({"peer_uid": 65534}, {"peer_gid": 65534}):
+            with pytest.raises(moonlet.StoreError) as ei:
+                moonlet.Store.connect_dummy(path, rpc_timeout_ms=300, **kw)
+            assert ei.value.name == "RPC_TIMEOUT", kw
+        with pytest.raises(ValueError):
+            moonlet.Store.connect_dummy(path, peer_uid=-1)
+    finally:
+        p.kill()
+        p.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_checksum_option(cluster, tenant):
+    """checksum=True (the default) records and verifies an XXH3-64 per object;
+    checksum=False neither computes nor checks one; both read each other's
+    objects (an object without a checksum reads as before)."""
+    on = connect(cluster, "direct", tenant)
+    off = connect(cluster, "direct", tenant, checksum=False)
+    try:
+        on.put("ck/on", b"with a checksum")
+        off.put("ck/off", b"without one")
+        on.put_parts("ck/parts", b"a", b"bc", b"")
+        for s in (on, off):
+            assert bytes(s.get("ck/on")) == b"with a checksum"
+            assert bytes(s.get("ck/off")) == b"without one"
+            assert bytes(s.get("ck/parts")) == b"abc"
+    finally:
+        on.close()
+        off.close()

@@ -1041,6 +1041,148 @@ static void test_rpc_error_helper(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* Before it authenticates, a peer may not make the server buffer a big frame:
+ * a length above MOONLET_RPC_PRE_AUTH_MAX_FRAME is refused at once, without
+ * waiting for (or buffering) the body. */
+static void test_pre_auth_frame_limit(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.auth_token = TOKEN;
+    o.auth_token_len = strlen(TOKEN);
+    moonlet_rpc_server *s = start_opts(&o);
+    uint16_t port = moonlet_rpc_server_port(s);
+
+    int fd = raw_connect(port); /* announces 1 MiB, sends none of it */
+    raw_send(fd, "\x00\x10\x00\x00", 4);
+    raw_expect_reply(fd, 0, MOONLET_ERR_ILLEGAL_CLIENT);
+    raw_expect_eof(fd);
+    close(fd);
+
+    fd = raw_connect(port); /* just above the limit */
+    uint8_t h[4];
+    moonlet_frame_header_encode(h, MOONLET_RPC_PRE_AUTH_MAX_FRAME + 1);
+    raw_send(fd, h, 4);
+    raw_expect_reply(fd, 0, MOONLET_ERR_ILLEGAL_CLIENT);
+    raw_expect_eof(fd);
+    close(fd);
+
+    /* after AUTH the full limit applies again */
+    moonlet_rpc_client *c = connect_ok(s, TOKEN, 2000);
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1);
+    char *big = calloc(1, 100000);
+    assert_non_null(big);
+    msgpack_pack_bin(pk, 100000);
+    msgpack_pack_bin_body(pk, big, 100000);
+    free(big);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+    assert_int_equal(rep.code, 0);
+    moonlet_reply_destroy(&rep);
+    moonlet_rpc_client_close(c);
+    assert_true(wait_conns(s, 0));
+    moonlet_rpc_server_destroy(s);
+}
+
+/* Deadlines: authentication, a frame begun, an idle connection.  Each test
+ * waits for the server to close (raw_read is bounded by RAW_TIMEOUT_MS). */
+static void test_deadlines(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.auth_token = TOKEN;
+    o.auth_token_len = strlen(TOKEN);
+    o.auth_timeout_ms = 300;
+    moonlet_rpc_server *s = start_opts(&o);
+    int fd = raw_connect(moonlet_rpc_server_port(s)); /* never authenticates */
+    int64_t t0 = now_ms();
+    raw_expect_eof(fd);
+    assert_true(now_ms() - t0 >= 250);
+    close(fd);
+    moonlet_rpc_client *c = connect_ok(s, TOKEN, 2000); /* an authenticated one stays */
+    poll(NULL, 0, 600);
+    assert_int_equal(call_add(c, 1, 2), 3);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+
+    o = base_opts();
+    o.frame_timeout_ms = 300;
+    s = start_opts(&o);
+    fd = raw_connect(moonlet_rpc_server_port(s)); /* a frame that never completes */
+    raw_send(fd, "\0\0\0\x64\x93\x05", 6);
+    t0 = now_ms();
+    raw_expect_eof(fd);
+    assert_true(now_ms() - t0 >= 250);
+    close(fd);
+    fd = raw_connect(moonlet_rpc_server_port(s)); /* idle, no idle timeout: kept */
+    raw_send_packed(fd, body_echo_id1);
+    raw_expect_reply(fd, 1, 0);
+    poll(NULL, 0, 600);
+    raw_send_packed(fd, body_echo_id1);
+    raw_expect_reply(fd, 1, 0);
+    close(fd);
+    moonlet_rpc_server_destroy(s);
+
+    o = base_opts();
+    o.idle_timeout_ms = 300;
+    s = start_opts(&o);
+    fd = raw_connect(moonlet_rpc_server_port(s));
+    raw_send_packed(fd, body_echo_id1);
+    raw_expect_reply(fd, 1, 0);
+    t0 = now_ms();
+    raw_expect_eof(fd); /* closed once idle for 300 ms */
+    assert_true(now_ms() - t0 >= 250);
+    close(fd);
+    assert_true(wait_conns(s, 0));
+    moonlet_rpc_server_destroy(s);
+}
+
+/* The connection cap: a connection beyond it is closed at once; the others
+ * are served, and a slot freed is usable again. */
+static void test_connection_cap(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.max_connections = 2;
+    moonlet_rpc_server *s = start_opts(&o);
+    uint16_t port = moonlet_rpc_server_port(s);
+    int a = raw_connect(port), b = raw_connect(port);
+    assert_true(wait_conns(s, 2));
+    int x = raw_connect(port);
+    raw_expect_eof(x);
+    close(x);
+    raw_send_packed(a, body_echo_id1);
+    raw_expect_reply(a, 1, 0);
+    close(b);
+    assert_true(wait_conns(s, 1));
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    assert_int_equal(call_add(c, 2, 2), 4);
+    moonlet_rpc_client_close(c);
+    close(a);
+    assert_true(wait_conns(s, 0));
+    moonlet_rpc_server_destroy(s);
+}
+
+/* A request with more elements than max_request_elements is answered
+ * INVALID_PARAMS before it is decoded; the connection stays usable. */
+static void test_request_element_cap(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.max_request_elements = 100;
+    moonlet_rpc_server *s = start_opts(&o);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    for (int n = 90; n <= 1000; n += 910) {
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 1);
+        msgpack_pack_array(pk, (size_t)n);
+        for (int i = 0; i < n; i++)
+            msgpack_pack_nil(pk);
+        moonlet_reply rep;
+        assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+        assert_int_equal(rep.code, n <= 100 ? 0 : MOONLET_ERR_INVALID_PARAMS);
+        moonlet_reply_destroy(&rep);
+    }
+    assert_int_equal(call_add(c, 1, 1), 2);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -1063,6 +1205,10 @@ int main(void)
         cmocka_unit_test(test_busy_poll),
         cmocka_unit_test(test_connect_failures),
         cmocka_unit_test(test_rpc_error_helper),
+        cmocka_unit_test(test_pre_auth_frame_limit),
+        cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_connection_cap),
+        cmocka_unit_test(test_request_element_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -574,18 +574,7 @@ static void test_auto_choice(void **state)
     moonlet_xfer_destroy(r);
 }
 
-/*
- * ThreadSanitizer: this binary runs clients and servers in one process, so
- * TSan sees a server worker's copy between a segment and a socket and a later
- * copy by another worker, but not the client round trip through the loopback
- * socket that orders them.  Only those two copy functions are exempt; every
- * other access (pool, segment table, connections, client buffers) is checked.
- */
-const char *__tsan_default_suppressions(void);
-const char *__tsan_default_suppressions(void)
-{
-    return "race:tcp_segment_send\nrace:tcp_segment_recv\n";
-}
+#include "../common/tsan_loopback.h" /* the loopback round trip TSan cannot see */
 
 #define CONTRACT_CASES                                                                      \
     cmocka_unit_test(test_info), cmocka_unit_test(test_sizes), cmocka_unit_test(test_edges),  \
