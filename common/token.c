@@ -10,6 +10,16 @@
 #include "log.h"
 #include "moonlet/error.h"
 
+bool moonlet_token_equal(const char *got, size_t got_len, const char *want, size_t want_len)
+{
+    volatile unsigned char diff = (unsigned char)(got_len != want_len);
+    for (size_t i = 0; i < want_len; i++) {
+        unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
+        diff |= (unsigned char)(g ^ (unsigned char)want[i]);
+    }
+    return diff == 0;
+}
+
 int moonlet_token_read(const char *path, char **out)
 {
     FILE *f = fopen(path, "r");

@@ -293,7 +293,8 @@ uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
     struct seg_run *runs = NULL;
     if (it.oom || !(runs = calloc(MOONLET_MAX_SEGMENTS, sizeof(*runs))))
         goto out;
-    qsort(it.v, it.n, sizeof(*it.v), cmp_run_item);
+    if (it.n) /* it.v is NULL when nothing was collected */
+        qsort(it.v, it.n, sizeof(*it.v), cmp_run_item);
     /* Pinned objects only when unpinned ones cannot make room (as evict_pass). */
     for (int round = 0; round < 2; round++) {
         bool allow_pinned = round == 1;

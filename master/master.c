@@ -36,6 +36,7 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->eviction_ratio = 0.05;
     cfg->client_live_ttl_ms = 10000;
     cfg->put_timeout_ms = 60000;
+    cfg->put_quarantine_grace_ms = 2000;
     cfg->background_interval_ms = 100;
     cfg->background = true;
     cfg->max_tenants = MOONLET_MAX_TENANTS;
@@ -196,6 +197,8 @@ void moonlet_master_tick(moonlet_master *m)
         m->last_reap_ns = now;
         reap_stale_puts(m);
     }
+    if (atomic_load(&m->reg.quarantined) > 0)
+        registry_quarantine_sweep(m);
     liveness_check(m);
     /* After a mass removal, give the allocator's free memory back (the
      * object slab returns its empty chunks by itself). */
@@ -251,6 +254,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     m->soft_pin_ttl_ns = cfg->soft_pin_ttl_ms * MOONLET_NS_PER_MS;
     m->client_ttl_ns = cfg->client_live_ttl_ms * MOONLET_NS_PER_MS;
     m->put_timeout_ns = cfg->put_timeout_ms * MOONLET_NS_PER_MS;
+    m->quarantine_grace_ns = cfg->put_quarantine_grace_ms * MOONLET_NS_PER_MS;
     m->nshards = cfg->shards;
 
     pthread_mutex_init(&m->evict_mu, NULL);
@@ -359,6 +363,7 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
         st->resume_lock_hold_hist[i] = atomic_load(&s->resume_lock_hold_hist[i]);
     st->resume_lock_hold_max_ns = atomic_load(&s->resume_lock_hold_max_ns);
     st->tenants = tenant_count(m);
+    st->quarantined = atomic_load(&m->reg.quarantined);
     st->capacity = atomic_load(&m->reg.capacity);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);

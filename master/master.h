@@ -43,6 +43,8 @@ typedef struct moonlet_master_config {
     double eviction_ratio;            /* 0.05 */
     uint64_t client_live_ttl_ms;      /* 10000 */
     uint64_t put_timeout_ms;          /* PutStart without PutEnd is revoked after this (60000) */
+    uint64_t put_quarantine_grace_ms; /* a range freed from an unfinished put is reused only
+                                       * this long after its put deadline (2000) */
     uint32_t background_interval_ms;  /* eviction / liveness check period (100) */
     bool background;                  /* run the eviction and liveness thread */
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
@@ -66,6 +68,10 @@ void moonlet_master_destroy(moonlet_master *m);
  * it mounted one knows the master forgot it (restart, or declared dead) and
  * mounts again. */
 int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segments_out);
+/* A Ping's optional node clock: node_ms is the node's CLOCK_MONOTONIC (ms) when
+ * it sent the Ping.  Refreshes the clock offset bound of the client's segments
+ * (node clock - master clock, a lower bound; see docs/reliability.md). */
+void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, uint64_t node_ms);
 
 /* Largest segment a node may mount: 1 PiB.  With at most 4096 segments the
  * capacity total stays far from 2^64, and base + size never wraps. */
@@ -114,6 +120,10 @@ typedef struct moonlet_replica_view {
     uint64_t offset;
     uint64_t size;
     uint8_t status;
+    /* PutStart only (has_cap): the write capability of this replica and the
+     * ms left until the put's deadline. */
+    bool has_cap;
+    uint64_t cap_len, cap_expiry_ms, cap_tag, put_ttl_ms;
 } moonlet_replica_view;
 
 typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r);
@@ -128,8 +138,10 @@ typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r
 int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
                              uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
                              void *arg);
-/* Seals a put: every replica becomes COMPLETE and the object readable. */
-int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* Seals a put: every replica becomes COMPLETE and the object readable.
+ * checksum (optional): the writer's XXH3-64 of the bytes, returned to readers. */
+int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                           const uint64_t *checksum);
 /* Abandons a put in progress: frees its replicas and forgets the key. */
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
 
@@ -138,6 +150,11 @@ int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str
 int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
                                     uint64_t *size, uint64_t *lease_ttl_ms,
                                     moonlet_replica_visitor visit, void *arg);
+/* The same, and the checksum PutEnd recorded (*has_checksum false: none). */
+int moonlet_master_get_replica_list_ck(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                       uint64_t *size, uint64_t *lease_ttl_ms,
+                                       bool *has_checksum, uint64_t *checksum,
+                                       moonlet_replica_visitor visit, void *arg);
 
 /* Existence with Mooncake semantics: a readable hit is leased. */
 int moonlet_master_exist_key(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool *exists);
@@ -184,6 +201,12 @@ int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key
 /* Removes every object of the tenant that has no unexpired lease and no put
  * in progress; *removed gets the count. */
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed);
+/* The same with Mooncake's force: with force, an object under an unexpired
+ * read lease is removed too (a reader still transferring may then read
+ * bytes of whatever is placed there next); a put in progress never is. */
+int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force);
+int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool force,
+                                 uint64_t *removed);
 
 /* Runs one eviction pass now, whatever the watermark (tests, admin). Returns objects evicted. */
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
@@ -266,6 +289,7 @@ typedef struct moonlet_master_stats {
     uint64_t leases_resume_kv;            /* KV keys leased by ProbeResume */
     uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     uint64_t resume_lock_hold_max_ns;
+    uint64_t quarantined;       /* bytes freed from unfinished puts, not yet reusable */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

@@ -49,6 +49,7 @@ struct mrep {
 /*
  * One object, allocated as a single block: a 48-byte header, the key bytes
  * (not NUL-terminated), then `nrep` replicas at the next 8-byte boundary.
+ * (56 bytes since the end-to-end checksum.)
  * The key follows the header directly so a lookup touches the fewest cache
  * lines: the hash, length and the key's first bytes share the first line.
  */
@@ -65,10 +66,14 @@ struct mobj {
     uint8_t state : 2;          /* OBJ_PENDING / OBJ_COMPLETE */
     uint8_t soft_pin : 1;       /* PutStart asked for a soft pin */
     uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
+    uint8_t has_checksum : 1;   /* PutEnd recorded `checksum` */
+    uint64_t checksum;          /* the writer's XXH3-64 of the bytes (end-to-end check) */
     char key[];
 };
 
-_Static_assert(sizeof(struct mobj) == 48, "object header grew: lookups touch more cache lines");
+/* 56 bytes: the end-to-end checksum added 8.  The hash, size, length and the
+ * key's first bytes still share the first cache line. */
+_Static_assert(sizeof(struct mobj) == 56, "object header grew: lookups touch more cache lines");
 
 static inline char *mobj_key(struct mobj *o) { return o->key; }
 static inline size_t mobj_key_span(uint32_t key_len) { return (key_len + 7u) & ~(size_t)7u; }
@@ -105,6 +110,20 @@ struct mseg {
     uint64_t size;
     moonlet_alloc *alloc;        /* registry.mu */
     uint64_t objects;            /* registry.mu: replicas on this segment */
+    /* Write fencing (docs/reliability.md).  The key is set at mount (identity:
+     * unchanged while mounted); the clock offset bound is refreshed by Pings. */
+    bool has_key;
+    uint8_t write_key[16];
+    _Atomic int64_t clock_offset_ms; /* lower bound of node clock - master clock */
+    /* registry.mu: ranges freed from unfinished puts, each reusable only
+     * after its put deadline + the grace (unsorted). */
+    struct quarantined *quar;
+    uint32_t nquar, quar_cap;
+};
+
+/* A range held back from the allocator until `until_ns`. */
+struct quarantined {
+    uint64_t offset, len, until_ns;
 };
 
 /*
@@ -137,7 +156,8 @@ struct registry {
     uint32_t clients_cap;
     uint32_t rr;                             /* round-robin start for placement */
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
-    _Atomic uint64_t used;
+    _Atomic uint64_t used;                   /* allocated + quarantined bytes */
+    _Atomic uint64_t quarantined;            /* bytes in quarantine (part of used) */
 };
 
 /*
@@ -184,7 +204,7 @@ struct mstats {
 
 struct moonlet_master {
     moonlet_master_config cfg;
-    uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns;
+    uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns, quarantine_grace_ns;
 
     pthread_mutex_t evict_mu;
     pthread_rwlock_t guard;
@@ -270,8 +290,20 @@ void registry_destroy(struct registry *r);
 /* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[].
  * Caller holds the guard shared (and a shard lock); takes registry.mu. */
 int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps);
-/* Gives the ranges back.  Takes registry.mu. */
-void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep);
+/* Gives the ranges back.  Takes registry.mu.  until_ns 0: to the allocator
+ * at once (a sealed object: every write to it was acknowledged before its
+ * PutEnd, so no stale byte can follow); otherwise into the segment's
+ * quarantine until then (an unfinished put: its writer may still be sending). */
+void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,
+                      uint64_t until_ns);
+/* Returns every quarantined range whose time has come to its allocator
+ * (the background thread; placement does the same per segment).  Takes registry.mu. */
+void registry_quarantine_sweep(moonlet_master *m);
+/* The write capability of a replica of a put whose deadline is deadline_ns
+ * (the master's clock), into v (has_cap false when the segment has no key).
+ * Caller holds the guard shared, so the segment stays mounted. */
+void replica_cap_fill(const moonlet_master *m, const struct mrep *r, uint64_t size,
+                      uint64_t deadline_ns, uint64_t now_ns, moonlet_replica_view *v);
 void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *r,
                        moonlet_replica_view *v);
 /* Unmounts every segment of clients not heard from within the liveness TTL. */

@@ -26,6 +26,7 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "token.h"
 
 #define MOD "metrics"
 #define METRICS_MAX_CONNS 1024u
@@ -36,6 +37,7 @@ struct moonlet_metrics {
     moonlet_master *m;
     struct MHD_Daemon *d;
     uint16_t port;
+    char *token; /* NULL: scrapes need no credentials */
 };
 
 /* ---- rendering -------------------------------------------------------------- */
@@ -170,6 +172,34 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
     return ret;
 }
 
+/* With a token: "Authorization: Bearer <token>", compared in constant time. */
+static bool scrape_authorized(const moonlet_metrics *s, struct MHD_Connection *conn)
+{
+    if (!s->token)
+        return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    static const char bearer[] = "Bearer ";
+    if (!h || strncmp(h, bearer, sizeof(bearer) - 1) != 0)
+        return false;
+    h += sizeof(bearer) - 1;
+    return moonlet_token_equal(h, strlen(h), s->token, strlen(s->token));
+}
+
+static enum MHD_Result respond_unauthorized(struct MHD_Connection *conn)
+{
+    static char body[] = "unauthorized: send the cluster token as \"Authorization: Bearer <token>\"\n";
+    struct MHD_Response *r = MHD_create_response_from_buffer(sizeof(body) - 1, body,
+                                                             MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"moonlet\"");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -181,6 +211,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
                             sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT);
+    if (!scrape_authorized(s, conn))
+        return respond_unauthorized(conn);
     if (strcmp(url, "/metrics") != 0)
         return respond_text(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
                             MHD_RESPMEM_PERSISTENT);
@@ -194,7 +226,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 }
 
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
-                          moonlet_metrics **out)
+                          const char *token, moonlet_metrics **out)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -212,6 +244,11 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     s->m = m;
+    if (token && *token && !(s->token = strdup(token))) {
+        freeaddrinfo(ai);
+        free(s);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
@@ -222,6 +259,7 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
     freeaddrinfo(ai);
     if (!s->d) {
         ML_ERR(MOD, "cannot serve metrics on %s:%u (port in use?)", address, port);
+        moonlet_token_free(s->token);
         free(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -241,5 +279,6 @@ void moonlet_metrics_stop(moonlet_metrics *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
+    moonlet_token_free(s->token);
     free(s);
 }

@@ -4,7 +4,10 @@
  *
  * Owns the HTTP server (libmicrohttpd, one internal polling thread).  GET or
  * HEAD /metrics answers with the current moonlet_master_stats; any other path
- * is 404 and any other method 405.  Nothing here is needed by the client
+ * is 404 and any other method 405.  With a cluster token, a scrape must carry
+ * it as "Authorization: Bearer <token>" (Prometheus: `authorization:
+ * credentials_file`); anything else is 401, so the statistics are no more
+ * open than the RPC port they describe.  Nothing here is needed by the client
  * library: only the moonlet-master daemon links it.
  *
  * Locks: takes no master lock itself; each scrape calls
@@ -22,11 +25,11 @@
 typedef struct moonlet_metrics moonlet_metrics;
 
 /* Serves `m` (which must outlive the server) on address:port; port 0 picks a
- * free port (see moonlet_metrics_port).  Returns 0, INVALID_PARAMS for an
+ * free port (see moonlet_metrics_port).  `token` (NULL or "": none) is copied.  Returns 0, INVALID_PARAMS for an
  * address that does not resolve, or INTERNAL_ERROR when it cannot listen
  * (port in use, for example; the reason is logged). */
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
-                          moonlet_metrics **out);
+                          const char *token, moonlet_metrics **out);
 /* The port the server listens on. */
 uint16_t moonlet_metrics_port(const moonlet_metrics *s);
 /* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */

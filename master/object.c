@@ -14,6 +14,12 @@
  * and tries again, at most 3 times, so eviction never runs under a shard
  * lock and stops as soon as nothing can be evicted usefully.
  *
+ * PutStart reports, per replica, a write capability whose expiry is the put
+ * deadline on the store node's clock (segment.c); an unfinished put's ranges
+ * go to quarantine when it is revoked or reaped (object_destroy_locked).
+ * PutEnd may record the writer's checksum of the bytes; GetReplicaList
+ * returns it to readers.
+ *
  * Locks: guard (shared) -> one shard lock -> registry.mu.
  */
 #include <stdlib.h>
@@ -112,17 +118,25 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
         mobj_free(m, o);
         goto out;
     }
+    uint64_t now = moonlet_clock_now_ns();
     o->size = size;
     o->state = OBJ_PENDING;
     o->soft_pin = soft_pin;
-    o->lease_deadline = moonlet_clock_now_ns() + m->put_timeout_ns; /* put deadline */
+    o->has_checksum = 0;
+    o->checksum = 0;
+    o->lease_deadline = now + m->put_timeout_ns; /* put deadline */
     shard_insert_locked(ref->shard, o);
     tenant_ref(m, ref->tenant); /* the object's own reference */
     atomic_fetch_add(&m->st.objects, 1);
     atomic_fetch_add(&m->st.pending, 1);
     atomic_fetch_add(&m->st.bytes, size);
     atomic_fetch_add(&m->st.put_starts, 1);
-    visit_replicas(m, o, false, visit, arg);
+    for (uint32_t k = 0; visit && k < o->nrep; k++) {
+        moonlet_replica_view v;
+        replica_view_fill(m, o, &mobj_reps(o)[k], &v);
+        replica_cap_fill(m, &mobj_reps(o)[k], size, o->lease_deadline, now, &v);
+        visit(arg, &v);
+    }
 out:
     pthread_mutex_unlock(&ref->shard->mu);
     pthread_rwlock_unlock(&m->guard);
@@ -164,8 +178,13 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
 
 static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
+    const uint64_t *checksum = arg;
     if (o->state != OBJ_PENDING)
         return MOONLET_ERR_INVALID_WRITE;
+    if (checksum) {
+        o->checksum = *checksum;
+        o->has_checksum = 1;
+    }
     for (uint32_t k = 0; k < o->nrep; k++)
         mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
     o->state = OBJ_COMPLETE;
@@ -183,9 +202,10 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     return MOONLET_OK;
 }
 
-int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                           const uint64_t *checksum)
 {
-    return with_object(m, tenant, key, put_end_op, NULL);
+    return with_object(m, tenant, key, put_end_op, (void *)checksum);
 }
 
 static int put_revoke_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
@@ -204,6 +224,8 @@ int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str
 
 struct get_args {
     uint64_t *size, *lease_ttl_ms;
+    bool *has_checksum;
+    uint64_t *checksum;
     moonlet_replica_visitor visit;
     void *arg;
 };
@@ -220,6 +242,10 @@ static int get_replicas_op(moonlet_master *m, struct shard *s, struct mobj *o, v
         *g->size = o->size;
     if (g->lease_ttl_ms)
         *g->lease_ttl_ms = m->cfg.lease_ttl_ms;
+    if (g->has_checksum)
+        *g->has_checksum = o->has_checksum;
+    if (g->checksum)
+        *g->checksum = o->checksum;
     visit_replicas(m, o, true, g->visit, g->arg);
     return MOONLET_OK;
 }
@@ -228,7 +254,16 @@ int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonl
                                     uint64_t *size, uint64_t *lease_ttl_ms,
                                     moonlet_replica_visitor visit, void *arg)
 {
-    struct get_args g = {size, lease_ttl_ms, visit, arg};
+    struct get_args g = {size, lease_ttl_ms, NULL, NULL, visit, arg};
+    return with_object(m, tenant, key, get_replicas_op, &g);
+}
+
+int moonlet_master_get_replica_list_ck(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                       uint64_t *size, uint64_t *lease_ttl_ms,
+                                       bool *has_checksum, uint64_t *checksum,
+                                       moonlet_replica_visitor visit, void *arg)
+{
+    struct get_args g = {size, lease_ttl_ms, has_checksum, checksum, visit, arg};
     return with_object(m, tenant, key, get_replicas_op, &g);
 }
 
@@ -304,9 +339,10 @@ int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str 
 
 static int remove_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
+    bool force = arg && *(const bool *)arg;
     if (o->state == OBJ_PENDING)
         return MOONLET_ERR_REPLICA_IS_NOT_READY;
-    if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+    if (!force && moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
         return MOONLET_ERR_OBJECT_HAS_LEASE;
     object_destroy_locked(m, s, o);
     atomic_fetch_add(&m->st.removes, 1);
@@ -318,16 +354,22 @@ int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key
     return with_object(m, tenant, key, remove_op, NULL);
 }
 
+int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force)
+{
+    return with_object(m, tenant, key, remove_op, &force);
+}
+
 struct remove_all_args {
     uint32_t tenant;
     uint64_t now, removed;
+    bool force;
 };
 
 static bool remove_all_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
     struct remove_all_args *r = arg;
     if (o->tenant != r->tenant || o->state != OBJ_COMPLETE ||
-        moonlet_lease_active(o->lease_deadline, r->now))
+        (!r->force && moonlet_lease_active(o->lease_deadline, r->now)))
         return true;
     object_destroy_locked(m, s, o);
     r->removed++;
@@ -336,7 +378,13 @@ static bool remove_all_visit(moonlet_master *m, struct shard *s, struct mobj *o,
 
 int moonlet_master_remove_all(moonlet_master *m, moonlet_str tenant, uint64_t *removed)
 {
-    struct remove_all_args r = {.now = moonlet_clock_now_ns()};
+    return moonlet_master_remove_all_ex(m, tenant, false, removed);
+}
+
+int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool force,
+                                 uint64_t *removed)
+{
+    struct remove_all_args r = {.now = moonlet_clock_now_ns(), .force = force};
     int rc = tenant_lookup(m, tenant, &r.tenant);
     *removed = 0;
     if (rc || r.tenant == MOONLET_NO_TENANT)

@@ -18,6 +18,15 @@
  * reconnect (see moonlet_master_bind_client in master.h): a second node
  * started with the same --client-id, or any client naming another node's
  * published id, is refused (ILLEGAL_CLIENT) instead of taking it over.
+ * Write fencing (docs/reliability.md).  A segment mounted with a write key
+ * gets, for each replica placed in it, a capability whose expiry is the put's
+ * deadline translated into the node's clock with the offset bound the node's
+ * Mount and Pings measured (node_ms_sent - master_ms_received: message delay
+ * only makes it smaller, so it never overstates the node's clock).  A range
+ * freed from an unfinished put waits in the segment's quarantine until its
+ * put deadline plus a grace, so no stale writer's byte can land in an object
+ * placed there later; sweeps return due ranges lazily (placement) and from
+ * the background thread.  Quarantined bytes stay counted as used.
  *
  * Locks: registry.mu (order 3) around every registry change; unmount takes the
  * guard exclusive (order 1), then each shard lock in turn (order 2), then
@@ -32,6 +41,7 @@
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "writecap.h"
 
 int registry_init(struct registry *r)
 {
@@ -45,6 +55,7 @@ void registry_destroy(struct registry *r)
     for (uint32_t i = 0; i < r->nslots; i++) {
         if (r->segs[i]) {
             moonlet_alloc_destroy(r->segs[i]->alloc);
+            free(r->segs[i]->quar);
             free(r->segs[i]);
         }
     }
@@ -213,6 +224,31 @@ int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segm
     return moonlet_master_ping_as(m, client_id, 0, segments_out);
 }
 
+/* node_ms sent, master's now received: a lower bound of node - master (ms). */
+static int64_t clock_offset_bound(uint64_t node_ms)
+{
+    uint64_t master_ms = (moonlet_clock_now_ns() + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS;
+    return (int64_t)node_ms - (int64_t)master_ms;
+}
+
+void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, uint64_t node_ms)
+{
+    if (id_check(client_id) || node_ms == 0 || node_ms > INT64_MAX)
+        return;
+    int64_t off = clock_offset_bound(node_ms);
+    struct registry *r = &m->reg;
+    uint32_t idx;
+    pthread_mutex_lock(&r->mu);
+    if (client_get_locked(r, client_id, false, &idx)) {
+        for (uint32_t i = 0; i < r->nslots; i++) {
+            struct mseg *s = r->segs[i];
+            if (s && s->client == idx && atomic_load(&s->state) == SEG_MOUNTED)
+                atomic_store(&s->clock_offset_ms, off);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 static struct mseg *seg_find_locked(struct registry *r, moonlet_str id, uint32_t *slot)
 {
     for (uint32_t i = 0; i < r->nslots; i++) {
@@ -237,6 +273,9 @@ static int seg_desc_check(const moonlet_segment_desc *d)
         return MOONLET_ERR_INVALID_PARAMS;
     if (d->size < MOONLET_ALLOC_ALIGN || d->size > MOONLET_MAX_SEGMENT_BYTES ||
         d->base > UINT64_MAX - d->size)
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* A key without the node's clock would give capabilities no expiry. */
+    if (d->write_key && (d->node_clock_ms == 0 || d->node_clock_ms > INT64_MAX))
         return MOONLET_ERR_INVALID_PARAMS;
     return MOONLET_OK;
 }
@@ -286,6 +325,11 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     s->alloc = alloc;
     alloc = NULL;
     s->objects = 0;
+    s->has_key = d->write_key != NULL;
+    if (s->has_key)
+        memcpy(s->write_key, d->write_key, sizeof(s->write_key));
+    atomic_store(&s->clock_offset_ms, s->has_key ? clock_offset_bound(d->node_clock_ms) : 0);
+    s->nquar = 0;
     s->client = cidx;
     c->nsegs++;
     c->last_ping_ns = moonlet_clock_now_ns();
@@ -359,6 +403,9 @@ static int unmount_slot(moonlet_master *m, moonlet_str client_id, moonlet_str se
     pthread_mutex_lock(&r->mu);
     atomic_fetch_sub(&r->capacity, s->size);
     atomic_fetch_sub(&r->used, moonlet_alloc_used(s->alloc));
+    for (uint32_t q = 0; q < s->nquar; q++) /* gone with the segment's id and key */
+        atomic_fetch_sub(&r->quarantined, s->quar[q].len);
+    s->nquar = 0;
     moonlet_alloc_destroy(s->alloc);
     s->alloc = NULL;
     r->nmounted--;
@@ -386,10 +433,61 @@ int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id, moo
     return moonlet_master_unmount_segment_as(m, client_id, segment_id, 0);
 }
 
+/* Returns the segment's due quarantined ranges to its allocator.  registry.mu held. */
+static void quarantine_release_due_locked(struct registry *r, struct mseg *s, uint64_t now)
+{
+    uint32_t keep = 0;
+    for (uint32_t q = 0; q < s->nquar; q++) {
+        struct quarantined *e = &s->quar[q];
+        if (e->until_ns > now) {
+            s->quar[keep++] = *e;
+            continue;
+        }
+        if (moonlet_alloc_release(s->alloc, e->offset, e->len) == MOONLET_OK)
+            atomic_fetch_sub(&r->used, e->len);
+        else
+            ML_ERR("master", "segment %s: release of quarantined [%" PRIu64 ", +%" PRIu64
+                   ") refused", s->id, e->offset, e->len);
+        atomic_fetch_sub(&r->quarantined, e->len);
+    }
+    s->nquar = keep;
+}
+
+/* Holds [offset, +len) back until until_ns; false when out of memory. */
+static bool quarantine_add_locked(struct registry *r, struct mseg *s, uint64_t offset,
+                                  uint64_t len, uint64_t until_ns)
+{
+    if (s->nquar == s->quar_cap) {
+        uint32_t cap = s->quar_cap ? s->quar_cap * 2 : 16;
+        struct quarantined *q = realloc(s->quar, cap * sizeof(*q));
+        if (!q)
+            return false;
+        s->quar = q;
+        s->quar_cap = cap;
+    }
+    s->quar[s->nquar++] = (struct quarantined){offset, len, until_ns};
+    atomic_fetch_add(&r->quarantined, len);
+    return true;
+}
+
+void registry_quarantine_sweep(moonlet_master *m)
+{
+    struct registry *r = &m->reg;
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        struct mseg *s = r->segs[i];
+        if (s && atomic_load(&s->state) == SEG_MOUNTED && s->nquar)
+            quarantine_release_due_locked(r, s, now);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
 int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    uint64_t now = moonlet_clock_now_ns();
     pthread_mutex_lock(&r->mu);
     if (r->nmounted < nrep) {
         pthread_mutex_unlock(&r->mu);
@@ -401,6 +499,8 @@ int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struc
         struct mseg *s = r->segs[slot];
         if (!s || atomic_load(&s->state) != SEG_MOUNTED)
             continue;
+        if (s->nquar)
+            quarantine_release_due_locked(r, s, now);
         uint64_t off;
         if (moonlet_alloc_reserve(s->alloc, len, &off) != MOONLET_OK)
             continue;
@@ -422,7 +522,8 @@ int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struc
     return MOONLET_ERR_NO_AVAILABLE_HANDLE;
 }
 
-void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep)
+void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,
+                      uint64_t until_ns)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
@@ -431,15 +532,37 @@ void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps,
         struct mseg *s = r->segs[reps[k].seg];
         if (!s || !s->alloc)
             continue;
-        if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK) {
-            s->objects--;
+        s->objects--;
+        /* Quarantined bytes stay in `used`: they are not allocatable. */
+        if (until_ns && quarantine_add_locked(r, s, reps[k].offset, len, until_ns))
+            continue;
+        if (until_ns) /* out of memory for the list: keep the range for good */
+            ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
+                   "); it stays allocated", s->id, reps[k].offset, len);
+        else if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK)
             atomic_fetch_sub(&r->used, len);
-        } else {
+        else
             ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
                    s->id, reps[k].offset, len);
-        }
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t size,
+                      uint64_t deadline_ns, uint64_t now_ns, moonlet_replica_view *v)
+{
+    const struct mseg *s = m->reg.segs[rp->seg];
+    v->put_ttl_ms = deadline_ns > now_ns ? (deadline_ns - now_ns) / MOONLET_NS_PER_MS : 0;
+    v->has_cap = s->has_key;
+    if (!s->has_key)
+        return;
+    /* The put deadline on the node's clock, rounded down: any write the node
+     * accepts happens before the deadline in real time. */
+    int64_t e = (int64_t)(deadline_ns / MOONLET_NS_PER_MS) + atomic_load(&s->clock_offset_ms);
+    v->cap_len = moonlet_alloc_rounded(size ? size : 1);
+    v->cap_expiry_ms = e > 0 ? (uint64_t)e : 1;
+    v->cap_tag = moonlet_writecap_tag(s->write_key, s->id, rp->offset, v->cap_len,
+                                      v->cap_expiry_ms);
 }
 
 void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *rp,
@@ -454,6 +577,8 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->offset = rp->offset;
     v->size = o->size;
     v->status = rp->status;
+    v->has_cap = false;
+    v->cap_len = v->cap_expiry_ms = v->cap_tag = v->put_ttl_ms = 0;
 }
 
 uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len)

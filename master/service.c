@@ -216,6 +216,7 @@ struct replica_pack {
     msgpack_packer pk;
     uint32_t count;
     bool as_map; /* inspection: a map per replica; data path: a compact array */
+    bool with_cap; /* PutStart: 4 more fields per replica (write capability, put TTL) */
 };
 
 static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
@@ -235,7 +236,7 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
         return;
     }
-    msgpack_pack_array(pk, 7);
+    msgpack_pack_array(pk, rp->with_cap ? 11 : 7);
     moonlet_pack_cstr(pk, r->segment_id);
     moonlet_pack_cstr(pk, r->endpoint);
     moonlet_pack_cstr(pk, r->protocol);
@@ -243,6 +244,12 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     msgpack_pack_uint64(pk, r->offset);
     msgpack_pack_uint64(pk, r->size);
     msgpack_pack_uint8(pk, r->status);
+    if (rp->with_cap) { /* cap_tag 0: the segment checks no capability */
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_len : 0);
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_expiry_ms : 0);
+        msgpack_pack_uint64(pk, r->has_cap ? r->cap_tag : 0);
+        msgpack_pack_uint64(pk, r->put_ttl_ms);
+    }
 }
 
 static void replica_pack_init(struct replica_pack *rp, bool as_map)
@@ -251,6 +258,7 @@ static void replica_pack_init(struct replica_pack *rp, bool as_map)
     msgpack_packer_init(&rp->pk, &rp->buf, msgpack_sbuffer_write);
     rp->count = 0;
     rp->as_map = as_map;
+    rp->with_cap = false;
 }
 
 /* Packs array(count) followed by the side buffer's bytes into out. */
@@ -287,14 +295,34 @@ static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
         return BAD_ARGS(out, "[client_id]");
     SESSION_OR_FAIL(ctx, out, session);
     uint32_t segs = 0;
+    uint64_t node_ms; /* optional trailing arg: the node's clock when it sent this */
     int rc = moonlet_master_ping_as(M(ctx), client, session, &segs);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
         return moonlet_rpc_error(out, rc, "client id %.*s is held by another connection",
                                  (int)client.len, client.ptr);
+    if (rc == MOONLET_OK && moonlet_wire_len(args) > 1 && moonlet_wire_u64(args, 1, &node_ms) == 0)
+        moonlet_master_note_node_clock(M(ctx), client, node_ms);
     if (rc)
         return reply(out, rc);
     msgpack_pack_map(out, 1);
     pack_u64_kv(out, "segments", segs);
+    return MOONLET_OK;
+}
+
+/* MountSegment's optional trailing args i, i+1: the node's 16-byte write key
+ * and its clock when it sent the mount.  Absent: *key stays NULL. */
+static int arg_write_key(const msgpack_object *args, uint32_t i, const uint8_t **key,
+                         uint64_t *node_ms)
+{
+    *key = NULL;
+    *node_ms = 0;
+    if (moonlet_wire_len(args) <= i)
+        return MOONLET_OK;
+    const msgpack_object *k = moonlet_wire_at(args, i);
+    if (!k || k->type != MSGPACK_OBJECT_BIN || k->via.bin.size != 16 ||
+        moonlet_wire_u64(args, i + 1, node_ms))
+        return MOONLET_ERR_INVALID_PARAMS;
+    *key = (const uint8_t *)k->via.bin.ptr;
     return MOONLET_OK;
 }
 
@@ -315,6 +343,8 @@ static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
                                  (unsigned long long)MOONLET_MAX_SEGMENT_BYTES);
     moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
                               .size = size, .endpoint = endpoint, .protocol = proto};
+    if (arg_write_key(args, 7, &d.write_key, &d.node_clock_ms))
+        return BAD_ARGS(out, "[..., write_key (bin 16), node_clock_ms]");
     SESSION_OR_FAIL(ctx, out, session);
     int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
@@ -363,6 +393,7 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
+    rp.with_cap = true;
     int rc = moonlet_master_put_start(M(ctx), tenant, key, size, (uint32_t)nrep, soft_pin,
                                       replica_pack_visit, &rp);
     if (rc) {
@@ -376,9 +407,11 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
 static int h_put_end(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_put_end(M(ctx), tenant, key));
+    uint64_t checksum; /* optional trailing arg: XXH3-64 of the bytes */
+    bool has_ck = moonlet_wire_len(args) > 2;
+    if (tenant_key(args, &tenant, &key) || (has_ck && moonlet_wire_u64(args, 2, &checksum)))
+        return BAD_ARGS(out, "[tenant, key, checksum?]");
+    return reply(out, moonlet_master_put_end(M(ctx), tenant, key, has_ck ? &checksum : NULL));
 }
 
 static int h_put_revoke(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -396,17 +429,19 @@ static int h_get_replicas(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
         return BAD_ARGS(out, "[tenant, key]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
-    uint64_t size = 0, ttl = 0;
-    int rc = moonlet_master_get_replica_list(M(ctx), tenant, key, &size, &ttl,
-                                             replica_pack_visit, &rp);
+    uint64_t size = 0, ttl = 0, checksum = 0;
+    bool has_ck = false;
+    int rc = moonlet_master_get_replica_list_ck(M(ctx), tenant, key, &size, &ttl, &has_ck,
+                                                &checksum, replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
         return reply(out, rc);
     }
-    msgpack_pack_array(out, 3);
+    msgpack_pack_array(out, 4);
     msgpack_pack_uint64(out, size);
     msgpack_pack_uint64(out, ttl);
     replica_pack_flush(&rp, out);
+    has_ck ? msgpack_pack_uint64(out, checksum) : msgpack_pack_nil(out); /* XXH3-64, nil: none */
     return MOONLET_OK;
 }
 
@@ -578,21 +613,26 @@ static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
     return rc;
 }
 
+/* [tenant, key] or [tenant, key, force] (force: a trailing optional bool) */
 static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_remove(M(ctx), tenant, key));
+    bool force = false;
+    if (tenant_key(args, &tenant, &key) ||
+        (moonlet_wire_len(args) > 2 && moonlet_wire_bool(args, 2, &force)))
+        return BAD_ARGS(out, "[tenant, key, force?]");
+    return reply(out, moonlet_master_remove_ex(M(ctx), tenant, key, force));
 }
 
 static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_str tenant;
-    if (arg_str(args, 0, &tenant))
-        return BAD_ARGS(out, "[tenant]");
+    bool force = false;
+    if (arg_str(args, 0, &tenant) ||
+        (moonlet_wire_len(args) > 1 && moonlet_wire_bool(args, 1, &force)))
+        return BAD_ARGS(out, "[tenant, force?]");
     uint64_t removed = 0;
-    int rc = moonlet_master_remove_all(M(ctx), tenant, &removed);
+    int rc = moonlet_master_remove_all_ex(M(ctx), tenant, force, &removed);
     if (rc)
         return reply(out, rc);
     msgpack_pack_uint64(out, removed);
@@ -716,7 +756,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 30);
+    msgpack_pack_map(out, 31);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -739,6 +779,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "probe_recheck_fallbacks", st.probe_recheck_fallbacks);
     pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
     pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
+    pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)

@@ -173,8 +173,13 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     shard_unlink_locked(s, o);
+    /* An unfinished put's writer may still be sending: its ranges wait in
+     * quarantine until its put deadline (after which no store node accepts
+     * its writes) plus the grace.  A sealed object's ranges go back at once:
+     * every write to it was acknowledged before its PutEnd. */
     if (o->nrep)
-        registry_release(m, o->size, mobj_reps(o), o->nrep);
+        registry_release(m, o->size, mobj_reps(o), o->nrep,
+                         o->state == OBJ_PENDING ? o->lease_deadline + m->quarantine_grace_ns : 0);
     if (o->state == OBJ_PENDING)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);

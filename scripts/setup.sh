@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Installs every Debian package moonlet needs to build, test and benchmark.
-# Idempotent: packages already present are skipped by apt; safe to re-run.
+# Installs every Debian package moonlet needs to build, test and benchmark,
+# and the Soft-RoCE test bed of the `rdma` suite (scripts/softroce/setup.sh:
+# qemu, busybox, rdma-core tools, perftest and a Debian kernel unpacked - never
+# installed - into $SOFTROCE_DIR, default /var/tmp/softroce, ~410 MB;
+# MOONLET_NO_SOFTROCE=1 leaves it out).
+# Idempotent: packages already present are skipped; safe to re-run.  Retries
+# while another apt/dpkg run holds the lock.
 set -euo pipefail
 
 PKGS=(
   build-essential pkg-config meson ninja-build clang libclang-rt-dev
   libibverbs-dev librdmacm-dev libmsgpack-dev libcmocka-dev libnuma-dev
-  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev
+  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev libsodium-dev
   python3 python3-dev python3-pytest python3-matplotlib
   iproute2 nftables procps
+  qemu-system-x86 busybox-static cpio kmod xz-utils
+  ibverbs-providers ibverbs-utils rdmacm-utils perftest
 )
 
 missing=()
@@ -16,14 +23,26 @@ for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PKGS[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+apt_retry() { # bounded: another install may hold the dpkg lock for a while
+  local i
+  for i in $(seq 30); do
+    $SUDO apt-get -o DPkg::Lock::Timeout=60 "$@" && return 0
+    echo "setup: apt-get $1 failed (attempt $i), retrying in 10 s" >&2
+    sleep 10
+  done
+  return 1
+}
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PKGS[@]} packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  apt_retry update -qq
+  apt_retry install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "${MOONLET_NO_SOFTROCE:-0}" != 1 ]; then
+  $SUDO bash "$(dirname "$0")/softroce/setup.sh"
+fi

@@ -6,15 +6,27 @@
  * master": put = PutStart, one transport batch writing every replica,
  * PutEnd (PutRevoke when a write failed); get = GetReplicaList, a read of one
  * replica (falling over to the next when a node is gone), then the lease
- * check.  The batch calls keep the same shape but put every transfer of
+ * check.
+ *
+ * Stale-writer fencing and integrity (docs/reliability.md).  Each write
+ * carries the capability PutStart granted for its replica and a deadline on
+ * this host's clock: the time PutStart was sent plus the put's TTL, never
+ * later than the master's put deadline; the transport refuses to start, or
+ * aborts with a reset, a write past it.  A put records the XXH3-64 of its
+ * bytes at PutEnd; a get verifies it and treats a mismatch like an
+ * unreachable replica (the next one is tried; INVALID_READ when none is
+ * left), so wrong bytes never come back as success.  The batch calls keep the same shape but put every transfer of
  * every key into one transport batch, so n objects cost n master round trips
  * and one parallel transfer rather than n sequential ones.
  *
  * Copying calls hand the caller's memory straight to the transport on TCP,
  * which accepts any memory.  On RDMA the NIC can only touch registered
- * memory, so the copying calls stage through a private bounce buffer that is
- * malloc'd and registered per call (unless the caller's memory already lies
- * in a buffer registered with the client).  A private buffer, rather than
+ * memory, so the copying calls stage through a private bounce buffer (unless
+ * the caller's memory already lies in a buffer registered with the client).
+ * Bounce buffers are registered once and kept in a small cache (power-of-two
+ * sizes from 64 KiB, at most CLIENT_STAGE_CACHE_BYTES idle, and no more than
+ * a quarter of a finite RLIMIT_MEMLOCK): registering memory with a NIC costs
+ * tens of microseconds to milliseconds per call, pinning included.  A private buffer, rather than
  * registering the caller's memory for the call, keeps registrations from
  * different threads from ever covering the same addresses, so unregistering
  * one can never pull the memory region out from under another.
@@ -31,12 +43,14 @@
  * a table of function pointers, keeps each call's two paths side by side.
  *
  * Locks: buf_mu guards the list of registered buffers and is never held
- * across a transport call; the MasterClient serialises master calls with its
+ * across a transport call; stage_mu guards the idle bounce buffers and the
+ * staging counters, and is never held across a registration; the MasterClient serialises master calls with its
  * own mutex; xfer is thread safe.  No lock is held while another is taken.
  */
 #include "moonlet/client.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +58,7 @@
 #include <time.h>
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include "client_internal.h"
 #include "dummy_client.h"
@@ -63,6 +78,16 @@ typedef struct client_buf {
     struct client_buf *next;
 } client_buf;
 
+/* An idle registered bounce buffer. */
+typedef struct client_bounce {
+    void *base;
+    size_t cap;
+    struct client_bounce *next;
+} client_bounce;
+
+#define CLIENT_STAGE_MIN (64u << 10)
+#define CLIENT_STAGE_CACHE_BYTES ((size_t)256 << 20)
+
 struct moonlet_client {
     moonlet_dummy *dummy;  /* set: the DummyClient backend, nothing below is used */
     moonlet_master_client *mc;
@@ -70,8 +95,13 @@ struct moonlet_client {
     char *tenant;          /* default tenant; NULL: the master's "default" */
     uint32_t replica_num;
     atomic_bool stage;     /* copying calls use a registered bounce buffer */
+    bool checksum;         /* compute checksums at put and verify them at get */
     pthread_mutex_t buf_mu;
     client_buf *bufs;
+    pthread_mutex_t stage_mu;
+    client_bounce *idle;      /* registered bounce buffers not in use */
+    size_t idle_bytes, stage_limit;
+    uint64_t stage_regs;      /* registrations made for staging, ever */
     moonlet_store_node *node; /* the local segment, or NULL */
     pthread_t node_thread;
     char own_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* "" without a local segment */
@@ -103,12 +133,18 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
 
 bool moonlet_client_try_next_replica(int rc)
 {
-    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND;
+    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND ||
+           rc == MOONLET_ERR_INVALID_READ; /* checksum mismatch: another replica may be good */
 }
 
 void moonlet_client_force_staging(moonlet_client *c, bool on)
 {
     atomic_store(&c->stage, on);
+}
+
+void *moonlet_client_local_segment_base(moonlet_client *c)
+{
+    return c->node ? moonlet_store_node_segment_base(c->node) : NULL;
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -261,36 +297,117 @@ int moonlet_client_free_shared(moonlet_client *c, void *p)
 typedef struct client_stage {
     void *ptr;    /* what the transport moves bytes from / to */
     void *bounce; /* private registered copy, or NULL when ptr is the caller's memory */
+    size_t cap;   /* its size */
 } client_stage;
 
+/* The bounce cache of a new client: at most CLIENT_STAGE_CACHE_BYTES idle,
+ * and a quarter of a finite memlock limit (pinned pages count against it). */
+static void client_stage_init(moonlet_client *c)
+{
+    pthread_mutex_init(&c->stage_mu, NULL);
+    c->stage_limit = CLIENT_STAGE_CACHE_BYTES;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 4 < c->stage_limit)
+        c->stage_limit = (size_t)(rl.rlim_cur / 4);
+}
+
+static void client_bounce_free(moonlet_client *c, void *base)
+{
+    moonlet_xfer_unregister_buffer(c->xfer, base);
+    free(base);
+}
+
+/* Takes the smallest idle buffer of at least len bytes, or registers a new
+ * one (a power of two from 64 KiB) - outside stage_mu. */
 static int client_stage_begin(moonlet_client *c, void *user, size_t len, client_stage *st)
 {
     st->ptr = user;
     st->bounce = NULL;
     if (len == 0 || !atomic_load(&c->stage) || client_buf_covers(c, user, len))
         return MOONLET_OK;
-    if (len > SIZE_MAX - CLIENT_STAGE_ALIGN)
+    if (len > SIZE_MAX / 2 - CLIENT_STAGE_ALIGN)
         return MOONLET_ERR_INVALID_PARAMS;
-    size_t rounded = (len + CLIENT_STAGE_ALIGN - 1) / CLIENT_STAGE_ALIGN * CLIENT_STAGE_ALIGN;
-    void *b = aligned_alloc(CLIENT_STAGE_ALIGN, rounded);
-    if (!b)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = moonlet_xfer_register_buffer(c->xfer, b, len);
-    if (rc) {
+    pthread_mutex_lock(&c->stage_mu);
+    client_bounce **best = NULL;
+    for (client_bounce **pp = &c->idle; *pp; pp = &(*pp)->next)
+        if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap))
+            best = pp;
+    if (best) {
+        client_bounce *b = *best;
+        *best = b->next;
+        c->idle_bytes -= b->cap;
+        pthread_mutex_unlock(&c->stage_mu);
+        st->ptr = st->bounce = b->base;
+        st->cap = b->cap;
         free(b);
+        return MOONLET_OK;
+    }
+    pthread_mutex_unlock(&c->stage_mu);
+    size_t cap = CLIENT_STAGE_MIN;
+    while (cap < len)
+        cap *= 2;
+    void *p = aligned_alloc(CLIENT_STAGE_ALIGN, cap);
+    if (!p)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = moonlet_xfer_register_buffer(c->xfer, p, cap);
+    if (rc) {
+        free(p);
         return rc;
     }
-    st->ptr = st->bounce = b;
+    pthread_mutex_lock(&c->stage_mu);
+    c->stage_regs++;
+    pthread_mutex_unlock(&c->stage_mu);
+    st->ptr = st->bounce = p;
+    st->cap = cap;
     return MOONLET_OK;
 }
 
+/* Gives the bounce buffer back to the cache; beyond the cache's limit the
+ * largest idle buffers are deregistered and freed (outside stage_mu). */
 static void client_stage_end(moonlet_client *c, client_stage *st)
 {
     if (!st->bounce)
         return;
-    moonlet_xfer_unregister_buffer(c->xfer, st->bounce);
-    free(st->bounce);
+    client_bounce *b = malloc(sizeof(*b));
+    if (!b) {
+        client_bounce_free(c, st->bounce);
+        st->bounce = NULL;
+        return;
+    }
+    *b = (client_bounce){.base = st->bounce, .cap = st->cap};
     st->bounce = NULL;
+    client_bounce *evict = NULL;
+    pthread_mutex_lock(&c->stage_mu);
+    b->next = c->idle;
+    c->idle = b;
+    c->idle_bytes += b->cap;
+    while (c->idle_bytes > c->stage_limit && c->idle) {
+        client_bounce **big = &c->idle;
+        for (client_bounce **pp = &c->idle; *pp; pp = &(*pp)->next)
+            if ((*pp)->cap > (*big)->cap)
+                big = pp;
+        client_bounce *e = *big;
+        *big = e->next;
+        c->idle_bytes -= e->cap;
+        e->next = evict;
+        evict = e;
+    }
+    pthread_mutex_unlock(&c->stage_mu);
+    while (evict) {
+        client_bounce *next = evict->next;
+        client_bounce_free(c, evict->base);
+        free(evict);
+        evict = next;
+    }
+}
+
+void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size_t *idle_bytes)
+{
+    pthread_mutex_lock(&c->stage_mu);
+    *registrations = c->stage_regs;
+    *idle_bytes = c->idle_bytes;
+    pthread_mutex_unlock(&c->stage_mu);
 }
 
 /* ---- put ------------------------------------------------------------------------ */
@@ -299,22 +416,31 @@ typedef struct client_put_args {
     const char *tenant;
     uint32_t replica_num;
     bool soft_pin;
+    bool checksum;
 } client_put_args;
 
 static client_put_args client_put_resolve(const moonlet_client *c, const moonlet_put_options *o)
 {
     client_put_args a = {.tenant = client_tenant(c, o ? o->tenant : NULL),
                          .replica_num = o && o->replica_num ? o->replica_num : c->replica_num,
-                         .soft_pin = o && o->soft_pin};
+                         .soft_pin = o && o->soft_pin,
+                         .checksum = c->checksum && !(o && o->skip_checksum)};
     return a;
 }
 
-/* Seals a put whose writes ended with `rc`, or revokes it so nothing
- * half-written becomes readable.  Returns the put's outcome. */
-static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc)
+uint64_t moonlet_client_checksum(const void *buf, size_t len)
+{
+    return XXH3_64bits(buf, len);
+}
+
+/* Seals a put whose writes ended with `rc` (recording `checksum` when not
+ * NULL), or revokes it so nothing half-written becomes readable.  Returns
+ * the put's outcome. */
+static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc,
+                             const uint64_t *checksum)
 {
     if (rc == MOONLET_OK) {
-        rc = moonlet_mc_put_end(c->mc, tenant, key);
+        rc = moonlet_mc_put_end_checksum(c->mc, tenant, key, checksum);
         if (rc == MOONLET_OK)
             return MOONLET_OK;
         ML_WARN(MOD, "PutEnd of '%s' failed: %s", key, moonlet_strerror(rc));
@@ -328,16 +454,23 @@ static int client_put_finish(moonlet_client *c, const char *tenant, const char *
     return rc;
 }
 
-/* Fills one write per replica of `l` from src. */
+/* Fills one write per replica of `l` from src, each with its capability
+ * and the put's deadline on our clock: sent_ms (when PutStart was sent) plus
+ * the put's TTL, never later than the master's put deadline. */
 static void client_put_ops(const moonlet_replica_list *l, const void *src, uint64_t len,
-                           moonlet_xfer_op *ops)
+                           uint64_t sent_ms, moonlet_xfer_op *ops, moonlet_xfer_cap *caps)
 {
-    for (uint32_t k = 0; k < l->count; k++)
-        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE,
-                                   .endpoint = l->replicas[k].endpoint,
-                                   .segment_id = l->replicas[k].segment_id,
-                                   .offset = l->replicas[k].offset, .local = (void *)src,
-                                   .len = len};
+    for (uint32_t k = 0; k < l->count; k++) {
+        const moonlet_replica_desc *r = &l->replicas[k];
+        caps[k] = (moonlet_xfer_cap){.offset = r->offset, .len = r->cap_len,
+                                     .expiry_ms = r->cap_expiry_ms, .tag = r->cap_tag,
+                                     .deadline_ms = l->put_ttl_ms ? sent_ms + l->put_ttl_ms : 0};
+        bool any = r->cap_tag || l->put_ttl_ms;
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE, .endpoint = r->endpoint,
+                                   .segment_id = r->segment_id, .offset = r->offset,
+                                   .local = (void *)src, .len = len,
+                                   .cap = any ? &caps[k] : NULL};
+    }
 }
 
 static int client_put_core(moonlet_client *c, const char *key, const void *src, size_t len,
@@ -345,19 +478,23 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
 {
     client_put_args a = client_put_resolve(c, opt);
     moonlet_replica_list l;
+    uint64_t sent_ms = moonlet_xfer_now_ms();
     int rc = moonlet_mc_put_start(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin, &l);
     if (rc)
         return rc;
+    uint64_t ck = a.checksum ? moonlet_client_checksum(src, len) : 0;
     moonlet_xfer_op *ops = calloc(l.count ? l.count : 1, sizeof(*ops));
-    if (ops) {
-        client_put_ops(&l, src, len, ops);
+    moonlet_xfer_cap *caps = calloc(l.count ? l.count : 1, sizeof(*caps));
+    if (ops && caps) {
+        client_put_ops(&l, src, len, sent_ms, ops, caps);
         rc = moonlet_xfer_submit(c->xfer, ops, l.count);
     } else {
         rc = MOONLET_ERR_INTERNAL_ERROR;
     }
     free(ops);
+    free(caps);
     moonlet_replica_list_free(&l);
-    return client_put_finish(c, a.tenant, key, rc);
+    return client_put_finish(c, a.tenant, key, rc, a.checksum ? &ck : NULL);
 }
 
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -412,6 +549,18 @@ static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
     return moonlet_mc_get_replica_list(c->mc, client_tenant(c, tenant), key, l);
 }
 
+/* The end-to-end check of bytes read from replica r: 0, or INVALID_READ when
+ * they are not the bytes the writer recorded (never returned as success). */
+static int client_verify(moonlet_client *c, const moonlet_replica_list *l, const void *dst,
+                         const moonlet_replica_desc *r)
+{
+    if (!c->checksum || !l->has_checksum || moonlet_client_checksum(dst, l->size) == l->checksum)
+        return MOONLET_OK;
+    ML_WARN(MOD, "replica at %s segment %s offset %llu: checksum mismatch", r->endpoint,
+            r->segment_id, (unsigned long long)r->offset);
+    return MOONLET_ERR_INVALID_READ;
+}
+
 /* Reads the object of `l` into dst (room for l->size bytes): the preferred
  * replica first, the next ones when a node is gone; then the lease check. */
 static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, void *dst,
@@ -429,6 +578,8 @@ static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, 
     for (uint32_t k = 0; k < n; k++) {
         const moonlet_replica_desc *r = &l->replicas[order[k]];
         rc = moonlet_xfer_read(c->xfer, r->endpoint, r->segment_id, r->offset, dst, l->size);
+        if (rc == MOONLET_OK)
+            rc = client_verify(c, l, dst, r);
         if (!moonlet_client_try_next_replica(rc))
             break;
         ML_DEBUG(MOD, "replica at %s unreadable (%s), trying the next", r->endpoint,
@@ -553,9 +704,12 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     size_t nops = 0;
+    uint64_t *sent = calloc(n ? n : 1, sizeof(*sent));
+    uint64_t *cks = calloc(n ? n : 1, sizeof(*cks));
     for (size_t i = 0; i < n; i++) {
-        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]))
-            results[i] = MOONLET_ERR_INVALID_PARAMS;
+        sent[i] = moonlet_xfer_now_ms();
+        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]) || !sent || !cks)
+            results[i] = !sent || !cks ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_ERR_INVALID_PARAMS;
         else
             results[i] = moonlet_mc_put_start(c->mc, a.tenant, keys[i], lens[i], a.replica_num,
                                               a.soft_pin, &lists[i]);
@@ -564,9 +718,18 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
             nops += lists[i].count;
     }
     moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
-    for (size_t i = 0; ops && i < n; i++)
-        if (results[i] == MOONLET_OK)
-            client_put_ops(&lists[i], bufs[i], lens[i], &ops[first[i]]);
+    moonlet_xfer_cap *caps = calloc(nops ? nops : 1, sizeof(*caps));
+    if (!caps) {
+        free(ops);
+        ops = NULL;
+    }
+    for (size_t i = 0; ops && i < n; i++) {
+        if (results[i] != MOONLET_OK)
+            continue;
+        client_put_ops(&lists[i], bufs[i], lens[i], sent[i], &ops[first[i]], &caps[first[i]]);
+        if (a.checksum)
+            cks[i] = moonlet_client_checksum(bufs[i], lens[i]);
+    }
     if (ops)
         moonlet_xfer_submit(c->xfer, ops, nops);
     int ret = MOONLET_OK;
@@ -575,13 +738,16 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
             int rc = ops ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
             for (uint32_t k = 0; ops && k < lists[i].count && !rc; k++)
                 rc = ops[first[i] + k].status;
-            results[i] = client_put_finish(c, a.tenant, keys[i], rc);
+            results[i] = client_put_finish(c, a.tenant, keys[i], rc, a.checksum ? &cks[i] : NULL);
         }
         moonlet_replica_list_free(&lists[i]);
         if (!ret)
             ret = results[i];
     }
     free(ops);
+    free(caps);
+    free(sent);
+    free(cks);
     free(first);
     free(lists);
     return ret;
@@ -648,6 +814,8 @@ static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, 
     for (size_t k = 0; k < nops; k++) {
         client_bget *e = &g[owner[k]];
         int rc = ops[k].status;
+        if (rc == MOONLET_OK)
+            rc = client_verify(c, &e->l, bufs[owner[k]], &e->l.replicas[e->order[e->next]]);
         if (moonlet_client_try_next_replica(rc) && e->next + 1 < e->norder) {
             e->next++;
             left++;
@@ -703,6 +871,28 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
     if (!c || !key)
         return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
+}
+
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_ex(c->dummy, key, tenant, true);
+    if (!c || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_mc_remove_ex(c->mc, client_tenant(c, tenant), key, true);
+}
+
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (c && c->dummy)
+        return moonlet_dummy_remove_all_ex(c->dummy, removed, tenant, true);
+    if (!c)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t n = 0;
+    int rc = moonlet_mc_remove_all_ex(c->mc, client_tenant(c, tenant), true, &n);
+    if (rc == MOONLET_OK && removed)
+        *removed = n;
+    return rc;
 }
 
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
@@ -836,6 +1026,7 @@ static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg
     nc.segment_size = cfg->local_segment_size;
     nc.protocol = proto;
     nc.device = cfg->device;
+    nc.rdma_tos = cfg->rdma_tos;
     nc.auth_token = cfg->auth_token;
     if (cfg->local_listen_addr)
         nc.listen_addr = cfg->local_listen_addr;
@@ -864,7 +1055,8 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
         return rc;
     moonlet_xfer_opts xo = {.protocol = proto, .device = cfg->device,
                             .auth_token = cfg->auth_token,
-                            .timeout_ms = cfg->transfer_timeout_ms};
+                            .timeout_ms = cfg->transfer_timeout_ms,
+                            .source_addr = cfg->source_addr, .rdma_tos = cfg->rdma_tos};
     rc = moonlet_xfer_create(&xo, &c->xfer);
     if (rc)
         return rc;
@@ -884,7 +1076,9 @@ int moonlet_client_create_with_node(const moonlet_client_config *cfg,
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    client_stage_init(c);
     c->replica_num = cfg->replica_num ? cfg->replica_num : 1;
+    c->checksum = !cfg->skip_checksum;
     int rc = MOONLET_OK;
     if (cfg->default_tenant && !(c->tenant = strdup(cfg->default_tenant)))
         rc = MOONLET_ERR_INTERNAL_ERROR;
@@ -917,6 +1111,7 @@ int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_con
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    client_stage_init(c);
     int rc = moonlet_dummy_create(socket_path, cfg, &c->dummy);
     if (rc) {
         moonlet_client_destroy(c);
@@ -938,6 +1133,13 @@ void moonlet_client_destroy(moonlet_client *c)
     }
     moonlet_xfer_destroy(c->xfer); /* also drops every buffer registration */
     moonlet_mc_destroy(c->mc);
+    while (c->idle) {
+        client_bounce *b = c->idle;
+        c->idle = b->next;
+        free(b->base);
+        free(b);
+    }
+    pthread_mutex_destroy(&c->stage_mu);
     while (c->bufs) {
         client_buf *b = c->bufs;
         c->bufs = b->next;

@@ -29,12 +29,23 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
 
 /* Whether a failed replica read should move on to the next replica:
  * TRANSFER_FAIL (node gone, connection lost) and SEGMENT_NOT_FOUND (node
- * re-registered its segment).  Pure. */
+ * re-registered its segment) and INVALID_READ (its bytes failed the
+ * end-to-end checksum).  Pure. */
 bool moonlet_client_try_next_replica(int rc);
+
+/* The end-to-end checksum of an object's bytes: XXH3-64. */
+uint64_t moonlet_client_checksum(const void *buf, size_t len);
 
 /* Tests: make the copying calls (put, get, get_alloc, upsert) stage through
  * a registered bounce buffer as they do on RDMA, so that path runs on TCP. */
 void moonlet_client_force_staging(moonlet_client *c, bool on);
+
+/* Tests: how many bounce-buffer registrations staging has made so far, and
+ * how many bytes of registered bounce buffers sit idle in the cache. */
+void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size_t *idle_bytes);
+/* Tests: the memory of the client's local segment (NULL without one), to
+ * corrupt a replica in place. */
+void *moonlet_client_local_segment_base(moonlet_client *c);
 
 /* As moonlet_client_create(), with the local segment configured as a full
  * store node by `node` (used verbatim: its segment_size wins over

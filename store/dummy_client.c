@@ -462,6 +462,20 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 
 /* ---- put --------------------------------------------------------------------------------- */
 
+/* A put's request carries skip_checksum as one more trailing argument only
+ * when it is set, so a RealClient from before the option serves every other
+ * put unchanged. */
+static uint32_t put_extra_args(const moonlet_put_options *opt)
+{
+    return opt && opt->skip_checksum ? 1u : 0u;
+}
+
+static void pack_put_extra(msgpack_packer *pk, const moonlet_put_options *opt)
+{
+    if (put_extra_args(opt))
+        msgpack_pack_true(pk);
+}
+
 static void pack_put_opts(msgpack_packer *pk, const moonlet_put_options *opt)
 {
     msgpack_pack_uint32(pk, opt ? opt->replica_num : 0);
@@ -494,13 +508,14 @@ static int dummy_put_common(moonlet_dummy *d, uint32_t method, const char *key, 
         }
     }
     if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, method, 7);
+        msgpack_packer *pk = chan_begin(ch, method, 7 + put_extra_args(opt));
         pack_tenant(pk, d, opt ? opt->tenant : NULL);
         moonlet_pack_cstr(pk, key);
         msgpack_pack_uint64(pk, region);
         msgpack_pack_uint64(pk, off);
         msgpack_pack_uint64(pk, len);
         pack_put_opts(pk, opt);
+        pack_put_extra(pk, opt);
         dcall k;
         rc = chan_finish(ch, -1, &k);
         dcall_end(&k);
@@ -753,13 +768,43 @@ int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *ten
     return key_call(d, MOONLET_DM_INSPECT_KEY, key, tenant, take_str, json_out);
 }
 
+int moonlet_dummy_remove_ex(moonlet_dummy *d, const char *key, const char *tenant, bool force)
+{
+    if (!force)
+        return moonlet_dummy_remove(d, key, tenant);
+    if (!key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    dchan *ch;
+    int rc = chan_acquire(d, &ch);
+    if (rc)
+        return rc;
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE, 3);
+    pack_tenant(pk, d, tenant);
+    moonlet_pack_cstr(pk, key);
+    msgpack_pack_true(pk);
+    dcall k;
+    rc = chan_finish(ch, -1, &k);
+    dcall_end(&k);
+    chan_release(d, ch);
+    return rc;
+}
+
 int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant)
+{
+    return moonlet_dummy_remove_all_ex(d, removed, tenant, false);
+}
+
+int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
+                                bool force)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    pack_tenant(chan_begin(ch, MOONLET_DM_REMOVE_ALL, 1), d, tenant);
+    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE_ALL, force ? 2 : 1);
+    pack_tenant(pk, d, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     uint64_t v;
@@ -1024,13 +1069,14 @@ int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
         if (it[i].send && !it[i].s && lens[i])
             memcpy(area->base + it[i].off, bufs[i], lens[i]);
     if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_PUT, 4);
+        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_PUT, 4 + put_extra_args(opt));
         pack_tenant(pk, d, opt ? opt->tenant : NULL);
         pack_put_opts(pk, opt);
         msgpack_pack_array(pk, (uint32_t)nsend);
         for (size_t i = 0; i < n; i++)
             if (it[i].send)
                 pack_item(pk, keys[i], &it[i], area->id, lens[i]);
+        pack_put_extra(pk, opt);
         dcall k;
         rc = chan_finish(ch, -1, &k);
         if (k.res && !scatter_results(k.res, 1, it, n, nsend, results, NULL)) {

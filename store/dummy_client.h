@@ -40,6 +40,10 @@ int moonlet_dummy_get_size(moonlet_dummy *d, const char *key, uint64_t *size,
                            const char *tenant);
 int moonlet_dummy_remove(moonlet_dummy *d, const char *key, const char *tenant);
 int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant);
+/* With force (sent as a trailing argument only when true). */
+int moonlet_dummy_remove_ex(moonlet_dummy *d, const char *key, const char *tenant, bool force);
+int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
+                                bool force);
 int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *tenant,
                               char **json_out);
 int moonlet_dummy_exist_key(moonlet_dummy *d, const char *key, bool *exists,

@@ -284,13 +284,24 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
     });
 }
 
+/* CLOCK_MONOTONIC in ms: the clock store nodes check write capabilities on
+ * (the same as moonlet_xfer_now_ms). */
+static uint64_t mc_node_clock_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 1, &rc);
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 2, &rc);
     if (!pk)
         return rc;
     moonlet_pack_cstr(pk, client_id);
+    /* Sampled before the send: only makes the master's offset bound smaller. */
+    msgpack_pack_uint64(pk, mc_node_clock_ms());
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
@@ -307,7 +318,7 @@ int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, 7, {
+    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, s->write_key ? 9 : 7, {
         moonlet_pack_cstr(pk, s->client_id);
         moonlet_pack_cstr(pk, s->segment_id);
         moonlet_pack_cstr(pk, s->name ? s->name : s->segment_id);
@@ -315,6 +326,11 @@ int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_de
         msgpack_pack_uint64(pk, s->size);
         moonlet_pack_cstr(pk, s->endpoint);
         moonlet_pack_cstr(pk, s->protocol);
+        if (s->write_key) {
+            msgpack_pack_bin(pk, 16);
+            msgpack_pack_bin_body(pk, s->write_key, 16);
+            msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms());
+        }
     });
 }
 
@@ -342,6 +358,18 @@ int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char
     return tenant_key_call(mc, MOONLET_M_PUT_END, tenant, key);
 }
 
+int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, const char *key,
+                                const uint64_t *checksum)
+{
+    if (!checksum)
+        return moonlet_mc_put_end(mc, tenant, key);
+    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_END, 3, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+        msgpack_pack_uint64(pk, *checksum);
+    });
+}
+
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key)
 {
     return tenant_key_call(mc, MOONLET_M_PUT_REVOKE, tenant, key);
@@ -350,6 +378,18 @@ int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const c
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key)
 {
     return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+}
+
+int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool force)
+{
+    if (!force)
+        return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 3, {
+        pack_tenant(pk, tenant);
+        moonlet_pack_cstr(pk, key);
+        msgpack_pack_true(pk);
+    });
 }
 
 /* ---- decoders ------------------------------------------------------------------ */
@@ -389,6 +429,11 @@ static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
             moonlet_wire_u64(r, 6, &status))
             return MOONLET_ERR_RPC_FAIL;
         d->status = (uint8_t)status;
+        /* PutStart: the write capability and the put's TTL (optional). */
+        if (moonlet_wire_len(r) >= 11 &&
+            (moonlet_wire_u64(r, 7, &d->cap_len) || moonlet_wire_u64(r, 8, &d->cap_expiry_ms) ||
+             moonlet_wire_u64(r, 9, &d->cap_tag) || moonlet_wire_u64(r, 10, &out->put_ttl_ms)))
+            return MOONLET_ERR_RPC_FAIL;
     }
     return MOONLET_OK;
 }
@@ -441,6 +486,14 @@ int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, c
             rc = MOONLET_ERR_RPC_FAIL;
         else
             rc = decode_replicas(arr, out);
+        const msgpack_object *ck = moonlet_wire_len(rep.result) > 3 ? moonlet_wire_at(rep.result, 3)
+                                                                    : NULL;
+        if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
+            if (moonlet_wire_u64(rep.result, 3, &out->checksum))
+                rc = MOONLET_ERR_RPC_FAIL;
+            else
+                out->has_checksum = true;
+        }
     }
     mc_end(mc, &rep, have);
     if (rc)
@@ -624,11 +677,19 @@ int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
 
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
 {
+    return moonlet_mc_remove_all_ex(mc, tenant, false, removed);
+}
+
+int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
+                             uint64_t *removed)
+{
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, 1, &rc);
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, force ? 2 : 1, &rc);
     if (!pk)
         return rc;
     pack_tenant(pk, tenant);
+    if (force)
+        msgpack_pack_true(pk);
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);

@@ -52,7 +52,8 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
 void moonlet_mc_destroy(moonlet_master_client *mc);
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
-/* Records that client_id is alive.  *segments_out (optional, may be NULL) gets
+/* Records that client_id is alive (and sends this host's CLOCK_MONOTONIC, for
+ * the master's clock offset bound of its segments).  *segments_out (optional, may be NULL) gets
  * the number of segments the master has mounted for it: a store node that
  * reads 0 after it mounted one knows the master forgot it (restart, or
  * declared dead) and must mount again. */
@@ -70,6 +71,9 @@ int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const ch
                          uint64_t size, uint32_t replica_num, bool soft_pin,
                          moonlet_replica_list *out);
 int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key);
+/* PutEnd recording the writer's XXH3-64 of the bytes (NULL: none, as above). */
+int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, const char *key,
+                                const uint64_t *checksum);
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out);
@@ -103,6 +107,11 @@ int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
                             size_t n_boundaries, moonlet_mc_resume_out *out, int32_t *mask);
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed);
+/* The same with Mooncake's force (a trailing argument, sent only when true). */
+int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                         bool force);
+int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
+                             uint64_t *removed);
 
 /* Admin calls return the decoded result as a cJSON tree (caller frees with cJSON_Delete). */
 struct cJSON;

@@ -360,7 +360,14 @@ static int h_detach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pa
     return reply_rc(out, MOONLET_OK);
 }
 
-/* PUT and UPSERT: [tenant, key, region, offset, len, replica_num, soft_pin] */
+/* A put's optional trailing skip_checksum at index i: false when absent. */
+static int args_skip_checksum(const msgpack_object *args, uint32_t i, bool *skip)
+{
+    *skip = false;
+    return moonlet_wire_len(args) > i ? moonlet_wire_bool(args, i, skip) : MOONLET_OK;
+}
+
+/* PUT and UPSERT: [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?] */
 static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -370,21 +377,22 @@ static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     rc_args a = {0};
     char *key;
     uint64_t replicas;
-    bool pin;
+    bool pin, skip;
     void *p;
     size_t len;
-    if (moonlet_wire_len(args) != 7 || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key) ||
+    uint32_t nargs = moonlet_wire_len(args);
+    if ((nargs != 7 && nargs != 8) || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key) ||
         moonlet_wire_u64(args, 5, &replicas) || replicas > UINT32_MAX ||
-        moonlet_wire_bool(args, 6, &pin)) {
+        moonlet_wire_bool(args, 6, &pin) || args_skip_checksum(args, 7, &skip)) {
         args_free(&a);
-        return BAD(out, "[tenant, key, region, offset, len, replica_num, soft_pin]");
+        return BAD(out, "[tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?]");
     }
     if ((code = args_span(cn, args, 2, &p, &len, out))) {
         args_free(&a);
         return code;
     }
     moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                             .tenant = args_tenant_of(&a)};
+                             .tenant = args_tenant_of(&a), .skip_checksum = skip};
     moonlet_client *c = RC(ctx)->client;
     int rc = ctx->method == MOONLET_DM_UPSERT ? moonlet_client_upsert(c, key, p, len, &o)
                                               : moonlet_client_put_from(c, key, p, len, &o);
@@ -422,7 +430,8 @@ static int h_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     return MOONLET_OK;
 }
 
-/* [tenant, key]: GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY */
+/* [tenant, key]: GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY;
+ * REMOVE also [tenant, key, force] */
 static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -430,7 +439,11 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return code;
     rc_args a = {0};
     char *key;
-    if (moonlet_wire_len(args) != 2 || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
+    bool force = false;
+    uint32_t nargs = moonlet_wire_len(args);
+    if (!(nargs == 2 || (nargs == 3 && ctx->method == MOONLET_DM_REMOVE &&
+                         moonlet_wire_bool(args, 2, &force) == 0)) ||
+        args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
         args_free(&a);
         return BAD(out, "[tenant, key]");
     }
@@ -448,7 +461,8 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         msgpack_pack_uint64(out, size);
         break;
     case MOONLET_DM_REMOVE:
-        reply_rc(out, moonlet_client_remove(c, key, t));
+        reply_rc(out, force ? moonlet_client_remove_force(c, key, t)
+                            : moonlet_client_remove(c, key, t));
         break;
     case MOONLET_DM_EXIST_KEY:
     case MOONLET_DM_PROBE_KEY:
@@ -477,12 +491,17 @@ static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpac
     if (!need_attached(ctx, out, &code))
         return code;
     rc_args a = {0};
-    if (moonlet_wire_len(args) != 1 || args_tenant(&a, args, 0)) {
+    bool force = false;
+    uint32_t nargs = moonlet_wire_len(args);
+    if (!(nargs == 1 || (nargs == 2 && moonlet_wire_bool(args, 1, &force) == 0)) ||
+        args_tenant(&a, args, 0)) {
         args_free(&a);
-        return BAD(out, "[tenant]");
+        return BAD(out, "[tenant, force?]");
     }
     uint64_t removed = 0;
-    int rc = moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
+    int rc = force ? moonlet_client_remove_all_force(RC(ctx)->client, &removed,
+                                                     args_tenant_of(&a))
+                   : moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
     args_free(&a);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -561,7 +580,7 @@ static int batch_items(rc_conn *cn, rc_args *a, const msgpack_object *list, cons
     return code;
 }
 
-/* BATCH_PUT [tenant, replica_num, soft_pin, [item...]] -> [rc, [result...]] */
+/* BATCH_PUT [tenant, replica_num, soft_pin, [item...], skip_checksum?] -> [rc, [result...]] */
 static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -570,13 +589,16 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         return code;
     rc_args a = {0};
     uint64_t replicas;
-    bool pin;
+    bool pin, skip;
     const msgpack_object *list;
-    if (moonlet_wire_len(args) != 4 || args_tenant(&a, args, 0) ||
+    uint32_t nargs = moonlet_wire_len(args);
+    if ((nargs != 4 && nargs != 5) || args_tenant(&a, args, 0) ||
         moonlet_wire_u64(args, 1, &replicas) || replicas > UINT32_MAX ||
-        moonlet_wire_bool(args, 2, &pin) || moonlet_wire_array(args, 3, &list)) {
+        moonlet_wire_bool(args, 2, &pin) || moonlet_wire_array(args, 3, &list) ||
+        args_skip_checksum(args, 4, &skip)) {
         args_free(&a);
-        return BAD(out, "[tenant, replica_num, soft_pin, [[key, region, offset, len]...]]");
+        return BAD(out, "[tenant, replica_num, soft_pin, [[key, region, offset, len]...], "
+                        "skip_checksum?]");
     }
     const char **keys;
     void **ptrs;
@@ -587,7 +609,7 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
         code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     if (!code) {
         moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                                 .tenant = args_tenant_of(&a)};
+                                 .tenant = args_tenant_of(&a), .skip_checksum = skip};
         int rc = moonlet_client_batch_put_from(RC(ctx)->client, keys, (const void *const *)ptrs,
                                                lens, n, &o, res);
         msgpack_pack_array(out, 2);

@@ -10,6 +10,11 @@
  *        ^                                                               |
  *        +-------------------------- MountSegment ok ------------------+
  *
+ * Every registration gets a fresh random write key (common/writecap.h): the
+ * transport refuses writes without a capability under it, and MountSegment
+ * hands it to the master with this host's clock, so only writes the master
+ * granted, and only until their put deadline, land in the segment.
+ *
  * A Ping that fails changes nothing: the master may just be slow or
  * restarting, and only its answer tells whether it forgot the node.  Waits
  * happen on a condition variable on CLOCK_MONOTONIC, so stop() wakes the loop
@@ -43,6 +48,7 @@
 #include "master_client.h"
 #include "moonlet/error.h"
 #include "segment_mem.h"
+#include "writecap.h"
 
 #define MOD "store"
 
@@ -64,6 +70,7 @@ struct moonlet_store_node {
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
     moonlet_segment_mem mem;
+    uint8_t write_key[MOONLET_WRITECAP_KEY_BYTES]; /* of the current registration */
     bool registered;
     moonlet_xfer_segment_info info; /* written by the loop thread only */
 };
@@ -194,6 +201,13 @@ static int node_register(moonlet_store_node *n)
         return rc;
     }
     n->registered = true;
+    rc = moonlet_writecap_new_key(n->write_key);
+    if (rc == MOONLET_OK)
+        rc = moonlet_xfer_set_segment_key(n->xfer, n->info.segment_id, n->write_key);
+    if (rc) {
+        ML_ERR(MOD, "cannot key the segment's writes: %s", moonlet_strerror(rc));
+        return rc;
+    }
     pthread_mutex_lock(&n->mu);
     snprintf(n->seg_id, sizeof(n->seg_id), "%s", n->info.segment_id);
     n->stale = false;
@@ -228,7 +242,8 @@ static int node_mount(moonlet_store_node *n)
                               .name = n->client_id, .base = n->info.base,
                               .size = n->info.size,
                               .endpoint = n->advertised ? n->endpoint : n->info.endpoint,
-                              .protocol = n->info.protocol};
+                              .protocol = n->info.protocol, .write_key = n->write_key,
+                              .node_clock_ms = moonlet_xfer_now_ms()};
     int rc = moonlet_mc_mount_segment(n->mc, &d);
     if (rc == MOONLET_ERR_SEGMENT_ALREADY_EXISTS)
         rc = MOONLET_OK; /* an earlier attempt landed but its reply was lost */
@@ -335,6 +350,12 @@ int moonlet_store_node_run(moonlet_store_node *n)
             continue;
         }
         pthread_mutex_unlock(&n->mu);
+        if (moonlet_xfer_health(n->xfer) != MOONLET_OK) {
+            ML_ERR(MOD, "the data endpoint cannot serve any more (RDMA device gone): "
+                   "unmounting and exiting, for the service manager to restart the store");
+            node_unmount(n);
+            return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        }
         int rc = node_heartbeat(n);
         failures = rc ? failures + 1 : 0;
         next = node_now_ms() +
@@ -385,7 +406,8 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
                             .timeout_ms = c->transfer_timeout_ms,
                             .server_max_conns = c->max_connections,
                             .server_max_conns_per_peer = c->max_connections_per_peer,
-                            .server_idle_timeout_ms = c->idle_timeout_ms};
+                            .server_idle_timeout_ms = c->idle_timeout_ms,
+                            .rdma_tos = c->rdma_tos};
     int rc = moonlet_xfer_create(&xo, &n->xfer);
     if (rc) {
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));
@@ -502,6 +524,11 @@ const char *moonlet_store_node_client_id(const moonlet_store_node *n)
 const char *moonlet_store_node_protocol(const moonlet_store_node *n)
 {
     return moonlet_xfer_protocol_name(n->xfer);
+}
+
+void *moonlet_store_node_segment_base(moonlet_store_node *n)
+{
+    return n->mem.base;
 }
 
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)

@@ -56,6 +56,7 @@ typedef struct moonlet_store_node_config {
     moonlet_xfer_protocol protocol; /* auto, tcp or rdma */
     const char *listen_addr;        /* data endpoint to serve on; NULL: "127.0.0.1:0" */
     const char *device;             /* RDMA device; NULL: first ACTIVE one */
+    int rdma_tos;                   /* rdma: IP TOS of its connections; 0: default */
     int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
     const char *client_id;          /* NULL: "store-<hostname>-<random>" */
     const char *auth_token;         /* for the master and the transport; NULL: none */
@@ -98,7 +99,9 @@ bool moonlet_store_node_addr_is_loopback(const char *hostport);
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out);
 
 /* Heartbeats (and re-mounts when needed) until stop(); then unmounts and
- * returns 0.  Blocks.  An unmount the master does not answer is logged; the
+ * returns 0.  When the data endpoint can no longer serve (moonlet_xfer_health:
+ * the RDMA device was removed or failed) it unmounts and returns
+ * UNAVAILABLE_IN_CURRENT_STATUS at the next heartbeat instead.  Blocks.  An unmount the master does not answer is logged; the
  * master then drops the segment when the node's liveness TTL runs out. */
 int moonlet_store_node_run(moonlet_store_node *n);
 
@@ -121,6 +124,9 @@ const char *moonlet_store_node_protocol(const moonlet_store_node *n);
 /* Copies the segment id currently registered (it changes on re-mount).
  * Returns 0 or BUFFER_OVERFLOW. */
 int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap);
+
+/* The segment's memory (tests: corrupt a replica in place). */
+void *moonlet_store_node_segment_base(moonlet_store_node *n);
 
 /* Times the segment was mounted (1 after create; +1 per re-mount). */
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n);

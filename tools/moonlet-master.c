@@ -7,11 +7,20 @@
  * SIGINT, after which it stops serving and exits 0.  Before serving it
  * raises its file-descriptor limit to what --max-connections needs (soft up
  * to the hard limit) and lowers the cap when the hard limit is below that.
+ *
+ * It also takes the spellings of Mooncake's mooncake_master (--rpc_port,
+ * --port, --rpc_address, --rpc_thread_num, --metrics_port, --client_ttl,
+ * -v, durations with units) mapped to its own meaning, and accepts the
+ * mooncake_master flags that mean nothing here with a warning naming each.
+ * Without --rpc-address it listens on 127.0.0.1 unless a token is set
+ * (then 0.0.0.0): an unauthenticated master must not be reachable from
+ * the network (docs/cli.md).
  */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +49,8 @@ static void usage(FILE *f)
             "  --eviction_ratio R                 evict this fraction per pass (default 0.05)\n"
             "  --client_live_ttl_sec S            liveness TTL of clients (default 10)\n"
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
+            "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
+            "                                     this long after its put deadline (default 2000)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
@@ -56,7 +67,25 @@ static void usage(FILE *f)
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
-            "  --help, --version\n");
+            "  --help, --version\n"
+            "\n"
+            "Durations (the TTLs and timeouts in ms or s above) also take a unit: 500ms, 5s,\n"
+            "2m, 1h.  Without --rpc-address the master listens on 127.0.0.1, or on 0.0.0.0\n"
+            "when --auth-token-file is given.\n"
+            "\n"
+            "mooncake_master's spellings:\n"
+            "  --rpc_port, --port PORT            --rpc-port\n"
+            "  --rpc_address ADDR                 --rpc-address\n"
+            "  --rpc_thread_num N                 --rpc-threads\n"
+            "  --metrics_port PORT                --metrics-port\n"
+            "  --client_ttl DURATION              --client_live_ttl_sec (seconds without a unit)\n"
+            "  -v N, --v N                        --log-level: 0 info, 1 or more debug\n"
+            "  accepted and ignored, with a warning: --enable_http_metadata_server,\n"
+            "  --http_metadata_server_host, --http_metadata_server_port (moonlet needs no\n"
+            "  metadata service), --enable_ha, --etcd_endpoints, --cluster_id (no HA),\n"
+            "  --enable_gc, --enable_metric_reporting, --rpc_enable_tcp_no_delay,\n"
+            "  --rpc_conn_timeout_seconds, --rpc_interface, --memory_allocator,\n"
+            "  --root_fs_dir, --global_file_segment_size, --enable_offload, --logtostderr\n");
 }
 
 static int parse_u64(const char *flag, const char *s, uint64_t *out)
@@ -84,10 +113,39 @@ static int parse_ratio(const char *flag, const char *s, double *out)
     return 0;
 }
 
+/* A duration: digits with an optional unit (ms, s, m, h); without one, in
+ * units of unit_ms.  Stored in milliseconds. */
+static int parse_duration_ms(const char *flag, const char *s, uint64_t unit_ms, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    uint64_t mult = unit_ms;
+    if (!errno && end != s && s[0] != '-') {
+        if (!strcmp(end, "ms"))
+            mult = 1;
+        else if (!strcmp(end, "s"))
+            mult = 1000;
+        else if (!strcmp(end, "m"))
+            mult = 60000;
+        else if (!strcmp(end, "h"))
+            mult = 3600000;
+        else if (*end)
+            mult = 0;
+        if (mult && v <= UINT64_MAX / mult) {
+            *out = (uint64_t)v * mult;
+            return 0;
+        }
+    }
+    fprintf(stderr, "moonlet-master: %s: not a duration (e.g. 5000, 500ms, 5s, 2m): '%s'\n", flag,
+            s);
+    return -1;
+}
+
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
-    O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
-    O_FRAME_TO, O_IDLE_TO, O_DISABLE
+    O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
+    O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -107,6 +165,7 @@ int main(int argc, char **argv)
         {"eviction_ratio", required_argument, 0, O_RATIO},
         {"client_live_ttl_sec", required_argument, 0, O_LIVE},
         {"put_timeout_ms", required_argument, 0, O_PUT},
+        {"put_quarantine_grace_ms", required_argument, 0, O_QGRACE},
         {"max-frame-bytes", required_argument, 0, O_FRAME},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
@@ -119,6 +178,32 @@ int main(int argc, char **argv)
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
+        /* mooncake_master's spellings */
+        {"rpc_port", required_argument, 0, O_PORT},
+        {"port", required_argument, 0, O_PORT},
+        {"rpc_address", required_argument, 0, O_ADDR},
+        {"rpc_thread_num", required_argument, 0, O_THREADS},
+        {"metrics_port", required_argument, 0, O_METRICS},
+        {"client_ttl", required_argument, 0, O_CLIENT_TTL},
+        {"v", required_argument, 0, O_VERBOSE},
+        /* mooncake_master's flags that mean nothing here: with a value ... */
+        {"http_metadata_server_host", required_argument, 0, O_IGNORED},
+        {"http_metadata_server_port", required_argument, 0, O_IGNORED},
+        {"etcd_endpoints", required_argument, 0, O_IGNORED},
+        {"cluster_id", required_argument, 0, O_IGNORED},
+        {"rpc_conn_timeout_seconds", required_argument, 0, O_IGNORED},
+        {"rpc_interface", required_argument, 0, O_IGNORED},
+        {"memory_allocator", required_argument, 0, O_IGNORED},
+        {"root_fs_dir", required_argument, 0, O_IGNORED},
+        {"global_file_segment_size", required_argument, 0, O_IGNORED},
+        /* ... and booleans (--flag, --flag=true) */
+        {"enable_http_metadata_server", optional_argument, 0, O_IGNORED},
+        {"enable_ha", optional_argument, 0, O_IGNORED},
+        {"enable_gc", optional_argument, 0, O_IGNORED},
+        {"enable_metric_reporting", optional_argument, 0, O_IGNORED},
+        {"rpc_enable_tcp_no_delay", optional_argument, 0, O_IGNORED},
+        {"enable_offload", optional_argument, 0, O_IGNORED},
+        {"logtostderr", optional_argument, 0, O_IGNORED},
         {0, 0, 0, 0},
     };
     moonlet_master_config cfg;
@@ -127,27 +212,45 @@ int main(int argc, char **argv)
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
     const char *token_file = NULL;
+    bool address_given = false;
     int metrics_port = -1; /* off */
     uint64_t v;
-    int c, bad = 0;
-    while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int c, bad = 0, idx = -1;
+    while (!bad && (c = getopt_long(argc, argv, "v:", opts, &idx)) != -1) {
         switch (c) {
-        case O_ADDR: so.address = optarg; break;
+        case O_ADDR: so.address = optarg; address_given = true; break;
         case O_PORT:
             bad = parse_u64("--rpc-port", optarg, &v) || v > 65535;
             so.port = (uint16_t)v;
             break;
         case O_THREADS: bad = parse_u64("--rpc-threads", optarg, &v) || v > 256; so.threads = (int)v; break;
         case O_SHARDS: bad = parse_u64("--shards", optarg, &v) || v == 0 || v > (1u << 20); cfg.shards = (uint32_t)v; break;
-        case O_LEASE: bad = parse_u64("--default_kv_lease_ttl", optarg, &cfg.lease_ttl_ms); break;
-        case O_PIN: bad = parse_u64("--default_kv_soft_pin_ttl", optarg, &cfg.soft_pin_ttl_ms); break;
+        case O_LEASE: bad = parse_duration_ms("--default_kv_lease_ttl", optarg, 1, &cfg.lease_ttl_ms); break;
+        case O_PIN: bad = parse_duration_ms("--default_kv_soft_pin_ttl", optarg, 1, &cfg.soft_pin_ttl_ms); break;
         case O_HWM: bad = parse_ratio("--eviction_high_watermark_ratio", optarg, &cfg.eviction_high_watermark); break;
         case O_RATIO: bad = parse_ratio("--eviction_ratio", optarg, &cfg.eviction_ratio); break;
         case O_LIVE:
-            bad = parse_u64("--client_live_ttl_sec", optarg, &v) || v == 0;
-            cfg.client_live_ttl_ms = v * 1000;
+        case O_CLIENT_TTL:
+            bad = parse_duration_ms(c == O_LIVE ? "--client_live_ttl_sec" : "--client_ttl", optarg,
+                                    1000, &v) || v == 0;
+            cfg.client_live_ttl_ms = v;
             break;
-        case O_PUT: bad = parse_u64("--put_timeout_ms", optarg, &cfg.put_timeout_ms); break;
+        case 'v':
+        case O_VERBOSE: {
+            const char *n = optarg[0] == '=' ? optarg + 1 : optarg; /* -v=1, as glog takes it */
+            bad = parse_u64("-v", n, &v);
+            moonlet_log_set_level(moonlet_log_parse_level(v ? "debug" : "info"));
+            break;
+        }
+        case O_IGNORED:
+            fprintf(stderr, "moonlet-master: ignoring mooncake_master's --%s: it has no meaning "
+                            "for moonlet (see --help)\n", opts[idx].name);
+            break;
+        case O_PUT: bad = parse_duration_ms("--put_timeout_ms", optarg, 1, &cfg.put_timeout_ms); break;
+        case O_QGRACE:
+            bad = parse_duration_ms("--put_quarantine_grace_ms", optarg, 1,
+                                    &cfg.put_quarantine_grace_ms);
+            break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
         case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
@@ -193,6 +296,9 @@ int main(int argc, char **argv)
     if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
         return 2;
     so.auth_token = token;
+    /* Only an authenticated master listens beyond loopback unless told where. */
+    if (!address_given && token)
+        so.address = "0.0.0.0";
 
     /* Signals are taken synchronously by this thread; workers never see them. */
     sigset_t set;
@@ -219,7 +325,7 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, &metrics) != MOONLET_OK) {
+        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics) != MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);

@@ -53,6 +53,8 @@ static void usage(FILE *f)
             "  --listen HOST:PORT        data endpoint to serve on (default 127.0.0.1:0; 0 = any port;\n"
             "                            for rdma an address on the RDMA device)\n"
             "  --device NAME             RDMA device, e.g. mlx5_0 (default: first active)\n"
+            "  --rdma-tos N              IP TOS of RDMA connections (RoCE v2 traffic class, e.g.\n"
+            "                            106 for DSCP 26 + ECN; default: the kernel's)\n"
             "  --numa-node N|auto        NUMA node of the segment (default auto: the device's node)\n"
             "  --advertise HOST:PORT     endpoint mounted on the master instead of the listen address\n"
             "                            (tcp only; for a proxy or relay in front of this node)\n"
@@ -149,7 +151,7 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO
+    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
@@ -161,6 +163,7 @@ static const struct option g_opts[] = {
     {"protocol", required_argument, 0, O_PROTO},
     {"listen", required_argument, 0, O_LISTEN},
     {"device", required_argument, 0, O_DEVICE},
+    {"rdma-tos", required_argument, 0, O_TOS},
     {"numa-node", required_argument, 0, O_NUMA},
     {"client-id", required_argument, 0, O_CLIENT},
     {"auth-token-file", required_argument, 0, O_TOKEN},
@@ -206,6 +209,10 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             break;
         case O_LISTEN: cfg->listen_addr = optarg; bad = check_hostport("--listen", optarg, 0); break;
         case O_DEVICE: cfg->device = optarg; break;
+        case O_TOS:
+            bad = parse_uint("--rdma-tos", optarg, 0, 255, &v);
+            cfg->rdma_tos = (int)v;
+            break;
         case O_NUMA: bad = parse_numa(optarg, &cfg->numa_node); break;
         case O_CLIENT:
             cfg->client_id = optarg;
@@ -389,9 +396,11 @@ int main(int argc, char **argv)
         moonlet_token_free(token);
         return 1;
     }
-    moonlet_store_node_run(node);
+    rc = moonlet_store_node_run(node);
+    if (rc) /* it stopped by itself (its RDMA device is gone): no signal will come */
+        pthread_cancel(sig_th);
     pthread_join(sig_th, NULL);
     moonlet_store_node_destroy(node);
     moonlet_token_free(token);
-    return 0;
+    return rc ? 1 : 0;
 }

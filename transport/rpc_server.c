@@ -78,6 +78,7 @@
 #include "methods.h"
 #include "moonlet/error.h"
 #include "wire.h"
+#include "token.h"
 
 #define MOD "rpc"
 
@@ -219,17 +220,6 @@ static void close_fd(int *fd)
     *fd = -1;
 }
 
-/* Compares in time that depends only on the expected token's length. */
-static bool token_equal(const char *got, size_t got_len, const char *want, size_t want_len)
-{
-    volatile unsigned char diff = (unsigned char)(got_len != want_len);
-    for (size_t i = 0; i < want_len; i++) {
-        unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
-        diff |= (unsigned char)(g ^ (unsigned char)want[i]);
-    }
-    return diff == 0;
-}
-
 static void pack_vfmt(msgpack_packer *out, const char *fmt, va_list ap)
 {
     char msg[ERR_MSG_MAX];
@@ -326,7 +316,7 @@ static void serve_auth(conn *c, const moonlet_request *req)
         return;
     }
     if (moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0 &&
-        token_equal(tok, len, s->token, s->token_len)) {
+        moonlet_token_equal(tok, len, s->token, s->token_len)) {
         c->authed = true;
         reply_nil(c, req->id);
         return;

@@ -10,9 +10,16 @@
  * from the calling thread, with no helper threads on the client side.
  *
  * Connections are leased exclusively for one batch; a lane the backend marks
- * broken is closed and its slot reopened on the next use.  Peers are leased
+ * broken, or a cached connection the backend reports dead (conn_stale), is
+ * closed and its slot reopened on the next use.  Peers are leased
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
+ *
+ * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
+ * backends: a write is not started once its deadline passed, neither before
+ * leasing its connection nor after (the TCP backend also aborts a lane whose
+ * deadline passes mid-transfer; verbs writes already posted are covered by
+ * the master's quarantine grace).
  *
  * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
@@ -187,7 +194,7 @@ static const xfer_backend *xfer_choose_backend(const moonlet_xfer_opts *o)
     if (o->protocol == MOONLET_XFER_RDMA)
         return &moonlet_xfer_verbs_backend;
     char why[256];
-    if (moonlet_xfer_verbs_probe(o->device, why, sizeof(why)) == MOONLET_OK) {
+    if (moonlet_xfer_verbs_probe(o->device, o->listen_addr, why, sizeof(why)) == MOONLET_OK) {
         ML_INFO(MOD, "transport: RDMA device available, using verbs");
         return &moonlet_xfer_verbs_backend;
     }
@@ -209,6 +216,7 @@ static void xfer_free_opts(moonlet_xfer *x)
 {
     free(x->device);
     free(x->listen_addr);
+    free(x->source_addr);
     if (x->token) {
         explicit_bzero(x->token, x->token_len);
         free(x->token);
@@ -225,6 +233,10 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
         return MOONLET_ERR_INVALID_PARAMS;
     x->device = xfer_strdup_opt(o->device, &oom);
     x->listen_addr = xfer_strdup_opt(o->listen_addr, &oom);
+    x->source_addr = xfer_strdup_opt(o->source_addr, &oom);
+    if (o->rdma_tos < 0 || o->rdma_tos > 255)
+        return MOONLET_ERR_INVALID_PARAMS;
+    x->rdma_tos = o->rdma_tos;
     x->token = xfer_strdup_opt(o->auth_token, &oom);
     x->token_len = x->token ? strlen(x->token) : 0;
     x->conns_per_peer = o->conns_per_peer > 0 ? o->conns_per_peer
@@ -321,6 +333,13 @@ void moonlet_xfer_destroy(moonlet_xfer *x)
     free(x);
 }
 
+int moonlet_xfer_health(moonlet_xfer *x)
+{
+    if (!x)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->health ? x->be->health(x) : MOONLET_OK;
+}
+
 const char *moonlet_xfer_protocol_name(const moonlet_xfer *x)
 {
     return x ? x->be->name : "none";
@@ -356,6 +375,13 @@ int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
     if (!x || !segment_id)
         return MOONLET_ERR_INVALID_PARAMS;
     return x->be->seg_remove(x, segment_id);
+}
+
+int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    if (!x || !segment_id || !key)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return x->be->seg_set_key ? x->be->seg_set_key(x, segment_id, key) : MOONLET_OK;
 }
 
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
@@ -497,7 +523,10 @@ static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t
 
 /* Opens the leased slots that have no connection yet (no lock held: only
  * this thread touches a leased slot).  Slots that fail to open are given
- * back.  Returns 0 when at least one is usable, else the first open error. */
+ * back; after one failed open the other unopened slots are not tried (the
+ * peer is unreachable or refusing: each try would cost up to timeout_ms, and
+ * a batch would wait conns_per_peer timeouts per peer).  Returns 0 when at
+ * least one is usable, else the first open error. */
 static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
 {
     int first_err = MOONLET_OK;
@@ -505,8 +534,15 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
     for (size_t i = 0; i < g->nslots; i++) {
         xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
         if (s->conn && x->be->conn_stale && x->be->conn_stale(x, s->conn)) {
-            x->be->conn_close(x, s->conn); /* closed by the server while idle */
+            x->be->conn_close(x, s->conn); /* the peer closed or went away: a new one, now */
             s->conn = NULL;
+        }
+        if (!s->conn && first_err) { /* one failed open is enough: don't try the others */
+            pthread_mutex_lock(&x->pool_lock);
+            s->busy = false;
+            pthread_cond_broadcast(&x->pool_cond);
+            pthread_mutex_unlock(&x->pool_lock);
+            continue;
         }
         if (!s->conn) {
             int rc = x->be->conn_open(x, g->endpoint, &s->conn);
@@ -598,9 +634,15 @@ static size_t xfer_collect(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n, xfer
                            xfer_item **todo)
 {
     size_t ntodo = 0;
+    uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0; i < n; i++) {
         items[i].op = &ops[i];
         ops[i].status = xfer_check_op(x, &items[i]);
+        /* A write past its writer's deadline is never started (both
+         * backends): the master may already have given its range away. */
+        if (ops[i].status == MOONLET_OK && ops[i].opcode == MOONLET_XFER_WRITE && ops[i].cap &&
+            ops[i].cap->deadline_ms && now >= ops[i].cap->deadline_ms)
+            ops[i].status = MOONLET_ERR_TRANSFER_FAIL;
         if (ops[i].status == MOONLET_OK && ops[i].len)
             todo[ntodo++] = &items[i];
     }
@@ -708,8 +750,26 @@ static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
     return MOONLET_OK;
 }
 
+/* The earliest writer deadline (moonlet_xfer_cap) among a group's items; 0: none. */
+static uint64_t xfer_group_deadline(const xfer_group *g)
+{
+    uint64_t best = 0;
+    for (size_t i = 0; i < g->nitems; i++) {
+        const moonlet_xfer_op *op = g->items[i]->op;
+        uint64_t dl = op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
+        if (dl && (!best || dl < best))
+            best = dl;
+    }
+    return best;
+}
+
 /* Leases and opens connections for every group, in endpoint order, and lays
- * out the lanes.  Groups that get no connection fail all their items. */
+ * out the lanes.  Groups that get no connection fail all their items.  A
+ * group holding a write with a deadline waits for a connection no longer
+ * than that deadline, and fails (TRANSFER_FAIL) when the deadline passed
+ * while its connections were leased and opened: on both backends no write is
+ * started after its writer's deadline (the master may have given its range
+ * away; docs/reliability.md). */
 static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
 {
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
@@ -718,9 +778,14 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
         size_t want = g->nitems < cpp ? g->nitems : cpp;
-        int rc = xfer_pool_lease(x, g, want, deadline);
+        uint64_t gdl = xfer_group_deadline(g);
+        int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
             rc = xfer_pool_open(x, g);
+        if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
+            xfer_pool_release(x, g, NULL);
+            rc = MOONLET_ERR_TRANSFER_FAIL;
+        }
         if (rc) {
             xfer_fail_group(g, rc);
             g->nslots = 0;

@@ -10,8 +10,16 @@
  *     against registered segments over a compact binary header (xfer_tcp.h);
  *     clients keep several connections per peer and stream payloads straight
  *     into / out of the caller's buffer.
- * MOONLET_XFER_AUTO picks verbs when an RDMA device with an ACTIVE port exists
- * and TCP otherwise, and says which in one INFO log line.
+ * MOONLET_XFER_AUTO picks verbs when an InfiniBand-transport RDMA device
+ * (InfiniBand or RoCE; not iWARP, not EFA) with an ACTIVE port exists - and,
+ * when a listen address is given, when that address is on such a device - and
+ * TCP otherwise, and says which in one INFO log line.
+ *
+ * Addresses and devices (rdma).  RDMA exists only on the addresses of RDMA
+ * interfaces (never on 127.0.0.1).  The device is the one the listen address
+ * (or else `source_addr`) is on; a named `device` must agree.  Protocol
+ * "rdma" with a listen address on no RDMA device fails with
+ * UNAVAILABLE_IN_CURRENT_STATUS and one ERROR line naming the address.
  *
  * Roles.  The same instance type serves both sides: a store node creates one
  * with a listen address and registers its segment(s); a client creates one
@@ -38,6 +46,8 @@
  *                                   error work completion (verbs)
  *   MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS  protocol "rdma" requested but no
  *                                   usable RDMA device ("no RDMA device")
+ *   MOONLET_ERR_INVALID_WRITE       a write refused by the node: its capability
+ *                                   is missing, forged, out of range or expired
  *   MOONLET_ERR_INTERNAL_ERROR      out of memory, thread or socket creation
  * A peer that disconnects or stalls mid-transfer is reported as
  * TRANSFER_FAIL after at most `timeout_ms` without progress; no call hangs.
@@ -83,6 +93,12 @@ typedef struct moonlet_xfer_opts {
     int conns_per_peer;       /* <= 0: MOONLET_XFER_DEFAULT_CONNS_PER_PEER */
     int server_threads;       /* TCP serving pool; <= 0: MOONLET_XFER_DEFAULT_SERVER_THREADS */
     uint32_t timeout_ms;      /* max wait without progress; 0: MOONLET_XFER_DEFAULT_TIMEOUT_MS */
+    const char *source_addr;  /* rdma: local IP outgoing connections bind (picks the NIC
+                               * and port, as rping -I); NULL = the route's choice.
+                               * Ignored by TCP. */
+    int rdma_tos;             /* rdma: IP TOS byte of every connection (RoCE v2 traffic
+                               * class, e.g. 106 = DSCP 26 + ECT for a lossless class);
+                               * 0: the kernel's default.  Ignored by TCP. */
     /* Serving limits (TCP; see xfer_tcp.h).  0 picks the default. */
     unsigned server_max_conns;          /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS */
     unsigned server_max_conns_per_peer; /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER */
@@ -104,6 +120,12 @@ int moonlet_xfer_create(const moonlet_xfer_opts *opts, moonlet_xfer **out);
 /* Stops serving, closes every connection, deregisters everything, frees.
  * Transfers still running on other threads must have returned.  NULL is a no-op. */
 void moonlet_xfer_destroy(moonlet_xfer *x);
+
+/* 0 while the instance can serve and transfer; UNAVAILABLE_IN_CURRENT_STATUS
+ * once it cannot any more (rdma: its device was removed - RDMA_CM_EVENT_
+ * DEVICE_REMOVAL - or reported a fatal error).  Such an instance must be
+ * destroyed; a store node exits so that its service manager restarts it. */
+int moonlet_xfer_health(moonlet_xfer *x);
 
 /* "tcp" or "rdma": the backend this instance runs. */
 const char *moonlet_xfer_protocol_name(const moonlet_xfer *x);
@@ -131,6 +153,18 @@ typedef struct moonlet_xfer_segment_info {
 int moonlet_xfer_register_segment(moonlet_xfer *x, void *base, uint64_t len,
                                   moonlet_xfer_segment_info *info);
 
+/*
+ * Gives a registered segment a write key (MOONLET_WRITECAP_KEY_BYTES bytes):
+ * from then on every TCP write to it must carry a valid capability
+ * (moonlet_xfer_cap).  SEGMENT_NOT_FOUND for an unknown id.  The verbs
+ * backend accepts and ignores it: the node's CPU sees no RDMA write, and the
+ * master's quarantine of freed ranges fences stale RDMA writers instead.
+ */
+int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
+
+/* Milliseconds on CLOCK_MONOTONIC: the clock of capability expiries and deadlines. */
+uint64_t moonlet_xfer_now_ms(void);
+
 /* Stops serving a segment.  Waits for requests in progress on it, so the
  * memory may be freed afterwards.  SEGMENT_NOT_FOUND for an unknown id. */
 int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id);
@@ -155,6 +189,25 @@ typedef enum moonlet_xfer_opcode {
     MOONLET_XFER_WRITE = 1, /* local buffer -> remote segment */
 } moonlet_xfer_opcode;
 
+/*
+ * A write capability (common/writecap.h) and the writer's own deadline.
+ * TCP: sent with the write; a serving segment with a key
+ * (moonlet_xfer_set_segment_key) refuses a write whose capability is
+ * missing, forged, does not cover the written range or has expired, with
+ * MOONLET_ERR_INVALID_WRITE, and stops receiving a write's bytes into the
+ * segment once its capability expires.  Both backends: an operation whose
+ * `deadline_ms` (the caller's CLOCK_MONOTONIC, moonlet_xfer_now_ms) has
+ * passed is not started and fails with TRANSFER_FAIL; TCP also aborts a
+ * connection whose operation passes its deadline with a reset (queued bytes
+ * are dropped).  0 = no deadline.
+ */
+typedef struct moonlet_xfer_cap {
+    uint64_t offset, len;  /* the range the capability covers */
+    uint64_t expiry_ms;    /* the store node's clock */
+    uint64_t tag;          /* 0: no capability (only the deadline applies) */
+    uint64_t deadline_ms;  /* the writer's clock; 0: none */
+} moonlet_xfer_cap;
+
 /* One operation of a batch.  `status` is written by moonlet_xfer_submit(). */
 typedef struct moonlet_xfer_op {
     moonlet_xfer_opcode opcode;
@@ -164,6 +217,7 @@ typedef struct moonlet_xfer_op {
     void *local;             /* local buffer (destination of reads, source of writes) */
     uint64_t len;            /* bytes; 0 completes at once */
     int status;              /* out: 0 or a moonlet error code for this operation */
+    const moonlet_xfer_cap *cap; /* writes: the capability, or NULL (none) */
 } moonlet_xfer_op;
 
 /*

@@ -47,6 +47,8 @@ typedef struct xfer_backend {
     void (*stop)(moonlet_xfer *x);
     int (*seg_add)(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info);
     int (*seg_remove)(moonlet_xfer *x, const char *segment_id);
+    /* Optional (NULL: keys are not checked by this backend). */
+    int (*seg_set_key)(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
     /* Local buffer registration (verbs: an MR); *handle is passed back. */
     int (*buf_add)(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey);
     void (*buf_remove)(moonlet_xfer *x, void *handle);
@@ -55,10 +57,14 @@ typedef struct xfer_backend {
     int (*prepare)(moonlet_xfer *x, xfer_item *it);
     int (*conn_open)(moonlet_xfer *x, const char *endpoint, void **conn);
     void (*conn_close)(moonlet_xfer *x, void *conn);
+    /* Optional: MOONLET_OK, or an error once the instance cannot serve any
+     * more (verbs: its device was removed or failed). */
+    int (*health)(moonlet_xfer *x);
     /* Runs every lane to completion; sets each item's op->status. */
     void (*run)(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);
-    /* Optional: true when an idle pooled connection was closed by its peer
-     * (then it is closed and opened afresh instead of failing a transfer). */
+    /* Optional: true when an idle pooled connection is known dead (TCP: the
+     * server closed it; verbs: its CM channel reported DISCONNECTED); xfer.c
+     * then closes it and opens a fresh one instead of failing a transfer. */
     bool (*conn_stale)(moonlet_xfer *x, void *conn);
 } xfer_backend;
 
@@ -72,6 +78,8 @@ struct moonlet_xfer {
     /* options, copied at create */
     char *device;
     char *listen_addr;
+    char *source_addr;  /* rdma: bind outgoing connections here; NULL = any */
+    int rdma_tos;       /* rdma: TOS of every connection; 0 = default */
     char *token;        /* NULL when no token */
     size_t token_len;
     int conns_per_peer;
@@ -93,9 +101,26 @@ struct moonlet_xfer {
 extern const xfer_backend moonlet_xfer_tcp_backend;
 extern const xfer_backend moonlet_xfer_verbs_backend;
 
-/* Discovery only: 0 when an RDMA device (named, or any) has an ACTIVE port;
- * else UNAVAILABLE_IN_CURRENT_STATUS with the reason in why. */
-int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap);
+/* Discovery only (auto): 0 when an InfiniBand-transport RDMA device (named,
+ * or any) has an ACTIVE port and, when listen_addr ("host:port") is given and
+ * not a wildcard, that address is on such a device; else
+ * UNAVAILABLE_IN_CURRENT_STATUS with the reason in why. */
+int moonlet_xfer_verbs_probe(const char *device, const char *listen_addr, char *why,
+                             size_t why_cap);
+
+/* Test and self-check hook (verbs only): the QP attributes of every open
+ * connection of an instance - client connections in its pool and connections
+ * it serves - as ibv_query_qp reports them.  Fills up to cap entries and
+ * returns how many connections exist (0 for TCP). */
+typedef struct moonlet_xfer_qp_info {
+    bool served;              /* accepted by this instance (passive side) */
+    int state;                /* enum ibv_qp_state */
+    uint8_t max_rd_atomic;    /* RDMA READs this QP may have outstanding as initiator */
+    uint8_t max_dest_rd_atomic; /* RDMA READs it accepts as responder */
+    uint8_t traffic_class;    /* GRH traffic class of its path (RoCE: the IP TOS) */
+    char device[64];
+} moonlet_xfer_qp_info;
+size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);
 
 /* Finds the registration holding [addr, addr + len); 0 and *lkey, or
  * INVALID_PARAMS.  Takes buf_lock shared. */
@@ -108,8 +133,6 @@ int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_ca
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
 /* A random, non-zero 64-bit id (getrandom). */
 uint64_t moonlet_xfer_random_id(void);
-/* Milliseconds on CLOCK_MONOTONIC. */
-uint64_t moonlet_xfer_now_ms(void);
 /* Constant-time equality of two byte strings (time depends on lengths only). */
 bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen);
 

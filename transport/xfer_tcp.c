@@ -11,7 +11,10 @@
  * waits on and serves others, so a slow or stalled peer never holds a worker.
  * Payloads move without staging copies: a READ reply is sent from segment
  * memory, a WRITE payload is received straight into the segment.  Every
- * request is checked against its segment's bounds before memory is touched.
+ * request is checked against its segment's bounds before memory is touched,
+ * and a write to a keyed segment against its capability
+ * (tcp_write_cap_check), whose expiry is checked again before each chunk
+ * lands in the segment.
  *
  * Limits.  Each request has an overall deadline from its first header byte
  * (timeout_ms, plus time for its payload at 16 MB/s); connections idle
@@ -28,10 +31,12 @@
  * pipelined (many headers and write payloads gathered into one sendmsg),
  * replies are read in order, read payloads land directly in the caller's
  * buffer.  A lane with no progress for timeout_ms, a closed socket or a reply
- * that does not match fails its remaining operations with TRANSFER_FAIL.
+ * that does not match fails its remaining operations with TRANSFER_FAIL.  A
+ * lane holding a write past its writer's deadline (moonlet_xfer_cap) is
+ * aborted with a reset (SO_LINGER 0), so bytes still queued are dropped.
  *
  * Locks: seg_lock (+ seg_cond) guards the segment list and each segment's
- * in-flight count; conn_lock guards the server's connection list, its count
+ * in-flight count and write key; conn_lock guards the server's connection list, its count
  * and the per-peer counts.  Neither is held during socket I/O (shutdown(2),
  * which never blocks, is called under conn_lock by the reaper and by segment
  * removal); they are never nested.  A connection's request state belongs to
@@ -62,6 +67,7 @@
 #include "fdlimit.h"
 #include "log.h"
 #include "moonlet/error.h"
+#include "writecap.h"
 #include "xfer_internal.h"
 
 #define MOD "xfer-tcp"
@@ -71,6 +77,7 @@
 #define TCP_PIPELINE_WINDOW 64        /* requests in flight per connection */
 #define TCP_GATHER_IOVS 64            /* iovecs per client sendmsg */
 #define TCP_DRAIN_CHUNK 16384
+#define TCP_REQ_BYTES (MOONLET_XFER_TCP_HDR_BYTES + MOONLET_XFER_TCP_CAP_BYTES)
 
 
 /* ---- wire header -------------------------------------------------------- */
@@ -106,6 +113,7 @@ void moonlet_xfer_tcp_hdr_encode(const moonlet_xfer_tcp_hdr *h,
     put_be32(out, MOONLET_XFER_TCP_MAGIC);
     out[4] = MOONLET_XFER_TCP_VERSION;
     out[5] = h->op;
+    out[6] = h->flags;
     put_be32(out + 8, (uint32_t)h->status);
     put_be64(out + 16, h->req_id);
     put_be64(out + 24, h->segment);
@@ -117,12 +125,15 @@ int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
                                 moonlet_xfer_tcp_hdr *h)
 {
     if (get_be32(in) != MOONLET_XFER_TCP_MAGIC || in[4] != MOONLET_XFER_TCP_VERSION ||
-        in[6] || in[7] || get_be32(in + 12))
+        in[7] || get_be32(in + 12))
         return MOONLET_ERR_INVALID_PARAMS;
     uint8_t base = in[5] & (uint8_t)~MOONLET_XFER_TCP_REPLY;
     if (base < MOONLET_XFER_TCP_AUTH || base > MOONLET_XFER_TCP_WRITE)
         return MOONLET_ERR_INVALID_PARAMS;
+    if (in[6] && (in[5] != MOONLET_XFER_TCP_WRITE || in[6] != MOONLET_XFER_TCP_F_CAP))
+        return MOONLET_ERR_INVALID_PARAMS;
     h->op = in[5];
+    h->flags = in[6];
     h->status = (int32_t)get_be32(in + 8);
     h->req_id = get_be64(in + 16);
     h->segment = get_be64(in + 24);
@@ -151,6 +162,8 @@ typedef struct tcp_segment {
     uint64_t id;
     uint8_t *base;
     uint64_t size;
+    bool keyed;        /* seg_lock: writes need a capability under key */
+    uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
     unsigned inflight; /* requests using the memory now */
     bool removed;      /* unregister waits for inflight == 0 */
     struct tcp_segment *next;
@@ -160,6 +173,7 @@ typedef struct tcp_segment {
 enum tcp_phase {
     PH_HEADER,  /* receiving a request header (hgot of 48 bytes) */
     PH_AUTH,    /* receiving the token of an AUTH */
+    PH_CAP,     /* receiving the write capability that follows a WRITE's header */
     PH_PAYLOAD, /* receiving a WRITE payload into segment memory */
     PH_DRAIN,   /* receiving and discarding the payload of a refused WRITE */
     PH_REPLY,   /* sending a reply header (and a READ's payload) */
@@ -183,6 +197,9 @@ typedef struct tcp_sconn {
     _Atomic(tcp_segment *) seg;  /* segment memory held by it, or NULL */
     uint64_t done;               /* payload bytes moved so far */
     int status;                  /* a refused WRITE's reply status */
+    uint8_t capbuf[MOONLET_XFER_TCP_CAP_BYTES]; /* a WRITE's capability (F_CAP) */
+    size_t capgot;
+    uint64_t cap_expiry_ms;      /* no payload byte lands at or after it; UINT64_MAX: none */
     uint8_t tok[MOONLET_XFER_MAX_TOKEN_BYTES];
     uint8_t rbuf[MOONLET_XFER_TCP_HDR_BYTES]; /* the encoded reply header */
     const uint8_t *rpayload;
@@ -332,6 +349,24 @@ static int tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     return MOONLET_OK;
 }
 
+static int tcp_seg_set_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
+{
+    tcp_server *s = x->be_state;
+    uint64_t id;
+    if (!s || tcp_parse_seg_id(segment_id, &id))
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    pthread_mutex_lock(&s->seg_lock);
+    tcp_segment *g = s->segs;
+    while (g && (g->id != id || g->removed))
+        g = g->next;
+    if (g) {
+        memcpy(g->key, key, sizeof(g->key));
+        g->keyed = true;
+    }
+    pthread_mutex_unlock(&s->seg_lock);
+    return g ? MOONLET_OK : MOONLET_ERR_SEGMENT_NOT_FOUND;
+}
+
 /* ---- serving side: requests --------------------------------------------- *
  *
  * A connection serves one request at a time through the phases of
@@ -376,6 +411,7 @@ static void tcp_queue_reply(tcp_sconn *c, int status, const uint8_t *payload, ui
 {
     moonlet_xfer_tcp_hdr h = c->h;
     h.op = (uint8_t)(c->h.op | MOONLET_XFER_TCP_REPLY);
+    h.flags = 0; /* F_CAP belongs to requests only */
     h.status = status;
     h.length = status ? 0 : len;
     moonlet_xfer_tcp_hdr_encode(&h, c->rbuf);
@@ -409,12 +445,62 @@ static void tcp_drop_segment(tcp_server *s, tcp_sconn *c)
         tcp_seg_release(s, g);
 }
 
-/* A WRITE's header is in: take the segment, or prepare to discard. */
+/*
+ * The write-capability check, before any payload byte is received: a segment
+ * with a key accepts a write only with a genuine capability that covers the
+ * written range and has not expired; *expiry_ms gets the instant after which
+ * no more bytes may land (UINT64_MAX for a segment without a key).  Returns 0
+ * or MOONLET_ERR_INVALID_WRITE.
+ */
+static int tcp_write_cap_check(tcp_server *s, tcp_segment *g, const moonlet_xfer_tcp_hdr *h,
+                               const moonlet_writecap *cap, uint64_t *expiry_ms)
+{
+    uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
+    pthread_mutex_lock(&s->seg_lock);
+    bool keyed = g->keyed;
+    memcpy(key, g->key, sizeof(key));
+    pthread_mutex_unlock(&s->seg_lock);
+    *expiry_ms = UINT64_MAX;
+    if (!keyed)
+        return MOONLET_OK;
+    char id[17];
+    snprintf(id, sizeof(id), "%016" PRIx64, g->id);
+    bool ok = cap && moonlet_writecap_valid(key, id, cap, h->offset, h->length,
+                                            moonlet_xfer_now_ms());
+    explicit_bzero(key, sizeof(key));
+    if (!ok) {
+        ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") to segment %s refused: %s", h->offset,
+                h->length, id, cap ? "capability forged, out of range or expired"
+                                   : "no capability");
+        return MOONLET_ERR_INVALID_WRITE;
+    }
+    *expiry_ms = cap->expiry_ms;
+    return MOONLET_OK;
+}
+
+/* A WRITE's header (and capability, with F_CAP) is in: take the segment
+ * when the range and the capability allow the write, else prepare to discard
+ * its payload and refuse it. */
 static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
 {
     int status;
     tcp_segment *g = tcp_check_request(s, &c->h, &status);
     c->done = 0;
+    c->cap_expiry_ms = UINT64_MAX;
+    if (g) {
+        moonlet_writecap cap;
+        bool has_cap = c->h.flags & MOONLET_XFER_TCP_F_CAP;
+        if (has_cap)
+            cap = (moonlet_writecap){.offset = get_be64(c->capbuf),
+                                     .len = get_be64(c->capbuf + 8),
+                                     .expiry_ms = get_be64(c->capbuf + 16),
+                                     .tag = get_be64(c->capbuf + 24)};
+        status = tcp_write_cap_check(s, g, &c->h, has_cap ? &cap : NULL, &c->cap_expiry_ms);
+        if (status) {
+            tcp_seg_release(s, g);
+            g = NULL;
+        }
+    }
     if (!g) {
         c->status = status;
         c->phase = PH_DRAIN;
@@ -422,6 +508,20 @@ static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
     }
     atomic_store(&c->seg, g);
     c->phase = PH_PAYLOAD;
+}
+
+/* Receives the 32-byte capability that follows a WRITE header with F_CAP. */
+static tcp_step_rc tcp_cap_step(tcp_server *s, tcp_sconn *c)
+{
+    ssize_t r = tcp_recv_some(c->fd, c->capbuf + c->capgot, sizeof(c->capbuf) - c->capgot);
+    if (r < 0)
+        return STEP_CLOSE;
+    if (r == 0)
+        return STEP_AGAIN_IN;
+    c->capgot += (size_t)r;
+    if (c->capgot == sizeof(c->capbuf))
+        tcp_begin_write(s, c);
+    return STEP_NEXT;
 }
 
 /* A READ's header is in: reply with the segment's bytes (held until sent). */
@@ -454,6 +554,9 @@ static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
         tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
     } else if (c->h.op == MOONLET_XFER_TCP_READ) {
         tcp_begin_read(s, c);
+    } else if (c->h.flags & MOONLET_XFER_TCP_F_CAP) {
+        c->capgot = 0;
+        c->phase = PH_CAP;
     } else {
         tcp_begin_write(s, c);
     }
@@ -522,6 +625,7 @@ __attribute__((noinline)) static ssize_t tcp_segment_send(int fd, struct iovec *
     }
 }
 
+
 /* Receives what has arrived of a WRITE payload straight into the segment:
  * >0 bytes, 0 when nothing is there yet, -1 on EOF or error. */
 __attribute__((noinline)) static ssize_t tcp_segment_recv(int fd, uint8_t *dst, uint64_t len)
@@ -535,6 +639,17 @@ static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
 {
     tcp_segment *g = atomic_load(&c->seg);
     if (c->done < c->h.length) {
+        /* no byte lands once the write's capability expired: the check runs
+         * right before each non-blocking receive into the segment */
+        if (moonlet_xfer_now_ms() >= c->cap_expiry_ms) {
+            ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") refused: its capability expired "
+                    "with %" PRIu64 " bytes still to come", c->h.offset, c->h.length,
+                    c->h.length - c->done);
+            tcp_drop_segment(s, c);
+            c->status = MOONLET_ERR_INVALID_WRITE;
+            c->phase = PH_DRAIN;
+            return STEP_NEXT;
+        }
         ssize_t r = tcp_segment_recv(c->fd, g->base + c->h.offset + c->done,
                                      c->h.length - c->done);
         if (r < 0)
@@ -605,6 +720,7 @@ static tcp_step_rc tcp_step(tcp_server *s, tcp_sconn *c)
     switch (c->phase) {
     case PH_HEADER: return tcp_header_step(s, c);
     case PH_AUTH: return tcp_auth_step(s, c);
+    case PH_CAP: return tcp_cap_step(s, c);
     case PH_PAYLOAD: return tcp_payload_step(s, c);
     case PH_DRAIN: return tcp_drain_step(s, c);
     case PH_REPLY: return tcp_reply_step(s, c);
@@ -1186,7 +1302,7 @@ static void tcp_conn_close(moonlet_xfer *x, void *conn)
 typedef struct tcp_lane_run {
     xfer_lane *lane;
     tcp_cconn *c;
-    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES]; /* encoded request per item */
+    uint8_t (*hdrs)[TCP_REQ_BYTES]; /* encoded request (+ capability) per item */
     uint64_t *req_ids;
     size_t send_i;     /* first item not fully sent */
     uint64_t send_off; /* bytes of item send_i already sent (header + payload) */
@@ -1209,9 +1325,28 @@ static void tcp_lane_fail(tcp_lane_run *r, int status, const char *why)
     r->done = true;
 }
 
+/* Whether a write sends a capability: only a real one (tag 0 is "none", as
+ * the master reports for a segment without a key), so a node that predates
+ * capabilities is never sent the F_CAP flag it would not decode. */
+static bool tcp_op_has_cap(const moonlet_xfer_op *op)
+{
+    return op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->tag;
+}
+
+static uint64_t tcp_op_deadline(const moonlet_xfer_op *op)
+{
+    return op->opcode == MOONLET_XFER_WRITE && op->cap ? op->cap->deadline_ms : 0;
+}
+
+/* Bytes of an item's request before its payload: the header (+ capability). */
+static uint64_t tcp_req_len(const moonlet_xfer_op *op)
+{
+    return MOONLET_XFER_TCP_HDR_BYTES + (tcp_op_has_cap(op) ? MOONLET_XFER_TCP_CAP_BYTES : 0);
+}
+
 static uint64_t tcp_item_stream_len(const xfer_item *it)
 {
-    return MOONLET_XFER_TCP_HDR_BYTES + (it->op->opcode == MOONLET_XFER_WRITE ? it->op->len : 0);
+    return tcp_req_len(it->op) + (it->op->opcode == MOONLET_XFER_WRITE ? it->op->len : 0);
 }
 
 static void tcp_encode_requests(tcp_lane_run *r)
@@ -1224,6 +1359,15 @@ static void tcp_encode_requests(tcp_lane_run *r)
             .req_id = r->c->next_req++, .segment = it->seg, .offset = it->op->offset,
             .length = it->op->len};
         r->req_ids[i] = h.req_id;
+        if (tcp_op_has_cap(it->op)) {
+            const moonlet_xfer_cap *cap = it->op->cap;
+            uint8_t *b = r->hdrs[i] + MOONLET_XFER_TCP_HDR_BYTES;
+            h.flags = MOONLET_XFER_TCP_F_CAP;
+            put_be64(b, cap->offset);
+            put_be64(b + 8, cap->len);
+            put_be64(b + 16, cap->expiry_ms);
+            put_be64(b + 24, cap->tag);
+        }
         moonlet_xfer_tcp_hdr_encode(&h, r->hdrs[i]);
     }
 }
@@ -1237,9 +1381,10 @@ static int tcp_gather(tcp_lane_run *r, struct iovec *iov)
                                n + 2 <= TCP_GATHER_IOVS;
          i++) {
         const moonlet_xfer_op *op = r->lane->items[i]->op;
-        uint64_t hskip = skip < MOONLET_XFER_TCP_HDR_BYTES ? skip : MOONLET_XFER_TCP_HDR_BYTES;
-        if (hskip < MOONLET_XFER_TCP_HDR_BYTES)
-            iov[n++] = (struct iovec){r->hdrs[i] + hskip, MOONLET_XFER_TCP_HDR_BYTES - hskip};
+        uint64_t hlen = tcp_req_len(op);
+        uint64_t hskip = skip < hlen ? skip : hlen;
+        if (hskip < hlen)
+            iov[n++] = (struct iovec){r->hdrs[i] + hskip, (size_t)(hlen - hskip)};
         if (op->opcode == MOONLET_XFER_WRITE) {
             uint64_t pskip = skip - hskip;
             iov[n++] = (struct iovec){(uint8_t *)op->local + pskip, (size_t)(op->len - pskip)};
@@ -1368,9 +1513,36 @@ static int tcp_recv_step(tcp_lane_run *r, bool *progress)
     return 0;
 }
 
+/* The earliest writer deadline among the lane's unfinished writes; 0: none. */
+static uint64_t tcp_lane_deadline(const tcp_lane_run *r)
+{
+    uint64_t best = 0;
+    for (size_t i = r->recv_i; i < r->lane->nitems; i++) {
+        uint64_t dl = tcp_op_deadline(r->lane->items[i]->op);
+        if (dl && (!best || dl < best))
+            best = dl;
+    }
+    return best;
+}
+
+/* A write passed its writer's deadline: the master may give its range away
+ * from then on.  The connection is closed with a reset (SO_LINGER 0), so the
+ * bytes still in our socket buffer are dropped rather than sent late. */
+static void tcp_lane_abort(tcp_lane_run *r)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(r->c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, "write deadline passed (aborted with a reset)");
+}
+
 /* One non-blocking pass over a lane; checks its inactivity deadline. */
 static void tcp_lane_step(moonlet_xfer *x, tcp_lane_run *r, uint64_t now)
 {
+    uint64_t dl = tcp_lane_deadline(r);
+    if (dl && now >= dl) {
+        tcp_lane_abort(r);
+        return;
+    }
     bool progress = false;
     if (tcp_send_step(r, &progress) == 0 && tcp_recv_step(r, &progress) == 0 && !r->done) {
         if (progress)
@@ -1388,6 +1560,9 @@ static int tcp_poll_timeout(moonlet_xfer *x, tcp_lane_run *runs, size_t n, uint6
         if (runs[i].done)
             continue;
         uint64_t end = runs[i].last_progress + x->timeout_ms;
+        uint64_t dl = tcp_lane_deadline(&runs[i]);
+        if (dl && dl < end)
+            end = dl;
         uint64_t left = end > now ? end - now : 0;
         if (left < best)
             best = left;
@@ -1429,7 +1604,7 @@ static void tcp_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         total += lanes[i].nitems;
     tcp_lane_run *runs = calloc(nlanes, sizeof(*runs));
     struct pollfd *pfds = calloc(nlanes, sizeof(*pfds));
-    uint8_t (*hdrs)[MOONLET_XFER_TCP_HDR_BYTES] = calloc(total, sizeof(*hdrs));
+    uint8_t (*hdrs)[TCP_REQ_BYTES] = calloc(total, sizeof(*hdrs));
     uint64_t *ids = calloc(total, sizeof(*ids));
     if (!runs || !pfds || !hdrs || !ids) {
         for (size_t i = 0; i < nlanes; i++)
@@ -1474,6 +1649,7 @@ const xfer_backend moonlet_xfer_tcp_backend = {
     .stop = tcp_stop,
     .seg_add = tcp_seg_add,
     .seg_remove = tcp_seg_remove,
+    .seg_set_key = tcp_seg_set_key,
     .buf_add = tcp_buf_add,
     .buf_remove = tcp_buf_remove,
     .prepare = tcp_prepare,

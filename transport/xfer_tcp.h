@@ -7,7 +7,8 @@
  *   0  u32 magic    'MLXF' (0x4d4c5846)
  *   4  u8  version  1
  *   5  u8  op       AUTH 1, READ 2, WRITE 3; a reply sets bit 0x80
- *   6  u16 reserved must be 0
+ *   6  u8  flags    WRITE requests: 0, or F_CAP (0x01); otherwise 0
+ *   7  u8  reserved must be 0
  *   8  i32 status   replies: 0 or a moonlet error code; requests: 0
  *  12  u32 reserved must be 0
  *  16  u64 request id (echoed in the reply)
@@ -19,9 +20,16 @@
  *       reply: status 0, or ILLEGAL_CLIENT and the server closes.
  * READ  request: no payload, `length` = bytes wanted.  reply: status 0 and
  *       exactly `length` payload bytes, or an error status and no payload.
- * WRITE request: `length` payload bytes.  reply: status, no payload.  A
- *       refused write's payload is read and discarded, so the stream stays
- *       in step and the connection stays usable.
+ * WRITE request: with F_CAP, a 32-byte write capability follows the header
+ *       (u64 offset, u64 len, u64 expiry_ms, u64 tag: common/writecap.h);
+ *       then `length` payload bytes.  reply: status, no payload.  A refused
+ *       write's payload is read and discarded, so the stream stays in step
+ *       and the connection stays usable.  A segment with a write key refuses
+ *       (INVALID_WRITE) a write whose capability is missing, forged, does not
+ *       cover [offset, offset + length) or has expired on the node's clock,
+ *       and one whose capability expires while its payload arrives: the
+ *       node checks the expiry before it receives each chunk into segment
+ *       memory and discards the rest.
  * A server with a token answers any request before a successful AUTH with
  * ILLEGAL_CLIENT and closes.  Replies on a connection come in request order.
  * A header that does not decode (magic, version, reserved bits, op, a length
@@ -40,6 +48,8 @@
 #define MOONLET_XFER_TCP_MAGIC 0x4d4c5846u
 #define MOONLET_XFER_TCP_VERSION 1u
 #define MOONLET_XFER_TCP_HDR_BYTES 48u
+#define MOONLET_XFER_TCP_CAP_BYTES 32u
+#define MOONLET_XFER_TCP_F_CAP 0x01u
 
 enum moonlet_xfer_tcp_op {
     MOONLET_XFER_TCP_AUTH = 1,
@@ -50,6 +60,7 @@ enum moonlet_xfer_tcp_op {
 
 typedef struct moonlet_xfer_tcp_hdr {
     uint8_t op;
+    uint8_t flags;  /* MOONLET_XFER_TCP_F_CAP */
     int32_t status;
     uint64_t req_id;
     uint64_t segment;

@@ -4,9 +4,13 @@
  *
  * It follows the order of rdma-core's rping.c / rc_pingpong.c and names the
  * steps the same way:
- *   discovery   ibv_get_device_list: the named device, or the first with an
- *               ACTIVE port; none -> UNAVAILABLE_IN_CURRENT_STATUS
- *               ("no RDMA device"), which lets `auto` fall back to TCP.
+ *   discovery   the device the listen address (else the source address) is
+ *               on, found by binding a throw-away cm_id to it; without an
+ *               address, the named device or the first with an ACTIVE port
+ *               (`auto`: InfiniBand-transport devices only).  None, or an
+ *               address on no RDMA device (127.0.0.1) ->
+ *               UNAVAILABLE_IN_CURRENT_STATUS with one ERROR line, which
+ *               lets `auto` fall back to TCP.  ibv_fork_init once.
  *   PD          one protection domain per instance, allocated on the verbs
  *               context rdma_cm uses for that device (rdma_get_devices), so
  *               every cm_id of the instance can use it.
@@ -15,13 +19,21 @@
  *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
  *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
  *               private data carries the right token digest, creating an RC
- *               QP for it (it posts nothing: peers use one-sided operations).
- *   client      per connection: event channel, rdma_resolve_addr ->
- *               rdma_resolve_route -> CQ -> QP -> rdma_connect -> ESTABLISHED,
- *               each step bounded by timeout_ms.
+ *               QP for it (it posts nothing: peers use one-sided operations)
+ *               with responder_resources = the peer's initiator depth (as
+ *               rdma_cm reports it on the passive side), capped by the device.
+ *   client      per connection: event channel, rdma_resolve_addr (bound to
+ *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
+ *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
+ *               all within timeout_ms.  After connect the CM channel is
+ *               watched: DISCONNECTED fails a running lane and makes xfer.c
+ *               reopen the connection before its next use (conn_stale).
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
- *               split at the port's max_msg_sz, at most max_send_wr in flight
- *               per QP; the CQ is polled (never blocked on).  A lane with no
+ *               split at 1 MiB (or the port's smaller max_msg_sz), at most
+ *               max_send_wr WRs and 2 MiB in flight per QP.  The CQ is
+ *               polled; after 50 us without progress the thread sleeps on
+ *               the CQs' completion channels and the CM channels instead of
+ *               spinning a core through a stall.  A lane with no
  *               completion for timeout_ms is timed out: its QP is moved to ERR
  *               and its flushed completions drained before the QP is destroyed.
  *   errors      every error work completion becomes TRANSFER_FAIL with a log
@@ -34,13 +46,21 @@
  * Resource lifetimes (explicit, as in SPDK's nvmf/rdma.c): the instance owns
  * the device list, PD, server CQ, listen id and event channel; a served
  * connection owns its cm_id and QP; a client connection owns its event
- * channel, cm_id, CQ and QP; each MR belongs to its segment or buffer.
+ * channel, cm_id, completion channel, CQ and QP; each MR belongs to its
+ * segment or buffer.
  * Everything is released in the reverse order of creation.
  *
- * Locks: `lock` guards the segment list and the served-connection list; it
- * is never held while waiting for a CM event or polling a CQ.  Client
+ * Threads (serving side): the CM thread accepts and handles CM events only;
+ * the reaper thread disconnects and destroys served connections (either can
+ * block in the kernel for seconds when a peer is unreachable, and accepting
+ * must never wait for that).
+ *
+ * Locks: `lock` guards the segment list, the served- and client-connection
+ * lists and the reaper's queue (with reap_cond); it is never held while
+ * waiting for a CM event, polling a CQ or destroying an id.  Client
  * connections are owned by one batch at a time (xfer.c) and take no lock.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,6 +70,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -68,6 +90,13 @@
 #define VERBS_SEND_DEPTH 128u        /* max_send_wr per client QP */
 #define VERBS_POLL_BATCH 32
 #define VERBS_DRAIN_MS 1000u         /* bound on draining flushed WRs */
+/* Largest work request: a stall is noticed per chunk, and a lossy or slow
+ * fabric (or Soft-RoCE) completes something at least every chunk. */
+#define VERBS_CHUNK_BYTES (1u << 20)
+/* Bytes in flight per connection.  Enough for any real fabric's
+ * bandwidth-delay product; more only overruns a receiver (Soft-RoCE over a
+ * veth drops packets and then crawls through go-back-N retransmissions). */
+#define VERBS_LANE_INFLIGHT_BYTES (2u << 20)
 
 /* Private data of a connect request (fits the 56 bytes RC allows). */
 typedef struct verbs_conn_req {
@@ -89,6 +118,12 @@ typedef struct verbs_seg {
     struct ibv_mr *mr;
     struct verbs_seg *next;
 } verbs_seg;
+
+/* An id (with its QP, if any) waiting for the reaper. */
+typedef struct verbs_reap {
+    struct rdma_cm_id *id;
+    struct verbs_reap *next;
+} verbs_reap;
 
 /* A connection this instance accepted. */
 typedef struct verbs_sconn {
@@ -113,17 +148,33 @@ typedef struct verbs_state {
     pthread_t cm_thread;
     bool cm_started;
     atomic_bool stopping;
+    atomic_bool device_gone;      /* DEVICE_REMOVAL or a fatal async event */
+
+    /* Teardown of served connections runs on the reaper thread, never on the
+     * CM thread: rdma_destroy_id (and rdma_disconnect) can block in the
+     * kernel for seconds - until the CM's DREQ/DREP exchange with a peer that
+     * is unreachable (link down, host gone) times out - and every connect
+     * request waited behind it.  Queue under `lock`, signalled by reap_cond. */
+    struct verbs_reap *reap;
+    pthread_cond_t reap_cond;
+    pthread_t reap_thread;
+    bool reap_started;
 
     pthread_mutex_t lock;
     verbs_seg *segs;
     verbs_sconn *sconns;
+    struct verbs_cconn *cconns;   /* open client connections (for qp_info) */
 } verbs_state;
 
 typedef struct verbs_cconn {
     struct rdma_event_channel *ec;
     struct rdma_cm_id *id;
     struct ibv_cq *cq;
+    struct ibv_comp_channel *cc; /* the CQ's completion channel (waits after a spin) */
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    bool dead;                /* its CM channel reported the peer gone */
+    uint64_t next_watch_ms;   /* next look at the CM channel during a transfer */
+    struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
 } verbs_cconn;
 
 /* ---- discovery ---------------------------------------------------------- */
@@ -142,9 +193,11 @@ static uint8_t verbs_active_port(struct ibv_context *ctx)
     return 0;
 }
 
-/* Finds the device to use; fills name and port.  why gets the reason. */
-static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t *port, char *why,
-                          size_t why_cap)
+/* Finds the device to use; fills name and port.  why gets the reason.
+ * ib_only (auto): only InfiniBand-transport devices (IB and RoCE NICs, rxe),
+ * not iWARP or EFA, whose semantics this backend was not written for. */
+static int verbs_discover(const char *want, bool ib_only, char *name, size_t name_cap,
+                          uint8_t *port, char *why, size_t why_cap)
 {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -161,6 +214,11 @@ static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t
         const char *dn = ibv_get_device_name(list[i]);
         if (want && strcmp(dn, want) != 0)
             continue;
+        if (ib_only && list[i]->transport_type != IBV_TRANSPORT_IB) {
+            snprintf(why, why_cap, "RDMA device %s is not an InfiniBand-transport device "
+                     "(iWARP/EFA are not used by auto)", dn);
+            continue;
+        }
         struct ibv_context *ctx = ibv_open_device(list[i]);
         uint8_t p = ctx ? verbs_active_port(ctx) : 0;
         if (ctx)
@@ -177,11 +235,116 @@ static int verbs_discover(const char *want, char *name, size_t name_cap, uint8_t
     return rc;
 }
 
-int moonlet_xfer_verbs_probe(const char *device, char *why, size_t why_cap)
+/* Parses an IP ("host" or "host:port") into a sockaddr with port 0 or the
+ * given port; *wildcard says whether it is INADDR_ANY / in6addr_any. */
+static int verbs_parse_addr(const char *addr, bool with_port, struct sockaddr_storage *ss,
+                            bool *wildcard)
+{
+    char host[256], port_s[8] = "0";
+    uint16_t port = 0;
+    if (with_port) {
+        if (moonlet_xfer_split_endpoint(addr, host, sizeof(host), &port))
+            return MOONLET_ERR_INVALID_PARAMS;
+        snprintf(port_s, sizeof(port_s), "%u", port);
+    } else {
+        if (!addr || strlen(addr) >= sizeof(host))
+            return MOONLET_ERR_INVALID_PARAMS;
+        snprintf(host, sizeof(host), "%s", addr);
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *res;
+    if (getaddrinfo(host, port_s, &hints, &res))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (ss->ss_family == AF_INET)
+        *wildcard = ((struct sockaddr_in *)ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+    else
+        *wildcard = IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)ss)->sin6_addr);
+    return MOONLET_OK;
+}
+
+/* The RDMA device and port an IP address belongs to, found the way rdma_cm
+ * finds it: a throw-away cm_id bound to the address (port 0).  An address of
+ * no RDMA interface (127.0.0.1, a plain NIC) binds with no device. */
+static int verbs_addr_device(const char *addr, bool with_port, char *name, size_t name_cap,
+                             uint8_t *port, char *why, size_t why_cap)
+{
+    struct sockaddr_storage ss;
+    bool wildcard;
+    if (verbs_parse_addr(addr, with_port, &ss, &wildcard)) {
+        snprintf(why, why_cap, "cannot parse address %s", addr);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    if (ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&ss)->sin_port = 0;
+    else
+        ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+    struct rdma_cm_id *id;
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP)) {
+        snprintf(why, why_cap, "rdma_create_id: %s", strerror(errno));
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    int rc = MOONLET_OK;
+    if (rdma_bind_addr(id, (struct sockaddr *)&ss)) {
+        snprintf(why, why_cap, "cannot bind RDMA to %s: %s", addr, strerror(errno));
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    } else if (!id->verbs) {
+        snprintf(why, why_cap, "address %s is on no RDMA device (RDMA exists only on the "
+                 "addresses of RDMA interfaces, never on loopback)", addr);
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    } else {
+        snprintf(name, name_cap, "%s", ibv_get_device_name(id->verbs->device));
+        *port = id->port_num ? id->port_num : verbs_active_port(id->verbs);
+    }
+    rdma_destroy_id(id);
+    return rc;
+}
+
+/* Is addr ("host:port" or "host") a wildcard address? */
+static bool verbs_is_wildcard(const char *addr, bool with_port)
+{
+    struct sockaddr_storage ss;
+    bool wildcard = false;
+    return verbs_parse_addr(addr, with_port, &ss, &wildcard) == MOONLET_OK && wildcard;
+}
+
+/* Picks the device: the one the listen address, else the source address, is
+ * on; else the named one, or the first ACTIVE one.  A named device must be
+ * the address's. */
+static int verbs_pick_device(const char *want, const char *listen_addr, const char *source_addr,
+                             bool ib_only, char *name, size_t name_cap, uint8_t *port,
+                             char *why, size_t why_cap)
+{
+    const char *addr = NULL;
+    bool with_port = false;
+    if (listen_addr && !verbs_is_wildcard(listen_addr, true)) {
+        addr = listen_addr;
+        with_port = true;
+    } else if (source_addr && !verbs_is_wildcard(source_addr, false)) {
+        addr = source_addr;
+    }
+    int rc = verbs_discover(addr ? NULL : want, ib_only, name, name_cap, port, why, why_cap);
+    if (rc || !addr)
+        return rc; /* no usable device at all, or the device is not tied to an address */
+    rc = verbs_addr_device(addr, with_port, name, name_cap, port, why, why_cap);
+    if (rc)
+        return rc;
+    if (want && strcmp(want, name) != 0) {
+        snprintf(why, why_cap, "address %s is on RDMA device %s, not on %s", addr, name, want);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_verbs_probe(const char *device, const char *listen_addr, char *why,
+                             size_t why_cap)
 {
     char name[64];
     uint8_t port;
-    return verbs_discover(device, name, sizeof(name), &port, why, why_cap);
+    return verbs_pick_device(device, listen_addr, NULL, true, name, sizeof(name), &port, why,
+                             why_cap);
 }
 
 /* ---- PD and device context ---------------------------------------------- */
@@ -205,7 +368,8 @@ static int verbs_open_pd(verbs_state *v)
         ML_ERR(MOD, "cannot query %s: %s", v->dev_name, strerror(errno));
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     }
-    v->max_msg = pa.max_msg_sz ? pa.max_msg_sz : (1u << 30);
+    v->max_msg = pa.max_msg_sz && pa.max_msg_sz < VERBS_CHUNK_BYTES ? pa.max_msg_sz
+                                                                    : VERBS_CHUNK_BYTES;
     v->max_rd_atom = (uint8_t)(da.max_qp_rd_atom > 255 ? 255 : da.max_qp_rd_atom);
     v->max_init_rd_atom = (uint8_t)(da.max_qp_init_rd_atom > 255 ? 255 : da.max_qp_init_rd_atom);
     v->pd = ibv_alloc_pd(v->ctx);
@@ -261,10 +425,21 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         id->context = NULL;
         return;
     }
+    /* On the passive side the request's values are already seen from this
+     * side (rdma_cm swaps them, as rping's server relies on):
+     * param.conn.responder_resources is the READs the peer wants to have in
+     * flight towards us (its initiator_depth) and initiator_depth what it can
+     * serve.  So our responder_resources, which becomes this QP's
+     * max_dest_rd_atomic, is the peer's wish capped by our device, and at
+     * least 1: with 0 every RDMA READ of the peer fails. */
+    uint8_t want_resp = ev->param.conn.responder_resources;
+    uint8_t want_init = ev->param.conn.initiator_depth;
     struct rdma_conn_param cp = {
-        .responder_resources = ev->param.conn.initiator_depth < v->max_rd_atom
-                                   ? ev->param.conn.initiator_depth : v->max_rd_atom,
-        .initiator_depth = 0, .retry_count = 7, .rnr_retry_count = 7};
+        .responder_resources = want_resp < v->max_rd_atom ? want_resp : v->max_rd_atom,
+        .initiator_depth = want_init < v->max_init_rd_atom ? want_init : v->max_init_rd_atom,
+        .retry_count = 7, .rnr_retry_count = 7};
+    if (cp.responder_resources == 0)
+        cp.responder_resources = v->max_rd_atom ? 1 : 0;
     sc->id = id;
     id->context = sc;
     if (rdma_accept(id, &cp)) {
@@ -292,6 +467,63 @@ static void verbs_sconn_unlink(verbs_state *v, verbs_sconn *sc)
     pthread_mutex_unlock(&v->lock);
 }
 
+/* Hands an id to the reaper (after its event was acked). */
+static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id)
+{
+    verbs_reap *r = malloc(sizeof(*r));
+    if (!r) { /* out of memory: destroy here rather than leak */
+        if (id->qp)
+            rdma_destroy_qp(id);
+        rdma_destroy_id(id);
+        return;
+    }
+    r->id = id;
+    pthread_mutex_lock(&v->lock);
+    r->next = v->reap;
+    v->reap = r;
+    pthread_cond_signal(&v->reap_cond);
+    pthread_mutex_unlock(&v->lock);
+}
+
+/* The reaper: disconnects and destroys what the CM thread queued, until
+ * stopping and the queue is empty. */
+static void *verbs_reap_main(void *arg)
+{
+    verbs_state *v = arg;
+    pthread_mutex_lock(&v->lock);
+    for (;;) {
+        verbs_reap *r = v->reap;
+        if (!r) {
+            if (atomic_load(&v->stopping))
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 100 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&v->reap_cond, &v->lock, &ts);
+            continue;
+        }
+        v->reap = r->next;
+        pthread_mutex_unlock(&v->lock);
+        if (r->id->qp) {
+            rdma_disconnect(r->id);
+            rdma_destroy_qp(r->id);
+        }
+        uint64_t t0 = moonlet_xfer_now_ms();
+        rdma_destroy_id(r->id);
+        uint64_t ms = moonlet_xfer_now_ms() - t0;
+        if (ms > 500)
+            ML_DEBUG(MOD, "tearing a served connection down took %" PRIu64 " ms", ms);
+        free(r);
+        pthread_mutex_lock(&v->lock);
+    }
+    pthread_mutex_unlock(&v->lock);
+    return NULL;
+}
+
 /* Handles one CM event; the id to destroy after the ack goes to *dead. */
 static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev,
                               struct rdma_cm_id **dead)
@@ -312,16 +544,16 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
         /* ids born from the listen id inherit its NULL context until accepted */
         if (ev->id != v->listen_id && ev->id->context) {
             verbs_sconn *sc = ev->id->context;
-            verbs_sconn_unlink(v, sc);
-            rdma_disconnect(ev->id);
-            rdma_destroy_qp(ev->id);
+            verbs_sconn_unlink(v, sc); /* QP and id: the reaper's */
             free(sc);
             ev->id->context = NULL;
             *dead = ev->id;
         }
         break;
     case RDMA_CM_EVENT_DEVICE_REMOVAL:
-        ML_ERR(MOD, "device %s removed", v->dev_name);
+        if (!atomic_exchange(&v->device_gone, true))
+            ML_ERR(MOD, "RDMA device %s removed: this instance can no longer serve",
+                   v->dev_name);
         break;
     default:
         ML_DEBUG(MOD, "cm event %s", rdma_event_str(ev->event));
@@ -329,13 +561,47 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
     }
 }
 
+/* The device's asynchronous events (non-blocking, bounded): a fatal device
+ * error marks the instance unhealthy; port changes are logged. */
+static void verbs_async_events(verbs_state *v)
+{
+    for (int i = 0; i < 16; i++) {
+        struct ibv_async_event ae;
+        if (ibv_get_async_event(v->ctx, &ae))
+            break;
+        enum ibv_event_type t = ae.event_type;
+        ibv_ack_async_event(&ae);
+        if (t == IBV_EVENT_DEVICE_FATAL) {
+            if (!atomic_exchange(&v->device_gone, true))
+                ML_ERR(MOD, "RDMA device %s: fatal error, this instance can no longer serve",
+                       v->dev_name);
+        } else if (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE) {
+            ML_WARN(MOD, "RDMA device %s: %s", v->dev_name, ibv_event_type_str(t));
+        } else {
+            ML_DEBUG(MOD, "RDMA device %s: %s", v->dev_name, ibv_event_type_str(t));
+        }
+    }
+}
+
+static int verbs_health(moonlet_xfer *x)
+{
+    verbs_state *v = x->be_state;
+    return v && atomic_load(&v->device_gone) ? MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS
+                                             : MOONLET_OK;
+}
+
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
     verbs_state *v = x->be_state;
     while (!atomic_load(&v->stopping)) {
-        struct pollfd p = {.fd = v->ec->fd, .events = POLLIN};
-        if (poll(&p, 1, 100) <= 0)
+        struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
+                              {.fd = v->ctx->async_fd, .events = POLLIN}};
+        if (poll(p, 2, 100) <= 0)
+            continue;
+        if (p[1].revents & POLLIN)
+            verbs_async_events(v);
+        if (!(p[0].revents & POLLIN))
             continue;
         struct rdma_cm_event *ev;
         if (rdma_get_cm_event(v->ec, &ev))
@@ -344,7 +610,7 @@ static void *verbs_cm_main(void *arg)
         verbs_on_cm_event(x, v, ev, &dead);
         rdma_ack_cm_event(ev);
         if (dead)
-            rdma_destroy_id(dead);
+            verbs_reap_push(v, dead);
     }
     return NULL;
 }
@@ -384,6 +650,12 @@ static int verbs_listen(moonlet_xfer *x, verbs_state *v)
         rdma_create_id(v->ec, &v->listen_id, NULL, RDMA_PS_TCP)) {
         ML_ERR(MOD, "rdma_create_id: %s", strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    uint8_t tos = (uint8_t)x->rdma_tos; /* accepted connections inherit it */
+    if (x->rdma_tos && rdma_set_option(v->listen_id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos,
+                                       sizeof(tos))) {
+        ML_ERR(MOD, "cannot set TOS %d: %s", x->rdma_tos, strerror(errno));
+        return MOONLET_ERR_INVALID_PARAMS;
     }
     if (rdma_bind_addr(v->listen_id, (struct sockaddr *)&ss) || rdma_listen(v->listen_id, 128)) {
         ML_ERR(MOD, "cannot listen on %s: %s", x->listen_addr, strerror(errno));
@@ -433,20 +705,59 @@ static void verbs_free(verbs_state *v)
     if (v->cm_devs)
         rdma_free_devices(v->cm_devs);
     pthread_mutex_destroy(&v->lock);
+    pthread_cond_destroy(&v->reap_cond);
     free(v);
+}
+
+/* RLIMIT_MEMLOCK as text ("unlimited" or bytes). */
+static const char *verbs_memlock_str(char *buf, size_t cap)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl))
+        snprintf(buf, cap, "unknown");
+    else if (rl.rlim_cur == RLIM_INFINITY)
+        snprintf(buf, cap, "unlimited");
+    else
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)rl.rlim_cur);
+    return buf;
+}
+
+/* A failed ibv_reg_mr: names RLIMIT_MEMLOCK when that is the likely cause. */
+static void verbs_reg_failed(const char *what, uint64_t len, int err)
+{
+    char lim[32];
+    if (err == ENOMEM || err == EPERM || err == EAGAIN)
+        ML_ERR(MOD, "ibv_reg_mr of %s of %" PRIu64 " bytes: %s; RLIMIT_MEMLOCK is %s "
+               "(pinned memory: raise it, e.g. LimitMEMLOCK=infinity or ulimit -l unlimited)",
+               what, len, strerror(err), verbs_memlock_str(lim, sizeof(lim)));
+    else
+        ML_ERR(MOD, "ibv_reg_mr of %s of %" PRIu64 " bytes: %s", what, len, strerror(err));
+}
+
+/* Once per process, before this backend's first verbs call: fork safety for
+ * registered memory (a no-op where the kernel provides it, >= 5.13). */
+static void verbs_fork_init(void)
+{
+    int rc = ibv_fork_init();
+    ML_DEBUG(MOD, "ibv_fork_init: %s (%s)", rc ? strerror(rc) : "ok",
+             ibv_is_fork_initialized() == IBV_FORK_UNNEEDED ? "the kernel is fork safe"
+                                                            : "userspace fork protection");
 }
 
 static int verbs_start(moonlet_xfer *x)
 {
+    static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_once, verbs_fork_init);
     verbs_state *v = calloc(1, sizeof(*v));
     if (!v)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&v->lock, NULL);
-    char why[128];
-    int rc = verbs_discover(x->device, v->dev_name, sizeof(v->dev_name), &v->port, why,
-                            sizeof(why));
+    pthread_cond_init(&v->reap_cond, NULL);
+    char why[256];
+    int rc = verbs_pick_device(x->device, x->listen_addr, x->source_addr, false, v->dev_name,
+                               sizeof(v->dev_name), &v->port, why, sizeof(why));
     if (rc) {
-        ML_ERR(MOD, "%s", why);
+        ML_ERR(MOD, "rdma unavailable: %s", why);
         verbs_free(v);
         return rc;
     }
@@ -460,6 +771,11 @@ static int verbs_start(moonlet_xfer *x)
     if (rc == MOONLET_OK && x->listen_addr)
         rc = verbs_listen(x, v);
     if (rc == MOONLET_OK && x->listen_addr) {
+        rc = pthread_create(&v->reap_thread, NULL, verbs_reap_main, v)
+                 ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
+        v->reap_started = rc == MOONLET_OK;
+    }
+    if (rc == MOONLET_OK && x->listen_addr) {
         rc = pthread_create(&v->cm_thread, NULL, verbs_cm_main, x) ? MOONLET_ERR_INTERNAL_ERROR
                                                                     : MOONLET_OK;
         v->cm_started = rc == MOONLET_OK;
@@ -470,8 +786,18 @@ static int verbs_start(moonlet_xfer *x)
         verbs_free(v);
         return rc;
     }
-    ML_INFO(MOD, "using %s port %u%s%s", v->dev_name, v->port, x->endpoint[0] ? ", serving on " : "",
-            x->endpoint);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < (64u << 20) && geteuid() != 0) {
+        char lim[32];
+        ML_WARN(MOD, "RLIMIT_MEMLOCK is %s: RDMA registrations beyond it will fail "
+                "(raise it: LimitMEMLOCK=infinity, ulimit -l unlimited)",
+                verbs_memlock_str(lim, sizeof(lim)));
+    }
+    if (x->endpoint[0]) /* a client says nothing more than xfer.c's one line */
+        ML_INFO(MOD, "using %s port %u, serving on %s", v->dev_name, v->port, x->endpoint);
+    else
+        ML_DEBUG(MOD, "using %s port %u", v->dev_name, v->port);
     return MOONLET_OK;
 }
 
@@ -483,6 +809,12 @@ static void verbs_stop(moonlet_xfer *x)
     atomic_store(&v->stopping, true);
     if (v->cm_started)
         pthread_join(v->cm_thread, NULL);
+    if (v->reap_started) { /* after the CM thread: nothing is queued any more */
+        pthread_mutex_lock(&v->lock);
+        pthread_cond_signal(&v->reap_cond);
+        pthread_mutex_unlock(&v->lock);
+        pthread_join(v->reap_thread, NULL);
+    }
     verbs_free(v);
     x->be_state = NULL;
 }
@@ -498,7 +830,7 @@ static int verbs_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer
     g->mr = ibv_reg_mr(v->pd, base, (size_t)len,
                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
     if (!g->mr) {
-        ML_ERR(MOD, "ibv_reg_mr of %" PRIu64 " bytes: %s", len, strerror(errno));
+        verbs_reg_failed("a segment", len, errno);
         free(g);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
@@ -557,7 +889,7 @@ static int verbs_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle,
     verbs_state *v = x->be_state;
     struct ibv_mr *mr = ibv_reg_mr(v->pd, base, len, IBV_ACCESS_LOCAL_WRITE);
     if (!mr) {
-        ML_ERR(MOD, "ibv_reg_mr of a %zu-byte buffer: %s", len, strerror(errno));
+        verbs_reg_failed("a buffer", len, errno);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
     *handle = mr;
@@ -637,12 +969,22 @@ static int verbs_expect(verbs_cconn *c, int want, uint64_t deadline_ms, const ch
 static void verbs_conn_close(moonlet_xfer *x, void *conn)
 {
     verbs_cconn *c = conn;
+    verbs_state *v = x->be_state;
+    pthread_mutex_lock(&v->lock);
+    verbs_cconn **pp = &v->cconns;
+    while (*pp && *pp != c)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = c->next;
+    pthread_mutex_unlock(&v->lock);
     if (c->id && c->id->qp) {
         rdma_disconnect(c->id);
         rdma_destroy_qp(c->id);
     }
     if (c->cq)
-        ibv_destroy_cq(c->cq);
+        ibv_destroy_cq(c->cq); /* every event taken from cc was acked at once */
+    if (c->cc)
+        ibv_destroy_comp_channel(c->cc);
     if (c->id)
         rdma_destroy_id(c->id);
     if (c->ec)
@@ -657,7 +999,13 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
         ML_WARN(MOD, "%s is reached through another device than %s", c->endpoint, v->dev_name);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
-    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, NULL, 0);
+    c->cc = ibv_create_comp_channel(v->ctx);
+    if (!c->cc || verbs_set_nonblock(c->cc->fd)) {
+        ML_WARN(MOD, "cannot create a completion channel for %s: %s", c->endpoint,
+                strerror(errno));
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, c->cc, 0);
     struct ibv_qp_init_attr qa = {.send_cq = c->cq, .recv_cq = c->cq,
                                   .cap = {.max_send_wr = VERBS_SEND_DEPTH, .max_recv_wr = 1,
                                           .max_send_sge = 1, .max_recv_sge = 1},
@@ -667,6 +1015,57 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     return MOONLET_OK;
+}
+
+/*
+ * rdma_resolve_addr in short attempts.  The kernel's address resolution
+ * (drivers/infiniband/core/addr.c) parks a request whose neighbour entry is
+ * not yet valid and re-examines it when a neighbour-update netevent arrives
+ * - or at its timeout.  When the ARP reply lands between the first look and
+ * the parking (a local wire, or a second connect racing a first one's ARP),
+ * the update is missed and the request sleeps until the timeout, and then
+ * succeeds: with the whole transfer timeout as the resolve timeout, the
+ * connection came up exactly when the caller gave up (issue 12's "second
+ * connection accepted ~10 s later").  Short attempts bound that delay to one
+ * step; an attempt that times out is simply repeated until the deadline.
+ */
+#define VERBS_RESOLVE_STEP_MS 200
+
+static int verbs_resolve_addr(verbs_cconn *c, struct sockaddr *src, struct sockaddr *dst,
+                              uint64_t deadline)
+{
+    int last_status = 0, attempts = 0;
+    for (;;) {
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= deadline || attempts >= 10000)
+            break;
+        uint64_t left = deadline - now;
+        int step = (int)(left < VERBS_RESOLVE_STEP_MS ? left : VERBS_RESOLVE_STEP_MS);
+        attempts++;
+        if (rdma_resolve_addr(c->id, src, dst, step ? step : 1)) {
+            ML_WARN(MOD, "rdma_resolve_addr to %s: %s", c->endpoint, strerror(errno));
+            return MOONLET_ERR_TRANSFER_FAIL;
+        }
+        /* the kernel answers at its own timeout at the latest: wait a bit more */
+        uint64_t wait_until = now + (uint64_t)step + 1000u;
+        int status = 0, reject = 0;
+        int got = verbs_wait_event(c, wait_until < deadline ? wait_until : deadline, &status,
+                                   &reject);
+        if (got == RDMA_CM_EVENT_ADDR_RESOLVED) {
+            if (attempts > 1)
+                ML_DEBUG(MOD, "address of %s resolved at attempt %d", c->endpoint, attempts);
+            return MOONLET_OK;
+        }
+        if (got != RDMA_CM_EVENT_ADDR_ERROR || (status != -ETIMEDOUT && status != -ENODATA)) {
+            ML_WARN(MOD, "rdma_resolve_addr to %s failed: %s (status %d)", c->endpoint,
+                    got < 0 ? "timed out" : rdma_event_str((enum rdma_cm_event_type)got), status);
+            return MOONLET_ERR_TRANSFER_FAIL;
+        }
+        last_status = status;
+    }
+    ML_WARN(MOD, "rdma_resolve_addr to %s failed: no answer in %d attempts (status %d)",
+            c->endpoint, attempts, last_status);
+    return MOONLET_ERR_TRANSFER_FAIL;
 }
 
 static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
@@ -679,9 +1078,20 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
     c->ec = rdma_create_event_channel();
     if (!c->ec || verbs_set_nonblock(c->ec->fd) || rdma_create_id(c->ec, &c->id, c, RDMA_PS_TCP))
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = rdma_resolve_addr(c->id, NULL, (struct sockaddr *)&dst, tmo)
-                 ? MOONLET_ERR_TRANSFER_FAIL
-                 : verbs_expect(c, RDMA_CM_EVENT_ADDR_RESOLVED, deadline, "rdma_resolve_addr");
+    struct sockaddr_storage src;
+    bool src_any = true;
+    if (x->source_addr && verbs_parse_addr(x->source_addr, false, &src, &src_any))
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* binding the source address picks the NIC and port (as rping -I) */
+    int rc = verbs_resolve_addr(c, src_any ? NULL : (struct sockaddr *)&src,
+                                (struct sockaddr *)&dst, deadline);
+    uint8_t tos = (uint8_t)x->rdma_tos; /* before route resolution, which uses it */
+    if (rc == MOONLET_OK && x->rdma_tos &&
+        rdma_set_option(c->id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos))) {
+        ML_WARN(MOD, "cannot set TOS %d on the connection to %s: %s", x->rdma_tos, c->endpoint,
+                strerror(errno));
+        rc = MOONLET_ERR_TRANSFER_FAIL;
+    }
     if (rc == MOONLET_OK)
         rc = rdma_resolve_route(c->id, tmo)
                  ? MOONLET_ERR_TRANSFER_FAIL
@@ -715,8 +1125,75 @@ static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
         verbs_conn_close(x, c);
         return rc;
     }
+    pthread_mutex_lock(&v->lock);
+    c->next = v->cconns;
+    v->cconns = c;
+    pthread_mutex_unlock(&v->lock);
     *out = c;
     return MOONLET_OK;
+}
+
+/* Reads what the connection's CM channel has (non-blocking, bounded): the
+ * peer's DISCONNECTED (it closed, or its process died and its kernel said
+ * so), a device removal or an error event mark the connection dead.
+ * Returns !dead. */
+static bool verbs_watch(verbs_cconn *c)
+{
+    for (int i = 0; i < 16 && !c->dead; i++) {
+        struct rdma_cm_event *ev;
+        if (rdma_get_cm_event(c->ec, &ev))
+            break; /* EAGAIN: nothing new */
+        enum rdma_cm_event_type t = ev->event;
+        rdma_ack_cm_event(ev);
+        if (t == RDMA_CM_EVENT_DISCONNECTED || t == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+            t == RDMA_CM_EVENT_CONNECT_ERROR || t == RDMA_CM_EVENT_UNREACHABLE ||
+            t == RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+            ML_INFO(MOD, "connection to %s: %s", c->endpoint, rdma_event_str(t));
+            c->dead = true;
+        }
+    }
+    return !c->dead;
+}
+
+static bool verbs_conn_stale(moonlet_xfer *x, void *conn)
+{
+    return !verbs_watch(conn);
+}
+
+static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
+                               moonlet_xfer_qp_info *o)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    memset(o, 0, sizeof(*o));
+    o->served = served;
+    snprintf(o->device, sizeof(o->device), "%s", v->dev_name);
+    if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
+                     IBV_QP_AV, &ia) == 0) {
+        o->state = (int)a.qp_state;
+        o->traffic_class = a.ah_attr.grh.traffic_class;
+        o->max_rd_atomic = a.max_rd_atomic;
+        o->max_dest_rd_atomic = a.max_dest_rd_atomic;
+    } else {
+        o->state = -1;
+    }
+}
+
+size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap)
+{
+    if (!x || x->be != &moonlet_xfer_verbs_backend || !x->be_state)
+        return 0;
+    verbs_state *v = x->be_state;
+    size_t n = 0;
+    pthread_mutex_lock(&v->lock);
+    for (verbs_cconn *c = v->cconns; c; c = c->next, n++)
+        if (n < cap && c->id->qp)
+            verbs_fill_qp_info(v, c->id->qp, false, &out[n]);
+    for (verbs_sconn *sc = v->sconns; sc; sc = sc->next, n++)
+        if (n < cap && sc->id->qp)
+            verbs_fill_qp_info(v, sc->id->qp, true, &out[n]);
+    pthread_mutex_unlock(&v->lock);
+    return n;
 }
 
 /* ---- transfers ---------------------------------------------------------- */
@@ -738,7 +1215,8 @@ static const char *verbs_wc_hint(enum ibv_wc_status s)
 }
 
 /* Progress of one lane.  Each item is split into chunks of at most max_msg
- * bytes; wr_id is the item's index in the lane. */
+ * bytes; wr_id is the item's index in the lane (high 32 bits) and the
+ * chunk's length (low 32 bits). */
 typedef struct verbs_lane_run {
     xfer_lane *lane;
     verbs_cconn *c;
@@ -746,7 +1224,10 @@ typedef struct verbs_lane_run {
     size_t post_i;       /* next item to post */
     uint64_t post_off;   /* bytes of item post_i already posted */
     uint32_t inflight;
+    uint64_t inflight_bytes;
     uint64_t last_progress;
+    uint64_t write_deadline; /* earliest writer deadline of its writes (ms); 0: none */
+    bool progressed;     /* this pass posted or completed something */
     bool failed;         /* stop posting; drain what is in flight */
 } verbs_lane_run;
 
@@ -764,12 +1245,22 @@ static void verbs_lane_break(verbs_lane_run *r, const char *why)
 static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
 {
     xfer_item *it = r->lane->items[r->post_i];
+    const moonlet_xfer_cap *cap = it->op->cap;
+    if (it->op->opcode == MOONLET_XFER_WRITE && cap && cap->deadline_ms &&
+        moonlet_xfer_now_ms() >= cap->deadline_ms) {
+        /* The master may free the range soon after the writer's deadline: no
+         * chunk is posted past it (what is already posted lands within the
+         * master's quarantine grace; docs/reliability.md, "Stale writers"). */
+        it->op->status = MOONLET_ERR_TRANSFER_FAIL;
+        verbs_lane_break(r, "a write passed its writer's deadline");
+        return -1;
+    }
     uint64_t left = it->op->len - r->post_off;
     uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
     struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
                           .length = n, .lkey = it->lkey};
     struct ibv_send_wr wr = {
-        .wr_id = r->post_i, .sg_list = &sge, .num_sge = 1,
+        .wr_id = ((uint64_t)r->post_i << 32) | n, .sg_list = &sge, .num_sge = 1,
         .opcode = it->op->opcode == MOONLET_XFER_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
         .send_flags = IBV_SEND_SIGNALED,
         .wr.rdma = {.remote_addr = it->remote_addr + r->post_off, .rkey = it->rkey}};
@@ -781,6 +1272,7 @@ static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
     }
     r->pending[r->post_i]++;
     r->inflight++;
+    r->inflight_bytes += n;
     r->post_off += n;
     if (r->post_off == it->op->len) {
         r->post_i++;
@@ -791,7 +1283,8 @@ static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
 
 static void verbs_post(verbs_state *v, verbs_lane_run *r)
 {
-    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH)
+    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH &&
+           (r->inflight == 0 || r->inflight_bytes < VERBS_LANE_INFLIGHT_BYTES))
         if (verbs_post_one(v, r))
             return;
 }
@@ -806,9 +1299,11 @@ static int verbs_poll(verbs_lane_run *r)
         return 0;
     }
     for (int i = 0; i < n; i++) {
-        moonlet_xfer_op *op = r->lane->items[wc[i].wr_id]->op;
+        size_t idx = (size_t)(wc[i].wr_id >> 32);
+        moonlet_xfer_op *op = r->lane->items[idx]->op;
         r->inflight--;
-        r->pending[wc[i].wr_id]--;
+        r->inflight_bytes -= (uint32_t)wc[i].wr_id;
+        r->pending[idx]--;
         if (wc[i].status != IBV_WC_SUCCESS) {
             if (wc[i].status != IBV_WC_WR_FLUSH_ERR || !r->failed)
                 ML_WARN(MOD, "RDMA %s at %s offset %" PRIu64 ": %s (vendor_err 0x%x): %s",
@@ -822,11 +1317,12 @@ static int verbs_poll(verbs_lane_run *r)
     return n;
 }
 
-/* No completion for timeout_ms: move the QP to ERR so the NIC flushes what
- * is in flight, and drain those completions (bounded) before the QP dies. */
-static void verbs_lane_timeout(verbs_lane_run *r)
+/* No completion for timeout_ms, or the peer is gone: move the QP to ERR so
+ * the NIC flushes what is in flight, and drain those completions (bounded)
+ * before the QP dies. */
+static void verbs_lane_abort(verbs_lane_run *r, const char *why)
 {
-    verbs_lane_break(r, "timed out");
+    verbs_lane_break(r, why);
     for (size_t i = 0; i < r->lane->nitems; i++)
         if (r->pending[i])
             r->lane->items[i]->op->status = MOONLET_ERR_TRANSFER_FAIL;
@@ -837,18 +1333,109 @@ static void verbs_lane_timeout(verbs_lane_run *r)
         if (verbs_poll(r) == 0)
             sched_yield();
     r->inflight = 0;
+    r->inflight_bytes = 0;
 }
 
 static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)
 {
+    uint32_t before = r->inflight;
     verbs_post(v, r);
+    r->progressed = r->inflight != before;
     if (r->inflight == 0)
         return r->post_i < r->lane->nitems;
-    if (verbs_poll(r) > 0)
+    if (verbs_poll(r) > 0) {
+        r->progressed = true;
         r->last_progress = now;
-    else if (now - r->last_progress >= x->timeout_ms)
-        verbs_lane_timeout(r);
+    } else if (now - r->last_progress >= x->timeout_ms) {
+        verbs_lane_abort(r, "timed out");
+    } else if (r->write_deadline && now >= r->write_deadline) {
+        /* the QP goes to ERR: the NIC stops retransmitting what is posted */
+        verbs_lane_abort(r, "a write passed its writer's deadline");
+    } else if (now >= r->c->next_watch_ms) {
+        /* a peer that died mid-transfer (its kernel sent a disconnect) fails
+         * the lane now rather than after the transport's retries or the
+         * timeout, so the caller can go to another replica at once */
+        r->c->next_watch_ms = now + 5;
+        if (!verbs_watch(r->c))
+            verbs_lane_abort(r, "peer disconnected");
+    }
     return r->inflight > 0 || r->post_i < r->lane->nitems;
+}
+
+/*
+ * Nothing moved for VERBS_SPIN_US: rather than spin a core through a slow
+ * peer or a stall, arm every waiting lane's CQ, look once more (a completion
+ * may have landed before the arming), then sleep in poll() on the lanes'
+ * completion channels and CM channels until a completion, a disconnect, or
+ * the nearest lane timeout (at most 100 ms, so timeouts stay exact).
+ */
+#define VERBS_SPIN_US 50u
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+#define VERBS_WAIT_MAX_MS 100u
+
+static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, struct pollfd *fds,
+                       uint64_t now)
+{
+    uint64_t wait_ms = VERBS_WAIT_MAX_MS;
+    size_t n = 0;
+    for (size_t i = 0; i < nlanes; i++) {
+        verbs_lane_run *r = &runs[i];
+        if (r->inflight == 0 || r->failed)
+            continue;
+        if (ibv_req_notify_cq(r->c->cq, 0))
+            return; /* cannot arm: keep polling */
+        if (verbs_poll(r) > 0) {
+            r->last_progress = now;
+            return;
+        }
+        uint64_t idle = now - r->last_progress;
+        uint64_t left = idle >= x->timeout_ms ? 0 : x->timeout_ms - idle;
+        if (r->write_deadline)
+            left = now >= r->write_deadline ? 0 : min_u64(left, r->write_deadline - now);
+        wait_ms = left < wait_ms ? left : wait_ms;
+        fds[n++] = (struct pollfd){.fd = r->c->cc->fd, .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = r->c->ec->fd, .events = POLLIN};
+    }
+    if (n == 0 || wait_ms == 0)
+        return;
+    poll(fds, (nfds_t)n, (int)wait_ms);
+    for (size_t i = 0, k = 0; i < nlanes && k < n; i++) {
+        verbs_lane_run *r = &runs[i];
+        if (r->inflight == 0 || r->failed || fds[k].fd != r->c->cc->fd)
+            continue;
+        struct ibv_cq *cq;
+        void *cq_ctx;
+        for (int j = 0; j < 64 && ibv_get_cq_event(r->c->cc, &cq, &cq_ctx) == 0; j++)
+            ibv_ack_cq_events(cq, 1);
+        if ((fds[k + 1].revents & POLLIN) && !verbs_watch(r->c))
+            verbs_lane_abort(r, "peer disconnected");
+        k += 2;
+    }
+}
+
+/* The earliest writer deadline among a lane's writes; 0 when none has one. */
+static uint64_t verbs_lane_write_deadline(const xfer_lane *l)
+{
+    uint64_t d = 0;
+    for (size_t k = 0; k < l->nitems; k++) {
+        const moonlet_xfer_op *op = l->items[k]->op;
+        if (op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->deadline_ms &&
+            (d == 0 || op->cap->deadline_ms < d))
+            d = op->cap->deadline_ms;
+    }
+    return d;
+}
+
+static uint64_t verbs_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
@@ -859,7 +1446,9 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         total += lanes[i].nitems;
     verbs_lane_run *runs = calloc(nlanes, sizeof(*runs));
     uint32_t *pending = calloc(total, sizeof(*pending));
-    if (!runs || !pending) {
+    struct pollfd *fds = calloc(2 * nlanes, sizeof(*fds));
+    if (!runs || !pending || !fds) {
+        free(fds);
         for (size_t i = 0; i < nlanes; i++)
             for (size_t k = 0; k < lanes[i].nitems; k++)
                 lanes[i].items[k]->op->status = MOONLET_ERR_INTERNAL_ERROR;
@@ -870,14 +1459,31 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
     uint64_t now = moonlet_xfer_now_ms();
     for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
-                                   .pending = &pending[pos], .last_progress = now};
+                                   .pending = &pending[pos], .last_progress = now,
+                                   .write_deadline = verbs_lane_write_deadline(&lanes[i])};
     bool busy = true;
+    uint64_t idle_since = 0; /* us; 0: something moved in the last pass */
     while (busy) {
         busy = false;
+        bool moved = false;
         now = moonlet_xfer_now_ms();
-        for (size_t i = 0; i < nlanes; i++)
+        for (size_t i = 0; i < nlanes; i++) {
             busy |= verbs_lane_step(x, v, &runs[i], now);
+            moved |= runs[i].progressed;
+        }
+        if (!busy || moved) {
+            idle_since = 0;
+            continue;
+        }
+        uint64_t us = verbs_now_us();
+        if (!idle_since)
+            idle_since = us;
+        else if (us - idle_since >= VERBS_SPIN_US) {
+            verbs_wait(x, runs, nlanes, fds, now);
+            idle_since = 0;
+        }
     }
+    free(fds);
     free(runs);
     free(pending);
 }
@@ -893,5 +1499,7 @@ const xfer_backend moonlet_xfer_verbs_backend = {
     .prepare = verbs_prepare,
     .conn_open = verbs_conn_open,
     .conn_close = verbs_conn_close,
+    .conn_stale = verbs_conn_stale,
+    .health = verbs_health,
     .run = verbs_run,
 };

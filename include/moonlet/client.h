@@ -90,6 +90,17 @@ typedef struct moonlet_client_config {
      * store node (reads then prefer the local replica).  0: a pure client. */
     uint64_t local_segment_size;
     const char *local_listen_addr; /* data endpoint for it; NULL: "127.0.0.1:0" */
+    /* RDMA: the local IP the client's connections bind (the NIC and port to
+     * use on a multi-NIC host, as `rping -I`); NULL: the route's choice. */
+    const char *source_addr;
+    /* RDMA: the IP TOS byte of the client's connections (the RoCE v2 traffic
+     * class of a lossless class, e.g. 106); 0: the kernel's default. */
+    int rdma_tos;
+    /* End-to-end checksums (XXH3-64) are on by default: puts record one,
+     * gets verify it and fall over to the next replica on a mismatch
+     * (INVALID_READ when none matches).  true: this client neither computes
+     * nor verifies them (its puts' objects then read without a check). */
+    bool skip_checksum;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */
@@ -97,6 +108,7 @@ typedef struct moonlet_put_options {
     uint32_t replica_num; /* 0: the client's default (config.replica_num) */
     bool soft_pin;        /* keep the object out of eviction for the soft-pin TTL */
     const char *tenant;   /* NULL: the client's default tenant */
+    bool skip_checksum;   /* true: record no checksum for this put (saves one pass over the bytes) */
 } moonlet_put_options;
 
 /* Fills *cfg with the defaults above (all zero / NULL).  master_addr must
@@ -196,8 +208,11 @@ void moonlet_client_destroy(moonlet_client *c);
  * Returns 0 when every replica was written and the object sealed, or
  *   OBJECT_ALREADY_EXISTS  the key exists, or another put of it is in progress
  *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
- *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written (the
- *                          put was revoked: nothing readable remains)
+ *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written, or
+ *                          not before the put's deadline (the put was
+ *                          revoked: nothing readable remains)
+ *   INVALID_WRITE          a store node refused the write's capability (late,
+ *                          or the segment changed); the put was revoked
  *   OBJECT_NOT_FOUND       every store node holding a replica left the
  *                          cluster while the put ran (nothing was stored)
  *   INVALID_KEY, INVALID_PARAMS (replica_num above the master's limit)
@@ -205,7 +220,9 @@ void moonlet_client_destroy(moonlet_client *c);
  * the master may have sealed it before the connection broke: a retry may
  * then find OBJECT_ALREADY_EXISTS with the object complete.
  * On RDMA the bytes are staged through a registered buffer of the client;
- * put_from() avoids that copy.  Blocks; thread safe.
+ * put_from() avoids that copy.  Unless skip_checksum (options or client
+ * config), the XXH3-64 of the bytes is recorded for readers to verify.
+ * Blocks; thread safe.
  */
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
                        const moonlet_put_options *opt);
@@ -214,7 +231,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
  * Reads `key` into buf (capacity cap); *len gets the object's size.
  * Reads one replica: the one this client serves itself if there is one, else
  * the first; when a replica cannot be read (TRANSFER_FAIL, or
- * SEGMENT_NOT_FOUND because its node re-registered) the next one is tried.
+ * SEGMENT_NOT_FOUND because its node re-registered) or its bytes fail the
+ * end-to-end checksum the put recorded, the next one is tried.
  * Returns 0, or
  *   OBJECT_NOT_FOUND       no such key
  *   REPLICA_IS_NOT_READY   its put is still in progress
@@ -222,6 +240,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
  *   LEASE_EXPIRED          the read lease ran out before the read completed;
  *                          buf holds unspecified bytes
  *   TRANSFER_FAIL          no replica could be read
+ *   INVALID_READ           every replica read failed the checksum (buf holds
+ *                          unspecified bytes; never reported as success)
  * Grants a read lease as a side effect.  Blocks; thread safe.
  */
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
@@ -247,6 +267,15 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
 /* Removes every object of the tenant that holds no lease and has no put in
  * progress; *removed (optional) gets the count.  Blocks; thread safe. */
 int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
+
+/* remove / remove_all with Mooncake's force: objects under an unexpired read
+ * lease are removed too (a put in progress still is not).  A reader still
+ * transferring from a removed replica may read bytes of whatever the master
+ * places there next, so use it for resets with no reads in flight, as with
+ * Mooncake.  Through a DummyClient, the RealClient must know the force
+ * argument (this version). */
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant);
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant);
 
 /*
  * Put, or replace: a put; when the key exists, a remove and a second put.

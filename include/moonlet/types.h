@@ -4,6 +4,7 @@
 #ifndef MOONLET_TYPES_H
 #define MOONLET_TYPES_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -29,11 +30,18 @@ typedef struct moonlet_replica_desc {
     uint64_t offset;   /* offset of the replica inside the segment */
     uint64_t size;     /* object size in bytes */
     uint8_t status;    /* moonlet_replica_status */
+    /* PutStart only: the write capability for this replica (cap_tag 0: none;
+     * common/writecap.h) covering [offset, offset + cap_len) until cap_expiry_ms
+     * on the store node's clock. */
+    uint64_t cap_len, cap_expiry_ms, cap_tag;
 } moonlet_replica_desc;
 
 typedef struct moonlet_replica_list {
     uint64_t size;          /* object size */
     uint64_t lease_ttl_ms;  /* lease granted by this call (0 when none) */
+    uint64_t put_ttl_ms;    /* PutStart: ms left until the put's deadline (0: not sent) */
+    bool has_checksum;      /* GetReplicaList: the writer recorded a checksum */
+    uint64_t checksum;      /* XXH3-64 of the object's bytes */
     uint32_t count;
     moonlet_replica_desc *replicas;
 } moonlet_replica_list;
@@ -49,6 +57,11 @@ typedef struct moonlet_segment_desc {
     uint64_t size;           /* capacity in bytes */
     const char *endpoint;    /* how peers reach it, e.g. "127.0.0.1:7000" */
     const char *protocol;    /* "tcp" or "rdma" */
+    /* Optional write fencing (docs/reliability.md): the node's 16-byte write
+     * key for this segment, and its CLOCK_MONOTONIC in ms when it sent the
+     * mount.  NULL / 0: none (the node does not check write capabilities). */
+    const uint8_t *write_key;
+    uint64_t node_clock_ms;
 } moonlet_segment_desc;
 
 #ifdef __cplusplus

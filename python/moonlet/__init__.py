@@ -132,7 +132,7 @@ class Store(_moonlet.Client):
     @classmethod
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
-                transfer_timeout_ms=0, local_listen_addr=None):
+                transfer_timeout_ms=0, local_listen_addr=None, checksum=True):
         """Connects to the master at master_addr ("HOST:PORT").
 
         protocol:       "auto" (RDMA when a device with an active port exists,
@@ -145,13 +145,19 @@ class Store(_moonlet.Client):
         default_tenant: tenant of calls without tenant_id ("default").
         replica_num:    replicas per put unless a put says otherwise.
         rpc_timeout_ms, transfer_timeout_ms: 0 means 10000.
+        checksum:       True (default): every put records an XXH3-64 of its
+                        bytes and every get verifies it, falling over to the
+                        next replica on a mismatch (StoreError INVALID_READ
+                        when none matches).  False skips both (one pass over
+                        the bytes less per call).
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
         ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600).
         """
         self = cls.__new__(cls)
         self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
-                      replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)
+                      replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
+                      checksum=checksum)
         return self
 
     @classmethod

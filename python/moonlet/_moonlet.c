@@ -429,7 +429,8 @@ static int ml_protocol(PyObject *o, void *out)
 
 PyDoc_STRVAR(connect_doc,
 "_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
-"         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr)\n"
+"         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,\n"
+"         checksum=True)\n"
 "--\n\n"
 "Connects this unconnected object to a master (moonlet_client_create).\n"
 "Use moonlet.Store.connect() instead.");
@@ -438,18 +439,20 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
 {
     static char *kwl[] = {"master_addr", "protocol", "segment_size", "device", "auth_token",
                           "default_tenant", "replica_num", "rpc_timeout_ms",
-                          "transfer_timeout_ms", "local_listen_addr", NULL};
+                          "transfer_timeout_ms", "local_listen_addr", "checksum", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&:_connect", kwl, &addr_obj,
+    int checksum = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|p:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
                                      conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
                                      conv_opt_str, &cfg.default_tenant, conv_u32, &cfg.replica_num,
                                      conv_u32, &cfg.rpc_timeout_ms, conv_u32,
                                      &cfg.transfer_timeout_ms, conv_opt_str,
-                                     &cfg.local_listen_addr))
+                                     &cfg.local_listen_addr, &checksum))
         return NULL;
+    cfg.skip_checksum = !checksum;
     if (!conv_tenant(addr_obj, &cfg.master_addr))
         return NULL;
     if (self->client || self->kind != ML_KIND_NONE) {
@@ -1514,6 +1517,259 @@ done:
     return out;
 }
 
+/* ---- Mooncake's forced remove ----------------------------------------------------------------- */
+
+/* _remove_force / _remove_all_force: remove / remove_all that also take
+ * objects under a read lease (moonlet_client_remove_force); moonlet.mooncake's
+ * remove(key, force=True) and remove_all(force=True). */
+static PyObject *Client_remove_force(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    const char *key, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_remove_force", kwl, conv_key, &key,
+                                     conv_tenant, &tenant))
+        return NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove_force(c, key, tenant));
+    if (rc)
+        return ml_raise(rc, "remove(force)", NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"tenant_id", NULL};
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&:_remove_all_force", kwl, conv_tenant,
+                                     &tenant))
+        return NULL;
+    uint64_t n = 0;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_remove_all_force(c, &n, tenant));
+    if (rc)
+        return ml_raise(rc, "remove_all(force)", NULL);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+/* ---- several buffers per key: the multi-buffer batches of moonlet.mooncake ----------------- */
+
+/*
+ * _batch_put_multi / _batch_get_multi: key i's object is the concatenation of
+ * the caller's ranges all_addresses[i][j] .. + all_sizes[i][j] (Mooncake's
+ * batch_put_from_multi_buffers / batch_get_into_multi_buffers, vLLM's layout
+ * of one block over every layer's KV tensor).  The client's batch calls take
+ * one buffer per key, so the ranges are gathered into (scattered out of) one
+ * staging region per call, the region batch_put / batch_get use: one memcpy
+ * per range on this side, every key's transfer in one batch.
+ *
+ * The addresses are the caller's raw memory and are copied from / to as
+ * given: moonlet.mooncake checks each range against the buffers registered
+ * through it before calling (these methods cannot).  Every key's outcome
+ * comes back in a list (0 or a negative code for a put; bytes read or a
+ * negative code for a get), never as StoreError; a closed store raises.
+ */
+typedef struct {
+    ml_keys k;
+    size_t *first; /* n + 1 entries: key i's ranges are [first[i], first[i + 1]) */
+    Py_buffer *pieces; /* .buf / .len of every range (no export is held) */
+    size_t npieces;
+    size_t *lens; /* each key's total */
+    size_t total; /* staging bytes: every key's slot */
+    const void **bufs;
+    size_t *got;
+    int32_t *results;
+} ml_multi;
+
+static void ml_multi_free(ml_multi *m)
+{
+    ml_keys_free(&m->k);
+    PyMem_Free(m->first);
+    PyMem_Free(m->pieces);
+    PyMem_Free(m->lens);
+    PyMem_Free(m->bufs);
+    PyMem_Free(m->got);
+    PyMem_Free(m->results);
+}
+
+/* Keys, and per key a sequence of addresses and one of sizes of the same length. */
+static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObject *all_sizes)
+{
+    memset(m, 0, sizeof(*m));
+    PyObject *ta = NULL, *ts = NULL;
+    if (ml_keys_init(&m->k, keys))
+        return -1;
+    size_t n = m->k.n, alloc = n ? n : 1;
+    ta = PySequence_Tuple(all_addrs);
+    ts = ta ? PySequence_Tuple(all_sizes) : NULL;
+    if (!ts)
+        goto fail;
+    if ((size_t)PyTuple_GET_SIZE(ta) != n || (size_t)PyTuple_GET_SIZE(ts) != n) {
+        PyErr_Format(PyExc_ValueError, "%zd address lists and %zd size lists for %zu keys",
+                     PyTuple_GET_SIZE(ta), PyTuple_GET_SIZE(ts), n);
+        goto fail;
+    }
+    m->first = PyMem_Calloc(n + 1, sizeof(*m->first));
+    m->lens = PyMem_Calloc(alloc, sizeof(*m->lens));
+    m->bufs = PyMem_Calloc(alloc, sizeof(*m->bufs));
+    m->got = PyMem_Calloc(alloc, sizeof(*m->got));
+    m->results = PyMem_Calloc(alloc, sizeof(*m->results));
+    if (!m->first || !m->lens || !m->bufs || !m->got || !m->results) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (size_t i = 0; i < n; i++) {
+        Py_ssize_t len = PyObject_Length(PyTuple_GET_ITEM(ta, (Py_ssize_t)i));
+        if (len < 0)
+            goto fail;
+        m->first[i + 1] = m->first[i] + (size_t)len;
+    }
+    m->npieces = m->first[n];
+    m->pieces = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*m->pieces));
+    void **a = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*a));
+    size_t *s = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*s));
+    if (!m->pieces || !a || !s) {
+        PyMem_Free(a);
+        PyMem_Free(s);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        size_t cnt = m->first[i + 1] - m->first[i];
+        bad = ml_seq_conv(PyTuple_GET_ITEM(ta, (Py_ssize_t)i), cnt, "addresses", conv_addr,
+                          a + m->first[i], sizeof(*a)) ||
+              ml_seq_conv(PyTuple_GET_ITEM(ts, (Py_ssize_t)i), cnt, "sizes", conv_size,
+                          s + m->first[i], sizeof(*s));
+        size_t len = 0;
+        for (size_t p = m->first[i]; !bad && p < m->first[i + 1]; p++) {
+            if (s[p] > (size_t)PY_SSIZE_T_MAX || s[p] > SIZE_MAX - len) {
+                PyErr_SetString(PyExc_OverflowError, "the ranges of a key are too large");
+                bad = 1;
+                break;
+            }
+            len += s[p];
+            m->pieces[p].buf = a[p];
+            m->pieces[p].len = (Py_ssize_t)s[p];
+        }
+        m->lens[i] = len;
+        if (!bad && ml_add_slot(&m->total, len)) {
+            PyErr_SetString(PyExc_OverflowError, "the keys are too large together");
+            bad = 1;
+        }
+    }
+    PyMem_Free(a);
+    PyMem_Free(s);
+    if (bad)
+        goto fail;
+    Py_DECREF(ta);
+    Py_DECREF(ts);
+    return 0;
+fail:
+    Py_XDECREF(ta);
+    Py_XDECREF(ts);
+    ml_multi_free(m);
+    return -1;
+}
+
+static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
+{
+    PyObject *res = PyList_New((Py_ssize_t)m->k.n);
+    for (size_t i = 0; res && i < m->k.n; i++) {
+        PyObject *v = sizes && m->results[i] == MOONLET_OK ? PyLong_FromSize_t(m->got[i])
+                                                           : PyLong_FromLong(m->results[i]);
+        if (!v) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, v);
+    }
+    return res;
+}
+
+static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", "replica_num",
+                          "soft_pin", NULL};
+    PyObject *keys, *addrs, *sizes;
+    const char *tenant = NULL;
+    uint32_t replica_num = 0;
+    int soft_pin = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&p:_batch_put_multi", kwl, &keys, &addrs,
+                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
+                                     &soft_pin))
+        return NULL;
+    ml_multi m;
+    if (ml_multi_init(&m, keys, addrs, sizes))
+        return NULL;
+    moonlet_put_options o;
+    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    ml_put_job job = {.kind = self->kind, .keys = m.k.keys, .n = m.k.n, .pieces = m.pieces,
+                      .first = m.first, .lens = m.lens, .total = m.total, .bufs = m.bufs,
+                      .opt = &o, .results = m.results};
+    int rc = MOONLET_OK;
+    if (m.k.n)
+        ML_CALL(self, rc, ml_put_job_run(c, &job));
+    PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_put_from_multi_buffers", NULL)
+                                    : ml_multi_results(&m, false);
+    ml_multi_free(&m);
+    return out;
+}
+
+/* Called with the client lock held and the GIL released. */
+static int ml_multi_get_run(moonlet_client *c, ml_kind kind, ml_multi *m, const char *tenant)
+{
+    for (size_t i = 0; i < m->k.n; i++)
+        m->results[i] = ML_UNSET;
+    ml_region r;
+    int rc = ml_region_begin(c, kind, m->total, &r);
+    if (rc) {
+        ml_fill_unset(m->results, m->k.n, rc);
+        return rc;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < m->k.n; i++) {
+        m->bufs[i] = m->lens[i] ? (unsigned char *)r.base + off : NULL;
+        ml_add_slot(&off, m->lens[i]); /* cannot overflow: total was computed the same way */
+    }
+    rc = moonlet_client_batch_get_into(c, m->k.keys, (void *const *)m->bufs, m->lens, m->k.n,
+                                       m->got, m->results, tenant);
+    ml_fill_unset(m->results, m->k.n, rc);
+    for (size_t i = 0; i < m->k.n; i++) {
+        if (m->results[i] != MOONLET_OK || m->got[i] > m->lens[i])
+            continue;
+        const unsigned char *src = m->bufs[i];
+        size_t left = m->got[i];
+        for (size_t p = m->first[i]; p < m->first[i + 1] && left; p++) {
+            size_t take = (size_t)m->pieces[p].len < left ? (size_t)m->pieces[p].len : left;
+            memcpy(m->pieces[p].buf, src, take);
+            src += take;
+            left -= take;
+        }
+    }
+    ml_region_end(c, &r);
+    return rc;
+}
+
+static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", NULL};
+    PyObject *keys, *addrs, *sizes;
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&:_batch_get_multi", kwl, &keys, &addrs,
+                                     &sizes, conv_tenant, &tenant))
+        return NULL;
+    ml_multi m;
+    if (ml_multi_init(&m, keys, addrs, sizes))
+        return NULL;
+    int rc = MOONLET_OK;
+    if (m.k.n)
+        ML_CALL(self, rc, ml_multi_get_run(c, self->kind, &m, tenant));
+    PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_get_into_multi_buffers", NULL)
+                                    : ml_multi_results(&m, true);
+    ml_multi_free(&m);
+    return out;
+}
+
 /* ---- shared buffers ------------------------------------------------------------------------ */
 
 static PyTypeObject SharedType;
@@ -1847,6 +2103,22 @@ static PyMethodDef Client_methods[] = {
      "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
      "get_into for many keys; returns the bytes read per key.  Any failed key raises "
      "StoreError with .results (bytes read, or the negative code, per key)."},
+    {"_remove_force", ML_KW(Client_remove_force), METH_VARARGS | METH_KEYWORDS,
+     "_remove_force(key, *, tenant_id=None)\n--\n\n"
+     "remove that also removes an object under a read lease (Mooncake's force)."},
+    {"_remove_all_force", ML_KW(Client_remove_all_force), METH_VARARGS | METH_KEYWORDS,
+     "_remove_all_force(*, tenant_id=None) -> int\n--\n\n"
+     "remove_all that also removes objects under a read lease (Mooncake's force)."},
+    {"_batch_put_multi", ML_KW(Client_batch_put_multi), METH_VARARGS | METH_KEYWORDS,
+     "_batch_put_multi(keys, all_addresses, all_sizes, *, tenant_id=None, replica_num=0, "
+     "soft_pin=False) -> list[int]\n--\n\n"
+     "Key i is the concatenation of the ranges (all_addresses[i][j], all_sizes[i][j]), "
+     "gathered through staging; 0 or a negative code per key.  The addresses are not "
+     "checked: moonlet.mooncake checks them against its registered buffers."},
+    {"_batch_get_multi", ML_KW(Client_batch_get_multi), METH_VARARGS | METH_KEYWORDS,
+     "_batch_get_multi(keys, all_addresses, all_sizes, *, tenant_id=None) -> list[int]\n--\n\n"
+     "Reads key i through staging and scatters it over its ranges in order; bytes read or "
+     "a negative code per key.  The addresses are not checked (see _batch_put_multi)."},
     {"batch_put", ML_KW(Client_batch_put), METH_VARARGS | METH_KEYWORDS,
      "batch_put(keys, values, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
      "put for many keys: values[i] (any contiguous bytes-like object) under keys[i], every "

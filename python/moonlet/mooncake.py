@@ -19,24 +19,38 @@ a negative code, and a put of a key that already exists returns 0 and leaves
 the object as it was (as Mooncake's Put and BatchPut do; upsert() replaces).
 batch_probe_key() is moonlet's addition.
 
-What is accepted but means nothing here: metadata_server (moonlet needs no
-metadata service), setup()'s local_buffer_size (moonlet stages through
-registered memory per call instead of a preallocated pool), setup_dummy()'s
-mem_pool_size (moonlet has Store.alloc_buffer() instead of a pool),
-ReplicateConfig.preferred_segment (placement is the master's),
-remove(force=True) (moonlet has no forced remove: an object under a lease
-stays, and OBJECT_HAS_LEASE comes back).
+The same class is importable as ``mooncake.store.MooncakeDistributedStore``
+(python/mooncake, installed unless a real Mooncake is there).  It has the
+calls vLLM's, SGLang's and LMCache's Mooncake backends make (multi-buffer
+batches, get_buffer, ranged reads and get sessions, replica descriptors,
+MooncakeHostMemAllocator); docs/python.md has the table of Mooncake's whole
+surface: supported, supported with a difference, not supported and why.
+Device (GPU) memory is refused: register_buffer takes host memory only.
 """
+import ctypes
 import enum
+import functools
+import json
+import logging
+import mmap
+import os
 import re
+import threading
+import weakref
 
 from . import GrantLeasePolicy, ProbeLeaseMode, Store, StoreError, _moonlet
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "parse_size"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "parse_size",
+           "BufferHandle", "MooncakeHostMemAllocator", "ReplicaStatus", "ReplicaDescriptor",
+           "MemoryDescriptor", "Descriptor", "load_config"]
+
+_log = logging.getLogger("moonlet.mooncake")
 
 _INVALID_PARAMS = _moonlet.INVALID_PARAMS
 _UNAVAILABLE = _moonlet.UNAVAILABLE_IN_CURRENT_STATUS
 _ALREADY_EXISTS = _moonlet.OBJECT_ALREADY_EXISTS
+_NOT_FOUND = _moonlet.OBJECT_NOT_FOUND
+_BUFFER_OVERFLOW = _moonlet.BUFFER_OVERFLOW
 
 DEFAULT_GLOBAL_SEGMENT_SIZE = 16 << 20
 DEFAULT_LOCAL_BUFFER_SIZE = 16 << 20
@@ -57,20 +71,34 @@ class SoftPinAction(enum.IntEnum):
 class ReplicateConfig:
     """Replication options of a put (Mooncake's ReplicateConfig).
 
-    replica_num:       replicas on distinct store nodes (default 1).
-    with_soft_pin:     soft-pin the object (default False).
-    soft_pin_action:   a SoftPinAction; ENABLE / DISABLE override with_soft_pin.
-    preferred_segment: accepted for compatibility; the master places replicas.
+    replica_num:        replicas on distinct store nodes (default 1).
+    with_soft_pin:      soft-pin the object (default False).
+    soft_pin_action:    a SoftPinAction; ENABLE / DISABLE override with_soft_pin.
+    preferred_segment, preferred_segments, prefer_alloc_in_same_node:
+                        accepted; the master places replicas (not honoured yet,
+                        see docs/python.md).
+    with_hard_pin:      accepted; moonlet has no hard pin yet: a put that asks
+                        for one is refused with INVALID_PARAMS (-600) rather
+                        than stored evictable.
+    group_ids:          accepted, not used (moonlet has no object groups).
     """
 
-    __slots__ = ("replica_num", "with_soft_pin", "soft_pin_action", "preferred_segment")
+    __slots__ = ("replica_num", "with_soft_pin", "soft_pin_action", "preferred_segment",
+                 "preferred_segments", "prefer_alloc_in_same_node", "with_hard_pin",
+                 "group_ids")
 
     def __init__(self, replica_num=1, with_soft_pin=False,
-                 soft_pin_action=SoftPinAction.PRESERVE, preferred_segment=""):
+                 soft_pin_action=SoftPinAction.PRESERVE, preferred_segment="", *,
+                 preferred_segments=None, prefer_alloc_in_same_node=False,
+                 with_hard_pin=False, group_ids=None):
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
         self.soft_pin_action = soft_pin_action
         self.preferred_segment = preferred_segment
+        self.preferred_segments = list(preferred_segments or [])
+        self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
+        self.with_hard_pin = with_hard_pin
+        self.group_ids = list(group_ids or [])
 
     def _soft_pin(self):
         action = SoftPinAction(self.soft_pin_action)
@@ -84,7 +112,11 @@ class ReplicateConfig:
         return (f"ReplicateConfig(replica_num={self.replica_num}, "
                 f"with_soft_pin={self.with_soft_pin}, "
                 f"soft_pin_action={SoftPinAction(self.soft_pin_action).name}, "
-                f"preferred_segment={self.preferred_segment!r})")
+                f"preferred_segment={self.preferred_segment!r}, "
+                f"preferred_segments={self.preferred_segments!r}, "
+                f"with_hard_pin={self.with_hard_pin})")
+
+    __str__ = __repr__
 
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
@@ -134,6 +166,223 @@ def _split_host(hostname):
     return hostname, None
 
 
+def _join_host(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(value):
+    """A config flag: bool, int, or a string such as "true" / "false"."""
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE
+    return bool(value)
+
+
+def load_config(path=None):
+    """The dict of a Mooncake-style JSON config file: path, or the file
+    MOONCAKE_CONFIG_PATH names.  Field names are those the engines write
+    (local_hostname, metadata_server, global_segment_size, local_buffer_size,
+    protocol, device_name, master_server_address; also rdma_devices,
+    master_server_addr).  Raises OSError / ValueError for a missing or
+    malformed file, KeyError when neither path nor the variable is given."""
+    if path is None:
+        path = os.environ["MOONCAKE_CONFIG_PATH"]
+    with open(path) as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: a config file holds one JSON object")
+    return config
+
+
+# ---- host memory ranges ------------------------------------------------------------------
+
+def _host_ranges():
+    """[(start, end)] of this process's readable and writable mappings."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 2)
+            if len(fields) >= 2 and fields[1][:2] == "rw":
+                lo, hi = fields[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def _is_host_memory(ptr, size):
+    """True when [ptr, ptr + size) is readable and writable host memory of
+    this process.  A GPU device pointer (cudaMalloc memory lives in address
+    ranges the driver reserves without host access) or an unmapped address
+    is not."""
+    end = ptr + size
+    for lo, hi in sorted(_host_ranges()):
+        if lo <= ptr < hi:
+            if end <= hi:
+                return True
+            ptr = hi  # continues into the next mapping, if adjacent
+    return False
+
+
+class BufferHandle:
+    """An object's bytes (Mooncake's BufferHandle): the buffer protocol
+    (memoryview(h), bytes(h), numpy / torch frombuffer), ptr() (the
+    address) and size() (the length).  The memory is the store's shared
+    (DummyClient) or registered (direct) memory the object was read into, so
+    the read made no copy on this side; it is freed when the handle goes."""
+
+    __slots__ = ()
+
+    def ptr(self):
+        return ctypes.addressof(self)
+
+    def size(self):
+        return len(self)
+
+    def __repr__(self):
+        return f"<BufferHandle size={len(self)} ptr={ctypes.addressof(self):#x}>"
+
+
+@functools.lru_cache(maxsize=128)
+def _handle_type(n):
+    return type("BufferHandle", (BufferHandle, ctypes.c_ubyte * n), {})
+
+
+class _Memory:
+    """The SharedBuffers behind live BufferHandles of one Store, so that
+    close() can wait for the last handle before the Store (and the memory)
+    goes: close() with handles alive ends the calls at once and closes the
+    connection when the last handle is dropped."""
+
+    def __init__(self, store):
+        self.store = store
+        self.live = 0
+        self.closing = False
+        self.lock = threading.Lock()
+
+    def adopt(self, shared, n):
+        handle = _handle_type(n).from_address(shared.address)
+        handle._mem = shared
+        with self.lock:
+            self.live += 1
+        weakref.finalize(handle, self._release, shared)
+        return handle
+
+    def _release(self, shared):
+        shared.free()
+        with self.lock:
+            self.live -= 1
+            last = self.closing and self.live == 0
+        if last:
+            self.store.close()
+
+    def close(self):
+        with self.lock:
+            self.closing = True
+            now = self.live == 0
+        if now:
+            self.store.close()
+
+
+class ReplicaStatus(enum.IntEnum):
+    """A replica's status (Mooncake's ReplicaStatus)."""
+
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+class Descriptor:
+    """Where a memory replica's bytes are: size, buffer_address (offset in
+    the segment on moonlet), transport_endpoint ("host:port")."""
+
+    __slots__ = ("size", "buffer_address", "transport_endpoint")
+
+    def __init__(self, size=0, buffer_address=0, transport_endpoint=""):
+        self.size, self.buffer_address, self.transport_endpoint = (
+            size, buffer_address, transport_endpoint)
+
+    def __repr__(self):
+        return (f"<Descriptor size={self.size} buffer_address={self.buffer_address} "
+                f"transport_endpoint={self.transport_endpoint}>")
+
+
+class MemoryDescriptor:
+    __slots__ = ("buffer_descriptor",)
+
+    def __init__(self, buffer_descriptor):
+        self.buffer_descriptor = buffer_descriptor
+
+
+class ReplicaDescriptor:
+    """One replica (Mooncake's ReplicaDescriptor); moonlet's are all in memory."""
+
+    __slots__ = ("status", "_memory", "segment_name")
+
+    def __init__(self, status, memory, segment_name=""):
+        self.status = status
+        self._memory = memory
+        self.segment_name = segment_name
+
+    def is_memory_replica(self):
+        return True
+
+    def is_disk_replica(self):
+        return False
+
+    def get_memory_descriptor(self):
+        return self._memory
+
+    def get_disk_descriptor(self):
+        raise RuntimeError("moonlet keeps no disk replicas")
+
+    def __repr__(self):
+        return (f"<ReplicaDescriptor {self.status.name} "
+                f"{self._memory.buffer_descriptor!r}>")
+
+
+class MooncakeHostMemAllocator:
+    """Host memory for an engine's KV pool (Mooncake's
+    MooncakeHostMemAllocator): alloc(size) -> address (0 on failure),
+    free(address) -> 0 / INVALID_PARAMS.  Anonymous pages of this process
+    (mmap), page-aligned and zeroed; register them with register_buffer()
+    before the zero-copy calls.  Unlike Mooncake's they are not shared with
+    a RealClient: through a DummyClient those calls copy them once through
+    the connection's staging."""
+
+    def __init__(self):
+        self._maps = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, size):
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            return 0
+        try:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError, OverflowError):
+            return 0
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        with self._lock:
+            self._maps[addr] = m
+        return addr
+
+    def free(self, ptr):
+        with self._lock:
+            m = self._maps.pop(ptr, None)
+        if m is None:
+            return _INVALID_PARAMS
+        try:
+            m.close()
+        except BufferError:  # a view of it is alive (cannot be from us): keep it mapped
+            with self._lock:
+                self._maps[ptr] = m
+            return _INVALID_PARAMS
+        return 0
+
+
 class MooncakeDistributedStore:
     """Mooncake Store's MooncakeDistributedStore on a moonlet cluster.
 
@@ -147,34 +396,71 @@ class MooncakeDistributedStore:
     def __init__(self):
         self._store = None
         self._hostname = ""
+        self._memory = None        # _Memory of the BufferHandles of this setup
+        self._local_buffer = None  # setup()'s local_buffer_size (None after setup_dummy)
+        self._regions = {}         # registered buffers: address -> size
+        self._sessions = {}        # batch_get_session_start: key -> [bytes, starts]
+        self._lock = threading.Lock()
+
+    # Keyword arguments engines pass to setup() besides Mooncake's seven.
+    _SETUP_OPTIONS = ("enable_ssd_offload", "ssd_offload_path", "enable_client_http_server",
+                      "client_http_port")
 
     # ---- setup -----------------------------------------------------------------
 
-    def setup(self, local_hostname, metadata_server=None,
+    def setup(self, local_hostname=None, metadata_server=None,
               global_segment_size=DEFAULT_GLOBAL_SEGMENT_SIZE,
               local_buffer_size=DEFAULT_LOCAL_BUFFER_SIZE, protocol="tcp", device_name="",
               master_server_address=DEFAULT_MASTER_SERVER_ADDR, engine=None, *,
-              tenant_id="default", rdma_devices=None, master_server_addr=None):
+              tenant_id="default", rdma_devices=None, master_server_addr=None, **options):
         """Connects to the master and, with global_segment_size > 0, contributes
         that much memory from this process.  Returns 0, or a negative code.
 
         Either the 7 positional arguments of Mooncake (local_hostname,
         metadata_server, global_segment_size, local_buffer_size, protocol,
-        device_name, master_server_address) or one dict with those keys
-        (also Mooncake's spellings rdma_devices / master_server_addr, and
-        tenant_id); sizes may be ints or strings such as "16MB".
-        metadata_server and local_buffer_size are accepted and not used;
-        engine must be None.  A dict's unknown keys are ignored, as Mooncake
-        does.
+        device_name, master_server_address; all also as keywords), one dict
+        with those keys (also Mooncake's spellings rdma_devices /
+        master_server_addr, and tenant_id), or nothing: then the JSON file
+        MOONCAKE_CONFIG_PATH names is that dict.  Sizes may be ints or
+        strings such as "16MB".  device_name may be a comma-separated list
+        ("mlx5_0,mlx5_1"): RDMA uses the first; TCP none.
+        metadata_server is accepted and not used.  local_buffer_size 0 makes
+        every copying put fail with INVALID_PARAMS, as Mooncake's has no
+        buffer to stage through; otherwise it is not used.
+
+        The keywords engines add are accepted: enable_ssd_offload and
+        enable_client_http_server (True: INVALID_PARAMS, moonlet has neither
+        an SSD tier nor a client HTTP server), ssd_offload_path and
+        client_http_port (used by those only).  Unknown keywords are logged
+        and ignored; engine (a TransferEngine) must be None.
         """
+        if local_hostname is None:
+            try:
+                return self._setup_dict(load_config())
+            except (KeyError, OSError, ValueError) as e:
+                _log.error("setup(): no arguments and no usable MOONCAKE_CONFIG_PATH: %s", e)
+                return _INVALID_PARAMS
         if isinstance(local_hostname, dict):
-            return self._setup_dict(local_hostname)
+            return self._setup_dict(dict(local_hostname, **options))
         if rdma_devices is not None:
             device_name = rdma_devices
         if master_server_addr is not None:
             master_server_address = master_server_addr
+        if self._refuse_options(options):
+            return _INVALID_PARAMS
         return self._setup(local_hostname, global_segment_size, local_buffer_size, protocol,
                            device_name, master_server_address, tenant_id, engine)
+
+    def _refuse_options(self, options):
+        """True when an engine option asks for what moonlet lacks."""
+        for name in options:
+            if name not in self._SETUP_OPTIONS:
+                _log.warning("setup(): ignoring unknown option %s", name)
+        for name in ("enable_ssd_offload", "enable_client_http_server"):
+            if _flag(options.get(name, False)):
+                _log.error("setup(): %s is not supported by moonlet", name)
+                return True
+        return False
 
     def _setup_dict(self, config):
         def get(*names, default=None):
@@ -183,6 +469,9 @@ class MooncakeDistributedStore:
                     return config[n]
             return default
 
+        if self._refuse_options({k: v for k, v in config.items()
+                                 if k in self._SETUP_OPTIONS}):
+            return _INVALID_PARAMS
         return self._setup(str(get("local_hostname", default="")),
                            get("global_segment_size", default=DEFAULT_GLOBAL_SEGMENT_SIZE),
                            get("local_buffer_size", default=DEFAULT_LOCAL_BUFFER_SIZE),
@@ -198,11 +487,13 @@ class MooncakeDistributedStore:
             return _INVALID_PARAMS
         try:
             segment = parse_size(global_segment_size)
-            parse_size(local_buffer_size)
+            local_buffer = parse_size(local_buffer_size)
         except (TypeError, ValueError):
             return _INVALID_PARAMS
         if protocol not in ("tcp", "rdma"):
             return _INVALID_PARAMS
+        devices = [d.strip() for d in str(device_name or "").split(",") if d.strip()]
+        device_name = devices[0] if protocol == "rdma" and devices else ""
         host, port = _split_host(local_hostname)
         listen = None
         if segment:
@@ -217,9 +508,12 @@ class MooncakeDistributedStore:
             return _INVALID_PARAMS
         endpoint = self._store.local_endpoint
         if endpoint:
-            self._hostname = f"{host}:{endpoint.rsplit(':', 1)[1]}"
+            self._hostname = _join_host(host, endpoint.rsplit(':', 1)[1])
         else:
-            self._hostname = local_hostname
+            # a pure client serves nothing: the port local_hostname gave, else 0
+            self._hostname = _join_host(host, port or 0)
+        self._local_buffer = local_buffer
+        self._memory = _Memory(self._store)
         return 0
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address, *, tenant_id=None):
@@ -242,14 +536,24 @@ class MooncakeDistributedStore:
         tenant_id (moonlet's addition): tenant of every call; None: the
             RealClient's default tenant.
 
-        get_hostname() is "" afterwards, as with Mooncake's DummyClient: the
-        segment belongs to the RealClient, this process contributes none.
+        Mooncake's form, the RealClient's "host:port", names the socket
+        MOONLET_REALCLIENT_SOCKET gives, else /run/moonlet/realclient-PORT.sock
+        (start the RealClient with --serve-dummy on that path).
+
+        get_hostname() is "host:port" of that address afterwards (a socket
+        path: "localhost:0"; this process contributes no memory).
         INVALID_PARAMS as well when this object is already set up.
         """
         if self._store is not None:
             return _INVALID_PARAMS
         if not isinstance(server_address, str) or not server_address:
             return _INVALID_PARAMS
+        hostname = "localhost:0"
+        if re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[^/:\[\]]+):[0-9]{1,5}", server_address):
+            hostname = server_address
+            server_address = os.environ.get(
+                "MOONLET_REALCLIENT_SOCKET",
+                f"/run/moonlet/realclient-{server_address.rsplit(':', 1)[1]}.sock")
         try:
             parse_size(mem_pool_size)
             staging = parse_size(local_buffer_size)
@@ -262,20 +566,29 @@ class MooncakeDistributedStore:
             return e.code
         except (TypeError, ValueError):  # a NUL in the path, a size past 2**64
             return _INVALID_PARAMS
-        self._hostname = ""
+        self._hostname = hostname
+        self._local_buffer = None
+        self._memory = _Memory(self._store)
         return 0
 
     def close(self):
-        """Disconnects (and withdraws the contributed memory).  Returns 0."""
+        """Disconnects (and withdraws the contributed memory).  Returns 0.
+        With BufferHandles of get_buffer() still alive, later calls fail
+        at once and the connection goes with the last handle."""
         if self._store is not None:
-            self._store.close()
-            self._store = None
+            memory, self._store, self._memory = self._memory, None, None
+            with self._lock:
+                self._regions.clear()
+                self._sessions.clear()
+            memory.close()
         return 0
 
     def get_hostname(self):
-        """"host:port" of this client: local_hostname, with the port its
-        contributed memory is served on when it contributes some.  "" after
-        setup_dummy() (the RealClient holds the segment) and before setup."""
+        """"host:port" of this client: local_hostname with the port its
+        contributed memory is served on (a pure client: the port
+        local_hostname gave, else 0); after setup_dummy() the RealClient's
+        "host:port" as given ("localhost:0" for a socket path).  "" before
+        setup."""
         return self._hostname
 
     # ---- helpers ----------------------------------------------------------------
@@ -306,14 +619,30 @@ class MooncakeDistributedStore:
 
     # ---- objects ------------------------------------------------------------------
 
+    def _no_local_buffer(self):
+        return self._store is not None and self._local_buffer == 0
+
+    @staticmethod
+    def _config_refused(config):
+        """INVALID_PARAMS for a ReplicateConfig moonlet cannot honour (a
+        hard pin), else 0."""
+        if config is not None and getattr(config, "with_hard_pin", False):
+            _log.error("ReplicateConfig.with_hard_pin is not supported by moonlet")
+            return _INVALID_PARAMS
+        return 0
+
     def put(self, key, value, config=None):
         """Stores value (bytes-like).  0, or a negative code; 0 also when the
         key already exists (the object is left as it was)."""
+        if self._no_local_buffer() or self._config_refused(config):
+            return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.put(key, value, **self._put_kwargs(config)))
         return 0 if rc == _ALREADY_EXISTS else rc
 
     def upsert(self, key, value, config=None):
         """Stores value, replacing an existing object.  0, or a negative code."""
+        if self._no_local_buffer() or self._config_refused(config):
+            return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.upsert(key, value, **self._put_kwargs(config)))
         return rc
 
@@ -335,7 +664,7 @@ class MooncakeDistributedStore:
         values = list(values)
         if self._store is None:
             return _UNAVAILABLE
-        if len(keys) != len(values):
+        if len(keys) != len(values) or self._no_local_buffer() or self._config_refused(config):
             return _INVALID_PARAMS
         kw = self._put_kwargs(config)
         out = self._batch(len(keys), lambda: self._store.batch_put(keys, values, **kw)
@@ -345,9 +674,11 @@ class MooncakeDistributedStore:
     def get_batch(self, keys):
         """The bytes of each key, in order: b"" for a key that is missing or
         cannot be read (and for an empty object), as get() gives.  Every
-        read goes in one batch; each object read is leased.  Always one entry
-        per key (Mooncake's gives a lone b"" for [] or before setup)."""
+        read goes in one batch; each object read is leased.  One entry per
+        key (before setup too); [] gives [b""], as Mooncake's does."""
         keys = _key_list(keys)
+        if not keys:
+            return [b""]  # Mooncake's answer to an empty batch
         if self._store is None:
             return [b""] * len(keys)
         try:
@@ -363,6 +694,8 @@ class MooncakeDistributedStore:
         existing key, left as it was) or a negative code.  No parts, or only
         empty ones, store an empty object, as put(key, b"") does (Mooncake's
         returns 0 and stores nothing)."""
+        if self._no_local_buffer() or self._config_refused(config):
+            return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.put_parts(key, *parts,
                                                          **self._put_kwargs(config)))
         return 0 if rc == _ALREADY_EXISTS else rc
@@ -394,29 +727,70 @@ class MooncakeDistributedStore:
 
     def remove(self, key, force=False):
         """Removes the object: 0, or a negative code (OBJECT_HAS_LEASE -706
-        while a read lease holds; force does not override it here)."""
-        _, rc = self._call(lambda: self._store.remove(key))
+        while a read lease holds, unless force; REPLICA_IS_NOT_READY -703
+        while its put is in progress, even with force).  With force a reader
+        still transferring may read bytes placed there later, as with
+        Mooncake's: for resets with no reads in flight."""
+        if force:
+            _, rc = self._call(lambda: self._store._remove_force(key))
+        else:
+            _, rc = self._call(lambda: self._store.remove(key))
         return rc
 
-    def remove_all(self):
-        """Removes every object that holds no lease: the count, or a negative code."""
-        value, rc = self._call(lambda: self._store.remove_all())
+    def remove_all(self, force=False):
+        """Removes every object of the tenant that holds no lease (with
+        force: leased ones too; never one whose put is in progress): the
+        count, or a negative code."""
+        if force:
+            value, rc = self._call(lambda: self._store._remove_all_force())
+        else:
+            value, rc = self._call(lambda: self._store.remove_all())
         return value if rc == 0 else rc
 
     # ---- zero-copy ------------------------------------------------------------------
 
     def register_buffer(self, buffer_ptr, size):
-        """Registers [buffer_ptr, buffer_ptr + size) for put_from / get_into: 0 or a code."""
+        """Registers [buffer_ptr, buffer_ptr + size) for the zero-copy calls:
+        0 or a negative code.  Host memory only: an address range that is not
+        readable and writable memory of this process (a GPU device pointer,
+        an unmapped address) is INVALID_PARAMS (-600), checked before the
+        store sees it."""
+        if self._store is None:
+            return _UNAVAILABLE
+        if (isinstance(buffer_ptr, bool) or not isinstance(buffer_ptr, int)
+                or not isinstance(size, int) or buffer_ptr <= 0 or size <= 0):
+            return _INVALID_PARAMS
+        if not _is_host_memory(buffer_ptr, size):
+            _log.error("register_buffer(%#x, %d): not host memory of this process "
+                       "(device memory is not supported)", buffer_ptr, size)
+            return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.register_buffer(buffer_ptr, size))
+        if rc == 0:
+            with self._lock:
+                self._regions[buffer_ptr] = size
         return rc
 
     def unregister_buffer(self, buffer_ptr):
         """Unregisters the buffer at buffer_ptr: 0 or a negative code."""
         _, rc = self._call(lambda: self._store.unregister_buffer(buffer_ptr))
+        if rc == 0:
+            with self._lock:
+                self._regions.pop(buffer_ptr, None)
         return rc
+
+    def _registered(self, ptr, size):
+        """True when [ptr, ptr + size) lies inside one registered buffer."""
+        if (isinstance(ptr, bool) or not isinstance(ptr, int) or isinstance(size, bool)
+                or not isinstance(size, int) or ptr < 0 or size < 0):
+            return False
+        with self._lock:
+            return any(base <= ptr and ptr + size <= base + n
+                       for base, n in self._regions.items())
 
     def put_from(self, key, buffer_ptr, size, config=None):
         """Stores size bytes of registered memory: 0 (also for an existing key) or a code."""
+        if self._config_refused(config):
+            return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.put_from(key, buffer_ptr, size,
                                                         **self._put_kwargs(config)))
         return 0 if rc == _ALREADY_EXISTS else rc
@@ -426,19 +800,310 @@ class MooncakeDistributedStore:
         value, rc = self._call(lambda: self._store.get_into(key, buffer_ptr, size))
         return value if rc == 0 else rc
 
+    @staticmethod
+    def _same_lengths(keys, *lists):
+        try:
+            return all(len(x) == len(keys) for x in lists)
+        except TypeError:
+            return False
+
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
-        """put_from for each key: a list of 0 / negative codes."""
+        """put_from for each key: a list of 0 / negative codes (lists of
+        different lengths: INVALID_PARAMS for every key)."""
         keys = _key_list(keys)
+        if not self._same_lengths(keys, buffer_ptrs, sizes) or self._config_refused(config):
+            return [_INVALID_PARAMS] * len(keys)
         kw = self._put_kwargs(config)
         out = self._batch(len(keys), lambda: self._store.batch_put_from(keys, buffer_ptrs, sizes,
                                                                          **kw) or [0] * len(keys))
         return [0 if r == _ALREADY_EXISTS else r for r in out]
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
-        """get_into for each key: a list of bytes read / negative codes."""
+        """get_into for each key: a list of bytes read / negative codes
+        (lists of different lengths: INVALID_PARAMS for every key)."""
         keys = _key_list(keys)
+        if not self._same_lengths(keys, buffer_ptrs, sizes):
+            return [_INVALID_PARAMS] * len(keys)
         return self._batch(len(keys), lambda: self._store.batch_get_into(keys, buffer_ptrs,
                                                                           sizes))
+
+    # ---- several buffers per key -------------------------------------------------------
+
+    def _multi_check(self, keys, all_ptrs, all_sizes):
+        """Per key: None when its ranges are well formed and registered,
+        else its code.  None overall when the lists do not match."""
+        if not self._same_lengths(keys, all_ptrs, all_sizes):
+            return None
+        codes = []
+        for ptrs, sizes in zip(all_ptrs, all_sizes):
+            try:
+                ok = (len(ptrs) == len(sizes) and len(ptrs) > 0
+                      and all(self._registered(p, n) for p, n in zip(ptrs, sizes)))
+            except TypeError:
+                ok = False
+            codes.append(None if ok else _INVALID_PARAMS)
+        return codes
+
+    def _multi_call(self, fn, keys, all_ptrs, all_sizes, **kw):
+        """Runs fn on the keys whose ranges check out; the others keep their code."""
+        if self._store is None:
+            return [_UNAVAILABLE] * len(keys)
+        codes = self._multi_check(keys, all_ptrs, all_sizes)
+        if codes is None:
+            return [_INVALID_PARAMS] * len(keys)
+        go = [i for i, c in enumerate(codes) if c is None]
+        if go:
+            try:
+                res = fn([keys[i] for i in go], [list(all_ptrs[i]) for i in go],
+                         [list(all_sizes[i]) for i in go], **kw)
+            except StoreError as e:  # the store was closed under the call
+                res = [e.code] * len(go)
+            for i, r in zip(go, res):
+                codes[i] = r
+        return codes
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        """Stores key i as the concatenation of the registered ranges
+        (all_buffer_ptrs[i][j], all_sizes[i][j]), every key in one batch:
+        a list of 0 / negative codes (0 also for an existing key).  A key
+        with a range outside registered memory: INVALID_PARAMS; lists of
+        different lengths: INVALID_PARAMS for every key.  The ranges are
+        gathered through one staging copy on this side."""
+        keys = _key_list(keys)
+        if self._config_refused(config):
+            return [_INVALID_PARAMS] * len(keys)
+        out = self._multi_call(self._store._batch_put_multi if self._store else None, keys,
+                               all_buffer_ptrs, all_sizes, **self._put_kwargs(config))
+        return [0 if r == _ALREADY_EXISTS else r for r in out]
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """Reads key i and scatters its bytes over the registered ranges
+        (all_buffer_ptrs[i][j], all_sizes[i][j]) in order, every key in one
+        batch: a list of bytes read / negative codes (BUFFER_OVERFLOW -10
+        when the object is larger than the ranges together).
+        prefer_alloc_in_same_node is accepted and not used."""
+        keys = _key_list(keys)
+        return self._multi_call(self._store._batch_get_multi if self._store else None, keys,
+                                all_buffer_ptrs, all_sizes)
+
+    # ---- buffers the store owns: get_buffer ----------------------------------------------
+
+    def _read_handles(self, keys):
+        """A BufferHandle or None per key: the size of each object, memory
+        of the store (shared with a RealClient, or registered) of that size,
+        one batch of reads into it; a key whose object was replaced by one
+        of another size in between is read again (3 rounds at most)."""
+        out = [None] * len(keys)
+        pending = list(range(len(keys)))
+        for _ in range(3):
+            if not pending or self._store is None:
+                break
+            store, memory = self._store, self._memory
+            todo, sizes, shared = [], [], []
+            for i in pending:
+                try:
+                    n = store.get_size(keys[i])
+                    if n == 0:
+                        out[i] = _handle_type(0)()
+                        continue
+                    buf = store.alloc_buffer(n)
+                except StoreError:
+                    continue
+                todo.append(i)
+                sizes.append(n)
+                shared.append(buf)
+            pending = []
+            if not todo:
+                break
+            try:
+                res = store.batch_get_into([keys[i] for i in todo],
+                                           [b.address for b in shared], sizes)
+            except StoreError as e:
+                res = e.results if e.results is not None else [e.code] * len(todo)
+            for i, n, buf, r in zip(todo, sizes, shared, res):
+                if r == n:
+                    out[i] = memory.adopt(buf, n)
+                    continue
+                buf.free()
+                # grown (BUFFER_OVERFLOW) or shrunk (fewer bytes) since its
+                # size was learnt: replaced in between; read it again
+                if r == _BUFFER_OVERFLOW or (isinstance(r, int) and 0 <= r < n):
+                    pending.append(i)
+        return out
+
+    def get_buffer(self, key):
+        """The object's bytes as a BufferHandle (buffer protocol, ptr(),
+        size()), read with no copy on this side into memory of the store;
+        None when the object is missing or cannot be read."""
+        if self._store is None:
+            return None
+        return self._read_handles([key])[0]
+
+    def batch_get_buffer(self, keys):
+        """get_buffer for each key, the reads in one batch: a BufferHandle
+        or None per key (also on a DummyClient, where Mooncake's returns [])."""
+        keys = _key_list(keys)
+        if self._store is None:
+            return [None] * len(keys)
+        return self._read_handles(keys)
+
+    # ---- ranges: get_into_ranges and the get sessions ----------------------------------
+
+    def _objects(self, keys):
+        """key -> bytes (or a negative code) for the distinct keys: from an
+        open get session, else read now in one batch."""
+        found, need = {}, []
+        with self._lock:
+            for k in dict.fromkeys(keys):
+                if k in self._sessions:
+                    found[k] = self._sessions[k][0]
+                else:
+                    need.append(k)
+        if need:
+            if self._store is None:
+                found.update((k, _UNAVAILABLE) for k in need)
+            else:
+                try:
+                    vals = self._store.batch_get(need)
+                except StoreError as e:
+                    vals = e.results if e.results is not None else [e.code] * len(need)
+                found.update(zip(need, vals))
+        return found
+
+    def _copy_ranges(self, obj, ptrs, dst_offsets, src_offsets, sizes):
+        """Copies obj[src:src + n] to ptr + dst for each range: a list of
+        bytes copied / negative codes (INVALID_PARAMS for a range outside
+        the object or outside registered memory)."""
+        if isinstance(obj, int):
+            return [obj] * len(sizes)
+        base = ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value if obj else 0
+        out = []
+        for ptr, dst, src, n in zip(ptrs, dst_offsets, src_offsets, sizes):
+            if (not all(isinstance(v, int) and v >= 0 for v in (dst, src, n))
+                    or src + n > len(obj) or not self._registered(ptr + dst, n)):
+                out.append(_INVALID_PARAMS)
+                continue
+            if n:
+                ctypes.memmove(ptr + dst, base + src, n)
+            out.append(n)
+        return out
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                        all_sizes):
+        """Copies byte ranges of objects into registered buffers: for buffer
+        i, key j, range k: all_sizes[i][j][k] bytes from offset
+        all_src_offsets[i][j][k] of object all_keys[i][j] to buffer_ptrs[i] +
+        all_dst_offsets[i][j][k].  Returns, in the same nesting, the bytes
+        copied or a negative code per range.  Each object is read once, whole
+        (or taken from an open get session), then its ranges are copied."""
+        n = len(buffer_ptrs)
+        if not self._same_lengths(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                                  all_sizes):
+            return [[] for _ in range(n)]
+        objs = self._objects([k for keys in all_keys for k in keys])
+        out = []
+        for ptr, keys, dsts, srcs, sizes in zip(buffer_ptrs, all_keys, all_dst_offsets,
+                                                all_src_offsets, all_sizes):
+            per_key = []
+            if not self._same_lengths(keys, dsts, srcs, sizes):
+                out.append([[_INVALID_PARAMS] * len(s) for s in sizes])
+                continue
+            for key, d, s_, z in zip(keys, dsts, srcs, sizes):
+                if not (len(d) == len(s_) == len(z)):
+                    per_key.append([_INVALID_PARAMS] * len(z))
+                else:
+                    per_key.append(self._copy_ranges(objs[key], [ptr] * len(z), d, s_, z))
+            out.append(per_key)
+        return out
+
+    def batch_get_session_start(self, keys):
+        """Opens a get session per key: reads the object once (leasing it)
+        and keeps its bytes in this process until batch_get_session_end,
+        so the ranged reads that follow do not go to the store again.  A list
+        of 0 / negative codes."""
+        keys = _key_list(keys)
+        if self._store is None:
+            return [_UNAVAILABLE] * len(keys)
+        objs = self._objects(keys)
+        out = []
+        with self._lock:
+            for k in keys:
+                obj = objs[k]
+                if isinstance(obj, int):
+                    out.append(obj)
+                    continue
+                entry = self._sessions.setdefault(k, [obj, 0])
+                entry[1] += 1
+                out.append(0)
+        return out
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_src_offsets):
+        """For key i, copies all_sizes[i][j] bytes from offset
+        all_src_offsets[i][j] of its object to the registered
+        all_buffer_ptrs[i][j]: per key the bytes copied (the sum of its
+        sizes) or a negative code (the first failed range's).  Served from
+        the key's get session when one is open."""
+        keys = _key_list(keys)
+        if not self._same_lengths(keys, all_buffer_ptrs, all_sizes, all_src_offsets):
+            return [_INVALID_PARAMS] * len(keys)
+        objs = self._objects(keys)
+        out = []
+        for key, ptrs, sizes, srcs in zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets):
+            if not (len(ptrs) == len(sizes) == len(srcs)):
+                out.append(_INVALID_PARAMS)
+                continue
+            res = self._copy_ranges(objs[key], ptrs, [0] * len(ptrs), srcs, sizes)
+            out.append(next((r for r in res if r < 0), sum(res)))
+        return out
+
+    def batch_get_session_end(self, keys):
+        """Closes the keys' get sessions (a key started twice needs two
+        ends).  Returns 0."""
+        with self._lock:
+            for k in _key_list(keys):
+                entry = self._sessions.get(k)
+                if entry is not None:
+                    entry[1] -= 1
+                    if entry[1] <= 0:
+                        del self._sessions[k]
+        return 0
+
+    # ---- replicas --------------------------------------------------------------------
+
+    def _replica_desc(self, key):
+        info = self._store.inspect(key)
+        out = []
+        for r in info["replicas"]:
+            status = (ReplicaStatus.COMPLETE if r.get("status") == "COMPLETE"
+                      else ReplicaStatus.INITIALIZED)
+            desc = Descriptor(r.get("length", 0), r.get("offset", 0), r.get("endpoint", ""))
+            out.append(ReplicaDescriptor(status, MemoryDescriptor(desc),
+                                         r.get("segment_name", "")))
+        return out
+
+    def get_replica_desc(self, key):
+        """The object's replicas: a list of ReplicaDescriptor ([] when it is
+        missing or before setup).  Grants no lease."""
+        if self._store is None:
+            return []
+        try:
+            return self._replica_desc(key)
+        except StoreError:
+            return []
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [ReplicaDescriptor, ...]} for the keys that exist."""
+        out = {}
+        for k in _key_list(keys):
+            if self._store is None:
+                break
+            try:
+                out[k] = self._replica_desc(k)
+            except StoreError:
+                pass
+        return out
 
     def __repr__(self):
         if self._store is None:

@@ -60,7 +60,8 @@
 /* ---- options ------------------------------------------------------------------ */
 
 typedef struct mlc_opts {
-    const char *master, *tenant, *prefix, *peer_prefix, *command, *mode;
+    const char *master, *tenant, *prefix, *peer_prefix, *command, *mode, *source_addr;
+    moonlet_protocol protocol;
     uint32_t rpc_timeout_ms, transfer_timeout_ms, replicas, threads, candidate_size;
     uint64_t seed, min_size, max_size, count, start, live_max, lease_ms;
     double seconds, rate;
@@ -747,6 +748,8 @@ static void usage(FILE *f)
             "  --seconds T                mixed: how long to run\n"
             "  --peer-prefix P            mixed: also read another client's keys under P\n"
             "  --rate N                   mixed: at most N operations a second (default: no limit)\n"
+            "  --protocol P               data plane: tcp (default), rdma or auto\n"
+            "  --source-addr IP           rdma: the local address to bind (picks the NIC)\n"
             "  --live-max N               mixed: remove rather than put above N live keys (default 400)\n"
             "  --lease-ms N               mixed: the master's read lease; older reads allow a remove\n"
             "                             (default 5000)\n"
@@ -756,7 +759,7 @@ static void usage(FILE *f)
 enum {
     O_MASTER = 1000, O_TENANT, O_RPC, O_XFER, O_PREFIX, O_COUNT, O_START, O_SEED, O_MIN, O_MAX,
     O_REPL, O_THREADS, O_VERIFY, O_PERKEY, O_MODE, O_CAND, O_SECONDS, O_PEER, O_LIVEMAX, O_LEASE, O_RATE, O_LOG,
-    O_HELP
+    O_PROTO, O_SRC, O_HELP
 };
 
 static int parse_num(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -799,11 +802,14 @@ static int parse_flags(int argc, char **argv)
         {"lease-ms", required_argument, 0, O_LEASE},
         {"rate", required_argument, 0, O_RATE},
         {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, O_HELP},
+        {"protocol", required_argument, 0, O_PROTO},
+        {"source-addr", required_argument, 0, O_SRC},
         {0, 0, 0, 0},
     };
     g_o = (mlc_opts){.rpc_timeout_ms = 2000, .transfer_timeout_ms = 2000, .replicas = 1,
                      .threads = 4, .candidate_size = 1, .seed = 1, .min_size = 1024,
-                     .max_size = 64 * 1024, .live_max = 400, .lease_ms = 5000, .mode = "none"};
+                     .max_size = 64 * 1024, .live_max = 400, .lease_ms = 5000, .mode = "none",
+                     .protocol = MOONLET_PROTOCOL_TCP};
     moonlet_log_set_level(MOONLET_LOG_ERROR);
     uint64_t v;
     int c, bad = 0;
@@ -811,6 +817,19 @@ static int parse_flags(int argc, char **argv)
     while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case O_MASTER: g_o.master = optarg; break;
+        case O_SRC: g_o.source_addr = optarg; break;
+        case O_PROTO:
+            if (strcmp(optarg, "tcp") == 0)
+                g_o.protocol = MOONLET_PROTOCOL_TCP;
+            else if (strcmp(optarg, "rdma") == 0)
+                g_o.protocol = MOONLET_PROTOCOL_RDMA;
+            else if (strcmp(optarg, "auto") == 0)
+                g_o.protocol = MOONLET_PROTOCOL_AUTO;
+            else {
+                fprintf(stderr, PROG ": --protocol: tcp, rdma or auto: '%s'\n", optarg);
+                bad = 1;
+            }
+            break;
         case O_TENANT: g_o.tenant = optarg; break;
         case O_RPC: bad = parse_num("--rpc-timeout-ms", optarg, 1, 600000, &v); g_o.rpc_timeout_ms = (uint32_t)v; break;
         case O_XFER: bad = parse_num("--transfer-timeout-ms", optarg, 1, 600000, &v); g_o.transfer_timeout_ms = (uint32_t)v; break;
@@ -906,7 +925,8 @@ int main(int argc, char **argv)
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg);
     cfg.master_addr = g_o.master;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.protocol = g_o.protocol;
+    cfg.source_addr = g_o.source_addr;
     cfg.default_tenant = g_o.tenant;
     cfg.rpc_timeout_ms = g_o.rpc_timeout_ms;
     cfg.transfer_timeout_ms = g_o.transfer_timeout_ms;

@@ -12,7 +12,10 @@ they arrived; a writer releases a chunk once `delay_ms` has passed since its
 arrival, so the relay adds latency without limiting throughput (except for
 the bounded buffering below).  The delay is read from a JSON control file
 ({"delay_ms": N}) whenever its modification time changes, so the harness
-changes the link's speed without breaking connections.
+changes the link's speed without breaking connections.  With
+{"per_connection": true} in the file, a connection keeps the delay that held
+when it was accepted: the stale-writer tests (tests/python/test_stale_writer.py)
+hold one client's bytes back while another client's pass at once.
 
 Bounded: a direction buffers at most MAX_QUEUED bytes before it stops
 reading (backpressure); a connection that fails on one side is closed on
@@ -38,11 +41,15 @@ class Control:
     def __init__(self, path):
         self.path = path
         self.delay_s = 0.0
+        self.per_connection = False
         self._mtime = None
 
     def reload(self):
         try:
-            mtime = os.stat(self.path).st_mtime_ns
+            st = os.stat(self.path)
+            # The inode too: a file replaced twice within one timestamp tick
+            # keeps its mtime.
+            mtime = (st.st_ino, st.st_mtime_ns, st.st_size)
         except FileNotFoundError:
             return
         if mtime == self._mtime:
@@ -54,6 +61,7 @@ class Control:
             return  # half-written: the next poll reads it whole
         self._mtime = mtime
         self.delay_s = max(0.0, float(conf.get("delay_ms", 0))) / 1000.0
+        self.per_connection = bool(conf.get("per_connection", False))
 
     async def watch(self):
         while True:
@@ -115,8 +123,18 @@ async def pump(reader, writer, control):
         rtask.cancel()
 
 
+class Fixed:
+    """The delay of one connection in per-connection mode."""
+
+    def __init__(self, delay_s):
+        self.delay_s = delay_s
+
+
 async def handle(client_r, client_w, target, control):
     host, port = target
+    control.reload()
+    if control.per_connection:
+        control = Fixed(control.delay_s)
     try:
         server_r, server_w = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
     except (OSError, asyncio.TimeoutError):

@@ -48,7 +48,7 @@ static inline int fix_put_t(moonlet_master *m, const char *tenant, const char *k
     int rc = moonlet_master_put_start(m, t, k, size, replicas, false, NULL, NULL);
     if (rc)
         return rc;
-    return moonlet_master_put_end(m, t, k);
+    return moonlet_master_put_end(m, t, k, NULL);
 }
 
 static inline int fix_put(moonlet_master *m, const char *key, uint64_t size)

@@ -95,7 +95,7 @@ static void test_soft_pin_second_round(void **state)
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof(k), "p%d", i);
         assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR(k), 64, 1, true, NULL, NULL), MOONLET_OK);
-        assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(k)), MOONLET_OK);
+        assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(k), NULL), MOONLET_OK);
         snprintf(k, sizeof(k), "u%d", i);
         assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
     }

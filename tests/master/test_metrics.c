@@ -143,10 +143,10 @@ static void test_http_server(void **state)
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 1, false,
                                               NULL, NULL),
                      MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k"), NULL), MOONLET_OK);
 
     moonlet_metrics *s;
-    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, &s), MOONLET_OK);
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, NULL, &s), MOONLET_OK);
     uint16_t port = moonlet_metrics_port(s);
     assert_true(port != 0);
 
@@ -171,10 +171,47 @@ static void test_http_server(void **state)
 
     /* the port is taken: a second server on it fails cleanly */
     moonlet_metrics *s2 = NULL;
-    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", port, &s2), MOONLET_ERR_INTERNAL_ERROR);
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", port, NULL, &s2), MOONLET_ERR_INTERNAL_ERROR);
     assert_null(s2);
     moonlet_metrics_stop(s);
     moonlet_metrics_stop(NULL);
+    moonlet_master_destroy(m);
+}
+
+/* With a cluster token, a scrape without it (or with another) gets 401 and
+ * no statistics; the right bearer token gets them. */
+static void test_http_token(void **state)
+{
+    (void)state;
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 8;
+    cfg.background = false;
+    moonlet_master *m;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_metrics *s;
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, "s3cret", &s), MOONLET_OK);
+    uint16_t port = moonlet_metrics_port(s);
+    const char *refused[] = {
+        "GET /metrics HTTP/1.0\r\n\r\n",
+        "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cre\r\n\r\n",
+        "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret2\r\n\r\n",
+        "GET /metrics HTTP/1.0\r\nAuthorization: Basic s3cret\r\n\r\n",
+        "GET /other HTTP/1.0\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        char *r = http(port, refused[i]);
+        assert_non_null(r);
+        assert_non_null(strstr(r, " 401 "));
+        assert_null(strstr(r, "moonlet_objects"));
+        free(r);
+    }
+    char *r = http(port, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret\r\n\r\n");
+    assert_non_null(r);
+    assert_non_null(strstr(r, " 200 "));
+    assert_true(has_line(r, "moonlet_objects 0"));
+    free(r);
+    moonlet_metrics_stop(s);
     moonlet_master_destroy(m);
 }
 
@@ -183,6 +220,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
         cmocka_unit_test(test_http_server),
+        cmocka_unit_test(test_http_token),
     };
     return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
  * unmount and client liveness (master/object.c, segment.c), on a frozen clock.
  */
 #include "../common/master_fixture.h"
+#include "writecap.h"
 
 #include <stdlib.h>
 
@@ -46,8 +47,8 @@ static void test_lifecycle(void **state)
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);
     assert_int_equal(moonlet_master_remove(m, t, k), MOONLET_ERR_REPLICA_IS_NOT_READY);
 
-    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, t, k), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(moonlet_master_put_end(m, t, k, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, t, k, NULL), MOONLET_ERR_INVALID_WRITE);
     assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_ERR_INVALID_WRITE);
     assert_int_equal(moonlet_master_put_start(m, t, k, 10, 1, false, NULL, NULL),
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);
@@ -68,15 +69,202 @@ static void test_lifecycle(void **state)
     assert_int_equal(moonlet_master_get_replica_list(m, t, k, NULL, NULL, NULL, NULL),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
 
-    /* revoke frees the space */
+    /* revoke frees the space, after the quarantine (test_quarantine) */
     assert_int_equal(moonlet_master_put_start(m, t, k, 4096, 1, false, NULL, NULL), MOONLET_OK);
     moonlet_master_stats st;
     moonlet_master_get_stats(m, &st);
     assert_int_equal(st.used, 4096);
     assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_OK);
     moonlet_master_get_stats(m, &st);
-    assert_int_equal(st.used, 0);
     assert_int_equal(st.objects, 0);
+    assert_int_equal(st.quarantined, 4096);
+    moonlet_clock_advance((60000 + 2000) * MS);
+    moonlet_master_tick(m);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(st.quarantined, 0);
+    moonlet_master_destroy(m);
+}
+
+struct offsets {
+    uint64_t off[4];
+    uint64_t cap_expiry[4], cap_len[4], cap_tag[4], ttl[4];
+    bool has_cap[4];
+    int n;
+};
+
+static void offsets_visit(void *arg, const moonlet_replica_view *r)
+{
+    struct offsets *o = arg;
+    o->off[o->n] = r->offset;
+    o->has_cap[o->n] = r->has_cap;
+    o->cap_expiry[o->n] = r->cap_expiry_ms;
+    o->cap_len[o->n] = r->cap_len;
+    o->cap_tag[o->n] = r->cap_tag;
+    o->ttl[o->n] = r->put_ttl_ms;
+    o->n++;
+}
+
+/* Ranges freed from unfinished puts (revoke, reaper) are not handed out again
+ * before put deadline + grace; sealed objects' ranges are at once. */
+static void test_quarantine(void **state)
+{
+    (void)state;
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 16;
+    cfg.background = false;
+    cfg.put_timeout_ms = 1000;
+    cfg.put_quarantine_grace_ms = 500;
+    moonlet_clock_set_fake(FIX_T0);
+    moonlet_master *m = NULL;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    fix_mount(m, "c1", "s1", 4096); /* room for exactly one 4096-byte object */
+    moonlet_str t = MOONLET_STR("");
+    moonlet_master_stats st;
+
+    /* revoked at once: the range waits until the put deadline (1000) + grace (500) */
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 4096, 1, false, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke(m, t, MOONLET_STR("a")), MOONLET_OK);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 4096); /* quarantined bytes are not allocatable */
+    assert_int_equal(st.quarantined, 4096);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 64, 1, false, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 0); /* eviction cannot take it either */
+    moonlet_clock_advance(1499 * MS);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 64, 1, false, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    moonlet_clock_advance(1 * MS); /* deadline + grace: released lazily by placement */
+    struct offsets o = {0};
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 4096, 1, false,
+                                              offsets_visit, &o), MOONLET_OK);
+    assert_int_equal(o.off[0], 0);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.used, 4096);
+
+    /* reaped: the same, counted from the put's own deadline */
+    moonlet_master_tick(m); /* not yet due */
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.put_timeouts, 0);
+    moonlet_clock_advance(1001 * MS);
+    moonlet_master_tick(m); /* reaps "b": deadline was 1000 ms after its PutStart */
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.put_timeouts, 1);
+    assert_int_equal(st.quarantined, 4096);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("c"), 64, 1, false, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    moonlet_clock_advance(499 * MS); /* 1000 + 500 after b's PutStart */
+    moonlet_master_tick(m);          /* the background sweep releases it */
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.used, 0);
+
+    /* a sealed object's range is reusable at once */
+    assert_int_equal(fix_put(m, "d", 4096), MOONLET_OK);
+    assert_int_equal(moonlet_master_remove(m, t, MOONLET_STR("d")), MOONLET_OK);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(fix_put(m, "e", 4096), MOONLET_OK);
+
+    /* unmount drops the quarantine with the segment */
+    assert_int_equal(moonlet_master_remove(m, t, MOONLET_STR("e")), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("f"), 64, 1, false, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke(m, t, MOONLET_STR("f")), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c1"), MOONLET_STR("s1")),
+                     MOONLET_OK);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.used, 0);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.capacity, 0);
+    moonlet_master_destroy(m);
+}
+
+/* PutStart's capabilities: expiry = put deadline on the node's clock (via the
+ * offset bound the mount measured), tag under the segment's key; none for a
+ * segment mounted without a key. */
+static void test_write_capabilities(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000); /* put timeout 60000 */
+    fix_mount(m, "c0", "plain", 1 << 20);
+    uint8_t key[16];
+    for (int i = 0; i < 16; i++)
+        key[i] = (uint8_t)(i * 7 + 1);
+    /* The node's clock reads 5000 ms more than the master's frozen one when it
+     * mounts (1000 s): offset bound +5000 ms. */
+    uint64_t master_ms = FIX_T0 / MS;
+    moonlet_segment_desc d = {.client_id = "c1", .segment_id = "0123456789abcdef", .name = "k",
+                              .size = 1 << 20, .endpoint = "127.0.0.1:2", .protocol = "tcp",
+                              .write_key = key, .node_clock_ms = master_ms + 5000};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+    d.segment_id = "k2";
+    d.node_clock_ms = 0; /* a key without the node's clock */
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_INVALID_PARAMS);
+
+    moonlet_clock_advance(10 * MS);
+    struct offsets o = {0};
+    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 100, 2, false,
+                                              offsets_visit, &o), MOONLET_OK);
+    assert_int_equal(o.n, 2);
+    int keyed = o.has_cap[0] ? 0 : 1;
+    assert_true(o.has_cap[keyed]);
+    assert_false(o.has_cap[1 - keyed]);
+    assert_int_equal(o.ttl[0], 60000);
+    assert_int_equal(o.cap_len[keyed], 128); /* the allocated (rounded) range */
+    assert_int_equal(o.cap_expiry[keyed], master_ms + 10 + 60000 + 5000);
+    moonlet_writecap cap = {.offset = o.off[keyed], .len = o.cap_len[keyed],
+                            .expiry_ms = o.cap_expiry[keyed], .tag = o.cap_tag[keyed]};
+    assert_true(moonlet_writecap_valid(key, "0123456789abcdef", &cap, o.off[keyed], 100,
+                                       master_ms + 5000));
+
+    /* A Ping showing a node clock that lags (the message took 2 s, or the
+     * clock moved) lowers the bound: capabilities expire earlier. */
+    moonlet_master_note_node_clock(m, MOONLET_STR("c1"), master_ms + 10 + 3000);
+    o = (struct offsets){0};
+    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("y"), 100, 2, false,
+                                              offsets_visit, &o), MOONLET_OK);
+    keyed = o.has_cap[0] ? 0 : 1;
+    assert_int_equal(o.cap_expiry[keyed], master_ms + 10 + 60000 + 3000);
+    moonlet_master_destroy(m);
+}
+
+/* Mooncake's force: a leased object goes, a put in progress does not. */
+static void test_force_remove(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_str t = MOONLET_STR("");
+    assert_int_equal(fix_put(m, "leased", 100), MOONLET_OK);
+    assert_int_equal(fix_put(m, "leased2", 100), MOONLET_OK);
+    assert_int_equal(fix_put(m, "free", 100), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("pending"), 100, 1, false, NULL,
+                                              NULL), MOONLET_OK);
+    bool ex = false;
+    assert_int_equal(moonlet_master_exist_key(m, t, MOONLET_STR("leased"), &ex), MOONLET_OK);
+    assert_int_equal(moonlet_master_exist_key(m, t, MOONLET_STR("leased2"), &ex), MOONLET_OK);
+    assert_true(ex);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), false),
+                     MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), true), MOONLET_OK);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("leased"), true),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_remove_ex(m, t, MOONLET_STR("pending"), true),
+                     MOONLET_ERR_REPLICA_IS_NOT_READY);
+    uint64_t n = 0;
+    assert_int_equal(moonlet_master_remove_all_ex(m, t, false, &n), MOONLET_OK);
+    assert_int_equal(n, 1); /* free */
+    assert_int_equal(moonlet_master_remove_all_ex(m, t, true, &n), MOONLET_OK);
+    assert_int_equal(n, 1); /* leased2; pending stays */
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.objects, 1);
+    assert_true(st.used >= 100 && st.used < 1024); /* the pending put's space, rounded up */
     moonlet_master_destroy(m);
 }
 
@@ -334,6 +522,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_force_remove),
+        cmocka_unit_test(test_quarantine),
+        cmocka_unit_test(test_write_capabilities),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_lease_deadlines),
         cmocka_unit_test(test_batch_exist),

@@ -110,7 +110,7 @@ static void *churner(void *arg)
             break;
         default:
             if (moonlet_master_put_start(g_m, tenant_of(t), key, 64, 1, false, NULL, NULL) == 0)
-                moonlet_master_put_end(g_m, tenant_of(t), key);
+                moonlet_master_put_end(g_m, tenant_of(t), key, NULL);
             break;
         }
     }

@@ -195,7 +195,7 @@ static void test_pinned_only_when_needed(void **state)
         bool pin = i < 4;
         assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR(k), 64 * KiB, 1,
                                                   pin, NULL, NULL), MOONLET_OK);
-        assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(k)), MOONLET_OK);
+        assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(k), NULL), MOONLET_OK);
     }
     /* 128 KiB: two adjacent unpinned objects (p4..p7) suffice */
     assert_int_equal(fix_put(m, "x", 128 * KiB), MOONLET_OK);

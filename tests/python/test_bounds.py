@@ -177,7 +177,7 @@ def master(*extra, nofile=None, token=None, ready=r"listening on (\S+:\d+)$"):
     argv = [os.path.join(build_root(), "tools", "moonlet-master"), "--rpc-port", "0",
             "--shards", "16", "--rpc-threads", "1", "--log-level", "warn", *extra]
     if token is not None:
-        argv += ["--auth-token-file", token]
+        argv += ["--auth-token-file", token, "--rpc-address", "127.0.0.1"]  # stay on loopback
     if nofile is not None:
         argv = ["prlimit", f"--nofile={nofile}", "--"] + argv
     return Daemon(argv, ready)

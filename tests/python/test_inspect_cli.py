@@ -468,7 +468,7 @@ def test_auth_token(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     token.chmod(0o600)
-    m = Master("--auth-token-file", str(token))
+    m = Master("--auth-token-file", str(token), "--rpc-address", "127.0.0.1")
     try:
         r = inspect(m, "stats")
         assert r.returncode == 1 and r.stderr.count("\n") == 1 and "refused" in r.stderr

@@ -38,7 +38,8 @@ def test_setup_with_the_seven_positional_arguments(cluster):
     key = "mc/pos/" + port
     assert s.put(key, b"positional") == 0
     assert s.get(key) == b"positional"
-    assert s.remove(key, force=True) == -706  # leased by the get; force does not override
+    assert s.remove(key) == -706  # leased by the get
+    assert s.remove(key, force=True) == 0 and s.is_exist(key) == 0  # Mooncake's force
     assert s.close() == 0
     assert s.close() == 0
 
@@ -57,7 +58,7 @@ def test_setup_with_a_config_dict_and_readable_sizes(cluster, tenant):
     s = MooncakeDistributedStore()
     assert s.setup({"local_hostname": "localhost", "global_segment_size": 0,
                     "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
-    assert s.get_hostname() == "localhost"
+    assert s.get_hostname() == "localhost:0"  # always host:port; a pure client serves nothing
     assert s.put("d2", b"pure client") == 0 and s.get("d2") == b"pure client"
     s.close()
 
@@ -173,7 +174,7 @@ def test_batch_probe_key(mc):
 def test_setup_dummy(cluster, tenant):
     s = MooncakeDistributedStore()
     assert s.setup_dummy(256 * MIB, 64 * MIB, cluster.realclient(), tenant_id=tenant) == 0
-    assert s.get_hostname() == ""  # the RealClient holds the segment, as in Mooncake
+    assert s.get_hostname() == "localhost:0"  # host:port; the RealClient holds the segment
     assert s._store.kind == "dummy" and s._store.target == cluster.realclient()
     assert s.setup_dummy(0, 0, cluster.realclient()) == -600  # already set up
     assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.addr) == -600
@@ -260,7 +261,7 @@ def test_put_batch_and_get_batch(mcs):
     assert mcs.put_batch(["pb/m1", "pb/m2"], [b"1"]) == -600
     assert mcs.put_batch(["pb/m1"], [b"1", b"2"]) == -600
     assert mcs.is_exist("pb/m1") == 0
-    assert mcs.put_batch([], []) == 0 and mcs.get_batch([]) == []
+    assert mcs.put_batch([], []) == 0 and mcs.get_batch([]) == [b""]  # as Mooncake
     assert mcs.put_batch(iter(["pb/gen"]), (v for v in [b"generated"])) == 0
     assert mcs.get_batch(("pb/gen",)) == [b"generated"]
     with pytest.raises(TypeError):
@@ -332,3 +333,221 @@ def test_batch_calls_before_setup_and_after_close(cluster, tenant):
     assert s.put_batch(["a"], [b"1"]) == -1010 and s.get_batch(["a"]) == [b""]
     assert s.put_parts("a", b"1") == -1010
 
+
+
+# ---- the import path mooncake.store ---------------------------------------------------------
+
+
+def test_mooncake_store_import_path_is_moonlet():
+    from mooncake.store import MooncakeDistributedStore as M, ReplicateConfig as R
+    import mooncake
+    assert mooncake.BACKEND == "moonlet"
+    assert M is MooncakeDistributedStore and R is ReplicateConfig
+
+
+def _import_backend(tmp_path, env_extra):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.environ["PYTHONPATH"] + ":" + str(tmp_path)
+    out = subprocess.run([sys.executable, "-c",
+                          "import mooncake; print(mooncake.BACKEND, mooncake.__path__[0])"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_a_real_mooncake_on_the_path_is_not_shadowed(tmp_path):
+    real = tmp_path / "mooncake"
+    real.mkdir()
+    (real / "__init__.py").write_text("")
+    (real / "store.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")  # what Mooncake ships
+    backend, first = _import_backend(tmp_path, {})
+    assert backend == "mooncake" and first == str(real)  # mooncake.store would be the real one
+    backend, first = _import_backend(tmp_path, {"MOONLET_MOONCAKE": "1"})
+    assert backend == "moonlet" and first.endswith("python/mooncake")
+    (real / "store.cpython-311-x86_64-linux-gnu.so").unlink()  # a directory without Mooncake
+    assert _import_backend(tmp_path, {})[0] == "moonlet"
+
+
+# ---- the calls engines make (issue 15) -------------------------------------------------------
+
+
+def _buf(n, fill=0):
+    b = (ctypes.c_ubyte * n)()
+    ctypes.memset(b, fill, n)
+    return b, ctypes.addressof(b)
+
+
+def test_multi_buffer_batches(mcs):
+    a, ap = _buf(4096, 0x11)
+    b, bp = _buf(4096, 0x22)
+    out, op = _buf(8192)
+    for p, n in ((ap, 4096), (bp, 4096), (op, 8192)):
+        assert mcs.register_buffer(p, n) == 0
+    assert mcs.batch_put_from_multi_buffers(["mb/1", "mb/2"], [[ap, bp], [bp + 10]],
+                                            [[100, 50], [7]]) == [0, 0]
+    assert mcs.get("mb/1") == b"\x11" * 100 + b"\x22" * 50 and mcs.get_size("mb/2") == 7
+    # scattered over three ranges; an object smaller than its ranges fills them in order
+    assert mcs.batch_get_into_multi_buffers(["mb/1", "mb/2", "mb/none"],
+                                            [[op, op + 1000, op + 2000], [op + 3000, op + 3004],
+                                             [op + 4000]],
+                                            [[60, 60, 60], [4, 4], [10]]) == [150, 7, -704]
+    assert ctypes.string_at(op, 60) == b"\x11" * 60
+    assert ctypes.string_at(op + 1000, 60) == b"\x11" * 40 + b"\x22" * 20
+    assert ctypes.string_at(op + 2000, 30) == b"\x22" * 30
+    # ranges too small for the object: BUFFER_OVERFLOW for that key
+    assert mcs.batch_get_into_multi_buffers(["mb/1"], [[op]], [[149]]) == [-10]
+    # mismatched lists: -600 per key; a range outside registered memory: -600 for its key
+    assert mcs.batch_put_from_multi_buffers(["mb/3", "mb/4"], [[ap]], [[1]]) == [-600, -600]
+    assert mcs.batch_get_into_multi_buffers(["mb/1", "mb/2"], [[op], [op]], [[150]]) == [-600] * 2
+    assert mcs.batch_put_from_multi_buffers(["mb/5", "mb/6"], [[ap], [ap + 4090]],
+                                            [[4], [10]]) == [0, -600]
+    assert mcs.is_exist("mb/6") == 0
+    assert mcs.batch_put_from_multi_buffers(["mb/7"], [[ap, 12345]], [[4, 4]]) == [-600]
+    assert mcs.batch_put_from_multi_buffers(["mb/7"], [[]], [[]]) == [-600]
+    # empty batches
+    assert mcs.batch_put_from_multi_buffers([], [], []) == []
+    assert mcs.batch_get_into_multi_buffers([], [], []) == []
+    assert mcs.batch_put_from([], [], []) == [] and mcs.batch_get_into([], [], []) == []
+    assert mcs.batch_is_exist([]) == [] and mcs.get_batch([]) == [b""]
+    assert mcs.batch_get_buffer([]) == [] and mcs.batch_get_replica_desc([]) == {}
+    for p in (ap, bp, op):
+        assert mcs.unregister_buffer(p) == 0
+    # unregistered again: -600 per key, nothing read or written
+    assert mcs.batch_put_from_multi_buffers(["mb/8"], [[ap]], [[1]]) == [-600]
+
+
+def test_get_buffer(mcs):
+    payload = bytes(range(256)) * 300
+    assert mcs.put("gb/1", payload) == 0 and mcs.put("gb/empty", b"") == 0
+    h = mcs.get_buffer("gb/1")
+    assert h.size() == len(payload) and len(h) == len(payload)
+    assert bytes(memoryview(h)) == payload and ctypes.string_at(h.ptr(), 16) == payload[:16]
+    assert memoryview(h).cast("B")[5] == payload[5]
+    e = mcs.get_buffer("gb/empty")
+    assert e is not None and e.size() == 0 and bytes(e) == b""
+    assert mcs.get_buffer("gb/missing") is None and mcs.get_buffer("") is None
+    hs = mcs.batch_get_buffer(["gb/1", "gb/missing", "gb/empty"])
+    assert bytes(hs[0]) == payload and hs[1] is None and bytes(hs[2]) == b""
+    # close() with handles alive: calls stop at once, the bytes stay readable
+    assert mcs.close() == 0
+    assert mcs.get("gb/1") == b"" and mcs.get_buffer("gb/1") is None
+    assert bytes(h[:4]) == payload[:4] and bytes(hs[0])[-4:] == payload[-4:]
+    del h, hs, e
+
+
+def test_ranges_and_get_sessions(mc):
+    obj = bytes(range(200))
+    assert mc.put("rg/1", obj) == 0 and mc.put("rg/2", obj[::-1]) == 0
+    dst, dp = _buf(1024)
+    assert mc.register_buffer(dp, 1024) == 0
+    res = mc.get_into_ranges([dp, dp + 512], [["rg/1", "rg/2"], ["rg/1"]],
+                             [[[0, 10], [20]], [[0]]], [[[5, 100], [0]], [[190]]],
+                             [[[4, 3], [2]], [[10]]])
+    assert res == [[[4, 3], [2]], [[10]]]
+    assert ctypes.string_at(dp, 4) == obj[5:9] and ctypes.string_at(dp + 10, 3) == obj[100:103]
+    assert ctypes.string_at(dp + 20, 2) == obj[::-1][:2]
+    assert ctypes.string_at(dp + 512, 10) == obj[190:]
+    # past the object's end, a missing key, past the registered buffer
+    assert mc.get_into_ranges([dp, dp], [["rg/1"], ["rg/none"]], [[[0]], [[0]]],
+                              [[[195]], [[0]]], [[[10]], [[1]]]) == [[[-600]], [[-704]]]
+    assert mc.get_into_ranges([dp], [["rg/1"]], [[[1020]]], [[[0]]], [[[10]]]) == [[[-600]]]
+    # sessions: read once, ranges served from this process
+    assert mc.batch_get_session_start(["rg/1", "rg/none"]) == [0, -704]
+    assert mc.remove("rg/1") == -706  # the session's read leased it
+    assert mc.batch_get_into_multi_buffer_ranges(["rg/1", "rg/none"], [[dp, dp + 8], [dp]],
+                                                 [[8, 8], [1]], [[0, 192], [0]]) == [16, -704]
+    assert ctypes.string_at(dp + 8, 8) == obj[192:]
+    assert mc.batch_get_into_multi_buffer_ranges(["rg/1"], [[dp]], [[8]], [[199]]) == [-600]
+    assert mc.batch_get_into_multi_buffer_ranges(["rg/1"], [[dp]], [[8]], []) == [-600]
+    assert mc.batch_get_session_end(["rg/1"]) == 0
+    assert mc.unregister_buffer(dp) == 0
+
+
+def test_replica_desc(mc):
+    assert mc.put("rd/1", b"x" * 300) == 0
+    descs = mc.batch_get_replica_desc(["rd/1", "rd/none"])
+    assert list(descs) == ["rd/1"] and len(descs["rd/1"]) == 1
+    r = descs["rd/1"][0]
+    assert r.is_memory_replica() and not r.is_disk_replica()
+    from moonlet.mooncake import ReplicaStatus
+    assert r.status == ReplicaStatus.COMPLETE
+    d = r.get_memory_descriptor().buffer_descriptor
+    assert d.size == 300 and d.transport_endpoint.startswith("127.0.0.1:")
+    assert mc.get_replica_desc("rd/none") == []
+    assert mc._store.inspect("rd/1")["lease_remaining_ms"] == 0  # no lease taken
+
+
+def test_device_memory_is_refused(mc):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    # an address range without host access, as a GPU driver reserves for device memory
+    p = libc.mmap(None, 1 << 20, 0, 0x22, -1, 0)  # PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS
+    assert p not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert mc.register_buffer(p, 1 << 20) == -600
+        assert mc.put_from("dev", p, 64) == -600
+        assert mc.batch_put_from_multi_buffers(["dev"], [[p]], [[64]]) == [-600]
+    finally:
+        libc.munmap(p, 1 << 20)
+    host, hp = _buf(4096)
+    assert mc.register_buffer(hp, 4096) == 0 and mc.register_buffer(hp, 8192 << 20) == -600
+    assert mc.register_buffer(0, 10) == -600 and mc.register_buffer(hp, 0) == -600
+    assert mc.unregister_buffer(hp) == 0
+
+
+def test_setup_forms_engines_use(cluster, tenant, tmp_path, monkeypatch):
+    base = ("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "", cluster.addr)
+    s = MooncakeDistributedStore()
+    assert s.setup(*base, enable_ssd_offload=True, ssd_offload_path="/tmp/x") == -600
+    assert s.setup(*base, enable_client_http_server=True, client_http_port=9300) == -600
+    assert s.setup(*base[:4], protocol="tcp", device_name="mlx5_0,mlx5_1",
+                   master_server_address=cluster.addr, enable_ssd_offload=False,
+                   enable_client_http_server=False, client_http_port=9300,
+                   some_future_option=1, tenant_id=tenant) == 0
+    assert s.get_hostname() == "127.0.0.1:0" and s.put("sf/k", b"v") == 0
+    s.close()
+    assert s.setup({"local_hostname": "127.0.0.1", "master_server_address": cluster.addr,
+                    "enable_ssd_offload": "true"}) == -600
+    # setup() alone: the JSON file MOONCAKE_CONFIG_PATH names, engines' field names
+    monkeypatch.delenv("MOONCAKE_CONFIG_PATH", raising=False)
+    assert s.setup() == -600
+    cfg = tmp_path / "mooncake.json"
+    cfg.write_text('{"local_hostname": "127.0.0.1:0", "metadata_server": "P2PHANDSHAKE", '
+                   '"global_segment_size": "16MB", "local_buffer_size": "0", '
+                   '"protocol": "tcp", "device_name": "", '
+                   f'"master_server_address": "{cluster.addr}", "tenant_id": "{tenant}"}}')
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(cfg))
+    assert s.setup() == 0 and s.get_hostname().startswith("127.0.0.1:")
+    # local_buffer_size 0: copying puts fail as Mooncake's do; zero-copy ones work
+    assert s.put("sf/k2", b"v") == -600 and s.put_batch(["sf/k2"], [b"v"]) == -600
+    assert s.put_parts("sf/k2", b"v") == -600 and s.upsert("sf/k2", b"v") == -600
+    src, sp = _buf(64, 7)
+    assert s.register_buffer(sp, 64) == 0 and s.put_from("sf/k2", sp, 64) == 0
+    assert s.get("sf/k2") == b"\x07" * 64 and s.get("sf/k") == b"v"
+    s.close()
+    cfg.write_text("[1, 2]")
+    assert s.setup() == -600
+    # a hard pin moonlet cannot give is refused, not stored evictable
+    s2 = MooncakeDistributedStore()
+    assert s2.setup_dummy(0, 0, cluster.realclient(), tenant_id=tenant) == 0
+    hard = ReplicateConfig(with_hard_pin=True)
+    assert s2.put("sf/hard", b"x", hard) == -600 and s2.is_exist("sf/hard") == 0
+    cfg2 = ReplicateConfig(preferred_segments=["a", "b"], group_ids=["g"])
+    assert cfg2.preferred_segments == ["a", "b"] and s2.put("sf/soft", b"x", cfg2) == 0
+    s2.close()
+
+
+def test_force_remove(mcs):
+    assert mcs.put("fr/a", b"a") == 0 and mcs.put("fr/b", b"b") == 0 and mcs.put("fr/c", b"c") == 0
+    assert mcs.get("fr/a") == b"a" and mcs.get("fr/b") == b"b"  # leased
+    assert mcs.remove("fr/a") == -706 and mcs.remove("fr/a", force=True) == 0
+    assert mcs.remove("fr/a", True) == -704
+    assert mcs.remove_all() == 1                     # fr/c
+    assert mcs.remove_all(force=True) == 1           # fr/b, under its lease
+    assert mcs.batch_is_exist(["fr/a", "fr/b", "fr/c"]) == [0, 0, 0]
+    assert mcs.remove_all(True) == 0

@@ -489,3 +489,22 @@ def test_connect_dummy_checks_the_socket_owner():
         p.kill()
         p.wait(10)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_checksum_option(cluster, tenant):
+    """checksum=True (the default) records and verifies an XXH3-64 per object;
+    checksum=False neither computes nor checks one; both read each other's
+    objects (an object without a checksum reads as before)."""
+    on = connect(cluster, "direct", tenant)
+    off = connect(cluster, "direct", tenant, checksum=False)
+    try:
+        on.put("ck/on", b"with a checksum")
+        off.put("ck/off", b"without one")
+        on.put_parts("ck/parts", b"a", b"bc", b"")
+        for s in (on, off):
+            assert bytes(s.get("ck/on")) == b"with a checksum"
+            assert bytes(s.get("ck/off")) == b"without one"
+            assert bytes(s.get("ck/parts")) == b"abc"
+    finally:
+        on.close()
+        off.close()

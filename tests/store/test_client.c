@@ -10,7 +10,10 @@
  * use, and a put whose write fails (a store killed just before) being
  * revoked.  A second master with a 1 ms lease shows LEASE_EXPIRED; a third
  * with an auth token shows the token guarding both the master and the data
- * path.
+ * path.  A fourth cluster corrupts replicas in place (the client's own
+ * local segment) to show the end-to-end checksum: a mismatch falls over to
+ * the next replica, and with none left every get path returns INVALID_READ,
+ * never the wrong bytes.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -23,6 +26,7 @@
 #include "../common/cluster.h"
 #include "client_internal.h"
 #include "moonlet/client.h"
+#include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
 #include "xfer.h"
 
@@ -129,6 +133,7 @@ static void test_replica_order(void **state)
 
     assert_true(moonlet_client_try_next_replica(MOONLET_ERR_TRANSFER_FAIL));
     assert_true(moonlet_client_try_next_replica(MOONLET_ERR_SEGMENT_NOT_FOUND));
+    assert_true(moonlet_client_try_next_replica(MOONLET_ERR_INVALID_READ)); /* checksum */
     assert_false(moonlet_client_try_next_replica(MOONLET_OK));
     assert_false(moonlet_client_try_next_replica(MOONLET_ERR_OBJECT_NOT_FOUND));
     assert_false(moonlet_client_try_next_replica(MOONLET_ERR_ILLEGAL_CLIENT));
@@ -429,6 +434,23 @@ static void test_staging_path(void **state)
     assert_get_equals(g_cli, "staged/reg", NULL, reg, 8192);
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, reg), MOONLET_OK);
     free(reg);
+    /* bounce buffers are registered once and reused, not per call */
+    uint64_t regs0, regs1;
+    size_t idle;
+    moonlet_client_stage_stats(g_cli, &regs0, &idle);
+    unsigned char *d = random_bytes(100000, 77);
+    for (int i = 0; i < 20; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "staged/reuse/%d", i);
+        assert_int_equal(moonlet_client_put(g_cli, key, d, 100000, NULL), MOONLET_OK);
+        assert_get_equals(g_cli, key, NULL, d, 100000);
+    }
+    free(d);
+    moonlet_client_stage_stats(g_cli, &regs1, &idle);
+    print_message("40 staged calls: %llu new registrations, %zu bytes idle\n",
+                  (unsigned long long)(regs1 - regs0), idle);
+    assert_true(regs1 - regs0 <= 1);
+    assert_true(idle >= 100000);
     moonlet_client_force_staging(g_cli, false);
 }
 
@@ -668,6 +690,121 @@ static void test_auth_token(void **state)
     unlink(path);
 }
 
+/* ---- end-to-end checksum: corrupted replicas ---------------------------------------------------- */
+
+static test_proc g_cmaster, g_cstore;
+
+static int setup_checksum(void **state)
+{
+    (void)state;
+    return cl_start_master(&g_cmaster, NULL);
+}
+
+static int teardown_checksum(void **state)
+{
+    (void)state;
+    proc_stop(&g_cstore);
+    proc_stop(&g_cmaster);
+    return 0;
+}
+
+/* The offset of key's replica on the segment served at endpoint `own`. */
+static uint64_t replica_offset_at(const char *key, const char *own)
+{
+    moonlet_master_client *mc;
+    assert_int_equal(moonlet_mc_create(g_cmaster.addr, NULL, &mc), MOONLET_OK);
+    moonlet_replica_list l;
+    assert_int_equal(moonlet_mc_get_replica_list(mc, NULL, key, &l), MOONLET_OK);
+    uint64_t off = UINT64_MAX;
+    for (uint32_t i = 0; i < l.count; i++)
+        if (strcmp(l.replicas[i].endpoint, own) == 0)
+            off = l.replicas[i].offset;
+    moonlet_replica_list_free(&l);
+    moonlet_mc_destroy(mc);
+    assert_true(off != UINT64_MAX);
+    return off;
+}
+
+static void test_checksum_corrupted_replica(void **state)
+{
+    (void)state;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = g_cmaster.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.local_segment_size = 8u << 20;
+    cfg.transfer_timeout_ms = 3000;
+    moonlet_client *c;
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
+    char own[128];
+    assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof(own)), MOONLET_OK);
+    uint8_t *seg = moonlet_client_local_segment_base(c);
+    assert_non_null(seg);
+    const size_t n = 64u << 10;
+    unsigned char *data = random_bytes(n, 77), *got = malloc(n);
+
+    /* The only segment is the local one: a corrupted replica is an error on
+     * every get path, never success with the wrong bytes. */
+    assert_int_equal(moonlet_client_put(c, "ck/a", data, n, NULL), MOONLET_OK);
+    assert_get_equals(c, "ck/a", NULL, data, n);
+    seg[replica_offset_at("ck/a", own) + 100] ^= 0x01;
+    size_t len = 0;
+    assert_int_equal(moonlet_client_get(c, "ck/a", got, n, &len, NULL), MOONLET_ERR_INVALID_READ);
+    void *p = NULL;
+    assert_int_equal(moonlet_client_get_alloc(c, "ck/a", &p, &len, NULL), MOONLET_ERR_INVALID_READ);
+    assert_null(p);
+    assert_int_equal(moonlet_client_register_buffer(c, got, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(c, "ck/a", got, n, &len, NULL),
+                     MOONLET_ERR_INVALID_READ);
+    const char *keys[] = {"ck/a"};
+    void *bufs[] = {got};
+    size_t caps[] = {n}, lens[1];
+    int32_t res[1];
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, bufs, caps, 1, lens, res, NULL),
+                     MOONLET_ERR_INVALID_READ);
+    assert_int_equal(res[0], MOONLET_ERR_INVALID_READ);
+    assert_int_equal(moonlet_client_unregister_buffer(c, got), MOONLET_OK);
+
+    /* put_from / batch_put_from record it too */
+    unsigned char *reg = malloc(n);
+    memcpy(reg, data, n);
+    assert_int_equal(moonlet_client_register_buffer(c, reg, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_put_from(c, "ck/from", reg, n, NULL), MOONLET_OK);
+    const char *bkeys[] = {"ck/batch"};
+    const void *bsrc[] = {reg};
+    size_t blen[] = {n};
+    assert_int_equal(moonlet_client_batch_put_from(c, bkeys, bsrc, blen, 1, NULL, res), MOONLET_OK);
+    assert_int_equal(moonlet_client_upsert(c, "ck/upsert", data, n, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_upsert(c, "ck/upsert", data, n, NULL), MOONLET_OK);
+    const char *corrupt[] = {"ck/from", "ck/batch", "ck/upsert"};
+    for (int i = 0; i < 3; i++) {
+        assert_get_equals(c, corrupt[i], NULL, data, n);
+        seg[replica_offset_at(corrupt[i], own) + (size_t)i * 1000] ^= 0x80;
+        assert_int_equal(moonlet_client_get(c, corrupt[i], got, n, &len, NULL),
+                         MOONLET_ERR_INVALID_READ);
+    }
+    assert_int_equal(moonlet_client_unregister_buffer(c, reg), MOONLET_OK);
+    free(reg);
+
+    /* A put that skips the checksum reads as before (no check possible). */
+    moonlet_put_options skip = {.skip_checksum = true};
+    assert_int_equal(moonlet_client_put(c, "ck/skip", data, n, &skip), MOONLET_OK);
+    seg[replica_offset_at("ck/skip", own)] ^= 0x01;
+    assert_int_equal(moonlet_client_get(c, "ck/skip", got, n, &len, NULL), MOONLET_OK);
+    assert_int_equal(got[0], data[0] ^ 0x01);
+
+    /* Two replicas, the preferred (local) one corrupted: the get falls over
+     * to the good one and succeeds with the right bytes. */
+    assert_int_equal(cl_start_store(&g_cstore, g_cmaster.addr, "16MiB", NULL), 0);
+    moonlet_put_options two = {.replica_num = 2};
+    assert_int_equal(moonlet_client_put(c, "ck/two", data, n, &two), MOONLET_OK);
+    seg[replica_offset_at("ck/two", own) + 5] ^= 0x10;
+    assert_get_equals(c, "ck/two", NULL, data, n);
+    free(got);
+    free(data);
+    moonlet_client_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest pure[] = {
@@ -692,10 +829,15 @@ int main(void)
     const struct CMUnitTest auth[] = {
         cmocka_unit_test(test_auth_token),
     };
+    const struct CMUnitTest checksum[] = {
+        cmocka_unit_test(test_checksum_corrupted_replica),
+    };
     int failed = cmocka_run_group_tests_name("client_pure", pure, NULL, NULL);
     failed += cmocka_run_group_tests_name("client", cluster, setup_cluster, teardown_cluster);
     failed += cmocka_run_group_tests_name("client_lease", lease, setup_short_lease,
                                           teardown_short_lease);
     failed += cmocka_run_group_tests_name("client_auth", auth, NULL, NULL);
+    failed += cmocka_run_group_tests_name("client_checksum", checksum, setup_checksum,
+                                          teardown_checksum);
     return failed;
 }

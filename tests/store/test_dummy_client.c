@@ -29,6 +29,7 @@
 #include "../common/cluster.h"
 #include "dummy_proto.h"
 #include "log.h"
+#include "master_client.h"
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "moonlet/real_client.h"
@@ -237,6 +238,48 @@ static void test_roundtrip_sizes(void **state)
     assert_get_equals(g_dc, "rt/64m", NULL, data, 64 * MiB);
     free(data);
     moonlet_client_destroy(big);
+}
+
+/* Whether the master recorded a checksum for key (GetReplicaList, asked
+ * directly so the answer does not depend on the client layers under test). */
+static bool master_has_checksum(const char *key)
+{
+    moonlet_master_client *mc = NULL;
+    assert_int_equal(moonlet_mc_create(g_master.addr, NULL, &mc), MOONLET_OK);
+    moonlet_replica_list l;
+    assert_int_equal(moonlet_mc_get_replica_list(mc, "", key, &l), MOONLET_OK);
+    bool has = l.has_checksum;
+    moonlet_replica_list_free(&l);
+    moonlet_mc_destroy(mc);
+    return has;
+}
+
+/* A DummyClient's put_options.skip_checksum reaches its RealClient (single
+ * and batch puts): the object is sealed without a checksum; without the
+ * option it gets one. */
+static void test_skip_checksum_forwarded(void **state)
+{
+    (void)state;
+    static const char data[] = "checksum or not";
+    moonlet_put_options skip = {.skip_checksum = true};
+    assert_int_equal(moonlet_client_put(g_dc, "ck/default", data, sizeof(data), NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(g_dc, "ck/skip", data, sizeof(data), &skip), MOONLET_OK);
+    const char *keys[] = {"ck/batch-skip"};
+    const void *bufs[] = {data};
+    size_t lens[] = {sizeof(data)};
+    int32_t res[1] = {1};
+    void *shared = NULL;
+    assert_int_equal(moonlet_client_alloc_shared(g_dc, sizeof(data), &shared), MOONLET_OK);
+    memcpy(shared, data, sizeof(data));
+    bufs[0] = shared;
+    assert_int_equal(moonlet_client_batch_put_from(g_dc, keys, bufs, lens, 1, &skip, res),
+                     MOONLET_OK);
+    assert_int_equal(res[0], MOONLET_OK);
+    assert_int_equal(moonlet_client_free_shared(g_dc, shared), MOONLET_OK);
+    assert_true(master_has_checksum("ck/default"));
+    assert_false(master_has_checksum("ck/skip"));
+    assert_false(master_has_checksum("ck/batch-skip"));
+    assert_get_equals(g_dc, "ck/skip", NULL, data, sizeof(data));
 }
 
 /* The same call on the DummyClient and on a real client of the same master
@@ -720,6 +763,9 @@ static void test_socket_mode(void **state)
     moonlet_client_destroy(c);
     assert_int_equal(proc_stop(&p), 0);
     assert_int_not_equal(access(path, F_OK), 0); /* SIGTERM removed the socket */
+    /* the live RealClient's data must outlive the refused starts below (grp/a
+     * may have gone with p's segment: placement decides) */
+    assert_int_equal(moonlet_client_put(g_dc, "grp/live", "l", 1, NULL), MOONLET_OK);
 
     /* refused: an unknown group, a path a live RealClient serves, a group
      * without --serve-dummy */
@@ -736,7 +782,7 @@ static void test_socket_mode(void **state)
                       gname, NULL};
     assert_int_equal(cl_run_exit_code(orphan, 10000), 2);
     bool yes = false;
-    assert_int_equal(moonlet_client_probe_key(g_dc, "grp/a", &yes, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_dc, "grp/live", &yes, NULL), MOONLET_OK);
     assert_true(yes);
 }
 
@@ -1149,6 +1195,7 @@ int main(void)
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_roundtrip_sizes),
         cmocka_unit_test(test_errors_pass_through),
+        cmocka_unit_test(test_skip_checksum_forwarded),
         cmocka_unit_test(test_k3_probe_policy),
         cmocka_unit_test(test_tenant_isolation),
         cmocka_unit_test(test_shared_and_registered),

@@ -29,7 +29,9 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
+#include "writecap.h"
 #include "xfer.h"
 #include "xfer_tcp.h"
 
@@ -499,6 +501,198 @@ static void test_idle_close_is_invisible_to_clients(void **state)
     free(seg);
 }
 
+/* ---- write capabilities (issue 13: stale writers) ----------------------- */
+
+static const uint8_t CAP_KEY[16] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16};
+
+static moonlet_xfer_cap cap_for(const server_fx *s, uint64_t off, uint64_t len, uint64_t expiry)
+{
+    return (moonlet_xfer_cap){.offset = off, .len = len, .expiry_ms = expiry,
+                              .tag = moonlet_writecap_tag(CAP_KEY, s->info.segment_id, off, len,
+                                                          expiry)};
+}
+
+static int cap_write(moonlet_xfer *c, const server_fx *s, uint64_t off, const void *src,
+                     uint64_t len, const moonlet_xfer_cap *cap)
+{
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = s->info.endpoint,
+                          .segment_id = s->info.segment_id, .offset = off, .local = (void *)src,
+                          .len = len, .cap = cap};
+    return moonlet_xfer_submit(c, &op, 1);
+}
+
+static void assert_seg_original(const server_fx *s, uint64_t off, uint64_t len)
+{
+    for (uint64_t i = off; i < off + len; i++)
+        assert_int_equal(s->seg[i], (uint8_t)(i * 7));
+}
+
+/* A keyed segment takes a write only with a genuine, covering, unexpired
+ * capability; everything else is INVALID_WRITE and leaves memory alone, and
+ * the connection stays usable. */
+static void test_write_capabilities(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up(&s, NULL);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1, .timeout_ms = 3000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    uint8_t data[1024];
+    memset(data, 0x5A, sizeof(data));
+
+    /* no key yet: writes without a capability work (bare segments, contract tests) */
+    assert_int_equal(cap_write(c, &s, 0, data, 16, NULL), MOONLET_OK);
+    assert_int_equal(s.seg[0], 0x5A);
+    assert_int_equal(moonlet_xfer_set_segment_key(s.x, s.info.segment_id, CAP_KEY), MOONLET_OK);
+    assert_int_equal(moonlet_xfer_set_segment_key(s.x, "00000000000000aa", CAP_KEY),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+
+    uint64_t later = now_ms() + 60000;
+    moonlet_xfer_cap good = cap_for(&s, 4096, 1024, later);
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, NULL), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_cap forged = good;
+    forged.tag ^= 1;
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &forged), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_cap stretched = good; /* a genuine tag, another range claimed */
+    stretched.len = 2048;
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &stretched), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_cap longer = good; /* a genuine tag, a later expiry claimed */
+    longer.expiry_ms += 1000;
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &longer), MOONLET_ERR_INVALID_WRITE);
+    /* outside the covered range: before, after, overlapping the end */
+    assert_int_equal(cap_write(c, &s, 4095, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, &s, 5120, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, &s, 4096 + 512, data, 1024, &good), MOONLET_ERR_INVALID_WRITE);
+    /* under another segment's key */
+    moonlet_xfer_cap other = good;
+    other.tag = moonlet_writecap_tag(CAP_KEY, "00000000000000aa", 4096, 1024, later);
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &other), MOONLET_ERR_INVALID_WRITE);
+    /* expired on the node's clock */
+    moonlet_xfer_cap old = cap_for(&s, 4096, 1024, now_ms() - 1);
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &old), MOONLET_ERR_INVALID_WRITE);
+    assert_seg_original(&s, 4095, 1026);
+
+    /* the genuine one, and a part of its range */
+    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &good), MOONLET_OK);
+    assert_int_equal(cap_write(c, &s, 4096 + 1000, data, 24, &good), MOONLET_OK);
+    for (uint32_t i = 4096; i < 4096 + 1024; i++)
+        assert_int_equal(s.seg[i], 0x5A);
+    assert_seg_original(&s, 4096 + 1024, 16);
+
+    /* the writer's own deadline passed: not even sent */
+    moonlet_xfer_cap late = cap_for(&s, 8192, 1024, later);
+    late.deadline_ms = now_ms() - 1;
+    assert_int_equal(cap_write(c, &s, 8192, data, 1024, &late), MOONLET_ERR_TRANSFER_FAIL);
+    assert_seg_original(&s, 8192, 1024);
+    moonlet_xfer_destroy(c);
+    server_down(&s);
+}
+
+/* The capability expires while the payload arrives: what arrives after the
+ * expiry never reaches segment memory, and the write is refused. */
+static void test_write_capability_expires_mid_payload(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up(&s, NULL);
+    assert_int_equal(moonlet_xfer_set_segment_key(s.x, s.info.segment_id, CAP_KEY), MOONLET_OK);
+    int fd = raw_connect(s.port);
+    uint64_t expiry = now_ms() + 300;
+    moonlet_xfer_cap cap = cap_for(&s, 0, 4096, expiry);
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_WRITE, .flags = MOONLET_XFER_TCP_F_CAP,
+                              .req_id = 1, .segment = s.seg_id, .offset = 0, .length = 4096};
+    uint8_t b[HDR + MOONLET_XFER_TCP_CAP_BYTES];
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    uint64_t f[4] = {cap.offset, cap.len, cap.expiry_ms, cap.tag};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 8; k++)
+            b[HDR + 8 * i + k] = (uint8_t)(f[i] >> (56 - 8 * k));
+    raw_send(fd, b, sizeof(b));
+    uint8_t half[2048];
+    memset(half, 0x11, sizeof(half));
+    raw_send(fd, half, sizeof(half)); /* lands: the capability holds */
+    uint64_t end = expiry + 2000;
+    while (now_ms() < end && s.seg[2047] != 0x11) /* bounded: wait for it to land */
+        usleep(1000);
+    assert_int_equal(s.seg[2047], 0x11);
+    while (now_ms() <= expiry) /* bounded by the expiry */
+        usleep(1000);
+    memset(half, 0x22, sizeof(half));
+    raw_send(fd, half, sizeof(half)); /* after the expiry: discarded */
+    moonlet_xfer_tcp_hdr r = raw_reply(fd);
+    assert_int_equal(r.req_id, 1);
+    assert_int_equal(r.status, MOONLET_ERR_INVALID_WRITE);
+    assert_seg_original(&s, 2048, 2048);
+    /* the connection stays in step */
+    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2048, 1);
+    r = raw_reply(fd);
+    assert_int_equal(r.status, 0);
+    uint8_t one;
+    raw_recv(fd, &one, 1);
+    assert_int_equal(one, (uint8_t)(2048 * 7));
+    close(fd);
+    server_down(&s);
+}
+
+typedef struct busy_read_args {
+    moonlet_xfer *c;
+    const char *ep;
+    int rc;
+} busy_read_args;
+
+static void *busy_read(void *arg)
+{
+    busy_read_args *a = arg;
+    uint8_t b[16];
+    a->rc = moonlet_xfer_read(a->c, a->ep, "00000000000000aa", 0, b, sizeof(b));
+    return NULL;
+}
+
+/* A client whose write passes its deadline gives up then, not after the
+ * transfer timeout, and resets the connection. */
+static void test_client_write_deadline(void **state)
+{
+    (void)state;
+    fake_server f;
+    fake_start(&f, FAKE_STALL);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                           .timeout_ms = 3000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    uint8_t buf[4096] = {0};
+    uint64_t t0 = now_ms();
+    moonlet_xfer_cap cap = {.offset = 0, .len = sizeof(buf), .expiry_ms = 1, .tag = 1,
+                            .deadline_ms = t0 + 300};
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
+                          .segment_id = "00000000000000aa", .offset = 0, .local = buf,
+                          .len = sizeof(buf), .cap = &cap};
+    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    uint64_t took = now_ms() - t0;
+    assert_true(took >= 250);
+    assert_true(took < 2000);
+
+    /* The only pooled connection is busy (a read stalled on the fake): the
+     * write waits for it no longer than its deadline. */
+    pthread_t th;
+    busy_read_args ra = {.c = c, .ep = ep};
+    assert_int_equal(pthread_create(&th, NULL, busy_read, &ra), 0);
+    while (__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) < 2 && now_ms() < t0 + 5000)
+        usleep(1000); /* bounded: the read's header reached the fake */
+    t0 = now_ms();
+    cap.deadline_ms = t0 + 300;
+    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    took = now_ms() - t0;
+    assert_true(took >= 250);
+    assert_true(took < 1500); /* not the 3 s the read holds the connection */
+    pthread_join(th, NULL);
+    assert_int_equal(ra.rc, MOONLET_ERR_TRANSFER_FAIL);
+    moonlet_xfer_destroy(c);
+    fake_stop(&f);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_ERROR);
@@ -512,6 +706,9 @@ int main(void)
         cmocka_unit_test(test_peer_answers_nonsense),
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
+        cmocka_unit_test(test_write_capabilities),
+        cmocka_unit_test(test_write_capability_expires_mid_payload),
+        cmocka_unit_test(test_client_write_deadline),
     };
     return cmocka_run_group_tests_name("xfer tcp wire", tests, NULL, NULL);
 }

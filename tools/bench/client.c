@@ -17,6 +17,13 @@
  * polling (moonlet-store --busy-poll-us), so its effect can be measured.
  * The paths take turns in rounds (the first path of each round rotates), so
  * machine noise hits all of them alike; every call is timed on its own.
+ *
+ * Then the Mooncake class's zero-copy batches (moonlet.mooncake, in the same
+ * Python child), per key: batch_put_from / batch_get_into with one buffer
+ * per key next to batch_put_from_multi_buffers /
+ * batch_get_into_multi_buffers with MB_LAYERS buffers per key (vLLM's
+ * layout: one range per layer), direct and through the RealClient, in
+ * rotating rounds as well.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -43,6 +50,16 @@
 enum { P_C_DIRECT, P_C_DUMMY, P_PY_DIRECT, P_PY_DUMMY };
 static const char *const g_path_names[NPATHS] = {"c_direct", "c_dummy", "python_direct",
                                                  "python_dummy"};
+
+/* The multi-buffer comparison: the same figures as client_py.py. */
+#define MB_KEYS 32
+#define MB_LAYERS 8
+#define MB_LAYER_BYTES 4096
+#define MB_KINDS 4
+#define MB_SERIES (2 * MB_KINDS)
+static const char *const g_mb_kinds[MB_KINDS] = {"put_single", "put_multi", "get_single",
+                                                 "get_multi"};
+static const char *const g_mb_paths[2] = {"direct", "dummy"};
 
 typedef struct client_bench {
     int candidates, ranks, rounds, per_round;
@@ -226,6 +243,28 @@ static int run_path(client_bench *b, int path, moonlet_client *direct, moonlet_c
     }
 }
 
+/* Has the child time `calls` calls of a Mooncake batch; adds per-key costs. */
+static int mb_round(client_bench *b, int series, int calls, bench_samples *s)
+{
+    char cmd[64];
+    int len = snprintf(cmd, sizeof(cmd), "mb %s %s %d\n", g_mb_paths[series / MB_KINDS],
+                       g_mb_kinds[series % MB_KINDS], calls);
+    if (write(b->py_in, cmd, (size_t)len) != len || py_line(b, 120000))
+        return -1;
+    char *p = b->line, *end;
+    int got = 0;
+    for (;;) {
+        double us = strtod(p, &end);
+        if (end == p)
+            break;
+        if (s)
+            bench_samples_add(s, us);
+        got++;
+        p = end;
+    }
+    return got == calls ? 0 : -1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -236,6 +275,8 @@ static void usage(FILE *f)
             "  --per-round N    calls per path and round (default 50)\n"
             "  --gap-us N       pause after each call (default 0: back to back)\n"
             "  --busy-poll-us N the RealClient's busy polling (default: moonlet-store's, 200)\n"
+            "  --mb-rounds N    rounds of the multi-buffer comparison, 5 calls per series\n"
+            "                   and round (default 20; 0 skips it)\n"
             "  --python PATH    interpreter of the Python paths (default /usr/bin/python3)\n"
             "  --script PATH    the Python half (default %s)\n"
             "  --pythonpath P   PYTHONPATH for it (default %s)\n",
@@ -248,8 +289,9 @@ int bench_client_main(int argc, char **argv)
     client_bench b = {.candidates = 128, .ranks = 4, .rounds = 40, .per_round = 50,
                       .python = "/usr/bin/python3", .script = MOONLET_BENCH_PY_SCRIPT,
                       .pythonpath = MOONLET_BENCH_PYTHONPATH};
-    int json = 0;
+    int json = 0, mb_rounds = 20;
     static const struct option opts[] = {
+        {"mb-rounds", required_argument, 0, 'm'},
         {"candidates", required_argument, 0, 'c'}, {"ranks", required_argument, 0, 'k'},
         {"rounds", required_argument, 0, 'r'}, {"per-round", required_argument, 0, 'p'},
         {"python", required_argument, 0, 'y'}, {"script", required_argument, 0, 's'},
@@ -271,12 +313,13 @@ int bench_client_main(int argc, char **argv)
         case 'j': json = 1; break;
         case 'g': b.gap_us = atoi(optarg); break;
         case 'b': b.busy_us = optarg; break;
+        case 'm': mb_rounds = atoi(optarg); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
     }
     if (b.candidates < 1 || b.ranks < 1 || b.rounds < 1 || b.per_round < 1 || b.gap_us < 0 ||
-        b.gap_us > 1000000) {
+        b.gap_us > 1000000 || mb_rounds < 0) {
         fprintf(stderr, "moonlet-bench client: every count must be >= 1, --gap-us 0..1000000\n");
         return 2;
     }
@@ -286,7 +329,7 @@ int bench_client_main(int argc, char **argv)
     const char *step = "keys";
     bench_master bm = {0}, real = {0};
     moonlet_client *direct = NULL, *dummy = NULL;
-    bench_samples s[NPATHS] = {{0}};
+    bench_samples s[NPATHS] = {{0}}, mb[MB_SERIES] = {{0}};
     char dir[] = "/tmp/moonlet-bench-XXXXXX", sock[sizeof(dir) + 16];
     bool have_dir = mkdtemp(dir) != NULL;
     snprintf(sock, sizeof(sock), "%s/real.sock", dir);
@@ -331,6 +374,13 @@ int bench_client_main(int argc, char **argv)
                 goto out;
         }
 
+    step = "measure the multi-buffer batches";
+    for (int round = 0; round < mb_rounds; round++)
+        for (int k = 0; k < MB_SERIES; k++)
+            if (mb_round(&b, (round + k) % MB_SERIES, 5, round ? &mb[(round + k) % MB_SERIES]
+                                                               : NULL)) /* round 0 warms up */
+                goto out;
+
     double p50[NPATHS];
     for (int p = 0; p < NPATHS; p++)
         p50[p] = bench_percentile(&s[p], 50);
@@ -350,6 +400,27 @@ int bench_client_main(int argc, char **argv)
                             p50[P_PY_DUMMY] / p50[P_PY_DIRECT]);
     cJSON_AddNumberToObject(root, "python_dummy_over_python_direct_target_max", 2.0);
     cJSON_AddNumberToObject(root, "c_dummy_over_c_direct", p50[P_C_DUMMY] / p50[P_C_DIRECT]);
+    double mb50[MB_SERIES] = {0};
+    if (mb_rounds > 1) {
+        cJSON *m = cJSON_AddObjectToObject(root, "mooncake_multi_buffer");
+        char what[200];
+        snprintf(what, sizeof(what),
+                 "moonlet.mooncake, per key: %d keys per call, objects of %d x %d bytes; "
+                 "single: one buffer per key, multi: %d buffers per key",
+                 MB_KEYS, MB_LAYERS, MB_LAYER_BYTES, MB_LAYERS);
+        cJSON_AddStringToObject(m, "workload", what);
+        for (int p = 0; p < 2; p++) {
+            cJSON *po = cJSON_AddObjectToObject(m, g_mb_paths[p]);
+            for (int k = 0; k < MB_KINDS; k++) {
+                bench_json_latency(po, g_mb_kinds[k], &mb[p * MB_KINDS + k]);
+                mb50[p * MB_KINDS + k] = bench_percentile(&mb[p * MB_KINDS + k], 50);
+            }
+            cJSON_AddNumberToObject(po, "put_multi_over_single", mb50[p * MB_KINDS + 1] /
+                                                                    mb50[p * MB_KINDS]);
+            cJSON_AddNumberToObject(po, "get_multi_over_single", mb50[p * MB_KINDS + 3] /
+                                                                    mb50[p * MB_KINDS + 2]);
+        }
+    }
     if (json) {
         bench_print_json(root);
     } else {
@@ -358,6 +429,10 @@ int bench_client_main(int argc, char **argv)
                p50[P_C_DIRECT], p50[P_C_DUMMY], p50[P_PY_DIRECT],
                p50[P_PY_DIRECT] / p50[P_C_DIRECT], p50[P_PY_DUMMY],
                p50[P_PY_DUMMY] / p50[P_PY_DIRECT]);
+        for (int p = 0; mb_rounds > 1 && p < 2; p++)
+            printf("mooncake %s per key p50: put %.1f us single, %.1f us multi; get %.1f us "
+                   "single, %.1f us multi\n", g_mb_paths[p], mb50[p * MB_KINDS],
+                   mb50[p * MB_KINDS + 1], mb50[p * MB_KINDS + 2], mb50[p * MB_KINDS + 3]);
         cJSON_Delete(root);
     }
     rc = 0;
@@ -375,6 +450,8 @@ out:
     }
     for (int p = 0; p < NPATHS; p++)
         bench_samples_free(&s[p]);
+    for (int p = 0; p < MB_SERIES; p++)
+        bench_samples_free(&mb[p]);
     for (size_t i = 0; b.names && i < b.n; i++)
         free(b.names[i]);
     free(b.names);
