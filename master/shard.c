@@ -16,6 +16,7 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "lease.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
 
@@ -175,11 +176,19 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
     shard_unlink_locked(s, o);
     /* An unfinished put's writer may still be sending: its ranges wait in
      * quarantine until its put deadline (after which no store node accepts
-     * its writes) plus the grace.  A sealed object's ranges go back at once:
-     * every write to it was acknowledged before its PutEnd. */
+     * its writes) plus the grace.  A sealed object had every write
+     * acknowledged before its PutEnd; its ranges go back at once, unless a
+     * reader still holds a lease on it (only a forced Remove takes such an
+     * object): then they wait until the lease ends, after which a reader's
+     * own lease check refuses whatever it read (LEASE_EXPIRED), so no reader
+     * gets bytes of an object placed there later. */
+    uint64_t until = 0;
+    if (o->state == OBJ_PENDING)
+        until = o->lease_deadline + m->quarantine_grace_ns;
+    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+        until = o->lease_deadline;
     if (o->nrep)
-        registry_release(m, o->size, mobj_reps(o), o->nrep,
-                         o->state == OBJ_PENDING ? o->lease_deadline + m->quarantine_grace_ns : 0);
+        registry_release(m, o->size, mobj_reps(o), o->nrep, until);
     if (o->state == OBJ_PENDING)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);
