@@ -155,8 +155,10 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
 
 /* ---- HTTP ------------------------------------------------------------------- */
 
+/* Queues a text response; `extra_header` (NULL: none) is "Name", value pair. */
 static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status, char *body,
-                                    size_t len, enum MHD_ResponseMemoryMode mode)
+                                    size_t len, enum MHD_ResponseMemoryMode mode,
+                                    const char *const *extra_header)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
     if (!r) {
@@ -167,6 +169,8 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             status == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
                                                   : "text/plain; charset=utf-8");
+    if (extra_header)
+        MHD_add_response_header(r, extra_header[0], extra_header[1]);
     enum MHD_Result ret = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -189,15 +193,10 @@ static bool scrape_authorized(const moonlet_metrics *s, struct MHD_Connection *c
 static enum MHD_Result respond_unauthorized(struct MHD_Connection *conn)
 {
     static char body[] = "unauthorized: send the cluster token as \"Authorization: Bearer <token>\"\n";
-    struct MHD_Response *r = MHD_create_response_from_buffer(sizeof(body) - 1, body,
-                                                             MHD_RESPMEM_PERSISTENT);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"moonlet\"");
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
-    enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
-    MHD_destroy_response(r);
-    return ret;
+    static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                            "Bearer realm=\"moonlet\""};
+    return respond_text(conn, MHD_HTTP_UNAUTHORIZED, body, sizeof(body) - 1,
+                        MHD_RESPMEM_PERSISTENT, challenge);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
@@ -210,19 +209,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     static char not_allowed[] = "method not allowed\n";
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
-                            sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT);
+                            sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT, NULL);
     if (!scrape_authorized(s, conn))
         return respond_unauthorized(conn);
     if (strcmp(url, "/metrics") != 0)
         return respond_text(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
-                            MHD_RESPMEM_PERSISTENT);
+                            MHD_RESPMEM_PERSISTENT, NULL);
     moonlet_master_stats st;
     moonlet_master_get_stats(s->m, &st);
     size_t len = 0;
     char *body = moonlet_metrics_render(&st, &len);
     if (!body)
         return MHD_NO;
-    return respond_text(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE);
+    return respond_text(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
