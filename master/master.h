@@ -116,6 +116,7 @@ typedef struct moonlet_replica_view {
     const char *segment_name;
     const char *endpoint;
     const char *protocol;
+    const char *alt_segment_id, *alt_endpoint, *alt_protocol; /* NULL: one endpoint only */
     uint64_t base;
     uint64_t offset;
     uint64_t size;
@@ -221,6 +222,7 @@ typedef struct moonlet_segment_view {
     const char *client_id;
     const char *endpoint;
     const char *protocol;
+    const char *alt_segment_id, *alt_endpoint, *alt_protocol; /* NULL: one endpoint only */
     uint64_t base;
     uint64_t capacity;
     uint64_t used;

@@ -106,6 +106,11 @@ struct mseg {
     char name[MOONLET_MAX_ID_BYTES + 1];
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     char protocol[16];
+    /* A second endpoint of the same memory (a node serving TCP and RDMA);
+     * alt_id[0] == 0: none.  Set at mount, unchanged while mounted. */
+    char alt_id[MOONLET_MAX_ID_BYTES + 1];
+    char alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    char alt_protocol[16];
     uint64_t base;
     uint64_t size;
     moonlet_alloc *alloc;        /* registry.mu */

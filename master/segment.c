@@ -277,6 +277,13 @@ static int seg_desc_check(const moonlet_segment_desc *d)
     /* A key without the node's clock would give capabilities no expiry. */
     if (d->write_key && (d->node_clock_ms == 0 || d->node_clock_ms > INT64_MAX))
         return MOONLET_ERR_INVALID_PARAMS;
+    /* A second endpoint: all of it, with a key, and another protocol. */
+    bool alt = d->alt_endpoint || d->alt_segment_id || d->alt_protocol;
+    if (alt && (!d->alt_endpoint || !d->alt_segment_id || !d->alt_protocol || !d->write_key ||
+                id_check(MOONLET_STR(d->alt_segment_id)) ||
+                strlen(d->alt_endpoint) > MOONLET_MAX_ENDPOINT_BYTES ||
+                strlen(d->alt_protocol) >= 16 || strcmp(d->alt_protocol, d->protocol) == 0))
+        return MOONLET_ERR_INVALID_PARAMS;
     return MOONLET_OK;
 }
 
@@ -320,6 +327,9 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     snprintf(s->name, sizeof(s->name), "%s", d->name ? d->name : d->segment_id);
     snprintf(s->endpoint, sizeof(s->endpoint), "%s", d->endpoint);
     snprintf(s->protocol, sizeof(s->protocol), "%s", d->protocol);
+    snprintf(s->alt_id, sizeof(s->alt_id), "%s", d->alt_segment_id ? d->alt_segment_id : "");
+    snprintf(s->alt_endpoint, sizeof(s->alt_endpoint), "%s", d->alt_endpoint ? d->alt_endpoint : "");
+    snprintf(s->alt_protocol, sizeof(s->alt_protocol), "%s", d->alt_protocol ? d->alt_protocol : "");
     s->base = d->base;
     s->size = moonlet_alloc_capacity(alloc);
     s->alloc = alloc;
@@ -336,8 +346,9 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     r->nmounted++;
     atomic_fetch_add(&r->capacity, s->size);
     atomic_store(&s->state, SEG_MOUNTED);
-    ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s", s->id,
-            s->size, c->id, s->protocol, s->endpoint);
+    ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",
+            s->id, s->size, c->id, s->protocol, s->endpoint, s->alt_id[0] ? " and " : "",
+            s->alt_protocol, s->alt_id[0] ? "://" : "", s->alt_endpoint);
 out:
     pthread_mutex_unlock(&r->mu);
     moonlet_alloc_destroy(alloc);
@@ -561,7 +572,9 @@ void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t s
     int64_t e = (int64_t)(deadline_ns / MOONLET_NS_PER_MS) + atomic_load(&s->clock_offset_ms);
     v->cap_len = moonlet_alloc_rounded(size ? size : 1);
     v->cap_expiry_ms = e > 0 ? (uint64_t)e : 1;
-    v->cap_tag = moonlet_writecap_tag(s->write_key, s->id, rp->offset, v->cap_len,
+    /* Only TCP checks capabilities: the tag names the TCP registration. */
+    const char *cap_id = s->alt_id[0] && strcmp(s->alt_protocol, "tcp") == 0 ? s->alt_id : s->id;
+    v->cap_tag = moonlet_writecap_tag(s->write_key, cap_id, rp->offset, v->cap_len,
                                       v->cap_expiry_ms);
 }
 
@@ -573,6 +586,9 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->segment_name = s->name;
     v->endpoint = s->endpoint;
     v->protocol = s->protocol;
+    v->alt_segment_id = s->alt_id[0] ? s->alt_id : NULL;
+    v->alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL;
+    v->alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL;
     v->base = s->base;
     v->offset = rp->offset;
     v->size = o->size;
@@ -687,6 +703,9 @@ int moonlet_master_list_segments(moonlet_master *m,
         moonlet_segment_view v = {
             .segment_id = s->id, .name = s->name, .client_id = c->id,
             .endpoint = s->endpoint, .protocol = s->protocol, .base = s->base,
+            .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
+            .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
+            .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL,
             .capacity = s->size, .used = moonlet_alloc_used(s->alloc), .objects = s->objects,
             .last_ping_age_ms = now > c->last_ping_ns ? (now - c->last_ping_ns) / MOONLET_NS_PER_MS : 0,
         };

@@ -224,8 +224,14 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     struct replica_pack *rp = arg;
     msgpack_packer *pk = &rp->pk;
     rp->count++;
+    bool alt = r->alt_segment_id != NULL;
     if (rp->as_map) {
-        msgpack_pack_map(pk, 8);
+        msgpack_pack_map(pk, alt ? 11 : 8);
+        if (alt) {
+            pack_str_kv(pk, "alt_segment_id", r->alt_segment_id);
+            pack_str_kv(pk, "alt_endpoint", r->alt_endpoint);
+            pack_str_kv(pk, "alt_protocol", r->alt_protocol);
+        }
         pack_str_kv(pk, "segment_id", r->segment_id);
         pack_str_kv(pk, "segment_name", r->segment_name);
         pack_str_kv(pk, "endpoint", r->endpoint);
@@ -236,7 +242,9 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
         return;
     }
-    msgpack_pack_array(pk, rp->with_cap ? 11 : 7);
+    /* A second endpoint goes after the capability fields (zeros outside
+     * PutStart: cap_tag 0 is "no capability"), so old decoders skip it. */
+    msgpack_pack_array(pk, alt ? 14 : rp->with_cap ? 11 : 7);
     moonlet_pack_cstr(pk, r->segment_id);
     moonlet_pack_cstr(pk, r->endpoint);
     moonlet_pack_cstr(pk, r->protocol);
@@ -244,11 +252,17 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     msgpack_pack_uint64(pk, r->offset);
     msgpack_pack_uint64(pk, r->size);
     msgpack_pack_uint8(pk, r->status);
-    if (rp->with_cap) { /* cap_tag 0: the segment checks no capability */
-        msgpack_pack_uint64(pk, r->has_cap ? r->cap_len : 0);
-        msgpack_pack_uint64(pk, r->has_cap ? r->cap_expiry_ms : 0);
-        msgpack_pack_uint64(pk, r->has_cap ? r->cap_tag : 0);
-        msgpack_pack_uint64(pk, r->put_ttl_ms);
+    if (rp->with_cap || alt) { /* cap_tag 0: the segment checks no capability */
+        bool cap = rp->with_cap && r->has_cap;
+        msgpack_pack_uint64(pk, cap ? r->cap_len : 0);
+        msgpack_pack_uint64(pk, cap ? r->cap_expiry_ms : 0);
+        msgpack_pack_uint64(pk, cap ? r->cap_tag : 0);
+        msgpack_pack_uint64(pk, rp->with_cap ? r->put_ttl_ms : 0);
+    }
+    if (alt) {
+        moonlet_pack_cstr(pk, r->alt_segment_id);
+        moonlet_pack_cstr(pk, r->alt_endpoint);
+        moonlet_pack_cstr(pk, r->alt_protocol);
     }
 }
 
@@ -345,6 +359,17 @@ static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
                               .size = size, .endpoint = endpoint, .protocol = proto};
     if (arg_write_key(args, 7, &d.write_key, &d.node_clock_ms))
         return BAD_ARGS(out, "[..., write_key (bin 16), node_clock_ms]");
+    /* Optional trailing args 9-11: a second endpoint of the same memory. */
+    char alt_ep[MOONLET_MAX_ENDPOINT_BYTES + 1], alt_seg[MOONLET_MAX_ID_BYTES + 1], alt_proto[16];
+    if (moonlet_wire_len(args) > 9) {
+        if (arg_cstr(args, 9, alt_ep, sizeof(alt_ep)) ||
+            arg_cstr(args, 10, alt_seg, sizeof(alt_seg)) ||
+            arg_cstr(args, 11, alt_proto, sizeof(alt_proto)))
+            return BAD_ARGS(out, "[..., node_clock_ms, alt_endpoint, alt_segment_id, alt_protocol]");
+        d.alt_endpoint = alt_ep;
+        d.alt_segment_id = alt_seg;
+        d.alt_protocol = alt_proto;
+    }
     SESSION_OR_FAIL(ctx, out, session);
     int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
@@ -652,7 +677,13 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     struct seg_pack *sp = arg;
     msgpack_packer *pk = &sp->pk;
     sp->count++;
-    msgpack_pack_map(pk, 10);
+    bool alt = s->alt_segment_id != NULL;
+    msgpack_pack_map(pk, alt ? 13 : 10);
+    if (alt) {
+        pack_str_kv(pk, "alt_segment_id", s->alt_segment_id);
+        pack_str_kv(pk, "alt_endpoint", s->alt_endpoint);
+        pack_str_kv(pk, "alt_protocol", s->alt_protocol);
+    }
     pack_str_kv(pk, "segment_id", s->segment_id);
     pack_str_kv(pk, "name", s->name);
     pack_str_kv(pk, "client_id", s->client_id);

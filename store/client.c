@@ -31,6 +31,15 @@
  * different threads from ever covering the same addresses, so unregistering
  * one can never pull the memory region out from under another.
  *
+ * Mixed clusters (docs/deployment.md).  Each replica names its node's
+ * protocol and endpoint, and a node serving both (moonlet-store --protocol
+ * both) a second endpoint of the same bytes.  Per replica the client uses
+ * its own protocol when the replica offers it, else TCP: an RDMA client adds
+ * a TCP transport on first need.  A replica it cannot speak to (an RDMA-only
+ * node for a TCP client) fails with UNAVAILABLE_IN_CURRENT_STATUS and one
+ * WARN line, and a get moves on to the next replica.  A batch mixing both
+ * transports runs as one submit per transport, one after the other.
+ *
  * The local segment, when configured, is a store node (store_node.c) run on
  * a thread of the client; reads prefer the replica it serves.
  *
@@ -44,7 +53,9 @@
  *
  * Locks: buf_mu guards the list of registered buffers and is never held
  * across a transport call; stage_mu guards the idle bounce buffers and the
- * staging counters, and is never held across a registration; the MasterClient serialises master calls with its
+ * staging counters, and is never held across a registration; tcp_mu guards
+ * creating the TCP transport (published through an atomic pointer) and is
+ * never held across a transfer; the MasterClient serialises master calls with its
  * own mutex; xfer is thread safe.  No lock is held while another is taken.
  */
 #include "moonlet/client.h"
@@ -92,6 +103,13 @@ struct moonlet_client {
     moonlet_dummy *dummy;  /* set: the DummyClient backend, nothing below is used */
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
+    /* RDMA clients: a TCP instance for replicas on nodes without RDMA,
+     * created on first need (tcp_mu); the options it is made with. */
+    pthread_mutex_t tcp_mu;
+    moonlet_xfer *_Atomic xfer_tcp;
+    bool tcp_failed;           /* tcp_mu: its creation failed once (logged once) */
+    moonlet_xfer_opts tcp_opts; /* strings point into tcp_token */
+    char *tcp_token;
     char *tenant;          /* default tenant; NULL: the master's "default" */
     uint32_t replica_num;
     atomic_bool stage;     /* copying calls use a registered bounce buffer */
@@ -134,7 +152,33 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
 bool moonlet_client_try_next_replica(int rc)
 {
     return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND ||
-           rc == MOONLET_ERR_INVALID_READ; /* checksum mismatch: another replica may be good */
+           rc == MOONLET_ERR_INVALID_READ || /* checksum mismatch: another replica may be good */
+           rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS; /* a protocol we cannot speak */
+}
+
+int moonlet_client_pick_endpoint(const moonlet_replica_desc *r, const char *mine, bool can_tcp,
+                                 const char **endpoint, const char **segment_id,
+                                 const char **protocol)
+{
+    bool alt = r->alt_protocol && r->alt_endpoint && r->alt_segment_id;
+    for (int pass = 0; pass < 2; pass++) {
+        const char *want = pass == 0 ? mine : can_tcp ? "tcp" : NULL;
+        if (!want)
+            break;
+        if (r->protocol && strcmp(r->protocol, want) == 0) {
+            *endpoint = r->endpoint;
+            *segment_id = r->segment_id;
+            *protocol = r->protocol;
+            return MOONLET_OK;
+        }
+        if (alt && strcmp(r->alt_protocol, want) == 0) {
+            *endpoint = r->alt_endpoint;
+            *segment_id = r->alt_segment_id;
+            *protocol = r->alt_protocol;
+            return MOONLET_OK;
+        }
+    }
+    return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
 }
 
 void moonlet_client_force_staging(moonlet_client *c, bool on)
@@ -454,11 +498,116 @@ static int client_put_finish(moonlet_client *c, const char *tenant, const char *
     return rc;
 }
 
+/* ---- per-replica transport (mixed clusters) ------------------------------------------ */
+
+/* The transport, endpoint and segment id to reach replica r with; see
+ * moonlet_client_pick_endpoint().  An RDMA client creates its TCP instance
+ * here the first time a replica offers only TCP (tcp_mu, never held across
+ * a transfer).  UNAVAILABLE_IN_CURRENT_STATUS when no protocol fits. */
+typedef struct client_route {
+    moonlet_xfer *xfer;
+    const char *endpoint, *segment_id;
+} client_route;
+
+static moonlet_xfer *client_tcp_xfer(moonlet_client *c)
+{
+    moonlet_xfer *x = atomic_load(&c->xfer_tcp);
+    if (x)
+        return x;
+    pthread_mutex_lock(&c->tcp_mu);
+    x = atomic_load(&c->xfer_tcp);
+    if (!x && !c->tcp_failed) {
+        int rc = moonlet_xfer_create(&c->tcp_opts, &x);
+        if (rc) {
+            ML_ERR(MOD, "cannot create the TCP transport for replicas on nodes without RDMA: %s",
+                   moonlet_strerror(rc));
+            c->tcp_failed = true;
+            x = NULL;
+        } else {
+            ML_INFO(MOD, "a replica is reachable over TCP only: TCP transport added next to RDMA");
+            atomic_store(&c->xfer_tcp, x);
+        }
+    }
+    pthread_mutex_unlock(&c->tcp_mu);
+    return x;
+}
+
+static int client_route_of(moonlet_client *c, const moonlet_replica_desc *r, client_route *out)
+{
+    const char *mine = moonlet_xfer_protocol_name(c->xfer), *proto;
+    bool can_tcp = strcmp(mine, "tcp") != 0;
+    int rc = moonlet_client_pick_endpoint(r, mine, can_tcp, &out->endpoint, &out->segment_id,
+                                          &proto);
+    if (rc) {
+        ML_WARN(MOD, "replica at %s (segment %s) is served over %s%s%s only; this client speaks "
+                "%s: trying another replica", r->endpoint, r->segment_id, r->protocol,
+                r->alt_protocol ? " and " : "", r->alt_protocol ? r->alt_protocol : "", mine);
+        return rc;
+    }
+    out->xfer = strcmp(proto, mine) == 0 ? c->xfer : client_tcp_xfer(c);
+    return out->xfer ? MOONLET_OK : MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+}
+
+/* Points op at replica r (endpoint, segment id) and records its transport
+ * in *xf; a replica no transport fits gets its status now and *xf NULL. */
+static void client_op_route(moonlet_client *c, const moonlet_replica_desc *r, moonlet_xfer_op *op,
+                            moonlet_xfer **xf)
+{
+    client_route rt;
+    int rc = client_route_of(c, r, &rt);
+    *xf = rc ? NULL : rt.xfer;
+    op->status = rc;
+    if (!rc) {
+        op->endpoint = rt.endpoint;
+        op->segment_id = rt.segment_id;
+    }
+}
+
+/* Runs a batch whose operations may go through different transports (xf[i];
+ * NULL: already failed, status set).  One transport: one submit; two: one
+ * submit each, one after the other.  Returns the status of the first failed
+ * operation, as moonlet_xfer_submit(). */
+static int client_submit(moonlet_client *c, moonlet_xfer_op *ops, moonlet_xfer **xf, size_t n)
+{
+    moonlet_xfer *tcp = atomic_load(&c->xfer_tcp);
+    moonlet_xfer *inst[2] = {c->xfer, tcp};
+    for (int k = 0; k < 2; k++) {
+        if (!inst[k])
+            continue;
+        size_t m = 0, *idx = malloc((n ? n : 1) * sizeof(*idx));
+        moonlet_xfer_op *sub = malloc((n ? n : 1) * sizeof(*sub));
+        if (!idx || !sub) {
+            free(idx);
+            free(sub);
+            for (size_t i = 0; i < n; i++)
+                if (xf[i] == inst[k])
+                    ops[i].status = MOONLET_ERR_INTERNAL_ERROR;
+            continue;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (xf[i] == inst[k]) {
+                idx[m] = i;
+                sub[m++] = ops[i];
+            }
+        if (m)
+            moonlet_xfer_submit(inst[k], sub, m);
+        for (size_t j = 0; j < m; j++)
+            ops[idx[j]].status = sub[j].status;
+        free(idx);
+        free(sub);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].status)
+            return ops[i].status;
+    return MOONLET_OK;
+}
+
 /* Fills one write per replica of `l` from src, each with its capability
  * and the put's deadline on our clock: sent_ms (when PutStart was sent) plus
  * the put's TTL, never later than the master's put deadline. */
-static void client_put_ops(const moonlet_replica_list *l, const void *src, uint64_t len,
-                           uint64_t sent_ms, moonlet_xfer_op *ops, moonlet_xfer_cap *caps)
+static void client_put_ops(moonlet_client *c, const moonlet_replica_list *l, const void *src,
+                           uint64_t len, uint64_t sent_ms, moonlet_xfer_op *ops,
+                           moonlet_xfer_cap *caps, moonlet_xfer **xf)
 {
     for (uint32_t k = 0; k < l->count; k++) {
         const moonlet_replica_desc *r = &l->replicas[k];
@@ -470,6 +619,7 @@ static void client_put_ops(const moonlet_replica_list *l, const void *src, uint6
                                    .segment_id = r->segment_id, .offset = r->offset,
                                    .local = (void *)src, .len = len,
                                    .cap = any ? &caps[k] : NULL};
+        client_op_route(c, r, &ops[k], &xf[k]);
     }
 }
 
@@ -485,14 +635,16 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
     uint64_t ck = a.checksum ? moonlet_client_checksum(src, len) : 0;
     moonlet_xfer_op *ops = calloc(l.count ? l.count : 1, sizeof(*ops));
     moonlet_xfer_cap *caps = calloc(l.count ? l.count : 1, sizeof(*caps));
-    if (ops && caps) {
-        client_put_ops(&l, src, len, sent_ms, ops, caps);
-        rc = moonlet_xfer_submit(c->xfer, ops, l.count);
+    moonlet_xfer **xf = calloc(l.count ? l.count : 1, sizeof(*xf));
+    if (ops && caps && xf) {
+        client_put_ops(c, &l, src, len, sent_ms, ops, caps, xf);
+        rc = client_submit(c, ops, xf, l.count);
     } else {
         rc = MOONLET_ERR_INTERNAL_ERROR;
     }
     free(ops);
     free(caps);
+    free(xf);
     moonlet_replica_list_free(&l);
     return client_put_finish(c, a.tenant, key, rc, a.checksum ? &ck : NULL);
 }
@@ -577,7 +729,10 @@ static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, 
     int rc = MOONLET_ERR_TRANSFER_FAIL;
     for (uint32_t k = 0; k < n; k++) {
         const moonlet_replica_desc *r = &l->replicas[order[k]];
-        rc = moonlet_xfer_read(c->xfer, r->endpoint, r->segment_id, r->offset, dst, l->size);
+        client_route rt;
+        rc = client_route_of(c, r, &rt);
+        if (rc == MOONLET_OK)
+            rc = moonlet_xfer_read(rt.xfer, rt.endpoint, rt.segment_id, r->offset, dst, l->size);
         if (rc == MOONLET_OK)
             rc = client_verify(c, l, dst, r);
         if (!moonlet_client_try_next_replica(rc))
@@ -719,19 +874,21 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
     }
     moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
     moonlet_xfer_cap *caps = calloc(nops ? nops : 1, sizeof(*caps));
-    if (!caps) {
+    moonlet_xfer **xf = calloc(nops ? nops : 1, sizeof(*xf));
+    if (!caps || !xf) {
         free(ops);
         ops = NULL;
     }
     for (size_t i = 0; ops && i < n; i++) {
         if (results[i] != MOONLET_OK)
             continue;
-        client_put_ops(&lists[i], bufs[i], lens[i], sent[i], &ops[first[i]], &caps[first[i]]);
+        client_put_ops(c, &lists[i], bufs[i], lens[i], sent[i], &ops[first[i]], &caps[first[i]],
+                       &xf[first[i]]);
         if (a.checksum)
             cks[i] = moonlet_client_checksum(bufs[i], lens[i]);
     }
     if (ops)
-        moonlet_xfer_submit(c->xfer, ops, nops);
+        client_submit(c, ops, xf, nops);
     int ret = MOONLET_OK;
     for (size_t i = 0; i < n; i++) {
         if (results[i] == MOONLET_OK) {
@@ -746,6 +903,7 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
     }
     free(ops);
     free(caps);
+    free(xf);
     free(sent);
     free(cks);
     free(first);
@@ -797,7 +955,8 @@ static void client_bget_lookup(moonlet_client *c, const char *const *keys, void 
 /* One round: every pending key reads its current replica, all in one batch.
  * Returns how many keys are still pending (to retry on their next replica). */
 static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, int32_t *results,
-                                client_bget *g, moonlet_xfer_op *ops, size_t *owner)
+                                client_bget *g, moonlet_xfer_op *ops, moonlet_xfer **xf,
+                                size_t *owner)
 {
     size_t nops = 0, left = 0;
     for (size_t i = 0; i < n; i++) {
@@ -807,9 +966,10 @@ static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, 
         ops[nops] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = r->endpoint,
                                       .segment_id = r->segment_id, .offset = r->offset,
                                       .local = bufs[i], .len = g[i].l.size};
+        client_op_route(c, r, &ops[nops], &xf[nops]);
         owner[nops++] = i;
     }
-    moonlet_xfer_submit(c->xfer, ops, nops);
+    client_submit(c, ops, xf, nops);
     uint64_t done = client_now_ns();
     for (size_t k = 0; k < nops; k++) {
         client_bget *e = &g[owner[k]];
@@ -840,14 +1000,16 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
     client_bget *g = calloc(n ? n : 1, sizeof(*g));
     moonlet_xfer_op *ops = calloc(n ? n : 1, sizeof(*ops));
     size_t *owner = calloc(n ? n : 1, sizeof(*owner));
-    if (!g || !ops || !owner) {
+    moonlet_xfer **xf = calloc(n ? n : 1, sizeof(*xf));
+    if (!g || !ops || !owner || !xf) {
         free(g);
         free(ops);
         free(owner);
+        free(xf);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     client_bget_lookup(c, keys, bufs, caps, n, lens, results, tenant, g);
-    while (client_bget_round(c, bufs, n, results, g, ops, owner) > 0)
+    while (client_bget_round(c, bufs, n, results, g, ops, xf, owner) > 0)
         ;
     int ret = MOONLET_OK;
     for (size_t i = 0; i < n; i++) {
@@ -858,6 +1020,7 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
     }
     free(owner);
     free(ops);
+    free(xf);
     free(g);
     return ret;
 }
@@ -1060,6 +1223,12 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
     rc = moonlet_xfer_create(&xo, &c->xfer);
     if (rc)
         return rc;
+    /* Kept for a TCP instance made on first need (client_route). */
+    c->tcp_opts = (moonlet_xfer_opts){.protocol = MOONLET_XFER_TCP,
+                                      .timeout_ms = cfg->transfer_timeout_ms};
+    if (cfg->auth_token && !(c->tcp_token = strdup(cfg->auth_token)))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    c->tcp_opts.auth_token = c->tcp_token;
     atomic_store(&c->stage, strcmp(moonlet_xfer_protocol_name(c->xfer), "rdma") == 0);
     return node || cfg->local_segment_size ? client_start_node(c, cfg, proto, node) : MOONLET_OK;
 }
@@ -1076,6 +1245,7 @@ int moonlet_client_create_with_node(const moonlet_client_config *cfg,
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    pthread_mutex_init(&c->tcp_mu, NULL);
     client_stage_init(c);
     c->replica_num = cfg->replica_num ? cfg->replica_num : 1;
     c->checksum = !cfg->skip_checksum;
@@ -1111,6 +1281,7 @@ int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_con
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
+    pthread_mutex_init(&c->tcp_mu, NULL);
     client_stage_init(c);
     int rc = moonlet_dummy_create(socket_path, cfg, &c->dummy);
     if (rc) {
@@ -1132,6 +1303,9 @@ void moonlet_client_destroy(moonlet_client *c)
         moonlet_store_node_destroy(c->node);
     }
     moonlet_xfer_destroy(c->xfer); /* also drops every buffer registration */
+    moonlet_xfer_destroy(atomic_load(&c->xfer_tcp));
+    pthread_mutex_destroy(&c->tcp_mu);
+    free(c->tcp_token);
     moonlet_mc_destroy(c->mc);
     while (c->idle) {
         client_bounce *b = c->idle;

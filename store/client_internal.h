@@ -33,6 +33,16 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
  * end-to-end checksum).  Pure. */
 bool moonlet_client_try_next_replica(int rc);
 
+/* Which endpoint of replica r a client whose transport speaks `mine` ("tcp"
+ * or "rdma") uses: its own protocol when the replica offers it (primary or
+ * alternative endpoint), else TCP when the replica offers TCP and can_tcp
+ * (an RDMA client may add a TCP instance).  Fills *endpoint, *segment_id and
+ * *protocol and returns 0, or UNAVAILABLE_IN_CURRENT_STATUS when the client
+ * speaks none of the replica's protocols.  Pure. */
+int moonlet_client_pick_endpoint(const moonlet_replica_desc *r, const char *mine, bool can_tcp,
+                                 const char **endpoint, const char **segment_id,
+                                 const char **protocol);
+
 /* The end-to-end checksum of an object's bytes: XXH3-64. */
 uint64_t moonlet_client_checksum(const void *buf, size_t len);
 

@@ -70,6 +70,9 @@ void moonlet_replica_list_free(moonlet_replica_list *l)
         free(l->replicas[i].segment_id);
         free(l->replicas[i].endpoint);
         free(l->replicas[i].protocol);
+        free(l->replicas[i].alt_segment_id);
+        free(l->replicas[i].alt_endpoint);
+        free(l->replicas[i].alt_protocol);
     }
     free(l->replicas);
     memset(l, 0, sizeof(*l));
@@ -318,7 +321,9 @@ int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, s->write_key ? 9 : 7, {
+    if (s->alt_endpoint && !s->write_key)
+        return MOONLET_ERR_INVALID_PARAMS; /* the trailing args come after the key */
+    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, s->alt_endpoint ? 12 : s->write_key ? 9 : 7, {
         moonlet_pack_cstr(pk, s->client_id);
         moonlet_pack_cstr(pk, s->segment_id);
         moonlet_pack_cstr(pk, s->name ? s->name : s->segment_id);
@@ -330,6 +335,11 @@ int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_de
             msgpack_pack_bin(pk, 16);
             msgpack_pack_bin_body(pk, s->write_key, 16);
             msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms());
+        }
+        if (s->alt_endpoint) {
+            moonlet_pack_cstr(pk, s->alt_endpoint);
+            moonlet_pack_cstr(pk, s->alt_segment_id);
+            moonlet_pack_cstr(pk, s->alt_protocol);
         }
     });
 }
@@ -434,6 +444,14 @@ static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
             (moonlet_wire_u64(r, 7, &d->cap_len) || moonlet_wire_u64(r, 8, &d->cap_expiry_ms) ||
              moonlet_wire_u64(r, 9, &d->cap_tag) || moonlet_wire_u64(r, 10, &out->put_ttl_ms)))
             return MOONLET_ERR_RPC_FAIL;
+        /* A second endpoint of the same memory (optional). */
+        if (moonlet_wire_len(r) >= 14) {
+            d->alt_segment_id = dup_str(r, 11);
+            d->alt_endpoint = dup_str(r, 12);
+            d->alt_protocol = dup_str(r, 13);
+            if (!d->alt_segment_id || !d->alt_endpoint || !d->alt_protocol)
+                return MOONLET_ERR_RPC_FAIL;
+        }
     }
     return MOONLET_OK;
 }

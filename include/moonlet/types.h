@@ -34,6 +34,13 @@ typedef struct moonlet_replica_desc {
      * common/writecap.h) covering [offset, offset + cap_len) until cap_expiry_ms
      * on the store node's clock. */
     uint64_t cap_len, cap_expiry_ms, cap_tag;
+    /* A node serving both protocols (moonlet-store --protocol both): the same
+     * bytes under a second endpoint, e.g. the TCP one of an RDMA node.  NULL
+     * when the segment has only one.  The capability above is valid for
+     * writes through either endpoint. */
+    char *alt_segment_id;
+    char *alt_endpoint;
+    char *alt_protocol;
 } moonlet_replica_desc;
 
 typedef struct moonlet_replica_list {
@@ -62,6 +69,12 @@ typedef struct moonlet_segment_desc {
      * mount.  NULL / 0: none (the node does not check write capabilities). */
     const uint8_t *write_key;
     uint64_t node_clock_ms;
+    /* Optional second endpoint of the same memory (a node serving TCP and
+     * RDMA at once): its endpoint, segment id and protocol, all three or
+     * none (NULL).  Needs write_key. */
+    const char *alt_endpoint;
+    const char *alt_segment_id;
+    const char *alt_protocol;
 } moonlet_segment_desc;
 
 #ifdef __cplusplus
