@@ -158,6 +158,26 @@ static void test_segment_descriptor_round_trip(void **state)
     assert_int_equal(moonlet_mc_mount_segment(g_mc, &d), MOONLET_ERR_INVALID_PARAMS);
 }
 
+/* moonlet-inspect shows both endpoints, in JSON and in the table. */
+static void test_inspect_shows_both(void **state)
+{
+    (void)state;
+    char cmd[512], out[8192];
+    const char *forms[] = {"--json segments", "segments"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(cmd, sizeof(cmd), "COLUMNS=400 tools/moonlet-inspect --master %s %s", g_master.addr,
+                 forms[f]);
+        FILE *p = popen(cmd, "r");
+        assert_non_null(p);
+        size_t n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = 0;
+        assert_int_equal(pclose(p), 0);
+        assert_non_null(strstr(out, FAKE_RDMA_EP));
+        assert_non_null(strstr(out, g_info.endpoint));
+        assert_non_null(strstr(out, f == 0 ? "\"alt_protocol\":\"tcp\"" : "rdma+tcp"));
+    }
+}
+
 /* A TCP client puts to and gets from the dual segment through its TCP
  * endpoint: the bytes land in the memory this process serves, GetReplicaList
  * and InspectKey carry both endpoints, and the fake RDMA one is never tried
@@ -303,6 +323,7 @@ int main(void)
     const struct CMUnitTest pure[] = {cmocka_unit_test(test_pick_endpoint)};
     const struct CMUnitTest cluster[] = {
         cmocka_unit_test(test_segment_descriptor_round_trip),
+        cmocka_unit_test(test_inspect_shows_both),
         cmocka_unit_test(test_tcp_client_uses_tcp_endpoint),
         cmocka_unit_test(test_unspeakable_replica),
     };

@@ -121,6 +121,13 @@ void inspect_table_free(inspect_table *t);
 uint64_t inspect_json_u64(const struct cJSON *obj, const char *name);
 /* Reads a string member ("" when absent). */
 const char *inspect_json_str(const struct cJSON *obj, const char *name);
+/* A segment or replica served over two protocols (moonlet-store --protocol
+ * both) carries alt_segment_id, alt_endpoint and alt_protocol: copies them
+ * from `src` to `dst` when present; formats the protocol ("rdma+tcp") and
+ * endpoint ("A + B") columns of either kind. */
+void inspect_json_copy_alt(struct cJSON *dst, const struct cJSON *src);
+void inspect_fmt_endpoints(const struct cJSON *obj, char *proto, size_t proto_cap, char *ep,
+                           size_t ep_cap);
 /* Adds an exact unsigned integer member (never in exponent notation). */
 void inspect_json_add_u64(struct cJSON *obj, const char *name, uint64_t v);
 /* Prints `doc` (compact, on one line) and a newline to `out`, then frees it.  Returns 0,

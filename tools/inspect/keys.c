@@ -201,6 +201,7 @@ static cJSON *key_detail_json(const cJSON *k)
         inspect_json_add_u64(x, "offset", inspect_json_u64(r, "offset"));
         inspect_json_add_u64(x, "length", inspect_json_u64(r, "length"));
         cJSON_AddStringToObject(x, "status", inspect_json_str(r, "status"));
+        inspect_json_copy_alt(x, r);
         cJSON_AddItemToArray(arr, x);
     }
     return j;
@@ -243,8 +244,9 @@ static int print_key_detail(const cJSON *k, const char *key, int width)
         char off[24], len[32];
         snprintf(off, sizeof(off), "%" PRIu64, inspect_json_u64(r, "offset"));
         inspect_fmt_size(inspect_json_u64(r, "length"), len, sizeof(len));
-        const char *row[] = {inspect_json_str(r, "segment_id"), inspect_json_str(r, "endpoint"),
-                             inspect_json_str(r, "protocol"), off, len,
+        char proto[40], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
+        inspect_fmt_endpoints(r, proto, sizeof(proto), ep, sizeof(ep));
+        const char *row[] = {inspect_json_str(r, "segment_id"), ep, proto, off, len,
                              inspect_json_str(r, "status")};
         if (inspect_table_add(t, row)) {
             inspect_table_free(t);

@@ -291,6 +291,29 @@ const char *inspect_json_str(const cJSON *obj, const char *name)
     return cJSON_IsString(v) && v->valuestring ? v->valuestring : "";
 }
 
+void inspect_json_copy_alt(cJSON *dst, const cJSON *src)
+{
+    static const char *const f[] = {"alt_segment_id", "alt_endpoint", "alt_protocol"};
+    if (!*inspect_json_str(src, "alt_endpoint"))
+        return;
+    for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+        cJSON_AddStringToObject(dst, f[i], inspect_json_str(src, f[i]));
+}
+
+void inspect_fmt_endpoints(const cJSON *obj, char *proto, size_t proto_cap, char *ep,
+                           size_t ep_cap)
+{
+    const char *alt = inspect_json_str(obj, "alt_endpoint");
+    if (!*alt) {
+        snprintf(proto, proto_cap, "%s", inspect_json_str(obj, "protocol"));
+        snprintf(ep, ep_cap, "%s", inspect_json_str(obj, "endpoint"));
+        return;
+    }
+    snprintf(proto, proto_cap, "%s+%s", inspect_json_str(obj, "protocol"),
+             inspect_json_str(obj, "alt_protocol"));
+    snprintf(ep, ep_cap, "%s + %s", inspect_json_str(obj, "endpoint"), alt);
+}
+
 void inspect_json_add_u64(cJSON *obj, const char *name, uint64_t v)
 {
     char num[24];

@@ -31,6 +31,7 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
             cJSON_AddStringToObject(j, SEG_FIELDS[i], inspect_json_str(s, SEG_FIELDS[i]));
         for (size_t i = 0; i < sizeof(SEG_NUMBERS) / sizeof(SEG_NUMBERS[0]); i++)
             inspect_json_add_u64(j, SEG_NUMBERS[i], inspect_json_u64(s, SEG_NUMBERS[i]));
+        inspect_json_copy_alt(j, s);
         cap += inspect_json_u64(s, "capacity");
         used += inspect_json_u64(s, "used");
         cJSON_AddItemToArray(arr, j);
@@ -74,9 +75,11 @@ static int render_table(const cJSON *list, FILE *out, int width)
             snprintf(ageb, sizeof(ageb), "0 ms");
         else
             inspect_fmt_ms(age, ageb, sizeof(ageb));
+        char proto[40], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
+        inspect_fmt_endpoints(s, proto, sizeof(proto), ep, sizeof(ep));
         const char *row[] = {inspect_json_str(s, "segment_id"), inspect_json_str(s, "name"),
-                             inspect_json_str(s, "client_id"), inspect_json_str(s, "protocol"),
-                             inspect_json_str(s, "endpoint"), capb, usedb, pctb, objb, ageb};
+                             inspect_json_str(s, "client_id"), proto, ep, capb, usedb, pctb,
+                             objb, ageb};
         if (inspect_table_add(t, row)) {
             inspect_table_free(t);
             return MOONLET_ERR_INTERNAL_ERROR;
