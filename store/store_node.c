@@ -27,6 +27,13 @@
  * this one lives, and nobody else can ping or unmount for it.  Serving on a
  * non-loopback address without a token is warned about.
  *
+ * Both protocols (cfg->tcp_listen_addr): a second, TCP, transport serves the
+ * same memory; both registrations get the same write key (TCP checks
+ * capabilities, which the master computes over the TCP segment id; RDMA
+ * relies on the quarantine), and one MountSegment carries the TCP endpoint
+ * and segment id as the segment's second endpoint.  They are registered,
+ * re-registered and health-checked together.
+ *
  * Locks: n->mu guards `mounted`, `stopping`, `mounts` and the published copy
  * of the segment id; it is never held across an RPC or a transport call.
  */
@@ -69,6 +76,10 @@ struct moonlet_store_node {
     bool advertised;                                 /* endpoint came from advertise_addr */
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
+    moonlet_xfer *xfer_tcp;         /* both protocols: the TCP one; else NULL */
+    char tcp_ep[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    bool tcp_registered;
+    moonlet_xfer_segment_info tcp_info; /* loop thread only */
     moonlet_segment_mem mem;
     uint8_t write_key[MOONLET_WRITECAP_KEY_BYTES]; /* of the current registration */
     bool registered;
@@ -201,9 +212,20 @@ static int node_register(moonlet_store_node *n)
         return rc;
     }
     n->registered = true;
+    if (n->xfer_tcp) {
+        rc = moonlet_xfer_register_segment(n->xfer_tcp, n->mem.base, n->mem.size, &n->tcp_info);
+        if (rc) {
+            ML_ERR(MOD, "cannot register the segment with the TCP transport: %s",
+                   moonlet_strerror(rc));
+            return rc;
+        }
+        n->tcp_registered = true;
+    }
     rc = moonlet_writecap_new_key(n->write_key);
     if (rc == MOONLET_OK)
         rc = moonlet_xfer_set_segment_key(n->xfer, n->info.segment_id, n->write_key);
+    if (rc == MOONLET_OK && n->xfer_tcp)
+        rc = moonlet_xfer_set_segment_key(n->xfer_tcp, n->tcp_info.segment_id, n->write_key);
     if (rc) {
         ML_ERR(MOD, "cannot key the segment's writes: %s", moonlet_strerror(rc));
         return rc;
@@ -225,6 +247,13 @@ static int node_reregister(moonlet_store_node *n)
             ML_WARN(MOD, "unregistering segment %s: %s", n->info.segment_id, moonlet_strerror(rc));
         n->registered = false;
     }
+    if (n->tcp_registered) {
+        int rc = moonlet_xfer_unregister_segment(n->xfer_tcp, n->tcp_info.segment_id);
+        if (rc && rc != MOONLET_ERR_SEGMENT_NOT_FOUND)
+            ML_WARN(MOD, "unregistering TCP segment %s: %s", n->tcp_info.segment_id,
+                    moonlet_strerror(rc));
+        n->tcp_registered = false;
+    }
     return node_register(n);
 }
 
@@ -244,6 +273,11 @@ static int node_mount(moonlet_store_node *n)
                               .endpoint = n->advertised ? n->endpoint : n->info.endpoint,
                               .protocol = n->info.protocol, .write_key = n->write_key,
                               .node_clock_ms = moonlet_xfer_now_ms()};
+    if (n->xfer_tcp) {
+        d.alt_endpoint = n->tcp_info.endpoint;
+        d.alt_segment_id = n->tcp_info.segment_id;
+        d.alt_protocol = n->tcp_info.protocol;
+    }
     int rc = moonlet_mc_mount_segment(n->mc, &d);
     if (rc == MOONLET_ERR_SEGMENT_ALREADY_EXISTS)
         rc = MOONLET_OK; /* an earlier attempt landed but its reply was lost */
@@ -254,9 +288,9 @@ static int node_mount(moonlet_store_node *n)
     n->mounts++;
     pthread_mutex_unlock(&n->mu);
     char sz[32];
-    ML_INFO(MOD, "mounted segment %s (%s) of client %s at %s://%s", d.segment_id,
+    ML_INFO(MOD, "mounted segment %s (%s) of client %s at %s://%s%s%s", d.segment_id,
             moonlet_bytesize_format(d.size, sz, sizeof(sz)), n->client_id, d.protocol,
-            d.endpoint);
+            d.endpoint, d.alt_endpoint ? " and tcp://" : "", d.alt_endpoint ? d.alt_endpoint : "");
     return MOONLET_OK;
 }
 
@@ -350,7 +384,8 @@ int moonlet_store_node_run(moonlet_store_node *n)
             continue;
         }
         pthread_mutex_unlock(&n->mu);
-        if (moonlet_xfer_health(n->xfer) != MOONLET_OK) {
+        if (moonlet_xfer_health(n->xfer) != MOONLET_OK ||
+            (n->xfer_tcp && moonlet_xfer_health(n->xfer_tcp) != MOONLET_OK)) {
             ML_ERR(MOD, "the data endpoint cannot serve any more (RDMA device gone): "
                    "unmounting and exiting, for the service manager to restart the store");
             node_unmount(n);
@@ -419,6 +454,25 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     if (!c->auth_token && !moonlet_store_node_addr_is_loopback(xo.listen_addr))
         ML_WARN(MOD, "serving on %s without --auth-token-file: any host that reaches this port "
                 "can read and overwrite the segment's bytes", xo.listen_addr);
+    if (c->tcp_listen_addr) {
+        if (strcmp(moonlet_xfer_protocol_name(n->xfer), "rdma") != 0 || c->advertise_addr) {
+            ML_ERR(MOD, "serving both protocols needs RDMA on %s and no advertised address",
+                   xo.listen_addr);
+            return MOONLET_ERR_INVALID_PARAMS;
+        }
+        moonlet_xfer_opts to = xo;
+        to.protocol = MOONLET_XFER_TCP;
+        to.listen_addr = c->tcp_listen_addr;
+        to.device = NULL;
+        rc = moonlet_xfer_create(&to, &n->xfer_tcp);
+        if (rc == MOONLET_OK)
+            rc = moonlet_xfer_local_endpoint(n->xfer_tcp, n->tcp_ep, sizeof(n->tcp_ep));
+        if (rc) {
+            ML_ERR(MOD, "cannot serve TCP on %s: %s", to.listen_addr, moonlet_strerror(rc));
+            return rc;
+        }
+        ML_INFO(MOD, "serving RDMA on %s and TCP on %s", n->listen_ep, n->tcp_ep);
+    }
     if (!c->advertise_addr) {
         snprintf(n->endpoint, sizeof(n->endpoint), "%s", n->listen_ep);
         return MOONLET_OK;
@@ -497,6 +551,7 @@ void moonlet_store_node_destroy(moonlet_store_node *n)
      * segment's registration.  Unregistering first would wait for those
      * requests for up to the transfer timeout, past a prompt SIGTERM exit. */
     moonlet_xfer_destroy(n->xfer);
+    moonlet_xfer_destroy(n->xfer_tcp);
     moonlet_segment_mem_free(&n->mem);
     moonlet_mc_destroy(n->mc);
     pthread_cond_destroy(&n->wake);
@@ -524,6 +579,11 @@ const char *moonlet_store_node_client_id(const moonlet_store_node *n)
 const char *moonlet_store_node_protocol(const moonlet_store_node *n)
 {
     return moonlet_xfer_protocol_name(n->xfer);
+}
+
+const char *moonlet_store_node_tcp_endpoint(const moonlet_store_node *n)
+{
+    return n->tcp_ep;
 }
 
 void *moonlet_store_node_segment_base(moonlet_store_node *n)

@@ -55,6 +55,10 @@ typedef struct moonlet_store_node_config {
     uint64_t segment_size;          /* bytes, >= MOONLET_STORE_NODE_MIN_SEGMENT */
     moonlet_xfer_protocol protocol; /* auto, tcp or rdma */
     const char *listen_addr;        /* data endpoint to serve on; NULL: "127.0.0.1:0" */
+    /* Set: serve TCP here as well (protocol must be rdma): the same memory is
+     * registered with both transports and mounted as ONE segment with two
+     * endpoints ("--protocol both"); a port of 0 picks a free one. */
+    const char *tcp_listen_addr;
     const char *device;             /* RDMA device; NULL: first ACTIVE one */
     int rdma_tos;                   /* rdma: IP TOS of its connections; 0: default */
     int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
@@ -120,6 +124,9 @@ const char *moonlet_store_node_listen_endpoint(const moonlet_store_node *n);
 const char *moonlet_store_node_client_id(const moonlet_store_node *n);
 /* "tcp" or "rdma". */
 const char *moonlet_store_node_protocol(const moonlet_store_node *n);
+
+/* The TCP endpoint of a node serving both protocols ("" otherwise). */
+const char *moonlet_store_node_tcp_endpoint(const moonlet_store_node *n);
 
 /* Copies the segment id currently registered (it changes on re-mount).
  * Returns 0 or BUFFER_OVERFLOW. */

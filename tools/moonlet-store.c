@@ -5,7 +5,8 @@
  * allocated, served, registered and mounted - store/store_node.c does all of
  * it), prints "listening on HOST:PORT" (the address it serves on) once
  * mounted, and with --advertise a second line "advertising HOST:PORT" (the
- * endpoint the master hands to peers), and heartbeats until SIGTERM or
+ * endpoint the master hands to peers), with --protocol both a line "tcp
+ * listening on HOST:PORT" (the node's second, TCP, endpoint), and heartbeats until SIGTERM or
  * SIGINT, after which the node unmounts and the process exits 0.  Exit code 2: bad flags; 1: the node could not start.
  * Before serving it raises its file-descriptor limit to what
  * --max-connections needs (soft up to the hard limit; the cap is lowered
@@ -49,7 +50,11 @@ static void usage(FILE *f)
             "\n"
             "  --master HOST:PORT        the master's RPC address (required)\n"
             "  --segment-size SIZE       memory contributed, e.g. 1GiB, 64MiB, 1048576 (default 1GiB)\n"
-            "  --protocol P              auto|tcp|rdma (default auto: rdma when a device is active)\n"
+            "  --protocol P              auto|tcp|rdma|both (default auto: rdma when a device is\n"
+            "                            active; both: rdma on --listen and tcp on --tcp-listen,\n"
+            "                            one segment with two endpoints, for mixed clusters)\n"
+            "  --tcp-listen HOST:PORT    with --protocol both: the TCP endpoint (default: the\n"
+            "                            --listen host, any port)\n"
             "  --listen HOST:PORT        data endpoint to serve on (default 127.0.0.1:0; 0 = any port;\n"
             "                            for rdma an address on the RDMA device)\n"
             "  --device NAME             RDMA device, e.g. mlx5_0 (default: first active)\n"
@@ -151,7 +156,7 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS
+    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
@@ -162,6 +167,7 @@ static const struct option g_opts[] = {
     {"segment-size", required_argument, 0, O_SIZE},
     {"protocol", required_argument, 0, O_PROTO},
     {"listen", required_argument, 0, O_LISTEN},
+    {"tcp-listen", required_argument, 0, O_TCP_LISTEN},
     {"device", required_argument, 0, O_DEVICE},
     {"rdma-tos", required_argument, 0, O_TOS},
     {"numa-node", required_argument, 0, O_NUMA},
@@ -198,14 +204,23 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
 {
     unsigned long v;
     int c, bad = 0;
+    bool both = false;
     opterr = 0;
     while (!bad && (c = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
         switch (c) {
         case O_MASTER: cfg->master_addr = optarg; bad = check_hostport("--master", optarg, 1); break;
         case O_SIZE: bad = parse_size(optarg, &cfg->segment_size); break;
         case O_PROTO:
-            bad = moonlet_xfer_parse_protocol(optarg, &cfg->protocol) != MOONLET_OK &&
-                  bad_flag("--protocol", "expected auto, tcp or rdma", optarg);
+            both = strcmp(optarg, "both") == 0;
+            if (both)
+                cfg->protocol = MOONLET_XFER_RDMA;
+            else
+                bad = moonlet_xfer_parse_protocol(optarg, &cfg->protocol) != MOONLET_OK &&
+                      bad_flag("--protocol", "expected auto, tcp, rdma or both", optarg);
+            break;
+        case O_TCP_LISTEN:
+            cfg->tcp_listen_addr = optarg;
+            bad = check_hostport("--tcp-listen", optarg, 0);
             break;
         case O_LISTEN: cfg->listen_addr = optarg; bad = check_hostport("--listen", optarg, 0); break;
         case O_DEVICE: cfg->device = optarg; break;
@@ -281,6 +296,22 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
     if (!bad && !cfg->master_addr) {
         fprintf(stderr, PROG ": --master HOST:PORT is required\n");
         bad = 1;
+    }
+    if (!bad && cfg->tcp_listen_addr && !both) {
+        fprintf(stderr, PROG ": --tcp-listen needs --protocol both\n");
+        bad = 1;
+    }
+    if (!bad && both && (sv->path || cfg->advertise_addr)) {
+        fprintf(stderr, PROG ": --protocol both does not go with %s\n",
+                sv->path ? "--serve-dummy" : "--advertise");
+        bad = 1;
+    }
+    if (!bad && both && !cfg->tcp_listen_addr) { /* the --listen host, any port */
+        static char tcp_listen[MOONLET_MAX_ENDPOINT_BYTES + 1];
+        const char *l = cfg->listen_addr ? cfg->listen_addr : "127.0.0.1:0";
+        const char *colon = strrchr(l, ':');
+        snprintf(tcp_listen, sizeof(tcp_listen), "%.*s:0", (int)(colon ? colon - l : 0), l);
+        cfg->tcp_listen_addr = tcp_listen;
     }
     if (!bad && (sv->group || sv->busy_poll_set) && !sv->path) {
         fprintf(stderr, PROG ": %s needs --serve-dummy\n",
@@ -388,6 +419,8 @@ int main(int argc, char **argv)
     printf("listening on %s\n", moonlet_store_node_listen_endpoint(node));
     if (cfg.advertise_addr)
         printf("advertising %s\n", moonlet_store_node_endpoint(node));
+    if (cfg.tcp_listen_addr)
+        printf("tcp listening on %s\n", moonlet_store_node_tcp_endpoint(node));
     fflush(stdout);
     pthread_t sig_th;
     if (pthread_create(&sig_th, NULL, signal_thread, node) != 0) {
