@@ -55,6 +55,15 @@ t_rdma_cluster() {
         timeout 600 python3 -m pytest -q -s -p no:cacheprovider "$S/tests/rdma/test_rdma_cluster.py"
 }
 
+# A mixed cluster: a store serving RDMA and TCP (--protocol both), a TCP-only
+# store, an RDMA client on rxe1 and a TCP-only reader (test_rdma_mixed.py).
+t_rdma_mixed() {
+    MOONLET_RDMA_SERVER_ADDR=$IP_A MOONLET_RDMA_CLIENT_ADDR=$IP_B \
+    MOONLET_RDMA_SERVER_DEV=$RXE_A MOONLET_RDMA_CLIENT_DEV=$RXE_B \
+    MOONLET_RDMA_RESULTS=$OUT/results.jsonl \
+        timeout 300 python3 -m pytest -q -s -p no:cacheprovider "$S/tests/rdma/test_rdma_mixed.py"
+}
+
 # The operator's self-test (scripts/rdma-check.sh) on rxe0's address: finds
 # the device, the RoCE v2 GID, and moves data through moonlet; and refuses an
 # address with no RDMA device.
@@ -73,7 +82,7 @@ t_rdma_check() {
 # moonlet-bench transfer --protocol rdma beside perftest (tests/rdma/bench.sh)
 . "$S/tests/rdma/bench.sh"
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench rdma_cluster"
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench rdma_mixed rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {
