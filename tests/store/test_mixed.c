@@ -158,6 +158,26 @@ static void test_segment_descriptor_round_trip(void **state)
     assert_int_equal(moonlet_mc_mount_segment(g_mc, &d), MOONLET_ERR_INVALID_PARAMS);
 }
 
+/* moonlet-store --protocol both: its flag rules, and a host without an RDMA
+ * device (this one) refused at start like --protocol rdma, never a silent
+ * TCP-only node. */
+static void test_store_both_flags(void **state)
+{
+    (void)state;
+    char *m = g_master.addr;
+    char *lone_tcp[] = {"tools/moonlet-store", "--master", m, "--tcp-listen", "127.0.0.1:0", NULL};
+    char *adv[] = {"tools/moonlet-store", "--master", m, "--protocol", "both", "--advertise",
+                   "10.0.0.1:7000", NULL};
+    char *dummy[] = {"tools/moonlet-store", "--master", m, "--protocol", "both", "--serve-dummy",
+                     "/tmp/moonlet-mixed-never.sock", NULL};
+    char *no_dev[] = {"tools/moonlet-store", "--master", m, "--protocol", "both",
+                      "--segment-size", "4MiB", "--log-level", "error", NULL};
+    assert_int_equal(cl_run_exit_code(lone_tcp, 10000), 2);
+    assert_int_equal(cl_run_exit_code(adv, 10000), 2);
+    assert_int_equal(cl_run_exit_code(dummy, 10000), 2);
+    assert_int_equal(cl_run_exit_code(no_dev, 20000), 1);
+}
+
 /* moonlet-inspect shows both endpoints, in JSON and in the table. */
 static void test_inspect_shows_both(void **state)
 {
@@ -324,6 +344,7 @@ int main(void)
     const struct CMUnitTest cluster[] = {
         cmocka_unit_test(test_segment_descriptor_round_trip),
         cmocka_unit_test(test_inspect_shows_both),
+        cmocka_unit_test(test_store_both_flags),
         cmocka_unit_test(test_tcp_client_uses_tcp_endpoint),
         cmocka_unit_test(test_unspeakable_replica),
     };
