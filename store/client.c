@@ -540,8 +540,9 @@ static int client_route_of(moonlet_client *c, const moonlet_replica_desc *r, cli
                                           &proto);
     if (rc) {
         ML_WARN(MOD, "replica at %s (segment %s) is served over %s%s%s only; this client speaks "
-                "%s: trying another replica", r->endpoint, r->segment_id, r->protocol,
-                r->alt_protocol ? " and " : "", r->alt_protocol ? r->alt_protocol : "", mine);
+                "%s (a node serves both with moonlet-store --protocol both)", r->endpoint,
+                r->segment_id, r->protocol, r->alt_protocol ? " and " : "",
+                r->alt_protocol ? r->alt_protocol : "", mine);
         return rc;
     }
     out->xfer = strcmp(proto, mine) == 0 ? c->xfer : client_tcp_xfer(c);
