@@ -8,7 +8,8 @@
  * segment whose allocator can hold the object, so the replicas of one object
  * always land on distinct segments and load spreads across nodes.  A put
  * may name preferred segments (by the name given at mount, as ListSegments
- * and moonlet-inspect show it): those are tried first, in the given order,
+ * and moonlet-inspect show it, or by endpoint "host:port", Mooncake's
+ * segment name): those are tried first, in the given order,
  * and a name that is not mounted or has no room is skipped; the replicas
  * still unplaced then go round-robin as above.
  *
@@ -508,16 +509,23 @@ static bool place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uin
     return true;
 }
 
-/* The mounted slot named `name`, or UINT32_MAX.  Caller holds registry.mu. */
+/* The mounted slot whose name is `name`, else the first whose endpoint
+ * ("host:port", what Mooncake calls a segment name) is; UINT32_MAX when
+ * none.  Caller holds registry.mu. */
 static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
 {
+    uint32_t by_endpoint = UINT32_MAX;
     for (uint32_t i = 0; i < r->nslots; i++) {
         const struct mseg *s = r->segs[i];
-        if (s && atomic_load(&s->state) == SEG_MOUNTED && strlen(s->name) == name.len &&
-            memcmp(s->name, name.ptr, name.len) == 0)
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+            continue;
+        if (strlen(s->name) == name.len && memcmp(s->name, name.ptr, name.len) == 0)
             return i;
+        if (by_endpoint == UINT32_MAX && strlen(s->endpoint) == name.len &&
+            memcmp(s->endpoint, name.ptr, name.len) == 0)
+            by_endpoint = i;
     }
-    return UINT32_MAX;
+    return by_endpoint;
 }
 
 int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t nrep,

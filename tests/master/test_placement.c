@@ -90,10 +90,23 @@ static void test_preferred_absent_or_full(void **state)
     moonlet_master *m = fix_master(16, 1000);
     fix_mount(m, "c1", "small", 64 * 2);
     fix_mount(m, "c2", "big", 1 << 20);
+    /* a segment is also found by its endpoint (Mooncake's "host:port" name) */
+    moonlet_segment_desc d = {.client_id = "c3", .segment_id = "ep", .name = "ep", .size = 1 << 20,
+                              .endpoint = "10.0.0.3:7000", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+    moonlet_str byep[] = {MOONLET_STR("10.0.0.3:7000")};
+    moonlet_master_put_opts pe = {.replica_num = 1, .preferred = byep, .npreferred = 1};
+    struct segs s;
+    for (int i = 0; i < 3; i++) {
+        char kk[16];
+        snprintf(kk, sizeof(kk), "ep%d", i);
+        assert_int_equal(put_opts(m, kk, 64, &pe, &s), MOONLET_OK);
+        assert_string_equal(s.names[0], "ep");
+    }
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c3"), MOONLET_STR("ep")), MOONLET_OK);
     /* an unknown name is skipped */
     moonlet_str nope[] = {MOONLET_STR("nowhere")};
     moonlet_master_put_opts po = {.replica_num = 1, .preferred = nope, .npreferred = 1};
-    struct segs s;
     assert_int_equal(put_opts(m, "absent", 64, &po, &s), MOONLET_OK);
     assert_int_equal(s.n, 1);
     /* fill "small" through the preference, then it falls back to "big" */
