@@ -20,6 +20,14 @@
  * PutEnd may record the writer's checksum of the bytes; GetReplicaList
  * returns it to readers.
  *
+ * PutStart's options (moonlet_master_put_opts): preferred segments go to
+ * placement (segment.c); a soft pin's TTL (the object's own or the master's)
+ * waits in soft_pin_deadline until PutEnd turns it into a deadline; a hard
+ * pin is the deadline MOBJ_HARD_PIN, which eviction never takes.  Its bytes
+ * (size x replicas) are reserved in st.hard_pinned_bytes against
+ * cfg.hard_pin_max_ratio of the capacity before placement (an atomic add,
+ * undone on failure; no lock) and released when the object is destroyed.
+ *
  * Locks: guard (shared) -> one shard lock -> registry.mu.
  */
 #include <stdlib.h>

@@ -447,6 +447,18 @@ def test_stats_and_key_show_hard_pins(master):
     assert r.returncode == 0 and "hard-pinned (never evicted)" in r.stdout, r.stdout
 
 
+def test_hard_pin_max_ratio_flag():
+    m = Master("--hard_pin_max_ratio", "0")
+    try:
+        mount_two(m)
+        r = subprocess.run([PUT_BIN, m.addr, "hput", "h", "k", "10", "1"], capture_output=True,
+                           text=True, timeout=60, env=child_env())
+        assert r.returncode == 1 and "-200" in r.stderr + r.stdout, r.stderr
+        put(m, "put", "h", "k", "10", "1")  # an ordinary put still fits
+    finally:
+        m.stop()
+
+
 # ---- errors and help -----------------------------------------------------------
 
 
