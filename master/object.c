@@ -247,7 +247,6 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
      * a hard pin keeps its mark. */
     if (o->soft_pin && !mobj_hard_pinned(o))
         o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), o->soft_pin_deadline);
-
     atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_add(&m->st.put_ends, 1);
     /* A put whose every replica was lost in flight leaves nothing readable. */

@@ -333,6 +333,15 @@ typedef struct ml_place {
     uint64_t ttl_ms;
 } ml_place;
 
+/* Only the scalars: the 16 KiB of names are written as they are parsed
+ * (no memset on every put). */
+static void ml_place_init(ml_place *pl)
+{
+    pl->n = 0;
+    pl->hard_pin = 0;
+    pl->ttl_ms = 0;
+}
+
 static int ml_place_name(ml_place *pl, PyObject *item)
 {
     Py_ssize_t len;
@@ -619,7 +628,8 @@ static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw,
     Py_buffer value;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&pO&pO&:upsert"
                                             : "O&y*|$O&O&pO&pO&:put",
                                      kwl, conv_key, &key, &value, conv_tenant, &tenant, conv_u32,
@@ -953,7 +963,8 @@ static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *k
     size_t size;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&pO&pO&:put_from", kwl, conv_key, &key,
                                      conv_addr, &addr, conv_size, &size, conv_tenant, &tenant,
                                      conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
@@ -1032,7 +1043,8 @@ static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObj
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:batch_put_from", kwl, &keys, &addrs,
                                      &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
                                      &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
@@ -1307,7 +1319,8 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&pO&pO&:batch_put", kwl, &keys_obj,
                                      &values_obj, conv_tenant, &tenant, conv_u32, &replica_num,
                                      &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
@@ -1376,7 +1389,8 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     const char *key, *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "put_parts() missing required argument 'key'");
@@ -1771,7 +1785,8 @@ static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyOb
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    ml_place pl = {.n = 0};
+    ml_place pl;
+    ml_place_init(&pl);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:_batch_put_multi", kwl, &keys, &addrs,
                                      &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
                                      &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
