@@ -33,7 +33,9 @@ static void key_view_fill(const struct mobj *o, uint64_t now, moonlet_key_view *
     for (uint32_t k = 0; k < o->nrep; k++)
         v->readable_replicas += v->complete && mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE;
     v->lease_remaining_ms = v->complete ? moonlet_lease_remaining_ms(o->lease_deadline, now) : 0;
-    v->soft_pin_remaining_ms = moonlet_lease_remaining_ms(o->soft_pin_deadline, now);
+    v->hard_pinned = mobj_hard_pinned(o);
+    v->soft_pin_remaining_ms = v->complete && !v->hard_pinned
+                                   ? moonlet_lease_remaining_ms(o->soft_pin_deadline, now) : 0;
 }
 
 /* Cursor "<shard>:<hex hash>" resumes after that hash; "<shard>:" at the shard's start. */

@@ -7,7 +7,11 @@
  * order is least recently written or read first.  It never evicts an
  * object with an unexpired lease or a put in progress.  Soft-pinned objects
  * are spared by the first round and considered only by a second round when
- * the first could not reach the target.
+ * the first could not reach the target.  Hard-pinned objects (a pin whose
+ * deadline is MOBJ_HARD_PIN) are never eligible, in either round or in
+ * evict_for_space, where their ranges break a run like a leased object's;
+ * only Remove takes them.  Their bytes are capped at PutStart
+ * (cfg.hard_pin_max_ratio of the capacity) so the rest stays evictable.
  *
  * A round works in two steps so that no lock is held across shards:
  *   1. collect the deadlines of every eligible object (one shard at a time)
@@ -40,7 +44,8 @@
 
 static bool evictable(const struct mobj *o, uint64_t now, bool include_pinned)
 {
-    if (o->state != OBJ_COMPLETE || moonlet_lease_active(o->lease_deadline, now))
+    if (o->state != OBJ_COMPLETE || moonlet_lease_active(o->lease_deadline, now) ||
+        mobj_hard_pinned(o))
         return false;
     return include_pinned || !moonlet_lease_active(o->soft_pin_deadline, now);
 }

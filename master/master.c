@@ -40,6 +40,7 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->background_interval_ms = 100;
     cfg->background = true;
     cfg->max_tenants = MOONLET_MAX_TENANTS;
+    cfg->hard_pin_max_ratio = 0.5;
 }
 
 /* ---- tenants ---------------------------------------------------------------- */
@@ -243,7 +244,8 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     if (cfg->shards == 0 || cfg->shards > (1u << 20) || cfg->eviction_ratio < 0 ||
         cfg->eviction_ratio > 1 || cfg->eviction_high_watermark < 0 ||
         cfg->eviction_high_watermark > 1 || cfg->background_interval_ms == 0 ||
-        cfg->max_tenants == 0 || cfg->max_tenants > MOONLET_MAX_TENANTS)
+        cfg->max_tenants == 0 || cfg->max_tenants > MOONLET_MAX_TENANTS ||
+        !(cfg->hard_pin_max_ratio >= 0 && cfg->hard_pin_max_ratio <= 1))
         return MOONLET_ERR_INVALID_PARAMS;
 
     moonlet_master *m = calloc(1, sizeof(*m));
@@ -364,6 +366,8 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->resume_lock_hold_max_ns = atomic_load(&s->resume_lock_hold_max_ns);
     st->tenants = tenant_count(m);
     st->quarantined = atomic_load(&m->reg.quarantined);
+    st->hard_pinned = atomic_load(&s->hard_pinned);
+    st->hard_pinned_bytes = atomic_load(&s->hard_pinned_bytes);
     st->capacity = atomic_load(&m->reg.capacity);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);

@@ -48,6 +48,8 @@ typedef struct moonlet_master_config {
     uint32_t background_interval_ms;  /* eviction / liveness check period (100) */
     bool background;                  /* run the eviction and liveness thread */
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
+    double hard_pin_max_ratio;        /* hard-pinned bytes (size x replicas) at most this
+                                       * share of the capacity (0.5); 0: no hard pins */
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, and by ProbeResume before each candidate's
      * validation, with no master lock held. */
@@ -139,6 +141,27 @@ typedef void (*moonlet_replica_visitor)(void *arg, const moonlet_replica_view *r
 int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
                              uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
                              void *arg);
+
+/* PutStart's placement and pinning options (Mooncake's ReplicateConfig). */
+typedef struct moonlet_master_put_opts {
+    uint32_t replica_num;
+    bool soft_pin;
+    /* Never evicted (by the watermark pass or for a put's space); Remove,
+     * forced or not, still removes it.  Refused with NO_AVAILABLE_HANDLE when
+     * hard-pinned bytes would exceed cfg.hard_pin_max_ratio of the capacity. */
+    bool hard_pin;
+    uint64_t soft_pin_ttl_ms;       /* with soft_pin: this object's pin TTL; 0: cfg.soft_pin_ttl_ms */
+    const moonlet_str *preferred;   /* segment names tried first, in order (may be NULL) */
+    uint32_t npreferred;            /* at most MOONLET_MAX_PREFERRED */
+} moonlet_master_put_opts;
+#define MOONLET_MAX_PREFERRED 64u
+
+/* moonlet_master_put_start with options: replicas go to the preferred
+ * segments first (a name that is unknown, unmounted or full is skipped),
+ * the rest round-robin over the other segments, all distinct. */
+int moonlet_master_put_start_opts(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                  uint64_t size, const moonlet_master_put_opts *opts,
+                                  moonlet_replica_visitor visit, void *arg);
 /* Seals a put: every replica becomes COMPLETE and the object readable.
  * checksum (optional): the writer's XXH3-64 of the bytes, returned to readers. */
 int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key,
@@ -243,6 +266,7 @@ typedef struct moonlet_key_view {
     uint32_t readable_replicas;
     uint64_t lease_remaining_ms; /* 0: no lease */
     uint64_t soft_pin_remaining_ms;
+    bool hard_pinned;
 } moonlet_key_view;
 
 /* Pages through a tenant's keys in a stable order (by key hash).  `cursor` is
@@ -292,6 +316,8 @@ typedef struct moonlet_master_stats {
     uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     uint64_t resume_lock_hold_max_ns;
     uint64_t quarantined;       /* bytes freed from unfinished puts, not yet reusable */
+    uint64_t hard_pinned;       /* hard-pinned objects (puts in progress included) */
+    uint64_t hard_pinned_bytes; /* their size x replicas: never evictable */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

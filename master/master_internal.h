@@ -59,7 +59,9 @@ struct mobj {
     uint64_t size;              /* object bytes */
     uint64_t lease_deadline;    /* read lease (ns); while PENDING: put deadline;
                                  * sealed and never read: the seal time */
-    uint64_t soft_pin_deadline; /* ns; 0 = not pinned */
+    uint64_t soft_pin_deadline; /* ns; 0 = not pinned; MOBJ_HARD_PIN: never evicted.
+                                 * While PENDING: the soft-pin TTL (ns) PutEnd
+                                 * turns into a deadline, or MOBJ_HARD_PIN */
     uint32_t tenant;
     uint16_t key_len;
     uint8_t nrep;
@@ -74,6 +76,20 @@ struct mobj {
 /* 56 bytes: the end-to-end checksum added 8.  The hash, size, length and the
  * key's first bytes still share the first cache line. */
 _Static_assert(sizeof(struct mobj) == 56, "object header grew: lookups touch more cache lines");
+
+/* A hard pin is a pin whose deadline never comes: the eviction's check of
+ * soft_pin_deadline (already on the header's first line) sees it, so the
+ * 56-byte header needs no new field or bit. */
+#define MOBJ_HARD_PIN UINT64_MAX
+static inline bool mobj_hard_pinned(const struct mobj *o)
+{
+    return o->soft_pin_deadline == MOBJ_HARD_PIN;
+}
+/* The bytes a hard pin holds (object size x replicas allocated). */
+static inline uint64_t mobj_pinned_bytes(const struct mobj *o)
+{
+    return o->size * o->nrep_cap;
+}
 
 static inline char *mobj_key(struct mobj *o) { return o->key; }
 static inline size_t mobj_key_span(uint32_t key_len) { return (key_len + 7u) & ~(size_t)7u; }
@@ -205,6 +221,7 @@ struct mstats {
     _Atomic uint64_t leases_resume_kda, leases_resume_kv;
     _Atomic uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     _Atomic uint64_t resume_lock_hold_max_ns;
+    _Atomic uint64_t hard_pinned, hard_pinned_bytes; /* reserved at PutStart, freed at destroy */
 };
 
 struct moonlet_master {
@@ -295,6 +312,11 @@ void registry_destroy(struct registry *r);
 /* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[].
  * Caller holds the guard shared (and a shard lock); takes registry.mu. */
 int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps);
+/* The same, trying the segments named in preferred[] first (in order; names
+ * not mounted or without room are skipped), then round-robin. */
+int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t nrep,
+                                    const moonlet_str *preferred, uint32_t npreferred,
+                                    struct mrep *reps);
 /* Gives the ranges back.  Takes registry.mu.  until_ns 0: to the allocator
  * at once (a sealed object: every write to it was acknowledged before its
  * PutEnd, so no stale byte can follow); otherwise into the segment's

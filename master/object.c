@@ -20,6 +20,14 @@
  * PutEnd may record the writer's checksum of the bytes; GetReplicaList
  * returns it to readers.
  *
+ * PutStart's options (moonlet_master_put_opts): preferred segments go to
+ * placement (segment.c); a soft pin's TTL (the object's own or the master's)
+ * waits in soft_pin_deadline until PutEnd turns it into a deadline; a hard
+ * pin is the deadline MOBJ_HARD_PIN, which eviction never takes.  Its bytes
+ * (size x replicas) are reserved in st.hard_pinned_bytes against
+ * cfg.hard_pin_max_ratio of the capacity before placement (an atomic add,
+ * undone on failure; no lock) and released when the object is destroyed.
+ *
  * Locks: guard (shared) -> one shard lock -> registry.mu.
  */
 #include <stdlib.h>
@@ -98,9 +106,10 @@ static void visit_replicas(moonlet_master *m, const struct mobj *o, bool readabl
 
 /* One PutStart attempt; NO_AVAILABLE_HANDLE lets the caller evict and retry. */
 static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_str key,
-                          uint64_t size, uint32_t nrep, bool soft_pin,
+                          uint64_t size, const moonlet_master_put_opts *po,
                           moonlet_replica_visitor visit, void *arg)
 {
+    uint32_t nrep = po->replica_num;
     int rc = MOONLET_OK;
     pthread_rwlock_rdlock(&m->guard);
     pthread_mutex_lock(&ref->shard->mu);
@@ -113,15 +122,41 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
         rc = MOONLET_ERR_INTERNAL_ERROR;
         goto out;
     }
-    rc = registry_place_locked(m, size, nrep, mobj_reps(o));
+    /* A hard pin reserves its bytes against the cap first, so concurrent
+     * puts cannot together pin more than cfg.hard_pin_max_ratio. */
+    uint64_t pin_bytes = size * nrep;
+    if (po->hard_pin) {
+        uint64_t cap = (uint64_t)(m->cfg.hard_pin_max_ratio * (double)atomic_load(&m->reg.capacity));
+        uint64_t before = atomic_fetch_add(&m->st.hard_pinned_bytes, pin_bytes);
+        if (before + pin_bytes > cap) {
+            atomic_fetch_sub(&m->st.hard_pinned_bytes, pin_bytes);
+            mobj_free(m, o);
+            rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
+            goto out;
+        }
+    }
+    rc = registry_place_preferred_locked(m, size, nrep, po->preferred, po->npreferred,
+                                         mobj_reps(o));
     if (rc) {
+        if (po->hard_pin)
+            atomic_fetch_sub(&m->st.hard_pinned_bytes, pin_bytes);
         mobj_free(m, o);
         goto out;
     }
     uint64_t now = moonlet_clock_now_ns();
     o->size = size;
     o->state = OBJ_PENDING;
-    o->soft_pin = soft_pin;
+    o->soft_pin = po->soft_pin || po->hard_pin;
+    /* Until PutEnd: the pin's TTL, or the hard-pin mark (master_internal.h). */
+    if (po->hard_pin) {
+        o->soft_pin_deadline = MOBJ_HARD_PIN;
+        atomic_fetch_add(&m->st.hard_pinned, 1);
+    } else if (po->soft_pin) {
+        o->soft_pin_deadline = po->soft_pin_ttl_ms ? po->soft_pin_ttl_ms * MOONLET_NS_PER_MS
+                                                   : m->soft_pin_ttl_ns;
+    } else {
+        o->soft_pin_deadline = 0;
+    }
     o->has_checksum = 0;
     o->checksum = 0;
     o->lease_deadline = now + m->put_timeout_ns; /* put deadline */
@@ -143,24 +178,32 @@ out:
     return rc;
 }
 
-int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
-                             uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
-                             void *arg)
+int moonlet_master_put_start_opts(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                  uint64_t size, const moonlet_master_put_opts *po,
+                                  moonlet_replica_visitor visit, void *arg)
 {
-    if (replica_num == 0 || replica_num > MOONLET_MAX_REPLICAS || size > (1ull << 50))
+    uint32_t replica_num = po ? po->replica_num : 0;
+    if (!po || replica_num == 0 || replica_num > MOONLET_MAX_REPLICAS || size > (1ull << 50) ||
+        po->npreferred > MOONLET_MAX_PREFERRED || (po->npreferred && !po->preferred) ||
+        po->soft_pin_ttl_ms > (1ull << 40))
         return MOONLET_ERR_INVALID_PARAMS;
     struct keyref ref;
     int rc = keyref_init(m, tenant, key, true, &ref);
     if (rc)
         return rc;
-    rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
+    rc = put_start_once(m, &ref, key, size, po, visit, arg);
     /* Eviction frees space, not segments: a put larger than all but fewer
      * than replica_num segments can never fit, and evicting would only lose
      * objects.  Otherwise evict for this request's contiguous space (a run
      * on each of replica_num segments); a few rounds, as other puts may take
-     * the space in between. */
+     * the space in between.  A hard pin refused by its cap gains nothing
+     * from evicting (hard-pinned bytes are never evicted). */
     bool can_fit = true;
-    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE &&
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && po->hard_pin &&
+        atomic_load(&m->st.hard_pinned_bytes) + size * replica_num >
+            (uint64_t)(m->cfg.hard_pin_max_ratio * (double)atomic_load(&m->reg.capacity)))
+        can_fit = false;
+    if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE && can_fit &&
         registry_segments_fitting(m, moonlet_alloc_rounded(size ? size : 1)) < replica_num) {
         can_fit = false;
         if (registry_mounted(m) >= replica_num)
@@ -169,11 +212,19 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
     for (int i = 0; i < 3 && can_fit && rc == MOONLET_ERR_NO_AVAILABLE_HANDLE; i++) {
         if (evict_for_space(m, size, replica_num) == 0)
             break;
-        rc = put_start_once(m, &ref, key, size, replica_num, soft_pin, visit, arg);
+        rc = put_start_once(m, &ref, key, size, po, visit, arg);
     }
     /* The call's reference; a failed call under a new name frees the tenant here. */
     tenant_release(m, ref.tenant);
     return rc;
+}
+
+int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str key, uint64_t size,
+                             uint32_t replica_num, bool soft_pin, moonlet_replica_visitor visit,
+                             void *arg)
+{
+    moonlet_master_put_opts po = {.replica_num = replica_num, .soft_pin = soft_pin};
+    return moonlet_master_put_start_opts(m, tenant, key, size, &po, visit, arg);
 }
 
 static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
@@ -192,8 +243,10 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
      * deadline first) then ranks a fresh object after those last read long
      * ago instead of before them - least recently used goes first. */
     o->lease_deadline = moonlet_clock_now_ns();
-    if (o->soft_pin)
-        o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), m->soft_pin_ttl_ns);
+    /* The TTL PutStart kept in soft_pin_deadline becomes the pin's deadline;
+     * a hard pin keeps its mark. */
+    if (o->soft_pin && !mobj_hard_pinned(o))
+        o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), o->soft_pin_deadline);
     atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_add(&m->st.put_ends, 1);
     /* A put whose every replica was lost in flight leaves nothing readable. */

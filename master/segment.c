@@ -6,7 +6,12 @@
  * master then places replicas in it.  Placement walks the mounted segments
  * round-robin from a rotating start and takes, for each replica, the next
  * segment whose allocator can hold the object, so the replicas of one object
- * always land on distinct segments and load spreads across nodes.
+ * always land on distinct segments and load spreads across nodes.  A put
+ * may name preferred segments (by the name given at mount, as ListSegments
+ * and moonlet-inspect show it, or by endpoint "host:port", Mooncake's
+ * segment name): those are tried first, in the given order,
+ * and a name that is not mounted or has no room is skipped; the replicas
+ * still unplaced then go round-robin as above.
  *
  * Unmount is a whole-table operation: it takes the snapshot guard exclusive,
  * strips the segment's replicas from every object (removing objects left with
@@ -494,7 +499,49 @@ void registry_quarantine_sweep(moonlet_master *m)
     pthread_mutex_unlock(&r->mu);
 }
 
-int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps)
+/* Reserves len on mounted segment `slot` unless a replica of this object is
+ * already there.  Caller holds registry.mu. */
+static bool place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint64_t now,
+                            struct mrep *reps, uint32_t placed)
+{
+    struct mseg *s = r->segs[slot];
+    if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+        return false;
+    for (uint32_t k = 0; k < placed; k++)
+        if (reps[k].seg == slot)
+            return false;
+    if (s->nquar)
+        quarantine_release_due_locked(r, s, now);
+    uint64_t off;
+    if (moonlet_alloc_reserve(s->alloc, len, &off) != MOONLET_OK)
+        return false;
+    s->objects++;
+    reps[placed] = (struct mrep){.offset = off, .seg = slot, .status = MOONLET_REPLICA_INITIALIZED};
+    return true;
+}
+
+/* The mounted slot whose name is `name`, else the first whose endpoint
+ * ("host:port", what Mooncake calls a segment name) is; UINT32_MAX when
+ * none.  Caller holds registry.mu. */
+static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
+{
+    uint32_t by_endpoint = UINT32_MAX;
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        const struct mseg *s = r->segs[i];
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+            continue;
+        if (strlen(s->name) == name.len && memcmp(s->name, name.ptr, name.len) == 0)
+            return i;
+        if (by_endpoint == UINT32_MAX && strlen(s->endpoint) == name.len &&
+            memcmp(s->endpoint, name.ptr, name.len) == 0)
+            by_endpoint = i;
+    }
+    return by_endpoint;
+}
+
+int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t nrep,
+                                    const moonlet_str *preferred, uint32_t npreferred,
+                                    struct mrep *reps)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
@@ -504,21 +551,18 @@ int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struc
         pthread_mutex_unlock(&r->mu);
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
-    uint32_t placed = 0, start = r->rr++;
-    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++) {
-        uint32_t slot = (start + k) % r->nslots;
-        struct mseg *s = r->segs[slot];
-        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
-            continue;
-        if (s->nquar)
-            quarantine_release_due_locked(r, s, now);
-        uint64_t off;
-        if (moonlet_alloc_reserve(s->alloc, len, &off) != MOONLET_OK)
-            continue;
-        s->objects++;
-        reps[placed++] = (struct mrep){.offset = off, .seg = slot,
-                                       .status = MOONLET_REPLICA_INITIALIZED};
+    uint32_t placed = 0;
+    /* Preferred names first (a linear scan each: segments are few and a
+     * preference list is short); duplicates fall out of place_on_locked. */
+    for (uint32_t p = 0; p < npreferred && placed < nrep; p++) {
+        uint32_t slot = slot_by_name_locked(r, preferred[p]);
+        if (slot != UINT32_MAX && place_on_locked(r, slot, len, now, reps, placed))
+            placed++;
     }
+    uint32_t start = r->rr++;
+    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++)
+        if (place_on_locked(r, (start + k) % r->nslots, len, now, reps, placed))
+            placed++;
     if (placed == nrep) {
         atomic_fetch_add(&r->used, len * nrep);
         pthread_mutex_unlock(&r->mu);
@@ -531,6 +575,11 @@ int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struc
     }
     pthread_mutex_unlock(&r->mu);
     return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+}
+
+int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps)
+{
+    return registry_place_preferred_locked(m, size, nrep, NULL, 0, reps);
 }
 
 void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,

@@ -415,12 +415,30 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     if (tenant_key(args, &tenant, &key) || moonlet_wire_u64(args, 2, &size) ||
         moonlet_wire_u64(args, 3, &nrep) || moonlet_wire_bool(args, 4, &soft_pin) ||
         nrep > UINT32_MAX)
-        return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin]");
+        return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin, preferred_segments?, "
+                             "hard_pin?, soft_pin_ttl_ms?]");
+    /* Optional trailing args (older clients send none): preferred segment
+     * names, the hard-pin flag, the soft-pin TTL (0: the master's default). */
+    moonlet_master_put_opts po = {.replica_num = (uint32_t)nrep, .soft_pin = soft_pin};
+    moonlet_str pref[MOONLET_MAX_PREFERRED];
+    uint32_t nargs = moonlet_wire_len(args);
+    if (nargs > 5) {
+        const msgpack_object *arr;
+        if (moonlet_wire_array(args, 5, &arr) || moonlet_wire_len(arr) > MOONLET_MAX_PREFERRED)
+            return BAD_ARGS(out, "preferred_segments: an array of at most 64 names");
+        po.npreferred = moonlet_wire_len(arr);
+        for (uint32_t i = 0; i < po.npreferred; i++)
+            if (moonlet_wire_strn(arr, i, MOONLET_MAX_ID_BYTES, &pref[i].ptr, &pref[i].len))
+                return BAD_ARGS(out, "preferred_segments: an array of segment names");
+        po.preferred = pref;
+    }
+    if ((nargs > 6 && moonlet_wire_bool(args, 6, &po.hard_pin)) ||
+        (nargs > 7 && moonlet_wire_u64(args, 7, &po.soft_pin_ttl_ms)))
+        return BAD_ARGS(out, "[..., preferred_segments, hard_pin (bool), soft_pin_ttl_ms (uint)]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
     rp.with_cap = true;
-    int rc = moonlet_master_put_start(M(ctx), tenant, key, size, (uint32_t)nrep, soft_pin,
-                                      replica_pack_visit, &rp);
+    int rc = moonlet_master_put_start_opts(M(ctx), tenant, key, size, &po, replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
         return reply(out, rc);
@@ -711,7 +729,7 @@ static int h_list_segments(moonlet_rpc_ctx *ctx, const msgpack_object *args, msg
 
 static void pack_key_view(msgpack_packer *pk, const moonlet_key_view *k, uint32_t extra)
 {
-    msgpack_pack_map(pk, 7 + extra);
+    msgpack_pack_map(pk, 8 + extra);
     moonlet_pack_key(pk, "key");
     moonlet_pack_str(pk, k->key, k->key_len);
     pack_u64_kv(pk, "size", k->size);
@@ -721,6 +739,8 @@ static void pack_key_view(msgpack_packer *pk, const moonlet_key_view *k, uint32_
     pack_u64_kv(pk, "readable_replicas", k->readable_replicas);
     pack_u64_kv(pk, "lease_remaining_ms", k->lease_remaining_ms);
     pack_u64_kv(pk, "soft_pin_remaining_ms", k->soft_pin_remaining_ms);
+    moonlet_pack_key(pk, "hard_pinned");
+    k->hard_pinned ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }
 
 struct key_pack {
@@ -787,7 +807,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 31);
+    msgpack_pack_map(out, 33);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -811,6 +831,8 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
     pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
     pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
+    pack_u64_kv(out, "hard_pinned", st.hard_pinned);
+    pack_u64_kv(out, "hard_pinned_bytes", st.hard_pinned_bytes); /* never evictable */
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)

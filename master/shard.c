@@ -193,6 +193,10 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
         atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_sub(&m->st.objects, 1);
     atomic_fetch_sub(&m->st.bytes, o->size);
+    if (mobj_hard_pinned(o)) {
+        atomic_fetch_sub(&m->st.hard_pinned, 1);
+        atomic_fetch_sub(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
+    }
     uint32_t tenant = o->tenant;
     mobj_free(m, o);
     tenant_release(m, tenant); /* tenants.lock is a leaf */

@@ -461,6 +461,7 @@ typedef struct client_put_args {
     uint32_t replica_num;
     bool soft_pin;
     bool checksum;
+    moonlet_mc_put_extra extra; /* preferred segments, hard pin, soft-pin TTL */
 } client_put_args;
 
 static client_put_args client_put_resolve(const moonlet_client *c, const moonlet_put_options *o)
@@ -469,6 +470,11 @@ static client_put_args client_put_resolve(const moonlet_client *c, const moonlet
                          .replica_num = o && o->replica_num ? o->replica_num : c->replica_num,
                          .soft_pin = o && o->soft_pin,
                          .checksum = c->checksum && !(o && o->skip_checksum)};
+    if (o)
+        a.extra = (moonlet_mc_put_extra){.preferred = o->preferred_segments,
+                                         .npreferred = o->preferred_segments_count,
+                                         .hard_pin = o->hard_pin,
+                                         .soft_pin_ttl_ms = o->soft_pin_ttl_ms};
     return a;
 }
 
@@ -630,7 +636,8 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
     client_put_args a = client_put_resolve(c, opt);
     moonlet_replica_list l;
     uint64_t sent_ms = moonlet_xfer_now_ms();
-    int rc = moonlet_mc_put_start(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin, &l);
+    int rc = moonlet_mc_put_start_ex(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin,
+                                     &a.extra, &l);
     if (rc)
         return rc;
     uint64_t ck = a.checksum ? moonlet_client_checksum(src, len) : 0;
@@ -867,8 +874,8 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
         if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]) || !sent || !cks)
             results[i] = !sent || !cks ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_ERR_INVALID_PARAMS;
         else
-            results[i] = moonlet_mc_put_start(c->mc, a.tenant, keys[i], lens[i], a.replica_num,
-                                              a.soft_pin, &lists[i]);
+            results[i] = moonlet_mc_put_start_ex(c->mc, a.tenant, keys[i], lens[i],
+                                                 a.replica_num, a.soft_pin, &a.extra, &lists[i]);
         first[i] = nops;
         if (results[i] == MOONLET_OK)
             nops += lists[i].count;

@@ -462,18 +462,36 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 
 /* ---- put --------------------------------------------------------------------------------- */
 
-/* A put's request carries skip_checksum as one more trailing argument only
- * when it is set, so a RealClient from before the option serves every other
- * put unchanged. */
+/* A put's request carries optional trailing arguments only when they are
+ * set, so a RealClient from before them serves every other put unchanged:
+ * skip_checksum alone (one more), or with the placement options (four more:
+ * skip_checksum, preferred segment names, hard pin, soft-pin TTL). */
+static bool put_has_placement(const moonlet_put_options *opt)
+{
+    return opt && (opt->preferred_segments_count || opt->hard_pin || opt->soft_pin_ttl_ms);
+}
+
 static uint32_t put_extra_args(const moonlet_put_options *opt)
 {
+    if (put_has_placement(opt))
+        return 4u;
     return opt && opt->skip_checksum ? 1u : 0u;
 }
 
 static void pack_put_extra(msgpack_packer *pk, const moonlet_put_options *opt)
 {
-    if (put_extra_args(opt))
-        msgpack_pack_true(pk);
+    uint32_t n = put_extra_args(opt);
+    if (n == 0)
+        return;
+    opt->skip_checksum ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    if (n == 1)
+        return;
+    size_t np = opt->preferred_segments ? opt->preferred_segments_count : 0;
+    msgpack_pack_array(pk, (uint32_t)np);
+    for (size_t i = 0; i < np; i++)
+        moonlet_pack_cstr(pk, opt->preferred_segments[i] ? opt->preferred_segments[i] : "");
+    opt->hard_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    msgpack_pack_uint64(pk, opt->soft_pin_ttl_ms);
 }
 
 static void pack_put_opts(msgpack_packer *pk, const moonlet_put_options *opt)

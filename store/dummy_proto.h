@@ -53,8 +53,10 @@ enum moonlet_dummy_method {
     MOONLET_DM_ATTACH = 101,
     /* [region] -> [0]   unmaps it */
     MOONLET_DM_DETACH = 102,
-    /* [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?] -> [rc]
-     * (skip_checksum is sent only when true) */
+    /* [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?,
+     *  preferred_segments?, hard_pin?, soft_pin_ttl_ms?] -> [rc]
+     * (skip_checksum is sent only when true or when the last three are sent;
+     * those three go together, only when one of them is set) */
     MOONLET_DM_PUT = 103,
     /* same arguments as PUT -> [rc] */
     MOONLET_DM_UPSERT = 104,
@@ -75,7 +77,8 @@ enum moonlet_dummy_method {
     /* [tenant, lease_mode u8, candidate_size u64, [key...]] -> [rc, [result...]]
      *   the policy reaches the master unchanged */
     MOONLET_DM_BATCH_PROBE_KEY = 112,
-    /* [tenant, replica_num, soft_pin, [[key, region, offset, len]...], skip_checksum?]
+    /* [tenant, replica_num, soft_pin, [[key, region, offset, len]...], skip_checksum?,
+     *  preferred_segments?, hard_pin?, soft_pin_ttl_ms?] (trailing args as in PUT)
      * -> [rc, [result...]] */
     MOONLET_DM_BATCH_PUT = 113,
     /* [tenant, [[key, region, offset, cap]...]] -> [rc, [result...], [len...]] */

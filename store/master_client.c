@@ -456,13 +456,16 @@ static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
     return MOONLET_OK;
 }
 
-int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const char *key,
-                         uint64_t size, uint32_t replica_num, bool soft_pin,
-                         moonlet_replica_list *out)
+int moonlet_mc_put_start_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                            uint64_t size, uint32_t replica_num, bool soft_pin,
+                            const moonlet_mc_put_extra *x, moonlet_replica_list *out)
 {
     int rc;
     memset(out, 0, sizeof(*out));
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PUT_START, 5, &rc);
+    bool extra = x && (x->npreferred || x->hard_pin || x->soft_pin_ttl_ms);
+    if (x && x->npreferred && !x->preferred)
+        return MOONLET_ERR_INVALID_PARAMS;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PUT_START, extra ? 8 : 5, &rc);
     if (!pk)
         return rc;
     pack_tenant(pk, tenant);
@@ -470,6 +473,13 @@ int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const ch
     msgpack_pack_uint64(pk, size);
     msgpack_pack_uint32(pk, replica_num);
     soft_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+    if (extra) {
+        msgpack_pack_array(pk, (uint32_t)x->npreferred);
+        for (size_t i = 0; i < x->npreferred; i++)
+            moonlet_pack_cstr(pk, x->preferred[i] ? x->preferred[i] : "");
+        x->hard_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+        msgpack_pack_uint64(pk, x->soft_pin_ttl_ms);
+    }
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
@@ -481,6 +491,13 @@ int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const ch
     if (rc)
         moonlet_replica_list_free(out);
     return rc;
+}
+
+int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const char *key,
+                         uint64_t size, uint32_t replica_num, bool soft_pin,
+                         moonlet_replica_list *out)
+{
+    return moonlet_mc_put_start_ex(mc, tenant, key, size, replica_num, soft_pin, NULL, out);
 }
 
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,

@@ -70,6 +70,18 @@ int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
 int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const char *key,
                          uint64_t size, uint32_t replica_num, bool soft_pin,
                          moonlet_replica_list *out);
+/* PutStart's optional trailing args (Mooncake's ReplicateConfig); sent
+ * only when one is set, so a master that predates them still serves puts
+ * that use none. */
+typedef struct moonlet_mc_put_extra {
+    const char *const *preferred; /* segment names tried first (NULL / 0: none) */
+    size_t npreferred;
+    bool hard_pin;                /* never evicted; Remove still removes it */
+    uint64_t soft_pin_ttl_ms;     /* with soft_pin: this object's TTL; 0: the master's */
+} moonlet_mc_put_extra;
+int moonlet_mc_put_start_ex(moonlet_master_client *mc, const char *tenant, const char *key,
+                            uint64_t size, uint32_t replica_num, bool soft_pin,
+                            const moonlet_mc_put_extra *extra, moonlet_replica_list *out);
 int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key);
 /* PutEnd recording the writer's XXH3-64 of the bytes (NULL: none, as above). */
 int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, const char *key,

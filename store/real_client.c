@@ -367,7 +367,47 @@ static int args_skip_checksum(const msgpack_object *args, uint32_t i, bool *skip
     return moonlet_wire_len(args) > i ? moonlet_wire_bool(args, i, skip) : MOONLET_OK;
 }
 
-/* PUT and UPSERT: [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?] */
+/* A put's optional placement args at i, i+1, i+2 (after skip_checksum):
+ * preferred segment names, hard pin, soft-pin TTL, into o.  The names are
+ * copied into *names (names_free). */
+static int args_placement(const msgpack_object *args, uint32_t i, moonlet_put_options *o,
+                          char ***names)
+{
+    *names = NULL;
+    if (moonlet_wire_len(args) <= i)
+        return MOONLET_OK;
+    const msgpack_object *arr;
+    if (moonlet_wire_array(args, i, &arr) || moonlet_wire_len(arr) > 64 ||
+        moonlet_wire_bool(args, i + 1, &o->hard_pin) ||
+        moonlet_wire_u64(args, i + 2, &o->soft_pin_ttl_ms))
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint32_t n = moonlet_wire_len(arr);
+    char **v = calloc(n + 1, sizeof(*v));
+    if (!v)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    *names = v;
+    for (uint32_t k = 0; k < n; k++) {
+        const char *p;
+        uint32_t len;
+        if (moonlet_wire_strn(arr, k, MOONLET_MAX_ID_BYTES, &p, &len) || (len && memchr(p, 0, len)))
+            return MOONLET_ERR_INVALID_PARAMS;
+        if (!(v[k] = strndup(p, len)))
+            return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    o->preferred_segments = (const char *const *)v;
+    o->preferred_segments_count = n;
+    return MOONLET_OK;
+}
+
+static void names_free(char **v)
+{
+    for (size_t k = 0; v && v[k]; k++)
+        free(v[k]);
+    free(v);
+}
+
+/* PUT and UPSERT: [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?,
+ * preferred_segments?, hard_pin?, soft_pin_ttl_ms?] (the last three together) */
 static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -381,22 +421,31 @@ static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     void *p;
     size_t len;
     uint32_t nargs = moonlet_wire_len(args);
-    if ((nargs != 7 && nargs != 8) || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key) ||
-        moonlet_wire_u64(args, 5, &replicas) || replicas > UINT32_MAX ||
-        moonlet_wire_bool(args, 6, &pin) || args_skip_checksum(args, 7, &skip)) {
+    moonlet_put_options o = {0};
+    char **names = NULL;
+    if ((nargs != 7 && nargs != 8 && nargs != 11) || args_tenant(&a, args, 0) ||
+        args_str(&a, args, 1, &key) || moonlet_wire_u64(args, 5, &replicas) ||
+        replicas > UINT32_MAX || moonlet_wire_bool(args, 6, &pin) ||
+        args_skip_checksum(args, 7, &skip) || args_placement(args, 8, &o, &names)) {
         args_free(&a);
-        return BAD(out, "[tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?]");
+        names_free(names);
+        return BAD(out, "[tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?, "
+                        "preferred_segments?, hard_pin?, soft_pin_ttl_ms?]");
     }
     if ((code = args_span(cn, args, 2, &p, &len, out))) {
         args_free(&a);
+        names_free(names);
         return code;
     }
-    moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                             .tenant = args_tenant_of(&a), .skip_checksum = skip};
+    o.replica_num = (uint32_t)replicas;
+    o.soft_pin = pin;
+    o.tenant = args_tenant_of(&a);
+    o.skip_checksum = skip;
     moonlet_client *c = RC(ctx)->client;
     int rc = ctx->method == MOONLET_DM_UPSERT ? moonlet_client_upsert(c, key, p, len, &o)
                                               : moonlet_client_put_from(c, key, p, len, &o);
     args_free(&a);
+    names_free(names);
     return reply_rc(out, rc);
 }
 
@@ -580,7 +629,8 @@ static int batch_items(rc_conn *cn, rc_args *a, const msgpack_object *list, cons
     return code;
 }
 
-/* BATCH_PUT [tenant, replica_num, soft_pin, [item...], skip_checksum?] -> [rc, [result...]] */
+/* BATCH_PUT [tenant, replica_num, soft_pin, [item...], skip_checksum?, preferred_segments?,
+ * hard_pin?, soft_pin_ttl_ms?] -> [rc, [result...]] */
 static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     int code;
@@ -592,13 +642,16 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     bool pin, skip;
     const msgpack_object *list;
     uint32_t nargs = moonlet_wire_len(args);
-    if ((nargs != 4 && nargs != 5) || args_tenant(&a, args, 0) ||
+    moonlet_put_options o = {0};
+    char **names = NULL;
+    if ((nargs != 4 && nargs != 5 && nargs != 8) || args_tenant(&a, args, 0) ||
         moonlet_wire_u64(args, 1, &replicas) || replicas > UINT32_MAX ||
         moonlet_wire_bool(args, 2, &pin) || moonlet_wire_array(args, 3, &list) ||
-        args_skip_checksum(args, 4, &skip)) {
+        args_skip_checksum(args, 4, &skip) || args_placement(args, 5, &o, &names)) {
         args_free(&a);
+        names_free(names);
         return BAD(out, "[tenant, replica_num, soft_pin, [[key, region, offset, len]...], "
-                        "skip_checksum?]");
+                        "skip_checksum?, preferred_segments?, hard_pin?, soft_pin_ttl_ms?]");
     }
     const char **keys;
     void **ptrs;
@@ -608,8 +661,10 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     if (!code && !res)
         code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     if (!code) {
-        moonlet_put_options o = {.replica_num = (uint32_t)replicas, .soft_pin = pin,
-                                 .tenant = args_tenant_of(&a), .skip_checksum = skip};
+        o.replica_num = (uint32_t)replicas;
+        o.soft_pin = pin;
+        o.tenant = args_tenant_of(&a);
+        o.skip_checksum = skip;
         int rc = moonlet_client_batch_put_from(RC(ctx)->client, keys, (const void *const *)ptrs,
                                                lens, n, &o, res);
         msgpack_pack_array(out, 2);
@@ -621,6 +676,7 @@ static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     free(ptrs);
     free(lens);
     args_free(&a);
+    names_free(names);
     return code;
 }
 

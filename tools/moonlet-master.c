@@ -47,6 +47,8 @@ static void usage(FILE *f)
             "  --default_kv_soft_pin_ttl MS       soft pin TTL in ms (default 1800000)\n"
             "  --eviction_high_watermark_ratio R  start evicting at this usage (default 0.90)\n"
             "  --eviction_ratio R                 evict this fraction per pass (default 0.05)\n"
+            "  --hard_pin_max_ratio R             hard-pinned bytes at most this share of the\n"
+            "                                     capacity (default 0.5; 0: no hard pins)\n"
             "  --client_live_ttl_sec S            liveness TTL of clients (default 10)\n"
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
@@ -145,7 +147,7 @@ static int parse_duration_ms(const char *flag, const char *s, uint64_t unit_ms, 
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
-    O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE
+    O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -163,6 +165,7 @@ int main(int argc, char **argv)
         {"default_kv_soft_pin_ttl", required_argument, 0, O_PIN},
         {"eviction_high_watermark_ratio", required_argument, 0, O_HWM},
         {"eviction_ratio", required_argument, 0, O_RATIO},
+        {"hard_pin_max_ratio", required_argument, 0, O_HARDPIN},
         {"client_live_ttl_sec", required_argument, 0, O_LIVE},
         {"put_timeout_ms", required_argument, 0, O_PUT},
         {"put_quarantine_grace_ms", required_argument, 0, O_QGRACE},
@@ -229,6 +232,7 @@ int main(int argc, char **argv)
         case O_PIN: bad = parse_duration_ms("--default_kv_soft_pin_ttl", optarg, 1, &cfg.soft_pin_ttl_ms); break;
         case O_HWM: bad = parse_ratio("--eviction_high_watermark_ratio", optarg, &cfg.eviction_high_watermark); break;
         case O_RATIO: bad = parse_ratio("--eviction_ratio", optarg, &cfg.eviction_ratio); break;
+        case O_HARDPIN: bad = parse_ratio("--hard_pin_max_ratio", optarg, &cfg.hard_pin_max_ratio); break;
         case O_LIVE:
         case O_CLIENT_TTL:
             bad = parse_duration_ms(c == O_LIVE ? "--client_live_ttl_sec" : "--client_ttl", optarg,

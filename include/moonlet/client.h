@@ -109,6 +109,15 @@ typedef struct moonlet_put_options {
     bool soft_pin;        /* keep the object out of eviction for the soft-pin TTL */
     const char *tenant;   /* NULL: the client's default tenant */
     bool skip_checksum;   /* true: record no checksum for this put (saves one pass over the bytes) */
+    /* Placement and pinning (Mooncake's ReplicateConfig); zero / NULL: none,
+     * and then the put is sent as before this field existed. */
+    const char *const *preferred_segments; /* segment names (as moonlet-inspect lists
+                                            * them) tried first, in order; one that is
+                                            * unknown or full is skipped */
+    size_t preferred_segments_count;       /* at most 64 */
+    bool hard_pin;        /* never evicted (Remove still removes it); NO_AVAILABLE_HANDLE
+                           * beyond the master's hard-pin cap (half the capacity) */
+    uint64_t soft_pin_ttl_ms; /* with soft_pin: this object's pin TTL; 0: the master's */
 } moonlet_put_options;
 
 /* Fills *cfg with the defaults above (all zero / NULL).  master_addr must

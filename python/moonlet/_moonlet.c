@@ -321,14 +321,84 @@ static int ml_policy(PyObject *o, moonlet_grant_lease_policy *p)
     return rc;
 }
 
+/* A put's placement keywords: preferred_segments (None, a str, or a
+ * sequence of str; copied here so no reference outlives the parse),
+ * hard_pin, soft_pin_ttl_ms. */
+#define ML_MAX_PREFERRED 64
+typedef struct ml_place {
+    char names[ML_MAX_PREFERRED][MOONLET_MAX_ID_BYTES + 1];
+    const char *ptrs[ML_MAX_PREFERRED];
+    size_t n;
+    int hard_pin;
+    uint64_t ttl_ms;
+} ml_place;
+
+/* Only the scalars: the 16 KiB of names are written as they are parsed
+ * (no memset on every put). */
+static void ml_place_init(ml_place *pl)
+{
+    pl->n = 0;
+    pl->hard_pin = 0;
+    pl->ttl_ms = 0;
+}
+
+static int ml_place_name(ml_place *pl, PyObject *item)
+{
+    Py_ssize_t len;
+    const char *s = PyUnicode_Check(item) ? PyUnicode_AsUTF8AndSize(item, &len) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "preferred_segments: segment names must be str");
+        return -1;
+    }
+    if (len > MOONLET_MAX_ID_BYTES || memchr(s, 0, (size_t)len)) {
+        PyErr_SetString(PyExc_ValueError, "preferred_segments: a name is too long or has a NUL");
+        return -1;
+    }
+    if (len == 0) /* Mooncake's "" means no preference */
+        return 0;
+    if (pl->n == ML_MAX_PREFERRED) {
+        PyErr_SetString(PyExc_ValueError, "preferred_segments: at most 64 names");
+        return -1;
+    }
+    memcpy(pl->names[pl->n], s, (size_t)len);
+    pl->names[pl->n][len] = 0;
+    pl->ptrs[pl->n] = pl->names[pl->n];
+    pl->n++;
+    return 0;
+}
+
+/* O& converter for preferred_segments into an ml_place. */
+static int conv_place_pref(PyObject *o, void *out)
+{
+    ml_place *pl = out;
+    pl->n = 0;
+    if (o == Py_None)
+        return 1;
+    if (PyUnicode_Check(o))
+        return ml_place_name(pl, o) ? 0 : 1;
+    PyObject *seq = PySequence_Fast(o, "preferred_segments must be a str or a sequence of str");
+    if (!seq)
+        return 0;
+    int ok = 1;
+    for (Py_ssize_t i = 0; ok && i < PySequence_Fast_GET_SIZE(seq); i++)
+        ok = ml_place_name(pl, PySequence_Fast_GET_ITEM(seq, i)) == 0;
+    Py_DECREF(seq);
+    return ok;
+}
+
 /* Put options from keyword arguments. */
 static void ml_put_opts(moonlet_put_options *o, const char *tenant, uint32_t replica_num,
-                        int soft_pin)
+                        int soft_pin, const ml_place *pl)
 {
     memset(o, 0, sizeof(*o));
     o->tenant = tenant;
     o->replica_num = replica_num;
     o->soft_pin = soft_pin != 0;
+    o->preferred_segments = pl->n ? pl->ptrs : NULL;
+    o->preferred_segments_count = pl->n;
+    o->hard_pin = pl->hard_pin != 0;
+    o->soft_pin_ttl_ms = pl->ttl_ms;
 }
 
 /* ---- calls with the GIL released ------------------------------------------------------- */
@@ -552,17 +622,22 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused)
 
 static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw, bool upsert)
 {
-    static char *kwl[] = {"key", "value", "tenant_id", "replica_num", "soft_pin", NULL};
+    static char *kwl[] = {"key", "value", "tenant_id", "replica_num", "soft_pin",
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     const char *key, *tenant = NULL;
     Py_buffer value;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&p:upsert" : "O&y*|$O&O&p:put",
+    ml_place pl;
+    ml_place_init(&pl);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&pO&pO&:upsert"
+                                            : "O&y*|$O&O&pO&pO&:put",
                                      kwl, conv_key, &key, &value, conv_tenant, &tenant, conv_u32,
-                                     &replica_num, &soft_pin))
+                                     &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms))
         return NULL;
     moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
     int rc;
     if (upsert)
         ML_CALL(self, rc, moonlet_client_upsert(c, key, value.buf, (size_t)value.len, &o));
@@ -881,18 +956,22 @@ static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, Py
 
 static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "address", "size", "tenant_id", "replica_num", "soft_pin", NULL};
+    static char *kwl[] = {"key", "address", "size", "tenant_id", "replica_num", "soft_pin",
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     const char *key, *tenant = NULL;
     void *addr;
     size_t size;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&p:put_from", kwl, conv_key, &key,
+    ml_place pl;
+    ml_place_init(&pl);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&pO&pO&:put_from", kwl, conv_key, &key,
                                      conv_addr, &addr, conv_size, &size, conv_tenant, &tenant,
-                                     conv_u32, &replica_num, &soft_pin))
+                                     conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms))
         return NULL;
     moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
     int rc;
     ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &o));
     if (rc)
@@ -959,20 +1038,23 @@ static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObjec
 static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", "replica_num", "soft_pin",
-                          NULL};
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     PyObject *keys, *addrs, *sizes;
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&p:batch_put_from", kwl, &keys, &addrs,
+    ml_place pl;
+    ml_place_init(&pl);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:batch_put_from", kwl, &keys, &addrs,
                                      &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin))
+                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms))
         return NULL;
     ml_zbatch z;
     if (ml_zbatch_init(&z, keys, addrs, sizes))
         return NULL;
     moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
     int rc;
     ML_CALL(self, rc,
             moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
@@ -1231,14 +1313,18 @@ overflow:
 
 static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "values", "tenant_id", "replica_num", "soft_pin", NULL};
+    static char *kwl[] = {"keys", "values", "tenant_id", "replica_num", "soft_pin",
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     PyObject *keys_obj, *values_obj;
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&p:batch_put", kwl, &keys_obj,
+    ml_place pl;
+    ml_place_init(&pl);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&pO&pO&:batch_put", kwl, &keys_obj,
                                      &values_obj, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin))
+                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms))
         return NULL;
     if (PyUnicode_Check(values_obj) || PyBytes_Check(values_obj) ||
         PyByteArray_Check(values_obj) || PyMemoryView_Check(values_obj)) {
@@ -1272,7 +1358,7 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
     PyObject *out = NULL;
     if (ml_puts_sizes(&p, k.n) == 0) {
         moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin);
+        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
         ml_put_job job = {.kind = self->kind, .keys = k.keys, .n = k.n, .pieces = p.pieces,
                           .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
                           .opt = &o, .results = p.results};
@@ -1298,10 +1384,13 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
 
 static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"tenant_id", "replica_num", "soft_pin", NULL};
+    static char *kwl[] = {"tenant_id", "replica_num", "soft_pin",
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     const char *key, *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
+    ml_place pl;
+    ml_place_init(&pl);
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "put_parts() missing required argument 'key'");
@@ -1310,8 +1399,9 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     PyObject *empty = PyTuple_New(0);
     if (!empty)
         return NULL;
-    int ok = PyArg_ParseTupleAndKeywords(empty, kw, "|$O&O&p:put_parts", kwl, conv_tenant, &tenant,
-                                         conv_u32, &replica_num, &soft_pin);
+    int ok = PyArg_ParseTupleAndKeywords(empty, kw, "|$O&O&pO&pO&:put_parts", kwl, conv_tenant, &tenant,
+                                         conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms);
     Py_DECREF(empty);
     if (!ok || !conv_key(PyTuple_GET_ITEM(args, 0), &key))
         return NULL;
@@ -1323,7 +1413,7 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     PyObject *out = NULL;
     if (ml_puts_sizes(&p, 1) == 0) {
         moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin);
+        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
         ml_put_job job = {.kind = self->kind, .keys = &key, .n = 1, .pieces = p.pieces,
                           .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
                           .opt = &o, .results = p.results};
@@ -1689,20 +1779,24 @@ static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
 static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", "replica_num",
-                          "soft_pin", NULL};
+                          "soft_pin",
+                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
     PyObject *keys, *addrs, *sizes;
     const char *tenant = NULL;
     uint32_t replica_num = 0;
     int soft_pin = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&p:_batch_put_multi", kwl, &keys, &addrs,
+    ml_place pl;
+    ml_place_init(&pl);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:_batch_put_multi", kwl, &keys, &addrs,
                                      &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin))
+                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
+                                     conv_u64, &pl.ttl_ms))
         return NULL;
     ml_multi m;
     if (ml_multi_init(&m, keys, addrs, sizes))
         return NULL;
     moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin);
+    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
     ml_put_job job = {.kind = self->kind, .keys = m.k.keys, .n = m.k.n, .pieces = m.pieces,
                       .first = m.first, .lens = m.lens, .total = m.total, .bufs = m.bufs,
                       .opt = &o, .results = m.results};

@@ -74,23 +74,30 @@ class ReplicateConfig:
     replica_num:        replicas on distinct store nodes (default 1).
     with_soft_pin:      soft-pin the object (default False).
     soft_pin_action:    a SoftPinAction; ENABLE / DISABLE override with_soft_pin.
-    preferred_segment, preferred_segments, prefer_alloc_in_same_node:
-                        accepted; the master places replicas (not honoured yet,
-                        see docs/python.md).
-    with_hard_pin:      accepted; moonlet has no hard pin yet: a put that asks
-                        for one is refused with INVALID_PARAMS (-600) rather
-                        than stored evictable.
+    preferred_segment:  a segment tried first for the replicas ("" none).
+    preferred_segments: more segments tried next, in order.  A name is a
+                        moonlet segment name (a store node's client id, as
+                        moonlet-inspect lists it) or a segment's endpoint
+                        "host:port" (what get_hostname() returns and Mooncake
+                        calls the segment name).  One that is unknown or full
+                        is skipped; replicas still unplaced go round-robin.
+    prefer_alloc_in_same_node: accepted, not used.
+    with_hard_pin:      never evicted (Remove still removes it).  The master
+                        refuses (NO_AVAILABLE_HANDLE) a hard pin that would
+                        take hard-pinned bytes above half its capacity.
+    soft_pin_ttl_ms:    with a soft pin, this object's pin TTL (0: the
+                        master's --default_kv_soft_pin_ttl).
     group_ids:          accepted, not used (moonlet has no object groups).
     """
 
     __slots__ = ("replica_num", "with_soft_pin", "soft_pin_action", "preferred_segment",
                  "preferred_segments", "prefer_alloc_in_same_node", "with_hard_pin",
-                 "group_ids")
+                 "group_ids", "soft_pin_ttl_ms")
 
     def __init__(self, replica_num=1, with_soft_pin=False,
                  soft_pin_action=SoftPinAction.PRESERVE, preferred_segment="", *,
                  preferred_segments=None, prefer_alloc_in_same_node=False,
-                 with_hard_pin=False, group_ids=None):
+                 with_hard_pin=False, group_ids=None, soft_pin_ttl_ms=0):
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
         self.soft_pin_action = soft_pin_action
@@ -99,6 +106,7 @@ class ReplicateConfig:
         self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
         self.with_hard_pin = with_hard_pin
         self.group_ids = list(group_ids or [])
+        self.soft_pin_ttl_ms = soft_pin_ttl_ms
 
     def _soft_pin(self):
         action = SoftPinAction(self.soft_pin_action)
@@ -114,7 +122,8 @@ class ReplicateConfig:
                 f"soft_pin_action={SoftPinAction(self.soft_pin_action).name}, "
                 f"preferred_segment={self.preferred_segment!r}, "
                 f"preferred_segments={self.preferred_segments!r}, "
-                f"with_hard_pin={self.with_hard_pin})")
+                f"with_hard_pin={self.with_hard_pin}, "
+                f"soft_pin_ttl_ms={self.soft_pin_ttl_ms})")
 
     __str__ = __repr__
 
@@ -606,7 +615,16 @@ class MooncakeDistributedStore:
     def _put_kwargs(config):
         if config is None:
             return {}
-        return {"replica_num": int(config.replica_num), "soft_pin": config._soft_pin()}
+        kw = {"replica_num": int(config.replica_num), "soft_pin": config._soft_pin()}
+        names = [config.preferred_segment] if config.preferred_segment else []
+        names += [n for n in config.preferred_segments if n and n not in names]
+        if names:
+            kw["preferred_segments"] = names
+        if config.with_hard_pin:
+            kw["hard_pin"] = True
+        if config.soft_pin_ttl_ms:
+            kw["soft_pin_ttl_ms"] = int(config.soft_pin_ttl_ms)
+        return kw
 
     def _batch(self, n, fn, *args, **kwargs):
         """Per-key ints of a batch call: its results, or the error for every key."""
@@ -624,10 +642,15 @@ class MooncakeDistributedStore:
 
     @staticmethod
     def _config_refused(config):
-        """INVALID_PARAMS for a ReplicateConfig moonlet cannot honour (a
-        hard pin), else 0."""
-        if config is not None and getattr(config, "with_hard_pin", False):
-            _log.error("ReplicateConfig.with_hard_pin is not supported by moonlet")
+        """INVALID_PARAMS for a ReplicateConfig moonlet cannot send (names
+        that are not str, more than 64 of them, a negative TTL), else 0."""
+        if config is None:
+            return 0
+        names = [config.preferred_segment] + list(config.preferred_segments)
+        ttl = config.soft_pin_ttl_ms
+        if (not all(isinstance(n, str) for n in names) or len(names) > 65
+                or not isinstance(ttl, int) or ttl < 0):
+            _log.error("ReplicateConfig: bad preferred segments or soft_pin_ttl_ms")
             return _INVALID_PARAMS
         return 0
 

@@ -428,6 +428,35 @@ def test_stats_counts_objects_bytes_and_leases_by_operation(master):
     assert re.search(r"^leases granted\s+GetReplicaList 1, ExistKey 1, BatchProbeKey 0$",
                      r.stdout, re.M)
     assert "  >=1024 us" in r.stdout and "     <1 us" in r.stdout
+    assert st["hard_pinned"] == 0 and st["hard_pinned_bytes"] == 0
+
+
+def test_stats_and_key_show_hard_pins(master):
+    mount_two(master)
+    put(master, "hput", "h", "pinned", "1024", "2", "put", "h", "plain", "10", "1")
+    st = stats(master)
+    assert st["hard_pinned"] == 1 and st["hard_pinned_bytes"] == 2048
+    r = inspect(master, "stats")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^hard pins\s+1 objects, 2\.0 KiB with replicas \(never evicted\)$",
+                     r.stdout, re.M), r.stdout
+    doc = inspect_json(master, "--tenant", "h", "key", "pinned", "plain")
+    a, b = doc["keys"]
+    assert a["hard_pinned"] is True and b["hard_pinned"] is False
+    r = inspect(master, "--tenant", "h", "key", "pinned")
+    assert r.returncode == 0 and "hard-pinned (never evicted)" in r.stdout, r.stdout
+
+
+def test_hard_pin_max_ratio_flag():
+    m = Master("--hard_pin_max_ratio", "0")
+    try:
+        mount_two(m)
+        r = subprocess.run([PUT_BIN, m.addr, "hput", "h", "k", "10", "1"], capture_output=True,
+                           text=True, timeout=60, env=child_env())
+        assert r.returncode == 1 and "-200" in r.stderr + r.stdout, r.stderr
+        put(m, "put", "h", "k", "10", "1")  # an ordinary put still fits
+    finally:
+        m.stop()
 
 
 # ---- errors and help -----------------------------------------------------------

@@ -118,7 +118,7 @@ def test_replicate_config(mc, cluster):
     assert cfg.replica_num == 1 and cfg.with_soft_pin is False and cfg.preferred_segment == ""
     cfg.replica_num = 2
     cfg.with_soft_pin = True
-    cfg.preferred_segment = "127.0.0.1:12345"  # accepted; placement is the master's
+    cfg.preferred_segment = "127.0.0.1:12345"  # no such segment: placed round-robin
     assert mc.put("rc", b"x" * 64, cfg) == 0
     info = mc._store.inspect("rc")
     assert len(info["replicas"]) == 2 and info["soft_pinned"] is True
@@ -532,14 +532,52 @@ def test_setup_forms_engines_use(cluster, tenant, tmp_path, monkeypatch):
     s.close()
     cfg.write_text("[1, 2]")
     assert s.setup() == -600
-    # a hard pin moonlet cannot give is refused, not stored evictable
     s2 = MooncakeDistributedStore()
     assert s2.setup_dummy(0, 0, cluster.realclient(), tenant_id=tenant) == 0
-    hard = ReplicateConfig(with_hard_pin=True)
-    assert s2.put("sf/hard", b"x", hard) == -600 and s2.is_exist("sf/hard") == 0
     cfg2 = ReplicateConfig(preferred_segments=["a", "b"], group_ids=["g"])
     assert cfg2.preferred_segments == ["a", "b"] and s2.put("sf/soft", b"x", cfg2) == 0
     s2.close()
+
+
+def test_replicate_config_placement_and_pins(mcs, direct, cluster):
+    """preferred_segment(s) place replicas (by segment name or endpoint, an
+    unknown one falls back), with_hard_pin, soft_pin_ttl_ms - through setup
+    and through a DummyClient."""
+    cluster.realclient()  # two segments: the store node and the RealClient
+    direct.put("pl/probe", b"p", replica_num=2)
+    reps = direct.inspect("pl/probe")["replicas"]
+    names = [r["segment_name"] for r in reps]
+    endpoints = [r["endpoint"] for r in reps]
+    assert len(set(names)) == 2
+    for i in (0, 1):
+        for j in range(4):  # round-robin alone would alternate
+            key = f"pl/{i}/{j}"
+            assert mcs.put(key, b"v" * 100, ReplicateConfig(preferred_segment=names[i])) == 0
+            assert [r["segment_name"] for r in direct.inspect(key)["replicas"]] == [names[i]]
+    # by endpoint ("host:port", Mooncake's segment name), in a batch
+    keys = [f"pl/ep/{j}" for j in range(4)]
+    cfg = ReplicateConfig(preferred_segments=["nowhere:1", endpoints[1]])
+    assert mcs.put_batch(keys, [b"e"] * 4, cfg) == 0
+    for key in keys:
+        assert [r["segment_name"] for r in direct.inspect(key)["replicas"]] == [names[1]]
+    # an unknown segment alone: the put still lands
+    assert mcs.put("pl/absent", b"a", ReplicateConfig(preferred_segment="nowhere:1")) == 0
+    assert mcs.get("pl/absent") == b"a"
+    # a hard pin, shown by inspect; Remove still takes it
+    assert mcs.put("pl/hard", b"h" * 64, ReplicateConfig(with_hard_pin=True)) == 0
+    info = direct.inspect("pl/hard")
+    assert info["hard_pinned"] is True and info["soft_pin_remaining_ms"] == 0
+    assert direct.inspect("pl/0/0")["hard_pinned"] is False
+    assert mcs.remove("pl/hard") == 0 and mcs.is_exist("pl/hard") == 0
+    # a soft pin with its own TTL instead of the master's 30 minutes
+    cfg = ReplicateConfig(with_soft_pin=True, soft_pin_ttl_ms=60000)
+    assert mcs.put("pl/soft", b"s", cfg) == 0
+    assert 50000 < direct.inspect("pl/soft")["soft_pin_remaining_ms"] <= 60000
+    assert mcs.put("pl/soft2", b"s", ReplicateConfig(with_soft_pin=True)) == 0
+    assert direct.inspect("pl/soft2")["soft_pin_remaining_ms"] > 60000
+    # what cannot be sent is a code, not an exception
+    assert mcs.put("pl/bad", b"x", ReplicateConfig(preferred_segments=[1])) == -600
+    assert mcs.put("pl/bad", b"x", ReplicateConfig(soft_pin_ttl_ms=-1)) == -600
 
 
 def test_force_remove(mcs):

@@ -137,6 +137,53 @@ static void test_lifecycle(void **state)
     cJSON_Delete(j);
 }
 
+/* PutStart's trailing args over the wire: preferred segment, hard pin,
+ * soft-pin TTL; the five-argument form keeps working. */
+static void test_put_start_options(void **state)
+{
+    (void)state;
+    moonlet_replica_list l;
+    const char *const pref[] = {"seg-2"};
+    moonlet_mc_put_extra x = {.preferred = pref, .npreferred = 1};
+    for (int i = 0; i < 4; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "pref%d", i);
+        assert_int_equal(moonlet_mc_put_start_ex(g_mc, "opt", key, 100, 1, false, &x, &l), MOONLET_OK);
+        assert_int_equal(l.count, 1);
+        assert_string_equal(l.replicas[0].segment_id, "seg-2");
+        moonlet_replica_list_free(&l);
+        assert_int_equal(moonlet_mc_put_end(g_mc, "opt", key), MOONLET_OK);
+    }
+    x = (moonlet_mc_put_extra){.hard_pin = true};
+    assert_int_equal(moonlet_mc_put_start_ex(g_mc, "opt", "hard", 100, 1, false, &x, &l), MOONLET_OK);
+    moonlet_replica_list_free(&l);
+    assert_int_equal(moonlet_mc_put_end(g_mc, "opt", "hard"), MOONLET_OK);
+    x = (moonlet_mc_put_extra){.soft_pin_ttl_ms = 7000};
+    assert_int_equal(moonlet_mc_put_start_ex(g_mc, "opt", "soft", 100, 1, true, &x, &l), MOONLET_OK);
+    moonlet_replica_list_free(&l);
+    assert_int_equal(moonlet_mc_put_end(g_mc, "opt", "soft"), MOONLET_OK);
+    cJSON *j = NULL;
+    assert_int_equal(moonlet_mc_inspect_key(g_mc, "opt", "hard", &j), MOONLET_OK);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "hard_pinned")));
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_inspect_key(g_mc, "opt", "soft", &j), MOONLET_OK);
+    double left = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "soft_pin_remaining_ms"));
+    assert_true(left > 5000 && left <= 7000);
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItem(j, "hard_pinned")));
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "hard_pinned")), 1);
+    assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "hard_pinned_bytes")), 100);
+    cJSON_Delete(j);
+    /* Remove still takes a hard-pinned object */
+    assert_int_equal(moonlet_mc_remove(g_mc, "opt", "hard"), MOONLET_OK);
+    /* the old five-argument PutStart */
+    assert_int_equal(put("opt", "old", 100, 2), MOONLET_OK);
+    uint64_t removed = 0;
+    assert_int_equal(moonlet_mc_remove_all(g_mc, "opt", &removed), MOONLET_OK);
+    assert_int_equal(removed, 6);
+}
+
 static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                  "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 
@@ -428,6 +475,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lifecycle),
         cmocka_unit_test(test_probe_through_rpc),
+        cmocka_unit_test(test_put_start_options),
         cmocka_unit_test(test_concurrent_connections),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_auth_token),

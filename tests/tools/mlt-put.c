@@ -8,6 +8,7 @@
  *   mount CLIENT SEGMENT SIZE ENDPOINT   mount a segment (protocol tcp; bookkeeping only)
  *   put TENANT KEY SIZE REPLICAS         PutStart + PutEnd
  *   pending TENANT KEY SIZE              PutStart only: a put in progress
+ *   hput TENANT KEY SIZE REPLICAS        put, hard-pinned
  *   get TENANT KEY                       GetReplicaList, which grants a read lease
  *   exist TENANT KEY                     BatchExistKey on one key (leases a hit)
  *   fill TENANT PREFIX N SIZE            N one-replica keys PREFIX0000000.., pipelined
@@ -180,7 +181,7 @@ int main(int argc, char **argv)
     while (i < argc && !ex) {
         const char *op = argv[i];
         int need = !strcmp(op, "mount") || !strcmp(op, "put") || !strcmp(op, "fill") ||
-                           !strcmp(op, "cput")
+                           !strcmp(op, "cput") || !strcmp(op, "hput")
                        ? 4
                    : !strcmp(op, "pending") ? 3
                    : !strcmp(op, "get") || !strcmp(op, "exist") || !strcmp(op, "cget") ? 2
@@ -197,12 +198,14 @@ int main(int argc, char **argv)
                                       .size = num(a[2]), .endpoint = a[3], .protocol = "tcp"};
             rc = moonlet_mc_mount_segment(mc, &d);
             ex = rc ? fail("MountSegment", rc) : (printf("mounted %s\n", a[1]), 0);
-        } else if (!strcmp(op, "put") || !strcmp(op, "pending")) {
-            uint32_t nrep = !strcmp(op, "put") ? (uint32_t)num(a[3]) : 1;
-            rc = moonlet_mc_put_start(mc, a[0], a[1], num(a[2]), nrep, false, &l);
+        } else if (!strcmp(op, "put") || !strcmp(op, "pending") || !strcmp(op, "hput")) {
+            bool whole = strcmp(op, "pending") != 0;
+            uint32_t nrep = whole ? (uint32_t)num(a[3]) : 1;
+            moonlet_mc_put_extra x = {.hard_pin = !strcmp(op, "hput")};
+            rc = moonlet_mc_put_start_ex(mc, a[0], a[1], num(a[2]), nrep, false, &x, &l);
             if (!rc) {
                 moonlet_replica_list_free(&l);
-                if (!strcmp(op, "put"))
+                if (whole)
                     rc = moonlet_mc_put_end(mc, a[0], a[1]);
             }
             ex = rc ? fail(op, rc) : (printf("%s %s\n", op, a[1]), 0);

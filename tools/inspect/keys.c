@@ -43,6 +43,7 @@ static cJSON *key_summary_json(const cJSON *k)
     inspect_json_add_u64(j, "readable_replicas", inspect_json_u64(k, "readable_replicas"));
     inspect_json_add_u64(j, "lease_remaining_ms", inspect_json_u64(k, "lease_remaining_ms"));
     inspect_json_add_u64(j, "soft_pin_remaining_ms", inspect_json_u64(k, "soft_pin_remaining_ms"));
+    cJSON_AddBoolToObject(j, "hard_pinned", cJSON_IsTrue(cJSON_GetObjectItem(k, "hard_pinned")));
     return j;
 }
 
@@ -230,7 +231,9 @@ static int print_key_detail(const cJSON *k, const char *key, int width)
         printf("  lease %" PRIu64 " ms remaining", lease_ms);
     else
         printf("  no lease");
-    if (pin_ms)
+    if (cJSON_IsTrue(cJSON_GetObjectItem(k, "hard_pinned")))
+        printf(", hard-pinned (never evicted)\n");
+    else if (pin_ms)
         printf(", soft pin %s remaining\n", pin);
     else
         printf(", not soft-pinned\n");

@@ -26,6 +26,7 @@ static const char *const STAT_FIELDS[] = {
     "probe_recheck_fallbacks", "probe_lock_hold_max_ns", "unmounts_by_liveness",
     "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
+    "hard_pinned", "hard_pinned_bytes",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
@@ -111,6 +112,10 @@ static int render_table(const cJSON *st, FILE *out, int width)
     bad |= kv(t, "removes", "%" PRIu64, U("removes"));
     bad |= kv(t, "evictions", "%" PRIu64 " objects in %" PRIu64 " passes", U("evictions"),
               U("eviction_passes"));
+    char pinned[32];
+    inspect_fmt_size(U("hard_pinned_bytes"), pinned, sizeof(pinned));
+    bad |= kv(t, "hard pins", "%" PRIu64 " objects, %s with replicas (never evicted)",
+              U("hard_pinned"), pinned);
     bad |= kv(t, "leases granted", "GetReplicaList %" PRIu64 ", ExistKey %" PRIu64
               ", BatchProbeKey %" PRIu64, U("leases_get"), U("leases_exist"), U("leases_probe"));
     bad |= kv(t, "probe calls", "none %" PRIu64 ", last-hit-only %" PRIu64, U("probe_calls_none"),
