@@ -119,6 +119,11 @@ typedef struct moonlet_xfer_qp_info {
     uint8_t max_dest_rd_atomic; /* RDMA READs it accepts as responder */
     uint8_t traffic_class;    /* GRH traffic class of its path (RoCE: the IP TOS) */
     char device[64];
+    /* client connections only (0 for served ones): work requests posted,
+     * ibv_post_send calls (chains) and completions polled since it opened,
+     * and the send-queue depth and max_inline_data in use */
+    uint64_t wrs, post_calls, cqes;
+    uint32_t max_send_wr, max_inline_data;
 } moonlet_xfer_qp_info;
 size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);
 

@@ -28,9 +28,13 @@
  *               all within timeout_ms.  After connect the CM channel is
  *               watched: DISCONNECTED fails a running lane and makes xfer.c
  *               reopen the connection before its next use (conn_stale).
- *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, every WR signaled,
- *               split at 1 MiB (or the port's smaller max_msg_sz), at most
- *               max_send_wr WRs and 2 MiB in flight per QP.  The CQ is
+ *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, split at 1 MiB (or
+ *               the port's smaller max_msg_sz), posted as one chain per pass
+ *               (sq_sig_all = 0; every 16th WR and the last of a chain
+ *               signalled; a completion retires the earlier unsignalled WRs
+ *               in order), writes of at most the granted max_inline_data
+ *               (256 asked) sent IBV_SEND_INLINE, at most max_send_wr WRs
+ *               (unsignalled ones included) and 2 MiB in flight per QP.  The CQ is
  *               polled; after 50 us without progress the thread sleeps on
  *               the CQs' completion channels and the CM channels instead of
  *               spinning a core through a stall.  A lane with no
@@ -89,6 +93,8 @@
 #define VERBS_CONN_VERSION 1u
 #define VERBS_SEND_DEPTH 128u        /* max_send_wr per client QP */
 #define VERBS_POLL_BATCH 32
+#define VERBS_SIGNAL_EVERY 16u       /* signal every Nth WR (and the last of a chain) */
+#define VERBS_INLINE_WANT 256u       /* max_inline_data asked for at QP creation */
 #define VERBS_DRAIN_MS 1000u         /* bound on draining flushed WRs */
 /* Largest work request: a stall is noticed per chunk, and a lossy or slow
  * fabric (or Soft-RoCE) completes something at least every chunk. */
@@ -174,6 +180,11 @@ typedef struct verbs_cconn {
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     bool dead;                /* its CM channel reported the peer gone */
     uint64_t next_watch_ms;   /* next look at the CM channel during a transfer */
+    uint32_t max_send;        /* WRs outstanding on its SQ, signalled or not */
+    uint32_t max_inline;      /* max_inline_data the device granted */
+    uint64_t next_seq;        /* wr_id of its next WR */
+    /* counters for qp_info (written by the batch that owns it, read under lock) */
+    _Atomic uint64_t wrs, post_calls, cqes;
     struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
 } verbs_cconn;
 
@@ -1006,14 +1017,29 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, c->cc, 0);
+    /* sq_sig_all = 0: only the WRs posted with IBV_SEND_SIGNALED (every
+     * VERBS_SIGNAL_EVERY-th and the last of each chain) complete on success. */
     struct ibv_qp_init_attr qa = {.send_cq = c->cq, .recv_cq = c->cq,
                                   .cap = {.max_send_wr = VERBS_SEND_DEPTH, .max_recv_wr = 1,
-                                          .max_send_sge = 1, .max_recv_sge = 1},
+                                          .max_send_sge = 1, .max_recv_sge = 1,
+                                          .max_inline_data = VERBS_INLINE_WANT},
                                   .qp_type = IBV_QPT_RC, .sq_sig_all = 0};
-    if (!c->cq || rdma_create_qp(c->id, v->pd, &qa)) {
-        ML_WARN(MOD, "cannot create CQ/QP for %s: %s", c->endpoint, strerror(errno));
+    if (!c->cq) {
+        ML_WARN(MOD, "cannot create a CQ for %s: %s", c->endpoint, strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
+    if (rdma_create_qp(c->id, v->pd, &qa)) {
+        qa.cap.max_inline_data = 0; /* a device without inline sends */
+        if (rdma_create_qp(c->id, v->pd, &qa)) {
+            ML_WARN(MOD, "cannot create a QP for %s: %s", c->endpoint, strerror(errno));
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+    }
+    /* ibv_create_qp wrote back what the device granted */
+    c->max_send = qa.cap.max_send_wr < VERBS_SEND_DEPTH ? qa.cap.max_send_wr : VERBS_SEND_DEPTH;
+    if (c->max_send == 0)
+        c->max_send = 1;
+    c->max_inline = qa.cap.max_inline_data;
     return MOONLET_OK;
 }
 
@@ -1161,11 +1187,18 @@ static bool verbs_conn_stale(moonlet_xfer *x, void *conn)
 }
 
 static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
-                               moonlet_xfer_qp_info *o)
+                               moonlet_xfer_qp_info *o, verbs_cconn *c)
 {
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
     memset(o, 0, sizeof(*o));
+    if (c) {
+        o->wrs = atomic_load_explicit(&c->wrs, memory_order_relaxed);
+        o->post_calls = atomic_load_explicit(&c->post_calls, memory_order_relaxed);
+        o->cqes = atomic_load_explicit(&c->cqes, memory_order_relaxed);
+        o->max_send_wr = c->max_send;
+        o->max_inline_data = c->max_inline;
+    }
     o->served = served;
     snprintf(o->device, sizeof(o->device), "%s", v->dev_name);
     if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
@@ -1188,10 +1221,10 @@ size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, si
     pthread_mutex_lock(&v->lock);
     for (verbs_cconn *c = v->cconns; c; c = c->next, n++)
         if (n < cap && c->id->qp)
-            verbs_fill_qp_info(v, c->id->qp, false, &out[n]);
+            verbs_fill_qp_info(v, c->id->qp, false, &out[n], c);
     for (verbs_sconn *sc = v->sconns; sc; sc = sc->next, n++)
         if (n < cap && sc->id->qp)
-            verbs_fill_qp_info(v, sc->id->qp, true, &out[n]);
+            verbs_fill_qp_info(v, sc->id->qp, true, &out[n], NULL);
     pthread_mutex_unlock(&v->lock);
     return n;
 }
@@ -1214,21 +1247,44 @@ static const char *verbs_wc_hint(enum ibv_wc_status s)
     }
 }
 
-/* Progress of one lane.  Each item is split into chunks of at most max_msg
- * bytes; wr_id is the item's index in the lane (high 32 bits) and the
- * chunk's length (low 32 bits). */
+/* One posted WR, by sequence number: its item (index in the lane) and its
+ * length. */
+typedef struct verbs_wr_slot {
+    uint32_t item;
+    uint32_t bytes;
+} verbs_wr_slot;
+
+/*
+ * Progress of one lane.  Each item is split into chunks of at most max_msg
+ * bytes, one WR each.  The WRs are posted as chains (one ibv_post_send per
+ * pass), and only every VERBS_SIGNAL_EVERY-th WR and the last of each chain
+ * is signalled; wr_id is the WR's sequence number on its connection, and
+ * `ring` remembers each outstanding WR (head .. tail - 1).  A completion for
+ * sequence s retires every WR up to s in order (an RC send queue completes
+ * in order): the ones before s succeeded, unless the QP already reported an
+ * error (qp_err), and s itself succeeded when its status says so.  An error
+ * always completes, signalled or not, so the first error completion names
+ * the first WR that failed: the WRs before it completed, it and everything
+ * after it (flushed) fail.  The last WR of every chain is signalled, so the
+ * ring always drains.  At most the QP's max_send_wr WRs are outstanding,
+ * unsignalled ones included: they hold their send-queue slot until a later
+ * completion retires them.
+ */
 typedef struct verbs_lane_run {
     xfer_lane *lane;
     verbs_cconn *c;
-    uint32_t *pending;   /* posted, not completed chunks per item */
+    uint32_t *pending;   /* posted, not retired chunks per item */
+    verbs_wr_slot *ring; /* VERBS_SEND_DEPTH slots, indexed by seq % depth */
+    uint64_t head, tail; /* oldest outstanding WR's seq; the next WR's seq */
     size_t post_i;       /* next item to post */
     uint64_t post_off;   /* bytes of item post_i already posted */
-    uint32_t inflight;
+    uint32_t inflight;   /* tail - head */
     uint64_t inflight_bytes;
     uint64_t last_progress;
     uint64_t write_deadline; /* earliest writer deadline of its writes (ms); 0: none */
     bool progressed;     /* this pass posted or completed something */
     bool failed;         /* stop posting; drain what is in flight */
+    bool qp_err;         /* the QP is in error: every WR retired from now on failed */
 } verbs_lane_run;
 
 static void verbs_lane_break(verbs_lane_run *r, const char *why)
@@ -1242,51 +1298,98 @@ static void verbs_lane_break(verbs_lane_run *r, const char *why)
     r->post_i = r->lane->nitems;
 }
 
-static int verbs_post_one(verbs_state *v, verbs_lane_run *r)
-{
-    xfer_item *it = r->lane->items[r->post_i];
-    const moonlet_xfer_cap *cap = it->op->cap;
-    if (it->op->opcode == MOONLET_XFER_WRITE && cap && cap->deadline_ms &&
-        moonlet_xfer_now_ms() >= cap->deadline_ms) {
-        /* The master may free the range soon after the writer's deadline: no
-         * chunk is posted past it (what is already posted lands within the
-         * master's quarantine grace; docs/reliability.md, "Stale writers"). */
-        it->op->status = MOONLET_ERR_TRANSFER_FAIL;
-        verbs_lane_break(r, "a write passed its writer's deadline");
-        return -1;
-    }
-    uint64_t left = it->op->len - r->post_off;
-    uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
-    struct ibv_sge sge = {.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
-                          .length = n, .lkey = it->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = ((uint64_t)r->post_i << 32) | n, .sg_list = &sge, .num_sge = 1,
-        .opcode = it->op->opcode == MOONLET_XFER_READ ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,
-        .send_flags = IBV_SEND_SIGNALED,
-        .wr.rdma = {.remote_addr = it->remote_addr + r->post_off, .rkey = it->rkey}};
-    struct ibv_send_wr *bad;
-    int err = ibv_post_send(r->c->id->qp, &wr, &bad);
-    if (err) {
-        verbs_lane_break(r, strerror(err));
-        return -1;
-    }
-    r->pending[r->post_i]++;
-    r->inflight++;
-    r->inflight_bytes += n;
-    r->post_off += n;
-    if (r->post_off == it->op->len) {
-        r->post_i++;
-        r->post_off = 0;
-    }
-    return 0;
-}
+static void verbs_lane_abort(verbs_lane_run *r, const char *why);
 
+/* Posts as many of the lane's next chunks as the send queue and the
+ * in-flight byte budget allow, as one chain. */
 static void verbs_post(verbs_state *v, verbs_lane_run *r)
 {
-    while (!r->failed && r->post_i < r->lane->nitems && r->inflight < VERBS_SEND_DEPTH &&
-           (r->inflight == 0 || r->inflight_bytes < VERBS_LANE_INFLIGHT_BYTES))
-        if (verbs_post_one(v, r))
+    struct ibv_send_wr wrs[VERBS_SEND_DEPTH];
+    struct ibv_sge sges[VERBS_SEND_DEPTH];
+    uint32_t k = 0;
+    uint64_t bytes = r->inflight_bytes;
+    const char *why = NULL;
+    while (!r->failed && r->post_i < r->lane->nitems && r->inflight + k < r->c->max_send &&
+           (r->inflight + k == 0 || bytes < VERBS_LANE_INFLIGHT_BYTES)) {
+        xfer_item *it = r->lane->items[r->post_i];
+        const moonlet_xfer_cap *cap = it->op->cap;
+        if (it->op->opcode == MOONLET_XFER_WRITE && cap && cap->deadline_ms &&
+            moonlet_xfer_now_ms() >= cap->deadline_ms) {
+            /* The master may free the range soon after the writer's deadline:
+             * no chunk is posted past it (what is already posted lands within
+             * the master's quarantine grace; docs/reliability.md, "Stale
+             * writers"). */
+            it->op->status = MOONLET_ERR_TRANSFER_FAIL;
+            why = "a write passed its writer's deadline";
+            break;
+        }
+        uint64_t left = it->op->len - r->post_off;
+        uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
+        uint64_t seq = r->tail + k;
+        bool write = it->op->opcode == MOONLET_XFER_WRITE;
+        sges[k] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,
+                                   .length = n, .lkey = it->lkey};
+        wrs[k] = (struct ibv_send_wr){
+            .wr_id = seq, .sg_list = &sges[k], .num_sge = 1,
+            .opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+            .send_flags = ((seq + 1) % VERBS_SIGNAL_EVERY == 0 ? IBV_SEND_SIGNALED : 0) |
+                          (write && n <= r->c->max_inline ? IBV_SEND_INLINE : 0),
+            .wr.rdma = {.remote_addr = it->remote_addr + r->post_off, .rkey = it->rkey}};
+        if (k)
+            wrs[k - 1].next = &wrs[k];
+        r->ring[seq % VERBS_SEND_DEPTH] = (verbs_wr_slot){.item = (uint32_t)r->post_i, .bytes = n};
+        r->pending[r->post_i]++;
+        bytes += n;
+        k++;
+        r->post_off += n;
+        if (r->post_off == it->op->len) {
+            r->post_i++;
+            r->post_off = 0;
+        }
+    }
+    if (k) {
+        wrs[k - 1].send_flags |= IBV_SEND_SIGNALED;
+        struct ibv_send_wr *bad = NULL;
+        int err = ibv_post_send(r->c->id->qp, wrs, &bad);
+        atomic_fetch_add_explicit(&r->c->post_calls, 1, memory_order_relaxed);
+        uint32_t posted = k;
+        if (err)
+            posted = bad && bad >= wrs && bad < wrs + k ? (uint32_t)(bad - wrs) : 0;
+        atomic_fetch_add_explicit(&r->c->wrs, posted, memory_order_relaxed);
+        for (uint32_t j = 0; j < k; j++) {
+            verbs_wr_slot *s = &r->ring[(r->tail + j) % VERBS_SEND_DEPTH];
+            if (j < posted) {
+                r->inflight_bytes += s->bytes;
+                continue;
+            }
+            r->pending[s->item]--;
+            r->lane->items[s->item]->op->status = MOONLET_ERR_TRANSFER_FAIL;
+        }
+        r->tail += posted;
+        r->inflight += posted;
+        if (err) {
+            /* what was posted may end unsignalled: the QP goes to ERR, which
+             * completes (flushes) every outstanding WR */
+            verbs_lane_abort(r, strerror(err));
             return;
+        }
+    }
+    if (why)
+        verbs_lane_break(r, why);
+}
+
+/* Retires the outstanding WRs up to seq, which completed with status st. */
+static void verbs_retire(verbs_lane_run *r, uint64_t seq, enum ibv_wc_status st)
+{
+    while (r->head <= seq && r->head < r->tail) {
+        verbs_wr_slot *s = &r->ring[r->head % VERBS_SEND_DEPTH];
+        if (r->qp_err || (r->head == seq && st != IBV_WC_SUCCESS))
+            r->lane->items[s->item]->op->status = MOONLET_ERR_TRANSFER_FAIL;
+        r->pending[s->item]--;
+        r->inflight--;
+        r->inflight_bytes -= s->bytes;
+        r->head++;
+    }
 }
 
 /* Polls a lane's CQ once.  Returns how many completions it consumed. */
@@ -1298,19 +1401,22 @@ static int verbs_poll(verbs_lane_run *r)
         verbs_lane_break(r, "ibv_poll_cq failed");
         return 0;
     }
+    atomic_fetch_add_explicit(&r->c->cqes, (uint64_t)n, memory_order_relaxed);
     for (int i = 0; i < n; i++) {
-        size_t idx = (size_t)(wc[i].wr_id >> 32);
-        moonlet_xfer_op *op = r->lane->items[idx]->op;
-        r->inflight--;
-        r->inflight_bytes -= (uint32_t)wc[i].wr_id;
-        r->pending[idx]--;
+        uint64_t seq = wc[i].wr_id;
+        if (seq < r->head || seq >= r->tail)
+            continue; /* not outstanding in this run (cannot happen on RC) */
+        if (wc[i].status != IBV_WC_SUCCESS && (wc[i].status != IBV_WC_WR_FLUSH_ERR || !r->failed)) {
+            const moonlet_xfer_op *op =
+                r->lane->items[r->ring[seq % VERBS_SEND_DEPTH].item]->op;
+            ML_WARN(MOD, "RDMA %s at %s offset %" PRIu64 ": %s (vendor_err 0x%x): %s",
+                    op->opcode == MOONLET_XFER_READ ? "READ" : "WRITE", r->c->endpoint,
+                    op->offset, ibv_wc_status_str(wc[i].status), wc[i].vendor_err,
+                    verbs_wc_hint(wc[i].status));
+        }
+        verbs_retire(r, seq, wc[i].status);
         if (wc[i].status != IBV_WC_SUCCESS) {
-            if (wc[i].status != IBV_WC_WR_FLUSH_ERR || !r->failed)
-                ML_WARN(MOD, "RDMA %s at %s offset %" PRIu64 ": %s (vendor_err 0x%x): %s",
-                        op->opcode == MOONLET_XFER_READ ? "READ" : "WRITE", r->c->endpoint,
-                        op->offset, ibv_wc_status_str(wc[i].status), wc[i].vendor_err,
-                        verbs_wc_hint(wc[i].status));
-            op->status = MOONLET_ERR_TRANSFER_FAIL;
+            r->qp_err = true;
             verbs_lane_break(r, ibv_wc_status_str(wc[i].status));
         }
     }
@@ -1326,6 +1432,7 @@ static void verbs_lane_abort(verbs_lane_run *r, const char *why)
     for (size_t i = 0; i < r->lane->nitems; i++)
         if (r->pending[i])
             r->lane->items[i]->op->status = MOONLET_ERR_TRANSFER_FAIL;
+    r->qp_err = true;
     struct ibv_qp_attr qa = {.qp_state = IBV_QPS_ERR};
     ibv_modify_qp(r->c->id->qp, &qa, IBV_QP_STATE);
     uint64_t end = moonlet_xfer_now_ms() + VERBS_DRAIN_MS;
@@ -1334,6 +1441,7 @@ static void verbs_lane_abort(verbs_lane_run *r, const char *why)
             sched_yield();
     r->inflight = 0;
     r->inflight_bytes = 0;
+    r->head = r->tail;
 }
 
 static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)
@@ -1447,7 +1555,9 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
     verbs_lane_run *runs = calloc(nlanes, sizeof(*runs));
     uint32_t *pending = calloc(total, sizeof(*pending));
     struct pollfd *fds = calloc(2 * nlanes, sizeof(*fds));
-    if (!runs || !pending || !fds) {
+    verbs_wr_slot *ring = calloc(nlanes * VERBS_SEND_DEPTH, sizeof(*ring));
+    if (!runs || !pending || !fds || !ring) {
+        free(ring);
         free(fds);
         for (size_t i = 0; i < nlanes; i++)
             for (size_t k = 0; k < lanes[i].nitems; k++)
@@ -1460,6 +1570,9 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
     for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
                                    .pending = &pending[pos], .last_progress = now,
+                                   .ring = &ring[i * VERBS_SEND_DEPTH],
+                                   .head = ((verbs_cconn *)lanes[i].conn)->next_seq,
+                                   .tail = ((verbs_cconn *)lanes[i].conn)->next_seq,
                                    .write_deadline = verbs_lane_write_deadline(&lanes[i])};
     bool busy = true;
     uint64_t idle_since = 0; /* us; 0: something moved in the last pass */
@@ -1483,6 +1596,9 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
             idle_since = 0;
         }
     }
+    for (size_t i = 0; i < nlanes; i++)
+        runs[i].c->next_seq = runs[i].tail;
+    free(ring);
     free(fds);
     free(runs);
     free(pending);
