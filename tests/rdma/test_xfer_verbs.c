@@ -27,6 +27,13 @@
  *                       timeout, and the caller sleeps on the completion
  *                       channel meanwhile (CPU time < 1/4 of the wait).
  *   tos                 --rdma-tos reaches the QP's traffic class (ibv_query_qp).
+ *   chained_small       512 small writes (inline) and reads to one peer over
+ *                       one connection: all correct, posted as chains, with
+ *                       at most 1/8 as many completions as WRs (selective
+ *                       signalling; counters from qp_info).
+ *   chained_error       a bad rkey in the middle of a chained batch of 96
+ *                       reads: the ops before it succeed (data checked), it
+ *                       and every later op fail; the next read works.
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -514,6 +521,109 @@ static void test_stall_sleeps(void **state)
     server_stop(&s);
 }
 
+/* The client connection's counters (its only QP in c's pool). */
+static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
+{
+    moonlet_xfer_qp_info qi[2];
+    assert_int_equal(moonlet_xfer_verbs_qp_info(c, qi, 2), 1);
+    assert_false(qi[0].served);
+    return qi[0];
+}
+
+#define NSMALL 512u
+
+static void test_chained_small(void **state)
+{
+    (void)state;
+    server s;
+    server_start(&s);
+    moonlet_xfer *c = client_new(1);
+    static uint8_t buf[NSMALL * 256];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    read_check(c, &s, buf, 0); /* connects */
+    moonlet_xfer_qp_info q0 = client_qp(c);
+    assert_true(q0.max_send_wr > 0);
+    /* half 200-byte writes (inline when the device grants 200), half 256-byte
+     * reads, to disjoint ranges of one peer over one connection */
+    static moonlet_xfer_op ops[NSMALL];
+    for (uint32_t i = 0; i < NSMALL; i++) {
+        bool w = i % 2 == 0;
+        uint8_t *p = buf + (size_t)i * 256;
+        if (w)
+            for (uint32_t k = 0; k < 200; k++)
+                p[k] = (uint8_t)(i ^ (k * 13));
+        else
+            memset(p, 0, 256);
+        ops[i] = (moonlet_xfer_op){.opcode = w ? MOONLET_XFER_WRITE : MOONLET_XFER_READ,
+                                   .endpoint = s.si.endpoint, .segment_id = s.si.segment_id,
+                                   .offset = (uint64_t)i * 4096, .local = p,
+                                   .len = w ? 200 : 256, .status = -1};
+    }
+    assert_int_equal(moonlet_xfer_submit(c, ops, NSMALL), MOONLET_OK);
+    for (uint32_t i = 0; i < NSMALL; i++) {
+        assert_int_equal(ops[i].status, MOONLET_OK);
+        if (i % 2 == 0)
+            assert_memory_equal(s.mem + (size_t)i * 4096, buf + (size_t)i * 256, 200);
+        else
+            assert_memory_equal(buf + (size_t)i * 256, s.mem + (size_t)i * 4096, 256);
+    }
+    moonlet_xfer_qp_info q1 = client_qp(c);
+    uint64_t wrs = q1.wrs - q0.wrs, cqes = q1.cqes - q0.cqes, posts = q1.post_calls - q0.post_calls;
+    print_message("%u ops: %llu WRs in %llu chains, %llu completions (max_send_wr %u, "
+                  "max_inline_data %u)\n", NSMALL, (unsigned long long)wrs,
+                  (unsigned long long)posts, (unsigned long long)cqes, q1.max_send_wr,
+                  q1.max_inline_data);
+    assert_int_equal(wrs, NSMALL);
+    assert_true(cqes * 8 <= wrs);   /* every 16th and each chain's last */
+    assert_true(posts * 4 <= wrs);  /* chains, not one post per WR */
+    assert_true(q1.max_inline_data >= 200); /* rxe grants the 256 asked for */
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
+#define NCHAIN 96u
+#define BAD_AT 41u
+
+/* One op with a bad rkey in the middle of a chained batch to one peer: it
+ * fails, every op posted after it on that QP fails (flushed), and none of the
+ * earlier ones (signalled or not) is counted failed. */
+static void test_chained_error(void **state)
+{
+    (void)state;
+    server s;
+    server_start(&s);
+    moonlet_xfer *c = client_new(1);
+    static uint8_t buf[NCHAIN * 1024];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    read_check(c, &s, buf, 0);
+    /* "<id>.<rkey 8 hex>.<base>.<size>": flip the rkey */
+    char bad[sizeof(s.si.segment_id)];
+    snprintf(bad, sizeof(bad), "%s", s.si.segment_id);
+    char *dot = strchr(bad, '.');
+    assert_non_null(dot);
+    for (int k = 1; k <= 8; k++)
+        dot[k] = dot[k] == 'f' ? '0' : 'f';
+    memset(buf, 0, sizeof(buf));
+    static moonlet_xfer_op ops[NCHAIN];
+    for (uint32_t i = 0; i < NCHAIN; i++)
+        ops[i] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = s.si.endpoint,
+                                   .segment_id = i == BAD_AT ? bad : s.si.segment_id,
+                                   .offset = (uint64_t)i * 1024, .local = buf + i * 1024,
+                                   .len = 1024, .status = -1};
+    assert_int_equal(moonlet_xfer_submit(c, ops, NCHAIN), MOONLET_ERR_TRANSFER_FAIL);
+    for (uint32_t i = 0; i < NCHAIN; i++) {
+        if (i < BAD_AT) {
+            assert_int_equal(ops[i].status, MOONLET_OK);
+            assert_memory_equal(buf + i * 1024, s.mem + i * 1024, 1024);
+        } else {
+            assert_int_equal(ops[i].status, MOONLET_ERR_TRANSFER_FAIL);
+        }
+    }
+    read_check(c, &s, buf, 65536); /* the broken connection is replaced */
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
 int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_WARN);
@@ -530,6 +640,7 @@ int main(void)
         cmocka_unit_test(test_reconnect_after_close), cmocka_unit_test(test_accept_while_stalled),
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
         cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
+        cmocka_unit_test(test_chained_small), cmocka_unit_test(test_chained_error),
     };
     if (only)
         cmocka_set_test_filter(only);
