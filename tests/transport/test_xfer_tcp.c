@@ -33,6 +33,7 @@
 #include "moonlet/error.h"
 #include "writecap.h"
 #include "xfer.h"
+#include "xfer_internal.h"
 #include "xfer_tcp.h"
 
 #define SEG (1u << 20)
@@ -501,6 +502,67 @@ static void test_idle_close_is_invisible_to_clients(void **state)
     free(seg);
 }
 
+/* ---- the client's connection pool cap (issue 12 section 4) ------------- */
+
+#define POOL_SERVERS 6
+
+/* A client talking to more serving instances than max_pooled_conns allows
+ * keeps at most the cap open (the least recently used idle connections are
+ * closed, peers left empty are freed) and every transfer still succeeds. */
+static void test_pool_cap_evicts_lru(void **state)
+{
+    (void)state;
+    server_fx s[POOL_SERVERS];
+    for (int i = 0; i < POOL_SERVERS; i++)
+        server_up(&s[i], NULL);
+    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 2,
+                            .timeout_ms = 2000, .max_pooled_conns = 3};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    uint8_t buf[4096];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < POOL_SERVERS; i++) {
+            /* Two ops: both of the peer's connections are leased at once. */
+            moonlet_xfer_op ops[2];
+            uint8_t b2[2][512];
+            for (int k = 0; k < 2; k++)
+                ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ,
+                                           .endpoint = s[i].info.endpoint,
+                                           .segment_id = s[i].info.segment_id,
+                                           .offset = (uint64_t)k * 512, .local = b2[k],
+                                           .len = 512};
+            assert_int_equal(moonlet_xfer_submit(c, ops, 2), 0);
+            assert_memory_equal(b2[0], s[i].seg, 512);
+            assert_memory_equal(b2[1], s[i].seg + 512, 512);
+            size_t npeers = 0;
+            assert_true(moonlet_xfer_pool_stats(c, NULL, &npeers) <= 3);
+            assert_true(npeers <= 3);
+        }
+    }
+    /* LRU, not FIFO: with a cap of 2 and one connection per peer, touching
+     * A again before C is opened makes B the victim. */
+    moonlet_xfer_destroy(c);
+    co.conns_per_peer = 1;
+    co.max_pooled_conns = 2;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    const int order[] = {0, 1, 0, 2};
+    for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
+        server_fx *t = &s[order[k]];
+        assert_int_equal(moonlet_xfer_read(c, t->info.endpoint, t->info.segment_id, 0, buf,
+                                           sizeof(buf)), 0);
+        assert_memory_equal(buf, t->seg, sizeof(buf));
+    }
+    size_t npeers = 0;
+    assert_int_equal(moonlet_xfer_pool_stats(c, NULL, &npeers), 2);
+    assert_int_equal(npeers, 2);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[0].info.endpoint, NULL), 1);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[1].info.endpoint, NULL), 0);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[2].info.endpoint, NULL), 1);
+    moonlet_xfer_destroy(c);
+    for (int i = 0; i < POOL_SERVERS; i++)
+        server_down(&s[i]);
+}
+
 /* ---- write capabilities (issue 13: stale writers) ----------------------- */
 
 static const uint8_t CAP_KEY[16] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16};
@@ -706,6 +768,7 @@ int main(void)
         cmocka_unit_test(test_peer_answers_nonsense),
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
+        cmocka_unit_test(test_pool_cap_evicts_lru),
         cmocka_unit_test(test_write_capabilities),
         cmocka_unit_test(test_write_capability_expires_mid_payload),
         cmocka_unit_test(test_client_write_deadline),
