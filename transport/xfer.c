@@ -21,6 +21,13 @@
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
  *
+ * Reissue.  An operation the backend failed only because its connection
+ * did (xfer_item.conn_failed: closed or reset by the peer, EOF, a verbs CM
+ * disconnect) is reissued once, on one freshly leased (and if need be
+ * reopened) connection to that peer, when the batch's deadline (timeout_ms
+ * from submit) and, for a write, its writer's deadline have not passed.
+ * Errors about the request itself are never reissued.
+ *
  * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
  * backends: a write is not started once its deadline passed, neither before
  * leasing its connection nor after (the TCP backend also aborts a lane whose
@@ -897,14 +904,14 @@ static uint64_t xfer_group_deadline(const xfer_group *g)
  * while its connections were leased and opened: on both backends no write is
  * started after its writer's deadline (the master may have given its range
  * away; docs/reliability.md). */
-static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
+static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng, size_t max_conns,
+                               uint64_t deadline)
 {
-    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
     size_t cpp = (size_t)x->conns_per_peer, nlanes = 0, nitems_before = 0;
     for (size_t gi = 0; gi < ng; gi++) {
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
-        size_t want = g->nitems < cpp ? g->nitems : cpp;
+        size_t want = g->nitems < max_conns ? g->nitems : max_conns;
         uint64_t gdl = xfer_group_deadline(g);
         int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
@@ -928,6 +935,47 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
     return nlanes;
 }
 
+/* One pass over the sorted items todo[0..ntodo): groups them by peer,
+ * leases and opens up to max_conns connections per peer (waiting no later
+ * than deadline), runs the lanes and gives the connections back. */
+static void xfer_pass(moonlet_xfer *x, xfer_batch *b, size_t ntodo, size_t max_conns,
+                      uint64_t deadline)
+{
+    size_t ng = xfer_group_items(b->todo, ntodo, b->groups);
+    size_t nlanes = xfer_batch_lanes(x, b, ng, max_conns, deadline);
+    if (nlanes)
+        x->be->run(x, b->lanes, nlanes);
+    for (size_t gi = 0; gi < ng; gi++)
+        xfer_pool_release(x, &b->groups[gi], b->lanes);
+}
+
+/* Moves to the front of todo (keeping their order) the operations that
+ * failed only because their connection did, while time remains: before the
+ * batch's deadline and, for a write, before its writer's deadline.  Access
+ * and request errors (INVALID_PARAMS, SEGMENT_NOT_FOUND, ILLEGAL_CLIENT,
+ * INVALID_WRITE, verbs access errors) are never marked conn_failed by a
+ * backend, so they are never reissued.  Returns how many; their status is
+ * reset for the second and last pass. */
+static size_t xfer_reissuable(xfer_item **todo, size_t ntodo, uint64_t deadline)
+{
+    uint64_t now = moonlet_xfer_now_ms();
+    size_t n = 0;
+    for (size_t i = 0; i < ntodo; i++) {
+        xfer_item *it = todo[i];
+        const moonlet_xfer_op *op = it->op;
+        bool retry = it->conn_failed && op->status == MOONLET_ERR_TRANSFER_FAIL && now < deadline;
+        if (retry && op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->deadline_ms &&
+            now >= op->cap->deadline_ms)
+            retry = false;
+        it->conn_failed = false;
+        if (retry) {
+            it->op->status = MOONLET_OK;
+            todo[n++] = it;
+        }
+    }
+    return n;
+}
+
 int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
 {
     if (!x || (!ops && n))
@@ -940,13 +988,14 @@ int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
             ops[i].status = MOONLET_ERR_INTERNAL_ERROR;
         return MOONLET_ERR_INTERNAL_ERROR;
     }
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
     size_t ntodo = xfer_collect(x, ops, n, b.items, b.todo);
-    size_t ng = xfer_group_items(b.todo, ntodo, b.groups);
-    size_t nlanes = xfer_batch_lanes(x, &b, ng);
-    if (nlanes)
-        x->be->run(x, b.lanes, nlanes);
-    for (size_t gi = 0; gi < ng; gi++)
-        xfer_pool_release(x, &b.groups[gi], b.lanes);
+    xfer_pass(x, &b, ntodo, (size_t)x->conns_per_peer, deadline);
+    ntodo = xfer_reissuable(b.todo, ntodo, deadline);
+    if (ntodo) {
+        ML_INFO(MOD, "reissuing %zu operation(s) whose connection failed", ntodo);
+        xfer_pass(x, &b, ntodo, 1, deadline);
+    }
     xfer_batch_free(&b);
     for (size_t i = 0; i < n; i++)
         if (ops[i].status)

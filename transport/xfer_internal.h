@@ -31,6 +31,11 @@ typedef struct xfer_item {
     uint64_t remote_addr;  /* verbs: remote VA of op->offset */
     uint32_t rkey;         /* verbs: remote key */
     uint32_t lkey;         /* verbs: local key of op->local */
+    /* Set by run() next to a TRANSFER_FAIL when the op failed only because
+     * its connection did (closed or reset by the peer, EOF; verbs: the CM
+     * reported a disconnect), never for an error about the request itself:
+     * xfer.c may then reissue it once on a fresh connection. */
+    bool conn_failed;
 } xfer_item;
 
 /* A leased connection and the operations assigned to it, in order. */
