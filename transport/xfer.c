@@ -34,7 +34,10 @@
  * deadline passes mid-transfer; verbs writes already posted are covered by
  * the master's quarantine grace).
  *
- * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
+ * Locks: pool_lock (mutex + pool_cond) guards the peer list, each peer's
+ * refs, slot busy flags and LRU stamps, and the pooled-connection count (a
+ * leased slot's conn is written by its leasing thread alone, an idle one
+ * only under pool_lock);
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
  * call that can block, and they are never nested.
  */
@@ -523,7 +526,7 @@ static size_t xfer_evict_locked(moonlet_xfer *x, void **victims, size_t cap)
         for (xfer_peer *p = x->peers; p; p = p->next) {
             for (int i = 0; i < x->conns_per_peer; i++) {
                 xfer_slot *s = &p->slots[i];
-                if (s->conn && !s->busy && (!vs || s->last_used < vs->last_used)) {
+                if (!s->busy && s->conn && (!vs || s->last_used < vs->last_used)) {
                     vs = s;
                     vp = p;
                 }

@@ -51,6 +51,11 @@
  *   MOONLET_ERR_INTERNAL_ERROR      out of memory, thread or socket creation
  * A peer that disconnects or stalls mid-transfer is reported as
  * TRANSFER_FAIL after at most `timeout_ms` without progress; no call hangs.
+ * Operations whose connection was closed or reset by the peer (verbs: a CM
+ * disconnect) are first reissued once on a fresh connection, when
+ * `timeout_ms` since the call and a write's writer deadline have not passed;
+ * errors about the request itself (the codes above but TRANSFER_FAIL, a
+ * timeout, a passed deadline, a verbs error completion) never are.
  *
  * Blocking and threads.  Transfers block the calling thread until every
  * operation has completed or failed.  All calls are thread safe; concurrent

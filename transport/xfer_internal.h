@@ -134,7 +134,8 @@ size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, si
 
 /* Test hook: walks the client pool and returns how many connections it
  * holds open (to `endpoint` only, unless NULL); *npeers (may be NULL) gets
- * how many peer entries exist.  Takes pool_lock. */
+ * how many peer entries exist.  Takes pool_lock; call it while no transfer
+ * runs (a leased slot's conn is not under pool_lock). */
 size_t moonlet_xfer_pool_stats(moonlet_xfer *x, const char *endpoint, size_t *npeers);
 
 /* Finds the registration holding [addr, addr + len); 0 and *lkey, or
