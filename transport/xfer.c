@@ -11,9 +11,22 @@
  *
  * Connections are leased exclusively for one batch; a lane the backend marks
  * broken, or a cached connection the backend reports dead (conn_stale), is
- * closed and its slot reopened on the next use.  Peers are leased
+ * closed and its slot reopened on the next use.  The pool holds at most
+ * max_pooled_conns connections over all peers: opening one more (or giving
+ * one back while more are open) closes the least recently released idle
+ * connections - never a leased one - and a peer entry left with no
+ * connection and no batch using it is freed, so a client that talked to
+ * thousands of nodes keeps no more than the cap.  Victims are chosen under
+ * pool_lock and closed after it is dropped.  Peers are leased
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
+ *
+ * Reissue.  An operation the backend failed only because its connection
+ * did (xfer_item.conn_failed: closed or reset by the peer, EOF, a verbs CM
+ * disconnect) is reissued once, on one freshly leased (and if need be
+ * reopened) connection to that peer, when the batch's deadline (timeout_ms
+ * from submit) and, for a write, its writer's deadline have not passed.
+ * Errors about the request itself are never reissued.
  *
  * Writer deadlines (moonlet_xfer_cap.deadline_ms) are enforced here for both
  * backends: a write is not started once its deadline passed, neither before
@@ -21,7 +34,10 @@
  * deadline passes mid-transfer; verbs writes already posted are covered by
  * the master's quarantine grace).
  *
- * Locks: pool_lock (mutex + pool_cond) guards peers and slot busy flags;
+ * Locks: pool_lock (mutex + pool_cond) guards the peer list, each peer's
+ * refs, slot busy flags and LRU stamps, and the pooled-connection count (a
+ * leased slot's conn is written by its leasing thread alone, an idle one
+ * only under pool_lock);
  * buf_lock (rwlock) guards the buffer list.  Neither is held across a backend
  * call that can block, and they are never nested.
  */
@@ -51,15 +67,21 @@ typedef struct xfer_buffer {
 } xfer_buffer;
 
 typedef struct xfer_slot {
-    void *conn; /* NULL until opened (or after a broken lane) */
+    void *conn; /* NULL until opened (or after a broken lane or an eviction) */
     bool busy;
+    uint64_t last_used; /* x->pool_tick at its last release: the LRU order */
 } xfer_slot;
 
 typedef struct xfer_peer {
     char *endpoint;
     xfer_slot *slots; /* conns_per_peer of them */
+    unsigned refs;    /* batches leasing or waiting for its slots */
     struct xfer_peer *next;
 } xfer_peer;
+
+/* Connections one open or release may evict at most (bounded work; each
+ * open adds one connection, so one eviction per open keeps the cap). */
+#define XFER_EVICT_MAX 8
 
 /* One peer's share of a batch while it runs. */
 typedef struct xfer_group {
@@ -250,6 +272,8 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
                                        ? o->server_max_conns_per_peer
                                        : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER;
     x->server_idle_timeout_ms = o->server_idle_timeout_ms;
+    x->max_pooled_conns = o->max_pooled_conns ? o->max_pooled_conns
+                                              : MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS;
     if (oom)
         return MOONLET_ERR_INTERNAL_ERROR;
     if (x->listen_addr) {
@@ -310,6 +334,7 @@ static void xfer_close_peers(moonlet_xfer *x)
         p = next;
     }
     x->peers = NULL;
+    x->pooled = 0;
 }
 
 void moonlet_xfer_destroy(moonlet_xfer *x)
@@ -468,6 +493,86 @@ static xfer_peer *xfer_peer_get_locked(moonlet_xfer *x, const char *endpoint)
     return p;
 }
 
+/* Unlinks and frees the peer when no batch uses it and it holds no
+ * connection; called with pool_lock held. */
+static void xfer_peer_drop_if_empty_locked(moonlet_xfer *x, xfer_peer *p)
+{
+    if (p->refs)
+        return;
+    for (int i = 0; i < x->conns_per_peer; i++)
+        if (p->slots[i].conn)
+            return;
+    for (xfer_peer **pp = &x->peers; *pp; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    free(p->slots);
+    free(p->endpoint);
+    free(p);
+}
+
+/* While more than max_pooled_conns connections are open, takes the least
+ * recently used idle ones out of their slots (at most cap of them) into
+ * victims[] for the caller to close once pool_lock is dropped, and frees
+ * peers left empty.  Called with pool_lock held; returns how many. */
+static size_t xfer_evict_locked(moonlet_xfer *x, void **victims, size_t cap)
+{
+    size_t n = 0;
+    while (n < cap && x->pooled > x->max_pooled_conns) {
+        xfer_peer *vp = NULL;
+        xfer_slot *vs = NULL;
+        for (xfer_peer *p = x->peers; p; p = p->next) {
+            for (int i = 0; i < x->conns_per_peer; i++) {
+                xfer_slot *s = &p->slots[i];
+                if (!s->busy && s->conn && (!vs || s->last_used < vs->last_used)) {
+                    vs = s;
+                    vp = p;
+                }
+            }
+        }
+        if (!vs)
+            break; /* every open connection is leased: the cap waits for a release */
+        victims[n++] = vs->conn;
+        vs->conn = NULL;
+        x->pooled--;
+        xfer_peer_drop_if_empty_locked(x, vp);
+    }
+    return n;
+}
+
+static void xfer_close_victims(moonlet_xfer *x, void **victims, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x->be->conn_close(x, victims[i]);
+}
+
+/* A leased slot's connection went away (closed by this thread). */
+static void xfer_pool_forget(moonlet_xfer *x)
+{
+    pthread_mutex_lock(&x->pool_lock);
+    x->pooled--;
+    pthread_mutex_unlock(&x->pool_lock);
+}
+
+size_t moonlet_xfer_pool_stats(moonlet_xfer *x, const char *endpoint, size_t *npeers)
+{
+    size_t conns = 0, peers = 0;
+    pthread_mutex_lock(&x->pool_lock);
+    for (xfer_peer *p = x->peers; p; p = p->next) {
+        peers++;
+        if (endpoint && strcmp(endpoint, p->endpoint) != 0)
+            continue;
+        for (int i = 0; i < x->conns_per_peer; i++)
+            conns += p->slots[i].conn != NULL;
+    }
+    pthread_mutex_unlock(&x->pool_lock);
+    if (npeers)
+        *npeers = peers;
+    return conns;
+}
+
 /* Leases up to `want` idle slots of the peer, open ones first; called with
  * pool_lock held.  Returns how many were leased. */
 static size_t xfer_lease_locked(moonlet_xfer *x, xfer_peer *p, size_t want, size_t *idx)
@@ -504,6 +609,7 @@ static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     g->peer = p;
+    p->refs++;
     for (;;) {
         g->nslots = xfer_lease_locked(x, p, want, g->slot_idx);
         if (g->nslots)
@@ -512,6 +618,11 @@ static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t
             g->nslots = xfer_lease_locked(x, p, want, g->slot_idx);
             break;
         }
+    }
+    if (!g->nslots) {
+        p->refs--;
+        xfer_peer_drop_if_empty_locked(x, p);
+        g->peer = NULL;
     }
     pthread_mutex_unlock(&x->pool_lock);
     if (!g->nslots) {
@@ -536,6 +647,7 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
         if (s->conn && x->be->conn_stale && x->be->conn_stale(x, s->conn)) {
             x->be->conn_close(x, s->conn); /* the peer closed or went away: a new one, now */
             s->conn = NULL;
+            xfer_pool_forget(x);
         }
         if (!s->conn && first_err) { /* one failed open is enough: don't try the others */
             pthread_mutex_lock(&x->pool_lock);
@@ -545,12 +657,21 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
             continue;
         }
         if (!s->conn) {
+            /* Count it before opening, and make room: LRU idle connections
+             * leave the pool and are closed outside pool_lock. */
+            void *victims[XFER_EVICT_MAX];
+            pthread_mutex_lock(&x->pool_lock);
+            x->pooled++;
+            size_t nv = xfer_evict_locked(x, victims, XFER_EVICT_MAX);
+            pthread_mutex_unlock(&x->pool_lock);
+            xfer_close_victims(x, victims, nv);
             int rc = x->be->conn_open(x, g->endpoint, &s->conn);
             if (rc) {
                 s->conn = NULL;
                 if (!first_err)
                     first_err = rc;
                 pthread_mutex_lock(&x->pool_lock);
+                x->pooled--;
                 s->busy = false;
                 pthread_cond_broadcast(&x->pool_cond);
                 pthread_mutex_unlock(&x->pool_lock);
@@ -563,22 +684,38 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
     return kept ? MOONLET_OK : first_err;
 }
 
-/* Gives the group's slots back, closing those whose lane broke. */
+/* Gives the group's slots and its peer reference back (a no-op without a
+ * peer), closing the connections whose lane broke, and evicts idle
+ * connections while the pool is over its cap. */
 static void xfer_pool_release(moonlet_xfer *x, xfer_group *g, const xfer_lane *lanes)
 {
+    if (!g->peer)
+        return;
+    size_t closed = 0;
     for (size_t i = 0; i < g->nslots; i++) {
         xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
         if (lanes && lanes[g->first_lane + i].broken) {
             x->be->conn_close(x, s->conn);
             s->conn = NULL;
+            closed++;
         }
     }
+    void *victims[XFER_EVICT_MAX];
     pthread_mutex_lock(&x->pool_lock);
-    for (size_t i = 0; i < g->nslots; i++)
-        g->peer->slots[g->slot_idx[i]].busy = false;
+    x->pooled -= closed;
+    for (size_t i = 0; i < g->nslots; i++) {
+        xfer_slot *s = &g->peer->slots[g->slot_idx[i]];
+        s->busy = false;
+        s->last_used = ++x->pool_tick;
+    }
+    g->peer->refs--;
+    xfer_peer_drop_if_empty_locked(x, g->peer);
+    size_t nv = xfer_evict_locked(x, victims, XFER_EVICT_MAX);
     pthread_cond_broadcast(&x->pool_cond);
     pthread_mutex_unlock(&x->pool_lock);
+    xfer_close_victims(x, victims, nv);
     g->nslots = 0;
+    g->peer = NULL;
 }
 
 int moonlet_xfer_connect(moonlet_xfer *x, const char *endpoint)
@@ -770,14 +907,14 @@ static uint64_t xfer_group_deadline(const xfer_group *g)
  * while its connections were leased and opened: on both backends no write is
  * started after its writer's deadline (the master may have given its range
  * away; docs/reliability.md). */
-static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
+static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng, size_t max_conns,
+                               uint64_t deadline)
 {
-    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
     size_t cpp = (size_t)x->conns_per_peer, nlanes = 0, nitems_before = 0;
     for (size_t gi = 0; gi < ng; gi++) {
         xfer_group *g = &b->groups[gi];
         g->slot_idx = &b->slot_idx[gi * cpp];
-        size_t want = g->nitems < cpp ? g->nitems : cpp;
+        size_t want = g->nitems < max_conns ? g->nitems : max_conns;
         uint64_t gdl = xfer_group_deadline(g);
         int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
         if (rc == MOONLET_OK)
@@ -788,7 +925,7 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         }
         if (rc) {
             xfer_fail_group(g, rc);
-            g->nslots = 0;
+            xfer_pool_release(x, g, NULL); /* its peer reference (no slots left) */
         }
         g->first_lane = nlanes;
         g->nlanes = g->nslots;
@@ -799,6 +936,47 @@ static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng)
         nitems_before += g->nitems;
     }
     return nlanes;
+}
+
+/* One pass over the sorted items todo[0..ntodo): groups them by peer,
+ * leases and opens up to max_conns connections per peer (waiting no later
+ * than deadline), runs the lanes and gives the connections back. */
+static void xfer_pass(moonlet_xfer *x, xfer_batch *b, size_t ntodo, size_t max_conns,
+                      uint64_t deadline)
+{
+    size_t ng = xfer_group_items(b->todo, ntodo, b->groups);
+    size_t nlanes = xfer_batch_lanes(x, b, ng, max_conns, deadline);
+    if (nlanes)
+        x->be->run(x, b->lanes, nlanes);
+    for (size_t gi = 0; gi < ng; gi++)
+        xfer_pool_release(x, &b->groups[gi], b->lanes);
+}
+
+/* Moves to the front of todo (keeping their order) the operations that
+ * failed only because their connection did, while time remains: before the
+ * batch's deadline and, for a write, before its writer's deadline.  Access
+ * and request errors (INVALID_PARAMS, SEGMENT_NOT_FOUND, ILLEGAL_CLIENT,
+ * INVALID_WRITE, verbs access errors) are never marked conn_failed by a
+ * backend, so they are never reissued.  Returns how many; their status is
+ * reset for the second and last pass. */
+static size_t xfer_reissuable(xfer_item **todo, size_t ntodo, uint64_t deadline)
+{
+    uint64_t now = moonlet_xfer_now_ms();
+    size_t n = 0;
+    for (size_t i = 0; i < ntodo; i++) {
+        xfer_item *it = todo[i];
+        const moonlet_xfer_op *op = it->op;
+        bool retry = it->conn_failed && op->status == MOONLET_ERR_TRANSFER_FAIL && now < deadline;
+        if (retry && op->opcode == MOONLET_XFER_WRITE && op->cap && op->cap->deadline_ms &&
+            now >= op->cap->deadline_ms)
+            retry = false;
+        it->conn_failed = false;
+        if (retry) {
+            it->op->status = MOONLET_OK;
+            todo[n++] = it;
+        }
+    }
+    return n;
 }
 
 int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
@@ -813,14 +991,14 @@ int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
             ops[i].status = MOONLET_ERR_INTERNAL_ERROR;
         return MOONLET_ERR_INTERNAL_ERROR;
     }
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
     size_t ntodo = xfer_collect(x, ops, n, b.items, b.todo);
-    size_t ng = xfer_group_items(b.todo, ntodo, b.groups);
-    size_t nlanes = xfer_batch_lanes(x, &b, ng);
-    if (nlanes)
-        x->be->run(x, b.lanes, nlanes);
-    for (size_t gi = 0; gi < ng; gi++)
-        if (b.groups[gi].nslots)
-            xfer_pool_release(x, &b.groups[gi], b.lanes);
+    xfer_pass(x, &b, ntodo, (size_t)x->conns_per_peer, deadline);
+    ntodo = xfer_reissuable(b.todo, ntodo, deadline);
+    if (ntodo) {
+        ML_INFO(MOD, "reissuing %zu operation(s) whose connection failed", ntodo);
+        xfer_pass(x, &b, ntodo, 1, deadline);
+    }
     xfer_batch_free(&b);
     for (size_t i = 0; i < n; i++)
         if (ops[i].status)

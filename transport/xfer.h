@@ -51,11 +51,18 @@
  *   MOONLET_ERR_INTERNAL_ERROR      out of memory, thread or socket creation
  * A peer that disconnects or stalls mid-transfer is reported as
  * TRANSFER_FAIL after at most `timeout_ms` without progress; no call hangs.
+ * Operations whose connection was closed or reset by the peer (verbs: a CM
+ * disconnect) are first reissued once on a fresh connection, when
+ * `timeout_ms` since the call and a write's writer deadline have not passed;
+ * errors about the request itself (the codes above but TRANSFER_FAIL, a
+ * timeout, a passed deadline, a verbs error completion) never are.
  *
  * Blocking and threads.  Transfers block the calling thread until every
  * operation has completed or failed.  All calls are thread safe; concurrent
  * transfers to the same peer use different connections (up to
  * `conns_per_peer`; more callers wait for a free one, bounded by timeout_ms).
+ * At most `max_pooled_conns` connections are cached in all; the least
+ * recently used idle ones are closed to make room.
  * Register/unregister may run concurrently with transfers; unregistering a
  * segment waits for the requests being served on it (TCP) to finish.
  */
@@ -80,6 +87,7 @@ typedef enum moonlet_xfer_protocol {
 #define MOONLET_XFER_DEFAULT_TIMEOUT_MS 10000u
 #define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS 4096u
 #define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER 256u
+#define MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS 1024u
 #define MOONLET_XFER_MAX_TOKEN_BYTES 1024u
 /* Largest single operation (1 TiB); longer requests are refused. */
 #define MOONLET_XFER_MAX_OP_BYTES (UINT64_C(1) << 40)
@@ -103,6 +111,12 @@ typedef struct moonlet_xfer_opts {
     unsigned server_max_conns;          /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS */
     unsigned server_max_conns_per_peer; /* MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER */
     uint32_t server_idle_timeout_ms;    /* 0: idle connections are kept */
+    /* Client side: connections cached across all peers (TCP sockets / verbs
+     * QPs); 0: MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS.  Opening one more
+     * closes the least recently used idle ones; connections leased by
+     * running transfers are never closed, so the count exceeds the cap only
+     * while more than that many are in use at once. */
+    unsigned max_pooled_conns;
 } moonlet_xfer_opts;
 
 /* Parses "rdma", "tcp" or "auto"; returns 0 or MOONLET_ERR_INVALID_PARAMS. */

@@ -7,8 +7,10 @@
  * leases connections ("lanes") and hands them to the backend's run(), which
  * moves the bytes of all lanes at once and writes each operation's status.
  *
- * Locks (all owned by xfer.c): pool_lock guards the peer list and the busy
- * flags of its connection slots; buf_lock (a rwlock) guards the buffer list.
+ * Locks (all owned by xfer.c): pool_lock guards the peer list, the busy
+ * flags and LRU stamps of its connection slots and the pooled-connection
+ * count (a slot's conn pointer is written only by the thread leasing it, or
+ * under pool_lock while it is idle, by eviction); buf_lock (a rwlock) guards the buffer list.
  * Neither is held while a backend opens a connection or moves bytes, and
  * they are never held together.
  */
@@ -29,6 +31,11 @@ typedef struct xfer_item {
     uint64_t remote_addr;  /* verbs: remote VA of op->offset */
     uint32_t rkey;         /* verbs: remote key */
     uint32_t lkey;         /* verbs: local key of op->local */
+    /* Set by run() next to a TRANSFER_FAIL when the op failed only because
+     * its connection did (closed or reset by the peer, EOF; verbs: the CM
+     * reported a disconnect), never for an error about the request itself:
+     * xfer.c may then reissue it once on a fresh connection. */
+    bool conn_failed;
 } xfer_item;
 
 /* A leased connection and the operations assigned to it, in order. */
@@ -87,6 +94,7 @@ struct moonlet_xfer {
     uint32_t timeout_ms;
     unsigned server_max_conns, server_max_conns_per_peer; /* 0: no cap */
     uint32_t server_idle_timeout_ms;                      /* 0: never */
+    unsigned max_pooled_conns;                            /* client pool cap, > 0 */
 
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 
@@ -96,6 +104,8 @@ struct moonlet_xfer {
     pthread_mutex_t pool_lock;
     pthread_cond_t pool_cond;
     struct xfer_peer *peers;
+    size_t pooled;      /* open connections in all slots (pool_lock) */
+    uint64_t pool_tick; /* LRU clock: bumped at every release (pool_lock) */
 };
 
 extern const xfer_backend moonlet_xfer_tcp_backend;
@@ -126,6 +136,12 @@ typedef struct moonlet_xfer_qp_info {
     uint32_t max_send_wr, max_inline_data;
 } moonlet_xfer_qp_info;
 size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);
+
+/* Test hook: walks the client pool and returns how many connections it
+ * holds open (to `endpoint` only, unless NULL); *npeers (may be NULL) gets
+ * how many peer entries exist.  Takes pool_lock; call it while no transfer
+ * runs (a leased slot's conn is not under pool_lock). */
+size_t moonlet_xfer_pool_stats(moonlet_xfer *x, const char *endpoint, size_t *npeers);
 
 /* Finds the registration holding [addr, addr + len); 0 and *lkey, or
  * INVALID_PARAMS.  Takes buf_lock shared. */

@@ -31,7 +31,9 @@
  * pipelined (many headers and write payloads gathered into one sendmsg),
  * replies are read in order, read payloads land directly in the caller's
  * buffer.  A lane with no progress for timeout_ms, a closed socket or a reply
- * that does not match fails its remaining operations with TRANSFER_FAIL.  A
+ * that does not match fails its remaining operations with TRANSFER_FAIL (a
+ * closed or reset socket also marks them conn_failed, for xfer.c's one
+ * reissue on a fresh connection).  A
  * lane holding a write past its writer's deadline (moonlet_xfer_cap) is
  * aborted with a reset (SO_LINGER 0), so bytes still queued are dropped.
  *
@@ -1325,6 +1327,16 @@ static void tcp_lane_fail(tcp_lane_run *r, int status, const char *why)
     r->done = true;
 }
 
+/* The connection itself failed (EOF, reset, send error): the unanswered
+ * operations are marked for one reissue on a fresh connection (xfer.c). */
+static void tcp_lane_conn_lost(tcp_lane_run *r, const char *why)
+{
+    size_t first = r->recv_i;
+    tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, why);
+    for (size_t i = first; i < r->lane->nitems; i++)
+        r->lane->items[i]->conn_failed = true;
+}
+
 /* Whether a write sends a capability: only a real one (tag 0 is "none", as
  * the master reports for a segment without a key), so a node that predates
  * capabilities is never sent the F_CAP flag it would not decode. */
@@ -1426,7 +1438,7 @@ static int tcp_send_step(tcp_lane_run *r, bool *progress)
             bool ignored;
             /* The peer may have refused us (ILLEGAL_CLIENT) before closing. */
             if (tcp_recv_step(r, &ignored) == 0)
-                tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL, strerror(err));
+                tcp_lane_conn_lost(r, strerror(err));
             return -1;
         }
         *progress = true;
@@ -1493,8 +1505,7 @@ static int tcp_recv_step(tcp_lane_run *r, bool *progress)
                        left > (1u << 30) ? (1u << 30) : (size_t)left, MSG_DONTWAIT);
         }
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) {
-            tcp_lane_fail(r, MOONLET_ERR_TRANSFER_FAIL,
-                          got == 0 ? "connection closed by peer" : strerror(errno));
+            tcp_lane_conn_lost(r, got == 0 ? "connection closed by peer" : strerror(errno));
             return -1;
         }
         if (got < 0)

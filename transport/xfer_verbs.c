@@ -26,8 +26,10 @@
  *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
  *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
  *               all within timeout_ms.  After connect the CM channel is
- *               watched: DISCONNECTED fails a running lane and makes xfer.c
- *               reopen the connection before its next use (conn_stale).
+ *               watched: DISCONNECTED fails a running lane (its failed
+ *               operations marked conn_failed, so xfer.c reissues them once
+ *               on a fresh connection) and makes xfer.c reopen the
+ *               connection before its next use (conn_stale).
  *   transfer    IBV_WR_RDMA_READ / IBV_WR_RDMA_WRITE, split at 1 MiB (or
  *               the port's smaller max_msg_sz), posted as one chain per pass
  *               (sq_sig_all = 0; every 16th WR and the last of a chain
@@ -1444,6 +1446,18 @@ static void verbs_lane_abort(verbs_lane_run *r, const char *why)
     r->head = r->tail;
 }
 
+/* The CM reported the peer gone while the lane was healthy: every
+ * operation it fails failed only with its connection (conn_failed), and
+ * xfer.c may reissue it once on a fresh connection. */
+static void verbs_lane_disconnected(verbs_lane_run *r)
+{
+    bool healthy = !r->failed;
+    verbs_lane_abort(r, "peer disconnected");
+    for (size_t i = 0; healthy && i < r->lane->nitems; i++)
+        if (r->lane->items[i]->op->status == MOONLET_ERR_TRANSFER_FAIL)
+            r->lane->items[i]->conn_failed = true;
+}
+
 static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, uint64_t now)
 {
     uint32_t before = r->inflight;
@@ -1465,7 +1479,7 @@ static bool verbs_lane_step(moonlet_xfer *x, verbs_state *v, verbs_lane_run *r, 
          * timeout, so the caller can go to another replica at once */
         r->c->next_watch_ms = now + 5;
         if (!verbs_watch(r->c))
-            verbs_lane_abort(r, "peer disconnected");
+            verbs_lane_disconnected(r);
     }
     return r->inflight > 0 || r->post_i < r->lane->nitems;
 }
@@ -1521,7 +1535,7 @@ static void verbs_wait(moonlet_xfer *x, verbs_lane_run *runs, size_t nlanes, str
         for (int j = 0; j < 64 && ibv_get_cq_event(r->c->cc, &cq, &cq_ctx) == 0; j++)
             ibv_ack_cq_events(cq, 1);
         if ((fds[k + 1].revents & POLLIN) && !verbs_watch(r->c))
-            verbs_lane_abort(r, "peer disconnected");
+            verbs_lane_disconnected(r);
         k += 2;
     }
 }

@@ -33,6 +33,7 @@
 #include "moonlet/error.h"
 #include "writecap.h"
 #include "xfer.h"
+#include "xfer_internal.h"
 #include "xfer_tcp.h"
 
 #define SEG (1u << 20)
@@ -311,6 +312,9 @@ typedef enum fake_mode {
     FAKE_CLOSE_AFTER_HEADER, /* reads one request header, then closes */
     FAKE_STALL,              /* reads one request header, then says nothing */
     FAKE_BAD_REPLY,          /* answers with a reply for another request id */
+    FAKE_DROP_FIRST,         /* closes its first connection after one header, then
+                              * serves reads (byte i of a segment = i * 7) */
+    FAKE_NOT_FOUND,          /* answers SEGMENT_NOT_FOUND, then closes */
 } fake_mode;
 
 typedef struct fake_server {
@@ -319,8 +323,38 @@ typedef struct fake_server {
     int stop_pipe[2];
     uint16_t port;
     int headers_seen;
+    int accepted;
     pthread_t th;
 } fake_server;
+
+/* FAKE_DROP_FIRST after its first connection: answers every read request
+ * (header only: no capability, no token) with the pattern, until the client
+ * closes or 50 requests were served. */
+static void fake_serve_reads(fake_server *f, int fd, uint8_t *b)
+{
+    static uint8_t pay[1u << 16];
+    for (int n = 0; n < 50; n++) {
+        moonlet_xfer_tcp_hdr h;
+        if (moonlet_xfer_tcp_hdr_decode(b, &h) || h.op != MOONLET_XFER_TCP_READ ||
+            h.length > sizeof(pay))
+            return;
+        for (uint64_t i = 0; i < h.length; i++)
+            pay[i] = (uint8_t)((h.offset + i) * 7);
+        h.op |= MOONLET_XFER_TCP_REPLY;
+        uint8_t r[HDR];
+        moonlet_xfer_tcp_hdr_encode(&h, r);
+        if (send(fd, r, HDR, MSG_NOSIGNAL) != (ssize_t)HDR ||
+            send(fd, pay, h.length, MSG_NOSIGNAL) != (ssize_t)h.length)
+            return;
+        struct pollfd p[2] = {{.fd = f->stop_pipe[0], .events = POLLIN},
+                              {.fd = fd, .events = POLLIN}};
+        if (poll(p, 2, 5000) <= 0 || p[0].revents)
+            return;
+        if (recv(fd, b, HDR, MSG_WAITALL) != (ssize_t)HDR)
+            return;
+        __atomic_add_fetch(&f->headers_seen, 1, __ATOMIC_SEQ_CST);
+    }
+}
 
 /* Serves one accepted connection per the mode; returns when done or stopped. */
 static void fake_serve(fake_server *f, int fd)
@@ -329,6 +363,22 @@ static void fake_serve(fake_server *f, int fd)
     if (recv(fd, b, HDR, MSG_WAITALL) != (ssize_t)HDR)
         return;
     __atomic_add_fetch(&f->headers_seen, 1, __ATOMIC_SEQ_CST);
+    if (f->mode == FAKE_DROP_FIRST) {
+        if (__atomic_load_n(&f->accepted, __ATOMIC_SEQ_CST) > 1)
+            fake_serve_reads(f, fd, b);
+        return;
+    }
+    if (f->mode == FAKE_NOT_FOUND) {
+        moonlet_xfer_tcp_hdr h;
+        if (moonlet_xfer_tcp_hdr_decode(b, &h) == 0) {
+            h.op |= MOONLET_XFER_TCP_REPLY;
+            h.status = MOONLET_ERR_SEGMENT_NOT_FOUND;
+            h.length = 0;
+            moonlet_xfer_tcp_hdr_encode(&h, b);
+            send(fd, b, HDR, MSG_NOSIGNAL);
+        }
+        return;
+    }
     if (f->mode == FAKE_BAD_REPLY) {
         moonlet_xfer_tcp_hdr h;
         if (moonlet_xfer_tcp_hdr_decode(b, &h) == 0) {
@@ -369,6 +419,7 @@ static void *fake_main(void *arg)
         int fd = accept(f->listen_fd, NULL, NULL);
         if (fd < 0)
             continue;
+        __atomic_add_fetch(&f->accepted, 1, __ATOMIC_SEQ_CST);
         fake_serve(f, fd);
         close(fd);
     }
@@ -448,6 +499,90 @@ static void test_peer_answers_nonsense(void **state)
     client_vs_fake(FAKE_BAD_REPLY, 2000, 0, 1500);
 }
 
+/* ---- one reissue after a connection failure (issue 12 section 4) -------- */
+
+/* The peer drops the connection in the middle of a batch (after reading its
+ * first request): the batch's operations are reissued once on a fresh
+ * connection and succeed. */
+static void test_reissue_after_peer_drops(void **state)
+{
+    (void)state;
+    fake_server f;
+    fake_start(&f, FAKE_DROP_FIRST);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                           .timeout_ms = 2000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    static uint8_t buf[3][8192];
+    moonlet_xfer_op ops[3];
+    for (int k = 0; k < 3; k++)
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = ep,
+                                   .segment_id = "00000000000000aa",
+                                   .offset = (uint64_t)k * 8192, .local = buf[k],
+                                   .len = sizeof(buf[k])};
+    assert_int_equal(moonlet_xfer_submit(c, ops, 3), 0);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(ops[k].status, 0);
+        for (uint32_t i = 0; i < sizeof(buf[k]); i++)
+            assert_int_equal(buf[k][i], (uint8_t)(((uint64_t)k * 8192 + i) * 7));
+    }
+    assert_int_equal(__atomic_load_n(&f.accepted, __ATOMIC_SEQ_CST), 2);
+    moonlet_xfer_destroy(c);
+    fake_stop(&f);
+}
+
+/* An error about the request itself (the peer answers SEGMENT_NOT_FOUND and
+ * then closes) is final: one request, one connection, no reissue. */
+static void test_access_error_not_reissued(void **state)
+{
+    (void)state;
+    fake_server f;
+    fake_start(&f, FAKE_NOT_FOUND);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                           .timeout_ms = 2000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    uint8_t b[64];
+    uint64_t t0 = now_ms();
+    assert_int_equal(moonlet_xfer_read(c, ep, "00000000000000aa", 0, b, sizeof(b)),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    assert_true(now_ms() - t0 < 1000);
+    assert_int_equal(__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST), 1);
+    assert_int_equal(__atomic_load_n(&f.accepted, __ATOMIC_SEQ_CST), 1);
+    moonlet_xfer_destroy(c);
+    fake_stop(&f);
+}
+
+/* A write whose writer's deadline passes while its peer stalls is aborted
+ * and not reissued: no fresh connection is opened for it. */
+static void test_write_past_deadline_not_reissued(void **state)
+{
+    (void)state;
+    fake_server f;
+    fake_start(&f, FAKE_STALL);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                           .timeout_ms = 2000};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    char ep[32];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    uint8_t b[64] = {0};
+    uint64_t t0 = now_ms();
+    moonlet_xfer_cap cap = {.deadline_ms = moonlet_xfer_now_ms() + 200};
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
+                          .segment_id = "00000000000000aa", .local = b, .len = sizeof(b),
+                          .cap = &cap};
+    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_true(now_ms() - t0 < 1500);
+    assert_int_equal(moonlet_xfer_pool_stats(c, ep, NULL), 0);
+    moonlet_xfer_destroy(c);
+    fake_stop(&f);
+}
+
 static void test_unreachable(void **state)
 {
     (void)state;
@@ -499,6 +634,67 @@ static void test_idle_close_is_invisible_to_clients(void **state)
     moonlet_xfer_destroy(c);
     moonlet_xfer_destroy(s.x);
     free(seg);
+}
+
+/* ---- the client's connection pool cap (issue 12 section 4) ------------- */
+
+#define POOL_SERVERS 6
+
+/* A client talking to more serving instances than max_pooled_conns allows
+ * keeps at most the cap open (the least recently used idle connections are
+ * closed, peers left empty are freed) and every transfer still succeeds. */
+static void test_pool_cap_evicts_lru(void **state)
+{
+    (void)state;
+    server_fx s[POOL_SERVERS];
+    for (int i = 0; i < POOL_SERVERS; i++)
+        server_up(&s[i], NULL);
+    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 2,
+                            .timeout_ms = 2000, .max_pooled_conns = 3};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    uint8_t buf[4096];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < POOL_SERVERS; i++) {
+            /* Two ops: both of the peer's connections are leased at once. */
+            moonlet_xfer_op ops[2];
+            uint8_t b2[2][512];
+            for (int k = 0; k < 2; k++)
+                ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ,
+                                           .endpoint = s[i].info.endpoint,
+                                           .segment_id = s[i].info.segment_id,
+                                           .offset = (uint64_t)k * 512, .local = b2[k],
+                                           .len = 512};
+            assert_int_equal(moonlet_xfer_submit(c, ops, 2), 0);
+            assert_memory_equal(b2[0], s[i].seg, 512);
+            assert_memory_equal(b2[1], s[i].seg + 512, 512);
+            size_t npeers = 0;
+            assert_true(moonlet_xfer_pool_stats(c, NULL, &npeers) <= 3);
+            assert_true(npeers <= 3);
+        }
+    }
+    /* LRU, not FIFO: with a cap of 2 and one connection per peer, touching
+     * A again before C is opened makes B the victim. */
+    moonlet_xfer_destroy(c);
+    co.conns_per_peer = 1;
+    co.max_pooled_conns = 2;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    const int order[] = {0, 1, 0, 2};
+    for (size_t k = 0; k < sizeof(order) / sizeof(order[0]); k++) {
+        server_fx *t = &s[order[k]];
+        assert_int_equal(moonlet_xfer_read(c, t->info.endpoint, t->info.segment_id, 0, buf,
+                                           sizeof(buf)), 0);
+        assert_memory_equal(buf, t->seg, sizeof(buf));
+    }
+    size_t npeers = 0;
+    assert_int_equal(moonlet_xfer_pool_stats(c, NULL, &npeers), 2);
+    assert_int_equal(npeers, 2);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[0].info.endpoint, NULL), 1);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[1].info.endpoint, NULL), 0);
+    assert_int_equal(moonlet_xfer_pool_stats(c, s[2].info.endpoint, NULL), 1);
+    moonlet_xfer_destroy(c);
+    for (int i = 0; i < POOL_SERVERS; i++)
+        server_down(&s[i]);
 }
 
 /* ---- write capabilities (issue 13: stale writers) ----------------------- */
@@ -705,7 +901,11 @@ int main(void)
         cmocka_unit_test(test_peer_stalls),
         cmocka_unit_test(test_peer_answers_nonsense),
         cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_reissue_after_peer_drops),
+        cmocka_unit_test(test_access_error_not_reissued),
+        cmocka_unit_test(test_write_past_deadline_not_reissued),
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
+        cmocka_unit_test(test_pool_cap_evicts_lru),
         cmocka_unit_test(test_write_capabilities),
         cmocka_unit_test(test_write_capability_expires_mid_payload),
         cmocka_unit_test(test_client_write_deadline),
