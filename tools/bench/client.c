@@ -172,11 +172,13 @@ static int py_line(client_bench *b, int timeout_ms)
 }
 
 /* Has the child time `calls` calls on `path` ("direct" / "dummy"); adds the samples. */
-static int py_round(client_bench *b, const char *path, int calls, bench_samples *s)
+/* Sends one command line to the Python child and reads its reply: one
+ * latency in microseconds per call, added to s (when given).  0 when exactly
+ * `calls` came back. */
+static int py_command(client_bench *b, const char *cmd, int len, int timeout_ms, int calls,
+                      bench_samples *s)
 {
-    char cmd[64];
-    int len = snprintf(cmd, sizeof(cmd), "%s %d %d\n", path, calls, b->gap_us);
-    if (write(b->py_in, cmd, (size_t)len) != len || py_line(b, 60000))
+    if (write(b->py_in, cmd, (size_t)len) != len || py_line(b, timeout_ms))
         return -1;
     char *p = b->line, *end;
     int got = 0;
@@ -190,6 +192,13 @@ static int py_round(client_bench *b, const char *path, int calls, bench_samples 
         p = end;
     }
     return got == calls ? 0 : -1;
+}
+
+static int py_round(client_bench *b, const char *path, int calls, bench_samples *s)
+{
+    char cmd[64];
+    int len = snprintf(cmd, sizeof(cmd), "%s %d %d\n", path, calls, b->gap_us);
+    return py_command(b, cmd, len, 60000, calls, s);
 }
 
 static void py_stop(client_bench *b)
@@ -249,20 +258,7 @@ static int mb_round(client_bench *b, int series, int calls, bench_samples *s)
     char cmd[64];
     int len = snprintf(cmd, sizeof(cmd), "mb %s %s %d\n", g_mb_paths[series / MB_KINDS],
                        g_mb_kinds[series % MB_KINDS], calls);
-    if (write(b->py_in, cmd, (size_t)len) != len || py_line(b, 120000))
-        return -1;
-    char *p = b->line, *end;
-    int got = 0;
-    for (;;) {
-        double us = strtod(p, &end);
-        if (end == p)
-            break;
-        if (s)
-            bench_samples_add(s, us);
-        got++;
-        p = end;
-    }
-    return got == calls ? 0 : -1;
+    return py_command(b, cmd, len, 120000, calls, s);
 }
 
 static void usage(FILE *f)
