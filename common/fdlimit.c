@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "monotime.h"
 
 uint64_t moonlet_fdlimit_raise(uint64_t want)
 {
@@ -29,16 +30,9 @@ uint64_t moonlet_fdlimit_raise(uint64_t want)
     return rl.rlim_cur == RLIM_INFINITY ? want : (uint64_t)rl.rlim_cur;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 bool moonlet_ratelimit_allow(moonlet_ratelimit *r, uint32_t interval_ms, uint64_t *suppressed)
 {
-    int64_t now = mono_ms();
+    int64_t now = (int64_t)moonlet_mono_ms();
     int_fast64_t next = atomic_load(&r->next_ms);
     if (now < next || !atomic_compare_exchange_strong(&r->next_ms, &next, now + interval_ms)) {
         atomic_fetch_add(&r->held, 1);

@@ -10,12 +10,13 @@
 #include "log.h"
 #include "moonlet/error.h"
 
-bool moonlet_token_equal(const char *got, size_t got_len, const char *want, size_t want_len)
+bool moonlet_token_equal(const void *got, size_t got_len, const void *want, size_t want_len)
 {
+    const volatile unsigned char *g = got, *w = want;
     volatile unsigned char diff = (unsigned char)(got_len != want_len);
     for (size_t i = 0; i < want_len; i++) {
-        unsigned char g = i < got_len ? (unsigned char)got[i] : 0;
-        diff |= (unsigned char)(g ^ (unsigned char)want[i]);
+        unsigned char c = i < got_len ? g[i] : 0;
+        diff |= (unsigned char)(c ^ w[i]);
     }
     return diff == 0;
 }

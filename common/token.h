@@ -15,9 +15,12 @@
  * (missing, unreadable or empty file; the reason is logged). */
 int moonlet_token_read(const char *path, char **out);
 
-/* Compares a presented token with the expected one in time that depends
- * only on the expected token's length (no early exit on the first mismatch). */
-bool moonlet_token_equal(const char *got, size_t got_len, const char *want, size_t want_len);
+/* Compares a presented secret (a token, a digest) with the expected one in
+ * time that depends only on the expected one's length (no early exit on the
+ * first mismatch; a wrong length reads the same bytes).  The one constant-time
+ * comparison in moonlet: the RPC AUTH, the data plane's AUTH and its RDMA
+ * digest, the metrics endpoint. */
+bool moonlet_token_equal(const void *got, size_t got_len, const void *want, size_t want_len);
 
 /* Overwrites and frees a token. */
 void moonlet_token_free(char *token);

@@ -1,5 +1,6 @@
 /* clock.c - monotonic lease clock with a test override; see clock.h. */
 #include "clock.h"
+#include "monotime.h"
 
 #include <stdatomic.h>
 #include <time.h>
@@ -8,9 +9,7 @@ static _Atomic uint64_t g_fake_ns; /* 0: use the real clock */
 
 uint64_t moonlet_clock_real_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return moonlet_mono_ns();
 }
 
 uint64_t moonlet_clock_now_ns(void)

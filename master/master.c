@@ -25,6 +25,7 @@
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "monotime.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)
 {
@@ -220,11 +221,7 @@ static void *bg_main(void *arg)
         pthread_mutex_unlock(&m->bg_mu);
         moonlet_master_tick(m);
         pthread_mutex_lock(&m->bg_mu);
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + m->cfg.background_interval_ms * MOONLET_NS_PER_MS;
-        ts.tv_sec += (time_t)(ns / 1000000000ull);
-        ts.tv_nsec = (long)(ns % 1000000000ull);
+        struct timespec ts = moonlet_mono_deadline_ts(m->cfg.background_interval_ms);
         while (!m->bg_stop && pthread_cond_timedwait(&m->bg_cv, &m->bg_mu, &ts) != ETIMEDOUT)
             ;
     }

@@ -77,6 +77,7 @@
 #include "master_client.h"
 #include "store_node.h"
 #include "xfer.h"
+#include "monotime.h"
 
 #define MOD "client"
 #define CLIENT_STAGE_ALIGN 4096u
@@ -192,13 +193,6 @@ void *moonlet_client_local_segment_base(moonlet_client *c)
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
-
-static uint64_t client_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static const char *client_tenant(const moonlet_client *c, const char *tenant)
 {
@@ -705,7 +699,7 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
 static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
                          moonlet_replica_list *l, uint64_t *asked_ns)
 {
-    *asked_ns = client_now_ns();
+    *asked_ns = moonlet_mono_ns();
     return moonlet_mc_get_replica_list(c->mc, client_tenant(c, tenant), key, l);
 }
 
@@ -749,7 +743,7 @@ static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, 
                  moonlet_strerror(rc));
     }
     free(order);
-    if (rc == MOONLET_OK && moonlet_client_lease_expired(asked_ns, l->lease_ttl_ms, client_now_ns()))
+    if (rc == MOONLET_OK && moonlet_client_lease_expired(asked_ns, l->lease_ttl_ms, moonlet_mono_ns()))
         rc = MOONLET_ERR_LEASE_EXPIRED;
     return rc;
 }
@@ -978,7 +972,7 @@ static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, 
         owner[nops++] = i;
     }
     client_submit(c, ops, xf, nops);
-    uint64_t done = client_now_ns();
+    uint64_t done = moonlet_mono_ns();
     for (size_t k = 0; k < nops; k++) {
         client_bget *e = &g[owner[k]];
         int rc = ops[k].status;

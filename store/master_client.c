@@ -26,6 +26,7 @@
 #include "moonlet/error.h"
 #include "rpc_client.h"
 #include "wire.h"
+#include "monotime.h"
 
 struct moonlet_master_client {
     pthread_mutex_t mu;
@@ -42,13 +43,6 @@ struct moonlet_master_client {
     uint64_t conns;            /* connections made so far */
     uint64_t no_resume_conn;   /* that connection's master lacks ProbeResume (0: none seen) */
 };
-
-static uint64_t mc_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures)
 {
@@ -114,7 +108,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
     moonlet_rpc_client_close(mc->rpc);
     mc->rpc = NULL;
     if (mc->failures) {
-        uint64_t now = mc_now_ms();
+        uint64_t now = moonlet_mono_ms();
         if (now < mc->next_connect_ms) {
             uint64_t wait = mc->next_connect_ms - now;
             if (wait > (uint64_t)mc->timeout_ms)
@@ -131,7 +125,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
         if (mc->failures < 64)
             mc->failures++;
         mc->next_connect_ms =
-            mc_now_ms() + moonlet_mc_backoff_ms(mc->backoff_base_ms, mc->backoff_cap_ms, mc->failures);
+            moonlet_mono_ms() + moonlet_mc_backoff_ms(mc->backoff_base_ms, mc->backoff_cap_ms, mc->failures);
     } else {
         mc->failures = 0;
         mc->conns++;
@@ -287,15 +281,6 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
     });
 }
 
-/* CLOCK_MONOTONIC in ms: the clock store nodes check write capabilities on
- * (the same as moonlet_xfer_now_ms). */
-static uint64_t mc_node_clock_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
     int rc;
@@ -304,7 +289,7 @@ int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *
         return rc;
     moonlet_pack_cstr(pk, client_id);
     /* Sampled before the send: only makes the master's offset bound smaller. */
-    msgpack_pack_uint64(pk, mc_node_clock_ms());
+    msgpack_pack_uint64(pk, moonlet_mono_ms());
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
@@ -334,7 +319,7 @@ int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_de
         if (s->write_key) {
             msgpack_pack_bin(pk, 16);
             msgpack_pack_bin_body(pk, s->write_key, 16);
-            msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms());
+            msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : moonlet_mono_ms());
         }
         if (s->alt_endpoint) {
             moonlet_pack_cstr(pk, s->alt_endpoint);

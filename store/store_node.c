@@ -56,6 +56,7 @@
 #include "moonlet/error.h"
 #include "segment_mem.h"
 #include "writecap.h"
+#include "monotime.h"
 
 #define MOD "store"
 
@@ -87,13 +88,6 @@ struct moonlet_store_node {
 };
 
 /* ---- small helpers ---------------------------------------------------------- */
-
-static uint64_t node_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 uint32_t moonlet_store_node_backoff_ms(unsigned failures)
 {
@@ -134,11 +128,11 @@ static int node_bind(moonlet_store_node *n, uint32_t wait_ms)
     }
     for (size_t i = 0; i < sizeof(raw); i++)
         snprintf(secret + 2 * i, 3, "%02x", raw[i]);
-    uint64_t deadline = node_now_ms() + wait_ms;
+    uint64_t deadline = moonlet_mono_ms() + wait_ms;
     bool warned = false;
     for (;;) {
         int rc = moonlet_mc_bind_client(n->mc, n->client_id, secret);
-        if (rc != MOONLET_ERR_ILLEGAL_CLIENT || node_now_ms() >= deadline) {
+        if (rc != MOONLET_ERR_ILLEGAL_CLIENT || moonlet_mono_ms() >= deadline) {
             if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
                 ML_ERR(MOD, "client id %s is held by another live node (two nodes started with "
                        "the same --client-id?): refusing to start", n->client_id);
@@ -152,7 +146,7 @@ static int node_bind(moonlet_store_node *n, uint32_t wait_ms)
                     "run until the master expires it: waiting up to %u ms", n->client_id, wait_ms);
             warned = true;
         }
-        uint64_t left = deadline - node_now_ms();
+        uint64_t left = deadline - moonlet_mono_ms();
         struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)((left < 250 ? left : 250) * 1000000)};
         nanosleep(&ts, NULL);
     }
@@ -167,7 +161,7 @@ static void node_make_client_id(char *buf, size_t cap)
         strcpy(host, "host");
     host[sizeof(host) - 1] = '\0';
     if (getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r))
-        r = (uint32_t)getpid() ^ (uint32_t)node_now_ms();
+        r = (uint32_t)getpid() ^ (uint32_t)moonlet_mono_ms();
     snprintf(buf, cap, "store-%s-%08x", host, r);
 }
 
@@ -368,7 +362,7 @@ static void node_wait_locked(moonlet_store_node *n, uint64_t deadline_ms)
 {
     struct timespec ts = {.tv_sec = (time_t)(deadline_ms / 1000u),
                           .tv_nsec = (long)(deadline_ms % 1000u) * 1000000L};
-    while (!n->stopping && node_now_ms() < deadline_ms)
+    while (!n->stopping && moonlet_mono_ms() < deadline_ms)
         if (pthread_cond_timedwait(&n->wake, &n->mu, &ts) == ETIMEDOUT)
             break;
 }
@@ -376,10 +370,10 @@ static void node_wait_locked(moonlet_store_node *n, uint64_t deadline_ms)
 int moonlet_store_node_run(moonlet_store_node *n)
 {
     unsigned failures = 0;
-    uint64_t next = node_now_ms() + n->ping_interval_ms;
+    uint64_t next = moonlet_mono_ms() + n->ping_interval_ms;
     pthread_mutex_lock(&n->mu);
     while (!n->stopping) {
-        if (node_now_ms() < next) {
+        if (moonlet_mono_ms() < next) {
             node_wait_locked(n, next);
             continue;
         }
@@ -393,7 +387,7 @@ int moonlet_store_node_run(moonlet_store_node *n)
         }
         int rc = node_heartbeat(n);
         failures = rc ? failures + 1 : 0;
-        next = node_now_ms() +
+        next = moonlet_mono_ms() +
                (rc ? moonlet_store_node_backoff_ms(failures) : n->ping_interval_ms);
         pthread_mutex_lock(&n->mu);
     }

@@ -35,6 +35,7 @@
 #include "methods.h"
 #include "moonlet/error.h"
 #include "wire.h"
+#include "monotime.h"
 
 #define MOD "rpc-client"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -55,11 +56,10 @@ struct moonlet_rpc_client {
     int64_t wait_ewma_ns; /* how long replies took to start arriving */
 };
 
+/* Signed view of common/monotime.h, for deadline arithmetic. */
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)moonlet_mono_ms();
 }
 
 /* Waits for `ev` on fd until the deadline: 0, RPC_TIMEOUT or RPC_FAIL. */
@@ -97,9 +97,7 @@ static int wait_fd(int fd, short ev, int64_t deadline)
 
 static int64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return (int64_t)moonlet_mono_ns();
 }
 
 static int64_t spin_budget_ns(const moonlet_rpc_client *c)

@@ -79,6 +79,7 @@
 #include "moonlet/error.h"
 #include "wire.h"
 #include "token.h"
+#include "monotime.h"
 
 #define MOD "rpc"
 
@@ -185,18 +186,15 @@ struct moonlet_rpc_server {
 /* Small helpers                                                        */
 /* ------------------------------------------------------------------ */
 
+/* Signed views of common/monotime.h, for deadline arithmetic. */
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)moonlet_mono_ms();
 }
 
 static int64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return (int64_t)moonlet_mono_ns();
 }
 
 static void wake(int efd)

@@ -55,6 +55,7 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "monotime.h"
 
 #define MOD "xfer"
 
@@ -100,9 +101,7 @@ typedef struct xfer_group {
 
 uint64_t moonlet_xfer_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return moonlet_mono_ms();
 }
 
 uint64_t moonlet_xfer_random_id(void)
@@ -116,18 +115,6 @@ uint64_t moonlet_xfer_random_id(void)
         }
     }
     return v;
-}
-
-bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen)
-{
-    const volatile unsigned char *pa = a, *pb = b;
-    unsigned char diff = (unsigned char)((alen != blen) | (alen > MOONLET_XFER_MAX_TOKEN_BYTES));
-    for (size_t i = 0; i < MOONLET_XFER_MAX_TOKEN_BYTES; i++) {
-        unsigned char ca = i < alen ? pa[i] : 0;
-        unsigned char cb = i < blen ? pb[i] : 0;
-        diff |= (unsigned char)(ca ^ cb);
-    }
-    return diff == 0;
 }
 
 int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_cap, uint16_t *port)

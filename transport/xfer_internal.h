@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "token.h" /* moonlet_token_equal: AUTH tokens and RDMA digests */
 #include "xfer.h"
 
 /* One operation as a backend sees it: the caller's op plus what was parsed
@@ -154,7 +155,5 @@ int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_ca
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
 /* A random, non-zero 64-bit id (getrandom). */
 uint64_t moonlet_xfer_random_id(void);
-/* Constant-time equality of two byte strings (time depends on lengths only). */
-bool moonlet_xfer_token_equal(const void *a, size_t alen, const void *b, size_t blen);
 
 #endif

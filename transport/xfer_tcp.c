@@ -593,8 +593,8 @@ static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
         if (c->done < c->h.length)
             return STEP_NEXT;
     }
-    bool ok = !s->token || moonlet_xfer_token_equal(c->tok, (size_t)c->h.length, s->token,
-                                                    s->token_len);
+    bool ok = !s->token || moonlet_token_equal(c->tok, (size_t)c->h.length, s->token,
+                                               s->token_len);
     explicit_bzero(c->tok, sizeof(c->tok));
     if (!ok) {
         ML_WARN(MOD, "connection refused: wrong auth token");

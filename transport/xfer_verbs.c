@@ -405,7 +405,7 @@ static bool verbs_auth_ok(moonlet_xfer *x, verbs_state *v, const void *pdata, ui
     memcpy(&req, pdata, sizeof(req));
     if (req.magic != VERBS_CONN_MAGIC || req.version != VERBS_CONN_VERSION || !req.has_token)
         return false;
-    return moonlet_xfer_token_equal(req.digest, sizeof(req.digest), v->digest, sizeof(v->digest));
+    return moonlet_token_equal(req.digest, sizeof(req.digest), v->digest, sizeof(v->digest));
 }
 
 static void verbs_reject(struct rdma_cm_id *id, int status)

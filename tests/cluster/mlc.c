@@ -50,6 +50,7 @@
 #include "bytesize.h"
 #include "log.h"
 #include "moonlet/client.h"
+#include "monotime.h"
 
 #define PROG "mlc"
 #define MAX_THREADS 64
@@ -133,13 +134,6 @@ static bool content_check(const char *key, const unsigned char *buf, uint64_t le
 }
 
 /* ---- small helpers -------------------------------------------------------------------- */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int code_index(int rc)
 {
@@ -259,14 +253,14 @@ static void *batch_worker(void *arg)
             break;
         char key[MAX_KEY];
         cmd_key(key, sizeof(key), i);
-        double t0 = now_s();
+        double t0 = moonlet_mono_s();
         if (buf)
             b->rc[i] = op_put(key, buf, &b->len[i]);
         else if (strcmp(g_o.command, "get") == 0)
             b->rc[i] = op_get(key, g_o.verify, &b->len[i], &b->wrong[i]);
         else
             b->rc[i] = moonlet_client_remove(g_cli, key, NULL);
-        b->ms[i] = (now_s() - t0) * 1e3;
+        b->ms[i] = (moonlet_mono_s() - t0) * 1e3;
     }
     free(buf);
     return NULL;
@@ -290,13 +284,13 @@ static int run_batch(void)
         b.rc[i] = MOONLET_ERR_INTERNAL_ERROR; /* not run (interrupted) unless overwritten */
     pthread_t th[MAX_THREADS];
     uint32_t nth = g_o.threads;
-    double t0 = now_s();
+    double t0 = moonlet_mono_s();
     for (uint32_t t = 0; t < nth; t++)
         if (pthread_create(&th[t], NULL, batch_worker, &b) != 0)
             nth = t;
     for (uint32_t t = 0; t < nth; t++)
         pthread_join(th[t], NULL);
-    double secs = now_s() - t0;
+    double secs = moonlet_mono_s() - t0;
 
     static uint64_t counts[NCODES];
     uint64_t ok = 0, wrong = 0, bytes = 0;
@@ -362,10 +356,10 @@ static int run_probe(void)
     int32_t *res = calloc(g_o.nkeys, sizeof(*res));
     if (!res)
         return 1;
-    double t0 = now_s();
+    double t0 = moonlet_mono_s();
     int rc = moonlet_client_batch_probe_key(g_cli, pol, (const char *const *)g_o.keys, g_o.nkeys,
                                             res, NULL);
-    double ms = (now_s() - t0) * 1e3;
+    double ms = (moonlet_mono_s() - t0) * 1e3;
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "cmd", "probe");
     cJSON_AddStringToObject(doc, "mode", g_o.mode);
@@ -393,7 +387,7 @@ static const char *const g_kind[K_N] = {"put", "get", "peer_get", "probe", "remo
  * a remove takes the oldest key once its last read is older than a lease. */
 typedef struct live_key {
     uint64_t idx;
-    double touched; /* last get or probe of it (now_s) */
+    double touched; /* last get or probe of it (moonlet_mono_s) */
 } live_key;
 
 typedef struct live_set {
@@ -455,7 +449,7 @@ static bool live_pick(uint64_t *rng, uint64_t *out)
     if (have) {
         size_t old = g_live.n / 2;
         size_t k = (g_live.head + old + (size_t)(rng_next(rng) % (g_live.n - old))) % g_live.cap;
-        g_live.a[k].touched = now_s();
+        g_live.a[k].touched = moonlet_mono_s();
         *out = g_live.a[k].idx;
     }
     pthread_mutex_unlock(&g_live.mu);
@@ -467,7 +461,7 @@ static bool live_take_oldest(uint64_t *out)
 {
     pthread_mutex_lock(&g_live.mu);
     bool ok = g_live.n > 0 &&
-              now_s() - g_live.a[g_live.head].touched > (double)g_o.lease_ms / 1e3 + 0.5;
+              moonlet_mono_s() - g_live.a[g_live.head].touched > (double)g_o.lease_ms / 1e3 + 0.5;
     if (ok) {
         *out = g_live.a[g_live.head].idx;
         g_live.head = (g_live.head + 1) % g_live.cap;
@@ -487,7 +481,7 @@ static size_t live_count(void)
 
 static void mixed_note(mixed_thread *m, int kind, int rc, bool bad, double t0)
 {
-    double t = now_s();
+    double t = moonlet_mono_s();
     double ms = (t - t0) * 1e3;
     if (ms > m->st.max_ms[kind])
         m->st.max_ms[kind] = ms;
@@ -563,7 +557,7 @@ static void mixed_one(mixed_thread *m)
     char key[MAX_KEY];
     if (kind == K_REMOVE && !live_take_oldest(&i))
         kind = live < g_o.live_max ? K_PUT : K_GET; /* nothing removable yet */
-    double t0 = now_s();
+    double t0 = moonlet_mono_s();
     if (kind == K_PUT) {
         i = atomic_fetch_add(&g_next_index, 1);
         key_at(key, sizeof(key), g_o.prefix, i, 8);
@@ -604,13 +598,13 @@ static void mixed_one(mixed_thread *m)
 static void *mixed_worker(void *arg)
 {
     mixed_thread *m = arg;
-    double end = g_t0 + g_o.seconds, next = now_s();
+    double end = g_t0 + g_o.seconds, next = moonlet_mono_s();
     double gap = g_o.rate > 0 ? (double)g_o.threads / g_o.rate : 0; /* per thread */
-    while (!atomic_load(&g_stop) && now_s() < end) {
+    while (!atomic_load(&g_stop) && moonlet_mono_s() < end) {
         mixed_one(m);
         if (gap > 0) {
             next += gap;
-            double now = now_s();
+            double now = moonlet_mono_s();
             if (next < now - 1.0)
                 next = now; /* after a stall, do not burst to catch up */
             else if (next > now)
@@ -691,7 +685,7 @@ static int run_mixed(void)
     if (!th)
         return 1;
     uint32_t nth = 0;
-    g_t0 = now_s();
+    g_t0 = moonlet_mono_s();
     for (uint32_t t = 0; t < g_o.threads; t++) {
         th[t].rng = g_o.seed * 1000003u + t;
         th[t].buf = malloc(g_o.max_size ? g_o.max_size : 1);
@@ -704,7 +698,7 @@ static int run_mixed(void)
     }
     for (uint32_t t = 0; t < nth; t++)
         pthread_join(th[t].th, NULL);
-    print_json(mixed_report(th, nth, now_s() - g_t0));
+    print_json(mixed_report(th, nth, moonlet_mono_s() - g_t0));
     for (uint32_t t = 0; t < g_o.threads; t++) {
         free(th[t].buf);
         free(th[t].st.tl_ok);

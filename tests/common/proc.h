@@ -20,6 +20,8 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
+
+#include "monotime.h"
 #include <unistd.h>
 
 typedef struct test_proc {
@@ -37,9 +39,7 @@ static inline const char *proc_build_root(void)
 
 static inline long long proc_now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000LL + ts.tv_nsec / 1000000;
+    return (long long)moonlet_mono_ms();
 }
 
 /* argv[0] is a path relative to the build root. Returns 0 when it listens. */

@@ -33,6 +33,7 @@
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "wire.h"
+#include "monotime.h"
 
 #define M_ADD 100
 #define M_SET_DATA 101
@@ -53,9 +54,7 @@ static test_ctx g_ctx;
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)moonlet_mono_ms();
 }
 
 /* ------------------------------------------------------------------ */

@@ -35,6 +35,7 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "monotime.h"
 #include "xfer.h"
 
 #define SEG_SIZE (64u << 20)
@@ -55,13 +56,6 @@ typedef struct fixture {
     uint8_t *loc;
     moonlet_xfer_segment_info info;
 } fixture;
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 static uint8_t *map_framed(size_t len)
 {
@@ -498,13 +492,13 @@ typedef struct reader_arg {
 static void *reader_main(void *p)
 {
     reader_arg *a = p;
-    uint64_t end = now_ms() + 10000;
+    uint64_t end = moonlet_mono_ms() + 10000;
     a->rc = MOONLET_OK;
-    while (a->rc == MOONLET_OK && now_ms() < end && a->calls < 100000) {
-        uint64_t t0 = now_ms();
+    while (a->rc == MOONLET_OK && moonlet_mono_ms() < end && a->calls < 100000) {
+        uint64_t t0 = moonlet_mono_ms();
         a->rc = moonlet_xfer_read(a->f->client, a->si->endpoint, a->si->segment_id, 0, a->dst,
                                   a->si->size);
-        a->fail_call_ms = now_ms() - t0;
+        a->fail_call_ms = moonlet_mono_ms() - t0;
         a->calls++;
         __atomic_store_n(&a->started, 1, __ATOMIC_RELEASE);
     }
@@ -531,10 +525,10 @@ static void test_peer_gone(void **state)
     assert_int_equal(a.rc, MOONLET_ERR_TRANSFER_FAIL);
     assert_true(a.fail_call_ms < TIMEOUT_MS + 1000);
     /* nothing listens there any more: refused quickly, no hang */
-    uint64_t t0 = now_ms();
+    uint64_t t0 = moonlet_mono_ms();
     assert_int_equal(moonlet_xfer_read(f->client, si.endpoint, si.segment_id, 0, f->loc, 16),
                      MOONLET_ERR_TRANSFER_FAIL);
-    assert_true(now_ms() - t0 < TIMEOUT_MS + 1000);
+    assert_true(moonlet_mono_ms() - t0 < TIMEOUT_MS + 1000);
     munmap(mem, SEG_SIZE + 2 * GUARD);
     check_all_canaries(f);
 }

@@ -35,17 +35,11 @@
 #include "xfer.h"
 #include "xfer_internal.h"
 #include "xfer_tcp.h"
+#include "monotime.h"
 
 #define SEG (1u << 20)
 #define GUARD 4096u
 #define HDR MOONLET_XFER_TCP_HDR_BYTES
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* ---- codec -------------------------------------------------------------- */
 
@@ -393,9 +387,9 @@ static void fake_serve(fake_server *f, int fd)
         return;
     /* Say nothing more; swallow what arrives until the client gives up and
      * closes (or the test stops us), so the next connection gets served. */
-    uint64_t end = now_ms() + 10000;
+    uint64_t end = moonlet_mono_ms() + 10000;
     static uint8_t sink[65536];
-    while (now_ms() < end) {
+    while (moonlet_mono_ms() < end) {
         struct pollfd p[2] = {{.fd = f->stop_pipe[0], .events = POLLIN},
                               {.fd = fd, .events = POLLIN}};
         if (poll(p, 2, 100) <= 0)
@@ -408,8 +402,8 @@ static void fake_serve(fake_server *f, int fd)
 static void *fake_main(void *arg)
 {
     fake_server *f = arg;
-    uint64_t end = now_ms() + 20000;
-    while (now_ms() < end) {
+    uint64_t end = moonlet_mono_ms() + 20000;
+    while (moonlet_mono_ms() < end) {
         struct pollfd p[2] = {{.fd = f->listen_fd, .events = POLLIN},
                               {.fd = f->stop_pipe[0], .events = POLLIN}};
         if (poll(p, 2, 100) <= 0)
@@ -467,10 +461,10 @@ static void client_vs_fake(fake_mode mode, uint32_t timeout_ms, uint64_t min_ms,
     uint8_t *buf = calloc(1, len);
     assert_non_null(buf);
     for (int opc = 0; opc < 2; opc++) {
-        uint64_t t0 = now_ms();
+        uint64_t t0 = moonlet_mono_ms();
         int rc = opc == 0 ? moonlet_xfer_read(c, ep, "00000000000000aa", 0, buf, len)
                           : moonlet_xfer_write(c, ep, "00000000000000aa", 0, buf, len);
-        uint64_t took = now_ms() - t0;
+        uint64_t took = moonlet_mono_ms() - t0;
         assert_int_equal(rc, MOONLET_ERR_TRANSFER_FAIL);
         assert_true(took >= min_ms);
         assert_true(took <= max_ms);
@@ -547,10 +541,10 @@ static void test_access_error_not_reissued(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
     uint8_t b[64];
-    uint64_t t0 = now_ms();
+    uint64_t t0 = moonlet_mono_ms();
     assert_int_equal(moonlet_xfer_read(c, ep, "00000000000000aa", 0, b, sizeof(b)),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
-    assert_true(now_ms() - t0 < 1000);
+    assert_true(moonlet_mono_ms() - t0 < 1000);
     assert_int_equal(__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST), 1);
     assert_int_equal(__atomic_load_n(&f.accepted, __ATOMIC_SEQ_CST), 1);
     moonlet_xfer_destroy(c);
@@ -571,13 +565,13 @@ static void test_write_past_deadline_not_reissued(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
     uint8_t b[64] = {0};
-    uint64_t t0 = now_ms();
+    uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.deadline_ms = moonlet_xfer_now_ms() + 200};
     moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
                           .segment_id = "00000000000000aa", .local = b, .len = sizeof(b),
                           .cap = &cap};
     assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
-    assert_true(now_ms() - t0 < 1500);
+    assert_true(moonlet_mono_ms() - t0 < 1500);
     assert_int_equal(moonlet_xfer_pool_stats(c, ep, NULL), 0);
     moonlet_xfer_destroy(c);
     fake_stop(&f);
@@ -596,11 +590,11 @@ static void test_unreachable(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", port);
     uint8_t b[8];
-    uint64_t t0 = now_ms();
+    uint64_t t0 = moonlet_mono_ms();
     assert_int_equal(moonlet_xfer_connect(c, ep), MOONLET_ERR_TRANSFER_FAIL);
     assert_int_equal(moonlet_xfer_read(c, ep, "00000000000000aa", 0, b, 8),
                      MOONLET_ERR_TRANSFER_FAIL);
-    assert_true(now_ms() - t0 < 2000);
+    assert_true(moonlet_mono_ms() - t0 < 2000);
     moonlet_xfer_destroy(c);
 }
 
@@ -744,7 +738,7 @@ static void test_write_capabilities(void **state)
     assert_int_equal(moonlet_xfer_set_segment_key(s.x, "00000000000000aa", CAP_KEY),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
 
-    uint64_t later = now_ms() + 60000;
+    uint64_t later = moonlet_mono_ms() + 60000;
     moonlet_xfer_cap good = cap_for(&s, 4096, 1024, later);
     assert_int_equal(cap_write(c, &s, 4096, data, 1024, NULL), MOONLET_ERR_INVALID_WRITE);
     moonlet_xfer_cap forged = good;
@@ -765,7 +759,7 @@ static void test_write_capabilities(void **state)
     other.tag = moonlet_writecap_tag(CAP_KEY, "00000000000000aa", 4096, 1024, later);
     assert_int_equal(cap_write(c, &s, 4096, data, 1024, &other), MOONLET_ERR_INVALID_WRITE);
     /* expired on the node's clock */
-    moonlet_xfer_cap old = cap_for(&s, 4096, 1024, now_ms() - 1);
+    moonlet_xfer_cap old = cap_for(&s, 4096, 1024, moonlet_mono_ms() - 1);
     assert_int_equal(cap_write(c, &s, 4096, data, 1024, &old), MOONLET_ERR_INVALID_WRITE);
     assert_seg_original(&s, 4095, 1026);
 
@@ -778,7 +772,7 @@ static void test_write_capabilities(void **state)
 
     /* the writer's own deadline passed: not even sent */
     moonlet_xfer_cap late = cap_for(&s, 8192, 1024, later);
-    late.deadline_ms = now_ms() - 1;
+    late.deadline_ms = moonlet_mono_ms() - 1;
     assert_int_equal(cap_write(c, &s, 8192, data, 1024, &late), MOONLET_ERR_TRANSFER_FAIL);
     assert_seg_original(&s, 8192, 1024);
     moonlet_xfer_destroy(c);
@@ -794,7 +788,7 @@ static void test_write_capability_expires_mid_payload(void **state)
     server_up(&s, NULL);
     assert_int_equal(moonlet_xfer_set_segment_key(s.x, s.info.segment_id, CAP_KEY), MOONLET_OK);
     int fd = raw_connect(s.port);
-    uint64_t expiry = now_ms() + 300;
+    uint64_t expiry = moonlet_mono_ms() + 300;
     moonlet_xfer_cap cap = cap_for(&s, 0, 4096, expiry);
     moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_WRITE, .flags = MOONLET_XFER_TCP_F_CAP,
                               .req_id = 1, .segment = s.seg_id, .offset = 0, .length = 4096};
@@ -809,10 +803,10 @@ static void test_write_capability_expires_mid_payload(void **state)
     memset(half, 0x11, sizeof(half));
     raw_send(fd, half, sizeof(half)); /* lands: the capability holds */
     uint64_t end = expiry + 2000;
-    while (now_ms() < end && s.seg[2047] != 0x11) /* bounded: wait for it to land */
+    while (moonlet_mono_ms() < end && s.seg[2047] != 0x11) /* bounded: wait for it to land */
         usleep(1000);
     assert_int_equal(s.seg[2047], 0x11);
-    while (now_ms() <= expiry) /* bounded by the expiry */
+    while (moonlet_mono_ms() <= expiry) /* bounded by the expiry */
         usleep(1000);
     memset(half, 0x22, sizeof(half));
     raw_send(fd, half, sizeof(half)); /* after the expiry: discarded */
@@ -859,14 +853,14 @@ static void test_client_write_deadline(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
     uint8_t buf[4096] = {0};
-    uint64_t t0 = now_ms();
+    uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.offset = 0, .len = sizeof(buf), .expiry_ms = 1, .tag = 1,
                             .deadline_ms = t0 + 300};
     moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
                           .segment_id = "00000000000000aa", .offset = 0, .local = buf,
                           .len = sizeof(buf), .cap = &cap};
     assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
-    uint64_t took = now_ms() - t0;
+    uint64_t took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 2000);
 
@@ -875,12 +869,12 @@ static void test_client_write_deadline(void **state)
     pthread_t th;
     busy_read_args ra = {.c = c, .ep = ep};
     assert_int_equal(pthread_create(&th, NULL, busy_read, &ra), 0);
-    while (__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) < 2 && now_ms() < t0 + 5000)
+    while (__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) < 2 && moonlet_mono_ms() < t0 + 5000)
         usleep(1000); /* bounded: the read's header reached the fake */
-    t0 = now_ms();
+    t0 = moonlet_mono_ms();
     cap.deadline_ms = t0 + 300;
     assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
-    took = now_ms() - t0;
+    took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 1500); /* not the 3 s the read holds the connection */
     pthread_join(th, NULL);

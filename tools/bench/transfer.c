@@ -40,6 +40,7 @@
 #include "segment_mem.h"
 #include "writecap.h"
 #include "xfer.h"
+#include "monotime.h"
 
 #include <xxhash.h>
 
@@ -80,13 +81,6 @@ typedef struct bench_point {
     double read_gbps, write_gbps, plain_gbps;
     double read_ck_gbps, write_ck_gbps; /* with the end-to-end checksum pass */
 } bench_point;
-
-static double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int bench_cmp_double(const void *a, const void *b)
 {
@@ -220,7 +214,7 @@ static double bench_xfer_round(bench_ctx *b, moonlet_xfer_opcode opc, uint64_t s
                                uint64_t bytes, bool checksum)
 {
     uint64_t slots = b->seg.size / size, moved = 0, i = 0;
-    double t0 = bench_now(), t = t0;
+    double t0 = moonlet_mono_s(), t = t0;
     while (moved < bytes && t - t0 < BENCH_ROUND_CAP_S) {
         uint64_t off = (i++ % slots) * size;
         if (checksum && opc == MOONLET_XFER_WRITE) /* the writer's pass, before PutEnd */
@@ -238,7 +232,7 @@ static double bench_xfer_round(bench_ctx *b, moonlet_xfer_opcode opc, uint64_t s
         if (checksum && opc == MOONLET_XFER_READ) /* the reader's verification */
             bench_ck_sink = XXH3_64bits(b->local.base, size);
         moved += size;
-        t = bench_now();
+        t = moonlet_mono_s();
     }
     return (double)moved / (t - t0) / 1e9;
 }
@@ -299,7 +293,7 @@ static double plain_round(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t by
     if (plain_pair(&tx, &rx))
         return -1;
     plain_sender s = {.fd = tx, .buf = src, .size = size, .chunks = bytes / size};
-    double t0 = bench_now(), t = t0;
+    double t0 = moonlet_mono_s(), t = t0;
     pthread_t th;
     if (pthread_create(&th, NULL, plain_sender_main, &s)) {
         close(tx);
@@ -312,7 +306,7 @@ static double plain_round(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t by
         if (r <= 0)
             break;
         moved += (uint64_t)r;
-        t = bench_now();
+        t = moonlet_mono_s();
     }
     shutdown(rx, SHUT_RDWR); /* stops a sender cut short by the time cap */
     pthread_join(th, NULL);
@@ -353,11 +347,11 @@ static double bench_read_lat_us(bench_ctx *b)
     enum { N = 301 };
     double us[N];
     for (int i = 0; i < N; i++) {
-        double t0 = bench_now();
+        double t0 = moonlet_mono_s();
         if (moonlet_xfer_read(b->client, b->info.endpoint, b->info.segment_id,
                               (uint64_t)(i % 64) * 4096u, b->local.base, 4096))
             return -1;
-        us[i] = (bench_now() - t0) * 1e6;
+        us[i] = (moonlet_mono_s() - t0) * 1e6;
     }
     return bench_median(us, N);
 }
@@ -368,10 +362,10 @@ static double bench_xxh3_gbps(bench_ctx *b, int rounds)
     double v[BENCH_MAX_ROUNDS];
     uint64_t size = bench_sizes[BENCH_NSIZES - 1];
     for (int r = 0; r < rounds; r++) {
-        double t0 = bench_now();
+        double t0 = moonlet_mono_s();
         for (int i = 0; i < 16; i++)
             bench_ck_sink = XXH3_64bits(b->local.base, size);
-        v[r] = 16.0 * (double)size / (bench_now() - t0) / 1e9;
+        v[r] = 16.0 * (double)size / (moonlet_mono_s() - t0) / 1e9;
     }
     return bench_median(v, rounds);
 }
@@ -437,7 +431,7 @@ int moonlet_bench_transfer(int argc, char **argv)
         return 2;
     if (b.cfg.json)
         moonlet_log_set_level(MOONLET_LOG_WARN);
-    double t0 = bench_now();
+    double t0 = moonlet_mono_s();
     int rc = bench_setup(&b);
     uint8_t *plain_dst = malloc(bench_sizes[BENCH_NSIZES - 1]);
     bench_point pts[BENCH_NSIZES];
@@ -452,9 +446,9 @@ int moonlet_bench_transfer(int argc, char **argv)
         rc = MOONLET_ERR_TRANSFER_FAIL;
     if (rc == 0) {
         if (b.cfg.json)
-            bench_print_json(&b, pts, bench_now() - t0, lat_us);
+            bench_print_json(&b, pts, moonlet_mono_s() - t0, lat_us);
         else
-            bench_print_table(pts, bench_now() - t0);
+            bench_print_table(pts, moonlet_mono_s() - t0);
     }
     free(plain_dst);
     bench_teardown(&b);

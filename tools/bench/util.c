@@ -4,6 +4,7 @@
  * directory this binary lives in, latency samples and percentiles, JSON.
  */
 #include "bench.h"
+#include "monotime.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -19,9 +20,7 @@
 
 uint64_t bench_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    return moonlet_mono_ns();
 }
 
 void bench_tool_path(const char *name, char *out, size_t cap)
