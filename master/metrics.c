@@ -26,6 +26,7 @@
 
 #include "log.h"
 #include "moonlet/error.h"
+#include "net.h"
 #include "token.h"
 
 #define MOD "metrics"
@@ -227,35 +228,25 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
                           const char *token, moonlet_metrics **out)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    char service[8];
-    snprintf(service, sizeof(service), "%u", port);
-    int gai = getaddrinfo(address, service, &hints, &ai);
-    if (gai != 0 || !ai) {
-        ML_ERR(MOD, "cannot resolve %s: %s", address, gai_strerror(gai));
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+    if (moonlet_net_resolve(address, port, true, &sa, &sa_len))
         return MOONLET_ERR_INVALID_PARAMS;
-    }
     moonlet_metrics *s = calloc(1, sizeof(*s));
-    if (!s) {
-        freeaddrinfo(ai);
+    if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
-    }
     s->m = m;
     if (token && *token && !(s->token = strdup(token))) {
-        freeaddrinfo(ai);
         free(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
-    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, METRICS_MAX_CONNS,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, METRICS_MAX_CONNS_PER_IP,
                             MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S,
                             MHD_OPTION_END);
-    freeaddrinfo(ai);
     if (!s->d) {
         ML_ERR(MOD, "cannot serve metrics on %s:%u (port in use?)", address, port);
         moonlet_token_free(s->token);

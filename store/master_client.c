@@ -27,6 +27,7 @@
 #include "rpc_client.h"
 #include "wire.h"
 #include "monotime.h"
+#include "net.h"
 
 struct moonlet_master_client {
     pthread_mutex_t mu;
@@ -74,22 +75,8 @@ void moonlet_replica_list_free(moonlet_replica_list *l)
 
 static int parse_addr(const char *addr, char *host, size_t cap, uint16_t *port)
 {
-    const char *colon = strrchr(addr, ':');
-    if (!colon || colon == addr || (size_t)(colon - addr) >= cap)
-        return MOONLET_ERR_INVALID_PARAMS;
-    char *end;
-    unsigned long p = strtoul(colon + 1, &end, 10);
-    if (*end || p == 0 || p > 65535)
-        return MOONLET_ERR_INVALID_PARAMS;
-    size_t hl = (size_t)(colon - addr);
-    if (addr[0] == '[' && colon[-1] == ']') { /* [v6]:port */
-        addr++;
-        hl -= 2;
-    }
-    memcpy(host, addr, hl);
-    host[hl] = 0;
-    *port = (uint16_t)p;
-    return MOONLET_OK;
+    int rc = moonlet_net_split_hostport(addr, host, cap, port);
+    return rc == MOONLET_OK && *port == 0 ? MOONLET_ERR_INVALID_PARAMS : rc;
 }
 
 /* Whether an idle connection is dead: the master sends nothing unasked, so

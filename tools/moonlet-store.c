@@ -35,6 +35,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "moonlet_config.h"
+#include "net.h"
 #include "real_client_internal.h"
 #include "rpc_server.h"
 #include "segment_mem.h"
@@ -90,19 +91,14 @@ static int bad_flag(const char *flag, const char *why, const char *value)
     return 1;
 }
 
-/* HOST:PORT with a non-empty host and a decimal port (>= min_port). */
+/* HOST:PORT or [V6]:PORT with a non-empty host and a decimal port (>= min_port). */
 static int check_hostport(const char *flag, const char *s, unsigned min_port)
 {
-    const char *colon = strrchr(s, ':');
-    if (!colon || colon == s || !colon[1] || strlen(colon + 1) > 5)
-        return bad_flag(flag, "expected HOST:PORT", s);
-    unsigned long port = 0;
-    for (const char *p = colon + 1; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return bad_flag(flag, "expected HOST:PORT", s);
-        port = port * 10 + (unsigned long)(*p - '0');
-    }
-    if (port < min_port || port > 65535)
+    char host[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    uint16_t port;
+    if (moonlet_net_split_hostport(s, host, sizeof(host), &port))
+        return bad_flag(flag, "expected HOST:PORT with a port of at most 65535", s);
+    if (port < min_port)
         return bad_flag(flag, "port out of range", s);
     return 0;
 }

@@ -36,6 +36,7 @@
 #include "moonlet/error.h"
 #include "wire.h"
 #include "monotime.h"
+#include "net.h"
 
 #define MOD "rpc-client"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -144,54 +145,12 @@ static int fail(moonlet_rpc_client *c, int rc)
 /* Connecting                                                           */
 /* ------------------------------------------------------------------ */
 
-/* Non-blocking connect bounded by the deadline.  Returns the fd or a code. */
-static int connect_addr(const struct sockaddr *sa, socklen_t len, int64_t deadline)
-{
-    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return MOONLET_ERR_RPC_FAIL;
-    int rc = 0;
-    if (connect(fd, sa, len) != 0) {
-        if (errno != EINPROGRESS)
-            rc = MOONLET_ERR_RPC_FAIL;
-        else if ((rc = wait_fd(fd, POLLOUT, deadline)) == 0) {
-            int err = 0;
-            socklen_t el = sizeof(err);
-            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0 || err != 0)
-                rc = MOONLET_ERR_RPC_FAIL;
-        }
-    }
-    if (rc != 0) {
-        close(fd);
-        return rc;
-    }
-    return fd;
-}
-
 static int connect_tcp(const char *host, uint16_t port, int64_t deadline)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    char service[8];
-    snprintf(service, sizeof(service), "%u", (unsigned)port);
-    int gai = getaddrinfo(host, service, &hints, &res);
-    if (gai != 0) {
-        ML_WARN(MOD, "cannot resolve %s: %s", host, gai_strerror(gai));
-        return MOONLET_ERR_RPC_FAIL;
-    }
-    int fd = MOONLET_ERR_RPC_FAIL;
-    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
-        fd = connect_addr(ai->ai_addr, ai->ai_addrlen, deadline);
-        if (fd >= 0 || fd == MOONLET_ERR_RPC_TIMEOUT)
-            break;
-    }
-    freeaddrinfo(res);
-    if (fd >= 0) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
-    return fd;
+    int fd = moonlet_net_connect_tcp(host, port, deadline > 0 ? (uint64_t)deadline : 0, 0);
+    if (fd >= 0)
+        return fd;
+    return fd == MOONLET_NET_ETIMEDOUT ? MOONLET_ERR_RPC_TIMEOUT : MOONLET_ERR_RPC_FAIL;
 }
 
 /* A unix connect fails with EAGAIN while the listen backlog is full: retry. */

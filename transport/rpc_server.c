@@ -80,6 +80,7 @@
 #include "wire.h"
 #include "token.h"
 #include "monotime.h"
+#include "net.h"
 
 #define MOD "rpc"
 
@@ -919,42 +920,13 @@ static void *acceptor_main(void *arg)
 
 static int listen_tcp(moonlet_rpc_server *s, const char *address, uint16_t port)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    char service[8];
-    snprintf(service, sizeof(service), "%u", (unsigned)port);
-    int rc = getaddrinfo(address, service, &hints, &res);
-    if (rc != 0) {
-        ML_ERR(MOD, "cannot resolve listen address %s: %s", address, gai_strerror(rc));
+    int fd = moonlet_net_listen_tcp(address, port, SOMAXCONN, &s->port);
+    if (fd < 0) {
+        if (fd == MOONLET_NET_ESYS)
+            ML_ERR(MOD, "cannot listen on %s:%u: %s", address, (unsigned)port, strerror(errno));
         return MOONLET_ERR_RPC_FAIL;
     }
-    int err = 0;
-    for (struct addrinfo *ai = res; ai != NULL && s->listen_fd < 0; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        int one = 1;
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
-            s->listen_fd = fd;
-            break;
-        }
-        err = errno;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (s->listen_fd < 0) {
-        ML_ERR(MOD, "cannot listen on %s:%u: %s", address, (unsigned)port, strerror(err));
-        return MOONLET_ERR_RPC_FAIL;
-    }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    if (getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) == 0)
-        s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    s->listen_fd = fd;
     return 0;
 }
 

@@ -117,38 +117,6 @@ uint64_t moonlet_xfer_random_id(void)
     return v;
 }
 
-int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_cap, uint16_t *port)
-{
-    if (!endpoint || !*endpoint)
-        return MOONLET_ERR_INVALID_PARAMS;
-    const char *h = endpoint, *colon;
-    size_t hlen;
-    if (*h == '[') {
-        const char *close = strchr(h, ']');
-        if (!close || close[1] != ':')
-            return MOONLET_ERR_INVALID_PARAMS;
-        h++;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(h, ':');
-        if (!colon || strchr(h, ':') != colon)
-            return MOONLET_ERR_INVALID_PARAMS;
-        hlen = (size_t)(colon - h);
-    }
-    if (hlen == 0 || hlen >= host_cap)
-        return MOONLET_ERR_INVALID_PARAMS;
-    char *end;
-    errno = 0;
-    unsigned long p = strtoul(colon + 1, &end, 10);
-    if (errno || end == colon + 1 || *end || p > 65535)
-        return MOONLET_ERR_INVALID_PARAMS;
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    *port = (uint16_t)p;
-    return MOONLET_OK;
-}
-
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap)
 {
     const struct sockaddr *sa = sockaddr;
@@ -266,7 +234,7 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     if (x->listen_addr) {
         char host[256];
         uint16_t port;
-        if (moonlet_xfer_split_endpoint(x->listen_addr, host, sizeof(host), &port))
+        if (moonlet_net_split_hostport(x->listen_addr, host, sizeof(host), &port))
             return MOONLET_ERR_INVALID_PARAMS;
     }
     return MOONLET_OK;
@@ -709,7 +677,7 @@ int moonlet_xfer_connect(moonlet_xfer *x, const char *endpoint)
 {
     char host[256];
     uint16_t port;
-    if (!x || moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+    if (!x || moonlet_net_split_hostport(endpoint, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
     xfer_group g = {.endpoint = endpoint};
     g.slot_idx = calloc((size_t)x->conns_per_peer, sizeof(size_t));

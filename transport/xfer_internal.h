@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "net.h"   /* moonlet_net_split_hostport: endpoints */
 #include "token.h" /* moonlet_token_equal: AUTH tokens and RDMA digests */
 #include "xfer.h"
 
@@ -148,9 +149,6 @@ size_t moonlet_xfer_pool_stats(moonlet_xfer *x, const char *endpoint, size_t *np
  * INVALID_PARAMS.  Takes buf_lock shared. */
 int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey);
 
-/* Splits "host:port" / "[v6]:port" into host and port. */
-int moonlet_xfer_split_endpoint(const char *endpoint, char *host, size_t host_cap,
-                                uint16_t *port);
 /* Formats a socket address as an endpoint ("1.2.3.4:5", "[::1]:5"). */
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);
 /* A random, non-zero 64-bit id (getrandom). */

@@ -68,6 +68,7 @@
 
 #include "fdlimit.h"
 #include "log.h"
+#include "net.h"
 #include "moonlet/error.h"
 #include "writecap.h"
 #include "xfer_internal.h"
@@ -1004,29 +1005,17 @@ static void *tcp_acceptor_main(void *arg)
 
 static int tcp_listen(moonlet_xfer *x, tcp_server *s)
 {
-    char host[256], port_s[8];
+    char host[256];
     uint16_t port;
-    moonlet_xfer_split_endpoint(x->listen_addr, host, sizeof(host), &port);
-    snprintf(port_s, sizeof(port_s), "%u", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *res;
-    if (getaddrinfo(host, port_s, &hints, &res)) {
-        ML_ERR(MOD, "cannot resolve listen address %s", x->listen_addr);
+    if (moonlet_net_split_hostport(x->listen_addr, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    if (fd >= 0)
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024)) {
+    int fd = moonlet_net_listen_tcp(host, port, 1024, NULL);
+    if (fd == MOONLET_NET_EADDR)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (fd < 0) {
         ML_ERR(MOD, "cannot listen on %s: %s", x->listen_addr, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(res);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
-    freeaddrinfo(res);
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     getsockname(fd, (struct sockaddr *)&ss, &sl);
@@ -1165,42 +1154,6 @@ typedef struct tcp_cconn {
 } tcp_cconn;
 
 /* Waits until fd is ready for `events` or the deadline passes. */
-static int tcp_wait(int fd, short events, uint64_t deadline_ms)
-{
-    for (;;) {
-        uint64_t now = moonlet_xfer_now_ms();
-        if (now >= deadline_ms)
-            return -1;
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, (int)(deadline_ms - now));
-        if (n > 0)
-            return 0;
-        if (n < 0 && errno != EINTR)
-            return -1;
-    }
-}
-
-static int tcp_connect_addr(const struct addrinfo *ai, uint64_t deadline_ms)
-{
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    tcp_tune(fd);
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS)
-        goto fail;
-    if (tcp_wait(fd, POLLOUT, deadline_ms))
-        goto fail;
-    int err = 0;
-    socklen_t el = sizeof(err);
-    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) || err) {
-        errno = err;
-        goto fail;
-    }
-    return fd;
-fail:
-    close(fd);
-    return -1;
-}
 
 /* Non-blocking exchange of exactly n bytes in one direction, by deadline. */
 static int tcp_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms)
@@ -1215,7 +1168,7 @@ static int tcp_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms
         }
         if (r == 0 || (errno != EAGAIN && errno != EINTR))
             return -1;
-        if (tcp_wait(fd, out ? POLLOUT : POLLIN, deadline_ms))
+        if (moonlet_net_wait(fd, out ? POLLOUT : POLLIN, deadline_ms))
             return -1;
     }
     return 0;
@@ -1241,25 +1194,16 @@ static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
 
 static int tcp_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
 {
-    char host[256], port_s[8];
+    char host[256];
     uint16_t port;
-    if (moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+    if (moonlet_net_split_hostport(endpoint, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
-    snprintf(port_s, sizeof(port_s), "%u", port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV};
-    struct addrinfo *res;
-    if (getaddrinfo(host, port_s, &hints, &res)) {
-        ML_WARN(MOD, "cannot resolve %s", endpoint);
-        return MOONLET_ERR_TRANSFER_FAIL;
-    }
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
-    int fd = -1;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
-        fd = tcp_connect_addr(ai, deadline);
-    freeaddrinfo(res);
+    int fd = moonlet_net_connect_tcp(host, port, deadline, TCP_SOCKBUF_BYTES);
     if (fd < 0) {
-        ML_WARN(MOD, "cannot connect to %s: %s", endpoint, strerror(errno));
+        if (fd != MOONLET_NET_EADDR)
+            ML_WARN(MOD, "cannot connect to %s: %s", endpoint,
+                    fd == MOONLET_NET_ETIMEDOUT ? "timed out" : strerror(errno));
         return MOONLET_ERR_TRANSFER_FAIL;
     }
     tcp_cconn *c = calloc(1, sizeof(*c));

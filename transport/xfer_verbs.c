@@ -256,7 +256,7 @@ static int verbs_parse_addr(const char *addr, bool with_port, struct sockaddr_st
     char host[256], port_s[8] = "0";
     uint16_t port = 0;
     if (with_port) {
-        if (moonlet_xfer_split_endpoint(addr, host, sizeof(host), &port))
+        if (moonlet_net_split_hostport(addr, host, sizeof(host), &port))
             return MOONLET_ERR_INVALID_PARAMS;
         snprintf(port_s, sizeof(port_s), "%u", port);
     } else {
@@ -639,7 +639,7 @@ static int verbs_resolve(const char *endpoint, bool passive, struct sockaddr_sto
 {
     char host[256], port_s[8];
     uint16_t port;
-    if (moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port))
+    if (moonlet_net_split_hostport(endpoint, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
     snprintf(port_s, sizeof(port_s), "%u", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,

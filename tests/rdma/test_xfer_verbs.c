@@ -251,7 +251,7 @@ static void stalled_connect(stalled_peer *p, const char *endpoint)
 {
     char host[128];
     uint16_t port;
-    assert_int_equal(moonlet_xfer_split_endpoint(endpoint, host, sizeof(host), &port), 0);
+    assert_int_equal(moonlet_net_split_hostport(endpoint, host, sizeof(host), &port), 0);
     struct addrinfo *dst, *src;
     char port_s[8];
     snprintf(port_s, sizeof(port_s), "%u", port);

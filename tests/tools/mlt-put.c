@@ -30,6 +30,7 @@
 #include "master_client.h"
 #include "moonlet/client.h"
 #include "methods.h"
+#include "net.h"
 #include "moonlet/error.h"
 #include "rpc_client.h"
 #include "wire.h"
@@ -96,14 +97,12 @@ static int pipelined(moonlet_rpc_client *c, uint32_t method, const char *tenant,
 static int fill(const char *tenant, const char *prefix, uint64_t n, uint64_t size)
 {
     char host[256];
-    const char *colon = strrchr(g_addr, ':');
-    if (!colon || (size_t)(colon - g_addr) >= sizeof(host))
+    uint16_t port;
+    if (moonlet_net_split_hostport(g_addr, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
-    memcpy(host, g_addr, (size_t)(colon - g_addr));
-    host[colon - g_addr] = 0;
     moonlet_rpc_client *c;
     moonlet_rpc_client_opts o = {.timeout_ms = 60000};
-    int rc = moonlet_rpc_client_connect(host, (uint16_t)atoi(colon + 1), &o, &c);
+    int rc = moonlet_rpc_client_connect(host, port, &o, &c);
     if (rc)
         return rc;
     /* PutStart then PutEnd per chunk, so a chunk's puts are never left pending long */

@@ -5,6 +5,7 @@
  */
 #include "bench.h"
 #include "monotime.h"
+#include "net.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -46,8 +47,9 @@ int bench_master_start(bench_master *bm, const char *const *extra)
     argv[argc] = NULL;
     if (bench_child_start(bm, "moonlet-master", argv, "listening on "))
         return -1;
-    const char *colon = strrchr(bm->addr, ':');
-    bm->port = colon ? (uint16_t)atoi(colon + 1) : 0;
+    char host[sizeof(bm->addr)];
+    if (moonlet_net_split_hostport(bm->addr, host, sizeof(host), &bm->port))
+        bm->port = 0;
     return bm->port ? 0 : -1;
 }
 
