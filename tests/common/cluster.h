@@ -66,21 +66,61 @@ static inline int cl_segments(moonlet_master_client *mc)
     return n;
 }
 
-/* The segment id mounted with data endpoint `endpoint` into buf ("" when none). */
-static inline void cl_segment_at(moonlet_master_client *mc, const char *endpoint, char *buf,
-                                 size_t cap)
+/* The string `field` ("segment_id", "client_id", ...) of the segment mounted
+ * with data endpoint `endpoint` into buf ("" when none); for a number field,
+ * its value ("-1" when none). */
+static inline void cl_segment_field(moonlet_master_client *mc, const char *endpoint,
+                                    const char *field, char *buf, size_t cap)
 {
-    buf[0] = '\0';
+    snprintf(buf, cap, "%s", "");
     cJSON *j = NULL, *s;
     if (moonlet_mc_list_segments(mc, &j) != 0)
         return;
     cJSON_ArrayForEach(s, j) {
         const char *ep = cJSON_GetStringValue(cJSON_GetObjectItem(s, "endpoint"));
-        const char *id = cJSON_GetStringValue(cJSON_GetObjectItem(s, "segment_id"));
-        if (ep && id && strcmp(ep, endpoint) == 0)
-            snprintf(buf, cap, "%s", id);
+        const cJSON *f = cJSON_GetObjectItem(s, field);
+        if (!ep || !f || strcmp(ep, endpoint) != 0)
+            continue;
+        if (cJSON_IsString(f))
+            snprintf(buf, cap, "%s", f->valuestring);
+        else if (cJSON_IsNumber(f))
+            snprintf(buf, cap, "%.0f", f->valuedouble);
     }
     cJSON_Delete(j);
+}
+
+/* The segment id mounted with data endpoint `endpoint` into buf ("" when none). */
+static inline void cl_segment_at(moonlet_master_client *mc, const char *endpoint, char *buf,
+                                 size_t cap)
+{
+    cl_segment_field(mc, endpoint, "segment_id", buf, cap);
+}
+
+/* How long ago the master last heard a Ping for the segment at `endpoint`
+ * (ms), or -1 when no such segment is mounted. */
+static inline long long cl_ping_age_ms(moonlet_master_client *mc, const char *endpoint)
+{
+    char v[32];
+    cl_segment_field(mc, endpoint, "last_ping_age_ms", v, sizeof(v));
+    return v[0] ? atoll(v) : -1;
+}
+
+/* Waits (bounded) until the master has seen at least `n` Pings for the
+ * segment at `endpoint`: each time its ping age goes down, one or more Pings
+ * arrived since the last look.  Returns how many drops were seen. */
+static inline int cl_wait_pings(moonlet_master_client *mc, const char *endpoint, int n,
+                                int timeout_ms)
+{
+    long long deadline = proc_now_ms() + timeout_ms, last = cl_ping_age_ms(mc, endpoint);
+    int seen = 0;
+    while (seen < n && proc_now_ms() < deadline) {
+        usleep(5000);
+        long long age = cl_ping_age_ms(mc, endpoint);
+        if (age >= 0 && last >= 0 && age < last)
+            seen++;
+        last = age;
+    }
+    return seen;
 }
 
 /* replica_count of a key as the inspection RPC reports it; -1 when absent. */

@@ -19,10 +19,14 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <dirent.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "monotime.h"
-#include <unistd.h>
 
 typedef struct test_proc {
     pid_t pid;
@@ -120,5 +124,31 @@ static inline int proc_stop_sig(test_proc *p, int sig, int timeout_ms)
 }
 
 static inline int proc_stop(test_proc *p) { return proc_stop_sig(p, SIGTERM, 5000); }
+
+/* Bytes this process has written into its unix stream sockets that the peers
+ * have not read yet (SIOCOUTQ summed over /proc/self/fd): an observable for
+ * "the request has reached a peer that is stopped". */
+static inline long long proc_unix_unread_bytes(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return -1;
+    long long sum = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        int dom = 0, type = 0, n = 0;
+        socklen_t l = sizeof(dom);
+        if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d) ||
+            getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) != 0 || dom != AF_UNIX)
+            continue;
+        l = sizeof(type);
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) == 0 && type == SOCK_STREAM &&
+            ioctl(fd, SIOCOUTQ, &n) == 0)
+            sum += n;
+    }
+    closedir(d);
+    return sum;
+}
 
 #endif

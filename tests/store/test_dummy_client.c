@@ -1158,10 +1158,17 @@ static void test_real_client_killed(void **state)
     long long took = proc_now_ms() - t0;
     assert_true(took >= 900 && took < 3000);
 
-    /* killed while a 64 MiB get waits on it: RPC_FAIL long before the 8 s timeout */
+    /* killed while a 64 MiB get waits on it: RPC_FAIL long before the 8 s
+     * timeout.  The RealClient is still stopped, so the get is waiting once
+     * its request sits unread in the socket: wait for that, then kill. */
+    long long unread = proc_unix_unread_bytes();
+    assert_true(unread >= 0);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, slow_get_main, &s), 0);
-    usleep(300 * 1000);
+    long long until = proc_now_ms() + 5000;
+    while (proc_unix_unread_bytes() <= unread && proc_now_ms() < until)
+        poll(NULL, 0, 1);
+    assert_true(proc_unix_unread_bytes() > unread);
     kill(b.pid, SIGKILL);
     pthread_join(th, NULL);
     waitpid(b.pid, NULL, 0);

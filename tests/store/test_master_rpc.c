@@ -465,7 +465,7 @@ static void test_reconnect_with_backoff(void **state)
     assert_int_equal(moonlet_mc_connect_failures(mc), 1);
     long long c0 = proc_now_ms();
     assert_int_equal(moonlet_mc_echo(mc, "", 0), MOONLET_ERR_RPC_FAIL);
-    assert_true(proc_now_ms() - c0 < 50);
+    assert_true(proc_now_ms() - c0 < 900); /* not the 1000 ms wait (wide for a loaded host) */
     assert_int_equal(moonlet_mc_connect_failures(mc), 1); /* no attempt was made */
     moonlet_mc_destroy(mc);
 }

@@ -20,9 +20,13 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+
 #include "../common/cluster.h"
 #include "moonlet/client.h"
 #include "moonlet/error.h"
+#include "net.h"
 #include "store_node.h"
 #include "xfer.h"
 
@@ -134,7 +138,8 @@ static void test_in_process_node(void **state)
     assert_int_equal(moonlet_store_node_segment_id(n, id, 4), MOONLET_ERR_BUFFER_OVERFLOW);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, node_main, n), 0);
-    usleep(200000); /* a few heartbeats */
+    /* the master hears its heartbeats, and they keep the one mount */
+    assert_int_equal(cl_wait_pings(g_mc, moonlet_store_node_endpoint(n), 3, 5000), 3);
     assert_int_equal(moonlet_store_node_mounts(n), 1);
     long long t0 = proc_now_ms();
     moonlet_store_node_stop(n);
@@ -453,6 +458,43 @@ static void test_remount_after_declared_dead(void **state)
     assert_reads_back("after-thaw", g_data[3], g_sizes[3]);
 }
 
+/* Stands in for a dead master on its port: takes each connection, reads what
+ * it sends, and closes it without an answer.  Returns once a Ping from each
+ * of the two client ids has come (and failed), or false after timeout_ms. */
+static bool wait_failed_pings(uint16_t port, const char *id_a, const char *id_b, int timeout_ms)
+{
+    int l = moonlet_net_listen_tcp("127.0.0.1", port, 16, NULL);
+    if (l < 0)
+        return false;
+    bool a = false, b = false;
+    uint64_t deadline = moonlet_mono_ms() + (uint64_t)timeout_ms;
+    while (!(a && b) && moonlet_mono_ms() < deadline) {
+        if (moonlet_net_wait(l, POLLIN, deadline))
+            break;
+        int fd = accept(l, NULL, NULL);
+        if (fd < 0)
+            continue;
+        char buf[1024];
+        size_t len = 0;
+        uint64_t conn_deadline = moonlet_mono_ms() + 1000;
+        while (len < sizeof(buf) && moonlet_net_wait(fd, POLLIN, conn_deadline) == 0) {
+            ssize_t r = read(fd, buf + len, sizeof(buf) - len);
+            if (r <= 0)
+                break;
+            len += (size_t)r;
+            bool got_a = memmem(buf, len, id_a, strlen(id_a)) != NULL;
+            bool got_b = memmem(buf, len, id_b, strlen(id_b)) != NULL;
+            a |= got_a;
+            b |= got_b;
+            if (got_a || got_b)
+                break;
+        }
+        close(fd);
+    }
+    close(l);
+    return a && b;
+}
+
 static void test_master_restart(void **state)
 {
     (void)state;
@@ -460,8 +502,14 @@ static void test_master_restart(void **state)
     snprintf(port, sizeof(port), "%u", g_master.port);
     char seg_a[MOONLET_MAX_ID_BYTES + 1];
     cl_segment_at(g_mc, g_a.addr, seg_a, sizeof(seg_a));
+    char id_a[MOONLET_MAX_ID_BYTES + 1], id_b[MOONLET_MAX_ID_BYTES + 1];
+    cl_segment_field(g_mc, g_a.addr, "client_id", id_a, sizeof(id_a));
+    cl_segment_field(g_mc, g_b.addr, "client_id", id_b, sizeof(id_b));
+    assert_true(id_a[0] && id_b[0]);
+    uint16_t master_port = (uint16_t)g_master.port;
     assert_int_equal(proc_stop_sig(&g_master, SIGKILL, 3000), 128 + SIGKILL);
-    usleep(300000); /* the stores' pings fail for a while */
+    /* Both stores' pings fail (no master answers them) before it returns. */
+    assert_true(wait_failed_pings(master_port, id_a, id_b, 5000));
     assert_int_equal(cl_start_master_on(&g_master, port, g_master_flags), 0);
     /* The first call on each old connection notices it broke; the next reconnects. */
     cl_segments(g_mc);
