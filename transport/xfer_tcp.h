@@ -74,4 +74,14 @@ void moonlet_xfer_tcp_hdr_encode(const moonlet_xfer_tcp_hdr *h,
 int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
                                 moonlet_xfer_tcp_hdr *h);
 
+/* The write capability that follows a WRITE header with F_CAP. */
+typedef struct moonlet_xfer_tcp_cap {
+    uint64_t offset, len, expiry_ms, tag;
+} moonlet_xfer_tcp_cap;
+
+void moonlet_xfer_tcp_cap_encode(const moonlet_xfer_tcp_cap *c,
+                                 uint8_t out[MOONLET_XFER_TCP_CAP_BYTES]);
+void moonlet_xfer_tcp_cap_decode(const uint8_t in[MOONLET_XFER_TCP_CAP_BYTES],
+                                 moonlet_xfer_tcp_cap *c);
+
 #endif

@@ -35,6 +35,7 @@
 #include "xfer.h"
 #include "xfer_internal.h"
 #include "xfer_tcp.h"
+#include "xfer_tcp_internal.h"
 #include "monotime.h"
 
 #define SEG (1u << 20)
@@ -623,7 +624,12 @@ static void test_idle_close_is_invisible_to_clients(void **state)
         assert_int_equal(moonlet_xfer_read(c, s.info.endpoint, s.info.segment_id, 0, buf,
                                            sizeof(buf)), 0);
         assert_memory_equal(buf, seg, sizeof(buf));
-        poll(NULL, 0, 700); /* the server's reaper closes the pooled connection */
+        /* the server's reaper closes the pooled connection (bounded wait) */
+        uint64_t until = moonlet_mono_ms() + 5000;
+        while (moonlet_xfer_tcp_idle_closed(s.x) < (uint64_t)round + 1 &&
+               moonlet_mono_ms() < until)
+            poll(NULL, 0, 10);
+        assert_int_equal(moonlet_xfer_tcp_idle_closed(s.x), round + 1);
     }
     moonlet_xfer_destroy(c);
     moonlet_xfer_destroy(s.x);
