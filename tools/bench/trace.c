@@ -43,6 +43,11 @@
  * they resumed from the newest one, from an older one (the newest had been
  * evicted) or from none.  With --plot, tools/bench/plot_trace.py (next to this binary) is
  * run with /usr/bin/python3 on a per-request time series.
+ *
+ * Files: loading the trace is trace_load.c, the model's layout, keys,
+ * working set and never-evicting reference are trace_model.c (both unit
+ * tested in tests/tools/test_trace_model.c); this file runs the cluster,
+ * the replays and the output.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -60,8 +65,9 @@
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "moonlet/k3.h"
+#include "trace_load.h"
+#include "trace_model.h"
 
-#define BLOCK_TOKENS 512u /* the trace's hash block */
 #define MAX_STORES 16u
 
 typedef struct trace_opts {
@@ -75,20 +81,6 @@ typedef struct trace_opts {
     bool json;
 } trace_opts;
 
-typedef struct treq {
-    uint64_t ts_ms;  /* trace timestamp */
-    uint64_t input;  /* prompt tokens */
-    uint32_t n;      /* blocks (hash ids) */
-    size_t off;      /* first hash id in trace.ids */
-} treq;
-
-typedef struct trace {
-    treq *r;
-    size_t n, cap;
-    uint64_t *ids;
-    size_t nids, cap_ids;
-    uint32_t max_blocks;
-} trace;
 
 /* Runs, in order: lease-all, selective in two calls, selective in one (ProbeResume). */
 #define NMODES 3
@@ -113,248 +105,6 @@ typedef struct run_result {
     double wall_s;
     series_row *rows;
 } run_result;
-
-/* ---- the trace ---------------------------------------------------------------- */
-
-static int trace_push_id(trace *t, uint64_t id)
-{
-    if (t->nids == t->cap_ids) {
-        size_t cap = t->cap_ids ? t->cap_ids * 2 : 1 << 16;
-        uint64_t *v = realloc(t->ids, cap * sizeof(*v));
-        if (!v)
-            return -1;
-        t->ids = v;
-        t->cap_ids = cap;
-    }
-    t->ids[t->nids++] = id;
-    return 0;
-}
-
-static int trace_push_req(trace *t, const treq *q)
-{
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 1024;
-        treq *v = realloc(t->r, cap * sizeof(*v));
-        if (!v)
-            return -1;
-        t->r = v;
-        t->cap = cap;
-    }
-    t->r[t->n++] = *q;
-    if (q->n > t->max_blocks)
-        t->max_blocks = q->n;
-    return 0;
-}
-
-static bool json_uint(const cJSON *o, const char *name, uint64_t *out)
-{
-    const cJSON *v = cJSON_GetObjectItem(o, name);
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
-        return false;
-    *out = (uint64_t)v->valuedouble;
-    return true;
-}
-
-/* One JSON object per line: timestamp (ms), input_length, hash_ids. */
-static int trace_parse_line(trace *t, const char *line, size_t lineno)
-{
-    cJSON *o = cJSON_Parse(line);
-    treq q = {.off = t->nids};
-    const cJSON *ids = o ? cJSON_GetObjectItem(o, "hash_ids") : NULL;
-    int rc = -1;
-    if (!o || !json_uint(o, "timestamp", &q.ts_ms) || !json_uint(o, "input_length", &q.input) ||
-        !cJSON_IsArray(ids) || cJSON_GetArraySize(ids) == 0 || q.input == 0) {
-        fprintf(stderr, "moonlet-bench trace: line %zu: expected timestamp, input_length and "
-                        "a non-empty hash_ids\n", lineno);
-        goto out;
-    }
-    const cJSON *id;
-    cJSON_ArrayForEach(id, ids) {
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || trace_push_id(t, (uint64_t)id->valuedouble))
-            goto out;
-        q.n++;
-    }
-    rc = trace_push_req(t, &q);
-out:
-    cJSON_Delete(o);
-    return rc;
-}
-
-static int trace_load(const char *path, size_t limit, trace *t)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "moonlet-bench trace: %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    char *line = NULL;
-    size_t cap = 0, lineno = 0;
-    int rc = 0;
-    while ((!limit || t->n < limit) && getline(&line, &cap, f) > 0) {
-        lineno++;
-        if (line[0] == '\n')
-            continue;
-        if ((rc = trace_parse_line(t, line, lineno)))
-            break;
-    }
-    free(line);
-    fclose(f);
-    if (!rc && t->n == 0) {
-        fprintf(stderr, "moonlet-bench trace: %s holds no request\n", path);
-        rc = -1;
-    }
-    return rc;
-}
-
-static void trace_free(trace *t)
-{
-    free(t->r);
-    free(t->ids);
-    memset(t, 0, sizeof(*t));
-}
-
-/* ---- the hybrid layout ------------------------------------------------------------ */
-
-/* Blocks covered by the checkpoint an engine stores after prefilling q: the
- * last multiple of kda_every within the prompt's full blocks (0: none). */
-static uint32_t end_checkpoint_blocks(const treq *q, uint32_t every)
-{
-    uint64_t full = q->input / BLOCK_TOKENS;
-    if (full > q->n)
-        full = q->n;
-    return (uint32_t)(full / every * every);
-}
-
-/* Keys are named by content: a block by its prefix hash, a checkpoint by the
- * prefix hash of its last block. */
-static int trace_key(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap)
-{
-    const uint64_t *ids = ctx;
-    if (id->kind == MOONLET_K3_KEY_KV)
-        return snprintf(buf, cap, "kv/%llu", (unsigned long long)ids[id->block]);
-    return snprintf(buf, cap, "kda/%llu/r%u",
-                    (unsigned long long)ids[id->position / BLOCK_TOKENS - 1], id->rank);
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static size_t count_unique(uint64_t *v, size_t n)
-{
-    if (!n)
-        return 0;
-    qsort(v, n, sizeof(*v), cmp_u64);
-    size_t u = 1;
-    for (size_t i = 1; i < n; i++)
-        u += v[i] != v[i - 1];
-    return u;
-}
-
-typedef struct working_set {
-    size_t kv_objects, checkpoints;
-    uint64_t bytes;
-} working_set;
-
-static uint64_t round64(uint64_t x)
-{
-    return (x + 63) & ~(uint64_t)63; /* the master's allocation granule */
-}
-
-/* Every distinct object the replay can ever put. */
-static int working_set_of(const trace *t, const trace_opts *o, working_set *ws)
-{
-    uint64_t *v = malloc((t->nids > t->n ? t->nids : t->n) * sizeof(*v) + 1);
-    if (!v)
-        return -1;
-    memcpy(v, t->ids, t->nids * sizeof(*v));
-    ws->kv_objects = count_unique(v, t->nids);
-    size_t k = 0;
-    for (size_t i = 0; i < t->n; i++) {
-        uint32_t e = end_checkpoint_blocks(&t->r[i], o->kda_every);
-        if (e)
-            v[k++] = t->ids[t->r[i].off + e - 1];
-    }
-    ws->checkpoints = count_unique(v, k);
-    free(v);
-    ws->bytes = ws->kv_objects * round64(o->kv_bytes) +
-                ws->checkpoints * (uint64_t)o->ranks * round64(o->kda_bytes);
-    return 0;
-}
-
-/* ---- the infinite-cache reference ------------------------------------------------- */
-
-/* An open-addressing set of hash ids (id + 1 stored, so 0 marks a free slot). */
-typedef struct idset {
-    uint64_t *slot;
-    size_t mask;
-} idset;
-
-static int idset_init(idset *s, size_t expected)
-{
-    size_t cap = 1024;
-    while (cap < expected * 2)
-        cap *= 2;
-    s->slot = calloc(cap, sizeof(*s->slot));
-    s->mask = cap - 1;
-    return s->slot ? 0 : -1;
-}
-
-static size_t idset_pos(const idset *s, uint64_t id)
-{
-    size_t i = (size_t)((id + 1) * 0x9E3779B97F4A7C15ull) & s->mask;
-    while (s->slot[i] && s->slot[i] != id + 1)
-        i = (i + 1) & s->mask;
-    return i;
-}
-
-static bool idset_has(const idset *s, uint64_t id)
-{
-    return s->slot[idset_pos(s, id)] != 0;
-}
-
-static void idset_add(idset *s, uint64_t id)
-{
-    s->slot[idset_pos(s, id)] = id + 1;
-}
-
-/* The hit ratios of a cache that never evicts, same model as the replay:
- * the bound any eviction policy is measured against. */
-static int reference_hits(const trace *t, const trace_opts *o, const working_set *ws,
-                          double *kv_ratio, double *kda_ratio)
-{
-    idset kv, ck;
-    if (idset_init(&kv, ws->kv_objects) || idset_init(&ck, ws->checkpoints + 1)) {
-        free(kv.slot);
-        return -1;
-    }
-    uint64_t blocks = 0, kv_hit = 0, kda_hit = 0;
-    for (size_t i = 0; i < t->n; i++) {
-        const treq *q = &t->r[i];
-        const uint64_t *ids = t->ids + q->off;
-        uint32_t k = 0, res = 0;
-        while (k < q->n && idset_has(&kv, ids[k]))
-            k++;
-        for (uint32_t p = o->kda_every; p <= k; p += o->kda_every)
-            if ((uint64_t)p * BLOCK_TOKENS < q->input && idset_has(&ck, ids[p - 1]))
-                res = p;
-        blocks += q->n;
-        kv_hit += k;
-        kda_hit += res;
-        for (uint32_t b = 0; b < q->n; b++)
-            idset_add(&kv, ids[b]);
-        uint32_t e = end_checkpoint_blocks(q, o->kda_every);
-        if (e)
-            idset_add(&ck, ids[e - 1]);
-    }
-    free(kv.slot);
-    free(ck.slot);
-    *kv_ratio = blocks ? (double)kv_hit / (double)blocks : 0;
-    *kda_ratio = blocks ? (double)kda_hit / (double)blocks : 0;
-    return 0;
-}
 
 /* ---- one replay ----------------------------------------------------------------------- */
 
@@ -865,14 +615,21 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
     return 0;
 }
 
+static trace_model model_of(const trace_opts *o)
+{
+    return (trace_model){.kda_every = o->kda_every, .ranks = o->ranks, .kv_bytes = o->kv_bytes,
+                         .kda_bytes = o->kda_bytes};
+}
+
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint64_t capacity,
                 run_result r[NMODES])
 {
+    trace_model model = model_of(o);
     double kda_all = kda_leased_master(&r[0]), kda_sel = kda_leased_master(&r[1]);
     double ref_kv = 0, ref_kda = 0;
-    if (reference_hits(t, o, ws, &ref_kv, &ref_kda))
+    if (reference_hits(t, &model, ws, &ref_kv, &ref_kda))
         return -1;
     if (!o->json) {
         printf("%zu requests (%.0f s of trace at time scale %g), working set %.1f MiB, capacity "
@@ -953,7 +710,8 @@ int bench_trace_main(int argc, char **argv)
         return rc == 1 ? 0 : rc;
     trace t = {0};
     working_set ws;
-    if (trace_load(o.path, o.limit, &t) || working_set_of(&t, &o, &ws)) {
+    trace_model model = model_of(&o);
+    if (trace_load(o.path, o.limit, &t) || working_set_of(&t, &model, &ws)) {
         trace_free(&t);
         return 1;
     }
