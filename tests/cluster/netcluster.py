@@ -306,6 +306,7 @@ class Cluster:
         self.master = None
         self.stores = [None] * stores
         self.relays = {}
+        self._relay_seq = 0  # the last control file written to a relay (set_delay)
         self._nft = {}            # host -> {"loss": ..., "partition": ...}
         self._torn = False
         self.unclean = {}         # process name -> exit code, filled by teardown()
@@ -591,12 +592,14 @@ class Cluster:
     def set_delay(self, i, ms):
         """One-way delay of store i's relay, each direction (changes apply to
         bytes arriving from now on)."""
-        _, control = self.relays[i]
+        p, control = self.relays[i]
+        self._relay_seq += 1
+        seq = self._relay_seq
         tmp = control + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"delay_ms": ms}, f)
+            json.dump({"delay_ms": ms, "seq": seq}, f)
         os.replace(tmp, control)
-        time.sleep(0.2)  # the relay polls every 50 ms
+        p.wait_line(rf"^applied seq {seq}$", 10)  # the relay took it
 
 
 if __name__ == "__main__":

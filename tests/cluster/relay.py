@@ -12,10 +12,15 @@ they arrived; a writer releases a chunk once `delay_ms` has passed since its
 arrival, so the relay adds latency without limiting throughput (except for
 the bounded buffering below).  The delay is read from a JSON control file
 ({"delay_ms": N}) whenever its modification time changes, so the harness
-changes the link's speed without breaking connections.  With
+changes the link's speed without breaking connections.  A file with a
+"seq" number is acknowledged on stdout once it applies ("applied seq N"),
+so the harness waits for that instead of for the poll interval.  With
 {"per_connection": true} in the file, a connection keeps the delay that held
 when it was accepted: the stale-writer tests (tests/python/test_stale_writer.py)
-hold one client's bytes back while another client's pass at once.
+hold one client's bytes back while another client's pass at once.  With
+{"announce_accepts": true}, each accepted connection is announced on stdout
+("accepted delay_ms=N", N its delay), so a test can wait for a client to
+have connected.
 
 Bounded: a direction buffers at most MAX_QUEUED bytes before it stops
 reading (backpressure); a connection that fails on one side is closed on
@@ -42,6 +47,7 @@ class Control:
         self.path = path
         self.delay_s = 0.0
         self.per_connection = False
+        self.announce_accepts = False
         self._mtime = None
 
     def reload(self):
@@ -62,6 +68,9 @@ class Control:
         self._mtime = mtime
         self.delay_s = max(0.0, float(conf.get("delay_ms", 0))) / 1000.0
         self.per_connection = bool(conf.get("per_connection", False))
+        self.announce_accepts = bool(conf.get("announce_accepts", False))
+        if "seq" in conf:
+            print(f"applied seq {int(conf['seq'])}", flush=True)
 
     async def watch(self):
         while True:
@@ -133,6 +142,8 @@ class Fixed:
 async def handle(client_r, client_w, target, control):
     host, port = target
     control.reload()
+    if control.announce_accepts:
+        print(f"accepted delay_ms={round(control.delay_s * 1000)}", flush=True)
     if control.per_connection:
         control = Fixed(control.delay_s)
     try:

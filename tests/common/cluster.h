@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "master_client.h"
+#include "moonlet/client.h"
+#include "moonlet/error.h"
 #include "proc.h"
 
 #define CL_MAX_ARGS 40
@@ -159,6 +161,46 @@ static inline void cl_fill(void *buf, size_t len, uint64_t seed)
         p[i] = (unsigned char)((x * 0x2545F4914F6CDD1Dull) >> 56);
     }
 }
+
+/* A moonlet_client of the master at master_addr over TCP (transfer timeout
+ * transfer_timeout_ms, 0: the default).  Returns 0 or -1. */
+static inline int cl_client_create(const char *master_addr, uint32_t transfer_timeout_ms,
+                                   moonlet_client **out)
+{
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg);
+    cfg.master_addr = master_addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    if (transfer_timeout_ms)
+        cfg.transfer_timeout_ms = transfer_timeout_ms;
+    return moonlet_client_create(&cfg, out) ? -1 : 0;
+}
+
+/* len bytes of cl_fill(seed) in a new buffer (at least 1 byte); free() it. */
+static inline unsigned char *cl_random_bytes(size_t len, uint64_t seed)
+{
+    unsigned char *p = malloc(len ? len : 1);
+    if (p)
+        cl_fill(p, len, seed);
+    return p;
+}
+
+#ifdef cmocka_unit_test /* helpers that assert: for files that include cmocka.h first */
+/* Gets key (in tenant) through c and asserts it holds exactly want[0, size). */
+static inline void cl_assert_get_equals(moonlet_client *c, const char *key, const char *tenant,
+                                        const void *want, size_t size)
+{
+    unsigned char *got = malloc(size ? size : 1);
+    assert_non_null(got);
+    size_t len = 999;
+    int rc = moonlet_client_get(c, key, got, size, &len, tenant);
+    if (rc)
+        fail_msg("get %s: %s", key, moonlet_strerror(rc));
+    assert_int_equal(len, size);
+    assert_memory_equal(got, want, size);
+    free(got);
+}
+#endif
 
 /* Runs argv (path relative to the build root) with stdout and stderr sent to
  * /dev/null; returns its exit code, or -1 when it had to be killed after

@@ -46,6 +46,37 @@ static inline long long proc_now_ms(void)
     return (long long)moonlet_mono_ms();
 }
 
+/* Reads one line of p's stdout into line (NUL-terminated, no newline) by the
+ * deadline: 1, or 0 on timeout, EOF or a line longer than cap - 1. */
+static inline int proc_read_line(test_proc *p, char *line, size_t cap, long long deadline)
+{
+    size_t len = 0;
+    while (proc_now_ms() < deadline && len < cap - 1) {
+        struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        if (read(p->out_fd, line + len, 1) != 1)
+            return 0;
+        if (line[len] == '\n') {
+            line[len] = 0;
+            return 1;
+        }
+        len++;
+    }
+    return 0;
+}
+
+/* Reads lines from p's stdout until one starts with `prefix` (bounded). */
+static inline int proc_wait_line(test_proc *p, const char *prefix, int timeout_ms)
+{
+    char line[512];
+    long long deadline = proc_now_ms() + timeout_ms;
+    while (proc_read_line(p, line, sizeof(line), deadline))
+        if (strncmp(line, prefix, strlen(prefix)) == 0)
+            return 1;
+    return 0;
+}
+
 /* argv[0] is a path relative to the build root. Returns 0 when it listens. */
 static inline int proc_start(test_proc *p, char *const argv[], int timeout_ms)
 {
@@ -71,26 +102,13 @@ static inline int proc_start(test_proc *p, char *const argv[], int timeout_ms)
     close(fds[1]);
     p->out_fd = fds[0];
     char line[256];
-    size_t len = 0;
     long long deadline = proc_now_ms() + timeout_ms;
-    while (proc_now_ms() < deadline && len < sizeof(line) - 1) {
-        struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
-        if (poll(&pfd, 1, 50) <= 0)
-            continue;
-        ssize_t n = read(p->out_fd, line + len, 1);
-        if (n <= 0)
-            break;
-        if (line[len] == '\n') {
-            line[len] = 0;
-            char host[64];
-            if (sscanf(line, "listening on %63[^:]:%u", host, &p->port) == 2) {
-                snprintf(p->addr, sizeof(p->addr), "%s:%u", host, p->port);
-                return 0;
-            }
-            len = 0;
-            continue;
+    while (proc_read_line(p, line, sizeof(line), deadline)) {
+        char host[64];
+        if (sscanf(line, "listening on %63[^:]:%u", host, &p->port) == 2) {
+            snprintf(p->addr, sizeof(p->addr), "%s:%u", host, p->port);
+            return 0;
         }
-        len++;
     }
     kill(p->pid, SIGKILL);
     waitpid(p->pid, NULL, 0);

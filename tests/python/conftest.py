@@ -19,28 +19,25 @@ import uuid
 
 import pytest
 
-from daemons import Daemon, build_root
+import daemons
 
 MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
 
 
 def start_master(*extra):
-    return Daemon([os.path.join(build_root(), "tools", "moonlet-master"), "--rpc-port", "0",
-                   "--shards", "64", "--client_live_ttl_sec", "600", "--log-level", "warn",
-                   *extra], r"listening on (\S+:\d+)$")
+    return daemons.start_master("--shards", "64", "--client_live_ttl_sec", "600", *extra)
 
 
-def start_store(master_addr, size, *extra, ready=r"listening on (\S+:\d+)$"):
-    return Daemon([os.path.join(build_root(), "tools", "moonlet-store"), "--master", master_addr,
-                   "--segment-size", size, "--protocol", "tcp", "--listen", "127.0.0.1:0",
-                   "--ping-interval-ms", "200", "--log-level", "warn", *extra], ready)
+def start_store(master_addr, size, *extra, ready=daemons.LISTENING):
+    return daemons.start_store(master_addr, size, "--ping-interval-ms", "200", *extra,
+                               ready=ready)
 
 
 class Cluster:
     def __init__(self):
         self.master = start_master()
-        self.addr = self.master.match.group(1)
+        self.addr = self.master.addr
         self.stores = [start_store(self.addr, "320MiB")]
         self._tmp = tempfile.TemporaryDirectory(prefix="moonlet-py-")
         self._real = None

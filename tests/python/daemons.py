@@ -3,8 +3,9 @@
 A Daemon runs one binary (moonlet-master, moonlet-store, ...) and waits,
 bounded, until it has printed the lines that say it is ready ("listening on
 HOST:PORT", ...).  It is stopped by its own PID: SIGTERM, then SIGKILL after a
-bounded wait.  Standard library only: test_inspect_cli.py uses it without the
-moonlet package on the path.
+bounded wait.  start_master() and start_store() are the suites' one way to
+run the two daemons on loopback and ephemeral ports.  Standard library only:
+test_inspect_cli.py uses it without the moonlet package on the path.
 """
 import os
 import re
@@ -85,6 +86,19 @@ class Daemon:
         line, self._buf = self._buf.split(b"\n", 1)
         return line.decode()
 
+    def wait_line(self, pattern, timeout=10.0):
+        """Reads stdout lines (bounded) until one matches; returns the match,
+        or None after timeout or at EOF.  Lines read are kept in self.lines."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self._line(deadline)
+            if line is None:
+                return None
+            self.lines.append(line)
+            m = re.match(pattern, line)
+            if m:
+                return m
+
     def err(self):
         """The end of what it wrote on stderr so far."""
         self.stderr.seek(0)
@@ -107,3 +121,33 @@ class Daemon:
                 self.proc.wait(timeout=10)
         self.proc.stdout.close()
         self.stderr.close()
+
+
+LISTENING = r"listening on (\S+:\d+)$"
+
+
+def tool(name):
+    """The path of tools/<name> in the build tree."""
+    return os.path.join(build_root(), "tools", name)
+
+
+def start_master(*extra, ready=LISTENING, prefix=(), timeout=15.0):
+    """moonlet-master on an ephemeral port (--rpc-port 0), quiet, plus
+    `extra` flags (a later flag overrides an earlier one); `prefix` runs it
+    under another command (prlimit, unshare).  .addr is its HOST:PORT."""
+    d = Daemon([*prefix, tool("moonlet-master"), "--rpc-port", "0", "--log-level", "warn",
+                *extra], ready, timeout=timeout)
+    d.addr = d.match.group(1)
+    return d
+
+
+def start_store(master_addr, size, *extra, ready=LISTENING, listen="127.0.0.1:0", prefix=(),
+                timeout=15.0):
+    """moonlet-store serving a TCP segment of `size` on `listen`, quiet, plus
+    `extra` flags.  .addr is the first group of `ready` (by default its data
+    endpoint)."""
+    d = Daemon([*prefix, tool("moonlet-store"), "--master", master_addr, "--segment-size",
+                str(size), "--protocol", "tcp", "--listen", listen, "--log-level", "warn",
+                *extra], ready, timeout=timeout)
+    d.addr = d.match.group(1)
+    return d

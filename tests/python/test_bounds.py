@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from daemons import Daemon, build_root
+from daemons import LISTENING, start_master, start_store
 
 MIB = 1 << 20
 ILLEGAL_CLIENT = -601
@@ -173,14 +173,15 @@ def echo_rtt(addr, timeout=5.0):
 
 # ---- daemons ------------------------------------------------------------------
 
-def master(*extra, nofile=None, token=None, ready=r"listening on (\S+:\d+)$"):
-    argv = [os.path.join(build_root(), "tools", "moonlet-master"), "--rpc-port", "0",
-            "--shards", "16", "--rpc-threads", "1", "--log-level", "warn", *extra]
+def prlimit(nofile):
+    return () if nofile is None else ("prlimit", f"--nofile={nofile}", "--")
+
+
+def master(*extra, nofile=None, token=None, ready=LISTENING):
+    flags = ["--shards", "16", "--rpc-threads", "1", *extra]
     if token is not None:
-        argv += ["--auth-token-file", token, "--rpc-address", "127.0.0.1"]  # stay on loopback
-    if nofile is not None:
-        argv = ["prlimit", f"--nofile={nofile}", "--"] + argv
-    return Daemon(argv, ready)
+        flags += ["--auth-token-file", token, "--rpc-address", "127.0.0.1"]  # stay on loopback
+    return start_master(*flags, ready=ready, prefix=prlimit(nofile), timeout=15.0)
 
 
 @pytest.fixture
@@ -462,13 +463,9 @@ class Node:
         self.master = master()
         self.store = None
         try:
-            argv = [os.path.join(build_root(), "tools", "moonlet-store"), "--master",
-                    self.master.match.group(1), "--segment-size", "64MiB", "--protocol", "tcp",
-                    "--listen", "127.0.0.1:0", "--log-level", "warn", *store_flags]
-            if nofile is not None:
-                argv = ["prlimit", f"--nofile={nofile}", "--"] + argv
-            self.store = Daemon(argv, r"listening on (\S+:\d+)$")
-            self.data = self.store.match.group(1)
+            self.store = start_store(self.master.addr, "64MiB", *store_flags,
+                                     prefix=prlimit(nofile))
+            self.data = self.store.addr
             with connect(self.master.match.group(1)) as s:
                 s.sendall(request(1, M_LIST_SEGMENTS))
                 _, code, segs = read_reply(s)

@@ -25,13 +25,11 @@ import urllib.request
 
 import pytest
 
-from daemons import Daemon, build_root, child_env
+from daemons import build_root, child_env, start_master, start_store
 
 BUILD = build_root()
-MASTER_BIN = os.path.join(BUILD, "tools", "moonlet-master")
 INSPECT_BIN = os.path.join(BUILD, "tools", "moonlet-inspect")
 PUT_BIN = os.path.join(BUILD, "tests", "tools", "mlt-put")
-STORE_BIN = os.path.join(BUILD, "tools", "moonlet-store")
 
 MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
@@ -43,9 +41,7 @@ def Master(*extra, timeout=10.0):
     ready = [r"listening on (\S+:\d+)$"]
     if "--metrics-port" in extra:
         ready.append(r"metrics on (\S+:\d+)$")
-    m = Daemon([MASTER_BIN, "--rpc-port", "0", "--client_live_ttl_sec", "600",
-                "--log-level", "warn", *extra], ready, timeout=timeout)
-    m.addr = m.match.group(1)
+    m = start_master("--client_live_ttl_sec", "600", *extra, ready=ready, timeout=timeout)
     m.metrics = m.matches[ready[1]].group(1) if len(ready) > 1 else None
     return m
 
@@ -89,10 +85,8 @@ def round64(n):
 def Store(master_addr, size="64MiB", timeout=10.0):
     """A moonlet-store child process serving a TCP segment on loopback:
     .endpoint."""
-    s = Daemon([STORE_BIN, "--master", master_addr, "--segment-size", size, "--protocol", "tcp",
-                "--listen", "127.0.0.1:0", "--log-level", "warn"], r"listening on (\S+:\d+)$",
-               timeout=timeout)
-    s.endpoint = s.match.group(1)
+    s = start_store(master_addr, size, timeout=timeout)
+    s.endpoint = s.addr
     return s
 
 

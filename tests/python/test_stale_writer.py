@@ -30,7 +30,7 @@ import time
 
 import pytest
 
-from daemons import Daemon, build_root
+from daemons import Daemon, start_master, start_store
 
 SEGMENT = 1 << 20
 OBJ = 192 << 10
@@ -49,27 +49,24 @@ class SlowCluster:
     def __init__(self, tmp, master_args=()):
         self.control = os.path.join(tmp, "relay.json")
         self.set_delay(0)
-        self.master = Daemon([os.path.join(build_root(), "tools", "moonlet-master"),
-                              "--rpc-port", "0", "--shards", "8", "--log-level", "error",
-                              "--client_live_ttl_sec", "600", "--default_kv_lease_ttl", "50",
-                              *master_args], r"listening on (\S+:\d+)$")
-        self.addr = self.master.match.group(1)
+        self.master = start_master("--shards", "8", "--log-level", "error",
+                                   "--client_live_ttl_sec", "600", "--default_kv_lease_ttl", "50",
+                                   *master_args)
+        self.addr = self.master.addr
         store_port = free_port()
         relay = os.path.join(os.environ["MOONLET_SOURCE_ROOT"], "tests", "cluster", "relay.py")
         self.relay = Daemon([sys.executable, relay, "--listen", "127.0.0.1:0",
                              "--target", f"127.0.0.1:{store_port}", "--control", self.control],
                             r"listening on (\S+:\d+)$")
-        self.store = Daemon([os.path.join(build_root(), "tools", "moonlet-store"),
-                             "--master", self.addr, "--segment-size", str(SEGMENT),
-                             "--protocol", "tcp", "--listen", f"127.0.0.1:{store_port}",
-                             "--advertise", self.relay.match.group(1),
-                             "--ping-interval-ms", "200", "--log-level", "error"],
-                            [r"listening on (\S+:\d+)$", r"advertising (\S+:\d+)$"])
+        self.store = start_store(self.addr, SEGMENT, "--advertise", self.relay.match.group(1),
+                                 "--ping-interval-ms", "200", "--log-level", "error",
+                                 listen=f"127.0.0.1:{store_port}",
+                                 ready=[r"listening on (\S+:\d+)$", r"advertising (\S+:\d+)$"])
 
     def set_delay(self, ms):
         tmp = self.control + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"delay_ms": ms, "per_connection": True}, f)
+            json.dump({"delay_ms": ms, "per_connection": True, "announce_accepts": True}, f)
         os.replace(tmp, self.control)
         # The relay reloads the file on every accept: no wait needed.
 
@@ -167,7 +164,8 @@ def run_stale(cl, stale_kw, delay_ms, settle_s, background):
     t = threading.Thread(target=stale_put)
     t.start()
     if background:
-        time.sleep(0.3)  # it has connected by then (no event tells)
+        # the relay announces the slow connection it accepted
+        assert cl.relay.wait_line(rf"accepted delay_ms={delay_ms}$", 10), "no slow connection"
     else:
         t.join(timeout=30)  # it gives up after its transfer deadline
     cl.set_delay(0)

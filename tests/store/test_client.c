@@ -74,26 +74,6 @@ static int teardown_cluster(void **state)
     return 0;
 }
 
-static unsigned char *random_bytes(size_t len, uint64_t seed)
-{
-    unsigned char *p = malloc(len ? len : 1);
-    cl_fill(p, len, seed);
-    return p;
-}
-
-static void assert_get_equals(moonlet_client *c, const char *key, const char *tenant,
-                              const void *want, size_t size)
-{
-    unsigned char *got = malloc(size ? size : 1);
-    size_t len = 999;
-    int rc = moonlet_client_get(c, key, got, size, &len, tenant);
-    if (rc)
-        fail_msg("get %s: %s", key, moonlet_strerror(rc));
-    assert_int_equal(len, size);
-    assert_memory_equal(got, want, size);
-    free(got);
-}
-
 /* ---- pure decisions ----------------------------------------------------------- */
 
 static void test_lease_decision(void **state)
@@ -184,10 +164,10 @@ static void test_round_trip(void **state)
     for (size_t i = 0; i < 4; i++) {
         char key[64];
         snprintf(key, sizeof(key), "rt/%zu", sizes[i]);
-        unsigned char *data = random_bytes(sizes[i], i + 1);
+        unsigned char *data = cl_random_bytes(sizes[i], i + 1);
         assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL), MOONLET_OK);
         assert_int_equal(cl_replicas(g_mc, NULL, key), 1); /* replica_num defaults to 1 */
-        assert_get_equals(g_cli, key, NULL, data, sizes[i]);
+        cl_assert_get_equals(g_cli, key, NULL, data, sizes[i]);
         void *p = NULL;
         size_t len = 7;
         assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
@@ -244,10 +224,10 @@ static void test_tenants(void **state)
     moonlet_put_options in_b = {.tenant = "tenant-b"};
     assert_int_equal(moonlet_client_put(g_cli, "shared-name", "bbb", 3, &in_b), MOONLET_OK);
     assert_int_equal(moonlet_client_put(g_cli, "shared-name", "ddd", 3, NULL), MOONLET_OK);
-    assert_get_equals(g_cli, "shared-name", NULL, "ddd", 3);
-    assert_get_equals(g_cli, "shared-name", "tenant-b", "bbb", 3);
-    assert_get_equals(other, "shared-name", NULL, "bbb", 3); /* its default tenant */
-    assert_get_equals(other, "shared-name", "default", "ddd", 3);
+    cl_assert_get_equals(g_cli, "shared-name", NULL, "ddd", 3);
+    cl_assert_get_equals(g_cli, "shared-name", "tenant-b", "bbb", 3);
+    cl_assert_get_equals(other, "shared-name", NULL, "bbb", 3); /* its default tenant */
+    cl_assert_get_equals(other, "shared-name", "default", "ddd", 3);
     int32_t r[1];
     const char *k[] = {"shared-name"};
     assert_int_equal(moonlet_client_batch_exist_key(other, k, 1, r, "nobody"), MOONLET_OK);
@@ -264,10 +244,10 @@ static void test_upsert(void **state)
     (void)state;
     assert_int_equal(moonlet_client_upsert(g_cli, "up", "first", 5, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_upsert(g_cli, "up", "second!", 7, NULL), MOONLET_OK);
-    assert_get_equals(g_cli, "up", NULL, "second!", 7); /* leases it */
+    cl_assert_get_equals(g_cli, "up", NULL, "second!", 7); /* leases it */
     assert_int_equal(moonlet_client_upsert(g_cli, "up", "third", 5, NULL),
                      MOONLET_ERR_OBJECT_HAS_LEASE);
-    assert_get_equals(g_cli, "up", NULL, "second!", 7);
+    cl_assert_get_equals(g_cli, "up", NULL, "second!", 7);
 }
 
 /* ---- registered buffers --------------------------------------------------------------- */
@@ -276,7 +256,7 @@ static void test_registered_buffers(void **state)
 {
     (void)state;
     const size_t mb = 1u << 20;
-    unsigned char *src = random_bytes(2 * mb, 77);
+    unsigned char *src = cl_random_bytes(2 * mb, 77);
     unsigned char *dst = calloc(1, 2 * mb);
     size_t len = 0;
     /* unregistered memory is refused before anything happens */
@@ -417,9 +397,9 @@ static void test_staging_path(void **state)
     for (int i = 0; i < 2; i++) {
         char key[64];
         snprintf(key, sizeof(key), "staged/%zu", sizes[i]);
-        unsigned char *data = random_bytes(sizes[i], 40 + (uint64_t)i);
+        unsigned char *data = cl_random_bytes(sizes[i], 40 + (uint64_t)i);
         assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL), MOONLET_OK);
-        assert_get_equals(g_cli, key, NULL, data, sizes[i]);
+        cl_assert_get_equals(g_cli, key, NULL, data, sizes[i]);
         void *p;
         size_t len;
         assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
@@ -428,22 +408,22 @@ static void test_staging_path(void **state)
         free(data);
     }
     /* memory already registered is used as is */
-    unsigned char *reg = random_bytes(8192, 9);
+    unsigned char *reg = cl_random_bytes(8192, 9);
     assert_int_equal(moonlet_client_register_buffer(g_cli, reg, 8192), MOONLET_OK);
     assert_int_equal(moonlet_client_put(g_cli, "staged/reg", reg, 8192, NULL), MOONLET_OK);
-    assert_get_equals(g_cli, "staged/reg", NULL, reg, 8192);
+    cl_assert_get_equals(g_cli, "staged/reg", NULL, reg, 8192);
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, reg), MOONLET_OK);
     free(reg);
     /* bounce buffers are registered once and reused, not per call */
     uint64_t regs0, regs1;
     size_t idle;
     moonlet_client_stage_stats(g_cli, &regs0, &idle);
-    unsigned char *d = random_bytes(100000, 77);
+    unsigned char *d = cl_random_bytes(100000, 77);
     for (int i = 0; i < 20; i++) {
         char key[64];
         snprintf(key, sizeof(key), "staged/reuse/%d", i);
         assert_int_equal(moonlet_client_put(g_cli, key, d, 100000, NULL), MOONLET_OK);
-        assert_get_equals(g_cli, key, NULL, d, 100000);
+        cl_assert_get_equals(g_cli, key, NULL, d, 100000);
     }
     free(d);
     moonlet_client_stage_stats(g_cli, &regs1, &idle);
@@ -469,7 +449,7 @@ static void test_local_segment(void **state)
     assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof(own)), MOONLET_OK);
     assert_int_equal(moonlet_client_local_endpoint(c, own, 4), MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(cl_segments(g_mc), 3);
-    unsigned char *data = random_bytes(1u << 20, 55);
+    unsigned char *data = cl_random_bytes(1u << 20, 55);
     moonlet_put_options three = {.replica_num = 3};
     assert_int_equal(moonlet_client_put(c, "local/k", data, 1u << 20, &three), MOONLET_OK);
     /* With both store processes frozen, only the local replica can answer:
@@ -487,11 +467,11 @@ static void test_local_segment(void **state)
     assert_true(took < 1000);
     assert_memory_equal(got, data, 1u << 20);
     /* the pure client reads it too */
-    assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
+    cl_assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
     moonlet_client_destroy(c);
     assert_int_equal(cl_segments(g_mc), 2); /* destroy unmounted it */
     assert_int_equal(cl_replicas(g_mc, NULL, "local/k"), 2);
-    assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
+    cl_assert_get_equals(g_cli, "local/k", NULL, data, 1u << 20);
     free(got);
     free(data);
 }
@@ -500,7 +480,7 @@ static void *hammer(void *arg)
 {
     int id = (int)(intptr_t)arg;
     intptr_t bad = 0;
-    unsigned char *data = random_bytes(65536, 100 + (uint64_t)id), *got = malloc(65536);
+    unsigned char *data = cl_random_bytes(65536, 100 + (uint64_t)id), *got = malloc(65536);
     for (int i = 0; i < 40; i++) {
         char key[64];
         snprintf(key, sizeof(key), "conc/%d/%d", id, i);
@@ -615,7 +595,7 @@ static void test_lease_expired(void **state)
     (void)state;
     moonlet_client *c = new_client(g_lmaster.addr, NULL, NULL);
     const size_t big = 32u << 20;
-    unsigned char *data = random_bytes(big, 11), *got = malloc(big);
+    unsigned char *data = cl_random_bytes(big, 11), *got = malloc(big);
     assert_int_equal(moonlet_client_put(c, "big", data, big, NULL), MOONLET_OK);
     size_t len = 0;
     assert_int_equal(moonlet_client_get(c, "big", got, big, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
@@ -664,9 +644,9 @@ static void test_auth_token(void **state)
     cfg.auth_token = "wrong";
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_ILLEGAL_CLIENT);
     c = new_client(m.addr, NULL, "t0ken");
-    unsigned char *data = random_bytes(1u << 20, 21);
+    unsigned char *data = cl_random_bytes(1u << 20, 21);
     assert_int_equal(moonlet_client_put(c, "secret", data, 1u << 20, NULL), MOONLET_OK);
-    assert_get_equals(c, "secret", NULL, data, 1u << 20);
+    cl_assert_get_equals(c, "secret", NULL, data, 1u << 20);
     /* the store's data endpoint refuses a peer without the token */
     moonlet_replica_list l;
     moonlet_master_client_opts mo = {.auth_token = "t0ken"};
@@ -741,12 +721,12 @@ static void test_checksum_corrupted_replica(void **state)
     uint8_t *seg = moonlet_client_local_segment_base(c);
     assert_non_null(seg);
     const size_t n = 64u << 10;
-    unsigned char *data = random_bytes(n, 77), *got = malloc(n);
+    unsigned char *data = cl_random_bytes(n, 77), *got = malloc(n);
 
     /* The only segment is the local one: a corrupted replica is an error on
      * every get path, never success with the wrong bytes. */
     assert_int_equal(moonlet_client_put(c, "ck/a", data, n, NULL), MOONLET_OK);
-    assert_get_equals(c, "ck/a", NULL, data, n);
+    cl_assert_get_equals(c, "ck/a", NULL, data, n);
     seg[replica_offset_at("ck/a", own) + 100] ^= 0x01;
     size_t len = 0;
     assert_int_equal(moonlet_client_get(c, "ck/a", got, n, &len, NULL), MOONLET_ERR_INVALID_READ);
@@ -778,7 +758,7 @@ static void test_checksum_corrupted_replica(void **state)
     assert_int_equal(moonlet_client_upsert(c, "ck/upsert", data, n, NULL), MOONLET_OK);
     const char *corrupt[] = {"ck/from", "ck/batch", "ck/upsert"};
     for (int i = 0; i < 3; i++) {
-        assert_get_equals(c, corrupt[i], NULL, data, n);
+        cl_assert_get_equals(c, corrupt[i], NULL, data, n);
         seg[replica_offset_at(corrupt[i], own) + (size_t)i * 1000] ^= 0x80;
         assert_int_equal(moonlet_client_get(c, corrupt[i], got, n, &len, NULL),
                          MOONLET_ERR_INVALID_READ);
@@ -799,7 +779,7 @@ static void test_checksum_corrupted_replica(void **state)
     moonlet_put_options two = {.replica_num = 2};
     assert_int_equal(moonlet_client_put(c, "ck/two", data, n, &two), MOONLET_OK);
     seg[replica_offset_at("ck/two", own) + 5] ^= 0x10;
-    assert_get_equals(c, "ck/two", NULL, data, n);
+    cl_assert_get_equals(c, "ck/two", NULL, data, n);
     free(got);
     free(data);
     moonlet_client_destroy(c);

@@ -44,30 +44,6 @@ static moonlet_client *g_dc; /* a DummyClient with a 1 MiB staging area */
 
 /* ---- fixture ------------------------------------------------------------------ */
 
-/* Reads lines from p's stdout until one starts with `prefix` (bounded). */
-static bool wait_line(test_proc *p, const char *prefix, int timeout_ms)
-{
-    char line[512];
-    size_t len = 0;
-    long long deadline = proc_now_ms() + timeout_ms;
-    while (proc_now_ms() < deadline && len < sizeof(line) - 1) {
-        struct pollfd pfd = {.fd = p->out_fd, .events = POLLIN};
-        if (poll(&pfd, 1, 50) <= 0)
-            continue;
-        if (read(p->out_fd, line + len, 1) != 1)
-            return false;
-        if (line[len] == '\n') {
-            line[len] = 0;
-            if (strncmp(line, prefix, strlen(prefix)) == 0)
-                return true;
-            len = 0;
-            continue;
-        }
-        len++;
-    }
-    return false;
-}
-
 /* moonlet-store --serve-dummy path over TCP, plus `extra` flags; 0 once it
  * serves. */
 static int start_real(test_proc *p, const char *path, const char *size, const char *const *extra)
@@ -82,7 +58,7 @@ static int start_real(test_proc *p, const char *path, const char *size, const ch
         return -1;
     char want[160];
     snprintf(want, sizeof(want), "serving dummy clients on %s", path);
-    if (!wait_line(p, want, 5000)) {
+    if (!proc_wait_line(p, want, 5000)) {
         proc_stop(p);
         return -1;
     }
@@ -125,26 +101,6 @@ static int teardown(void **state)
     if (rc != 0)
         fprintf(stderr, "moonlet-store --serve-dummy exited %d on SIGTERM\n", rc);
     return rc == 0 && access(g_sock, F_OK) != 0 ? 0 : -1; /* exit 0, socket removed */
-}
-
-static unsigned char *random_bytes(size_t len, uint64_t seed)
-{
-    unsigned char *p = malloc(len ? len : 1);
-    cl_fill(p, len, seed);
-    return p;
-}
-
-static void assert_get_equals(moonlet_client *c, const char *key, const char *tenant,
-                              const void *want, size_t size)
-{
-    unsigned char *got = malloc(size ? size : 1);
-    size_t len = 999;
-    int rc = moonlet_client_get(c, key, got, size, &len, tenant);
-    if (rc)
-        fail_msg("get %s: %s", key, moonlet_strerror(rc));
-    assert_int_equal(len, size);
-    assert_memory_equal(got, want, size);
-    free(got);
 }
 
 /* lease_remaining_ms of a key through moonlet_client_inspect_key; -1 when absent. */
@@ -199,13 +155,13 @@ static void test_roundtrip_sizes(void **state)
                 continue; /* one 64 MiB object per path is enough: see below */
             char key[64];
             snprintf(key, sizeof(key), "rt/%zu/%d", sizes[i], which);
-            unsigned char *data = random_bytes(sizes[i], i * 2 + (size_t)which + 1);
+            unsigned char *data = cl_random_bytes(sizes[i], i * 2 + (size_t)which + 1);
             int rc = moonlet_client_put(c, key, data, sizes[i], NULL);
             if (rc)
                 fail_msg("put %s: %s", key, moonlet_strerror(rc));
-            assert_get_equals(c, key, NULL, data, sizes[i]);
+            cl_assert_get_equals(c, key, NULL, data, sizes[i]);
             /* the other DummyClient reads it too: the bytes are in the store */
-            assert_get_equals(which ? g_dc : big, key, NULL, data, sizes[i]);
+            cl_assert_get_equals(which ? g_dc : big, key, NULL, data, sizes[i]);
             void *a = NULL;
             size_t alen = 1;
             assert_int_equal(moonlet_client_get_alloc(c, key, &a, &alen, NULL), MOONLET_OK);
@@ -233,9 +189,9 @@ static void test_roundtrip_sizes(void **state)
     }
     /* 64 MiB through the 1 MiB-staging client, into a buffer far larger than
      * staging: the one-off path, both directions */
-    unsigned char *data = random_bytes(64 * MiB, 77);
+    unsigned char *data = cl_random_bytes(64 * MiB, 77);
     assert_int_equal(moonlet_client_put(g_dc, "rt/64m", data, 64 * MiB, NULL), MOONLET_OK);
-    assert_get_equals(g_dc, "rt/64m", NULL, data, 64 * MiB);
+    cl_assert_get_equals(g_dc, "rt/64m", NULL, data, 64 * MiB);
     free(data);
     moonlet_client_destroy(big);
 }
@@ -279,7 +235,7 @@ static void test_skip_checksum_forwarded(void **state)
     assert_true(master_has_checksum("ck/default"));
     assert_false(master_has_checksum("ck/skip"));
     assert_false(master_has_checksum("ck/batch-skip"));
-    assert_get_equals(g_dc, "ck/skip", NULL, data, sizeof(data));
+    cl_assert_get_equals(g_dc, "ck/skip", NULL, data, sizeof(data));
 }
 
 /* The same call on the DummyClient and on a real client of the same master
@@ -323,7 +279,7 @@ static void test_errors_pass_through(void **state)
         assert_int_equal(moonlet_client_upsert(c, key, "one", 3, NULL), MOONLET_OK);
         assert_int_equal(moonlet_client_remove(c, key, NULL), MOONLET_OK);
         assert_int_equal(moonlet_client_upsert(c, key, "two!", 4, NULL), MOONLET_OK);
-        assert_get_equals(c, key, NULL, "two!", 4); /* the get leased it */
+        cl_assert_get_equals(c, key, NULL, "two!", 4); /* the get leased it */
         got[b][k++] = moonlet_client_upsert(c, key, "three", 5, NULL);
         got[b][k++] = moonlet_client_remove(c, key, NULL);
         /* NULL arguments are refused (the DummyClient sends nothing) */
@@ -494,9 +450,9 @@ static void test_tenant_isolation(void **state)
     moonlet_put_options ob = {.tenant = "tenant-b"};
     assert_int_equal(moonlet_client_put(ta, "same", "AAAA", 4, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_put(ta, "same", "BBBBBB", 6, &ob), MOONLET_OK);
-    assert_get_equals(ta, "same", NULL, "AAAA", 4);
-    assert_get_equals(ta, "same", "tenant-b", "BBBBBB", 6);
-    assert_get_equals(g_dc, "same", "tenant-a", "AAAA", 4);
+    cl_assert_get_equals(ta, "same", NULL, "AAAA", 4);
+    cl_assert_get_equals(ta, "same", "tenant-b", "BBBBBB", 6);
+    cl_assert_get_equals(g_dc, "same", "tenant-a", "AAAA", 4);
     char buf[8];
     size_t len;
     assert_int_equal(moonlet_client_get(g_dc, "same", buf, sizeof(buf), &len, NULL),
@@ -573,16 +529,16 @@ static void test_shared_and_registered(void **state)
     assert_int_equal(moonlet_client_get_into(c, "sh/a", sh + 3 * MiB + 200, MiB - 200, &len, NULL),
                      MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(len, 3 * MiB);
-    unsigned char *want = random_bytes(4 * MiB, 5);
+    unsigned char *want = cl_random_bytes(4 * MiB, 5);
     assert_memory_equal(sh + 100, want + 100, 3 * MiB);
-    assert_get_equals(g_dc, "sh/a", NULL, want + 100, 3 * MiB);
+    cl_assert_get_equals(g_dc, "sh/a", NULL, want + 100, 3 * MiB);
     assert_int_equal(moonlet_client_put(g_dc, "sh/b", want, 700 * 1024, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_get_into(c, "sh/b", sh + 1, 4 * MiB - 1, &len, NULL),
                      MOONLET_OK);
     assert_int_equal(len, 700 * 1024);
     assert_memory_equal(sh + 1, want, 700 * 1024);
     /* the copying calls accept shared memory as any memory */
-    assert_get_equals(c, "sh/b", NULL, want, 700 * 1024);
+    cl_assert_get_equals(c, "sh/b", NULL, want, 700 * 1024);
 
     /* registered caller memory: accepted, copied through staging (also in
      * one-off areas: 2 MiB > the 256 KiB staging) */
@@ -672,8 +628,8 @@ static void test_shared_real_backend(void **state)
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "replicas")), 1);
     assert_int_equal((int)cJSON_GetNumberValue(cJSON_GetObjectItem(j, "lease_remaining_ms")), 0);
     cJSON_Delete(j);
-    unsigned char *want = random_bytes(100000, 8);
-    assert_get_equals(g_dc, "realsh", NULL, want, 100000);
+    unsigned char *want = cl_random_bytes(100000, 8);
+    cl_assert_get_equals(g_dc, "realsh", NULL, want, 100000);
     assert_true(lease_ms(real, "realsh", NULL) > 0);
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_OK);
     assert_int_equal(moonlet_client_free_shared(real, p), MOONLET_ERR_INVALID_PARAMS);
@@ -833,13 +789,13 @@ static void test_real_client_api(void **state)
     w.conns = 1;
     w.regions = 1;
     assert_true(cl_wait(rc_reached, &w, 2000));
-    assert_get_equals(d, "lib/own", NULL, "owner", 5);
+    cl_assert_get_equals(d, "lib/own", NULL, "owner", 5);
     void *sh = NULL;
     assert_int_equal(moonlet_client_alloc_shared(d, 8192, &sh), MOONLET_OK);
     memcpy(sh, "shared", 6);
     assert_int_equal(moonlet_client_put_from(d, "lib/sh", sh, 6, NULL), MOONLET_OK);
     assert_int_equal(moonlet_real_client_regions(rc), 2);
-    assert_get_equals(own, "lib/sh", NULL, "shared", 6);
+    cl_assert_get_equals(own, "lib/sh", NULL, "shared", 6);
     moonlet_client_destroy(d); /* without free_shared: the connection's close unmaps all */
     w.conns = 0;
     w.regions = 0;
@@ -854,7 +810,7 @@ static void test_real_client_api(void **state)
     /* a RealClient serving the path again: the same DummyClient reconnects */
     assert_int_equal(moonlet_real_client_create(&cfg, path, NULL, &rc), MOONLET_OK);
     assert_int_equal(moonlet_client_put(d, "lib/again", "again", 5, NULL), MOONLET_OK);
-    assert_get_equals(d, "lib/again", NULL, "again", 5);
+    cl_assert_get_equals(d, "lib/again", NULL, "again", 5);
     moonlet_client_destroy(d);
     moonlet_real_client_destroy(rc);
     moonlet_real_client_destroy(NULL);
@@ -976,7 +932,7 @@ static void test_bad_input(void **state)
     assert_int_equal(raw_put(r, "bad/end", 6, 0, 1, NULL), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(raw_put(r, "bad/end", 5, R - 10, 10, &first), MOONLET_OK);
     assert_int_equal(first, MOONLET_OK);
-    assert_get_equals(g_dc, "bad/end", NULL, mem + R - 10, 10);
+    cl_assert_get_equals(g_dc, "bad/end", NULL, mem + R - 10, 10);
     bool yes = true;
 
     /* wrong types and shapes, keys with NUL bytes */
@@ -1066,9 +1022,9 @@ static void test_bad_input(void **state)
     munmap(mem, R);
     close(good);
     assert_int_equal(waitpid(g_real.pid, NULL, WNOHANG), 0); /* still running */
-    unsigned char *data = random_bytes(3000, 9);
+    unsigned char *data = cl_random_bytes(3000, 9);
     assert_int_equal(moonlet_client_put(g_dc, "bad/alive", data, 3000, NULL), MOONLET_OK);
-    assert_get_equals(g_dc, "bad/alive", NULL, data, 3000);
+    cl_assert_get_equals(g_dc, "bad/alive", NULL, data, 3000);
     free(data);
 }
 
@@ -1134,7 +1090,7 @@ static void *slow_get_main(void *arg)
 static void test_real_client_killed(void **state)
 {
     (void)state;
-    unsigned char *data = random_bytes(64 * MiB, 11);
+    unsigned char *data = cl_random_bytes(64 * MiB, 11);
     assert_int_equal(moonlet_client_put(g_dc, "kill/64m", data, 64 * MiB, NULL), MOONLET_OK);
     char path[108];
     snprintf(path, sizeof(path), "/tmp/moonlet-test-dummy-%ld-kill.sock", (long)getpid());
@@ -1142,7 +1098,7 @@ static void test_real_client_killed(void **state)
     assert_int_equal(start_real(&b, path, "16MiB", NULL), 0);
     moonlet_client *quick = new_dummy(path, 0, 1000, NULL);
     slow_call s = {.c = new_dummy(path, 0, 8000, NULL), .buf = malloc(64 * MiB)};
-    assert_get_equals(s.c, "kill/64m", NULL, data, 64 * MiB); /* it serves */
+    cl_assert_get_equals(s.c, "kill/64m", NULL, data, 64 * MiB); /* it serves */
 
     /* stopped: no answer within the DummyClient's timeout.  kill() only
      * starts the group stop; waitpid(WUNTRACED) returns once every thread of

@@ -41,11 +41,7 @@ static int setup(void **state)
         return -1;
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    return moonlet_client_create(&cfg, &g_cli) ? -1 : 0;
+    return cl_client_create(g_master.addr, 0, &g_cli);
 }
 
 static int teardown(void **state)

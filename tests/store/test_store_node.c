@@ -48,12 +48,7 @@ static int connect_clients(void)
 {
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    cfg.transfer_timeout_ms = 3000;
-    return moonlet_client_create(&cfg, &g_cli) ? -1 : 0;
+    return cl_client_create(g_master.addr, 3000, &g_cli);
 }
 
 static int setup(void **state)
