@@ -16,6 +16,7 @@
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "proc.h"
+#include "store_node.h"
 
 #define CL_MAX_ARGS 40
 
@@ -174,6 +175,19 @@ static inline int cl_client_create(const char *master_addr, uint32_t transfer_ti
     if (transfer_timeout_ms)
         cfg.transfer_timeout_ms = transfer_timeout_ms;
     return moonlet_client_create(&cfg, out) ? -1 : 0;
+}
+
+/* An in-process store node's configuration: the defaults, the master at
+ * master_addr, a TCP segment of segment_size, memory not locked (tests run
+ * without CAP_IPC_LOCK). */
+static inline void cl_node_config(moonlet_store_node_config *cfg, const char *master_addr,
+                                  uint64_t segment_size)
+{
+    moonlet_store_node_config_default(cfg);
+    cfg->master_addr = master_addr;
+    cfg->segment_size = segment_size;
+    cfg->protocol = MOONLET_XFER_TCP;
+    cfg->lock_memory = false;
 }
 
 /* len bytes of cl_fill(seed) in a new buffer (at least 1 byte); free() it. */

@@ -76,13 +76,9 @@ static void test_impostor_refused(void **state)
 static moonlet_store_node *node_new(const char *id, const char *listen, int *rc)
 {
     moonlet_store_node_config cfg;
-    moonlet_store_node_config_default(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.segment_size = 1u << 20;
-    cfg.protocol = MOONLET_XFER_TCP;
+    cl_node_config(&cfg, g_master.addr, 1u << 20);
     cfg.client_id = id;
     cfg.ping_interval_ms = 100;
-    cfg.lock_memory = false;
     cfg.huge_pages = false;
     if (listen)
         cfg.listen_addr = listen;

@@ -114,13 +114,9 @@ static void test_in_process_node(void **state)
     (void)state;
     int before = cl_segments(g_mc);
     moonlet_store_node_config cfg;
-    moonlet_store_node_config_default(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.segment_size = 4u << 20;
-    cfg.protocol = MOONLET_XFER_TCP;
+    cl_node_config(&cfg, g_master.addr, 4u << 20);
     cfg.client_id = "in-process-node";
     cfg.ping_interval_ms = 50;
-    cfg.lock_memory = false;
     moonlet_store_node *n;
     assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_OK);
     assert_int_equal(cl_segments(g_mc), before + 1);
@@ -170,11 +166,7 @@ static void test_advertise_in_process(void **state)
     (void)state;
     int before = cl_segments(g_mc);
     moonlet_store_node_config cfg;
-    moonlet_store_node_config_default(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.segment_size = 4u << 20;
-    cfg.protocol = MOONLET_XFER_TCP;
-    cfg.lock_memory = false;
+    cl_node_config(&cfg, g_master.addr, 4u << 20);
     cfg.advertise_addr = "nocolon";
     moonlet_store_node *n;
     assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_ERR_INVALID_PARAMS);
