@@ -483,7 +483,7 @@ typedef struct reader_arg {
     fixture *f;
     const moonlet_xfer_segment_info *si;
     uint8_t *dst;
-    volatile int started;
+    volatile int reads_done; /* published for the test thread */
     int rc;
     uint64_t fail_call_ms; /* duration of the call that failed */
     int calls;
@@ -500,7 +500,7 @@ static void *reader_main(void *p)
                                   a->si->size);
         a->fail_call_ms = moonlet_mono_ms() - t0;
         a->calls++;
-        __atomic_store_n(&a->started, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&a->reads_done, a->calls, __ATOMIC_RELEASE);
     }
     return NULL;
 }
@@ -517,9 +517,10 @@ static void test_peer_gone(void **state)
     reader_arg a = {.f = f, .si = &si, .dst = f->loc};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, reader_main, &a), 0);
-    for (int i = 0; i < 1000 && !__atomic_load_n(&a.started, __ATOMIC_ACQUIRE); i++)
+    /* two reads done: the reader streams one read after another now */
+    for (int i = 0; i < 1000 && __atomic_load_n(&a.reads_done, __ATOMIC_ACQUIRE) < 2; i++)
         usleep(5000);
-    usleep(20000);
+    assert_true(__atomic_load_n(&a.reads_done, __ATOMIC_ACQUIRE) >= 2);
     moonlet_xfer_destroy(srv); /* closes every connection, mid-transfer or not */
     pthread_join(th, NULL);
     assert_int_equal(a.rc, MOONLET_ERR_TRANSFER_FAIL);
