@@ -28,10 +28,13 @@
 
 typedef struct moonlet_master moonlet_master;
 
+#ifndef MOONLET_STR_DEFINED /* the same type as transport/rpc_args.h's */
+#define MOONLET_STR_DEFINED
 typedef struct moonlet_str {
     const char *ptr;
     uint32_t len;
 } moonlet_str;
+#endif
 
 #define MOONLET_STR(s) ((moonlet_str){(s), (uint32_t)strlen(s)})
 

@@ -788,22 +788,22 @@ static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
 }
 
 static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_DM_ATTACH, "Attach", h_attach},
-    {MOONLET_DM_DETACH, "Detach", h_detach},
-    {MOONLET_DM_PUT, "Put", h_put},
-    {MOONLET_DM_UPSERT, "Upsert", h_put},
-    {MOONLET_DM_GET, "Get", h_get},
-    {MOONLET_DM_GET_SIZE, "GetSize", h_key},
-    {MOONLET_DM_REMOVE, "Remove", h_key},
-    {MOONLET_DM_REMOVE_ALL, "RemoveAll", h_remove_all},
-    {MOONLET_DM_EXIST_KEY, "ExistKey", h_key},
-    {MOONLET_DM_PROBE_KEY, "ProbeKey", h_key},
-    {MOONLET_DM_BATCH_EXIST_KEY, "BatchExistKey", h_batch_keys},
-    {MOONLET_DM_BATCH_PROBE_KEY, "BatchProbeKey", h_batch_keys},
-    {MOONLET_DM_BATCH_PUT, "BatchPut", h_batch_put},
-    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get},
-    {MOONLET_DM_INSPECT_KEY, "InspectKey", h_key},
-    {MOONLET_DM_PROBE_RESUME, "ProbeResume", h_probe_resume},
+    {MOONLET_DM_ATTACH, "Attach", h_attach, NULL},
+    {MOONLET_DM_DETACH, "Detach", h_detach, NULL},
+    {MOONLET_DM_PUT, "Put", h_put, NULL},
+    {MOONLET_DM_UPSERT, "Upsert", h_put, NULL},
+    {MOONLET_DM_GET, "Get", h_get, NULL},
+    {MOONLET_DM_GET_SIZE, "GetSize", h_key, NULL},
+    {MOONLET_DM_REMOVE, "Remove", h_key, NULL},
+    {MOONLET_DM_REMOVE_ALL, "RemoveAll", h_remove_all, NULL},
+    {MOONLET_DM_EXIST_KEY, "ExistKey", h_key, NULL},
+    {MOONLET_DM_PROBE_KEY, "ProbeKey", h_key, NULL},
+    {MOONLET_DM_BATCH_EXIST_KEY, "BatchExistKey", h_batch_keys, NULL},
+    {MOONLET_DM_BATCH_PROBE_KEY, "BatchProbeKey", h_batch_keys, NULL},
+    {MOONLET_DM_BATCH_PUT, "BatchPut", h_batch_put, NULL},
+    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get, NULL},
+    {MOONLET_DM_INSPECT_KEY, "InspectKey", h_key, NULL},
+    {MOONLET_DM_PROBE_RESUME, "ProbeResume", h_probe_resume, NULL},
 };
 
 /* ---- create / destroy ------------------------------------------------------------------------ */

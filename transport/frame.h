@@ -27,7 +27,9 @@
 
 #define MOONLET_FRAME_HEADER_BYTES 4u
 #define MOONLET_DEFAULT_MAX_FRAME (64u << 20) /* 64 MiB */
-#define MOONLET_MAX_KEY_LEN 4096u
+/* The one method id the RPC layer itself serves (rpc_server.h): AUTH [token].
+ * Every protocol on these frames leaves id 1 to it. */
+#define MOONLET_RPC_AUTH 1u
 
 /* Writes the header for a body of `body_len` bytes. */
 void moonlet_frame_header_encode(uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], uint32_t body_len);
