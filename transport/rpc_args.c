@@ -218,12 +218,14 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
         switch (a->kind) {
         case MOONLET_ARG_STR: {
             const moonlet_str *s = CFIELD(st, a, moonlet_str);
-            moonlet_pack_str(pk, s->ptr ? s->ptr : "", s->ptr ? s->len : 0);
+            if (s->ptr)
+                moonlet_pack_str(pk, s->ptr, s->len);
+            else
+                msgpack_pack_nil(pk); /* refused by the decoder, as a missing argument */
             break;
         }
         case MOONLET_ARG_CSTR: {
-            const char *s = *CFIELD(st, a, const char *);
-            moonlet_pack_cstr(pk, s ? s : "");
+            moonlet_pack_cstr(pk, *CFIELD(st, a, const char *)); /* NULL: nil */
             break;
         }
         case MOONLET_ARG_BIN: {
@@ -244,7 +246,7 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
                 if (v->v)
                     moonlet_pack_str(pk, v->v[k].ptr, v->v[k].len);
                 else
-                    moonlet_pack_cstr(pk, v->cv[k] ? v->cv[k] : "");
+                    moonlet_pack_cstr(pk, v->cv[k]); /* NULL: nil */
             }
             break;
         }
