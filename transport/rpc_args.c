@@ -13,6 +13,8 @@
 #define FIELD(st, a, T) ((T *)((char *)(st) + (a)->offset))
 #define CFIELD(st, a, T) ((const T *)((const char *)(st) + (a)->offset))
 
+typedef const char *cstr; /* a CSTR field */
+
 static uint32_t required_count(const moonlet_rpc_args_spec *s)
 {
     uint32_t n = 0;
@@ -91,7 +93,7 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
         if (len)
             memcpy(c, p, len);
         c[len] = 0;
-        *FIELD(st, a, const char *) = c;
+        *FIELD(st, a, cstr) = c;
         return MOONLET_OK;
     }
     case MOONLET_ARG_BIN:
@@ -191,7 +193,7 @@ static bool is_set(const moonlet_rpc_arg *a, const void *st)
     switch (a->kind) {
     case MOONLET_ARG_STR:
     case MOONLET_ARG_BIN: return CFIELD(st, a, moonlet_str)->ptr != NULL;
-    case MOONLET_ARG_CSTR: return *CFIELD(st, a, const char *) != NULL;
+    case MOONLET_ARG_CSTR: return *CFIELD(st, a, cstr) != NULL;
     case MOONLET_ARG_U64: return *CFIELD(st, a, uint64_t) != a->def;
     case MOONLET_ARG_BOOL: return *CFIELD(st, a, bool) != (a->def != 0);
     case MOONLET_ARG_STR_ARRAY: return CFIELD(st, a, moonlet_strv)->n != 0;
@@ -225,7 +227,7 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
             break;
         }
         case MOONLET_ARG_CSTR: {
-            moonlet_pack_cstr(pk, *CFIELD(st, a, const char *)); /* NULL: nil */
+            moonlet_pack_cstr(pk, *CFIELD(st, a, cstr)); /* NULL: nil */
             break;
         }
         case MOONLET_ARG_BIN: {
