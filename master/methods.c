@@ -137,8 +137,8 @@ SPEC(s_batch_exist, moonlet_args_batch_exist, batch_exist_args);
 SPEC(s_batch_probe, moonlet_args_batch_probe, batch_probe_args);
 SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
-static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false};
-static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true};
+static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
+static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
 
 const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_AUTH, "AUTH", &s_auth},

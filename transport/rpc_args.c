@@ -30,7 +30,7 @@ void moonlet_rpc_args_signature(const moonlet_rpc_args_spec *spec, char *buf, si
     o = w > 0 ? (size_t)w : 0;
     for (uint32_t i = 0; i < spec->nargs && o < cap; i++) {
         const moonlet_rpc_arg *a = &spec->args[i];
-        bool arr = a->kind == MOONLET_ARG_STR_ARRAY || a->kind == MOONLET_ARG_U64_ARRAY;
+        bool arr = a->kind >= MOONLET_ARG_STR_ARRAY;
         w = snprintf(buf + o, cap - o, "%s%s%s%s%s", i ? ", " : "", arr ? "[" : "", a->name,
                      arr ? "...]" : "", (a->flags & MOONLET_ARG_OPTIONAL) ? "?" : "");
         o += w > 0 ? (size_t)w : 0;
@@ -47,7 +47,9 @@ static const char *kind_text(const moonlet_rpc_arg *a)
     case MOONLET_ARG_BIN: return "a bin";
     case MOONLET_ARG_U64: return "an unsigned integer";
     case MOONLET_ARG_BOOL: return "a bool";
-    case MOONLET_ARG_STR_ARRAY: return "an array of strings";
+    case MOONLET_ARG_STR_ARRAY:
+    case MOONLET_ARG_CSTR_ARRAY: return "an array of strings";
+    case MOONLET_ARG_TUPLE_ARRAY: return "an array of arrays";
     default: return "an array of unsigned integers";
     }
 }
@@ -77,6 +79,11 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
     case MOONLET_ARG_CSTR: {
         const char *p;
         uint32_t len;
+        if (a->kind == MOONLET_ARG_CSTR && (a->flags & MOONLET_ARG_NULLABLE) && o &&
+            o->type == MSGPACK_OBJECT_NIL) {
+            *FIELD(st, a, cstr) = NULL;
+            return MOONLET_OK;
+        }
         if (moonlet_wire_str(args, i, &p, &len))
             return MOONLET_ERR_INVALID_PARAMS;
         if (a->max && len > a->max)
@@ -115,6 +122,8 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
     case MOONLET_ARG_BOOL:
         return moonlet_wire_bool(args, i, FIELD(st, a, bool));
     case MOONLET_ARG_STR_ARRAY:
+    case MOONLET_ARG_CSTR_ARRAY:
+    case MOONLET_ARG_TUPLE_ARRAY:
     case MOONLET_ARG_U64_ARRAY: {
         const msgpack_object *arr;
         if (moonlet_wire_array(args, i, &arr))
@@ -134,6 +143,48 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
                 if (moonlet_wire_u64(arr, k, &v[k]))
                     return MOONLET_ERR_INVALID_PARAMS;
             *FIELD(st, a, moonlet_u64v) = (moonlet_u64v){v, n};
+            return MOONLET_OK;
+        }
+        if (a->kind == MOONLET_ARG_TUPLE_ARRAY) {
+            size_t isz = a->item->size;
+            char *v = n ? msgpack_zone_malloc(zone, (size_t)n * isz) : NULL;
+            if (n && !v)
+                return MOONLET_ERR_INTERNAL_ERROR;
+            for (uint32_t k = 0; k < n; k++) {
+                char err[512];
+                int rc = moonlet_rpc_args_decode("", a->item, moonlet_wire_at(arr, k), zone, 0,
+                                                 v + k * isz, err, sizeof(err));
+                if (rc == MOONLET_ERR_INVALID_PARAMS) {
+                    char sig[256];
+                    moonlet_rpc_args_signature(a->item, sig, sizeof(sig));
+                    return WHY("element %u is not %s", k, sig);
+                }
+                if (rc)
+                    return rc;
+            }
+            *FIELD(st, a, moonlet_tuplev) = (moonlet_tuplev){v, n};
+            return MOONLET_OK;
+        }
+        if (a->kind == MOONLET_ARG_CSTR_ARRAY) {
+            char **v = msgpack_zone_malloc(zone, (size_t)(n ? n : 1) * sizeof(*v));
+            if (!v)
+                return MOONLET_ERR_INTERNAL_ERROR;
+            for (uint32_t k = 0; k < n; k++) {
+                const char *p;
+                uint32_t len;
+                if (moonlet_wire_str(arr, k, &p, &len))
+                    return MOONLET_ERR_INVALID_PARAMS;
+                if (a->elem_max && len > a->elem_max)
+                    return WHY("has an element longer than %u bytes", a->elem_max);
+                if (len && memchr(p, 0, len))
+                    return WHY("has an element with a NUL byte");
+                if (!(v[k] = msgpack_zone_malloc(zone, (size_t)len + 1)))
+                    return MOONLET_ERR_INTERNAL_ERROR;
+                if (len)
+                    memcpy(v[k], p, len);
+                v[k][len] = 0;
+            }
+            *FIELD(st, a, moonlet_cstrv) = (moonlet_cstrv){(const char *const *)v, n};
             return MOONLET_OK;
         }
         moonlet_str *v = n ? msgpack_zone_malloc(zone, (size_t)n * sizeof(*v)) : NULL;
@@ -173,7 +224,7 @@ int moonlet_rpc_args_decode(const char *name, const moonlet_rpc_args_spec *s,
                 *FIELD(out, a, bool) = a->def != 0;
             continue;
         }
-        char why[128] = "";
+        char why[512] = "";
         int rc = decode_one(a, args, i, zone, batch_cap, out, why, sizeof(why));
         if (rc == MOONLET_ERR_INTERNAL_ERROR) {
             snprintf(err, errcap, "out of memory");
@@ -197,6 +248,8 @@ static bool is_set(const moonlet_rpc_arg *a, const void *st)
     case MOONLET_ARG_U64: return *CFIELD(st, a, uint64_t) != a->def;
     case MOONLET_ARG_BOOL: return *CFIELD(st, a, bool) != (a->def != 0);
     case MOONLET_ARG_STR_ARRAY: return CFIELD(st, a, moonlet_strv)->n != 0;
+    case MOONLET_ARG_CSTR_ARRAY: return CFIELD(st, a, moonlet_cstrv)->n != 0;
+    case MOONLET_ARG_TUPLE_ARRAY: return CFIELD(st, a, moonlet_tuplev)->n != 0;
     default: return CFIELD(st, a, moonlet_u64v)->n != 0;
     }
 }
@@ -257,6 +310,24 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
             msgpack_pack_array(pk, v->n);
             for (uint32_t k = 0; k < v->n; k++)
                 msgpack_pack_uint64(pk, v->v[k]);
+            break;
+        }
+        case MOONLET_ARG_CSTR_ARRAY: {
+            const moonlet_cstrv *v = CFIELD(st, a, moonlet_cstrv);
+            msgpack_pack_array(pk, v->n);
+            for (uint32_t k = 0; k < v->n; k++)
+                moonlet_pack_cstr(pk, v->v[k]); /* NULL: nil */
+            break;
+        }
+        case MOONLET_ARG_TUPLE_ARRAY: {
+            const moonlet_tuplev *v = CFIELD(st, a, moonlet_tuplev);
+            msgpack_pack_array(pk, v->n);
+            for (uint32_t k = 0; k < v->n; k++) {
+                const void *it = (const char *)v->v + (size_t)k * a->item->size;
+                uint32_t m = moonlet_rpc_args_count(a->item, it);
+                msgpack_pack_array(pk, m);
+                moonlet_rpc_args_pack(a->item, it, m, pk);
+            }
             break;
         }
         }

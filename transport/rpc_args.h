@@ -51,6 +51,19 @@ typedef struct moonlet_u64v {
     uint32_t n;
 } moonlet_u64v;
 
+/* An array of NUL-terminated strings. */
+typedef struct moonlet_cstrv {
+    const char *const *v;
+    uint32_t n;
+} moonlet_cstrv;
+
+/* An array of tuples, each decoded into an args struct of the argument's
+ * `item` spec (v points at n structs of item->size bytes). */
+typedef struct moonlet_tuplev {
+    const void *v;
+    uint32_t n;
+} moonlet_tuplev;
+
 typedef enum moonlet_arg_kind {
     MOONLET_ARG_STR = 1,  /* moonlet_str: str or bin, at most `max` bytes (0: no bound) */
     MOONLET_ARG_CSTR,     /* const char *: str, no NUL byte, at most `max` bytes; NUL-terminated copy */
@@ -59,12 +72,17 @@ typedef enum moonlet_arg_kind {
     MOONLET_ARG_BOOL,     /* bool */
     MOONLET_ARG_STR_ARRAY,/* moonlet_strv: at most `max` elements, each at most `elem_max` bytes */
     MOONLET_ARG_U64_ARRAY,/* moonlet_u64v: at most `max` elements */
+    MOONLET_ARG_CSTR_ARRAY,  /* moonlet_cstrv: as STR_ARRAY, elements as CSTR */
+    MOONLET_ARG_TUPLE_ARRAY, /* moonlet_tuplev: at most `max` arrays, each decoded by `item` */
 } moonlet_arg_kind;
 
 /* flags */
 #define MOONLET_ARG_OPTIONAL 1u  /* trailing optional: this and every later argument */
 #define MOONLET_ARG_WITH_PREV 2u /* present exactly when the previous argument is */
 #define MOONLET_ARG_BATCH 4u     /* array bounded by the server's batch cap (decode's batch_cap) */
+#define MOONLET_ARG_NULLABLE 8u  /* CSTR: nil is accepted as NULL (packed as nil) */
+
+struct moonlet_rpc_args_spec;
 
 typedef struct moonlet_rpc_arg {
     const char *name;
@@ -74,6 +92,7 @@ typedef struct moonlet_rpc_arg {
     uint32_t elem_max;/* STR_ARRAY: bytes per element (0: no bound) */
     uint64_t max;     /* see the kinds */
     uint64_t def;     /* u64 / bool default when absent */
+    const struct moonlet_rpc_args_spec *item; /* TUPLE_ARRAY: each element's arguments */
 } moonlet_rpc_arg;
 
 typedef struct moonlet_rpc_args_spec {
@@ -81,6 +100,9 @@ typedef struct moonlet_rpc_args_spec {
     uint16_t nargs;
     uint16_t size;    /* sizeof the args struct */
     bool variadic;    /* more arguments than declared are accepted and ignored */
+    /* The request carries a file descriptor (rpc_server.h): when the
+     * arguments are refused, the server closes it before replying. */
+    bool takes_fd;
 } moonlet_rpc_args_spec;
 
 /* One method of a protocol's table. */
@@ -92,7 +114,7 @@ typedef struct moonlet_rpc_method_decl {
 
 #define MOONLET_RPC_ARGS_HEAD uint32_t nargs
 #define MOONLET_RPC_SPEC(T, arr, var)                                                          \
-    {(arr), (uint16_t)(sizeof(arr) / sizeof((arr)[0])), (uint16_t)sizeof(T), (var)}
+    {(arr), (uint16_t)(sizeof(arr) / sizeof((arr)[0])), (uint16_t)sizeof(T), (var), false}
 
 /*
  * Decodes `args` (the request's args array) into `out` (spec->size bytes)

@@ -289,6 +289,11 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
                                                 ctx.zone, s->max_batch, argv, err, sizeof(err))
                       : MOONLET_ERR_INTERNAL_ERROR;
         if (rc) {
+            if (m->spec->takes_fd) { /* the descriptor sent with the refused request */
+                int fd = moonlet_rpc_ctx_take_fd(&ctx);
+                if (fd >= 0)
+                    close(fd);
+            }
             reply_error(c, req->id, rc, "%s", argv ? err : "out of memory");
             return;
         }
