@@ -74,16 +74,9 @@ static void session_close(void *server_ctx, void *conn_data)
     if (!var)                                                                                  \
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory")
 
-/* A handler of method args type T: `a` is its request's arguments, decoded
- * and checked against the method table (methods.c) before it runs. */
-#define HANDLER(fn, T)                                                                          \
-    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out);               \
-    static int fn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)        \
-    {                                                                                           \
-        (void)args;                                                                             \
-        return fn##_typed(ctx, (const T *)ctx->argv, out);                                      \
-    }                                                                                           \
-    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out)
+/* Handlers get their arguments decoded and checked against the method
+ * table (methods.c) before they run, as `a` (rpc_server.h). */
+#define HANDLER MOONLET_RPC_HANDLER
 
 /* Per-key results, from the request's arena. */
 static int32_t *results_alloc(moonlet_rpc_ctx *ctx, size_t n)
@@ -331,34 +324,37 @@ HANDLER(h_exist, moonlet_args_key) { return single_exist(ctx, a, out, true); }
 
 HANDLER(h_probe, moonlet_args_key) { return single_exist(ctx, a, out, false); }
 
-HANDLER(h_batch_exist, moonlet_args_batch_exist)
+/* BatchExistKey (policy NULL: leases every hit) and BatchProbeKey. */
+static int batch_keys(moonlet_rpc_ctx *ctx, moonlet_str tenant,
+                      const moonlet_grant_lease_policy *policy, const moonlet_strv *keys,
+                      msgpack_packer *out)
 {
-    int32_t *results = results_alloc(ctx, a->keys.n);
+    int32_t *results = results_alloc(ctx, keys->n);
     if (!results)
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    int rc = moonlet_master_batch_exist_key(M(ctx), a->tenant, a->keys.v, a->keys.n, results);
+    int rc = policy ? moonlet_master_batch_probe_key(M(ctx), tenant, policy, keys->v, keys->n,
+                                                     results)
+                    : moonlet_master_batch_exist_key(M(ctx), tenant, keys->v, keys->n, results);
+    if (rc == MOONLET_ERR_INVALID_PARAMS && policy)
+        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %u, candidate_size "
+                                 "%llu) for %u keys", policy->lease_mode,
+                                 (unsigned long long)policy->candidate_size, keys->n);
     if (rc)
         return reply(out, rc);
-    pack_results(out, results, a->keys.n);
+    pack_results(out, results, keys->n);
     return MOONLET_OK;
+}
+
+HANDLER(h_batch_exist, moonlet_args_batch_exist)
+{
+    return batch_keys(ctx, a->tenant, NULL, &a->keys, out);
 }
 
 HANDLER(h_batch_probe, moonlet_args_batch_probe)
 {
-    int32_t *results = results_alloc(ctx, a->keys.n);
-    if (!results)
-        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)a->lease_mode,
                                     .candidate_size = a->candidate_size};
-    int rc = moonlet_master_batch_probe_key(M(ctx), a->tenant, &p, a->keys.v, a->keys.n, results);
-    if (rc == MOONLET_ERR_INVALID_PARAMS)
-        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
-                                 "%llu) for %u keys", (unsigned long long)a->lease_mode,
-                                 (unsigned long long)a->candidate_size, a->keys.n);
-    if (rc)
-        return reply(out, rc);
-    pack_results(out, results, a->keys.n);
-    return MOONLET_OK;
+    return batch_keys(ctx, a->tenant, &p, &a->keys, out);
 }
 
 /*

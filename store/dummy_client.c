@@ -965,18 +965,6 @@ static int batch_attach(moonlet_dummy *d, dchan *ch, const ditem *it, size_t n)
     return rc;
 }
 
-/* The items to send of a batch, as its argument (malloc'd; NULL when out of memory). */
-static moonlet_dm_item *batch_items(const char *const *keys, const ditem *it, size_t n,
-                                    size_t nsend, uint64_t area_id, const size_t *lens)
-{
-    moonlet_dm_item *v = malloc((nsend ? nsend : 1) * sizeof(*v));
-    for (size_t i = 0, j = 0; v && i < n; i++)
-        if (it[i].send)
-            v[j++] = (moonlet_dm_item){.key = keys[i], .region = it[i].s ? it[i].s->r.id : area_id,
-                                       .offset = it[i].off, .len = lens[i]};
-    return v;
-}
-
 /* A batch that failed as a whole (no per-item results came back): every
  * item that was to be sent gets the failure.  rc 0: nothing to do. */
 static void batch_fail(const ditem *it, size_t n, int32_t *results, int rc)
@@ -1019,48 +1007,100 @@ static bool scatter_results(const msgpack_object *res, uint32_t idx, const ditem
     return true;
 }
 
-int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
-                                 const void *const *bufs, const size_t *lens, size_t n,
-                                 const moonlet_put_options *opt, int32_t *results)
+/* The caller's arrays of a batch: INVALID_PARAMS when one is missing, a key
+ * is NULL or n does not fit the protocol. */
+static int batch_check(const char *const *keys, const void *bufs, const size_t *lens, size_t n,
+                       const int32_t *results)
 {
     if (n && (!keys || !bufs || !lens || !results))
         return MOONLET_ERR_INVALID_PARAMS;
     for (size_t i = 0; i < n; i++)
         if (!keys[i])
             return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
-        return MOONLET_ERR_INVALID_PARAMS;
-    ditem *it = calloc(n ? n : 1, sizeof(*it));
-    if (!it)
+    return n > UINT32_MAX ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
+}
+
+/* A batch put or get on its way. */
+typedef struct dbatch {
+    size_t n, nsend;
+    ditem *it;              /* where each item lives for the RealClient */
+    dchan *ch;              /* NULL: none acquired */
+    dregion one;            /* a one-off copy area, when staging is too small */
+    const dregion *area;    /* the copy area */
+    moonlet_dm_item *items; /* the items argument */
+} dbatch;
+
+/* Sorts the items, takes a channel, attaches the shared regions they use and
+ * a copy area for the rest.  0, or the error; dbatch_end() in every case. */
+static int dbatch_begin(moonlet_dummy *d, dbatch *b, const void *const *bufs, const size_t *lens,
+                        size_t n, int32_t *results)
+{
+    *b = (dbatch){.n = n, .one = {.fd = -1}};
+    if (!(b->it = calloc(n ? n : 1, sizeof(*b->it))))
         return MOONLET_ERR_INTERNAL_ERROR;
     size_t area_len;
-    size_t nsend = batch_plan(d, bufs, lens, n, results, it, &area_len);
-    bool filled = false;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
+    b->nsend = batch_plan(d, bufs, lens, n, results, b->it, &area_len);
+    int rc = chan_acquire(d, &b->ch);
     if (rc) {
-        batch_fail(it, n, results, rc);
-        free(it);
-        return first_error(results, n);
+        b->ch = NULL;
+        return rc;
     }
-    dregion one = {.fd = -1};
-    const dregion *area = &ch->stage;
-    rc = batch_attach(d, ch, it, n);
+    b->area = &b->ch->stage;
+    rc = batch_attach(d, b->ch, b->it, n);
     if (!rc && area_len)
-        rc = chan_area(d, ch, area_len, &one, &area);
+        rc = chan_area(d, b->ch, area_len, &b->one, &b->area);
+    return rc;
+}
+
+/* The items to send, as the call's argument: [key, region, offset, len]. */
+static int dbatch_items(dbatch *b, const char *const *keys, const size_t *lens)
+{
+    if (!(b->items = malloc((b->nsend ? b->nsend : 1) * sizeof(*b->items))))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0, j = 0; i < b->n; i++)
+        if (b->it[i].send)
+            b->items[j++] = (moonlet_dm_item){
+                .key = keys[i], .region = b->it[i].s ? b->it[i].s->r.id : b->area->id,
+                .offset = b->it[i].off, .len = lens[i]};
+    return MOONLET_OK;
+}
+
+/* Releases the batch; returns its result: rc when the per-item results came
+ * back (filled), else the first item error (each sent item failed with rc). */
+static int dbatch_end(moonlet_dummy *d, dbatch *b, int32_t *results, int rc, bool filled)
+{
+    if (!b->it)
+        return rc;
+    free(b->items);
+    if (b->ch) {
+        chan_area_end(b->ch, &b->one);
+        chan_release(d, b->ch);
+    }
+    batch_fail(b->it, b->n, results, filled ? MOONLET_OK : rc);
+    free(b->it);
+    return filled ? rc : first_error(results, b->n);
+}
+
+int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
+                                 const void *const *bufs, const size_t *lens, size_t n,
+                                 const moonlet_put_options *opt, int32_t *results)
+{
+    int rc = batch_check(keys, bufs, lens, n, results);
+    if (rc)
+        return rc;
+    dbatch b;
+    bool filled = false;
+    rc = dbatch_begin(d, &b, bufs, lens, n, results);
     for (size_t i = 0; !rc && i < n; i++)
-        if (it[i].send && !it[i].s && lens[i])
-            memcpy(area->base + it[i].off, bufs[i], lens[i]);
-    moonlet_dm_item *items = NULL;
-    if (!rc && !(items = batch_items(keys, it, n, nsend, area->id, lens)))
-        rc = MOONLET_ERR_INTERNAL_ERROR;
-    if (!rc) {
-        moonlet_dm_batch_put_args a = {.items = {items, (uint32_t)nsend}};
+        if (b.it[i].send && !b.it[i].s && lens[i])
+            memcpy(b.area->base + b.it[i].off, bufs[i], lens[i]);
+    if (!rc && !(rc = dbatch_items(&b, keys, lens))) {
+        moonlet_dm_batch_put_args a = {.items = {b.items, (uint32_t)b.nsend}};
         PUT_ARGS(&a, d, opt);
-        chan_begin_args(ch, MOONLET_DM_BATCH_PUT, &a);
+        chan_begin_args(b.ch, MOONLET_DM_BATCH_PUT, &a);
         dcall k;
-        rc = chan_finish(ch, -1, &k);
-        if (k.res && !scatter_results(k.res, 1, it, n, nsend, results, NULL)) {
+        rc = chan_finish(b.ch, -1, &k);
+        if (k.res && !scatter_results(k.res, 1, b.it, n, b.nsend, results, NULL)) {
             rc = MOONLET_ERR_RPC_FAIL;
         } else if (k.res) {
             rc = first_error(results, n);
@@ -1068,89 +1108,63 @@ int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
         }
         dcall_end(&k);
     }
-    free(items);
-    chan_area_end(ch, &one);
-    chan_release(d, ch);
-    batch_fail(it, n, results, filled ? MOONLET_OK : rc);
-    free(it);
-    return filled ? rc : first_error(results, n);
+    return dbatch_end(d, &b, results, rc, filled);
+}
+
+/* Copies the sizes a batch get returned into lens, and the bytes of the
+ * items that came through the copy area to their buffers. */
+static void batch_get_out(const dbatch *b, void *const *bufs, const size_t *caps,
+                          const uint64_t *sizes, size_t *lens, int32_t *results)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->it[i].send)
+            continue;
+        lens[i] = sizes[i] > SIZE_MAX ? SIZE_MAX : (size_t)sizes[i];
+        if (results[i] == MOONLET_OK && lens[i] > caps[i]) {
+            /* a success larger than the item's room: never trust it */
+            ML_WARN(MOD, "batch get: the RealClient claims %llu bytes in a room of %zu",
+                    (unsigned long long)sizes[i], caps[i]);
+            results[i] = MOONLET_ERR_RPC_FAIL;
+            lens[i] = 0;
+        }
+        if (results[i] == MOONLET_OK && !b->it[i].s && lens[i])
+            memcpy(bufs[i], b->area->base + b->it[i].off, lens[i]);
+    }
 }
 
 int moonlet_dummy_batch_get_into(moonlet_dummy *d, const char *const *keys, void *const *bufs,
                                  const size_t *caps, size_t n, size_t *lens, int32_t *results,
                                  const char *tenant)
 {
-    if (n && (!keys || !bufs || !caps || !lens || !results))
-        return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
-        return MOONLET_ERR_INVALID_PARAMS;
-    ditem *it = calloc(n ? n : 1, sizeof(*it));
+    int rc = batch_check(keys, bufs, caps, n, results);
+    if (rc || (n && !lens))
+        return rc ? rc : MOONLET_ERR_INVALID_PARAMS;
     uint64_t *sizes = calloc(n ? n : 1, sizeof(*sizes));
-    if (!it || !sizes) {
-        free(it);
-        free(sizes);
+    if (!sizes)
         return MOONLET_ERR_INTERNAL_ERROR;
-    }
     for (size_t i = 0; i < n; i++)
         lens[i] = 0;
-    size_t area_len;
-    size_t nsend = batch_plan(d, (const void *const *)bufs, caps, n, results, it, &area_len);
+    dbatch b;
     bool filled = false;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc) {
-        batch_fail(it, n, results, rc);
-        free(it);
-        free(sizes);
-        return first_error(results, n);
-    }
-    dregion one = {.fd = -1};
-    const dregion *area = &ch->stage;
-    rc = batch_attach(d, ch, it, n);
-    if (!rc && area_len)
-        rc = chan_area(d, ch, area_len, &one, &area);
-    moonlet_dm_item *items = NULL;
-    if (!rc && !(items = batch_items(keys, it, n, nsend, area->id, caps)))
-        rc = MOONLET_ERR_INTERNAL_ERROR;
-    if (!rc) {
+    rc = dbatch_begin(d, &b, (const void *const *)bufs, caps, n, results);
+    if (!rc && !(rc = dbatch_items(&b, keys, caps))) {
         moonlet_dm_batch_get_args a = {.tenant = tenant_of(d, tenant),
-                                       .items = {items, (uint32_t)nsend}};
-        chan_begin_args(ch, MOONLET_DM_BATCH_GET, &a);
+                                       .items = {b.items, (uint32_t)b.nsend}};
+        chan_begin_args(b.ch, MOONLET_DM_BATCH_GET, &a);
         dcall k;
-        rc = chan_finish(ch, -1, &k);
-        if (k.res && (!scatter_results(k.res, 1, it, n, nsend, results, NULL) ||
-                      !scatter_results(k.res, 2, it, n, nsend, NULL, sizes))) {
+        rc = chan_finish(b.ch, -1, &k);
+        if (k.res && (!scatter_results(k.res, 1, b.it, n, b.nsend, results, NULL) ||
+                      !scatter_results(k.res, 2, b.it, n, b.nsend, NULL, sizes))) {
             rc = MOONLET_ERR_RPC_FAIL;
         } else if (k.res) {
-            for (size_t i = 0; i < n; i++) {
-                if (!it[i].send)
-                    continue;
-                lens[i] = sizes[i] > SIZE_MAX ? SIZE_MAX : (size_t)sizes[i];
-                if (results[i] == MOONLET_OK && lens[i] > caps[i]) {
-                    /* a success larger than the item's room: never trust it */
-                    ML_WARN(MOD, "batch get: the RealClient claims %llu bytes in a room of %zu",
-                            (unsigned long long)sizes[i], caps[i]);
-                    results[i] = MOONLET_ERR_RPC_FAIL;
-                    lens[i] = 0;
-                }
-                if (results[i] == MOONLET_OK && !it[i].s && lens[i])
-                    memcpy(bufs[i], area->base + it[i].off, lens[i]);
-            }
+            batch_get_out(&b, bufs, caps, sizes, lens, results);
             rc = first_error(results, n);
             filled = true;
         }
         dcall_end(&k);
     }
-    free(items);
-    chan_area_end(ch, &one);
-    chan_release(d, ch);
-    batch_fail(it, n, results, filled ? MOONLET_OK : rc);
-    free(it);
     free(sizes);
-    return filled ? rc : first_error(results, n);
+    return dbatch_end(d, &b, results, rc, filled);
 }
 
 /* ---- buffers ----------------------------------------------------------------------- */

@@ -292,9 +292,13 @@ static msgpack_packer *mc_begin_args_(moonlet_master_client *mc, uint32_t method
 #define mc_begin_args(mc, method, st, min_nargs, rc)                                           \
     mc_begin_args_(mc, method, st, sizeof(*(st)), min_nargs, rc)
 
-/* Calls whose result carries nothing: packs `st`, sends, waits. */
-static int mc_simple_call_(moonlet_master_client *mc, uint32_t method, const void *st,
-                           size_t st_size, uint32_t min_nargs)
+/* Reads a successful call's result into arg: 0 or RPC_FAIL (or INTERNAL_ERROR). */
+typedef int (*mc_decode_fn)(const msgpack_object *result, void *arg);
+
+/* One call: packs `st`, sends, waits, and on success decodes the result
+ * with `decode` (NULL: the result carries nothing). */
+static int mc_call_(moonlet_master_client *mc, uint32_t method, const void *st, size_t st_size,
+                    uint32_t min_nargs, mc_decode_fn decode, void *arg)
 {
     int rc;
     if (!mc_begin_args_(mc, method, st, st_size, min_nargs, &rc))
@@ -302,11 +306,14 @@ static int mc_simple_call_(moonlet_master_client *mc, uint32_t method, const voi
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
+    if (rc == 0 && decode)
+        rc = decode(rep.result, arg);
     mc_end(mc, &rep, have);
     return rc;
 }
-#define mc_simple_call(mc, method, st, min_nargs)                                              \
-    mc_simple_call_(mc, method, st, sizeof(*(st)), min_nargs)
+#define mc_call(mc, method, st, min_nargs, decode, arg)                                        \
+    mc_call_(mc, method, st, sizeof(*(st)), min_nargs, decode, arg)
+#define mc_simple_call(mc, method, st, min_nargs) mc_call(mc, method, st, min_nargs, NULL, NULL)
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
 {
@@ -335,25 +342,22 @@ static uint64_t mc_node_clock_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Ping's result: {segments: n}. */
+static int decode_ping(const msgpack_object *r, void *segments_out)
+{
+    const msgpack_object *v = moonlet_wire_map_get(r, "segments");
+    if (!v || v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX)
+        return MOONLET_ERR_RPC_FAIL;
+    if (segments_out)
+        *(uint32_t *)segments_out = (uint32_t)v->via.u64;
+    return MOONLET_OK;
+}
+
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
-    int rc;
     /* the clock sampled before the send: only makes the master's offset bound smaller */
     moonlet_args_ping a = {.client_id = mstr(client_id), .node_clock_ms = mc_node_clock_ms()};
-    if (!mc_begin_args(mc, MOONLET_M_PING, &a, 2, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0 && segments_out) {
-        const msgpack_object *v = moonlet_wire_map_get(rep.result, "segments");
-        if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= UINT32_MAX)
-            *segments_out = (uint32_t)v->via.u64;
-        else
-            rc = MOONLET_ERR_RPC_FAIL;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    return mc_call(mc, MOONLET_M_PING, &a, 2, decode_ping, segments_out);
 }
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
@@ -427,8 +431,9 @@ static char *dup_str(const msgpack_object *arr, uint32_t i)
     return s;
 }
 
-static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
+static int decode_replicas(const msgpack_object *arr, void *list)
 {
+    moonlet_replica_list *out = list;
     uint32_t n = moonlet_wire_len(arr);
     if (arr->type != MSGPACK_OBJECT_ARRAY)
         return MOONLET_ERR_RPC_FAIL;
@@ -469,7 +474,6 @@ int moonlet_mc_put_start_ex(moonlet_master_client *mc, const char *tenant, const
                             uint64_t size, uint32_t replica_num, bool soft_pin,
                             const moonlet_mc_put_extra *x, moonlet_replica_list *out)
 {
-    int rc;
     memset(out, 0, sizeof(*out));
     if (x && ((x->npreferred && !x->preferred) || x->npreferred > UINT32_MAX))
         return MOONLET_ERR_INVALID_PARAMS;
@@ -482,16 +486,8 @@ int moonlet_mc_put_start_ex(moonlet_master_client *mc, const char *tenant, const
         a.hard_pin = x->hard_pin;
         a.soft_pin_ttl_ms = x->soft_pin_ttl_ms;
     }
-    if (!mc_begin_args(mc, MOONLET_M_PUT_START, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        out->size = size;
-        rc = decode_replicas(rep.result, out);
-    }
-    mc_end(mc, &rep, have);
+    out->size = size;
+    int rc = mc_call(mc, MOONLET_M_PUT_START, &a, 0, decode_replicas, out);
     if (rc)
         moonlet_replica_list_free(out);
     return rc;
@@ -504,62 +500,48 @@ int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const ch
     return moonlet_mc_put_start_ex(mc, tenant, key, size, replica_num, soft_pin, NULL, out);
 }
 
+/* GetReplicaList's result: [size, lease_ttl_ms, [replica...], checksum or nil]. */
+static int decode_replica_list(const msgpack_object *r, void *list)
+{
+    moonlet_replica_list *out = list;
+    const msgpack_object *arr;
+    if (moonlet_wire_u64(r, 0, &out->size) || moonlet_wire_u64(r, 1, &out->lease_ttl_ms) ||
+        moonlet_wire_array(r, 2, &arr))
+        return MOONLET_ERR_RPC_FAIL;
+    int rc = decode_replicas(arr, out);
+    const msgpack_object *ck = moonlet_wire_len(r) > 3 ? moonlet_wire_at(r, 3) : NULL;
+    if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
+        if (moonlet_wire_u64(r, 3, &out->checksum))
+            return MOONLET_ERR_RPC_FAIL;
+        out->has_checksum = true;
+    }
+    return rc;
+}
+
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out)
 {
-    int rc;
     memset(out, 0, sizeof(*out));
     moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
-    if (!mc_begin_args(mc, MOONLET_M_GET_REPLICA_LIST, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        const msgpack_object *arr;
-        if (moonlet_wire_u64(rep.result, 0, &out->size) ||
-            moonlet_wire_u64(rep.result, 1, &out->lease_ttl_ms) ||
-            moonlet_wire_array(rep.result, 2, &arr))
-            rc = MOONLET_ERR_RPC_FAIL;
-        else
-            rc = decode_replicas(arr, out);
-        const msgpack_object *ck = moonlet_wire_len(rep.result) > 3 ? moonlet_wire_at(rep.result, 3)
-                                                                    : NULL;
-        if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
-            if (moonlet_wire_u64(rep.result, 3, &out->checksum))
-                rc = MOONLET_ERR_RPC_FAIL;
-            else
-                out->has_checksum = true;
-        }
-    }
-    mc_end(mc, &rep, have);
+    int rc = mc_call(mc, MOONLET_M_GET_REPLICA_LIST, &a, 0, decode_replica_list, out);
     if (rc)
         moonlet_replica_list_free(out);
     return rc;
 }
 
-static int decode_bool(const msgpack_object *o, bool *out)
+static int decode_bool(const msgpack_object *o, void *out)
 {
     if (o->type != MSGPACK_OBJECT_BOOLEAN)
         return MOONLET_ERR_RPC_FAIL;
-    *out = o->via.boolean;
+    *(bool *)out = o->via.boolean;
     return MOONLET_OK;
 }
 
 static int single_key_bool(moonlet_master_client *mc, uint32_t method, const char *tenant,
                            const char *key, bool *exists)
 {
-    int rc;
     moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
-    if (!mc_begin_args(mc, method, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_bool(rep.result, exists);
-    mc_end(mc, &rep, have);
-    return rc;
+    return mc_call(mc, method, &a, 0, decode_bool, exists);
 }
 
 int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
@@ -596,43 +578,39 @@ static moonlet_strv mstrv(const char *const *keys, size_t n)
     return (moonlet_strv){NULL, keys, (uint32_t)n};
 }
 
+/* Per-key results of a batch call. */
+typedef struct mc_results {
+    size_t n;
+    int32_t *r;
+} mc_results;
+
+static int decode_batch(const msgpack_object *arr, void *arg)
+{
+    mc_results *res = arg;
+    return decode_results(arr, res->n, res->r);
+}
+
 int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
                                const char *const *keys, size_t n, int32_t *results)
 {
-    int rc;
     if (n > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     moonlet_args_batch_exist a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n)};
-    if (!mc_begin_args(mc, MOONLET_M_BATCH_EXIST_KEY, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_results(rep.result, n, results);
-    mc_end(mc, &rep, have);
-    return rc;
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_BATCH_EXIST_KEY, &a, 0, decode_batch, &res);
 }
 
 int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
                                moonlet_grant_lease_policy policy, const char *const *keys,
                                size_t n, int32_t *results)
 {
-    int rc;
     if (n > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     moonlet_args_batch_probe a = {.tenant = mstr0(tenant), .lease_mode = policy.lease_mode,
                                   .candidate_size = policy.candidate_size,
                                   .keys = mstrv(keys, n)};
-    if (!mc_begin_args(mc, MOONLET_M_BATCH_PROBE_KEY, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_results(rep.result, n, results);
-    mc_end(mc, &rep, have);
-    return rc;
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_BATCH_PROBE_KEY, &a, 0, decode_batch, &res);
 }
 
 /* True when a refused call's message says the master does not know the method. */
@@ -704,6 +682,14 @@ int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
     return rc;
 }
 
+static int decode_u64(const msgpack_object *o, void *out)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return MOONLET_ERR_RPC_FAIL;
+    *(uint64_t *)out = o->via.u64;
+    return MOONLET_OK;
+}
+
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
 {
     return moonlet_mc_remove_all_ex(mc, tenant, false, removed);
@@ -712,21 +698,8 @@ int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_
 int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
                              uint64_t *removed)
 {
-    int rc;
     moonlet_args_remove_all a = {.tenant = mstr0(tenant), .force = force};
-    if (!mc_begin_args(mc, MOONLET_M_REMOVE_ALL, &a, 0, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        if (rep.result->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            *removed = rep.result->via.u64;
-        else
-            rc = MOONLET_ERR_RPC_FAIL;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    return mc_call(mc, MOONLET_M_REMOVE_ALL, &a, 0, decode_u64, removed);
 }
 
 /* ---- admin calls: results as cJSON ---------------------------------------------- */
@@ -785,55 +758,35 @@ static cJSON *to_json(const msgpack_object *o, int depth)
     }
 }
 
-static int admin_finish(moonlet_master_client *mc, struct cJSON **out)
+/* An admin call's result as cJSON. */
+static int decode_json(const msgpack_object *r, void *out)
 {
-    moonlet_reply rep;
-    bool have;
-    int rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        *out = to_json(rep.result, 0);
-        if (!*out)
-            rc = MOONLET_ERR_INTERNAL_ERROR;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    return (*(cJSON **)out = to_json(r, 0)) ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
 }
 
 int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out)
 {
-    int rc;
     moonlet_args_none a = {0};
-    if (!mc_begin_args(mc, MOONLET_M_LIST_SEGMENTS, &a, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    return mc_call(mc, MOONLET_M_LIST_SEGMENTS, &a, 0, decode_json, out);
 }
 
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
                          const char *cursor, uint32_t limit, struct cJSON **out)
 {
-    int rc;
     moonlet_args_list_keys a = {.tenant = mstr0(tenant), .prefix = mstr0(prefix),
                                 .cursor = mstr0(cursor), .limit = limit};
-    if (!mc_begin_args(mc, MOONLET_M_LIST_KEYS, &a, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    return mc_call(mc, MOONLET_M_LIST_KEYS, &a, 0, decode_json, out);
 }
 
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out)
 {
-    int rc;
     moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
-    if (!mc_begin_args(mc, MOONLET_M_INSPECT_KEY, &a, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    return mc_call(mc, MOONLET_M_INSPECT_KEY, &a, 0, decode_json, out);
 }
 
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
 {
-    int rc;
     moonlet_args_none a = {0};
-    if (!mc_begin_args(mc, MOONLET_M_STATS, &a, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    return mc_call(mc, MOONLET_M_STATS, &a, 0, decode_json, out);
 }

@@ -141,17 +141,9 @@ static void on_close(void *server_ctx, void *conn_data)
 
 /* ---- arguments ---------------------------------------------------------------------- */
 
-/* A handler of args type T: `a` is its request's arguments, decoded and
- * checked against the method table (dummy_proto.c) before it runs, in the
- * request's arena (nothing to free). */
-#define HANDLER(fn, T)                                                                          \
-    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out);               \
-    static int fn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)        \
-    {                                                                                           \
-        (void)args;                                                                             \
-        return fn##_typed(ctx, (const T *)ctx->argv, out);                                      \
-    }                                                                                           \
-    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out)
+/* Handlers get their arguments decoded and checked against the method
+ * table (dummy_proto.c) before they run, as `a` (rpc_server.h). */
+#define HANDLER MOONLET_RPC_HANDLER
 
 /* [offset, offset + len) of region `id` of the connection: *ptr, or an error packed. */
 static int span(rc_conn *cn, uint64_t id, uint64_t off, uint64_t n, void **ptr,
@@ -405,24 +397,37 @@ HANDLER(h_batch_keys, moonlet_dm_batch_keys_args)
     return MOONLET_OK;
 }
 
-/* The items of a batch put or get as keys, pointers into their regions and
- * lengths (request memory). */
-static int batch_items(moonlet_rpc_ctx *ctx, rc_conn *cn, const moonlet_tuplev *items,
-                       const char ***keys, void ***ptrs, size_t **lens, msgpack_packer *out)
+/* A batch put or get, as the client call takes it (request memory). */
+typedef struct rc_batch {
+    const char **keys;
+    void **ptrs;
+    size_t *lens; /* put: the lengths; get: the rooms */
+    int32_t *res; /* per-item results, zeroed */
+    size_t n;
+} rc_batch;
+
+/* Checks the connection and every item's range; 0 or the error packed. */
+static int batch_items(moonlet_rpc_ctx *ctx, const moonlet_tuplev *items, rc_batch *b,
+                       msgpack_packer *out)
 {
-    size_t n = items->n;
+    int code;
+    rc_conn *cn = need_attached(ctx, out, &code);
+    if (!cn)
+        return code;
+    size_t n = b->n = items->n;
     const moonlet_dm_item *it = items->v;
-    *keys = req_alloc(ctx, n, sizeof(**keys));
-    *ptrs = req_alloc(ctx, n, sizeof(**ptrs));
-    *lens = req_alloc(ctx, n, sizeof(**lens));
-    if (!*keys || !*ptrs || !*lens)
+    b->keys = req_alloc(ctx, n, sizeof(*b->keys));
+    b->ptrs = req_alloc(ctx, n, sizeof(*b->ptrs));
+    b->lens = req_alloc(ctx, n, sizeof(*b->lens));
+    b->res = req_alloc(ctx, n, sizeof(*b->res));
+    if (!b->keys || !b->ptrs || !b->lens || !b->res)
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        int code = span(cn, it[i].region, it[i].offset, it[i].len, &(*ptrs)[i], out);
-        if (code)
+        if ((code = span(cn, it[i].region, it[i].offset, it[i].len, &b->ptrs[i], out)))
             return code;
-        (*keys)[i] = it[i].key;
-        (*lens)[i] = (size_t)it[i].len;
+        b->keys[i] = it[i].key;
+        b->lens[i] = (size_t)it[i].len;
+        b->res[i] = 0;
     }
     return MOONLET_OK;
 }
@@ -430,52 +435,35 @@ static int batch_items(moonlet_rpc_ctx *ctx, rc_conn *cn, const moonlet_tuplev *
 /* BATCH_PUT -> [rc, [result...]] */
 HANDLER(h_batch_put, moonlet_dm_batch_put_args)
 {
-    int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
+    rc_batch b;
+    int code = batch_items(ctx, &a->items, &b, out);
+    if (code)
         return code;
-    const char **keys;
-    void **ptrs;
-    size_t *lens, n = a->items.n;
-    if ((code = batch_items(ctx, cn, &a->items, &keys, &ptrs, &lens, out)))
-        return code;
-    int32_t *res = req_alloc(ctx, n, sizeof(*res));
-    if (!res)
-        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     moonlet_put_options o = PUT_OPTIONS(a);
-    int rc = moonlet_client_batch_put_from(RC(ctx)->client, keys, (const void *const *)ptrs, lens,
-                                           n, &o, res);
+    int rc = moonlet_client_batch_put_from(RC(ctx)->client, b.keys, (const void *const *)b.ptrs,
+                                           b.lens, b.n, &o, b.res);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
-    pack_results(out, res, n);
+    pack_results(out, b.res, b.n);
     return MOONLET_OK;
 }
 
 /* BATCH_GET -> [rc, [result...], [len...]] */
 HANDLER(h_batch_get, moonlet_dm_batch_get_args)
 {
-    int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
-        return code;
-    const char **keys;
-    void **ptrs;
-    size_t *caps, n = a->items.n;
-    if ((code = batch_items(ctx, cn, &a->items, &keys, &ptrs, &caps, out)))
-        return code;
-    int32_t *res = req_alloc(ctx, n, sizeof(*res));
-    size_t *lens = req_alloc(ctx, n, sizeof(*lens));
-    if (!res || !lens)
-        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    memset(lens, 0, (n ? n : 1) * sizeof(*lens));
-    memset(res, 0, (n ? n : 1) * sizeof(*res));
-    int rc = moonlet_client_batch_get_into(RC(ctx)->client, keys, ptrs, caps, n, lens, res,
-                                           a->tenant);
+    rc_batch b;
+    int code = batch_items(ctx, &a->items, &b, out);
+    size_t *lens = code ? NULL : req_alloc(ctx, b.n, sizeof(*lens));
+    if (code || !lens)
+        return code ? code : moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    memset(lens, 0, (b.n ? b.n : 1) * sizeof(*lens));
+    int rc = moonlet_client_batch_get_into(RC(ctx)->client, b.keys, b.ptrs, b.lens, b.n, lens,
+                                           b.res, a->tenant);
     msgpack_pack_array(out, 3);
     pack_int(out, rc);
-    pack_results(out, res, n);
-    msgpack_pack_array(out, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
+    pack_results(out, b.res, b.n);
+    msgpack_pack_array(out, (uint32_t)b.n);
+    for (size_t i = 0; i < b.n; i++)
         msgpack_pack_uint64(out, lens[i]);
     return MOONLET_OK;
 }

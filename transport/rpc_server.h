@@ -77,6 +77,20 @@ static inline void *moonlet_rpc_alloc(moonlet_rpc_ctx *ctx, size_t size)
 typedef int (*moonlet_rpc_handler)(moonlet_rpc_ctx *ctx, const msgpack_object *args,
                                    msgpack_packer *out);
 
+/*
+ * Defines handler `fn` of a method whose spec decodes into struct T: the body
+ * that follows gets `ctx`, `a` (const T *, the decoded arguments) and `out`.
+ *   MOONLET_RPC_HANDLER(h_put, put_args) { ... a->key ... }
+ */
+#define MOONLET_RPC_HANDLER(fn, T)                                                              \
+    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out);               \
+    static int fn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)        \
+    {                                                                                           \
+        (void)args;                                                                             \
+        return fn##_typed(ctx, (const T *)ctx->argv, out);                                      \
+    }                                                                                           \
+    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out)
+
 typedef struct moonlet_rpc_method {
     uint32_t id;
     const char *name;
