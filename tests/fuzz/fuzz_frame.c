@@ -11,7 +11,7 @@
  * agree with each other, and re-encoding must round-trip to stable bytes.
  * The args of every request also go through the table decoder
  * (transport/rpc_args.c) with every method of the master's table
- * (master/methods.c): what it accepts must hold within the table's bounds,
+ * (master/methods.c) and of the DummyClient's (store/dummy_proto.c): what it accepts must hold within the table's bounds,
  * and packing the decoded struct again must decode to the same arguments.
  *
  * Built twice: with -fsanitize=fuzzer for fuzzing (-Dfuzz=true, clang), and
@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dummy_proto.h"
 #include "frame.h"
 #include "methods.h"
 #include "moonlet/error.h"
@@ -141,6 +142,7 @@ static void roundtrip_request(const moonlet_request *req)
 #define FUZZ_BATCH_CAP 64
 
 /* What the table decoder accepted lies within the table's bounds. */
+static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st);
 static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st)
 {
     uint32_t nargs = *(const uint32_t *)st;
@@ -156,7 +158,21 @@ static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st)
         }
         case MOONLET_ARG_CSTR: {
             const char *c = *(const char *const *)f;
-            CHECK(c && (!a->max || strlen(c) <= a->max));
+            CHECK(c ? !a->max || strlen(c) <= a->max : (a->flags & MOONLET_ARG_NULLABLE) != 0);
+            break;
+        }
+        case MOONLET_ARG_CSTR_ARRAY: {
+            const moonlet_cstrv *v = f;
+            CHECK(!a->max || v->n <= a->max);
+            for (uint32_t k = 0; k < v->n; k++)
+                CHECK(v->v[k] && (!a->elem_max || strlen(v->v[k]) <= a->elem_max));
+            break;
+        }
+        case MOONLET_ARG_TUPLE_ARRAY: {
+            const moonlet_tuplev *v = f;
+            CHECK(!a->max || v->n <= a->max);
+            for (uint32_t k = 0; k < v->n; k++)
+                check_decoded(a->item, (const char *)v->v + (size_t)k * a->item->size);
             break;
         }
         case MOONLET_ARG_BIN:
@@ -186,13 +202,14 @@ static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st)
     }
 }
 
-/* Runs args through every method's declared list. */
-static void fuzz_table_decode(const msgpack_object *args)
+/* Runs args through every method's declared list of one table. */
+static void fuzz_table_decode(const msgpack_object *args, const moonlet_rpc_method_decl *table,
+                              size_t nmethods)
 {
     _Alignas(16) unsigned char st[512], again[512];
     char err[768];
-    for (size_t m = 0; m < moonlet_master_nmethods; m++) {
-        const moonlet_rpc_method_decl *d = &moonlet_master_methods[m];
+    for (size_t m = 0; m < nmethods; m++) {
+        const moonlet_rpc_method_decl *d = &table[m];
         CHECK(d->spec->size <= sizeof(st));
         msgpack_zone zone;
         CHECK(msgpack_zone_init(&zone, 1024));
@@ -237,7 +254,8 @@ static void fuzz_request(const char *body, size_t len)
         CHECK(req.args->type == MSGPACK_OBJECT_ARRAY && req.id == id);
         CHECK(ref.id == req.id && ref.method == req.method);
         poke_getters(req.args, 0);
-        fuzz_table_decode(req.args);
+        fuzz_table_decode(req.args, moonlet_master_methods, moonlet_master_nmethods);
+        fuzz_table_decode(req.args, moonlet_dummy_methods, moonlet_dummy_nmethods);
         roundtrip_request(&req);
         moonlet_request_destroy(&req);
         moonlet_request_destroy(&ref);

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "dummy_proto.h"
 #include "methods.h"
 #include "moonlet/error.h"
 #include "rpc_args.h"
@@ -25,21 +26,23 @@ static const char *g_doc_path;
 
 /* ---- docs/protocol.md ------------------------------------------------------------ */
 
-/* Rows "| id | Name | `[args]` | result |" of the master's method table. */
+/* Rows "| id | Name | `[args]` | result |" of the master's method table and
+ * of the DummyClient protocol's (ids from 101). */
 static void test_docs_match_table(void **state)
 {
     (void)state;
     FILE *f = fopen(g_doc_path, "r");
     assert_non_null(f);
     char line[4096];
-    bool seen[MOONLET_M__COUNT] = {false};
-    int rows = 0;
+    bool seen[MOONLET_DM_PROBE_RESUME + 1] = {false};
+    size_t rows = 0;
     while (fgets(line, sizeof(line), f)) {
         unsigned id;
         char name[64], args[1024];
         if (sscanf(line, "| %u | %63[A-Za-z] | `%1023[^`]` |", &id, name, args) != 3)
             continue;
-        const moonlet_rpc_method_decl *d = moonlet_master_method(id);
+        const moonlet_rpc_method_decl *d = id >= MOONLET_DM_ATTACH ? moonlet_dummy_method(id)
+                                                                   : moonlet_master_method(id);
         if (!d)
             fail_msg("docs/protocol.md documents method %u (%s), which the table lacks", id, name);
         assert_string_equal(name, d->name);
@@ -47,7 +50,7 @@ static void test_docs_match_table(void **state)
         moonlet_rpc_args_signature(d->spec, sig, sizeof(sig));
         if (strcmp(sig, args) != 0)
             fail_msg("%s: docs/protocol.md says %s, the table %s", name, args, sig);
-        assert_false(seen[id]);
+        assert_true(id < sizeof(seen) && !seen[id]);
         seen[id] = true;
         rows++;
     }
@@ -55,16 +58,20 @@ static void test_docs_match_table(void **state)
     for (size_t i = 0; i < moonlet_master_nmethods; i++)
         if (!seen[moonlet_master_methods[i].id])
             fail_msg("%s is not in docs/protocol.md's method table", moonlet_master_methods[i].name);
-    assert_int_equal(rows, (int)moonlet_master_nmethods);
+    for (size_t i = 0; i < moonlet_dummy_nmethods; i++)
+        if (!seen[moonlet_dummy_methods[i].id])
+            fail_msg("%s is not in docs/protocol.md's DummyClient table",
+                     moonlet_dummy_methods[i].name);
+    assert_int_equal(rows, moonlet_master_nmethods + moonlet_dummy_nmethods);
 }
 
 /* Every row of the table sits at its id, fields inside the args struct. */
-static void test_table_well_formed(void **state)
+static void check_table(const moonlet_rpc_method_decl *t, size_t n,
+                        const moonlet_rpc_method_decl *(*find)(uint32_t))
 {
-    (void)state;
-    for (size_t i = 0; i < moonlet_master_nmethods; i++) {
-        const moonlet_rpc_method_decl *d = &moonlet_master_methods[i];
-        assert_ptr_equal(moonlet_master_method(d->id), d);
+    for (size_t i = 0; i < n; i++) {
+        const moonlet_rpc_method_decl *d = &t[i];
+        assert_ptr_equal(find(d->id), d);
         bool optional = false;
         for (uint32_t k = 0; k < d->spec->nargs; k++) {
             const moonlet_rpc_arg *a = &d->spec->args[k];
@@ -74,8 +81,16 @@ static void test_table_well_formed(void **state)
                 assert_true(a->flags & MOONLET_ARG_OPTIONAL);
             optional = a->flags & MOONLET_ARG_OPTIONAL;
             assert_true(k > 0 || !(a->flags & MOONLET_ARG_WITH_PREV));
+            assert_true(a->kind != MOONLET_ARG_TUPLE_ARRAY || a->item);
         }
     }
+}
+
+static void test_table_well_formed(void **state)
+{
+    (void)state;
+    check_table(moonlet_master_methods, moonlet_master_nmethods, moonlet_master_method);
+    check_table(moonlet_dummy_methods, moonlet_dummy_nmethods, moonlet_dummy_method);
 }
 
 /* ---- the decoder ---------------------------------------------------------------- */
@@ -187,26 +202,34 @@ static void pack_mount_head(msgpack_packer *pk, const char *proto)
     moonlet_pack_cstr(pk, proto);
 }
 
+/* A MountSegment of nargs arguments: the seven, then a write key of keylen
+ * bytes, then clock 77 (when nargs > 8). */
+static msgpack_packer *mount_begin(req *r, uint32_t nargs, const char *proto, uint32_t keylen)
+{
+    static const char key[16] = "0123456789abcdef";
+    msgpack_packer *pk = req_begin(r, nargs);
+    pack_mount_head(pk, proto);
+    if (nargs > 7) {
+        msgpack_pack_bin(pk, keylen);
+        msgpack_pack_bin_body(pk, key, keylen);
+    }
+    if (nargs > 8)
+        msgpack_pack_uint64(pk, 77);
+    return pk;
+}
+
 static void test_decode_groups_and_bounds(void **state)
 {
     (void)state;
     req r;
     moonlet_args_mount m;
-    static const char key[16] = "0123456789abcdef";
     /* MountSegment: write_key without its clock is refused */
-    msgpack_packer *pk = req_begin(&r, 8);
-    pack_mount_head(pk, "tcp");
-    msgpack_pack_bin(pk, 16);
-    msgpack_pack_bin_body(pk, key, 16);
+    msgpack_packer *pk = mount_begin(&r, 8, "tcp", 16);
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_ERR_INVALID_PARAMS);
     assert_non_null(strstr(r.err, "node_clock_ms"));
     req_end(&r);
     /* with it: the key, the clock, and NUL-terminated copies of the strings */
-    pk = req_begin(&r, 9);
-    pack_mount_head(pk, "tcp");
-    msgpack_pack_bin(pk, 16);
-    msgpack_pack_bin_body(pk, key, 16);
-    msgpack_pack_uint64(pk, 77);
+    mount_begin(&r, 9, "tcp", 16);
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_OK);
     assert_string_equal(m.endpoint, "127.0.0.1:1");
     assert_int_equal(m.write_key.len, 16);
@@ -214,28 +237,19 @@ static void test_decode_groups_and_bounds(void **state)
     assert_null(m.alt_endpoint);
     req_end(&r);
     /* a key of 15 bytes; a protocol of 16 bytes; a string with a NUL byte */
-    pk = req_begin(&r, 9);
-    pack_mount_head(pk, "tcp");
-    msgpack_pack_bin(pk, 15);
-    msgpack_pack_bin_body(pk, key, 15);
-    msgpack_pack_uint64(pk, 77);
+    mount_begin(&r, 9, "tcp", 15);
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_ERR_INVALID_PARAMS);
     req_end(&r);
     pack_mount_head(req_begin(&r, 7), "0123456789abcdef");
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_ERR_INVALID_PARAMS);
     req_end(&r);
-    pk = req_begin(&r, 7);
-    pack_mount_head(pk, "tcp");
+    mount_begin(&r, 7, "tcp", 0);
     r.buf.data[r.buf.size - 2] = 0; /* "t\0p" */
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_ERR_INVALID_PARAMS);
     assert_non_null(strstr(r.err, "NUL"));
     req_end(&r);
     /* the alt endpoint comes as three */
-    pk = req_begin(&r, 11);
-    pack_mount_head(pk, "rdma");
-    msgpack_pack_bin(pk, 16);
-    msgpack_pack_bin_body(pk, key, 16);
-    msgpack_pack_uint64(pk, 77);
+    pk = mount_begin(&r, 11, "rdma", 16);
     moonlet_pack_cstr(pk, "127.0.0.1:2");
     moonlet_pack_cstr(pk, "seg-tcp");
     assert_int_equal(req_decode(&r, MOONLET_M_MOUNT_SEGMENT, &m, 0), MOONLET_ERR_INVALID_PARAMS);
@@ -355,6 +369,52 @@ static void test_pack_round_trip(void **state)
     pack_decode(0, NULL, NULL, 0); /* frees the last zone */
 }
 
+/* The DummyClient protocol: a nil tenant, tuple items, the placement group. */
+static void test_dummy_round_trip(void **state)
+{
+    (void)state;
+    const moonlet_rpc_method_decl *d = moonlet_dummy_method(MOONLET_DM_BATCH_PUT);
+    const char *pref[] = {"node-a"};
+    moonlet_dm_item items[2] = {{.key = "k0", .region = 1, .offset = 0, .len = 10},
+                                {.key = "k1", .region = 2, .offset = 64, .len = 5}};
+    moonlet_dm_batch_put_args in = {.tenant = NULL, .replica_num = 1, .items = {items, 2}}, out;
+    assert_int_equal(moonlet_rpc_args_count(d->spec, &in), 4);
+    in.preferred_segments = (moonlet_cstrv){pref, 1}; /* brings hard_pin and the TTL */
+    uint32_t n = moonlet_rpc_args_count(d->spec, &in);
+    assert_int_equal(n, 8);
+    req r;
+    moonlet_rpc_args_pack(d->spec, &in, n, req_begin(&r, n));
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack(r.buf.data, r.buf.size, &off, &r.zone, &r.obj),
+                     MSGPACK_UNPACK_SUCCESS);
+    assert_int_equal(moonlet_rpc_args_decode(d->name, d->spec, &r.obj, &r.zone, 0, &out, r.err,
+                                             sizeof(r.err)), MOONLET_OK);
+    assert_null(out.tenant);
+    assert_int_equal(out.items.n, 2);
+    const moonlet_dm_item *it = out.items.v;
+    assert_string_equal(it[1].key, "k1");
+    assert_int_equal(it[1].offset, 64);
+    assert_string_equal(out.preferred_segments.v[0], "node-a");
+    req_end(&r);
+    /* an item of three fields is refused, naming the item's list */
+    msgpack_packer *pk = req_begin(&r, 2);
+    msgpack_pack_nil(pk);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_array(pk, 3);
+    moonlet_pack_cstr(pk, "k");
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint64(pk, 0);
+    off = 0;
+    assert_int_equal(msgpack_unpack(r.buf.data, r.buf.size, &off, &r.zone, &r.obj),
+                     MSGPACK_UNPACK_SUCCESS);
+    d = moonlet_dummy_method(MOONLET_DM_BATCH_GET);
+    moonlet_dm_batch_get_args g;
+    assert_int_equal(moonlet_rpc_args_decode(d->name, d->spec, &r.obj, &r.zone, 0, &g, r.err,
+                                             sizeof(r.err)), MOONLET_ERR_INVALID_PARAMS);
+    assert_non_null(strstr(r.err, "[key, region, offset, len]"));
+    req_end(&r);
+}
+
 int main(int argc, char **argv)
 {
     g_doc_path = argc > 1 ? argv[1] : "docs/protocol.md";
@@ -364,6 +424,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_decode_counts_and_defaults),
         cmocka_unit_test(test_decode_groups_and_bounds),
         cmocka_unit_test(test_pack_round_trip),
+        cmocka_unit_test(test_dummy_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
