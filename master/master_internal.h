@@ -280,7 +280,7 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
  * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
  * receives each key's hash.  The caller holds the guard shared.
  *
- * Keys go in groups of up to 16: the group's distinct shard locks are taken
+ * Keys go in groups of up to BATCH_GROUP (shard.c): the group's distinct shard locks are taken
  * together in ascending order (the lock order allows it), and the bucket
  * slots, then the objects, are prefetched for the whole group before any is
  * compared, so the cache misses of one group overlap instead of queueing.
