@@ -13,10 +13,13 @@
  * the connection is closed; a connection that closes mid-frame is simply
  * closed.  Every other connection keeps being served.  An unknown method id is
  * a well-formed request: it gets an INVALID_PARAMS reply and the connection
- * stays open.
+ * stays open.  So does a request whose arguments do not match its method's
+ * declared list (moonlet_rpc_method.spec, rpc_args.h): they are decoded and
+ * checked into the request's arena before the handler runs, and a mismatch
+ * never reaches the handler.
  *
  * Authentication: when a token is configured, the first frame of every
- * connection must be MOONLET_M_AUTH [token]; anything else (or a wrong token)
+ * connection must be MOONLET_RPC_AUTH [token]; anything else (or a wrong token)
  * gets ILLEGAL_CLIENT and the connection is closed.  The token is compared in
  * constant time and never logged.  Until it has authenticated, a connection
  * may send frames of at most MOONLET_RPC_PRE_AUTH_MAX_FRAME bytes (a longer

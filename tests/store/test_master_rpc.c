@@ -325,6 +325,21 @@ static void test_bad_arguments(void **state)
     assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
     assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
     moonlet_reply_destroy(&rep);
+    /* more arguments than PutStart declares (the table's count rule) */
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 9);
+    moonlet_pack_cstr(pk, "");
+    moonlet_pack_cstr(pk, "extra");
+    msgpack_pack_uint64(pk, 5);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_false(pk);
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_false(pk);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_nil(pk);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    moonlet_reply_destroy(&rep);
     /* unknown method */
     moonlet_rpc_client_begin(c, 9999, 0);
     assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
