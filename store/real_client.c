@@ -3,11 +3,13 @@
  * moonlet_client with a local segment, serving DummyClients of the same
  * host over a unix-domain socket (protocol: store/dummy_proto.h).
  *
- * The socket is the RPC server of transport/rpc_server.c with its own method
- * table.  Each handler decodes its request, checks every (region, offset,
- * length) against the connection's mapped regions, and makes the same call
- * on the RealClient's moonlet_client with pointers into those regions; the
- * reply carries that call's return code and outputs unchanged.
+ * The socket is the RPC server of transport/rpc_server.c with the method
+ * table of dummy_proto.c: the server decodes and checks each request's
+ * arguments from it before the handler runs.  Each handler checks every
+ * (region, offset, length) against the connection's mapped regions, and
+ * makes the same call on the RealClient's moonlet_client with pointers into
+ * those regions; the reply carries that call's return code and outputs
+ * unchanged.  Arguments and per-request arrays live in the request's arena.
  *
  * Why memfd + SCM_RIGHTS rather than a named POSIX shm object: a named
  * object must be opened by name, so it needs permissions that let the
