@@ -224,7 +224,8 @@ int moonlet_rpc_args_decode(const char *name, const moonlet_rpc_args_spec *s,
                 *FIELD(out, a, bool) = a->def != 0;
             continue;
         }
-        char why[512] = "";
+        char why[512];
+        why[0] = 0;
         int rc = decode_one(a, args, i, zone, batch_cap, out, why, sizeof(why));
         if (rc == MOONLET_ERR_INTERNAL_ERROR) {
             snprintf(err, errcap, "out of memory");
