@@ -25,6 +25,7 @@
 
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
+#include "replica.h"
 
 typedef struct moonlet_master moonlet_master;
 

@@ -63,6 +63,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1163,11 +1164,32 @@ int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *t
     return *json_out ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
 }
 
+void moonlet_free(void *p)
+{
+    free(p);
+}
+
 /* ---- create / destroy ------------------------------------------------------------------ */
 
-void moonlet_client_config_init(moonlet_client_config *cfg)
+/* The opts_size pattern (client.h): init writes only the caller's bytes;
+ * every reader first copies the caller's struct into a full-size one whose
+ * missing tail keeps the defaults (zero). */
+void moonlet_client_config_init(moonlet_client_config *cfg, size_t cfg_size)
 {
-    memset(cfg, 0, sizeof(*cfg));
+    if (!cfg || cfg_size < offsetof(moonlet_client_config, opts_size) + sizeof(cfg->opts_size))
+        return;
+    memset(cfg, 0, cfg_size < sizeof(*cfg) ? cfg_size : sizeof(*cfg));
+    cfg->opts_size = cfg_size;
+}
+
+int moonlet_client_config_copy(moonlet_client_config *dst, const moonlet_client_config *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    if (!src || src->opts_size < offsetof(moonlet_client_config, opts_size) + sizeof(src->opts_size))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(dst, src, src->opts_size < sizeof(*dst) ? src->opts_size : sizeof(*dst));
+    dst->opts_size = sizeof(*dst);
+    return MOONLET_OK;
 }
 
 static int client_xfer_protocol(moonlet_protocol p, moonlet_xfer_protocol *out)
@@ -1241,11 +1263,15 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
     return node || cfg->local_segment_size ? client_start_node(c, cfg, proto, node) : MOONLET_OK;
 }
 
-int moonlet_client_create_with_node(const moonlet_client_config *cfg,
+int moonlet_client_create_with_node(const moonlet_client_config *user_cfg,
                                     const moonlet_store_node_config *node, moonlet_client **out)
 {
     moonlet_xfer_protocol proto;
-    if (!cfg || !out || !cfg->master_addr || !*cfg->master_addr ||
+    moonlet_client_config full;
+    if (moonlet_client_config_copy(&full, user_cfg))
+        return MOONLET_ERR_INVALID_PARAMS;
+    const moonlet_client_config *cfg = &full;
+    if (!out || !cfg->master_addr || !*cfg->master_addr ||
         client_xfer_protocol(cfg->protocol, &proto) ||
         (cfg->default_tenant && strlen(cfg->default_tenant) > MOONLET_MAX_ID_BYTES))
         return MOONLET_ERR_INVALID_PARAMS;
@@ -1275,14 +1301,27 @@ int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out
     return moonlet_client_create_with_node(cfg, NULL, out);
 }
 
-void moonlet_dummy_config_init(moonlet_dummy_config *cfg)
+void moonlet_dummy_config_init(moonlet_dummy_config *cfg, size_t cfg_size)
 {
-    memset(cfg, 0, sizeof(*cfg));
+    if (!cfg || cfg_size < offsetof(moonlet_dummy_config, opts_size) + sizeof(cfg->opts_size))
+        return;
+    memset(cfg, 0, cfg_size < sizeof(*cfg) ? cfg_size : sizeof(*cfg));
+    cfg->opts_size = cfg_size;
 }
 
-int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
+int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *user_cfg,
                                 moonlet_client **out)
 {
+    moonlet_dummy_config full;
+    const moonlet_dummy_config *cfg = NULL;
+    if (user_cfg) {
+        if (user_cfg->opts_size < offsetof(moonlet_dummy_config, opts_size) + sizeof(user_cfg->opts_size))
+            return MOONLET_ERR_INVALID_PARAMS;
+        memset(&full, 0, sizeof(full));
+        memcpy(&full, user_cfg, user_cfg->opts_size < sizeof(full) ? user_cfg->opts_size : sizeof(full));
+        full.opts_size = sizeof(full);
+        cfg = &full;
+    }
     if (!socket_path || !out)
         return MOONLET_ERR_INVALID_PARAMS;
     moonlet_client *c = calloc(1, sizeof(*c));

@@ -26,6 +26,7 @@
 
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
+#include "replica.h"
 
 typedef struct moonlet_master_client moonlet_master_client;
 

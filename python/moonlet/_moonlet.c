@@ -512,7 +512,7 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
                           "transfer_timeout_ms", "local_listen_addr", "checksum", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     int checksum = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|p:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
@@ -555,7 +555,7 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
     PyObject *path_obj, *uid_obj = Py_None, *gid_obj = Py_None;
     const char *path;
     moonlet_dummy_config cfg;
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&|OO:_connect_dummy", kwl, &path_obj,
                                      conv_opt_str, &cfg.default_tenant, conv_u32,
                                      &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,

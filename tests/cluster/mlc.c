@@ -923,7 +923,7 @@ int main(int argc, char **argv)
     pthread_detach(sig_th);
 
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_o.master;
     cfg.protocol = g_o.protocol;
     cfg.source_addr = g_o.source_addr;

@@ -37,7 +37,7 @@ static moonlet_client *g_cli;
 static moonlet_client *new_client(const char *addr, const char *tenant, const char *token)
 {
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.default_tenant = tenant;
@@ -146,7 +146,7 @@ static void test_create_errors(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     moonlet_client *c = NULL;
     assert_int_equal(moonlet_client_create(NULL, &c), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_INVALID_PARAMS);
@@ -458,7 +458,7 @@ static void test_local_segment(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.local_segment_size = 8u << 20;
@@ -656,7 +656,7 @@ static void test_auth_token(void **state)
     assert_int_equal(cl_start_master(&m, flags), 0);
     assert_int_equal(cl_start_store(&s, m.addr, "8MiB", flags), 0);
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = m.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *c = NULL;
@@ -729,7 +729,7 @@ static void test_checksum_corrupted_replica(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_cmaster.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.local_segment_size = 8u << 20;

@@ -132,7 +132,7 @@ static void fill_pattern(unsigned char *buf, size_t len, const char *key)
 static int client_op(const char *op, char **a)
 {
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *c;
