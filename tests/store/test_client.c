@@ -14,6 +14,12 @@
  * local segment) to show the end-to-end checksum: a mismatch falls over to
  * the next replica, and with none left every get path returns INVALID_READ,
  * never the wrong bytes.
+ *
+ * The backend-neutral group (round trips, tenants, upsert, registered
+ * buffers, batches, probe policy, concurrent use) runs once per backend of
+ * the client's backend table: `test_client` on the direct client, and
+ * `test_client dummy` (meson test client_dummy) on a DummyClient served by a
+ * RealClient of this process over a unix socket, with the same assertions.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -28,14 +34,33 @@
 #include "moonlet/client.h"
 #include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
+#include "moonlet/real_client.h"
 #include "xfer.h"
 
 static test_proc g_master, g_a, g_b;
 static moonlet_master_client *g_mc;
 static moonlet_client *g_cli;
+/* The DummyClient run: the RealClient serving it, and its socket. */
+static bool g_dummy;
+static moonlet_real_client *g_real;
+static char g_sock[108];
+
+static moonlet_client *new_dummy_client(const char *tenant)
+{
+    moonlet_dummy_config cfg;
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
+    cfg.default_tenant = tenant;
+    moonlet_client *c = NULL;
+    int rc = moonlet_client_create_dummy(g_sock, &cfg, &c);
+    if (rc)
+        fail_msg("client_create_dummy: %s", moonlet_strerror(rc));
+    return c;
+}
 
 static moonlet_client *new_client(const char *addr, const char *tenant, const char *token)
 {
+    if (g_dummy && g_real && !token && strcmp(addr, g_master.addr) == 0)
+        return new_dummy_client(tenant);
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = addr;
@@ -59,6 +84,17 @@ static int setup_cluster(void **state)
         return -1;
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
+    if (g_dummy) {
+        moonlet_client_config cfg;
+        moonlet_client_config_init(&cfg, sizeof cfg);
+        cfg.master_addr = g_master.addr;
+        cfg.protocol = MOONLET_PROTOCOL_TCP;
+        cfg.transfer_timeout_ms = 3000;
+        cfg.local_segment_size = 32u << 20;
+        snprintf(g_sock, sizeof(g_sock), "/tmp/moonlet-test-client-%ld.sock", (long)getpid());
+        if (moonlet_real_client_create(&cfg, g_sock, NULL, &g_real))
+            return -1;
+    }
     g_cli = new_client(g_master.addr, NULL, NULL);
     return 0;
 }
@@ -67,6 +103,8 @@ static int teardown_cluster(void **state)
 {
     (void)state;
     moonlet_client_destroy(g_cli);
+    moonlet_real_client_destroy(g_real);
+    g_real = NULL;
     moonlet_mc_destroy(g_mc);
     proc_stop(&g_a);
     proc_stop(&g_b);
@@ -180,6 +218,12 @@ static void test_create_errors(void **state)
 static void test_round_trip(void **state)
 {
     (void)state;
+    if (g_dummy) { /* really the DummyClient backend, served by g_real */
+        char ep[64];
+        assert_int_equal(moonlet_client_local_endpoint(g_cli, ep, sizeof(ep)),
+                         MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+        assert_true(moonlet_real_client_connections(g_real) >= 1);
+    }
     const size_t sizes[] = {0, 1, 4096, (1u << 20) + 3};
     for (size_t i = 0; i < 4; i++) {
         char key[64];
@@ -805,8 +849,21 @@ static void test_checksum_corrupted_replica(void **state)
     moonlet_client_destroy(c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* `test_client dummy`: the backend-neutral group on a DummyClient. */
+    g_dummy = argc > 1 && strcmp(argv[1], "dummy") == 0;
+    const struct CMUnitTest neutral[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_tenants),
+        cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_batch_probe_policy),
+        cmocka_unit_test(test_concurrent_use),
+    };
+    if (g_dummy)
+        return cmocka_run_group_tests_name("client_dummy", neutral, setup_cluster,
+                                           teardown_cluster);
     const struct CMUnitTest pure[] = {
         cmocka_unit_test(test_lease_decision),
         cmocka_unit_test(test_replica_order),
