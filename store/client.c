@@ -1251,6 +1251,7 @@ static int direct_local_endpoint(const client_direct *c, char *buf, size_t cap)
 
 const moonlet_client_ops moonlet_client_direct_ops = {
     .name = "direct",
+    .shared_staging = false,
     .destroy = direct_destroy,
     .put = direct_put,
     .put_from = direct_put_from,

@@ -28,6 +28,11 @@ typedef struct moonlet_client_be moonlet_client_be;
 
 typedef struct moonlet_client_ops {
     const char *name; /* "direct" or "dummy" */
+    /* How the copying batches (client_copy.c) stage bytes: true, memory of
+     * alloc_shared (the DummyClient's is shared with its RealClient, so the
+     * bytes are copied once); false, malloc'd memory registered for the
+     * call (no zeroing pass). */
+    bool shared_staging;
     void (*destroy)(moonlet_client_be *b);
     int (*put)(moonlet_client_be *b, const char *key, const void *buf, size_t len,
                const moonlet_put_options *opt);

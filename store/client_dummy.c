@@ -166,6 +166,7 @@ static int dm_local_endpoint(const moonlet_client_be *b, char *buf, size_t cap)
 
 const moonlet_client_ops moonlet_client_dummy_ops = {
     .name = "dummy",
+    .shared_staging = true,
     .destroy = dm_destroy,
     .put = dm_put,
     .put_from = dm_put_from,

@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "moonlet/error.h"
 #include "moonlet/policy.h"
@@ -464,6 +465,41 @@ MOONLET_API int moonlet_client_batch_put_from(moonlet_client *c, const char *con
 MOONLET_API int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
                                               void *const *bufs, const size_t *caps, size_t n,
                                               size_t *lens, int32_t *results, const char *tenant);
+
+/* ---- copying batches ----------------------------------------------------------------- */
+
+/*
+ * Copying batch put: key i's object is the concatenation of the next
+ * iovcnt[i] ranges of iov (key 0's ranges first, then key 1's, ...), any
+ * memory, registered or not.  The bytes are copied once into one staging
+ * region for the whole call (on a DummyClient: shared memory the RealClient
+ * reads in place; otherwise memory registered for the call), then every key
+ * goes as in moonlet_client_batch_put_from(): one transport batch.
+ * results[i] is 0 or that key's error; when the call fails as a whole (no
+ * staging memory: INTERNAL_ERROR, TRANSFER_FAIL) every key gets its code.
+ * Returns 0 when every key was stored, else the first non-zero results[i];
+ * INVALID_PARAMS without doing anything (every results[i] set to it when
+ * results is not NULL) for NULL arrays (iov may be NULL when every iovcnt
+ * is 0), a NULL key, a NULL range base of nonzero length, or sizes that
+ * overflow together.  Blocks; thread safe.
+ */
+MOONLET_API int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,
+                                         const struct iovec *iov, const size_t *iovcnt,
+                                         const moonlet_put_options *opt, int32_t *results);
+
+/*
+ * Copying batch get: key i is read into the next iovcnt[i] ranges of iov
+ * (filled in order), through one staging region for the call as
+ * moonlet_client_batch_put().  sizes[i] gets each object's size (also on
+ * BUFFER_OVERFLOW: the ranges together hold less than the object; nothing
+ * is copied for that key, so iovcnt[i] 0 asks just the size).
+ * results[i] is 0 or that key's error as in moonlet_client_get_into().
+ * Returns 0 when every key was read, else the first non-zero results[i];
+ * INVALID_PARAMS as moonlet_client_batch_put().  Blocks; thread safe.
+ */
+MOONLET_API int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t n,
+                                         const struct iovec *iov, const size_t *iovcnt,
+                                         const char *tenant, size_t *sizes, int32_t *results);
 
 /* ---- accessors (never block) -------------------------------------------------------- */
 

@@ -1117,138 +1117,23 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
 /* ---- copying batches: batch_put, put_parts, batch_get --------------------------------------- */
 
 /*
- * The C batch calls take registered memory only, so these move Python bytes
- * through one staging region per call: on a direct Store, malloc'd memory
- * registered for the call (as put stages through a bounce buffer on RDMA);
- * on a DummyClient, shared memory of moonlet_client_alloc_shared(), which
- * the RealClient reads and writes in place.  Either way the bytes are copied
- * once on this side, as put and get copy them, and the transfers of every
- * key go in one transport batch (one request to a RealClient).  The copies
- * and the calls run with the GIL released; a key's bytes go to a bytes
- * object that nobody else can see until the call returns.
+ * The copying batch calls of the C client (moonlet_client_batch_put /
+ * moonlet_client_batch_get) take any memory as scattered ranges and stage
+ * it themselves (store/client_copy.c); these methods only export the
+ * Python values (Py_buffer) or make the bytes objects, describe them as
+ * ranges and make the call with the GIL released.  A key's bytes go to a
+ * bytes object that nobody else can see until the call returns.
  */
-#define ML_ITEM_ALIGN 64u /* items in a staging region start on a cache line */
-#define ML_GET_TRIES 3    /* reads of an object that grew since its size was learnt */
+#define ML_GET_TRIES 3 /* reads of an object that grew since its size was learnt */
 
-/* The source of an empty value (a C call wants a non-NULL pointer). */
-static const char ml_empty[1];
-
-typedef struct {
-    void *base;  /* NULL: no region (nothing to stage) */
-    bool shared; /* moonlet_client_alloc_shared() memory; else malloc + register */
-} ml_region;
-
-/* Adds a slot of len bytes (rounded up to ML_ITEM_ALIGN) to *total; -1 on overflow. */
-static int ml_add_slot(size_t *total, size_t len)
-{
-    size_t slot = len;
-    if (slot % ML_ITEM_ALIGN) {
-        if (slot > SIZE_MAX - ML_ITEM_ALIGN)
-            return -1;
-        slot += ML_ITEM_ALIGN - slot % ML_ITEM_ALIGN;
-    }
-    if (slot > SIZE_MAX - *total)
-        return -1;
-    *total += slot;
-    return 0;
-}
-
-/* Called with the client lock held and the GIL released. */
-static int ml_region_begin(moonlet_client *c, ml_kind kind, size_t len, ml_region *r)
-{
-    r->base = NULL;
-    r->shared = kind == ML_KIND_DUMMY;
-    if (len == 0)
-        return MOONLET_OK;
-    if (r->shared)
-        return moonlet_client_alloc_shared(c, len, &r->base);
-    void *p = malloc(len);
-    if (!p)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = moonlet_client_register_buffer(c, p, len);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    r->base = p;
-    return MOONLET_OK;
-}
-
-static void ml_region_end(moonlet_client *c, ml_region *r)
-{
-    if (!r->base)
-        return;
-    if (r->shared) {
-        moonlet_client_free_shared(c, r->base);
-    } else {
-        moonlet_client_unregister_buffer(c, r->base);
-        free(r->base);
-    }
-    r->base = NULL;
-}
-
-/* Per-key results a call left unset (it failed as a whole) get its code. */
-#define ML_UNSET 1
-static void ml_fill_unset(int32_t *results, size_t n, int rc)
-{
-    for (size_t i = 0; i < n; i++)
-        if (results[i] == ML_UNSET)
-            results[i] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
-}
-
-/* A put of n keys, key i being the concatenation of pieces[first[i] .. first[i + 1]). */
-typedef struct {
-    ml_kind kind;
-    const char *const *keys;
-    size_t n;
-    const Py_buffer *pieces;
-    const size_t *first; /* n + 1 entries */
-    const size_t *lens;  /* each key's total */
-    size_t total;        /* the staging region: every key's slot */
-    const void **bufs;   /* scratch, n entries */
-    const moonlet_put_options *opt;
-    int32_t *results;
-} ml_put_job;
-
-static int ml_put_job_run(moonlet_client *c, ml_put_job *j)
-{
-    for (size_t i = 0; i < j->n; i++)
-        j->results[i] = ML_UNSET;
-    ml_region r;
-    int rc = ml_region_begin(c, j->kind, j->total, &r);
-    if (rc) {
-        ml_fill_unset(j->results, j->n, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < j->n; i++) {
-        if (!j->lens[i]) {
-            j->bufs[i] = ml_empty;
-            continue;
-        }
-        unsigned char *dst = (unsigned char *)r.base + off;
-        j->bufs[i] = dst;
-        for (size_t p = j->first[i]; p < j->first[i + 1]; p++) {
-            if (j->pieces[p].len)
-                memcpy(dst, j->pieces[p].buf, (size_t)j->pieces[p].len);
-            dst += j->pieces[p].len;
-        }
-        ml_add_slot(&off, j->lens[i]); /* cannot overflow: total was computed the same way */
-    }
-    rc = moonlet_client_batch_put_from(c, j->keys, j->bufs, j->lens, j->n, j->opt, j->results);
-    ml_fill_unset(j->results, j->n, rc);
-    ml_region_end(c, &r);
-    return rc;
-}
-
-/* The exported buffers of a copying put. */
+/* The exported buffers of a copying put, as ranges: key i's are the next
+ * iovcnt[i] entries of iov. */
 typedef struct {
     Py_buffer *pieces;
     size_t npieces, nheld; /* entries, and how many hold an export */
-    size_t *first, *lens;
-    const void **bufs;
+    struct iovec *iov;
+    size_t *iovcnt;
     int32_t *results;
-    size_t total;
 } ml_puts;
 
 static void ml_puts_free(ml_puts *p)
@@ -1256,25 +1141,22 @@ static void ml_puts_free(ml_puts *p)
     for (size_t i = 0; i < p->nheld; i++)
         PyBuffer_Release(&p->pieces[i]);
     PyMem_Free(p->pieces);
-    PyMem_Free(p->first);
-    PyMem_Free(p->lens);
-    PyMem_Free(p->bufs);
+    PyMem_Free(p->iov);
+    PyMem_Free(p->iovcnt);
     PyMem_Free(p->results);
 }
 
-/* Exports the npieces objects of `objs` (C-contiguous bytes-like) for n keys;
- * first[] must be filled by the caller after this returns 0, then
- * ml_puts_sizes() computes the lengths. */
+/* Exports the npieces objects of `objs` (C-contiguous bytes-like) for n
+ * keys; the caller fills iovcnt[] after this returns 0. */
 static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_t n)
 {
     memset(p, 0, sizeof(*p));
     p->npieces = npieces;
     p->pieces = PyMem_Calloc(npieces ? npieces : 1, sizeof(*p->pieces));
-    p->first = PyMem_Calloc(n + 1, sizeof(*p->first));
-    p->lens = PyMem_Calloc(n ? n : 1, sizeof(*p->lens));
-    p->bufs = PyMem_Calloc(n ? n : 1, sizeof(*p->bufs));
+    p->iov = PyMem_Calloc(npieces ? npieces : 1, sizeof(*p->iov));
+    p->iovcnt = PyMem_Calloc(n ? n : 1, sizeof(*p->iovcnt));
     p->results = PyMem_Calloc(n ? n : 1, sizeof(*p->results));
-    if (!p->pieces || !p->first || !p->lens || !p->bufs || !p->results) {
+    if (!p->pieces || !p->iov || !p->iovcnt || !p->results) {
         ml_puts_free(p);
         PyErr_NoMemory();
         return -1;
@@ -1285,30 +1167,10 @@ static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_
             return -1;
         }
         p->nheld++;
+        p->iov[i].iov_base = p->pieces[i].buf;
+        p->iov[i].iov_len = (size_t)p->pieces[i].len;
     }
     return 0;
-}
-
-/* Each key's length and the staging size, from first[]; -1 (OverflowError)
- * when they do not fit a size_t. */
-static int ml_puts_sizes(ml_puts *p, size_t n)
-{
-    p->total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t len = 0;
-        for (size_t k = p->first[i]; k < p->first[i + 1]; k++) {
-            if ((size_t)p->pieces[k].len > SIZE_MAX - len)
-                goto overflow;
-            len += (size_t)p->pieces[k].len;
-        }
-        p->lens[i] = len;
-        if (ml_add_slot(&p->total, len))
-            goto overflow;
-    }
-    return 0;
-overflow:
-    PyErr_SetString(PyExc_OverflowError, "the values are too large together");
-    return -1;
 }
 
 static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
@@ -1353,17 +1215,14 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
         ml_keys_free(&k);
         return NULL;
     }
-    for (size_t i = 0; i <= k.n; i++)
-        p.first[i] = i;
+    for (size_t i = 0; i < k.n; i++)
+        p.iovcnt[i] = 1;
     PyObject *out = NULL;
-    if (ml_puts_sizes(&p, k.n) == 0) {
+    {
         moonlet_put_options o;
         ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-        ml_put_job job = {.kind = self->kind, .keys = k.keys, .n = k.n, .pieces = p.pieces,
-                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
-                          .opt = &o, .results = p.results};
         int rc;
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_put(c, k.keys, k.n, p.iov, p.iovcnt, &o, p.results));
         if (rc == ML_CLOSED || (rc && k.n == 0)) {
             ml_raise(rc, "batch_put", NULL);
         } else if (rc) {
@@ -1408,17 +1267,13 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     ml_puts p;
     if (ml_puts_init(&p, PySequence_Fast_ITEMS(args) + 1, (size_t)nargs - 1, 1))
         return NULL;
-    p.first[0] = 0;
-    p.first[1] = (size_t)nargs - 1;
+    p.iovcnt[0] = (size_t)nargs - 1;
     PyObject *out = NULL;
-    if (ml_puts_sizes(&p, 1) == 0) {
+    {
         moonlet_put_options o;
         ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-        ml_put_job job = {.kind = self->kind, .keys = &key, .n = 1, .pieces = p.pieces,
-                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
-                          .opt = &o, .results = p.results};
         int rc;
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_put(c, &key, 1, p.iov, p.iovcnt, &o, p.results));
         if (rc) {
             ml_raise(rc, "put_parts", NULL);
         } else {
@@ -1428,51 +1283,6 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     }
     ml_puts_free(&p);
     return out;
-}
-
-/* One round of batch_get: reads m keys into a staging region of their caps
- * and copies each object read into dst[i] (its bytes object). */
-typedef struct {
-    ml_kind kind;
-    const char **keys;
-    void **dst;
-    size_t *caps, *lens;
-    void **bufs; /* scratch */
-    int32_t *results;
-    size_t m;
-    const char *tenant;
-} ml_get_job;
-
-static int ml_get_job_run(moonlet_client *c, ml_get_job *j)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < j->m; i++) {
-        j->results[i] = ML_UNSET;
-        j->lens[i] = 0;
-        if (ml_add_slot(&total, j->caps[i])) {
-            ml_fill_unset(j->results, j->m, MOONLET_ERR_INVALID_PARAMS);
-            return MOONLET_ERR_INVALID_PARAMS;
-        }
-    }
-    ml_region r;
-    int rc = ml_region_begin(c, j->kind, total, &r);
-    if (rc) {
-        ml_fill_unset(j->results, j->m, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < j->m; i++) {
-        j->bufs[i] = j->caps[i] ? (unsigned char *)r.base + off : NULL;
-        ml_add_slot(&off, j->caps[i]);
-    }
-    rc = moonlet_client_batch_get_into(c, j->keys, j->bufs, j->caps, j->m, j->lens, j->results,
-                                       j->tenant);
-    ml_fill_unset(j->results, j->m, rc);
-    for (size_t i = 0; i < j->m; i++)
-        if (j->results[i] == MOONLET_OK && j->lens[i] && j->lens[i] <= j->caps[i])
-            memcpy(j->dst[i], j->bufs[i], j->lens[i]);
-    ml_region_end(c, &r);
-    return rc;
 }
 
 /*
@@ -1500,15 +1310,14 @@ static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *
     unsigned char *pending = PyMem_Calloc(alloc, 1);
     size_t *idx = PyMem_Calloc(alloc, sizeof(*idx));
     const char **skeys = PyMem_Calloc(alloc, sizeof(*skeys));
-    void **sdst = PyMem_Calloc(alloc, sizeof(*sdst));
-    void **sbufs = PyMem_Calloc(alloc, sizeof(*sbufs));
-    size_t *scaps = PyMem_Calloc(alloc, sizeof(*scaps));
+    struct iovec *siov = PyMem_Calloc(alloc, sizeof(*siov));
+    size_t *scnt = PyMem_Calloc(alloc, sizeof(*scnt));
     size_t *slens = PyMem_Calloc(alloc, sizeof(*slens));
     int32_t *sres = PyMem_Calloc(alloc, sizeof(*sres));
     PyObject *out = NULL, *list = NULL;
     bool failed = false;
-    if (!objs || !caps || !res || !pending || !idx || !skeys || !sdst || !sbufs || !scaps ||
-        !slens || !sres) {
+    if (!objs || !caps || !res || !pending || !idx || !skeys || !siov || !scnt || !slens ||
+        !sres) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1520,17 +1329,15 @@ static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *
                 continue;
             idx[m] = i;
             skeys[m] = k.keys[i];
-            scaps[m] = caps[i];
-            sdst[m] = objs[i] ? PyBytes_AS_STRING(objs[i]) : NULL;
+            siov[m].iov_base = objs[i] ? PyBytes_AS_STRING(objs[i]) : NULL;
+            siov[m].iov_len = caps[i];
+            scnt[m] = caps[i] ? 1 : 0;
             m++;
         }
         if (m == 0)
             break;
-        ml_get_job job = {.kind = self->kind, .keys = skeys, .dst = sdst, .caps = scaps,
-                          .lens = slens, .bufs = sbufs, .results = sres, .m = m,
-                          .tenant = tenant};
         int rc;
-        ML_CALL(self, rc, ml_get_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_get(c, skeys, m, siov, scnt, tenant, slens, sres));
         if (rc == ML_CLOSED) {
             ml_raise(rc, "batch_get", NULL);
             goto done;
@@ -1598,9 +1405,8 @@ done:
     PyMem_Free(pending);
     PyMem_Free(idx);
     PyMem_Free(skeys);
-    PyMem_Free(sdst);
-    PyMem_Free(sbufs);
-    PyMem_Free(scaps);
+    PyMem_Free(siov);
+    PyMem_Free(scnt);
     PyMem_Free(slens);
     PyMem_Free(sres);
     ml_keys_free(&k);
@@ -1660,12 +1466,8 @@ static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyO
  */
 typedef struct {
     ml_keys k;
-    size_t *first; /* n + 1 entries: key i's ranges are [first[i], first[i + 1]) */
-    Py_buffer *pieces; /* .buf / .len of every range (no export is held) */
-    size_t npieces;
-    size_t *lens; /* each key's total */
-    size_t total; /* staging bytes: every key's slot */
-    const void **bufs;
+    size_t *iovcnt;    /* n entries: key i's ranges are the next iovcnt[i] of iov */
+    struct iovec *iov; /* every range, key 0's first */
     size_t *got;
     int32_t *results;
 } ml_multi;
@@ -1673,10 +1475,8 @@ typedef struct {
 static void ml_multi_free(ml_multi *m)
 {
     ml_keys_free(&m->k);
-    PyMem_Free(m->first);
-    PyMem_Free(m->pieces);
-    PyMem_Free(m->lens);
-    PyMem_Free(m->bufs);
+    PyMem_Free(m->iovcnt);
+    PyMem_Free(m->iov);
     PyMem_Free(m->got);
     PyMem_Free(m->results);
 }
@@ -1686,9 +1486,11 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
 {
     memset(m, 0, sizeof(*m));
     PyObject *ta = NULL, *ts = NULL;
+    void **a = NULL;
+    size_t *s = NULL;
     if (ml_keys_init(&m->k, keys))
         return -1;
-    size_t n = m->k.n, alloc = n ? n : 1;
+    size_t n = m->k.n, alloc = n ? n : 1, npieces = 0;
     ta = PySequence_Tuple(all_addrs);
     ts = ta ? PySequence_Tuple(all_sizes) : NULL;
     if (!ts)
@@ -1698,12 +1500,10 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
                      PyTuple_GET_SIZE(ta), PyTuple_GET_SIZE(ts), n);
         goto fail;
     }
-    m->first = PyMem_Calloc(n + 1, sizeof(*m->first));
-    m->lens = PyMem_Calloc(alloc, sizeof(*m->lens));
-    m->bufs = PyMem_Calloc(alloc, sizeof(*m->bufs));
+    m->iovcnt = PyMem_Calloc(alloc, sizeof(*m->iovcnt));
     m->got = PyMem_Calloc(alloc, sizeof(*m->got));
     m->results = PyMem_Calloc(alloc, sizeof(*m->results));
-    if (!m->first || !m->lens || !m->bufs || !m->got || !m->results) {
+    if (!m->iovcnt || !m->got || !m->results) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -1711,50 +1511,35 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
         Py_ssize_t len = PyObject_Length(PyTuple_GET_ITEM(ta, (Py_ssize_t)i));
         if (len < 0)
             goto fail;
-        m->first[i + 1] = m->first[i] + (size_t)len;
+        m->iovcnt[i] = (size_t)len;
+        npieces += (size_t)len;
     }
-    m->npieces = m->first[n];
-    m->pieces = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*m->pieces));
-    void **a = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*a));
-    size_t *s = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*s));
-    if (!m->pieces || !a || !s) {
-        PyMem_Free(a);
-        PyMem_Free(s);
+    m->iov = PyMem_Calloc(npieces ? npieces : 1, sizeof(*m->iov));
+    a = PyMem_Calloc(npieces ? npieces : 1, sizeof(*a));
+    s = PyMem_Calloc(npieces ? npieces : 1, sizeof(*s));
+    if (!m->iov || !a || !s) {
         PyErr_NoMemory();
         goto fail;
     }
-    int bad = 0;
-    for (size_t i = 0; i < n && !bad; i++) {
-        size_t cnt = m->first[i + 1] - m->first[i];
-        bad = ml_seq_conv(PyTuple_GET_ITEM(ta, (Py_ssize_t)i), cnt, "addresses", conv_addr,
-                          a + m->first[i], sizeof(*a)) ||
-              ml_seq_conv(PyTuple_GET_ITEM(ts, (Py_ssize_t)i), cnt, "sizes", conv_size,
-                          s + m->first[i], sizeof(*s));
-        size_t len = 0;
-        for (size_t p = m->first[i]; !bad && p < m->first[i + 1]; p++) {
-            if (s[p] > (size_t)PY_SSIZE_T_MAX || s[p] > SIZE_MAX - len) {
-                PyErr_SetString(PyExc_OverflowError, "the ranges of a key are too large");
-                bad = 1;
-                break;
-            }
-            len += s[p];
-            m->pieces[p].buf = a[p];
-            m->pieces[p].len = (Py_ssize_t)s[p];
-        }
-        m->lens[i] = len;
-        if (!bad && ml_add_slot(&m->total, len)) {
-            PyErr_SetString(PyExc_OverflowError, "the keys are too large together");
-            bad = 1;
+    for (size_t i = 0, at = 0; i < n; at += m->iovcnt[i], i++) {
+        if (ml_seq_conv(PyTuple_GET_ITEM(ta, (Py_ssize_t)i), m->iovcnt[i], "addresses",
+                        conv_addr, a + at, sizeof(*a)) ||
+            ml_seq_conv(PyTuple_GET_ITEM(ts, (Py_ssize_t)i), m->iovcnt[i], "sizes", conv_size,
+                        s + at, sizeof(*s)))
+            goto fail;
+        for (size_t p = at; p < at + m->iovcnt[i]; p++) {
+            m->iov[p].iov_base = a[p];
+            m->iov[p].iov_len = s[p];
         }
     }
     PyMem_Free(a);
     PyMem_Free(s);
-    if (bad)
-        goto fail;
     Py_DECREF(ta);
     Py_DECREF(ts);
     return 0;
 fail:
+    PyMem_Free(a);
+    PyMem_Free(s);
     Py_XDECREF(ta);
     Py_XDECREF(ts);
     ml_multi_free(m);
@@ -1797,51 +1582,14 @@ static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyOb
         return NULL;
     moonlet_put_options o;
     ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-    ml_put_job job = {.kind = self->kind, .keys = m.k.keys, .n = m.k.n, .pieces = m.pieces,
-                      .first = m.first, .lens = m.lens, .total = m.total, .bufs = m.bufs,
-                      .opt = &o, .results = m.results};
     int rc = MOONLET_OK;
     if (m.k.n)
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc,
+                moonlet_client_batch_put(c, m.k.keys, m.k.n, m.iov, m.iovcnt, &o, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_put_from_multi_buffers", NULL)
                                     : ml_multi_results(&m, false);
     ml_multi_free(&m);
     return out;
-}
-
-/* Called with the client lock held and the GIL released. */
-static int ml_multi_get_run(moonlet_client *c, ml_kind kind, ml_multi *m, const char *tenant)
-{
-    for (size_t i = 0; i < m->k.n; i++)
-        m->results[i] = ML_UNSET;
-    ml_region r;
-    int rc = ml_region_begin(c, kind, m->total, &r);
-    if (rc) {
-        ml_fill_unset(m->results, m->k.n, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < m->k.n; i++) {
-        m->bufs[i] = m->lens[i] ? (unsigned char *)r.base + off : NULL;
-        ml_add_slot(&off, m->lens[i]); /* cannot overflow: total was computed the same way */
-    }
-    rc = moonlet_client_batch_get_into(c, m->k.keys, (void *const *)m->bufs, m->lens, m->k.n,
-                                       m->got, m->results, tenant);
-    ml_fill_unset(m->results, m->k.n, rc);
-    for (size_t i = 0; i < m->k.n; i++) {
-        if (m->results[i] != MOONLET_OK || m->got[i] > m->lens[i])
-            continue;
-        const unsigned char *src = m->bufs[i];
-        size_t left = m->got[i];
-        for (size_t p = m->first[i]; p < m->first[i + 1] && left; p++) {
-            size_t take = (size_t)m->pieces[p].len < left ? (size_t)m->pieces[p].len : left;
-            memcpy(m->pieces[p].buf, src, take);
-            src += take;
-            left -= take;
-        }
-    }
-    ml_region_end(c, &r);
-    return rc;
 }
 
 static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyObject *kw)
@@ -1857,7 +1605,8 @@ static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyOb
         return NULL;
     int rc = MOONLET_OK;
     if (m.k.n)
-        ML_CALL(self, rc, ml_multi_get_run(c, self->kind, &m, tenant));
+        ML_CALL(self, rc, moonlet_client_batch_get(c, m.k.keys, m.k.n, m.iov, m.iovcnt, tenant,
+                                                   m.got, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_get_into_multi_buffers", NULL)
                                     : ml_multi_results(&m, true);
     ml_multi_free(&m);

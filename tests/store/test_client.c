@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
 #include <cmocka.h>
 
 #include "../common/cluster.h"
@@ -392,6 +394,83 @@ static void test_registered_buffers(void **state)
     free(loose);
     free(src);
     free(dst);
+}
+
+/* ---- copying batches ------------------------------------------------------------------- */
+
+static void test_copying_batches(void **state)
+{
+    (void)state;
+    unsigned char *a = random_bytes(5000, 91), *b = random_bytes(300, 92);
+    /* key 0: a then b (two ranges); key 1: empty (no range); key 2: b; key 3: exists */
+    assert_int_equal(moonlet_client_put(g_cli, "cp/taken", "x", 1, NULL), MOONLET_OK);
+    const char *keys[] = {"cp/ab", "cp/empty", "cp/b", "cp/taken"};
+    struct iovec iov[] = {{a, 5000}, {b, 300}, {b, 300}, {a, 1}};
+    const size_t cnt[] = {2, 0, 1, 1};
+    int32_t r[4];
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r),
+                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(r[0], MOONLET_OK);
+    assert_int_equal(r[1], MOONLET_OK);
+    assert_int_equal(r[2], MOONLET_OK);
+    assert_int_equal(r[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    unsigned char *ab = malloc(5300);
+    memcpy(ab, a, 5000);
+    memcpy(ab + 5000, b, 300);
+    assert_get_equals(g_cli, "cp/ab", NULL, ab, 5300);
+    assert_get_equals(g_cli, "cp/empty", NULL, "", 0);
+    assert_get_equals(g_cli, "cp/b", NULL, b, 300);
+
+    /* sizes only (no range), then a scattered read over three ranges */
+    const char *gk[] = {"cp/ab", "cp/empty", "cp/none"};
+    size_t sizes[3];
+    int32_t gr[3];
+    const size_t zero[] = {0, 0, 0};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 3, NULL, zero, NULL, sizes, gr),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(gr[0], MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(sizes[0], 5300);
+    assert_int_equal(gr[1], MOONLET_OK);
+    assert_int_equal(sizes[1], 0);
+    assert_int_equal(gr[2], MOONLET_ERR_OBJECT_NOT_FOUND);
+    unsigned char *d1 = calloc(1, 100), *d2 = calloc(1, 5000), *d3 = calloc(1, 200);
+    struct iovec giov[] = {{d1, 100}, {d2, 5000}, {d3, 200}};
+    const size_t gcnt[] = {3};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, giov, gcnt, NULL, sizes, gr),
+                     MOONLET_OK);
+    assert_int_equal(sizes[0], 5300);
+    assert_memory_equal(d1, ab, 100);
+    assert_memory_equal(d2, ab + 100, 5000);
+    assert_memory_equal(d3, ab + 5100, 200);
+    /* ranges too small together: nothing copied, the size reported */
+    memset(d1, 0, 100);
+    const size_t one[] = {1};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, giov, one, NULL, sizes, gr),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(sizes[0], 5300);
+    assert_int_equal(d1[0], 0);
+
+    /* malformed calls: refused whole, every key told */
+    struct iovec bad[] = {{NULL, 5}};
+    const size_t bcnt[] = {1};
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 1, bad, bcnt, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(r[0], MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, NULL, bcnt, NULL, sizes, gr),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 1, iov, NULL, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_put(NULL, keys, 1, iov, cnt, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    bool ex = true;
+    assert_int_equal(moonlet_client_probe_key(g_cli, "cp/ab2", &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+    free(d1);
+    free(d2);
+    free(d3);
+    free(ab);
+    free(a);
+    free(b);
 }
 
 /* ---- probes ---------------------------------------------------------------------------- */
@@ -858,6 +937,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_copying_batches),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_concurrent_use),
     };
@@ -874,6 +954,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_copying_batches),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_staging_path),
         cmocka_unit_test(test_local_segment),
