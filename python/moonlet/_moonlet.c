@@ -20,8 +20,13 @@
  *    rwlock shared (taken with the GIL released), close() takes it exclusive,
  *    so it waits for calls in flight and later calls see a closed store.
  *
+ * Every method is a thin wrapper: the copying batches (batch_put,
+ * put_parts, batch_get, the multi-buffer batches) are the C client's
+ * moonlet_client_batch_put / moonlet_client_batch_get; the SharedBuffer type
+ * lives in shared.c, what both files share in _moonlet.h.
+ *
  * Built by python/moonlet/meson.build against Debian's python3-dev and the
- * static libmoonlet; no warning flag is relaxed for it.
+ * internal static libraries of libmoonlet; no warning flag is relaxed for it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,48 +43,18 @@
 #include "moonlet/error.h"
 #include "moonlet/policy.h"
 
+#include "_moonlet.h"
+
 /* A PyCFunction-compatible pointer to a METH_VARARGS | METH_KEYWORDS method
  * (the cast through void (*)(void) is what CPython itself does). */
 #define ML_KW(f) ((PyCFunction)(void (*)(void))(f))
-
-/* rc of a call made on a closed client (never a moonlet code). */
-#define ML_CLOSED INT_MIN
-
-typedef enum { ML_KIND_NONE = 0, ML_KIND_DIRECT = 1, ML_KIND_DUMMY = 2 } ml_kind;
-
-struct SharedObject;
-
-typedef struct {
-    PyObject_HEAD
-    moonlet_client *client;  /* NULL before connect and after close */
-    pthread_rwlock_t lock;   /* calls: shared; close: exclusive */
-    ml_kind kind;
-    PyObject *target;        /* str: master address or RealClient socket; or None */
-    PyObject *tenant;        /* str: default tenant of the connection; or None */
-    PyObject *weakrefs;
-    struct SharedObject *shared; /* live alloc_buffer() memory (each holds a reference to us) */
-} ClientObject;
-
-/* moonlet._moonlet.SharedBuffer: memory of moonlet_client_alloc_shared(),
- * exported through the buffer protocol.  It keeps its Store alive; its
- * memory goes with free() or the Store's close(), both of which refuse
- * while a memoryview (or numpy array, ctypes object, ...) of it exists, so
- * Python code can never reach freed memory through it. */
-typedef struct SharedObject {
-    PyObject_HEAD
-    ClientObject *owner;          /* strong reference */
-    void *ptr;                    /* NULL once freed */
-    size_t len;
-    Py_ssize_t exports;           /* buffer views handed out and not released */
-    struct SharedObject *next, **pprev; /* in owner->shared while not freed */
-} SharedObject;
 
 static PyObject *g_store_error; /* moonlet.errors.StoreError */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* Raises StoreError(code, "<what>: NAME (code)", results=results). */
-static PyObject *ml_raise(int code, const char *what, PyObject *results)
+PyObject *ml_raise(int code, const char *what, PyObject *results)
 {
     PyObject *exc;
     if (code == ML_CLOSED) {
@@ -190,7 +165,7 @@ static int conv_addr(PyObject *o, void *out)
     return 1;
 }
 
-static int conv_size(PyObject *o, void *out)
+int conv_size(PyObject *o, void *out)
 {
     uint64_t v;
     if (ml_uint(o, SIZE_MAX, "size", &v))
@@ -401,20 +376,6 @@ static void ml_put_opts(moonlet_put_options *o, const char *tenant, uint32_t rep
     o->soft_pin_ttl_ms = pl->ttl_ms;
 }
 
-/* ---- calls with the GIL released ------------------------------------------------------- */
-
-/* Runs `expr` (which may use the local `c`, the client) with the GIL released
- * and the object's lock held shared; rc gets its result, or ML_CLOSED. */
-#define ML_CALL(self, rc, expr)                                    \
-    do {                                                           \
-        Py_BEGIN_ALLOW_THREADS                                     \
-        pthread_rwlock_rdlock(&(self)->lock);                      \
-        moonlet_client *c = (self)->client;                        \
-        (rc) = c ? (expr) : ML_CLOSED;                             \
-        pthread_rwlock_unlock(&(self)->lock);                      \
-        Py_END_ALLOW_THREADS                                       \
-    } while (0)
-
 /* ---- the type ------------------------------------------------------------------------ */
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -589,18 +550,6 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
     Py_RETURN_NONE;
 }
 
-static void shared_unlink(SharedObject *b)
-{
-    if (b->pprev) {
-        *b->pprev = b->next;
-        if (b->next)
-            b->next->pprev = b->pprev;
-    }
-    b->next = NULL;
-    b->pprev = NULL;
-    b->ptr = NULL;
-}
-
 static PyObject *Client_close(ClientObject *self, PyObject *unused)
 {
     for (SharedObject *b = self->shared; b; b = b->next) {
@@ -613,7 +562,7 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused)
     }
     /* the client frees alloc_shared memory with itself */
     while (self->shared)
-        shared_unlink(self->shared);
+        ml_shared_unlink(self->shared);
     ml_close(self);
     Py_RETURN_NONE;
 }
@@ -1613,190 +1562,6 @@ static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyOb
     return out;
 }
 
-/* ---- shared buffers ------------------------------------------------------------------------ */
-
-static PyTypeObject SharedType;
-
-static PyObject *Client_alloc_buffer(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"size", NULL};
-    size_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:alloc_buffer", kwl, conv_size, &size))
-        return NULL;
-    void *p = NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_alloc_shared(c, size, &p));
-    if (rc)
-        return ml_raise(rc, "alloc_buffer", NULL);
-    SharedObject *b = PyObject_New(SharedObject, &SharedType);
-    if (!b) {
-        ML_CALL(self, rc, moonlet_client_free_shared(c, p));
-        return NULL;
-    }
-    Py_INCREF(self);
-    b->owner = self;
-    b->ptr = p;
-    b->len = size;
-    b->exports = 0;
-    b->next = self->shared;
-    b->pprev = &self->shared;
-    if (self->shared)
-        self->shared->pprev = &b->next;
-    self->shared = b;
-    return (PyObject *)b;
-}
-
-/* Frees the memory unless views of it are alive; idempotent. */
-static int shared_free(SharedObject *b)
-{
-    if (!b->ptr)
-        return 0;
-    if (b->exports > 0) {
-        PyErr_SetString(PyExc_BufferError,
-                        "SharedBuffer.free: a view of it is still alive (release it first)");
-        return -1;
-    }
-    void *p = b->ptr;
-    shared_unlink(b);
-    int rc;
-    ML_CALL(b->owner, rc, moonlet_client_free_shared(c, p));
-    if (rc && rc != ML_CLOSED) {
-        ml_raise(rc, "SharedBuffer.free", NULL);
-        return -1;
-    }
-    return 0;
-}
-
-static PyObject *Shared_free(SharedObject *b, PyObject *unused)
-{
-    if (shared_free(b))
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Shared_enter(SharedObject *b, PyObject *unused)
-{
-    Py_INCREF(b);
-    return (PyObject *)b;
-}
-
-static PyObject *Shared_exit(SharedObject *b, PyObject *args)
-{
-    if (shared_free(b))
-        return NULL;
-    Py_RETURN_FALSE;
-}
-
-static void Shared_dealloc(SharedObject *b)
-{
-    if (b->ptr && shared_free(b))
-        PyErr_WriteUnraisable((PyObject *)b);
-    Py_CLEAR(b->owner);
-    PyObject_Free(b);
-}
-
-static int Shared_getbuffer(SharedObject *b, Py_buffer *view, int flags)
-{
-    if (!b->ptr) {
-        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
-        view->obj = NULL;
-        return -1;
-    }
-    if (b->len > PY_SSIZE_T_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "SharedBuffer too large for a buffer view");
-        view->obj = NULL;
-        return -1;
-    }
-    if (PyBuffer_FillInfo(view, (PyObject *)b, b->ptr, (Py_ssize_t)b->len, 0, flags) < 0)
-        return -1;
-    b->exports++;
-    return 0;
-}
-
-static void Shared_releasebuffer(SharedObject *b, Py_buffer *view)
-{
-    b->exports--;
-}
-
-static Py_ssize_t Shared_len(SharedObject *b)
-{
-    return b->ptr ? (Py_ssize_t)b->len : 0;
-}
-
-static PyObject *Shared_get_address(SharedObject *b, void *closure)
-{
-    if (!b->ptr) {
-        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
-        return NULL;
-    }
-    return PyLong_FromVoidPtr(b->ptr);
-}
-
-static PyObject *Shared_get_size(SharedObject *b, void *closure)
-{
-    return PyLong_FromSize_t(b->ptr ? b->len : 0);
-}
-
-static PyObject *Shared_get_freed(SharedObject *b, void *closure)
-{
-    return PyBool_FromLong(b->ptr == NULL);
-}
-
-static PyObject *Shared_repr(SharedObject *b)
-{
-    if (!b->ptr)
-        return PyUnicode_FromString("<moonlet.SharedBuffer freed>");
-    return PyUnicode_FromFormat("<moonlet.SharedBuffer address=%p size=%zu>", b->ptr, b->len);
-}
-
-static PyMethodDef Shared_methods[] = {
-    {"free", (PyCFunction)Shared_free, METH_NOARGS,
-     "free()\n--\n\nReturns the memory to the store (BufferError while a view of it is "
-     "alive).  Calling it again does nothing."},
-    {"__enter__", (PyCFunction)Shared_enter, METH_NOARGS, "Returns itself."},
-    {"__exit__", (PyCFunction)Shared_exit, METH_VARARGS, "Frees the memory."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Shared_getset[] = {
-    {"address", (getter)Shared_get_address, NULL,
-     "The memory's address, for put_from / get_into and their batches.", NULL},
-    {"size", (getter)Shared_get_size, NULL, "Its size in bytes (0 once freed).", NULL},
-    {"freed", (getter)Shared_get_freed, NULL, "True once freed (or its store closed).", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyBufferProcs Shared_as_buffer = {
-    .bf_getbuffer = (getbufferproc)Shared_getbuffer,
-    .bf_releasebuffer = (releasebufferproc)Shared_releasebuffer,
-};
-
-static PySequenceMethods Shared_as_sequence = {
-    .sq_length = (lenfunc)Shared_len,
-};
-
-PyDoc_STRVAR(Shared_doc,
-"Memory that put_from / get_into use with no copy on either backend\n"
-"(Store.alloc_buffer()): shared memory the RealClient maps for a DummyClient,\n"
-"registered memory for a direct Store.  A writable buffer object\n"
-"(memoryview(buf), numpy.frombuffer(buf, ...)); .address is its address.\n"
-"Freed by free(), leaving a with block, or its Store's close(); none of them\n"
-"runs while a view of it is alive (BufferError).");
-
-static PyTypeObject SharedType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "moonlet.SharedBuffer",
-    .tp_basicsize = sizeof(SharedObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = Shared_doc,
-    .tp_dealloc = (destructor)Shared_dealloc,
-    .tp_repr = (reprfunc)Shared_repr,
-    .tp_as_buffer = &Shared_as_buffer,
-    .tp_as_sequence = &Shared_as_sequence,
-    .tp_methods = Shared_methods,
-    .tp_getset = Shared_getset,
-};
-
 /* ---- accessors ---------------------------------------------------------------------------- */
 
 static PyObject *Client_get_protocol(ClientObject *self, void *closure)
@@ -1913,7 +1678,7 @@ static PyMethodDef Client_methods[] = {
      "boundary; nothing when none is selected.  Returns (kv_prefix, selected or None,\n"
      "mask).  StoreError: INVALID_PARAMS, INVALID_KEY, INVALID_VERSION (the master\n"
      "predates ProbeResume).  Releases the GIL."},
-    {"alloc_buffer", ML_KW(Client_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
+    {"alloc_buffer", ML_KW(ml_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
      "alloc_buffer(size) -> SharedBuffer\n--\n\n"
      "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "
      "either backend, already registered (do not register them again).  Through a "
@@ -2058,7 +1823,7 @@ PyMODINIT_FUNC PyInit__moonlet(void)
     Py_DECREF(errors);
     if (!g_store_error)
         return NULL;
-    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&SharedType) < 0)
+    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&ml_SharedType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moonlet_module);
     if (!m)
@@ -2069,9 +1834,9 @@ PyMODINIT_FUNC PyInit__moonlet(void)
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&SharedType);
-    if (PyModule_AddObject(m, "SharedBuffer", (PyObject *)&SharedType) < 0) {
-        Py_DECREF(&SharedType);
+    Py_INCREF(&ml_SharedType);
+    if (PyModule_AddObject(m, "SharedBuffer", (PyObject *)&ml_SharedType) < 0) {
+        Py_DECREF(&ml_SharedType);
         Py_DECREF(m);
         return NULL;
     }
