@@ -623,7 +623,7 @@ static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
         return ml_raise(rc, "get", NULL);
     PyObject *out = len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
                                           : PyErr_NoMemory();
-    free(buf);
+    moonlet_free(buf);
     return out;
 }
 
@@ -685,7 +685,7 @@ static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObjec
     if (rc)
         return ml_raise(rc, "inspect", NULL);
     PyObject *out = PyUnicode_FromString(json);
-    free(json);
+    moonlet_free(json);
     return out;
 }
 

@@ -232,7 +232,7 @@ static int op_get(const char *key, bool verify, uint64_t *len, bool *wrong)
     *wrong = false;
     if (rc == 0 && verify)
         *wrong = !content_check(key, buf, n) || (g_o.size_given && n != object_size(key));
-    free(buf);
+    moonlet_free(buf);
     return rc;
 }
 

@@ -240,7 +240,7 @@ static void test_round_trip(void **state)
         assert_non_null(p);
         assert_int_equal(len, sizes[i]);
         assert_memory_equal(p, data, sizes[i]);
-        free(p);
+        moonlet_free(p);
         uint64_t size = 1;
         assert_int_equal(moonlet_client_get_size(g_cli, key, &size, NULL), MOONLET_OK);
         assert_int_equal(size, sizes[i]);
@@ -547,7 +547,7 @@ static void test_staging_path(void **state)
         size_t len;
         assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
         assert_memory_equal(p, data, sizes[i]);
-        free(p);
+        moonlet_free(p);
         free(data);
     }
     /* memory already registered is used as is */

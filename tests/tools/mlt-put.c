@@ -160,7 +160,7 @@ static int client_op(const char *op, char **a)
             if (!rc)
                 printf("cget %s: %zu bytes, content verified\n", a[1], len);
         }
-        free(buf);
+        moonlet_free(buf);
     }
     moonlet_client_destroy(c);
     return rc;
