@@ -33,6 +33,8 @@
 #include <structmember.h>
 
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -376,6 +378,93 @@ static void ml_put_opts(moonlet_put_options *o, const char *tenant, uint32_t rep
     o->soft_pin_ttl_ms = pl->ttl_ms;
 }
 
+/* A put's keyword-only options (tenant_id, replica_num, soft_pin and the
+ * placement keywords), parsed once for every put-like method by
+ * ml_parse_put(); o points into pl. */
+typedef struct {
+    const char *tenant;
+    uint32_t replica_num;
+    int soft_pin;
+    ml_place pl;
+    moonlet_put_options o;
+} ml_putkw;
+
+static char *ml_put_kwnames[] = {"tenant_id", "replica_num", "soft_pin", "preferred_segments",
+                                 "hard_pin", "soft_pin_ttl_ms", NULL};
+
+/* Moves the put options out of a copy of kw into *opts (both new dicts, or
+ * NULL when kw has no keywords); -1 with an exception set. */
+static int ml_put_kw_split(PyObject *kw, PyObject **rest, PyObject **opts)
+{
+    *rest = *opts = NULL;
+    if (!kw || PyDict_GET_SIZE(kw) == 0)
+        return 0;
+    *rest = PyDict_Copy(kw);
+    *opts = PyDict_New();
+    if (!*rest || !*opts)
+        return -1;
+    for (size_t i = 0; ml_put_kwnames[i]; i++) {
+        PyObject *v = PyDict_GetItemString(*rest, ml_put_kwnames[i]); /* borrowed */
+        if (v && (PyDict_SetItemString(*opts, ml_put_kwnames[i], v) < 0 ||
+                  PyDict_DelItemString(*rest, ml_put_kwnames[i]) < 0))
+            return -1;
+    }
+    return 0;
+}
+
+/* TypeError naming the first keyword of rest that is neither a put option
+ * nor in kwl (as CPython's own message); -1 then. */
+static int ml_kw_known(PyObject *rest, char **kwl, const char *name)
+{
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (rest && PyDict_Next(rest, &pos, &k, &v)) {
+        const char *ks = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+        bool known = false;
+        for (size_t i = 0; ks && kwl[i] && !known; i++)
+            known = strcmp(ks, kwl[i]) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for %s()", k,
+                         name ? name + 1 : "function");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* PyArg_ParseTupleAndKeywords for a put-like method: fmt / kwl / the
+ * varargs describe the method's own arguments (fmt ends in ":name"); the put
+ * options, keyword-only, go to *pk.  Returns 1, or 0 with an exception set. */
+static int ml_parse_put(PyObject *args, PyObject *kw, const char *fmt, char **kwl, ml_putkw *pk,
+                        ...)
+{
+    pk->tenant = NULL;
+    pk->replica_num = 0;
+    pk->soft_pin = 0;
+    ml_place_init(&pk->pl);
+    PyObject *rest, *opts, *empty = NULL;
+    int ok = 0;
+    const char *name = strchr(fmt, ':');
+    char ofmt[80];
+    snprintf(ofmt, sizeof(ofmt), "|$O&O&pO&pO&%s", name ? name : "");
+    if (ml_put_kw_split(kw, &rest, &opts) == 0 && ml_kw_known(rest, kwl, name) == 0 &&
+        (empty = PyTuple_New(0)) != NULL &&
+        PyArg_ParseTupleAndKeywords(empty, opts, ofmt, ml_put_kwnames, conv_tenant, &pk->tenant,
+                                    conv_u32, &pk->replica_num, &pk->soft_pin, conv_place_pref,
+                                    &pk->pl, &pk->pl.hard_pin, conv_u64, &pk->pl.ttl_ms)) {
+        va_list ap;
+        va_start(ap, pk);
+        ok = PyArg_VaParseTupleAndKeywords(args, rest, fmt, kwl, ap);
+        va_end(ap);
+    }
+    Py_XDECREF(empty);
+    Py_XDECREF(rest);
+    Py_XDECREF(opts);
+    if (ok)
+        ml_put_opts(&pk->o, pk->tenant, pk->replica_num, pk->soft_pin, &pk->pl);
+    return ok;
+}
+
 /* ---- the type ------------------------------------------------------------------------ */
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -571,22 +660,14 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused)
 
 static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw, bool upsert)
 {
-    static char *kwl[] = {"key", "value", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
+    static char *kwl[] = {"key", "value", NULL};
+    const char *key;
     Py_buffer value;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&pO&pO&:upsert"
-                                            : "O&y*|$O&O&pO&pO&:put",
-                                     kwl, conv_key, &key, &value, conv_tenant, &tenant, conv_u32,
-                                     &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, upsert ? "O&y*:upsert" : "O&y*:put", kwl, &pk, conv_key, &key,
+                      &value))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     if (upsert)
         ML_CALL(self, rc, moonlet_client_upsert(c, key, value.buf, (size_t)value.len, &o));
@@ -905,22 +986,14 @@ static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, Py
 
 static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "address", "size", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
+    static char *kwl[] = {"key", "address", "size", NULL};
+    const char *key;
     void *addr;
     size_t size;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&pO&pO&:put_from", kwl, conv_key, &key,
-                                     conv_addr, &addr, conv_size, &size, conv_tenant, &tenant,
-                                     conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "O&O&O&:put_from", kwl, &pk, conv_key, &key, conv_addr, &addr, conv_size, &size))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &o));
     if (rc)
@@ -986,24 +1059,15 @@ static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObjec
 
 static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "addresses", "sizes", NULL};
     PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:batch_put_from", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OOO:batch_put_from", kwl, &pk, &keys, &addrs, &sizes))
         return NULL;
     ml_zbatch z;
     if (ml_zbatch_init(&z, keys, addrs, sizes))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     ML_CALL(self, rc,
             moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
@@ -1124,18 +1188,10 @@ static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_
 
 static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "values", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "values", NULL};
     PyObject *keys_obj, *values_obj;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&pO&pO&:batch_put", kwl, &keys_obj,
-                                     &values_obj, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OO:batch_put", kwl, &pk, &keys_obj, &values_obj))
         return NULL;
     if (PyUnicode_Check(values_obj) || PyBytes_Check(values_obj) ||
         PyByteArray_Check(values_obj) || PyMemoryView_Check(values_obj)) {
@@ -1168,8 +1224,7 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
         p.iovcnt[i] = 1;
     PyObject *out = NULL;
     {
-        moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+        moonlet_put_options o = pk.o;
         int rc;
         ML_CALL(self, rc, moonlet_client_batch_put(c, k.keys, k.n, p.iov, p.iovcnt, &o, p.results));
         if (rc == ML_CLOSED || (rc && k.n == 0)) {
@@ -1192,13 +1247,8 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
 
 static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
+    static char *kwl[] = {NULL};
+    const char *key;
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "put_parts() missing required argument 'key'");
@@ -1207,9 +1257,8 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     PyObject *empty = PyTuple_New(0);
     if (!empty)
         return NULL;
-    int ok = PyArg_ParseTupleAndKeywords(empty, kw, "|$O&O&pO&pO&:put_parts", kwl, conv_tenant, &tenant,
-                                         conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms);
+    ml_putkw pk;
+    int ok = ml_parse_put(empty, kw, ":put_parts", kwl, &pk);
     Py_DECREF(empty);
     if (!ok || !conv_key(PyTuple_GET_ITEM(args, 0), &key))
         return NULL;
@@ -1219,8 +1268,7 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     p.iovcnt[0] = (size_t)nargs - 1;
     PyObject *out = NULL;
     {
-        moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+        moonlet_put_options o = pk.o;
         int rc;
         ML_CALL(self, rc, moonlet_client_batch_put(c, &key, 1, p.iov, p.iovcnt, &o, p.results));
         if (rc) {
@@ -1512,25 +1560,15 @@ static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
 
 static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", "replica_num",
-                          "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "all_addresses", "all_sizes", NULL};
     PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:_batch_put_multi", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OOO:_batch_put_multi", kwl, &pk, &keys, &addrs, &sizes))
         return NULL;
     ml_multi m;
     if (ml_multi_init(&m, keys, addrs, sizes))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc = MOONLET_OK;
     if (m.k.n)
         ML_CALL(self, rc,
