@@ -115,11 +115,22 @@ static void copy_fill_unset(int32_t *results, size_t n, int rc)
             results[i] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
 }
 
-/* A call refused as a whole: every key gets its code. */
-static void copy_fill_all(int32_t *results, size_t n, int rc)
+/* Plans the call (lens[i]: key i's bytes; NULL lens: out of memory) and
+ * takes its region.  Every results[i] (when results is not NULL) becomes
+ * COPY_UNSET, or the code of a call that fails here as a whole. */
+static int copy_begin(moonlet_client *c, const char *const *keys, size_t n,
+                      const struct iovec *iov, const size_t *iovcnt, int32_t *results,
+                      size_t *lens, copy_region *r)
 {
-    for (size_t i = 0; i < n; i++)
-        results[i] = rc;
+    size_t total = 0;
+    r->base = NULL;
+    int rc = lens ? copy_plan(keys, n, iov, iovcnt, results, lens, &total)
+                  : MOONLET_ERR_INTERNAL_ERROR;
+    if (rc == MOONLET_OK)
+        rc = copy_region_begin(c, total, r);
+    for (size_t i = 0; results && i < n; i++)
+        results[i] = rc ? rc : COPY_UNSET;
+    return rc;
 }
 
 int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,
@@ -130,19 +141,8 @@ int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t 
         return MOONLET_ERR_INVALID_PARAMS;
     size_t *lens = calloc(n ? n : 1, sizeof(*lens));
     const void **bufs = calloc(n ? n : 1, sizeof(*bufs));
-    size_t total = 0;
-    int rc = lens && bufs ? copy_plan(keys, n, iov, iovcnt, results, lens, &total)
-                          : MOONLET_ERR_INTERNAL_ERROR;
-    copy_region r = {0};
-    if (rc && results)
-        copy_fill_all(results, n, rc);
-    if (rc == MOONLET_OK) {
-        for (size_t i = 0; i < n; i++)
-            results[i] = COPY_UNSET;
-        rc = copy_region_begin(c, total, &r);
-        if (rc)
-            copy_fill_unset(results, n, rc);
-    }
+    copy_region r;
+    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? lens : NULL, &r);
     if (rc == MOONLET_OK) {
         size_t off = 0, at = 0;
         for (size_t i = 0; i < n; i++) {
@@ -173,24 +173,12 @@ int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t 
         return MOONLET_ERR_INVALID_PARAMS;
     size_t *caps = calloc(n ? n : 1, sizeof(*caps));
     void **bufs = calloc(n ? n : 1, sizeof(*bufs));
-    size_t total = 0;
-    int rc = caps && bufs ? copy_plan(keys, n, iov, iovcnt, results, caps, &total)
-                          : MOONLET_ERR_INTERNAL_ERROR;
-    copy_region r = {0};
-    if (rc && results)
-        copy_fill_all(results, n, rc);
-    if (rc == MOONLET_OK) {
-        for (size_t i = 0; i < n; i++) {
-            results[i] = COPY_UNSET;
-            sizes[i] = 0;
-        }
-        rc = copy_region_begin(c, total, &r);
-        if (rc)
-            copy_fill_unset(results, n, rc);
-    }
+    copy_region r;
+    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? caps : NULL, &r);
     if (rc == MOONLET_OK) {
         size_t off = 0;
         for (size_t i = 0; i < n; i++) {
+            sizes[i] = 0;
             bufs[i] = caps[i] ? (unsigned char *)r.base + off : NULL;
             copy_add_slot(&off, caps[i]);
         }

@@ -6,7 +6,7 @@ installed with `meson install --destdir` (issue 18):
              moonlet_ function that an installed header declares with
              MOONLET_API, every such declaration is exported, and the
              soname carries a version (libmoonlet.so.N).
-  pkgconfig  a program that includes only the installed headers
+  pkgconfig  [CC [FLAGS...]]: a program that includes only the installed headers
              (abi_program.c) compiles and links with
              `pkg-config --cflags --libs moonlet` against the installed
              moonlet.pc, and runs against the installed library.
@@ -112,9 +112,10 @@ def main():
             if f.startswith(("-I", "-L")) and not f[2:].startswith(dest):
                 fail("pkg-config points outside the install: " + f)
         exe = os.path.join(dest, "abi_program")
-        cc = os.environ.get("CC", "cc")
-        subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", exe,
-                        os.path.join(SOURCE, "tests", "abi", "abi_program.c")] + flags,
+        cc = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("CC", "cc")
+        extra = sys.argv[3:]  # the build's sanitizer flags, if any
+        subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", exe] + extra +
+                       [os.path.join(SOURCE, "tests", "abi", "abi_program.c")] + flags,
                        check=True)
         run_env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(lib))
         out = subprocess.run([exe], env=run_env, capture_output=True, text=True, timeout=60)
