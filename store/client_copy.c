@@ -146,12 +146,13 @@ int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t 
     if (rc == MOONLET_OK) {
         size_t off = 0, at = 0;
         for (size_t i = 0; i < n; i++) {
-            unsigned char *dst = lens[i] ? (unsigned char *)r.base + off : NULL;
-            bufs[i] = dst ? (const void *)dst : (const void *)copy_empty;
-            for (size_t p = at; p < at + iovcnt[i]; p++) {
-                if (iov[p].iov_len)
-                    memcpy(dst, iov[p].iov_base, iov[p].iov_len);
-                dst += iov[p].iov_len;
+            /* no arithmetic on a NULL region (every value empty) */
+            bufs[i] = lens[i] ? (const void *)((unsigned char *)r.base + off) : copy_empty;
+            for (size_t p = at, done = 0; p < at + iovcnt[i]; p++) {
+                if (!iov[p].iov_len)
+                    continue;
+                memcpy((unsigned char *)r.base + off + done, iov[p].iov_base, iov[p].iov_len);
+                done += iov[p].iov_len;
             }
             at += iovcnt[i];
             copy_add_slot(&off, lens[i]); /* cannot overflow: copy_plan summed the same */

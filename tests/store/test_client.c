@@ -402,11 +402,12 @@ static void test_copying_batches(void **state)
 {
     (void)state;
     unsigned char *a = random_bytes(5000, 91), *b = random_bytes(300, 92);
-    /* key 0: a then b (two ranges); key 1: empty (no range); key 2: b; key 3: exists */
+    /* key 0: a then b (two ranges); key 1: empty (one empty range); key 2: b;
+     * key 3: exists */
     assert_int_equal(moonlet_client_put(g_cli, "cp/taken", "x", 1, NULL), MOONLET_OK);
     const char *keys[] = {"cp/ab", "cp/empty", "cp/b", "cp/taken"};
-    struct iovec iov[] = {{a, 5000}, {b, 300}, {b, 300}, {a, 1}};
-    const size_t cnt[] = {2, 0, 1, 1};
+    struct iovec iov[] = {{a, 5000}, {b, 300}, {a, 0}, {b, 300}, {a, 1}};
+    const size_t cnt[] = {2, 1, 1, 1};
     int32_t r[4];
     assert_int_equal(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r),
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);
