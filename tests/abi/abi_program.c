@@ -47,6 +47,11 @@ int main(void)
     cfg.master_addr = "127.0.0.1:1";
     moonlet_client *c = NULL;
     CHECK(moonlet_client_create(&cfg, &c) == MOONLET_ERR_INVALID_PARAMS); /* opts_size 0 */
+    moonlet_real_client *rc = NULL;
+    cfg.local_segment_size = 1u << 20;
+    CHECK(moonlet_real_client_create(&cfg, "/nonexistent/moonlet.sock", NULL, &rc) ==
+          MOONLET_ERR_INVALID_PARAMS);
+    CHECK(rc == NULL);
     moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = "127.0.0.1:1"; /* nothing listens on port 1 */
     cfg.protocol = MOONLET_PROTOCOL_TCP;
