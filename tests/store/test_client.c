@@ -47,6 +47,16 @@ static bool g_dummy;
 static moonlet_real_client *g_real;
 static char g_sock[108];
 
+/* A TCP client config with a local segment of seg bytes. */
+static void local_config(moonlet_client_config *cfg, const char *addr, uint64_t seg)
+{
+    moonlet_client_config_init(cfg, sizeof(*cfg));
+    cfg->master_addr = addr;
+    cfg->protocol = MOONLET_PROTOCOL_TCP;
+    cfg->local_segment_size = seg;
+    cfg->transfer_timeout_ms = 3000;
+}
+
 static moonlet_client *new_dummy_client(const char *tenant)
 {
     moonlet_dummy_config cfg;
@@ -88,11 +98,7 @@ static int setup_cluster(void **state)
         return -1;
     if (g_dummy) {
         moonlet_client_config cfg;
-        moonlet_client_config_init(&cfg, sizeof cfg);
-        cfg.master_addr = g_master.addr;
-        cfg.protocol = MOONLET_PROTOCOL_TCP;
-        cfg.transfer_timeout_ms = 3000;
-        cfg.local_segment_size = 32u << 20;
+        local_config(&cfg, g_master.addr, 32u << 20);
         snprintf(g_sock, sizeof(g_sock), "/tmp/moonlet-test-client-%ld.sock", (long)getpid());
         if (moonlet_real_client_create(&cfg, g_sock, NULL, &g_real))
             return -1;
@@ -582,11 +588,7 @@ static void test_local_segment(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    cfg.local_segment_size = 8u << 20;
-    cfg.transfer_timeout_ms = 3000;
+    local_config(&cfg, g_master.addr, 8u << 20);
     moonlet_client *c;
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
@@ -853,11 +855,7 @@ static void test_checksum_corrupted_replica(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_cmaster.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    cfg.local_segment_size = 8u << 20;
-    cfg.transfer_timeout_ms = 3000;
+    local_config(&cfg, g_cmaster.addr, 8u << 20);
     moonlet_client *c;
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
