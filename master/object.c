@@ -38,6 +38,37 @@
 #include "moonlet/error.h"
 
 /* A key located in its shard: what every single-key operation starts from. */
+void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
+{
+    shard_unlink_locked(s, o);
+    /* An unfinished put's writer may still be sending: its ranges wait in
+     * quarantine until its put deadline (after which no store node accepts
+     * its writes) plus the grace.  A sealed object had every write
+     * acknowledged before its PutEnd; its ranges go back at once, unless a
+     * reader still holds a lease on it (only a forced Remove takes such an
+     * object): then they wait until the lease ends, after which a reader's
+     * own lease check refuses whatever it read (LEASE_EXPIRED), so no reader
+     * gets bytes of an object placed there later. */
+    uint64_t until = 0;
+    if (o->state == OBJ_PENDING)
+        until = o->lease_deadline + m->quarantine_grace_ns;
+    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+        until = o->lease_deadline;
+    if (o->nrep)
+        registry_release(m, o->hash, o->size, mobj_reps(o), o->nrep, until);
+    if (o->state == OBJ_PENDING)
+        atomic_fetch_sub(&m->st.pending, 1);
+    atomic_fetch_sub(&m->st.objects, 1);
+    atomic_fetch_sub(&m->st.bytes, o->size);
+    if (mobj_hard_pinned(o)) {
+        atomic_fetch_sub(&m->st.hard_pinned, 1);
+        atomic_fetch_sub(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
+    }
+    uint32_t tenant = o->tenant;
+    mobj_free(m, o);
+    tenant_release(m, tenant); /* tenants.lock is a leaf */
+}
+
 struct keyref {
     uint32_t tenant;
     uint64_t hash;
@@ -135,7 +166,7 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
             goto out;
         }
     }
-    rc = registry_place_preferred_locked(m, size, nrep, po->preferred, po->npreferred,
+    rc = registry_place_preferred_locked(m, ref->hash, size, nrep, po->preferred, po->npreferred,
                                          mobj_reps(o));
     if (rc) {
         if (po->hard_pin)
