@@ -135,6 +135,7 @@ struct mseg {
     uint32_t cnext, cprev;       /* registry.mu: the client's segments (SLOT_NONE ends) */
     uint32_t avail_pos;          /* registry.mu: index in registry.avail, or SLOT_NONE */
     uint64_t id_hash;            /* hmap_str_hash(id): its key in registry.seg_by_id */
+    uint64_t name_hash, endpoint_hash; /* its keys in seg_by_name, seg_by_endpoint */
     /* registry.mu: the hashes of the objects with a replica here (hash ->
      * count), so an unmount visits only this segment's objects. */
     struct hmap ix;
@@ -205,6 +206,7 @@ struct registry {
     uint32_t nmounted;
     uint32_t *free_slots, nfree, free_cap;   /* FREE slots to reuse */
     struct hmap seg_by_id;                   /* MOUNTED segment id -> slot */
+    struct hmap seg_by_name, seg_by_endpoint; /* MOUNTED name / endpoint -> slots (several) */
     uint32_t *avail, navail, avail_cap;      /* MOUNTED slots placement tries first */
     struct mclient *clients;
     uint32_t nclients;                       /* entries in use or free (used=false) */

@@ -70,6 +70,8 @@ void registry_destroy(struct registry *r)
     for (uint32_t c = 0; c < SEG_DIR; c++)
         free(r->dir[c]);
     hmap_free(&r->seg_by_id);
+    hmap_free(&r->seg_by_name);
+    hmap_free(&r->seg_by_endpoint);
     hmap_free(&r->client_by_id);
     free(r->free_slots);
     free(r->avail);
@@ -115,6 +117,18 @@ static bool seg_eq(const void *ctx, uint32_t v)
 {
     const struct id_ctx *c = ctx;
     return str_eq(reg_seg(c->r, v)->id, c->id);
+}
+
+static bool seg_name_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(reg_seg(c->r, v)->name, c->id);
+}
+
+static bool seg_endpoint_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(reg_seg(c->r, v)->endpoint, c->id);
 }
 
 /* ---- the ping-order list of clients (registry.mu) -------------------------------- */
@@ -487,7 +501,14 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     }
     struct mseg *s = reg_seg(r, slot);
     s->id_hash = hmap_str_hash(d->segment_id, strlen(d->segment_id));
-    if (!hmap_insert(&r->seg_by_id, s->id_hash, slot)) {
+    const char *name = d->name ? d->name : d->segment_id;
+    s->name_hash = hmap_str_hash(name, strlen(name));
+    s->endpoint_hash = hmap_str_hash(d->endpoint, strlen(d->endpoint));
+    if (!hmap_insert(&r->seg_by_id, s->id_hash, slot) ||
+        !hmap_insert(&r->seg_by_name, s->name_hash, slot) ||
+        !hmap_insert(&r->seg_by_endpoint, s->endpoint_hash, slot)) {
+        hmap_remove_hv(&r->seg_by_id, s->id_hash, slot);
+        hmap_remove_hv(&r->seg_by_name, s->name_hash, slot);
         u32_push(&r->free_slots, &r->nfree, &r->free_cap, slot); /* room: it was popped */
         rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
         goto out;
@@ -540,6 +561,8 @@ static void unmount_begin_locked(struct registry *r, uint32_t slot, struct hmap 
     struct mseg *s = reg_seg(r, slot);
     atomic_store(&s->state, SEG_UNMOUNTING);
     hmap_remove_hv(&r->seg_by_id, s->id_hash, slot);
+    hmap_remove_hv(&r->seg_by_name, s->name_hash, slot);
+    hmap_remove_hv(&r->seg_by_endpoint, s->endpoint_hash, slot);
     avail_remove_locked(r, slot);
     struct mclient *c = &r->clients[s->client];
     if (s->cprev != SLOT_NONE)
@@ -706,24 +729,17 @@ static int place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint
     return PLACE_OK;
 }
 
-/* The mounted slot whose name is `name`, else the first whose endpoint
- * ("host:port", what Mooncake calls a segment name) is; SLOT_NONE when
- * none.  A linear scan: only puts that name preferred segments pay it.
- * Caller holds registry.mu. */
+/* A mounted slot whose name is `name`, else one whose endpoint ("host:port",
+ * what Mooncake calls a segment name) is (hash maps; among several with the
+ * same name, any); SLOT_NONE when none.  Caller holds registry.mu. */
 static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
 {
-    uint32_t by_endpoint = SLOT_NONE;
-    for (uint32_t i = 0; i < r->nslots; i++) {
-        const struct mseg *s = reg_seg(r, i);
-        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
-            continue;
-        if (strlen(s->name) == name.len && memcmp(s->name, name.ptr, name.len) == 0)
-            return i;
-        if (by_endpoint == SLOT_NONE && strlen(s->endpoint) == name.len &&
-            memcmp(s->endpoint, name.ptr, name.len) == 0)
-            by_endpoint = i;
-    }
-    return by_endpoint;
+    struct id_ctx ctx = {r, name};
+    uint64_t h = hmap_str_hash(name.ptr, name.len);
+    const struct hent *e = hmap_find(&r->seg_by_name, h, seg_name_eq, &ctx);
+    if (!e)
+        e = hmap_find(&r->seg_by_endpoint, h, seg_endpoint_eq, &ctx);
+    return e ? e->v : SLOT_NONE;
 }
 
 int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
