@@ -1,22 +1,32 @@
 /*
  * segment.c - the segment registry: mounted segments, their allocators,
- * replica placement, the client table and liveness.
+ * replica placement, the client table and the order of their pings.  A pure
+ * registry: it never touches an object (unmount.c strips replicas, object.c
+ * destroys objects).
+ *
+ * No request scans all segments or clients: ids, names and endpoints map to
+ * slots and client entries through hash maps (hmap.c); slots live in chunks
+ * that never move (master_internal.h), so there is no cap but memory.
  *
  * A store node mounts a segment (its capacity and transport endpoint); the
- * master then places replicas in it.  Placement walks the mounted segments
- * round-robin from a rotating start and takes, for each replica, the next
- * segment whose allocator can hold the object, so the replicas of one object
- * always land on distinct segments and load spreads across nodes.  A put
+ * master then places replicas in it.  Placement walks the ring of segments
+ * with room (`avail`) round-robin from a rotating start and takes, for each
+ * replica, the next segment whose allocator can hold the object, so the
+ * replicas of one object always land on distinct segments and load spreads
+ * across nodes.  A segment that cannot hold a request leaves the ring; a
+ * release (or quarantine expiry) on it brings it back, and a put the ring
+ * cannot hold tries every segment once before it fails (and evicts).  A put
  * may name preferred segments (by the name given at mount, as ListSegments
  * and moonlet-inspect show it, or by endpoint "host:port", Mooncake's
  * segment name): those are tried first, in the given order,
  * and a name that is not mounted or has no room is skipped; the replicas
  * still unplaced then go round-robin as above.
  *
- * Unmount is a whole-table operation: it takes the snapshot guard exclusive,
- * strips the segment's replicas from every object (removing objects left with
- * none) and only then frees the slot.  That keeps the invariant stated in
- * master_internal.h: a replica only names a mounted segment.
+ * Each segment indexes the hashes of the objects with a replica on it
+ * (added at placement, dropped at release, both under registry.mu), so an
+ * unmount visits only its own objects: registry_unmount_begin hands the
+ * index over, unmount.c strips, registry_retire frees the slot after the
+ * reader barrier (master_internal.h states the invariant).
  *
  * Client ids are bound to the connection (session) that claimed them and,
  * optionally, to a secret that lets the same node reclaim its id after a
@@ -33,9 +43,10 @@
  * placed there later; sweeps return due ranges lazily (placement) and from
  * the background thread.  Quarantined bytes stay counted as used.
  *
- * Locks: registry.mu (order 3) around every registry change; unmount takes the
- * guard exclusive (order 1), then each shard lock in turn (order 2), then
- * registry.mu.  liveness_check takes nothing itself and calls unmount.
+ * Locks: registry.mu (order 3) around every registry change and lookup; it
+ * is never held while calling out (registry_collect_expired's callback only
+ * queues).  ListSegments copies a chunk of segments under it and visits
+ * them after releasing it.  Nothing here takes the guard or a shard lock.
  */
 #include <inttypes.h>
 #include <stdio.h>
