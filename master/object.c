@@ -28,7 +28,11 @@
  * cfg.hard_pin_max_ratio of the capacity before placement (an atomic add,
  * undone on failure; no lock) and released when the object is destroyed.
  *
- * Locks: guard (shared) -> one shard lock -> registry.mu.
+ * object_destroy_locked (here, not in shard.c, which is a pure table) gives
+ * an object's space back, unlinks and frees it; unmount.c and evict.c use it.
+ *
+ * Locks: guard (shared) -> one shard lock -> registry.mu, then tenants.lock
+ * (a leaf) when an object's destruction drops its tenant reference.
  */
 #include <stdlib.h>
 #include <string.h>

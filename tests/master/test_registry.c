@@ -194,6 +194,38 @@ static void test_liveness_unmounts_only_dead(void **state)
     moonlet_master_destroy(m);
 }
 
+/* A dead node with many objects is unmounted over several ticks (a bounded
+ * number of objects per tick), not in one long step. */
+static void test_liveness_unmount_spread_over_ticks(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(64, 5000);
+    enum { KEYS = 70000 }; /* more than one tick's budget (65,536) */
+    mountf(m, "dead", "segdead", 64u << 20);
+    char k[32];
+    for (int i = 0; i < KEYS; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
+    }
+    mountf(m, "live", "seglive", 64u << 20);
+    moonlet_clock_advance(9000 * MS);
+    assert_int_equal(moonlet_master_ping(m, MOONLET_STR("live"), NULL), MOONLET_OK);
+    moonlet_clock_advance(1001 * MS);
+    moonlet_master_tick(m);
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.segments, 1); /* out of service at once */
+    assert_true(st.objects > 0 && st.objects < KEYS); /* stripped in part */
+    assert_int_equal(st.unmounts_by_liveness, 0);
+    assert_int_equal(fix_put(m, "new", 64), MOONLET_OK); /* lands on the live one */
+    moonlet_master_tick(m);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.objects, 1);
+    assert_int_equal(st.unmounts_by_liveness, 1);
+    assert_int_equal(st.capacity, 64u << 20);
+    moonlet_master_destroy(m);
+}
+
 /* With all segments but one full, puts go to the one with room, without
  * evicting anything; freed space brings a full segment back. */
 static void test_placement_most_full(void **state)
@@ -379,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_more_than_4096_segments),
         cmocka_unit_test(test_churn_many_ids),
         cmocka_unit_test(test_liveness_unmounts_only_dead),
+        cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
         cmocka_unit_test(test_placement_most_full),
         cmocka_unit_test(test_many_tenants),
         cmocka_unit_test(test_list_segments_pages),
