@@ -214,6 +214,7 @@ struct registry {
     uint32_t *free_clients, nfree_clients, free_clients_cap;
     uint32_t lhead, ltail;                   /* ping order (UINT32_MAX: empty) */
     struct hmap client_by_id;                /* used client id -> index */
+    struct hmap by_session;                  /* bound session -> client indexes (several) */
     uint32_t rr;                             /* round-robin start for placement */
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
     _Atomic uint64_t used;                   /* allocated + quarantined bytes */

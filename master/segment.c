@@ -84,6 +84,7 @@ void registry_destroy(struct registry *r)
     hmap_free(&r->seg_by_name);
     hmap_free(&r->seg_by_endpoint);
     hmap_free(&r->client_by_id);
+    hmap_free(&r->by_session);
     free(r->free_slots);
     free(r->avail);
     free(r->free_clients);
@@ -180,10 +181,26 @@ static void client_touch_locked(struct registry *r, uint32_t i)
     }
 }
 
+/* Binds client i to `session` (0: unbound), keeping registry.by_session,
+ * which finds a closed connection's clients without a scan.  registry.mu held. */
+static void client_set_session_locked(struct registry *r, uint32_t i, uint64_t session)
+{
+    struct mclient *c = &r->clients[i];
+    if (c->session == session)
+        return;
+    if (c->session)
+        hmap_remove_hv(&r->by_session, c->session, i);
+    c->session = session;
+    if (session && !hmap_insert(&r->by_session, session, i))
+        ML_WARN("master", "out of memory: client %s stays bound to its connection after it "
+                "closes, until it expires", c->id);
+}
+
 /* Forgets a client entry (its segments are gone).  registry.mu held. */
 static void client_forget_locked(struct registry *r, uint32_t i)
 {
     struct mclient *c = &r->clients[i];
+    client_set_session_locked(r, i, 0);
     lru_unlink(r, i);
     hmap_remove_hv(&r->client_by_id, hmap_str_hash(c->id, strlen(c->id)), i);
     c->used = false;
@@ -239,14 +256,15 @@ static int id_check(moonlet_str s)
     return (s.len == 0 || s.len > MOONLET_MAX_ID_BYTES) ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
 }
 
-/* May `session` act for client c?  Claims an unbound id without a secret.
+/* May `session` act for client i?  Claims an unbound id without a secret.
  * registry.mu held. */
-static int client_authorize_locked(struct mclient *c, uint64_t session)
+static int client_authorize_locked(struct registry *r, uint32_t i, uint64_t session)
 {
+    struct mclient *c = &r->clients[i];
     if (session == 0 || c->session == session)
         return MOONLET_OK;
     if (c->session == 0 && c->secret_len == 0) {
-        c->session = session;
+        client_set_session_locked(r, i, session);
         return MOONLET_OK;
     }
     return MOONLET_ERR_ILLEGAL_CLIENT;
@@ -264,10 +282,10 @@ static struct mclient *client_for_call_locked(struct registry *r, moonlet_str id
         return NULL;
     }
     if (!existed) {
-        c->session = session;
+        client_set_session_locked(r, *idx, session);
         c->last_ping_ns = moonlet_clock_now_ns();
     }
-    if ((*rc = client_authorize_locked(c, session))) {
+    if ((*rc = client_authorize_locked(r, *idx, session))) {
         ML_WARN("master", "refused a call for client %s from another connection than the one "
                 "that holds it (a second node with the same --client-id, or an impostor)", c->id);
         return NULL;
@@ -292,7 +310,7 @@ int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet
     } else if (!existed || (c->secret_len == 0 && (c->session == 0 || c->session == session))) {
         memcpy(c->secret, secret.ptr, secret.len);
         c->secret_len = (uint8_t)secret.len;
-        c->session = session;
+        client_set_session_locked(r, idx, session);
         if (!existed)
             c->last_ping_ns = moonlet_clock_now_ns();
     } else {
@@ -306,7 +324,7 @@ int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet
                     "once that node has not pinged for %" PRIu64 " ms)", c->id,
                     m->client_ttl_ns / MOONLET_NS_PER_MS);
         } else {
-            c->session = session; /* the same node, reconnected */
+            client_set_session_locked(r, idx, session); /* the same node, reconnected */
         }
     }
     pthread_mutex_unlock(&r->mu);
@@ -319,14 +337,15 @@ void moonlet_master_session_closed(moonlet_master *m, uint64_t session)
         return;
     struct registry *r = &m->reg;
     pthread_mutex_lock(&r->mu);
-    for (uint32_t i = 0; i < r->nclients; i++) {
-        struct mclient *c = &r->clients[i];
-        if (!c->used || c->session != session)
-            continue;
-        c->session = 0;
+    /* the connection's clients through by_session (each pass drops one entry) */
+    for (struct hent *e; (e = hmap_find(&r->by_session, session, NULL, NULL));) {
+        uint32_t i = e->v;
+        hmap_remove(&r->by_session, e);
+        if (r->clients[i].session == session)
+            r->clients[i].session = 0;
         /* Nothing mounted (a clean shutdown unmounted first): forget the
          * id now, so a restart with the same id need not wait for expiry. */
-        if (c->nsegs == 0)
+        if (r->clients[i].nsegs == 0)
             client_forget_locked(r, i);
     }
     pthread_mutex_unlock(&r->mu);
@@ -600,7 +619,7 @@ int registry_unmount_begin(moonlet_master *m, moonlet_str client_id, moonlet_str
     if (!s)
         rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
     else if (check_owner && (!str_eq(r->clients[s->client].id, client_id) ||
-                             client_authorize_locked(&r->clients[s->client], session)))
+                             client_authorize_locked(r, s->client, session)))
         rc = MOONLET_ERR_ILLEGAL_CLIENT;
     else
         unmount_begin_locked(r, *slot, ix);

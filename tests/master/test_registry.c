@@ -138,6 +138,42 @@ static void dead_visit(void *arg, const moonlet_replica_view *r)
         (*(int *)arg)++;
 }
 
+/* Closing a connection releases exactly its clients, however many
+ * connections and clients there are (found by session, not by a scan). */
+static void test_session_closed_many(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    enum { N = 2000 };
+    char c[32], s[32];
+    for (int i = 0; i < N; i++) { /* even ids on connection 1, odd on 2 */
+        snprintf(c, sizeof(c), "node%d", i);
+        uint64_t session = 1 + (uint64_t)(i % 2);
+        assert_int_equal(moonlet_master_ping_as(m, MOONLET_STR(c), session, NULL), MOONLET_OK);
+        if (i % 4 == 0) { /* a segment on every other even one */
+            snprintf(s, sizeof(s), "seg%d", i);
+            moonlet_segment_desc d = {.client_id = c, .segment_id = s, .size = SEG_BYTES,
+                                      .endpoint = "127.0.0.1:1", .protocol = "tcp"};
+            assert_int_equal(moonlet_master_mount_segment_as(m, &d, session), MOONLET_OK);
+        }
+    }
+    moonlet_master_session_closed(m, 1);
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.clients, N / 2 + N / 4); /* even ones without a segment forgotten */
+    for (int i = 0; i < N; i++) {
+        snprintf(c, sizeof(c), "node%d", i);
+        /* connection 1's clients are free to claim; connection 2's are not */
+        assert_int_equal(moonlet_master_ping_as(m, MOONLET_STR(c), 3, NULL),
+                         i % 2 ? MOONLET_ERR_ILLEGAL_CLIENT : MOONLET_OK);
+    }
+    moonlet_master_session_closed(m, 2);
+    moonlet_master_session_closed(m, 3);
+    moonlet_master_get_stats(m, &st);
+    assert_int_equal(st.clients, N / 4); /* only those holding a segment */
+    moonlet_master_destroy(m);
+}
+
 /* Only the dead nodes' segments go, with their objects; the liveness check
  * finds them without restarting from the first client for each. */
 static void test_liveness_unmounts_only_dead(void **state)
@@ -410,6 +446,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_more_than_4096_segments),
         cmocka_unit_test(test_churn_many_ids),
+        cmocka_unit_test(test_session_closed_many),
         cmocka_unit_test(test_liveness_unmounts_only_dead),
         cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
         cmocka_unit_test(test_placement_most_full),
