@@ -403,7 +403,6 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);
     st->segments = m->reg.nmounted;
-    for (uint32_t i = 0; i < m->reg.nclients; i++)
-        st->clients += m->reg.clients[i].used;
+    st->clients = m->reg.nused;
     pthread_mutex_unlock(&m->reg.mu);
 }

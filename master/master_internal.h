@@ -210,6 +210,7 @@ struct registry {
     uint32_t *avail, navail, avail_cap;      /* MOUNTED slots placement tries first */
     struct mclient *clients;
     uint32_t nclients;                       /* entries in use or free (used=false) */
+    uint32_t nused;                          /* entries in use */
     uint32_t clients_cap;
     uint32_t *free_clients, nfree_clients, free_clients_cap;
     uint32_t lhead, ltail;                   /* ping order (UINT32_MAX: empty) */

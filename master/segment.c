@@ -204,6 +204,7 @@ static void client_forget_locked(struct registry *r, uint32_t i)
     lru_unlink(r, i);
     hmap_remove_hv(&r->client_by_id, hmap_str_hash(c->id, strlen(c->id)), i);
     c->used = false;
+    r->nused--;
     if (!u32_push(&r->free_clients, &r->nfree_clients, &r->free_clients_cap, i))
         ML_WARN("master", "out of memory: client entry %u is not reused", i);
 }
@@ -245,6 +246,7 @@ static struct mclient *client_get_locked(struct registry *r, moonlet_str id, boo
     memcpy(c->id, id.ptr, id.len);
     c->first_seg = SLOT_NONE;
     c->used = true;
+    r->nused++;
     c->last_ping_ns = moonlet_clock_now_ns();
     lru_append(r, i);
     *idx = i;
