@@ -1,8 +1,11 @@
 /*
  * scale.c - `moonlet-bench scale`: the master at cluster scale.
  *
- * For each node count of --nodes (default 100,1000,10000), in one run, with
- * a fresh moonlet-master each:
+ * Every node count of --nodes (default 100,1000,10000) gets a moonlet-master
+ * of its own, all running side by side in one run; the phases below run for
+ * all of them at once, and the side client's rounds alternate between the
+ * masters, so a noisy neighbour on this shared machine slows every count
+ * alike and the ratios between counts hold.  For each count:
  *   1. simulated store nodes mount one segment each over the real protocol
  *      (MountSegment from SIMS pipelined connections, a few threads; a
  *      node's pings come over the connection that mounted it, as a real
@@ -19,7 +22,7 @@
  *      client measurements run from then until the master has unmounted
  *      them all (liveness TTL --ttl-sec) plus one second.
  * Every figure comes from this one run; the ratio of each p99 to its value
- * at the smallest node count, and of the silent window's BatchExistKey p99
+ * at the first node count, and of the silent window's BatchExistKey p99
  * to the steady one's, are printed beside the targets of issue 19.
  */
 #include <errno.h>
@@ -330,157 +333,199 @@ struct opts {
     double silent_fraction;
 };
 
-static int run_one(uint32_t nodes, const struct opts *o, cJSON *out)
+/* One node count: its master, simulated nodes, filler and side client. */
+struct run {
+    uint32_t nodes, dead;
+    bench_master bm;
+    _Atomic bool stop;
+    _Atomic bool *silent;
+    struct sim sims[SIMS];
+    int started;
+    moonlet_rpc_client *filler;
+    struct side side;
+    moonlet_master_client *stats;
+    int64_t refused;
+    double mount_s, fill_s;
+    struct cpu_mark cm;
+    uint64_t segs0, t_first, t_done;
+    cJSON *o; /* its result object (owned by the output array) */
+};
+
+/* Starts the master, mounts the nodes, starts their pings, fills. */
+static int run_setup(struct run *r, const struct opts *o)
 {
     char ttl[16];
     snprintf(ttl, sizeof(ttl), "%u", o->ttl_sec);
     const char *extra[] = {"--client_live_ttl_sec", ttl, "--log-level", "error", NULL};
-    bench_master bm = {0};
-    if (bench_master_start(&bm, extra)) {
+    if (bench_master_start(&r->bm, extra)) {
         fprintf(stderr, "moonlet-bench scale: cannot start moonlet-master\n");
         return -1;
     }
-    int rc = -1;
-    _Atomic bool stop = false;
-    _Atomic bool *silent = calloc(nodes, sizeof(*silent));
-    struct sim sims[SIMS];
-    memset(sims, 0, sizeof(sims));
-    moonlet_rpc_client *filler = NULL;
-    struct side side = {.objects = o->objects, .nodes = nodes, .live_nodes = nodes, .seed = nodes};
-    moonlet_master_client *stats = NULL;
-    int started = 0;
-    if (!silent || moonlet_mc_create(bm.addr, NULL, &side.mc) ||
-        moonlet_mc_create(bm.addr, NULL, &stats) ||
-        moonlet_rpc_client_connect("127.0.0.1", bm.port, NULL, &filler))
-        goto out;
+    r->side = (struct side){.objects = o->objects, .nodes = r->nodes, .live_nodes = r->nodes,
+                            .seed = r->nodes};
+    r->silent = calloc(r->nodes, sizeof(*r->silent));
+    if (!r->silent || moonlet_mc_create(r->bm.addr, NULL, &r->side.mc) ||
+        moonlet_mc_create(r->bm.addr, NULL, &r->stats) ||
+        moonlet_rpc_client_connect("127.0.0.1", r->bm.port, NULL, &r->filler))
+        return -1;
     moonlet_segment_desc sd = {.client_id = "side-node", .segment_id = "side-node",
                                .name = "side-node", .size = NODE_SEG_BYTES,
                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
-    if (moonlet_mc_mount_segment(side.mc, &sd))
-        goto out;
-
-    /* 1. mount */
+    if (moonlet_mc_mount_segment(r->side.mc, &sd))
+        return -1;
     uint64_t t0 = bench_now_ns();
-    int64_t refused = 0;
     for (int k = 0; k < SIMS; k++) {
-        sims[k].first = (uint32_t)((uint64_t)nodes * k / SIMS);
-        sims[k].n = (uint32_t)((uint64_t)nodes * (k + 1) / SIMS) - sims[k].first;
-        sims[k].silent = silent;
-        sims[k].stop = &stop;
-        if (moonlet_rpc_client_connect("127.0.0.1", bm.port, NULL, &sims[k].c))
-            goto out;
-        int64_t r = sim_mount(&sims[k]);
-        if (r < 0)
-            goto out;
-        refused += r;
+        struct sim *sm = &r->sims[k];
+        sm->first = (uint32_t)((uint64_t)r->nodes * k / SIMS);
+        sm->n = (uint32_t)((uint64_t)r->nodes * (k + 1) / SIMS) - sm->first;
+        sm->silent = r->silent;
+        sm->stop = &r->stop;
+        if (moonlet_rpc_client_connect("127.0.0.1", r->bm.port, NULL, &sm->c))
+            return -1;
+        int64_t x = sim_mount(sm);
+        if (x < 0)
+            return -1;
+        r->refused += x;
     }
-    double mount_s = (double)(bench_now_ns() - t0) / 1e9;
-    for (; started < SIMS; started++)
-        if (pthread_create(&sims[started].th, NULL, sim_ping_main, &sims[started]))
-            goto out;
-
-    /* 2. fill */
+    r->mount_s = (double)(bench_now_ns() - t0) / 1e9;
+    for (; r->started < SIMS; r->started++)
+        if (pthread_create(&r->sims[r->started].th, NULL, sim_ping_main, &r->sims[r->started]))
+            return -1;
     t0 = bench_now_ns();
-    if (o->objects && fill(filler, o->objects, nodes))
-        goto out;
-    double fill_s = (double)(bench_now_ns() - t0) / 1e9;
+    if (o->objects && fill(r->filler, o->objects, r->nodes))
+        return -1;
+    r->fill_s = (double)(bench_now_ns() - t0) / 1e9;
+    r->dead = (uint32_t)((double)r->nodes * o->silent_fraction);
+    r->side.live_nodes = r->nodes - r->dead; /* the same keys before and during */
+    return 0;
+}
 
-    /* 3. idle: the ping load alone */
-    struct cpu_mark cm = cpu_mark(bm.pid);
-    uint64_t pings0 = 0;
+static void run_teardown(struct run *r)
+{
+    atomic_store(&r->stop, true);
+    for (int k = 0; k < r->started; k++)
+        pthread_join(r->sims[k].th, NULL);
     for (int k = 0; k < SIMS; k++)
-        pings0 += atomic_load(&sims[k].pings);
-    sleep_until(bench_now_ns() + (uint64_t)o->window_ms * 1000000ull);
-    double cpu_idle = cpu_pct_since(bm.pid, cm);
-    uint64_t pings1 = 0, ping_errors = 0;
-    for (int k = 0; k < SIMS; k++) {
-        pings1 += atomic_load(&sims[k].pings);
-        ping_errors += atomic_load(&sims[k].ping_errors);
-    }
-    double ping_rate = (double)(pings1 - pings0) / ((double)o->window_ms / 1000.0);
-    uint64_t rss = bench_rss_bytes(bm.pid);
+        moonlet_rpc_client_close(r->sims[k].c);
+    moonlet_rpc_client_close(r->filler);
+    moonlet_mc_destroy(r->side.mc);
+    moonlet_mc_destroy(r->stats);
+    side_reset(&r->side);
+    free(r->silent);
+    if (r->bm.pid > 0)
+        bench_master_stop(&r->bm);
+}
 
-    /* 4. steady: the side client measures */
-    uint32_t dead = (uint32_t)((double)nodes * o->silent_fraction);
-    side.live_nodes = nodes - dead; /* the same keys before and during */
-    cm = cpu_mark(bm.pid);
+static uint64_t pings_of(const struct run *r, uint64_t *errors)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < SIMS; k++) {
+        n += atomic_load(&r->sims[k].pings);
+        if (errors)
+            *errors += atomic_load(&r->sims[k].ping_errors);
+    }
+    return n;
+}
+
+/* All node counts at once, each against its own master: the side client's
+ * rounds alternate between the masters, so a noisy neighbour slows every
+ * count alike and the ratios between counts hold. */
+static int run_all(struct run *runs, int n, const struct opts *o, cJSON *out)
+{
+    for (int i = 0; i < n; i++)
+        if (run_setup(&runs[i], o)) {
+            fprintf(stderr, "moonlet-bench scale: setting up %u nodes failed\n", runs[i].nodes);
+            return -1;
+        }
+    /* pings only */
+    uint64_t p0[MAX_COUNTS];
+    for (int i = 0; i < n; i++) {
+        runs[i].cm = cpu_mark(runs[i].bm.pid);
+        p0[i] = pings_of(&runs[i], NULL);
+    }
+    sleep_until(bench_now_ns() + (uint64_t)o->window_ms * 1000000ull);
+    for (int i = 0; i < n; i++) {
+        struct run *r = &runs[i];
+        double cpu = cpu_pct_since(r->bm.pid, r->cm);
+        uint64_t errors = 0, p1 = pings_of(r, &errors);
+        r->o = cJSON_CreateObject();
+        cJSON_AddItemToArray(out, r->o);
+        cJSON_AddNumberToObject(r->o, "nodes", r->nodes);
+        cJSON_AddNumberToObject(r->o, "mounts_refused", (double)r->refused);
+        cJSON_AddNumberToObject(r->o, "mount_seconds", r->mount_s);
+        cJSON_AddNumberToObject(r->o, "objects", (double)o->objects);
+        cJSON_AddNumberToObject(r->o, "fill_seconds", r->fill_s);
+        cJSON_AddNumberToObject(r->o, "pings_per_second",
+                                (double)(p1 - p0[i]) / ((double)o->window_ms / 1000.0));
+        cJSON_AddNumberToObject(r->o, "ping_errors", (double)errors);
+        cJSON_AddNumberToObject(r->o, "master_cpu_pct_pings_only", cpu);
+        cJSON_AddNumberToObject(r->o, "master_rss_bytes", (double)bench_rss_bytes(r->bm.pid));
+    }
+    /* steady: one round against each master in turn, every 2 ms */
+    for (int i = 0; i < n; i++)
+        runs[i].cm = cpu_mark(runs[i].bm.pid);
     uint64_t end = bench_now_ns() + (uint64_t)o->window_ms * 1000000ull, next = bench_now_ns();
     while (bench_now_ns() < end) {
-        if (side_round(&side, ""))
-            goto out;
+        for (int i = 0; i < n; i++)
+            if (side_round(&runs[i].side, ""))
+                return -1;
         next += 2000000ull;
         sleep_until(next);
     }
-    double cpu_steady = cpu_pct_since(bm.pid, cm);
-    cJSON *o_n = cJSON_CreateObject();
-    cJSON_AddItemToArray(out, o_n);
-    cJSON_AddNumberToObject(o_n, "nodes", nodes);
-    cJSON_AddNumberToObject(o_n, "mounts_refused", (double)refused);
-    cJSON_AddNumberToObject(o_n, "mount_seconds", mount_s);
-    cJSON_AddNumberToObject(o_n, "objects", (double)o->objects);
-    cJSON_AddNumberToObject(o_n, "fill_seconds", fill_s);
-    cJSON_AddNumberToObject(o_n, "pings_per_second", ping_rate);
-    cJSON_AddNumberToObject(o_n, "ping_errors", (double)ping_errors);
-    cJSON_AddNumberToObject(o_n, "master_cpu_pct_pings_only", cpu_idle);
-    cJSON_AddNumberToObject(o_n, "master_cpu_pct_with_client", cpu_steady);
-    cJSON_AddNumberToObject(o_n, "master_rss_bytes", (double)rss);
-    cJSON *steady = cJSON_AddObjectToObject(o_n, "steady");
-    side_json(steady, &side);
-    side_reset(&side);
-
-    /* 5. a tenth goes silent at once */
-    if (dead) {
-        uint64_t segs0 = stats_u64(stats, "segments");
-        for (uint32_t i = nodes - dead; i < nodes; i++)
-            atomic_store(&silent[i], true);
-        uint64_t t_silent = bench_now_ns(), t_first = 0, t_done = 0;
-        uint64_t cap = t_silent + (o->ttl_sec + 120ull) * 1000000000ull;
-        cm = cpu_mark(bm.pid);
-        next = bench_now_ns();
-        for (uint32_t round = 0; bench_now_ns() < cap; round++) {
-            if (side_round(&side, ""))
-                goto out;
-            if (round % 25 == 0 && !t_done) {
-                uint64_t segs = stats_u64(stats, "segments");
-                if (segs < segs0 && !t_first)
-                    t_first = bench_now_ns();
-                if (segs <= segs0 - dead)
-                    t_done = bench_now_ns();
-            }
-            if (t_done && bench_now_ns() > t_done + 1000000000ull)
-                break;
-            next += 2000000ull;
-            sleep_until(next);
-        }
-        double cpu_silent = cpu_pct_since(bm.pid, cm);
-        cJSON *sil = cJSON_AddObjectToObject(o_n, "silent");
-        cJSON_AddNumberToObject(sil, "nodes_silent", dead);
-        cJSON_AddBoolToObject(sil, "all_unmounted", t_done != 0);
-        cJSON_AddNumberToObject(sil, "unmount_span_seconds",
-                                t_done && t_first ? (double)(t_done - t_first) / 1e9 : -1);
-        cJSON_AddNumberToObject(sil, "window_seconds", (double)(bench_now_ns() - t_silent) / 1e9);
-        cJSON_AddNumberToObject(sil, "master_cpu_pct", cpu_silent);
-        uint64_t objs = stats_u64(stats, "objects");
-        cJSON_AddNumberToObject(sil, "objects_left", (double)objs);
-        side_json(sil, &side);
-        side_reset(&side);
+    for (int i = 0; i < n; i++) {
+        struct run *r = &runs[i];
+        cJSON_AddNumberToObject(r->o, "master_cpu_pct_with_client", cpu_pct_since(r->bm.pid, r->cm));
+        side_json(cJSON_AddObjectToObject(r->o, "steady"), &r->side);
+        side_reset(&r->side);
     }
-    rc = 0;
-out:
-    atomic_store(&stop, true);
-    for (int k = 0; k < started; k++)
-        pthread_join(sims[k].th, NULL);
-    for (int k = 0; k < SIMS; k++)
-        moonlet_rpc_client_close(sims[k].c);
-    moonlet_rpc_client_close(filler);
-    moonlet_mc_destroy(side.mc);
-    moonlet_mc_destroy(stats);
-    side_reset(&side);
-    free(silent);
-    bench_master_stop(&bm);
-    if (rc)
-        fprintf(stderr, "moonlet-bench scale: the run at %u nodes failed\n", nodes);
-    return rc;
+    /* silent: a tenth of every count's nodes at once */
+    for (int i = 0; i < n; i++) {
+        struct run *r = &runs[i];
+        r->segs0 = stats_u64(r->stats, "segments");
+        for (uint32_t k = r->nodes - r->dead; k < r->nodes; k++)
+            atomic_store(&r->silent[k], true);
+        r->cm = cpu_mark(r->bm.pid);
+    }
+    uint64_t t_silent = bench_now_ns();
+    uint64_t cap = t_silent + (o->ttl_sec + 120ull) * 1000000000ull, t_all = 0;
+    next = bench_now_ns();
+    for (uint32_t round = 0; bench_now_ns() < cap; round++) {
+        for (int i = 0; i < n; i++) {
+            struct run *r = &runs[i];
+            if (side_round(&r->side, ""))
+                return -1;
+            if (round % 25 == 0 && !r->t_done) {
+                uint64_t segs = stats_u64(r->stats, "segments");
+                if (segs < r->segs0 && !r->t_first)
+                    r->t_first = bench_now_ns();
+                if (segs <= r->segs0 - r->dead)
+                    r->t_done = bench_now_ns();
+            }
+        }
+        bool all = true;
+        for (int i = 0; i < n; i++)
+            all &= runs[i].t_done != 0;
+        if (all && !t_all)
+            t_all = bench_now_ns();
+        if (t_all && bench_now_ns() > t_all + 1000000000ull)
+            break;
+        next += 2000000ull;
+        sleep_until(next);
+    }
+    for (int i = 0; i < n; i++) {
+        struct run *r = &runs[i];
+        cJSON *sil = cJSON_AddObjectToObject(r->o, "silent");
+        cJSON_AddNumberToObject(sil, "nodes_silent", r->dead);
+        cJSON_AddBoolToObject(sil, "all_unmounted", r->t_done != 0);
+        cJSON_AddNumberToObject(sil, "unmount_span_seconds", r->t_done && r->t_first ?
+                                (double)(r->t_done - r->t_first) / 1e9 : -1);
+        cJSON_AddNumberToObject(sil, "window_seconds", (double)(bench_now_ns() - t_silent) / 1e9);
+        cJSON_AddNumberToObject(sil, "master_cpu_pct", cpu_pct_since(r->bm.pid, r->cm));
+        cJSON_AddNumberToObject(sil, "objects_left", (double)stats_u64(r->stats, "objects"));
+        side_json(sil, &r->side);
+        side_reset(&r->side);
+    }
+    return 0;
 }
 
 static int parse_counts(const char *s, uint32_t *v, int *n)
@@ -553,9 +598,15 @@ int bench_scale_main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "loadavg_1min_at_start", load[0]);
     cJSON_AddNumberToObject(root, "ttl_sec", o.ttl_sec);
     cJSON_AddNumberToObject(root, "window_ms", o.window_ms);
-    int rc = 0;
-    for (int i = 0; i < ncounts && !rc; i++)
-        rc = run_one(counts[i], &o, runs);
+    struct run *rs = calloc((size_t)ncounts, sizeof(*rs));
+    if (!rs)
+        return 1;
+    for (int i = 0; i < ncounts; i++)
+        rs[i].nodes = counts[i];
+    int rc = run_all(rs, ncounts, &o, runs);
+    for (int i = 0; i < ncounts; i++)
+        run_teardown(&rs[i]);
+    free(rs);
     if (getloadavg(load, 3) >= 0)
         cJSON_AddNumberToObject(root, "loadavg_1min_at_end", load[0]);
     /* ratios against the smallest count, and silent vs steady */
