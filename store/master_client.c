@@ -816,6 +816,19 @@ int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out)
     return admin_finish(mc, out);
 }
 
+int moonlet_mc_list_segments_page(moonlet_master_client *mc, uint64_t cursor, uint32_t limit,
+                                  const char *client_id, struct cJSON **out)
+{
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_LIST_SEGMENTS, 3, &rc);
+    if (!pk)
+        return rc;
+    msgpack_pack_uint64(pk, cursor);
+    msgpack_pack_uint32(pk, limit);
+    moonlet_pack_cstr(pk, client_id ? client_id : "");
+    return admin_finish(mc, out);
+}
+
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
                          const char *cursor, uint32_t limit, struct cJSON **out)
 {
