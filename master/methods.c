@@ -114,6 +114,12 @@ static const moonlet_rpc_arg list_keys_args[] = {
     {ARG(moonlet_args_list_keys, limit, U64, 0), .max = UINT32_MAX},
 };
 
+static const moonlet_rpc_arg list_segments_args[] = {
+    {ARG(moonlet_args_list_segments, cursor, U64, OPT)},
+    {ARG(moonlet_args_list_segments, limit, U64, OPT), .max = UINT32_MAX},
+    {ARG(moonlet_args_list_segments, client_id, CSTR, OPT), .max = ID_MAX},
+};
+
 static const moonlet_rpc_arg probe_resume_args[] = {
     {ARG(moonlet_args_probe_resume, tenant, STR, 0)},
     {ARG(moonlet_args_probe_resume, kv_keys, STRS, BATCH)},
@@ -136,6 +142,7 @@ SPEC(s_remove_all, moonlet_args_remove_all, remove_all_args);
 SPEC(s_batch_exist, moonlet_args_batch_exist, batch_exist_args);
 SPEC(s_batch_probe, moonlet_args_batch_probe, batch_probe_args);
 SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
+SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
 static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
@@ -156,7 +163,7 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", &s_batch_probe},
     {MOONLET_M_REMOVE, "Remove", &s_remove},
     {MOONLET_M_REMOVE_ALL, "RemoveAll", &s_remove_all},
-    {MOONLET_M_LIST_SEGMENTS, "ListSegments", &s_none},
+    {MOONLET_M_LIST_SEGMENTS, "ListSegments", &s_list_segments},
     {MOONLET_M_LIST_KEYS, "ListKeys", &s_list_keys},
     {MOONLET_M_INSPECT_KEY, "InspectKey", &s_key},
     {MOONLET_M_STATS, "Stats", &s_none},

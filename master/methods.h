@@ -48,7 +48,7 @@ enum moonlet_method {
 
 /* ---- decoded arguments, one struct per argument list ------------------------- */
 
-typedef struct { MOONLET_RPC_ARGS_HEAD; } moonlet_args_none; /* Echo (any), ListSegments, Stats */
+typedef struct { MOONLET_RPC_ARGS_HEAD; } moonlet_args_none; /* Echo (any), Stats */
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;
@@ -127,6 +127,13 @@ typedef struct {
     moonlet_str tenant, prefix, cursor;
     uint64_t limit;
 } moonlet_args_list_keys;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    uint64_t cursor;       /* optional: with any argument the reply is one page */
+    uint64_t limit;        /* optional; 0: the default page */
+    const char *client_id; /* optional; NULL or "": every client's segments */
+} moonlet_args_list_segments;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

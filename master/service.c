@@ -444,15 +444,36 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
 }
 
-static int h_list_segments(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
+ * one page as {segments, next_cursor}; with none, the old reply (a bare
+ * array), bounded by the first MOONLET_LIST_SEGMENTS_LEGACY segments. */
+#define MOONLET_LIST_SEGMENTS_LEGACY 4096u
+HANDLER(h_list_segments, moonlet_args_list_segments)
 {
+    uint64_t limit = a->nargs > 0 ? a->limit : MOONLET_LIST_SEGMENTS_LEGACY, next = 0;
+    const char *client = a->client_id && a->client_id[0] ? a->client_id : NULL;
+    if (a->nargs > 0 && limit == 0)
+        limit = MOONLET_LIST_SEGMENTS_DEFAULT_LIMIT;
+    if (limit > MOONLET_LIST_SEGMENTS_MAX_LIMIT)
+        return reply(out, MOONLET_ERR_INVALID_PARAMS);
     struct seg_pack sp = {.count = 0};
     msgpack_sbuffer_init(&sp.buf);
     msgpack_packer_init(&sp.pk, &sp.buf, msgpack_sbuffer_write);
-    moonlet_master_list_segments(M(ctx), seg_visit, &sp);
+    int rc = moonlet_master_list_segments_page(M(ctx), client, a->cursor,
+                                               (uint32_t)limit, seg_visit, &sp, &next);
+    if (rc) {
+        msgpack_sbuffer_destroy(&sp.buf);
+        return reply(out, rc);
+    }
+    if (a->nargs > 0) {
+        msgpack_pack_map(out, 2);
+        moonlet_pack_key(out, "segments");
+    }
     msgpack_pack_array(out, sp.count);
     if (sp.buf.size)
         out->callback(out->data, sp.buf.data, sp.buf.size);
+    if (a->nargs > 0)
+        pack_u64_kv(out, "next_cursor", next);
     msgpack_sbuffer_destroy(&sp.buf);
     return MOONLET_OK;
 }

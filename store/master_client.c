@@ -766,8 +766,16 @@ static int decode_json(const msgpack_object *r, void *out)
 
 int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out)
 {
-    moonlet_args_none a = {0};
+    moonlet_args_list_segments a = {0};
     return mc_call(mc, MOONLET_M_LIST_SEGMENTS, &a, 0, decode_json, out);
+}
+
+int moonlet_mc_list_segments_page(moonlet_master_client *mc, uint64_t cursor, uint32_t limit,
+                                  const char *client_id, struct cJSON **out)
+{
+    moonlet_args_list_segments a = {.cursor = cursor, .limit = limit,
+                                    .client_id = client_id ? client_id : ""};
+    return mc_call(mc, MOONLET_M_LIST_SEGMENTS, &a, 3, decode_json, out);
 }
 
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,

@@ -597,10 +597,13 @@ int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
     return MOONLET_OK;
 }
 
-int moonlet_real_client_create(const moonlet_client_config *cfg, const char *socket_path,
+int moonlet_real_client_create(const moonlet_client_config *user_cfg, const char *socket_path,
                                const char *socket_group, moonlet_real_client **out)
 {
-    return moonlet_real_client_create_with_node(cfg, NULL, socket_path, socket_group,
+    moonlet_client_config cfg; /* the caller's opts_size bytes, defaults past them */
+    if (moonlet_client_config_copy(&cfg, user_cfg))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_real_client_create_with_node(&cfg, NULL, socket_path, socket_group,
                                                 MOONLET_REAL_CLIENT_BUSY_POLL_US, out);
 }
 
