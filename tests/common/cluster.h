@@ -169,7 +169,7 @@ static inline int cl_client_create(const char *master_addr, uint32_t transfer_ti
                                    moonlet_client **out)
 {
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = master_addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     if (transfer_timeout_ms)

@@ -571,7 +571,7 @@ static void test_older_master_two_calls(void **state)
     assert_int_equal(cl_start_master(&om, extra), 0);
     assert_int_equal(cl_start_store(&os, om.addr, "8MiB", NULL), 0);
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = om.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *cli;
