@@ -274,6 +274,7 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->server_idle_timeout_ms = o->server_idle_timeout_ms;
     x->max_pooled_conns = o->max_pooled_conns ? o->max_pooled_conns
                                               : MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS;
+    x->keepalive_ms = o->keepalive_ms ? o->keepalive_ms : MOONLET_XFER_DEFAULT_KEEPALIVE_MS;
     if (oom)
         return MOONLET_ERR_INTERNAL_ERROR;
     if (x->listen_addr) {

@@ -95,6 +95,7 @@ struct moonlet_xfer {
     unsigned server_max_conns, server_max_conns_per_peer; /* 0: no cap */
     uint32_t server_idle_timeout_ms;                      /* 0: never */
     unsigned max_pooled_conns;                            /* client pool cap, > 0 */
+    uint32_t keepalive_ms;                                /* rdma served-QP probe period, > 0 */
 
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 

@@ -19,9 +19,12 @@
  *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
  *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
  *               private data carries the right token digest, creating an RC
- *               QP for it (it posts nothing: peers use one-sided operations)
- *               with responder_resources = the peer's initiator depth (as
- *               rdma_cm reports it on the passive side), capped by the device.
+ *               QP (and a 2-entry CQ) for it, with responder_resources =
+ *               the peer's initiator depth (as rdma_cm reports it on the
+ *               passive side), capped by the device.
+ *               Peers use one-sided operations, so the only WRs a served
+ *               QP posts are keepalive probes (verbs_keepalive): a client
+ *               that vanished without a disconnect is reaped.
  *   client      per connection: event channel, rdma_resolve_addr (bound to
  *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
  *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
@@ -50,13 +53,14 @@
  * round trip, and a client checks bounds before posting.
  *
  * Resource lifetimes (explicit, as in SPDK's nvmf/rdma.c): the instance owns
- * the device list, PD, server CQ, listen id and event channel; a served
- * connection owns its cm_id and QP; a client connection owns its event
+ * the device list, PD, listen id and event channel; a served
+ * connection owns its cm_id, CQ and QP; a client connection owns its event
  * channel, cm_id, completion channel, CQ and QP; each MR belongs to its
  * segment or buffer.
  * Everything is released in the reverse order of creation.
  *
- * Threads (serving side): the CM thread accepts and handles CM events only;
+ * Threads (serving side): the CM thread accepts, handles CM events and
+ * probes served connections (keepalive; it never blocks);
  * the reaper thread disconnects and destroys served connections (either can
  * block in the kernel for seconds when a peer is unreachable, and accepting
  * must never wait for that).
@@ -130,12 +134,16 @@ typedef struct verbs_seg {
 /* An id (with its QP, if any) waiting for the reaper. */
 typedef struct verbs_reap {
     struct rdma_cm_id *id;
+    struct ibv_cq *cq; /* its served connection's CQ (destroyed after the QP), or NULL */
     struct verbs_reap *next;
 } verbs_reap;
 
 /* A connection this instance accepted. */
 typedef struct verbs_sconn {
     struct rdma_cm_id *id;
+    struct ibv_cq *cq;        /* its own CQ (2 entries): only keepalive probes complete */
+    bool probing;             /* a probe is posted and not yet completed */
+    uint64_t probe_at_ms;     /* when the outstanding probe was posted, or the next is due */
     struct verbs_sconn *next;
 } verbs_sconn;
 
@@ -152,7 +160,7 @@ typedef struct verbs_state {
 
     struct rdma_event_channel *ec; /* server */
     struct rdma_cm_id *listen_id;
-    struct ibv_cq *srv_cq;
+    uint64_t next_keepalive_ms;   /* CM thread: next keepalive pass */
     pthread_t cm_thread;
     bool cm_started;
     atomic_bool stopping;
@@ -425,14 +433,20 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         return;
     }
     verbs_sconn *sc = calloc(1, sizeof(*sc));
-    struct ibv_qp_init_attr qa = {.send_cq = v->srv_cq, .recv_cq = v->srv_cq,
+    /* Its own CQ: the only WRs this QP ever posts are keepalive probes, one
+     * at a time (max_send_wr 1), so 2 entries can never overrun, whatever
+     * happens to other connections. */
+    struct ibv_cq *cq = sc && id->verbs == v->ctx ? ibv_create_cq(v->ctx, 2, NULL, NULL, 0) : NULL;
+    struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq,
                                   .cap = {.max_send_wr = 1, .max_recv_wr = 1,
                                           .max_send_sge = 1, .max_recv_sge = 1},
-                                  .qp_type = IBV_QPT_RC};
-    if (!sc || id->verbs != v->ctx || rdma_create_qp(id, v->pd, &qa)) {
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
+    if (!sc || id->verbs != v->ctx || !cq || rdma_create_qp(id, v->pd, &qa)) {
         ML_WARN(MOD, "cannot accept connection: %s",
                 !sc ? "out of memory" : id->verbs != v->ctx ? "arrived on another device"
                                                             : strerror(errno));
+        if (cq)
+            ibv_destroy_cq(cq);
         free(sc);
         verbs_reject(id, MOONLET_ERR_INTERNAL_ERROR);
         id->context = NULL;
@@ -454,10 +468,13 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
     if (cp.responder_resources == 0)
         cp.responder_resources = v->max_rd_atom ? 1 : 0;
     sc->id = id;
+    sc->cq = cq;
+    sc->probe_at_ms = moonlet_xfer_now_ms() + x->keepalive_ms;
     id->context = sc;
     if (rdma_accept(id, &cp)) {
         ML_WARN(MOD, "rdma_accept: %s", strerror(errno));
         rdma_destroy_qp(id);
+        ibv_destroy_cq(cq);
         id->context = NULL;
         free(sc);
         return;
@@ -480,17 +497,21 @@ static void verbs_sconn_unlink(verbs_state *v, verbs_sconn *sc)
     pthread_mutex_unlock(&v->lock);
 }
 
-/* Hands an id to the reaper (after its event was acked). */
-static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id)
+/* Hands an id (and its served connection's CQ, if any) to the reaper
+ * (after its event was acked). */
+static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id, struct ibv_cq *cq)
 {
     verbs_reap *r = malloc(sizeof(*r));
     if (!r) { /* out of memory: destroy here rather than leak */
         if (id->qp)
             rdma_destroy_qp(id);
+        if (cq)
+            ibv_destroy_cq(cq);
         rdma_destroy_id(id);
         return;
     }
     r->id = id;
+    r->cq = cq;
     pthread_mutex_lock(&v->lock);
     r->next = v->reap;
     v->reap = r;
@@ -525,6 +546,8 @@ static void *verbs_reap_main(void *arg)
             rdma_disconnect(r->id);
             rdma_destroy_qp(r->id);
         }
+        if (r->cq)
+            ibv_destroy_cq(r->cq);
         uint64_t t0 = moonlet_xfer_now_ms();
         rdma_destroy_id(r->id);
         uint64_t ms = moonlet_xfer_now_ms() - t0;
@@ -537,9 +560,10 @@ static void *verbs_reap_main(void *arg)
     return NULL;
 }
 
-/* Handles one CM event; the id to destroy after the ack goes to *dead. */
+/* Handles one CM event; the id to destroy after the ack goes to *dead (its
+ * CQ to *dead_cq). */
 static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev,
-                              struct rdma_cm_id **dead)
+                              struct rdma_cm_id **dead, struct ibv_cq **dead_cq)
 {
     switch (ev->event) {
     case RDMA_CM_EVENT_CONNECT_REQUEST:
@@ -557,7 +581,8 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
         /* ids born from the listen id inherit its NULL context until accepted */
         if (ev->id != v->listen_id && ev->id->context) {
             verbs_sconn *sc = ev->id->context;
-            verbs_sconn_unlink(v, sc); /* QP and id: the reaper's */
+            verbs_sconn_unlink(v, sc); /* QP, CQ and id: the reaper's */
+            *dead_cq = sc->cq;
             free(sc);
             ev->id->context = NULL;
             *dead = ev->id;
@@ -603,6 +628,82 @@ static int verbs_health(moonlet_xfer *x)
                                              : MOONLET_OK;
 }
 
+/*
+ * Keepalive of served connections (CM thread).  Peers use one-sided
+ * operations only, so a client that vanishes without a disconnect (power
+ * loss, a pulled cable, a kernel panic) leaves nothing for this side to
+ * notice: its QP, CQ and cm_id would stay forever.  Every keepalive_ms each
+ * served QP posts one signalled zero-length RDMA WRITE (no SGE; the IB spec,
+ * C9-88, has the responder skip the R_Key and VA checks of a zero-length
+ * operation - rxe and mlx5 do - and the client's QP allows remote writes,
+ * as rdma_cm sets up every RC QP).  It costs one packet and its ACK and
+ * consumes nothing at the client.  A probe that completes with an error
+ * (retries exhausted, the QP in error) or is not acknowledged within
+ * keepalive_ms tears the connection down (the reaper frees it): a vanished
+ * client is reaped within about 2 x keepalive_ms.  The bound is this
+ * deadline, not the QP's retry_count x ack timeout (rdma_cm's default for
+ * RoCE is ~1 s x 7 retries), so it holds on any fabric.
+ */
+#define VERBS_KEEPALIVE_TICK_MS 50u
+
+static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
+{
+    verbs_sconn *dead = NULL;
+    pthread_mutex_lock(&v->lock);
+    verbs_sconn **pp = &v->sconns;
+    while (*pp) {
+        verbs_sconn *sc = *pp;
+        const char *why = NULL;
+        struct ibv_wc wc;
+        if (sc->probing) {
+            int n = ibv_poll_cq(sc->cq, 1, &wc);
+            if (n > 0 && wc.status == IBV_WC_SUCCESS) {
+                sc->probing = false;
+                sc->probe_at_ms = now + x->keepalive_ms;
+            } else if (n > 0) {
+                why = ibv_wc_status_str(wc.status);
+            } else if (n < 0) {
+                why = "ibv_poll_cq failed";
+            } else if (now - sc->probe_at_ms >= x->keepalive_ms) {
+                why = "no acknowledgement within keepalive_ms";
+            }
+        } else if (now >= sc->probe_at_ms) {
+            struct ibv_send_wr wr = {.wr_id = 1, .sg_list = NULL, .num_sge = 0,
+                                     .opcode = IBV_WR_RDMA_WRITE,
+                                     .send_flags = IBV_SEND_SIGNALED};
+            struct ibv_send_wr *bad = NULL;
+            int err = ibv_post_send(sc->id->qp, &wr, &bad);
+            if (err) {
+                why = strerror(err);
+            } else {
+                sc->probing = true;
+                sc->probe_at_ms = now;
+            }
+        }
+        if (!why) {
+            pp = &sc->next;
+            continue;
+        }
+        char peer[MOONLET_MAX_ENDPOINT_BYTES + 1] = "?";
+        moonlet_xfer_format_endpoint(rdma_get_peer_addr(sc->id), peer, sizeof(peer));
+        ML_WARN(MOD, "served connection from %s: keepalive probe failed (%s): tearing it down",
+                peer, why);
+        *pp = sc->next;
+        sc->next = dead;
+        dead = sc;
+    }
+    pthread_mutex_unlock(&v->lock);
+    while (dead) {
+        verbs_sconn *sc = dead;
+        dead = sc->next;
+        /* later CM events of this id (DISCONNECTED, TIMEWAIT_EXIT) find no
+         * context and are ignored: this thread is the one that reads them */
+        sc->id->context = NULL;
+        verbs_reap_push(v, sc->id, sc->cq);
+        free(sc);
+    }
+}
+
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
@@ -610,7 +711,13 @@ static void *verbs_cm_main(void *arg)
     while (!atomic_load(&v->stopping)) {
         struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
                               {.fd = v->ctx->async_fd, .events = POLLIN}};
-        if (poll(p, 2, 100) <= 0)
+        int np = poll(p, 2, 100);
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= v->next_keepalive_ms) {
+            v->next_keepalive_ms = now + VERBS_KEEPALIVE_TICK_MS;
+            verbs_keepalive(x, v, now);
+        }
+        if (np <= 0)
             continue;
         if (p[1].revents & POLLIN)
             verbs_async_events(v);
@@ -620,10 +727,11 @@ static void *verbs_cm_main(void *arg)
         if (rdma_get_cm_event(v->ec, &ev))
             continue;
         struct rdma_cm_id *dead = NULL;
-        verbs_on_cm_event(x, v, ev, &dead);
+        struct ibv_cq *dead_cq = NULL;
+        verbs_on_cm_event(x, v, ev, &dead, &dead_cq);
         rdma_ack_cm_event(ev);
         if (dead)
-            verbs_reap_push(v, dead);
+            verbs_reap_push(v, dead, dead_cq);
     }
     return NULL;
 }
@@ -678,11 +786,6 @@ static int verbs_listen(moonlet_xfer *x, verbs_state *v)
         ML_ERR(MOD, "listen address %s is not on device %s", x->listen_addr, v->dev_name);
         return MOONLET_ERR_INVALID_PARAMS;
     }
-    v->srv_cq = ibv_create_cq(v->ctx, 16, NULL, NULL, 0);
-    if (!v->srv_cq) {
-        ML_ERR(MOD, "ibv_create_cq: %s", strerror(errno));
-        return MOONLET_ERR_INTERNAL_ERROR;
-    }
     return moonlet_xfer_format_endpoint(rdma_get_local_addr(v->listen_id), x->endpoint,
                                         sizeof(x->endpoint));
 }
@@ -696,6 +799,7 @@ static void verbs_free(verbs_state *v)
         verbs_sconn *next = sc->next;
         rdma_disconnect(sc->id);
         rdma_destroy_qp(sc->id);
+        ibv_destroy_cq(sc->cq);
         rdma_destroy_id(sc->id);
         free(sc);
         sc = next;
@@ -709,8 +813,6 @@ static void verbs_free(verbs_state *v)
     }
     if (v->listen_id)
         rdma_destroy_id(v->listen_id);
-    if (v->srv_cq)
-        ibv_destroy_cq(v->srv_cq);
     if (v->ec)
         rdma_destroy_event_channel(v->ec);
     if (v->pd)

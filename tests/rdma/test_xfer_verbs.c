@@ -34,6 +34,10 @@
  *   chained_error       a bad rkey in the middle of a chained batch of 96
  *                       reads: the ops before it succeed (data checked), it
  *                       and every later op fail; the next read works.
+ *   vanished_client     a client whose packets are all dropped (no
+ *                       disconnect ever sent): the server's keepalive probe
+ *                       fails and its served QP is reaped within about
+ *                       2 x keepalive_ms; the client works again after.
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -521,6 +525,79 @@ static void test_stall_sleeps(void **state)
     server_stop(&s);
 }
 
+/* Served connections in x (qp_info's served entries). */
+static size_t served_count(moonlet_xfer *x)
+{
+    moonlet_xfer_qp_info qi[8];
+    size_t n = moonlet_xfer_verbs_qp_info(x, qi, 8), served = 0;
+    for (size_t i = 0; i < n && i < 8; i++)
+        served += qi[i].served;
+    return served;
+}
+
+/* A client that vanishes without a disconnect (every packet its link sends
+ * dropped, as after a power loss or a pulled cable; its QP and cm_id stay,
+ * so no DREQ is ever sent): the server's keepalive probe goes unanswered and
+ * the served QP is torn down within about 2 x keepalive_ms.  Without the
+ * keepalive the served count stays 1 forever (one-sided traffic gives the
+ * server nothing to notice).  After the link heals the client reconnects. */
+#define KEEPALIVE_MS 500u
+
+static void test_vanished_client(void **state)
+{
+    (void)state;
+    const char *on = getenv("MOONLET_RDMA_STALL_ON"), *off = getenv("MOONLET_RDMA_STALL_OFF");
+    assert_non_null(on);
+    assert_non_null(off);
+    char listen[128];
+    snprintf(listen, sizeof(listen), "%s:0", srv_addr);
+    moonlet_xfer_opts so = {.protocol = MOONLET_XFER_RDMA, .listen_addr = listen,
+                            .timeout_ms = TMO, .keepalive_ms = KEEPALIVE_MS};
+    server s;
+    assert_int_equal(moonlet_xfer_create(&so, &s.x), MOONLET_OK);
+    s.mem = malloc(SEG);
+    assert_non_null(s.mem);
+    for (uint32_t i = 0; i < SEG; i++)
+        s.mem[i] = (uint8_t)(i * 7 + 1);
+    assert_int_equal(moonlet_xfer_register_segment(s.x, s.mem, SEG, &s.si), MOONLET_OK);
+    moonlet_xfer *c = client_new(1);
+    static uint8_t buf[65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    read_check(c, &s, buf, 0);
+    /* probes of a live client succeed: still served after several periods */
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 100 && now_ms() - t0 < 3 * KEEPALIVE_MS; i++) {
+        assert_int_equal(served_count(s.x), 1);
+        usleep(50 * 1000); /* sampling a state that must NOT change */
+    }
+    read_check(c, &s, buf, 4096);
+    assert_int_equal(system(on), 0);
+    t0 = now_ms();
+    uint64_t gone = 0;
+    for (int i = 0; i < 400 && now_ms() - t0 < 10000; i++) {
+        if (served_count(s.x) == 0) {
+            gone = now_ms() - t0;
+            break;
+        }
+        usleep(25 * 1000);
+    }
+    assert_int_equal(system(off), 0);
+    print_message("vanished client: served QP reaped after %llu ms (keepalive_ms %u)\n",
+                  (unsigned long long)gone, KEEPALIVE_MS);
+    assert_true(gone > 0);
+    assert_true(gone <= 2 * KEEPALIVE_MS + 1000);
+    /* the client notices (the reaper's DREQ, once packets flow) or fails
+     * once and reissues: either way a read works again */
+    uint64_t t1 = now_ms();
+    int rc = MOONLET_ERR_TRANSFER_FAIL;
+    for (int i = 0; i < 3 && rc != MOONLET_OK && now_ms() - t1 < 20000; i++)
+        rc = moonlet_xfer_read(c, s.si.endpoint, s.si.segment_id, 8192, buf, sizeof(buf));
+    assert_int_equal(rc, MOONLET_OK);
+    assert_memory_equal(buf, s.mem + 8192, sizeof(buf));
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
 /* The client connection's counters (its only QP in c's pool). */
 static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
 {
@@ -641,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
         cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
         cmocka_unit_test(test_chained_small), cmocka_unit_test(test_chained_error),
+        cmocka_unit_test(test_vanished_client),
     };
     if (only)
         cmocka_set_test_filter(only);
