@@ -38,6 +38,9 @@
  *                       disconnect ever sent): the server's keepalive probe
  *                       fails and its served QP is reaped within about
  *                       2 x keepalive_ms; the client works again after.
+ *   concurrent_open     a batch over a good peer and two that never answer
+ *                       the connect: one timeout in all, and the good peer's
+ *                       write (deadline shorter than the timeout) succeeds.
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -598,6 +601,59 @@ static void test_vanished_client(void **state)
     server_stop(&s);
 }
 
+/* An address on the server's subnet that no host answers (ARP unanswered):
+ * its last IPv4 byte replaced by `last`. */
+static void blackhole_endpoint(char *out, size_t cap, unsigned last)
+{
+    unsigned a, b, c, d;
+    assert_int_equal(sscanf(srv_addr, "%u.%u.%u.%u", &a, &b, &c, &d), 4);
+    snprintf(out, cap, "%u.%u.%u.%u:4791", a, b, c, last);
+}
+
+/* A batch over one good peer and two peers that never answer the connect:
+ * the opens run at once, so the batch costs one timeout (not two), and the
+ * good peer's write - whose writer deadline is shorter than the timeout -
+ * runs as soon as its own connection is up instead of after the dead peers'
+ * timeouts (opened one after another, it failed its deadline). */
+static void test_concurrent_open(void **state)
+{
+    (void)state;
+    server s;
+    server_start(&s);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .source_addr = src_addr,
+                           .timeout_ms = 2000, .conns_per_peer = 1};
+    moonlet_xfer *c = NULL;
+    assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+    static uint8_t buf[3][65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    memset(buf[0], 0x5a, sizeof(buf[0]));
+    char bad1[64], bad2[64];
+    blackhole_endpoint(bad1, sizeof(bad1), 251);
+    blackhole_endpoint(bad2, sizeof(bad2), 252);
+    uint64_t t0 = now_ms();
+    moonlet_xfer_cap cap = {.deadline_ms = t0 + 1200};
+    moonlet_xfer_op ops[3] = {
+        {.opcode = MOONLET_XFER_WRITE, .endpoint = s.si.endpoint, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[0], .len = sizeof(buf[0]), .cap = &cap},
+        {.opcode = MOONLET_XFER_READ, .endpoint = bad1, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[1], .len = sizeof(buf[1])},
+        {.opcode = MOONLET_XFER_READ, .endpoint = bad2, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[2], .len = sizeof(buf[2])},
+    };
+    moonlet_xfer_submit(c, ops, 3);
+    uint64_t wall = now_ms() - t0;
+    print_message("batch with 2 unreachable peers: %llu ms (timeout 2000 ms); good write %d, "
+                  "unreachable %d %d\n", (unsigned long long)wall, ops[0].status, ops[1].status,
+                  ops[2].status);
+    assert_int_equal(ops[0].status, MOONLET_OK);
+    assert_memory_equal(s.mem, buf[0], sizeof(buf[0]));
+    assert_int_equal(ops[1].status, MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(ops[2].status, MOONLET_ERR_TRANSFER_FAIL);
+    assert_true(wall >= 1900 && wall < 3500); /* one timeout, not two */
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
 /* The client connection's counters (its only QP in c's pool). */
 static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
 {
@@ -718,7 +774,7 @@ int main(void)
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
         cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
         cmocka_unit_test(test_chained_small), cmocka_unit_test(test_chained_error),
-        cmocka_unit_test(test_vanished_client),
+        cmocka_unit_test(test_vanished_client), cmocka_unit_test(test_concurrent_open),
     };
     if (only)
         cmocka_set_test_filter(only);
