@@ -456,7 +456,8 @@ int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
     return MOONLET_OK;
 }
 
-int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey)
+int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey,
+                               void **handle)
 {
     uintptr_t a = (uintptr_t)addr;
     int rc = MOONLET_ERR_INVALID_PARAMS;
@@ -465,6 +466,7 @@ int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, 
         uintptr_t s = (uintptr_t)b->base;
         if (a >= s && len <= b->len && a - s <= b->len - len) {
             *lkey = b->lkey;
+            *handle = b->handle;
             rc = MOONLET_OK;
             break;
         }

@@ -41,6 +41,9 @@
  *   concurrent_open     a batch over a good peer and two that never answer
  *                       the connect: one timeout in all, and the good peer's
  *                       write (deadline shorter than the timeout) succeeds.
+ *   two_devices         one client, a server on each rxe device: each
+ *                       connection's QP is on the device its address resolved
+ *                       to, with a PD of that device; reads and writes work.
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -654,6 +657,57 @@ static void test_concurrent_open(void **state)
     server_stop(&s);
 }
 
+/* A client reaching peers through two devices: a server on each device's
+ * address (rxe0, rxe1), one client with no source address, one registered
+ * buffer.  Each connection uses the device its address resolved to, with
+ * that device's PD (before, the client had one device and refused the
+ * other: "reached through another device"). */
+static void test_two_devices(void **state)
+{
+    (void)state;
+    server s[2];
+    const char *addrs[2] = {srv_addr, src_addr};
+    for (int i = 0; i < 2; i++) {
+        char listen[128];
+        snprintf(listen, sizeof(listen), "%s:0", addrs[i]);
+        moonlet_xfer_opts so = {.protocol = MOONLET_XFER_RDMA, .listen_addr = listen,
+                                .timeout_ms = TMO};
+        assert_int_equal(moonlet_xfer_create(&so, &s[i].x), MOONLET_OK);
+        s[i].mem = malloc(SEG);
+        assert_non_null(s[i].mem);
+        for (uint32_t k = 0; k < SEG; k++)
+            s[i].mem[k] = (uint8_t)(k * 7 + 1 + i);
+        assert_int_equal(moonlet_xfer_register_segment(s[i].x, s[i].mem, SEG, &s[i].si),
+                         MOONLET_OK);
+    }
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .timeout_ms = TMO,
+                           .conns_per_peer = 1};
+    moonlet_xfer *c = NULL;
+    assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+    static uint8_t buf[2][65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    for (int i = 0; i < 2; i++) {
+        read_check(c, &s[i], buf[i], 4096);
+        memset(buf[i], 0xa0 + i, sizeof(buf[i]));
+        assert_int_equal(moonlet_xfer_write(c, s[i].si.endpoint, s[i].si.segment_id, 0, buf[i],
+                                            sizeof(buf[i])),
+                         MOONLET_OK);
+        assert_memory_equal(s[i].mem, buf[i], sizeof(buf[i]));
+    }
+    moonlet_xfer_qp_info qi[4];
+    assert_int_equal(moonlet_xfer_verbs_qp_info(c, qi, 4), 2);
+    print_message("client QPs on %s and %s\n", qi[0].device, qi[1].device);
+    assert_string_not_equal(qi[0].device, qi[1].device);
+    for (int i = 0; i < 2; i++) {
+        assert_false(qi[i].served);
+        assert_true(qi[i].pd_on_id_device);
+        assert_int_equal(qi[i].state, IBV_QPS_RTS);
+    }
+    moonlet_xfer_destroy(c);
+    for (int i = 0; i < 2; i++)
+        server_stop(&s[i]);
+}
+
 /* The client connection's counters (its only QP in c's pool). */
 static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
 {
@@ -775,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
         cmocka_unit_test(test_chained_small), cmocka_unit_test(test_chained_error),
         cmocka_unit_test(test_vanished_client), cmocka_unit_test(test_concurrent_open),
+        cmocka_unit_test(test_two_devices),
     };
     if (only)
         cmocka_set_test_filter(only);
