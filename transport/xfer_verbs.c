@@ -70,8 +70,11 @@
  *
  * Locks: `lock` guards the segment list, the served- and client-connection
  * lists and the reaper's queue (with reap_cond); it is never held while
- * waiting for a CM event, polling a CQ or destroying an id.  Client
- * connections are owned by one batch at a time (xfer.c) and take no lock.
+ * waiting for a CM event or destroying an id (the keepalive pass polls the
+ * served QPs' own CQs under it, without waiting).  `dev_lock` guards adding
+ * a device to the table and registering a buffer on a further device; the
+ * two are never held together.  Client connections are owned by one batch
+ * at a time (xfer.c) and take no lock.
  */
 #include <arpa/inet.h>
 #include <errno.h>
