@@ -296,7 +296,7 @@ uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
     if (!it.oom)
         registry_foreach_free(m, len, run_collect_free, &it);
     struct seg_run *runs = NULL;
-    if (it.oom || !(runs = calloc(MOONLET_MAX_SEGMENTS, sizeof(*runs))))
+    if (it.oom || !(runs = calloc(it.n ? it.n : 1, sizeof(*runs))))
         goto out;
     if (it.n) /* it.v is NULL when nothing was collected */
         qsort(it.v, it.n, sizeof(*it.v), cmp_run_item);
@@ -309,7 +309,7 @@ uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
                 ;
             struct seg_run sr;
             if (best_run(it.v, lo, hi, len, allow_pinned, &sr.first, &sr.last, &sr.cost) &&
-                nruns < MOONLET_MAX_SEGMENTS)
+                nruns < it.n) /* at most one run per segment: it.n bounds them */
                 runs[nruns++] = sr;
         }
         if (nruns < nrep)

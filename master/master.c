@@ -50,14 +50,24 @@ static moonlet_str tenant_name(moonlet_str t)
     return t.len ? t : MOONLET_STR(MOONLET_DEFAULT_TENANT);
 }
 
-/* The slot of a live tenant by name, or UINT32_MAX. */
+struct tenant_ctx {
+    const struct tenants *t;
+    moonlet_str name;
+};
+
+static bool tenant_eq(const void *ctx, uint32_t v)
+{
+    const struct tenant_ctx *c = ctx;
+    const struct tenant_slot *ts = &c->t->slots[v];
+    return ts->name && ts->len == c->name.len && memcmp(ts->name, c->name.ptr, c->name.len) == 0;
+}
+
+/* The slot of a live tenant by name (a hash map), or UINT32_MAX. */
 static uint32_t tenant_find_locked(struct tenants *t, moonlet_str name)
 {
-    for (uint32_t i = 0; i < t->n; i++)
-        if (t->slots[i].name && t->slots[i].len == name.len &&
-            memcmp(t->slots[i].name, name.ptr, name.len) == 0)
-            return i;
-    return UINT32_MAX;
+    struct tenant_ctx c = {t, name};
+    struct hent *e = hmap_find(&t->by_name, hmap_str_hash(name.ptr, name.len), tenant_eq, &c);
+    return e ? e->v : UINT32_MAX;
 }
 
 static inline uint32_t tenant_slot_of(uint32_t id) { return id & 0xffffu; }
@@ -87,9 +97,7 @@ static int tenant_create_locked(moonlet_master *m, moonlet_str name, uint32_t *s
         }
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
-    uint32_t i = 0;
-    while (i < t->n && t->slots[i].name)
-        i++;
+    uint32_t i = t->nfree ? t->free[t->nfree - 1] : t->n;
     if (i == t->n) {
         if (t->n == t->cap) {
             uint32_t cap = t->cap ? t->cap * 2 : 8;
@@ -107,6 +115,13 @@ static int tenant_create_locked(moonlet_master *m, moonlet_str name, uint32_t *s
     struct tenant_slot *ts = &t->slots[i];
     if (!(ts->name = malloc(name.len ? name.len : 1)))
         return MOONLET_ERR_INTERNAL_ERROR;
+    if (!hmap_insert(&t->by_name, hmap_str_hash(name.ptr, name.len), i)) {
+        free(ts->name);
+        ts->name = NULL;
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    if (t->nfree && t->free[t->nfree - 1] == i)
+        t->nfree--;
     memcpy(ts->name, name.ptr, name.len);
     ts->len = name.len;
     atomic_store(&ts->refs, 0);
@@ -166,6 +181,17 @@ void tenant_release(moonlet_master *m, uint32_t id)
     pthread_rwlock_wrlock(&t->lock);
     struct tenant_slot *ts = &t->slots[i];
     if (ts->name && ts->id == id && atomic_load(&ts->refs) == 0) {
+        hmap_remove_hv(&t->by_name, hmap_str_hash(ts->name, ts->len), i);
+        if (t->nfree == t->free_cap) {
+            uint32_t cap = t->free_cap ? t->free_cap * 2 : 16;
+            uint32_t *nf = realloc(t->free, (size_t)cap * sizeof(*nf));
+            if (nf) {
+                t->free = nf;
+                t->free_cap = cap;
+            }
+        }
+        if (t->nfree < t->free_cap) /* else the slot is not reused (out of memory) */
+            t->free[t->nfree++] = i;
         free(ts->name);
         ts->name = NULL;
         ts->len = 0;
@@ -260,6 +286,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     m->nshards = cfg->shards;
 
     pthread_mutex_init(&m->evict_mu, NULL);
+    pthread_mutex_init(&m->unmount_mu, NULL);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
     /* Unmount must not starve behind a steady stream of readers. */
@@ -311,7 +338,11 @@ void moonlet_master_destroy(moonlet_master *m)
     for (uint32_t i = 0; i < m->tenants.n; i++)
         free(m->tenants.slots[i].name);
     free(m->tenants.slots);
+    free(m->tenants.free);
+    hmap_free(&m->tenants.by_name);
     pthread_rwlock_destroy(&m->tenants.lock);
+    unmounts_destroy(m);
+    pthread_mutex_destroy(&m->unmount_mu);
     pthread_rwlock_destroy(&m->guard);
     pthread_mutex_destroy(&m->evict_mu);
     pthread_mutex_destroy(&m->bg_mu);
@@ -372,7 +403,6 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);
     st->segments = m->reg.nmounted;
-    for (uint32_t i = 0; i < m->reg.nclients; i++)
-        st->clients += m->reg.clients[i].used;
+    st->clients = m->reg.nused;
     pthread_mutex_unlock(&m->reg.mu);
 }

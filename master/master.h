@@ -25,13 +25,17 @@
 
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
+#include "replica.h"
 
 typedef struct moonlet_master moonlet_master;
 
+#ifndef MOONLET_STR_DEFINED /* the same type as transport/rpc_args.h's */
+#define MOONLET_STR_DEFINED
 typedef struct moonlet_str {
     const char *ptr;
     uint32_t len;
 } moonlet_str;
+#endif
 
 #define MOONLET_STR(s) ((moonlet_str){(s), (uint32_t)strlen(s)})
 
@@ -253,9 +257,26 @@ typedef struct moonlet_segment_view {
     uint64_t last_ping_age_ms;
 } moonlet_segment_view;
 
+/* Every mounted segment (in pages internally: the registry lock is never
+ * held across the whole list, nor while visit runs). */
 int moonlet_master_list_segments(moonlet_master *m,
                                  void (*visit)(void *arg, const moonlet_segment_view *s),
                                  void *arg);
+
+#define MOONLET_LIST_SEGMENTS_MAX_LIMIT 10000u
+#define MOONLET_LIST_SEGMENTS_DEFAULT_LIMIT 1000u
+/*
+ * One page of mounted segments in slot order: up to `limit` (1..10000) from
+ * `cursor` (0: the first page); *next_cursor is where the next page starts,
+ * 0 after the last.  No segment comes twice in one listing; one mounted or
+ * unmounted meanwhile may or may not appear.  client_id (NULL: all): only
+ * that client's segments, in one page.  The registry lock is held while a
+ * chunk of segments is copied, never while visit runs.
+ */
+int moonlet_master_list_segments_page(moonlet_master *m, const char *client_id, uint64_t cursor,
+                                      uint32_t limit,
+                                      void (*visit)(void *arg, const moonlet_segment_view *s),
+                                      void *arg, uint64_t *next_cursor);
 
 typedef struct moonlet_key_view {
     const char *key;

@@ -3,18 +3,24 @@
  *
  * Lock order (never take them in another order):
  *   0. evict_mu            - serialises eviction passes (held around a pass)
+ *   -  unmount_mu          - serialises unmount drains (unmount.c); taken
+ *                            before the guard, never under another lock
  *   1. guard (rwlock)      - shared for every ordinary operation; exclusive
- *                            for whole-table changes (segment unmount)
+ *                            only for an O(1) barrier that retires unmounted
+ *                            slots (no work is done under it)
  *   2. shard locks         - several at once only in ascending shard index
  *   3. registry.mu         - segment registry, allocators and client table
  *   -  tenants.lock        - leaf lock; never held while taking another
  *
  * Invariant that lets readers skip the registry lock: a replica only ever
- * names a MOUNTED segment slot.  Unmount removes every replica of the segment
- * under the exclusive guard, so while a thread holds the guard shared, the
- * segment slots its objects reference stay mounted and their identity
- * strings (id, name, endpoint, protocol, base) stay unchanged.  Only the
- * mutable accounting (allocator, used, objects) needs registry.mu.
+ * names a slot that is MOUNTED or UNMOUNTING, never a FREE one.  Unmount
+ * marks the slot UNMOUNTING (placement skips it from then on), strips its
+ * replicas object by object (through the segment's index of object hashes,
+ * one shard lock at a time, the guard shared), and only then retires the
+ * slot behind the exclusive-guard barrier.  So while a thread holds the
+ * guard shared, the segment slots its objects reference keep their identity
+ * strings (id, name, endpoint, protocol, base) unchanged.  Only the mutable
+ * accounting (allocator, used, objects, index) needs registry.mu.
  *
  * Functions named *_locked expect the caller to hold the lock they name;
  * never call a helper that takes a shard lock while holding that shard lock.
@@ -28,10 +34,16 @@
 #include <stdint.h>
 
 #include "alloc.h"
+#include "hmap.h"
 #include "objslab.h"
 #include "master.h"
 
-#define MOONLET_MAX_SEGMENTS 4096u
+/* Segment slots live in chunks of SEG_CHUNK pointers reached through a fixed
+ * directory: a chunk never moves once allocated, so readers index slots
+ * without the registry lock while mounts add chunks.  SEG_DIR chunks bound
+ * the slots at 4M (memory runs out long before). */
+#define SEG_CHUNK 1024u
+#define SEG_DIR 4096u
 #define MOONLET_MAX_REPLICAS 8u
 #define MOONLET_MAX_TENANTS 65536u
 #define MOONLET_NO_TENANT UINT32_MAX
@@ -115,9 +127,18 @@ struct shard {
 
 enum { SEG_FREE = 0, SEG_MOUNTED = 1, SEG_UNMOUNTING = 2 };
 
+#define SLOT_NONE UINT32_MAX
+
 struct mseg {
     _Atomic int state;
     uint32_t client;             /* index into registry.clients */
+    uint32_t cnext, cprev;       /* registry.mu: the client's segments (SLOT_NONE ends) */
+    uint32_t avail_pos;          /* registry.mu: index in registry.avail, or SLOT_NONE */
+    uint64_t id_hash;            /* hmap_str_hash(id): its key in registry.seg_by_id */
+    uint64_t name_hash, endpoint_hash; /* its keys in seg_by_name, seg_by_endpoint */
+    /* registry.mu: the hashes of the objects with a replica here (hash ->
+     * count), so an unmount visits only this segment's objects. */
+    struct hmap ix;
     char id[MOONLET_MAX_ID_BYTES + 1];
     char name[MOONLET_MAX_ID_BYTES + 1];
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
@@ -162,19 +183,39 @@ struct mclient {
     uint64_t last_ping_ns;
     uint64_t session;
     uint32_t nsegs;
+    uint32_t first_seg;                      /* SLOT_NONE: none */
+    uint32_t lnext, lprev;                   /* the ping-order list (UINT32_MAX ends) */
     uint8_t secret_len;                      /* 0: none */
     uint8_t secret[MOONLET_MAX_SECRET_BYTES];
     bool used;
 };
 
+/*
+ * Every operation finds what it needs through a map or a list, never by a
+ * scan of all segments or clients: segment id -> slot and client id ->
+ * entry (hash maps), free slots and free client entries (stacks), the
+ * segments with room (`avail`, the round-robin ring placement walks), each
+ * client's segments (a list through mseg.cnext), and the clients in the
+ * order of their last ping (`lhead` oldest .. `ltail` newest), so the
+ * liveness check looks only at the expired ones.
+ */
 struct registry {
     pthread_mutex_t mu;
-    struct mseg *segs[MOONLET_MAX_SEGMENTS]; /* slots, allocated on first use */
+    struct mseg **dir[SEG_DIR];              /* chunks of slots, allocated on first use */
     uint32_t nslots;                         /* slots ever used */
     uint32_t nmounted;
+    uint32_t *free_slots, nfree, free_cap;   /* FREE slots to reuse */
+    struct hmap seg_by_id;                   /* MOUNTED segment id -> slot */
+    struct hmap seg_by_name, seg_by_endpoint; /* MOUNTED name / endpoint -> slots (several) */
+    uint32_t *avail, navail, avail_cap;      /* MOUNTED slots placement tries first */
     struct mclient *clients;
     uint32_t nclients;                       /* entries in use or free (used=false) */
+    uint32_t nused;                          /* entries in use */
     uint32_t clients_cap;
+    uint32_t *free_clients, nfree_clients, free_clients_cap;
+    uint32_t lhead, ltail;                   /* ping order (UINT32_MAX: empty) */
+    struct hmap client_by_id;                /* used client id -> index */
+    struct hmap by_session;                  /* bound session -> client indexes (several) */
     uint32_t rr;                             /* round-robin start for placement */
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
     _Atomic uint64_t used;                   /* allocated + quarantined bytes */
@@ -199,6 +240,8 @@ struct tenant_slot {
 
 struct tenants {
     pthread_rwlock_t lock;
+    struct hmap by_name;         /* live tenant name -> slot */
+    uint32_t *free, nfree, free_cap; /* free slots to reuse */
     struct tenant_slot *slots;
     uint32_t n, cap;             /* slots ever used, allocated */
     uint32_t live;               /* slots holding a tenant */
@@ -229,6 +272,9 @@ struct moonlet_master {
     uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns, quarantine_grace_ns;
 
     pthread_mutex_t evict_mu;
+    pthread_mutex_t unmount_mu;     /* unmount.c: one drain at a time */
+    struct unmount_job *unmounts;     /* unmount_mu: slots being stripped */
+    uint32_t nunmounts, unmounts_cap;
     pthread_rwlock_t guard;
     struct shard *shards;
     uint32_t nshards;
@@ -246,7 +292,15 @@ struct moonlet_master {
     uint64_t trim_peak;             /* objects at the last malloc_trim or since (bg thread) */
 };
 
-/* ---- shard.c: object table ---------------------------------------------- */
+/* The segment of a slot below nslots (NULL if never allocated).  Without
+ * registry.mu only for a slot a replica names, under the guard shared. */
+static inline struct mseg *reg_seg(const struct registry *r, uint32_t slot)
+{
+    struct mseg **chunk = r->dir[slot / SEG_CHUNK];
+    return chunk ? chunk[slot % SEG_CHUNK] : NULL;
+}
+
+/* ---- shard.c: object table (pure table: takes no lock but what it is given) ---- */
 int shards_init(moonlet_master *m);
 void shards_destroy(moonlet_master *m);
 uint64_t key_hash(uint32_t tenant, const char *key, uint32_t len);
@@ -261,18 +315,18 @@ void shard_unlink_locked(struct shard *s, struct mobj *o);
 struct mobj *mobj_new(moonlet_master *m, uint32_t tenant, uint64_t hash, const char *key,
                       uint32_t len, uint32_t nrep);
 void mobj_free(moonlet_master *m, struct mobj *o);
-/* Releases the object's space, unlinks and frees it.  Caller holds the guard
- * (shared) and the shard lock; takes registry.mu. */
-void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
 
 /*
  * Visits every object of every shard, one shard lock at a time (ascending).
  * The visitor may destroy the object it is given (object_destroy_locked);
- * returning false stops the walk.  The caller holds the guard (shared, or
- * exclusive for whole-table changes).
+ * returning false stops the walk.  The caller holds the guard shared.
  */
 typedef bool (*shard_visit_fn)(moonlet_master *m, struct shard *s, struct mobj *o, void *arg);
 void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
+/* Visits the objects whose hash is `hash` in shard s (its lock held); the
+ * visitor may destroy the object it is given. */
+void shard_foreach_hash_locked(moonlet_master *m, struct shard *s, uint64_t hash,
+                               shard_visit_fn fn, void *arg);
 
 /*
  * Looks up a batch of keys of one tenant.  For each key, fn(arg, i, obj) runs
@@ -280,7 +334,7 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
  * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
  * receives each key's hash.  The caller holds the guard shared.
  *
- * Keys go in groups of up to 16: the group's distinct shard locks are taken
+ * Keys go in groups of up to BATCH_GROUP (shard.c): the group's distinct shard locks are taken
  * together in ascending order (the lock order allows it), and the bucket
  * slots, then the objects, are prefetched for the whole group before any is
  * compared, so the cache misses of one group overlap instead of queueing.
@@ -292,8 +346,14 @@ void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *k
 /* Validates a key: INVALID_KEY for empty or longer than MOONLET_MAX_KEY_BYTES. */
 int key_check(moonlet_str key);
 
+/* ---- object.c ------------------------------------------------------------- */
+/* Releases the object's space, unlinks and frees it.  Caller holds the guard
+ * (shared) and the shard lock; takes registry.mu, then tenants.lock. */
+void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
+
 /* ---- tenant ids (master.c) ----------------------------------------------- */
-/* Looks a tenant up; MOONLET_NO_TENANT when unknown.  Returns INVALID_PARAMS for bad names. */
+/* Looks a tenant up (a hash map); MOONLET_NO_TENANT when unknown.  Returns
+ * INVALID_PARAMS for bad names. */
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id);
 /* Looks up or creates the tenant and takes a reference on it (the caller
  * releases it with tenant_release).  NO_AVAILABLE_HANDLE when the table
@@ -306,23 +366,43 @@ void tenant_release(moonlet_master *m, uint32_t id);
 /* Live tenants (takes tenants.lock). */
 uint32_t tenant_count(moonlet_master *m);
 
-/* ---- segment.c ------------------------------------------------------------ */
+/* ---- segment.c: the registry (pure registry: never touches an object) ------ */
 int registry_init(struct registry *r);
 void registry_destroy(struct registry *r);
-/* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[].
- * Caller holds the guard shared (and a shard lock); takes registry.mu. */
-int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps);
+/* Reserves `nrep` ranges of `size` on distinct mounted segments into reps[]
+ * and records `hash` (the object's) in each segment's index.  Caller holds
+ * the guard shared (and a shard lock); takes registry.mu. */
+int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
+                          struct mrep *reps);
 /* The same, trying the segments named in preferred[] first (in order; names
  * not mounted or without room are skipped), then round-robin. */
-int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t nrep,
+int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                                     const moonlet_str *preferred, uint32_t npreferred,
                                     struct mrep *reps);
-/* Gives the ranges back.  Takes registry.mu.  until_ns 0: to the allocator
- * at once (a sealed object: every write to it was acknowledged before its
- * PutEnd, so no stale byte can follow); otherwise into the segment's
- * quarantine until then (an unfinished put: its writer may still be sending). */
-void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,
-                      uint64_t until_ns);
+/* Gives the ranges back and drops `hash` from the segments' indexes.  Takes
+ * registry.mu.  until_ns 0: to the allocator at once (a sealed object: every
+ * write to it was acknowledged before its PutEnd, so no stale byte can
+ * follow); otherwise into the segment's quarantine until then (an
+ * unfinished put: its writer may still be sending). */
+void registry_release(moonlet_master *m, uint64_t hash, uint64_t size, const struct mrep *reps,
+                      uint32_t nrep, uint64_t until_ns);
+/* Unmount, registry side (unmount.c drives it).  begin: the segment becomes
+ * UNMOUNTING (no new replica lands on it, lookups by id miss it) and its
+ * object index moves to *ix; the caller then strips those objects' replicas
+ * of the slot and, behind the exclusive-guard barrier, retires the slot
+ * (allocator, accounting, slot reuse).  Both take registry.mu. */
+int registry_unmount_begin(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id,
+                           bool check_owner, uint64_t session, uint32_t *slot, struct hmap *ix);
+void registry_retire(moonlet_master *m, uint32_t slot);
+/* Begins the unmount of every segment of the clients whose liveness TTL ran
+ * out at `now` (oldest ping first, stopping at the first live client: no
+ * scan of live ones), handing each to take(); forgets those clients.  take
+ * returning false stops (the rest waits for the next call).  Returns the
+ * segments handed over.  Takes registry.mu; take runs under it (must not lock). */
+uint32_t registry_collect_expired(moonlet_master *m, uint64_t now,
+                                  bool (*take)(void *arg, uint32_t slot, struct hmap *ix,
+                                               const char *client, const char *segment),
+                                  void *arg);
 /* Returns every quarantined range whose time has come to its allocator
  * (the background thread; placement does the same per segment).  Takes registry.mu. */
 void registry_quarantine_sweep(moonlet_master *m);
@@ -333,8 +413,6 @@ void replica_cap_fill(const moonlet_master *m, const struct mrep *r, uint64_t si
                       uint64_t deadline_ns, uint64_t now_ns, moonlet_replica_view *v);
 void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *r,
                        moonlet_replica_view *v);
-/* Unmounts every segment of clients not heard from within the liveness TTL. */
-void liveness_check(moonlet_master *m);
 double registry_usage(moonlet_master *m);
 /* Number of mounted segments (takes registry.mu). */
 uint32_t registry_mounted(moonlet_master *m);
@@ -345,6 +423,16 @@ uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len);
 void registry_foreach_free(moonlet_master *m, uint64_t min_size,
                            void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
                            void *arg);
+
+/* ---- unmount.c ------------------------------------------------------------ */
+/* Unmounts every segment of clients not heard from within the liveness TTL,
+ * and goes on with unmounts begun earlier: at most a bounded number of
+ * objects per call (the rest on the next tick).  Takes unmount_mu, then the
+ * guard shared per batch of objects (shard locks, registry.mu beneath). */
+void liveness_check(moonlet_master *m);
+/* Unmounts still in progress (takes unmount_mu). */
+uint32_t unmounts_pending(moonlet_master *m);
+void unmounts_destroy(moonlet_master *m);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */

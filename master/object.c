@@ -28,7 +28,11 @@
  * cfg.hard_pin_max_ratio of the capacity before placement (an atomic add,
  * undone on failure; no lock) and released when the object is destroyed.
  *
- * Locks: guard (shared) -> one shard lock -> registry.mu.
+ * object_destroy_locked (here, not in shard.c, which is a pure table) gives
+ * an object's space back, unlinks and frees it; unmount.c and evict.c use it.
+ *
+ * Locks: guard (shared) -> one shard lock -> registry.mu, then tenants.lock
+ * (a leaf) when an object's destruction drops its tenant reference.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +42,37 @@
 #include "moonlet/error.h"
 
 /* A key located in its shard: what every single-key operation starts from. */
+void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
+{
+    shard_unlink_locked(s, o);
+    /* An unfinished put's writer may still be sending: its ranges wait in
+     * quarantine until its put deadline (after which no store node accepts
+     * its writes) plus the grace.  A sealed object had every write
+     * acknowledged before its PutEnd; its ranges go back at once, unless a
+     * reader still holds a lease on it (only a forced Remove takes such an
+     * object): then they wait until the lease ends, after which a reader's
+     * own lease check refuses whatever it read (LEASE_EXPIRED), so no reader
+     * gets bytes of an object placed there later. */
+    uint64_t until = 0;
+    if (o->state == OBJ_PENDING)
+        until = o->lease_deadline + m->quarantine_grace_ns;
+    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
+        until = o->lease_deadline;
+    if (o->nrep)
+        registry_release(m, o->hash, o->size, mobj_reps(o), o->nrep, until);
+    if (o->state == OBJ_PENDING)
+        atomic_fetch_sub(&m->st.pending, 1);
+    atomic_fetch_sub(&m->st.objects, 1);
+    atomic_fetch_sub(&m->st.bytes, o->size);
+    if (mobj_hard_pinned(o)) {
+        atomic_fetch_sub(&m->st.hard_pinned, 1);
+        atomic_fetch_sub(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
+    }
+    uint32_t tenant = o->tenant;
+    mobj_free(m, o);
+    tenant_release(m, tenant); /* tenants.lock is a leaf */
+}
+
 struct keyref {
     uint32_t tenant;
     uint64_t hash;
@@ -135,7 +170,7 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
             goto out;
         }
     }
-    rc = registry_place_preferred_locked(m, size, nrep, po->preferred, po->npreferred,
+    rc = registry_place_preferred_locked(m, ref->hash, size, nrep, po->preferred, po->npreferred,
                                          mobj_reps(o));
     if (rc) {
         if (po->hard_pin)

@@ -1,22 +1,32 @@
 /*
  * segment.c - the segment registry: mounted segments, their allocators,
- * replica placement, the client table and liveness.
+ * replica placement, the client table and the order of their pings.  A pure
+ * registry: it never touches an object (unmount.c strips replicas, object.c
+ * destroys objects).
+ *
+ * No request scans all segments or clients: ids, names and endpoints map to
+ * slots and client entries through hash maps (hmap.c); slots live in chunks
+ * that never move (master_internal.h), so there is no cap but memory.
  *
  * A store node mounts a segment (its capacity and transport endpoint); the
- * master then places replicas in it.  Placement walks the mounted segments
- * round-robin from a rotating start and takes, for each replica, the next
- * segment whose allocator can hold the object, so the replicas of one object
- * always land on distinct segments and load spreads across nodes.  A put
+ * master then places replicas in it.  Placement walks the ring of segments
+ * with room (`avail`) round-robin from a rotating start and takes, for each
+ * replica, the next segment whose allocator can hold the object, so the
+ * replicas of one object always land on distinct segments and load spreads
+ * across nodes.  A segment that cannot hold a request leaves the ring; a
+ * release (or quarantine expiry) on it brings it back, and a put the ring
+ * cannot hold tries every segment once before it fails (and evicts).  A put
  * may name preferred segments (by the name given at mount, as ListSegments
  * and moonlet-inspect show it, or by endpoint "host:port", Mooncake's
  * segment name): those are tried first, in the given order,
  * and a name that is not mounted or has no room is skipped; the replicas
  * still unplaced then go round-robin as above.
  *
- * Unmount is a whole-table operation: it takes the snapshot guard exclusive,
- * strips the segment's replicas from every object (removing objects left with
- * none) and only then frees the slot.  That keeps the invariant stated in
- * master_internal.h: a replica only names a mounted segment.
+ * Each segment indexes the hashes of the objects with a replica on it
+ * (added at placement, dropped at release, both under registry.mu), so an
+ * unmount visits only its own objects: registry_unmount_begin hands the
+ * index over, unmount.c strips, registry_retire frees the slot after the
+ * reader barrier (master_internal.h states the invariant).
  *
  * Client ids are bound to the connection (session) that claimed them and,
  * optionally, to a secret that lets the same node reclaim its id after a
@@ -33,9 +43,10 @@
  * placed there later; sweeps return due ranges lazily (placement) and from
  * the background thread.  Quarantined bytes stay counted as used.
  *
- * Locks: registry.mu (order 3) around every registry change; unmount takes the
- * guard exclusive (order 1), then each shard lock in turn (order 2), then
- * registry.mu.  liveness_check takes nothing itself and calls unmount.
+ * Locks: registry.mu (order 3) around every registry change and lookup; it
+ * is never held while calling out (registry_collect_expired's callback only
+ * queues).  ListSegments copies a chunk of segments under it and visits
+ * them after releasing it.  Nothing here takes the guard or a shard lock.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -52,18 +63,31 @@ int registry_init(struct registry *r)
 {
     memset(r, 0, sizeof(*r));
     pthread_mutex_init(&r->mu, NULL);
+    r->lhead = r->ltail = UINT32_MAX;
     return MOONLET_OK;
 }
 
 void registry_destroy(struct registry *r)
 {
     for (uint32_t i = 0; i < r->nslots; i++) {
-        if (r->segs[i]) {
-            moonlet_alloc_destroy(r->segs[i]->alloc);
-            free(r->segs[i]->quar);
-            free(r->segs[i]);
+        struct mseg *s = reg_seg(r, i);
+        if (s) {
+            moonlet_alloc_destroy(s->alloc);
+            hmap_free(&s->ix);
+            free(s->quar);
+            free(s);
         }
     }
+    for (uint32_t c = 0; c < SEG_DIR; c++)
+        free(r->dir[c]);
+    hmap_free(&r->seg_by_id);
+    hmap_free(&r->seg_by_name);
+    hmap_free(&r->seg_by_endpoint);
+    hmap_free(&r->client_by_id);
+    hmap_free(&r->by_session);
+    free(r->free_slots);
+    free(r->avail);
+    free(r->free_clients);
     free(r->clients);
     pthread_mutex_destroy(&r->mu);
 }
@@ -73,37 +97,159 @@ static bool str_eq(const char *c, moonlet_str s)
     return strlen(c) == s.len && memcmp(c, s.ptr, s.len) == 0;
 }
 
+/* Appends v to a growable uint32 array; false when out of memory. */
+static bool u32_push(uint32_t **a, uint32_t *n, uint32_t *cap, uint32_t v)
+{
+    if (*n == *cap) {
+        uint32_t nc = *cap ? *cap * 2 : 64;
+        uint32_t *na = realloc(*a, (size_t)nc * sizeof(*na));
+        if (!na)
+            return false;
+        *a = na;
+        *cap = nc;
+    }
+    (*a)[(*n)++] = v;
+    return true;
+}
+
+/* ---- lookups by id ----------------------------------------------------------- */
+
+struct id_ctx {
+    const struct registry *r;
+    moonlet_str id;
+};
+
+static bool client_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(c->r->clients[v].id, c->id);
+}
+
+static bool seg_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(reg_seg(c->r, v)->id, c->id);
+}
+
+static bool seg_name_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(reg_seg(c->r, v)->name, c->id);
+}
+
+static bool seg_endpoint_eq(const void *ctx, uint32_t v)
+{
+    const struct id_ctx *c = ctx;
+    return str_eq(reg_seg(c->r, v)->endpoint, c->id);
+}
+
+/* ---- the ping-order list of clients (registry.mu) -------------------------------- */
+
+static void lru_unlink(struct registry *r, uint32_t i)
+{
+    struct mclient *c = &r->clients[i];
+    if (c->lprev != UINT32_MAX)
+        r->clients[c->lprev].lnext = c->lnext;
+    else
+        r->lhead = c->lnext;
+    if (c->lnext != UINT32_MAX)
+        r->clients[c->lnext].lprev = c->lprev;
+    else
+        r->ltail = c->lprev;
+    c->lnext = c->lprev = UINT32_MAX;
+}
+
+static void lru_append(struct registry *r, uint32_t i)
+{
+    struct mclient *c = &r->clients[i];
+    c->lnext = UINT32_MAX;
+    c->lprev = r->ltail;
+    if (r->ltail != UINT32_MAX)
+        r->clients[r->ltail].lnext = i;
+    else
+        r->lhead = i;
+    r->ltail = i;
+}
+
+/* Records a ping (or anything that proves the client alive) now. */
+static void client_touch_locked(struct registry *r, uint32_t i)
+{
+    r->clients[i].last_ping_ns = moonlet_clock_now_ns();
+    if (r->ltail != i) {
+        lru_unlink(r, i);
+        lru_append(r, i);
+    }
+}
+
+/* Binds client i to `session` (0: unbound), keeping registry.by_session,
+ * which finds a closed connection's clients without a scan.  registry.mu held. */
+static void client_set_session_locked(struct registry *r, uint32_t i, uint64_t session)
+{
+    struct mclient *c = &r->clients[i];
+    if (c->session == session)
+        return;
+    if (c->session)
+        hmap_remove_hv(&r->by_session, c->session, i);
+    c->session = session;
+    if (session && !hmap_insert(&r->by_session, session, i))
+        ML_WARN("master", "out of memory: client %s stays bound to its connection after it "
+                "closes, until it expires", c->id);
+}
+
+/* Forgets a client entry (its segments are gone).  registry.mu held. */
+static void client_forget_locked(struct registry *r, uint32_t i)
+{
+    struct mclient *c = &r->clients[i];
+    client_set_session_locked(r, i, 0);
+    lru_unlink(r, i);
+    hmap_remove_hv(&r->client_by_id, hmap_str_hash(c->id, strlen(c->id)), i);
+    c->used = false;
+    r->nused--;
+    if (!u32_push(&r->free_clients, &r->nfree_clients, &r->free_clients_cap, i))
+        ML_WARN("master", "out of memory: client entry %u is not reused", i);
+}
+
 /* Client entry by id; creates it when `create`.  registry.mu held. */
 static struct mclient *client_get_locked(struct registry *r, moonlet_str id, bool create,
                                          uint32_t *idx)
 {
-    uint32_t free_idx = UINT32_MAX;
-    for (uint32_t i = 0; i < r->nclients; i++) {
-        if (r->clients[i].used && str_eq(r->clients[i].id, id)) {
-            *idx = i;
-            return &r->clients[i];
-        }
-        if (!r->clients[i].used && free_idx == UINT32_MAX)
-            free_idx = i;
+    uint64_t h = hmap_str_hash(id.ptr, id.len);
+    struct id_ctx ctx = {r, id};
+    struct hent *e = hmap_find(&r->client_by_id, h, client_eq, &ctx);
+    if (e) {
+        *idx = e->v;
+        return &r->clients[e->v];
     }
     if (!create)
         return NULL;
-    if (free_idx == UINT32_MAX) {
+    uint32_t i;
+    if (r->nfree_clients) {
+        i = r->free_clients[--r->nfree_clients];
+    } else {
         if (r->nclients == r->clients_cap) {
             uint32_t cap = r->clients_cap ? r->clients_cap * 2 : 16;
-            struct mclient *nc = realloc(r->clients, cap * sizeof(*nc));
+            struct mclient *nc = realloc(r->clients, (size_t)cap * sizeof(*nc));
             if (!nc)
                 return NULL;
             r->clients = nc;
             r->clients_cap = cap;
         }
-        free_idx = r->nclients++;
+        i = r->nclients++;
     }
-    struct mclient *c = &r->clients[free_idx];
+    if (!hmap_insert(&r->client_by_id, h, i)) {
+        if (!u32_push(&r->free_clients, &r->nfree_clients, &r->free_clients_cap, i))
+            ML_WARN("master", "out of memory: client entry %u is not reused", i);
+        return NULL;
+    }
+    struct mclient *c = &r->clients[i];
     memset(c, 0, sizeof(*c));
     memcpy(c->id, id.ptr, id.len);
+    c->first_seg = SLOT_NONE;
     c->used = true;
-    *idx = free_idx;
+    r->nused++;
+    c->last_ping_ns = moonlet_clock_now_ns();
+    lru_append(r, i);
+    *idx = i;
     return c;
 }
 
@@ -112,14 +258,15 @@ static int id_check(moonlet_str s)
     return (s.len == 0 || s.len > MOONLET_MAX_ID_BYTES) ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
 }
 
-/* May `session` act for client c?  Claims an unbound id without a secret.
+/* May `session` act for client i?  Claims an unbound id without a secret.
  * registry.mu held. */
-static int client_authorize_locked(struct mclient *c, uint64_t session)
+static int client_authorize_locked(struct registry *r, uint32_t i, uint64_t session)
 {
+    struct mclient *c = &r->clients[i];
     if (session == 0 || c->session == session)
         return MOONLET_OK;
     if (c->session == 0 && c->secret_len == 0) {
-        c->session = session;
+        client_set_session_locked(r, i, session);
         return MOONLET_OK;
     }
     return MOONLET_ERR_ILLEGAL_CLIENT;
@@ -137,10 +284,10 @@ static struct mclient *client_for_call_locked(struct registry *r, moonlet_str id
         return NULL;
     }
     if (!existed) {
-        c->session = session;
+        client_set_session_locked(r, *idx, session);
         c->last_ping_ns = moonlet_clock_now_ns();
     }
-    if ((*rc = client_authorize_locked(c, session))) {
+    if ((*rc = client_authorize_locked(r, *idx, session))) {
         ML_WARN("master", "refused a call for client %s from another connection than the one "
                 "that holds it (a second node with the same --client-id, or an impostor)", c->id);
         return NULL;
@@ -165,7 +312,7 @@ int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet
     } else if (!existed || (c->secret_len == 0 && (c->session == 0 || c->session == session))) {
         memcpy(c->secret, secret.ptr, secret.len);
         c->secret_len = (uint8_t)secret.len;
-        c->session = session;
+        client_set_session_locked(r, idx, session);
         if (!existed)
             c->last_ping_ns = moonlet_clock_now_ns();
     } else {
@@ -179,7 +326,7 @@ int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet
                     "once that node has not pinged for %" PRIu64 " ms)", c->id,
                     m->client_ttl_ns / MOONLET_NS_PER_MS);
         } else {
-            c->session = session; /* the same node, reconnected */
+            client_set_session_locked(r, idx, session); /* the same node, reconnected */
         }
     }
     pthread_mutex_unlock(&r->mu);
@@ -192,15 +339,16 @@ void moonlet_master_session_closed(moonlet_master *m, uint64_t session)
         return;
     struct registry *r = &m->reg;
     pthread_mutex_lock(&r->mu);
-    for (uint32_t i = 0; i < r->nclients; i++) {
-        struct mclient *c = &r->clients[i];
-        if (!c->used || c->session != session)
-            continue;
-        c->session = 0;
+    /* the connection's clients through by_session (each pass drops one entry) */
+    for (struct hent *e; (e = hmap_find(&r->by_session, session, NULL, NULL));) {
+        uint32_t i = e->v;
+        hmap_remove(&r->by_session, e);
+        if (r->clients[i].session == session)
+            r->clients[i].session = 0;
         /* Nothing mounted (a clean shutdown unmounted first): forget the
          * id now, so a restart with the same id need not wait for expiry. */
-        if (c->nsegs == 0)
-            c->used = false;
+        if (r->clients[i].nsegs == 0)
+            client_forget_locked(r, i);
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -216,7 +364,7 @@ int moonlet_master_ping_as(moonlet_master *m, moonlet_str client_id, uint64_t se
     pthread_mutex_lock(&r->mu);
     struct mclient *c = client_for_call_locked(r, client_id, session, &idx, &rc);
     if (c) {
-        c->last_ping_ns = moonlet_clock_now_ns();
+        client_touch_locked(r, idx);
         if (segments_out)
             *segments_out = c->nsegs;
     }
@@ -244,26 +392,87 @@ void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, ui
     struct registry *r = &m->reg;
     uint32_t idx;
     pthread_mutex_lock(&r->mu);
-    if (client_get_locked(r, client_id, false, &idx)) {
-        for (uint32_t i = 0; i < r->nslots; i++) {
-            struct mseg *s = r->segs[i];
-            if (s && s->client == idx && atomic_load(&s->state) == SEG_MOUNTED)
-                atomic_store(&s->clock_offset_ms, off);
-        }
-    }
+    struct mclient *c = client_get_locked(r, client_id, false, &idx);
+    for (uint32_t i = c ? c->first_seg : SLOT_NONE; i != SLOT_NONE; i = reg_seg(r, i)->cnext)
+        atomic_store(&reg_seg(r, i)->clock_offset_ms, off);
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The MOUNTED segment with this id.  registry.mu held. */
 static struct mseg *seg_find_locked(struct registry *r, moonlet_str id, uint32_t *slot)
 {
-    for (uint32_t i = 0; i < r->nslots; i++) {
-        struct mseg *s = r->segs[i];
-        if (s && atomic_load(&s->state) == SEG_MOUNTED && str_eq(s->id, id)) {
-            *slot = i;
-            return s;
-        }
+    struct id_ctx ctx = {r, id};
+    struct hent *e = hmap_find(&r->seg_by_id, hmap_str_hash(id.ptr, id.len), seg_eq, &ctx);
+    if (!e)
+        return NULL;
+    *slot = e->v;
+    return reg_seg(r, e->v);
+}
+
+/* A FREE slot: a reused one, else a new one (its chunk allocated on first
+ * use).  SLOT_NONE when out of memory.  registry.mu held. */
+static uint32_t slot_alloc_locked(struct registry *r)
+{
+    if (r->nfree)
+        return r->free_slots[--r->nfree];
+    uint32_t i = r->nslots;
+    if (i / SEG_CHUNK >= SEG_DIR)
+        return SLOT_NONE;
+    struct mseg **chunk = r->dir[i / SEG_CHUNK];
+    if (!chunk) {
+        if (!(chunk = calloc(SEG_CHUNK, sizeof(*chunk))))
+            return SLOT_NONE;
+        r->dir[i / SEG_CHUNK] = chunk;
     }
-    return NULL;
+    if (!(chunk[i % SEG_CHUNK] = calloc(1, sizeof(struct mseg))))
+        return SLOT_NONE;
+    r->nslots++;
+    return i;
+}
+
+/* ---- the ring of segments placement tries (registry.mu) ---------------------------- */
+
+static void avail_add_locked(struct registry *r, uint32_t slot)
+{
+    struct mseg *s = reg_seg(r, slot);
+    if (s->avail_pos != SLOT_NONE || atomic_load(&s->state) != SEG_MOUNTED)
+        return;
+    if (u32_push(&r->avail, &r->navail, &r->avail_cap, slot))
+        s->avail_pos = r->navail - 1;
+}
+
+static void avail_remove_locked(struct registry *r, uint32_t slot)
+{
+    struct mseg *s = reg_seg(r, slot);
+    uint32_t pos = s->avail_pos;
+    if (pos == SLOT_NONE)
+        return;
+    uint32_t last = r->avail[--r->navail];
+    if (last != slot) {
+        r->avail[pos] = last;
+        reg_seg(r, last)->avail_pos = pos;
+    }
+    s->avail_pos = SLOT_NONE;
+}
+
+/* ---- the per-segment index of object hashes (registry.mu) --------------------------- */
+
+static void ix_add_locked(struct mseg *s, uint64_t hash)
+{
+    struct hent *e = hmap_find(&s->ix, hash, NULL, NULL);
+    if (e)
+        e->v++;
+    else if (!hmap_insert(&s->ix, hash, 1))
+        /* the unmount would miss this object: it keeps a replica naming a
+         * retired slot.  Never silently: say so. */
+        ML_ERR("master", "segment %s: out of memory for its object index", s->id);
+}
+
+static void ix_del_locked(struct mseg *s, uint64_t hash)
+{
+    struct hent *e = hmap_find(&s->ix, hash, NULL, NULL);
+    if (e && --e->v == 0)
+        hmap_remove(&s->ix, e);
 }
 
 static int seg_desc_check(const moonlet_segment_desc *d)
@@ -314,20 +523,28 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
         rc = MOONLET_ERR_SEGMENT_ALREADY_EXISTS;
         goto out;
     }
-    for (slot = 0; slot < r->nslots; slot++)
-        if (r->segs[slot] && atomic_load(&r->segs[slot]->state) == SEG_FREE)
-            break;
-    if (slot == r->nslots) {
-        if (r->nslots == MOONLET_MAX_SEGMENTS || !(r->segs[slot] = calloc(1, sizeof(struct mseg)))) {
-            rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
-            goto out;
-        }
-        r->nslots++;
-    }
     struct mclient *c = client_for_call_locked(r, MOONLET_STR(d->client_id), session, &cidx, &rc);
     if (!c)
         goto out;
-    struct mseg *s = r->segs[slot];
+    if ((slot = slot_alloc_locked(r)) == SLOT_NONE) {
+        ML_ERR("master", "out of memory for segment %s: mount refused", d->segment_id);
+        rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
+        goto out;
+    }
+    struct mseg *s = reg_seg(r, slot);
+    s->id_hash = hmap_str_hash(d->segment_id, strlen(d->segment_id));
+    const char *name = d->name ? d->name : d->segment_id;
+    s->name_hash = hmap_str_hash(name, strlen(name));
+    s->endpoint_hash = hmap_str_hash(d->endpoint, strlen(d->endpoint));
+    if (!hmap_insert(&r->seg_by_id, s->id_hash, slot) ||
+        !hmap_insert(&r->seg_by_name, s->name_hash, slot) ||
+        !hmap_insert(&r->seg_by_endpoint, s->endpoint_hash, slot)) {
+        hmap_remove_hv(&r->seg_by_id, s->id_hash, slot);
+        hmap_remove_hv(&r->seg_by_name, s->name_hash, slot);
+        u32_push(&r->free_slots, &r->nfree, &r->free_cap, slot); /* room: it was popped */
+        rc = MOONLET_ERR_NO_AVAILABLE_HANDLE;
+        goto out;
+    }
     snprintf(s->id, sizeof(s->id), "%s", d->segment_id);
     snprintf(s->name, sizeof(s->name), "%s", d->name ? d->name : d->segment_id);
     snprintf(s->endpoint, sizeof(s->endpoint), "%s", d->endpoint);
@@ -346,11 +563,18 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     atomic_store(&s->clock_offset_ms, s->has_key ? clock_offset_bound(d->node_clock_ms) : 0);
     s->nquar = 0;
     s->client = cidx;
+    s->cprev = SLOT_NONE;
+    s->cnext = c->first_seg;
+    if (c->first_seg != SLOT_NONE)
+        reg_seg(r, c->first_seg)->cprev = slot;
+    c->first_seg = slot;
     c->nsegs++;
-    c->last_ping_ns = moonlet_clock_now_ns();
+    client_touch_locked(r, cidx);
     r->nmounted++;
     atomic_fetch_add(&r->capacity, s->size);
+    s->avail_pos = SLOT_NONE;
     atomic_store(&s->state, SEG_MOUNTED);
+    avail_add_locked(r, slot);
     ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",
             s->id, s->size, c->id, s->protocol, s->endpoint, s->alt_id[0] ? " and " : "",
             s->alt_protocol, s->alt_id[0] ? "://" : "", s->alt_endpoint);
@@ -360,63 +584,93 @@ out:
     return rc;
 }
 
-struct strip_args {
-    uint32_t slot;
-    uint64_t removed;
-};
-
-/* Drops the object's replicas on the slot; destroys it when none is left. */
-static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+/* Takes a MOUNTED segment out of service: UNMOUNTING (placement skips it,
+ * lookups by id no longer find it), off its client's list and the placement
+ * ring; its object index moves to *ix (the caller strips those objects and
+ * then retires the slot).  registry.mu held. */
+static void unmount_begin_locked(struct registry *r, uint32_t slot, struct hmap *ix)
 {
-    struct strip_args *st = arg;
-    struct mrep *reps = mobj_reps(o);
-    uint32_t keep = 0;
-    for (uint32_t k = 0; k < o->nrep; k++)
-        if (reps[k].seg != st->slot)
-            reps[keep++] = reps[k];
-    if (keep == o->nrep)
-        return true;
-    o->nrep = (uint8_t)keep;
-    if (keep == 0) {
-        object_destroy_locked(m, s, o);
-        st->removed++;
-    }
-    return true;
+    struct mseg *s = reg_seg(r, slot);
+    atomic_store(&s->state, SEG_UNMOUNTING);
+    hmap_remove_hv(&r->seg_by_id, s->id_hash, slot);
+    hmap_remove_hv(&r->seg_by_name, s->name_hash, slot);
+    hmap_remove_hv(&r->seg_by_endpoint, s->endpoint_hash, slot);
+    avail_remove_locked(r, slot);
+    struct mclient *c = &r->clients[s->client];
+    if (s->cprev != SLOT_NONE)
+        reg_seg(r, s->cprev)->cnext = s->cnext;
+    else
+        c->first_seg = s->cnext;
+    if (s->cnext != SLOT_NONE)
+        reg_seg(r, s->cnext)->cprev = s->cprev;
+    s->cnext = s->cprev = SLOT_NONE;
+    if (c->nsegs)
+        c->nsegs--;
+    r->nmounted--;
+    *ix = s->ix;
+    memset(&s->ix, 0, sizeof(s->ix));
 }
 
-/* Removes every replica on `slot` from every object; guard held exclusive. */
-static uint64_t strip_segment(moonlet_master *m, uint32_t slot)
-{
-    struct strip_args st = {.slot = slot};
-    shards_foreach(m, strip_visit, &st);
-    return st.removed;
-}
-
-static int unmount_slot(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id,
-                        bool check_owner, uint64_t session)
+int registry_unmount_begin(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id,
+                           bool check_owner, uint64_t session, uint32_t *slot, struct hmap *ix)
 {
     struct registry *r = &m->reg;
-    pthread_rwlock_wrlock(&m->guard);
     pthread_mutex_lock(&r->mu);
-    uint32_t slot;
-    struct mseg *s = seg_find_locked(r, segment_id, &slot);
+    struct mseg *s = seg_find_locked(r, segment_id, slot);
     int rc = MOONLET_OK;
     if (!s)
         rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
     else if (check_owner && (!str_eq(r->clients[s->client].id, client_id) ||
-                             client_authorize_locked(&r->clients[s->client], session)))
+                             client_authorize_locked(r, s->client, session)))
         rc = MOONLET_ERR_ILLEGAL_CLIENT;
     else
-        atomic_store(&s->state, SEG_UNMOUNTING);
+        unmount_begin_locked(r, *slot, ix);
     pthread_mutex_unlock(&r->mu);
-    if (rc) {
-        pthread_rwlock_unlock(&m->guard);
-        return rc;
-    }
+    return rc;
+}
 
-    uint64_t removed = strip_segment(m, slot);
-
+uint32_t registry_collect_expired(moonlet_master *m, uint64_t now,
+                                  bool (*take)(void *arg, uint32_t slot, struct hmap *ix,
+                                               const char *client, const char *segment),
+                                  void *arg)
+{
+    struct registry *r = &m->reg;
+    uint32_t n = 0;
     pthread_mutex_lock(&r->mu);
+    /* oldest ping first: stop at the first client still alive */
+    while (r->lhead != UINT32_MAX) {
+        uint32_t i = r->lhead;
+        struct mclient *c = &r->clients[i];
+        if (c->last_ping_ns > now || now - c->last_ping_ns < m->client_ttl_ns)
+            break;
+        bool ok = true;
+        while (c->first_seg != SLOT_NONE && ok) {
+            uint32_t slot = c->first_seg;
+            struct mseg *s = reg_seg(r, slot);
+            ML_WARN("master", "client %s missed its liveness deadline: unmounting segment %s",
+                    c->id, s->id);
+            struct hmap ix;
+            char seg[MOONLET_MAX_ID_BYTES + 1];
+            snprintf(seg, sizeof(seg), "%s", s->id);
+            unmount_begin_locked(r, slot, &ix);
+            ok = take(arg, slot, &ix, c->id, seg);
+            n++;
+        }
+        if (!ok) /* the caller could not queue more: the rest next time */
+            break;
+        ML_INFO("master", "client %s expired (no ping for %" PRIu64 " ms)", c->id,
+                (now - c->last_ping_ns) / MOONLET_NS_PER_MS);
+        client_forget_locked(r, i);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void registry_retire(moonlet_master *m, uint32_t slot)
+{
+    struct registry *r = &m->reg;
+    pthread_mutex_lock(&r->mu);
+    struct mseg *s = reg_seg(r, slot);
     atomic_fetch_sub(&r->capacity, s->size);
     atomic_fetch_sub(&r->used, moonlet_alloc_used(s->alloc));
     for (uint32_t q = 0; q < s->nquar; q++) /* gone with the segment's id and key */
@@ -424,35 +678,19 @@ static int unmount_slot(moonlet_master *m, moonlet_str client_id, moonlet_str se
     s->nquar = 0;
     moonlet_alloc_destroy(s->alloc);
     s->alloc = NULL;
-    r->nmounted--;
-    struct mclient *c = &r->clients[s->client];
-    if (c->nsegs)
-        c->nsegs--;
-    ML_INFO("master", "unmounted segment %s of client %s; %" PRIu64 " objects lost their last replica",
-            s->id, c->id, removed);
+    s->objects = 0;
+    hmap_free(&s->ix); /* releases during the strip may have left entries */
     atomic_store(&s->state, SEG_FREE);
+    if (!u32_push(&r->free_slots, &r->nfree, &r->free_cap, slot))
+        ML_WARN("master", "out of memory: segment slot %u is not reused", slot);
     pthread_mutex_unlock(&r->mu);
-    pthread_rwlock_unlock(&m->guard);
-    return MOONLET_OK;
-}
-
-int moonlet_master_unmount_segment_as(moonlet_master *m, moonlet_str client_id,
-                                      moonlet_str segment_id, uint64_t session)
-{
-    if (id_check(client_id) || id_check(segment_id))
-        return MOONLET_ERR_INVALID_PARAMS;
-    return unmount_slot(m, client_id, segment_id, true, session);
-}
-
-int moonlet_master_unmount_segment(moonlet_master *m, moonlet_str client_id, moonlet_str segment_id)
-{
-    return moonlet_master_unmount_segment_as(m, client_id, segment_id, 0);
 }
 
 /* Returns the segment's due quarantined ranges to its allocator.  registry.mu held. */
-static void quarantine_release_due_locked(struct registry *r, struct mseg *s, uint64_t now)
+static void quarantine_release_due_locked(struct registry *r, uint32_t slot, uint64_t now)
 {
-    uint32_t keep = 0;
+    struct mseg *s = reg_seg(r, slot);
+    uint32_t keep = 0, before = s->nquar;
     for (uint32_t q = 0; q < s->nquar; q++) {
         struct quarantined *e = &s->quar[q];
         if (e->until_ns > now) {
@@ -467,6 +705,8 @@ static void quarantine_release_due_locked(struct registry *r, struct mseg *s, ui
         atomic_fetch_sub(&r->quarantined, e->len);
     }
     s->nquar = keep;
+    if (keep < before)
+        avail_add_locked(r, slot);
 }
 
 /* Holds [offset, +len) back until until_ns; false when out of memory. */
@@ -492,54 +732,49 @@ void registry_quarantine_sweep(moonlet_master *m)
     uint64_t now = moonlet_clock_now_ns();
     pthread_mutex_lock(&r->mu);
     for (uint32_t i = 0; i < r->nslots; i++) {
-        struct mseg *s = r->segs[i];
+        struct mseg *s = reg_seg(r, i);
         if (s && atomic_load(&s->state) == SEG_MOUNTED && s->nquar)
-            quarantine_release_due_locked(r, s, now);
+            quarantine_release_due_locked(r, i, now);
     }
     pthread_mutex_unlock(&r->mu);
 }
 
+enum { PLACE_OK, PLACE_SKIP, PLACE_NO_ROOM };
+
 /* Reserves len on mounted segment `slot` unless a replica of this object is
  * already there.  Caller holds registry.mu. */
-static bool place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint64_t now,
-                            struct mrep *reps, uint32_t placed)
+static int place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint64_t now,
+                           struct mrep *reps, uint32_t placed)
 {
-    struct mseg *s = r->segs[slot];
+    struct mseg *s = reg_seg(r, slot);
     if (!s || atomic_load(&s->state) != SEG_MOUNTED)
-        return false;
+        return PLACE_SKIP;
     for (uint32_t k = 0; k < placed; k++)
         if (reps[k].seg == slot)
-            return false;
+            return PLACE_SKIP;
     if (s->nquar)
-        quarantine_release_due_locked(r, s, now);
+        quarantine_release_due_locked(r, slot, now);
     uint64_t off;
     if (moonlet_alloc_reserve(s->alloc, len, &off) != MOONLET_OK)
-        return false;
-    s->objects++;
+        return PLACE_NO_ROOM;
     reps[placed] = (struct mrep){.offset = off, .seg = slot, .status = MOONLET_REPLICA_INITIALIZED};
-    return true;
+    return PLACE_OK;
 }
 
-/* The mounted slot whose name is `name`, else the first whose endpoint
- * ("host:port", what Mooncake calls a segment name) is; UINT32_MAX when
- * none.  Caller holds registry.mu. */
+/* A mounted slot whose name is `name`, else one whose endpoint ("host:port",
+ * what Mooncake calls a segment name) is (hash maps; among several with the
+ * same name, any); SLOT_NONE when none.  Caller holds registry.mu. */
 static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
 {
-    uint32_t by_endpoint = UINT32_MAX;
-    for (uint32_t i = 0; i < r->nslots; i++) {
-        const struct mseg *s = r->segs[i];
-        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
-            continue;
-        if (strlen(s->name) == name.len && memcmp(s->name, name.ptr, name.len) == 0)
-            return i;
-        if (by_endpoint == UINT32_MAX && strlen(s->endpoint) == name.len &&
-            memcmp(s->endpoint, name.ptr, name.len) == 0)
-            by_endpoint = i;
-    }
-    return by_endpoint;
+    struct id_ctx ctx = {r, name};
+    uint64_t h = hmap_str_hash(name.ptr, name.len);
+    const struct hent *e = hmap_find(&r->seg_by_name, h, seg_name_eq, &ctx);
+    if (!e)
+        e = hmap_find(&r->seg_by_endpoint, h, seg_endpoint_eq, &ctx);
+    return e ? e->v : SLOT_NONE;
 }
 
-int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t nrep,
+int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                                     const moonlet_str *preferred, uint32_t npreferred,
                                     struct mrep *reps)
 {
@@ -552,56 +787,83 @@ int registry_place_preferred_locked(moonlet_master *m, uint64_t size, uint32_t n
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
     uint32_t placed = 0;
-    /* Preferred names first (a linear scan each: segments are few and a
-     * preference list is short); duplicates fall out of place_on_locked. */
+    /* Preferred names first; duplicates fall out of place_on_locked. */
     for (uint32_t p = 0; p < npreferred && placed < nrep; p++) {
         uint32_t slot = slot_by_name_locked(r, preferred[p]);
-        if (slot != UINT32_MAX && place_on_locked(r, slot, len, now, reps, placed))
+        if (slot != SLOT_NONE && place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK)
             placed++;
     }
-    uint32_t start = r->rr++;
-    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++)
-        if (place_on_locked(r, (start + k) % r->nslots, len, now, reps, placed))
+    /* Round-robin over the ring of segments with room; one that has no room
+     * for this size leaves the ring (it comes back when space is freed on it,
+     * or when the scan below finds room on it). */
+    uint32_t i = r->navail ? r->rr++ % r->navail : 0;
+    for (uint32_t tries = r->navail; tries && placed < nrep && r->navail; tries--) {
+        if (i >= r->navail)
+            i = 0;
+        uint32_t slot = r->avail[i];
+        int prc = place_on_locked(r, slot, len, now, reps, placed);
+        if (prc == PLACE_OK)
             placed++;
+        if (prc == PLACE_NO_ROOM)
+            avail_remove_locked(r, slot); /* the last one moved into i */
+        else
+            i++;
+    }
+    /* The ring could not hold it: every mounted segment, as before the ring
+     * (only a put that is about to fail, or evict, gets here). */
+    uint32_t start = r->rr;
+    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++) {
+        uint32_t slot = (start + k) % r->nslots;
+        if (place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK) {
+            placed++;
+            avail_add_locked(r, slot);
+        }
+    }
     if (placed == nrep) {
+        for (uint32_t k = 0; k < placed; k++) {
+            struct mseg *s = reg_seg(r, reps[k].seg);
+            s->objects++;
+            ix_add_locked(s, hash);
+        }
         atomic_fetch_add(&r->used, len * nrep);
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
-    for (uint32_t k = 0; k < placed; k++) {
-        struct mseg *s = r->segs[reps[k].seg];
-        moonlet_alloc_release(s->alloc, reps[k].offset, len);
-        s->objects--;
-    }
+    for (uint32_t k = 0; k < placed; k++)
+        moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
     pthread_mutex_unlock(&r->mu);
     return MOONLET_ERR_NO_AVAILABLE_HANDLE;
 }
 
-int registry_place_locked(moonlet_master *m, uint64_t size, uint32_t nrep, struct mrep *reps)
+int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
+                          struct mrep *reps)
 {
-    return registry_place_preferred_locked(m, size, nrep, NULL, 0, reps);
+    return registry_place_preferred_locked(m, hash, size, nrep, NULL, 0, reps);
 }
 
-void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps, uint32_t nrep,
-                      uint64_t until_ns)
+void registry_release(moonlet_master *m, uint64_t hash, uint64_t size, const struct mrep *reps,
+                      uint32_t nrep, uint64_t until_ns)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
     pthread_mutex_lock(&r->mu);
     for (uint32_t k = 0; k < nrep; k++) {
-        struct mseg *s = r->segs[reps[k].seg];
+        uint32_t slot = reps[k].seg;
+        struct mseg *s = reg_seg(r, slot);
         if (!s || !s->alloc)
             continue;
         s->objects--;
+        ix_del_locked(s, hash);
         /* Quarantined bytes stay in `used`: they are not allocatable. */
         if (until_ns && quarantine_add_locked(r, s, reps[k].offset, len, until_ns))
             continue;
         if (until_ns) /* out of memory for the list: keep the range for good */
             ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
                    "); it stays allocated", s->id, reps[k].offset, len);
-        else if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK)
+        else if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK) {
             atomic_fetch_sub(&r->used, len);
-        else
+            avail_add_locked(r, slot);
+        } else
             ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
                    s->id, reps[k].offset, len);
     }
@@ -611,7 +873,7 @@ void registry_release(moonlet_master *m, uint64_t size, const struct mrep *reps,
 void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t size,
                       uint64_t deadline_ns, uint64_t now_ns, moonlet_replica_view *v)
 {
-    const struct mseg *s = m->reg.segs[rp->seg];
+    const struct mseg *s = reg_seg(&m->reg, rp->seg);
     v->put_ttl_ms = deadline_ns > now_ns ? (deadline_ns - now_ns) / MOONLET_NS_PER_MS : 0;
     v->has_cap = s->has_key;
     if (!s->has_key)
@@ -630,7 +892,7 @@ void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t s
 void replica_view_fill(const moonlet_master *m, const struct mobj *o, const struct mrep *rp,
                        moonlet_replica_view *v)
 {
-    const struct mseg *s = m->reg.segs[rp->seg];
+    const struct mseg *s = reg_seg(&m->reg, rp->seg);
     v->segment_id = s->id;
     v->segment_name = s->name;
     v->endpoint = s->endpoint;
@@ -651,7 +913,7 @@ uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len)
     uint32_t n = 0;
     pthread_mutex_lock(&m->reg.mu);
     for (uint32_t i = 0; i < m->reg.nslots; i++) {
-        struct mseg *s = m->reg.segs[i];
+        struct mseg *s = reg_seg(&m->reg, i);
         n += s && atomic_load(&s->state) == SEG_MOUNTED && s->size >= len;
     }
     pthread_mutex_unlock(&m->reg.mu);
@@ -677,7 +939,7 @@ void registry_foreach_free(moonlet_master *m, uint64_t min_size,
     struct free_visit v = {.fn = fn, .arg = arg};
     pthread_mutex_lock(&m->reg.mu);
     for (uint32_t i = 0; i < m->reg.nslots; i++) {
-        struct mseg *s = m->reg.segs[i];
+        struct mseg *s = reg_seg(&m->reg, i);
         if (!s || atomic_load(&s->state) != SEG_MOUNTED || s->size < min_size)
             continue;
         v.slot = i;
@@ -700,66 +962,121 @@ double registry_usage(moonlet_master *m)
     return cap ? (double)atomic_load(&m->reg.used) / (double)cap : 0.0;
 }
 
-void liveness_check(moonlet_master *m)
+/* One segment's view, copied under registry.mu so it can be visited after. */
+struct seg_copy {
+    char id[MOONLET_MAX_ID_BYTES + 1], name[MOONLET_MAX_ID_BYTES + 1];
+    char client[MOONLET_MAX_ID_BYTES + 1];
+    char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1], protocol[16];
+    char alt_id[MOONLET_MAX_ID_BYTES + 1], alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    char alt_protocol[16];
+    uint64_t base, capacity, used, objects, ping_age_ms;
+};
+
+static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint64_t now,
+                            struct seg_copy *c)
 {
+    const struct mclient *cl = &r->clients[s->client];
+    memcpy(c->id, s->id, sizeof(c->id));
+    memcpy(c->name, s->name, sizeof(c->name));
+    memcpy(c->client, cl->id, sizeof(c->client));
+    memcpy(c->endpoint, s->endpoint, sizeof(c->endpoint));
+    memcpy(c->protocol, s->protocol, sizeof(c->protocol));
+    memcpy(c->alt_id, s->alt_id, sizeof(c->alt_id));
+    memcpy(c->alt_endpoint, s->alt_endpoint, sizeof(c->alt_endpoint));
+    memcpy(c->alt_protocol, s->alt_protocol, sizeof(c->alt_protocol));
+    c->base = s->base;
+    c->capacity = s->size;
+    c->used = moonlet_alloc_used(s->alloc);
+    c->objects = s->objects;
+    c->ping_age_ms = now > cl->last_ping_ns ? (now - cl->last_ping_ns) / MOONLET_NS_PER_MS : 0;
+}
+
+static void seg_copy_visit(const struct seg_copy *c,
+                           void (*visit)(void *arg, const moonlet_segment_view *s), void *arg)
+{
+    bool alt = c->alt_id[0] != 0;
+    moonlet_segment_view v = {
+        .segment_id = c->id, .name = c->name, .client_id = c->client,
+        .endpoint = c->endpoint, .protocol = c->protocol, .base = c->base,
+        .alt_segment_id = alt ? c->alt_id : NULL,
+        .alt_endpoint = alt ? c->alt_endpoint : NULL,
+        .alt_protocol = alt ? c->alt_protocol : NULL,
+        .capacity = c->capacity, .used = c->used, .objects = c->objects,
+        .last_ping_age_ms = c->ping_age_ms,
+    };
+    visit(arg, &v);
+}
+
+/* Copies of the registry lock's worth of segments at a time: the lock is
+ * held for one chunk's copy, never for the visits. */
+#define LIST_CHUNK 64u
+
+int moonlet_master_list_segments_page(moonlet_master *m, const char *client_id, uint64_t cursor,
+                                      uint32_t limit,
+                                      void (*visit)(void *arg, const moonlet_segment_view *s),
+                                      void *arg, uint64_t *next_cursor)
+{
+    if (limit == 0 || limit > MOONLET_LIST_SEGMENTS_MAX_LIMIT || cursor > UINT32_MAX ||
+        (client_id && id_check(MOONLET_STR(client_id))))
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct seg_copy *buf = malloc(LIST_CHUNK * sizeof(*buf));
+    if (!buf)
+        return MOONLET_ERR_INTERNAL_ERROR;
     struct registry *r = &m->reg;
     uint64_t now = moonlet_clock_now_ns();
-    for (;;) {
-        char client[MOONLET_MAX_ID_BYTES + 1], seg[MOONLET_MAX_ID_BYTES + 1];
-        bool found = false;
+    uint32_t done = 0, pos = (uint32_t)cursor;
+    *next_cursor = 0;
+    if (client_id) {
+        /* A client's segments: few, in one chunk (its list, not a scan). */
         pthread_mutex_lock(&r->mu);
-        for (uint32_t i = 0; i < r->nclients && !found; i++) {
-            struct mclient *c = &r->clients[i];
-            if (!c->used || now - c->last_ping_ns < m->client_ttl_ns || c->last_ping_ns > now)
-                continue;
-            for (uint32_t k = 0; k < r->nslots; k++) {
-                struct mseg *s = r->segs[k];
-                if (s && s->client == i && atomic_load(&s->state) == SEG_MOUNTED) {
-                    snprintf(client, sizeof(client), "%s", c->id);
-                    snprintf(seg, sizeof(seg), "%s", s->id);
-                    found = true;
-                    break;
-                }
-            }
-            if (!found) {
-                ML_INFO("master", "client %s expired (no ping for %" PRIu64 " ms)", c->id,
-                        (now - c->last_ping_ns) / MOONLET_NS_PER_MS);
-                c->used = false;
-            }
+        uint32_t idx, n = 0;
+        struct mclient *c = client_get_locked(r, MOONLET_STR(client_id), false, &idx);
+        for (uint32_t i = c ? c->first_seg : SLOT_NONE; i != SLOT_NONE && n < LIST_CHUNK &&
+             n < limit; i = reg_seg(r, i)->cnext)
+            seg_copy_locked(r, reg_seg(r, i), now, &buf[n++]);
+        pthread_mutex_unlock(&r->mu);
+        for (uint32_t k = 0; k < n; k++)
+            seg_copy_visit(&buf[k], visit, arg);
+        free(buf);
+        return MOONLET_OK;
+    }
+    /* Slot order: a page ends at a slot index, the next starts after it, so
+     * no segment comes twice; one mounted during the listing may be missed
+     * (it took a slot behind the cursor), one unmounted may be missing. */
+    for (;;) {
+        uint32_t n = 0;
+        pthread_mutex_lock(&r->mu);
+        uint32_t nslots = r->nslots;
+        while (pos < nslots && n < LIST_CHUNK && done + n < limit) {
+            const struct mseg *s = reg_seg(r, pos++);
+            if (atomic_load(&s->state) == SEG_MOUNTED)
+                seg_copy_locked(r, s, now, &buf[n++]);
         }
         pthread_mutex_unlock(&r->mu);
-        if (!found)
-            return;
-        ML_WARN("master", "client %s missed its liveness deadline: unmounting segment %s",
-                client, seg);
-        if (unmount_slot(m, MOONLET_STR(client), MOONLET_STR(seg), false, 0) == MOONLET_OK)
-            atomic_fetch_add(&m->st.unmounts_by_liveness, 1);
+        for (uint32_t k = 0; k < n; k++)
+            seg_copy_visit(&buf[k], visit, arg);
+        done += n;
+        if (pos >= nslots)
+            break;
+        if (done == limit) {
+            *next_cursor = pos;
+            break;
+        }
     }
+    free(buf);
+    return MOONLET_OK;
 }
 
 int moonlet_master_list_segments(moonlet_master *m,
                                  void (*visit)(void *arg, const moonlet_segment_view *s),
                                  void *arg)
 {
-    struct registry *r = &m->reg;
-    uint64_t now = moonlet_clock_now_ns();
-    pthread_mutex_lock(&r->mu);
-    for (uint32_t i = 0; i < r->nslots; i++) {
-        struct mseg *s = r->segs[i];
-        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
-            continue;
-        struct mclient *c = &r->clients[s->client];
-        moonlet_segment_view v = {
-            .segment_id = s->id, .name = s->name, .client_id = c->id,
-            .endpoint = s->endpoint, .protocol = s->protocol, .base = s->base,
-            .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
-            .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
-            .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL,
-            .capacity = s->size, .used = moonlet_alloc_used(s->alloc), .objects = s->objects,
-            .last_ping_age_ms = now > c->last_ping_ns ? (now - c->last_ping_ns) / MOONLET_NS_PER_MS : 0,
-        };
-        visit(arg, &v);
-    }
-    pthread_mutex_unlock(&r->mu);
+    uint64_t next = 0;
+    do {
+        int rc = moonlet_master_list_segments_page(m, NULL, next, MOONLET_LIST_SEGMENTS_MAX_LIMIT,
+                                                   visit, arg, &next);
+        if (rc)
+            return rc;
+    } while (next);
     return MOONLET_OK;
 }

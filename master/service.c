@@ -1,19 +1,18 @@
 /*
- * service.c - the master's RPC methods: decode arguments, call the master
- * library, encode the result.  One table maps method ids (transport/methods.h)
- * to handlers; every handler follows the same shape, so a reader who knows
- * one knows them all.
- *
- * Decoding is strict: a missing or wrongly-typed argument is INVALID_PARAMS
- * with a message naming the argument, and the connection stays usable.  Keys
+ * service.c - the master's RPC methods: call the master library with a
+ * request's arguments, encode the result.  The arguments are declared once,
+ * in the method table (methods.c); the RPC server decodes and checks them
+ * against it before a handler runs (a missing, wrongly-typed or out-of-bound
+ * argument is INVALID_PARAMS with a message naming it, and the connection
+ * stays usable), so each handler receives its typed args struct.  Keys
  * longer than the limit are per-key INVALID_KEY (in batches) or a request
  * error (single-key calls), decided by the master library.
  *
- * Batches decode their key lists into per-thread scratch arrays, so a steady
- * stream of probes allocates nothing.  A batch may hold at most
- * max_batch_keys keys (INVALID_PARAMS naming the limit otherwise, before any
- * key is decoded), and scratch grown past SCRATCH_KEEP keys is given back
- * after the call, so one large batch does not pin memory on its thread.
+ * Memory: decoded arguments and per-key results live in the request's arena
+ * (the RPC loop's zone, cleared after each request): a steady stream of
+ * probes allocates nothing that outlives a call, and handlers free nothing.
+ * A batch may hold at most max_batch_keys keys (INVALID_PARAMS naming the
+ * limit otherwise, before any key is decoded).
  *
  * Node identity: Ping, MountSegment, UnmountSegment and BindClient pass the
  * connection's session (a number kept in its conn_data slot, never reused)
@@ -23,7 +22,6 @@
  */
 #include "service.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -39,12 +37,11 @@ struct moonlet_master_service {
     moonlet_master *m;
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
-    moonlet_rpc_method *methods; /* the table without opts->disabled_method, or NULL */
+    moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
 };
 
 #define SVC(ctx) ((moonlet_master_service *)(ctx)->server_ctx)
 #define M(ctx) (SVC(ctx)->m)
-#define SCRATCH_KEEP 4096 /* keys of scratch kept between calls */
 
 /* The identity of the connection a call came on (for the node-identity
  * calls): a number never reused, kept in the connection's conn_data slot and
@@ -77,111 +74,14 @@ static void session_close(void *server_ctx, void *conn_data)
     if (!var)                                                                                  \
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory")
 
-/* ---- argument helpers ------------------------------------------------------ */
+/* Handlers get their arguments decoded and checked against the method
+ * table (methods.c) before they run, as `a` (rpc_server.h). */
+#define HANDLER MOONLET_RPC_HANDLER
 
-static int arg_str(const msgpack_object *args, uint32_t i, moonlet_str *out)
+/* Per-key results, from the request's arena. */
+static int32_t *results_alloc(moonlet_rpc_ctx *ctx, size_t n)
 {
-    return moonlet_wire_str(args, i, &out->ptr, &out->len);
-}
-
-/* Copies a string argument into a NUL-terminated buffer of `cap` bytes. */
-static int arg_cstr(const msgpack_object *args, uint32_t i, char *buf, size_t cap)
-{
-    moonlet_str s;
-    int rc = arg_str(args, i, &s);
-    if (rc || s.len >= cap || memchr(s.ptr, 0, s.len))
-        return MOONLET_ERR_INVALID_PARAMS;
-    memcpy(buf, s.ptr, s.len);
-    buf[s.len] = 0;
-    return MOONLET_OK;
-}
-
-struct scratch {
-    moonlet_str *keys;
-    int32_t *results;
-    size_t cap;
-};
-
-/* Per-thread scratch, freed by the key's destructor when an RPC thread exits. */
-static pthread_key_t g_scratch_key;
-static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
-
-static void scratch_free(void *p)
-{
-    struct scratch *s = p;
-    free(s->keys);
-    free(s->results);
-    free(s);
-}
-
-static void scratch_key_init(void) { pthread_key_create(&g_scratch_key, scratch_free); }
-
-static struct scratch *scratch_get(void)
-{
-    pthread_once(&g_scratch_once, scratch_key_init);
-    struct scratch *s = pthread_getspecific(g_scratch_key);
-    if (!s && (s = calloc(1, sizeof(*s))) && pthread_setspecific(g_scratch_key, s)) {
-        free(s);
-        s = NULL;
-    }
-    return s;
-}
-
-/* Decodes argument i, an array of key strings, into the thread's scratch. */
-static int arg_keys(const msgpack_object *args, uint32_t i, moonlet_str **keys, int32_t **results,
-                    size_t *n)
-{
-    const msgpack_object *arr;
-    if (moonlet_wire_array(args, i, &arr))
-        return MOONLET_ERR_INVALID_PARAMS;
-    size_t cnt = moonlet_wire_len(arr);
-    struct scratch *s = scratch_get();
-    if (!s)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    if (cnt > s->cap) {
-        size_t cap = cnt < 1024 ? 1024 : cnt;
-        moonlet_str *k = realloc(s->keys, cap * sizeof(*k));
-        if (k)
-            s->keys = k;
-        int32_t *r = k ? realloc(s->results, cap * sizeof(*r)) : NULL;
-        if (!r)
-            return MOONLET_ERR_INTERNAL_ERROR;
-        s->results = r;
-        s->cap = cap;
-    }
-    for (uint32_t k = 0; k < cnt; k++)
-        if (moonlet_wire_str(arr, k, &s->keys[k].ptr, &s->keys[k].len))
-            return MOONLET_ERR_INVALID_PARAMS;
-    *keys = s->keys;
-    *results = s->results;
-    *n = cnt;
-    return MOONLET_OK;
-}
-
-/* Gives back scratch that a large batch grew. */
-static void scratch_trim(void)
-{
-    struct scratch *s = pthread_getspecific(g_scratch_key);
-    if (s && s->cap > SCRATCH_KEEP) {
-        free(s->keys);
-        free(s->results);
-        s->keys = NULL;
-        s->results = NULL;
-        s->cap = 0;
-    }
-}
-
-/* True (and the error packed) when argument i is a key list above the cap. */
-static bool batch_too_big(moonlet_rpc_ctx *ctx, const msgpack_object *args, uint32_t i,
-                          msgpack_packer *out, int *rc)
-{
-    const msgpack_object *arr;
-    if (moonlet_wire_array(args, i, &arr) || moonlet_wire_len(arr) <= SVC(ctx)->max_batch_keys)
-        return false;
-    *rc = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
-                            "batch of %u keys exceeds the limit of %zu keys (--max-batch-keys)",
-                            moonlet_wire_len(arr), SVC(ctx)->max_batch_keys);
-    return true;
+    return moonlet_rpc_alloc(ctx, n * sizeof(int32_t));
 }
 
 static void pack_results(msgpack_packer *out, const int32_t *r, size_t n)
@@ -292,8 +192,6 @@ static int reply(msgpack_packer *out, int rc)
     return MOONLET_OK;
 }
 
-#define BAD_ARGS(out, what) moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "bad arguments: expected %s", what)
-
 /* ---- handlers ----------------------------------------------------------------- */
 
 static int h_echo(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -302,20 +200,16 @@ static int h_echo(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
     return MOONLET_OK;
 }
 
-static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_ping, moonlet_args_ping)
 {
-    moonlet_str client;
-    if (arg_str(args, 0, &client))
-        return BAD_ARGS(out, "[client_id]");
     SESSION_OR_FAIL(ctx, out, session);
     uint32_t segs = 0;
-    uint64_t node_ms; /* optional trailing arg: the node's clock when it sent this */
-    int rc = moonlet_master_ping_as(M(ctx), client, session, &segs);
+    int rc = moonlet_master_ping_as(M(ctx), a->client_id, session, &segs);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
         return moonlet_rpc_error(out, rc, "client id %.*s is held by another connection",
-                                 (int)client.len, client.ptr);
-    if (rc == MOONLET_OK && moonlet_wire_len(args) > 1 && moonlet_wire_u64(args, 1, &node_ms) == 0)
-        moonlet_master_note_node_clock(M(ctx), client, node_ms);
+                                 (int)a->client_id.len, a->client_id.ptr);
+    if (rc == MOONLET_OK && a->nargs > 1)
+        moonlet_master_note_node_clock(M(ctx), a->client_id, a->node_clock_ms);
     if (rc)
         return reply(out, rc);
     msgpack_pack_map(out, 1);
@@ -323,122 +217,58 @@ static int h_ping(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
     return MOONLET_OK;
 }
 
-/* MountSegment's optional trailing args i, i+1: the node's 16-byte write key
- * and its clock when it sent the mount.  Absent: *key stays NULL. */
-static int arg_write_key(const msgpack_object *args, uint32_t i, const uint8_t **key,
-                         uint64_t *node_ms)
+HANDLER(h_mount, moonlet_args_mount)
 {
-    *key = NULL;
-    *node_ms = 0;
-    if (moonlet_wire_len(args) <= i)
-        return MOONLET_OK;
-    const msgpack_object *k = moonlet_wire_at(args, i);
-    if (!k || k->type != MSGPACK_OBJECT_BIN || k->via.bin.size != 16 ||
-        moonlet_wire_u64(args, i + 1, node_ms))
-        return MOONLET_ERR_INVALID_PARAMS;
-    *key = (const uint8_t *)k->via.bin.ptr;
-    return MOONLET_OK;
-}
-
-static int h_mount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
-{
-    char client[MOONLET_MAX_ID_BYTES + 1], seg[MOONLET_MAX_ID_BYTES + 1];
-    char name[MOONLET_MAX_ID_BYTES + 1], endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1], proto[16];
-    uint64_t base, size;
-    if (arg_cstr(args, 0, client, sizeof(client)) || arg_cstr(args, 1, seg, sizeof(seg)) ||
-        arg_cstr(args, 2, name, sizeof(name)) || moonlet_wire_u64(args, 3, &base) ||
-        moonlet_wire_u64(args, 4, &size) || arg_cstr(args, 5, endpoint, sizeof(endpoint)) ||
-        arg_cstr(args, 6, proto, sizeof(proto)))
-        return BAD_ARGS(out, "[client_id, segment_id, name, base, size, endpoint, protocol]");
-    if (size > MOONLET_MAX_SEGMENT_BYTES || base > UINT64_MAX - size)
+    if (a->size > MOONLET_MAX_SEGMENT_BYTES || a->base > UINT64_MAX - a->size)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "segment size %llu at base %llu: "
                                  "at most %llu bytes, and base + size must not wrap",
-                                 (unsigned long long)size, (unsigned long long)base,
+                                 (unsigned long long)a->size, (unsigned long long)a->base,
                                  (unsigned long long)MOONLET_MAX_SEGMENT_BYTES);
-    moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = name, .base = base,
-                              .size = size, .endpoint = endpoint, .protocol = proto};
-    if (arg_write_key(args, 7, &d.write_key, &d.node_clock_ms))
-        return BAD_ARGS(out, "[..., write_key (bin 16), node_clock_ms]");
-    /* Optional trailing args 9-11: a second endpoint of the same memory. */
-    char alt_ep[MOONLET_MAX_ENDPOINT_BYTES + 1], alt_seg[MOONLET_MAX_ID_BYTES + 1], alt_proto[16];
-    if (moonlet_wire_len(args) > 9) {
-        if (arg_cstr(args, 9, alt_ep, sizeof(alt_ep)) ||
-            arg_cstr(args, 10, alt_seg, sizeof(alt_seg)) ||
-            arg_cstr(args, 11, alt_proto, sizeof(alt_proto)))
-            return BAD_ARGS(out, "[..., node_clock_ms, alt_endpoint, alt_segment_id, alt_protocol]");
-        d.alt_endpoint = alt_ep;
-        d.alt_segment_id = alt_seg;
-        d.alt_protocol = alt_proto;
-    }
+    moonlet_segment_desc d = {.client_id = a->client_id, .segment_id = a->segment_id,
+                              .name = a->name, .base = a->base, .size = a->size,
+                              .endpoint = a->endpoint, .protocol = a->protocol,
+                              .write_key = (const uint8_t *)a->write_key.ptr,
+                              .node_clock_ms = a->node_clock_ms, .alt_endpoint = a->alt_endpoint,
+                              .alt_segment_id = a->alt_segment_id,
+                              .alt_protocol = a->alt_protocol};
     SESSION_OR_FAIL(ctx, out, session);
     int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
         return moonlet_rpc_error(out, rc, "client id %s is held by another live node (same "
-                                 "--client-id?); it is free once that node stops pinging", client);
+                                 "--client-id?); it is free once that node stops pinging",
+                                 a->client_id);
     return reply(out, rc);
 }
 
-static int h_bind_client(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_bind_client, moonlet_args_bind)
 {
-    moonlet_str client, secret;
-    if (arg_str(args, 0, &client) || arg_str(args, 1, &secret))
-        return BAD_ARGS(out, "[client_id, secret]");
     SESSION_OR_FAIL(ctx, out, session);
-    int rc = moonlet_master_bind_client(M(ctx), client, secret, session);
+    int rc = moonlet_master_bind_client(M(ctx), a->client_id, a->secret, session);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
         return moonlet_rpc_error(out, rc, "client id %.*s is held by another live node (same "
                                  "--client-id?); it is free once that node stops pinging",
-                                 (int)client.len, client.ptr);
+                                 (int)a->client_id.len, a->client_id.ptr);
     return reply(out, rc);
 }
 
-static int h_unmount(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_unmount, moonlet_args_unmount)
 {
-    moonlet_str client, seg;
-    if (arg_str(args, 0, &client) || arg_str(args, 1, &seg))
-        return BAD_ARGS(out, "[client_id, segment_id]");
     SESSION_OR_FAIL(ctx, out, session);
-    return reply(out, moonlet_master_unmount_segment_as(M(ctx), client, seg, session));
+    return reply(out, moonlet_master_unmount_segment_as(M(ctx), a->client_id, a->segment_id,
+                                                        session));
 }
 
-/* Handlers of the [tenant, key] shape. */
-static int tenant_key(const msgpack_object *args, moonlet_str *tenant, moonlet_str *key)
+HANDLER(h_put_start, moonlet_args_put_start)
 {
-    return arg_str(args, 0, tenant) || arg_str(args, 1, key) ? MOONLET_ERR_INVALID_PARAMS : 0;
-}
-
-static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
-{
-    moonlet_str tenant, key;
-    uint64_t size, nrep;
-    bool soft_pin;
-    if (tenant_key(args, &tenant, &key) || moonlet_wire_u64(args, 2, &size) ||
-        moonlet_wire_u64(args, 3, &nrep) || moonlet_wire_bool(args, 4, &soft_pin) ||
-        nrep > UINT32_MAX)
-        return BAD_ARGS(out, "[tenant, key, size, replica_num, soft_pin, preferred_segments?, "
-                             "hard_pin?, soft_pin_ttl_ms?]");
-    /* Optional trailing args (older clients send none): preferred segment
-     * names, the hard-pin flag, the soft-pin TTL (0: the master's default). */
-    moonlet_master_put_opts po = {.replica_num = (uint32_t)nrep, .soft_pin = soft_pin};
-    moonlet_str pref[MOONLET_MAX_PREFERRED];
-    uint32_t nargs = moonlet_wire_len(args);
-    if (nargs > 5) {
-        const msgpack_object *arr;
-        if (moonlet_wire_array(args, 5, &arr) || moonlet_wire_len(arr) > MOONLET_MAX_PREFERRED)
-            return BAD_ARGS(out, "preferred_segments: an array of at most 64 names");
-        po.npreferred = moonlet_wire_len(arr);
-        for (uint32_t i = 0; i < po.npreferred; i++)
-            if (moonlet_wire_strn(arr, i, MOONLET_MAX_ID_BYTES, &pref[i].ptr, &pref[i].len))
-                return BAD_ARGS(out, "preferred_segments: an array of segment names");
-        po.preferred = pref;
-    }
-    if ((nargs > 6 && moonlet_wire_bool(args, 6, &po.hard_pin)) ||
-        (nargs > 7 && moonlet_wire_u64(args, 7, &po.soft_pin_ttl_ms)))
-        return BAD_ARGS(out, "[..., preferred_segments, hard_pin (bool), soft_pin_ttl_ms (uint)]");
+    moonlet_master_put_opts po = {.replica_num = (uint32_t)a->replica_num, .soft_pin = a->soft_pin,
+                                  .preferred = a->preferred_segments.v,
+                                  .npreferred = a->preferred_segments.n, .hard_pin = a->hard_pin,
+                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms};
     struct replica_pack rp;
     replica_pack_init(&rp, false);
     rp.with_cap = true;
-    int rc = moonlet_master_put_start_opts(M(ctx), tenant, key, size, &po, replica_pack_visit, &rp);
+    int rc = moonlet_master_put_start_opts(M(ctx), a->tenant, a->key, a->size, &po,
+                                           replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
         return reply(out, rc);
@@ -447,34 +277,24 @@ static int h_put_start(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     return MOONLET_OK;
 }
 
-static int h_put_end(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_put_end, moonlet_args_put_end)
 {
-    moonlet_str tenant, key;
-    uint64_t checksum; /* optional trailing arg: XXH3-64 of the bytes */
-    bool has_ck = moonlet_wire_len(args) > 2;
-    if (tenant_key(args, &tenant, &key) || (has_ck && moonlet_wire_u64(args, 2, &checksum)))
-        return BAD_ARGS(out, "[tenant, key, checksum?]");
-    return reply(out, moonlet_master_put_end(M(ctx), tenant, key, has_ck ? &checksum : NULL));
+    return reply(out, moonlet_master_put_end(M(ctx), a->tenant, a->key,
+                                             a->nargs > 2 ? &a->checksum : NULL));
 }
 
-static int h_put_revoke(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_put_revoke, moonlet_args_key)
 {
-    moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
-    return reply(out, moonlet_master_put_revoke(M(ctx), tenant, key));
+    return reply(out, moonlet_master_put_revoke(M(ctx), a->tenant, a->key));
 }
 
-static int h_get_replicas(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_get_replicas, moonlet_args_key)
 {
-    moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
     struct replica_pack rp;
     replica_pack_init(&rp, false);
     uint64_t size = 0, ttl = 0, checksum = 0;
     bool has_ck = false;
-    int rc = moonlet_master_get_replica_list_ck(M(ctx), tenant, key, &size, &ttl, &has_ck,
+    int rc = moonlet_master_get_replica_list_ck(M(ctx), a->tenant, a->key, &size, &ttl, &has_ck,
                                                 &checksum, replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
@@ -488,99 +308,63 @@ static int h_get_replicas(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
     return MOONLET_OK;
 }
 
-static int single_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out,
+static int single_exist(moonlet_rpc_ctx *ctx, const moonlet_args_key *a, msgpack_packer *out,
                         bool lease)
 {
-    moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
     bool ex = false;
-    int rc = lease ? moonlet_master_exist_key(M(ctx), tenant, key, &ex)
-                   : moonlet_master_probe_key(M(ctx), tenant, key, &ex);
+    int rc = lease ? moonlet_master_exist_key(M(ctx), a->tenant, a->key, &ex)
+                   : moonlet_master_probe_key(M(ctx), a->tenant, a->key, &ex);
     if (rc)
         return reply(out, rc);
     ex ? msgpack_pack_true(out) : msgpack_pack_false(out);
     return MOONLET_OK;
 }
 
-static int h_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
-{
-    return single_exist(ctx, args, out, true);
-}
+HANDLER(h_exist, moonlet_args_key) { return single_exist(ctx, a, out, true); }
 
-static int h_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
-{
-    return single_exist(ctx, args, out, false);
-}
+HANDLER(h_probe, moonlet_args_key) { return single_exist(ctx, a, out, false); }
 
-static int h_batch_exist(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* BatchExistKey (policy NULL: leases every hit) and BatchProbeKey. */
+static int batch_keys(moonlet_rpc_ctx *ctx, moonlet_str tenant,
+                      const moonlet_grant_lease_policy *policy, const moonlet_strv *keys,
+                      msgpack_packer *out)
 {
-    moonlet_str tenant, *keys;
-    int32_t *results;
-    size_t n;
-    int rc;
-    if (batch_too_big(ctx, args, 1, out, &rc))
-        return rc;
-    if (arg_str(args, 0, &tenant) || arg_keys(args, 1, &keys, &results, &n))
-        return BAD_ARGS(out, "[tenant, [key...]]");
-    rc = moonlet_master_batch_exist_key(M(ctx), tenant, keys, n, results);
+    int32_t *results = results_alloc(ctx, keys->n);
+    if (!results)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    int rc = policy ? moonlet_master_batch_probe_key(M(ctx), tenant, policy, keys->v, keys->n,
+                                                     results)
+                    : moonlet_master_batch_exist_key(M(ctx), tenant, keys->v, keys->n, results);
+    if (rc == MOONLET_ERR_INVALID_PARAMS && policy)
+        return moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %u, candidate_size "
+                                 "%llu) for %u keys", policy->lease_mode,
+                                 (unsigned long long)policy->candidate_size, keys->n);
     if (rc)
-        rc = reply(out, rc);
-    else
-        pack_results(out, results, n);
-    scratch_trim();
-    return rc;
+        return reply(out, rc);
+    pack_results(out, results, keys->n);
+    return MOONLET_OK;
 }
 
-static int h_batch_probe(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_batch_exist, moonlet_args_batch_exist)
 {
-    moonlet_str tenant, *keys;
-    int32_t *results;
-    size_t n;
-    uint64_t mode, cs;
-    int rc;
-    if (batch_too_big(ctx, args, 3, out, &rc))
-        return rc;
-    if (arg_str(args, 0, &tenant) || moonlet_wire_u64(args, 1, &mode) ||
-        moonlet_wire_u64(args, 2, &cs) || arg_keys(args, 3, &keys, &results, &n))
-        return BAD_ARGS(out, "[tenant, lease_mode, candidate_size, [key...]]");
-    if (mode > UINT8_MAX)
-        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "unknown lease mode %llu",
-                                 (unsigned long long)mode);
-    moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)mode, .candidate_size = cs};
-    rc = moonlet_master_batch_probe_key(M(ctx), tenant, &p, keys, n, results);
-    if (rc == MOONLET_ERR_INVALID_PARAMS)
-        rc = moonlet_rpc_error(out, rc, "invalid GrantLeasePolicy (mode %llu, candidate_size "
-                               "%llu) for %zu keys", (unsigned long long)mode,
-                               (unsigned long long)cs, n);
-    else if (rc)
-        rc = reply(out, rc);
-    else
-        pack_results(out, results, n);
-    scratch_trim();
-    return rc;
+    return batch_keys(ctx, a->tenant, NULL, &a->keys, out);
+}
+
+HANDLER(h_batch_probe, moonlet_args_batch_probe)
+{
+    moonlet_grant_lease_policy p = {.lease_mode = (uint8_t)a->lease_mode,
+                                    .candidate_size = a->candidate_size};
+    return batch_keys(ctx, a->tenant, &p, &a->keys, out);
 }
 
 /*
- * ProbeResume [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
- *   -> [kv_prefix, selected (-1: none), mask: bin of one byte (0/1) per KDA key]
- * Both key lists go into the thread's scratch (KV keys first); the KV plus
- * KDA keys together may number at most max_batch_keys.
+ * ProbeResume -> [kv_prefix, selected (-1: none), mask: bin of one byte (0/1)
+ * per KDA key].  The KV plus KDA keys together may number at most
+ * max_batch_keys.
  */
-static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_probe_resume, moonlet_args_probe_resume)
 {
-    static const char *const what =
-        "[tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]";
-    moonlet_str tenant, *kv, *kda;
-    const msgpack_object *kv_arr, *kda_arr, *b_arr;
-    int32_t *mask;
-    uint64_t cs;
-    if (moonlet_wire_len(args) != 5 || arg_str(args, 0, &tenant) ||
-        moonlet_wire_array(args, 1, &kv_arr) || moonlet_wire_u64(args, 2, &cs) ||
-        moonlet_wire_array(args, 3, &kda_arr) || moonlet_wire_array(args, 4, &b_arr))
-        return BAD_ARGS(out, what);
-    size_t n_kv = moonlet_wire_len(kv_arr), n_kda = moonlet_wire_len(kda_arr);
-    size_t n_b = moonlet_wire_len(b_arr);
+    size_t n_kv = a->kv_keys.n, n_kda = a->kda_keys.n, n_b = a->boundaries.n;
     if (n_kv + n_kda > SVC(ctx)->max_batch_keys)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
                                  "batch of %zu keys exceeds the limit of %zu keys "
@@ -588,94 +372,40 @@ static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
     if (n_b > n_kda)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
                                  "%zu boundaries for %zu KDA keys", n_b, n_kda);
-    struct scratch *s = scratch_get();
-    uint64_t *bounds = malloc((n_b ? n_b : 1) * sizeof(*bounds));
-    int rc = MOONLET_OK;
-    if (!s || !bounds) {
-        free(bounds);
+    int32_t *mask = results_alloc(ctx, n_kda);
+    char *mb = moonlet_rpc_alloc(ctx, n_kda);
+    if (!mask || !mb)
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    }
-    if (n_kv + n_kda > s->cap) {
-        size_t cap = n_kv + n_kda < 1024 ? 1024 : n_kv + n_kda;
-        moonlet_str *k = realloc(s->keys, cap * sizeof(*k));
-        if (k)
-            s->keys = k;
-        int32_t *r = k ? realloc(s->results, cap * sizeof(*r)) : NULL;
-        if (r) {
-            s->results = r;
-            s->cap = cap;
-        } else {
-            free(bounds);
-            return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-        }
-    }
-    kv = s->keys;
-    kda = s->keys + n_kv;
-    mask = s->results;
-    for (uint32_t i = 0; i < n_kv && !rc; i++)
-        rc = moonlet_wire_str(kv_arr, i, &kv[i].ptr, &kv[i].len);
-    for (uint32_t i = 0; i < n_kda && !rc; i++)
-        rc = moonlet_wire_str(kda_arr, i, &kda[i].ptr, &kda[i].len);
-    for (uint32_t i = 0; i < n_b && !rc; i++)
-        rc = moonlet_wire_u64(b_arr, i, &bounds[i]);
-    if (rc) {
-        free(bounds);
-        scratch_trim();
-        return BAD_ARGS(out, what);
-    }
     moonlet_probe_resume_out r;
-    rc = moonlet_master_probe_resume(M(ctx), tenant, kv, n_kv, kda, n_kda, cs, bounds, n_b, &r,
-                                     mask);
-    if (rc == MOONLET_ERR_INVALID_PARAMS) {
-        rc = moonlet_rpc_error(out, rc, "invalid ProbeResume: candidate_size %llu, %zu KDA keys, "
-                               "%zu boundaries (each at most %zu KV keys)",
-                               (unsigned long long)cs, n_kda, n_b, n_kv);
-    } else if (rc) {
-        rc = reply(out, rc);
-    } else {
-        /* the mask as one bin of n_kda bytes (0 / 1): one object to decode
-         * instead of n_kda booleans */
-        char stackbuf[1024];
-        char *mb = n_kda <= sizeof(stackbuf) ? stackbuf : malloc(n_kda);
-        if (!mb) {
-            rc = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-        } else {
-            for (size_t i = 0; i < n_kda; i++)
-                mb[i] = (char)(mask[i] == 1);
-            msgpack_pack_array(out, 3);
-            msgpack_pack_uint64(out, r.kv_prefix);
-            msgpack_pack_int64(out, r.selected);
-            msgpack_pack_bin(out, (uint32_t)n_kda);
-            msgpack_pack_bin_body(out, mb, n_kda);
-            if (mb != stackbuf)
-                free(mb);
-        }
-    }
-    free(bounds);
-    scratch_trim();
-    return rc;
+    int rc = moonlet_master_probe_resume(M(ctx), a->tenant, a->kv_keys.v, n_kv, a->kda_keys.v,
+                                         n_kda, a->candidate_size, a->boundaries.v, n_b, &r, mask);
+    if (rc == MOONLET_ERR_INVALID_PARAMS)
+        return moonlet_rpc_error(out, rc, "invalid ProbeResume: candidate_size %llu, %zu KDA "
+                                 "keys, %zu boundaries (each at most %zu KV keys)",
+                                 (unsigned long long)a->candidate_size, n_kda, n_b, n_kv);
+    if (rc)
+        return reply(out, rc);
+    /* the mask as one bin of n_kda bytes (0 / 1): one object to decode
+     * instead of n_kda booleans */
+    for (size_t i = 0; i < n_kda; i++)
+        mb[i] = (char)(mask[i] == 1);
+    msgpack_pack_array(out, 3);
+    msgpack_pack_uint64(out, r.kv_prefix);
+    msgpack_pack_int64(out, r.selected);
+    msgpack_pack_bin(out, (uint32_t)n_kda);
+    msgpack_pack_bin_body(out, mb, n_kda);
+    return MOONLET_OK;
 }
 
-/* [tenant, key] or [tenant, key, force] (force: a trailing optional bool) */
-static int h_remove(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_remove, moonlet_args_remove)
 {
-    moonlet_str tenant, key;
-    bool force = false;
-    if (tenant_key(args, &tenant, &key) ||
-        (moonlet_wire_len(args) > 2 && moonlet_wire_bool(args, 2, &force)))
-        return BAD_ARGS(out, "[tenant, key, force?]");
-    return reply(out, moonlet_master_remove_ex(M(ctx), tenant, key, force));
+    return reply(out, moonlet_master_remove_ex(M(ctx), a->tenant, a->key, a->force));
 }
 
-static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_remove_all, moonlet_args_remove_all)
 {
-    moonlet_str tenant;
-    bool force = false;
-    if (arg_str(args, 0, &tenant) ||
-        (moonlet_wire_len(args) > 1 && moonlet_wire_bool(args, 1, &force)))
-        return BAD_ARGS(out, "[tenant, force?]");
     uint64_t removed = 0;
-    int rc = moonlet_master_remove_all_ex(M(ctx), tenant, force, &removed);
+    int rc = moonlet_master_remove_all_ex(M(ctx), a->tenant, a->force, &removed);
     if (rc)
         return reply(out, rc);
     msgpack_pack_uint64(out, removed);
@@ -714,15 +444,36 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
 }
 
-static int h_list_segments(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
+ * one page as {segments, next_cursor}; with none, the old reply (a bare
+ * array), bounded by the first MOONLET_LIST_SEGMENTS_LEGACY segments. */
+#define MOONLET_LIST_SEGMENTS_LEGACY 4096u
+HANDLER(h_list_segments, moonlet_args_list_segments)
 {
+    uint64_t limit = a->nargs > 0 ? a->limit : MOONLET_LIST_SEGMENTS_LEGACY, next = 0;
+    const char *client = a->client_id && a->client_id[0] ? a->client_id : NULL;
+    if (a->nargs > 0 && limit == 0)
+        limit = MOONLET_LIST_SEGMENTS_DEFAULT_LIMIT;
+    if (limit > MOONLET_LIST_SEGMENTS_MAX_LIMIT)
+        return reply(out, MOONLET_ERR_INVALID_PARAMS);
     struct seg_pack sp = {.count = 0};
     msgpack_sbuffer_init(&sp.buf);
     msgpack_packer_init(&sp.pk, &sp.buf, msgpack_sbuffer_write);
-    moonlet_master_list_segments(M(ctx), seg_visit, &sp);
+    int rc = moonlet_master_list_segments_page(M(ctx), client, a->cursor,
+                                               (uint32_t)limit, seg_visit, &sp, &next);
+    if (rc) {
+        msgpack_sbuffer_destroy(&sp.buf);
+        return reply(out, rc);
+    }
+    if (a->nargs > 0) {
+        msgpack_pack_map(out, 2);
+        moonlet_pack_key(out, "segments");
+    }
     msgpack_pack_array(out, sp.count);
     if (sp.buf.size)
         out->callback(out->data, sp.buf.data, sp.buf.size);
+    if (a->nargs > 0)
+        pack_u64_kv(out, "next_cursor", next);
     msgpack_sbuffer_destroy(&sp.buf);
     return MOONLET_OK;
 }
@@ -756,19 +507,14 @@ static void key_visit(void *arg, const moonlet_key_view *k)
     pack_key_view(&kp->pk, k, 0);
 }
 
-static int h_list_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_list_keys, moonlet_args_list_keys)
 {
-    moonlet_str tenant, prefix, cursor;
-    uint64_t limit;
-    if (arg_str(args, 0, &tenant) || arg_str(args, 1, &prefix) || arg_str(args, 2, &cursor) ||
-        moonlet_wire_u64(args, 3, &limit) || limit > UINT32_MAX)
-        return BAD_ARGS(out, "[tenant, prefix, cursor, limit]");
     struct key_pack kp = {.count = 0};
     msgpack_sbuffer_init(&kp.buf);
     msgpack_packer_init(&kp.pk, &kp.buf, msgpack_sbuffer_write);
     char next[MOONLET_CURSOR_BYTES];
-    int rc = moonlet_master_list_keys(M(ctx), tenant, prefix, cursor, (uint32_t)limit, key_visit,
-                                      &kp, next);
+    int rc = moonlet_master_list_keys(M(ctx), a->tenant, a->prefix, a->cursor, (uint32_t)a->limit,
+                                      key_visit, &kp, next);
     if (rc) {
         msgpack_sbuffer_destroy(&kp.buf);
         return reply(out, rc);
@@ -783,20 +529,17 @@ static int h_list_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
     return MOONLET_OK;
 }
 
-static int h_inspect_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_inspect_key, moonlet_args_key)
 {
-    moonlet_str tenant, key;
-    if (tenant_key(args, &tenant, &key))
-        return BAD_ARGS(out, "[tenant, key]");
     struct replica_pack rp;
     replica_pack_init(&rp, true);
     moonlet_key_view v;
-    int rc = moonlet_master_inspect_key(M(ctx), tenant, key, &v, replica_pack_visit, &rp);
+    int rc = moonlet_master_inspect_key(M(ctx), a->tenant, a->key, &v, replica_pack_visit, &rp);
     if (rc) {
         msgpack_sbuffer_destroy(&rp.buf);
         return reply(out, rc);
     }
-    v.key = key.ptr; /* the view's key pointer is only valid under the lock */
+    v.key = a->key.ptr; /* the view's key pointer is only valid under the lock */
     pack_key_view(out, &v, 1);
     moonlet_pack_key(out, "replicas");
     replica_pack_flush(&rp, out);
@@ -850,27 +593,28 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     return MOONLET_OK;
 }
 
-static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_M_ECHO, "Echo", h_echo},
-    {MOONLET_M_PING, "Ping", h_ping},
-    {MOONLET_M_MOUNT_SEGMENT, "MountSegment", h_mount},
-    {MOONLET_M_UNMOUNT_SEGMENT, "UnmountSegment", h_unmount},
-    {MOONLET_M_PUT_START, "PutStart", h_put_start},
-    {MOONLET_M_PUT_END, "PutEnd", h_put_end},
-    {MOONLET_M_PUT_REVOKE, "PutRevoke", h_put_revoke},
-    {MOONLET_M_GET_REPLICA_LIST, "GetReplicaList", h_get_replicas},
-    {MOONLET_M_EXIST_KEY, "ExistKey", h_exist},
-    {MOONLET_M_BATCH_EXIST_KEY, "BatchExistKey", h_batch_exist},
-    {MOONLET_M_PROBE_KEY, "ProbeKey", h_probe},
-    {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", h_batch_probe},
-    {MOONLET_M_REMOVE, "Remove", h_remove},
-    {MOONLET_M_REMOVE_ALL, "RemoveAll", h_remove_all},
-    {MOONLET_M_LIST_SEGMENTS, "ListSegments", h_list_segments},
-    {MOONLET_M_LIST_KEYS, "ListKeys", h_list_keys},
-    {MOONLET_M_INSPECT_KEY, "InspectKey", h_inspect_key},
-    {MOONLET_M_STATS, "Stats", h_stats},
-    {MOONLET_M_BIND_CLIENT, "BindClient", h_bind_client},
-    {MOONLET_M_PROBE_RESUME, "ProbeResume", h_probe_resume},
+/* The handler of each method of the table (methods.c); AUTH is the server's. */
+static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
+    [MOONLET_M_ECHO] = h_echo,
+    [MOONLET_M_PING] = h_ping,
+    [MOONLET_M_MOUNT_SEGMENT] = h_mount,
+    [MOONLET_M_UNMOUNT_SEGMENT] = h_unmount,
+    [MOONLET_M_PUT_START] = h_put_start,
+    [MOONLET_M_PUT_END] = h_put_end,
+    [MOONLET_M_PUT_REVOKE] = h_put_revoke,
+    [MOONLET_M_GET_REPLICA_LIST] = h_get_replicas,
+    [MOONLET_M_EXIST_KEY] = h_exist,
+    [MOONLET_M_BATCH_EXIST_KEY] = h_batch_exist,
+    [MOONLET_M_PROBE_KEY] = h_probe,
+    [MOONLET_M_BATCH_PROBE_KEY] = h_batch_probe,
+    [MOONLET_M_REMOVE] = h_remove,
+    [MOONLET_M_REMOVE_ALL] = h_remove_all,
+    [MOONLET_M_LIST_SEGMENTS] = h_list_segments,
+    [MOONLET_M_LIST_KEYS] = h_list_keys,
+    [MOONLET_M_INSPECT_KEY] = h_inspect_key,
+    [MOONLET_M_STATS] = h_stats,
+    [MOONLET_M_BIND_CLIENT] = h_bind_client,
+    [MOONLET_M_PROBE_RESUME] = h_probe_resume,
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -881,22 +625,25 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
-    const moonlet_rpc_method *table = g_methods;
-    size_t ntable = sizeof(g_methods) / sizeof(g_methods[0]);
-    if (opts->disabled_method) {
-        s->methods = malloc(sizeof(g_methods));
-        size_t k = 0;
-        for (size_t i = 0; s->methods && i < ntable; i++)
-            if (strcmp(g_methods[i].name, opts->disabled_method) != 0)
-                s->methods[k++] = g_methods[i];
-        if (!s->methods || k == ntable) {
-            int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
-            free(s->methods);
-            free(s);
-            return rc;
+    /* the server's table: the declared methods with a handler, but the disabled one */
+    s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));
+    size_t ntable = 0;
+    bool disabled_found = false;
+    for (size_t i = 0; s->methods && i < moonlet_master_nmethods; i++) {
+        const moonlet_rpc_method_decl *d = &moonlet_master_methods[i];
+        if (!g_handlers[d->id])
+            continue;
+        if (opts->disabled_method && strcmp(d->name, opts->disabled_method) == 0) {
+            disabled_found = true;
+            continue;
         }
-        table = s->methods;
-        ntable = k;
+        s->methods[ntable++] = (moonlet_rpc_method){d->id, d->name, g_handlers[d->id], d->spec};
+    }
+    if (!s->methods || (opts->disabled_method && !disabled_found)) {
+        int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
+        free(s->methods);
+        free(s);
+        return rc;
     }
     const char *addr = opts->address ? opts->address : "127.0.0.1";
     bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
@@ -911,7 +658,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
-        .methods = table,
+        .methods = s->methods,
         .nmethods = ntable,
         .ctx = s,
         .on_close = session_close,
@@ -922,6 +669,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         /* twice the key cap: a batch a little over it gets the clear per-call
          * error above; anything far larger is refused before decoding */
         .max_request_elements = 2 * (uint64_t)s->max_batch_keys + 1024,
+        .max_batch = s->max_batch_keys,
     };
     int rc = moonlet_rpc_server_create(&ro, &s->rpc);
     if (!rc)

@@ -8,15 +8,17 @@
  * low bits the bucket, so the two choices are independent.  A shard's bucket
  * array doubles when it holds more objects than buckets (load factor <= 1).
  *
+ * A pure table: it stores, finds and unlinks objects, and knows nothing of
+ * segments or tenants (object.c destroys objects, unmount.c strips replicas).
+ *
  * Locks: functions named *_locked run under the shard's mutex, which the
- * caller holds; object_destroy_locked also takes registry.mu (order 3) and,
- * to drop the object's tenant reference, tenants.lock (a leaf).
+ * caller holds; shards_foreach takes each shard's mutex in turn.  Nothing
+ * here takes another lock (visitors may, as their callers allow).
  */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-#include "lease.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
 
@@ -171,35 +173,15 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
     }
 }
 
-void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
+void shard_foreach_hash_locked(moonlet_master *m, struct shard *s, uint64_t hash,
+                               shard_visit_fn fn, void *arg)
 {
-    shard_unlink_locked(s, o);
-    /* An unfinished put's writer may still be sending: its ranges wait in
-     * quarantine until its put deadline (after which no store node accepts
-     * its writes) plus the grace.  A sealed object had every write
-     * acknowledged before its PutEnd; its ranges go back at once, unless a
-     * reader still holds a lease on it (only a forced Remove takes such an
-     * object): then they wait until the lease ends, after which a reader's
-     * own lease check refuses whatever it read (LEASE_EXPIRED), so no reader
-     * gets bytes of an object placed there later. */
-    uint64_t until = 0;
-    if (o->state == OBJ_PENDING)
-        until = o->lease_deadline + m->quarantine_grace_ns;
-    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
-        until = o->lease_deadline;
-    if (o->nrep)
-        registry_release(m, o->size, mobj_reps(o), o->nrep, until);
-    if (o->state == OBJ_PENDING)
-        atomic_fetch_sub(&m->st.pending, 1);
-    atomic_fetch_sub(&m->st.objects, 1);
-    atomic_fetch_sub(&m->st.bytes, o->size);
-    if (mobj_hard_pinned(o)) {
-        atomic_fetch_sub(&m->st.hard_pinned, 1);
-        atomic_fetch_sub(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
+    struct mobj *o = s->buckets[hash & s->mask], *next;
+    for (; o; o = next) {
+        next = o->next; /* the visitor may free o */
+        if (o->hash == hash && !fn(m, s, o, arg))
+            return;
     }
-    uint32_t tenant = o->tenant;
-    mobj_free(m, o);
-    tenant_release(m, tenant); /* tenants.lock is a leaf */
 }
 
 #define BATCH_GROUP 32

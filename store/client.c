@@ -43,13 +43,11 @@
  * The local segment, when configured, is a store node (store_node.c) run on
  * a thread of the client; reads prefer the replica it serves.
  *
- * Two backends behind one type.  A client of moonlet_client_create_dummy()
- * has `dummy` set and nothing else: every public function starts with the
- * backend switch `if (c->dummy) return moonlet_dummy_<same name>(...)`
- * (store/dummy_client.c forwards the call to the RealClient).  The
- * argument checks that need no backend (NULL client) come first; the rest
- * of each function is the real backend.  A switch per function, rather than
- * a table of function pointers, keeps each call's two paths side by side.
+ * This file is the direct backend of moonlet_client's backend table
+ * (client_backend.h; moonlet_client_direct_ops at the end): client_api.c
+ * checks each call's arguments and calls the operation here; the other
+ * backend, the DummyClient, is client_dummy.c.  Operations add only their
+ * own checks (memory inside a registered buffer).
  *
  * Locks: buf_mu guards the list of registered buffers and is never held
  * across a transport call; stage_mu guards the idle bounce buffers and the
@@ -63,6 +61,7 @@
 #include <pthread.h>
 #include <sys/resource.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,13 +71,15 @@
 #include <xxhash.h>
 
 #include "client_internal.h"
-#include "dummy_client.h"
+#include "client_backend.h"
 #include "log.h"
 #include "master_client.h"
 #include "store_node.h"
 #include "xfer.h"
 
 #define MOD "client"
+
+typedef struct moonlet_client_be client_direct;
 #define CLIENT_STAGE_ALIGN 4096u
 
 typedef struct client_buf {
@@ -99,8 +100,8 @@ typedef struct client_bounce {
 #define CLIENT_STAGE_MIN (64u << 10)
 #define CLIENT_STAGE_CACHE_BYTES ((size_t)256 << 20)
 
-struct moonlet_client {
-    moonlet_dummy *dummy;  /* set: the DummyClient backend, nothing below is used */
+/* The direct backend's state (client_backend.h: the handle's `be`). */
+struct moonlet_client_be {
     moonlet_master_client *mc;
     moonlet_xfer *xfer;
     /* RDMA clients: a TCP instance for replicas on nodes without RDMA,
@@ -181,14 +182,24 @@ int moonlet_client_pick_endpoint(const moonlet_replica_desc *r, const char *mine
     return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
 }
 
-void moonlet_client_force_staging(moonlet_client *c, bool on)
+/* The direct state of a handle, or NULL for another backend. */
+static client_direct *client_direct_of(moonlet_client *h)
 {
+    return h && h->ops == &moonlet_client_direct_ops ? h->be : NULL;
+}
+
+void moonlet_client_force_staging(moonlet_client *h, bool on)
+{
+    client_direct *c = client_direct_of(h);
+    if (!c)
+        return;
     atomic_store(&c->stage, on);
 }
 
-void *moonlet_client_local_segment_base(moonlet_client *c)
+void *moonlet_client_local_segment_base(moonlet_client *h)
 {
-    return c->node ? moonlet_store_node_segment_base(c->node) : NULL;
+    client_direct *c = client_direct_of(h);
+    return c && c->node ? moonlet_store_node_segment_base(c->node) : NULL;
 }
 
 /* ---- small helpers -------------------------------------------------------------- */
@@ -200,23 +211,15 @@ static uint64_t client_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static const char *client_tenant(const moonlet_client *c, const char *tenant)
+static const char *client_tenant(const client_direct *c, const char *tenant)
 {
     return tenant ? tenant : c->tenant;
-}
-
-static bool client_keys_ok(const char *const *keys, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return false;
-    return true;
 }
 
 /* ---- registered buffers --------------------------------------------------------- */
 
 /* Whether [p, p + len) lies inside one registered buffer; len 0 always does. */
-static bool client_buf_covers(moonlet_client *c, const void *p, size_t len)
+static bool client_buf_covers(client_direct *c, const void *p, size_t len)
 {
     if (len == 0)
         return true;
@@ -233,7 +236,7 @@ static bool client_buf_covers(moonlet_client *c, const void *p, size_t len)
 
 /* Unlinks the entry at `base` (ready or not, only if ready; shared or not,
  * only if of the kind `shared`); NULL when there is none. */
-static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_only, bool shared)
+static client_buf *client_buf_unlink(client_direct *c, void *base, bool ready_only, bool shared)
 {
     client_buf *b = NULL;
     pthread_mutex_lock(&c->buf_mu);
@@ -248,12 +251,8 @@ static client_buf *client_buf_unlink(moonlet_client *c, void *base, bool ready_o
     return b;
 }
 
-int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
+static int direct_register_buffer(client_direct *c, void *base, size_t len)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_register_buffer(c->dummy, base, len);
-    if (!c || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
-        return MOONLET_ERR_INVALID_PARAMS;
     client_buf *b = calloc(1, sizeof(*b));
     if (!b)
         return MOONLET_ERR_INTERNAL_ERROR;
@@ -282,12 +281,8 @@ int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
     return MOONLET_OK;
 }
 
-int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
+static int direct_unregister_buffer(client_direct *c, void *base)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_unregister_buffer(c->dummy, base);
-    if (!c || !base)
-        return MOONLET_ERR_INVALID_PARAMS;
     client_buf *b = client_buf_unlink(c, base, true, false);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
@@ -296,18 +291,16 @@ int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
     return rc;
 }
 
-int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out)
+static int direct_alloc_shared(client_direct *c, size_t len, void **out)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_alloc_shared(c->dummy, len, out);
-    if (!c || !len || !out || len > SIZE_MAX - CLIENT_STAGE_ALIGN)
+    if (len > SIZE_MAX - CLIENT_STAGE_ALIGN)
         return MOONLET_ERR_INVALID_PARAMS;
     size_t rounded = (len + CLIENT_STAGE_ALIGN - 1) / CLIENT_STAGE_ALIGN * CLIENT_STAGE_ALIGN;
     void *p = aligned_alloc(CLIENT_STAGE_ALIGN, rounded);
     if (!p)
         return MOONLET_ERR_INTERNAL_ERROR;
     memset(p, 0, rounded);
-    int rc = moonlet_client_register_buffer(c, p, len);
+    int rc = direct_register_buffer(c, p, len);
     if (rc) {
         free(p);
         return rc;
@@ -321,12 +314,8 @@ int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out)
     return MOONLET_OK;
 }
 
-int moonlet_client_free_shared(moonlet_client *c, void *p)
+static int direct_free_shared(client_direct *c, void *p)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_free_shared(c->dummy, p);
-    if (!c || !p)
-        return MOONLET_ERR_INVALID_PARAMS;
     client_buf *b = client_buf_unlink(c, p, true, true);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
@@ -346,7 +335,7 @@ typedef struct client_stage {
 
 /* The bounce cache of a new client: at most CLIENT_STAGE_CACHE_BYTES idle,
  * and a quarter of a finite memlock limit (pinned pages count against it). */
-static void client_stage_init(moonlet_client *c)
+static void client_stage_init(client_direct *c)
 {
     pthread_mutex_init(&c->stage_mu, NULL);
     c->stage_limit = CLIENT_STAGE_CACHE_BYTES;
@@ -356,7 +345,7 @@ static void client_stage_init(moonlet_client *c)
         c->stage_limit = (size_t)(rl.rlim_cur / 4);
 }
 
-static void client_bounce_free(moonlet_client *c, void *base)
+static void client_bounce_free(client_direct *c, void *base)
 {
     moonlet_xfer_unregister_buffer(c->xfer, base);
     free(base);
@@ -364,7 +353,7 @@ static void client_bounce_free(moonlet_client *c, void *base)
 
 /* Takes the smallest idle buffer of at least len bytes, or registers a new
  * one (a power of two from 64 KiB) - outside stage_mu. */
-static int client_stage_begin(moonlet_client *c, void *user, size_t len, client_stage *st)
+static int client_stage_begin(client_direct *c, void *user, size_t len, client_stage *st)
 {
     st->ptr = user;
     st->bounce = NULL;
@@ -409,7 +398,7 @@ static int client_stage_begin(moonlet_client *c, void *user, size_t len, client_
 
 /* Gives the bounce buffer back to the cache; beyond the cache's limit the
  * largest idle buffers are deregistered and freed (outside stage_mu). */
-static void client_stage_end(moonlet_client *c, client_stage *st)
+static void client_stage_end(client_direct *c, client_stage *st)
 {
     if (!st->bounce)
         return;
@@ -446,8 +435,13 @@ static void client_stage_end(moonlet_client *c, client_stage *st)
     }
 }
 
-void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size_t *idle_bytes)
+void moonlet_client_stage_stats(moonlet_client *h, uint64_t *registrations, size_t *idle_bytes)
 {
+    client_direct *c = client_direct_of(h);
+    *registrations = 0;
+    *idle_bytes = 0;
+    if (!c)
+        return;
     pthread_mutex_lock(&c->stage_mu);
     *registrations = c->stage_regs;
     *idle_bytes = c->idle_bytes;
@@ -464,7 +458,7 @@ typedef struct client_put_args {
     moonlet_mc_put_extra extra; /* preferred segments, hard pin, soft-pin TTL */
 } client_put_args;
 
-static client_put_args client_put_resolve(const moonlet_client *c, const moonlet_put_options *o)
+static client_put_args client_put_resolve(const client_direct *c, const moonlet_put_options *o)
 {
     client_put_args a = {.tenant = client_tenant(c, o ? o->tenant : NULL),
                          .replica_num = o && o->replica_num ? o->replica_num : c->replica_num,
@@ -486,7 +480,7 @@ uint64_t moonlet_client_checksum(const void *buf, size_t len)
 /* Seals a put whose writes ended with `rc` (recording `checksum` when not
  * NULL), or revokes it so nothing half-written becomes readable.  Returns
  * the put's outcome. */
-static int client_put_finish(moonlet_client *c, const char *tenant, const char *key, int rc,
+static int client_put_finish(client_direct *c, const char *tenant, const char *key, int rc,
                              const uint64_t *checksum)
 {
     if (rc == MOONLET_OK) {
@@ -515,7 +509,7 @@ typedef struct client_route {
     const char *endpoint, *segment_id;
 } client_route;
 
-static moonlet_xfer *client_tcp_xfer(moonlet_client *c)
+static moonlet_xfer *client_tcp_xfer(client_direct *c)
 {
     moonlet_xfer *x = atomic_load(&c->xfer_tcp);
     if (x)
@@ -538,7 +532,7 @@ static moonlet_xfer *client_tcp_xfer(moonlet_client *c)
     return x;
 }
 
-static int client_route_of(moonlet_client *c, const moonlet_replica_desc *r, client_route *out)
+static int client_route_of(client_direct *c, const moonlet_replica_desc *r, client_route *out)
 {
     const char *mine = moonlet_xfer_protocol_name(c->xfer), *proto;
     bool can_tcp = strcmp(mine, "tcp") != 0;
@@ -557,7 +551,7 @@ static int client_route_of(moonlet_client *c, const moonlet_replica_desc *r, cli
 
 /* Points op at replica r (endpoint, segment id) and records its transport
  * in *xf; a replica no transport fits gets its status now and *xf NULL. */
-static void client_op_route(moonlet_client *c, const moonlet_replica_desc *r, moonlet_xfer_op *op,
+static void client_op_route(client_direct *c, const moonlet_replica_desc *r, moonlet_xfer_op *op,
                             moonlet_xfer **xf)
 {
     client_route rt;
@@ -574,7 +568,7 @@ static void client_op_route(moonlet_client *c, const moonlet_replica_desc *r, mo
  * NULL: already failed, status set).  One transport: one submit; two: one
  * submit each, one after the other.  Returns the status of the first failed
  * operation, as moonlet_xfer_submit(). */
-static int client_submit(moonlet_client *c, moonlet_xfer_op *ops, moonlet_xfer **xf, size_t n)
+static int client_submit(client_direct *c, moonlet_xfer_op *ops, moonlet_xfer **xf, size_t n)
 {
     moonlet_xfer *tcp = atomic_load(&c->xfer_tcp);
     moonlet_xfer *inst[2] = {c->xfer, tcp};
@@ -612,7 +606,7 @@ static int client_submit(moonlet_client *c, moonlet_xfer_op *ops, moonlet_xfer *
 /* Fills one write per replica of `l` from src, each with its capability
  * and the put's deadline on our clock: sent_ms (when PutStart was sent) plus
  * the put's TTL, never later than the master's put deadline. */
-static void client_put_ops(moonlet_client *c, const moonlet_replica_list *l, const void *src,
+static void client_put_ops(client_direct *c, const moonlet_replica_list *l, const void *src,
                            uint64_t len, uint64_t sent_ms, moonlet_xfer_op *ops,
                            moonlet_xfer_cap *caps, moonlet_xfer **xf)
 {
@@ -630,7 +624,7 @@ static void client_put_ops(moonlet_client *c, const moonlet_replica_list *l, con
     }
 }
 
-static int client_put_core(moonlet_client *c, const char *key, const void *src, size_t len,
+static int client_put_core(client_direct *c, const char *key, const void *src, size_t len,
                            const moonlet_put_options *opt)
 {
     client_put_args a = client_put_resolve(c, opt);
@@ -657,13 +651,9 @@ static int client_put_core(moonlet_client *c, const char *key, const void *src, 
     return client_put_finish(c, a.tenant, key, rc, a.checksum ? &ck : NULL);
 }
 
-int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
-                       const moonlet_put_options *opt)
+static int direct_put(client_direct *c, const char *key, const void *buf, size_t len,
+                      const moonlet_put_options *opt)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_put(c->dummy, key, buf, len, opt);
-    if (!c || !key || (!buf && len))
-        return MOONLET_ERR_INVALID_PARAMS;
     client_stage st;
     int rc = client_stage_begin(c, (void *)buf, len, &st);
     if (rc)
@@ -675,34 +665,30 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
     return rc;
 }
 
-int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
-                            const moonlet_put_options *opt)
+static int direct_put_from(client_direct *c, const char *key, const void *buf, size_t len,
+                           const moonlet_put_options *opt)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_put_from(c->dummy, key, buf, len, opt);
-    if (!c || !key || (!buf && len) || !client_buf_covers(c, buf, len))
+    if (!client_buf_covers(c, buf, len))
         return MOONLET_ERR_INVALID_PARAMS;
     return client_put_core(c, key, buf, len, opt);
 }
 
-int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
-                          const moonlet_put_options *opt)
+static int direct_upsert(client_direct *c, const char *key, const void *buf, size_t len,
+                         const moonlet_put_options *opt)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_upsert(c->dummy, key, buf, len, opt);
-    int rc = moonlet_client_put(c, key, buf, len, opt);
+    int rc = direct_put(c, key, buf, len, opt);
     if (rc != MOONLET_ERR_OBJECT_ALREADY_EXISTS)
         return rc;
     rc = moonlet_mc_remove(c->mc, client_tenant(c, opt ? opt->tenant : NULL), key);
     if (rc && rc != MOONLET_ERR_OBJECT_NOT_FOUND)
         return rc;
-    return moonlet_client_put(c, key, buf, len, opt);
+    return direct_put(c, key, buf, len, opt);
 }
 
 /* ---- get ------------------------------------------------------------------------ */
 
 /* GetReplicaList, remembering when it was asked (for the lease check). */
-static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
+static int client_lookup(client_direct *c, const char *key, const char *tenant,
                          moonlet_replica_list *l, uint64_t *asked_ns)
 {
     *asked_ns = client_now_ns();
@@ -711,7 +697,7 @@ static int client_lookup(moonlet_client *c, const char *key, const char *tenant,
 
 /* The end-to-end check of bytes read from replica r: 0, or INVALID_READ when
  * they are not the bytes the writer recorded (never returned as success). */
-static int client_verify(moonlet_client *c, const moonlet_replica_list *l, const void *dst,
+static int client_verify(client_direct *c, const moonlet_replica_list *l, const void *dst,
                          const moonlet_replica_desc *r)
 {
     if (!c->checksum || !l->has_checksum || moonlet_client_checksum(dst, l->size) == l->checksum)
@@ -723,7 +709,7 @@ static int client_verify(moonlet_client *c, const moonlet_replica_list *l, const
 
 /* Reads the object of `l` into dst (room for l->size bytes): the preferred
  * replica first, the next ones when a node is gone; then the lease check. */
-static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, void *dst,
+static int client_read_object(client_direct *c, const moonlet_replica_list *l, void *dst,
                               uint64_t asked_ns)
 {
     if (l->size == 0)
@@ -755,7 +741,7 @@ static int client_read_object(moonlet_client *c, const moonlet_replica_list *l, 
 }
 
 /* Reads into caller memory, staging through a bounce buffer when needed. */
-static int client_read_staged(moonlet_client *c, const moonlet_replica_list *l, void *dst,
+static int client_read_staged(client_direct *c, const moonlet_replica_list *l, void *dst,
                               uint64_t asked_ns)
 {
     client_stage st;
@@ -770,7 +756,7 @@ static int client_read_staged(moonlet_client *c, const moonlet_replica_list *l, 
 }
 
 /* get and get_into: lookup, size check, read. */
-static int client_get_core(moonlet_client *c, const char *key, void *buf, size_t cap,
+static int client_get_core(client_direct *c, const char *key, void *buf, size_t cap,
                            size_t *len, const char *tenant, bool staged)
 {
     moonlet_replica_list l;
@@ -787,34 +773,23 @@ static int client_get_core(moonlet_client *c, const char *key, void *buf, size_t
     return rc;
 }
 
-int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
-                       const char *tenant)
+static int direct_get(client_direct *c, const char *key, void *buf, size_t cap, size_t *len,
+                      const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_get(c->dummy, key, buf, cap, len, tenant);
-    if (!c || !key || !len || (!buf && cap))
-        return MOONLET_ERR_INVALID_PARAMS;
     return client_get_core(c, key, buf, cap, len, tenant, true);
 }
 
-int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
-                            size_t *len, const char *tenant)
+static int direct_get_into(client_direct *c, const char *key, void *buf, size_t cap,
+                           size_t *len, const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_get_into(c->dummy, key, buf, cap, len, tenant);
-    if (!c || !key || !len || (!buf && cap) || !client_buf_covers(c, buf, cap))
+    if (!client_buf_covers(c, buf, cap))
         return MOONLET_ERR_INVALID_PARAMS;
     return client_get_core(c, key, buf, cap, len, tenant, false);
 }
 
-int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
-                             const char *tenant)
+static int direct_get_alloc(client_direct *c, const char *key, void **buf, size_t *len,
+                            const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_get_alloc(c->dummy, key, buf, len, tenant);
-    if (!c || !key || !buf || !len)
-        return MOONLET_ERR_INVALID_PARAMS;
-    *buf = NULL;
     moonlet_replica_list l;
     uint64_t asked;
     int rc = client_lookup(c, key, tenant, &l, &asked);
@@ -832,13 +807,9 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, siz
     return rc;
 }
 
-int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
-                            const char *tenant)
+static int direct_get_size(client_direct *c, const char *key, uint64_t *size,
+                           const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_get_size(c->dummy, key, size, tenant);
-    if (!c || !key || !size)
-        return MOONLET_ERR_INVALID_PARAMS;
     moonlet_replica_list l;
     uint64_t asked;
     int rc = client_lookup(c, key, tenant, &l, &asked);
@@ -850,14 +821,10 @@ int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
 
 /* ---- batches ---------------------------------------------------------------------- */
 
-int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
-                                  const void *const *bufs, const size_t *lens, size_t n,
-                                  const moonlet_put_options *opt, int32_t *results)
+static int direct_batch_put_from(client_direct *c, const char *const *keys,
+                                 const void *const *bufs, const size_t *lens, size_t n,
+                                 const moonlet_put_options *opt, int32_t *results)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_batch_put_from(c->dummy, keys, bufs, lens, n, opt, results);
-    if (!c || (n && (!keys || !bufs || !lens || !results || !client_keys_ok(keys, n))))
-        return MOONLET_ERR_INVALID_PARAMS;
     client_put_args a = client_put_resolve(c, opt);
     moonlet_replica_list *lists = calloc(n ? n : 1, sizeof(*lists));
     size_t *first = calloc(n ? n : 1, sizeof(*first)); /* each key's first op */
@@ -929,7 +896,7 @@ typedef struct client_bget {
 } client_bget;
 
 /* Lookups and size checks; leaves the keys that need a read pending. */
-static void client_bget_lookup(moonlet_client *c, const char *const *keys, void *const *bufs,
+static void client_bget_lookup(client_direct *c, const char *const *keys, void *const *bufs,
                                const size_t *caps, size_t n, size_t *lens, int32_t *results,
                                const char *tenant, client_bget *g)
 {
@@ -962,7 +929,7 @@ static void client_bget_lookup(moonlet_client *c, const char *const *keys, void 
 
 /* One round: every pending key reads its current replica, all in one batch.
  * Returns how many keys are still pending (to retry on their next replica). */
-static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, int32_t *results,
+static size_t client_bget_round(client_direct *c, void *const *bufs, size_t n, int32_t *results,
                                 client_bget *g, moonlet_xfer_op *ops, moonlet_xfer **xf,
                                 size_t *owner)
 {
@@ -997,14 +964,10 @@ static size_t client_bget_round(moonlet_client *c, void *const *bufs, size_t n, 
     return left;
 }
 
-int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
-                                  void *const *bufs, const size_t *caps, size_t n,
-                                  size_t *lens, int32_t *results, const char *tenant)
+static int direct_batch_get_into(client_direct *c, const char *const *keys,
+                                 void *const *bufs, const size_t *caps, size_t n,
+                                 size_t *lens, int32_t *results, const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_batch_get_into(c->dummy, keys, bufs, caps, n, lens, results, tenant);
-    if (!c || (n && (!keys || !bufs || !caps || !lens || !results || !client_keys_ok(keys, n))))
-        return MOONLET_ERR_INVALID_PARAMS;
     client_bget *g = calloc(n ? n : 1, sizeof(*g));
     moonlet_xfer_op *ops = calloc(n ? n : 1, sizeof(*ops));
     size_t *owner = calloc(n ? n : 1, sizeof(*owner));
@@ -1035,107 +998,51 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 
 /* ---- metadata-only calls ------------------------------------------------------------ */
 
-int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+static int direct_remove(client_direct *c, const char *key, const char *tenant, bool force)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_remove(c->dummy, key, tenant);
-    if (!c || !key)
-        return MOONLET_ERR_INVALID_PARAMS;
-    return moonlet_mc_remove(c->mc, client_tenant(c, tenant), key);
+    return moonlet_mc_remove_ex(c->mc, client_tenant(c, tenant), key, force);
 }
 
-int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
+static int direct_remove_all(client_direct *c, uint64_t *removed, const char *tenant, bool force)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_remove_ex(c->dummy, key, tenant, true);
-    if (!c || !key)
-        return MOONLET_ERR_INVALID_PARAMS;
-    return moonlet_mc_remove_ex(c->mc, client_tenant(c, tenant), key, true);
-}
-
-int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
-{
-    if (c && c->dummy)
-        return moonlet_dummy_remove_all_ex(c->dummy, removed, tenant, true);
-    if (!c)
-        return MOONLET_ERR_INVALID_PARAMS;
     uint64_t n = 0;
-    int rc = moonlet_mc_remove_all_ex(c->mc, client_tenant(c, tenant), true, &n);
+    int rc = moonlet_mc_remove_all_ex(c->mc, client_tenant(c, tenant), force, &n);
     if (rc == MOONLET_OK && removed)
         *removed = n;
     return rc;
 }
 
-int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
+static int direct_exist_key(client_direct *c, const char *key, bool *exists,
+                            const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_remove_all(c->dummy, removed, tenant);
-    if (!c)
-        return MOONLET_ERR_INVALID_PARAMS;
-    uint64_t n = 0;
-    int rc = moonlet_mc_remove_all(c->mc, client_tenant(c, tenant), &n);
-    if (rc == MOONLET_OK && removed)
-        *removed = n;
-    return rc;
-}
-
-int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant)
-{
-    if (c && c->dummy)
-        return moonlet_dummy_exist_key(c->dummy, key, exists, tenant);
-    if (!c || !key || !exists)
-        return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_exist_key(c->mc, client_tenant(c, tenant), key, exists);
 }
 
-int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant)
+static int direct_probe_key(client_direct *c, const char *key, bool *exists,
+                            const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_probe_key(c->dummy, key, exists, tenant);
-    if (!c || !key || !exists)
-        return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_probe_key(c->mc, client_tenant(c, tenant), key, exists);
 }
 
-int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
-                                   int32_t *results, const char *tenant)
+static int direct_batch_exist_key(client_direct *c, const char *const *keys, size_t n,
+                                  int32_t *results, const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_batch_exist_key(c->dummy, keys, n, results, tenant);
-    if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
-        return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_batch_exist_key(c->mc, client_tenant(c, tenant), keys, n, results);
 }
 
-int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
-                                   const char *const *keys, size_t n, int32_t *results,
-                                   const char *tenant)
+static int direct_batch_probe_key(client_direct *c, moonlet_grant_lease_policy policy,
+                                  const char *const *keys, size_t n, int32_t *results,
+                                  const char *tenant)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_batch_probe_key(c->dummy, policy, keys, n, results, tenant);
-    if (!c || (n && (!keys || !results || !client_keys_ok(keys, n))))
-        return MOONLET_ERR_INVALID_PARAMS;
     return moonlet_mc_batch_probe_key(c->mc, client_tenant(c, tenant), policy, keys, n, results);
 }
 
-int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
-                                const char *const *kda_keys, size_t n_kda,
-                                uint64_t candidate_size, const uint64_t *boundaries,
-                                moonlet_probe_resume_result *out, int32_t *mask,
-                                const char *tenant)
+static int direct_probe_resume(client_direct *c, const char *const *kv_keys, size_t n_kv,
+                               const char *const *kda_keys, size_t n_kda,
+                               uint64_t candidate_size, const uint64_t *boundaries, size_t nb,
+                               moonlet_probe_resume_result *out, int32_t *mask,
+                               const char *tenant)
 {
-    if (out)
-        *out = (moonlet_probe_resume_result){0, -1};
-    if (!c || !out || (n_kv && (!kv_keys || !client_keys_ok(kv_keys, n_kv))) ||
-        (n_kda && (!kda_keys || !mask || !boundaries || !candidate_size ||
-                   n_kda % candidate_size || !client_keys_ok(kda_keys, n_kda))))
-        return MOONLET_ERR_INVALID_PARAMS;
-    size_t nb = n_kda ? n_kda / (size_t)candidate_size : 0;
-    if (c->dummy)
-        return moonlet_dummy_probe_resume(c->dummy, kv_keys, n_kv, kda_keys, n_kda,
-                                          candidate_size, boundaries, nb, out, mask, tenant);
     moonlet_mc_resume_out r;
     int rc = moonlet_mc_probe_resume(c->mc, client_tenant(c, tenant), kv_keys, n_kv, kda_keys,
                                      n_kda, candidate_size, boundaries, nb, &r, mask);
@@ -1146,14 +1053,9 @@ int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, s
     return rc;
 }
 
-int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
-                               char **json_out)
+static int direct_inspect_key(client_direct *c, const char *key, const char *tenant,
+                              char **json_out)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_inspect_key(c->dummy, key, tenant, json_out);
-    if (!c || !key || !json_out)
-        return MOONLET_ERR_INVALID_PARAMS;
-    *json_out = NULL;
     cJSON *j = NULL;
     int rc = moonlet_mc_inspect_key(c->mc, client_tenant(c, tenant), key, &j);
     if (rc)
@@ -1165,9 +1067,25 @@ int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *t
 
 /* ---- create / destroy ------------------------------------------------------------------ */
 
-void moonlet_client_config_init(moonlet_client_config *cfg)
+/* The opts_size pattern (client.h): init writes only the caller's bytes;
+ * every reader first copies the caller's struct into a full-size one whose
+ * missing tail keeps the defaults (zero). */
+void moonlet_client_config_init(moonlet_client_config *cfg, size_t cfg_size)
 {
-    memset(cfg, 0, sizeof(*cfg));
+    if (!cfg || cfg_size < offsetof(moonlet_client_config, opts_size) + sizeof(cfg->opts_size))
+        return;
+    memset(cfg, 0, cfg_size < sizeof(*cfg) ? cfg_size : sizeof(*cfg));
+    cfg->opts_size = cfg_size;
+}
+
+int moonlet_client_config_copy(moonlet_client_config *dst, const moonlet_client_config *src)
+{
+    memset(dst, 0, sizeof(*dst));
+    if (!src || src->opts_size < offsetof(moonlet_client_config, opts_size) + sizeof(src->opts_size))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memcpy(dst, src, src->opts_size < sizeof(*dst) ? src->opts_size : sizeof(*dst));
+    dst->opts_size = sizeof(*dst);
+    return MOONLET_OK;
 }
 
 static int client_xfer_protocol(moonlet_protocol p, moonlet_xfer_protocol *out)
@@ -1188,7 +1106,7 @@ static void *client_node_main(void *arg)
 
 /* The local segment: a store node on a thread of the client, configured by
  * `node` or, when NULL, from cfg. */
-static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg,
+static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
                              moonlet_xfer_protocol proto, const moonlet_store_node_config *node)
 {
     moonlet_store_node_config nc;
@@ -1215,7 +1133,7 @@ static int client_start_node(moonlet_client *c, const moonlet_client_config *cfg
     return MOONLET_OK;
 }
 
-static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
+static int client_connect(client_direct *c, const moonlet_client_config *cfg,
                           moonlet_xfer_protocol proto, const moonlet_store_node_config *node)
 {
     moonlet_master_client_opts mo = {.timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
@@ -1241,15 +1159,21 @@ static int client_connect(moonlet_client *c, const moonlet_client_config *cfg,
     return node || cfg->local_segment_size ? client_start_node(c, cfg, proto, node) : MOONLET_OK;
 }
 
-int moonlet_client_create_with_node(const moonlet_client_config *cfg,
+static void direct_destroy(client_direct *c);
+
+int moonlet_client_create_with_node(const moonlet_client_config *user_cfg,
                                     const moonlet_store_node_config *node, moonlet_client **out)
 {
     moonlet_xfer_protocol proto;
-    if (!cfg || !out || !cfg->master_addr || !*cfg->master_addr ||
+    moonlet_client_config full;
+    if (moonlet_client_config_copy(&full, user_cfg))
+        return MOONLET_ERR_INVALID_PARAMS;
+    const moonlet_client_config *cfg = &full;
+    if (!out || !cfg->master_addr || !*cfg->master_addr ||
         client_xfer_protocol(cfg->protocol, &proto) ||
         (cfg->default_tenant && strlen(cfg->default_tenant) > MOONLET_MAX_ID_BYTES))
         return MOONLET_ERR_INVALID_PARAMS;
-    moonlet_client *c = calloc(1, sizeof(*c));
+    client_direct *c = calloc(1, sizeof(*c));
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&c->buf_mu, NULL);
@@ -1262,12 +1186,11 @@ int moonlet_client_create_with_node(const moonlet_client_config *cfg,
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (!rc)
         rc = client_connect(c, cfg, proto, node);
-    if (rc) {
-        moonlet_client_destroy(c);
-        return rc;
-    }
-    *out = c;
-    return MOONLET_OK;
+    if (!rc)
+        rc = moonlet_client_wrap(&moonlet_client_direct_ops, c, out);
+    if (rc)
+        direct_destroy(c);
+    return rc;
 }
 
 int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out)
@@ -1275,36 +1198,10 @@ int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out
     return moonlet_client_create_with_node(cfg, NULL, out);
 }
 
-void moonlet_dummy_config_init(moonlet_dummy_config *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-}
-
-int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
-                                moonlet_client **out)
-{
-    if (!socket_path || !out)
-        return MOONLET_ERR_INVALID_PARAMS;
-    moonlet_client *c = calloc(1, sizeof(*c));
-    if (!c)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    pthread_mutex_init(&c->buf_mu, NULL);
-    pthread_mutex_init(&c->tcp_mu, NULL);
-    client_stage_init(c);
-    int rc = moonlet_dummy_create(socket_path, cfg, &c->dummy);
-    if (rc) {
-        moonlet_client_destroy(c);
-        return rc;
-    }
-    *out = c;
-    return MOONLET_OK;
-}
-
-void moonlet_client_destroy(moonlet_client *c)
+static void direct_destroy(client_direct *c)
 {
     if (!c)
         return;
-    moonlet_dummy_destroy(c->dummy);
     if (c->node) {
         moonlet_store_node_stop(c->node);
         pthread_join(c->node_thread, NULL);
@@ -1336,17 +1233,13 @@ void moonlet_client_destroy(moonlet_client *c)
 
 /* ---- accessors ---------------------------------------------------------------------------- */
 
-const char *moonlet_client_protocol(const moonlet_client *c)
+static const char *direct_protocol(const client_direct *c)
 {
-    if (c && c->dummy)
-        return moonlet_dummy_protocol(c->dummy);
-    return c ? moonlet_xfer_protocol_name(c->xfer) : "none";
+    return moonlet_xfer_protocol_name(c->xfer);
 }
 
-int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap)
+static int direct_local_endpoint(const client_direct *c, char *buf, size_t cap)
 {
-    if (!c || !buf)
-        return MOONLET_ERR_INVALID_PARAMS;
     if (!c->own_endpoint[0])
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     size_t len = strlen(c->own_endpoint);
@@ -1355,3 +1248,32 @@ int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap
     memcpy(buf, c->own_endpoint, len + 1);
     return MOONLET_OK;
 }
+
+const moonlet_client_ops moonlet_client_direct_ops = {
+    .name = "direct",
+    .shared_staging = false,
+    .destroy = direct_destroy,
+    .put = direct_put,
+    .put_from = direct_put_from,
+    .upsert = direct_upsert,
+    .get = direct_get,
+    .get_into = direct_get_into,
+    .get_alloc = direct_get_alloc,
+    .get_size = direct_get_size,
+    .batch_put_from = direct_batch_put_from,
+    .batch_get_into = direct_batch_get_into,
+    .remove = direct_remove,
+    .remove_all = direct_remove_all,
+    .inspect_key = direct_inspect_key,
+    .exist_key = direct_exist_key,
+    .probe_key = direct_probe_key,
+    .batch_exist_key = direct_batch_exist_key,
+    .batch_probe_key = direct_batch_probe_key,
+    .probe_resume = direct_probe_resume,
+    .register_buffer = direct_register_buffer,
+    .unregister_buffer = direct_unregister_buffer,
+    .alloc_shared = direct_alloc_shared,
+    .free_shared = direct_free_shared,
+    .protocol = direct_protocol,
+    .local_endpoint = direct_local_endpoint,
+};

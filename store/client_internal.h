@@ -11,6 +11,7 @@
 
 #include "moonlet/client.h"
 #include "moonlet/types.h"
+#include "replica.h"
 #include "store_node.h"
 
 /* True when a read lease of lease_ttl_ms, granted no earlier than asked_ns
@@ -56,6 +57,11 @@ void moonlet_client_stage_stats(moonlet_client *c, uint64_t *registrations, size
 /* Tests: the memory of the client's local segment (NULL without one), to
  * corrupt a replica in place. */
 void *moonlet_client_local_segment_base(moonlet_client *c);
+
+/* Copies the caller's config (its first src->opts_size bytes) into *dst, a
+ * full-size struct whose fields past them stay zero (their defaults).
+ * INVALID_PARAMS for NULL src or an opts_size never set.  Never blocks. */
+int moonlet_client_config_copy(moonlet_client_config *dst, const moonlet_client_config *src);
 
 /* As moonlet_client_create(), with the local segment configured as a full
  * store node by `node` (used verbatim: its segment_size wins over

@@ -213,19 +213,36 @@ static msgpack_packer *chan_begin(dchan *ch, uint32_t method, uint32_t nargs)
     return moonlet_rpc_client_begin(ch->rpc, method, nargs);
 }
 
-static void pack_tenant(msgpack_packer *pk, const moonlet_dummy *d, const char *tenant)
+/* The tenant argument: the call's, else the DummyClient's; NULL (nil): the
+ * RealClient's default. */
+static const char *tenant_of(const moonlet_dummy *d, const char *tenant)
 {
-    moonlet_pack_cstr(pk, tenant ? tenant : d->tenant); /* NULL packs nil */
+    return tenant ? tenant : d->tenant;
 }
+
+/* Begins a request of `method` with the arguments of `st` (its args struct
+ * in dummy_proto.h), packed from the method table: the required arguments
+ * and the optional ones up to the last that is set. */
+static msgpack_packer *chan_begin_args_(dchan *ch, uint32_t method, const void *st,
+                                        size_t st_size)
+{
+    const moonlet_rpc_args_spec *spec = moonlet_dummy_method(method)->spec;
+    if (st_size != spec->size) /* the wrong args struct for the method: a bug here */
+        abort();
+    uint32_t n = moonlet_rpc_args_count(spec, st);
+    msgpack_packer *pk = chan_begin(ch, method, n);
+    moonlet_rpc_args_pack(spec, st, n, pk);
+    return pk;
+}
+#define chan_begin_args(ch, method, st) chan_begin_args_(ch, method, st, sizeof(*(st)))
 
 /* ATTACH: maps r on the RealClient's side of this connection.  The one made
  * by create learns the RealClient's protocol. */
 static int chan_attach(moonlet_dummy *d, dchan *ch, const dregion *r)
 {
-    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_ATTACH, 3);
-    msgpack_pack_uint32(pk, MOONLET_DUMMY_PROTO_VERSION);
-    msgpack_pack_uint64(pk, r->id);
-    msgpack_pack_uint64(pk, r->len);
+    moonlet_dm_attach_args a = {.version = MOONLET_DUMMY_PROTO_VERSION, .region = r->id,
+                                .size = r->len};
+    chan_begin_args(ch, MOONLET_DM_ATTACH, &a);
     dcall k;
     int rc = chan_finish(ch, r->fd, &k);
     const char *p;
@@ -243,7 +260,8 @@ static void chan_detach(dchan *ch, uint64_t id)
 {
     if (!ch->rpc)
         return;
-    msgpack_pack_uint64(chan_begin(ch, MOONLET_DM_DETACH, 1), id);
+    moonlet_dm_detach_args a = {.region = id};
+    chan_begin_args(ch, MOONLET_DM_DETACH, &a);
     dcall k;
     int rc = chan_finish(ch, -1, &k);
     dcall_end(&k);
@@ -462,43 +480,24 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 
 /* ---- put --------------------------------------------------------------------------------- */
 
-/* A put's request carries optional trailing arguments only when they are
- * set, so a RealClient from before them serves every other put unchanged:
- * skip_checksum alone (one more), or with the placement options (four more:
- * skip_checksum, preferred segment names, hard pin, soft-pin TTL). */
-static bool put_has_placement(const moonlet_put_options *opt)
-{
-    return opt && (opt->preferred_segments_count || opt->hard_pin || opt->soft_pin_ttl_ms);
-}
-
-static uint32_t put_extra_args(const moonlet_put_options *opt)
-{
-    if (put_has_placement(opt))
-        return 4u;
-    return opt && opt->skip_checksum ? 1u : 0u;
-}
-
-static void pack_put_extra(msgpack_packer *pk, const moonlet_put_options *opt)
-{
-    uint32_t n = put_extra_args(opt);
-    if (n == 0)
-        return;
-    opt->skip_checksum ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    if (n == 1)
-        return;
-    size_t np = opt->preferred_segments ? opt->preferred_segments_count : 0;
-    msgpack_pack_array(pk, (uint32_t)np);
-    for (size_t i = 0; i < np; i++)
-        moonlet_pack_cstr(pk, opt->preferred_segments[i] ? opt->preferred_segments[i] : "");
-    opt->hard_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    msgpack_pack_uint64(pk, opt->soft_pin_ttl_ms);
-}
-
-static void pack_put_opts(msgpack_packer *pk, const moonlet_put_options *opt)
-{
-    msgpack_pack_uint32(pk, opt ? opt->replica_num : 0);
-    opt && opt->soft_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-}
+/* A put's options as arguments (Put and BatchPut declare the same ones).
+ * The optional ones are packed only when set, so a RealClient from before
+ * them serves every other put unchanged: skip_checksum alone, or with the
+ * placement options (preferred segment names, hard pin, soft-pin TTL). */
+#define PUT_ARGS(a, d, opt)                                                                     \
+    do {                                                                                        \
+        (a)->tenant = tenant_of(d, (opt) ? (opt)->tenant : NULL);                               \
+        if (opt) {                                                                              \
+            (a)->replica_num = (opt)->replica_num;                                              \
+            (a)->soft_pin = (opt)->soft_pin;                                                    \
+            (a)->skip_checksum = (opt)->skip_checksum;                                          \
+            if ((opt)->preferred_segments)                                                      \
+                (a)->preferred_segments = (moonlet_cstrv){                                      \
+                    (opt)->preferred_segments, (uint32_t)(opt)->preferred_segments_count};      \
+            (a)->hard_pin = (opt)->hard_pin;                                                    \
+            (a)->soft_pin_ttl_ms = (opt)->soft_pin_ttl_ms;                                      \
+        }                                                                                       \
+    } while (0)
 
 /* PUT or UPSERT of [buf, buf + len): zero-copy from an alloc_shared region
  * when the bytes lie in one, else copied through a copy area. */
@@ -526,14 +525,9 @@ static int dummy_put_common(moonlet_dummy *d, uint32_t method, const char *key, 
         }
     }
     if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, method, 7 + put_extra_args(opt));
-        pack_tenant(pk, d, opt ? opt->tenant : NULL);
-        moonlet_pack_cstr(pk, key);
-        msgpack_pack_uint64(pk, region);
-        msgpack_pack_uint64(pk, off);
-        msgpack_pack_uint64(pk, len);
-        pack_put_opts(pk, opt);
-        pack_put_extra(pk, opt);
+        moonlet_dm_put_args a = {.key = key, .region = region, .offset = off, .len = len};
+        PUT_ARGS(&a, d, opt);
+        chan_begin_args(ch, method, &a);
         dcall k;
         rc = chan_finish(ch, -1, &k);
         dcall_end(&k);
@@ -585,12 +579,9 @@ static int bad_size(dchan *ch, const char *call, uint64_t size, uint64_t room)
 static int get_once(moonlet_dummy *d, dchan *ch, const char *key, const char *tenant,
                     uint64_t region, uint64_t off, size_t cap, uint64_t *size, bool *have_size)
 {
-    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_GET, 5);
-    pack_tenant(pk, d, tenant);
-    moonlet_pack_cstr(pk, key);
-    msgpack_pack_uint64(pk, region);
-    msgpack_pack_uint64(pk, off);
-    msgpack_pack_uint64(pk, cap);
+    moonlet_dm_get_args a = {.tenant = tenant_of(d, tenant), .key = key, .region = region,
+                             .offset = off, .cap = cap};
+    chan_begin_args(ch, MOONLET_DM_GET, &a);
     dcall k;
     int rc = chan_finish(ch, -1, &k);
     *have_size = k.res && moonlet_wire_u64(k.res, 1, size) == 0;
@@ -690,17 +681,17 @@ int moonlet_dummy_get_alloc(moonlet_dummy *d, const char *key, void **buf, size_
 /* Reads the second result element of a call into arg; 0 or RPC_FAIL. */
 typedef int (*take_fn)(const msgpack_object *res, void *arg);
 
-/* A [tenant, key] call; `take` (may be NULL) reads its output on success. */
+/* A [tenant, key] call (Remove: force too); `take` (may be NULL) reads its
+ * output on success. */
 static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const char *tenant,
-                    take_fn take, void *arg)
+                    bool force, take_fn take, void *arg)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    msgpack_packer *pk = chan_begin(ch, method, 2);
-    pack_tenant(pk, d, tenant);
-    moonlet_pack_cstr(pk, key);
+    moonlet_dm_key_args a = {.tenant = tenant_of(d, tenant), .key = key, .force = force};
+    chan_begin_args(ch, method, &a);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     if (rc == MOONLET_OK && take)
@@ -742,7 +733,7 @@ int moonlet_dummy_get_size(moonlet_dummy *d, const char *key, uint64_t *size, co
     if (!key || !size)
         return MOONLET_ERR_INVALID_PARAMS;
     uint64_t v = 0;
-    int rc = key_call(d, MOONLET_DM_GET_SIZE, key, tenant, take_u64, &v);
+    int rc = key_call(d, MOONLET_DM_GET_SIZE, key, tenant, false, take_u64, &v);
     if (rc == MOONLET_OK)
         *size = v;
     return rc;
@@ -752,7 +743,7 @@ int moonlet_dummy_remove(moonlet_dummy *d, const char *key, const char *tenant)
 {
     if (!key)
         return MOONLET_ERR_INVALID_PARAMS;
-    return key_call(d, MOONLET_DM_REMOVE, key, tenant, NULL, NULL);
+    return moonlet_dummy_remove_ex(d, key, tenant, false);
 }
 
 static int dummy_bool_call(moonlet_dummy *d, uint32_t method, const char *key, bool *yes,
@@ -761,7 +752,7 @@ static int dummy_bool_call(moonlet_dummy *d, uint32_t method, const char *key, b
     if (!key || !yes)
         return MOONLET_ERR_INVALID_PARAMS;
     bool v = false;
-    int rc = key_call(d, method, key, tenant, take_bool, &v);
+    int rc = key_call(d, method, key, tenant, false, take_bool, &v);
     if (rc == MOONLET_OK)
         *yes = v;
     return rc;
@@ -783,28 +774,14 @@ int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *ten
     if (!key || !json_out)
         return MOONLET_ERR_INVALID_PARAMS;
     *json_out = NULL;
-    return key_call(d, MOONLET_DM_INSPECT_KEY, key, tenant, take_str, json_out);
+    return key_call(d, MOONLET_DM_INSPECT_KEY, key, tenant, false, take_str, json_out);
 }
 
 int moonlet_dummy_remove_ex(moonlet_dummy *d, const char *key, const char *tenant, bool force)
 {
-    if (!force)
-        return moonlet_dummy_remove(d, key, tenant);
     if (!key)
         return MOONLET_ERR_INVALID_PARAMS;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc)
-        return rc;
-    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE, 3);
-    pack_tenant(pk, d, tenant);
-    moonlet_pack_cstr(pk, key);
-    msgpack_pack_true(pk);
-    dcall k;
-    rc = chan_finish(ch, -1, &k);
-    dcall_end(&k);
-    chan_release(d, ch);
-    return rc;
+    return key_call(d, MOONLET_DM_REMOVE, key, tenant, force, NULL, NULL);
 }
 
 int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *tenant)
@@ -819,10 +796,8 @@ int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char 
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_REMOVE_ALL, force ? 2 : 1);
-    pack_tenant(pk, d, tenant);
-    if (force)
-        msgpack_pack_true(pk);
+    moonlet_dm_remove_all_args a = {.tenant = tenant_of(d, tenant), .force = force};
+    chan_begin_args(ch, MOONLET_DM_REMOVE_ALL, &a);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     uint64_t v;
@@ -865,16 +840,13 @@ static int dummy_batch_keys(moonlet_dummy *d, const moonlet_grant_lease_policy *
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    msgpack_packer *pk = chan_begin(ch, policy ? MOONLET_DM_BATCH_PROBE_KEY
-                                               : MOONLET_DM_BATCH_EXIST_KEY, policy ? 4 : 2);
-    pack_tenant(pk, d, tenant);
+    moonlet_dm_batch_keys_args a = {.tenant = tenant_of(d, tenant),
+                                    .keys = {keys, (uint32_t)n}};
     if (policy) {
-        msgpack_pack_uint8(pk, policy->lease_mode);
-        msgpack_pack_uint64(pk, policy->candidate_size);
+        a.lease_mode = policy->lease_mode;
+        a.candidate_size = policy->candidate_size;
     }
-    msgpack_pack_array(pk, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
-        moonlet_pack_cstr(pk, keys[i]);
+    chan_begin_args(ch, policy ? MOONLET_DM_BATCH_PROBE_KEY : MOONLET_DM_BATCH_EXIST_KEY, &a);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     if (rc == MOONLET_OK && !unpack_results(k.res, 1, n, results))
@@ -897,13 +869,6 @@ int moonlet_dummy_batch_probe_key(moonlet_dummy *d, moonlet_grant_lease_policy p
     return dummy_batch_keys(d, &policy, keys, n, results, tenant);
 }
 
-static void pack_key_list(msgpack_packer *pk, const char *const *keys, size_t n)
-{
-    msgpack_pack_array(pk, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
-        moonlet_pack_cstr(pk, keys[i]);
-}
-
 int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n_kv,
                                const char *const *kda, size_t n_kda, uint64_t candidate_size,
                                const uint64_t *boundaries, size_t n_boundaries,
@@ -924,14 +889,12 @@ int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    msgpack_packer *pk = chan_begin(ch, MOONLET_DM_PROBE_RESUME, 5);
-    pack_tenant(pk, d, tenant);
-    pack_key_list(pk, kv, n_kv);
-    msgpack_pack_uint64(pk, candidate_size);
-    pack_key_list(pk, kda, n_kda);
-    msgpack_pack_array(pk, (uint32_t)n_boundaries);
-    for (size_t i = 0; i < n_boundaries; i++)
-        msgpack_pack_uint64(pk, boundaries[i]);
+    moonlet_dm_probe_resume_args a = {.tenant = tenant_of(d, tenant),
+                                      .kv_keys = {kv, (uint32_t)n_kv},
+                                      .candidate_size = candidate_size,
+                                      .kda_keys = {kda, (uint32_t)n_kda},
+                                      .boundaries = {boundaries, (uint32_t)n_boundaries}};
+    chan_begin_args(ch, MOONLET_DM_PROBE_RESUME, &a);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     if (rc == MOONLET_OK) {
@@ -1002,16 +965,6 @@ static int batch_attach(moonlet_dummy *d, dchan *ch, const ditem *it, size_t n)
     return rc;
 }
 
-static void pack_item(msgpack_packer *pk, const char *key, const ditem *it, uint64_t area_id,
-                      size_t len)
-{
-    msgpack_pack_array(pk, 4);
-    moonlet_pack_cstr(pk, key);
-    msgpack_pack_uint64(pk, it->s ? it->s->r.id : area_id);
-    msgpack_pack_uint64(pk, it->off);
-    msgpack_pack_uint64(pk, len);
-}
-
 /* A batch that failed as a whole (no per-item results came back): every
  * item that was to be sent gets the failure.  rc 0: nothing to do. */
 static void batch_fail(const ditem *it, size_t n, int32_t *results, int rc)
@@ -1054,50 +1007,100 @@ static bool scatter_results(const msgpack_object *res, uint32_t idx, const ditem
     return true;
 }
 
-int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
-                                 const void *const *bufs, const size_t *lens, size_t n,
-                                 const moonlet_put_options *opt, int32_t *results)
+/* The caller's arrays of a batch: INVALID_PARAMS when one is missing, a key
+ * is NULL or n does not fit the protocol. */
+static int batch_check(const char *const *keys, const void *bufs, const size_t *lens, size_t n,
+                       const int32_t *results)
 {
     if (n && (!keys || !bufs || !lens || !results))
         return MOONLET_ERR_INVALID_PARAMS;
     for (size_t i = 0; i < n; i++)
         if (!keys[i])
             return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
-        return MOONLET_ERR_INVALID_PARAMS;
-    ditem *it = calloc(n ? n : 1, sizeof(*it));
-    if (!it)
+    return n > UINT32_MAX ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
+}
+
+/* A batch put or get on its way. */
+typedef struct dbatch {
+    size_t n, nsend;
+    ditem *it;              /* where each item lives for the RealClient */
+    dchan *ch;              /* NULL: none acquired */
+    dregion one;            /* a one-off copy area, when staging is too small */
+    const dregion *area;    /* the copy area */
+    moonlet_dm_item *items; /* the items argument */
+} dbatch;
+
+/* Sorts the items, takes a channel, attaches the shared regions they use and
+ * a copy area for the rest.  0, or the error; dbatch_end() in every case. */
+static int dbatch_begin(moonlet_dummy *d, dbatch *b, const void *const *bufs, const size_t *lens,
+                        size_t n, int32_t *results)
+{
+    *b = (dbatch){.n = n, .one = {.fd = -1}};
+    if (!(b->it = calloc(n ? n : 1, sizeof(*b->it))))
         return MOONLET_ERR_INTERNAL_ERROR;
     size_t area_len;
-    size_t nsend = batch_plan(d, bufs, lens, n, results, it, &area_len);
-    bool filled = false;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
+    b->nsend = batch_plan(d, bufs, lens, n, results, b->it, &area_len);
+    int rc = chan_acquire(d, &b->ch);
     if (rc) {
-        batch_fail(it, n, results, rc);
-        free(it);
-        return first_error(results, n);
+        b->ch = NULL;
+        return rc;
     }
-    dregion one = {.fd = -1};
-    const dregion *area = &ch->stage;
-    rc = batch_attach(d, ch, it, n);
+    b->area = &b->ch->stage;
+    rc = batch_attach(d, b->ch, b->it, n);
     if (!rc && area_len)
-        rc = chan_area(d, ch, area_len, &one, &area);
+        rc = chan_area(d, b->ch, area_len, &b->one, &b->area);
+    return rc;
+}
+
+/* The items to send, as the call's argument: [key, region, offset, len]. */
+static int dbatch_items(dbatch *b, const char *const *keys, const size_t *lens)
+{
+    if (!(b->items = malloc((b->nsend ? b->nsend : 1) * sizeof(*b->items))))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0, j = 0; i < b->n; i++)
+        if (b->it[i].send)
+            b->items[j++] = (moonlet_dm_item){
+                .key = keys[i], .region = b->it[i].s ? b->it[i].s->r.id : b->area->id,
+                .offset = b->it[i].off, .len = lens[i]};
+    return MOONLET_OK;
+}
+
+/* Releases the batch; returns its result: rc when the per-item results came
+ * back (filled), else the first item error (each sent item failed with rc). */
+static int dbatch_end(moonlet_dummy *d, dbatch *b, int32_t *results, int rc, bool filled)
+{
+    if (!b->it)
+        return rc;
+    free(b->items);
+    if (b->ch) {
+        chan_area_end(b->ch, &b->one);
+        chan_release(d, b->ch);
+    }
+    batch_fail(b->it, b->n, results, filled ? MOONLET_OK : rc);
+    free(b->it);
+    return filled ? rc : first_error(results, b->n);
+}
+
+int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
+                                 const void *const *bufs, const size_t *lens, size_t n,
+                                 const moonlet_put_options *opt, int32_t *results)
+{
+    int rc = batch_check(keys, bufs, lens, n, results);
+    if (rc)
+        return rc;
+    dbatch b;
+    bool filled = false;
+    rc = dbatch_begin(d, &b, bufs, lens, n, results);
     for (size_t i = 0; !rc && i < n; i++)
-        if (it[i].send && !it[i].s && lens[i])
-            memcpy(area->base + it[i].off, bufs[i], lens[i]);
-    if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_PUT, 4 + put_extra_args(opt));
-        pack_tenant(pk, d, opt ? opt->tenant : NULL);
-        pack_put_opts(pk, opt);
-        msgpack_pack_array(pk, (uint32_t)nsend);
-        for (size_t i = 0; i < n; i++)
-            if (it[i].send)
-                pack_item(pk, keys[i], &it[i], area->id, lens[i]);
-        pack_put_extra(pk, opt);
+        if (b.it[i].send && !b.it[i].s && lens[i])
+            memcpy(b.area->base + b.it[i].off, bufs[i], lens[i]);
+    if (!rc && !(rc = dbatch_items(&b, keys, lens))) {
+        moonlet_dm_batch_put_args a = {.items = {b.items, (uint32_t)b.nsend}};
+        PUT_ARGS(&a, d, opt);
+        chan_begin_args(b.ch, MOONLET_DM_BATCH_PUT, &a);
         dcall k;
-        rc = chan_finish(ch, -1, &k);
-        if (k.res && !scatter_results(k.res, 1, it, n, nsend, results, NULL)) {
+        rc = chan_finish(b.ch, -1, &k);
+        if (k.res && !scatter_results(k.res, 1, b.it, n, b.nsend, results, NULL)) {
             rc = MOONLET_ERR_RPC_FAIL;
         } else if (k.res) {
             rc = first_error(results, n);
@@ -1105,87 +1108,63 @@ int moonlet_dummy_batch_put_from(moonlet_dummy *d, const char *const *keys,
         }
         dcall_end(&k);
     }
-    chan_area_end(ch, &one);
-    chan_release(d, ch);
-    batch_fail(it, n, results, filled ? MOONLET_OK : rc);
-    free(it);
-    return filled ? rc : first_error(results, n);
+    return dbatch_end(d, &b, results, rc, filled);
+}
+
+/* Copies the sizes a batch get returned into lens, and the bytes of the
+ * items that came through the copy area to their buffers. */
+static void batch_get_out(const dbatch *b, void *const *bufs, const size_t *caps,
+                          const uint64_t *sizes, size_t *lens, int32_t *results)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        if (!b->it[i].send)
+            continue;
+        lens[i] = sizes[i] > SIZE_MAX ? SIZE_MAX : (size_t)sizes[i];
+        if (results[i] == MOONLET_OK && lens[i] > caps[i]) {
+            /* a success larger than the item's room: never trust it */
+            ML_WARN(MOD, "batch get: the RealClient claims %llu bytes in a room of %zu",
+                    (unsigned long long)sizes[i], caps[i]);
+            results[i] = MOONLET_ERR_RPC_FAIL;
+            lens[i] = 0;
+        }
+        if (results[i] == MOONLET_OK && !b->it[i].s && lens[i])
+            memcpy(bufs[i], b->area->base + b->it[i].off, lens[i]);
+    }
 }
 
 int moonlet_dummy_batch_get_into(moonlet_dummy *d, const char *const *keys, void *const *bufs,
                                  const size_t *caps, size_t n, size_t *lens, int32_t *results,
                                  const char *tenant)
 {
-    if (n && (!keys || !bufs || !caps || !lens || !results))
-        return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
-        return MOONLET_ERR_INVALID_PARAMS;
-    ditem *it = calloc(n ? n : 1, sizeof(*it));
+    int rc = batch_check(keys, bufs, caps, n, results);
+    if (rc || (n && !lens))
+        return rc ? rc : MOONLET_ERR_INVALID_PARAMS;
     uint64_t *sizes = calloc(n ? n : 1, sizeof(*sizes));
-    if (!it || !sizes) {
-        free(it);
-        free(sizes);
+    if (!sizes)
         return MOONLET_ERR_INTERNAL_ERROR;
-    }
     for (size_t i = 0; i < n; i++)
         lens[i] = 0;
-    size_t area_len;
-    size_t nsend = batch_plan(d, (const void *const *)bufs, caps, n, results, it, &area_len);
+    dbatch b;
     bool filled = false;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc) {
-        batch_fail(it, n, results, rc);
-        free(it);
-        free(sizes);
-        return first_error(results, n);
-    }
-    dregion one = {.fd = -1};
-    const dregion *area = &ch->stage;
-    rc = batch_attach(d, ch, it, n);
-    if (!rc && area_len)
-        rc = chan_area(d, ch, area_len, &one, &area);
-    if (!rc) {
-        msgpack_packer *pk = chan_begin(ch, MOONLET_DM_BATCH_GET, 2);
-        pack_tenant(pk, d, tenant);
-        msgpack_pack_array(pk, (uint32_t)nsend);
-        for (size_t i = 0; i < n; i++)
-            if (it[i].send)
-                pack_item(pk, keys[i], &it[i], area->id, caps[i]);
+    rc = dbatch_begin(d, &b, (const void *const *)bufs, caps, n, results);
+    if (!rc && !(rc = dbatch_items(&b, keys, caps))) {
+        moonlet_dm_batch_get_args a = {.tenant = tenant_of(d, tenant),
+                                       .items = {b.items, (uint32_t)b.nsend}};
+        chan_begin_args(b.ch, MOONLET_DM_BATCH_GET, &a);
         dcall k;
-        rc = chan_finish(ch, -1, &k);
-        if (k.res && (!scatter_results(k.res, 1, it, n, nsend, results, NULL) ||
-                      !scatter_results(k.res, 2, it, n, nsend, NULL, sizes))) {
+        rc = chan_finish(b.ch, -1, &k);
+        if (k.res && (!scatter_results(k.res, 1, b.it, n, b.nsend, results, NULL) ||
+                      !scatter_results(k.res, 2, b.it, n, b.nsend, NULL, sizes))) {
             rc = MOONLET_ERR_RPC_FAIL;
         } else if (k.res) {
-            for (size_t i = 0; i < n; i++) {
-                if (!it[i].send)
-                    continue;
-                lens[i] = sizes[i] > SIZE_MAX ? SIZE_MAX : (size_t)sizes[i];
-                if (results[i] == MOONLET_OK && lens[i] > caps[i]) {
-                    /* a success larger than the item's room: never trust it */
-                    ML_WARN(MOD, "batch get: the RealClient claims %llu bytes in a room of %zu",
-                            (unsigned long long)sizes[i], caps[i]);
-                    results[i] = MOONLET_ERR_RPC_FAIL;
-                    lens[i] = 0;
-                }
-                if (results[i] == MOONLET_OK && !it[i].s && lens[i])
-                    memcpy(bufs[i], area->base + it[i].off, lens[i]);
-            }
+            batch_get_out(&b, bufs, caps, sizes, lens, results);
             rc = first_error(results, n);
             filled = true;
         }
         dcall_end(&k);
     }
-    chan_area_end(ch, &one);
-    chan_release(d, ch);
-    batch_fail(it, n, results, filled ? MOONLET_OK : rc);
-    free(it);
     free(sizes);
-    return filled ? rc : first_error(results, n);
+    return dbatch_end(d, &b, results, rc, filled);
 }
 
 /* ---- buffers ----------------------------------------------------------------------- */

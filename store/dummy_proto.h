@@ -4,7 +4,7 @@
  * RealClient's unix-domain socket.
  *
  * It is the control-plane RPC framing (transport/frame.h) with its own method
- * table: the ids below are not the master's (transport/methods.h), and a
+ * table: the ids below are not the master's (master/methods.h), and a
  * range of their own (101..) so that a DummyClient pointed at a master, or a
  * MasterClient pointed at a RealClient, gets "unknown method" instead of a
  * misread call.  Never renumber, only append.
@@ -30,12 +30,20 @@
  *    BUFFER_OVERFLOW, per-key results of batches).
  * The DummyClient returns either code to its caller unchanged.
  *
+ * Arguments are decoded before the handler runs: a request with malformed
+ * arguments is refused INVALID_PARAMS even before ATTACH.
+ *
  * `tenant` is a string, or nil for the RealClient's default tenant.  Keys
  * are strings without NUL bytes.  Per-key batch results are ints: 1 / 0 / a
  * negative code, as in moonlet/client.h.
  */
 #ifndef MOONLET_DUMMY_PROTO_H
 #define MOONLET_DUMMY_PROTO_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc_args.h"
 
 #define MOONLET_DUMMY_PROTO_VERSION 1u
 
@@ -46,50 +54,122 @@
 #define MOONLET_DUMMY_MAX_REGIONS 1024u                 /* regions mapped at once */
 #define MOONLET_DUMMY_MAX_REGION_BYTES (UINT64_C(1) << 40) /* 1 TiB */
 
+/* Argument lists: declared once, in store/dummy_proto.c (moonlet_dummy_methods),
+ * in the structs below; the RealClient decodes requests from the table before
+ * its handler runs, the DummyClient packs them from it (transport/rpc_args.h).
+ * Results are given beside each id. */
 enum moonlet_dummy_method {
-    /* [version u32, region u64, size u64] + a memfd passed with the request
-     *   -> [0, protocol str]   maps the memfd (sealed F_SEAL_SHRINK, at least
-     *   `size` bytes) as `region`; protocol is the RealClient's ("tcp"/"rdma") */
+    /* + a memfd passed with the request -> [0, protocol str]: maps the memfd
+     *   (sealed F_SEAL_SHRINK, at least `size` bytes) as `region`; protocol is
+     *   the RealClient's ("tcp"/"rdma") */
     MOONLET_DM_ATTACH = 101,
-    /* [region] -> [0]   unmaps it */
-    MOONLET_DM_DETACH = 102,
-    /* [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?,
-     *  preferred_segments?, hard_pin?, soft_pin_ttl_ms?] -> [rc]
-     * (skip_checksum is sent only when true or when the last three are sent;
-     * those three go together, only when one of them is set) */
-    MOONLET_DM_PUT = 103,
-    /* same arguments as PUT -> [rc] */
-    MOONLET_DM_UPSERT = 104,
-    /* [tenant, key, region, offset, cap] -> [rc, size]  (size also with BUFFER_OVERFLOW) */
-    MOONLET_DM_GET = 105,
-    /* [tenant, key] -> [rc, size] */
-    MOONLET_DM_GET_SIZE = 106,
-    /* [tenant, key] -> [rc] */
-    MOONLET_DM_REMOVE = 107,
-    /* [tenant] -> [rc, removed] */
-    MOONLET_DM_REMOVE_ALL = 108,
-    /* [tenant, key] -> [rc, bool] */
-    MOONLET_DM_EXIST_KEY = 109,
-    /* [tenant, key] -> [rc, bool] */
-    MOONLET_DM_PROBE_KEY = 110,
-    /* [tenant, [key...]] -> [rc, [result...]] */
-    MOONLET_DM_BATCH_EXIST_KEY = 111,
-    /* [tenant, lease_mode u8, candidate_size u64, [key...]] -> [rc, [result...]]
-     *   the policy reaches the master unchanged */
-    MOONLET_DM_BATCH_PROBE_KEY = 112,
-    /* [tenant, replica_num, soft_pin, [[key, region, offset, len]...], skip_checksum?,
-     *  preferred_segments?, hard_pin?, soft_pin_ttl_ms?] (trailing args as in PUT)
-     * -> [rc, [result...]] */
-    MOONLET_DM_BATCH_PUT = 113,
-    /* [tenant, [[key, region, offset, cap]...]] -> [rc, [result...], [len...]] */
-    MOONLET_DM_BATCH_GET = 114,
-    /* [tenant, key] -> [rc, json str]  (str only when rc is 0, else nil) */
-    MOONLET_DM_INSPECT_KEY = 115,
-    /* [tenant, [kv_key...], candidate_size u64, [kda_key...], [boundary u64...]]
-     *   -> [rc, kv_prefix u64, selected i64 (-1: none), [result...] or nil]
-     *   ProbeResume (moonlet_client_probe_resume), passed to the master unchanged;
-     *   a RealClient without it answers "unknown method" */
+    MOONLET_DM_DETACH = 102,       /* -> [0]   unmaps the region */
+    MOONLET_DM_PUT = 103,          /* -> [rc] */
+    MOONLET_DM_UPSERT = 104,       /* -> [rc] */
+    MOONLET_DM_GET = 105,          /* -> [rc, size]  (size also with BUFFER_OVERFLOW) */
+    MOONLET_DM_GET_SIZE = 106,     /* -> [rc, size] */
+    MOONLET_DM_REMOVE = 107,       /* -> [rc] */
+    MOONLET_DM_REMOVE_ALL = 108,   /* -> [rc, removed] */
+    MOONLET_DM_EXIST_KEY = 109,    /* -> [rc, bool] */
+    MOONLET_DM_PROBE_KEY = 110,    /* -> [rc, bool] */
+    MOONLET_DM_BATCH_EXIST_KEY = 111, /* -> [rc, [result...]] */
+    MOONLET_DM_BATCH_PROBE_KEY = 112, /* -> [rc, [result...]]; the policy reaches the master unchanged */
+    MOONLET_DM_BATCH_PUT = 113,    /* -> [rc, [result...]] */
+    MOONLET_DM_BATCH_GET = 114,    /* -> [rc, [result...], [len...]] */
+    MOONLET_DM_INSPECT_KEY = 115,  /* -> [rc, json str]  (str only when rc is 0, else nil) */
+    /* -> [rc, kv_prefix u64, selected i64 (-1: none), [result...] or nil]:
+     *   moonlet_client_probe_resume, passed to the master unchanged; a
+     *   RealClient without it answers "unknown method" */
     MOONLET_DM_PROBE_RESUME = 116,
 };
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    uint64_t version, region, size;
+} moonlet_dm_attach_args;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    uint64_t region;
+} moonlet_dm_detach_args;
+
+/* Put and Upsert.  skip_checksum goes only when true or when the last
+ * three go; those three go together, only when one of them is set. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant, *key;
+    uint64_t region, offset, len, replica_num;
+    bool soft_pin, skip_checksum;
+    moonlet_cstrv preferred_segments;
+    bool hard_pin;
+    uint64_t soft_pin_ttl_ms;
+} moonlet_dm_put_args;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant, *key;
+    uint64_t region, offset, cap;
+} moonlet_dm_get_args;
+
+/* GetSize, ExistKey, ProbeKey, InspectKey; Remove also declares force. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant, *key;
+    bool force;
+} moonlet_dm_key_args;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant;
+    bool force;
+} moonlet_dm_remove_all_args;
+
+/* BatchExistKey [tenant, keys]; BatchProbeKey also lease_mode, candidate_size. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant;
+    uint64_t lease_mode, candidate_size;
+    moonlet_cstrv keys;
+} moonlet_dm_batch_keys_args;
+
+/* An item of BatchPut (len) and BatchGet (cap): [key, region, offset, len]. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *key;
+    uint64_t region, offset, len;
+} moonlet_dm_item;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant;
+    uint64_t replica_num;
+    bool soft_pin;
+    moonlet_tuplev items; /* moonlet_dm_item */
+    bool skip_checksum;   /* the optional ones as in Put */
+    moonlet_cstrv preferred_segments;
+    bool hard_pin;
+    uint64_t soft_pin_ttl_ms;
+} moonlet_dm_batch_put_args;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant;
+    moonlet_tuplev items; /* moonlet_dm_item */
+} moonlet_dm_batch_get_args;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    const char *tenant;
+    moonlet_cstrv kv_keys;
+    uint64_t candidate_size;
+    moonlet_cstrv kda_keys;
+    moonlet_u64v boundaries;
+} moonlet_dm_probe_resume_args;
+
+/* The table, in id order from MOONLET_DM_ATTACH. */
+extern const moonlet_rpc_method_decl moonlet_dummy_methods[];
+extern const size_t moonlet_dummy_nmethods;
+/* The declaration of method `id`, or NULL. */
+const moonlet_rpc_method_decl *moonlet_dummy_method(uint32_t id);
 
 #endif

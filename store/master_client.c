@@ -209,12 +209,25 @@ void moonlet_mc_destroy(moonlet_master_client *mc)
 
 /* ---- call skeleton ------------------------------------------------------- */
 
+/* A C string as a str argument (NULL packs nil, which the master refuses). */
+static moonlet_str mstr(const char *s)
+{
+    return (moonlet_str){s, s ? (uint32_t)strlen(s) : 0};
+}
+
+/* The same, NULL meaning "" (the default tenant, an empty prefix or cursor). */
+static moonlet_str mstr0(const char *s)
+{
+    return mstr(s ? s : "");
+}
+
 /* BindClient on the current connection; mc->mu held, connected. */
 static int mc_bind_locked(moonlet_master_client *mc)
 {
-    msgpack_packer *pk = moonlet_rpc_client_begin(mc->rpc, MOONLET_M_BIND_CLIENT, 2);
-    moonlet_pack_cstr(pk, mc->ident_id);
-    moonlet_pack_cstr(pk, mc->ident_secret);
+    moonlet_args_bind a = {.client_id = mstr(mc->ident_id), .secret = mstr(mc->ident_secret)};
+    const moonlet_rpc_args_spec *spec = moonlet_master_method(MOONLET_M_BIND_CLIENT)->spec;
+    uint32_t n = moonlet_rpc_args_count(spec, &a);
+    moonlet_rpc_args_pack(spec, &a, n, moonlet_rpc_client_begin(mc->rpc, MOONLET_M_BIND_CLIENT, n));
     moonlet_reply rep;
     int rc = moonlet_rpc_client_call(mc->rpc, &rep);
     if (rc == 0) {
@@ -256,35 +269,68 @@ static void mc_end(moonlet_master_client *mc, moonlet_reply *rep, bool have_rep)
     pthread_mutex_unlock(&mc->mu);
 }
 
-static void pack_tenant(msgpack_packer *pk, const char *tenant)
+
+/* Begins a request of `method` with the arguments of `st` (its args struct
+ * in methods.h), packed from the method table: the required arguments and
+ * the optional ones up to the last that is set, and at least min_nargs. */
+static msgpack_packer *mc_begin_args_(moonlet_master_client *mc, uint32_t method, const void *st,
+                                      size_t st_size, uint32_t min_nargs, int *rc)
 {
-    moonlet_pack_cstr(pk, tenant ? tenant : "");
+    const moonlet_rpc_args_spec *spec = moonlet_master_method(method)->spec;
+    if (st_size != spec->size) { /* the wrong args struct for the method: a bug here */
+        *rc = MOONLET_ERR_INTERNAL_ERROR;
+        return NULL;
+    }
+    uint32_t n = moonlet_rpc_args_count(spec, st);
+    n = n < min_nargs ? min_nargs : n;
+    msgpack_packer *pk = mc_begin(mc, method, n, rc);
+    if (pk)
+        moonlet_rpc_args_pack(spec, st, n, pk);
+    return pk;
 }
 
-/* Calls whose result carries nothing: [tenant, key] shapes and the like. */
-#define MC_SIMPLE_CALL(mc, method, nargs, PACK)                                                   \
-    do {                                                                                          \
-        int rc_;                                                                                  \
-        msgpack_packer *pk = mc_begin(mc, method, nargs, &rc_);                                   \
-        if (!pk)                                                                                  \
-            return rc_;                                                                           \
-        PACK;                                                                                     \
-        moonlet_reply rep_;                                                                       \
-        bool have_;                                                                               \
-        rc_ = mc_finish(mc, &rep_, &have_);                                                       \
-        mc_end(mc, &rep_, have_);                                                                 \
-        return rc_;                                                                               \
-    } while (0)
+#define mc_begin_args(mc, method, st, min_nargs, rc)                                           \
+    mc_begin_args_(mc, method, st, sizeof(*(st)), min_nargs, rc)
+
+/* Reads a successful call's result into arg: 0 or RPC_FAIL (or INTERNAL_ERROR). */
+typedef int (*mc_decode_fn)(const msgpack_object *result, void *arg);
+
+/* One call: packs `st`, sends, waits, and on success decodes the result
+ * with `decode` (NULL: the result carries nothing). */
+static int mc_call_(moonlet_master_client *mc, uint32_t method, const void *st, size_t st_size,
+                    uint32_t min_nargs, mc_decode_fn decode, void *arg)
+{
+    int rc;
+    if (!mc_begin_args_(mc, method, st, st_size, min_nargs, &rc))
+        return rc;
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0 && decode)
+        rc = decode(rep.result, arg);
+    mc_end(mc, &rep, have);
+    return rc;
+}
+#define mc_call(mc, method, st, min_nargs, decode, arg)                                        \
+    mc_call_(mc, method, st, sizeof(*(st)), min_nargs, decode, arg)
+#define mc_simple_call(mc, method, st, min_nargs) mc_call(mc, method, st, min_nargs, NULL, NULL)
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len)
 {
     if (!payload)
         len = 0;
-    MC_SIMPLE_CALL(mc, MOONLET_M_ECHO, 1, {
-        msgpack_pack_bin(pk, (uint32_t)len);
-        if (len)
-            msgpack_pack_bin_body(pk, payload, len);
-    });
+    int rc;
+    msgpack_packer *pk = mc_begin(mc, MOONLET_M_ECHO, 1, &rc); /* Echo takes any arguments */
+    if (!pk)
+        return rc;
+    msgpack_pack_bin(pk, (uint32_t)len);
+    if (len)
+        msgpack_pack_bin_body(pk, payload, len);
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    mc_end(mc, &rep, have);
+    return rc;
 }
 
 /* CLOCK_MONOTONIC in ms: the clock store nodes check write capabilities on
@@ -296,110 +342,77 @@ static uint64_t mc_node_clock_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Ping's result: {segments: n}. */
+static int decode_ping(const msgpack_object *r, void *segments_out)
+{
+    const msgpack_object *v = moonlet_wire_map_get(r, "segments");
+    if (!v || v->type != MSGPACK_OBJECT_POSITIVE_INTEGER || v->via.u64 > UINT32_MAX)
+        return MOONLET_ERR_RPC_FAIL;
+    if (segments_out)
+        *(uint32_t *)segments_out = (uint32_t)v->via.u64;
+    return MOONLET_OK;
+}
+
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PING, 2, &rc);
-    if (!pk)
-        return rc;
-    moonlet_pack_cstr(pk, client_id);
-    /* Sampled before the send: only makes the master's offset bound smaller. */
-    msgpack_pack_uint64(pk, mc_node_clock_ms());
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0 && segments_out) {
-        const msgpack_object *v = moonlet_wire_map_get(rep.result, "segments");
-        if (v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 <= UINT32_MAX)
-            *segments_out = (uint32_t)v->via.u64;
-        else
-            rc = MOONLET_ERR_RPC_FAIL;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    /* the clock sampled before the send: only makes the master's offset bound smaller */
+    moonlet_args_ping a = {.client_id = mstr(client_id), .node_clock_ms = mc_node_clock_ms()};
+    return mc_call(mc, MOONLET_M_PING, &a, 2, decode_ping, segments_out);
 }
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
 {
     if (s->alt_endpoint && !s->write_key)
         return MOONLET_ERR_INVALID_PARAMS; /* the trailing args come after the key */
-    MC_SIMPLE_CALL(mc, MOONLET_M_MOUNT_SEGMENT, s->alt_endpoint ? 12 : s->write_key ? 9 : 7, {
-        moonlet_pack_cstr(pk, s->client_id);
-        moonlet_pack_cstr(pk, s->segment_id);
-        moonlet_pack_cstr(pk, s->name ? s->name : s->segment_id);
-        msgpack_pack_uint64(pk, s->base);
-        msgpack_pack_uint64(pk, s->size);
-        moonlet_pack_cstr(pk, s->endpoint);
-        moonlet_pack_cstr(pk, s->protocol);
-        if (s->write_key) {
-            msgpack_pack_bin(pk, 16);
-            msgpack_pack_bin_body(pk, s->write_key, 16);
-            msgpack_pack_uint64(pk, s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms());
-        }
-        if (s->alt_endpoint) {
-            moonlet_pack_cstr(pk, s->alt_endpoint);
-            moonlet_pack_cstr(pk, s->alt_segment_id);
-            moonlet_pack_cstr(pk, s->alt_protocol);
-        }
-    });
+    moonlet_args_mount a = {
+        .client_id = s->client_id, .segment_id = s->segment_id,
+        .name = s->name ? s->name : s->segment_id, .base = s->base, .size = s->size,
+        .endpoint = s->endpoint, .protocol = s->protocol,
+        .alt_endpoint = s->alt_endpoint, .alt_segment_id = s->alt_segment_id,
+        .alt_protocol = s->alt_protocol};
+    if (s->write_key) {
+        a.write_key = (moonlet_str){(const char *)s->write_key, 16};
+        a.node_clock_ms = s->node_clock_ms ? s->node_clock_ms : mc_node_clock_ms();
+    }
+    return mc_simple_call(mc, MOONLET_M_MOUNT_SEGMENT, &a, 0);
 }
 
 int moonlet_mc_unmount_segment(moonlet_master_client *mc, const char *client_id,
                                const char *segment_id)
 {
-    MC_SIMPLE_CALL(mc, MOONLET_M_UNMOUNT_SEGMENT, 2, {
-        moonlet_pack_cstr(pk, client_id);
-        moonlet_pack_cstr(pk, segment_id);
-    });
-}
-
-/* The calls of shape [tenant, key] whose result carries nothing. */
-static int tenant_key_call(moonlet_master_client *mc, uint32_t method, const char *tenant,
-                           const char *key)
-{
-    MC_SIMPLE_CALL(mc, method, 2, {
-        pack_tenant(pk, tenant);
-        moonlet_pack_cstr(pk, key);
-    });
+    moonlet_args_unmount a = {.client_id = mstr(client_id), .segment_id = mstr(segment_id)};
+    return mc_simple_call(mc, MOONLET_M_UNMOUNT_SEGMENT, &a, 0);
 }
 
 int moonlet_mc_put_end(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    return tenant_key_call(mc, MOONLET_M_PUT_END, tenant, key);
+    return moonlet_mc_put_end_checksum(mc, tenant, key, NULL);
 }
 
 int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, const char *key,
                                 const uint64_t *checksum)
 {
-    if (!checksum)
-        return moonlet_mc_put_end(mc, tenant, key);
-    MC_SIMPLE_CALL(mc, MOONLET_M_PUT_END, 3, {
-        pack_tenant(pk, tenant);
-        moonlet_pack_cstr(pk, key);
-        msgpack_pack_uint64(pk, *checksum);
-    });
+    moonlet_args_put_end a = {.tenant = mstr0(tenant), .key = mstr(key),
+                              .checksum = checksum ? *checksum : 0};
+    return mc_simple_call(mc, MOONLET_M_PUT_END, &a, checksum ? 3 : 2); /* a 0 sum is a sum */
 }
 
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    return tenant_key_call(mc, MOONLET_M_PUT_REVOKE, tenant, key);
+    moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
+    return mc_simple_call(mc, MOONLET_M_PUT_REVOKE, &a, 0);
 }
 
 int moonlet_mc_remove(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
+    return moonlet_mc_remove_ex(mc, tenant, key, false);
 }
 
 int moonlet_mc_remove_ex(moonlet_master_client *mc, const char *tenant, const char *key,
                          bool force)
 {
-    if (!force)
-        return tenant_key_call(mc, MOONLET_M_REMOVE, tenant, key);
-    MC_SIMPLE_CALL(mc, MOONLET_M_REMOVE, 3, {
-        pack_tenant(pk, tenant);
-        moonlet_pack_cstr(pk, key);
-        msgpack_pack_true(pk);
-    });
+    moonlet_args_remove a = {.tenant = mstr0(tenant), .key = mstr(key), .force = force};
+    return mc_simple_call(mc, MOONLET_M_REMOVE, &a, 0);
 }
 
 /* ---- decoders ------------------------------------------------------------------ */
@@ -418,8 +431,9 @@ static char *dup_str(const msgpack_object *arr, uint32_t i)
     return s;
 }
 
-static int decode_replicas(const msgpack_object *arr, moonlet_replica_list *out)
+static int decode_replicas(const msgpack_object *arr, void *list)
 {
+    moonlet_replica_list *out = list;
     uint32_t n = moonlet_wire_len(arr);
     if (arr->type != MSGPACK_OBJECT_ARRAY)
         return MOONLET_ERR_RPC_FAIL;
@@ -460,34 +474,20 @@ int moonlet_mc_put_start_ex(moonlet_master_client *mc, const char *tenant, const
                             uint64_t size, uint32_t replica_num, bool soft_pin,
                             const moonlet_mc_put_extra *x, moonlet_replica_list *out)
 {
-    int rc;
     memset(out, 0, sizeof(*out));
-    bool extra = x && (x->npreferred || x->hard_pin || x->soft_pin_ttl_ms);
-    if (x && x->npreferred && !x->preferred)
+    if (x && ((x->npreferred && !x->preferred) || x->npreferred > UINT32_MAX))
         return MOONLET_ERR_INVALID_PARAMS;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PUT_START, extra ? 8 : 5, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    moonlet_pack_cstr(pk, key);
-    msgpack_pack_uint64(pk, size);
-    msgpack_pack_uint32(pk, replica_num);
-    soft_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-    if (extra) {
-        msgpack_pack_array(pk, (uint32_t)x->npreferred);
-        for (size_t i = 0; i < x->npreferred; i++)
-            moonlet_pack_cstr(pk, x->preferred[i] ? x->preferred[i] : "");
-        x->hard_pin ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
-        msgpack_pack_uint64(pk, x->soft_pin_ttl_ms);
+    /* the optional arguments go only when set, so a master that predates
+     * them serves every other put */
+    moonlet_args_put_start a = {.tenant = mstr0(tenant), .key = mstr(key), .size = size,
+                                .replica_num = replica_num, .soft_pin = soft_pin};
+    if (x) {
+        a.preferred_segments = (moonlet_strv){NULL, x->preferred, (uint32_t)x->npreferred};
+        a.hard_pin = x->hard_pin;
+        a.soft_pin_ttl_ms = x->soft_pin_ttl_ms;
     }
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        out->size = size;
-        rc = decode_replicas(rep.result, out);
-    }
-    mc_end(mc, &rep, have);
+    out->size = size;
+    int rc = mc_call(mc, MOONLET_M_PUT_START, &a, 0, decode_replicas, out);
     if (rc)
         moonlet_replica_list_free(out);
     return rc;
@@ -500,66 +500,48 @@ int moonlet_mc_put_start(moonlet_master_client *mc, const char *tenant, const ch
     return moonlet_mc_put_start_ex(mc, tenant, key, size, replica_num, soft_pin, NULL, out);
 }
 
+/* GetReplicaList's result: [size, lease_ttl_ms, [replica...], checksum or nil]. */
+static int decode_replica_list(const msgpack_object *r, void *list)
+{
+    moonlet_replica_list *out = list;
+    const msgpack_object *arr;
+    if (moonlet_wire_u64(r, 0, &out->size) || moonlet_wire_u64(r, 1, &out->lease_ttl_ms) ||
+        moonlet_wire_array(r, 2, &arr))
+        return MOONLET_ERR_RPC_FAIL;
+    int rc = decode_replicas(arr, out);
+    const msgpack_object *ck = moonlet_wire_len(r) > 3 ? moonlet_wire_at(r, 3) : NULL;
+    if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
+        if (moonlet_wire_u64(r, 3, &out->checksum))
+            return MOONLET_ERR_RPC_FAIL;
+        out->has_checksum = true;
+    }
+    return rc;
+}
+
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out)
 {
-    int rc;
     memset(out, 0, sizeof(*out));
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_GET_REPLICA_LIST, 2, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    moonlet_pack_cstr(pk, key);
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        const msgpack_object *arr;
-        if (moonlet_wire_u64(rep.result, 0, &out->size) ||
-            moonlet_wire_u64(rep.result, 1, &out->lease_ttl_ms) ||
-            moonlet_wire_array(rep.result, 2, &arr))
-            rc = MOONLET_ERR_RPC_FAIL;
-        else
-            rc = decode_replicas(arr, out);
-        const msgpack_object *ck = moonlet_wire_len(rep.result) > 3 ? moonlet_wire_at(rep.result, 3)
-                                                                    : NULL;
-        if (rc == 0 && ck && ck->type != MSGPACK_OBJECT_NIL) {
-            if (moonlet_wire_u64(rep.result, 3, &out->checksum))
-                rc = MOONLET_ERR_RPC_FAIL;
-            else
-                out->has_checksum = true;
-        }
-    }
-    mc_end(mc, &rep, have);
+    moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
+    int rc = mc_call(mc, MOONLET_M_GET_REPLICA_LIST, &a, 0, decode_replica_list, out);
     if (rc)
         moonlet_replica_list_free(out);
     return rc;
 }
 
-static int decode_bool(const msgpack_object *o, bool *out)
+static int decode_bool(const msgpack_object *o, void *out)
 {
     if (o->type != MSGPACK_OBJECT_BOOLEAN)
         return MOONLET_ERR_RPC_FAIL;
-    *out = o->via.boolean;
+    *(bool *)out = o->via.boolean;
     return MOONLET_OK;
 }
 
 static int single_key_bool(moonlet_master_client *mc, uint32_t method, const char *tenant,
                            const char *key, bool *exists)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, method, 2, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    moonlet_pack_cstr(pk, key);
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_bool(rep.result, exists);
-    mc_end(mc, &rep, have);
-    return rc;
+    moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
+    return mc_call(mc, method, &a, 0, decode_bool, exists);
 }
 
 int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
@@ -591,50 +573,44 @@ static int decode_results(const msgpack_object *arr, size_t n, int32_t *results)
     return MOONLET_OK;
 }
 
-static void pack_keys(msgpack_packer *pk, const char *const *keys, size_t n)
+static moonlet_strv mstrv(const char *const *keys, size_t n)
 {
-    msgpack_pack_array(pk, (uint32_t)n);
-    for (size_t i = 0; i < n; i++)
-        moonlet_pack_cstr(pk, keys[i]);
+    return (moonlet_strv){NULL, keys, (uint32_t)n};
+}
+
+/* Per-key results of a batch call. */
+typedef struct mc_results {
+    size_t n;
+    int32_t *r;
+} mc_results;
+
+static int decode_batch(const msgpack_object *arr, void *arg)
+{
+    mc_results *res = arg;
+    return decode_results(arr, res->n, res->r);
 }
 
 int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
                                const char *const *keys, size_t n, int32_t *results)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_BATCH_EXIST_KEY, 2, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    pack_keys(pk, keys, n);
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_results(rep.result, n, results);
-    mc_end(mc, &rep, have);
-    return rc;
+    if (n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_exist a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n)};
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_BATCH_EXIST_KEY, &a, 0, decode_batch, &res);
 }
 
 int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
                                moonlet_grant_lease_policy policy, const char *const *keys,
                                size_t n, int32_t *results)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_BATCH_PROBE_KEY, 4, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    msgpack_pack_uint8(pk, policy.lease_mode);
-    msgpack_pack_uint64(pk, policy.candidate_size);
-    pack_keys(pk, keys, n);
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0)
-        rc = decode_results(rep.result, n, results);
-    mc_end(mc, &rep, have);
-    return rc;
+    if (n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_probe a = {.tenant = mstr0(tenant), .lease_mode = policy.lease_mode,
+                                  .candidate_size = policy.candidate_size,
+                                  .keys = mstrv(keys, n)};
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_BATCH_PROBE_KEY, &a, 0, decode_batch, &res);
 }
 
 /* True when a refused call's message says the master does not know the method. */
@@ -682,21 +658,17 @@ int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
         n_kv > UINT32_MAX || n_kda > UINT32_MAX || n_boundaries > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_PROBE_RESUME, 5, &rc);
-    if (!pk)
+    moonlet_args_probe_resume a = {.tenant = mstr0(tenant), .kv_keys = mstrv(kv, n_kv),
+                                   .candidate_size = candidate_size,
+                                   .kda_keys = mstrv(kda, n_kda),
+                                   .boundaries = {boundaries, (uint32_t)n_boundaries}};
+    if (!mc_begin_args(mc, MOONLET_M_PROBE_RESUME, &a, 0, &rc))
         return rc;
     if (mc->no_resume_conn == mc->conns) { /* this master said it lacks the method; the
                                             * request begun is discarded by the next begin */
         pthread_mutex_unlock(&mc->mu);
         return MOONLET_ERR_INVALID_VERSION;
     }
-    pack_tenant(pk, tenant);
-    pack_keys(pk, kv, n_kv);
-    msgpack_pack_uint64(pk, candidate_size);
-    pack_keys(pk, kda, n_kda);
-    msgpack_pack_array(pk, (uint32_t)n_boundaries);
-    for (size_t i = 0; i < n_boundaries; i++)
-        msgpack_pack_uint64(pk, boundaries[i]);
     moonlet_reply rep;
     bool have;
     rc = mc_finish(mc, &rep, &have);
@@ -710,6 +682,14 @@ int moonlet_mc_probe_resume(moonlet_master_client *mc, const char *tenant,
     return rc;
 }
 
+static int decode_u64(const msgpack_object *o, void *out)
+{
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+        return MOONLET_ERR_RPC_FAIL;
+    *(uint64_t *)out = o->via.u64;
+    return MOONLET_OK;
+}
+
 int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_t *removed)
 {
     return moonlet_mc_remove_all_ex(mc, tenant, false, removed);
@@ -718,24 +698,8 @@ int moonlet_mc_remove_all(moonlet_master_client *mc, const char *tenant, uint64_
 int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool force,
                              uint64_t *removed)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_REMOVE_ALL, force ? 2 : 1, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    if (force)
-        msgpack_pack_true(pk);
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        if (rep.result->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            *removed = rep.result->via.u64;
-        else
-            rc = MOONLET_ERR_RPC_FAIL;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    moonlet_args_remove_all a = {.tenant = mstr0(tenant), .force = force};
+    return mc_call(mc, MOONLET_M_REMOVE_ALL, &a, 0, decode_u64, removed);
 }
 
 /* ---- admin calls: results as cJSON ---------------------------------------------- */
@@ -794,58 +758,43 @@ static cJSON *to_json(const msgpack_object *o, int depth)
     }
 }
 
-static int admin_finish(moonlet_master_client *mc, struct cJSON **out)
+/* An admin call's result as cJSON. */
+static int decode_json(const msgpack_object *r, void *out)
 {
-    moonlet_reply rep;
-    bool have;
-    int rc = mc_finish(mc, &rep, &have);
-    if (rc == 0) {
-        *out = to_json(rep.result, 0);
-        if (!*out)
-            rc = MOONLET_ERR_INTERNAL_ERROR;
-    }
-    mc_end(mc, &rep, have);
-    return rc;
+    return (*(cJSON **)out = to_json(r, 0)) ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
 }
 
 int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out)
 {
-    int rc;
-    if (!mc_begin(mc, MOONLET_M_LIST_SEGMENTS, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    moonlet_args_list_segments a = {0};
+    return mc_call(mc, MOONLET_M_LIST_SEGMENTS, &a, 0, decode_json, out);
+}
+
+int moonlet_mc_list_segments_page(moonlet_master_client *mc, uint64_t cursor, uint32_t limit,
+                                  const char *client_id, struct cJSON **out)
+{
+    moonlet_args_list_segments a = {.cursor = cursor, .limit = limit,
+                                    .client_id = client_id ? client_id : ""};
+    return mc_call(mc, MOONLET_M_LIST_SEGMENTS, &a, 3, decode_json, out);
 }
 
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
                          const char *cursor, uint32_t limit, struct cJSON **out)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_LIST_KEYS, 4, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    moonlet_pack_cstr(pk, prefix ? prefix : "");
-    moonlet_pack_cstr(pk, cursor ? cursor : "");
-    msgpack_pack_uint32(pk, limit);
-    return admin_finish(mc, out);
+    moonlet_args_list_keys a = {.tenant = mstr0(tenant), .prefix = mstr0(prefix),
+                                .cursor = mstr0(cursor), .limit = limit};
+    return mc_call(mc, MOONLET_M_LIST_KEYS, &a, 0, decode_json, out);
 }
 
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out)
 {
-    int rc;
-    msgpack_packer *pk = mc_begin(mc, MOONLET_M_INSPECT_KEY, 2, &rc);
-    if (!pk)
-        return rc;
-    pack_tenant(pk, tenant);
-    moonlet_pack_cstr(pk, key);
-    return admin_finish(mc, out);
+    moonlet_args_key a = {.tenant = mstr0(tenant), .key = mstr(key)};
+    return mc_call(mc, MOONLET_M_INSPECT_KEY, &a, 0, decode_json, out);
 }
 
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
 {
-    int rc;
-    if (!mc_begin(mc, MOONLET_M_STATS, 0, &rc))
-        return rc;
-    return admin_finish(mc, out);
+    moonlet_args_none a = {0};
+    return mc_call(mc, MOONLET_M_STATS, &a, 0, decode_json, out);
 }

@@ -26,6 +26,7 @@
 
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
+#include "replica.h"
 
 typedef struct moonlet_master_client moonlet_master_client;
 
@@ -128,6 +129,12 @@ int moonlet_mc_remove_all_ex(moonlet_master_client *mc, const char *tenant, bool
 /* Admin calls return the decoded result as a cJSON tree (caller frees with cJSON_Delete). */
 struct cJSON;
 int moonlet_mc_list_segments(moonlet_master_client *mc, struct cJSON **out);
+/* One page of ListSegments [cursor, limit, client_id] (docs/protocol.md):
+ * *out = {segments: [...], next_cursor} (next_cursor 0 after the last page;
+ * limit 0: the master's default; client_id NULL or "": every client's).
+ * A master older than paging answers with the bare array of all segments. */
+int moonlet_mc_list_segments_page(moonlet_master_client *mc, uint64_t cursor, uint32_t limit,
+                                  const char *client_id, struct cJSON **out);
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
                          const char *cursor, uint32_t limit, struct cJSON **out);
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,

@@ -3,11 +3,13 @@
  * moonlet_client with a local segment, serving DummyClients of the same
  * host over a unix-domain socket (protocol: store/dummy_proto.h).
  *
- * The socket is the RPC server of transport/rpc_server.c with its own method
- * table.  Each handler decodes its request, checks every (region, offset,
- * length) against the connection's mapped regions, and makes the same call
- * on the RealClient's moonlet_client with pointers into those regions; the
- * reply carries that call's return code and outputs unchanged.
+ * The socket is the RPC server of transport/rpc_server.c with the method
+ * table of dummy_proto.c: the server decodes and checks each request's
+ * arguments from it before the handler runs.  Each handler checks every
+ * (region, offset, length) against the connection's mapped regions, and
+ * makes the same call on the RealClient's moonlet_client with pointers into
+ * those regions; the reply carries that call's return code and outputs
+ * unchanged.  Arguments and per-request arrays live in the request's arena.
  *
  * Why memfd + SCM_RIGHTS rather than a named POSIX shm object: a named
  * object must be opened by name, so it needs permissions that let the
@@ -35,6 +37,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,111 +141,16 @@ static void on_close(void *server_ctx, void *conn_data)
     free(cn);
 }
 
-/* ---- argument decoding --------------------------------------------------------------- */
+/* ---- arguments ---------------------------------------------------------------------- */
 
-/* Per-request scratch: NUL-terminated copies of the strings it names, in one
- * block that may move while strings are added (so a pointer into it is
- * taken only once the request's last string is copied). */
-typedef struct rc_args {
-    char *mem;
-    size_t used, cap;
-    bool has_tenant;   /* false: the client's default tenant */
-    size_t tenant_off; /* in mem */
-} rc_args;
+/* Handlers get their arguments decoded and checked against the method
+ * table (dummy_proto.c) before they run, as `a` (rpc_server.h). */
+#define HANDLER MOONLET_RPC_HANDLER
 
-/* The request's tenant: NULL for the default. */
-static const char *args_tenant_of(const rc_args *a)
+/* [offset, offset + len) of region `id` of the connection: *ptr, or an error packed. */
+static int span(rc_conn *cn, uint64_t id, uint64_t off, uint64_t n, void **ptr,
+                msgpack_packer *out)
 {
-    return a->has_tenant ? a->mem + a->tenant_off : NULL;
-}
-
-/* Copies a wire string (no NUL inside) into a's memory; *out is NUL-terminated. */
-static int args_str(rc_args *a, const msgpack_object *arr, uint32_t i, char **out)
-{
-    const char *p;
-    uint32_t len;
-    if (moonlet_wire_str(arr, i, &p, &len) || (len && memchr(p, 0, len)))
-        return MOONLET_ERR_INVALID_PARAMS;
-    if (a->cap - a->used < (size_t)len + 1) {
-        size_t cap = a->cap ? a->cap : 256;
-        while (cap - a->used < (size_t)len + 1)
-            cap *= 2;
-        char *m = realloc(a->mem, cap);
-        if (!m)
-            return MOONLET_ERR_INTERNAL_ERROR;
-        a->mem = m;
-        a->cap = cap;
-    }
-    *out = a->mem + a->used;
-    if (len)
-        memcpy(*out, p, len);
-    (*out)[len] = 0;
-    a->used += (size_t)len + 1;
-    return MOONLET_OK;
-}
-
-/* Argument i: nil (the default tenant) or a tenant string. */
-static int args_tenant(rc_args *a, const msgpack_object *arr, uint32_t i)
-{
-    const msgpack_object *o = moonlet_wire_at(arr, i);
-    if (!o)
-        return MOONLET_ERR_INVALID_PARAMS;
-    if (o->type == MSGPACK_OBJECT_NIL)
-        return MOONLET_OK;
-    char *t;
-    int rc = args_str(a, arr, i, &t);
-    if (rc == MOONLET_OK) {
-        a->has_tenant = true;
-        a->tenant_off = (size_t)(t - a->mem);
-    }
-    return rc;
-}
-
-static void args_free(rc_args *a)
-{
-    free(a->mem);
-}
-
-/* Pointers to the strings at offs[0..n) of a->mem, once every string of the
- * request is copied (copying may move a->mem).  NULL when out of memory. */
-static const char **args_ptrs(const rc_args *a, const size_t *offs, size_t n)
-{
-    const char **p = malloc((n ? n : 1) * sizeof(*p));
-    for (size_t i = 0; p && i < n; i++)
-        p[i] = a->mem + offs[i];
-    return p;
-}
-
-/* A key list; *keys is malloc'd (NULL on error). */
-static int args_keys(rc_args *a, const msgpack_object *list, const char ***keys, size_t *n)
-{
-    *keys = NULL;
-    if (list->type != MSGPACK_OBJECT_ARRAY)
-        return MOONLET_ERR_INVALID_PARAMS;
-    *n = list->via.array.size;
-    size_t *offs = malloc((*n ? *n : 1) * sizeof(*offs));
-    int rc = offs ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
-    for (size_t i = 0; i < *n && !rc; i++) {
-        char *k;
-        rc = args_str(a, list, (uint32_t)i, &k);
-        if (!rc)
-            offs[i] = (size_t)(k - a->mem);
-    }
-    if (!rc && !(*keys = args_ptrs(a, offs, *n)))
-        rc = MOONLET_ERR_INTERNAL_ERROR;
-    free(offs);
-    return rc;
-}
-
-/* Element i of arr as a bounded range of one region: [region, offset, len]
- * starting at index i. */
-static int args_span(rc_conn *cn, const msgpack_object *arr, uint32_t i, void **ptr,
-                     size_t *len, msgpack_packer *out)
-{
-    uint64_t id, off, n;
-    if (moonlet_wire_u64(arr, i, &id) || moonlet_wire_u64(arr, i + 1, &off) ||
-        moonlet_wire_u64(arr, i + 2, &n))
-        return BAD(out, "region, offset and length as unsigned integers");
     rc_region *r = region_find(cn, id);
     if (!r)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "no region %llu on this "
@@ -252,8 +160,13 @@ static int args_span(rc_conn *cn, const msgpack_object *arr, uint32_t i, void **
                                  "outside region %llu of %zu bytes", (unsigned long long)off,
                                  (unsigned long long)n, (unsigned long long)id, r->len);
     *ptr = r->base + off;
-    *len = (size_t)n;
     return MOONLET_OK;
+}
+
+/* Request-lifetime memory for n elements of `size` bytes. */
+static void *req_alloc(moonlet_rpc_ctx *ctx, size_t n, size_t size)
+{
+    return moonlet_rpc_alloc(ctx, (n ? n : 1) * size);
 }
 
 /* ---- results --------------------------------------------------------------------------- */
@@ -291,30 +204,26 @@ static rc_conn *need_attached(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *co
 
 /* ---- handlers ---------------------------------------------------------------------------- */
 
-static int h_attach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_attach, moonlet_dm_attach_args)
 {
     moonlet_real_client *rc = RC(ctx);
     int fd = moonlet_rpc_ctx_take_fd(ctx);
-    uint64_t version, id, size;
     int code = MOONLET_OK;
     rc_conn *cn = conn_get(ctx);
     if (!cn)
         code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    else if (moonlet_wire_len(args) != 3 || moonlet_wire_u64(args, 0, &version) ||
-             moonlet_wire_u64(args, 1, &id) || moonlet_wire_u64(args, 2, &size))
-        code = BAD(out, "[version, region, size] and a memfd");
-    else if (version != MOONLET_DUMMY_PROTO_VERSION)
+    else if (a->version != MOONLET_DUMMY_PROTO_VERSION)
         code = moonlet_rpc_error(out, MOONLET_ERR_INVALID_VERSION, "protocol version %llu; "
-                                 "this RealClient speaks %u", (unsigned long long)version,
+                                 "this RealClient speaks %u", (unsigned long long)a->version,
                                  MOONLET_DUMMY_PROTO_VERSION);
     else if (fd < 0)
         code = BAD(out, "a memfd passed with ATTACH (SCM_RIGHTS)");
-    else if (size == 0 || size > MOONLET_DUMMY_MAX_REGION_BYTES || size > SIZE_MAX)
+    else if (a->size == 0 || a->size > MOONLET_DUMMY_MAX_REGION_BYTES || a->size > SIZE_MAX)
         code = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "region size %llu outside "
-                                 "[1, 1 TiB]", (unsigned long long)size);
-    else if (region_find(cn, id))
+                                 "[1, 1 TiB]", (unsigned long long)a->size);
+    else if (region_find(cn, a->region))
         code = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "region %llu is already "
-                                 "mapped", (unsigned long long)id);
+                                 "mapped", (unsigned long long)a->region);
     else if (cn->n == MOONLET_DUMMY_MAX_REGIONS)
         code = moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "more than %u regions",
                                  MOONLET_DUMMY_MAX_REGIONS);
@@ -324,16 +233,16 @@ static int h_attach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pa
         return code;
     }
     unsigned char *base = NULL;
-    code = region_map(fd, size, &base, out);
+    code = region_map(fd, a->size, &base, out);
     if (code)
         return code;
-    int reg = moonlet_client_register_buffer(rc->client, base, (size_t)size);
+    int reg = moonlet_client_register_buffer(rc->client, base, (size_t)a->size);
     if (reg) {
-        munmap(base, (size_t)size);
+        munmap(base, (size_t)a->size);
         return moonlet_rpc_error(out, reg, "cannot register the region: %s",
                                  moonlet_strerror(reg));
     }
-    cn->regions[cn->n++] = (rc_region){.id = id, .base = base, .len = (size_t)size};
+    cn->regions[cn->n++] = (rc_region){.id = a->region, .base = base, .len = (size_t)a->size};
     cn->attached = true;
     atomic_fetch_add(&rc->regions, 1);
     msgpack_pack_array(out, 2);
@@ -342,134 +251,61 @@ static int h_attach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pa
     return MOONLET_OK;
 }
 
-static int h_detach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+HANDLER(h_detach, moonlet_dm_detach_args)
 {
     int code;
     rc_conn *cn = need_attached(ctx, out, &code);
     if (!cn)
         return code;
-    uint64_t id;
-    if (moonlet_wire_len(args) != 1 || moonlet_wire_u64(args, 0, &id))
-        return BAD(out, "[region]");
-    rc_region *r = region_find(cn, id);
+    rc_region *r = region_find(cn, a->region);
     if (!r)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "no region %llu",
-                                 (unsigned long long)id);
+                                 (unsigned long long)a->region);
     region_unmap(RC(ctx), r);
     *r = cn->regions[--cn->n];
     return reply_rc(out, MOONLET_OK);
 }
 
-/* A put's optional trailing skip_checksum at index i: false when absent. */
-static int args_skip_checksum(const msgpack_object *args, uint32_t i, bool *skip)
-{
-    *skip = false;
-    return moonlet_wire_len(args) > i ? moonlet_wire_bool(args, i, skip) : MOONLET_OK;
-}
+/* A put's options from its arguments (Put and BatchPut declare the same ones). */
+#define PUT_OPTIONS(a)                                                                          \
+    ((moonlet_put_options){.replica_num = (uint32_t)(a)->replica_num,                           \
+                           .soft_pin = (a)->soft_pin,                                           \
+                           .tenant = (a)->tenant,                                               \
+                           .skip_checksum = (a)->skip_checksum,                                 \
+                           .preferred_segments = (a)->preferred_segments.v,                     \
+                           .preferred_segments_count = (a)->preferred_segments.n,               \
+                           .hard_pin = (a)->hard_pin,                                           \
+                           .soft_pin_ttl_ms = (a)->soft_pin_ttl_ms})
 
-/* A put's optional placement args at i, i+1, i+2 (after skip_checksum):
- * preferred segment names, hard pin, soft-pin TTL, into o.  The names are
- * copied into *names (names_free). */
-static int args_placement(const msgpack_object *args, uint32_t i, moonlet_put_options *o,
-                          char ***names)
-{
-    *names = NULL;
-    if (moonlet_wire_len(args) <= i)
-        return MOONLET_OK;
-    const msgpack_object *arr;
-    if (moonlet_wire_array(args, i, &arr) || moonlet_wire_len(arr) > 64 ||
-        moonlet_wire_bool(args, i + 1, &o->hard_pin) ||
-        moonlet_wire_u64(args, i + 2, &o->soft_pin_ttl_ms))
-        return MOONLET_ERR_INVALID_PARAMS;
-    uint32_t n = moonlet_wire_len(arr);
-    char **v = calloc(n + 1, sizeof(*v));
-    if (!v)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    *names = v;
-    for (uint32_t k = 0; k < n; k++) {
-        const char *p;
-        uint32_t len;
-        if (moonlet_wire_strn(arr, k, MOONLET_MAX_ID_BYTES, &p, &len) || (len && memchr(p, 0, len)))
-            return MOONLET_ERR_INVALID_PARAMS;
-        if (!(v[k] = strndup(p, len)))
-            return MOONLET_ERR_INTERNAL_ERROR;
-    }
-    o->preferred_segments = (const char *const *)v;
-    o->preferred_segments_count = n;
-    return MOONLET_OK;
-}
-
-static void names_free(char **v)
-{
-    for (size_t k = 0; v && v[k]; k++)
-        free(v[k]);
-    free(v);
-}
-
-/* PUT and UPSERT: [tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?,
- * preferred_segments?, hard_pin?, soft_pin_ttl_ms?] (the last three together) */
-static int h_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* PUT and UPSERT -> [rc] */
+HANDLER(h_put, moonlet_dm_put_args)
 {
     int code;
     rc_conn *cn = need_attached(ctx, out, &code);
     if (!cn)
         return code;
-    rc_args a = {0};
-    char *key;
-    uint64_t replicas;
-    bool pin, skip;
     void *p;
-    size_t len;
-    uint32_t nargs = moonlet_wire_len(args);
-    moonlet_put_options o = {0};
-    char **names = NULL;
-    if ((nargs != 7 && nargs != 8 && nargs != 11) || args_tenant(&a, args, 0) ||
-        args_str(&a, args, 1, &key) || moonlet_wire_u64(args, 5, &replicas) ||
-        replicas > UINT32_MAX || moonlet_wire_bool(args, 6, &pin) ||
-        args_skip_checksum(args, 7, &skip) || args_placement(args, 8, &o, &names)) {
-        args_free(&a);
-        names_free(names);
-        return BAD(out, "[tenant, key, region, offset, len, replica_num, soft_pin, skip_checksum?, "
-                        "preferred_segments?, hard_pin?, soft_pin_ttl_ms?]");
-    }
-    if ((code = args_span(cn, args, 2, &p, &len, out))) {
-        args_free(&a);
-        names_free(names);
+    if ((code = span(cn, a->region, a->offset, a->len, &p, out)))
         return code;
-    }
-    o.replica_num = (uint32_t)replicas;
-    o.soft_pin = pin;
-    o.tenant = args_tenant_of(&a);
-    o.skip_checksum = skip;
+    moonlet_put_options o = PUT_OPTIONS(a);
     moonlet_client *c = RC(ctx)->client;
-    int rc = ctx->method == MOONLET_DM_UPSERT ? moonlet_client_upsert(c, key, p, len, &o)
-                                              : moonlet_client_put_from(c, key, p, len, &o);
-    args_free(&a);
-    names_free(names);
+    int rc = ctx->method == MOONLET_DM_UPSERT ? moonlet_client_upsert(c, a->key, p, a->len, &o)
+                                              : moonlet_client_put_from(c, a->key, p, a->len, &o);
     return reply_rc(out, rc);
 }
 
-/* [tenant, key, region, offset, cap] -> [rc, size] */
-static int h_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* GET -> [rc, size] */
+HANDLER(h_get, moonlet_dm_get_args)
 {
     int code;
     rc_conn *cn = need_attached(ctx, out, &code);
     if (!cn)
         return code;
-    rc_args a = {0};
-    char *key;
     void *p;
-    size_t cap, len = SIZE_MAX; /* stays SIZE_MAX when the client did not learn the size */
-    if (moonlet_wire_len(args) != 5 || args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
-        args_free(&a);
-        return BAD(out, "[tenant, key, region, offset, cap]");
-    }
-    if ((code = args_span(cn, args, 2, &p, &cap, out))) {
-        args_free(&a);
+    size_t len = SIZE_MAX; /* stays SIZE_MAX when the client did not learn the size */
+    if ((code = span(cn, a->region, a->offset, a->cap, &p, out)))
         return code;
-    }
-    int rc = moonlet_client_get_into(RC(ctx)->client, key, p, cap, &len, args_tenant_of(&a));
-    args_free(&a);
+    int rc = moonlet_client_get_into(RC(ctx)->client, a->key, p, a->cap, &len, a->tenant);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
     if (len == SIZE_MAX)
@@ -479,25 +315,14 @@ static int h_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     return MOONLET_OK;
 }
 
-/* [tenant, key]: GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY;
- * REMOVE also [tenant, key, force] */
-static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY */
+HANDLER(h_key, moonlet_dm_key_args)
 {
     int code;
     if (!need_attached(ctx, out, &code))
         return code;
-    rc_args a = {0};
-    char *key;
-    bool force = false;
-    uint32_t nargs = moonlet_wire_len(args);
-    if (!(nargs == 2 || (nargs == 3 && ctx->method == MOONLET_DM_REMOVE &&
-                         moonlet_wire_bool(args, 2, &force) == 0)) ||
-        args_tenant(&a, args, 0) || args_str(&a, args, 1, &key)) {
-        args_free(&a);
-        return BAD(out, "[tenant, key]");
-    }
     moonlet_client *c = RC(ctx)->client;
-    const char *t = args_tenant_of(&a);
+    const char *key = a->key, *t = a->tenant;
     int rc;
     bool yes = false;
     uint64_t size = 0;
@@ -510,8 +335,8 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         msgpack_pack_uint64(out, size);
         break;
     case MOONLET_DM_REMOVE:
-        reply_rc(out, force ? moonlet_client_remove_force(c, key, t)
-                            : moonlet_client_remove(c, key, t));
+        reply_rc(out, a->force ? moonlet_client_remove_force(c, key, t)
+                               : moonlet_client_remove(c, key, t));
         break;
     case MOONLET_DM_EXIST_KEY:
     case MOONLET_DM_PROBE_KEY:
@@ -529,65 +354,41 @@ static int h_key(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         free(json);
         break;
     }
-    args_free(&a);
     return MOONLET_OK;
 }
 
-/* [tenant] -> [rc, removed] */
-static int h_remove_all(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* -> [rc, removed] */
+HANDLER(h_remove_all, moonlet_dm_remove_all_args)
 {
     int code;
     if (!need_attached(ctx, out, &code))
         return code;
-    rc_args a = {0};
-    bool force = false;
-    uint32_t nargs = moonlet_wire_len(args);
-    if (!(nargs == 1 || (nargs == 2 && moonlet_wire_bool(args, 1, &force) == 0)) ||
-        args_tenant(&a, args, 0)) {
-        args_free(&a);
-        return BAD(out, "[tenant, force?]");
-    }
     uint64_t removed = 0;
-    int rc = force ? moonlet_client_remove_all_force(RC(ctx)->client, &removed,
-                                                     args_tenant_of(&a))
-                   : moonlet_client_remove_all(RC(ctx)->client, &removed, args_tenant_of(&a));
-    args_free(&a);
+    moonlet_client *c = RC(ctx)->client;
+    int rc = a->force ? moonlet_client_remove_all_force(c, &removed, a->tenant)
+                      : moonlet_client_remove_all(c, &removed, a->tenant);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
     msgpack_pack_uint64(out, removed);
     return MOONLET_OK;
 }
 
-/* BATCH_EXIST_KEY [tenant, [key...]] and BATCH_PROBE_KEY [tenant, mode, k, [key...]] */
-static int h_batch_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* BATCH_EXIST_KEY and BATCH_PROBE_KEY -> [rc, [result...] or nil] */
+HANDLER(h_batch_keys, moonlet_dm_batch_keys_args)
 {
     int code;
     if (!need_attached(ctx, out, &code))
         return code;
-    bool probe = ctx->method == MOONLET_DM_BATCH_PROBE_KEY;
-    uint32_t nargs = probe ? 4 : 2;
-    rc_args a = {0};
-    uint64_t mode = 0, k = 0;
-    const msgpack_object *list;
-    const char **keys = NULL;
-    size_t n = 0;
-    if (moonlet_wire_len(args) != nargs || args_tenant(&a, args, 0) ||
-        (probe && (moonlet_wire_u64(args, 1, &mode) || mode > UINT8_MAX ||
-                   moonlet_wire_u64(args, 2, &k))) ||
-        moonlet_wire_array(args, nargs - 1, &list) || args_keys(&a, list, &keys, &n)) {
-        args_free(&a);
-        return BAD(out, probe ? "[tenant, lease_mode u8, candidate_size, [key...]]"
-                              : "[tenant, [key...]]");
-    }
-    int32_t *res = calloc(n ? n : 1, sizeof(*res));
+    size_t n = a->keys.n;
+    int32_t *res = req_alloc(ctx, n, sizeof(*res));
     moonlet_client *c = RC(ctx)->client;
-    const char *t = args_tenant_of(&a);
     int rc = MOONLET_ERR_INTERNAL_ERROR;
-    if (res && probe) {
-        moonlet_grant_lease_policy pol = {.lease_mode = (uint8_t)mode, .candidate_size = k};
-        rc = moonlet_client_batch_probe_key(c, pol, keys, n, res, t);
+    if (res && ctx->method == MOONLET_DM_BATCH_PROBE_KEY) {
+        moonlet_grant_lease_policy pol = {.lease_mode = (uint8_t)a->lease_mode,
+                                          .candidate_size = a->candidate_size};
+        rc = moonlet_client_batch_probe_key(c, pol, a->keys.v, n, res, a->tenant);
     } else if (res) {
-        rc = moonlet_client_batch_exist_key(c, keys, n, res, t);
+        rc = moonlet_client_batch_exist_key(c, a->keys.v, n, res, a->tenant);
     }
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -595,183 +396,99 @@ static int h_batch_keys(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpac
         pack_results(out, res, n);
     else
         msgpack_pack_nil(out);
-    free(res);
-    free(keys);
-    args_free(&a);
     return MOONLET_OK;
 }
 
-/* The items of a batch put or get, each [key, region, offset, len]: *keys,
- * *ptrs and *lens are malloc'd (the caller frees them, also on error). */
-static int batch_items(rc_conn *cn, rc_args *a, const msgpack_object *list, const char ***keys,
-                       void ***ptrs, size_t **lens, size_t *n, msgpack_packer *out)
-{
-    *keys = NULL;
-    *n = list->via.array.size;
-    size_t m = *n ? *n : 1;
-    size_t *offs = malloc(m * sizeof(*offs));
-    *ptrs = malloc(m * sizeof(**ptrs));
-    *lens = malloc(m * sizeof(**lens));
-    int code = MOONLET_OK;
-    if (!offs || !*ptrs || !*lens)
-        code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    for (size_t i = 0; i < *n && !code; i++) {
-        const msgpack_object *it = &list->via.array.ptr[i];
-        char *k;
-        if (moonlet_wire_len(it) != 4 || args_str(a, it, 0, &k))
-            code = BAD(out, "batch items [key, region, offset, len]");
-        else if (!(code = args_span(cn, it, 1, &(*ptrs)[i], &(*lens)[i], out)))
-            offs[i] = (size_t)(k - a->mem);
-    }
-    if (!code && !(*keys = args_ptrs(a, offs, *n)))
-        code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    free(offs);
-    return code;
-}
+/* A batch put or get, as the client call takes it (request memory). */
+typedef struct rc_batch {
+    const char **keys;
+    void **ptrs;
+    size_t *lens; /* put: the lengths; get: the rooms */
+    int32_t *res; /* per-item results, zeroed */
+    size_t n;
+} rc_batch;
 
-/* BATCH_PUT [tenant, replica_num, soft_pin, [item...], skip_checksum?, preferred_segments?,
- * hard_pin?, soft_pin_ttl_ms?] -> [rc, [result...]] */
-static int h_batch_put(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* Checks the connection and every item's range; 0 or the error packed. */
+static int batch_items(moonlet_rpc_ctx *ctx, const moonlet_tuplev *items, rc_batch *b,
+                       msgpack_packer *out)
 {
     int code;
     rc_conn *cn = need_attached(ctx, out, &code);
     if (!cn)
         return code;
-    rc_args a = {0};
-    uint64_t replicas;
-    bool pin, skip;
-    const msgpack_object *list;
-    uint32_t nargs = moonlet_wire_len(args);
-    moonlet_put_options o = {0};
-    char **names = NULL;
-    if ((nargs != 4 && nargs != 5 && nargs != 8) || args_tenant(&a, args, 0) ||
-        moonlet_wire_u64(args, 1, &replicas) || replicas > UINT32_MAX ||
-        moonlet_wire_bool(args, 2, &pin) || moonlet_wire_array(args, 3, &list) ||
-        args_skip_checksum(args, 4, &skip) || args_placement(args, 5, &o, &names)) {
-        args_free(&a);
-        names_free(names);
-        return BAD(out, "[tenant, replica_num, soft_pin, [[key, region, offset, len]...], "
-                        "skip_checksum?, preferred_segments?, hard_pin?, soft_pin_ttl_ms?]");
+    size_t n = b->n = items->n;
+    const moonlet_dm_item *it = items->v;
+    b->keys = req_alloc(ctx, n, sizeof(*b->keys));
+    b->ptrs = req_alloc(ctx, n, sizeof(*b->ptrs));
+    b->lens = req_alloc(ctx, n, sizeof(*b->lens));
+    b->res = req_alloc(ctx, n, sizeof(*b->res));
+    if (!b->keys || !b->ptrs || !b->lens || !b->res)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        if ((code = span(cn, it[i].region, it[i].offset, it[i].len, &b->ptrs[i], out)))
+            return code;
+        b->keys[i] = it[i].key;
+        b->lens[i] = (size_t)it[i].len;
+        b->res[i] = 0;
     }
-    const char **keys;
-    void **ptrs;
-    size_t *lens, n;
-    code = batch_items(cn, &a, list, &keys, &ptrs, &lens, &n, out);
-    int32_t *res = code ? NULL : calloc(n ? n : 1, sizeof(*res));
-    if (!code && !res)
-        code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    if (!code) {
-        o.replica_num = (uint32_t)replicas;
-        o.soft_pin = pin;
-        o.tenant = args_tenant_of(&a);
-        o.skip_checksum = skip;
-        int rc = moonlet_client_batch_put_from(RC(ctx)->client, keys, (const void *const *)ptrs,
-                                               lens, n, &o, res);
-        msgpack_pack_array(out, 2);
-        pack_int(out, rc);
-        pack_results(out, res, n);
-    }
-    free(res);
-    free(keys);
-    free(ptrs);
-    free(lens);
-    args_free(&a);
-    names_free(names);
-    return code;
+    return MOONLET_OK;
 }
 
-/* BATCH_GET [tenant, [item...]] -> [rc, [result...], [len...]] */
-static int h_batch_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* BATCH_PUT -> [rc, [result...]] */
+HANDLER(h_batch_put, moonlet_dm_batch_put_args)
 {
-    int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
+    rc_batch b;
+    int code = batch_items(ctx, &a->items, &b, out);
+    if (code)
         return code;
-    rc_args a = {0};
-    const msgpack_object *list;
-    if (moonlet_wire_len(args) != 2 || args_tenant(&a, args, 0) ||
-        moonlet_wire_array(args, 1, &list)) {
-        args_free(&a);
-        return BAD(out, "[tenant, [[key, region, offset, cap]...]]");
-    }
-    const char **keys;
-    void **ptrs;
-    size_t *caps, n;
-    code = batch_items(cn, &a, list, &keys, &ptrs, &caps, &n, out);
-    int32_t *res = code ? NULL : calloc(n ? n : 1, sizeof(*res));
-    size_t *lens = code ? NULL : calloc(n ? n : 1, sizeof(*lens));
-    if (!code && (!res || !lens))
-        code = moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    if (!code) {
-        int rc = moonlet_client_batch_get_into(RC(ctx)->client, keys, ptrs, caps, n, lens, res,
-                                               args_tenant_of(&a));
-        msgpack_pack_array(out, 3);
-        pack_int(out, rc);
-        pack_results(out, res, n);
-        msgpack_pack_array(out, (uint32_t)n);
-        for (size_t i = 0; i < n; i++)
-            msgpack_pack_uint64(out, lens[i]);
-    }
-    free(res);
-    free(lens);
-    free(keys);
-    free(ptrs);
-    free(caps);
-    args_free(&a);
-    return code;
+    moonlet_put_options o = PUT_OPTIONS(a);
+    int rc = moonlet_client_batch_put_from(RC(ctx)->client, b.keys, (const void *const *)b.ptrs,
+                                           b.lens, b.n, &o, b.res);
+    msgpack_pack_array(out, 2);
+    pack_int(out, rc);
+    pack_results(out, b.res, b.n);
+    return MOONLET_OK;
 }
-/* PROBE_RESUME [tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]
- *   -> [rc, kv_prefix, selected, [result...] or nil] */
-static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+
+/* BATCH_GET -> [rc, [result...], [len...]] */
+HANDLER(h_batch_get, moonlet_dm_batch_get_args)
+{
+    rc_batch b;
+    int code = batch_items(ctx, &a->items, &b, out);
+    size_t *lens = code ? NULL : req_alloc(ctx, b.n, sizeof(*lens));
+    if (code || !lens)
+        return code ? code : moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    memset(lens, 0, (b.n ? b.n : 1) * sizeof(*lens));
+    int rc = moonlet_client_batch_get_into(RC(ctx)->client, b.keys, b.ptrs, b.lens, b.n, lens,
+                                           b.res, a->tenant);
+    msgpack_pack_array(out, 3);
+    pack_int(out, rc);
+    pack_results(out, b.res, b.n);
+    msgpack_pack_array(out, (uint32_t)b.n);
+    for (size_t i = 0; i < b.n; i++)
+        msgpack_pack_uint64(out, lens[i]);
+    return MOONLET_OK;
+}
+
+/* PROBE_RESUME -> [rc, kv_prefix, selected, [result...] or nil] */
+HANDLER(h_probe_resume, moonlet_dm_probe_resume_args)
 {
     int code;
     if (!need_attached(ctx, out, &code))
         return code;
-    rc_args a = {0};
-    uint64_t cs = 0;
-    const msgpack_object *kv_l, *kda_l, *b_l;
-    size_t n_kv = 0, n_kda = 0, n_b = 0, *offs = NULL;
-    uint64_t *bounds = NULL;
-    int rc = MOONLET_OK;
-    if (moonlet_wire_len(args) != 5 || args_tenant(&a, args, 0) ||
-        moonlet_wire_array(args, 1, &kv_l) || moonlet_wire_u64(args, 2, &cs) ||
-        moonlet_wire_array(args, 3, &kda_l) || moonlet_wire_array(args, 4, &b_l)) {
-        rc = MOONLET_ERR_INVALID_PARAMS;
-    } else {
-        n_kv = kv_l->via.array.size;
-        n_kda = kda_l->via.array.size;
-        n_b = b_l->via.array.size;
-        offs = malloc((n_kv + n_kda + 1) * sizeof(*offs));
-        bounds = malloc((n_b + 1) * sizeof(*bounds));
-        if (!offs || !bounds)
-            rc = MOONLET_ERR_INVALID_PARAMS;
-    }
-    /* copy every key first: copying may move a->mem, so pointers come after */
-    for (size_t i = 0; i < n_kv + n_kda && !rc; i++) {
-        char *k;
-        rc = i < n_kv ? args_str(&a, kv_l, (uint32_t)i, &k)
-                      : args_str(&a, kda_l, (uint32_t)(i - n_kv), &k);
-        if (!rc)
-            offs[i] = (size_t)(k - a.mem);
-    }
-    for (size_t i = 0; i < n_b && !rc; i++)
-        rc = moonlet_wire_u64(b_l, (uint32_t)i, &bounds[i]);
-    const char **keys = rc ? NULL : args_ptrs(&a, offs, n_kv + n_kda);
-    free(offs);
-    if (!keys) {
-        free(bounds);
-        args_free(&a);
-        return BAD(out, "[tenant, [kv_key...], candidate_size, [kda_key...], [boundary...]]");
-    }
-    int32_t *mask = calloc(n_kda ? n_kda : 1, sizeof(*mask));
+    size_t n_kda = a->kda_keys.n, n_b = a->boundaries.n;
+    uint64_t cs = a->candidate_size;
+    int32_t *mask = req_alloc(ctx, n_kda, sizeof(*mask));
     moonlet_probe_resume_result r = {0, -1};
+    int rc;
     if (!mask)
         rc = MOONLET_ERR_INTERNAL_ERROR;
     else if (n_kda && (!cs || n_kda % cs || n_kda / cs != n_b))
         rc = MOONLET_ERR_INVALID_PARAMS; /* the client call derives the count from cs */
     else
-        rc = moonlet_client_probe_resume(RC(ctx)->client, keys, n_kv, keys + n_kv, n_kda, cs,
-                                         bounds, &r, mask, args_tenant_of(&a));
+        rc = moonlet_client_probe_resume(RC(ctx)->client, a->kv_keys.v, a->kv_keys.n,
+                                         a->kda_keys.v, n_kda, cs, a->boundaries.v, &r, mask,
+                                         a->tenant);
     msgpack_pack_array(out, 4);
     pack_int(out, rc);
     msgpack_pack_uint64(out, r.kv_prefix);
@@ -780,31 +497,45 @@ static int h_probe_resume(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgp
         pack_results(out, mask, n_kda);
     else
         msgpack_pack_nil(out);
-    free(mask);
-    free(bounds);
-    free(keys);
-    args_free(&a);
     return MOONLET_OK;
 }
 
-static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_DM_ATTACH, "Attach", h_attach},
-    {MOONLET_DM_DETACH, "Detach", h_detach},
-    {MOONLET_DM_PUT, "Put", h_put},
-    {MOONLET_DM_UPSERT, "Upsert", h_put},
-    {MOONLET_DM_GET, "Get", h_get},
-    {MOONLET_DM_GET_SIZE, "GetSize", h_key},
-    {MOONLET_DM_REMOVE, "Remove", h_key},
-    {MOONLET_DM_REMOVE_ALL, "RemoveAll", h_remove_all},
-    {MOONLET_DM_EXIST_KEY, "ExistKey", h_key},
-    {MOONLET_DM_PROBE_KEY, "ProbeKey", h_key},
-    {MOONLET_DM_BATCH_EXIST_KEY, "BatchExistKey", h_batch_keys},
-    {MOONLET_DM_BATCH_PROBE_KEY, "BatchProbeKey", h_batch_keys},
-    {MOONLET_DM_BATCH_PUT, "BatchPut", h_batch_put},
-    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get},
-    {MOONLET_DM_INSPECT_KEY, "InspectKey", h_key},
-    {MOONLET_DM_PROBE_RESUME, "ProbeResume", h_probe_resume},
+/* The handler of each method of the table (dummy_proto.c), by id. */
+static const moonlet_rpc_handler g_handlers[] = {
+    [MOONLET_DM_ATTACH - MOONLET_DM_ATTACH] = h_attach,
+    [MOONLET_DM_DETACH - MOONLET_DM_ATTACH] = h_detach,
+    [MOONLET_DM_PUT - MOONLET_DM_ATTACH] = h_put,
+    [MOONLET_DM_UPSERT - MOONLET_DM_ATTACH] = h_put,
+    [MOONLET_DM_GET - MOONLET_DM_ATTACH] = h_get,
+    [MOONLET_DM_GET_SIZE - MOONLET_DM_ATTACH] = h_key,
+    [MOONLET_DM_REMOVE - MOONLET_DM_ATTACH] = h_key,
+    [MOONLET_DM_REMOVE_ALL - MOONLET_DM_ATTACH] = h_remove_all,
+    [MOONLET_DM_EXIST_KEY - MOONLET_DM_ATTACH] = h_key,
+    [MOONLET_DM_PROBE_KEY - MOONLET_DM_ATTACH] = h_key,
+    [MOONLET_DM_BATCH_EXIST_KEY - MOONLET_DM_ATTACH] = h_batch_keys,
+    [MOONLET_DM_BATCH_PROBE_KEY - MOONLET_DM_ATTACH] = h_batch_keys,
+    [MOONLET_DM_BATCH_PUT - MOONLET_DM_ATTACH] = h_batch_put,
+    [MOONLET_DM_BATCH_GET - MOONLET_DM_ATTACH] = h_batch_get,
+    [MOONLET_DM_INSPECT_KEY - MOONLET_DM_ATTACH] = h_key,
+    [MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH] = h_probe_resume,
 };
+_Static_assert(sizeof(g_handlers) / sizeof(g_handlers[0]) ==
+                   MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH + 1,
+               "a handler per method");
+
+/* The server's table: the declared methods with their handlers. */
+static moonlet_rpc_method g_methods[sizeof(g_handlers) / sizeof(g_handlers[0])];
+static pthread_once_t g_methods_once = PTHREAD_ONCE_INIT;
+
+static void methods_init(void)
+{
+    for (size_t i = 0; i < moonlet_dummy_nmethods; i++) {
+        const moonlet_rpc_method_decl *d = &moonlet_dummy_methods[i];
+        g_methods[i] = (moonlet_rpc_method){d->id, d->name,
+                                            g_handlers[d->id - MOONLET_DM_ATTACH], d->spec};
+    }
+}
+
 
 /* ---- create / destroy ------------------------------------------------------------------------ */
 
@@ -827,6 +558,7 @@ static int socket_to_group(const char *path, const char *name)
 static int real_client_serve(moonlet_real_client *rc, const char *path, const char *group,
                              uint32_t busy_poll_us)
 {
+    pthread_once(&g_methods_once, methods_init);
     moonlet_rpc_server_opts o = {.unix_path = path, .threads = MOONLET_REAL_CLIENT_THREADS,
                                  .busy_poll_us = busy_poll_us, .methods = g_methods,
                                  .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
@@ -865,10 +597,13 @@ int moonlet_real_client_create_with_node(const moonlet_client_config *cfg,
     return MOONLET_OK;
 }
 
-int moonlet_real_client_create(const moonlet_client_config *cfg, const char *socket_path,
+int moonlet_real_client_create(const moonlet_client_config *user_cfg, const char *socket_path,
                                const char *socket_group, moonlet_real_client **out)
 {
-    return moonlet_real_client_create_with_node(cfg, NULL, socket_path, socket_group,
+    moonlet_client_config cfg; /* the caller's opts_size bytes, defaults past them */
+    if (moonlet_client_config_copy(&cfg, user_cfg))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return moonlet_real_client_create_with_node(&cfg, NULL, socket_path, socket_group,
                                                 MOONLET_REAL_CLIENT_BUSY_POLL_US, out);
 }
 

@@ -313,9 +313,11 @@ static void node_unmount(moonlet_store_node *n)
  * run of this node that did not unmount (killed, or the host died). */
 static void node_unmount_leftovers(moonlet_store_node *n)
 {
-    cJSON *segs = NULL;
-    if (moonlet_mc_list_segments(n->mc, &segs) != MOONLET_OK)
+    cJSON *reply = NULL;
+    /* Only our own segments (a master older than paging sends them all). */
+    if (moonlet_mc_list_segments_page(n->mc, 0, 0, n->client_id, &reply) != MOONLET_OK)
         return;
+    const cJSON *segs = cJSON_IsArray(reply) ? reply : cJSON_GetObjectItem(reply, "segments");
     const cJSON *s;
     cJSON_ArrayForEach(s, segs) {
         const char *owner = cJSON_GetStringValue(cJSON_GetObjectItem(s, "client_id"));
@@ -326,7 +328,7 @@ static void node_unmount_leftovers(moonlet_store_node *n)
         ML_WARN(MOD, "segment %s was left mounted by an earlier run of client %s: unmount %s",
                 id, n->client_id, moonlet_strerror(rc));
     }
-    cJSON_Delete(segs);
+    cJSON_Delete(reply);
 }
 
 /* ---- the heartbeat ------------------------------------------------------------ */

@@ -21,6 +21,7 @@ static const struct subcommand g_cmds[] = {
     {"client", bench_client_main, "batch_probe_key latency from the C client, Python direct and Python via a DummyClient"},
     {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
     {"load", bench_load_main, "many clients: BatchExistKey keys/s and 4 KiB put+get ops/s against one master, and Redis"},
+    {"scale", bench_scale_main, "the master at cluster scale: simulated store nodes mounting and pinging, client latency, a tenth going silent"},
     {"trace", bench_trace_main, "replay of a Mooncake trace: lease-all vs. selective K3 lookup under eviction"},
 };
 

@@ -252,7 +252,7 @@ int main(int argc, char **argv)
 {
     const char *addr = argc > 1 ? argv[1] : "127.0.0.1:50051";
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP; /* what scripts/quickstart.sh's store serves */
     cfg.default_tenant = TENANT;

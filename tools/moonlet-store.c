@@ -352,7 +352,7 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
                          const sigset_t *sigs)
 {
     moonlet_client_config cc;
-    moonlet_client_config_init(&cc);
+    moonlet_client_config_init(&cc, sizeof cc);
     cc.master_addr = node->master_addr;
     cc.protocol = node->protocol == MOONLET_XFER_TCP    ? MOONLET_PROTOCOL_TCP
                   : node->protocol == MOONLET_XFER_RDMA ? MOONLET_PROTOCOL_RDMA

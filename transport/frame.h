@@ -27,7 +27,9 @@
 
 #define MOONLET_FRAME_HEADER_BYTES 4u
 #define MOONLET_DEFAULT_MAX_FRAME (64u << 20) /* 64 MiB */
-#define MOONLET_MAX_KEY_LEN 4096u
+/* The one method id the RPC layer itself serves (rpc_server.h): AUTH [token].
+ * Every protocol on these frames leaves id 1 to it. */
+#define MOONLET_RPC_AUTH 1u
 
 /* Writes the header for a body of `body_len` bytes. */
 void moonlet_frame_header_encode(uint8_t hdr[MOONLET_FRAME_HEADER_BYTES], uint32_t body_len);
@@ -55,15 +57,13 @@ typedef struct moonlet_request {
 int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out);
 void moonlet_request_destroy(moonlet_request *req);
 
-/* Zero-copy variant for the server's hot path (addition to the original
- * contract): objects are allocated in the caller's `zone` and strings point
+/* Zero-copy variant for the server's hot path: objects are allocated in the caller's `zone` and strings point
  * into `body`, so *req stays valid while both do.  req->unp.zone is left NULL
  * (moonlet_request_destroy() is then a no-op); the caller recycles the zone
  * with msgpack_zone_clear().  Same return and *id_out conventions. */
 int moonlet_request_decode_ref(const char *body, size_t len, msgpack_zone *zone,
                                moonlet_request *req, uint64_t *id_out);
-/* The same with a bound on the work a request may cause (addition to the
- * original contract): a body whose containers hold more than `max_elements`
+/* The same with a bound on the work a request may cause: a body whose containers hold more than `max_elements`
  * elements in all (map entries count twice) is refused with
  * MOONLET_ERR_BUFFER_OVERFLOW as soon as the walk counts them, before
  * anything is allocated, with *id_out set when the id can be read. */
@@ -74,7 +74,7 @@ int moonlet_request_decode_ref_max(const char *body, size_t len, msgpack_zone *z
  * trailing bytes) whose declared container sizes fit in `len`, else
  * MOONLET_ERR_INVALID_PARAMS.  Allocation-free; the decoders run it first, so
  * a tiny frame declaring a 4-billion-element array is refused before msgpack
- * would try to allocate for it. (Addition to the original contract.) */
+ * would try to allocate for it. */
 int moonlet_frame_body_check(const char *body, size_t len);
 
 /* A decoded reply; `result` points into `unp`'s zone. */
@@ -115,7 +115,7 @@ msgpack_packer *moonlet_frame_begin(moonlet_frame_builder *b);
  * exceeds max_frame (the frame is then dropped from the buffer).  An empty
  * body, or no open frame, is refused with MOONLET_ERR_INVALID_PARAMS. */
 int moonlet_frame_finish(moonlet_frame_builder *b, size_t max_frame);
-/* Drops the open frame, if any (addition to the original contract). */
+/* Drops the open frame, if any. */
 void moonlet_frame_abort(moonlet_frame_builder *b);
 
 /* Convenience: starts a request frame [id, method, array(nargs) ...]; the
@@ -128,8 +128,8 @@ msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uin
 msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code);
 /* Rewrites the code of the open (begun, not yet finished) reply frame in
  * place, so a server can let a handler pack its result straight into the
- * output buffer and set the code afterwards without copying.  (Addition to
- * the original contract.)  No-op when no reply frame is open. */
+ * output buffer and set the code afterwards without copying.  No-op when no
+ * reply frame is open. */
 void moonlet_reply_patch_code(moonlet_frame_builder *b, int32_t code);
 
 #endif

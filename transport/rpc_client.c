@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "methods.h"
+#include "frame.h"
 #include "moonlet/error.h"
 #include "wire.h"
 
@@ -221,7 +221,7 @@ static int connect_unix(const char *path, int64_t deadline)
 
 static int authenticate(moonlet_rpc_client *c, const char *token, size_t len)
 {
-    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_AUTH, 1);
+    msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_RPC_AUTH, 1);
     moonlet_pack_str(pk, token, len);
     moonlet_reply rep;
     int rc = moonlet_rpc_client_call(c, &rep);

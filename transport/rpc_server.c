@@ -75,7 +75,6 @@
 #include "fdlimit.h"
 #include "frame.h"
 #include "log.h"
-#include "methods.h"
 #include "moonlet/error.h"
 #include "wire.h"
 #include "token.h"
@@ -159,6 +158,7 @@ struct moonlet_rpc_server {
     size_t max_frame;
     uint32_t max_conns; /* 0: no cap */
     uint64_t max_elements; /* per request; UINT64_MAX: no cap */
+    uint64_t max_batch;    /* BATCH arrays of declared arguments; 0: no cap */
     int64_t auth_timeout_ms, frame_timeout_ms, idle_timeout_ms; /* idle 0: never */
     moonlet_ratelimit accept_log;
     char *token;
@@ -281,7 +281,24 @@ static void fail_conn(conn *c, uint64_t id, int code, const char *what)
 static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
-    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c};
+    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c, &c->loop->zone, NULL};
+    if (m->spec) { /* the declared arguments, decoded before the handler runs */
+        char err[768];
+        void *argv = msgpack_zone_malloc(ctx.zone, m->spec->size);
+        int rc = argv ? moonlet_rpc_args_decode(m->name ? m->name : "?", m->spec, req->args,
+                                                ctx.zone, s->max_batch, argv, err, sizeof(err))
+                      : MOONLET_ERR_INTERNAL_ERROR;
+        if (rc) {
+            if (m->spec->takes_fd) { /* the descriptor sent with the refused request */
+                int fd = moonlet_rpc_ctx_take_fd(&ctx);
+                if (fd >= 0)
+                    close(fd);
+            }
+            reply_error(c, req->id, rc, "%s", argv ? err : "out of memory");
+            return;
+        }
+        ctx.argv = argv;
+    }
     moonlet_frame_builder *b = &c->out;
     msgpack_packer *pk = moonlet_reply_begin(b, req->id, 0);
     int code = m->fn(&ctx, req->args, pk);
@@ -305,7 +322,7 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
     moonlet_frame_finish(b, s->max_frame);
 }
 
-/* Handles MOONLET_M_AUTH; with no token configured any AUTH is accepted. */
+/* Handles MOONLET_RPC_AUTH; with no token configured any AUTH is accepted. */
 static void serve_auth(conn *c, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
@@ -328,7 +345,7 @@ static void serve_auth(conn *c, const moonlet_request *req)
 static void serve_request(conn *c, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
-    if (req->method == MOONLET_M_AUTH) {
+    if (req->method == MOONLET_RPC_AUTH) {
         serve_auth(c, req);
         return;
     }
@@ -1026,7 +1043,7 @@ static int build_method_table(moonlet_rpc_server *s, const moonlet_rpc_server_op
         return MOONLET_ERR_INVALID_PARAMS;
     for (size_t i = 0; i < o->nmethods; i++) {
         const moonlet_rpc_method *m = &o->methods[i];
-        if (m->fn == NULL || m->id == MOONLET_M_AUTH || m->id > MAX_METHOD_ID) {
+        if (m->fn == NULL || m->id == MOONLET_RPC_AUTH || m->id > MAX_METHOD_ID) {
             ML_ERR(MOD, "method %u (%s): no handler, reserved id or id above %u", m->id,
                    m->name ? m->name : "?", MAX_METHOD_ID);
             return MOONLET_ERR_INVALID_PARAMS;
@@ -1057,6 +1074,7 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
         return MOONLET_ERR_INVALID_PARAMS;
     s->max_conns = o->max_connections;
     s->max_elements = o->max_request_elements ? o->max_request_elements : UINT64_MAX;
+    s->max_batch = o->max_batch;
     s->auth_timeout_ms = o->auth_timeout_ms ? o->auth_timeout_ms
                                             : MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS;
     s->frame_timeout_ms = o->frame_timeout_ms ? o->frame_timeout_ms

@@ -13,10 +13,13 @@
  * the connection is closed; a connection that closes mid-frame is simply
  * closed.  Every other connection keeps being served.  An unknown method id is
  * a well-formed request: it gets an INVALID_PARAMS reply and the connection
- * stays open.
+ * stays open.  So does a request whose arguments do not match its method's
+ * declared list (moonlet_rpc_method.spec, rpc_args.h): they are decoded and
+ * checked into the request's arena before the handler runs, and a mismatch
+ * never reaches the handler.
  *
  * Authentication: when a token is configured, the first frame of every
- * connection must be MOONLET_M_AUTH [token]; anything else (or a wrong token)
+ * connection must be MOONLET_RPC_AUTH [token]; anything else (or a wrong token)
  * gets ILLEGAL_CLIENT and the connection is closed.  The token is compared in
  * constant time and never logged.  Until it has authenticated, a connection
  * may send frames of at most MOONLET_RPC_PRE_AUTH_MAX_FRAME bytes (a longer
@@ -43,6 +46,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rpc_args.h"
+
 typedef struct moonlet_rpc_server moonlet_rpc_server;
 
 /* What a handler learns about the call it serves. */
@@ -52,7 +57,19 @@ typedef struct moonlet_rpc_ctx {
     uint64_t id;       /* request id */
     uint32_t method;   /* method id */
     void *conn;        /* the server's connection; only for moonlet_rpc_ctx_take_fd() */
+    /* The request's arena: memory from it lives until the reply is queued
+     * (moonlet_rpc_alloc), so handlers free nothing they take from it. */
+    msgpack_zone *zone;
+    /* The method's decoded arguments (its spec's args struct), or NULL for a
+     * method without a spec. */
+    const void *argv;
 } moonlet_rpc_ctx;
+
+/* Request-lifetime memory (NULL when out of memory). */
+static inline void *moonlet_rpc_alloc(moonlet_rpc_ctx *ctx, size_t size)
+{
+    return msgpack_zone_malloc(ctx->zone, size ? size : 1);
+}
 
 /*
  * A method handler.  It reads its positional arguments from `args` (an array;
@@ -63,10 +80,29 @@ typedef struct moonlet_rpc_ctx {
 typedef int (*moonlet_rpc_handler)(moonlet_rpc_ctx *ctx, const msgpack_object *args,
                                    msgpack_packer *out);
 
+/*
+ * Defines handler `fn` of a method whose spec decodes into struct T: the body
+ * that follows gets `ctx`, `a` (const T *, the decoded arguments) and `out`.
+ *   MOONLET_RPC_HANDLER(h_put, put_args) { ... a->key ... }
+ */
+#define MOONLET_RPC_HANDLER(fn, T)                                                              \
+    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out);               \
+    static int fn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)        \
+    {                                                                                           \
+        (void)args;                                                                             \
+        return fn##_typed(ctx, (const T *)ctx->argv, out);                                      \
+    }                                                                                           \
+    static int fn##_typed(moonlet_rpc_ctx *ctx, const T *a, msgpack_packer *out)
+
 typedef struct moonlet_rpc_method {
     uint32_t id;
     const char *name;
     moonlet_rpc_handler fn;
+    /* The method's declared arguments (rpc_args.h), or NULL.  With a spec the
+     * server decodes and checks `args` before calling fn (a mismatch is
+     * answered INVALID_PARAMS with a message from the table, and fn is not
+     * called); fn finds the decoded struct in ctx->argv. */
+    const moonlet_rpc_args_spec *spec;
 } moonlet_rpc_method;
 
 #define MOONLET_RPC_MAX_BUSY_POLL_US 100000
@@ -97,6 +133,8 @@ typedef struct moonlet_rpc_server_opts {
      * connection stays open.  Bounds the work and memory of one request on
      * its loop thread.  0: no cap. */
     uint64_t max_request_elements;
+    /* Elements a BATCH argument (rpc_args.h) may hold; 0: no cap. */
+    uint64_t max_batch;
 } moonlet_rpc_server_opts;
 
 #define MOONLET_RPC_PRE_AUTH_MAX_FRAME 8192u /* fits AUTH with the longest token file */

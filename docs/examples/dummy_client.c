@@ -64,7 +64,7 @@ int main(int argc, char **argv)
     char *json;
     CHECK(moonlet_client_inspect_key(c, "kda/128/r0", NULL, &json));
     printf("inspect kda/128/r0: %s\n", json);
-    free(json);
+    moonlet_free(json);
     moonlet_client_destroy(c);
     return 0;
 }

@@ -44,7 +44,7 @@ int main(int argc, char **argv)
         rc = moonlet_client_create_dummy(argv[2], NULL, &c);
     } else if (argc == 2) {
         moonlet_client_config cfg;
-        moonlet_client_config_init(&cfg);
+        moonlet_client_config_init(&cfg, sizeof cfg);
         cfg.master_addr = argv[1];            /* Mooncake: master_server_address */
         cfg.protocol = MOONLET_PROTOCOL_TCP;  /* Mooncake: protocol "tcp" */
         cfg.local_segment_size = 32u << 20;   /* Mooncake: global_segment_size */

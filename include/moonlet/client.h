@@ -57,6 +57,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "moonlet/error.h"
 #include "moonlet/policy.h"
@@ -78,6 +79,11 @@ typedef enum moonlet_protocol {
 #define MOONLET_CLIENT_DEFAULT_TIMEOUT_MS 10000u
 
 typedef struct moonlet_client_config {
+    /* sizeof the caller's struct, set by moonlet_client_config_init(): the
+     * library reads and writes no byte past it, so a program built against
+     * an older (shorter) header stays safe; fields it lacks take their
+     * defaults.  Keep it first. */
+    size_t opts_size;
     const char *master_addr;      /* "HOST:PORT" of the master (required) */
     moonlet_protocol protocol;    /* default AUTO */
     const char *device;           /* RDMA device ("mlx5_0"); NULL: the first ACTIVE one */
@@ -120,23 +126,29 @@ typedef struct moonlet_put_options {
     uint64_t soft_pin_ttl_ms; /* with soft_pin: this object's pin TTL; 0: the master's */
 } moonlet_put_options;
 
-/* Fills *cfg with the defaults above (all zero / NULL).  master_addr must
- * still be set.  Never fails. */
-void moonlet_client_config_init(moonlet_client_config *cfg);
+/* Fills the first cfg_size bytes of *cfg with the defaults above (all zero /
+ * NULL) and sets cfg->opts_size = cfg_size; pass sizeof *cfg (SPDK's
+ * opts_size pattern: nothing is written past cfg_size).  master_addr must
+ * still be set.  Does nothing for a NULL cfg or a cfg_size too small to hold
+ * opts_size.  Never fails.  moonlet_client_create() and
+ * moonlet_real_client_create() refuse (INVALID_PARAMS) a config whose
+ * opts_size was never set. */
+MOONLET_API void moonlet_client_config_init(moonlet_client_config *cfg, size_t cfg_size);
 
 /*
  * Connects to the master (one round trip, so a wrong address or a refused
  * token shows here) and starts the transport; with local_segment_size it
  * also allocates, serves and mounts a local segment.
  * Returns 0 and sets *out, or
- *   INVALID_PARAMS   no master address, a bad address or protocol value
+ *   INVALID_PARAMS   no master address, a bad address or protocol value,
+ *                    a cfg not set up by moonlet_client_config_init()
  *   RPC_FAIL / RPC_TIMEOUT  the master cannot be reached
  *   ILLEGAL_CLIENT   the master refused the auth token
  *   UNAVAILABLE_IN_CURRENT_STATUS  protocol RDMA but no usable RDMA device
  *   INTERNAL_ERROR   out of memory, threads or sockets
  * Blocks for the connection.  Thread safe (creates an independent client).
  */
-int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out);
+MOONLET_API int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out);
 
 /* ---- DummyClient ------------------------------------------------------------ */
 
@@ -145,6 +157,9 @@ int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out
 #define MOONLET_DUMMY_DEFAULT_CONNECTIONS 4u
 
 typedef struct moonlet_dummy_config {
+    /* sizeof the caller's struct, set by moonlet_dummy_config_init(), as
+     * moonlet_client_config.opts_size.  Keep it first. */
+    size_t opts_size;
     /* Longest wait for one RealClient answer; 0: 30000.  Keep it above the
      * RealClient's own rpc + transfer timeouts, or a slow but healthy call is
      * reported as RPC_TIMEOUT. */
@@ -170,13 +185,16 @@ typedef struct moonlet_dummy_config {
     uint32_t peer_gid;
 } moonlet_dummy_config;
 
-/* Fills *cfg with the defaults (all zero / NULL).  Never fails. */
-void moonlet_dummy_config_init(moonlet_dummy_config *cfg);
+/* Fills the first cfg_size bytes of *cfg with the defaults (all zero /
+ * NULL) and sets cfg->opts_size = cfg_size; pass sizeof *cfg.  As
+ * moonlet_client_config_init().  Never fails. */
+MOONLET_API void moonlet_dummy_config_init(moonlet_dummy_config *cfg, size_t cfg_size);
 
 /*
  * Creates a DummyClient served by the RealClient listening on socket_path
- * (cfg may be NULL: defaults).  Connects once, so a wrong path or a dead
- * RealClient shows here.  Returns 0 and sets *out, or
+ * (cfg may be NULL: defaults; else it must come from
+ * moonlet_dummy_config_init(), INVALID_PARAMS when its opts_size is 0).
+ * Connects once, so a wrong path or a dead RealClient shows here.  Returns 0 and sets *out, or
  *   INVALID_PARAMS   NULL path or out, a path too long for a unix socket
  *   RPC_FAIL / RPC_TIMEOUT  nothing (alive) listens there; no permission
  *   INVALID_VERSION  the RealClient speaks an older protocol
@@ -202,13 +220,13 @@ void moonlet_dummy_config_init(moonlet_dummy_config *cfg);
  *  - moonlet_client_protocol() is the RealClient's transport;
  *    moonlet_client_local_endpoint() is UNAVAILABLE_IN_CURRENT_STATUS.
  */
-int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
-                                moonlet_client **out);
+MOONLET_API int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_config *cfg,
+                                            moonlet_client **out);
 
 /* Unmounts the local segment (if any), closes every connection and frees the
  * client.  Buffers registered with it are unregistered (the memory stays the
  * caller's).  Calls on other threads must have returned.  NULL is a no-op. */
-void moonlet_client_destroy(moonlet_client *c);
+MOONLET_API void moonlet_client_destroy(moonlet_client *c);
 
 /* ---- objects ------------------------------------------------------------ */
 
@@ -233,8 +251,8 @@ void moonlet_client_destroy(moonlet_client *c);
  * config), the XXH3-64 of the bytes is recorded for readers to verify.
  * Blocks; thread safe.
  */
-int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
-                       const moonlet_put_options *opt);
+MOONLET_API int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
+                                   const moonlet_put_options *opt);
 
 /*
  * Reads `key` into buf (capacity cap); *len gets the object's size.
@@ -253,29 +271,29 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
  *                          unspecified bytes; never reported as success)
  * Grants a read lease as a side effect.  Blocks; thread safe.
  */
-int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
-                       const char *tenant);
+MOONLET_API int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
+                                   const char *tenant);
 
 /* As moonlet_client_get() into a buffer it allocates: *buf gets malloc'd
  * memory of *len bytes (at least 1 byte allocated, so an empty object gives a
- * non-NULL pointer) that the caller releases with free().  On error *buf is
+ * non-NULL pointer) that the caller releases with moonlet_free().  On error *buf is
  * NULL.  Also INTERNAL_ERROR when the allocation fails. */
-int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
-                             const char *tenant);
+MOONLET_API int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
+                                         const char *tenant);
 
 /* The size of a readable object.  Asks the same question as a get
  * (GetReplicaList), so it also grants a read lease.  OBJECT_NOT_FOUND,
  * REPLICA_IS_NOT_READY.  Blocks; thread safe. */
-int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
-                            const char *tenant);
+MOONLET_API int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
+                                        const char *tenant);
 
 /* Removes an object.  OBJECT_NOT_FOUND, OBJECT_HAS_LEASE (a read lease
  * holds), REPLICA_IS_NOT_READY (its put is in progress).  Blocks; thread safe. */
-int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant);
+MOONLET_API int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant);
 
 /* Removes every object of the tenant that holds no lease and has no put in
  * progress; *removed (optional) gets the count.  Blocks; thread safe. */
-int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
+MOONLET_API int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
 
 /* remove / remove_all with Mooncake's force: objects under an unexpired read
  * lease are removed too (a put in progress still is not).  A reader still
@@ -283,8 +301,8 @@ int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *
  * places there next, so use it for resets with no reads in flight, as with
  * Mooncake.  Through a DummyClient, the RealClient must know the force
  * argument (this version). */
-int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant);
-int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant);
+MOONLET_API int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant);
+MOONLET_API int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant);
 
 /*
  * Put, or replace: a put; when the key exists, a remove and a second put.
@@ -294,12 +312,13 @@ int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const 
  * be replaced: OBJECT_HAS_LEASE.  Otherwise the errors of put and remove.
  * Blocks; thread safe.
  */
-int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
-                          const moonlet_put_options *opt);
+MOONLET_API int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
+                                      const moonlet_put_options *opt);
 
 /*
  * The master's view of one object, for inspection: *json_out gets a
- * malloc'd NUL-terminated JSON object (release with free()):
+ * NUL-terminated JSON object the library allocated (release with
+ * moonlet_free()):
  *   {"key", "size", "complete", "replica_count", "readable_replicas",
  *    "lease_remaining_ms", "soft_pin_remaining_ms",
  *    "replicas": [{"segment_id", "segment_name", "endpoint", "protocol",
@@ -308,24 +327,30 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
  * lease.  Returns 0, OBJECT_NOT_FOUND, INVALID_PARAMS (NULL json_out), or
  * INTERNAL_ERROR; on error *json_out is NULL.  Blocks; thread safe.
  */
-int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
-                               char **json_out);
+MOONLET_API int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
+                                           char **json_out);
+
+/* Releases memory the library allocated for a result (moonlet_client_get_alloc's
+ * buffer, moonlet_client_inspect_key's JSON), with the allocator that made it,
+ * so a program linked with another C runtime or allocator stays correct.
+ * NULL is a no-op.  Thread safe. */
+MOONLET_API void moonlet_free(void *p);
 
 /* ---- existence and probes -------------------------------------------------- */
 
 /* Whether a readable object exists.  Mooncake semantics: a hit is leased
  * (like a get would).  Blocks; thread safe. */
-int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant);
+MOONLET_API int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
+                                         const char *tenant);
 
 /* ExistKey for n keys in one round trip: results[i] is 1, 0 or a per-key
  * error (INVALID_KEY).  Every hit is leased.  Blocks; thread safe. */
-int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
-                                   int32_t *results, const char *tenant);
+MOONLET_API int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
+                                               int32_t *results, const char *tenant);
 
 /* Point-in-time existence; never grants or extends a lease.  Blocks; thread safe. */
-int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant);
+MOONLET_API int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
+                                         const char *tenant);
 
 /*
  * BatchProbeKey with a GrantLeasePolicy (moonlet/policy.h), passed to the
@@ -336,9 +361,9 @@ int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
  * Returns INVALID_PARAMS (nothing leased) when the master rejects the policy
  * (unknown mode, candidate_size 0 or not dividing n).  Blocks; thread safe.
  */
-int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
-                                   const char *const *keys, size_t n, int32_t *results,
-                                   const char *tenant);
+MOONLET_API int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
+                                               const char *const *keys, size_t n, int32_t *results,
+                                               const char *tenant);
 
 /*
  * ProbeResume: the whole K3 lookup in one master round trip
@@ -366,11 +391,11 @@ typedef struct moonlet_probe_resume_result {
     int64_t selected;   /* the selected candidate, or -1 */
 } moonlet_probe_resume_result;
 
-int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
-                                const char *const *kda_keys, size_t n_kda,
-                                uint64_t candidate_size, const uint64_t *boundaries,
-                                moonlet_probe_resume_result *out, int32_t *mask,
-                                const char *tenant);
+MOONLET_API int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
+                                            const char *const *kda_keys, size_t n_kda,
+                                            uint64_t candidate_size, const uint64_t *boundaries,
+                                            moonlet_probe_resume_result *out, int32_t *mask,
+                                            const char *tenant);
 
 /* ---- zero-copy buffers ----------------------------------------------------- */
 
@@ -383,11 +408,11 @@ int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, s
  * On a DummyClient it only records the range: put_from / get_into copy it
  * through shared memory (moonlet_client_alloc_shared() avoids the copy).
  */
-int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len);
+MOONLET_API int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len);
 
 /* Unregisters the buffer registered at `base`; transfers using it must have
  * returned.  INVALID_PARAMS when nothing is registered there.  Thread safe. */
-int moonlet_client_unregister_buffer(moonlet_client *c, void *base);
+MOONLET_API int moonlet_client_unregister_buffer(moonlet_client *c, void *base);
 
 /*
  * Allocates len bytes that put_from / get_into (and their batches) use with
@@ -400,22 +425,22 @@ int moonlet_client_unregister_buffer(moonlet_client *c, void *base);
  * out; INTERNAL_ERROR when out of memory; TRANSFER_FAIL when the NIC
  * refuses the registration.  Thread safe.
  */
-int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out);
+MOONLET_API int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out);
 
 /* Releases memory of moonlet_client_alloc_shared(); transfers using it must
  * have returned.  INVALID_PARAMS when p is not such memory.  Thread safe. */
-int moonlet_client_free_shared(moonlet_client *c, void *p);
+MOONLET_API int moonlet_client_free_shared(moonlet_client *c, void *p);
 
 /* Put from registered memory: [buf, buf + len) must lie inside one
  * registered buffer, else INVALID_PARAMS.  Otherwise as moonlet_client_put(). */
-int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
-                            const moonlet_put_options *opt);
+MOONLET_API int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
+                                        const moonlet_put_options *opt);
 
 /* Get into registered memory: [buf, buf + cap) must lie inside one registered
  * buffer, else INVALID_PARAMS.  cap smaller than the object: BUFFER_OVERFLOW
  * with *len set to the size needed.  Otherwise as moonlet_client_get(). */
-int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
-                            size_t *len, const char *tenant);
+MOONLET_API int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
+                                        size_t *len, const char *tenant);
 
 /*
  * put_from for n keys: one PutStart per key, every replica of every key
@@ -425,9 +450,9 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
  * stored, else the first non-zero results[i] (in array order); INVALID_PARAMS
  * without doing anything when an array is NULL.  Blocks; thread safe.
  */
-int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
-                                  const void *const *bufs, const size_t *lens, size_t n,
-                                  const moonlet_put_options *opt, int32_t *results);
+MOONLET_API int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
+                                              const void *const *bufs, const size_t *lens, size_t n,
+                                              const moonlet_put_options *opt, int32_t *results);
 
 /*
  * get_into for n keys: one GetReplicaList per key, then every read in one
@@ -437,20 +462,55 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
  * key was read, else the first non-zero results[i]; INVALID_PARAMS without
  * doing anything when an array is NULL.  Blocks; thread safe.
  */
-int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
-                                  void *const *bufs, const size_t *caps, size_t n,
-                                  size_t *lens, int32_t *results, const char *tenant);
+MOONLET_API int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
+                                              void *const *bufs, const size_t *caps, size_t n,
+                                              size_t *lens, int32_t *results, const char *tenant);
+
+/* ---- copying batches ----------------------------------------------------------------- */
+
+/*
+ * Copying batch put: key i's object is the concatenation of the next
+ * iovcnt[i] ranges of iov (key 0's ranges first, then key 1's, ...), any
+ * memory, registered or not.  The bytes are copied once into one staging
+ * region for the whole call (on a DummyClient: shared memory the RealClient
+ * reads in place; otherwise memory registered for the call), then every key
+ * goes as in moonlet_client_batch_put_from(): one transport batch.
+ * results[i] is 0 or that key's error; when the call fails as a whole (no
+ * staging memory: INTERNAL_ERROR, TRANSFER_FAIL) every key gets its code.
+ * Returns 0 when every key was stored, else the first non-zero results[i];
+ * INVALID_PARAMS without doing anything (every results[i] set to it when
+ * results is not NULL) for NULL arrays (iov may be NULL when every iovcnt
+ * is 0), a NULL key, a NULL range base of nonzero length, or sizes that
+ * overflow together.  Blocks; thread safe.
+ */
+MOONLET_API int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,
+                                         const struct iovec *iov, const size_t *iovcnt,
+                                         const moonlet_put_options *opt, int32_t *results);
+
+/*
+ * Copying batch get: key i is read into the next iovcnt[i] ranges of iov
+ * (filled in order), through one staging region for the call as
+ * moonlet_client_batch_put().  sizes[i] gets each object's size (also on
+ * BUFFER_OVERFLOW: the ranges together hold less than the object; nothing
+ * is copied for that key, so iovcnt[i] 0 asks just the size).
+ * results[i] is 0 or that key's error as in moonlet_client_get_into().
+ * Returns 0 when every key was read, else the first non-zero results[i];
+ * INVALID_PARAMS as moonlet_client_batch_put().  Blocks; thread safe.
+ */
+MOONLET_API int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t n,
+                                         const struct iovec *iov, const size_t *iovcnt,
+                                         const char *tenant, size_t *sizes, int32_t *results);
 
 /* ---- accessors (never block) -------------------------------------------------------- */
 
 /* "tcp" or "rdma": the transport this client runs (a DummyClient: its
  * RealClient's). */
-const char *moonlet_client_protocol(const moonlet_client *c);
+MOONLET_API const char *moonlet_client_protocol(const moonlet_client *c);
 
 /* Copies the data endpoint of the client's local segment ("127.0.0.1:41234").
  * UNAVAILABLE_IN_CURRENT_STATUS for a pure client and a DummyClient;
  * BUFFER_OVERFLOW when cap is too small. */
-int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap);
+MOONLET_API int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 #ifndef MOONLET_ERROR_H
 #define MOONLET_ERROR_H
 
+#include "moonlet/api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -41,7 +43,7 @@ enum moonlet_error {
 };
 
 /* Name of an error code ("OBJECT_NOT_FOUND"); "UNKNOWN_ERROR" for others. */
-const char *moonlet_strerror(int code);
+MOONLET_API const char *moonlet_strerror(int code);
 
 #ifdef __cplusplus
 }

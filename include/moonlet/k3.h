@@ -137,10 +137,10 @@ typedef struct moonlet_k3_result {
 } moonlet_k3_result;
 
 /* Keys per checkpoint: groups * ranks * components (0 for a bad layout). */
-size_t moonlet_k3_keys_per_checkpoint(const moonlet_k3_layout *layout);
+MOONLET_API size_t moonlet_k3_keys_per_checkpoint(const moonlet_k3_layout *layout);
 
 /* INVALID_PARAMS unless layout and request satisfy the rules above. */
-int moonlet_k3_request_check(const moonlet_k3_layout *layout, const moonlet_k3_request *req);
+MOONLET_API int moonlet_k3_request_check(const moonlet_k3_layout *layout, const moonlet_k3_request *req);
 
 /*
  * Step 1, pure: the KV boundary from BatchExistKey results of blocks 0..n-1.
@@ -149,8 +149,8 @@ int moonlet_k3_request_check(const moonlet_k3_layout *layout, const moonlet_k3_r
  * (errors stay errors; the outputs are then 0).  INVALID_PARAMS for NULL
  * pointers or block_tokens 0.
  */
-int moonlet_k3_kv_boundary(const int32_t *exist, uint64_t n, uint64_t block_tokens,
-                           uint64_t prompt_tokens, uint64_t *prefix_blocks, uint64_t *boundary);
+MOONLET_API int moonlet_k3_kv_boundary(const int32_t *exist, uint64_t n, uint64_t block_tokens,
+                                       uint64_t prompt_tokens, uint64_t *prefix_blocks, uint64_t *boundary);
 
 /*
  * Step 2, pure: how many leading checkpoints of the (checked) request are
@@ -158,7 +158,7 @@ int moonlet_k3_kv_boundary(const int32_t *exist, uint64_t n, uint64_t block_toke
  * the resume bound (< prompt_tokens with recompute_last_token, else <=).
  * Checkpoints are increasing, so the candidates are always a prefix.
  */
-size_t moonlet_k3_candidates(const moonlet_k3_request *req, uint64_t kv_boundary);
+MOONLET_API size_t moonlet_k3_candidates(const moonlet_k3_request *req, uint64_t kv_boundary);
 
 /*
  * Step 3, pure: validates a LAST_HIT_ONLY mask over `candidates` candidates
@@ -168,15 +168,15 @@ size_t moonlet_k3_candidates(const moonlet_k3_request *req, uint64_t kv_boundary
  * contract: a partially true candidate, a second true candidate, or a value
  * other than 0/1.  *selected is MOONLET_K3_NONE on every error.
  */
-int moonlet_k3_check_mask(const int32_t *mask, size_t candidates, size_t per, size_t *selected);
+MOONLET_API int moonlet_k3_check_mask(const int32_t *mask, size_t candidates, size_t per, size_t *selected);
 
 /*
  * The lease-all choice, pure: from BatchExistKey results over the candidates
  * (`per` keys each), the last candidate whose every key is 1.  A negative
  * entry is returned as is.  *selected as for check_mask.
  */
-int moonlet_k3_last_complete(const int32_t *exist, size_t candidates, size_t per,
-                             size_t *selected);
+MOONLET_API int moonlet_k3_last_complete(const int32_t *exist, size_t candidates, size_t per,
+                                         size_t *selected);
 
 /*
  * The distributed rule: the largest position present in every participant's
@@ -187,8 +187,8 @@ int moonlet_k3_last_complete(const int32_t *exist, size_t candidates, size_t per
  * from the start).  INVALID_PARAMS for NULL arrays or participants == 0.
  * O(counts[0] * sum(counts)); allocates nothing.
  */
-int moonlet_k3_common_resume(const uint64_t *const *positions, const size_t *counts,
-                             size_t participants, uint64_t *out);
+MOONLET_API int moonlet_k3_common_resume(const uint64_t *const *positions, const size_t *counts,
+                                         size_t participants, uint64_t *out);
 
 /*
  * The whole lookup (steps 1-4) against the master, for `tenant` (NULL: the
@@ -204,12 +204,12 @@ int moonlet_k3_common_resume(const uint64_t *const *positions, const size_t *cou
  * Blocks for one round trip (two or three against an older master); thread
  * safe as the client is.
  */
-int moonlet_k3_lookup(moonlet_client *c, const moonlet_k3_layout *layout,
-                      const moonlet_k3_request *req, moonlet_k3_key_fn key_fn, void *key_ctx,
-                      const char *tenant, moonlet_k3_result *out);
+MOONLET_API int moonlet_k3_lookup(moonlet_client *c, const moonlet_k3_layout *layout,
+                                  const moonlet_k3_request *req, moonlet_k3_key_fn key_fn, void *key_ctx,
+                                  const char *tenant, moonlet_k3_result *out);
 
 /* Frees the keys of a result and zeroes it.  NULL or a zeroed result: no-op. */
-void moonlet_k3_result_free(moonlet_k3_result *r);
+MOONLET_API void moonlet_k3_result_free(moonlet_k3_result *r);
 
 #ifdef __cplusplus
 }

@@ -66,8 +66,8 @@ typedef struct moonlet_real_client moonlet_real_client;
  *   and every error of moonlet_client_create().
  * Blocks for the client's creation.  Thread safe (independent objects).
  */
-int moonlet_real_client_create(const moonlet_client_config *cfg, const char *socket_path,
-                               const char *socket_group, moonlet_real_client **out);
+MOONLET_API int moonlet_real_client_create(const moonlet_client_config *cfg, const char *socket_path,
+                                           const char *socket_group, moonlet_real_client **out);
 
 /*
  * Stops serving (closing every DummyClient connection and unmapping its
@@ -76,22 +76,22 @@ int moonlet_real_client_create(const moonlet_client_config *cfg, const char *soc
  * RPC_FAIL from then on.  NULL is a no-op.  Blocks for at most the longest
  * call in progress plus the unmount.  Must not race with other calls on rc.
  */
-void moonlet_real_client_destroy(moonlet_real_client *rc);
+MOONLET_API void moonlet_real_client_destroy(moonlet_real_client *rc);
 
 /*
  * The RealClient's own moonlet_client, for the process that runs it: it may
  * be used directly, from any thread, alongside the DummyClients.  Owned by
  * rc: do not destroy it.  Never blocks.
  */
-moonlet_client *moonlet_real_client_client(moonlet_real_client *rc);
+MOONLET_API moonlet_client *moonlet_real_client_client(moonlet_real_client *rc);
 
 /* Open DummyClient connections (a DummyClient may hold several).  Never
  * blocks; thread safe. */
-size_t moonlet_real_client_connections(const moonlet_real_client *rc);
+MOONLET_API size_t moonlet_real_client_connections(const moonlet_real_client *rc);
 
 /* Shared-memory regions currently mapped for DummyClients, over all
  * connections.  Never blocks; thread safe. */
-size_t moonlet_real_client_regions(const moonlet_real_client *rc);
+MOONLET_API size_t moonlet_real_client_regions(const moonlet_real_client *rc);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,7 @@
 /*
- * types.h - plain data types shared by the master RPC and the client API.
+ * types.h - the limits every public call shares (key, id and endpoint
+ * lengths) and the default tenant's name.  The replica and segment
+ * descriptors of the master RPC are internal (common/replica.h).
  */
 #ifndef MOONLET_TYPES_H
 #define MOONLET_TYPES_H
@@ -15,67 +17,6 @@ extern "C" {
 #define MOONLET_MAX_ID_BYTES 255      /* client ids, segment ids, tenant ids */
 #define MOONLET_MAX_ENDPOINT_BYTES 1023
 #define MOONLET_DEFAULT_TENANT "default"
-
-typedef enum {
-    MOONLET_REPLICA_INITIALIZED = 1, /* allocated by PutStart, being written */
-    MOONLET_REPLICA_COMPLETE = 2,    /* written and sealed by PutEnd */
-} moonlet_replica_status;
-
-/* Where one replica of an object lives. Strings are owned by the containing list. */
-typedef struct moonlet_replica_desc {
-    char *segment_id;  /* the store node's segment id */
-    char *endpoint;    /* transport endpoint of the store node, e.g. "127.0.0.1:7000" */
-    char *protocol;    /* "tcp" or "rdma" */
-    uint64_t base;     /* segment base address as registered (verbs: remote VA) */
-    uint64_t offset;   /* offset of the replica inside the segment */
-    uint64_t size;     /* object size in bytes */
-    uint8_t status;    /* moonlet_replica_status */
-    /* PutStart only: the write capability for this replica (cap_tag 0: none;
-     * common/writecap.h) covering [offset, offset + cap_len) until cap_expiry_ms
-     * on the store node's clock. */
-    uint64_t cap_len, cap_expiry_ms, cap_tag;
-    /* A node serving both protocols (moonlet-store --protocol both): the same
-     * bytes under a second endpoint, e.g. the TCP one of an RDMA node.  NULL
-     * when the segment has only one.  The capability above is valid for
-     * writes through either endpoint. */
-    char *alt_segment_id;
-    char *alt_endpoint;
-    char *alt_protocol;
-} moonlet_replica_desc;
-
-typedef struct moonlet_replica_list {
-    uint64_t size;          /* object size */
-    uint64_t lease_ttl_ms;  /* lease granted by this call (0 when none) */
-    uint64_t put_ttl_ms;    /* PutStart: ms left until the put's deadline (0: not sent) */
-    bool has_checksum;      /* GetReplicaList: the writer recorded a checksum */
-    uint64_t checksum;      /* XXH3-64 of the object's bytes */
-    uint32_t count;
-    moonlet_replica_desc *replicas;
-} moonlet_replica_list;
-
-void moonlet_replica_list_free(moonlet_replica_list *l);
-
-/* A segment as mounted on the master by a store node. */
-typedef struct moonlet_segment_desc {
-    const char *client_id;   /* owner (the store node's client id) */
-    const char *segment_id;  /* unique id of this segment */
-    const char *name;        /* human-readable name */
-    uint64_t base;           /* base address (verbs VA; informational for TCP) */
-    uint64_t size;           /* capacity in bytes */
-    const char *endpoint;    /* how peers reach it, e.g. "127.0.0.1:7000" */
-    const char *protocol;    /* "tcp" or "rdma" */
-    /* Optional write fencing (docs/reliability.md): the node's 16-byte write
-     * key for this segment, and its CLOCK_MONOTONIC in ms when it sent the
-     * mount.  NULL / 0: none (the node does not check write capabilities). */
-    const uint8_t *write_key;
-    uint64_t node_clock_ms;
-    /* Optional second endpoint of the same memory (a node serving TCP and
-     * RDMA at once): its endpoint, segment id and protocol, all three or
-     * none (NULL).  Needs write_key. */
-    const char *alt_endpoint;
-    const char *alt_segment_id;
-    const char *alt_protocol;
-} moonlet_segment_desc;
 
 #ifdef __cplusplus
 }

@@ -20,14 +20,21 @@
  *    rwlock shared (taken with the GIL released), close() takes it exclusive,
  *    so it waits for calls in flight and later calls see a closed store.
  *
+ * Every method is a thin wrapper: the copying batches (batch_put,
+ * put_parts, batch_get, the multi-buffer batches) are the C client's
+ * moonlet_client_batch_put / moonlet_client_batch_get; the SharedBuffer type
+ * lives in shared.c, what both files share in _moonlet.h.
+ *
  * Built by python/moonlet/meson.build against Debian's python3-dev and the
- * static libmoonlet; no warning flag is relaxed for it.
+ * internal static libraries of libmoonlet; no warning flag is relaxed for it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 
 #include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -38,48 +45,18 @@
 #include "moonlet/error.h"
 #include "moonlet/policy.h"
 
+#include "_moonlet.h"
+
 /* A PyCFunction-compatible pointer to a METH_VARARGS | METH_KEYWORDS method
  * (the cast through void (*)(void) is what CPython itself does). */
 #define ML_KW(f) ((PyCFunction)(void (*)(void))(f))
-
-/* rc of a call made on a closed client (never a moonlet code). */
-#define ML_CLOSED INT_MIN
-
-typedef enum { ML_KIND_NONE = 0, ML_KIND_DIRECT = 1, ML_KIND_DUMMY = 2 } ml_kind;
-
-struct SharedObject;
-
-typedef struct {
-    PyObject_HEAD
-    moonlet_client *client;  /* NULL before connect and after close */
-    pthread_rwlock_t lock;   /* calls: shared; close: exclusive */
-    ml_kind kind;
-    PyObject *target;        /* str: master address or RealClient socket; or None */
-    PyObject *tenant;        /* str: default tenant of the connection; or None */
-    PyObject *weakrefs;
-    struct SharedObject *shared; /* live alloc_buffer() memory (each holds a reference to us) */
-} ClientObject;
-
-/* moonlet._moonlet.SharedBuffer: memory of moonlet_client_alloc_shared(),
- * exported through the buffer protocol.  It keeps its Store alive; its
- * memory goes with free() or the Store's close(), both of which refuse
- * while a memoryview (or numpy array, ctypes object, ...) of it exists, so
- * Python code can never reach freed memory through it. */
-typedef struct SharedObject {
-    PyObject_HEAD
-    ClientObject *owner;          /* strong reference */
-    void *ptr;                    /* NULL once freed */
-    size_t len;
-    Py_ssize_t exports;           /* buffer views handed out and not released */
-    struct SharedObject *next, **pprev; /* in owner->shared while not freed */
-} SharedObject;
 
 static PyObject *g_store_error; /* moonlet.errors.StoreError */
 
 /* ---- errors ------------------------------------------------------------------------ */
 
 /* Raises StoreError(code, "<what>: NAME (code)", results=results). */
-static PyObject *ml_raise(int code, const char *what, PyObject *results)
+PyObject *ml_raise(int code, const char *what, PyObject *results)
 {
     PyObject *exc;
     if (code == ML_CLOSED) {
@@ -190,7 +167,7 @@ static int conv_addr(PyObject *o, void *out)
     return 1;
 }
 
-static int conv_size(PyObject *o, void *out)
+int conv_size(PyObject *o, void *out)
 {
     uint64_t v;
     if (ml_uint(o, SIZE_MAX, "size", &v))
@@ -401,19 +378,92 @@ static void ml_put_opts(moonlet_put_options *o, const char *tenant, uint32_t rep
     o->soft_pin_ttl_ms = pl->ttl_ms;
 }
 
-/* ---- calls with the GIL released ------------------------------------------------------- */
+/* A put's keyword-only options (tenant_id, replica_num, soft_pin and the
+ * placement keywords), parsed once for every put-like method by
+ * ml_parse_put(); o points into pl. */
+typedef struct {
+    const char *tenant;
+    uint32_t replica_num;
+    int soft_pin;
+    ml_place pl;
+    moonlet_put_options o;
+} ml_putkw;
 
-/* Runs `expr` (which may use the local `c`, the client) with the GIL released
- * and the object's lock held shared; rc gets its result, or ML_CLOSED. */
-#define ML_CALL(self, rc, expr)                                    \
-    do {                                                           \
-        Py_BEGIN_ALLOW_THREADS                                     \
-        pthread_rwlock_rdlock(&(self)->lock);                      \
-        moonlet_client *c = (self)->client;                        \
-        (rc) = c ? (expr) : ML_CLOSED;                             \
-        pthread_rwlock_unlock(&(self)->lock);                      \
-        Py_END_ALLOW_THREADS                                       \
-    } while (0)
+static char *ml_put_kwnames[] = {"tenant_id", "replica_num", "soft_pin", "preferred_segments",
+                                 "hard_pin", "soft_pin_ttl_ms", NULL};
+
+/* Moves the put options out of a copy of kw into *opts (both new dicts, or
+ * NULL when kw has no keywords); -1 with an exception set. */
+static int ml_put_kw_split(PyObject *kw, PyObject **rest, PyObject **opts)
+{
+    *rest = *opts = NULL;
+    if (!kw || PyDict_GET_SIZE(kw) == 0)
+        return 0;
+    *rest = PyDict_Copy(kw);
+    *opts = PyDict_New();
+    if (!*rest || !*opts)
+        return -1;
+    for (size_t i = 0; ml_put_kwnames[i]; i++) {
+        PyObject *v = PyDict_GetItemString(*rest, ml_put_kwnames[i]); /* borrowed */
+        if (v && (PyDict_SetItemString(*opts, ml_put_kwnames[i], v) < 0 ||
+                  PyDict_DelItemString(*rest, ml_put_kwnames[i]) < 0))
+            return -1;
+    }
+    return 0;
+}
+
+/* TypeError naming the first keyword of rest that is neither a put option
+ * nor in kwl (as CPython's own message); -1 then. */
+static int ml_kw_known(PyObject *rest, char **kwl, const char *name)
+{
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (rest && PyDict_Next(rest, &pos, &k, &v)) {
+        const char *ks = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+        bool known = false;
+        for (size_t i = 0; ks && kwl[i] && !known; i++)
+            known = strcmp(ks, kwl[i]) == 0;
+        if (!known) {
+            PyErr_Format(PyExc_TypeError, "%R is an invalid keyword argument for %s()", k,
+                         name ? name + 1 : "function");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* PyArg_ParseTupleAndKeywords for a put-like method: fmt / kwl / the
+ * varargs describe the method's own arguments (fmt ends in ":name"); the put
+ * options, keyword-only, go to *pk.  Returns 1, or 0 with an exception set. */
+static int ml_parse_put(PyObject *args, PyObject *kw, const char *fmt, char **kwl, ml_putkw *pk,
+                        ...)
+{
+    pk->tenant = NULL;
+    pk->replica_num = 0;
+    pk->soft_pin = 0;
+    ml_place_init(&pk->pl);
+    PyObject *rest, *opts, *empty = NULL;
+    int ok = 0;
+    const char *name = strchr(fmt, ':');
+    char ofmt[80];
+    snprintf(ofmt, sizeof(ofmt), "|$O&O&pO&pO&%s", name ? name : "");
+    if (ml_put_kw_split(kw, &rest, &opts) == 0 && ml_kw_known(rest, kwl, name) == 0 &&
+        (empty = PyTuple_New(0)) != NULL &&
+        PyArg_ParseTupleAndKeywords(empty, opts, ofmt, ml_put_kwnames, conv_tenant, &pk->tenant,
+                                    conv_u32, &pk->replica_num, &pk->soft_pin, conv_place_pref,
+                                    &pk->pl, &pk->pl.hard_pin, conv_u64, &pk->pl.ttl_ms)) {
+        va_list ap;
+        va_start(ap, pk);
+        ok = PyArg_VaParseTupleAndKeywords(args, rest, fmt, kwl, ap);
+        va_end(ap);
+    }
+    Py_XDECREF(empty);
+    Py_XDECREF(rest);
+    Py_XDECREF(opts);
+    if (ok)
+        ml_put_opts(&pk->o, pk->tenant, pk->replica_num, pk->soft_pin, &pk->pl);
+    return ok;
+}
 
 /* ---- the type ------------------------------------------------------------------------ */
 
@@ -512,7 +562,7 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
                           "transfer_timeout_ms", "local_listen_addr", "checksum", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     int checksum = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|p:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
@@ -555,7 +605,7 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
     PyObject *path_obj, *uid_obj = Py_None, *gid_obj = Py_None;
     const char *path;
     moonlet_dummy_config cfg;
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&|OO:_connect_dummy", kwl, &path_obj,
                                      conv_opt_str, &cfg.default_tenant, conv_u32,
                                      &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,
@@ -589,18 +639,6 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
     Py_RETURN_NONE;
 }
 
-static void shared_unlink(SharedObject *b)
-{
-    if (b->pprev) {
-        *b->pprev = b->next;
-        if (b->next)
-            b->next->pprev = b->pprev;
-    }
-    b->next = NULL;
-    b->pprev = NULL;
-    b->ptr = NULL;
-}
-
 static PyObject *Client_close(ClientObject *self, PyObject *unused)
 {
     for (SharedObject *b = self->shared; b; b = b->next) {
@@ -613,7 +651,7 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused)
     }
     /* the client frees alloc_shared memory with itself */
     while (self->shared)
-        shared_unlink(self->shared);
+        ml_shared_unlink(self->shared);
     ml_close(self);
     Py_RETURN_NONE;
 }
@@ -622,22 +660,14 @@ static PyObject *Client_close(ClientObject *self, PyObject *unused)
 
 static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw, bool upsert)
 {
-    static char *kwl[] = {"key", "value", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
+    static char *kwl[] = {"key", "value", NULL};
+    const char *key;
     Py_buffer value;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, upsert ? "O&y*|$O&O&pO&pO&:upsert"
-                                            : "O&y*|$O&O&pO&pO&:put",
-                                     kwl, conv_key, &key, &value, conv_tenant, &tenant, conv_u32,
-                                     &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, upsert ? "O&y*:upsert" : "O&y*:put", kwl, &pk, conv_key, &key,
+                      &value))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     if (upsert)
         ML_CALL(self, rc, moonlet_client_upsert(c, key, value.buf, (size_t)value.len, &o));
@@ -674,7 +704,7 @@ static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
         return ml_raise(rc, "get", NULL);
     PyObject *out = len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
                                           : PyErr_NoMemory();
-    free(buf);
+    moonlet_free(buf);
     return out;
 }
 
@@ -736,7 +766,7 @@ static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObjec
     if (rc)
         return ml_raise(rc, "inspect", NULL);
     PyObject *out = PyUnicode_FromString(json);
-    free(json);
+    moonlet_free(json);
     return out;
 }
 
@@ -956,22 +986,14 @@ static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, Py
 
 static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "address", "size", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
+    static char *kwl[] = {"key", "address", "size", NULL};
+    const char *key;
     void *addr;
     size_t size;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&|$O&O&pO&pO&:put_from", kwl, conv_key, &key,
-                                     conv_addr, &addr, conv_size, &size, conv_tenant, &tenant,
-                                     conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "O&O&O&:put_from", kwl, &pk, conv_key, &key, conv_addr, &addr, conv_size, &size))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &o));
     if (rc)
@@ -1037,24 +1059,15 @@ static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObjec
 
 static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "addresses", "sizes", NULL};
     PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:batch_put_from", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OOO:batch_put_from", kwl, &pk, &keys, &addrs, &sizes))
         return NULL;
     ml_zbatch z;
     if (ml_zbatch_init(&z, keys, addrs, sizes))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
+    moonlet_put_options o = pk.o;
     int rc;
     ML_CALL(self, rc,
             moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
@@ -1117,138 +1130,23 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
 /* ---- copying batches: batch_put, put_parts, batch_get --------------------------------------- */
 
 /*
- * The C batch calls take registered memory only, so these move Python bytes
- * through one staging region per call: on a direct Store, malloc'd memory
- * registered for the call (as put stages through a bounce buffer on RDMA);
- * on a DummyClient, shared memory of moonlet_client_alloc_shared(), which
- * the RealClient reads and writes in place.  Either way the bytes are copied
- * once on this side, as put and get copy them, and the transfers of every
- * key go in one transport batch (one request to a RealClient).  The copies
- * and the calls run with the GIL released; a key's bytes go to a bytes
- * object that nobody else can see until the call returns.
+ * The copying batch calls of the C client (moonlet_client_batch_put /
+ * moonlet_client_batch_get) take any memory as scattered ranges and stage
+ * it themselves (store/client_copy.c); these methods only export the
+ * Python values (Py_buffer) or make the bytes objects, describe them as
+ * ranges and make the call with the GIL released.  A key's bytes go to a
+ * bytes object that nobody else can see until the call returns.
  */
-#define ML_ITEM_ALIGN 64u /* items in a staging region start on a cache line */
-#define ML_GET_TRIES 3    /* reads of an object that grew since its size was learnt */
+#define ML_GET_TRIES 3 /* reads of an object that grew since its size was learnt */
 
-/* The source of an empty value (a C call wants a non-NULL pointer). */
-static const char ml_empty[1];
-
-typedef struct {
-    void *base;  /* NULL: no region (nothing to stage) */
-    bool shared; /* moonlet_client_alloc_shared() memory; else malloc + register */
-} ml_region;
-
-/* Adds a slot of len bytes (rounded up to ML_ITEM_ALIGN) to *total; -1 on overflow. */
-static int ml_add_slot(size_t *total, size_t len)
-{
-    size_t slot = len;
-    if (slot % ML_ITEM_ALIGN) {
-        if (slot > SIZE_MAX - ML_ITEM_ALIGN)
-            return -1;
-        slot += ML_ITEM_ALIGN - slot % ML_ITEM_ALIGN;
-    }
-    if (slot > SIZE_MAX - *total)
-        return -1;
-    *total += slot;
-    return 0;
-}
-
-/* Called with the client lock held and the GIL released. */
-static int ml_region_begin(moonlet_client *c, ml_kind kind, size_t len, ml_region *r)
-{
-    r->base = NULL;
-    r->shared = kind == ML_KIND_DUMMY;
-    if (len == 0)
-        return MOONLET_OK;
-    if (r->shared)
-        return moonlet_client_alloc_shared(c, len, &r->base);
-    void *p = malloc(len);
-    if (!p)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = moonlet_client_register_buffer(c, p, len);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    r->base = p;
-    return MOONLET_OK;
-}
-
-static void ml_region_end(moonlet_client *c, ml_region *r)
-{
-    if (!r->base)
-        return;
-    if (r->shared) {
-        moonlet_client_free_shared(c, r->base);
-    } else {
-        moonlet_client_unregister_buffer(c, r->base);
-        free(r->base);
-    }
-    r->base = NULL;
-}
-
-/* Per-key results a call left unset (it failed as a whole) get its code. */
-#define ML_UNSET 1
-static void ml_fill_unset(int32_t *results, size_t n, int rc)
-{
-    for (size_t i = 0; i < n; i++)
-        if (results[i] == ML_UNSET)
-            results[i] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
-}
-
-/* A put of n keys, key i being the concatenation of pieces[first[i] .. first[i + 1]). */
-typedef struct {
-    ml_kind kind;
-    const char *const *keys;
-    size_t n;
-    const Py_buffer *pieces;
-    const size_t *first; /* n + 1 entries */
-    const size_t *lens;  /* each key's total */
-    size_t total;        /* the staging region: every key's slot */
-    const void **bufs;   /* scratch, n entries */
-    const moonlet_put_options *opt;
-    int32_t *results;
-} ml_put_job;
-
-static int ml_put_job_run(moonlet_client *c, ml_put_job *j)
-{
-    for (size_t i = 0; i < j->n; i++)
-        j->results[i] = ML_UNSET;
-    ml_region r;
-    int rc = ml_region_begin(c, j->kind, j->total, &r);
-    if (rc) {
-        ml_fill_unset(j->results, j->n, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < j->n; i++) {
-        if (!j->lens[i]) {
-            j->bufs[i] = ml_empty;
-            continue;
-        }
-        unsigned char *dst = (unsigned char *)r.base + off;
-        j->bufs[i] = dst;
-        for (size_t p = j->first[i]; p < j->first[i + 1]; p++) {
-            if (j->pieces[p].len)
-                memcpy(dst, j->pieces[p].buf, (size_t)j->pieces[p].len);
-            dst += j->pieces[p].len;
-        }
-        ml_add_slot(&off, j->lens[i]); /* cannot overflow: total was computed the same way */
-    }
-    rc = moonlet_client_batch_put_from(c, j->keys, j->bufs, j->lens, j->n, j->opt, j->results);
-    ml_fill_unset(j->results, j->n, rc);
-    ml_region_end(c, &r);
-    return rc;
-}
-
-/* The exported buffers of a copying put. */
+/* The exported buffers of a copying put, as ranges: key i's are the next
+ * iovcnt[i] entries of iov. */
 typedef struct {
     Py_buffer *pieces;
     size_t npieces, nheld; /* entries, and how many hold an export */
-    size_t *first, *lens;
-    const void **bufs;
+    struct iovec *iov;
+    size_t *iovcnt;
     int32_t *results;
-    size_t total;
 } ml_puts;
 
 static void ml_puts_free(ml_puts *p)
@@ -1256,25 +1154,22 @@ static void ml_puts_free(ml_puts *p)
     for (size_t i = 0; i < p->nheld; i++)
         PyBuffer_Release(&p->pieces[i]);
     PyMem_Free(p->pieces);
-    PyMem_Free(p->first);
-    PyMem_Free(p->lens);
-    PyMem_Free(p->bufs);
+    PyMem_Free(p->iov);
+    PyMem_Free(p->iovcnt);
     PyMem_Free(p->results);
 }
 
-/* Exports the npieces objects of `objs` (C-contiguous bytes-like) for n keys;
- * first[] must be filled by the caller after this returns 0, then
- * ml_puts_sizes() computes the lengths. */
+/* Exports the npieces objects of `objs` (C-contiguous bytes-like) for n
+ * keys; the caller fills iovcnt[] after this returns 0. */
 static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_t n)
 {
     memset(p, 0, sizeof(*p));
     p->npieces = npieces;
     p->pieces = PyMem_Calloc(npieces ? npieces : 1, sizeof(*p->pieces));
-    p->first = PyMem_Calloc(n + 1, sizeof(*p->first));
-    p->lens = PyMem_Calloc(n ? n : 1, sizeof(*p->lens));
-    p->bufs = PyMem_Calloc(n ? n : 1, sizeof(*p->bufs));
+    p->iov = PyMem_Calloc(npieces ? npieces : 1, sizeof(*p->iov));
+    p->iovcnt = PyMem_Calloc(n ? n : 1, sizeof(*p->iovcnt));
     p->results = PyMem_Calloc(n ? n : 1, sizeof(*p->results));
-    if (!p->pieces || !p->first || !p->lens || !p->bufs || !p->results) {
+    if (!p->pieces || !p->iov || !p->iovcnt || !p->results) {
         ml_puts_free(p);
         PyErr_NoMemory();
         return -1;
@@ -1285,46 +1180,18 @@ static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_
             return -1;
         }
         p->nheld++;
+        p->iov[i].iov_base = p->pieces[i].buf;
+        p->iov[i].iov_len = (size_t)p->pieces[i].len;
     }
     return 0;
-}
-
-/* Each key's length and the staging size, from first[]; -1 (OverflowError)
- * when they do not fit a size_t. */
-static int ml_puts_sizes(ml_puts *p, size_t n)
-{
-    p->total = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t len = 0;
-        for (size_t k = p->first[i]; k < p->first[i + 1]; k++) {
-            if ((size_t)p->pieces[k].len > SIZE_MAX - len)
-                goto overflow;
-            len += (size_t)p->pieces[k].len;
-        }
-        p->lens[i] = len;
-        if (ml_add_slot(&p->total, len))
-            goto overflow;
-    }
-    return 0;
-overflow:
-    PyErr_SetString(PyExc_OverflowError, "the values are too large together");
-    return -1;
 }
 
 static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "values", "tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "values", NULL};
     PyObject *keys_obj, *values_obj;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|$O&O&pO&pO&:batch_put", kwl, &keys_obj,
-                                     &values_obj, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OO:batch_put", kwl, &pk, &keys_obj, &values_obj))
         return NULL;
     if (PyUnicode_Check(values_obj) || PyBytes_Check(values_obj) ||
         PyByteArray_Check(values_obj) || PyMemoryView_Check(values_obj)) {
@@ -1353,17 +1220,13 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
         ml_keys_free(&k);
         return NULL;
     }
-    for (size_t i = 0; i <= k.n; i++)
-        p.first[i] = i;
+    for (size_t i = 0; i < k.n; i++)
+        p.iovcnt[i] = 1;
     PyObject *out = NULL;
-    if (ml_puts_sizes(&p, k.n) == 0) {
-        moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-        ml_put_job job = {.kind = self->kind, .keys = k.keys, .n = k.n, .pieces = p.pieces,
-                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
-                          .opt = &o, .results = p.results};
+    {
+        moonlet_put_options o = pk.o;
         int rc;
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_put(c, k.keys, k.n, p.iov, p.iovcnt, &o, p.results));
         if (rc == ML_CLOSED || (rc && k.n == 0)) {
             ml_raise(rc, "batch_put", NULL);
         } else if (rc) {
@@ -1384,13 +1247,8 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
 
 static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"tenant_id", "replica_num", "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
-    const char *key, *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
+    static char *kwl[] = {NULL};
+    const char *key;
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
     if (nargs < 1) {
         PyErr_SetString(PyExc_TypeError, "put_parts() missing required argument 'key'");
@@ -1399,26 +1257,20 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     PyObject *empty = PyTuple_New(0);
     if (!empty)
         return NULL;
-    int ok = PyArg_ParseTupleAndKeywords(empty, kw, "|$O&O&pO&pO&:put_parts", kwl, conv_tenant, &tenant,
-                                         conv_u32, &replica_num, &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms);
+    ml_putkw pk;
+    int ok = ml_parse_put(empty, kw, ":put_parts", kwl, &pk);
     Py_DECREF(empty);
     if (!ok || !conv_key(PyTuple_GET_ITEM(args, 0), &key))
         return NULL;
     ml_puts p;
     if (ml_puts_init(&p, PySequence_Fast_ITEMS(args) + 1, (size_t)nargs - 1, 1))
         return NULL;
-    p.first[0] = 0;
-    p.first[1] = (size_t)nargs - 1;
+    p.iovcnt[0] = (size_t)nargs - 1;
     PyObject *out = NULL;
-    if (ml_puts_sizes(&p, 1) == 0) {
-        moonlet_put_options o;
-        ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-        ml_put_job job = {.kind = self->kind, .keys = &key, .n = 1, .pieces = p.pieces,
-                          .first = p.first, .lens = p.lens, .total = p.total, .bufs = p.bufs,
-                          .opt = &o, .results = p.results};
+    {
+        moonlet_put_options o = pk.o;
         int rc;
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_put(c, &key, 1, p.iov, p.iovcnt, &o, p.results));
         if (rc) {
             ml_raise(rc, "put_parts", NULL);
         } else {
@@ -1428,51 +1280,6 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     }
     ml_puts_free(&p);
     return out;
-}
-
-/* One round of batch_get: reads m keys into a staging region of their caps
- * and copies each object read into dst[i] (its bytes object). */
-typedef struct {
-    ml_kind kind;
-    const char **keys;
-    void **dst;
-    size_t *caps, *lens;
-    void **bufs; /* scratch */
-    int32_t *results;
-    size_t m;
-    const char *tenant;
-} ml_get_job;
-
-static int ml_get_job_run(moonlet_client *c, ml_get_job *j)
-{
-    size_t total = 0;
-    for (size_t i = 0; i < j->m; i++) {
-        j->results[i] = ML_UNSET;
-        j->lens[i] = 0;
-        if (ml_add_slot(&total, j->caps[i])) {
-            ml_fill_unset(j->results, j->m, MOONLET_ERR_INVALID_PARAMS);
-            return MOONLET_ERR_INVALID_PARAMS;
-        }
-    }
-    ml_region r;
-    int rc = ml_region_begin(c, j->kind, total, &r);
-    if (rc) {
-        ml_fill_unset(j->results, j->m, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < j->m; i++) {
-        j->bufs[i] = j->caps[i] ? (unsigned char *)r.base + off : NULL;
-        ml_add_slot(&off, j->caps[i]);
-    }
-    rc = moonlet_client_batch_get_into(c, j->keys, j->bufs, j->caps, j->m, j->lens, j->results,
-                                       j->tenant);
-    ml_fill_unset(j->results, j->m, rc);
-    for (size_t i = 0; i < j->m; i++)
-        if (j->results[i] == MOONLET_OK && j->lens[i] && j->lens[i] <= j->caps[i])
-            memcpy(j->dst[i], j->bufs[i], j->lens[i]);
-    ml_region_end(c, &r);
-    return rc;
 }
 
 /*
@@ -1500,15 +1307,14 @@ static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *
     unsigned char *pending = PyMem_Calloc(alloc, 1);
     size_t *idx = PyMem_Calloc(alloc, sizeof(*idx));
     const char **skeys = PyMem_Calloc(alloc, sizeof(*skeys));
-    void **sdst = PyMem_Calloc(alloc, sizeof(*sdst));
-    void **sbufs = PyMem_Calloc(alloc, sizeof(*sbufs));
-    size_t *scaps = PyMem_Calloc(alloc, sizeof(*scaps));
+    struct iovec *siov = PyMem_Calloc(alloc, sizeof(*siov));
+    size_t *scnt = PyMem_Calloc(alloc, sizeof(*scnt));
     size_t *slens = PyMem_Calloc(alloc, sizeof(*slens));
     int32_t *sres = PyMem_Calloc(alloc, sizeof(*sres));
     PyObject *out = NULL, *list = NULL;
     bool failed = false;
-    if (!objs || !caps || !res || !pending || !idx || !skeys || !sdst || !sbufs || !scaps ||
-        !slens || !sres) {
+    if (!objs || !caps || !res || !pending || !idx || !skeys || !siov || !scnt || !slens ||
+        !sres) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1520,17 +1326,15 @@ static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *
                 continue;
             idx[m] = i;
             skeys[m] = k.keys[i];
-            scaps[m] = caps[i];
-            sdst[m] = objs[i] ? PyBytes_AS_STRING(objs[i]) : NULL;
+            siov[m].iov_base = objs[i] ? PyBytes_AS_STRING(objs[i]) : NULL;
+            siov[m].iov_len = caps[i];
+            scnt[m] = caps[i] ? 1 : 0;
             m++;
         }
         if (m == 0)
             break;
-        ml_get_job job = {.kind = self->kind, .keys = skeys, .dst = sdst, .caps = scaps,
-                          .lens = slens, .bufs = sbufs, .results = sres, .m = m,
-                          .tenant = tenant};
         int rc;
-        ML_CALL(self, rc, ml_get_job_run(c, &job));
+        ML_CALL(self, rc, moonlet_client_batch_get(c, skeys, m, siov, scnt, tenant, slens, sres));
         if (rc == ML_CLOSED) {
             ml_raise(rc, "batch_get", NULL);
             goto done;
@@ -1598,9 +1402,8 @@ done:
     PyMem_Free(pending);
     PyMem_Free(idx);
     PyMem_Free(skeys);
-    PyMem_Free(sdst);
-    PyMem_Free(sbufs);
-    PyMem_Free(scaps);
+    PyMem_Free(siov);
+    PyMem_Free(scnt);
     PyMem_Free(slens);
     PyMem_Free(sres);
     ml_keys_free(&k);
@@ -1660,12 +1463,8 @@ static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyO
  */
 typedef struct {
     ml_keys k;
-    size_t *first; /* n + 1 entries: key i's ranges are [first[i], first[i + 1]) */
-    Py_buffer *pieces; /* .buf / .len of every range (no export is held) */
-    size_t npieces;
-    size_t *lens; /* each key's total */
-    size_t total; /* staging bytes: every key's slot */
-    const void **bufs;
+    size_t *iovcnt;    /* n entries: key i's ranges are the next iovcnt[i] of iov */
+    struct iovec *iov; /* every range, key 0's first */
     size_t *got;
     int32_t *results;
 } ml_multi;
@@ -1673,10 +1472,8 @@ typedef struct {
 static void ml_multi_free(ml_multi *m)
 {
     ml_keys_free(&m->k);
-    PyMem_Free(m->first);
-    PyMem_Free(m->pieces);
-    PyMem_Free(m->lens);
-    PyMem_Free(m->bufs);
+    PyMem_Free(m->iovcnt);
+    PyMem_Free(m->iov);
     PyMem_Free(m->got);
     PyMem_Free(m->results);
 }
@@ -1686,9 +1483,11 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
 {
     memset(m, 0, sizeof(*m));
     PyObject *ta = NULL, *ts = NULL;
+    void **a = NULL;
+    size_t *s = NULL;
     if (ml_keys_init(&m->k, keys))
         return -1;
-    size_t n = m->k.n, alloc = n ? n : 1;
+    size_t n = m->k.n, alloc = n ? n : 1, npieces = 0;
     ta = PySequence_Tuple(all_addrs);
     ts = ta ? PySequence_Tuple(all_sizes) : NULL;
     if (!ts)
@@ -1698,12 +1497,10 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
                      PyTuple_GET_SIZE(ta), PyTuple_GET_SIZE(ts), n);
         goto fail;
     }
-    m->first = PyMem_Calloc(n + 1, sizeof(*m->first));
-    m->lens = PyMem_Calloc(alloc, sizeof(*m->lens));
-    m->bufs = PyMem_Calloc(alloc, sizeof(*m->bufs));
+    m->iovcnt = PyMem_Calloc(alloc, sizeof(*m->iovcnt));
     m->got = PyMem_Calloc(alloc, sizeof(*m->got));
     m->results = PyMem_Calloc(alloc, sizeof(*m->results));
-    if (!m->first || !m->lens || !m->bufs || !m->got || !m->results) {
+    if (!m->iovcnt || !m->got || !m->results) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -1711,50 +1508,35 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
         Py_ssize_t len = PyObject_Length(PyTuple_GET_ITEM(ta, (Py_ssize_t)i));
         if (len < 0)
             goto fail;
-        m->first[i + 1] = m->first[i] + (size_t)len;
+        m->iovcnt[i] = (size_t)len;
+        npieces += (size_t)len;
     }
-    m->npieces = m->first[n];
-    m->pieces = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*m->pieces));
-    void **a = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*a));
-    size_t *s = PyMem_Calloc(m->npieces ? m->npieces : 1, sizeof(*s));
-    if (!m->pieces || !a || !s) {
-        PyMem_Free(a);
-        PyMem_Free(s);
+    m->iov = PyMem_Calloc(npieces ? npieces : 1, sizeof(*m->iov));
+    a = PyMem_Calloc(npieces ? npieces : 1, sizeof(*a));
+    s = PyMem_Calloc(npieces ? npieces : 1, sizeof(*s));
+    if (!m->iov || !a || !s) {
         PyErr_NoMemory();
         goto fail;
     }
-    int bad = 0;
-    for (size_t i = 0; i < n && !bad; i++) {
-        size_t cnt = m->first[i + 1] - m->first[i];
-        bad = ml_seq_conv(PyTuple_GET_ITEM(ta, (Py_ssize_t)i), cnt, "addresses", conv_addr,
-                          a + m->first[i], sizeof(*a)) ||
-              ml_seq_conv(PyTuple_GET_ITEM(ts, (Py_ssize_t)i), cnt, "sizes", conv_size,
-                          s + m->first[i], sizeof(*s));
-        size_t len = 0;
-        for (size_t p = m->first[i]; !bad && p < m->first[i + 1]; p++) {
-            if (s[p] > (size_t)PY_SSIZE_T_MAX || s[p] > SIZE_MAX - len) {
-                PyErr_SetString(PyExc_OverflowError, "the ranges of a key are too large");
-                bad = 1;
-                break;
-            }
-            len += s[p];
-            m->pieces[p].buf = a[p];
-            m->pieces[p].len = (Py_ssize_t)s[p];
-        }
-        m->lens[i] = len;
-        if (!bad && ml_add_slot(&m->total, len)) {
-            PyErr_SetString(PyExc_OverflowError, "the keys are too large together");
-            bad = 1;
+    for (size_t i = 0, at = 0; i < n; at += m->iovcnt[i], i++) {
+        if (ml_seq_conv(PyTuple_GET_ITEM(ta, (Py_ssize_t)i), m->iovcnt[i], "addresses",
+                        conv_addr, a + at, sizeof(*a)) ||
+            ml_seq_conv(PyTuple_GET_ITEM(ts, (Py_ssize_t)i), m->iovcnt[i], "sizes", conv_size,
+                        s + at, sizeof(*s)))
+            goto fail;
+        for (size_t p = at; p < at + m->iovcnt[i]; p++) {
+            m->iov[p].iov_base = a[p];
+            m->iov[p].iov_len = s[p];
         }
     }
     PyMem_Free(a);
     PyMem_Free(s);
-    if (bad)
-        goto fail;
     Py_DECREF(ta);
     Py_DECREF(ts);
     return 0;
 fail:
+    PyMem_Free(a);
+    PyMem_Free(s);
     Py_XDECREF(ta);
     Py_XDECREF(ts);
     ml_multi_free(m);
@@ -1778,70 +1560,23 @@ static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
 
 static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", "replica_num",
-                          "soft_pin",
-                          "preferred_segments", "hard_pin", "soft_pin_ttl_ms", NULL};
+    static char *kwl[] = {"keys", "all_addresses", "all_sizes", NULL};
     PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    uint32_t replica_num = 0;
-    int soft_pin = 0;
-    ml_place pl;
-    ml_place_init(&pl);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&O&pO&pO&:_batch_put_multi", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant, conv_u32, &replica_num,
-                                     &soft_pin, conv_place_pref, &pl, &pl.hard_pin,
-                                     conv_u64, &pl.ttl_ms))
+    ml_putkw pk;
+    if (!ml_parse_put(args, kw, "OOO:_batch_put_multi", kwl, &pk, &keys, &addrs, &sizes))
         return NULL;
     ml_multi m;
     if (ml_multi_init(&m, keys, addrs, sizes))
         return NULL;
-    moonlet_put_options o;
-    ml_put_opts(&o, tenant, replica_num, soft_pin, &pl);
-    ml_put_job job = {.kind = self->kind, .keys = m.k.keys, .n = m.k.n, .pieces = m.pieces,
-                      .first = m.first, .lens = m.lens, .total = m.total, .bufs = m.bufs,
-                      .opt = &o, .results = m.results};
+    moonlet_put_options o = pk.o;
     int rc = MOONLET_OK;
     if (m.k.n)
-        ML_CALL(self, rc, ml_put_job_run(c, &job));
+        ML_CALL(self, rc,
+                moonlet_client_batch_put(c, m.k.keys, m.k.n, m.iov, m.iovcnt, &o, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_put_from_multi_buffers", NULL)
                                     : ml_multi_results(&m, false);
     ml_multi_free(&m);
     return out;
-}
-
-/* Called with the client lock held and the GIL released. */
-static int ml_multi_get_run(moonlet_client *c, ml_kind kind, ml_multi *m, const char *tenant)
-{
-    for (size_t i = 0; i < m->k.n; i++)
-        m->results[i] = ML_UNSET;
-    ml_region r;
-    int rc = ml_region_begin(c, kind, m->total, &r);
-    if (rc) {
-        ml_fill_unset(m->results, m->k.n, rc);
-        return rc;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < m->k.n; i++) {
-        m->bufs[i] = m->lens[i] ? (unsigned char *)r.base + off : NULL;
-        ml_add_slot(&off, m->lens[i]); /* cannot overflow: total was computed the same way */
-    }
-    rc = moonlet_client_batch_get_into(c, m->k.keys, (void *const *)m->bufs, m->lens, m->k.n,
-                                       m->got, m->results, tenant);
-    ml_fill_unset(m->results, m->k.n, rc);
-    for (size_t i = 0; i < m->k.n; i++) {
-        if (m->results[i] != MOONLET_OK || m->got[i] > m->lens[i])
-            continue;
-        const unsigned char *src = m->bufs[i];
-        size_t left = m->got[i];
-        for (size_t p = m->first[i]; p < m->first[i + 1] && left; p++) {
-            size_t take = (size_t)m->pieces[p].len < left ? (size_t)m->pieces[p].len : left;
-            memcpy(m->pieces[p].buf, src, take);
-            src += take;
-            left -= take;
-        }
-    }
-    ml_region_end(c, &r);
-    return rc;
 }
 
 static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyObject *kw)
@@ -1857,196 +1592,13 @@ static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyOb
         return NULL;
     int rc = MOONLET_OK;
     if (m.k.n)
-        ML_CALL(self, rc, ml_multi_get_run(c, self->kind, &m, tenant));
+        ML_CALL(self, rc, moonlet_client_batch_get(c, m.k.keys, m.k.n, m.iov, m.iovcnt, tenant,
+                                                   m.got, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_get_into_multi_buffers", NULL)
                                     : ml_multi_results(&m, true);
     ml_multi_free(&m);
     return out;
 }
-
-/* ---- shared buffers ------------------------------------------------------------------------ */
-
-static PyTypeObject SharedType;
-
-static PyObject *Client_alloc_buffer(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"size", NULL};
-    size_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:alloc_buffer", kwl, conv_size, &size))
-        return NULL;
-    void *p = NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_alloc_shared(c, size, &p));
-    if (rc)
-        return ml_raise(rc, "alloc_buffer", NULL);
-    SharedObject *b = PyObject_New(SharedObject, &SharedType);
-    if (!b) {
-        ML_CALL(self, rc, moonlet_client_free_shared(c, p));
-        return NULL;
-    }
-    Py_INCREF(self);
-    b->owner = self;
-    b->ptr = p;
-    b->len = size;
-    b->exports = 0;
-    b->next = self->shared;
-    b->pprev = &self->shared;
-    if (self->shared)
-        self->shared->pprev = &b->next;
-    self->shared = b;
-    return (PyObject *)b;
-}
-
-/* Frees the memory unless views of it are alive; idempotent. */
-static int shared_free(SharedObject *b)
-{
-    if (!b->ptr)
-        return 0;
-    if (b->exports > 0) {
-        PyErr_SetString(PyExc_BufferError,
-                        "SharedBuffer.free: a view of it is still alive (release it first)");
-        return -1;
-    }
-    void *p = b->ptr;
-    shared_unlink(b);
-    int rc;
-    ML_CALL(b->owner, rc, moonlet_client_free_shared(c, p));
-    if (rc && rc != ML_CLOSED) {
-        ml_raise(rc, "SharedBuffer.free", NULL);
-        return -1;
-    }
-    return 0;
-}
-
-static PyObject *Shared_free(SharedObject *b, PyObject *unused)
-{
-    if (shared_free(b))
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Shared_enter(SharedObject *b, PyObject *unused)
-{
-    Py_INCREF(b);
-    return (PyObject *)b;
-}
-
-static PyObject *Shared_exit(SharedObject *b, PyObject *args)
-{
-    if (shared_free(b))
-        return NULL;
-    Py_RETURN_FALSE;
-}
-
-static void Shared_dealloc(SharedObject *b)
-{
-    if (b->ptr && shared_free(b))
-        PyErr_WriteUnraisable((PyObject *)b);
-    Py_CLEAR(b->owner);
-    PyObject_Free(b);
-}
-
-static int Shared_getbuffer(SharedObject *b, Py_buffer *view, int flags)
-{
-    if (!b->ptr) {
-        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
-        view->obj = NULL;
-        return -1;
-    }
-    if (b->len > PY_SSIZE_T_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "SharedBuffer too large for a buffer view");
-        view->obj = NULL;
-        return -1;
-    }
-    if (PyBuffer_FillInfo(view, (PyObject *)b, b->ptr, (Py_ssize_t)b->len, 0, flags) < 0)
-        return -1;
-    b->exports++;
-    return 0;
-}
-
-static void Shared_releasebuffer(SharedObject *b, Py_buffer *view)
-{
-    b->exports--;
-}
-
-static Py_ssize_t Shared_len(SharedObject *b)
-{
-    return b->ptr ? (Py_ssize_t)b->len : 0;
-}
-
-static PyObject *Shared_get_address(SharedObject *b, void *closure)
-{
-    if (!b->ptr) {
-        PyErr_SetString(PyExc_ValueError, "SharedBuffer is freed");
-        return NULL;
-    }
-    return PyLong_FromVoidPtr(b->ptr);
-}
-
-static PyObject *Shared_get_size(SharedObject *b, void *closure)
-{
-    return PyLong_FromSize_t(b->ptr ? b->len : 0);
-}
-
-static PyObject *Shared_get_freed(SharedObject *b, void *closure)
-{
-    return PyBool_FromLong(b->ptr == NULL);
-}
-
-static PyObject *Shared_repr(SharedObject *b)
-{
-    if (!b->ptr)
-        return PyUnicode_FromString("<moonlet.SharedBuffer freed>");
-    return PyUnicode_FromFormat("<moonlet.SharedBuffer address=%p size=%zu>", b->ptr, b->len);
-}
-
-static PyMethodDef Shared_methods[] = {
-    {"free", (PyCFunction)Shared_free, METH_NOARGS,
-     "free()\n--\n\nReturns the memory to the store (BufferError while a view of it is "
-     "alive).  Calling it again does nothing."},
-    {"__enter__", (PyCFunction)Shared_enter, METH_NOARGS, "Returns itself."},
-    {"__exit__", (PyCFunction)Shared_exit, METH_VARARGS, "Frees the memory."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Shared_getset[] = {
-    {"address", (getter)Shared_get_address, NULL,
-     "The memory's address, for put_from / get_into and their batches.", NULL},
-    {"size", (getter)Shared_get_size, NULL, "Its size in bytes (0 once freed).", NULL},
-    {"freed", (getter)Shared_get_freed, NULL, "True once freed (or its store closed).", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyBufferProcs Shared_as_buffer = {
-    .bf_getbuffer = (getbufferproc)Shared_getbuffer,
-    .bf_releasebuffer = (releasebufferproc)Shared_releasebuffer,
-};
-
-static PySequenceMethods Shared_as_sequence = {
-    .sq_length = (lenfunc)Shared_len,
-};
-
-PyDoc_STRVAR(Shared_doc,
-"Memory that put_from / get_into use with no copy on either backend\n"
-"(Store.alloc_buffer()): shared memory the RealClient maps for a DummyClient,\n"
-"registered memory for a direct Store.  A writable buffer object\n"
-"(memoryview(buf), numpy.frombuffer(buf, ...)); .address is its address.\n"
-"Freed by free(), leaving a with block, or its Store's close(); none of them\n"
-"runs while a view of it is alive (BufferError).");
-
-static PyTypeObject SharedType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "moonlet.SharedBuffer",
-    .tp_basicsize = sizeof(SharedObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = Shared_doc,
-    .tp_dealloc = (destructor)Shared_dealloc,
-    .tp_repr = (reprfunc)Shared_repr,
-    .tp_as_buffer = &Shared_as_buffer,
-    .tp_as_sequence = &Shared_as_sequence,
-    .tp_methods = Shared_methods,
-    .tp_getset = Shared_getset,
-};
 
 /* ---- accessors ---------------------------------------------------------------------------- */
 
@@ -2164,7 +1716,7 @@ static PyMethodDef Client_methods[] = {
      "boundary; nothing when none is selected.  Returns (kv_prefix, selected or None,\n"
      "mask).  StoreError: INVALID_PARAMS, INVALID_KEY, INVALID_VERSION (the master\n"
      "predates ProbeResume).  Releases the GIL."},
-    {"alloc_buffer", ML_KW(Client_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
+    {"alloc_buffer", ML_KW(ml_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
      "alloc_buffer(size) -> SharedBuffer\n--\n\n"
      "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "
      "either backend, already registered (do not register them again).  Through a "
@@ -2309,7 +1861,7 @@ PyMODINIT_FUNC PyInit__moonlet(void)
     Py_DECREF(errors);
     if (!g_store_error)
         return NULL;
-    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&SharedType) < 0)
+    if (PyType_Ready(&ClientType) < 0 || PyType_Ready(&ml_SharedType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moonlet_module);
     if (!m)
@@ -2320,9 +1872,9 @@ PyMODINIT_FUNC PyInit__moonlet(void)
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&SharedType);
-    if (PyModule_AddObject(m, "SharedBuffer", (PyObject *)&SharedType) < 0) {
-        Py_DECREF(&SharedType);
+    Py_INCREF(&ml_SharedType);
+    if (PyModule_AddObject(m, "SharedBuffer", (PyObject *)&ml_SharedType) < 0) {
+        Py_DECREF(&ml_SharedType);
         Py_DECREF(m);
         return NULL;
     }

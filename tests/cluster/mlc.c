@@ -232,7 +232,7 @@ static int op_get(const char *key, bool verify, uint64_t *len, bool *wrong)
     *wrong = false;
     if (rc == 0 && verify)
         *wrong = !content_check(key, buf, n) || (g_o.size_given && n != object_size(key));
-    free(buf);
+    moonlet_free(buf);
     return rc;
 }
 
@@ -923,7 +923,7 @@ int main(int argc, char **argv)
     pthread_detach(sig_th);
 
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_o.master;
     cfg.protocol = g_o.protocol;
     cfg.source_addr = g_o.source_addr;

@@ -9,6 +9,10 @@
  * reports, abort() flags broken invariants: the two request decoders must
  * agree, a decodable body must pass moonlet_frame_body_check, getters must
  * agree with each other, and re-encoding must round-trip to stable bytes.
+ * The args of every request also go through the table decoder
+ * (transport/rpc_args.c) with every method of the master's table
+ * (master/methods.c) and of the DummyClient's (store/dummy_proto.c): what it accepts must hold within the table's bounds,
+ * and packing the decoded struct again must decode to the same arguments.
  *
  * Built twice: with -fsanitize=fuzzer for fuzzing (-Dfuzz=true, clang), and
  * with replay_main.c as a unit test that replays the seed corpus.
@@ -18,8 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dummy_proto.h"
 #include "frame.h"
+#include "methods.h"
 #include "moonlet/error.h"
+#include "rpc_args.h"
 #include "wire.h"
 
 #define FUZZ_MAX_FRAME (1u << 20)
@@ -132,6 +139,107 @@ static void roundtrip_request(const moonlet_request *req)
     moonlet_frame_builder_destroy(&b2);
 }
 
+#define FUZZ_BATCH_CAP 64
+
+/* What the table decoder accepted lies within the table's bounds. */
+static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st);
+static void check_decoded(const moonlet_rpc_args_spec *spec, const void *st)
+{
+    uint32_t nargs = *(const uint32_t *)st;
+    for (uint32_t i = 0; i < spec->nargs && i < nargs; i++) {
+        const moonlet_rpc_arg *a = &spec->args[i];
+        const void *f = (const char *)st + a->offset;
+        switch (a->kind) {
+        case MOONLET_ARG_STR: {
+            const moonlet_str *v = f;
+            CHECK(!a->max || v->len <= a->max);
+            touch(v->ptr, v->len);
+            break;
+        }
+        case MOONLET_ARG_CSTR: {
+            const char *c = *(const char *const *)f;
+            CHECK(c ? !a->max || strlen(c) <= a->max : (a->flags & MOONLET_ARG_NULLABLE) != 0);
+            break;
+        }
+        case MOONLET_ARG_CSTR_ARRAY: {
+            const moonlet_cstrv *v = f;
+            CHECK(!a->max || v->n <= a->max);
+            for (uint32_t k = 0; k < v->n; k++)
+                CHECK(v->v[k] && (!a->elem_max || strlen(v->v[k]) <= a->elem_max));
+            break;
+        }
+        case MOONLET_ARG_TUPLE_ARRAY: {
+            const moonlet_tuplev *v = f;
+            CHECK(!a->max || v->n <= a->max);
+            for (uint32_t k = 0; k < v->n; k++)
+                check_decoded(a->item, (const char *)v->v + (size_t)k * a->item->size);
+            break;
+        }
+        case MOONLET_ARG_BIN:
+            CHECK(!a->max || ((const moonlet_str *)f)->len == a->max);
+            break;
+        case MOONLET_ARG_U64:
+            CHECK(!a->max || *(const uint64_t *)f <= a->max);
+            break;
+        case MOONLET_ARG_STR_ARRAY: {
+            const moonlet_strv *v = f;
+            uint64_t cap = (a->flags & MOONLET_ARG_BATCH) ? FUZZ_BATCH_CAP : a->max;
+            CHECK(!cap || v->n <= cap);
+            for (uint32_t k = 0; k < v->n; k++) {
+                CHECK(!a->elem_max || v->v[k].len <= a->elem_max);
+                touch(v->v[k].ptr, v->v[k].len);
+            }
+            break;
+        }
+        case MOONLET_ARG_U64_ARRAY: {
+            const moonlet_u64v *v = f;
+            CHECK(!(a->flags & MOONLET_ARG_BATCH) || v->n <= FUZZ_BATCH_CAP);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+}
+
+/* Runs args through every method's declared list of one table. */
+static void fuzz_table_decode(const msgpack_object *args, const moonlet_rpc_method_decl *table,
+                              size_t nmethods)
+{
+    _Alignas(16) unsigned char st[512], again[512];
+    char err[768];
+    for (size_t m = 0; m < nmethods; m++) {
+        const moonlet_rpc_method_decl *d = &table[m];
+        CHECK(d->spec->size <= sizeof(st));
+        msgpack_zone zone;
+        CHECK(msgpack_zone_init(&zone, 1024));
+        int rc = moonlet_rpc_args_decode(d->name, d->spec, args, &zone, FUZZ_BATCH_CAP, st, err,
+                                         sizeof(err));
+        CHECK(rc == 0 || rc == MOONLET_ERR_INVALID_PARAMS);
+        if (rc == MOONLET_ERR_INVALID_PARAMS)
+            CHECK(strncmp(err, "bad arguments to ", 17) == 0);
+        if (rc == 0 && !d->spec->variadic) {
+            check_decoded(d->spec, st);
+            /* pack what was decoded (all of its arguments) and decode again */
+            uint32_t n = *(uint32_t *)st;
+            msgpack_sbuffer sb;
+            msgpack_sbuffer_init(&sb);
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+            msgpack_pack_array(&pk, n);
+            moonlet_rpc_args_pack(d->spec, st, n, &pk);
+            msgpack_object o;
+            size_t off = 0;
+            CHECK(msgpack_unpack(sb.data, sb.size, &off, &zone, &o) == MSGPACK_UNPACK_SUCCESS);
+            CHECK(moonlet_rpc_args_decode(d->name, d->spec, &o, &zone, FUZZ_BATCH_CAP, again, err,
+                                          sizeof(err)) == 0);
+            CHECK(*(uint32_t *)again == n);
+            msgpack_sbuffer_destroy(&sb);
+        }
+        msgpack_zone_destroy(&zone);
+    }
+}
+
 static void fuzz_request(const char *body, size_t len)
 {
     moonlet_request req, ref;
@@ -146,6 +254,8 @@ static void fuzz_request(const char *body, size_t len)
         CHECK(req.args->type == MSGPACK_OBJECT_ARRAY && req.id == id);
         CHECK(ref.id == req.id && ref.method == req.method);
         poke_getters(req.args, 0);
+        fuzz_table_decode(req.args, moonlet_master_methods, moonlet_master_nmethods);
+        fuzz_table_decode(req.args, moonlet_dummy_methods, moonlet_dummy_nmethods);
         roundtrip_request(&req);
         moonlet_request_destroy(&req);
         moonlet_request_destroy(&ref);

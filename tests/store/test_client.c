@@ -14,6 +14,12 @@
  * local segment) to show the end-to-end checksum: a mismatch falls over to
  * the next replica, and with none left every get path returns INVALID_READ,
  * never the wrong bytes.
+ *
+ * The backend-neutral group (round trips, tenants, upsert, registered
+ * buffers, batches, probe policy, concurrent use) runs once per backend of
+ * the client's backend table: `test_client` on the direct client, and
+ * `test_client dummy` (meson test client_dummy) on a DummyClient served by a
+ * RealClient of this process over a unix socket, with the same assertions.
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -21,6 +27,8 @@
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
 #include <cmocka.h>
 
 #include "../common/cluster.h"
@@ -28,16 +36,45 @@
 #include "moonlet/client.h"
 #include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
+#include "moonlet/real_client.h"
 #include "xfer.h"
 
 static test_proc g_master, g_a, g_b;
 static moonlet_master_client *g_mc;
 static moonlet_client *g_cli;
+/* The DummyClient run: the RealClient serving it, and its socket. */
+static bool g_dummy;
+static moonlet_real_client *g_real;
+static char g_sock[108];
+
+/* A TCP client config with a local segment of seg bytes. */
+static void local_config(moonlet_client_config *cfg, const char *addr, uint64_t seg)
+{
+    moonlet_client_config_init(cfg, sizeof(*cfg));
+    cfg->master_addr = addr;
+    cfg->protocol = MOONLET_PROTOCOL_TCP;
+    cfg->local_segment_size = seg;
+    cfg->transfer_timeout_ms = 3000;
+}
+
+static moonlet_client *new_dummy_client(const char *tenant)
+{
+    moonlet_dummy_config cfg;
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
+    cfg.default_tenant = tenant;
+    moonlet_client *c = NULL;
+    int rc = moonlet_client_create_dummy(g_sock, &cfg, &c);
+    if (rc)
+        fail_msg("client_create_dummy: %s", moonlet_strerror(rc));
+    return c;
+}
 
 static moonlet_client *new_client(const char *addr, const char *tenant, const char *token)
 {
+    if (g_dummy && g_real && !token && strcmp(addr, g_master.addr) == 0)
+        return new_dummy_client(tenant);
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.default_tenant = tenant;
@@ -59,6 +96,13 @@ static int setup_cluster(void **state)
         return -1;
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
+    if (g_dummy) {
+        moonlet_client_config cfg;
+        local_config(&cfg, g_master.addr, 32u << 20);
+        snprintf(g_sock, sizeof(g_sock), "/tmp/moonlet-test-client-%ld.sock", (long)getpid());
+        if (moonlet_real_client_create(&cfg, g_sock, NULL, &g_real))
+            return -1;
+    }
     g_cli = new_client(g_master.addr, NULL, NULL);
     return 0;
 }
@@ -67,6 +111,8 @@ static int teardown_cluster(void **state)
 {
     (void)state;
     moonlet_client_destroy(g_cli);
+    moonlet_real_client_destroy(g_real);
+    g_real = NULL;
     moonlet_mc_destroy(g_mc);
     proc_stop(&g_a);
     proc_stop(&g_b);
@@ -146,7 +192,7 @@ static void test_create_errors(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     moonlet_client *c = NULL;
     assert_int_equal(moonlet_client_create(NULL, &c), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_INVALID_PARAMS);
@@ -180,6 +226,12 @@ static void test_create_errors(void **state)
 static void test_round_trip(void **state)
 {
     (void)state;
+    if (g_dummy) { /* really the DummyClient backend, served by g_real */
+        char ep[64];
+        assert_int_equal(moonlet_client_local_endpoint(g_cli, ep, sizeof(ep)),
+                         MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+        assert_true(moonlet_real_client_connections(g_real) >= 1);
+    }
     const size_t sizes[] = {0, 1, 4096, (1u << 20) + 3};
     for (size_t i = 0; i < 4; i++) {
         char key[64];
@@ -194,7 +246,7 @@ static void test_round_trip(void **state)
         assert_non_null(p);
         assert_int_equal(len, sizes[i]);
         assert_memory_equal(p, data, sizes[i]);
-        free(p);
+        moonlet_free(p);
         uint64_t size = 1;
         assert_int_equal(moonlet_client_get_size(g_cli, key, &size, NULL), MOONLET_OK);
         assert_int_equal(size, sizes[i]);
@@ -350,6 +402,84 @@ static void test_registered_buffers(void **state)
     free(dst);
 }
 
+/* ---- copying batches ------------------------------------------------------------------- */
+
+static void test_copying_batches(void **state)
+{
+    (void)state;
+    unsigned char *a = random_bytes(5000, 91), *b = random_bytes(300, 92);
+    /* key 0: a then b (two ranges); key 1: empty (one empty range); key 2: b;
+     * key 3: exists */
+    assert_int_equal(moonlet_client_put(g_cli, "cp/taken", "x", 1, NULL), MOONLET_OK);
+    const char *keys[] = {"cp/ab", "cp/empty", "cp/b", "cp/taken"};
+    struct iovec iov[] = {{a, 5000}, {b, 300}, {a, 0}, {b, 300}, {a, 1}};
+    const size_t cnt[] = {2, 1, 1, 1};
+    int32_t r[4];
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r),
+                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(r[0], MOONLET_OK);
+    assert_int_equal(r[1], MOONLET_OK);
+    assert_int_equal(r[2], MOONLET_OK);
+    assert_int_equal(r[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    unsigned char *ab = malloc(5300);
+    memcpy(ab, a, 5000);
+    memcpy(ab + 5000, b, 300);
+    assert_get_equals(g_cli, "cp/ab", NULL, ab, 5300);
+    assert_get_equals(g_cli, "cp/empty", NULL, "", 0);
+    assert_get_equals(g_cli, "cp/b", NULL, b, 300);
+
+    /* sizes only (no range), then a scattered read over three ranges */
+    const char *gk[] = {"cp/ab", "cp/empty", "cp/none"};
+    size_t sizes[3];
+    int32_t gr[3];
+    const size_t zero[] = {0, 0, 0};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 3, NULL, zero, NULL, sizes, gr),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(gr[0], MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(sizes[0], 5300);
+    assert_int_equal(gr[1], MOONLET_OK);
+    assert_int_equal(sizes[1], 0);
+    assert_int_equal(gr[2], MOONLET_ERR_OBJECT_NOT_FOUND);
+    unsigned char *d1 = calloc(1, 100), *d2 = calloc(1, 5000), *d3 = calloc(1, 200);
+    struct iovec giov[] = {{d1, 100}, {d2, 5000}, {d3, 200}};
+    const size_t gcnt[] = {3};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, giov, gcnt, NULL, sizes, gr),
+                     MOONLET_OK);
+    assert_int_equal(sizes[0], 5300);
+    assert_memory_equal(d1, ab, 100);
+    assert_memory_equal(d2, ab + 100, 5000);
+    assert_memory_equal(d3, ab + 5100, 200);
+    /* ranges too small together: nothing copied, the size reported */
+    memset(d1, 0, 100);
+    const size_t one[] = {1};
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, giov, one, NULL, sizes, gr),
+                     MOONLET_ERR_BUFFER_OVERFLOW);
+    assert_int_equal(sizes[0], 5300);
+    assert_int_equal(d1[0], 0);
+
+    /* malformed calls: refused whole, every key told */
+    struct iovec bad[] = {{NULL, 5}};
+    const size_t bcnt[] = {1};
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 1, bad, bcnt, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(r[0], MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_get(g_cli, gk, 1, NULL, bcnt, NULL, sizes, gr),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 1, iov, NULL, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_put(NULL, keys, 1, iov, cnt, NULL, r),
+                     MOONLET_ERR_INVALID_PARAMS);
+    bool ex = true;
+    assert_int_equal(moonlet_client_probe_key(g_cli, "cp/ab2", &ex, NULL), MOONLET_OK);
+    assert_false(ex);
+    free(d1);
+    free(d2);
+    free(d3);
+    free(ab);
+    free(a);
+    free(b);
+}
+
 /* ---- probes ---------------------------------------------------------------------------- */
 
 static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
@@ -424,7 +554,7 @@ static void test_staging_path(void **state)
         size_t len;
         assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
         assert_memory_equal(p, data, sizes[i]);
-        free(p);
+        moonlet_free(p);
         free(data);
     }
     /* memory already registered is used as is */
@@ -458,11 +588,7 @@ static void test_local_segment(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    cfg.local_segment_size = 8u << 20;
-    cfg.transfer_timeout_ms = 3000;
+    local_config(&cfg, g_master.addr, 8u << 20);
     moonlet_client *c;
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
@@ -656,7 +782,7 @@ static void test_auth_token(void **state)
     assert_int_equal(cl_start_master(&m, flags), 0);
     assert_int_equal(cl_start_store(&s, m.addr, "8MiB", flags), 0);
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = m.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *c = NULL;
@@ -729,11 +855,7 @@ static void test_checksum_corrupted_replica(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
-    cfg.master_addr = g_cmaster.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
-    cfg.local_segment_size = 8u << 20;
-    cfg.transfer_timeout_ms = 3000;
+    local_config(&cfg, g_cmaster.addr, 8u << 20);
     moonlet_client *c;
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
@@ -805,8 +927,22 @@ static void test_checksum_corrupted_replica(void **state)
     moonlet_client_destroy(c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* `test_client dummy`: the backend-neutral group on a DummyClient. */
+    g_dummy = argc > 1 && strcmp(argv[1], "dummy") == 0;
+    const struct CMUnitTest neutral[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_tenants),
+        cmocka_unit_test(test_upsert),
+        cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_copying_batches),
+        cmocka_unit_test(test_batch_probe_policy),
+        cmocka_unit_test(test_concurrent_use),
+    };
+    if (g_dummy)
+        return cmocka_run_group_tests_name("client_dummy", neutral, setup_cluster,
+                                           teardown_cluster);
     const struct CMUnitTest pure[] = {
         cmocka_unit_test(test_lease_decision),
         cmocka_unit_test(test_replica_order),
@@ -817,6 +953,7 @@ int main(void)
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_registered_buffers),
+        cmocka_unit_test(test_copying_batches),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_staging_path),
         cmocka_unit_test(test_local_segment),

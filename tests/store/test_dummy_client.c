@@ -93,7 +93,7 @@ static moonlet_client *new_dummy(const char *path, uint64_t staging, uint32_t ti
                                  const char *tenant)
 {
     moonlet_dummy_config cfg;
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.staging_bytes = staging;
     cfg.rpc_timeout_ms = timeout_ms;
     cfg.default_tenant = tenant;
@@ -288,7 +288,7 @@ static void test_errors_pass_through(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *real = NULL;
@@ -467,7 +467,7 @@ static void test_probe_resume_both_paths(void **state)
     (void)state;
     probe_resume_case(g_dc, "resume-dummy");
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *direct = NULL;
@@ -652,7 +652,7 @@ static void test_shared_real_backend(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *real = NULL;
@@ -804,7 +804,7 @@ static void test_real_client_api(void **state)
 {
     (void)state;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     char path[108];

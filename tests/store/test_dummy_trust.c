@@ -76,9 +76,9 @@ static int h_batch_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
 }
 
 static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_DM_ATTACH, "Attach", h_attach},
-    {MOONLET_DM_GET, "Get", h_get},
-    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get},
+    {MOONLET_DM_ATTACH, "Attach", h_attach, NULL},
+    {MOONLET_DM_GET, "Get", h_get, NULL},
+    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get, NULL},
 };
 
 /* Forks a fake RealClient on `path`, run as uid/gid `as` (-1: unchanged). */
@@ -138,12 +138,12 @@ static void test_other_owner_refused(void **state)
 
     /* trusted explicitly by uid, or by group */
     moonlet_dummy_config cfg;
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.peer_uid_set = true;
     cfg.peer_uid = 65534;
     assert_int_equal(moonlet_client_create_dummy(path, &cfg, &c), MOONLET_OK);
     moonlet_client_destroy(c);
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.peer_gid_set = true;
     cfg.peer_gid = 65534;
     assert_int_equal(moonlet_client_create_dummy(path, &cfg, &c), MOONLET_OK);
@@ -163,7 +163,7 @@ static void test_lying_sizes(void **state)
     snprintf(path, sizeof(path), "%s/real.sock", dir);
     pid_t pid = fake_start(path, -1);
     moonlet_dummy_config cfg;
-    moonlet_dummy_config_init(&cfg);
+    moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.staging_bytes = 1 << 20;
     cfg.rpc_timeout_ms = 5000;
     moonlet_client *c = NULL;

@@ -42,7 +42,7 @@ static int setup(void **state)
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     return moonlet_client_create(&cfg, &g_cli) ? -1 : 0;
@@ -575,7 +575,7 @@ static void test_older_master_two_calls(void **state)
     assert_int_equal(cl_start_master(&om, extra), 0);
     assert_int_equal(cl_start_store(&os, om.addr, "8MiB", NULL), 0);
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = om.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *cli;

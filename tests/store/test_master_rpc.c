@@ -128,6 +128,24 @@ static void test_lifecycle(void **state)
     assert_int_equal(moonlet_mc_list_segments(g_mc, &j), MOONLET_OK);
     assert_int_equal(cJSON_GetArraySize(j), 2);
     cJSON_Delete(j);
+    /* paged: one segment per page, then the rest; one client's only */
+    assert_int_equal(moonlet_mc_list_segments_page(g_mc, 0, 1, NULL, &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "segments")), 1);
+    double next = cJSON_GetNumberValue(cJSON_GetObjectItem(j, "next_cursor"));
+    assert_true(next > 0);
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_list_segments_page(g_mc, (uint64_t)next, 10, NULL, &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "segments")), 1);
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(j, "next_cursor")) == 0);
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_list_segments_page(g_mc, 0, 0, "node-2", &j), MOONLET_OK);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "segments")), 1);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(
+                            cJSON_GetArrayItem(cJSON_GetObjectItem(j, "segments"), 0), "client_id")),
+                        "node-2");
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_mc_list_segments_page(g_mc, 0, 10001, NULL, &j),
+                     MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
     assert_true(cJSON_GetObjectItem(j, "objects")->valuedouble >= 1);
     assert_non_null(cJSON_GetObjectItem(j, "probe_lock_hold_us_hist"));
@@ -324,6 +342,21 @@ static void test_bad_arguments(void **state)
     msgpack_pack_false(pk);
     assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
     assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_reply_destroy(&rep);
+    /* more arguments than PutStart declares (the table's count rule) */
+    pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 9);
+    moonlet_pack_cstr(pk, "");
+    moonlet_pack_cstr(pk, "extra");
+    msgpack_pack_uint64(pk, 5);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_false(pk);
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_false(pk);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_nil(pk);
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
     moonlet_reply_destroy(&rep);
     /* unknown method */
     moonlet_rpc_client_begin(c, 9999, 0);

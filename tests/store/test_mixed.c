@@ -78,7 +78,7 @@ static int teardown(void **state)
 static moonlet_client *tcp_client(uint32_t replicas)
 {
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.replica_num = replicas;

@@ -45,7 +45,7 @@ static int connect_clients(void)
     if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
         return -1;
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     cfg.transfer_timeout_ms = 3000;

@@ -132,7 +132,7 @@ static void fill_pattern(unsigned char *buf, size_t len, const char *key)
 static int client_op(const char *op, char **a)
 {
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = g_addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *c;
@@ -160,7 +160,7 @@ static int client_op(const char *op, char **a)
             if (!rc)
                 printf("cget %s: %zu bytes, content verified\n", a[1], len);
         }
-        free(buf);
+        moonlet_free(buf);
     }
     moonlet_client_destroy(c);
     return rc;

@@ -138,10 +138,10 @@ static int h_bad(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
 }
 
 static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_M_ECHO, "echo", h_echo},     {M_ADD, "add", h_add},
-    {M_SET_DATA, "set_data", h_set_data}, {M_GET_DATA, "get_data", h_get_data},
-    {M_SLEEP, "sleep", h_sleep},          {M_BIG, "big", h_big},
-    {M_BAD, "bad", h_bad},
+    {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
+    {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
+    {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
+    {M_BAD, "bad", h_bad, NULL},
 };
 
 /* ------------------------------------------------------------------ */
@@ -932,9 +932,9 @@ static void test_bad_options(void **state)
 {
     moonlet_rpc_server *s = NULL;
     moonlet_rpc_server_opts o = base_opts();
-    moonlet_rpc_method dup[] = {{M_ADD, "a", h_add}, {M_ADD, "b", h_echo}};
-    moonlet_rpc_method auth[] = {{MOONLET_M_AUTH, "auth", h_echo}};
-    moonlet_rpc_method nofn[] = {{M_ADD, "add", NULL}};
+    moonlet_rpc_method dup[] = {{M_ADD, "a", h_add, NULL}, {M_ADD, "b", h_echo, NULL}};
+    moonlet_rpc_method auth[] = {{MOONLET_M_AUTH, "auth", h_echo, NULL}};
+    moonlet_rpc_method nofn[] = {{M_ADD, "add", NULL, NULL}};
 
     assert_int_equal(moonlet_rpc_server_create(NULL, &s), MOONLET_ERR_INVALID_PARAMS);
     o.methods = dup;

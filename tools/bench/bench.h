@@ -67,5 +67,6 @@ int bench_probe_main(int argc, char **argv);
 int bench_client_main(int argc, char **argv);
 int bench_trace_main(int argc, char **argv);
 int bench_load_main(int argc, char **argv);
+int bench_scale_main(int argc, char **argv);
 
 #endif

@@ -342,7 +342,7 @@ int bench_client_main(int argc, char **argv)
         goto out;
     step = "connect the C clients";
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = bm.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     if (moonlet_client_create(&cfg, &direct) || moonlet_client_create_dummy(sock, NULL, &dummy))

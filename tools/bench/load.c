@@ -261,7 +261,7 @@ static int worker_connect(worker *w)
         return moonlet_mc_create(w->cfg->master_addr, NULL, &w->mc);
     case PH_MOON_PUTGET: {
         moonlet_client_config cfg;
-        moonlet_client_config_init(&cfg);
+        moonlet_client_config_init(&cfg, sizeof cfg);
         cfg.master_addr = w->cfg->master_addr;
         cfg.protocol = MOONLET_PROTOCOL_TCP;
         return moonlet_client_create(&cfg, &w->cli);

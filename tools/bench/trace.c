@@ -397,7 +397,7 @@ static int cluster_start(cluster *cl, const trace_opts *o, uint64_t per_store)
             return -1;
         }
     moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg);
+    moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = cl->master.addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
     size_t len = o->kv_bytes > o->kda_bytes ? o->kv_bytes : o->kda_bytes;

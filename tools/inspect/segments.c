@@ -4,8 +4,9 @@
  * owner's last ping (a store node that stops pinging is unmounted when the
  * age passes the master's liveness TTL).
  *
- * One ListSegments call; the master caps segments at a few thousand, so the
- * reply is small enough to hold whole.
+ * ListSegments page by page (INSPECT_SEG_PAGE segments per call, so no reply
+ * grows with the cluster); the rows are gathered, then rendered at once.  A
+ * master older than paging answers the first call with every segment.
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -100,17 +101,50 @@ static int render_table(const cJSON *list, FILE *out, int width)
     return MOONLET_OK;
 }
 
+#define INSPECT_SEG_PAGE 1000u
+#define INSPECT_SEG_MAX_PAGES 100000u /* a bound on a master that never ends the listing */
+
+/* Every segment, one ListSegments page at a time, into one array. */
+static int fetch_all(moonlet_master_client *mc, cJSON **list)
+{
+    *list = cJSON_CreateArray();
+    if (!*list)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    uint64_t cursor = 0;
+    for (uint32_t page = 0; page < INSPECT_SEG_MAX_PAGES; page++) {
+        cJSON *reply = NULL;
+        int rc = moonlet_mc_list_segments_page(mc, cursor, INSPECT_SEG_PAGE, NULL, &reply);
+        if (rc) {
+            cJSON_Delete(*list);
+            return rc;
+        }
+        bool legacy = cJSON_IsArray(reply);
+        cJSON *segs = legacy ? reply : cJSON_GetObjectItem(reply, "segments");
+        const cJSON *next = legacy ? NULL : cJSON_GetObjectItem(reply, "next_cursor");
+        if (!cJSON_IsArray(segs) || (!legacy && !cJSON_IsNumber(next))) {
+            cJSON_Delete(reply);
+            cJSON_Delete(*list);
+            return MOONLET_ERR_RPC_FAIL;
+        }
+        cJSON *s;
+        while ((s = cJSON_DetachItemFromArray(segs, 0)))
+            cJSON_AddItemToArray(*list, s);
+        cursor = legacy ? 0 : (uint64_t)cJSON_GetNumberValue(next);
+        cJSON_Delete(reply);
+        if (cursor == 0)
+            return MOONLET_OK;
+    }
+    return MOONLET_OK;
+}
+
 int inspect_render_segments(moonlet_master_client *mc, const inspect_opts *o, FILE *out,
                             int width)
 {
     cJSON *list = NULL;
-    int rc = moonlet_mc_list_segments(mc, &list);
+    int rc = fetch_all(mc, &list);
     if (rc)
         return rc;
-    if (!cJSON_IsArray(list))
-        rc = MOONLET_ERR_RPC_FAIL;
-    else
-        rc = o->json ? render_json(list, o, out) : render_table(list, out, width);
+    rc = o->json ? render_json(list, o, out) : render_table(list, out, width);
     cJSON_Delete(list);
     return rc;
 }

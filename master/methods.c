@@ -1,0 +1,183 @@
+/*
+ * methods.c - the master's method table: every method's arguments, declared
+ * once (methods.h, transport/rpc_args.h).  Adding an argument is one row
+ * here, one field in its struct in methods.h, and its use in the handler
+ * (docs/protocol.md, "Adding a method or an argument").  No state; no locks.
+ */
+#include "methods.h"
+
+#include <stddef.h>
+
+#include "master.h"
+#include "moonlet/types.h"
+
+#define OPT MOONLET_ARG_OPTIONAL
+#define WITH_PREV MOONLET_ARG_WITH_PREV
+#define BATCH MOONLET_ARG_BATCH
+#define STR MOONLET_ARG_STR
+#define CSTR MOONLET_ARG_CSTR
+#define BIN MOONLET_ARG_BIN
+#define U64 MOONLET_ARG_U64
+#define BOOL MOONLET_ARG_BOOL
+#define STRS MOONLET_ARG_STR_ARRAY
+#define U64S MOONLET_ARG_U64_ARRAY
+
+/* One row: name, kind, flags, field, then .max / .elem_max / .def as needed. */
+#define ARG(T, f, k, fl) .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
+#define ID_MAX MOONLET_MAX_ID_BYTES
+#define PROTO_MAX 15 /* "tcp", "rdma", ... */
+
+static const moonlet_rpc_arg auth_args[] = {
+    {.name = "token", .kind = STR, .offset = offsetof(moonlet_args_key, tenant)}};
+
+static const moonlet_rpc_arg ping_args[] = {
+    {ARG(moonlet_args_ping, client_id, STR, 0)},
+    {ARG(moonlet_args_ping, node_clock_ms, U64, OPT)},
+};
+
+static const moonlet_rpc_arg mount_args[] = {
+    {ARG(moonlet_args_mount, client_id, CSTR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_mount, segment_id, CSTR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_mount, name, CSTR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_mount, base, U64, 0)},
+    {ARG(moonlet_args_mount, size, U64, 0)},
+    {ARG(moonlet_args_mount, endpoint, CSTR, 0), .max = MOONLET_MAX_ENDPOINT_BYTES},
+    {ARG(moonlet_args_mount, protocol, CSTR, 0), .max = PROTO_MAX},
+    {ARG(moonlet_args_mount, write_key, BIN, OPT), .max = 16},
+    {ARG(moonlet_args_mount, node_clock_ms, U64, OPT | WITH_PREV)},
+    {ARG(moonlet_args_mount, alt_endpoint, CSTR, OPT), .max = MOONLET_MAX_ENDPOINT_BYTES},
+    {ARG(moonlet_args_mount, alt_segment_id, CSTR, OPT | WITH_PREV), .max = ID_MAX},
+    {ARG(moonlet_args_mount, alt_protocol, CSTR, OPT | WITH_PREV), .max = PROTO_MAX},
+};
+
+static const moonlet_rpc_arg unmount_args[] = {
+    {ARG(moonlet_args_unmount, client_id, STR, 0)},
+    {ARG(moonlet_args_unmount, segment_id, STR, 0)},
+};
+
+static const moonlet_rpc_arg bind_args[] = {
+    {ARG(moonlet_args_bind, client_id, STR, 0)},
+    {ARG(moonlet_args_bind, secret, STR, 0)},
+};
+
+/* Keys are not bounded here: the master answers an oversized key INVALID_KEY. */
+static const moonlet_rpc_arg key_args[] = {
+    {ARG(moonlet_args_key, tenant, STR, 0)},
+    {ARG(moonlet_args_key, key, STR, 0)},
+};
+
+static const moonlet_rpc_arg put_start_args[] = {
+    {ARG(moonlet_args_put_start, tenant, STR, 0)},
+    {ARG(moonlet_args_put_start, key, STR, 0)},
+    {ARG(moonlet_args_put_start, size, U64, 0)},
+    {ARG(moonlet_args_put_start, replica_num, U64, 0), .max = UINT32_MAX},
+    {ARG(moonlet_args_put_start, soft_pin, BOOL, 0)},
+    {ARG(moonlet_args_put_start, preferred_segments, STRS, OPT), .max = MOONLET_MAX_PREFERRED,
+     .elem_max = ID_MAX},
+    {ARG(moonlet_args_put_start, hard_pin, BOOL, OPT)},
+    {ARG(moonlet_args_put_start, soft_pin_ttl_ms, U64, OPT)},
+};
+
+static const moonlet_rpc_arg put_end_args[] = {
+    {ARG(moonlet_args_put_end, tenant, STR, 0)},
+    {ARG(moonlet_args_put_end, key, STR, 0)},
+    {ARG(moonlet_args_put_end, checksum, U64, OPT)},
+};
+
+static const moonlet_rpc_arg remove_args[] = {
+    {ARG(moonlet_args_remove, tenant, STR, 0)},
+    {ARG(moonlet_args_remove, key, STR, 0)},
+    {ARG(moonlet_args_remove, force, BOOL, OPT)},
+};
+
+static const moonlet_rpc_arg remove_all_args[] = {
+    {ARG(moonlet_args_remove_all, tenant, STR, 0)},
+    {ARG(moonlet_args_remove_all, force, BOOL, OPT)},
+};
+
+static const moonlet_rpc_arg batch_exist_args[] = {
+    {ARG(moonlet_args_batch_exist, tenant, STR, 0)},
+    {ARG(moonlet_args_batch_exist, keys, STRS, BATCH)},
+};
+
+static const moonlet_rpc_arg batch_probe_args[] = {
+    {ARG(moonlet_args_batch_probe, tenant, STR, 0)},
+    {ARG(moonlet_args_batch_probe, lease_mode, U64, 0), .max = UINT8_MAX},
+    {ARG(moonlet_args_batch_probe, candidate_size, U64, 0)},
+    {ARG(moonlet_args_batch_probe, keys, STRS, BATCH)},
+};
+
+static const moonlet_rpc_arg list_keys_args[] = {
+    {ARG(moonlet_args_list_keys, tenant, STR, 0)},
+    {ARG(moonlet_args_list_keys, prefix, STR, 0)},
+    {ARG(moonlet_args_list_keys, cursor, STR, 0)},
+    {ARG(moonlet_args_list_keys, limit, U64, 0), .max = UINT32_MAX},
+};
+
+static const moonlet_rpc_arg list_segments_args[] = {
+    {ARG(moonlet_args_list_segments, cursor, U64, OPT)},
+    {ARG(moonlet_args_list_segments, limit, U64, OPT), .max = UINT32_MAX},
+    {ARG(moonlet_args_list_segments, client_id, CSTR, OPT), .max = ID_MAX},
+};
+
+static const moonlet_rpc_arg probe_resume_args[] = {
+    {ARG(moonlet_args_probe_resume, tenant, STR, 0)},
+    {ARG(moonlet_args_probe_resume, kv_keys, STRS, BATCH)},
+    {ARG(moonlet_args_probe_resume, candidate_size, U64, 0)},
+    {ARG(moonlet_args_probe_resume, kda_keys, STRS, BATCH)},
+    {ARG(moonlet_args_probe_resume, boundaries, U64S, BATCH)},
+};
+
+#define SPEC(name, T, arr) static const moonlet_rpc_args_spec name = MOONLET_RPC_SPEC(T, arr, false)
+SPEC(s_auth, moonlet_args_key, auth_args);
+SPEC(s_ping, moonlet_args_ping, ping_args);
+SPEC(s_mount, moonlet_args_mount, mount_args);
+SPEC(s_unmount, moonlet_args_unmount, unmount_args);
+SPEC(s_bind, moonlet_args_bind, bind_args);
+SPEC(s_key, moonlet_args_key, key_args);
+SPEC(s_put_start, moonlet_args_put_start, put_start_args);
+SPEC(s_put_end, moonlet_args_put_end, put_end_args);
+SPEC(s_remove, moonlet_args_remove, remove_args);
+SPEC(s_remove_all, moonlet_args_remove_all, remove_all_args);
+SPEC(s_batch_exist, moonlet_args_batch_exist, batch_exist_args);
+SPEC(s_batch_probe, moonlet_args_batch_probe, batch_probe_args);
+SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
+SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
+SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
+static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
+static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
+
+const moonlet_rpc_method_decl moonlet_master_methods[] = {
+    {MOONLET_M_AUTH, "AUTH", &s_auth},
+    {MOONLET_M_ECHO, "Echo", &s_any},
+    {MOONLET_M_PING, "Ping", &s_ping},
+    {MOONLET_M_MOUNT_SEGMENT, "MountSegment", &s_mount},
+    {MOONLET_M_UNMOUNT_SEGMENT, "UnmountSegment", &s_unmount},
+    {MOONLET_M_PUT_START, "PutStart", &s_put_start},
+    {MOONLET_M_PUT_END, "PutEnd", &s_put_end},
+    {MOONLET_M_PUT_REVOKE, "PutRevoke", &s_key},
+    {MOONLET_M_GET_REPLICA_LIST, "GetReplicaList", &s_key},
+    {MOONLET_M_EXIST_KEY, "ExistKey", &s_key},
+    {MOONLET_M_BATCH_EXIST_KEY, "BatchExistKey", &s_batch_exist},
+    {MOONLET_M_PROBE_KEY, "ProbeKey", &s_key},
+    {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", &s_batch_probe},
+    {MOONLET_M_REMOVE, "Remove", &s_remove},
+    {MOONLET_M_REMOVE_ALL, "RemoveAll", &s_remove_all},
+    {MOONLET_M_LIST_SEGMENTS, "ListSegments", &s_list_segments},
+    {MOONLET_M_LIST_KEYS, "ListKeys", &s_list_keys},
+    {MOONLET_M_INSPECT_KEY, "InspectKey", &s_key},
+    {MOONLET_M_STATS, "Stats", &s_none},
+    {MOONLET_M_BIND_CLIENT, "BindClient", &s_bind},
+    {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume},
+};
+const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
+
+_Static_assert(sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]) ==
+                   MOONLET_M__COUNT - 1,
+               "one row per method id");
+
+const moonlet_rpc_method_decl *moonlet_master_method(uint32_t id)
+{
+    /* rows are in id order from 1 */
+    return id >= 1 && id < MOONLET_M__COUNT ? &moonlet_master_methods[id - 1] : NULL;
+}

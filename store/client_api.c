@@ -1,0 +1,266 @@
+/*
+ * client_api.c - the entry points of include/moonlet/client.h: each checks
+ * its arguments once, against the header's conventions (NULL client, keys,
+ * outputs and arrays; buffers of nonzero length; the shape of a ProbeResume
+ * request), then calls the client's backend through its table
+ * (client_backend.h): the direct client (client.c) or the DummyClient
+ * (client_dummy.c).  No backend repeats these checks, and every backend
+ * answers a malformed call with the same INVALID_PARAMS, before any request
+ * leaves the process.
+ *
+ * Locks: none; a backend takes its own.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "client_backend.h"
+
+#define BAD MOONLET_ERR_INVALID_PARAMS
+
+int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
+                        moonlet_client **out)
+{
+    moonlet_client *c = malloc(sizeof(*c));
+    if (!c)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    c->ops = ops;
+    c->be = be;
+    *out = c;
+    return MOONLET_OK;
+}
+
+void moonlet_client_destroy(moonlet_client *c)
+{
+    if (!c)
+        return;
+    c->ops->destroy(c->be);
+    free(c);
+}
+
+void moonlet_free(void *p)
+{
+    free(p);
+}
+
+/* Every key of a batch is a string (its length is the master's to check). */
+static bool keys_ok(const char *const *keys, size_t n)
+{
+    if (n && !keys)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!keys[i])
+            return false;
+    return true;
+}
+
+/* ---- objects ---------------------------------------------------------------------- */
+
+int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
+                       const moonlet_put_options *opt)
+{
+    if (!c || !key || (!buf && len))
+        return BAD;
+    return c->ops->put(c->be, key, buf, len, opt);
+}
+
+int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
+                            const moonlet_put_options *opt)
+{
+    if (!c || !key || (!buf && len))
+        return BAD;
+    return c->ops->put_from(c->be, key, buf, len, opt);
+}
+
+int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
+                          const moonlet_put_options *opt)
+{
+    if (!c || !key || (!buf && len))
+        return BAD;
+    return c->ops->upsert(c->be, key, buf, len, opt);
+}
+
+int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
+                       const char *tenant)
+{
+    if (!c || !key || !len || (!buf && cap))
+        return BAD;
+    return c->ops->get(c->be, key, buf, cap, len, tenant);
+}
+
+int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
+                            size_t *len, const char *tenant)
+{
+    if (!c || !key || !len || (!buf && cap))
+        return BAD;
+    return c->ops->get_into(c->be, key, buf, cap, len, tenant);
+}
+
+int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
+                             const char *tenant)
+{
+    if (buf)
+        *buf = NULL;
+    if (!c || !key || !buf || !len)
+        return BAD;
+    return c->ops->get_alloc(c->be, key, buf, len, tenant);
+}
+
+int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
+                            const char *tenant)
+{
+    if (!c || !key || !size)
+        return BAD;
+    return c->ops->get_size(c->be, key, size, tenant);
+}
+
+int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (!c || !key)
+        return BAD;
+    return c->ops->remove(c->be, key, tenant, false);
+}
+
+int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
+{
+    if (!c || !key)
+        return BAD;
+    return c->ops->remove(c->be, key, tenant, true);
+}
+
+int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (!c)
+        return BAD;
+    return c->ops->remove_all(c->be, removed, tenant, false);
+}
+
+int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
+{
+    if (!c)
+        return BAD;
+    return c->ops->remove_all(c->be, removed, tenant, true);
+}
+
+int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
+                               char **json_out)
+{
+    if (json_out)
+        *json_out = NULL;
+    if (!c || !key || !json_out)
+        return BAD;
+    return c->ops->inspect_key(c->be, key, tenant, json_out);
+}
+
+/* ---- existence and probes ---------------------------------------------------------- */
+
+int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant)
+{
+    if (!c || !key || !exists)
+        return BAD;
+    return c->ops->exist_key(c->be, key, exists, tenant);
+}
+
+int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
+                             const char *tenant)
+{
+    if (!c || !key || !exists)
+        return BAD;
+    return c->ops->probe_key(c->be, key, exists, tenant);
+}
+
+int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
+                                   int32_t *results, const char *tenant)
+{
+    if (!c || (n && (!results || !keys_ok(keys, n))))
+        return BAD;
+    return c->ops->batch_exist_key(c->be, keys, n, results, tenant);
+}
+
+int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
+                                   const char *const *keys, size_t n, int32_t *results,
+                                   const char *tenant)
+{
+    if (!c || (n && (!results || !keys_ok(keys, n))))
+        return BAD;
+    return c->ops->batch_probe_key(c->be, policy, keys, n, results, tenant);
+}
+
+int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
+                                const char *const *kda_keys, size_t n_kda,
+                                uint64_t candidate_size, const uint64_t *boundaries,
+                                moonlet_probe_resume_result *out, int32_t *mask,
+                                const char *tenant)
+{
+    if (out)
+        *out = (moonlet_probe_resume_result){0, -1};
+    if (!c || !out || !keys_ok(kv_keys, n_kv) ||
+        (n_kda && (!mask || !boundaries || !candidate_size || n_kda % candidate_size ||
+                   !keys_ok(kda_keys, n_kda))))
+        return BAD;
+    size_t nb = n_kda ? n_kda / (size_t)candidate_size : 0;
+    return c->ops->probe_resume(c->be, kv_keys, n_kv, kda_keys, n_kda, candidate_size,
+                                boundaries, nb, out, mask, tenant);
+}
+
+/* ---- zero-copy buffers and batches -------------------------------------------------- */
+
+int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
+{
+    if (!c || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
+        return BAD;
+    return c->ops->register_buffer(c->be, base, len);
+}
+
+int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
+{
+    if (!c || !base)
+        return BAD;
+    return c->ops->unregister_buffer(c->be, base);
+}
+
+int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out)
+{
+    if (!c || !len || !out)
+        return BAD;
+    return c->ops->alloc_shared(c->be, len, out);
+}
+
+int moonlet_client_free_shared(moonlet_client *c, void *p)
+{
+    if (!c || !p)
+        return BAD;
+    return c->ops->free_shared(c->be, p);
+}
+
+int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
+                                  const void *const *bufs, const size_t *lens, size_t n,
+                                  const moonlet_put_options *opt, int32_t *results)
+{
+    if (!c || (n && (!bufs || !lens || !results || !keys_ok(keys, n))))
+        return BAD;
+    return c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
+}
+
+int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
+                                  void *const *bufs, const size_t *caps, size_t n,
+                                  size_t *lens, int32_t *results, const char *tenant)
+{
+    if (!c || (n && (!bufs || !caps || !lens || !results || !keys_ok(keys, n))))
+        return BAD;
+    return c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
+}
+
+/* ---- accessors ------------------------------------------------------------------------ */
+
+const char *moonlet_client_protocol(const moonlet_client *c)
+{
+    return c ? c->ops->protocol(c->be) : "none";
+}
+
+int moonlet_client_local_endpoint(const moonlet_client *c, char *buf, size_t cap)
+{
+    if (!c || !buf)
+        return BAD;
+    return c->ops->local_endpoint(c->be, buf, cap);
+}

@@ -1,0 +1,93 @@
+/*
+ * client_backend.h - the backend table behind moonlet_client.
+ *
+ * A moonlet_client is a handle: a table of operations and the backend's
+ * state.  Two backends fill the table: the direct client (store/client.c:
+ * master connection, transport, optional local segment) and the DummyClient
+ * (store/client_dummy.c over store/dummy_client.c: every call forwarded to
+ * the RealClient of the host).  store/client_api.c is the only caller: it
+ * checks the arguments every backend needs (NULL pointers, arrays, the
+ * ProbeResume shape) once, then calls the backend; an operation therefore
+ * receives arguments already checked against include/moonlet/client.h's
+ * conventions and adds only its own checks (the direct backend's
+ * registered-memory rule).  transport/xfer.c's backend table is the model.
+ * Not installed.
+ */
+#ifndef MOONLET_CLIENT_BACKEND_H
+#define MOONLET_CLIENT_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moonlet/client.h"
+
+/* A backend's state; each backend completes it privately (the direct
+ * client's in store/client.c; the DummyClient's is a moonlet_dummy). */
+typedef struct moonlet_client_be moonlet_client_be;
+
+typedef struct moonlet_client_ops {
+    const char *name; /* "direct" or "dummy" */
+    /* How the copying batches (client_copy.c) stage bytes: true, memory of
+     * alloc_shared (the DummyClient's is shared with its RealClient, so the
+     * bytes are copied once); false, malloc'd memory registered for the
+     * call (no zeroing pass). */
+    bool shared_staging;
+    void (*destroy)(moonlet_client_be *b);
+    int (*put)(moonlet_client_be *b, const char *key, const void *buf, size_t len,
+               const moonlet_put_options *opt);
+    int (*put_from)(moonlet_client_be *b, const char *key, const void *buf, size_t len,
+                    const moonlet_put_options *opt);
+    int (*upsert)(moonlet_client_be *b, const char *key, const void *buf, size_t len,
+                  const moonlet_put_options *opt);
+    int (*get)(moonlet_client_be *b, const char *key, void *buf, size_t cap, size_t *len,
+               const char *tenant);
+    int (*get_into)(moonlet_client_be *b, const char *key, void *buf, size_t cap, size_t *len,
+                    const char *tenant);
+    int (*get_alloc)(moonlet_client_be *b, const char *key, void **buf, size_t *len,
+                     const char *tenant);
+    int (*get_size)(moonlet_client_be *b, const char *key, uint64_t *size, const char *tenant);
+    int (*batch_put_from)(moonlet_client_be *b, const char *const *keys, const void *const *bufs,
+                          const size_t *lens, size_t n, const moonlet_put_options *opt,
+                          int32_t *results);
+    int (*batch_get_into)(moonlet_client_be *b, const char *const *keys, void *const *bufs,
+                          const size_t *caps, size_t n, size_t *lens, int32_t *results,
+                          const char *tenant);
+    int (*remove)(moonlet_client_be *b, const char *key, const char *tenant, bool force);
+    int (*remove_all)(moonlet_client_be *b, uint64_t *removed, const char *tenant, bool force);
+    int (*inspect_key)(moonlet_client_be *b, const char *key, const char *tenant,
+                       char **json_out);
+    int (*exist_key)(moonlet_client_be *b, const char *key, bool *exists, const char *tenant);
+    int (*probe_key)(moonlet_client_be *b, const char *key, bool *exists, const char *tenant);
+    int (*batch_exist_key)(moonlet_client_be *b, const char *const *keys, size_t n,
+                           int32_t *results, const char *tenant);
+    int (*batch_probe_key)(moonlet_client_be *b, moonlet_grant_lease_policy policy,
+                           const char *const *keys, size_t n, int32_t *results,
+                           const char *tenant);
+    /* n_boundaries = n_kda / candidate_size (0 without KDA keys). */
+    int (*probe_resume)(moonlet_client_be *b, const char *const *kv_keys, size_t n_kv,
+                        const char *const *kda_keys, size_t n_kda, uint64_t candidate_size,
+                        const uint64_t *boundaries, size_t n_boundaries,
+                        moonlet_probe_resume_result *out, int32_t *mask, const char *tenant);
+    int (*register_buffer)(moonlet_client_be *b, void *base, size_t len);
+    int (*unregister_buffer)(moonlet_client_be *b, void *base);
+    int (*alloc_shared)(moonlet_client_be *b, size_t len, void **out);
+    int (*free_shared)(moonlet_client_be *b, void *p);
+    const char *(*protocol)(const moonlet_client_be *b);
+    int (*local_endpoint)(const moonlet_client_be *b, char *buf, size_t cap);
+} moonlet_client_ops;
+
+struct moonlet_client {
+    const moonlet_client_ops *ops;
+    moonlet_client_be *be;
+};
+
+extern const moonlet_client_ops moonlet_client_direct_ops;
+extern const moonlet_client_ops moonlet_client_dummy_ops;
+
+/* A handle for backend state `be` (owned by the handle from then on; on
+ * failure, INTERNAL_ERROR, the caller still owns it). */
+int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
+                        moonlet_client **out);
+
+#endif
