@@ -41,6 +41,7 @@
 #include "segment_mem.h"
 #include "store_node.h"
 #include "token.h"
+#include "verbs_check.h"
 
 #define PROG "moonlet-store"
 
@@ -82,6 +83,9 @@ static void usage(FILE *f)
             "  --busy-poll-us N          with --serve-dummy: after a request, poll for the next one\n"
             "                            this long before sleeping (default 200; 0 = off)\n"
             "  --log-level LEVEL         error|warn|info|debug (default info)\n"
+            "  --check                   self-test of the RDMA NIC that --listen's host is on\n"
+            "                            (device, port, GIDs, MTU, limits, one RDMA WRITE and READ\n"
+            "                            through moonlet); exits 0 (PASS) or 1; needs no --master\n"
             "  --help, --version\n");
 }
 
@@ -152,7 +156,7 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN
+    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
@@ -181,6 +185,7 @@ static const struct option g_opts[] = {
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
     {"busy-poll-us", required_argument, 0, O_BUSY_POLL},
+    {"check", no_argument, 0, O_CHECK},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
@@ -192,6 +197,7 @@ typedef struct serve_flags {
     const char *group; /* --socket-group */
     uint32_t busy_poll_us;
     bool busy_poll_set;
+    bool check;        /* --check: the RDMA self-test, then exit */
 } serve_flags;
 
 /* Returns 0 to run, 2 on bad flags, -1 after --help / --version (exit 0). */
@@ -279,6 +285,7 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             break;
         case O_HELP: usage(stdout); return -1;
         case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
+        case O_CHECK: sv->check = true; break;
         default:
             fprintf(stderr, PROG ": unknown or incomplete option '%s'\n", argv[optind - 1]);
             bad = 1;
@@ -289,7 +296,7 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
         bad = 1;
     }
-    if (!bad && !cfg->master_addr) {
+    if (!bad && !cfg->master_addr && !sv->check) {
         fprintf(stderr, PROG ": --master HOST:PORT is required\n");
         bad = 1;
     }
@@ -367,6 +374,24 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
     return 0;
 }
 
+/* --check: the self-test of the NIC the --listen host is on
+ * (transport/verbs_check.c). */
+static int run_check(const moonlet_store_node_config *cfg)
+{
+    if (!cfg->listen_addr) {
+        fprintf(stderr, PROG ": --check needs --listen HOST:PORT (the address to serve RDMA on)\n");
+        return 2;
+    }
+    char host[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    const char *l = cfg->listen_addr, *colon = strrchr(l, ':');
+    int len = (int)(colon - l);
+    if (l[0] == '[' && len >= 2 && l[len - 1] == ']') /* [v6]:port */
+        snprintf(host, sizeof(host), "%.*s", len - 2, l + 1);
+    else
+        snprintf(host, sizeof(host), "%.*s", len, l);
+    return moonlet_verbs_check(host, cfg->device, stdout);
+}
+
 int main(int argc, char **argv)
 {
     moonlet_store_node_config cfg;
@@ -374,10 +399,12 @@ int main(int argc, char **argv)
     cfg.segment_size = UINT64_C(1) << 30;
     cfg.idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS;
     const char *token_file = NULL;
-    serve_flags sv = {NULL, NULL, MOONLET_REAL_CLIENT_BUSY_POLL_US, false};
+    serve_flags sv = {NULL, NULL, MOONLET_REAL_CLIENT_BUSY_POLL_US, false, false};
     int rc = parse_flags(argc, argv, &cfg, &token_file, &sv);
     if (rc)
         return rc < 0 ? 0 : rc;
+    if (sv.check)
+        return run_check(&cfg);
     unsigned conns = cfg.max_connections ? cfg.max_connections
                                          : MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS;
     uint64_t nofile = moonlet_fdlimit_raise((uint64_t)conns + FD_RESERVE);

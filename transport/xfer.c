@@ -7,7 +7,10 @@
  * are validated, grouped by peer, and spread by bytes over as many leased
  * connections of that peer as help.  The backend then runs all lanes at once,
  * so one batch moves data over several connections and peers in parallel
- * from the calling thread, with no helper threads on the client side.
+ * from the calling thread.  The only helper threads are short-lived: when a
+ * batch spans several peers, each peer that needs a new connection opens it
+ * and runs its lanes on its own thread, so N unreachable peers cost one
+ * timeout and never delay the others (xfer_pass).
  *
  * Connections are leased exclusively for one batch; a lane the backend marks
  * broken, or a cached connection the backend reports dead (conn_stale), is
@@ -229,6 +232,7 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->server_idle_timeout_ms = o->server_idle_timeout_ms;
     x->max_pooled_conns = o->max_pooled_conns ? o->max_pooled_conns
                                               : MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS;
+    x->keepalive_ms = o->keepalive_ms ? o->keepalive_ms : MOONLET_XFER_DEFAULT_KEEPALIVE_MS;
     if (oom)
         return MOONLET_ERR_INTERNAL_ERROR;
     if (x->listen_addr) {
@@ -407,7 +411,8 @@ int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
     return MOONLET_OK;
 }
 
-int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey)
+int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey,
+                               void **handle)
 {
     uintptr_t a = (uintptr_t)addr;
     int rc = MOONLET_ERR_INVALID_PARAMS;
@@ -416,6 +421,7 @@ int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, 
         uintptr_t s = (uintptr_t)b->base;
         if (a >= s && len <= b->len && a - s <= b->len - len) {
             *lkey = b->lkey;
+            *handle = b->handle;
             rc = MOONLET_OK;
             break;
         }
@@ -808,7 +814,20 @@ typedef struct xfer_batch {
     size_t *slot_idx; /* conns_per_peer per group */
     uint64_t *load;
     xfer_lane *lanes;
+    int *grc;                   /* per group: lease/open status */
+    struct xfer_open_job *jobs; /* per group: concurrent opens */
+    size_t *item_base;          /* per group: its first index in lane_items/which */
 } xfer_batch;
+
+/* One group whose connections must be opened: opened and run on its own
+ * short-lived thread while the batch's other peers proceed (xfer_pass). */
+typedef struct xfer_open_job {
+    moonlet_xfer *x;
+    struct xfer_batch *b;
+    size_t gi;
+    pthread_t th;
+    bool started;
+} xfer_open_job;
 
 static void xfer_batch_free(xfer_batch *b)
 {
@@ -820,6 +839,9 @@ static void xfer_batch_free(xfer_batch *b)
     free(b->slot_idx);
     free(b->load);
     free(b->lanes);
+    free(b->grc);
+    free(b->jobs);
+    free(b->item_base);
 }
 
 static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
@@ -832,10 +854,13 @@ static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
     b->which = calloc(n, sizeof(*b->which));
     b->groups = calloc(n, sizeof(*b->groups));
     b->slot_idx = calloc(n * cpp, sizeof(*b->slot_idx));
-    b->load = calloc(cpp, sizeof(*b->load));
+    b->load = calloc(n * cpp, sizeof(*b->load)); /* per group: lanes run concurrently */
     b->lanes = calloc(n, sizeof(*b->lanes)); /* at most one lane per item */
+    b->grc = calloc(n, sizeof(*b->grc));
+    b->jobs = calloc(n, sizeof(*b->jobs));
+    b->item_base = calloc(n, sizeof(*b->item_base));
     if (!b->items || !b->todo || !b->lane_items || !b->which || !b->groups || !b->slot_idx ||
-        !b->load || !b->lanes) {
+        !b->load || !b->lanes || !b->grc || !b->jobs || !b->item_base) {
         xfer_batch_free(b);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -855,54 +880,125 @@ static uint64_t xfer_group_deadline(const xfer_group *g)
     return best;
 }
 
-/* Leases and opens connections for every group, in endpoint order, and lays
- * out the lanes.  Groups that get no connection fail all their items.  A
- * group holding a write with a deadline waits for a connection no longer
- * than that deadline, and fails (TRANSFER_FAIL) when the deadline passed
- * while its connections were leased and opened: on both backends no write is
- * started after its writer's deadline (the master may have given its range
- * away; docs/reliability.md). */
-static size_t xfer_batch_lanes(moonlet_xfer *x, xfer_batch *b, size_t ng, size_t max_conns,
-                               uint64_t deadline)
+/* Does any of the group's leased slots have no connection yet? */
+static bool xfer_group_needs_open(const xfer_group *g)
 {
-    size_t cpp = (size_t)x->conns_per_peer, nlanes = 0, nitems_before = 0;
-    for (size_t gi = 0; gi < ng; gi++) {
-        xfer_group *g = &b->groups[gi];
-        g->slot_idx = &b->slot_idx[gi * cpp];
-        size_t want = g->nitems < max_conns ? g->nitems : max_conns;
-        uint64_t gdl = xfer_group_deadline(g);
-        int rc = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
-        if (rc == MOONLET_OK)
-            rc = xfer_pool_open(x, g);
-        if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
-            xfer_pool_release(x, g, NULL);
-            rc = MOONLET_ERR_TRANSFER_FAIL;
-        }
-        if (rc) {
-            xfer_fail_group(g, rc);
-            xfer_pool_release(x, g, NULL); /* its peer reference (no slots left) */
-        }
-        g->first_lane = nlanes;
-        g->nlanes = g->nslots;
-        if (g->nslots)
-            xfer_assign_lanes(g, b->lanes, &b->lane_items[nitems_before],
-                              &b->which[nitems_before], b->load);
-        nlanes += g->nslots;
-        nitems_before += g->nitems;
-    }
-    return nlanes;
+    for (size_t i = 0; i < g->nslots; i++)
+        if (!g->peer->slots[g->slot_idx[i]].conn)
+            return true;
+    return false;
 }
 
-/* One pass over the sorted items todo[0..ntodo): groups them by peer,
- * leases and opens up to max_conns connections per peer (waiting no later
- * than deadline), runs the lanes and gives the connections back. */
+/* Opens the group's leased slots that need it and lays its lanes out from
+ * lane_base.  A group that gets no connection fails all its items.  A group
+ * holding a write with a deadline fails (TRANSFER_FAIL) when the deadline
+ * passed while its connections were leased and opened: on both backends no
+ * write is started after its writer's deadline (the master may have given
+ * its range away; docs/reliability.md).  Returns its number of lanes. */
+static size_t xfer_group_prepare(moonlet_xfer *x, xfer_batch *b, size_t gi, size_t lane_base)
+{
+    xfer_group *g = &b->groups[gi];
+    size_t cpp = (size_t)x->conns_per_peer;
+    uint64_t gdl = xfer_group_deadline(g);
+    int rc = b->grc[gi];
+    if (rc == MOONLET_OK)
+        rc = xfer_pool_open(x, g);
+    if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
+        xfer_pool_release(x, g, NULL);
+        rc = MOONLET_ERR_TRANSFER_FAIL;
+    }
+    if (rc) {
+        xfer_fail_group(g, rc);
+        xfer_pool_release(x, g, NULL); /* its peer reference (no slots left) */
+    }
+    g->first_lane = lane_base;
+    g->nlanes = g->nslots;
+    if (g->nslots)
+        xfer_assign_lanes(g, b->lanes, &b->lane_items[b->item_base[gi]],
+                          &b->which[b->item_base[gi]], &b->load[gi * cpp]);
+    return g->nslots;
+}
+
+/* A peer's opens and then its lanes, on their own thread. */
+static void *xfer_open_main(void *arg)
+{
+    xfer_open_job *j = arg;
+    xfer_group *g = &j->b->groups[j->gi];
+    size_t n = xfer_group_prepare(j->x, j->b, j->gi, g->first_lane);
+    if (n)
+        j->x->be->run(j->x, &j->b->lanes[g->first_lane], n);
+    return NULL;
+}
+
+/*
+ * One pass over the sorted items todo[0..ntodo): groups them by peer,
+ * leases up to max_conns connections per peer (in endpoint order, waiting no
+ * later than deadline), opens the missing ones, runs the lanes and gives the
+ * connections back.
+ *
+ * Concurrent opens: when a batch spans several peers, each peer that needs a
+ * new connection gets a short-lived thread that opens it (bounded by
+ * timeout_ms from now) and then runs that peer's lanes, while the calling
+ * thread runs the lanes of the peers whose connections are cached.  So N
+ * slow or unreachable peers cost one timeout, not N, and a good peer's
+ * operations complete after its own connect and transfer, never after a
+ * dead peer's timeout.  Both backends' conn_open and run are already called
+ * concurrently by concurrent batches on disjoint connections.  A peer whose
+ * thread cannot be started is handled on the calling thread.
+ */
 static void xfer_pass(moonlet_xfer *x, xfer_batch *b, size_t ntodo, size_t max_conns,
                       uint64_t deadline)
 {
     size_t ng = xfer_group_items(b->todo, ntodo, b->groups);
-    size_t nlanes = xfer_batch_lanes(x, b, ng, max_conns, deadline);
+    size_t cpp = (size_t)x->conns_per_peer, nitems = 0;
+    for (size_t gi = 0; gi < ng; gi++) {
+        xfer_group *g = &b->groups[gi];
+        g->slot_idx = &b->slot_idx[gi * cpp];
+        b->item_base[gi] = nitems;
+        nitems += g->nitems;
+        size_t want = g->nitems < max_conns ? g->nitems : max_conns;
+        uint64_t gdl = xfer_group_deadline(g);
+        b->grc[gi] = xfer_pool_lease(x, g, want, gdl && gdl < deadline ? gdl : deadline);
+        b->jobs[gi] = (xfer_open_job){.x = x, .b = b, .gi = gi};
+    }
+    /* lanes: the calling thread's groups first (compacted as they are
+     * prepared), then one region of leased-slot size per threaded group */
+    size_t base = 0;
+    for (size_t gi = 0; gi < ng; gi++) {
+        xfer_group *g = &b->groups[gi];
+        if (ng > 1 && b->grc[gi] == MOONLET_OK && xfer_group_needs_open(g))
+            b->jobs[gi].started = true; /* tentatively: region assigned below */
+        else
+            base += b->grc[gi] == MOONLET_OK ? g->nslots : 0;
+    }
+    for (size_t gi = 0; gi < ng; gi++) {
+        xfer_open_job *j = &b->jobs[gi];
+        if (!j->started)
+            continue;
+        b->groups[gi].first_lane = base;
+        base += b->groups[gi].nslots;
+        /* if it cannot start, the group is prepared inline below, into its region */
+        j->started = pthread_create(&j->th, NULL, xfer_open_main, j) == 0;
+    }
+    size_t nlanes = 0;
+    for (size_t gi = 0; gi < ng; gi++) {
+        xfer_group *g = &b->groups[gi];
+        if (b->jobs[gi].started)
+            continue;
+        bool own_region = ng > 1 && b->grc[gi] == MOONLET_OK && xfer_group_needs_open(g);
+        if (own_region) { /* its thread could not start: open and run it here */
+            size_t n = xfer_group_prepare(x, b, gi, g->first_lane);
+            if (n)
+                x->be->run(x, &b->lanes[g->first_lane], n);
+            continue;
+        }
+        nlanes += xfer_group_prepare(x, b, gi, nlanes);
+    }
     if (nlanes)
         x->be->run(x, b->lanes, nlanes);
+    for (size_t gi = 0; gi < ng; gi++)
+        if (b->jobs[gi].started)
+            pthread_join(b->jobs[gi].th, NULL);
     for (size_t gi = 0; gi < ng; gi++)
         xfer_pool_release(x, &b->groups[gi], b->lanes);
 }

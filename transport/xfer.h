@@ -88,6 +88,7 @@ typedef enum moonlet_xfer_protocol {
 #define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS 4096u
 #define MOONLET_XFER_DEFAULT_SERVER_MAX_CONNS_PER_PEER 256u
 #define MOONLET_XFER_DEFAULT_MAX_POOLED_CONNS 1024u
+#define MOONLET_XFER_DEFAULT_KEEPALIVE_MS 5000u
 #define MOONLET_XFER_MAX_TOKEN_BYTES 1024u
 /* Largest single operation (1 TiB); longer requests are refused. */
 #define MOONLET_XFER_MAX_OP_BYTES (UINT64_C(1) << 40)
@@ -117,6 +118,12 @@ typedef struct moonlet_xfer_opts {
      * running transfers are never closed, so the count exceeds the cap only
      * while more than that many are in use at once. */
     unsigned max_pooled_conns;
+    /* rdma serving side: every served connection is probed (a zero-length
+     * RDMA WRITE) every keepalive_ms, and one whose probe fails or is not
+     * acknowledged within keepalive_ms is torn down - a client that vanished
+     * without a disconnect (power loss, cable) is reaped within about
+     * 2 x keepalive_ms.  0: MOONLET_XFER_DEFAULT_KEEPALIVE_MS.  Ignored by TCP. */
+    uint32_t keepalive_ms;
 } moonlet_xfer_opts;
 
 /* Parses "rdma", "tcp" or "auto"; returns 0 or MOONLET_ERR_INVALID_PARAMS. */

@@ -33,6 +33,7 @@ typedef struct xfer_item {
     uint64_t remote_addr;  /* verbs: remote VA of op->offset */
     uint32_t rkey;         /* verbs: remote key */
     uint32_t lkey;         /* verbs: local key of op->local */
+    void *buf;             /* verbs: backend handle of op->local's registration */
     /* Set by run() next to a TRANSFER_FAIL when the op failed only because
      * its connection did (closed or reset by the peer, EOF; verbs: the CM
      * reported a disconnect), never for an error about the request itself:
@@ -97,6 +98,7 @@ struct moonlet_xfer {
     unsigned server_max_conns, server_max_conns_per_peer; /* 0: no cap */
     uint32_t server_idle_timeout_ms;                      /* 0: never */
     unsigned max_pooled_conns;                            /* client pool cap, > 0 */
+    uint32_t keepalive_ms;                                /* rdma served-QP probe period, > 0 */
 
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 
@@ -130,12 +132,14 @@ typedef struct moonlet_xfer_qp_info {
     uint8_t max_rd_atomic;    /* RDMA READs this QP may have outstanding as initiator */
     uint8_t max_dest_rd_atomic; /* RDMA READs it accepts as responder */
     uint8_t traffic_class;    /* GRH traffic class of its path (RoCE: the IP TOS) */
-    char device[64];
+    char device[64];          /* the QP's device */
     /* client connections only (0 for served ones): work requests posted,
      * ibv_post_send calls (chains) and completions polled since it opened,
      * and the send-queue depth and max_inline_data in use */
     uint64_t wrs, post_calls, cqes;
     uint32_t max_send_wr, max_inline_data;
+    /* the QP's PD (and the QP) are on the verbs context its cm_id resolved to */
+    bool pd_on_id_device;
 } moonlet_xfer_qp_info;
 size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, size_t cap);
 
@@ -145,9 +149,10 @@ size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, si
  * runs (a leased slot's conn is not under pool_lock). */
 size_t moonlet_xfer_pool_stats(moonlet_xfer *x, const char *endpoint, size_t *npeers);
 
-/* Finds the registration holding [addr, addr + len); 0 and *lkey, or
- * INVALID_PARAMS.  Takes buf_lock shared. */
-int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey);
+/* Finds the registration holding [addr, addr + len); 0 and *lkey and the
+ * backend's handle, or INVALID_PARAMS.  Takes buf_lock shared. */
+int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, uint32_t *lkey,
+                               void **handle);
 
 /* Formats a socket address as an endpoint ("1.2.3.4:5", "[::1]:5"). */
 int moonlet_xfer_format_endpoint(const void *sockaddr, char *buf, size_t cap);

@@ -11,17 +11,23 @@
  *               address on no RDMA device (127.0.0.1) ->
  *               UNAVAILABLE_IN_CURRENT_STATUS with one ERROR line, which
  *               lets `auto` fall back to TCP.  ibv_fork_init once.
- *   PD          one protection domain per instance, allocated on the verbs
- *               context rdma_cm uses for that device (rdma_get_devices), so
- *               every cm_id of the instance can use it.
+ *   PD          one protection domain per device, allocated on the verbs
+ *               context rdma_cm uses for it (rdma_get_devices): the
+ *               instance's own device (segments, serving), and for client
+ *               connections the device each one's address resolved to (a
+ *               table of up to VERBS_MAX_DEVS; multi-NIC hosts).
  *   MR          segments: LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE; client
- *               buffers: LOCAL_WRITE.
+ *               buffers: LOCAL_WRITE, one MR per device (the instance's at
+ *               registration, another device's at first use there).
  *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
  *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
  *               private data carries the right token digest, creating an RC
- *               QP for it (it posts nothing: peers use one-sided operations)
- *               with responder_resources = the peer's initiator depth (as
- *               rdma_cm reports it on the passive side), capped by the device.
+ *               QP (and a 2-entry CQ) for it, with responder_resources =
+ *               the peer's initiator depth (as rdma_cm reports it on the
+ *               passive side), capped by the device.
+ *               Peers use one-sided operations, so the only WRs a served
+ *               QP posts are keepalive probes (verbs_keepalive): a client
+ *               that vanished without a disconnect is reaped.
  *   client      per connection: event channel, rdma_resolve_addr (bound to
  *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
  *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
@@ -50,21 +56,25 @@
  * round trip, and a client checks bounds before posting.
  *
  * Resource lifetimes (explicit, as in SPDK's nvmf/rdma.c): the instance owns
- * the device list, PD, server CQ, listen id and event channel; a served
- * connection owns its cm_id and QP; a client connection owns its event
+ * the device list, PD, listen id and event channel; a served
+ * connection owns its cm_id, CQ and QP; a client connection owns its event
  * channel, cm_id, completion channel, CQ and QP; each MR belongs to its
  * segment or buffer.
  * Everything is released in the reverse order of creation.
  *
- * Threads (serving side): the CM thread accepts and handles CM events only;
+ * Threads (serving side): the CM thread accepts, handles CM events and
+ * probes served connections (keepalive; it never blocks);
  * the reaper thread disconnects and destroys served connections (either can
  * block in the kernel for seconds when a peer is unreachable, and accepting
  * must never wait for that).
  *
  * Locks: `lock` guards the segment list, the served- and client-connection
  * lists and the reaper's queue (with reap_cond); it is never held while
- * waiting for a CM event, polling a CQ or destroying an id.  Client
- * connections are owned by one batch at a time (xfer.c) and take no lock.
+ * waiting for a CM event or destroying an id (the keepalive pass polls the
+ * served QPs' own CQs under it, without waiting).  `dev_lock` guards adding
+ * a device to the table and registering a buffer on a further device; the
+ * two are never held together.  Client connections are owned by one batch
+ * at a time (xfer.c) and take no lock.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -127,15 +137,41 @@ typedef struct verbs_seg {
     struct verbs_seg *next;
 } verbs_seg;
 
+/* One RDMA device client connections were resolved to: its rdma_cm verbs
+ * context, one PD, and the limits its QPs use.  devs[0] is the instance's
+ * own device (v->ctx, v->pd: segments and serving); others are added when a
+ * connection's address resolves to them (multi-NIC hosts). */
+#define VERBS_MAX_DEVS 8
+
+typedef struct verbs_dev {
+    struct ibv_context *ctx; /* owned by rdma_cm (cm_devs / the cm_id) */
+    struct ibv_pd *pd;
+    char name[64];
+    uint32_t max_msg;
+    uint8_t max_init_rd_atom;
+} verbs_dev;
+
+/* A local buffer's registrations: one MR per device, registered on the
+ * instance's device at once and on another device at its first use there. */
+typedef struct verbs_buf {
+    void *base;
+    size_t len;
+    struct ibv_mr *_Atomic mr[VERBS_MAX_DEVS];
+} verbs_buf;
+
 /* An id (with its QP, if any) waiting for the reaper. */
 typedef struct verbs_reap {
     struct rdma_cm_id *id;
+    struct ibv_cq *cq; /* its served connection's CQ (destroyed after the QP), or NULL */
     struct verbs_reap *next;
 } verbs_reap;
 
 /* A connection this instance accepted. */
 typedef struct verbs_sconn {
     struct rdma_cm_id *id;
+    struct ibv_cq *cq;        /* its own CQ (2 entries): only keepalive probes complete */
+    bool probing;             /* a probe is posted and not yet completed */
+    uint64_t probe_at_ms;     /* when the outstanding probe was posted, or the next is due */
     struct verbs_sconn *next;
 } verbs_sconn;
 
@@ -152,7 +188,7 @@ typedef struct verbs_state {
 
     struct rdma_event_channel *ec; /* server */
     struct rdma_cm_id *listen_id;
-    struct ibv_cq *srv_cq;
+    uint64_t next_keepalive_ms;   /* CM thread: next keepalive pass */
     pthread_t cm_thread;
     bool cm_started;
     atomic_bool stopping;
@@ -172,6 +208,14 @@ typedef struct verbs_state {
     verbs_seg *segs;
     verbs_sconn *sconns;
     struct verbs_cconn *cconns;   /* open client connections (for qp_info) */
+
+    /* Devices of client connections (devs[0]: this instance's own).  An
+     * entry is written under dev_lock before ndevs counts it and never
+     * changes afterwards; dev_lock also serialises the lazy registration of
+     * a buffer on another device.  Never held with `lock`. */
+    pthread_mutex_t dev_lock;
+    verbs_dev devs[VERBS_MAX_DEVS];
+    _Atomic size_t ndevs;
 } verbs_state;
 
 typedef struct verbs_cconn {
@@ -180,6 +224,8 @@ typedef struct verbs_cconn {
     struct ibv_cq *cq;
     struct ibv_comp_channel *cc; /* the CQ's completion channel (waits after a spin) */
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    size_t dev;               /* index in verbs_state.devs: the resolved device */
+    uint32_t max_msg;         /* its device's largest WR */
     bool dead;                /* its CM channel reported the peer gone */
     uint64_t next_watch_ms;   /* next look at the CM channel during a transfer */
     uint32_t max_send;        /* WRs outstanding on its SQ, signalled or not */
@@ -390,7 +436,49 @@ static int verbs_open_pd(verbs_state *v)
         ML_ERR(MOD, "ibv_alloc_pd on %s: %s", v->dev_name, strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
+    v->devs[0] = (verbs_dev){.ctx = v->ctx, .pd = v->pd, .max_msg = v->max_msg,
+                             .max_init_rd_atom = v->max_init_rd_atom};
+    snprintf(v->devs[0].name, sizeof(v->devs[0].name), "%s", v->dev_name);
+    atomic_store(&v->ndevs, 1);
     return MOONLET_OK;
+}
+
+/* The device table index of a client connection's resolved verbs context,
+ * adding it (its PD allocated) on first sight; -1 when the table is full or
+ * the device cannot be used. */
+static int verbs_dev_get(verbs_state *v, struct ibv_context *ctx, uint8_t port)
+{
+    int idx = -1;
+    pthread_mutex_lock(&v->dev_lock);
+    size_t n = atomic_load(&v->ndevs);
+    for (size_t i = 0; i < n && idx < 0; i++)
+        if (v->devs[i].ctx == ctx)
+            idx = (int)i;
+    if (idx < 0 && n < VERBS_MAX_DEVS) {
+        verbs_dev *d = &v->devs[n];
+        struct ibv_device_attr da;
+        struct ibv_port_attr pa;
+        snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ctx->device));
+        if (ibv_query_device(ctx, &da) || ibv_query_port(ctx, port ? port : 1, &pa)) {
+            ML_WARN(MOD, "cannot query %s: %s", d->name, strerror(errno));
+        } else if (!(d->pd = ibv_alloc_pd(ctx))) {
+            ML_WARN(MOD, "ibv_alloc_pd on %s: %s", d->name, strerror(errno));
+        } else {
+            d->ctx = ctx;
+            d->max_msg = pa.max_msg_sz && pa.max_msg_sz < VERBS_CHUNK_BYTES ? pa.max_msg_sz
+                                                                            : VERBS_CHUNK_BYTES;
+            d->max_init_rd_atom =
+                (uint8_t)(da.max_qp_init_rd_atom > 255 ? 255 : da.max_qp_init_rd_atom);
+            ML_INFO(MOD, "client connections also use device %s (its own PD)", d->name);
+            idx = (int)n;
+            atomic_store(&v->ndevs, n + 1);
+        }
+    } else if (idx < 0) {
+        ML_WARN(MOD, "more than %d RDMA devices in use: %s not used", VERBS_MAX_DEVS,
+                ibv_get_device_name(ctx->device));
+    }
+    pthread_mutex_unlock(&v->dev_lock);
+    return idx;
 }
 
 /* ---- serving side ------------------------------------------------------- */
@@ -425,14 +513,20 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         return;
     }
     verbs_sconn *sc = calloc(1, sizeof(*sc));
-    struct ibv_qp_init_attr qa = {.send_cq = v->srv_cq, .recv_cq = v->srv_cq,
+    /* Its own CQ: the only WRs this QP ever posts are keepalive probes, one
+     * at a time (max_send_wr 1), so 2 entries can never overrun, whatever
+     * happens to other connections. */
+    struct ibv_cq *cq = sc && id->verbs == v->ctx ? ibv_create_cq(v->ctx, 2, NULL, NULL, 0) : NULL;
+    struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq,
                                   .cap = {.max_send_wr = 1, .max_recv_wr = 1,
                                           .max_send_sge = 1, .max_recv_sge = 1},
-                                  .qp_type = IBV_QPT_RC};
-    if (!sc || id->verbs != v->ctx || rdma_create_qp(id, v->pd, &qa)) {
+                                  .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
+    if (!sc || id->verbs != v->ctx || !cq || rdma_create_qp(id, v->pd, &qa)) {
         ML_WARN(MOD, "cannot accept connection: %s",
                 !sc ? "out of memory" : id->verbs != v->ctx ? "arrived on another device"
                                                             : strerror(errno));
+        if (cq)
+            ibv_destroy_cq(cq);
         free(sc);
         verbs_reject(id, MOONLET_ERR_INTERNAL_ERROR);
         id->context = NULL;
@@ -454,10 +548,13 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
     if (cp.responder_resources == 0)
         cp.responder_resources = v->max_rd_atom ? 1 : 0;
     sc->id = id;
+    sc->cq = cq;
+    sc->probe_at_ms = moonlet_xfer_now_ms() + x->keepalive_ms;
     id->context = sc;
     if (rdma_accept(id, &cp)) {
         ML_WARN(MOD, "rdma_accept: %s", strerror(errno));
         rdma_destroy_qp(id);
+        ibv_destroy_cq(cq);
         id->context = NULL;
         free(sc);
         return;
@@ -480,17 +577,21 @@ static void verbs_sconn_unlink(verbs_state *v, verbs_sconn *sc)
     pthread_mutex_unlock(&v->lock);
 }
 
-/* Hands an id to the reaper (after its event was acked). */
-static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id)
+/* Hands an id (and its served connection's CQ, if any) to the reaper
+ * (after its event was acked). */
+static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id, struct ibv_cq *cq)
 {
     verbs_reap *r = malloc(sizeof(*r));
     if (!r) { /* out of memory: destroy here rather than leak */
         if (id->qp)
             rdma_destroy_qp(id);
+        if (cq)
+            ibv_destroy_cq(cq);
         rdma_destroy_id(id);
         return;
     }
     r->id = id;
+    r->cq = cq;
     pthread_mutex_lock(&v->lock);
     r->next = v->reap;
     v->reap = r;
@@ -525,6 +626,8 @@ static void *verbs_reap_main(void *arg)
             rdma_disconnect(r->id);
             rdma_destroy_qp(r->id);
         }
+        if (r->cq)
+            ibv_destroy_cq(r->cq);
         uint64_t t0 = moonlet_xfer_now_ms();
         rdma_destroy_id(r->id);
         uint64_t ms = moonlet_xfer_now_ms() - t0;
@@ -537,9 +640,10 @@ static void *verbs_reap_main(void *arg)
     return NULL;
 }
 
-/* Handles one CM event; the id to destroy after the ack goes to *dead. */
+/* Handles one CM event; the id to destroy after the ack goes to *dead (its
+ * CQ to *dead_cq). */
 static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev,
-                              struct rdma_cm_id **dead)
+                              struct rdma_cm_id **dead, struct ibv_cq **dead_cq)
 {
     switch (ev->event) {
     case RDMA_CM_EVENT_CONNECT_REQUEST:
@@ -557,7 +661,8 @@ static void verbs_on_cm_event(moonlet_xfer *x, verbs_state *v, struct rdma_cm_ev
         /* ids born from the listen id inherit its NULL context until accepted */
         if (ev->id != v->listen_id && ev->id->context) {
             verbs_sconn *sc = ev->id->context;
-            verbs_sconn_unlink(v, sc); /* QP and id: the reaper's */
+            verbs_sconn_unlink(v, sc); /* QP, CQ and id: the reaper's */
+            *dead_cq = sc->cq;
             free(sc);
             ev->id->context = NULL;
             *dead = ev->id;
@@ -603,6 +708,82 @@ static int verbs_health(moonlet_xfer *x)
                                              : MOONLET_OK;
 }
 
+/*
+ * Keepalive of served connections (CM thread).  Peers use one-sided
+ * operations only, so a client that vanishes without a disconnect (power
+ * loss, a pulled cable, a kernel panic) leaves nothing for this side to
+ * notice: its QP, CQ and cm_id would stay forever.  Every keepalive_ms each
+ * served QP posts one signalled zero-length RDMA WRITE (no SGE; the IB spec,
+ * C9-88, has the responder skip the R_Key and VA checks of a zero-length
+ * operation - rxe and mlx5 do - and the client's QP allows remote writes,
+ * as rdma_cm sets up every RC QP).  It costs one packet and its ACK and
+ * consumes nothing at the client.  A probe that completes with an error
+ * (retries exhausted, the QP in error) or is not acknowledged within
+ * keepalive_ms tears the connection down (the reaper frees it): a vanished
+ * client is reaped within about 2 x keepalive_ms.  The bound is this
+ * deadline, not the QP's retry_count x ack timeout (rdma_cm's default for
+ * RoCE is ~1 s x 7 retries), so it holds on any fabric.
+ */
+#define VERBS_KEEPALIVE_TICK_MS 50u
+
+static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
+{
+    verbs_sconn *dead = NULL;
+    pthread_mutex_lock(&v->lock);
+    verbs_sconn **pp = &v->sconns;
+    while (*pp) {
+        verbs_sconn *sc = *pp;
+        const char *why = NULL;
+        struct ibv_wc wc;
+        if (sc->probing) {
+            int n = ibv_poll_cq(sc->cq, 1, &wc);
+            if (n > 0 && wc.status == IBV_WC_SUCCESS) {
+                sc->probing = false;
+                sc->probe_at_ms = now + x->keepalive_ms;
+            } else if (n > 0) {
+                why = ibv_wc_status_str(wc.status);
+            } else if (n < 0) {
+                why = "ibv_poll_cq failed";
+            } else if (now - sc->probe_at_ms >= x->keepalive_ms) {
+                why = "no acknowledgement within keepalive_ms";
+            }
+        } else if (now >= sc->probe_at_ms) {
+            struct ibv_send_wr wr = {.wr_id = 1, .sg_list = NULL, .num_sge = 0,
+                                     .opcode = IBV_WR_RDMA_WRITE,
+                                     .send_flags = IBV_SEND_SIGNALED};
+            struct ibv_send_wr *bad = NULL;
+            int err = ibv_post_send(sc->id->qp, &wr, &bad);
+            if (err) {
+                why = strerror(err);
+            } else {
+                sc->probing = true;
+                sc->probe_at_ms = now;
+            }
+        }
+        if (!why) {
+            pp = &sc->next;
+            continue;
+        }
+        char peer[MOONLET_MAX_ENDPOINT_BYTES + 1] = "?";
+        moonlet_xfer_format_endpoint(rdma_get_peer_addr(sc->id), peer, sizeof(peer));
+        ML_WARN(MOD, "served connection from %s: keepalive probe failed (%s): tearing it down",
+                peer, why);
+        *pp = sc->next;
+        sc->next = dead;
+        dead = sc;
+    }
+    pthread_mutex_unlock(&v->lock);
+    while (dead) {
+        verbs_sconn *sc = dead;
+        dead = sc->next;
+        /* later CM events of this id (DISCONNECTED, TIMEWAIT_EXIT) find no
+         * context and are ignored: this thread is the one that reads them */
+        sc->id->context = NULL;
+        verbs_reap_push(v, sc->id, sc->cq);
+        free(sc);
+    }
+}
+
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
@@ -610,7 +791,13 @@ static void *verbs_cm_main(void *arg)
     while (!atomic_load(&v->stopping)) {
         struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
                               {.fd = v->ctx->async_fd, .events = POLLIN}};
-        if (poll(p, 2, 100) <= 0)
+        int np = poll(p, 2, 100);
+        uint64_t now = moonlet_xfer_now_ms();
+        if (now >= v->next_keepalive_ms) {
+            v->next_keepalive_ms = now + VERBS_KEEPALIVE_TICK_MS;
+            verbs_keepalive(x, v, now);
+        }
+        if (np <= 0)
             continue;
         if (p[1].revents & POLLIN)
             verbs_async_events(v);
@@ -620,10 +807,11 @@ static void *verbs_cm_main(void *arg)
         if (rdma_get_cm_event(v->ec, &ev))
             continue;
         struct rdma_cm_id *dead = NULL;
-        verbs_on_cm_event(x, v, ev, &dead);
+        struct ibv_cq *dead_cq = NULL;
+        verbs_on_cm_event(x, v, ev, &dead, &dead_cq);
         rdma_ack_cm_event(ev);
         if (dead)
-            verbs_reap_push(v, dead);
+            verbs_reap_push(v, dead, dead_cq);
     }
     return NULL;
 }
@@ -678,11 +866,6 @@ static int verbs_listen(moonlet_xfer *x, verbs_state *v)
         ML_ERR(MOD, "listen address %s is not on device %s", x->listen_addr, v->dev_name);
         return MOONLET_ERR_INVALID_PARAMS;
     }
-    v->srv_cq = ibv_create_cq(v->ctx, 16, NULL, NULL, 0);
-    if (!v->srv_cq) {
-        ML_ERR(MOD, "ibv_create_cq: %s", strerror(errno));
-        return MOONLET_ERR_INTERNAL_ERROR;
-    }
     return moonlet_xfer_format_endpoint(rdma_get_local_addr(v->listen_id), x->endpoint,
                                         sizeof(x->endpoint));
 }
@@ -696,6 +879,7 @@ static void verbs_free(verbs_state *v)
         verbs_sconn *next = sc->next;
         rdma_disconnect(sc->id);
         rdma_destroy_qp(sc->id);
+        ibv_destroy_cq(sc->cq);
         rdma_destroy_id(sc->id);
         free(sc);
         sc = next;
@@ -709,12 +893,13 @@ static void verbs_free(verbs_state *v)
     }
     if (v->listen_id)
         rdma_destroy_id(v->listen_id);
-    if (v->srv_cq)
-        ibv_destroy_cq(v->srv_cq);
     if (v->ec)
         rdma_destroy_event_channel(v->ec);
+    for (size_t i = 1; i < atomic_load(&v->ndevs); i++)
+        ibv_dealloc_pd(v->devs[i].pd);
     if (v->pd)
         ibv_dealloc_pd(v->pd);
+    pthread_mutex_destroy(&v->dev_lock);
     if (v->cm_devs)
         rdma_free_devices(v->cm_devs);
     pthread_mutex_destroy(&v->lock);
@@ -765,6 +950,7 @@ static int verbs_start(moonlet_xfer *x)
     if (!v)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&v->lock, NULL);
+    pthread_mutex_init(&v->dev_lock, NULL);
     pthread_cond_init(&v->reap_cond, NULL);
     char why[256];
     int rc = verbs_pick_device(x->device, x->listen_addr, x->source_addr, false, v->dev_name,
@@ -900,19 +1086,55 @@ static int verbs_seg_remove(moonlet_xfer *x, const char *segment_id)
 static int verbs_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey)
 {
     verbs_state *v = x->be_state;
+    verbs_buf *b = calloc(1, sizeof(*b));
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
     struct ibv_mr *mr = ibv_reg_mr(v->pd, base, len, IBV_ACCESS_LOCAL_WRITE);
     if (!mr) {
         verbs_reg_failed("a buffer", len, errno);
+        free(b);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
-    *handle = mr;
+    b->base = base;
+    b->len = len;
+    atomic_store(&b->mr[0], mr);
+    *handle = b;
     *lkey = mr->lkey;
     return MOONLET_OK;
 }
 
 static void verbs_buf_remove(moonlet_xfer *x, void *handle)
 {
-    ibv_dereg_mr(handle);
+    verbs_buf *b = handle;
+    for (size_t i = 0; i < VERBS_MAX_DEVS; i++) {
+        struct ibv_mr *mr = atomic_load(&b->mr[i]);
+        if (mr)
+            ibv_dereg_mr(mr);
+    }
+    free(b);
+}
+
+/* The buffer's lkey on device `dev`, registering it there on first use.
+ * 0 and *lkey, or TRANSFER_FAIL (registration failed; logged). */
+static int verbs_buf_lkey(verbs_state *v, verbs_buf *b, size_t dev, uint32_t *lkey)
+{
+    struct ibv_mr *mr = atomic_load(&b->mr[dev]);
+    if (!mr) {
+        pthread_mutex_lock(&v->dev_lock);
+        mr = atomic_load(&b->mr[dev]);
+        if (!mr) {
+            mr = ibv_reg_mr(v->devs[dev].pd, b->base, b->len, IBV_ACCESS_LOCAL_WRITE);
+            if (mr)
+                atomic_store(&b->mr[dev], mr);
+            else
+                verbs_reg_failed("a buffer", b->len, errno);
+        }
+        pthread_mutex_unlock(&v->dev_lock);
+    }
+    if (!mr)
+        return MOONLET_ERR_TRANSFER_FAIL;
+    *lkey = mr->lkey;
+    return MOONLET_OK;
 }
 
 static int verbs_prepare(moonlet_xfer *x, xfer_item *it)
@@ -923,7 +1145,7 @@ static int verbs_prepare(moonlet_xfer *x, xfer_item *it)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     if (op->offset > size || op->len > size - op->offset || base > UINT64_MAX - size)
         return MOONLET_ERR_INVALID_PARAMS;
-    if (moonlet_xfer_buffer_lookup(x, op->local, op->len, &it->lkey)) {
+    if (moonlet_xfer_buffer_lookup(x, op->local, op->len, &it->lkey, &it->buf)) {
         ML_WARN(MOD, "local buffer %p (+%" PRIu64 ") is not registered", op->local, op->len);
         return MOONLET_ERR_INVALID_PARAMS;
     }
@@ -1008,17 +1230,23 @@ static void verbs_conn_close(moonlet_xfer *x, void *conn)
 /* CQ and QP on the resolved id (rping: after route resolution). */
 static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
 {
-    if (c->id->verbs != v->ctx) {
-        ML_WARN(MOD, "%s is reached through another device than %s", c->endpoint, v->dev_name);
+    /* the device the address resolved to (rdma_resolve_addr set id->verbs):
+     * its own PD, so a multi-NIC host reaches each peer through the right NIC */
+    int dev = c->id->verbs ? verbs_dev_get(v, c->id->verbs, c->id->port_num) : -1;
+    if (dev < 0) {
+        ML_WARN(MOD, "%s is reached through a device this instance cannot use", c->endpoint);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
-    c->cc = ibv_create_comp_channel(v->ctx);
+    verbs_dev *d = &v->devs[dev];
+    c->dev = (size_t)dev;
+    c->max_msg = d->max_msg;
+    c->cc = ibv_create_comp_channel(d->ctx);
     if (!c->cc || verbs_set_nonblock(c->cc->fd)) {
         ML_WARN(MOD, "cannot create a completion channel for %s: %s", c->endpoint,
                 strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
-    c->cq = ibv_create_cq(v->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, c->cc, 0);
+    c->cq = ibv_create_cq(d->ctx, (int)VERBS_SEND_DEPTH + 1, NULL, c->cc, 0);
     /* sq_sig_all = 0: only the WRs posted with IBV_SEND_SIGNALED (every
      * VERBS_SIGNAL_EVERY-th and the last of each chain) complete on success. */
     struct ibv_qp_init_attr qa = {.send_cq = c->cq, .recv_cq = c->cq,
@@ -1030,9 +1258,9 @@ static int verbs_create_qp(verbs_state *v, verbs_cconn *c)
         ML_WARN(MOD, "cannot create a CQ for %s: %s", c->endpoint, strerror(errno));
         return MOONLET_ERR_INTERNAL_ERROR;
     }
-    if (rdma_create_qp(c->id, v->pd, &qa)) {
+    if (rdma_create_qp(c->id, d->pd, &qa)) {
         qa.cap.max_inline_data = 0; /* a device without inline sends */
-        if (rdma_create_qp(c->id, v->pd, &qa)) {
+        if (rdma_create_qp(c->id, d->pd, &qa)) {
             ML_WARN(MOD, "cannot create a QP for %s: %s", c->endpoint, strerror(errno));
             return MOONLET_ERR_INTERNAL_ERROR;
         }
@@ -1132,8 +1360,9 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
                           .has_token = x->token != NULL};
     memcpy(req.digest, v->digest, sizeof(req.digest));
     struct rdma_conn_param cp = {.private_data = &req, .private_data_len = sizeof(req),
-                                 .initiator_depth = v->max_init_rd_atom < 16 ? v->max_init_rd_atom
-                                                                             : 16,
+                                 .initiator_depth = v->devs[c->dev].max_init_rd_atom < 16
+                                                        ? v->devs[c->dev].max_init_rd_atom
+                                                        : 16,
                                  .responder_resources = 0, .retry_count = 7,
                                  .rnr_retry_count = 7};
     if (rdma_connect(c->id, &cp))
@@ -1188,9 +1417,10 @@ static bool verbs_conn_stale(moonlet_xfer *x, void *conn)
     return !verbs_watch(conn);
 }
 
-static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
-                               moonlet_xfer_qp_info *o, verbs_cconn *c)
+static void verbs_fill_qp_info(struct rdma_cm_id *id, bool served, moonlet_xfer_qp_info *o,
+                               verbs_cconn *c)
 {
+    struct ibv_qp *qp = id->qp;
     struct ibv_qp_attr a;
     struct ibv_qp_init_attr ia;
     memset(o, 0, sizeof(*o));
@@ -1202,7 +1432,10 @@ static void verbs_fill_qp_info(verbs_state *v, struct ibv_qp *qp, bool served,
         o->max_inline_data = c->max_inline;
     }
     o->served = served;
-    snprintf(o->device, sizeof(o->device), "%s", v->dev_name);
+    /* the QP's own device, and whether its PD is on the device the cm_id
+     * resolved to (one PD per device) */
+    snprintf(o->device, sizeof(o->device), "%s", ibv_get_device_name(qp->context->device));
+    o->pd_on_id_device = qp->pd && qp->pd->context == id->verbs && qp->context == id->verbs;
     if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
                      IBV_QP_AV, &ia) == 0) {
         o->state = (int)a.qp_state;
@@ -1223,10 +1456,10 @@ size_t moonlet_xfer_verbs_qp_info(moonlet_xfer *x, moonlet_xfer_qp_info *out, si
     pthread_mutex_lock(&v->lock);
     for (verbs_cconn *c = v->cconns; c; c = c->next, n++)
         if (n < cap && c->id->qp)
-            verbs_fill_qp_info(v, c->id->qp, false, &out[n], c);
+            verbs_fill_qp_info(c->id, false, &out[n], c);
     for (verbs_sconn *sc = v->sconns; sc; sc = sc->next, n++)
         if (n < cap && sc->id->qp)
-            verbs_fill_qp_info(v, sc->id->qp, true, &out[n], NULL);
+            verbs_fill_qp_info(sc->id, true, &out[n], NULL);
     pthread_mutex_unlock(&v->lock);
     return n;
 }
@@ -1325,8 +1558,13 @@ static void verbs_post(verbs_state *v, verbs_lane_run *r)
             why = "a write passed its writer's deadline";
             break;
         }
+        if (r->post_off == 0 && verbs_buf_lkey(v, it->buf, r->c->dev, &it->lkey)) {
+            it->op->status = MOONLET_ERR_TRANSFER_FAIL;
+            why = "cannot register the local buffer on the connection's device";
+            break;
+        }
         uint64_t left = it->op->len - r->post_off;
-        uint32_t n = left > v->max_msg ? v->max_msg : (uint32_t)left;
+        uint32_t n = left > r->c->max_msg ? r->c->max_msg : (uint32_t)left;
         uint64_t seq = r->tail + k;
         bool write = it->op->opcode == MOONLET_XFER_WRITE;
         sges[k] = (struct ibv_sge){.addr = (uint64_t)(uintptr_t)it->op->local + r->post_off,

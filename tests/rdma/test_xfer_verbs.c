@@ -34,6 +34,17 @@
  *   chained_error       a bad rkey in the middle of a chained batch of 96
  *                       reads: the ops before it succeed (data checked), it
  *                       and every later op fail; the next read works.
+ *   vanished_client     a client whose packets are all dropped (no
+ *                       disconnect ever sent): the server's keepalive probe
+ *                       fails and its served QP is reaped within about
+ *                       2 x keepalive_ms; the client works again after.
+ *   concurrent_open     a batch over a good peer and two that never answer
+ *                       the connect: one timeout in all, and the good peer's
+ *                       write (deadline shorter than the timeout) succeeds;
+ *                       concurrent_open_tcp: the same over TCP (xfer.c's pool).
+ *   two_devices         one client, a server on each rxe device: each
+ *                       connection's QP is on the device its address resolved
+ *                       to, with a PD of that device; reads and writes work.
  *   memlock             an unprivileged process whose RLIMIT_MEMLOCK is below
  *                       a buffer's size gets an error naming RLIMIT_MEMLOCK.
  *
@@ -521,6 +532,201 @@ static void test_stall_sleeps(void **state)
     server_stop(&s);
 }
 
+/* Served connections in x (qp_info's served entries). */
+static size_t served_count(moonlet_xfer *x)
+{
+    moonlet_xfer_qp_info qi[8];
+    size_t n = moonlet_xfer_verbs_qp_info(x, qi, 8), served = 0;
+    for (size_t i = 0; i < n && i < 8; i++)
+        served += qi[i].served;
+    return served;
+}
+
+/* A client that vanishes without a disconnect (every packet its link sends
+ * dropped, as after a power loss or a pulled cable; its QP and cm_id stay,
+ * so no DREQ is ever sent): the server's keepalive probe goes unanswered and
+ * the served QP is torn down within about 2 x keepalive_ms.  Without the
+ * keepalive the served count stays 1 forever (one-sided traffic gives the
+ * server nothing to notice).  After the link heals the client reconnects. */
+#define KEEPALIVE_MS 500u
+
+static void test_vanished_client(void **state)
+{
+    (void)state;
+    const char *on = getenv("MOONLET_RDMA_STALL_ON"), *off = getenv("MOONLET_RDMA_STALL_OFF");
+    assert_non_null(on);
+    assert_non_null(off);
+    char listen[128];
+    snprintf(listen, sizeof(listen), "%s:0", srv_addr);
+    moonlet_xfer_opts so = {.protocol = MOONLET_XFER_RDMA, .listen_addr = listen,
+                            .timeout_ms = TMO, .keepalive_ms = KEEPALIVE_MS};
+    server s;
+    assert_int_equal(moonlet_xfer_create(&so, &s.x), MOONLET_OK);
+    s.mem = malloc(SEG);
+    assert_non_null(s.mem);
+    for (uint32_t i = 0; i < SEG; i++)
+        s.mem[i] = (uint8_t)(i * 7 + 1);
+    assert_int_equal(moonlet_xfer_register_segment(s.x, s.mem, SEG, &s.si), MOONLET_OK);
+    moonlet_xfer *c = client_new(1);
+    static uint8_t buf[65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    read_check(c, &s, buf, 0);
+    /* probes of a live client succeed: still served after several periods */
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 100 && now_ms() - t0 < 3 * KEEPALIVE_MS; i++) {
+        assert_int_equal(served_count(s.x), 1);
+        usleep(50 * 1000); /* sampling a state that must NOT change */
+    }
+    read_check(c, &s, buf, 4096);
+    assert_int_equal(system(on), 0);
+    t0 = now_ms();
+    uint64_t gone = 0;
+    for (int i = 0; i < 400 && now_ms() - t0 < 10000; i++) {
+        if (served_count(s.x) == 0) {
+            gone = now_ms() - t0;
+            break;
+        }
+        usleep(25 * 1000);
+    }
+    assert_int_equal(system(off), 0);
+    print_message("vanished client: served QP reaped after %llu ms (keepalive_ms %u)\n",
+                  (unsigned long long)gone, KEEPALIVE_MS);
+    assert_true(gone > 0);
+    assert_true(gone <= 2 * KEEPALIVE_MS + 1000);
+    /* the client notices (the reaper's DREQ, once packets flow) or fails
+     * once and reissues: either way a read works again */
+    uint64_t t1 = now_ms();
+    int rc = MOONLET_ERR_TRANSFER_FAIL;
+    for (int i = 0; i < 3 && rc != MOONLET_OK && now_ms() - t1 < 20000; i++)
+        rc = moonlet_xfer_read(c, s.si.endpoint, s.si.segment_id, 8192, buf, sizeof(buf));
+    assert_int_equal(rc, MOONLET_OK);
+    assert_memory_equal(buf, s.mem + 8192, sizeof(buf));
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
+/* An address on the server's subnet that no host answers (ARP unanswered):
+ * its last IPv4 byte replaced by `last`. */
+static void blackhole_endpoint(char *out, size_t cap, unsigned last)
+{
+    unsigned a, b, c, d;
+    assert_int_equal(sscanf(srv_addr, "%u.%u.%u.%u", &a, &b, &c, &d), 4);
+    snprintf(out, cap, "%u.%u.%u.%u:4791", a, b, c, last);
+}
+
+/* A batch over one good peer and two peers that never answer the connect:
+ * the opens run at once, so the batch costs one timeout (not two), and the
+ * good peer's write - whose writer deadline is shorter than the timeout -
+ * runs as soon as its own connection is up instead of after the dead peers'
+ * timeouts (opened one after another, it failed its deadline).  The pool is
+ * xfer.c's, so TCP behaves the same (same addresses, in the guest). */
+static void concurrent_open(moonlet_xfer_protocol proto)
+{
+    server s;
+    char listen[128];
+    snprintf(listen, sizeof(listen), "%s:0", srv_addr);
+    moonlet_xfer_opts so = {.protocol = proto, .listen_addr = listen, .timeout_ms = TMO};
+    assert_int_equal(moonlet_xfer_create(&so, &s.x), MOONLET_OK);
+    s.mem = calloc(1, SEG);
+    assert_non_null(s.mem);
+    assert_int_equal(moonlet_xfer_register_segment(s.x, s.mem, SEG, &s.si), MOONLET_OK);
+    moonlet_xfer_opts o = {.protocol = proto, .source_addr = src_addr, .timeout_ms = 2000,
+                           .conns_per_peer = 1};
+    moonlet_xfer *c = NULL;
+    assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+    static uint8_t buf[3][65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    memset(buf[0], 0x5a, sizeof(buf[0]));
+    char bad1[64], bad2[64];
+    blackhole_endpoint(bad1, sizeof(bad1), 251);
+    blackhole_endpoint(bad2, sizeof(bad2), 252);
+    uint64_t t0 = now_ms();
+    moonlet_xfer_cap cap = {.deadline_ms = t0 + 1200};
+    moonlet_xfer_op ops[3] = {
+        {.opcode = MOONLET_XFER_WRITE, .endpoint = s.si.endpoint, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[0], .len = sizeof(buf[0]), .cap = &cap},
+        {.opcode = MOONLET_XFER_READ, .endpoint = bad1, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[1], .len = sizeof(buf[1])},
+        {.opcode = MOONLET_XFER_READ, .endpoint = bad2, .segment_id = s.si.segment_id,
+         .offset = 0, .local = buf[2], .len = sizeof(buf[2])},
+    };
+    moonlet_xfer_submit(c, ops, 3);
+    uint64_t wall = now_ms() - t0;
+    print_message("%s: batch with 2 unreachable peers: %llu ms (timeout 2000 ms); good write "
+                  "%d, unreachable %d %d\n", proto == MOONLET_XFER_TCP ? "tcp" : "rdma",
+                  (unsigned long long)wall, ops[0].status, ops[1].status, ops[2].status);
+    assert_int_equal(ops[0].status, MOONLET_OK);
+    assert_memory_equal(s.mem, buf[0], sizeof(buf[0]));
+    assert_int_not_equal(ops[1].status, MOONLET_OK);
+    assert_int_not_equal(ops[2].status, MOONLET_OK);
+    assert_true(wall >= 1900 && wall < 3500); /* one timeout, not two */
+    moonlet_xfer_destroy(c);
+    server_stop(&s);
+}
+
+static void test_concurrent_open(void **state)
+{
+    (void)state;
+    concurrent_open(MOONLET_XFER_RDMA);
+}
+
+static void test_concurrent_open_tcp(void **state)
+{
+    (void)state;
+    concurrent_open(MOONLET_XFER_TCP);
+}
+
+/* A client reaching peers through two devices: a server on each device's
+ * address (rxe0, rxe1), one client with no source address, one registered
+ * buffer.  Each connection uses the device its address resolved to, with
+ * that device's PD (before, the client had one device and refused the
+ * other: "reached through another device"). */
+static void test_two_devices(void **state)
+{
+    (void)state;
+    server s[2];
+    const char *addrs[2] = {srv_addr, src_addr};
+    for (int i = 0; i < 2; i++) {
+        char listen[128];
+        snprintf(listen, sizeof(listen), "%s:0", addrs[i]);
+        moonlet_xfer_opts so = {.protocol = MOONLET_XFER_RDMA, .listen_addr = listen,
+                                .timeout_ms = TMO};
+        assert_int_equal(moonlet_xfer_create(&so, &s[i].x), MOONLET_OK);
+        s[i].mem = malloc(SEG);
+        assert_non_null(s[i].mem);
+        for (uint32_t k = 0; k < SEG; k++)
+            s[i].mem[k] = (uint8_t)(k * 7 + 1 + i);
+        assert_int_equal(moonlet_xfer_register_segment(s[i].x, s[i].mem, SEG, &s[i].si),
+                         MOONLET_OK);
+    }
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_RDMA, .timeout_ms = TMO,
+                           .conns_per_peer = 1};
+    moonlet_xfer *c = NULL;
+    assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
+    static uint8_t buf[2][65536];
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
+    for (int i = 0; i < 2; i++) {
+        read_check(c, &s[i], buf[i], 4096);
+        memset(buf[i], 0xa0 + i, sizeof(buf[i]));
+        assert_int_equal(moonlet_xfer_write(c, s[i].si.endpoint, s[i].si.segment_id, 0, buf[i],
+                                            sizeof(buf[i])),
+                         MOONLET_OK);
+        assert_memory_equal(s[i].mem, buf[i], sizeof(buf[i]));
+    }
+    moonlet_xfer_qp_info qi[4];
+    assert_int_equal(moonlet_xfer_verbs_qp_info(c, qi, 4), 2);
+    print_message("client QPs on %s and %s\n", qi[0].device, qi[1].device);
+    assert_string_not_equal(qi[0].device, qi[1].device);
+    for (int i = 0; i < 2; i++) {
+        assert_false(qi[i].served);
+        assert_true(qi[i].pd_on_id_device);
+        assert_int_equal(qi[i].state, IBV_QPS_RTS);
+    }
+    moonlet_xfer_destroy(c);
+    for (int i = 0; i < 2; i++)
+        server_stop(&s[i]);
+}
+
 /* The client connection's counters (its only QP in c's pool). */
 static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
 {
@@ -641,6 +847,9 @@ int main(void)
         cmocka_unit_test(test_cold_neighbour), cmocka_unit_test(test_memlock),
         cmocka_unit_test(test_tos), cmocka_unit_test(test_stall_sleeps),
         cmocka_unit_test(test_chained_small), cmocka_unit_test(test_chained_error),
+        cmocka_unit_test(test_vanished_client), cmocka_unit_test(test_concurrent_open),
+        cmocka_unit_test(test_concurrent_open_tcp),
+        cmocka_unit_test(test_two_devices),
     };
     if (only)
         cmocka_set_test_filter(only);
