@@ -24,6 +24,7 @@
 
 #include "moonlet/error.h"
 #include "xfer.h"
+#include "monotime.h"
 
 #define CHECK_SEG (4u << 20)
 #define CHECK_LEN (1u << 20)
@@ -145,13 +146,6 @@ static void report_host(const char *dev, FILE *out)
     fprintf(out, "huge pages:  %lu free of %lu\n", free_, total);
 }
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 /* One RDMA WRITE and READ (and a 4 KiB READ) through moonlet's transport,
  * served and issued in this process on the NIC's address.  why gets the
  * failure. */
@@ -184,9 +178,9 @@ static int check_transfer(const char *ip, const char *device, FILE *out, char *w
     }
     for (uint32_t i = 0; i < CHECK_LEN; i++)
         buf[i] = (uint8_t)(i * 13 + 5);
-    uint64_t t0 = now_us();
+    uint64_t t0 = moonlet_mono_us();
     rc = moonlet_xfer_write(cli, si.endpoint, si.segment_id, 4096, buf, CHECK_LEN);
-    uint64_t t1 = now_us();
+    uint64_t t1 = moonlet_mono_us();
     if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
         snprintf(why, cap, "RDMA WRITE of 1 MiB to %.200s %s", si.endpoint,
                  rc ? "failed" : "did not land intact");
@@ -194,18 +188,18 @@ static int check_transfer(const char *ip, const char *device, FILE *out, char *w
         goto out;
     }
     memset(buf, 0, CHECK_LEN);
-    uint64_t t2 = now_us();
+    uint64_t t2 = moonlet_mono_us();
     rc = moonlet_xfer_read(cli, si.endpoint, si.segment_id, 4096, buf, CHECK_LEN);
-    uint64_t t3 = now_us();
+    uint64_t t3 = moonlet_mono_us();
     if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
         snprintf(why, cap, "RDMA READ of 1 MiB from %.200s %s", si.endpoint,
                  rc ? "failed" : "returned wrong bytes");
         rc = rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
         goto out;
     }
-    uint64_t t4 = now_us();
+    uint64_t t4 = moonlet_mono_us();
     rc = moonlet_xfer_read(cli, si.endpoint, si.segment_id, 0, buf, 4096);
-    uint64_t t5 = now_us();
+    uint64_t t5 = moonlet_mono_us();
     if (rc) {
         snprintf(why, cap, "RDMA READ of 4 KiB from %.200s failed", si.endpoint);
         goto out;

@@ -96,6 +96,7 @@
 #include <xxhash.h>
 
 #include "log.h"
+#include "monotime.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
 
@@ -1791,13 +1792,6 @@ static uint64_t verbs_lane_write_deadline(const xfer_lane *l)
     return d;
 }
 
-static uint64_t verbs_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
 {
     verbs_state *v = x->be_state;
@@ -1840,7 +1834,7 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
             idle_since = 0;
             continue;
         }
-        uint64_t us = verbs_now_us();
+        uint64_t us = moonlet_mono_us();
         if (!idle_since)
             idle_since = us;
         else if (us - idle_since >= VERBS_SPIN_US) {
