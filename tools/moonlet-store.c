@@ -2,7 +2,7 @@
  * moonlet-store - the store node daemon.
  *
  * Parses flags into a moonlet_store_node_config, creates the node (segment
- * allocated, served, registered and mounted - store/store_node.c does all of
+ * allocated, served, registered and mounted - store/node/store_node.c does all of
  * it), prints "listening on HOST:PORT" (the address it serves on) once
  * mounted, and with --advertise a second line "advertising HOST:PORT" (the
  * endpoint the master hands to peers), with --protocol both a line "tcp

@@ -1132,7 +1132,7 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
 /*
  * The copying batch calls of the C client (moonlet_client_batch_put /
  * moonlet_client_batch_get) take any memory as scattered ranges and stage
- * it themselves (store/client_copy.c); these methods only export the
+ * it themselves (store/client/client_copy.c); these methods only export the
  * Python values (Py_buffer) or make the bytes objects, describe them as
  * ranges and make the call with the GIL released.  A key's bytes go to a
  * bytes object that nobody else can see until the call returns.

@@ -1,6 +1,6 @@
 """K3 lookup helpers: where a hybrid-model request resumes, and which keys it loads.
 
-The Python twin of include/moonlet/k3.h (store/k3.c), for engines that drive
+The Python twin of include/moonlet/k3.h (store/client/k3.c), for engines that drive
 moonlet from Python.  A hybrid model (attention plus recurrent "KDA" layers)
 can skip the prefill of a prefix only when attention KV blocks cover it and a
 KDA checkpoint exists exactly at its end.  Checkpoints exist only at some

@@ -11,7 +11,7 @@
  * agree with each other, and re-encoding must round-trip to stable bytes.
  * The args of every request also go through the table decoder
  * (transport/rpc_args.c) with every method of the master's table
- * (master/methods.c) and of the DummyClient's (store/dummy_proto.c): what it accepts must hold within the table's bounds,
+ * (master/methods.c) and of the DummyClient's (store/client/dummy_proto.c): what it accepts must hold within the table's bounds,
  * and packing the decoded struct again must decode to the same arguments.
  *
  * Built twice: with -fsanitize=fuzzer for fuzzing (-Dfuzz=true, clang), and

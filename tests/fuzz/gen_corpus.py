@@ -76,7 +76,7 @@ seeds = {
     "req_probe_resume": pack([14, 21, ["t", ["kv0", "kv1", "kv2"], 2, ["d0", "d1"], [1, 3]]]),
     "req_batch_probe_key": pack([15, 13, ["t", 1, 2, ["a", "b"]]]),
     "req_remove_force": pack([16, 14, ["t", "k", True]]),
-    # the DummyClient protocol (store/dummy_proto.c): nil tenant, tuple items
+    # the DummyClient protocol (store/client/dummy_proto.c): nil tenant, tuple items
     "req_dm_batch_put": pack([17, 113, [None, 1, False, [["k0", 1, 0, 10], ["k1", 2, 64, 5]],
                                         False, ["node-a"], True, 0]]),
     "req_dm_put": pack([18, 103, ["t", "k", 1, 0, 4096, 2, True, True]]),

@@ -1,5 +1,5 @@
 /*
- * Test of the public client (include/moonlet/client.h, store/client.c).
+ * Test of the public client (include/moonlet/client.h, store/client/client.c).
  *
  * The pure decisions (lease expiry, replica order, fall-over) are tested in
  * isolation; everything else against real daemons on loopback: a master and

@@ -1,7 +1,7 @@
 /*
  * Test of the client layers: the DummyClient backend of moonlet_client
- * (store/dummy_client.c) against a RealClient run as a process
- * (moonlet-store --serve-dummy, store/real_client.c), with a master.
+ * (store/client/dummy_client.c) against a RealClient run as a process
+ * (moonlet-store --serve-dummy, store/client/real_client.c), with a master.
  *
  * Round trips of every call from 0 B to 64 MiB of random bytes (through
  * the staging area and through one-off areas), the probe-with-policy path

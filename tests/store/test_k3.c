@@ -1,5 +1,5 @@
 /*
- * Unit tests of the pure K3 decisions in store/k3.c (include/moonlet/k3.h):
+ * Unit tests of the pure K3 decisions in store/client/k3.c (include/moonlet/k3.h):
  * request validation, the KV boundary, candidate restriction (KV boundary and
  * the Eagle-style resume bound), the LAST_HIT_ONLY mask check (including the
  * masks it must reject), the lease-all choice and the distributed

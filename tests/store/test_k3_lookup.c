@@ -1,5 +1,5 @@
 /*
- * Integration test of moonlet_k3_lookup() (store/k3.c) against a real
+ * Integration test of moonlet_k3_lookup() (store/client/k3.c) against a real
  * moonlet-master and moonlet-store on loopback, with the public client.
  *
  * Every case puts its objects under its own tenant, runs the lookup, and

@@ -1,5 +1,5 @@
 /*
- * Integration test of moonlet-store (store/store_node.c, tools/moonlet-store.c):
+ * Integration test of moonlet-store (store/node/store_node.c, tools/moonlet-store.c):
  * a master with a 2 s liveness TTL and two store processes on loopback,
  * driven through the public client and inspected through MasterClient.
  *

@@ -12,7 +12,7 @@
  * transfer/plain at 16 MiB is the number the transport is judged by (target
  * >= 0.70).  The same rounds also run with the client's end-to-end checksum
  * (an XXH3-64 pass over the bytes before a write, after a read, as
- * store/client.c does by default), side by side, so its cost is read off
+ * store/client/client.c does by default), side by side, so its cost is read off
  * one run.
  *
  * --protocol rdma serves on --listen-addr (an RDMA interface's address) and

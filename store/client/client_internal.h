@@ -1,5 +1,5 @@
 /*
- * client_internal.h - the decisions of the public client (store/client.c)
+ * client_internal.h - the decisions of the public client (store/client/client.c)
  * that are worth testing on their own, as pure functions, and one switch for
  * tests.  Not installed; not part of the public API.
  */

@@ -2,10 +2,10 @@
  * client_backend.h - the backend table behind moonlet_client.
  *
  * A moonlet_client is a handle: a table of operations and the backend's
- * state.  Two backends fill the table: the direct client (store/client.c:
+ * state.  Two backends fill the table: the direct client (store/client/client.c:
  * master connection, transport, optional local segment) and the DummyClient
- * (store/client_dummy.c over store/dummy_client.c: every call forwarded to
- * the RealClient of the host).  store/client_api.c is the only caller: it
+ * (store/client/client_dummy.c over store/client/dummy_client.c: every call forwarded to
+ * the RealClient of the host).  store/client/client_api.c is the only caller: it
  * checks the arguments every backend needs (NULL pointers, arrays, the
  * ProbeResume shape) once, then calls the backend; an operation therefore
  * receives arguments already checked against include/moonlet/client.h's
@@ -23,7 +23,7 @@
 #include "moonlet/client.h"
 
 /* A backend's state; each backend completes it privately (the direct
- * client's in store/client.c; the DummyClient's is a moonlet_dummy). */
+ * client's in store/client/client.c; the DummyClient's is a moonlet_dummy). */
 typedef struct moonlet_client_be moonlet_client_be;
 
 typedef struct moonlet_client_ops {

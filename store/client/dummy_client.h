@@ -1,10 +1,10 @@
 /*
  * dummy_client.h - the DummyClient backend of moonlet_client
- * (store/dummy_client.c).  Its entry in the client's backend table
- * (store/client_dummy.c) forwards every public call of a client made by
+ * (store/client/dummy_client.c).  Its entry in the client's backend table
+ * (store/client/client_dummy.c) forwards every public call of a client made by
  * moonlet_client_create_dummy() to the function of the same name here;
  * arguments and return values are those of include/moonlet/client.h,
- * already checked by store/client_api.c.  Not installed.
+ * already checked by store/client/client_api.c.  Not installed.
  *
  * Thread safety: every function may be called from any number of threads,
  * except create and destroy.  Locks: the DummyClient's one mutex (its

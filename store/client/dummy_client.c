@@ -1,7 +1,7 @@
 /*
  * dummy_client.c - the DummyClient backend of moonlet_client: every call is
  * forwarded to the RealClient of the host over its unix-domain socket
- * (protocol: store/dummy_proto.h), object bytes go through shared memory.
+ * (protocol: store/client/dummy_proto.h), object bytes go through shared memory.
  *
  * Connections.  The RealClient serves the requests of one connection in
  * order, so a DummyClient keeps a small pool of CHANNELS (up to

@@ -1,6 +1,6 @@
 /*
- * dummy_proto.h - the protocol between a DummyClient (store/dummy_client.c)
- * and the RealClient that serves it (store/real_client.c), over the
+ * dummy_proto.h - the protocol between a DummyClient (store/client/dummy_client.c)
+ * and the RealClient that serves it (store/client/real_client.c), over the
  * RealClient's unix-domain socket.
  *
  * It is the control-plane RPC framing (transport/frame.h) with its own method
@@ -54,7 +54,7 @@
 #define MOONLET_DUMMY_MAX_REGIONS 1024u                 /* regions mapped at once */
 #define MOONLET_DUMMY_MAX_REGION_BYTES (UINT64_C(1) << 40) /* 1 TiB */
 
-/* Argument lists: declared once, in store/dummy_proto.c (moonlet_dummy_methods),
+/* Argument lists: declared once, in store/client/dummy_proto.c (moonlet_dummy_methods),
  * in the structs below; the RealClient decodes requests from the table before
  * its handler runs, the DummyClient packs them from it (transport/rpc_args.h).
  * Results are given beside each id. */

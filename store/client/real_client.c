@@ -1,7 +1,7 @@
 /*
  * real_client.c - the RealClient (include/moonlet/real_client.h): a
  * moonlet_client with a local segment, serving DummyClients of the same
- * host over a unix-domain socket (protocol: store/dummy_proto.h).
+ * host over a unix-domain socket (protocol: store/client/dummy_proto.h).
  *
  * The socket is the RPC server of transport/rpc_server.c with the method
  * table of dummy_proto.c: the server decodes and checks each request's

@@ -1,6 +1,6 @@
 /*
  * client_dummy.c - the DummyClient backend of moonlet_client: the backend
- * table (client_backend.h) over store/dummy_client.c, which forwards each
+ * table (client_backend.h) over store/client/dummy_client.c, which forwards each
  * call to the RealClient of the host, and moonlet_client_create_dummy().
  * Arguments arrive checked by client_api.c.
  *
