@@ -62,6 +62,9 @@ static void usage(FILE *f)
             "  --device NAME             RDMA device, e.g. mlx5_0 (default: first active)\n"
             "  --rdma-tos N              IP TOS of RDMA connections (RoCE v2 traffic class, e.g.\n"
             "                            106 for DSCP 26 + ECN; default: the kernel's)\n"
+            "  --rdma-keepalive-ms N     rdma: probe every served connection this often; one whose\n"
+            "                            client vanished is torn down within about 2 x N\n"
+            "                            (default 5000; 100..3600000, it cannot be turned off)\n"
             "  --numa-node N|auto        NUMA node of the segment (default auto: the device's node)\n"
             "  --advertise HOST:PORT     endpoint mounted on the master instead of the listen address\n"
             "                            (tcp only; for a proxy or relay in front of this node)\n"
@@ -156,10 +159,17 @@ static int parse_log_level(const char *s)
 enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
-    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK
+    O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK,
+    O_KEEPALIVE
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
+/* --rdma-keepalive-ms: below 100 ms the probes outrun the verbs backend's
+ * 50 ms keepalive tick; an hour is the longest a vanished client's QP may stay. */
+#define MIN_KEEPALIVE_MS 100
+#define MAX_KEEPALIVE_MS 3600000
+#define STR_(x) #x
+#define STR(x) STR_(x)
 #define FD_RESERVE 256u /* descriptors beyond the data connections: master, segments, DummyClients */
 
 static const struct option g_opts[] = {
@@ -170,6 +180,7 @@ static const struct option g_opts[] = {
     {"tcp-listen", required_argument, 0, O_TCP_LISTEN},
     {"device", required_argument, 0, O_DEVICE},
     {"rdma-tos", required_argument, 0, O_TOS},
+    {"rdma-keepalive-ms", required_argument, 0, O_KEEPALIVE},
     {"numa-node", required_argument, 0, O_NUMA},
     {"client-id", required_argument, 0, O_CLIENT},
     {"auth-token-file", required_argument, 0, O_TOKEN},
@@ -229,6 +240,18 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_TOS:
             bad = parse_uint("--rdma-tos", optarg, 0, 255, &v);
             cfg->rdma_tos = (int)v;
+            break;
+        case O_KEEPALIVE:
+            /* The transport reads 0 as its default: refuse it rather than
+             * let "0" look like "off" (the keepalive cannot be disabled). */
+            bad = strcmp(optarg, "0") == 0
+                      ? bad_flag("--rdma-keepalive-ms",
+                                 "the keepalive cannot be turned off; expected an integer in "
+                                 "[" STR(MIN_KEEPALIVE_MS) ", " STR(MAX_KEEPALIVE_MS) "]",
+                                 optarg)
+                      : parse_uint("--rdma-keepalive-ms", optarg, MIN_KEEPALIVE_MS,
+                                   MAX_KEEPALIVE_MS, &v);
+            cfg->rdma_keepalive_ms = (uint32_t)v;
             break;
         case O_NUMA: bad = parse_numa(optarg, &cfg->numa_node); break;
         case O_CLIENT:

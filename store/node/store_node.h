@@ -61,6 +61,8 @@ typedef struct moonlet_store_node_config {
     const char *tcp_listen_addr;
     const char *device;             /* RDMA device; NULL: first ACTIVE one */
     int rdma_tos;                   /* rdma: IP TOS of its connections; 0: default */
+    uint32_t rdma_keepalive_ms;     /* rdma: served-QP probe period (a vanished client's QP
+                                     * is reaped within ~2x it); 0: transport default */
     int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
     const char *client_id;          /* NULL: "store-<hostname>-<random>" */
     const char *auth_token;         /* for the master and the transport; NULL: none */
