@@ -7,12 +7,17 @@
  * connection is broken (a late reply would desynchronise it) and every later
  * call fails with MOONLET_ERR_RPC_FAIL until the owner reconnects.
  *
- * Call pattern:
+ * Call pattern (method ids belong to the service, not to this module: the
+ * master's are in master/methods.h - ExistKey, MOONLET_M_EXIST_KEY, takes
+ * (tenant, key) - the DummyClient protocol's in store/client/dummy_proto.h):
  *     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
  *     moonlet_pack_cstr(pk, tenant); moonlet_pack_str(pk, key, len);
  *     moonlet_reply rep;
  *     int rc = moonlet_rpc_client_call(c, &rep);   // transport status
  *     if (rc == 0) { use rep.code / rep.result; moonlet_reply_destroy(&rep); }
+ * The real callers (store/master_client.c, store/client/dummy_client.c) pack
+ * a typed args struct from their method table with moonlet_rpc_args_pack()
+ * (rpc_args.h) rather than argument by argument.
  *
  * Pipelining: begin()+send() several times, then recv() the replies, which
  * arrive in request order and carry the request ids.
