@@ -51,6 +51,18 @@
  * (the cast through void (*)(void) is what CPython itself does). */
 #define ML_KW(f) ((PyCFunction)(void (*)(void))(f))
 
+/* The two methods off() and on() of common(self, args, kw, flag), flag false
+ * and true (put / upsert, is_exist / probe_key, remove / _remove_force, ...). */
+#define ML_FLAG_PAIR(off, on, common)                                                     \
+    static PyObject *off(ClientObject *self, PyObject *args, PyObject *kw)                \
+    {                                                                                     \
+        return common(self, args, kw, false);                                             \
+    }                                                                                     \
+    static PyObject *on(ClientObject *self, PyObject *args, PyObject *kw)                 \
+    {                                                                                     \
+        return common(self, args, kw, true);                                              \
+    }
+
 static PyObject *g_store_error; /* moonlet.errors.StoreError */
 
 /* ---- errors ------------------------------------------------------------------------ */
@@ -465,6 +477,66 @@ static int ml_parse_put(PyObject *args, PyObject *kw, const char *fmt, char **kw
     return ok;
 }
 
+/* The arguments of the (key, *, tenant_id=None) methods; name is the
+ * method's, for the messages.  Returns 1, or 0 with an exception set. */
+static int ml_parse_key(PyObject *args, PyObject *kw, const char *name, const char **key,
+                        const char **tenant)
+{
+    static char *kwl[] = {"key", "tenant_id", NULL};
+    char fmt[64];
+    snprintf(fmt, sizeof(fmt), "O&|$O&:%s", name);
+    *tenant = NULL;
+    return PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, conv_key, key, conv_tenant, tenant);
+}
+
+/* As ml_parse_key for the (*, tenant_id=None) methods. */
+static int ml_parse_tenant(PyObject *args, PyObject *kw, const char *name, const char **tenant)
+{
+    static char *kwl[] = {"tenant_id", NULL};
+    char fmt[64];
+    snprintf(fmt, sizeof(fmt), "|$O&:%s", name);
+    *tenant = NULL;
+    return PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, conv_tenant, tenant);
+}
+
+/* A call's outcome: None, or StoreError(rc) naming what. */
+static PyObject *ml_none_or_raise(int rc, const char *what)
+{
+    if (rc)
+        return ml_raise(rc, what, NULL);
+    Py_RETURN_NONE;
+}
+
+/* A call's outcome: the count v, or StoreError(rc) naming what. */
+static PyObject *ml_u64_or_raise(int rc, const char *what, uint64_t v)
+{
+    return rc ? ml_raise(rc, what, NULL) : PyLong_FromUnsignedLongLong(v);
+}
+
+/* The batches over (keys, addresses, sizes) (kwl: those three names and
+ * "tenant_id"): parses them, with the put options into *pk when pk is set,
+ * else with tenant_id into *tenant, then fills st with init(st, keys,
+ * addresses, sizes).  Returns 0, or -1 with an exception set. */
+static int ml_batch_args(PyObject *args, PyObject *kw, const char *name, char **kwl,
+                         ml_putkw *pk, const char **tenant,
+                         int (*init)(void *, PyObject *, PyObject *, PyObject *), void *st)
+{
+    PyObject *keys, *addrs, *sizes;
+    char fmt[64];
+    int ok;
+    if (pk) {
+        char *own[] = {kwl[0], kwl[1], kwl[2], NULL};
+        snprintf(fmt, sizeof(fmt), "OOO:%s", name);
+        ok = ml_parse_put(args, kw, fmt, own, pk, &keys, &addrs, &sizes);
+    } else {
+        snprintf(fmt, sizeof(fmt), "OOO|$O&:%s", name);
+        *tenant = NULL;
+        ok = PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &keys, &addrs, &sizes, conv_tenant,
+                                         tenant);
+    }
+    return ok ? init(st, keys, addrs, sizes) : -1;
+}
+
 /* ---- the type ------------------------------------------------------------------------ */
 
 static PyObject *Client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -667,34 +739,20 @@ static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw,
     if (!ml_parse_put(args, kw, upsert ? "O&y*:upsert" : "O&y*:put", kwl, &pk, conv_key, &key,
                       &value))
         return NULL;
-    moonlet_put_options o = pk.o;
+    int (*fn)(moonlet_client *, const char *, const void *, size_t,
+              const moonlet_put_options *) = upsert ? moonlet_client_upsert : moonlet_client_put;
     int rc;
-    if (upsert)
-        ML_CALL(self, rc, moonlet_client_upsert(c, key, value.buf, (size_t)value.len, &o));
-    else
-        ML_CALL(self, rc, moonlet_client_put(c, key, value.buf, (size_t)value.len, &o));
+    ML_CALL(self, rc, fn(c, key, value.buf, (size_t)value.len, &pk.o));
     PyBuffer_Release(&value);
-    if (rc)
-        return ml_raise(rc, upsert ? "upsert" : "put", NULL);
-    Py_RETURN_NONE;
+    return ml_none_or_raise(rc, upsert ? "upsert" : "put");
 }
 
-static PyObject *Client_put(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_put_common(self, args, kw, false);
-}
-
-static PyObject *Client_upsert(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_put_common(self, args, kw, true);
-}
+ML_FLAG_PAIR(Client_put, Client_upsert, ml_put_common)
 
 static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:get", kwl, conv_key, &key, conv_tenant,
-                                     &tenant))
+    const char *key, *tenant;
+    if (!ml_parse_key(args, kw, "get", &key, &tenant))
         return NULL;
     void *buf = NULL;
     size_t len = 0;
@@ -710,55 +768,54 @@ static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *Client_get_size(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:get_size", kwl, conv_key, &key,
-                                     conv_tenant, &tenant))
-        return NULL;
+    const char *key, *tenant;
     uint64_t size = 0;
     int rc;
+    if (!ml_parse_key(args, kw, "get_size", &key, &tenant))
+        return NULL;
     ML_CALL(self, rc, moonlet_client_get_size(c, key, &size, tenant));
-    if (rc)
-        return ml_raise(rc, "get_size", NULL);
-    return PyLong_FromUnsignedLongLong(size);
+    return ml_u64_or_raise(rc, "get_size", size);
 }
 
-static PyObject *Client_remove(ClientObject *self, PyObject *args, PyObject *kw)
+/* remove / _remove_force.  force (Mooncake's remove(key, force=True), through
+ * moonlet.mooncake) also removes an object under a read lease
+ * (moonlet_client_remove_force). */
+static PyObject *ml_remove(ClientObject *self, PyObject *args, PyObject *kw, bool force)
 {
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:remove", kwl, conv_key, &key, conv_tenant,
-                                     &tenant))
+    const char *key, *tenant;
+    if (!ml_parse_key(args, kw, force ? "_remove_force" : "remove", &key, &tenant))
         return NULL;
+    int (*fn)(moonlet_client *, const char *, const char *) =
+        force ? moonlet_client_remove_force : moonlet_client_remove;
     int rc;
-    ML_CALL(self, rc, moonlet_client_remove(c, key, tenant));
-    if (rc)
-        return ml_raise(rc, "remove", NULL);
-    Py_RETURN_NONE;
+    ML_CALL(self, rc, fn(c, key, tenant));
+    return ml_none_or_raise(rc, force ? "remove(force)" : "remove");
 }
 
-static PyObject *Client_remove_all(ClientObject *self, PyObject *args, PyObject *kw)
+/* remove_all / _remove_all_force (force: Mooncake's remove_all(force=True),
+ * also objects under a read lease). */
+static PyObject *ml_remove_all(ClientObject *self, PyObject *args, PyObject *kw, bool force)
 {
-    static char *kwl[] = {"tenant_id", NULL};
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&:remove_all", kwl, conv_tenant, &tenant))
+    const char *tenant;
+    if (!ml_parse_tenant(args, kw, force ? "_remove_all_force" : "remove_all", &tenant))
         return NULL;
+    int (*fn)(moonlet_client *, uint64_t *, const char *) =
+        force ? moonlet_client_remove_all_force : moonlet_client_remove_all;
     uint64_t n = 0;
     int rc;
-    ML_CALL(self, rc, moonlet_client_remove_all(c, &n, tenant));
-    if (rc)
-        return ml_raise(rc, "remove_all", NULL);
-    return PyLong_FromUnsignedLongLong(n);
+    ML_CALL(self, rc, fn(c, &n, tenant));
+    return ml_u64_or_raise(rc, force ? "remove_all(force)" : "remove_all", n);
 }
+
+ML_FLAG_PAIR(Client_remove, Client_remove_force, ml_remove)
+ML_FLAG_PAIR(Client_remove_all, Client_remove_all_force, ml_remove_all)
 
 /* The master's InspectKey of a key as the JSON text of the C API; moonlet.Store.inspect()
  * turns it into a dict. */
 static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_inspect_json", kwl, conv_key, &key,
-                                     conv_tenant, &tenant))
+    const char *key, *tenant;
+    if (!ml_parse_key(args, kw, "_inspect_json", &key, &tenant))
         return NULL;
     char *json = NULL;
     int rc;
@@ -774,31 +831,20 @@ static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObjec
 
 static PyObject *ml_exist_one(ClientObject *self, PyObject *args, PyObject *kw, bool probe)
 {
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, probe ? "O&|$O&:probe_key" : "O&|$O&:is_exist",
-                                     kwl, conv_key, &key, conv_tenant, &tenant))
+    const char *key, *tenant;
+    if (!ml_parse_key(args, kw, probe ? "probe_key" : "is_exist", &key, &tenant))
         return NULL;
+    int (*fn)(moonlet_client *, const char *, bool *, const char *) =
+        probe ? moonlet_client_probe_key : moonlet_client_exist_key;
     bool ex = false;
     int rc;
-    if (probe)
-        ML_CALL(self, rc, moonlet_client_probe_key(c, key, &ex, tenant));
-    else
-        ML_CALL(self, rc, moonlet_client_exist_key(c, key, &ex, tenant));
+    ML_CALL(self, rc, fn(c, key, &ex, tenant));
     if (rc)
         return ml_raise(rc, probe ? "probe_key" : "is_exist", NULL);
     return PyBool_FromLong(ex);
 }
 
-static PyObject *Client_is_exist(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_exist_one(self, args, kw, false);
-}
-
-static PyObject *Client_probe_key(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_exist_one(self, args, kw, true);
-}
+ML_FLAG_PAIR(Client_is_exist, Client_probe_key, ml_exist_one)
 
 /* A list of n ints from codes[], or of bools when every code is 0 or 1 and
  * as_bool is set. */
@@ -881,15 +927,7 @@ static PyObject *ml_exist_batch(ClientObject *self, PyObject *args, PyObject *kw
     return out;
 }
 
-static PyObject *Client_batch_is_exist(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_exist_batch(self, args, kw, false);
-}
-
-static PyObject *Client_batch_probe_key(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    return ml_exist_batch(self, args, kw, true);
-}
+ML_FLAG_PAIR(Client_batch_is_exist, Client_batch_probe_key, ml_exist_batch)
 
 /* ---- ProbeResume: the K3 lookup in one round trip -------------------------------------- */
 
@@ -966,9 +1004,7 @@ static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyOb
         return NULL;
     int rc;
     ML_CALL(self, rc, moonlet_client_register_buffer(c, addr, size));
-    if (rc)
-        return ml_raise(rc, "register_buffer", NULL);
-    Py_RETURN_NONE;
+    return ml_none_or_raise(rc, "register_buffer");
 }
 
 static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, PyObject *kw)
@@ -979,9 +1015,7 @@ static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, Py
         return NULL;
     int rc;
     ML_CALL(self, rc, moonlet_client_unregister_buffer(c, addr));
-    if (rc)
-        return ml_raise(rc, "unregister_buffer", NULL);
-    Py_RETURN_NONE;
+    return ml_none_or_raise(rc, "unregister_buffer");
 }
 
 static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
@@ -993,12 +1027,9 @@ static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *k
     ml_putkw pk;
     if (!ml_parse_put(args, kw, "O&O&O&:put_from", kwl, &pk, conv_key, &key, conv_addr, &addr, conv_size, &size))
         return NULL;
-    moonlet_put_options o = pk.o;
     int rc;
-    ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &o));
-    if (rc)
-        return ml_raise(rc, "put_from", NULL);
-    Py_RETURN_NONE;
+    ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &pk.o));
+    return ml_none_or_raise(rc, "put_from");
 }
 
 static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *kw)
@@ -1017,25 +1048,39 @@ static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *k
     return PyLong_FromSize_t(len);
 }
 
-/* The arrays of a zero-copy batch. */
+/* The arrays of a batch over the caller's memory: a zero-copy batch
+ * (batch_put_from / batch_get_into: addrs, sizes, lens) or a multi-buffer
+ * one (_batch_put_multi / _batch_get_multi: iovcnt, iov, lens).  What a
+ * kind does not use stays NULL. */
 typedef struct {
     ml_keys k;
     void **addrs;
-    size_t *sizes, *lens;
+    size_t *sizes;
+    size_t *iovcnt;    /* multi: n entries, key i's ranges are the next iovcnt[i] of iov */
+    struct iovec *iov; /* multi: every range, key 0's first */
+    size_t *lens;      /* bytes read per key */
     int32_t *results;
-} ml_zbatch;
+} ml_batch;
 
-static void ml_zbatch_free(ml_zbatch *z)
+/* ml_batch_args()'s keyword names of the two kinds. */
+static char *ml_zbatch_kwl[] = {"keys", "addresses", "sizes", "tenant_id", NULL};
+static char *ml_multi_kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", NULL};
+
+static void ml_batch_free(ml_batch *b)
 {
-    ml_keys_free(&z->k);
-    PyMem_Free(z->addrs);
-    PyMem_Free(z->sizes);
-    PyMem_Free(z->lens);
-    PyMem_Free(z->results);
+    ml_keys_free(&b->k);
+    PyMem_Free(b->addrs);
+    PyMem_Free(b->sizes);
+    PyMem_Free(b->iovcnt);
+    PyMem_Free(b->iov);
+    PyMem_Free(b->lens);
+    PyMem_Free(b->results);
 }
 
-static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObject *sizes)
+/* ml_batch_args()'s init of a zero-copy batch: st is an ml_batch. */
+static int ml_zbatch_init(void *st, PyObject *keys, PyObject *addrs, PyObject *sizes)
 {
+    ml_batch *z = st;
     memset(z, 0, sizeof(*z));
     if (ml_keys_init(&z->k, keys))
         return -1;
@@ -1045,13 +1090,13 @@ static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObjec
     z->lens = PyMem_Calloc(n, sizeof(*z->lens));
     z->results = PyMem_Calloc(n, sizeof(*z->results));
     if (!z->addrs || !z->sizes || !z->lens || !z->results) {
-        ml_zbatch_free(z);
+        ml_batch_free(z);
         PyErr_NoMemory();
         return -1;
     }
     if (ml_seq_conv(addrs, z->k.n, "addresses", conv_addr, z->addrs, sizeof(*z->addrs)) ||
         ml_seq_conv(sizes, z->k.n, "sizes", conv_size, z->sizes, sizeof(*z->sizes))) {
-        ml_zbatch_free(z);
+        ml_batch_free(z);
         return -1;
     }
     return 0;
@@ -1059,19 +1104,14 @@ static int ml_zbatch_init(ml_zbatch *z, PyObject *keys, PyObject *addrs, PyObjec
 
 static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "addresses", "sizes", NULL};
-    PyObject *keys, *addrs, *sizes;
     ml_putkw pk;
-    if (!ml_parse_put(args, kw, "OOO:batch_put_from", kwl, &pk, &keys, &addrs, &sizes))
+    ml_batch z;
+    if (ml_batch_args(args, kw, "batch_put_from", ml_zbatch_kwl, &pk, NULL, ml_zbatch_init, &z))
         return NULL;
-    ml_zbatch z;
-    if (ml_zbatch_init(&z, keys, addrs, sizes))
-        return NULL;
-    moonlet_put_options o = pk.o;
     int rc;
     ML_CALL(self, rc,
             moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
-                                          z.k.n, &o, z.results));
+                                          z.k.n, &pk.o, z.results));
     PyObject *out = NULL;
     if (rc == ML_CLOSED || (rc && z.k.n == 0)) {
         ml_raise(rc, "batch_put_from", NULL);
@@ -1084,20 +1124,16 @@ static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObj
         out = Py_None;
         Py_INCREF(out);
     }
-    ml_zbatch_free(&z);
+    ml_batch_free(&z);
     return out;
 }
 
 static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "addresses", "sizes", "tenant_id", NULL};
-    PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&:batch_get_into", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant))
-        return NULL;
-    ml_zbatch z;
-    if (ml_zbatch_init(&z, keys, addrs, sizes))
+    const char *tenant;
+    ml_batch z;
+    if (ml_batch_args(args, kw, "batch_get_into", ml_zbatch_kwl, NULL, &tenant, ml_zbatch_init,
+                      &z))
         return NULL;
     int rc;
     ML_CALL(self, rc,
@@ -1123,7 +1159,7 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
             out = res, res = NULL;
         Py_XDECREF(res);
     }
-    ml_zbatch_free(&z);
+    ml_batch_free(&z);
     return out;
 }
 
@@ -1410,40 +1446,6 @@ done:
     return out;
 }
 
-/* ---- Mooncake's forced remove ----------------------------------------------------------------- */
-
-/* _remove_force / _remove_all_force: remove / remove_all that also take
- * objects under a read lease (moonlet_client_remove_force); moonlet.mooncake's
- * remove(key, force=True) and remove_all(force=True). */
-static PyObject *Client_remove_force(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"key", "tenant_id", NULL};
-    const char *key, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&:_remove_force", kwl, conv_key, &key,
-                                     conv_tenant, &tenant))
-        return NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_remove_force(c, key, tenant));
-    if (rc)
-        return ml_raise(rc, "remove(force)", NULL);
-    Py_RETURN_NONE;
-}
-
-static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"tenant_id", NULL};
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&:_remove_all_force", kwl, conv_tenant,
-                                     &tenant))
-        return NULL;
-    uint64_t n = 0;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_remove_all_force(c, &n, tenant));
-    if (rc)
-        return ml_raise(rc, "remove_all(force)", NULL);
-    return PyLong_FromUnsignedLongLong(n);
-}
-
 /* ---- several buffers per key: the multi-buffer batches of moonlet.mooncake ----------------- */
 
 /*
@@ -1461,26 +1463,12 @@ static PyObject *Client_remove_all_force(ClientObject *self, PyObject *args, PyO
  * comes back in a list (0 or a negative code for a put; bytes read or a
  * negative code for a get), never as StoreError; a closed store raises.
  */
-typedef struct {
-    ml_keys k;
-    size_t *iovcnt;    /* n entries: key i's ranges are the next iovcnt[i] of iov */
-    struct iovec *iov; /* every range, key 0's first */
-    size_t *got;
-    int32_t *results;
-} ml_multi;
 
-static void ml_multi_free(ml_multi *m)
+/* Keys, and per key a sequence of addresses and one of sizes of the same
+ * length (ml_batch_args()'s init of a multi-buffer batch: st is an ml_batch). */
+static int ml_multi_init(void *st, PyObject *keys, PyObject *all_addrs, PyObject *all_sizes)
 {
-    ml_keys_free(&m->k);
-    PyMem_Free(m->iovcnt);
-    PyMem_Free(m->iov);
-    PyMem_Free(m->got);
-    PyMem_Free(m->results);
-}
-
-/* Keys, and per key a sequence of addresses and one of sizes of the same length. */
-static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObject *all_sizes)
-{
+    ml_batch *m = st;
     memset(m, 0, sizeof(*m));
     PyObject *ta = NULL, *ts = NULL;
     void **a = NULL;
@@ -1498,9 +1486,9 @@ static int ml_multi_init(ml_multi *m, PyObject *keys, PyObject *all_addrs, PyObj
         goto fail;
     }
     m->iovcnt = PyMem_Calloc(alloc, sizeof(*m->iovcnt));
-    m->got = PyMem_Calloc(alloc, sizeof(*m->got));
+    m->lens = PyMem_Calloc(alloc, sizeof(*m->lens));
     m->results = PyMem_Calloc(alloc, sizeof(*m->results));
-    if (!m->iovcnt || !m->got || !m->results) {
+    if (!m->iovcnt || !m->lens || !m->results) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -1539,15 +1527,15 @@ fail:
     PyMem_Free(s);
     Py_XDECREF(ta);
     Py_XDECREF(ts);
-    ml_multi_free(m);
+    ml_batch_free(m);
     return -1;
 }
 
-static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
+static PyObject *ml_multi_results(const ml_batch *m, bool sizes)
 {
     PyObject *res = PyList_New((Py_ssize_t)m->k.n);
     for (size_t i = 0; res && i < m->k.n; i++) {
-        PyObject *v = sizes && m->results[i] == MOONLET_OK ? PyLong_FromSize_t(m->got[i])
+        PyObject *v = sizes && m->results[i] == MOONLET_OK ? PyLong_FromSize_t(m->lens[i])
                                                            : PyLong_FromLong(m->results[i]);
         if (!v) {
             Py_CLEAR(res);
@@ -1560,43 +1548,34 @@ static PyObject *ml_multi_results(const ml_multi *m, bool sizes)
 
 static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "all_addresses", "all_sizes", NULL};
-    PyObject *keys, *addrs, *sizes;
     ml_putkw pk;
-    if (!ml_parse_put(args, kw, "OOO:_batch_put_multi", kwl, &pk, &keys, &addrs, &sizes))
+    ml_batch m;
+    if (ml_batch_args(args, kw, "_batch_put_multi", ml_multi_kwl, &pk, NULL, ml_multi_init, &m))
         return NULL;
-    ml_multi m;
-    if (ml_multi_init(&m, keys, addrs, sizes))
-        return NULL;
-    moonlet_put_options o = pk.o;
     int rc = MOONLET_OK;
     if (m.k.n)
         ML_CALL(self, rc,
-                moonlet_client_batch_put(c, m.k.keys, m.k.n, m.iov, m.iovcnt, &o, m.results));
+                moonlet_client_batch_put(c, m.k.keys, m.k.n, m.iov, m.iovcnt, &pk.o, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_put_from_multi_buffers", NULL)
                                     : ml_multi_results(&m, false);
-    ml_multi_free(&m);
+    ml_batch_free(&m);
     return out;
 }
 
 static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "all_addresses", "all_sizes", "tenant_id", NULL};
-    PyObject *keys, *addrs, *sizes;
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|$O&:_batch_get_multi", kwl, &keys, &addrs,
-                                     &sizes, conv_tenant, &tenant))
-        return NULL;
-    ml_multi m;
-    if (ml_multi_init(&m, keys, addrs, sizes))
+    const char *tenant;
+    ml_batch m;
+    if (ml_batch_args(args, kw, "_batch_get_multi", ml_multi_kwl, NULL, &tenant, ml_multi_init,
+                      &m))
         return NULL;
     int rc = MOONLET_OK;
     if (m.k.n)
         ML_CALL(self, rc, moonlet_client_batch_get(c, m.k.keys, m.k.n, m.iov, m.iovcnt, tenant,
-                                                   m.got, m.results));
+                                                   m.lens, m.results));
     PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_get_into_multi_buffers", NULL)
                                     : ml_multi_results(&m, true);
-    ml_multi_free(&m);
+    ml_batch_free(&m);
     return out;
 }
 
