@@ -104,12 +104,14 @@ static PyObject *ml_raise_batch(const char *what, const char *const *keys, const
 
 /* ---- argument conversion ----------------------------------------------------------- */
 
-/* O& converter: a str key (UTF-8, no NUL) to const char *.  The pointer lives
- * as long as the str, which the argument tuple keeps alive for the call. */
-static int conv_key(PyObject *o, void *out)
+/* A str as UTF-8 without NUL into *out; what names the argument in the
+ * TypeError / ValueError (expected: what a TypeError says it must be).
+ * The pointer lives as long as the str.  Returns 1, or 0 with an exception. */
+static int ml_utf8(PyObject *o, const char *what, const char *expected, const char **out)
 {
     if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "key must be str, not %.80s", Py_TYPE(o)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be %s, not %.80s", what, expected,
+                     Py_TYPE(o)->tp_name);
         return 0;
     }
     Py_ssize_t len;
@@ -117,11 +119,18 @@ static int conv_key(PyObject *o, void *out)
     if (!s)
         return 0;
     if ((size_t)len != strlen(s)) {
-        PyErr_SetString(PyExc_ValueError, "key contains a NUL character");
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
         return 0;
     }
-    *(const char **)out = s;
+    *out = s;
     return 1;
+}
+
+/* O& converter: a str key (UTF-8, no NUL) to const char *.  The pointer lives
+ * as long as the str, which the argument tuple keeps alive for the call. */
+static int conv_key(PyObject *o, void *out)
+{
+    return ml_utf8(o, "key", "str", out);
 }
 
 /* O& converter: None or a str tenant id. */
@@ -131,21 +140,7 @@ static int conv_tenant(PyObject *o, void *out)
         *(const char **)out = NULL;
         return 1;
     }
-    if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "tenant_id must be str or None, not %.80s",
-                     Py_TYPE(o)->tp_name);
-        return 0;
-    }
-    Py_ssize_t len;
-    const char *s = PyUnicode_AsUTF8AndSize(o, &len);
-    if (!s)
-        return 0;
-    if ((size_t)len != strlen(s)) {
-        PyErr_SetString(PyExc_ValueError, "tenant_id contains a NUL character");
-        return 0;
-    }
-    *(const char **)out = s;
-    return 1;
+    return ml_utf8(o, "tenant_id", "str or None", out);
 }
 
 /* An int (not bool) in [0, max]; `what` names it in errors. */
@@ -169,7 +164,24 @@ static int ml_uint(PyObject *o, uint64_t max, const char *what, uint64_t *out)
     return 0;
 }
 
-/* O& converters for a memory address, a byte count and a uint32. */
+/* O& converters of a Python int: name(o, out) stores it as
+ * `*(type *)out` when it is in [0, max], else raises naming what. */
+#define ML_CONV_UINT(name, type, max, what)                                               \
+    int name(PyObject *o, void *out)                                                      \
+    {                                                                                     \
+        uint64_t v;                                                                       \
+        if (ml_uint(o, (max), (what), &v))                                                \
+            return 0;                                                                     \
+        *(type *)out = (type)v;                                                           \
+        return 1;                                                                         \
+    }
+
+/* A byte count (shared.c uses it too), a uint32, a uint64. */
+ML_CONV_UINT(conv_size, size_t, SIZE_MAX, "size")
+static ML_CONV_UINT(conv_u32, uint32_t, UINT32_MAX, "value")
+static ML_CONV_UINT(conv_u64, uint64_t, UINT64_MAX, "value")
+
+/* O& converter: a memory address. */
 static int conv_addr(PyObject *o, void *out)
 {
     uint64_t v;
@@ -179,40 +191,9 @@ static int conv_addr(PyObject *o, void *out)
     return 1;
 }
 
-int conv_size(PyObject *o, void *out)
-{
-    uint64_t v;
-    if (ml_uint(o, SIZE_MAX, "size", &v))
-        return 0;
-    *(size_t *)out = (size_t)v;
-    return 1;
-}
-
-static int conv_u32(PyObject *o, void *out)
-{
-    uint64_t v;
-    if (ml_uint(o, UINT32_MAX, "value", &v))
-        return 0;
-    *(uint32_t *)out = (uint32_t)v;
-    return 1;
-}
-
-static int conv_u64(PyObject *o, void *out)
-{
-    uint64_t v;
-    if (ml_uint(o, UINT64_MAX, "value", &v))
-        return 0;
-    *(uint64_t *)out = v;
-    return 1;
-}
-
-/* O& converter: None or a str without NUL. */
+/* O& converter: None or a str without NUL (as conv_tenant). */
 static int conv_opt_str(PyObject *o, void *out)
 {
-    if (o == Py_None) {
-        *(const char **)out = NULL;
-        return 1;
-    }
     return conv_tenant(o, out);
 }
 
@@ -1546,38 +1527,32 @@ static PyObject *ml_multi_results(const ml_batch *m, bool sizes)
     return res;
 }
 
-static PyObject *Client_batch_put_multi(ClientObject *self, PyObject *args, PyObject *kw)
+/* _batch_put_multi (get false) / _batch_get_multi (get true). */
+static PyObject *ml_batch_multi(ClientObject *self, PyObject *args, PyObject *kw, bool get)
 {
     ml_putkw pk;
+    const char *tenant = NULL;
     ml_batch m;
-    if (ml_batch_args(args, kw, "_batch_put_multi", ml_multi_kwl, &pk, NULL, ml_multi_init, &m))
+    if (ml_batch_args(args, kw, get ? "_batch_get_multi" : "_batch_put_multi", ml_multi_kwl,
+                      get ? NULL : &pk, &tenant, ml_multi_init, &m))
         return NULL;
     int rc = MOONLET_OK;
-    if (m.k.n)
+    if (m.k.n && get)
+        ML_CALL(self, rc, moonlet_client_batch_get(c, m.k.keys, m.k.n, m.iov, m.iovcnt, tenant,
+                                                   m.lens, m.results));
+    else if (m.k.n)
         ML_CALL(self, rc,
                 moonlet_client_batch_put(c, m.k.keys, m.k.n, m.iov, m.iovcnt, &pk.o, m.results));
-    PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_put_from_multi_buffers", NULL)
-                                    : ml_multi_results(&m, false);
+    PyObject *out =
+        rc == ML_CLOSED
+            ? ml_raise(rc, get ? "batch_get_into_multi_buffers" : "batch_put_from_multi_buffers",
+                       NULL)
+            : ml_multi_results(&m, get);
     ml_batch_free(&m);
     return out;
 }
 
-static PyObject *Client_batch_get_multi(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    const char *tenant;
-    ml_batch m;
-    if (ml_batch_args(args, kw, "_batch_get_multi", ml_multi_kwl, NULL, &tenant, ml_multi_init,
-                      &m))
-        return NULL;
-    int rc = MOONLET_OK;
-    if (m.k.n)
-        ML_CALL(self, rc, moonlet_client_batch_get(c, m.k.keys, m.k.n, m.iov, m.iovcnt, tenant,
-                                                   m.lens, m.results));
-    PyObject *out = rc == ML_CLOSED ? ml_raise(rc, "batch_get_into_multi_buffers", NULL)
-                                    : ml_multi_results(&m, true);
-    ml_batch_free(&m);
-    return out;
-}
+ML_FLAG_PAIR(Client_batch_put_multi, Client_batch_get_multi, ml_batch_multi)
 
 /* ---- accessors ---------------------------------------------------------------------------- */
 
