@@ -1029,6 +1029,24 @@ static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *k
     return PyLong_FromSize_t(len);
 }
 
+/* The outcome of a put batch of n keys: None, or StoreError - with .results
+ * (0 or the negative code per key) when keys failed one by one (the others
+ * were stored). */
+static PyObject *ml_put_batch_result(int rc, const char *what, const char *const *keys,
+                                     const int32_t *results, size_t n)
+{
+    if (rc == ML_CLOSED || (rc && n == 0))
+        return ml_raise(rc, what, NULL);
+    if (rc) {
+        PyObject *res = ml_result_list(results, n, false);
+        if (res)
+            ml_raise_batch(what, keys, results, n, res);
+        Py_XDECREF(res);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* The arrays of a batch over the caller's memory: a zero-copy batch
  * (batch_put_from / batch_get_into: addrs, sizes, lens) or a multi-buffer
  * one (_batch_put_multi / _batch_get_multi: iovcnt, iov, lens).  What a
@@ -1093,18 +1111,7 @@ static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObj
     ML_CALL(self, rc,
             moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
                                           z.k.n, &pk.o, z.results));
-    PyObject *out = NULL;
-    if (rc == ML_CLOSED || (rc && z.k.n == 0)) {
-        ml_raise(rc, "batch_put_from", NULL);
-    } else if (rc) {
-        PyObject *res = ml_result_list(z.results, z.k.n, false);
-        if (res)
-            ml_raise_batch("batch_put_from", z.k.keys, z.results, z.k.n, res);
-        Py_XDECREF(res);
-    } else {
-        out = Py_None;
-        Py_INCREF(out);
-    }
+    PyObject *out = ml_put_batch_result(rc, "batch_put_from", z.k.keys, z.results, z.k.n);
     ml_batch_free(&z);
     return out;
 }
@@ -1239,23 +1246,9 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
     }
     for (size_t i = 0; i < k.n; i++)
         p.iovcnt[i] = 1;
-    PyObject *out = NULL;
-    {
-        moonlet_put_options o = pk.o;
-        int rc;
-        ML_CALL(self, rc, moonlet_client_batch_put(c, k.keys, k.n, p.iov, p.iovcnt, &o, p.results));
-        if (rc == ML_CLOSED || (rc && k.n == 0)) {
-            ml_raise(rc, "batch_put", NULL);
-        } else if (rc) {
-            PyObject *res = ml_result_list(p.results, k.n, false);
-            if (res)
-                ml_raise_batch("batch_put", k.keys, p.results, k.n, res);
-            Py_XDECREF(res);
-        } else {
-            out = Py_None;
-            Py_INCREF(out);
-        }
-    }
+    int rc;
+    ML_CALL(self, rc, moonlet_client_batch_put(c, k.keys, k.n, p.iov, p.iovcnt, &pk.o, p.results));
+    PyObject *out = ml_put_batch_result(rc, "batch_put", k.keys, p.results, k.n);
     ml_puts_free(&p);
     Py_DECREF(values);
     ml_keys_free(&k);
@@ -1283,20 +1276,10 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     if (ml_puts_init(&p, PySequence_Fast_ITEMS(args) + 1, (size_t)nargs - 1, 1))
         return NULL;
     p.iovcnt[0] = (size_t)nargs - 1;
-    PyObject *out = NULL;
-    {
-        moonlet_put_options o = pk.o;
-        int rc;
-        ML_CALL(self, rc, moonlet_client_batch_put(c, &key, 1, p.iov, p.iovcnt, &o, p.results));
-        if (rc) {
-            ml_raise(rc, "put_parts", NULL);
-        } else {
-            out = Py_None;
-            Py_INCREF(out);
-        }
-    }
+    int rc;
+    ML_CALL(self, rc, moonlet_client_batch_put(c, &key, 1, p.iov, p.iovcnt, &pk.o, p.results));
     ml_puts_free(&p);
-    return out;
+    return ml_none_or_raise(rc, "put_parts");
 }
 
 /*
