@@ -692,6 +692,12 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(Client_close_doc,
+             "close()\n--\n\nDisconnects and frees the client; waits for calls in flight on other "
+             "threads.  Buffers registered with it are unregistered (the memory stays yours).  "
+             "Calling it again does nothing; any other call afterwards raises StoreError "
+             "(UNAVAILABLE_IN_CURRENT_STATUS).");
+
 static PyObject *Client_close(ClientObject *self, PyObject *unused)
 {
     for (SharedObject *b = self->shared; b; b = b->next) {
@@ -728,7 +734,23 @@ static PyObject *ml_put_common(ClientObject *self, PyObject *args, PyObject *kw,
     return ml_none_or_raise(rc, upsert ? "upsert" : "put");
 }
 
+PyDoc_STRVAR(Client_put_doc,
+             "put(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+             "Stores the bytes-like value under key (0 bytes is a valid object).  replica_num 0 "
+             "means the connection's default.  Raises StoreError: OBJECT_ALREADY_EXISTS (-705), "
+             "NO_AVAILABLE_HANDLE (-200), INVALID_KEY (-400), TRANSFER_FAIL (-800), ...");
+
+PyDoc_STRVAR(Client_upsert_doc,
+             "upsert(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+             "Put, or replace an existing object (remove then put; not atomic).  An object under "
+             "a read lease cannot be replaced: StoreError OBJECT_HAS_LEASE (-706).");
+
 ML_FLAG_PAIR(Client_put, Client_upsert, ml_put_common)
+
+PyDoc_STRVAR(Client_get_doc,
+             "get(key, *, tenant_id=None) -> bytes\n--\n\n"
+             "Reads an object (and leases it).  Raises StoreError OBJECT_NOT_FOUND (-704), "
+             "REPLICA_IS_NOT_READY (-703), LEASE_EXPIRED (-707), TRANSFER_FAIL (-800).");
 
 static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -746,6 +768,10 @@ static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
     moonlet_free(buf);
     return out;
 }
+
+PyDoc_STRVAR(Client_get_size_doc,
+             "get_size(key, *, tenant_id=None) -> int\n--\n\n"
+             "The size of a readable object in bytes (asks like a get, so it leases it too).");
 
 static PyObject *Client_get_size(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -788,8 +814,31 @@ static PyObject *ml_remove_all(ClientObject *self, PyObject *args, PyObject *kw,
     return ml_u64_or_raise(rc, force ? "remove_all(force)" : "remove_all", n);
 }
 
+PyDoc_STRVAR(Client_remove_doc,
+             "remove(key, *, tenant_id=None)\n--\n\n"
+             "Removes an object.  StoreError OBJECT_NOT_FOUND (-704), OBJECT_HAS_LEASE (-706), "
+             "REPLICA_IS_NOT_READY (-703).");
+
+PyDoc_STRVAR(Client_remove_force_doc,
+             "_remove_force(key, *, tenant_id=None)\n--\n\n"
+             "remove that also removes an object under a read lease (Mooncake's force).");
+
 ML_FLAG_PAIR(Client_remove, Client_remove_force, ml_remove)
+PyDoc_STRVAR(Client_remove_all_doc,
+             "remove_all(*, tenant_id=None) -> int\n--\n\n"
+             "Removes every object of the tenant that holds no lease and has no put in progress; "
+             "returns how many were removed.");
+
+PyDoc_STRVAR(Client_remove_all_force_doc,
+             "_remove_all_force(*, tenant_id=None) -> int\n--\n\n"
+             "remove_all that also removes objects under a read lease (Mooncake's force).");
+
 ML_FLAG_PAIR(Client_remove_all, Client_remove_all_force, ml_remove_all)
+
+PyDoc_STRVAR(Client_inspect_json_doc,
+             "_inspect_json(key, *, tenant_id=None) -> str\n--\n\n"
+             "The master's InspectKey result as JSON (moonlet_client_inspect_key); never leases.  "
+             "moonlet.Store.inspect() parses it.");
 
 /* The master's InspectKey of a key as the JSON text of the C API; moonlet.Store.inspect()
  * turns it into a dict. */
@@ -824,6 +873,14 @@ static PyObject *ml_exist_one(ClientObject *self, PyObject *args, PyObject *kw, 
         return ml_raise(rc, probe ? "probe_key" : "is_exist", NULL);
     return PyBool_FromLong(ex);
 }
+
+PyDoc_STRVAR(Client_is_exist_doc,
+             "is_exist(key, *, tenant_id=None) -> bool\n--\n\n"
+             "Whether a readable object exists.  Mooncake semantics: a hit is leased.");
+
+PyDoc_STRVAR(Client_probe_key_doc,
+             "probe_key(key, *, tenant_id=None) -> bool\n--\n\n"
+             "Point-in-time existence; never grants or extends a lease.");
 
 ML_FLAG_PAIR(Client_is_exist, Client_probe_key, ml_exist_one)
 
@@ -908,9 +965,33 @@ static PyObject *ml_exist_batch(ClientObject *self, PyObject *args, PyObject *kw
     return out;
 }
 
+PyDoc_STRVAR(Client_batch_is_exist_doc,
+             "batch_is_exist(keys, *, tenant_id=None) -> list[bool]\n--\n\n"
+             "is_exist for many keys in one round trip; every hit is leased.  A per-key error "
+             "raises StoreError with .results (1 / 0 / negative code per key).");
+
+PyDoc_STRVAR(Client_batch_probe_key_doc,
+             "batch_probe_key(keys, policy=None, *, tenant_id=None) -> list[bool]\n--\n\n"
+             "BatchProbeKey with a GrantLeasePolicy (None: NONE, nothing leased).  With "
+             "LAST_HIT_ONLY and candidate_size k, the keys are len(keys)/k candidates of k "
+             "contiguous keys; the last complete one is leased and its positions are the only "
+             "True values.  The master judges the policy: an unknown mode, a candidate_size of 0 "
+             "or one not dividing len(keys) raises StoreError INVALID_PARAMS (-600).  A per-key "
+             "error raises StoreError with .results.");
+
 ML_FLAG_PAIR(Client_batch_is_exist, Client_batch_probe_key, ml_exist_batch)
 
 /* ---- ProbeResume: the K3 lookup in one round trip -------------------------------------- */
+
+PyDoc_STRVAR(Client_probe_resume_doc,
+             "probe_resume(kv_keys, kda_keys, candidate_size, boundaries, *, tenant_id=None)\n--\n\n"
+             "The K3 lookup in one round trip (ProbeResume): the KV prefix (leading present\n"
+             "kv_keys), the last candidate of candidate_size kda_keys whose boundary (leading\n"
+             "KV keys it needs) lies within it and whose keys all exist, and the selected-only\n"
+             "mask over kda_keys.  Leases exactly that candidate's keys and the KV keys below its\n"
+             "boundary; nothing when none is selected.  Returns (kv_prefix, selected or None,\n"
+             "mask).  StoreError: INVALID_PARAMS, INVALID_KEY, INVALID_VERSION (the master\n"
+             "predates ProbeResume).  Releases the GIL.");
 
 /* probe_resume(kv_keys, kda_keys, candidate_size, boundaries, *, tenant_id=None)
  *   -> (kv_prefix, selected or None, list[bool] over kda_keys)
@@ -975,6 +1056,13 @@ done:
 
 /* ---- zero-copy buffers ----------------------------------------------------------------- */
 
+PyDoc_STRVAR(Client_register_buffer_doc,
+             "register_buffer(address, size)\n--\n\n"
+             "Registers [address, address+size) (an int address, e.g. ctypes.addressof(buf)) as a "
+             "source or destination of put_from / get_into.  The memory must stay valid until "
+             "unregistered.  StoreError INVALID_PARAMS (-600) for 0 / NULL or a base already "
+             "registered.");
+
 static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"address", "size", NULL};
@@ -988,6 +1076,10 @@ static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyOb
     return ml_none_or_raise(rc, "register_buffer");
 }
 
+PyDoc_STRVAR(Client_unregister_buffer_doc,
+             "unregister_buffer(address)\n--\n\n"
+             "Unregisters the buffer registered at address (INVALID_PARAMS when none is).");
+
 static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"address", NULL};
@@ -998,6 +1090,11 @@ static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, Py
     ML_CALL(self, rc, moonlet_client_unregister_buffer(c, addr));
     return ml_none_or_raise(rc, "unregister_buffer");
 }
+
+PyDoc_STRVAR(Client_put_from_doc,
+             "put_from(key, address, size, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+             "put from registered memory without a copy; [address, address+size) must lie in one "
+             "registered buffer, else StoreError INVALID_PARAMS (-600).");
 
 static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -1012,6 +1109,12 @@ static PyObject *Client_put_from(ClientObject *self, PyObject *args, PyObject *k
     ML_CALL(self, rc, moonlet_client_put_from(c, key, addr, size, &pk.o));
     return ml_none_or_raise(rc, "put_from");
 }
+
+PyDoc_STRVAR(Client_get_into_doc,
+             "get_into(key, address, size, *, tenant_id=None) -> int\n--\n\n"
+             "Reads an object into registered memory of `size` bytes; returns the bytes read.  "
+             "StoreError BUFFER_OVERFLOW (-10) when the object is larger, INVALID_PARAMS (-600) "
+             "for memory outside a registered buffer.");
 
 static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -1101,6 +1204,12 @@ static int ml_zbatch_init(void *st, PyObject *keys, PyObject *addrs, PyObject *s
     return 0;
 }
 
+PyDoc_STRVAR(Client_batch_put_from_doc,
+             "batch_put_from(keys, addresses, sizes, *, tenant_id=None, replica_num=0, "
+             "soft_pin=False)\n--\n\n"
+             "put_from for many keys, every transfer in one batch.  Any failed key raises "
+             "StoreError with .results (0 or the negative code per key); the others were stored.");
+
 static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObject *kw)
 {
     ml_putkw pk;
@@ -1115,6 +1224,11 @@ static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObj
     ml_batch_free(&z);
     return out;
 }
+
+PyDoc_STRVAR(Client_batch_get_into_doc,
+             "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
+             "get_into for many keys; returns the bytes read per key.  Any failed key raises "
+             "StoreError with .results (bytes read, or the negative code, per key).");
 
 static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObject *kw)
 {
@@ -1210,6 +1324,15 @@ static int ml_puts_init(ml_puts *p, PyObject *const *objs, size_t npieces, size_
     return 0;
 }
 
+PyDoc_STRVAR(Client_batch_put_doc,
+             "batch_put(keys, values, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+             "put for many keys: values[i] (any contiguous bytes-like object) under keys[i], every "
+             "transfer in one batch.  The values are copied once, into memory the batch can use "
+             "(shared memory the RealClient reads in place, through a DummyClient).  A values "
+             "sequence of another length raises ValueError.  Any failed key raises StoreError with "
+             ".results (0 or the negative code per key; OBJECT_ALREADY_EXISTS -705 for a key that "
+             "exists); the others were stored.");
+
 static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"keys", "values", NULL};
@@ -1255,6 +1378,11 @@ static PyObject *Client_batch_put(ClientObject *self, PyObject *args, PyObject *
     return out;
 }
 
+PyDoc_STRVAR(Client_put_parts_doc,
+             "put_parts(key, *parts, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
+             "put of the concatenation of the bytes-like parts as one object (no parts: an empty "
+             "object), copied once.  Raises StoreError as put does.");
+
 static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {NULL};
@@ -1281,6 +1409,12 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
     ml_puts_free(&p);
     return ml_none_or_raise(rc, "put_parts");
 }
+
+PyDoc_STRVAR(Client_batch_get_doc,
+             "batch_get(keys, *, tenant_id=None) -> list[bytes]\n--\n\n"
+             "get for many keys, every read in one transfer batch; leases each object read.  It "
+             "asks the master twice per key: once for the size, once for the read.  Any failed key "
+             "raises StoreError with .results (the bytes, or the negative code, per key).");
 
 /*
  * batch_get: the first round asks with capacity 0, which reads nothing and
@@ -1535,6 +1669,18 @@ static PyObject *ml_batch_multi(ClientObject *self, PyObject *args, PyObject *kw
     return out;
 }
 
+PyDoc_STRVAR(Client_batch_put_multi_doc,
+             "_batch_put_multi(keys, all_addresses, all_sizes, *, tenant_id=None, replica_num=0, "
+             "soft_pin=False) -> list[int]\n--\n\n"
+             "Key i is the concatenation of the ranges (all_addresses[i][j], all_sizes[i][j]), "
+             "gathered through staging; 0 or a negative code per key.  The addresses are not "
+             "checked: moonlet.mooncake checks them against its registered buffers.");
+
+PyDoc_STRVAR(Client_batch_get_multi_doc,
+             "_batch_get_multi(keys, all_addresses, all_sizes, *, tenant_id=None) -> list[int]\n--\n\n"
+             "Reads key i through staging and scatters it over its ranges in order; bytes read or "
+             "a negative code per key.  The addresses are not checked (see _batch_put_multi).");
+
 ML_FLAG_PAIR(Client_batch_put_multi, Client_batch_get_multi, ml_batch_multi)
 
 /* ---- accessors ---------------------------------------------------------------------------- */
@@ -1589,136 +1735,43 @@ static PyObject *Client_get_tenant(ClientObject *self, void *closure)
 
 /* ---- tables ---------------------------------------------------------------------------------- */
 
+PyDoc_STRVAR(ml_alloc_buffer_doc,
+             "alloc_buffer(size) -> SharedBuffer\n--\n\n"
+             "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "
+             "either backend, already registered (do not register them again).  Through a "
+             "DummyClient it is shared memory the RealClient reads and writes directly.  Free it "
+             "with .free() (or a with block); close() frees what is left.");
+
 static PyMethodDef Client_methods[] = {
     {"_connect", ML_KW(Client_connect), METH_VARARGS | METH_KEYWORDS, connect_doc},
-    {"_connect_dummy", ML_KW(Client_connect_dummy), METH_VARARGS | METH_KEYWORDS,
-     connect_dummy_doc},
-    {"_inspect_json", ML_KW(Client_inspect_json), METH_VARARGS | METH_KEYWORDS,
-     "_inspect_json(key, *, tenant_id=None) -> str\n--\n\n"
-     "The master's InspectKey result as JSON (moonlet_client_inspect_key); never leases.  "
-     "moonlet.Store.inspect() parses it."},
-    {"close", (PyCFunction)Client_close, METH_NOARGS,
-     "close()\n--\n\nDisconnects and frees the client; waits for calls in flight on other "
-     "threads.  Buffers registered with it are unregistered (the memory stays yours).  "
-     "Calling it again does nothing; any other call afterwards raises StoreError "
-     "(UNAVAILABLE_IN_CURRENT_STATUS)."},
-    {"put", ML_KW(Client_put), METH_VARARGS | METH_KEYWORDS,
-     "put(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
-     "Stores the bytes-like value under key (0 bytes is a valid object).  replica_num 0 "
-     "means the connection's default.  Raises StoreError: OBJECT_ALREADY_EXISTS (-705), "
-     "NO_AVAILABLE_HANDLE (-200), INVALID_KEY (-400), TRANSFER_FAIL (-800), ..."},
-    {"upsert", ML_KW(Client_upsert), METH_VARARGS | METH_KEYWORDS,
-     "upsert(key, value, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
-     "Put, or replace an existing object (remove then put; not atomic).  An object under "
-     "a read lease cannot be replaced: StoreError OBJECT_HAS_LEASE (-706)."},
-    {"get", ML_KW(Client_get), METH_VARARGS | METH_KEYWORDS,
-     "get(key, *, tenant_id=None) -> bytes\n--\n\n"
-     "Reads an object (and leases it).  Raises StoreError OBJECT_NOT_FOUND (-704), "
-     "REPLICA_IS_NOT_READY (-703), LEASE_EXPIRED (-707), TRANSFER_FAIL (-800)."},
-    {"get_size", ML_KW(Client_get_size), METH_VARARGS | METH_KEYWORDS,
-     "get_size(key, *, tenant_id=None) -> int\n--\n\n"
-     "The size of a readable object in bytes (asks like a get, so it leases it too)."},
-    {"remove", ML_KW(Client_remove), METH_VARARGS | METH_KEYWORDS,
-     "remove(key, *, tenant_id=None)\n--\n\n"
-     "Removes an object.  StoreError OBJECT_NOT_FOUND (-704), OBJECT_HAS_LEASE (-706), "
-     "REPLICA_IS_NOT_READY (-703)."},
-    {"remove_all", ML_KW(Client_remove_all), METH_VARARGS | METH_KEYWORDS,
-     "remove_all(*, tenant_id=None) -> int\n--\n\n"
-     "Removes every object of the tenant that holds no lease and has no put in progress; "
-     "returns how many were removed."},
-    {"is_exist", ML_KW(Client_is_exist), METH_VARARGS | METH_KEYWORDS,
-     "is_exist(key, *, tenant_id=None) -> bool\n--\n\n"
-     "Whether a readable object exists.  Mooncake semantics: a hit is leased."},
-    {"probe_key", ML_KW(Client_probe_key), METH_VARARGS | METH_KEYWORDS,
-     "probe_key(key, *, tenant_id=None) -> bool\n--\n\n"
-     "Point-in-time existence; never grants or extends a lease."},
-    {"batch_is_exist", ML_KW(Client_batch_is_exist), METH_VARARGS | METH_KEYWORDS,
-     "batch_is_exist(keys, *, tenant_id=None) -> list[bool]\n--\n\n"
-     "is_exist for many keys in one round trip; every hit is leased.  A per-key error "
-     "raises StoreError with .results (1 / 0 / negative code per key)."},
-    {"batch_probe_key", ML_KW(Client_batch_probe_key), METH_VARARGS | METH_KEYWORDS,
-     "batch_probe_key(keys, policy=None, *, tenant_id=None) -> list[bool]\n--\n\n"
-     "BatchProbeKey with a GrantLeasePolicy (None: NONE, nothing leased).  With "
-     "LAST_HIT_ONLY and candidate_size k, the keys are len(keys)/k candidates of k "
-     "contiguous keys; the last complete one is leased and its positions are the only "
-     "True values.  The master judges the policy: an unknown mode, a candidate_size of 0 "
-     "or one not dividing len(keys) raises StoreError INVALID_PARAMS (-600).  A per-key "
-     "error raises StoreError with .results."},
-    {"probe_resume", ML_KW(Client_probe_resume), METH_VARARGS | METH_KEYWORDS,
-     "probe_resume(kv_keys, kda_keys, candidate_size, boundaries, *, tenant_id=None)\n--\n\n"
-     "The K3 lookup in one round trip (ProbeResume): the KV prefix (leading present\n"
-     "kv_keys), the last candidate of candidate_size kda_keys whose boundary (leading\n"
-     "KV keys it needs) lies within it and whose keys all exist, and the selected-only\n"
-     "mask over kda_keys.  Leases exactly that candidate's keys and the KV keys below its\n"
-     "boundary; nothing when none is selected.  Returns (kv_prefix, selected or None,\n"
-     "mask).  StoreError: INVALID_PARAMS, INVALID_KEY, INVALID_VERSION (the master\n"
-     "predates ProbeResume).  Releases the GIL."},
-    {"alloc_buffer", ML_KW(ml_alloc_buffer), METH_VARARGS | METH_KEYWORDS,
-     "alloc_buffer(size) -> SharedBuffer\n--\n\n"
-     "size bytes (zeroed) that put_from / get_into and their batches use with no copy on "
-     "either backend, already registered (do not register them again).  Through a "
-     "DummyClient it is shared memory the RealClient reads and writes directly.  Free it "
-     "with .free() (or a with block); close() frees what is left."},
-    {"register_buffer", ML_KW(Client_register_buffer), METH_VARARGS | METH_KEYWORDS,
-     "register_buffer(address, size)\n--\n\n"
-     "Registers [address, address+size) (an int address, e.g. ctypes.addressof(buf)) as a "
-     "source or destination of put_from / get_into.  The memory must stay valid until "
-     "unregistered.  StoreError INVALID_PARAMS (-600) for 0 / NULL or a base already "
-     "registered."},
-    {"unregister_buffer", ML_KW(Client_unregister_buffer), METH_VARARGS | METH_KEYWORDS,
-     "unregister_buffer(address)\n--\n\n"
-     "Unregisters the buffer registered at address (INVALID_PARAMS when none is)."},
-    {"put_from", ML_KW(Client_put_from), METH_VARARGS | METH_KEYWORDS,
-     "put_from(key, address, size, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
-     "put from registered memory without a copy; [address, address+size) must lie in one "
-     "registered buffer, else StoreError INVALID_PARAMS (-600)."},
-    {"get_into", ML_KW(Client_get_into), METH_VARARGS | METH_KEYWORDS,
-     "get_into(key, address, size, *, tenant_id=None) -> int\n--\n\n"
-     "Reads an object into registered memory of `size` bytes; returns the bytes read.  "
-     "StoreError BUFFER_OVERFLOW (-10) when the object is larger, INVALID_PARAMS (-600) "
-     "for memory outside a registered buffer."},
-    {"batch_put_from", ML_KW(Client_batch_put_from), METH_VARARGS | METH_KEYWORDS,
-     "batch_put_from(keys, addresses, sizes, *, tenant_id=None, replica_num=0, "
-     "soft_pin=False)\n--\n\n"
-     "put_from for many keys, every transfer in one batch.  Any failed key raises "
-     "StoreError with .results (0 or the negative code per key); the others were stored."},
-    {"batch_get_into", ML_KW(Client_batch_get_into), METH_VARARGS | METH_KEYWORDS,
-     "batch_get_into(keys, addresses, sizes, *, tenant_id=None) -> list[int]\n--\n\n"
-     "get_into for many keys; returns the bytes read per key.  Any failed key raises "
-     "StoreError with .results (bytes read, or the negative code, per key)."},
-    {"_remove_force", ML_KW(Client_remove_force), METH_VARARGS | METH_KEYWORDS,
-     "_remove_force(key, *, tenant_id=None)\n--\n\n"
-     "remove that also removes an object under a read lease (Mooncake's force)."},
-    {"_remove_all_force", ML_KW(Client_remove_all_force), METH_VARARGS | METH_KEYWORDS,
-     "_remove_all_force(*, tenant_id=None) -> int\n--\n\n"
-     "remove_all that also removes objects under a read lease (Mooncake's force)."},
-    {"_batch_put_multi", ML_KW(Client_batch_put_multi), METH_VARARGS | METH_KEYWORDS,
-     "_batch_put_multi(keys, all_addresses, all_sizes, *, tenant_id=None, replica_num=0, "
-     "soft_pin=False) -> list[int]\n--\n\n"
-     "Key i is the concatenation of the ranges (all_addresses[i][j], all_sizes[i][j]), "
-     "gathered through staging; 0 or a negative code per key.  The addresses are not "
-     "checked: moonlet.mooncake checks them against its registered buffers."},
-    {"_batch_get_multi", ML_KW(Client_batch_get_multi), METH_VARARGS | METH_KEYWORDS,
-     "_batch_get_multi(keys, all_addresses, all_sizes, *, tenant_id=None) -> list[int]\n--\n\n"
-     "Reads key i through staging and scatters it over its ranges in order; bytes read or "
-     "a negative code per key.  The addresses are not checked (see _batch_put_multi)."},
-    {"batch_put", ML_KW(Client_batch_put), METH_VARARGS | METH_KEYWORDS,
-     "batch_put(keys, values, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
-     "put for many keys: values[i] (any contiguous bytes-like object) under keys[i], every "
-     "transfer in one batch.  The values are copied once, into memory the batch can use "
-     "(shared memory the RealClient reads in place, through a DummyClient).  A values "
-     "sequence of another length raises ValueError.  Any failed key raises StoreError with "
-     ".results (0 or the negative code per key; OBJECT_ALREADY_EXISTS -705 for a key that "
-     "exists); the others were stored."},
-    {"put_parts", ML_KW(Client_put_parts), METH_VARARGS | METH_KEYWORDS,
-     "put_parts(key, *parts, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
-     "put of the concatenation of the bytes-like parts as one object (no parts: an empty "
-     "object), copied once.  Raises StoreError as put does."},
-    {"batch_get", ML_KW(Client_batch_get), METH_VARARGS | METH_KEYWORDS,
-     "batch_get(keys, *, tenant_id=None) -> list[bytes]\n--\n\n"
-     "get for many keys, every read in one transfer batch; leases each object read.  It "
-     "asks the master twice per key: once for the size, once for the read.  Any failed key "
-     "raises StoreError with .results (the bytes, or the negative code, per key)."},
+    {"_connect_dummy", ML_KW(Client_connect_dummy), METH_VARARGS | METH_KEYWORDS, connect_dummy_doc},
+    {"_inspect_json", ML_KW(Client_inspect_json), METH_VARARGS | METH_KEYWORDS, Client_inspect_json_doc},
+    {"close", (PyCFunction)Client_close, METH_NOARGS, Client_close_doc},
+    {"put", ML_KW(Client_put), METH_VARARGS | METH_KEYWORDS, Client_put_doc},
+    {"upsert", ML_KW(Client_upsert), METH_VARARGS | METH_KEYWORDS, Client_upsert_doc},
+    {"get", ML_KW(Client_get), METH_VARARGS | METH_KEYWORDS, Client_get_doc},
+    {"get_size", ML_KW(Client_get_size), METH_VARARGS | METH_KEYWORDS, Client_get_size_doc},
+    {"remove", ML_KW(Client_remove), METH_VARARGS | METH_KEYWORDS, Client_remove_doc},
+    {"remove_all", ML_KW(Client_remove_all), METH_VARARGS | METH_KEYWORDS, Client_remove_all_doc},
+    {"is_exist", ML_KW(Client_is_exist), METH_VARARGS | METH_KEYWORDS, Client_is_exist_doc},
+    {"probe_key", ML_KW(Client_probe_key), METH_VARARGS | METH_KEYWORDS, Client_probe_key_doc},
+    {"batch_is_exist", ML_KW(Client_batch_is_exist), METH_VARARGS | METH_KEYWORDS, Client_batch_is_exist_doc},
+    {"batch_probe_key", ML_KW(Client_batch_probe_key), METH_VARARGS | METH_KEYWORDS, Client_batch_probe_key_doc},
+    {"probe_resume", ML_KW(Client_probe_resume), METH_VARARGS | METH_KEYWORDS, Client_probe_resume_doc},
+    {"alloc_buffer", ML_KW(ml_alloc_buffer), METH_VARARGS | METH_KEYWORDS, ml_alloc_buffer_doc},
+    {"register_buffer", ML_KW(Client_register_buffer), METH_VARARGS | METH_KEYWORDS, Client_register_buffer_doc},
+    {"unregister_buffer", ML_KW(Client_unregister_buffer), METH_VARARGS | METH_KEYWORDS, Client_unregister_buffer_doc},
+    {"put_from", ML_KW(Client_put_from), METH_VARARGS | METH_KEYWORDS, Client_put_from_doc},
+    {"get_into", ML_KW(Client_get_into), METH_VARARGS | METH_KEYWORDS, Client_get_into_doc},
+    {"batch_put_from", ML_KW(Client_batch_put_from), METH_VARARGS | METH_KEYWORDS, Client_batch_put_from_doc},
+    {"batch_get_into", ML_KW(Client_batch_get_into), METH_VARARGS | METH_KEYWORDS, Client_batch_get_into_doc},
+    {"_remove_force", ML_KW(Client_remove_force), METH_VARARGS | METH_KEYWORDS, Client_remove_force_doc},
+    {"_remove_all_force", ML_KW(Client_remove_all_force), METH_VARARGS | METH_KEYWORDS, Client_remove_all_force_doc},
+    {"_batch_put_multi", ML_KW(Client_batch_put_multi), METH_VARARGS | METH_KEYWORDS, Client_batch_put_multi_doc},
+    {"_batch_get_multi", ML_KW(Client_batch_get_multi), METH_VARARGS | METH_KEYWORDS, Client_batch_get_multi_doc},
+    {"batch_put", ML_KW(Client_batch_put), METH_VARARGS | METH_KEYWORDS, Client_batch_put_doc},
+    {"put_parts", ML_KW(Client_put_parts), METH_VARARGS | METH_KEYWORDS, Client_put_parts_doc},
+    {"batch_get", ML_KW(Client_batch_get), METH_VARARGS | METH_KEYWORDS, Client_batch_get_doc},
     {NULL, NULL, 0, NULL},
 };
 
