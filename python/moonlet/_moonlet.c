@@ -581,6 +581,32 @@ static void ml_connected(ClientObject *self, ml_kind kind, PyObject *target, con
         PyErr_Clear();
 }
 
+/* Before a connect: target (the master's address or the socket path, a
+ * str) into *out, and the object must not be connected yet.  Returns 1, or
+ * 0 with an exception set. */
+static int ml_can_connect(ClientObject *self, PyObject *target, const char **out)
+{
+    if (!conv_tenant(target, out))
+        return 0;
+    if (self->client || self->kind != ML_KIND_NONE) {
+        PyErr_SetString(PyExc_RuntimeError, "already connected");
+        return 0;
+    }
+    return 1;
+}
+
+/* After a connect: StoreError naming what, or the object now holds c. */
+static PyObject *ml_connect_result(ClientObject *self, int rc, moonlet_client *c,
+                                   const char *what, ml_kind kind, PyObject *target,
+                                   const char *tenant)
+{
+    if (rc)
+        return ml_raise(rc, what, NULL);
+    self->client = c;
+    ml_connected(self, kind, target, tenant);
+    Py_RETURN_NONE;
+}
+
 static int ml_protocol(PyObject *o, void *out)
 {
     const char *s;
@@ -626,22 +652,14 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
                                      &cfg.local_listen_addr, &checksum))
         return NULL;
     cfg.skip_checksum = !checksum;
-    if (!conv_tenant(addr_obj, &cfg.master_addr))
+    if (!ml_can_connect(self, addr_obj, &cfg.master_addr))
         return NULL;
-    if (self->client || self->kind != ML_KIND_NONE) {
-        PyErr_SetString(PyExc_RuntimeError, "already connected");
-        return NULL;
-    }
     moonlet_client *c = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = moonlet_client_create(&cfg, &c);
     Py_END_ALLOW_THREADS
-    if (rc)
-        return ml_raise(rc, "connect", NULL);
-    self->client = c;
-    ml_connected(self, ML_KIND_DIRECT, addr_obj, cfg.default_tenant);
-    Py_RETURN_NONE;
+    return ml_connect_result(self, rc, c, "connect", ML_KIND_DIRECT, addr_obj, cfg.default_tenant);
 }
 
 PyDoc_STRVAR(connect_dummy_doc,
@@ -674,22 +692,15 @@ static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObje
             return NULL;
         cfg.peer_gid_set = true;
     }
-    if (!conv_tenant(path_obj, &path))
+    if (!ml_can_connect(self, path_obj, &path))
         return NULL;
-    if (self->client || self->kind != ML_KIND_NONE) {
-        PyErr_SetString(PyExc_RuntimeError, "already connected");
-        return NULL;
-    }
     moonlet_client *c = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = moonlet_client_create_dummy(path, &cfg, &c);
     Py_END_ALLOW_THREADS
-    if (rc)
-        return ml_raise(rc, "connect_dummy", NULL);
-    self->client = c;
-    ml_connected(self, ML_KIND_DUMMY, path_obj, cfg.default_tenant);
-    Py_RETURN_NONE;
+    return ml_connect_result(self, rc, c, "connect_dummy", ML_KIND_DUMMY, path_obj,
+                             cfg.default_tenant);
 }
 
 PyDoc_STRVAR(Client_close_doc,
