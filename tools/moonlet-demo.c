@@ -97,7 +97,7 @@ static int demo_put_get(moonlet_client *c, moonlet_master_client *mc)
         printf("put %s: %u bytes written through the %s transport\n", key, BLOB_BYTES,
                moonlet_client_protocol(c));
         show_placement(mc, key);
-        rc = check(moonlet_client_get(c, key, in, BLOB_BYTES, &len, NULL), "Get");
+        rc = check(moonlet_client_get(c, key, in, BLOB_BYTES, NULL, &len), "Get");
     }
     if (!rc) {
         bool same = len == BLOB_BYTES && memcmp(in, out, BLOB_BYTES) == 0;
@@ -127,17 +127,17 @@ static int demo_probe(moonlet_client *c, moonlet_master_client *mc)
     int32_t r[6];
     printf("\nprobing checkpoints 128, 256, 384 (two rank keys each):\n");
     moonlet_grant_lease_policy none = MOONLET_GRANT_LEASE_POLICY_DEFAULT;
-    if (check(moonlet_client_batch_probe_key(c, none, K3, 6, r, NULL), "BatchProbeKey(NONE)"))
+    if (check(moonlet_client_batch_probe_key(c, K3, 6, none, NULL, r), "BatchProbeKey(NONE)"))
         return 1;
     show("BatchProbeKey(NONE):", r);
     show_leases(mc);
     moonlet_grant_lease_policy last = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
-    if (check(moonlet_client_batch_probe_key(c, last, K3, 6, r, NULL), "BatchProbeKey(LAST_HIT_ONLY)"))
+    if (check(moonlet_client_batch_probe_key(c, K3, 6, last, NULL, r), "BatchProbeKey(LAST_HIT_ONLY)"))
         return 1;
     show("BatchProbeKey(LAST_HIT_ONLY, 2):", r);
     show_leases(mc);
     printf("  -> checkpoint 128 is the last complete one; only its 2 keys were leased\n");
-    if (check(moonlet_client_batch_exist_key(c, K3, 6, r, NULL), "BatchExistKey"))
+    if (check(moonlet_client_batch_exist_key(c, K3, 6, NULL, r), "BatchExistKey"))
         return 1;
     show("BatchExistKey (leases every hit):", r);
     show_leases(mc);

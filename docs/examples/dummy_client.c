@@ -37,7 +37,7 @@ int main(int argc, char **argv)
     CHECK(moonlet_client_put(c, "example/hello", msg, sizeof(msg), NULL));
     char back[64];
     size_t len;
-    CHECK(moonlet_client_get(c, "example/hello", back, sizeof(back), &len, NULL));
+    CHECK(moonlet_client_get(c, "example/hello", back, sizeof(back), NULL, &len));
     printf("get: %zu bytes: %s\n", len, back);
 
     /* zero-copy: memory shared with the RealClient */
@@ -45,7 +45,7 @@ int main(int argc, char **argv)
     CHECK(moonlet_client_alloc_shared(c, 1 << 20, (void **)&sh));
     memset(sh, 'x', 1 << 20);
     CHECK(moonlet_client_put_from(c, "example/big", sh, 1 << 20, NULL));
-    CHECK(moonlet_client_get_into(c, "example/big", sh, 1 << 20, &len, NULL));
+    CHECK(moonlet_client_get_into(c, "example/big", sh, 1 << 20, NULL, &len));
     printf("put_from / get_into: %zu bytes, no copy on this side\n", len);
     CHECK(moonlet_client_free_shared(c, sh));
 
@@ -57,7 +57,7 @@ int main(int argc, char **argv)
             CHECK(moonlet_client_put(c, keys[i], "state", 5, NULL));
     int32_t hit[6];
     moonlet_grant_lease_policy last = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
-    CHECK(moonlet_client_batch_probe_key(c, last, keys, 6, hit, NULL));
+    CHECK(moonlet_client_batch_probe_key(c, keys, 6, last, NULL, hit));
     printf("LAST_HIT_ONLY: [%d, %d, %d, %d, %d, %d]\n", hit[0], hit[1], hit[2], hit[3], hit[4],
            hit[5]);
 

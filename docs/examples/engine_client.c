@@ -82,14 +82,14 @@ int main(int argc, char **argv)
     }
 
     /* Put the first 6 pages (Mooncake: batch_put_from -> 0 per key). */
-    if ((rc = moonlet_client_batch_put_from(c, keys, src, sizes, 6, NULL, results)))
+    if ((rc = moonlet_client_batch_put_from(c, keys, 6, src, sizes, NULL, results)))
         return fail("batch_put_from", rc);
     printf("put 6 pages: %d %d %d %d %d %d\n", results[0], results[1], results[2], results[3],
            results[4], results[5]);
 
     /* Lookup: how many leading pages are stored (Mooncake: batch_is_exist). */
     int32_t hit[PAGES];
-    if ((rc = moonlet_client_batch_exist_key(c, keys, PAGES, hit, NULL)))
+    if ((rc = moonlet_client_batch_exist_key(c, keys, PAGES, NULL, hit)))
         return fail("batch_exist_key", rc);
     int leading = 0;
     while (leading < PAGES && hit[leading] == 1)
@@ -100,7 +100,7 @@ int main(int argc, char **argv)
 
     /* Load them into the pool's second half (Mooncake: batch_get_into ->
      * bytes read per key). */
-    rc = moonlet_client_batch_get_into(c, keys, dst, sizes, (size_t)leading, lens, results, NULL);
+    rc = moonlet_client_batch_get_into(c, keys, (size_t)leading, dst, sizes, NULL, lens, results);
     if (rc)
         return fail("batch_get_into", rc);
     if (memcmp(pool, pool + pool_bytes / 2, (size_t)leading * PAGE_BYTES) != 0) {
@@ -110,7 +110,7 @@ int main(int argc, char **argv)
     printf("load: %d pages, %zu bytes each, bytes equal\n", leading, lens[0]);
 
     /* A missing page is its own code; the call as a whole returns it too. */
-    rc = moonlet_client_batch_get_into(c, keys + 6, dst, sizes, 1, lens, results, NULL);
+    rc = moonlet_client_batch_get_into(c, keys + 6, 1, dst, sizes, NULL, lens, results);
     printf("load of a missing page: %d (%s)\n", results[0], moonlet_strerror(results[0]));
     if (results[0] != MOONLET_ERR_OBJECT_NOT_FOUND)
         return 1;
@@ -120,7 +120,7 @@ int main(int argc, char **argv)
     rc = moonlet_client_remove(c, keys[0], NULL);
     printf("remove of a page just read: %d (%s)\n", rc, moonlet_strerror(rc));
     uint64_t removed = 0;
-    if ((rc = moonlet_client_remove_all(c, &removed, NULL)))
+    if ((rc = moonlet_client_remove_all(c, NULL, &removed)))
         return fail("remove_all", rc);
     printf("remove_all: ok\n");
 

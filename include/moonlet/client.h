@@ -271,21 +271,21 @@ MOONLET_API int moonlet_client_put(moonlet_client *c, const char *key, const voi
  *                          unspecified bytes; never reported as success)
  * Grants a read lease as a side effect.  Blocks; thread safe.
  */
-MOONLET_API int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
-                                   const char *tenant);
+MOONLET_API int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap,
+                                   const char *tenant, size_t *len);
 
 /* As moonlet_client_get() into a buffer it allocates: *buf gets malloc'd
  * memory of *len bytes (at least 1 byte allocated, so an empty object gives a
  * non-NULL pointer) that the caller releases with moonlet_free().  On error *buf is
  * NULL.  Also INTERNAL_ERROR when the allocation fails. */
-MOONLET_API int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
-                                         const char *tenant);
+MOONLET_API int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant,
+                                         void **buf, size_t *len);
 
 /* The size of a readable object.  Asks the same question as a get
  * (GetReplicaList), so it also grants a read lease.  OBJECT_NOT_FOUND,
  * REPLICA_IS_NOT_READY.  Blocks; thread safe. */
-MOONLET_API int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
-                                        const char *tenant);
+MOONLET_API int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tenant,
+                                        uint64_t *size);
 
 /* Removes an object.  OBJECT_NOT_FOUND, OBJECT_HAS_LEASE (a read lease
  * holds), REPLICA_IS_NOT_READY (its put is in progress).  Blocks; thread safe. */
@@ -293,7 +293,7 @@ MOONLET_API int moonlet_client_remove(moonlet_client *c, const char *key, const 
 
 /* Removes every object of the tenant that holds no lease and has no put in
  * progress; *removed (optional) gets the count.  Blocks; thread safe. */
-MOONLET_API int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant);
+MOONLET_API int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed);
 
 /* remove / remove_all with Mooncake's force: objects under an unexpired read
  * lease are removed too (a put in progress still is not).  A reader still
@@ -302,7 +302,8 @@ MOONLET_API int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, 
  * Mooncake.  Through a DummyClient, the RealClient must know the force
  * argument (this version). */
 MOONLET_API int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant);
-MOONLET_API int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant);
+MOONLET_API int moonlet_client_remove_all_force(moonlet_client *c, const char *tenant,
+                                                uint64_t *removed);
 
 /*
  * Put, or replace: a put; when the key exists, a remove and a second put.
@@ -340,17 +341,17 @@ MOONLET_API void moonlet_free(void *p);
 
 /* Whether a readable object exists.  Mooncake semantics: a hit is leased
  * (like a get would).  Blocks; thread safe. */
-MOONLET_API int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
-                                         const char *tenant);
+MOONLET_API int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *tenant,
+                                         bool *exists);
 
 /* ExistKey for n keys in one round trip: results[i] is 1, 0 or a per-key
  * error (INVALID_KEY).  Every hit is leased.  Blocks; thread safe. */
 MOONLET_API int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
-                                               int32_t *results, const char *tenant);
+                                               const char *tenant, int32_t *results);
 
 /* Point-in-time existence; never grants or extends a lease.  Blocks; thread safe. */
-MOONLET_API int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
-                                         const char *tenant);
+MOONLET_API int moonlet_client_probe_key(moonlet_client *c, const char *key, const char *tenant,
+                                         bool *exists);
 
 /*
  * BatchProbeKey with a GrantLeasePolicy (moonlet/policy.h), passed to the
@@ -361,9 +362,9 @@ MOONLET_API int moonlet_client_probe_key(moonlet_client *c, const char *key, boo
  * Returns INVALID_PARAMS (nothing leased) when the master rejects the policy
  * (unknown mode, candidate_size 0 or not dividing n).  Blocks; thread safe.
  */
-MOONLET_API int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
-                                               const char *const *keys, size_t n, int32_t *results,
-                                               const char *tenant);
+MOONLET_API int moonlet_client_batch_probe_key(moonlet_client *c, const char *const *keys, size_t n,
+                                               moonlet_grant_lease_policy policy, const char *tenant,
+                                               int32_t *results);
 
 /*
  * ProbeResume: the whole K3 lookup in one master round trip
@@ -394,8 +395,8 @@ typedef struct moonlet_probe_resume_result {
 MOONLET_API int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
                                             const char *const *kda_keys, size_t n_kda,
                                             uint64_t candidate_size, const uint64_t *boundaries,
-                                            moonlet_probe_resume_result *out, int32_t *mask,
-                                            const char *tenant);
+                                            const char *tenant, moonlet_probe_resume_result *out,
+                                            int32_t *mask);
 
 /* ---- zero-copy buffers ----------------------------------------------------- */
 
@@ -440,7 +441,7 @@ MOONLET_API int moonlet_client_put_from(moonlet_client *c, const char *key, cons
  * buffer, else INVALID_PARAMS.  cap smaller than the object: BUFFER_OVERFLOW
  * with *len set to the size needed.  Otherwise as moonlet_client_get(). */
 MOONLET_API int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
-                                        size_t *len, const char *tenant);
+                                        const char *tenant, size_t *len);
 
 /*
  * put_from for n keys: one PutStart per key, every replica of every key
@@ -451,7 +452,7 @@ MOONLET_API int moonlet_client_get_into(moonlet_client *c, const char *key, void
  * without doing anything when an array is NULL.  Blocks; thread safe.
  */
 MOONLET_API int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
-                                              const void *const *bufs, const size_t *lens, size_t n,
+                                              size_t n, const void *const *bufs, const size_t *lens,
                                               const moonlet_put_options *opt, int32_t *results);
 
 /*
@@ -463,8 +464,8 @@ MOONLET_API int moonlet_client_batch_put_from(moonlet_client *c, const char *con
  * doing anything when an array is NULL.  Blocks; thread safe.
  */
 MOONLET_API int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
-                                              void *const *bufs, const size_t *caps, size_t n,
-                                              size_t *lens, int32_t *results, const char *tenant);
+                                              size_t n, void *const *bufs, const size_t *caps,
+                                              const char *tenant, size_t *lens, int32_t *results);
 
 /* ---- copying batches ----------------------------------------------------------------- */
 

@@ -771,7 +771,7 @@ static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
     void *buf = NULL;
     size_t len = 0;
     int rc;
-    ML_CALL(self, rc, moonlet_client_get_alloc(c, key, &buf, &len, tenant));
+    ML_CALL(self, rc, moonlet_client_get_alloc(c, key, tenant, &buf, &len));
     if (rc)
         return ml_raise(rc, "get", NULL);
     PyObject *out = len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
@@ -791,7 +791,7 @@ static PyObject *Client_get_size(ClientObject *self, PyObject *args, PyObject *k
     int rc;
     if (!ml_parse_key(args, kw, "get_size", &key, &tenant))
         return NULL;
-    ML_CALL(self, rc, moonlet_client_get_size(c, key, &size, tenant));
+    ML_CALL(self, rc, moonlet_client_get_size(c, key, tenant, &size));
     return ml_u64_or_raise(rc, "get_size", size);
 }
 
@@ -817,11 +817,11 @@ static PyObject *ml_remove_all(ClientObject *self, PyObject *args, PyObject *kw,
     const char *tenant;
     if (!ml_parse_tenant(args, kw, force ? "_remove_all_force" : "remove_all", &tenant))
         return NULL;
-    int (*fn)(moonlet_client *, uint64_t *, const char *) =
+    int (*fn)(moonlet_client *, const char *, uint64_t *) =
         force ? moonlet_client_remove_all_force : moonlet_client_remove_all;
     uint64_t n = 0;
     int rc;
-    ML_CALL(self, rc, fn(c, &n, tenant));
+    ML_CALL(self, rc, fn(c, tenant, &n));
     return ml_u64_or_raise(rc, force ? "remove_all(force)" : "remove_all", n);
 }
 
@@ -875,11 +875,11 @@ static PyObject *ml_exist_one(ClientObject *self, PyObject *args, PyObject *kw, 
     const char *key, *tenant;
     if (!ml_parse_key(args, kw, probe ? "probe_key" : "is_exist", &key, &tenant))
         return NULL;
-    int (*fn)(moonlet_client *, const char *, bool *, const char *) =
+    int (*fn)(moonlet_client *, const char *, const char *, bool *) =
         probe ? moonlet_client_probe_key : moonlet_client_exist_key;
     bool ex = false;
     int rc;
-    ML_CALL(self, rc, fn(c, key, &ex, tenant));
+    ML_CALL(self, rc, fn(c, key, tenant, &ex));
     if (rc)
         return ml_raise(rc, probe ? "probe_key" : "is_exist", NULL);
     return PyBool_FromLong(ex);
@@ -950,9 +950,9 @@ static PyObject *ml_exist_batch(ClientObject *self, PyObject *args, PyObject *kw
     }
     int rc;
     if (probe)
-        ML_CALL(self, rc, moonlet_client_batch_probe_key(c, pol, k.keys, k.n, r, tenant));
+        ML_CALL(self, rc, moonlet_client_batch_probe_key(c, k.keys, k.n, pol, tenant, r));
     else
-        ML_CALL(self, rc, moonlet_client_batch_exist_key(c, k.keys, k.n, r, tenant));
+        ML_CALL(self, rc, moonlet_client_batch_exist_key(c, k.keys, k.n, tenant, r));
     const char *what = probe ? "batch_probe_key" : "batch_is_exist";
     PyObject *out = NULL;
     if (rc) {
@@ -1044,7 +1044,7 @@ static PyObject *Client_probe_resume(ClientObject *self, PyObject *args, PyObjec
         moonlet_probe_resume_result r;
         int rc;
         ML_CALL(self, rc, moonlet_client_probe_resume(c, kv.keys, kv.n, kda.keys, kda.n, cs,
-                                                      bounds, &r, mask, tenant));
+                                                      bounds, tenant, &r, mask));
         if (rc) {
             ml_raise(rc, "probe_resume", NULL);
         } else {
@@ -1137,7 +1137,7 @@ static PyObject *Client_get_into(ClientObject *self, PyObject *args, PyObject *k
                                      conv_addr, &addr, conv_size, &size, conv_tenant, &tenant))
         return NULL;
     int rc;
-    ML_CALL(self, rc, moonlet_client_get_into(c, key, addr, size, &len, tenant));
+    ML_CALL(self, rc, moonlet_client_get_into(c, key, addr, size, tenant, &len));
     if (rc)
         return ml_raise(rc, "get_into", NULL);
     return PyLong_FromSize_t(len);
@@ -1229,8 +1229,8 @@ static PyObject *Client_batch_put_from(ClientObject *self, PyObject *args, PyObj
         return NULL;
     int rc;
     ML_CALL(self, rc,
-            moonlet_client_batch_put_from(c, z.k.keys, (const void *const *)z.addrs, z.sizes,
-                                          z.k.n, &pk.o, z.results));
+            moonlet_client_batch_put_from(c, z.k.keys, z.k.n, (const void *const *)z.addrs,
+                                          z.sizes, &pk.o, z.results));
     PyObject *out = ml_put_batch_result(rc, "batch_put_from", z.k.keys, z.results, z.k.n);
     ml_batch_free(&z);
     return out;
@@ -1250,8 +1250,8 @@ static PyObject *Client_batch_get_into(ClientObject *self, PyObject *args, PyObj
         return NULL;
     int rc;
     ML_CALL(self, rc,
-            moonlet_client_batch_get_into(c, z.k.keys, z.addrs, z.sizes, z.k.n, z.lens,
-                                          z.results, tenant));
+            moonlet_client_batch_get_into(c, z.k.keys, z.k.n, z.addrs, z.sizes, tenant,
+                                          z.lens, z.results));
     PyObject *out = NULL;
     if (rc == ML_CLOSED || (rc && z.k.n == 0)) {
         ml_raise(rc, "batch_get_into", NULL);

@@ -79,8 +79,8 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
     return c->ops->upsert(c->be, key, buf, len, opt);
 }
 
-int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, size_t *len,
-                       const char *tenant)
+int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
+                       size_t *len)
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
@@ -88,15 +88,15 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
 }
 
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
-                            size_t *len, const char *tenant)
+                            const char *tenant, size_t *len)
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
     return c->ops->get_into(c->be, key, buf, cap, len, tenant);
 }
 
-int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, size_t *len,
-                             const char *tenant)
+int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant, void **buf,
+                             size_t *len)
 {
     if (buf)
         *buf = NULL;
@@ -105,8 +105,8 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, void **buf, siz
     return c->ops->get_alloc(c->be, key, buf, len, tenant);
 }
 
-int moonlet_client_get_size(moonlet_client *c, const char *key, uint64_t *size,
-                            const char *tenant)
+int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tenant,
+                            uint64_t *size)
 {
     if (!c || !key || !size)
         return BAD;
@@ -127,14 +127,14 @@ int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *
     return c->ops->remove(c->be, key, tenant, true);
 }
 
-int moonlet_client_remove_all(moonlet_client *c, uint64_t *removed, const char *tenant)
+int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)
 {
     if (!c)
         return BAD;
     return c->ops->remove_all(c->be, removed, tenant, false);
 }
 
-int moonlet_client_remove_all_force(moonlet_client *c, uint64_t *removed, const char *tenant)
+int moonlet_client_remove_all_force(moonlet_client *c, const char *tenant, uint64_t *removed)
 {
     if (!c)
         return BAD;
@@ -153,16 +153,16 @@ int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *t
 
 /* ---- existence and probes ---------------------------------------------------------- */
 
-int moonlet_client_exist_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant)
+int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *tenant,
+                             bool *exists)
 {
     if (!c || !key || !exists)
         return BAD;
     return c->ops->exist_key(c->be, key, exists, tenant);
 }
 
-int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
-                             const char *tenant)
+int moonlet_client_probe_key(moonlet_client *c, const char *key, const char *tenant,
+                             bool *exists)
 {
     if (!c || !key || !exists)
         return BAD;
@@ -170,16 +170,16 @@ int moonlet_client_probe_key(moonlet_client *c, const char *key, bool *exists,
 }
 
 int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, size_t n,
-                                   int32_t *results, const char *tenant)
+                                   const char *tenant, int32_t *results)
 {
     if (!c || (n && (!results || !keys_ok(keys, n))))
         return BAD;
     return c->ops->batch_exist_key(c->be, keys, n, results, tenant);
 }
 
-int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy policy,
-                                   const char *const *keys, size_t n, int32_t *results,
-                                   const char *tenant)
+int moonlet_client_batch_probe_key(moonlet_client *c, const char *const *keys, size_t n,
+                                   moonlet_grant_lease_policy policy, const char *tenant,
+                                   int32_t *results)
 {
     if (!c || (n && (!results || !keys_ok(keys, n))))
         return BAD;
@@ -189,8 +189,8 @@ int moonlet_client_batch_probe_key(moonlet_client *c, moonlet_grant_lease_policy
 int moonlet_client_probe_resume(moonlet_client *c, const char *const *kv_keys, size_t n_kv,
                                 const char *const *kda_keys, size_t n_kda,
                                 uint64_t candidate_size, const uint64_t *boundaries,
-                                moonlet_probe_resume_result *out, int32_t *mask,
-                                const char *tenant)
+                                const char *tenant, moonlet_probe_resume_result *out,
+                                int32_t *mask)
 {
     if (out)
         *out = (moonlet_probe_resume_result){0, -1};
@@ -234,7 +234,7 @@ int moonlet_client_free_shared(moonlet_client *c, void *p)
 }
 
 int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
-                                  const void *const *bufs, const size_t *lens, size_t n,
+                                  size_t n, const void *const *bufs, const size_t *lens,
                                   const moonlet_put_options *opt, int32_t *results)
 {
     if (!c || (n && (!bufs || !lens || !results || !keys_ok(keys, n))))
@@ -243,8 +243,8 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
 }
 
 int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
-                                  void *const *bufs, const size_t *caps, size_t n,
-                                  size_t *lens, int32_t *results, const char *tenant)
+                                  size_t n, void *const *bufs, const size_t *caps,
+                                  const char *tenant, size_t *lens, int32_t *results)
 {
     if (!c || (n && (!bufs || !caps || !lens || !results || !keys_ok(keys, n))))
         return BAD;

@@ -157,7 +157,7 @@ int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t 
             at += iovcnt[i];
             copy_add_slot(&off, lens[i]); /* cannot overflow: copy_plan summed the same */
         }
-        rc = moonlet_client_batch_put_from(c, keys, bufs, lens, n, opt, results);
+        rc = moonlet_client_batch_put_from(c, keys, n, bufs, lens, opt, results);
         copy_fill_unset(results, n, rc);
         copy_region_end(c, &r);
     }
@@ -183,7 +183,7 @@ int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t 
             bufs[i] = caps[i] ? (unsigned char *)r.base + off : NULL;
             copy_add_slot(&off, caps[i]);
         }
-        rc = moonlet_client_batch_get_into(c, keys, bufs, caps, n, sizes, results, tenant);
+        rc = moonlet_client_batch_get_into(c, keys, n, bufs, caps, tenant, sizes, results);
         copy_fill_unset(results, n, rc);
         size_t at = 0;
         for (size_t i = 0; i < n; i++) {

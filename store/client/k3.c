@@ -295,7 +295,7 @@ static int lookup_lease_all(moonlet_client *c, const moonlet_k3_layout *l,
                             const char *tenant, int32_t *res, moonlet_k3_result *out)
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
-    int rc = moonlet_client_batch_exist_key(c, (const char *const *)all->v, all->n, res, tenant);
+    int rc = moonlet_client_batch_exist_key(c, (const char *const *)all->v, all->n, tenant, res);
     out->rpcs = 1;
     if (rc)
         return rc;
@@ -318,7 +318,7 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
     const char *const *keys = (const char *const *)all->v;
-    int rc = moonlet_client_batch_exist_key(c, keys, kv, res, tenant);
+    int rc = moonlet_client_batch_exist_key(c, keys, kv, tenant, res);
     out->rpcs = 1;
     if (rc)
         return rc;
@@ -330,7 +330,7 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
     if (!out->candidates)
         return MOONLET_OK;
     moonlet_grant_lease_policy pol = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, per};
-    rc = moonlet_client_batch_probe_key(c, pol, keys + kv, out->candidates * per, res + kv, tenant);
+    rc = moonlet_client_batch_probe_key(c, keys + kv, out->candidates * per, pol, tenant, res + kv);
     out->rpcs = 2;
     if (rc)
         return rc;
@@ -362,8 +362,8 @@ static int lookup_one_rtt(moonlet_client *c, const moonlet_k3_layout *l,
         bounds[i] = r->checkpoints[i] / l->block_tokens;
     const char *const *keys = (const char *const *)all->v;
     moonlet_probe_resume_result pr;
-    int rc = moonlet_client_probe_resume(c, keys, kv, keys + kv, reach * per, per, bounds, &pr,
-                                         res + kv, tenant);
+    int rc = moonlet_client_probe_resume(c, keys, kv, keys + kv, reach * per, per, bounds, tenant,
+                                         &pr, res + kv);
     free(bounds);
     out->rpcs = 1;
     if (rc)

@@ -305,7 +305,7 @@ HANDLER(h_get, moonlet_dm_get_args)
     size_t len = SIZE_MAX; /* stays SIZE_MAX when the client did not learn the size */
     if ((code = span(cn, a->region, a->offset, a->cap, &p, out)))
         return code;
-    int rc = moonlet_client_get_into(RC(ctx)->client, a->key, p, a->cap, &len, a->tenant);
+    int rc = moonlet_client_get_into(RC(ctx)->client, a->key, p, a->cap, a->tenant, &len);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
     if (len == SIZE_MAX)
@@ -329,7 +329,7 @@ HANDLER(h_key, moonlet_dm_key_args)
     char *json = NULL;
     switch (ctx->method) {
     case MOONLET_DM_GET_SIZE:
-        rc = moonlet_client_get_size(c, key, &size, t);
+        rc = moonlet_client_get_size(c, key, t, &size);
         msgpack_pack_array(out, 2);
         pack_int(out, rc);
         msgpack_pack_uint64(out, size);
@@ -340,8 +340,8 @@ HANDLER(h_key, moonlet_dm_key_args)
         break;
     case MOONLET_DM_EXIST_KEY:
     case MOONLET_DM_PROBE_KEY:
-        rc = ctx->method == MOONLET_DM_EXIST_KEY ? moonlet_client_exist_key(c, key, &yes, t)
-                                                 : moonlet_client_probe_key(c, key, &yes, t);
+        rc = ctx->method == MOONLET_DM_EXIST_KEY ? moonlet_client_exist_key(c, key, t, &yes)
+                                                 : moonlet_client_probe_key(c, key, t, &yes);
         msgpack_pack_array(out, 2);
         pack_int(out, rc);
         yes ? msgpack_pack_true(out) : msgpack_pack_false(out);
@@ -365,8 +365,8 @@ HANDLER(h_remove_all, moonlet_dm_remove_all_args)
         return code;
     uint64_t removed = 0;
     moonlet_client *c = RC(ctx)->client;
-    int rc = a->force ? moonlet_client_remove_all_force(c, &removed, a->tenant)
-                      : moonlet_client_remove_all(c, &removed, a->tenant);
+    int rc = a->force ? moonlet_client_remove_all_force(c, a->tenant, &removed)
+                      : moonlet_client_remove_all(c, a->tenant, &removed);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
     msgpack_pack_uint64(out, removed);
@@ -386,9 +386,9 @@ HANDLER(h_batch_keys, moonlet_dm_batch_keys_args)
     if (res && ctx->method == MOONLET_DM_BATCH_PROBE_KEY) {
         moonlet_grant_lease_policy pol = {.lease_mode = (uint8_t)a->lease_mode,
                                           .candidate_size = a->candidate_size};
-        rc = moonlet_client_batch_probe_key(c, pol, a->keys.v, n, res, a->tenant);
+        rc = moonlet_client_batch_probe_key(c, a->keys.v, n, pol, a->tenant, res);
     } else if (res) {
-        rc = moonlet_client_batch_exist_key(c, a->keys.v, n, res, a->tenant);
+        rc = moonlet_client_batch_exist_key(c, a->keys.v, n, a->tenant, res);
     }
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
@@ -442,8 +442,8 @@ HANDLER(h_batch_put, moonlet_dm_batch_put_args)
     if (code)
         return code;
     moonlet_put_options o = PUT_OPTIONS(a);
-    int rc = moonlet_client_batch_put_from(RC(ctx)->client, b.keys, (const void *const *)b.ptrs,
-                                           b.lens, b.n, &o, b.res);
+    int rc = moonlet_client_batch_put_from(RC(ctx)->client, b.keys, b.n,
+                                           (const void *const *)b.ptrs, b.lens, &o, b.res);
     msgpack_pack_array(out, 2);
     pack_int(out, rc);
     pack_results(out, b.res, b.n);
@@ -459,8 +459,8 @@ HANDLER(h_batch_get, moonlet_dm_batch_get_args)
     if (code || !lens)
         return code ? code : moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     memset(lens, 0, (b.n ? b.n : 1) * sizeof(*lens));
-    int rc = moonlet_client_batch_get_into(RC(ctx)->client, b.keys, b.ptrs, b.lens, b.n, lens,
-                                           b.res, a->tenant);
+    int rc = moonlet_client_batch_get_into(RC(ctx)->client, b.keys, b.n, b.ptrs, b.lens, a->tenant,
+                                           lens, b.res);
     msgpack_pack_array(out, 3);
     pack_int(out, rc);
     pack_results(out, b.res, b.n);
@@ -487,8 +487,8 @@ HANDLER(h_probe_resume, moonlet_dm_probe_resume_args)
         rc = MOONLET_ERR_INVALID_PARAMS; /* the client call derives the count from cs */
     else
         rc = moonlet_client_probe_resume(RC(ctx)->client, a->kv_keys.v, a->kv_keys.n,
-                                         a->kda_keys.v, n_kda, cs, a->boundaries.v, &r, mask,
-                                         a->tenant);
+                                         a->kda_keys.v, n_kda, cs, a->boundaries.v, a->tenant, &r,
+                                         mask);
     msgpack_pack_array(out, 4);
     pack_int(out, rc);
     msgpack_pack_uint64(out, r.kv_prefix);

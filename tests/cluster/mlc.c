@@ -221,7 +221,7 @@ static int op_get(const char *key, bool verify, uint64_t *len, bool *wrong)
 {
     void *buf = NULL;
     size_t n = 0;
-    int rc = moonlet_client_get_alloc(g_cli, key, &buf, &n, NULL);
+    int rc = moonlet_client_get_alloc(g_cli, key, NULL, &buf, &n);
     *len = n;
     *wrong = false;
     if (rc == 0 && verify)
@@ -357,8 +357,8 @@ static int run_probe(void)
     if (!res)
         return 1;
     double t0 = moonlet_mono_s();
-    int rc = moonlet_client_batch_probe_key(g_cli, pol, (const char *const *)g_o.keys, g_o.nkeys,
-                                            res, NULL);
+    int rc = moonlet_client_batch_probe_key(g_cli, (const char *const *)g_o.keys, g_o.nkeys, pol,
+                                            NULL, res);
     double ms = (moonlet_mono_s() - t0) * 1e3;
     cJSON *doc = cJSON_CreateObject();
     cJSON_AddStringToObject(doc, "cmd", "probe");
@@ -523,7 +523,7 @@ static void mixed_probe(mixed_thread *m, double t0)
                                                         : MOONLET_PROBE_LEASE_NONE,
                                       .candidate_size = lho ? 2 : 1};
     int32_t res[NK];
-    int rc = moonlet_client_batch_probe_key(g_cli, pol, kp, n, res, NULL);
+    int rc = moonlet_client_batch_probe_key(g_cli, kp, n, pol, NULL, res);
     bool bad = false;
     if (rc == 0) {
         size_t ones = 0, first = SIZE_MAX;

@@ -207,7 +207,7 @@ static inline void cl_assert_get_equals(moonlet_client *c, const char *key, cons
     unsigned char *got = malloc(size ? size : 1);
     assert_non_null(got);
     size_t len = 999;
-    int rc = moonlet_client_get(c, key, got, size, &len, tenant);
+    int rc = moonlet_client_get(c, key, got, size, tenant, &len);
     if (rc)
         fail_msg("get %s: %s", key, moonlet_strerror(rc));
     assert_int_equal(len, size);

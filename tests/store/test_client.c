@@ -222,16 +222,16 @@ static void test_round_trip(void **state)
         cl_assert_get_equals(g_cli, key, NULL, data, sizes[i]);
         void *p = NULL;
         size_t len = 7;
-        assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_client_get_alloc(g_cli, key, NULL, &p, &len), MOONLET_OK);
         assert_non_null(p);
         assert_int_equal(len, sizes[i]);
         assert_memory_equal(p, data, sizes[i]);
         moonlet_free(p);
         uint64_t size = 1;
-        assert_int_equal(moonlet_client_get_size(g_cli, key, &size, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_client_get_size(g_cli, key, NULL, &size), MOONLET_OK);
         assert_int_equal(size, sizes[i]);
         bool ex = false;
-        assert_int_equal(moonlet_client_exist_key(g_cli, key, &ex, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_client_exist_key(g_cli, key, NULL, &ex), MOONLET_OK);
         assert_true(ex);
         assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL),
                          MOONLET_ERR_OBJECT_ALREADY_EXISTS);
@@ -240,25 +240,25 @@ static void test_round_trip(void **state)
     /* too small a buffer: nothing read, the size needed reported */
     unsigned char small[100];
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(g_cli, "rt/4096", small, sizeof(small), &len, NULL),
+    assert_int_equal(moonlet_client_get(g_cli, "rt/4096", small, sizeof(small), NULL, &len),
                      MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(len, 4096);
     /* absent keys */
     void *p = (void *)1;
-    assert_int_equal(moonlet_client_get(g_cli, "rt/none", small, sizeof(small), &len, NULL),
+    assert_int_equal(moonlet_client_get(g_cli, "rt/none", small, sizeof(small), NULL, &len),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(moonlet_client_get_alloc(g_cli, "rt/none", &p, &len, NULL),
+    assert_int_equal(moonlet_client_get_alloc(g_cli, "rt/none", NULL, &p, &len),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
     assert_null(p);
     bool ex = true;
-    assert_int_equal(moonlet_client_probe_key(g_cli, "rt/none", &ex, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_cli, "rt/none", NULL, &ex), MOONLET_OK);
     assert_false(ex);
     /* remove: refused while leased (the gets above), done when not */
     assert_int_equal(moonlet_client_remove(g_cli, "rt/1", NULL), MOONLET_ERR_OBJECT_HAS_LEASE);
     assert_int_equal(moonlet_client_put(g_cli, "rt/unleased", "abc", 3, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_remove(g_cli, "rt/unleased", NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_remove(g_cli, "rt/unleased", NULL), MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(moonlet_client_get(g_cli, "rt/unleased", small, sizeof(small), &len, NULL),
+    assert_int_equal(moonlet_client_get(g_cli, "rt/unleased", small, sizeof(small), NULL, &len),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
     /* bad arguments */
     assert_int_equal(moonlet_client_put(g_cli, NULL, "x", 1, NULL), MOONLET_ERR_INVALID_PARAMS);
@@ -282,11 +282,11 @@ static void test_tenants(void **state)
     cl_assert_get_equals(other, "shared-name", "default", "ddd", 3);
     int32_t r[1];
     const char *k[] = {"shared-name"};
-    assert_int_equal(moonlet_client_batch_exist_key(other, k, 1, r, "nobody"), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_exist_key(other, k, 1, "nobody", r), MOONLET_OK);
     assert_int_equal(r[0], 0);
     assert_int_equal(moonlet_client_put(other, "only-b", "x", 1, NULL), MOONLET_OK);
     uint64_t removed = 0;
-    assert_int_equal(moonlet_client_remove_all(other, &removed, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_remove_all(other, NULL, &removed), MOONLET_OK);
     assert_int_equal(removed, 1); /* "shared-name" in tenant-b is leased */
     moonlet_client_destroy(other);
 }
@@ -313,10 +313,10 @@ static void test_registered_buffers(void **state)
     size_t len = 0;
     /* unregistered memory is refused before anything happens */
     assert_int_equal(moonlet_client_put_from(g_cli, "zc/a", src, mb, NULL), MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_get_into(g_cli, "rt/4096", dst, mb, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(g_cli, "rt/4096", dst, mb, NULL, &len),
                      MOONLET_ERR_INVALID_PARAMS);
     bool ex = true;
-    assert_int_equal(moonlet_client_probe_key(g_cli, "zc/a", &ex, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_cli, "zc/a", NULL, &ex), MOONLET_OK);
     assert_false(ex);
 
     assert_int_equal(moonlet_client_register_buffer(g_cli, src, 2 * mb), MOONLET_OK);
@@ -328,15 +328,15 @@ static void test_registered_buffers(void **state)
     assert_int_equal(moonlet_client_put_from(g_cli, "zc/b", src + mb + 512, mb - 512, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_put_from(g_cli, "zc/c", src + mb + 1, mb, NULL),
                      MOONLET_ERR_INVALID_PARAMS); /* runs past the registration */
-    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 2 * mb, &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 2 * mb, NULL, &len), MOONLET_OK);
     assert_int_equal(len, mb);
     assert_memory_equal(dst, src, mb);
     /* a destination smaller than the object */
     len = 0;
-    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 1000, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst, 1000, NULL, &len),
                      MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(len, mb);
-    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst + 2 * mb - 10, 20, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(g_cli, "zc/a", dst + 2 * mb - 10, 20, NULL, &len),
                      MOONLET_ERR_INVALID_PARAMS);
 
     /* batches: per-key results, the first error returned */
@@ -345,7 +345,7 @@ static void test_registered_buffers(void **state)
     const void *pb[] = {src, src + 4096, loose, src};
     const size_t pl[] = {4096, 8192, 64, 10};
     int32_t pr[4];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, pk, pb, pl, 4, NULL, pr),
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, pk, 4, pb, pl, NULL, pr),
                      MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(pr[0], MOONLET_OK);
     assert_int_equal(pr[1], MOONLET_OK);
@@ -357,7 +357,7 @@ static void test_registered_buffers(void **state)
     size_t gl[4];
     int32_t gr[4];
     memset(dst, 0, 2 * mb);
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, gk, gb, gc, 4, gl, gr, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, gk, 4, gb, gc, NULL, gl, gr),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
     assert_int_equal(gr[0], MOONLET_OK);
     assert_int_equal(gr[1], MOONLET_OK);
@@ -369,8 +369,8 @@ static void test_registered_buffers(void **state)
     assert_memory_equal(dst, src, 4096);
     assert_memory_equal(dst + 4096, src + 4096, 8192);
     const char *ok_keys[] = {"zc/p0", "zc/p1"};
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, ok_keys, gb, gc, 2, gl, gr, NULL), MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, NULL, gb, gc, 2, gl, gr, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, ok_keys, 2, gb, gc, NULL, gl, gr), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, NULL, 2, gb, gc, NULL, gl, gr),
                      MOONLET_ERR_INVALID_PARAMS);
 
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_OK);
@@ -450,7 +450,7 @@ static void test_copying_batches(void **state)
     assert_int_equal(moonlet_client_batch_put(NULL, keys, 1, iov, cnt, NULL, r),
                      MOONLET_ERR_INVALID_PARAMS);
     bool ex = true;
-    assert_int_equal(moonlet_client_probe_key(g_cli, "cp/ab2", &ex, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_cli, "cp/ab2", NULL, &ex), MOONLET_OK);
     assert_false(ex);
     free(d1);
     free(d2);
@@ -486,14 +486,14 @@ static void test_batch_probe_policy(void **state)
     for (int i = 0; i < 4; i++)
         assert_int_equal(moonlet_client_put(g_cli, K3[present[i]], blob, sizeof(blob), &o), MOONLET_OK);
     int32_t r[6];
-    assert_int_equal(moonlet_client_batch_probe_key(g_cli, MOONLET_GRANT_LEASE_POLICY_DEFAULT, K3,
-                                                    6, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_probe_key(g_cli, K3, 6, MOONLET_GRANT_LEASE_POLICY_DEFAULT,
+                                                    t, r), MOONLET_OK);
     const int32_t want_none[] = {1, 1, 0, 1, 1, 0};
     assert_memory_equal(r, want_none, sizeof(r));
     for (int i = 0; i < 6; i++)
         assert_true(lease_ms(t, K3[i]) <= 0);
     moonlet_grant_lease_policy last = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
-    assert_int_equal(moonlet_client_batch_probe_key(g_cli, last, K3, 6, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_probe_key(g_cli, K3, 6, last, t, r), MOONLET_OK);
     const int32_t want_last[] = {1, 1, 0, 0, 0, 0};
     assert_memory_equal(r, want_last, sizeof(r));
     assert_true(lease_ms(t, K3[0]) > 1000);
@@ -505,15 +505,15 @@ static void test_batch_probe_policy(void **state)
                                         {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 0}, {9, 2}};
     for (int i = 0; i < 3; i++) {
         memset(r, 0x55, sizeof(r));
-        assert_int_equal(moonlet_client_batch_probe_key(g_cli, bad[i], K3, 6, r, t), -600);
+        assert_int_equal(moonlet_client_batch_probe_key(g_cli, K3, 6, bad[i], t, r), -600);
     }
     assert_true(lease_ms(t, K3[3]) == 0); /* nothing leased by the refused calls */
     /* BatchExistKey leases every hit */
-    assert_int_equal(moonlet_client_batch_exist_key(g_cli, K3, 6, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_exist_key(g_cli, K3, 6, t, r), MOONLET_OK);
     assert_memory_equal(r, want_none, sizeof(r));
     assert_true(lease_ms(t, K3[4]) > 1000);
     bool ex = false;
-    assert_int_equal(moonlet_client_probe_key(g_cli, K3[3], &ex, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_cli, K3[3], t, &ex), MOONLET_OK);
     assert_true(ex);
 }
 
@@ -532,7 +532,7 @@ static void test_staging_path(void **state)
         cl_assert_get_equals(g_cli, key, NULL, data, sizes[i]);
         void *p;
         size_t len;
-        assert_int_equal(moonlet_client_get_alloc(g_cli, key, &p, &len, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_client_get_alloc(g_cli, key, NULL, &p, &len), MOONLET_OK);
         assert_memory_equal(p, data, sizes[i]);
         moonlet_free(p);
         free(data);
@@ -585,7 +585,7 @@ static void test_local_segment(void **state)
     unsigned char *got = malloc(1u << 20);
     size_t len = 0;
     long long t0 = proc_now_ms();
-    int rc = moonlet_client_get(c, "local/k", got, 1u << 20, &len, NULL);
+    int rc = moonlet_client_get(c, "local/k", got, 1u << 20, NULL, &len);
     long long took = proc_now_ms() - t0;
     kill(g_a.pid, SIGCONT);
     kill(g_b.pid, SIGCONT);
@@ -613,7 +613,7 @@ static void *hammer(void *arg)
         data[0] = (unsigned char)i;
         size_t len = 0;
         bad += moonlet_client_put(g_cli, key, data, 65536, NULL) != MOONLET_OK;
-        bad += moonlet_client_get(g_cli, key, got, 65536, &len, NULL) != MOONLET_OK;
+        bad += moonlet_client_get(g_cli, key, got, 65536, NULL, &len) != MOONLET_OK;
         bad += len != 65536 || memcmp(got, data, 65536) != 0;
     }
     free(data);
@@ -652,9 +652,9 @@ static void assert_not_there(const char *key)
     unsigned char buf[16];
     size_t len;
     bool ex = true;
-    assert_int_equal(moonlet_client_get(g_cli, key, buf, sizeof(buf), &len, NULL),
+    assert_int_equal(moonlet_client_get(g_cli, key, buf, sizeof(buf), NULL, &len),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(moonlet_client_exist_key(g_cli, key, &ex, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_exist_key(g_cli, key, NULL, &ex), MOONLET_OK);
     assert_false(ex);
     assert_int_equal(cl_replicas(g_mc, NULL, key), -1);
     cJSON *j = NULL;
@@ -684,7 +684,7 @@ static void test_put_revoked_when_write_fails(void **state)
     const void *bufs[] = {data, data + 100};
     const size_t lens[] = {100, 200};
     int32_t res[2];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, bufs, lens, 2, &two, res),
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, 2, bufs, lens, &two, res),
                      MOONLET_ERR_TRANSFER_FAIL);
     assert_int_equal(res[0], MOONLET_ERR_TRANSFER_FAIL);
     assert_int_equal(res[1], MOONLET_ERR_TRANSFER_FAIL);
@@ -724,23 +724,23 @@ static void test_lease_expired(void **state)
     unsigned char *data = cl_random_bytes(big, 11), *got = malloc(big);
     assert_int_equal(moonlet_client_put(c, "big", data, big, NULL), MOONLET_OK);
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(c, "big", got, big, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    assert_int_equal(moonlet_client_get(c, "big", got, big, NULL, &len), MOONLET_ERR_LEASE_EXPIRED);
     void *p = (void *)1;
-    assert_int_equal(moonlet_client_get_alloc(c, "big", &p, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    assert_int_equal(moonlet_client_get_alloc(c, "big", NULL, &p, &len), MOONLET_ERR_LEASE_EXPIRED);
     assert_null(p);
     assert_int_equal(moonlet_client_register_buffer(c, got, big), MOONLET_OK);
-    assert_int_equal(moonlet_client_get_into(c, "big", got, big, &len, NULL), MOONLET_ERR_LEASE_EXPIRED);
+    assert_int_equal(moonlet_client_get_into(c, "big", got, big, NULL, &len), MOONLET_ERR_LEASE_EXPIRED);
     const char *keys[] = {"big"};
     void *bufs[] = {got};
     size_t caps[] = {big}, lens[1];
     int32_t res[1];
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, bufs, caps, 1, lens, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, bufs, caps, NULL, lens, res),
                      MOONLET_ERR_LEASE_EXPIRED);
     assert_int_equal(res[0], MOONLET_ERR_LEASE_EXPIRED);
     assert_int_equal(lens[0], big);
     /* an empty object has no bytes a reclaimed lease could change */
     assert_int_equal(moonlet_client_put(c, "empty", "", 0, NULL), MOONLET_OK);
-    assert_int_equal(moonlet_client_get(c, "empty", NULL, 0, &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, "empty", NULL, 0, NULL, &len), MOONLET_OK);
     assert_int_equal(len, 0);
     moonlet_client_destroy(c);
     free(data);
@@ -851,18 +851,18 @@ static void test_checksum_corrupted_replica(void **state)
     cl_assert_get_equals(c, "ck/a", NULL, data, n);
     seg[replica_offset_at("ck/a", own) + 100] ^= 0x01;
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(c, "ck/a", got, n, &len, NULL), MOONLET_ERR_INVALID_READ);
+    assert_int_equal(moonlet_client_get(c, "ck/a", got, n, NULL, &len), MOONLET_ERR_INVALID_READ);
     void *p = NULL;
-    assert_int_equal(moonlet_client_get_alloc(c, "ck/a", &p, &len, NULL), MOONLET_ERR_INVALID_READ);
+    assert_int_equal(moonlet_client_get_alloc(c, "ck/a", NULL, &p, &len), MOONLET_ERR_INVALID_READ);
     assert_null(p);
     assert_int_equal(moonlet_client_register_buffer(c, got, n), MOONLET_OK);
-    assert_int_equal(moonlet_client_get_into(c, "ck/a", got, n, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(c, "ck/a", got, n, NULL, &len),
                      MOONLET_ERR_INVALID_READ);
     const char *keys[] = {"ck/a"};
     void *bufs[] = {got};
     size_t caps[] = {n}, lens[1];
     int32_t res[1];
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, bufs, caps, 1, lens, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, bufs, caps, NULL, lens, res),
                      MOONLET_ERR_INVALID_READ);
     assert_int_equal(res[0], MOONLET_ERR_INVALID_READ);
     assert_int_equal(moonlet_client_unregister_buffer(c, got), MOONLET_OK);
@@ -875,14 +875,14 @@ static void test_checksum_corrupted_replica(void **state)
     const char *bkeys[] = {"ck/batch"};
     const void *bsrc[] = {reg};
     size_t blen[] = {n};
-    assert_int_equal(moonlet_client_batch_put_from(c, bkeys, bsrc, blen, 1, NULL, res), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_put_from(c, bkeys, 1, bsrc, blen, NULL, res), MOONLET_OK);
     assert_int_equal(moonlet_client_upsert(c, "ck/upsert", data, n, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_upsert(c, "ck/upsert", data, n, NULL), MOONLET_OK);
     const char *corrupt[] = {"ck/from", "ck/batch", "ck/upsert"};
     for (int i = 0; i < 3; i++) {
         cl_assert_get_equals(c, corrupt[i], NULL, data, n);
         seg[replica_offset_at(corrupt[i], own) + (size_t)i * 1000] ^= 0x80;
-        assert_int_equal(moonlet_client_get(c, corrupt[i], got, n, &len, NULL),
+        assert_int_equal(moonlet_client_get(c, corrupt[i], got, n, NULL, &len),
                          MOONLET_ERR_INVALID_READ);
     }
     assert_int_equal(moonlet_client_unregister_buffer(c, reg), MOONLET_OK);
@@ -892,7 +892,7 @@ static void test_checksum_corrupted_replica(void **state)
     moonlet_put_options skip = {.skip_checksum = true};
     assert_int_equal(moonlet_client_put(c, "ck/skip", data, n, &skip), MOONLET_OK);
     seg[replica_offset_at("ck/skip", own)] ^= 0x01;
-    assert_int_equal(moonlet_client_get(c, "ck/skip", got, n, &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, "ck/skip", got, n, NULL, &len), MOONLET_OK);
     assert_int_equal(got[0], data[0] ^ 0x01);
 
     /* Two replicas, the preferred (local) one corrupted: the get falls over

@@ -164,19 +164,19 @@ static void test_roundtrip_sizes(void **state)
             cl_assert_get_equals(which ? g_dc : big, key, NULL, data, sizes[i]);
             void *a = NULL;
             size_t alen = 1;
-            assert_int_equal(moonlet_client_get_alloc(c, key, &a, &alen, NULL), MOONLET_OK);
+            assert_int_equal(moonlet_client_get_alloc(c, key, NULL, &a, &alen), MOONLET_OK);
             assert_non_null(a);
             assert_int_equal(alen, sizes[i]);
             assert_memory_equal(a, data, sizes[i]);
             free(a);
             uint64_t sz = 1;
-            assert_int_equal(moonlet_client_get_size(c, key, &sz, NULL), MOONLET_OK);
+            assert_int_equal(moonlet_client_get_size(c, key, NULL, &sz), MOONLET_OK);
             assert_int_equal(sz, sizes[i]);
             if (sizes[i] > 0) {
                 unsigned char small[1];
                 size_t len = 0;
                 size_t cap = sizes[i] - 1 < sizeof(small) ? sizes[i] - 1 : sizeof(small);
-                assert_int_equal(moonlet_client_get(c, key, small, cap, &len, NULL),
+                assert_int_equal(moonlet_client_get(c, key, small, cap, NULL, &len),
                                  MOONLET_ERR_BUFFER_OVERFLOW);
                 assert_int_equal(len, sizes[i]);
             }
@@ -228,7 +228,7 @@ static void test_skip_checksum_forwarded(void **state)
     assert_int_equal(moonlet_client_alloc_shared(g_dc, sizeof(data), &shared), MOONLET_OK);
     memcpy(shared, data, sizeof(data));
     bufs[0] = shared;
-    assert_int_equal(moonlet_client_batch_put_from(g_dc, keys, bufs, lens, 1, &skip, res),
+    assert_int_equal(moonlet_client_batch_put_from(g_dc, keys, 1, bufs, lens, &skip, res),
                      MOONLET_OK);
     assert_int_equal(res[0], MOONLET_OK);
     assert_int_equal(moonlet_client_free_shared(g_dc, shared), MOONLET_OK);
@@ -265,16 +265,16 @@ static void test_errors_pass_through(void **state)
         char key[32];
         snprintf(key, sizeof(key), "ups/%d", b);
         int k = 0;
-        got[b][k++] = moonlet_client_get(c, "nope", buf, sizeof(buf), &len, NULL);
+        got[b][k++] = moonlet_client_get(c, "nope", buf, sizeof(buf), NULL, &len);
         assert_int_equal(len, 12345); /* untouched when the lookup failed */
-        got[b][k++] = moonlet_client_get_size(c, "nope", &sz, NULL);
+        got[b][k++] = moonlet_client_get_size(c, "nope", NULL, &sz);
         got[b][k++] = moonlet_client_remove(c, "nope", NULL);
         got[b][k++] = moonlet_client_inspect_key(c, "nope", NULL, &json);
         assert_null(json);
         got[b][k++] = moonlet_client_put(c, "", "x", 1, NULL);
         got[b][k++] = moonlet_client_put(c, longkey, "x", 1, NULL);
         got[b][k++] = moonlet_client_put(c, "nine", "x", 1, &nine);
-        got[b][k++] = moonlet_client_exist_key(c, longkey, &yes, NULL);
+        got[b][k++] = moonlet_client_exist_key(c, longkey, NULL, &yes);
         /* upsert replaces; an object under a lease cannot be replaced */
         assert_int_equal(moonlet_client_upsert(c, key, "one", 3, NULL), MOONLET_OK);
         assert_int_equal(moonlet_client_remove(c, key, NULL), MOONLET_OK);
@@ -284,7 +284,7 @@ static void test_errors_pass_through(void **state)
         got[b][k++] = moonlet_client_remove(c, key, NULL);
         /* NULL arguments are refused (the DummyClient sends nothing) */
         got[b][k++] = moonlet_client_put(c, NULL, "x", 1, NULL);
-        got[b][k++] = moonlet_client_get(c, "k", NULL, 4, &len, NULL);
+        got[b][k++] = moonlet_client_get(c, "k", NULL, 4, NULL, &len);
     }
     const int want[12] = {MOONLET_ERR_OBJECT_NOT_FOUND, MOONLET_ERR_OBJECT_NOT_FOUND,
                           MOONLET_ERR_OBJECT_NOT_FOUND, MOONLET_ERR_OBJECT_NOT_FOUND,
@@ -322,24 +322,24 @@ static void test_k3_probe_policy(void **state)
     moonlet_grant_lease_policy bad[] = {{7, 2}, {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 0},
                                         {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 4}};
     for (size_t b = 0; b < 3; b++)
-        assert_int_equal(moonlet_client_batch_probe_key(g_dc, bad[b], k3_keys, 6, r, t),
+        assert_int_equal(moonlet_client_batch_probe_key(g_dc, k3_keys, 6, bad[b], t, r),
                          MOONLET_ERR_INVALID_PARAMS);
 
     /* NONE: point-in-time existence, leases unchanged */
-    assert_int_equal(moonlet_client_batch_probe_key(g_dc, MOONLET_GRANT_LEASE_POLICY_DEFAULT,
-                                                    k3_keys, 6, r, t),
+    assert_int_equal(moonlet_client_batch_probe_key(g_dc, k3_keys,
+                                                    6, MOONLET_GRANT_LEASE_POLICY_DEFAULT, t, r),
                      MOONLET_OK);
     const int32_t none_want[6] = {1, 1, 0, 1, 1, 0};
     assert_memory_equal(r, none_want, sizeof(r));
     bool yes = false;
-    assert_int_equal(moonlet_client_probe_key(g_dc, "kda/256/r1", &yes, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_dc, "kda/256/r1", t, &yes), MOONLET_OK);
     assert_true(yes);
     for (int i = 0; i < 6; i++)
         assert_int_equal(lease_ms(g_dc, k3_keys[i], t), i == 2 || i == 5 ? -1 : 0);
 
     /* LAST_HIT_ONLY, candidates of 2: only checkpoint 128 is complete */
     moonlet_grant_lease_policy lho = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
-    assert_int_equal(moonlet_client_batch_probe_key(g_dc, lho, k3_keys, 6, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_probe_key(g_dc, k3_keys, 6, lho, t, r), MOONLET_OK);
     const int32_t lho_want[6] = {1, 1, 0, 0, 0, 0};
     assert_memory_equal(r, lho_want, sizeof(r));
     for (int i = 0; i < 6; i++) {
@@ -351,16 +351,16 @@ static void test_k3_probe_policy(void **state)
     }
 
     /* BatchExistKey leases every hit */
-    assert_int_equal(moonlet_client_batch_exist_key(g_dc, k3_keys, 6, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_exist_key(g_dc, k3_keys, 6, t, r), MOONLET_OK);
     assert_memory_equal(r, none_want, sizeof(r));
     assert_true(lease_ms(g_dc, "kda/384/r0", t) > 0);
-    assert_int_equal(moonlet_client_exist_key(g_dc, "kda/256/r0", &yes, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_exist_key(g_dc, "kda/256/r0", t, &yes), MOONLET_OK);
     assert_false(yes);
     const char *nullkey[2] = {"a", NULL};
-    assert_int_equal(moonlet_client_batch_exist_key(g_dc, nullkey, 2, r, t),
+    assert_int_equal(moonlet_client_batch_exist_key(g_dc, nullkey, 2, t, r),
                      MOONLET_ERR_INVALID_PARAMS);
     /* an empty batch is a valid call */
-    assert_int_equal(moonlet_client_batch_probe_key(g_dc, lho, k3_keys, 0, r, t), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_probe_key(g_dc, k3_keys, 0, lho, t, r), MOONLET_OK);
 }
 
 /* ProbeResume through the DummyClient and directly: the same answer and the
@@ -380,7 +380,7 @@ static void probe_resume_case(moonlet_client *c, const char *t)
                              MOONLET_OK);
     moonlet_probe_resume_result pr;
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, b, t, &pr, mask),
                      MOONLET_OK);
     assert_int_equal(pr.kv_prefix, 4);
     assert_int_equal(pr.selected, 0);
@@ -401,19 +401,19 @@ static void probe_resume_case(moonlet_client *c, const char *t)
             assert_int_equal(ms, i == 2 || i == 5 ? -1 : 0);
     }
     const uint64_t over[3] = {1, 2, 5};
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, over, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, over, t, &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(pr.selected, -1);
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 4, b, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 4, b, t, &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
     const char *badkv[4] = {"kv/0", "", "kv/2", "kv/3"};
-    assert_int_equal(moonlet_client_probe_resume(c, badkv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, badkv, 4, k3_keys, 6, 2, b, t, &pr, mask),
                      MOONLET_ERR_INVALID_KEY);
     const char *nullkv[4] = {"kv/0", NULL, "kv/2", "kv/3"};
-    assert_int_equal(moonlet_client_probe_resume(c, nullkv, 4, k3_keys, 6, 2, b, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, nullkv, 4, k3_keys, 6, 2, b, t, &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
     /* empty lists: a valid call, nothing selected */
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 0, k3_keys, 0, 0, NULL, &pr, mask, t),
+    assert_int_equal(moonlet_client_probe_resume(c, kv, 0, k3_keys, 0, 0, NULL, t, &pr, mask),
                      MOONLET_OK);
     assert_int_equal(pr.selected, -1);
 }
@@ -436,7 +436,7 @@ static void test_probe_resume_both_paths(void **state)
     const uint64_t b[3] = {1, 1, 1};
     moonlet_probe_resume_result pr;
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(ta, kv, 1, k3_keys, 6, 2, b, &pr, mask, NULL),
+    assert_int_equal(moonlet_client_probe_resume(ta, kv, 1, k3_keys, 6, 2, b, NULL, &pr, mask),
                      MOONLET_OK);
     assert_int_equal(pr.kv_prefix, 1);
     assert_int_equal(pr.selected, 0);
@@ -455,20 +455,20 @@ static void test_tenant_isolation(void **state)
     cl_assert_get_equals(g_dc, "same", "tenant-a", "AAAA", 4);
     char buf[8];
     size_t len;
-    assert_int_equal(moonlet_client_get(g_dc, "same", buf, sizeof(buf), &len, NULL),
+    assert_int_equal(moonlet_client_get(g_dc, "same", buf, sizeof(buf), NULL, &len),
                      MOONLET_ERR_OBJECT_NOT_FOUND);
     bool yes = true;
-    assert_int_equal(moonlet_client_probe_key(ta, "same", &yes, "tenant-c"), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(ta, "same", "tenant-c", &yes), MOONLET_OK);
     assert_false(yes);
     /* remove_all empties one tenant only (leases from the gets hold: wait
      * them out is not needed, removal counts what it could) */
     assert_int_equal(moonlet_client_put(ta, "other", "x", 1, NULL), MOONLET_OK);
     uint64_t removed = 99;
-    assert_int_equal(moonlet_client_remove_all(ta, &removed, "tenant-c"), MOONLET_OK);
+    assert_int_equal(moonlet_client_remove_all(ta, "tenant-c", &removed), MOONLET_OK);
     assert_int_equal(removed, 0);
-    assert_int_equal(moonlet_client_remove_all(ta, &removed, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_remove_all(ta, NULL, &removed), MOONLET_OK);
     assert_int_equal(removed, 1); /* "other"; "same" is leased by the gets */
-    assert_int_equal(moonlet_client_probe_key(ta, "same", &yes, "tenant-b"), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(ta, "same", "tenant-b", &yes), MOONLET_OK);
     assert_true(yes);
     moonlet_client_destroy(ta);
 }
@@ -526,14 +526,14 @@ static void test_shared_and_registered(void **state)
     assert_int_equal(regions_mapped_by(g_real.pid, me), before + 1);
     size_t len = 0;
     memset(sh + 3 * MiB + 200, 0, MiB - 200);
-    assert_int_equal(moonlet_client_get_into(c, "sh/a", sh + 3 * MiB + 200, MiB - 200, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(c, "sh/a", sh + 3 * MiB + 200, MiB - 200, NULL, &len),
                      MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(len, 3 * MiB);
     unsigned char *want = cl_random_bytes(4 * MiB, 5);
     assert_memory_equal(sh + 100, want + 100, 3 * MiB);
     cl_assert_get_equals(g_dc, "sh/a", NULL, want + 100, 3 * MiB);
     assert_int_equal(moonlet_client_put(g_dc, "sh/b", want, 700 * 1024, NULL), MOONLET_OK);
-    assert_int_equal(moonlet_client_get_into(c, "sh/b", sh + 1, 4 * MiB - 1, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(c, "sh/b", sh + 1, 4 * MiB - 1, NULL, &len),
                      MOONLET_OK);
     assert_int_equal(len, 700 * 1024);
     assert_memory_equal(sh + 1, want, 700 * 1024);
@@ -553,11 +553,11 @@ static void test_shared_and_registered(void **state)
     assert_int_equal(moonlet_client_put_from(c, "reg/b", mine + 1, 2 * MiB, NULL),
                      MOONLET_ERR_INVALID_PARAMS); /* one byte past the buffer */
     unsigned char *back = malloc(2 * MiB);
-    assert_int_equal(moonlet_client_get_into(c, "reg/a", back, 2 * MiB, &len, NULL),
+    assert_int_equal(moonlet_client_get_into(c, "reg/a", back, 2 * MiB, NULL, &len),
                      MOONLET_ERR_INVALID_PARAMS); /* back is not registered */
     assert_int_equal(moonlet_client_register_buffer(c, back, 2 * MiB), MOONLET_OK);
     memset(back, 0, 2 * MiB);
-    assert_int_equal(moonlet_client_get_into(c, "reg/a", back, 2 * MiB, &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(c, "reg/a", back, 2 * MiB, NULL, &len), MOONLET_OK);
     assert_int_equal(len, 2 * MiB);
     assert_memory_equal(back, mine, 2 * MiB);
 
@@ -567,7 +567,7 @@ static void test_shared_and_registered(void **state)
     const void *pb[4] = {sh, mine + 5, stack, sh + 10};
     const size_t pl[4] = {MiB, 300 * 1024, 5, 0};
     int32_t res[5] = {9, 9, 9, 9, 9};
-    assert_int_equal(moonlet_client_batch_put_from(c, pk, pb, pl, 4, NULL, res),
+    assert_int_equal(moonlet_client_batch_put_from(c, pk, 4, pb, pl, NULL, res),
                      MOONLET_ERR_INVALID_PARAMS);
     const int32_t put_want[4] = {0, 0, MOONLET_ERR_INVALID_PARAMS, 0};
     assert_memory_equal(res, put_want, sizeof(put_want));
@@ -576,7 +576,7 @@ static void test_shared_and_registered(void **state)
     const size_t gc[5] = {MiB, 300 * 1024, 0, 10, 64};
     size_t gl[5] = {1, 1, 1, 1, 1};
     memset(back, 0, 2 * MiB);
-    assert_int_equal(moonlet_client_batch_get_into(c, gk, gb, gc, 5, gl, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, gk, 5, gb, gc, NULL, gl, res),
                      MOONLET_ERR_BUFFER_OVERFLOW);
     const int32_t get_want[5] = {0, 0, 0, MOONLET_ERR_BUFFER_OVERFLOW,
                                  MOONLET_ERR_OBJECT_NOT_FOUND};
@@ -659,8 +659,8 @@ static void *par_main(void *arg)
         size_t len = 0;
         bool yes = false;
         if (moonlet_client_put(g_dc, key, data, sz, NULL) ||
-            moonlet_client_get(g_dc, key, got, sz, &len, NULL) || len != sz ||
-            memcmp(got, data, sz) || moonlet_client_probe_key(g_dc, key, &yes, NULL) || !yes)
+            moonlet_client_get(g_dc, key, got, sz, NULL, &len) || len != sz ||
+            memcmp(got, data, sz) || moonlet_client_probe_key(g_dc, key, NULL, &yes) || !yes)
             a->failures++;
     }
     free(data);
@@ -713,7 +713,7 @@ static void test_socket_mode(void **state)
     assert_int_equal(moonlet_client_put(c, "grp/a", "g", 1, NULL), MOONLET_OK);
     char got[4];
     uint64_t len = 0;
-    assert_int_equal(moonlet_client_get(c, "grp/a", got, sizeof(got), &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, "grp/a", got, sizeof(got), NULL, &len), MOONLET_OK);
     assert_int_equal(len, 1);
     assert_int_equal(got[0], 'g');
     moonlet_client_destroy(c);
@@ -738,7 +738,7 @@ static void test_socket_mode(void **state)
                       gname, NULL};
     assert_int_equal(cl_run_exit_code(orphan, 10000), 2);
     bool yes = false;
-    assert_int_equal(moonlet_client_probe_key(g_dc, "grp/live", &yes, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_dc, "grp/live", NULL, &yes), MOONLET_OK);
     assert_true(yes);
 }
 
@@ -805,8 +805,8 @@ static void test_real_client_api(void **state)
     moonlet_real_client_destroy(rc);
     assert_int_not_equal(access(path, F_OK), 0);
     bool yes;
-    assert_int_equal(moonlet_client_exist_key(d, "lib/own", &yes, NULL), MOONLET_ERR_RPC_FAIL);
-    assert_int_equal(moonlet_client_exist_key(d, "lib/own", &yes, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_exist_key(d, "lib/own", NULL, &yes), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_exist_key(d, "lib/own", NULL, &yes), MOONLET_ERR_RPC_FAIL);
     /* a RealClient serving the path again: the same DummyClient reconnects */
     assert_int_equal(moonlet_real_client_create(&cfg, path, NULL, &rc), MOONLET_OK);
     assert_int_equal(moonlet_client_put(d, "lib/again", "again", 5, NULL), MOONLET_OK);
@@ -977,7 +977,7 @@ static void test_bad_input(void **state)
     msgpack_pack_uint64(pk, R);
     msgpack_pack_uint64(pk, 1);
     assert_int_equal(raw_call(r, -1, NULL), MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_probe_key(g_dc, "bad/b1", &yes, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_dc, "bad/b1", NULL, &yes), MOONLET_OK);
     assert_false(yes);
 
     /* a lease mode that does not fit the policy's u8 is a refused request;
@@ -1064,7 +1064,7 @@ static void test_dummy_dies(void **state)
     maps_wait w = {g_real.pid, child, 0};
     assert_true(cl_wait(maps_reached, &w, 3000));
     bool yes = false;
-    assert_int_equal(moonlet_client_exist_key(g_dc, "dies/a", &yes, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_exist_key(g_dc, "dies/a", NULL, &yes), MOONLET_OK);
     assert_true(yes);
 }
 
@@ -1082,7 +1082,7 @@ static void *slow_get_main(void *arg)
     slow_call *s = arg;
     long long t0 = proc_now_ms();
     size_t len = 0;
-    s->rc = moonlet_client_get(s->c, "kill/64m", s->buf, 64 * MiB, &len, NULL);
+    s->rc = moonlet_client_get(s->c, "kill/64m", s->buf, 64 * MiB, NULL, &len);
     s->ms = proc_now_ms() - t0;
     return NULL;
 }
@@ -1109,7 +1109,7 @@ static void test_real_client_killed(void **state)
     assert_true(WIFSTOPPED(st));
     bool yes;
     long long t0 = proc_now_ms();
-    assert_int_equal(moonlet_client_exist_key(quick, "kill/64m", &yes, NULL),
+    assert_int_equal(moonlet_client_exist_key(quick, "kill/64m", NULL, &yes),
                      MOONLET_ERR_RPC_TIMEOUT);
     long long took = proc_now_ms() - t0;
     assert_true(took >= 900 && took < 3000);
@@ -1134,13 +1134,13 @@ static void test_real_client_killed(void **state)
     assert_true(s.ms < 3000);
     /* and the next calls fail at once (nothing listens), batch results too */
     t0 = proc_now_ms();
-    assert_int_equal(moonlet_client_probe_key(s.c, "kill/64m", &yes, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_probe_key(s.c, "kill/64m", NULL, &yes), MOONLET_ERR_RPC_FAIL);
     const char *keys[2] = {"a", "b"};
     int32_t r[2] = {5, 5};
-    assert_int_equal(moonlet_client_batch_exist_key(quick, keys, 2, r, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_batch_exist_key(quick, keys, 2, NULL, r), MOONLET_ERR_RPC_FAIL);
     void *bufs[2] = {s.buf, s.buf};
     size_t caps[2] = {0, 0}, lens[2];
-    assert_int_equal(moonlet_client_batch_get_into(quick, keys, bufs, caps, 2, lens, r, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(quick, keys, 2, bufs, caps, NULL, lens, r),
                      MOONLET_ERR_RPC_FAIL);
     assert_int_equal(r[0], MOONLET_ERR_RPC_FAIL);
     assert_int_equal(r[1], MOONLET_ERR_RPC_FAIL);

@@ -172,17 +172,17 @@ static void test_lying_sizes(void **state)
     /* copying get: the staging area is 1 MiB, the claim 1 GiB */
     char buf[4096];
     size_t len = 7;
-    assert_int_equal(moonlet_client_get(c, "k", buf, sizeof(buf), &len, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_get(c, "k", buf, sizeof(buf), NULL, &len), MOONLET_ERR_RPC_FAIL);
     assert_true(len <= sizeof(buf));
     void *p = NULL;
     len = 0;
-    assert_int_equal(moonlet_client_get_alloc(c, "k", &p, &len, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_get_alloc(c, "k", NULL, &p, &len), MOONLET_ERR_RPC_FAIL);
     assert_null(p);
     /* zero-copy get into shared memory: the caller must not be told 1 GiB */
     void *sh = NULL;
     assert_int_equal(moonlet_client_alloc_shared(c, 4096, &sh), MOONLET_OK);
     len = 0;
-    assert_int_equal(moonlet_client_get_into(c, "k", sh, 4096, &len, NULL), MOONLET_ERR_RPC_FAIL);
+    assert_int_equal(moonlet_client_get_into(c, "k", sh, 4096, NULL, &len), MOONLET_ERR_RPC_FAIL);
     assert_true(len <= 4096);
     /* batch get, copied and zero-copy items */
     const char *keys[2] = {"a", "b"};
@@ -190,7 +190,7 @@ static void test_lying_sizes(void **state)
     size_t caps[2] = {sizeof(buf), 4096}, lens[2] = {0, 0};
     int32_t res[2] = {0, 0};
     assert_int_equal(moonlet_client_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, bufs, caps, 2, lens, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 2, bufs, caps, NULL, lens, res),
                      MOONLET_ERR_RPC_FAIL);
     assert_int_equal(res[0], MOONLET_ERR_RPC_FAIL);
     assert_int_equal(res[1], MOONLET_ERR_RPC_FAIL);

@@ -586,7 +586,7 @@ static void test_older_master_two_calls(void **state)
     const uint64_t b1[] = {1};
     moonlet_probe_resume_result pr;
     int32_t mask[2];
-    assert_int_equal(moonlet_client_probe_resume(cli, kv1, 1, kda1, 2, 2, b1, &pr, mask, "old"),
+    assert_int_equal(moonlet_client_probe_resume(cli, kv1, 1, kda1, 2, 2, b1, "old", &pr, mask),
                      MOONLET_ERR_INVALID_VERSION);
     for (int round = 0; round < 2; round++) {
         moonlet_k3_request r = request1(512, 4);
@@ -614,16 +614,16 @@ static void test_probe_resume_errors(void **state)
     const uint64_t b[] = {1, 2}, over[] = {1, 3};
     moonlet_probe_resume_result pr;
     int32_t mask[4];
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 0, b, &pr, mask, "e"),
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 0, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 3, b, &pr, mask, "e"),
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 3, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, over, &pr, mask, "e"),
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, over, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
     const char *bad[] = {"kv/0", ""};
-    assert_int_equal(moonlet_client_probe_resume(g_cli, bad, 2, kda, 4, 2, b, &pr, mask, "e"),
+    assert_int_equal(moonlet_client_probe_resume(g_cli, bad, 2, kda, 4, 2, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_KEY);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, b, &pr, mask, "e"), 0);
+    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, b, "e", &pr, mask), 0);
     assert_int_equal(pr.kv_prefix, 0);
     assert_int_equal(pr.selected, -1);
     /* boundary count mismatch: only reachable through the MasterClient */

@@ -229,7 +229,7 @@ static void test_tcp_client_uses_tcp_endpoint(void **state)
     moonlet_replica_list_free(&l);
 
     size_t got = 0;
-    rc = moonlet_client_get(c, "mixed-1", dst, len, &got, NULL);
+    rc = moonlet_client_get(c, "mixed-1", dst, len, NULL, &got);
     if (rc)
         fail_msg("get: %s", moonlet_strerror(rc));
     assert_int_equal(got, len);
@@ -242,10 +242,10 @@ static void test_tcp_client_uses_tcp_endpoint(void **state)
     int32_t res[2] = {-1, -1};
     assert_int_equal(moonlet_client_register_buffer(c, src, len), MOONLET_OK);
     assert_int_equal(moonlet_client_register_buffer(c, dst, len), MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_put_from(c, keys, bufs, lens, 2, NULL, res), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_put_from(c, keys, 2, bufs, lens, NULL, res), MOONLET_OK);
     void *outs[] = {dst, dst + 100000};
     size_t caps[] = {100000, 100000}, outlens[2];
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, outs, caps, 2, outlens, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 2, outs, caps, NULL, outlens, res),
                      MOONLET_OK);
     assert_memory_equal(dst, src, 4096);
     assert_memory_equal(dst + 100000, src + 1000, 70000);
@@ -287,7 +287,7 @@ static void test_unspeakable_replica(void **state)
     assert_int_equal(cl_replicas(g_mc, NULL, "mixed-2r"), -1); /* revoked: no such key */
 
     size_t got = 0;
-    assert_int_equal(moonlet_client_get(c, "mixed-ro", dst, len, &got, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, "mixed-ro", dst, len, NULL, &got), MOONLET_OK);
     assert_memory_equal(dst, src, len);
 
     /* An object with replicas on both segments, the RDMA-only one listed
@@ -319,7 +319,7 @@ static void test_unspeakable_replica(void **state)
     }
     assert_true(tried);
     memset(dst, 0, len);
-    assert_int_equal(moonlet_client_get(c, key, dst, len, &got, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get(c, key, dst, len, NULL, &got), MOONLET_OK);
     assert_memory_equal(dst, src, len);
     const char *keys[] = {key};
     void *outs[] = {dst};
@@ -327,7 +327,7 @@ static void test_unspeakable_replica(void **state)
     int32_t res[1] = {-1};
     memset(dst, 0, len);
     assert_int_equal(moonlet_client_register_buffer(c, dst, len), MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, outs, caps, 1, lens, res, NULL),
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, outs, caps, NULL, lens, res),
                      MOONLET_OK);
     assert_memory_equal(dst, src, len);
     assert_int_equal(moonlet_client_unregister_buffer(c, dst), MOONLET_OK);

@@ -82,7 +82,7 @@ static void assert_reads_back(const char *key, const unsigned char *want, size_t
 {
     unsigned char *got = malloc(size ? size : 1);
     size_t len = 12345;
-    int rc = moonlet_client_get(g_cli, key, got, size, &len, NULL);
+    int rc = moonlet_client_get(g_cli, key, got, size, NULL, &len);
     if (rc)
         fail_msg("get %s: %s", key, moonlet_strerror(rc));
     assert_int_equal(len, size);
@@ -187,7 +187,7 @@ static void test_advertise_in_process(void **state)
     assert_int_equal(moonlet_client_put(g_cli, "via-advertised", g_data[2], g_sizes[2], &three),
                      MOONLET_ERR_TRANSFER_FAIL);
     bool ex = true;
-    assert_int_equal(moonlet_client_probe_key(g_cli, "via-advertised", &ex, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_probe_key(g_cli, "via-advertised", NULL, &ex), MOONLET_OK);
     assert_false(ex);
     moonlet_store_node_destroy(n);
     assert_int_equal(cl_segments(g_mc), before);
@@ -294,7 +294,7 @@ static void test_replicated_put_get(void **state)
     /* the malloc'ing variant agrees */
     void *p = NULL;
     size_t len = 0;
-    assert_int_equal(moonlet_client_get_alloc(g_cli, "rep/1048576", &p, &len, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_alloc(g_cli, "rep/1048576", NULL, &p, &len), MOONLET_OK);
     assert_int_equal(len, 1u << 20);
     assert_memory_equal(p, g_data[3], len);
     free(p);
@@ -504,7 +504,7 @@ static void test_master_restart(void **state)
     struct seg_change sc = {.endpoint = g_a.addr, .old_id = seg_a};
     assert_true(segment_renewed(&sc));
     bool ex;
-    moonlet_client_probe_key(g_cli, "x", &ex, NULL);
+    moonlet_client_probe_key(g_cli, "x", NULL, &ex);
     moonlet_put_options two = {.replica_num = 2};
     assert_int_equal(moonlet_client_put(g_cli, "after-master-restart", g_data[3], g_sizes[3], &two),
                      MOONLET_OK);

@@ -150,7 +150,7 @@ static int client_op(const char *op, char **a)
     } else {
         void *buf = NULL;
         size_t len = 0;
-        rc = moonlet_client_get_alloc(c, a[1], &buf, &len, a[0]);
+        rc = moonlet_client_get_alloc(c, a[1], a[0], &buf, &len);
         if (!rc) {
             unsigned char *want = malloc(len ? len : 1);
             fill_pattern(want, len, a[1]);

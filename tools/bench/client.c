@@ -101,7 +101,7 @@ static int make_keys(client_bench *b)
 /* One probe, checked: exactly the last candidate selected. */
 static int probe_checked(client_bench *b, moonlet_client *c)
 {
-    int rc = moonlet_client_batch_probe_key(c, b->policy, b->keys, b->n, b->r, NULL);
+    int rc = moonlet_client_batch_probe_key(c, b->keys, b->n, b->policy, NULL, b->r);
     if (rc)
         return rc;
     for (size_t i = 0; i < b->n; i++)
@@ -229,7 +229,7 @@ static int c_round(client_bench *b, moonlet_client *c, int calls, bench_samples 
 {
     for (int i = 0; i < calls; i++) {
         uint64_t t0 = bench_now_ns();
-        int rc = moonlet_client_batch_probe_key(c, b->policy, b->keys, b->n, b->r, NULL);
+        int rc = moonlet_client_batch_probe_key(c, b->keys, b->n, b->policy, NULL, b->r);
         uint64_t t1 = bench_now_ns();
         if (rc)
             return rc;

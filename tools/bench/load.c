@@ -336,7 +336,7 @@ static void *worker_main(void *arg)
                 uint64_t t2 = bench_now_ns();
                 bench_samples_add(&w->lat_us, (double)(t2 - t) / 1e3);
                 if (!rc) {
-                    rc = moonlet_client_get(w->cli, key, buf, VALUE_BYTES, &len, NULL);
+                    rc = moonlet_client_get(w->cli, key, buf, VALUE_BYTES, NULL, &len);
                     bench_samples_add(&w->lat_us, (double)(bench_now_ns() - t2) / 1e3);
                     rc = rc || len != VALUE_BYTES;
                 }

@@ -251,7 +251,7 @@ static void put_after_prefill(cluster *cl, const trace_opts *o, const treq *q,
         s->keys[i] = s->names[i];
         s->bufs[i] = cl->buf;
     }
-    moonlet_client_batch_put_from(cl->cli, s->keys, s->bufs, s->lens, np, NULL, s->results);
+    moonlet_client_batch_put_from(cl->cli, s->keys, np, s->bufs, s->lens, NULL, s->results);
     bool ckpt_stored = np > kv_puts;
     for (size_t i = 0; i < np; i++) {
         if (s->results[i] == MOONLET_OK) {
