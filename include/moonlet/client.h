@@ -21,6 +21,10 @@
  *    argument (or put option) names it; NULL means the client's default
  *    tenant (moonlet_client_config.default_tenant, itself "default" when
  *    unset).  Tenants are separate name spaces.
+ *  - Argument order: the client; the key (or keys, then their count); the
+ *    inputs (data, buffers to read into and their capacities, a policy);
+ *    the tenant (or put options); then the outputs.  (0.x calls before this
+ *    release put the tenant last, after the outputs: docs/api-c.md.)
  *  - Per-key batch results are int32_t: 1 (true) / 0 (false) / a negative
  *    code for existence and probes; 0 / a negative code for puts and gets.
  *  - Blocking: every call except the accessors blocks the calling thread
