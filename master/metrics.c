@@ -65,6 +65,24 @@ static void counter(FILE *f, const char *name, const char *help, uint64_t v)
     sample(f, name, "", v);
 }
 
+/* A lock-hold histogram (bucket i: durations below 2^i us; the last bucket is
+ * +Inf; counts only, the master keeps no sum) and its max-hold gauge. */
+static void lock_hold(FILE *f, const char *name, const char *help, const uint64_t *hist,
+                      const char *max_name, const char *max_help, uint64_t max_ns)
+{
+    family(f, name, "histogram", help);
+    uint64_t cum = 0;
+    for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
+        cum += hist[i];
+        fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, (double)(1u << i) * 1e-6, cum);
+    }
+    cum += hist[MOONLET_LOCK_HIST_BUCKETS - 1];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    fprintf(f, "%s_count %" PRIu64 "\n", name, cum);
+    family(f, max_name, "gauge", max_help);
+    fprintf(f, "%s %.9f\n", max_name, (double)max_ns * 1e-9);
+}
+
 char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
 {
     char *buf = NULL;
@@ -98,23 +116,12 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
             "Candidates that failed the recheck, so an earlier candidate was tried.",
             st->probe_recheck_fallbacks);
 
-    const char *h = "moonlet_probe_lock_hold_seconds";
-    family(f, h, "histogram",
-           "Time BatchProbeKey(LAST_HIT_ONLY) held a candidate's shard locks (bucket "
-           "counts only: the master keeps no sum).");
-    uint64_t cum = 0;
-    for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
-        cum += st->probe_lock_hold_hist[i];
-        /* bucket i holds durations below 2^i microseconds */
-        fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", h, (double)(1u << i) * 1e-6, cum);
-    }
-    cum += st->probe_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1];
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", h, cum);
-    fprintf(f, "%s_count %" PRIu64 "\n", h, cum);
-    family(f, "moonlet_probe_lock_hold_max_seconds", "gauge",
-           "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.");
-    fprintf(f, "moonlet_probe_lock_hold_max_seconds %.9f\n",
-            (double)st->probe_lock_hold_max_ns * 1e-9);
+    lock_hold(f, "moonlet_probe_lock_hold_seconds",
+              "Time BatchProbeKey(LAST_HIT_ONLY) held a candidate's shard locks (bucket "
+              "counts only: the master keeps no sum).",
+              st->probe_lock_hold_hist, "moonlet_probe_lock_hold_max_seconds",
+              "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.",
+              st->probe_lock_hold_max_ns);
 
     /* ProbeResume (master/probe_resume.c) */
     counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
@@ -129,22 +136,12 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
            "Read leases granted by ProbeResume, by kind of key.");
     sample(f, "moonlet_resume_leases_granted_total", "{kind=\"kda\"}", st->leases_resume_kda);
     sample(f, "moonlet_resume_leases_granted_total", "{kind=\"kv\"}", st->leases_resume_kv);
-    const char *rh = "moonlet_resume_lock_hold_seconds";
-    family(f, rh, "histogram",
-           "Time ProbeResume held a candidate's and its KV keys' shard locks (bucket counts "
-           "only: the master keeps no sum).");
-    cum = 0;
-    for (unsigned i = 0; i + 1 < MOONLET_LOCK_HIST_BUCKETS; i++) {
-        cum += st->resume_lock_hold_hist[i];
-        fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", rh, (double)(1u << i) * 1e-6, cum);
-    }
-    cum += st->resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1];
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", rh, cum);
-    fprintf(f, "%s_count %" PRIu64 "\n", rh, cum);
-    family(f, "moonlet_resume_lock_hold_max_seconds", "gauge",
-           "Longest shard-lock hold by ProbeResume since the master started.");
-    fprintf(f, "moonlet_resume_lock_hold_max_seconds %.9f\n",
-            (double)st->resume_lock_hold_max_ns * 1e-9);
+    lock_hold(f, "moonlet_resume_lock_hold_seconds",
+              "Time ProbeResume held a candidate's and its KV keys' shard locks (bucket counts "
+              "only: the master keeps no sum).",
+              st->resume_lock_hold_hist, "moonlet_resume_lock_hold_max_seconds",
+              "Longest shard-lock hold by ProbeResume since the master started.",
+              st->resume_lock_hold_max_ns);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
