@@ -169,15 +169,21 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_STATS, "Stats", &s_none},
     {MOONLET_M_BIND_CLIENT, "BindClient", &s_bind},
     {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume},
+    {MOONLET_M_HELLO, "Hello", &s_any},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 
-_Static_assert(sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]) ==
-                   MOONLET_M__COUNT - 1,
-               "one row per method id");
+_Static_assert(sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]) <
+                   MOONLET_M__COUNT,
+               "at most one row per method id");
 
 const moonlet_rpc_method_decl *moonlet_master_method(uint32_t id)
 {
-    /* rows are in id order from 1 */
-    return id >= 1 && id < MOONLET_M__COUNT ? &moonlet_master_methods[id - 1] : NULL;
+    /* rows are in id order from 1; ids may have gaps (reserved ids) */
+    if (id >= 1 && id <= moonlet_master_nmethods && moonlet_master_methods[id - 1].id == id)
+        return &moonlet_master_methods[id - 1];
+    for (size_t i = 0; i < moonlet_master_nmethods; i++)
+        if (moonlet_master_methods[i].id == id)
+            return &moonlet_master_methods[i];
+    return NULL;
 }

@@ -43,6 +43,8 @@ enum moonlet_method {
     MOONLET_M_STATS = 19,
     MOONLET_M_BIND_CLIENT = 20,
     MOONLET_M_PROBE_RESUME = 21,
+    /* 22..27: reserved for issue 16 (put retry, re-replication) */
+    MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
     MOONLET_M__COUNT
 };
 
