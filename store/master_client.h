@@ -47,7 +47,16 @@ uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failu
 /* Failed connects in a row so far (0 once one succeeds).  Thread safe. */
 unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 
-/* addr is "HOST:PORT". Connects eagerly; returns MOONLET_ERR_RPC_FAIL when the master is unreachable. */
+/* addr is "HOST:PORT", or a list "HOST:PORT,HOST:PORT,..." (at most 16) of
+ * masters sharing an etcd election (HA): a new connection sends Hello and
+ * stays only with the master that serves (following the leader a standby
+ * names, else trying the list in turn), and replies are checked against the
+ * highest epoch seen.  A call answered NOT_LEADER or by an older epoch, or
+ * one that could not be sent because no master was reachable (HA only), is
+ * repeated on the leader until its timeout; NOT_LEADER reaches the caller
+ * only if no leader served within it.  A call whose request was sent and
+ * whose reply was lost is never repeated.  Connects eagerly; returns
+ * MOONLET_ERR_RPC_FAIL when no master is reachable. */
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
                       moonlet_master_client **out);
 void moonlet_mc_destroy(moonlet_master_client *mc);

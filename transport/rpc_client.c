@@ -469,3 +469,8 @@ int moonlet_rpc_client_call_fd(moonlet_rpc_client *c, int fd, moonlet_reply *rep
 bool moonlet_rpc_client_broken(const moonlet_rpc_client *c) { return c->broken; }
 
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }
+
+void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+}
