@@ -48,6 +48,13 @@ void moonlet_role_destroy(moonlet_role *r)
     free(r);
 }
 
+void moonlet_role_set_advertise(moonlet_role *r, const char *advertise)
+{
+    pthread_mutex_lock(&r->mu);
+    snprintf(r->advertise, sizeof(r->advertise), "%s", advertise ? advertise : "");
+    pthread_mutex_unlock(&r->mu);
+}
+
 bool moonlet_role_gate(const moonlet_role *r, uint64_t now_ms, uint64_t *epoch)
 {
     if (!r) {

@@ -44,6 +44,8 @@ typedef struct moonlet_role moonlet_role;
 /* A role in state STANDBY (leader unknown), advertising `advertise` (HOST:PORT). */
 int moonlet_role_create(const char *advertise, moonlet_role **out);
 void moonlet_role_destroy(moonlet_role *r);
+/* Changes the advertised address (moonlet-master, once its port is bound). */
+void moonlet_role_set_advertise(moonlet_role *r, const char *advertise);
 
 /* The per-request check: true when this master may serve at now_ms.  *epoch
  * gets the epoch to stamp on the reply: its own while serving, else the

@@ -982,3 +982,30 @@ int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
     moonlet_args_none a = {0};
     return mc_call(mc, MOONLET_M_STATS, &a, 0, decode_json, out);
 }
+
+int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
+                        struct cJSON **out)
+{
+    char host[256];
+    uint16_t port;
+    int rc = parse_addr(addr, host, sizeof(host), &port);
+    if (rc)
+        return rc;
+    const char *tok = opts && opts->auth_token && opts->auth_token[0] ? opts->auth_token : NULL;
+    moonlet_rpc_client_opts o = {.timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
+                                                                              : 10000,
+                                 .auth_token = tok, .auth_token_len = tok ? strlen(tok) : 0};
+    moonlet_rpc_client *c;
+    rc = moonlet_rpc_client_connect(host, port, &o, &c);
+    if (rc)
+        return rc;
+    moonlet_rpc_client_begin(c, MOONLET_M_HELLO, 0);
+    moonlet_reply rep;
+    rc = moonlet_rpc_client_call(c, &rep);
+    if (!rc) {
+        rc = rep.code ? rep.code : decode_json(rep.result, out);
+        moonlet_reply_destroy(&rep);
+    }
+    moonlet_rpc_client_close(c);
+    return rc;
+}

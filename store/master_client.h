@@ -149,5 +149,10 @@ int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const ch
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out);
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
+/* Hello to exactly the master at addr (one HOST:PORT; no following, a
+ * standby answers too): *out = {role, serving, epoch, terms, leader,
+ * advertise}.  INVALID_PARAMS from a master older than Hello. */
+int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
+                        struct cJSON **out);
 
 #endif

@@ -85,7 +85,8 @@ static void usage(FILE *f)
             "  --cluster-id ID                    the election's key is /moonlet/ID/leader\n"
             "                                     (default: moonlet)\n"
             "  --advertise HOST:PORT              the address clients reach this master at\n"
-            "                                     (required with --etcd-endpoints)\n"
+            "                                     (required with --etcd-endpoints; port 0: the\n"
+            "                                     port it listens on)\n"
             "  --etcd-lease-ttl S                 etcd lease TTL in seconds (default 5): a dead\n"
             "                                     leader is replaced within about 2 x TTL\n"
             "  --help, --version\n"
@@ -403,6 +404,14 @@ int main(int argc, char **argv)
             (unsigned long long)cfg.client_live_ttl_ms);
 
     moonlet_election *el = NULL;
+    char advertise_buf[300];
+    size_t alen = advertise ? strlen(advertise) : 0;
+    if (role && alen > 2 && strcmp(advertise + alen - 2, ":0") == 0) { /* HOST:0: the bound port */
+        snprintf(advertise_buf, sizeof(advertise_buf), "%.*s:%u", (int)(alen - 2), advertise,
+                 so.port);
+        advertise = advertise_buf;
+        moonlet_role_set_advertise(role, advertise);
+    }
     if (role) {
         moonlet_election_opts eo = {.endpoints = etcd, .cluster_id = cluster,
                                     .advertise = advertise, .ttl_s = etcd_ttl_s,

@@ -88,7 +88,9 @@ typedef struct moonlet_client_config {
      * an older (shorter) header stays safe; fields it lacks take their
      * defaults.  Keep it first. */
     size_t opts_size;
-    const char *master_addr;      /* "HOST:PORT" of the master (required) */
+    const char *master_addr;      /* "HOST:PORT" of the master (required), or with HA
+                                   * every master's: "HOST:PORT,HOST:PORT" (the client
+                                   * follows the leader; docs/reliability.md) */
     moonlet_protocol protocol;    /* default AUTO */
     const char *device;           /* RDMA device ("mlx5_0"); NULL: the first ACTIVE one */
     const char *auth_token;       /* the cluster's shared token; NULL or "": none */
