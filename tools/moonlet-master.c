@@ -306,8 +306,12 @@ int main(int argc, char **argv)
         case O_CLUSTER: cluster = optarg; break;
         case O_ADVERTISE: advertise = optarg; break;
         case O_ETCD_TTL:
-            bad = parse_duration_ms("--etcd-lease-ttl", optarg, 1000, &v) || v < 1000 ||
-                  v > 3600000 || v % 1000;
+            bad = parse_duration_ms("--etcd-lease-ttl", optarg, 1000, &v);
+            if (!bad && (v < 1000 || v > 3600000 || v % 1000)) {
+                fprintf(stderr, "moonlet-master: --etcd-lease-ttl: whole seconds from 1 to 3600 "
+                                "(etcd's leases count seconds): '%s'\n", optarg);
+                bad = 1;
+            }
             etcd_ttl_s = (uint32_t)(v / 1000);
             break;
         case O_ENABLE_HA: break; /* HA is on exactly when --etcd-endpoints is given */
