@@ -10,8 +10,9 @@
  * attempts with a capped exponential backoff (master_client.h) so that a
  * master that is down is not hammered by every caller of every client.
  *
- * HA (master_client.h): the address may be a list.  A new connection sends
- * Hello and is kept only when that master serves (a single master, or the
+ * HA (master_client.h): the address may be a list.  With several masters
+ * (or once one answered NOT_LEADER) a new connection sends Hello and is
+ * kept only when that master serves (a single master, or the
  * leader past its grace period) with an epoch no older than any seen;
  * otherwise the connect moves on, to the leader the standby named first,
  * then the list's next masters.  The exceptions to "never retries": a call
@@ -54,6 +55,7 @@ struct moonlet_master_client {
     unsigned cur;             /* the list's master tried first */
     struct mc_addr hint;      /* the leader a standby named (port 0: none) */
     uint64_t max_epoch;       /* the highest epoch any reply carried */
+    bool use_hello;           /* HA possible: several masters given, or NOT_LEADER seen */
     char host[256];           /* the master of the current connection */
     uint16_t port;
     int timeout_ms;
@@ -112,7 +114,7 @@ static bool mc_idle_conn_dead(const moonlet_rpc_client *rpc)
 }
 
 /* Hello's verdict on a fresh connection. */
-enum { HELLO_SERVES, HELLO_NOT_LEADER, HELLO_FAILED };
+enum { HELLO_SERVES, HELLO_NOT_LEADER, HELLO_FAILED, HELLO_REFUSED };
 
 /* Sends Hello on mc->rpc: whether this master serves; a standby's leader
  * goes to mc->hint.  A master older than Hello serves (no HA). */
@@ -123,7 +125,9 @@ static int mc_hello_locked(moonlet_master_client *mc)
     if (moonlet_rpc_client_call(mc->rpc, &rep) != 0)
         return HELLO_FAILED;
     int verdict = HELLO_SERVES;
-    if (rep.code == MOONLET_OK) {
+    if (rep.code == MOONLET_ERR_ILLEGAL_CLIENT) {
+        verdict = HELLO_REFUSED; /* no or a wrong token */
+    } else if (rep.code == MOONLET_OK) {
         const msgpack_object *ep = moonlet_wire_map_get(rep.result, "epoch");
         const msgpack_object *sv = moonlet_wire_map_get(rep.result, "serving");
         const msgpack_object *ld = moonlet_wire_map_get(rep.result, "leader");
@@ -164,12 +168,16 @@ static int mc_try_locked(moonlet_master_client *mc, const struct mc_addr *a)
         mc->rpc = NULL;
         return rc;
     }
-    int v = mc_hello_locked(mc);
+    /* Hello only where HA is possible: a client of one master that never
+     * said NOT_LEADER talks to it exactly as before */
+    int v = mc->use_hello ? mc_hello_locked(mc) : HELLO_SERVES;
     moonlet_rpc_client_set_timeout(mc->rpc, mc->timeout_ms);
     if (v != HELLO_SERVES) {
         moonlet_rpc_client_close(mc->rpc);
         mc->rpc = NULL;
-        return v == HELLO_NOT_LEADER ? MOONLET_ERR_NOT_LEADER : MOONLET_ERR_RPC_FAIL;
+        return v == HELLO_NOT_LEADER ? MOONLET_ERR_NOT_LEADER
+               : v == HELLO_REFUSED  ? MOONLET_ERR_ILLEGAL_CLIENT
+                                     : MOONLET_ERR_RPC_FAIL;
     }
     snprintf(mc->host, sizeof(mc->host), "%s", a->host);
     mc->port = a->port;
@@ -286,6 +294,7 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     free(list);
     if (!rc && !mc->naddr)
         rc = MOONLET_ERR_INVALID_PARAMS;
+    mc->use_hello = mc->naddr > 1;
     if (rc) {
         free(mc);
         return rc;
@@ -372,6 +381,7 @@ static int mc_call_checked(moonlet_master_client *mc, moonlet_reply *rep, bool *
         if (rep->code != MOONLET_ERR_NOT_LEADER)
             return rep->code;
         rc = MOONLET_ERR_NOT_LEADER;
+        mc->use_hello = true; /* an HA master: from now on, Hello on every connection */
         const msgpack_object *m = rep->result;
         char leader[256];
         if (m && m->type == MSGPACK_OBJECT_STR && m->via.str.size &&
@@ -440,7 +450,7 @@ static void mc_end(moonlet_master_client *mc, moonlet_reply *rep, bool have_rep)
 static bool mc_ha(moonlet_master_client *mc)
 {
     pthread_mutex_lock(&mc->mu);
-    bool ha = mc->naddr > 1 || mc->max_epoch > 0;
+    bool ha = mc->use_hello;
     pthread_mutex_unlock(&mc->mu);
     return ha;
 }

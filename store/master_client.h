@@ -48,8 +48,9 @@ uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failu
 unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 
 /* addr is "HOST:PORT", or a list "HOST:PORT,HOST:PORT,..." (at most 16) of
- * masters sharing an etcd election (HA): a new connection sends Hello and
- * stays only with the master that serves (following the leader a standby
+ * masters sharing an etcd election (HA): a new connection sends Hello (with
+ * one address: only once that master answered NOT_LEADER, so a client of a
+ * lone master talks exactly as before) and stays only with the master that serves (following the leader a standby
  * names, else trying the list in turn), and replies are checked against the
  * highest epoch seen.  A call answered NOT_LEADER or by an older epoch, or
  * one that could not be sent because no master was reachable (HA only), is
