@@ -61,7 +61,7 @@ class Etcd:
              "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"ha={peer}"],
-            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=daemons.child_env())
         deadline = time.monotonic() + 20
         while True:  # etcd announces readiness on no channel we can wait on: bounded poll
             try:
@@ -115,7 +115,8 @@ def intervals(d):
 
 def status(addrs):
     r = subprocess.run([daemons.tool("moonlet-inspect"), "--master", ",".join(addrs), "status",
-                        "--json"], capture_output=True, text=True, timeout=30)
+                        "--json"], capture_output=True, text=True, timeout=30,
+                       env=daemons.child_env())
     return json.loads(r.stdout) if r.stdout.strip() else {"masters": [], "leader": ""}
 
 
