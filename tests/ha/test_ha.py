@@ -296,3 +296,17 @@ def test_not_leader_names_the_leader_and_the_client_follows(ha):
     put_until_ok(s, "via-standby", b"s" * 100, 10)
     assert s.get("via-standby") == b"s" * 100
     s.close()
+
+
+def test_mooncake_setup_takes_every_master(ha):
+    from moonlet.mooncake import MooncakeDistributedStore
+    standby = [a for a in ha["addrs"] if a != ha["leader"]][0]
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "",
+                 f"{standby},{ha['leader']}")
+    assert rc == 0
+    deadline = time.monotonic() + 10
+    while s.put("mc-key", b"m" * 64) != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.get("mc-key") == b"m" * 64
+    s.close()
