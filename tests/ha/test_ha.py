@@ -11,7 +11,12 @@ a store node and a client given both masters.  Checks:
     that leader (its Hello says standby, a raw call gets NOT_LEADER), and the
     serving intervals both masters log (CLOCK_MONOTONIC) never overlap;
   - a standby answers NOT_LEADER with the leader's address, and a client
-    given only the standby follows it to the leader.
+    given only the standby follows it to the leader (C and Mooncake API);
+  - two failovers in a row (a third master joins) under a put/get load:
+    0 wrong bytes, acknowledged puts read back or OBJECT_NOT_FOUND;
+  - the leader cut off from etcd only (a relay that stops forwarding): it
+    serves its clients until its fencing deadline, then NOT_LEADER; the
+    standby takes over; healed, it is a standby; intervals never overlap.
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
@@ -25,6 +30,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -86,8 +92,83 @@ class Etcd:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_ha_master(etcd, cluster):
-    m = daemons.start_master("--etcd-endpoints", etcd.url, "--cluster-id", cluster,
+class Relay:
+    """A TCP relay to etcd that the test can cut (a blackhole: bytes stop
+    flowing both ways, connections stay open and new ones are accepted but
+    go nowhere, as behind a partition) and heal.  Threads, bounded by the
+    sockets' timeouts; stopped by stop()."""
+
+    def __init__(self, target_url):
+        host, port = target_url.rsplit("//", 1)[1].rsplit(":", 1)
+        self.target = (host, int(port))
+        self.lsock = socket.socket()
+        self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(64)
+        self.lsock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.open = threading.Event()
+        self.open.set()
+        self.done = threading.Event()
+        self.conns = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.done.is_set():
+            try:
+                c, _ = self.lsock.accept()
+            except OSError:
+                continue
+            try:
+                t = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                c.close()
+                continue
+            self.conns += [c, t]
+            for a, b in ((c, t), (t, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, a, b):
+        a.settimeout(0.2)
+        while not self.done.is_set():
+            try:
+                data = a.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            while not self.open.is_set() and not self.done.is_set():
+                self.open.wait(0.2)  # cut: hold the bytes (dropped when stopped)
+            try:
+                b.sendall(data)
+            except OSError:
+                break
+        for x in (a, b):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        self.open.clear()
+
+    def heal(self):
+        self.open.set()
+
+    def stop(self):
+        self.done.set()
+        self.open.set()
+        self.thread.join(timeout=5)
+        self.lsock.close()
+        for c in self.conns:
+            c.close()
+
+
+def start_ha_master(etcd, cluster, endpoints=None):
+    m = daemons.start_master("--etcd-endpoints", endpoints or etcd.url, "--cluster-id", cluster,
                              "--advertise", "127.0.0.1:0", "--etcd-lease-ttl", str(TTL_S),
                              "--client_live_ttl_sec", "600", "--shards", "64",
                              "--log-level", "info")
@@ -178,7 +259,7 @@ def ha():
                                     "--rpc-timeout-ms", "1000")
         started.append(store)
         yield {"etcd": etcd, "masters": {m1.addr: m1, m2.addr: m2}, "addrs": addrs,
-               "leader": leader, "store": store}
+               "leader": leader, "store": store, "cluster": cluster, "started": started}
     finally:
         for d in reversed(started):
             try:
@@ -310,3 +391,158 @@ def test_mooncake_setup_takes_every_master(ha):
         time.sleep(0.05)
     assert s.get("mc-key") == b"m" * 64
     s.close()
+
+
+class Load:
+    """A client thread putting and reading back unique keys until stopped:
+    counts operations and errors by code, and every get that returned bytes
+    other than the ones put (must stay 0)."""
+
+    def __init__(self, addrs, name):
+        self.s = client(addrs, timeout_ms=3000)
+        self.name = name
+        self.stop_ev = threading.Event()
+        self.ops = 0
+        self.errors = {}
+        self.wrong = 0
+        self.acked = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def data(i):
+        return (f"{i:08d}".encode() * 64)[:512]
+
+    def _run(self):
+        import moonlet
+        i = 0
+        while not self.stop_ev.is_set():
+            key = f"{self.name}/{i}"
+            try:
+                self.s.put(key, self.data(i))
+                self.acked.append(i)
+                got = self.s.get(key)
+                if got != self.data(i):
+                    self.wrong += 1
+            except moonlet.StoreError as e:
+                self.errors[e.code] = self.errors.get(e.code, 0) + 1
+            self.ops += 1
+            i += 1
+
+    def finish(self):
+        """Stops, then reads back every acknowledged key: its bytes or
+        OBJECT_NOT_FOUND (a failover in this half loses objects), never other
+        bytes.  Returns (found, lost)."""
+        import moonlet
+        self.stop_ev.set()
+        self.thread.join(timeout=30)
+        found = lost = 0
+        for i in self.acked:
+            try:
+                got = self.s.get(f"{self.name}/{i}")
+                found += 1
+                if got != self.data(i):
+                    self.wrong += 1
+            except moonlet.StoreError as e:
+                assert e.code == -704, e  # OBJECT_NOT_FOUND
+                lost += 1
+        self.s.close()
+        return found, lost
+
+
+def test_two_failovers_under_load(ha):
+    """Kill the leader twice (a third master joins after the first), with a
+    client putting and reading all along: 0 wrong bytes."""
+    m3 = start_ha_master(ha["etcd"], ha["cluster"])
+    ha["started"].append(m3)
+    ha["masters"][m3.addr] = m3
+    every = ha["addrs"] + [m3.addr]
+    # a store node that knows all three (the fixture's knows the first two)
+    ha["started"].append(daemons.start_store(",".join(every), 64 * MIB, "--ping-interval-ms",
+                                             "200", "--rpc-timeout-ms", "1000"))
+    load = Load(every, "two")
+    deadline = time.monotonic() + 10
+    while len(load.acked) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = {}
+    first = ha["leader"]
+    ha["masters"][first].proc.kill()
+    killed[first] = int(time.monotonic() * 1000) + 1
+    second = wait_leader([a for a in every if a != first], 3 * TTL_S + 5)
+    acked = len(load.acked)
+    deadline = time.monotonic() + 15
+    while len(load.acked) < acked + 20 and time.monotonic() < deadline:
+        time.sleep(0.05)  # served again (store re-mounted) before the next kill
+    ha["masters"][second].proc.kill()
+    killed[second] = int(time.monotonic() * 1000) + 1
+    third = wait_leader([a for a in every if a not in killed], 3 * TTL_S + 5)
+    assert third not in killed
+    acked = len(load.acked)
+    deadline = time.monotonic() + 15
+    while len(load.acked) < acked + 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found, lost = load.finish()
+    print(f"two failovers: {load.ops} operations, errors by code {load.errors}, "
+          f"{load.wrong} wrong bytes; acknowledged puts read back: {found}, lost: {lost}")
+    assert load.wrong == 0
+    assert found >= 20  # the puts acknowledged by the last leader read back
+    assert_no_overlap(ha["masters"], killed)
+
+
+def test_leader_cut_off_from_etcd(ha_relay):
+    """The leader loses etcd only: it keeps serving its clients until its
+    fencing deadline, then refuses; the standby takes over; the serving
+    intervals never overlap; healed, the old leader is a standby."""
+    h = ha_relay
+    old, other = h["leader"], h["standby"]
+    s = client([old, other], timeout_ms=10000)
+    put_until_ok(s, "pre", b"p" * 100, 10)
+    h["relay"].cut()
+    cut_ms = time.monotonic() * 1000
+    code, _ = raw_call(old, 19)
+    served_after_cut = code == 0 and time.monotonic() * 1000 - cut_ms < 500
+    new = wait_leader([other], 3 * TTL_S + 5)
+    code, msg = raw_call(old, 19)
+    assert code == NOT_LEADER, (code, msg)
+    put_until_ok(s, "post", b"q" * 100, 15)
+    assert s.get("post") == b"q" * 100
+    h["relay"].heal()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        hl = hello(old)
+        if hl.get("role") == "standby" and hl.get("leader") == new:
+            break
+        time.sleep(0.1)
+    hl = hello(old)
+    assert hl["role"] == "standby" and hl["leader"] == new, hl
+    ivs = assert_no_overlap(h["masters"])
+    old_ivs = [iv for a, iv in ivs if a == old]
+    assert old_ivs and all(iv[2] is not None for iv in old_ivs), old_ivs
+    assert served_after_cut  # it kept serving until fenced, not at the first failed keepalive
+    s.close()
+
+
+@pytest.fixture
+def ha_relay():
+    """One etcd; master A through a Relay (elected first), master B direct."""
+    import moonlet  # noqa: F401
+    etcd = Etcd()
+    relay = Relay(etcd.url)
+    cluster = "r" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        a = start_ha_master(etcd, cluster, endpoints=relay.url)
+        started.append(a)
+        wait_leader([a.addr], 3 * TTL_S + 5)
+        b = start_ha_master(etcd, cluster)
+        started.append(b)
+        store = daemons.start_store(f"{a.addr},{b.addr}", 64 * MIB, "--ping-interval-ms", "200",
+                                    "--rpc-timeout-ms", "1000")
+        started.append(store)
+        yield {"relay": relay, "leader": a.addr, "standby": b.addr,
+               "masters": {a.addr: a, b.addr: b}}
+    finally:
+        for d in reversed(started):
+            d.stop()
+        relay.stop()
+        etcd.stop()
