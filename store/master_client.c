@@ -310,6 +310,10 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     rc = mc_connect_locked(mc);
     if (!rc) /* a round trip now, so a refused token or a wrong peer shows here */
         rc = moonlet_mc_echo(mc, NULL, 0);
+    /* HA: masters answered but none serves yet (an election, a grace period):
+     * the client exists; its calls wait for a leader within their timeout */
+    if (rc == MOONLET_ERR_NOT_LEADER && mc->use_hello)
+        rc = MOONLET_OK;
     if (rc) {
         moonlet_mc_destroy(mc);
         return rc;
@@ -453,6 +457,11 @@ static bool mc_ha(moonlet_master_client *mc)
     bool ha = mc->use_hello;
     pthread_mutex_unlock(&mc->mu);
     return ha;
+}
+
+bool moonlet_mc_is_ha(moonlet_master_client *mc)
+{
+    return mc_ha(mc);
 }
 
 /* Begins a request of `method` with the arguments of `st` (its args struct

@@ -61,6 +61,9 @@ unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
                       moonlet_master_client **out);
 void moonlet_mc_destroy(moonlet_master_client *mc);
+/* Whether failover is possible: several masters given, or one answered
+ * NOT_LEADER.  Thread safe. */
+bool moonlet_mc_is_ha(moonlet_master_client *mc);
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
 /* Records that client_id is alive (and sends this host's CLOCK_MONOTONIC, for

@@ -339,6 +339,10 @@ def test_stopped_leader_never_serves_again(ha):
     old = ha["leader"]
     d = ha["masters"][old]
     os.kill(d.pid, signal.SIGSTOP)
+    # a store node starting now (its leader stopped) waits for the new leader
+    late = daemons.start_store(",".join(ha["addrs"]), 16 * MIB, "--ping-interval-ms", "200",
+                               "--rpc-timeout-ms", "1000", timeout=30)
+    ha["started"].append(late)
     other = [a for a in ha["addrs"] if a != old][0]
     new = wait_leader([other], 2 * TTL_S + 4)
     time.sleep(TTL_S)  # stopped well past its TTL (the point of the test: no event to wait on)
