@@ -26,7 +26,7 @@ static const char *const STAT_FIELDS[] = {
     "probe_recheck_fallbacks", "probe_lock_hold_max_ns", "unmounts_by_liveness",
     "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
-    "hard_pinned", "hard_pinned_bytes",
+    "hard_pinned", "hard_pinned_bytes", "put_replacements",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
