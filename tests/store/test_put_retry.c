@@ -4,7 +4,8 @@
  * a store node that died is still mounted and placed on, and three
  * moonlet-store processes.  A put placed on the dead (SIGKILL) or stalled
  * (SIGSTOP) node succeeds with all its replicas, on live nodes, with the
- * right bytes; single and batch puts.  Where no replacement exists (every
+ * right bytes; single and batch puts, and through a DummyClient (its
+ * RealClient puts with the direct client).  Where no replacement exists (every
  * other segment already holds a replica) or the master predates the method
  * (--disable-method PutReplaceReplica), the put fails as before, cleanly:
  * nothing of it is readable and the key can be put again.
@@ -22,6 +23,7 @@
 #include "../common/cluster.h"
 #include "moonlet/client.h"
 #include "moonlet/error.h"
+#include "moonlet/real_client.h"
 
 #define NSTORES 3
 #define OBJ_BYTES (256u << 10)
@@ -203,6 +205,41 @@ static void test_no_replacement_fails_cleanly(void **state)
     free(buf);
 }
 
+/* The same through a DummyClient: its RealClient's put replaces the replica. */
+static void test_dummy_put_on_killed_node(void **state)
+{
+    fixture *f = *state;
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg, sizeof cfg);
+    cfg.master_addr = f->master.addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.transfer_timeout_ms = 500;
+    cfg.local_segment_size = 16u << 20; /* a RealClient serves a segment of its own */
+    char sock[96];
+    snprintf(sock, sizeof(sock), "/tmp/moonlet-test-put-retry-%ld.sock", (long)getpid());
+    moonlet_real_client *real = NULL;
+    assert_int_equal(moonlet_real_client_create(&cfg, sock, NULL, &real), MOONLET_OK);
+    moonlet_dummy_config dc;
+    moonlet_dummy_config_init(&dc, sizeof dc);
+    moonlet_client *dummy = NULL;
+    assert_int_equal(moonlet_client_create_dummy(sock, &dc, &dummy), MOONLET_OK);
+
+    unsigned char *buf = cl_random_bytes(OBJ_BYTES, 5);
+    const char *dead = f->stores[0].addr;
+    assert_int_equal(proc_stop_sig(&f->stores[0], SIGKILL, 5000), 128 + SIGKILL);
+    const char *pref[] = {dead};
+    moonlet_put_options o = {.replica_num = 2, .preferred_segments = pref,
+                             .preferred_segments_count = 1};
+    assert_int_equal(moonlet_client_put(dummy, "d1", buf, OBJ_BYTES, &o), MOONLET_OK);
+    assert_int_equal(cl_replicas(f->mc, "", "d1"), 2);
+    assert_false(key_on(f, "d1", dead));
+    cl_assert_get_equals(dummy, "d1", NULL, buf, OBJ_BYTES);
+    assert_int_equal(stat_of(f, "put_replacements"), 1);
+    moonlet_client_destroy(dummy);
+    moonlet_real_client_destroy(real);
+    free(buf);
+}
+
 /* A master without PutReplaceReplica: the put is revoked, as before. */
 static void test_old_master_revokes(void **state)
 {
@@ -222,6 +259,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_on_killed_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_on_stalled_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_replacement_fails_cleanly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dummy_put_on_killed_node, setup, teardown),
         cmocka_unit_test_setup_teardown(test_old_master_revokes, setup_old_master, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
