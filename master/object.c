@@ -345,7 +345,8 @@ static int put_replace_op(moonlet_master *m, struct shard *s, struct mobj *o, vo
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     /* The failed segment is avoided even when its replica is gone already. */
     moonlet_str avoid[MOONLET_MAX_EXCLUDED + 1];
-    memcpy(avoid, ra->excluded, ra->nexcluded * sizeof(*avoid));
+    if (ra->nexcluded) /* excluded may be NULL when there are none */
+        memcpy(avoid, ra->excluded, ra->nexcluded * sizeof(*avoid));
     avoid[ra->nexcluded] = ra->failed;
     struct mrep fresh;
     int rc = registry_place_replacement_locked(m, o->hash, o->size, reps, o->nrep, avoid,

@@ -249,6 +249,10 @@ static void test_refusals(void **state)
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
                                               NULL, NULL),
                      MOONLET_OK);
+    /* no excluded list at all (an older writer's request) is fine */
+    assert_int_equal(moonlet_master_put_replace_replica(m, MOONLET_STR(""), MOONLET_STR("k"),
+                                                        MOONLET_STR("s0"), NULL, 0, NULL, NULL),
+                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
     /* a segment that holds no replica of it (and none is missing) */
     assert_int_equal(replace(m, "k", "s7", NULL, 0, &got), MOONLET_ERR_INVALID_PARAMS);
     /* both segments hold a replica: no room for a replacement; nothing changed */
