@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <sys/uio.h>
 
 #include "../common/cluster.h"
@@ -171,6 +172,37 @@ static void test_put_on_killed_node(void **state)
     free(buf);
 }
 
+/* Whether every thread of pid is stopped (state T in /proc/PID/task/TID/stat):
+ * SIGSTOP takes effect asynchronously, a thread running on another core
+ * stops a moment after kill() returned. */
+static bool all_threads_stopped(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool stopped = true, any = false;
+    struct dirent *e;
+    while (stopped && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[384], buf[512];
+        snprintf(path, sizeof(path), "%s/%s/stat", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *rp = strrchr(buf, ')'); /* "pid (comm) S ..." */
+        any = true;
+        stopped = rp && rp[1] == ' ' && (rp[2] == 'T' || rp[2] == 't');
+    }
+    closedir(d);
+    return any && stopped;
+}
+
 /* A stalled node accepts connections but never answers: the write times out
  * (the client's 500 ms transfer timeout) and the replica moves. */
 static void test_put_on_stalled_node(void **state)
@@ -179,6 +211,10 @@ static void test_put_on_stalled_node(void **state)
     unsigned char *buf = cl_random_bytes(OBJ_BYTES, 2);
     const char *stuck = f->stores[1].addr;
     assert_int_equal(kill(f->stores[1].pid, SIGSTOP), 0);
+    long long end = proc_now_ms() + 5000;
+    while (!all_threads_stopped(f->stores[1].pid) && proc_now_ms() < end)
+        usleep(1000); /* bounded: every thread of the node has stopped */
+    assert_true(all_threads_stopped(f->stores[1].pid));
     long long t0 = proc_now_ms();
     int rc = put_on(f, "k2", buf, 2, stuck);
     long long took = proc_now_ms() - t0;
