@@ -112,6 +112,9 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
     sample(f, "moonlet_probe_calls_total", "{mode=\"last_hit_only\"}", st->probe_calls_last_hit);
 
     counter(f, "moonlet_evictions_total", "Objects evicted.", st->evictions);
+    counter(f, "moonlet_put_replacements_total",
+            "Replicas of puts in progress replaced after a failed write (PutReplaceReplica).",
+            st->put_replacements);
     counter(f, "moonlet_probe_candidates_examined_total",
             "Candidates rechecked under their shard locks by BatchProbeKey(LAST_HIT_ONLY).",
             st->probe_candidates_examined);

@@ -320,6 +320,31 @@ HANDLER(h_put_revoke, moonlet_args_key)
     return reply(out, moonlet_master_put_revoke(M(ctx), a->tenant, a->key));
 }
 
+HANDLER(h_put_replace, moonlet_args_put_replace)
+{
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    rp.with_cap = true;
+    int rc = moonlet_master_put_replace_replica(M(ctx), a->tenant, a->key, a->segment_id,
+                                                a->excluded_segments.v, a->excluded_segments.n,
+                                                replica_pack_visit, &rp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&rp.buf);
+        if (rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS)
+            return moonlet_rpc_error(out, rc, "the put already replaced %u replicas; revoke it",
+                                     MOONLET_MAX_PUT_REPLACEMENTS);
+        if (rc == MOONLET_ERR_INVALID_PARAMS)
+            return moonlet_rpc_error(out, rc, "segment %.*s holds no replica of this put",
+                                     (int)a->segment_id.len, a->segment_id.ptr);
+        if (rc == MOONLET_ERR_INVALID_WRITE)
+            return moonlet_rpc_error(out, rc, "the put is not in progress (sealed, or past "
+                                     "its deadline)");
+        return reply(out, rc);
+    }
+    replica_pack_flush(&rp, out); /* [replica]: the replacement, with its capability */
+    return MOONLET_OK;
+}
+
 HANDLER(h_get_replicas, moonlet_args_key)
 {
     struct replica_pack rp;
@@ -582,7 +607,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 33);
+    msgpack_pack_map(out, 34);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -593,6 +618,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "put_ends", st.put_ends);
     pack_u64_kv(out, "put_revokes", st.put_revokes);
     pack_u64_kv(out, "put_timeouts", st.put_timeouts);
+    pack_u64_kv(out, "put_replacements", st.put_replacements);
     pack_u64_kv(out, "removes", st.removes);
     pack_u64_kv(out, "evictions", st.evictions);
     pack_u64_kv(out, "eviction_passes", st.eviction_passes);
@@ -686,6 +712,7 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_STATS] = h_stats,
     [MOONLET_M_BIND_CLIENT] = h_bind_client,
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
+    [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
     [MOONLET_M_HELLO] = h_hello,
 };
 

@@ -825,6 +825,34 @@ static bool unknown_method(const moonlet_reply *rep)
            memcmp(o->via.str.ptr, prefix, sizeof(prefix) - 1) == 0;
 }
 
+int moonlet_mc_put_replace_replica(moonlet_master_client *mc, const char *tenant, const char *key,
+                                   const char *segment_id, const char *const *excluded,
+                                   size_t nexcluded, moonlet_replica_list *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!segment_id || (nexcluded && !excluded) || nexcluded > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_put_replace a = {.tenant = mstr0(tenant), .key = mstr(key),
+                                  .segment_id = mstr(segment_id),
+                                  .excluded_segments = mstrv(excluded, nexcluded)};
+    int rc;
+    if (!mc_begin_args(mc, MOONLET_M_PUT_REPLACE_REPLICA, &a, 0, &rc))
+        return rc;
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0)
+        rc = decode_replicas(rep.result, out);
+    else if (rc == MOONLET_ERR_INVALID_PARAMS && have && unknown_method(&rep))
+        rc = MOONLET_ERR_INVALID_VERSION;
+    mc_end(mc, &rep, have);
+    if (rc == 0 && out->count != 1)
+        rc = MOONLET_ERR_RPC_FAIL;
+    if (rc)
+        moonlet_replica_list_free(out);
+    return rc;
+}
+
 static int decode_resume(const msgpack_object *r, size_t n_kda, moonlet_mc_resume_out *out,
                          int32_t *mask)
 {

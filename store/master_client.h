@@ -103,6 +103,15 @@ int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, c
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out);
+/* PutReplaceReplica: one replacement for the replica of a put in progress
+ * on segment_id whose write failed, avoiding excluded[] (segment ids seen
+ * failing for this put), as a list of one descriptor with its capability
+ * and put TTL (out->put_ttl_ms).  INVALID_VERSION when the master predates
+ * the method (the caller then revokes the put, as before); otherwise the
+ * master's code (master.h: moonlet_master_put_replace_replica). */
+int moonlet_mc_put_replace_replica(moonlet_master_client *mc, const char *tenant, const char *key,
+                                   const char *segment_id, const char *const *excluded,
+                                   size_t nexcluded, moonlet_replica_list *out);
 int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
                          bool *exists);
 int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
