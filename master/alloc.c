@@ -127,6 +127,43 @@ int moonlet_alloc_reserve(moonlet_alloc *a, uint64_t len, uint64_t *offset)
     return MOONLET_OK;
 }
 
+int moonlet_alloc_reserve_at(moonlet_alloc *a, uint64_t offset, uint64_t len)
+{
+    len = moonlet_alloc_rounded(len);
+    if (len == 0 || offset % MOONLET_ALLOC_ALIGN || offset > a->capacity ||
+        len > a->capacity - offset)
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* The free extent starting at or before offset must cover the range. */
+    struct extent key = {.off = offset};
+    struct extent *e = RB_NFIND(off_tree, &a->offs, &key);
+    if (!e || e->off > offset)
+        e = e ? RB_PREV(off_tree, &a->offs, e) : RB_MAX(off_tree, &a->offs);
+    if (!e || e->off > offset || e->off + e->len < offset + len)
+        return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    uint64_t head = offset - e->off, tail = e->off + e->len - (offset + len);
+    struct extent *t = NULL;
+    if (head && tail && !(t = calloc(1, sizeof(*t))))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    extent_remove(a, e);
+    if (head) {
+        e->len = head;
+        extent_insert(a, e);
+        if (tail) {
+            t->off = offset + len;
+            t->len = tail;
+            extent_insert(a, t);
+        }
+    } else if (tail) {
+        e->off = offset + len;
+        e->len = tail;
+        extent_insert(a, e);
+    } else {
+        free(e);
+    }
+    a->used += len;
+    return MOONLET_OK;
+}
+
 int moonlet_alloc_release(moonlet_alloc *a, uint64_t offset, uint64_t len)
 {
     len = moonlet_alloc_rounded(len);

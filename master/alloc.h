@@ -31,6 +31,12 @@ uint64_t moonlet_alloc_rounded(uint64_t len);
  * MOONLET_ERR_NO_AVAILABLE_HANDLE when no free extent is large enough. */
 int moonlet_alloc_reserve(moonlet_alloc *a, uint64_t len, uint64_t *offset);
 
+/* Reserves exactly [offset, offset + rounded len) (a replica restored from
+ * the replication stream, master/replicate.c): INVALID_PARAMS for a range
+ * outside the segment or not aligned, NO_AVAILABLE_HANDLE when any of it is
+ * not free. */
+int moonlet_alloc_reserve_at(moonlet_alloc *a, uint64_t offset, uint64_t len);
+
 /* Returns a range obtained from moonlet_alloc_reserve (same len).  Returns
  * MOONLET_ERR_INVALID_PARAMS when the range is outside the segment or overlaps
  * free space (a double free); the allocator is then unchanged. */

@@ -39,6 +39,53 @@ typedef struct moonlet_str {
 
 #define MOONLET_STR(s) ((moonlet_str){(s), (uint32_t)strlen(s)})
 
+/*
+ * A replication record: one metadata change of the leader, in the order of
+ * the allocator's changes (docs/protocol.md "Replication stream").
+ *   MOUNT    seg (the segment as mounted, with its write key)
+ *   UNMOUNT  client_id, segment_id: its replicas stop counting; objects left
+ *            without one go (the leader also sends their DROP)
+ *   PLACE    an object's whole replica set at PutStart and after each
+ *            PutReplaceReplica (free_ms: the replaced range's quarantine)
+ *   SEAL     PutEnd (checksum when FLAG_CHECKSUM)
+ *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
+ *            free_ms: how long its ranges stay unusable (0: at once)
+ * An object is named by (tenant_id, key): the leader's tenant id is unique
+ * while the object lives.  Times travel as ms left, never as clock values
+ * (the two masters' clocks are unrelated).  Records that take space are
+ * emitted after the allocator took it, records that free space before it
+ * is freed, both under the locks of the change: so a record that reuses a
+ * range always follows the one that freed it.
+ */
+enum {
+    MOONLET_REPL_MOUNT = 1,
+    MOONLET_REPL_UNMOUNT = 2,
+    MOONLET_REPL_PLACE = 3,
+    MOONLET_REPL_SEAL = 4,
+    MOONLET_REPL_DROP = 5,
+};
+#define MOONLET_REPL_FLAG_SOFT_PIN 1u
+#define MOONLET_REPL_FLAG_HARD_PIN 2u
+#define MOONLET_REPL_FLAG_CHECKSUM 4u
+#define MOONLET_REPL_MAX_REPS 8u
+typedef struct moonlet_repl_rec {
+    uint8_t type;
+    uint8_t flags;
+    uint32_t tenant_id;
+    moonlet_str tenant;       /* PLACE: the tenant's name */
+    moonlet_str key;
+    uint64_t size;
+    uint64_t ttl_ms;          /* PLACE: ms left to the put deadline */
+    uint64_t pin_ttl_ms;      /* PLACE with FLAG_SOFT_PIN: the pin's TTL */
+    uint64_t free_ms;         /* PLACE, DROP: see above */
+    uint64_t checksum;        /* SEAL with FLAG_CHECKSUM */
+    uint32_t nrep;
+    moonlet_str rep_seg[MOONLET_REPL_MAX_REPS]; /* segment ids */
+    uint64_t rep_off[MOONLET_REPL_MAX_REPS];
+    moonlet_str client_id, segment_id;          /* UNMOUNT */
+    const struct moonlet_segment_desc *seg;     /* MOUNT */
+} moonlet_repl_rec;
+
 typedef struct moonlet_master_config {
     uint32_t shards;                  /* metadata shards (1024) */
     uint64_t lease_ttl_ms;            /* default_kv_lease_ttl (5000) */
@@ -54,6 +101,13 @@ typedef struct moonlet_master_config {
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
     double hard_pin_max_ratio;        /* hard-pinned bytes (size x replicas) at most this
                                        * share of the capacity (0.5); 0: no hard pins */
+    /* Replication (master/replicate.c): called with every metadata change
+     * as it happens (moonlet_repl_rec below), under the locks of the change
+     * (a shard lock and/or registry.mu): it must only copy the record into a
+     * queue guarded by a leaf lock, and must not call back into the master.
+     * NULL: no replication. */
+    void (*repl_emit)(void *arg, const struct moonlet_repl_rec *rec);
+    void *repl_arg;
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, and by ProbeResume before each candidate's
      * validation, with no master lock held. */
@@ -266,6 +320,22 @@ int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool for
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
 /* One pass of the background work: watermark eviction, put timeouts, liveness. */
 void moonlet_master_tick(moonlet_master *m);
+
+/* ---- promotion with state (master/replicate.c) --------------------------- */
+
+/* Recreates an object of the replication stream on a master that has its
+ * segments mounted: the exact ranges (each must be free: NO_AVAILABLE_HANDLE
+ * otherwise, SEGMENT_NOT_FOUND for an unknown segment id), sealed (readable,
+ * with a fresh read lease so nothing is evicted before engines resume) or
+ * pending (kept until ttl_ms, the put deadline left).  OBJECT_ALREADY_EXISTS
+ * when the key exists.  `rec` is a PLACE record; sealed/has_checksum/checksum
+ * what SEAL said. */
+int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec, bool sealed,
+                                  bool has_checksum, uint64_t checksum);
+/* Holds [offset, +len) of a mounted segment back for ttl_ms (a range the
+ * leader had quarantined).  Errors as above. */
+int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
+                                      uint64_t len, uint64_t ttl_ms);
 
 /* ---- inspection -------------------------------------------------------- */
 

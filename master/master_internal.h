@@ -349,6 +349,19 @@ void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *k
 /* Validates a key: INVALID_KEY for empty or longer than MOONLET_MAX_KEY_BYTES. */
 int key_check(moonlet_str key);
 
+/* ---- replication records (master.h: moonlet_repl_rec) ---------------------- */
+static inline bool repl_on(const moonlet_master *m) { return m->cfg.repl_emit != NULL; }
+static inline void repl_emit(const moonlet_master *m, const moonlet_repl_rec *r)
+{
+    if (m->cfg.repl_emit)
+        m->cfg.repl_emit(m->cfg.repl_arg, r);
+}
+/* Fills a PLACE / SEAL / DROP record of object o (its replicas' segment ids
+ * and offsets, flags, ms left of its put deadline).  Caller holds the guard
+ * shared and o's shard lock; rec points into o and the segments meanwhile. */
+void repl_object_rec(const moonlet_master *m, const struct mobj *o, uint8_t type,
+                     moonlet_repl_rec *rec);
+
 /* ---- object.c ------------------------------------------------------------- */
 /* Releases the object's space, unlinks and frees it.  Caller holds the guard
  * (shared) and the shard lock; takes registry.mu, then tenants.lock. */
@@ -391,6 +404,16 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
                                       const struct mrep *reps, uint32_t nrep,
                                       const moonlet_str *excluded, uint32_t nexcluded,
                                       struct mrep *out);
+/* Promotion with state: reserves exactly the ranges seg_ids[k]/offs[k] of
+ * `size` (mounted segments) into reps[], as registry_place_locked does.
+ * SEGMENT_NOT_FOUND, NO_AVAILABLE_HANDLE (a range not free: nothing kept).
+ * Caller holds the guard shared and a shard lock; takes registry.mu. */
+int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                             const moonlet_str *seg_ids, const uint64_t *offs, uint32_t nrep,
+                             struct mrep *reps);
+/* Reserves [offset, +len) of a mounted segment into its quarantine until until_ns. */
+int registry_quarantine_at(moonlet_master *m, moonlet_str seg_id, uint64_t offset, uint64_t len,
+                           uint64_t until_ns);
 /* Whether the segment in `slot` (MOUNTED or UNMOUNTING: the caller holds
  * the guard shared) has the id `id` (or it as its second endpoint's id). */
 bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id);

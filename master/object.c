@@ -66,6 +66,13 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
         until = o->lease_deadline + m->quarantine_grace_ns;
     else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
         until = o->lease_deadline;
+    if (repl_on(m)) { /* before the space is freed: a record reusing it follows */
+        moonlet_repl_rec rec;
+        repl_object_rec(m, o, MOONLET_REPL_DROP, &rec);
+        uint64_t now = moonlet_clock_now_ns();
+        rec.free_ms = until > now ? (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS : 0;
+        repl_emit(m, &rec);
+    }
     if (o->nrep)
         registry_release(m, o->hash, o->size, mobj_reps(o), o->nrep, until);
     if (o->state == OBJ_PENDING)
@@ -81,7 +88,38 @@ void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
     tenant_release(m, tenant); /* tenants.lock is a leaf */
 }
 
+void repl_object_rec(const moonlet_master *m, const struct mobj *o, uint8_t type,
+                     moonlet_repl_rec *rec)
+{
+    memset(rec, 0, sizeof(*rec));
+    rec->type = type;
+    rec->tenant_id = o->tenant;
+    rec->key = (moonlet_str){o->key, o->key_len};
+    rec->size = o->size;
+    rec->flags = (uint8_t)((o->soft_pin && !mobj_hard_pinned(o) ? MOONLET_REPL_FLAG_SOFT_PIN : 0) |
+                           (mobj_hard_pinned(o) ? MOONLET_REPL_FLAG_HARD_PIN : 0));
+    uint64_t now = moonlet_clock_now_ns();
+    if (o->state == OBJ_PENDING) {
+        rec->ttl_ms = o->lease_deadline > now ? (o->lease_deadline - now) / MOONLET_NS_PER_MS : 0;
+        if (rec->flags & MOONLET_REPL_FLAG_SOFT_PIN)
+            rec->pin_ttl_ms = o->soft_pin_deadline / MOONLET_NS_PER_MS;
+    } else {
+        if (o->has_checksum)
+            rec->flags |= MOONLET_REPL_FLAG_CHECKSUM;
+        rec->checksum = o->checksum;
+        if ((rec->flags & MOONLET_REPL_FLAG_SOFT_PIN) && o->soft_pin_deadline > now)
+            rec->pin_ttl_ms = (o->soft_pin_deadline - now) / MOONLET_NS_PER_MS;
+    }
+    rec->nrep = o->nrep;
+    for (uint32_t k = 0; k < o->nrep && k < MOONLET_REPL_MAX_REPS; k++) {
+        const struct mrep *r = &mobj_creps(o)[k];
+        rec->rep_seg[k] = MOONLET_STR(reg_seg(&m->reg, r->seg)->id);
+        rec->rep_off[k] = r->offset;
+    }
+}
+
 struct keyref {
+    moonlet_str tname; /* the tenant's name, as the call gave it */
     uint32_t tenant;
     uint64_t hash;
     struct shard *shard;
@@ -97,6 +135,7 @@ static int keyref_init(moonlet_master *m, moonlet_str tenant, moonlet_str key, b
     int rc = key_check(key);
     if (rc)
         return rc;
+    ref->tname = tenant;
     rc = create ? tenant_acquire(m, tenant, &ref->tenant) : tenant_lookup(m, tenant, &ref->tenant);
     if (rc)
         return rc;
@@ -209,6 +248,12 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
     atomic_fetch_add(&m->st.pending, 1);
     atomic_fetch_add(&m->st.bytes, size);
     atomic_fetch_add(&m->st.put_starts, 1);
+    if (repl_on(m)) {
+        moonlet_repl_rec rec;
+        repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
+        rec.tenant = ref->tname;
+        repl_emit(m, &rec);
+    }
     for (uint32_t k = 0; visit && k < o->nrep; k++) {
         moonlet_replica_view v;
         replica_view_fill(m, o, &mobj_reps(o)[k], &v);
@@ -291,6 +336,11 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
         o->soft_pin_deadline = moonlet_lease_grant(0, moonlet_clock_now_ns(), o->soft_pin_deadline);
     atomic_fetch_sub(&m->st.pending, 1);
     atomic_fetch_add(&m->st.put_ends, 1);
+    if (repl_on(m)) {
+        moonlet_repl_rec rec;
+        repl_object_rec(m, o, MOONLET_REPL_SEAL, &rec);
+        repl_emit(m, &rec);
+    }
     /* A put whose every replica was lost in flight leaves nothing readable. */
     if (o->nrep == 0)
         object_destroy_locked(m, s, o);
@@ -318,6 +368,7 @@ int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str
 }
 
 struct replace_args {
+    moonlet_str tenant;
     moonlet_str failed;
     const moonlet_str *excluded;
     uint32_t nexcluded;
@@ -361,6 +412,13 @@ static int put_replace_op(moonlet_master *m, struct shard *s, struct mobj *o, vo
     reps[k] = fresh;
     o->checksum++;
     atomic_fetch_add(&m->st.put_replacements, 1);
+    if (repl_on(m)) { /* the replaced range waits as long as the leader's quarantine */
+        moonlet_repl_rec rec;
+        repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
+        rec.tenant = ra->tenant;
+        rec.free_ms = rec.ttl_ms + m->cfg.put_quarantine_grace_ms;
+        repl_emit(m, &rec);
+    }
     if (ra->visit) {
         moonlet_replica_view v;
         replica_view_fill(m, o, &reps[k], &v);
@@ -377,7 +435,7 @@ int moonlet_master_put_replace_replica(moonlet_master *m, moonlet_str tenant, mo
 {
     if (nexcluded > MOONLET_MAX_EXCLUDED || (nexcluded && !excluded) || !failed.len)
         return MOONLET_ERR_INVALID_PARAMS;
-    struct replace_args ra = {failed, excluded, nexcluded, visit, arg};
+    struct replace_args ra = {tenant, failed, excluded, nexcluded, visit, arg};
     return with_object(m, tenant, key, put_replace_op, &ra);
 }
 
@@ -554,4 +612,81 @@ int moonlet_master_remove_all_ex(moonlet_master *m, moonlet_str tenant, bool for
     *removed = r.removed;
     atomic_fetch_add(&m->st.removes, r.removed);
     return MOONLET_OK;
+}
+
+int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec, bool sealed,
+                                  bool has_checksum, uint64_t checksum)
+{
+    if (!rec || rec->nrep == 0 || rec->nrep > MOONLET_MAX_REPLICAS || rec->size > (1ull << 50) ||
+        rec->ttl_ms > (1ull << 40) || rec->pin_ttl_ms > (1ull << 40))
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct keyref ref;
+    int rc = keyref_init(m, rec->tenant, rec->key, true, &ref);
+    if (rc)
+        return rc;
+    pthread_rwlock_rdlock(&m->guard);
+    pthread_mutex_lock(&ref.shard->mu);
+    struct mobj *o = NULL;
+    if (keyref_find_locked(&ref, rec->key)) {
+        rc = MOONLET_ERR_OBJECT_ALREADY_EXISTS;
+        goto out;
+    }
+    if (!(o = mobj_new(m, ref.tenant, ref.hash, rec->key.ptr, rec->key.len, rec->nrep))) {
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+    rc = registry_place_at_locked(m, ref.hash, rec->size, rec->rep_seg, rec->rep_off, rec->nrep,
+                                  mobj_reps(o));
+    if (rc) {
+        mobj_free(m, o);
+        goto out;
+    }
+    uint64_t now = moonlet_clock_now_ns();
+    bool hard = rec->flags & MOONLET_REPL_FLAG_HARD_PIN;
+    bool soft = (rec->flags & MOONLET_REPL_FLAG_SOFT_PIN) && !hard;
+    o->size = rec->size;
+    o->soft_pin = hard || soft;
+    o->soft_pin_deadline = 0;
+    if (hard) {
+        o->soft_pin_deadline = MOBJ_HARD_PIN;
+        atomic_fetch_add(&m->st.hard_pinned, 1);
+        atomic_fetch_add(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
+    }
+    if (sealed) {
+        o->state = OBJ_COMPLETE;
+        for (uint32_t k = 0; k < o->nrep; k++)
+            mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
+        o->has_checksum = has_checksum;
+        o->checksum = has_checksum ? checksum : 0;
+        /* A fresh read lease: nothing is evicted before the engines resume. */
+        o->lease_deadline = now + m->lease_ttl_ns;
+        if (soft)
+            o->soft_pin_deadline = now + rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+    } else {
+        o->state = OBJ_PENDING;
+        o->has_checksum = 0;
+        o->checksum = 0;
+        o->lease_deadline = now + rec->ttl_ms * MOONLET_NS_PER_MS; /* the put deadline */
+        if (soft)
+            o->soft_pin_deadline = rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+        atomic_fetch_add(&m->st.pending, 1);
+    }
+    shard_insert_locked(ref.shard, o);
+    tenant_ref(m, ref.tenant);
+    atomic_fetch_add(&m->st.objects, 1);
+    atomic_fetch_add(&m->st.bytes, rec->size);
+out:
+    pthread_mutex_unlock(&ref.shard->mu);
+    pthread_rwlock_unlock(&m->guard);
+    tenant_release(m, ref.tenant);
+    return rc;
+}
+
+int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
+                                      uint64_t len, uint64_t ttl_ms)
+{
+    if (!segment_id.len || len == 0 || ttl_ms > (1ull << 40))
+        return MOONLET_ERR_INVALID_PARAMS;
+    return registry_quarantine_at(m, segment_id, offset, len,
+                                  moonlet_clock_now_ns() + ttl_ms * MOONLET_NS_PER_MS);
 }

@@ -575,6 +575,10 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     s->avail_pos = SLOT_NONE;
     atomic_store(&s->state, SEG_MOUNTED);
     avail_add_locked(r, slot);
+    if (repl_on(m)) { /* under registry.mu: ordered with the UNMOUNT of the same id */
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d};
+        repl_emit(m, &rec);
+    }
     ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",
             s->id, s->size, c->id, s->protocol, s->endpoint, s->alt_id[0] ? " and " : "",
             s->alt_protocol, s->alt_id[0] ? "://" : "", s->alt_endpoint);
@@ -588,9 +592,16 @@ out:
  * lookups by id no longer find it), off its client's list and the placement
  * ring; its object index moves to *ix (the caller strips those objects and
  * then retires the slot).  registry.mu held. */
-static void unmount_begin_locked(struct registry *r, uint32_t slot, struct hmap *ix)
+static void unmount_begin_locked(moonlet_master *m, uint32_t slot, struct hmap *ix)
 {
+    struct registry *r = &m->reg;
     struct mseg *s = reg_seg(r, slot);
+    if (repl_on(m)) { /* before any of its replicas is stripped */
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT,
+                                .client_id = MOONLET_STR(r->clients[s->client].id),
+                                .segment_id = MOONLET_STR(s->id)};
+        repl_emit(m, &rec);
+    }
     atomic_store(&s->state, SEG_UNMOUNTING);
     hmap_remove_hv(&r->seg_by_id, s->id_hash, slot);
     hmap_remove_hv(&r->seg_by_name, s->name_hash, slot);
@@ -624,7 +635,7 @@ int registry_unmount_begin(moonlet_master *m, moonlet_str client_id, moonlet_str
                              client_authorize_locked(r, s->client, session)))
         rc = MOONLET_ERR_ILLEGAL_CLIENT;
     else
-        unmount_begin_locked(r, *slot, ix);
+        unmount_begin_locked(m, *slot, ix);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -652,7 +663,7 @@ uint32_t registry_collect_expired(moonlet_master *m, uint64_t now,
             struct hmap ix;
             char seg[MOONLET_MAX_ID_BYTES + 1];
             snprintf(seg, sizeof(seg), "%s", s->id);
-            unmount_begin_locked(r, slot, &ix);
+            unmount_begin_locked(m, slot, &ix);
             ok = take(arg, slot, &ix, c->id, seg);
             n++;
         }
@@ -889,6 +900,69 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
     }
     pthread_mutex_unlock(&r->mu);
     return placed ? MOONLET_OK : MOONLET_ERR_NO_AVAILABLE_HANDLE;
+}
+
+int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                             const moonlet_str *seg_ids, const uint64_t *offs, uint32_t nrep,
+                             struct mrep *reps)
+{
+    struct registry *r = &m->reg;
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    int rc = MOONLET_OK;
+    uint32_t placed = 0;
+    pthread_mutex_lock(&r->mu);
+    for (; placed < nrep; placed++) {
+        uint32_t slot;
+        struct mseg *s = seg_find_locked(r, seg_ids[placed], &slot);
+        if (!s) {
+            rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+            break;
+        }
+        bool dup = false;
+        for (uint32_t k = 0; k < placed; k++)
+            dup |= reps[k].seg == slot;
+        if (dup || (rc = moonlet_alloc_reserve_at(s->alloc, offs[placed], len)) != MOONLET_OK) {
+            rc = dup || rc == MOONLET_ERR_NO_AVAILABLE_HANDLE ? MOONLET_ERR_NO_AVAILABLE_HANDLE
+                                                             : MOONLET_ERR_INVALID_PARAMS;
+            break;
+        }
+        reps[placed] = (struct mrep){.offset = offs[placed], .seg = slot,
+                                     .status = MOONLET_REPLICA_INITIALIZED};
+    }
+    if (rc == MOONLET_OK) {
+        for (uint32_t k = 0; k < placed; k++) {
+            struct mseg *s = reg_seg(r, reps[k].seg);
+            s->objects++;
+            ix_add_locked(s, hash);
+        }
+        atomic_fetch_add(&r->used, len * nrep);
+    } else {
+        for (uint32_t k = 0; k < placed; k++)
+            moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+int registry_quarantine_at(moonlet_master *m, moonlet_str seg_id, uint64_t offset, uint64_t len,
+                           uint64_t until_ns)
+{
+    struct registry *r = &m->reg;
+    len = moonlet_alloc_rounded(len);
+    uint32_t slot;
+    int rc;
+    pthread_mutex_lock(&r->mu);
+    struct mseg *s = seg_find_locked(r, seg_id, &slot);
+    if (!s)
+        rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+    else if ((rc = moonlet_alloc_reserve_at(s->alloc, offset, len)) == MOONLET_OK) {
+        atomic_fetch_add(&r->used, len);
+        if (!quarantine_add_locked(r, s, offset, len, until_ns))
+            ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
+                   "); it stays allocated", s->id, offset, len);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id)

@@ -1,0 +1,429 @@
+/*
+ * Tests of the replication records (master/replicate.c and the master's
+ * cfg.repl_emit) on a frozen clock: the codec round-trips every record type
+ * and refuses every truncation and bad field; a standby state fed the
+ * leader's records, restored into a fresh master, holds every object on the
+ * same ranges (sealed ones readable with their checksum and a fresh lease,
+ * pending ones until their deadline, revoked / removed / evicted / unmounted
+ * ones gone, quarantined ranges held back), and a range freed and reused
+ * arrives in the right order.
+ */
+#include "../common/master_fixture.h"
+#include "alloc.h"
+#include "replicate.h"
+
+#define MS MOONLET_NS_PER_MS
+
+/* The leader's stream: every record encoded, in order. */
+struct stream {
+    uint8_t *buf[4096];
+    size_t len[4096];
+    int n;
+};
+
+static void emit(void *arg, const moonlet_repl_rec *rec)
+{
+    struct stream *s = arg;
+    assert_true(s->n < 4096);
+    uint8_t tmp[MOONLET_REPL_MAX_REC_BYTES];
+    size_t len = moonlet_repl_encode(rec, tmp, sizeof(tmp));
+    assert_true(len > 0);
+    s->buf[s->n] = malloc(len);
+    memcpy(s->buf[s->n], tmp, len);
+    s->len[s->n++] = len;
+}
+
+static void stream_free(struct stream *s)
+{
+    for (int i = 0; i < s->n; i++)
+        free(s->buf[i]);
+    s->n = 0;
+}
+
+static moonlet_master *leader(struct stream *s)
+{
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 16;
+    cfg.background = false;
+    cfg.lease_ttl_ms = 5000;
+    cfg.put_timeout_ms = 60000;
+    cfg.put_quarantine_grace_ms = 2000;
+    cfg.repl_emit = s ? emit : NULL;
+    cfg.repl_arg = s;
+    moonlet_clock_set_fake(FIX_T0);
+    moonlet_master *m = NULL;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    return m;
+}
+
+static const uint8_t KEY[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+static void mount(moonlet_master *m, const char *client, const char *seg, uint64_t size)
+{
+    moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = seg, .base = 4096,
+                              .size = size, .endpoint = "127.0.0.1:7", .protocol = "tcp",
+                              .write_key = KEY, .node_clock_ms = 5000};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+}
+
+/* Applies the whole stream to a fresh state. */
+static moonlet_repl_state *apply_all(const struct stream *s, int upto)
+{
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    for (int i = 0; i < upto; i++) {
+        moonlet_repl_decoded d;
+        assert_int_equal(moonlet_repl_decode(s->buf[i], s->len[i], &d), MOONLET_OK);
+        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
+    }
+    return st;
+}
+
+struct reps {
+    int n;
+    char seg[8][64];
+    uint64_t off[8];
+    uint8_t status[8];
+};
+
+static void reps_visit(void *arg, const moonlet_replica_view *r)
+{
+    struct reps *c = arg;
+    snprintf(c->seg[c->n], sizeof(c->seg[0]), "%s", r->segment_id);
+    c->off[c->n] = r->offset;
+    c->status[c->n] = r->status;
+    c->n++;
+}
+
+/* -1: no such key; else the key's replicas into *c and its summary into *v. */
+static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, struct reps *c)
+{
+    memset(c, 0, sizeof(*c));
+    return moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), v, reps_visit, c)
+               ? -1
+               : 0;
+}
+
+/* The same object (replica set as a set, size, sealed) on both masters. */
+static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
+{
+    moonlet_key_view va, vb;
+    struct reps ra, rb;
+    assert_int_equal(inspect(a, key, &va, &ra), 0);
+    assert_int_equal(inspect(b, key, &vb, &rb), 0);
+    assert_int_equal(va.size, vb.size);
+    assert_int_equal(va.complete, vb.complete);
+    assert_int_equal(va.hard_pinned, vb.hard_pinned);
+    assert_int_equal(ra.n, rb.n);
+    for (int i = 0; i < ra.n; i++) {
+        bool found = false;
+        for (int j = 0; j < rb.n; j++)
+            found |= strcmp(ra.seg[i], rb.seg[j]) == 0 && ra.off[i] == rb.off[j] &&
+                     ra.status[i] == rb.status[j];
+        assert_true(found);
+    }
+}
+
+static void test_codec_roundtrip_and_truncation(void **state)
+{
+    (void)state;
+    moonlet_segment_desc d = {.client_id = "node-a", .segment_id = "seg-a", .name = "A",
+                              .base = 77, .size = 1 << 20, .endpoint = "10.0.0.1:9",
+                              .protocol = "rdma", .write_key = KEY, .node_clock_ms = 3,
+                              .alt_endpoint = "10.0.0.1:10", .alt_segment_id = "seg-a-tcp",
+                              .alt_protocol = "tcp"};
+    moonlet_repl_rec recs[4] = {
+        {.type = MOONLET_REPL_MOUNT, .seg = &d},
+        {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("node-a"),
+         .segment_id = MOONLET_STR("seg-a")},
+        {.type = MOONLET_REPL_PLACE, .flags = MOONLET_REPL_FLAG_SOFT_PIN, .tenant_id = 65537,
+         .tenant = MOONLET_STR("t1"), .key = MOONLET_STR("k"), .size = 1000, .ttl_ms = 59000,
+         .pin_ttl_ms = 7, .free_ms = 3, .nrep = 2,
+         .rep_seg = {MOONLET_STR("seg-a"), MOONLET_STR("seg-b")}, .rep_off = {64, 128}},
+        {.type = MOONLET_REPL_SEAL, .flags = MOONLET_REPL_FLAG_CHECKSUM, .tenant_id = 9,
+         .key = MOONLET_STR("kk"), .checksum = 0xfeedfacecafebeefull},
+    };
+    for (int i = 0; i < 4; i++) {
+        uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
+        size_t len = moonlet_repl_encode(&recs[i], buf, sizeof(buf));
+        assert_true(len > 2);
+        moonlet_repl_decoded out;
+        assert_int_equal(moonlet_repl_decode(buf, len, &out), MOONLET_OK);
+        const moonlet_repl_rec *r = &out.rec;
+        assert_int_equal(r->type, recs[i].type);
+        assert_int_equal(r->flags, recs[i].flags);
+        if (r->type == MOONLET_REPL_MOUNT) {
+            assert_string_equal(r->seg->segment_id, "seg-a");
+            assert_string_equal(r->seg->alt_segment_id, "seg-a-tcp");
+            assert_string_equal(r->seg->protocol, "rdma");
+            assert_int_equal(r->seg->base, 77);
+            assert_memory_equal(r->seg->write_key, KEY, 16);
+        } else if (r->type == MOONLET_REPL_UNMOUNT) {
+            assert_int_equal(r->segment_id.len, 5);
+            assert_memory_equal(r->segment_id.ptr, "seg-a", 5);
+        } else {
+            assert_int_equal(r->tenant_id, recs[i].tenant_id);
+            assert_int_equal(r->size, recs[i].size);
+            assert_int_equal(r->ttl_ms, recs[i].ttl_ms);
+            assert_int_equal(r->pin_ttl_ms, recs[i].pin_ttl_ms);
+            assert_int_equal(r->free_ms, recs[i].free_ms);
+            assert_int_equal(r->checksum, recs[i].checksum);
+            assert_int_equal(r->nrep, recs[i].nrep);
+            for (uint32_t k = 0; k < r->nrep; k++) {
+                assert_int_equal(r->rep_off[k], recs[i].rep_off[k]);
+                assert_int_equal(r->rep_seg[k].len, recs[i].rep_seg[k].len);
+            }
+            assert_memory_equal(r->key.ptr, recs[i].key.ptr, r->key.len);
+        }
+        /* Every truncation and one extra byte are refused. */
+        for (size_t cut = 0; cut < len; cut++)
+            assert_int_equal(moonlet_repl_decode(buf, cut, &out), MOONLET_ERR_INVALID_PARAMS);
+        buf[len] = 0;
+        assert_int_equal(moonlet_repl_decode(buf, len + 1, &out), MOONLET_ERR_INVALID_PARAMS);
+        /* A too small buffer encodes nothing. */
+        assert_int_equal(moonlet_repl_encode(&recs[i], buf, len - 1), 0);
+    }
+    uint8_t bad[] = {99, 0};
+    moonlet_repl_decoded out;
+    assert_int_equal(moonlet_repl_decode(bad, sizeof(bad), &out), MOONLET_ERR_INVALID_PARAMS);
+    /* Nine replicas on the wire: refused. */
+    moonlet_repl_rec r9 = recs[2];
+    uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
+    r9.nrep = 1;
+    size_t len = moonlet_repl_encode(&r9, buf, sizeof(buf));
+    buf[len - 1 - 8 - 2 - 5] = 9; /* the nrep byte precedes "seg-a" (2 + 5) and its offset */
+    assert_int_equal(moonlet_repl_decode(buf, len, &out), MOONLET_ERR_INVALID_PARAMS);
+}
+
+static void test_restore_matches_leader(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader(&s);
+    mount(a, "n0", "s0", 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    mount(a, "n2", "s2", 1 << 20);
+    mount(a, "n3", "s3", 1 << 20);
+    char key[32];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof(key), "obj%d", i);
+        moonlet_master_put_opts po = {.replica_num = 1 + (uint32_t)(i % 3),
+                                      .soft_pin = i % 5 == 0, .hard_pin = i % 7 == 1};
+        assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR(key),
+                                                       1000 + (uint64_t)i * 100, &po, NULL, NULL),
+                         MOONLET_OK);
+        uint64_t ck = 0x1000 + (uint64_t)i;
+        assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR(key),
+                                                i % 2 ? &ck : NULL),
+                         MOONLET_OK);
+    }
+    /* A pending put, a revoked one, a replaced replica, removes, an unmount. */
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("pending"), 5000, 2,
+                                              false, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("revoked"), 5000, 1,
+                                              false, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("revoked")),
+                     MOONLET_OK);
+    struct reps pr;
+    moonlet_key_view v;
+    assert_int_equal(inspect(a, "pending", &v, &pr), 0);
+    assert_int_equal(moonlet_master_put_replace_replica(a, MOONLET_STR(""), MOONLET_STR("pending"),
+                                                        MOONLET_STR(pr.seg[0]), NULL, 0, NULL,
+                                                        NULL),
+                     MOONLET_OK);
+    moonlet_clock_advance(6000 * MS); /* leases of the puts' reads are gone */
+    for (int i = 30; i < 34; i++) {
+        snprintf(key, sizeof(key), "obj%d", i);
+        assert_int_equal(moonlet_master_remove(a, MOONLET_STR(""), MOONLET_STR(key)), MOONLET_OK);
+    }
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n3"), MOONLET_STR("s3")),
+                     MOONLET_OK);
+    uint64_t evicted = moonlet_master_evict_now(a, 0.1);
+    assert_true(evicted > 0);
+
+    moonlet_repl_state *st = apply_all(&s, s.n);
+    moonlet_repl_counts cnt;
+    moonlet_repl_state_counts(st, &cnt);
+    assert_int_equal(cnt.segments, 3);
+    assert_int_equal(cnt.pending, 1);
+    assert_true(cnt.quarantined >= 2); /* the revoked put's range, the replaced replica */
+
+    moonlet_master *b = leader(NULL);
+    moonlet_clock_advance(0);
+    uint64_t restored = 0, skipped = 0;
+    assert_int_equal(moonlet_repl_state_restore(st, b, &restored, &skipped), MOONLET_OK);
+    assert_int_equal(skipped, 0);
+    moonlet_master_stats sa, sb;
+    moonlet_master_get_stats(a, &sa);
+    moonlet_master_get_stats(b, &sb);
+    assert_int_equal(restored, sa.objects);
+    assert_int_equal(sb.objects, sa.objects);
+    assert_int_equal(sb.segments, sa.segments);
+    assert_int_equal(sb.used, sa.used); /* quarantined ranges held back too */
+    assert_int_equal(sb.hard_pinned, sa.hard_pinned);
+    int present = 0;
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof(key), "obj%d", i);
+        struct reps r;
+        if (inspect(a, key, &v, &r) != 0) {
+            assert_int_equal(inspect(b, key, &v, &r), -1);
+            continue;
+        }
+        present++;
+        assert_same(a, b, key);
+        /* Sealed: readable on the new master with its checksum, under a
+         * fresh lease (a plain Remove is refused). */
+        bool has_ck = false;
+        uint64_t ck = 0, size = 0;
+        assert_int_equal(moonlet_master_get_replica_list_ck(b, MOONLET_STR(""), MOONLET_STR(key),
+                                                            &size, NULL, &has_ck, &ck, NULL,
+                                                            NULL),
+                         MOONLET_OK);
+        assert_int_equal(has_ck, i % 2 == 1);
+        if (has_ck)
+            assert_int_equal(ck, 0x1000 + (uint64_t)i);
+    }
+    assert_true(present > 20);
+    assert_same(a, b, "pending");
+    assert_int_equal(inspect(b, "revoked", &v, &pr), -1);
+    /* A restored read lease holds: nothing is evicted, no plain remove. */
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "obj%d", i);
+        if (inspect(b, key, &v, &pr) == 0) {
+            assert_true(v.lease_remaining_ms > 0);
+            assert_int_equal(moonlet_master_remove(b, MOONLET_STR(""), MOONLET_STR(key)),
+                             MOONLET_ERR_OBJECT_HAS_LEASE);
+            break;
+        }
+    }
+    assert_int_equal(moonlet_master_evict_now(b, 0.5), 0);
+    /* The pending put is sealed on the new leader within its deadline... */
+    assert_int_equal(moonlet_master_put_end(b, MOONLET_STR(""), MOONLET_STR("pending"), NULL),
+                     MOONLET_OK);
+    /* ...and new puts never land on a range in use or in quarantine. */
+    for (int i = 0; i < 50; i++) {
+        snprintf(key, sizeof(key), "new%d", i);
+        int rc = moonlet_master_put_start(b, MOONLET_STR(""), MOONLET_STR(key), 3000, 1, false,
+                                          NULL, NULL);
+        assert_true(rc == MOONLET_OK || rc == MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    }
+    moonlet_master_destroy(b);
+    moonlet_repl_state_destroy(st);
+    moonlet_master_destroy(a);
+    stream_free(&s);
+}
+
+/* Pending puts survive a promotion until their deadline, then are reaped. */
+static void test_pending_kept_until_deadline(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader(&s);
+    mount(a, "n0", "s0", 1 << 20);
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR("t"), MOONLET_STR("p"), 4096, 1,
+                                              false, NULL, NULL),
+                     MOONLET_OK);
+    /* The standby applies the record as it comes (times travel as ms left:
+     * one applied late would only keep the put longer, never shorter). */
+    moonlet_repl_state *st = apply_all(&s, s.n);
+    moonlet_clock_advance(50000 * MS); /* 10 s of the 60 s put timeout left */
+    moonlet_master *b = leader(NULL);
+    moonlet_clock_set_fake(FIX_T0 + 50000 * MS);
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, NULL), MOONLET_OK);
+    moonlet_master_stats sb;
+    moonlet_master_get_stats(b, &sb);
+    assert_int_equal(sb.objects, 1);
+    /* The restored node counts as just pinged: 9 s later it is alive. */
+    moonlet_clock_advance(9000 * MS);
+    moonlet_master_tick(b);
+    assert_int_equal(moonlet_master_ping(b, MOONLET_STR("n0"), NULL), MOONLET_OK);
+    moonlet_master_get_stats(b, &sb);
+    assert_int_equal(sb.objects, 1);
+    /* The reaper runs every put_timeout / 4 (15 s): past the deadline it goes. */
+    moonlet_clock_advance(16000 * MS);
+    assert_int_equal(moonlet_master_ping(b, MOONLET_STR("n0"), NULL), MOONLET_OK);
+    moonlet_master_tick(b);
+    moonlet_master_get_stats(b, &sb);
+    assert_int_equal(sb.objects, 0);
+    assert_int_equal(sb.put_timeouts, 1);
+    moonlet_master_destroy(b);
+    moonlet_repl_state_destroy(st);
+    moonlet_master_destroy(a);
+    stream_free(&s);
+}
+
+/* A range freed by one object and reused by another: the DROP comes first,
+ * so a standby that stopped at any record restores without overlap. */
+static void test_reuse_order(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader(&s);
+    mount(a, "n0", "s0", 64 * 1024);
+    char key[32];
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 8; i++) {
+            snprintf(key, sizeof(key), "r%d-%d", round, i);
+            assert_int_equal(fix_put_t(a, "", key, 8000, 1), MOONLET_OK);
+        }
+        moonlet_clock_advance(6000 * MS);
+        uint64_t removed = 0;
+        assert_int_equal(moonlet_master_remove_all(a, MOONLET_STR(""), &removed), MOONLET_OK);
+        assert_int_equal(removed, 8);
+    }
+    /* Every prefix of the stream restores with nothing skipped. */
+    for (int upto = 1; upto <= s.n; upto += 7) {
+        moonlet_repl_state *st = apply_all(&s, upto);
+        moonlet_master *b = leader(NULL);
+        uint64_t skipped = 1;
+        assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+        assert_int_equal(skipped, 0);
+        moonlet_master_destroy(b);
+        moonlet_repl_state_destroy(st);
+    }
+    moonlet_master_destroy(a);
+    stream_free(&s);
+}
+
+/* Divergence is reported, never applied silently. */
+static void test_apply_errors(void **state)
+{
+    (void)state;
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    moonlet_repl_rec place = {.type = MOONLET_REPL_PLACE, .key = MOONLET_STR("k"), .size = 64,
+                              .nrep = 1, .rep_seg = {MOONLET_STR("nope")}};
+    assert_int_equal(moonlet_repl_state_apply(st, &place), MOONLET_ERR_SEGMENT_NOT_FOUND);
+    moonlet_segment_desc d = {.client_id = "c", .segment_id = "nope", .size = 1 << 20,
+                              .endpoint = "e:1", .protocol = "tcp"};
+    moonlet_repl_rec mount_rec = {.type = MOONLET_REPL_MOUNT, .seg = &d};
+    assert_int_equal(moonlet_repl_state_apply(st, &mount_rec), MOONLET_OK);
+    assert_int_equal(moonlet_repl_state_apply(st, &mount_rec), MOONLET_ERR_SEGMENT_ALREADY_EXISTS);
+    assert_int_equal(moonlet_repl_state_apply(st, &place), MOONLET_OK);
+    moonlet_repl_rec un = {.type = MOONLET_REPL_UNMOUNT, .segment_id = MOONLET_STR("x")};
+    assert_int_equal(moonlet_repl_state_apply(st, &un), MOONLET_ERR_SEGMENT_NOT_FOUND);
+    un.segment_id = MOONLET_STR("nope");
+    assert_int_equal(moonlet_repl_state_apply(st, &un), MOONLET_OK);
+    moonlet_repl_counts c;
+    moonlet_repl_state_counts(st, &c);
+    assert_int_equal(c.objects, 0);
+    assert_int_equal(c.segments, 0);
+    moonlet_repl_state_destroy(st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec_roundtrip_and_truncation),
+        cmocka_unit_test(test_restore_matches_leader),
+        cmocka_unit_test(test_pending_kept_until_deadline),
+        cmocka_unit_test(test_reuse_order),
+        cmocka_unit_test(test_apply_errors),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    moonlet_clock_set_fake(0);
+    return rc;
+}
