@@ -483,3 +483,27 @@ int moonlet_etcd_txn_delete(moonlet_etcd *e, const char *key, moonlet_etcd_targe
     cJSON_Delete(resp);
     return rc;
 }
+
+int moonlet_etcd_txn_fenced(moonlet_etcd *e, const char *fence_key, int64_t fence_create_rev,
+                            const char *key, const void *value, size_t len, bool *succeeded)
+{
+    if (!fence_key || !*fence_key || !key || !*key || !succeeded)
+        return MOONLET_ERR_INVALID_PARAMS;
+    cJSON *req = txn_begin(fence_key, MOONLET_ETCD_CREATE_REVISION, fence_create_rev), *resp = NULL;
+    bool ok = req != NULL;
+    if (ok && value) {
+        cJSON *put = cJSON_CreateObject();
+        ok = put && put_fields(put, key, value, len, 0);
+        if (!ok)
+            cJSON_Delete(put);
+        ok = ok && txn_op(req, "success", "request_put", put);
+    } else if (ok) {
+        ok = txn_op(req, "success", "request_delete_range", req_with_key(key));
+    }
+    int rc = ok ? post(e, "/v3/kv/txn", req, &resp) : MOONLET_ERR_INTERNAL_ERROR;
+    if (!rc)
+        *succeeded = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(resp, "succeeded"));
+    cJSON_Delete(req);
+    cJSON_Delete(resp);
+    return rc;
+}

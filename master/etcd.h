@@ -93,4 +93,10 @@ int moonlet_etcd_txn_put(moonlet_etcd *e, const char *key, moonlet_etcd_target t
 int moonlet_etcd_txn_delete(moonlet_etcd *e, const char *key, moonlet_etcd_target target,
                             int64_t expect, bool *succeeded);
 
+/* Transaction fenced on another key: if fence_key's create revision equals
+ * fence_create_rev (a leader's epoch), put key = value (value NULL: delete
+ * key).  *succeeded false: the fence failed (that leader is gone). */
+int moonlet_etcd_txn_fenced(moonlet_etcd *e, const char *fence_key, int64_t fence_create_rev,
+                            const char *key, const void *value, size_t len, bool *succeeded);
+
 #endif

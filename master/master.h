@@ -50,6 +50,7 @@ typedef struct moonlet_str {
  *   SEAL     PutEnd (checksum when FLAG_CHECKSUM)
  *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
  *            free_ms: how long its ranges stay unusable (0: at once)
+ *   QUAR     (snapshots) a quarantined range and the ms it stays so
  * An object is named by (tenant_id, key): the leader's tenant id is unique
  * while the object lives.  Times travel as ms left, never as clock values
  * (the two masters' clocks are unrelated).  Records that take space are
@@ -63,6 +64,7 @@ enum {
     MOONLET_REPL_PLACE = 3,
     MOONLET_REPL_SEAL = 4,
     MOONLET_REPL_DROP = 5,
+    MOONLET_REPL_QUAR = 6, /* snapshots only: rep_seg[0] / rep_off[0], size bytes, free_ms */
 };
 #define MOONLET_REPL_FLAG_SOFT_PIN 1u
 #define MOONLET_REPL_FLAG_HARD_PIN 2u
@@ -336,6 +338,12 @@ int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec
  * leader had quarantined).  Errors as above. */
 int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
                                       uint64_t len, uint64_t ttl_ms);
+
+/* The whole metadata as records (master/snapshot.c): MOUNT and QUAR per
+ * segment, then PLACE (+ SEAL when sealed) per object.  Fuzzy: the master
+ * keeps serving; emit runs under the master's locks (it must only copy). */
+void moonlet_master_snapshot(moonlet_master *m,
+                             void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
 
 /* ---- inspection -------------------------------------------------------- */
 

@@ -90,6 +90,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
     case MOONLET_REPL_PLACE:
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP:
+    case MOONLET_REPL_QUAR:
         if (rec->nrep > MOONLET_REPL_MAX_REPS)
             return 0;
         w_u32(&w, rec->tenant_id);
@@ -210,6 +211,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
     case MOONLET_REPL_PLACE:
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP:
+    case MOONLET_REPL_QUAR:
         rec->tenant_id = r_u32(&r);
         rec->tenant = r_str(&r, MOONLET_MAX_ID_BYTES);
         rec->key = r_str(&r, MOONLET_MAX_KEY_BYTES);
@@ -219,7 +221,9 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         rec->free_ms = r_u64(&r);
         rec->checksum = r_u64(&r);
         rec->nrep = r_u8(&r);
-        if (rec->nrep > MOONLET_REPL_MAX_REPS || rec->key.len == 0)
+        if (rec->nrep > MOONLET_REPL_MAX_REPS ||
+            (rec->key.len == 0) != (rec->type == MOONLET_REPL_QUAR) ||
+            (rec->type == MOONLET_REPL_QUAR && rec->nrep != 1))
             return MOONLET_ERR_INVALID_PARAMS;
         for (uint32_t k = 0; k < rec->nrep; k++) {
             rec->rep_seg[k] = r_str(&r, MOONLET_MAX_ID_BYTES);
@@ -585,6 +589,16 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
         return apply_unmount(st, rec->segment_id);
     case MOONLET_REPL_PLACE:
         return apply_place(st, rec, now);
+    case MOONLET_REPL_QUAR: {
+        uint32_t slot;
+        if (rec->nrep != 1 || rec->size == 0)
+            return MOONLET_ERR_INVALID_PARAMS;
+        int rc = seg_find(st, rec->rep_seg[0], &slot);
+        if (rc)
+            return rc;
+        quar_add(st, slot, rec->rep_off[0], rec->size, now + rec->free_ms * MOONLET_NS_PER_MS);
+        return MOONLET_OK;
+    }
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP: {
         if (rec->key.len == 0)

@@ -300,6 +300,28 @@ static void test_restore_matches_leader(void **state)
         }
     }
     assert_int_equal(moonlet_master_evict_now(b, 0.5), 0);
+    /* A snapshot of the leader restores to the same state as the stream. */
+    struct stream snap = {0};
+    moonlet_master_snapshot(a, emit, &snap);
+    moonlet_repl_state *st2 = apply_all(&snap, snap.n);
+    moonlet_master *c = leader(NULL);
+    skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st2, c, NULL, &skipped), MOONLET_OK);
+    assert_int_equal(skipped, 0);
+    moonlet_master_stats sc;
+    moonlet_master_get_stats(c, &sc);
+    assert_int_equal(sc.objects, sa.objects);
+    assert_int_equal(sc.used, sa.used);
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof(key), "obj%d", i);
+        struct reps r;
+        if (inspect(a, key, &v, &r) == 0)
+            assert_same(a, c, key);
+    }
+    assert_same(a, c, "pending");
+    moonlet_master_destroy(c);
+    moonlet_repl_state_destroy(st2);
+    stream_free(&snap);
     /* The pending put is sealed on the new leader within its deadline... */
     assert_int_equal(moonlet_master_put_end(b, MOONLET_STR(""), MOONLET_STR("pending"), NULL),
                      MOONLET_OK);

@@ -1,0 +1,95 @@
+/*
+ * snapshot.c - the master's metadata as replication records
+ * (moonlet_master_snapshot, master.h): what a standby starts from before it
+ * follows the stream (master/repl_stream.c).
+ *
+ * The snapshot is fuzzy: it is taken while the master keeps serving, one
+ * lock at a time (registry.mu for the segments and quarantined ranges, then
+ * each shard lock for its objects, with tenants.lock as a leaf for tenant
+ * names).  The caller notes the stream's position before the walk; replaying
+ * the stream from there over the snapshot converges on the leader's state
+ * because every record sets state (replicate.h); the result is consistent
+ * once the replay passed the stream's position at the end of the walk.
+ *
+ * Locks: guard (shared) -> shard lock -> tenants.lock; registry.mu alone.
+ * `emit` runs under them: it must only copy.
+ */
+#include <string.h>
+
+#include "clock.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+struct snap_args {
+    void (*emit)(void *arg, const moonlet_repl_rec *rec);
+    void *arg;
+};
+
+static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *varg)
+{
+    (void)s;
+    struct snap_args *a = varg;
+    if (o->nrep == 0)
+        return true; /* nothing readable nor writable is left of it */
+    moonlet_repl_rec rec;
+    repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
+    char name[MOONLET_MAX_ID_BYTES + 1];
+    name[0] = 0;
+    uint32_t len = 0;
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    uint32_t slot = o->tenant & 0xFFFFu;
+    if (slot < m->tenants.n && m->tenants.slots[slot].name &&
+        m->tenants.slots[slot].id == o->tenant) {
+        len = m->tenants.slots[slot].len;
+        memcpy(name, m->tenants.slots[slot].name, len);
+    }
+    pthread_rwlock_unlock(&m->tenants.lock);
+    rec.tenant = (moonlet_str){name, len};
+    uint8_t flags = rec.flags;
+    rec.flags &= (uint8_t)~MOONLET_REPL_FLAG_CHECKSUM;
+    a->emit(a->arg, &rec);
+    if (o->state == OBJ_COMPLETE) {
+        rec.type = MOONLET_REPL_SEAL;
+        rec.flags = flags;
+        a->emit(a->arg, &rec);
+    }
+    return true;
+}
+
+void moonlet_master_snapshot(moonlet_master *m,
+                             void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg)
+{
+    struct registry *r = &m->reg;
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        struct mseg *s = reg_seg(r, i);
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+            continue;
+        moonlet_segment_desc d = {
+            .client_id = r->clients[s->client].id, .segment_id = s->id, .name = s->name,
+            .base = s->base, .size = s->size, .endpoint = s->endpoint, .protocol = s->protocol,
+            .write_key = s->has_key ? s->write_key : NULL, .node_clock_ms = s->has_key ? 1 : 0,
+            .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
+            .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
+            .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = &d};
+        emit(arg, &rec);
+        for (uint32_t q = 0; q < s->nquar; q++) {
+            if (s->quar[q].until_ns <= now)
+                continue;
+            moonlet_repl_rec qr = {.type = MOONLET_REPL_QUAR, .key = {"", 0},
+                                   .size = s->quar[q].len, .nrep = 1,
+                                   .free_ms = (s->quar[q].until_ns - now + MOONLET_NS_PER_MS - 1) /
+                                              MOONLET_NS_PER_MS};
+            qr.rep_seg[0] = MOONLET_STR(s->id);
+            qr.rep_off[0] = s->quar[q].offset;
+            emit(arg, &qr);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    pthread_rwlock_rdlock(&m->guard);
+    struct snap_args a = {emit, arg};
+    shards_foreach(m, snap_visit, &a);
+    pthread_rwlock_unlock(&m->guard);
+}
