@@ -41,6 +41,7 @@ struct moonlet_election {
     char advertise[MOONLET_ROLE_ADDR_MAX];
     uint64_t ttl_ms, margin_ms, tick_ms;
     void (*on_deposed)(void *arg);
+    void (*on_elected)(void *arg, uint64_t epoch);
     void *arg;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -113,6 +114,8 @@ static void campaign(moonlet_election *el)
     if (won) {
         el->leader = true;
         el->epoch = (uint64_t)rev;
+        if (el->on_elected)
+            el->on_elected(el->arg, el->epoch);
         moonlet_role_elected(el->role, el->epoch, t0 + el->ttl_ms /* grace: one TTL */,
                              el->last_ok_ms + el->ttl_ms - el->margin_ms);
     } else if (cur.found) {
@@ -206,6 +209,7 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
     el->tick_ms = el->ttl_ms / 3;
     el->role = role;
     el->on_deposed = o->on_deposed;
+    el->on_elected = o->on_elected;
     el->arg = o->arg;
     snprintf(el->key, sizeof(el->key), "/moonlet/%s/leader", o->cluster_id);
     snprintf(el->advertise, sizeof(el->advertise), "%s", o->advertise);

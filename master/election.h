@@ -41,6 +41,10 @@ typedef struct moonlet_election_opts {
      * resets the master's state, then calls moonlet_election_reset_done(). */
     void (*on_deposed)(void *arg);
     void *arg;
+    /* Called on the election thread when this master won `epoch`, before
+     * its serving window is set (so before it may serve): promotion work
+     * (repl_stream.h).  NULL: none.  Gets `arg` too. */
+    void (*on_elected)(void *arg, uint64_t epoch);
 } moonlet_election_opts;
 
 #define MOONLET_ELECTION_DEFAULT_TTL_S 5u

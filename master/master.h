@@ -86,6 +86,7 @@ typedef struct moonlet_repl_rec {
     uint64_t rep_off[MOONLET_REPL_MAX_REPS];
     moonlet_str client_id, segment_id;          /* UNMOUNT */
     const struct moonlet_segment_desc *seg;     /* MOUNT */
+    moonlet_str secret;       /* MOUNT: the owner's BindClient secret (may be empty) */
 } moonlet_repl_rec;
 
 typedef struct moonlet_master_config {
@@ -334,6 +335,12 @@ void moonlet_master_tick(moonlet_master *m);
  * what SEAL said. */
 int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec, bool sealed,
                                   bool has_checksum, uint64_t checksum);
+/* Gives a restored client (no session yet) the secret its node bound with,
+ * so only that node (not a restarted one) takes the id over.  ILLEGAL_CLIENT
+ * when the client already has another secret; CLIENT_NOT_FOUND... as
+ * INVALID_PARAMS when unknown. */
+int moonlet_master_restore_client_secret(moonlet_master *m, moonlet_str client_id,
+                                         moonlet_str secret);
 /* Holds [offset, +len) of a mounted segment back for ttl_ms (a range the
  * leader had quarantined).  Errors as above. */
 int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,

@@ -136,6 +136,13 @@ static const moonlet_rpc_arg put_replace_args[] = {
      .elem_max = ID_MAX},
 };
 
+static const moonlet_rpc_arg repl_fetch_args[] = {
+    {ARG(moonlet_args_repl_fetch, standby, STR, 0), .max = 255},
+    {ARG(moonlet_args_repl_fetch, from, U64, 0)},
+    {ARG(moonlet_args_repl_fetch, wait_ms, U64, 0), .max = 1000},
+    {ARG(moonlet_args_repl_fetch, max_bytes, U64, OPT), .max = 64u << 20},
+};
+
 #define SPEC(name, T, arr) static const moonlet_rpc_args_spec name = MOONLET_RPC_SPEC(T, arr, false)
 SPEC(s_auth, moonlet_args_key, auth_args);
 SPEC(s_ping, moonlet_args_ping, ping_args);
@@ -153,6 +160,7 @@ SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 SPEC(s_put_replace, moonlet_args_put_replace, put_replace_args);
+SPEC(s_repl_fetch, moonlet_args_repl_fetch, repl_fetch_args);
 static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
 static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
 
@@ -180,6 +188,8 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume},
     {MOONLET_M_PUT_REPLACE_REPLICA, "PutReplaceReplica", &s_put_replace},
     {MOONLET_M_HELLO, "Hello", &s_any},
+    {MOONLET_M_REPL_FETCH, "ReplFetch", &s_repl_fetch},
+    {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_none},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

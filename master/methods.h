@@ -46,6 +46,9 @@ enum moonlet_method {
     MOONLET_M_PUT_REPLACE_REPLICA = 22,
     /* 23..27: reserved for issue 16 (re-replication, drain) */
     MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
+    MOONLET_M_REPL_FETCH = 29,    /* a standby's long poll of the replication stream */
+    MOONLET_M_REPL_SNAPSHOT = 30, /* a standby's starting point */
+    /* 31: reserved for the replication status */
     MOONLET_M__COUNT
 };
 
@@ -153,6 +156,14 @@ typedef struct {
     moonlet_str segment_id;      /* the replica whose write failed */
     moonlet_strv excluded_segments; /* optional: segments already seen failing for this put */
 } moonlet_args_put_replace;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str standby;  /* the standby's advertised HOST:PORT */
+    uint64_t from;        /* acknowledges every record below; wants the records from here */
+    uint64_t wait_ms;     /* long poll bound (at most 1000) */
+    uint64_t max_bytes;   /* optional; 0: 4 MiB */
+} moonlet_args_repl_fetch;
 
 /* The table, in id order (AUTH included, with its one argument). */
 extern const moonlet_rpc_method_decl moonlet_master_methods[];

@@ -124,6 +124,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
         w_str(&w, cstr(d->alt_segment_id));
         w_str(&w, cstr(d->alt_endpoint));
         w_str(&w, cstr(d->alt_protocol));
+        w_str(&w, rec->secret.ptr ? rec->secret : (moonlet_str){"", 0});
         break;
     }
     case MOONLET_REPL_UNMOUNT:
@@ -255,6 +256,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         d->alt_segment_id = r_cstr(&r, out->alt_segment_id, sizeof(out->alt_segment_id), true);
         d->alt_endpoint = r_cstr(&r, out->alt_endpoint, sizeof(out->alt_endpoint), true);
         d->alt_protocol = r_cstr(&r, out->alt_protocol, sizeof(out->alt_protocol), true);
+        rec->secret = r_str(&r, 64);
         if (!r.bad && (!out->client_id[0] || !out->segment_id[0]))
             return MOONLET_ERR_INVALID_PARAMS;
         rec->seg = d;
@@ -286,6 +288,8 @@ struct rseg {
     uint64_t base, size;
     bool has_key;
     uint8_t key[16];
+    uint8_t secret_len;
+    uint8_t secret[64];
 };
 
 struct robj {
@@ -447,7 +451,7 @@ static void obj_quarantine(moonlet_repl_state *st, const struct robj *o, uint32_
     quar_add(st, o->seg[k], o->off[k], o->size ? o->size : 1, until_ns);
 }
 
-static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d)
+static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, moonlet_str secret)
 {
     uint32_t slot;
     if (!d || !d->client_id || !d->segment_id || !d->endpoint || !d->protocol)
@@ -485,6 +489,10 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d)
     s->has_key = d->write_key != NULL;
     if (s->has_key)
         memcpy(s->key, d->write_key, 16);
+    if (secret.len > sizeof(s->secret))
+        return MOONLET_ERR_INVALID_PARAMS;
+    s->secret_len = (uint8_t)secret.len;
+    memcpy(s->secret, secret.ptr, secret.len);
     return MOONLET_OK;
 }
 
@@ -584,7 +592,7 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
     uint64_t now = moonlet_clock_now_ns();
     switch (rec->type) {
     case MOONLET_REPL_MOUNT:
-        return apply_mount(st, rec->seg);
+        return apply_mount(st, rec->seg, rec->secret);
     case MOONLET_REPL_UNMOUNT:
         return apply_unmount(st, rec->segment_id);
     case MOONLET_REPL_PLACE:
@@ -662,6 +670,9 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
             .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
             .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
         int rc = moonlet_master_mount_segment(m, &d);
+        if (!rc) /* only the node that bound the id may take it over, not a restarted one */
+            rc = moonlet_master_restore_client_secret(
+                m, MOONLET_STR(s->client), (moonlet_str){(const char *)s->secret, s->secret_len});
         if (rc) {
             ML_ERR(MOD, "promotion: mounting segment %s failed (%d)", s->id, rc);
             return rc;

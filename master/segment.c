@@ -295,6 +295,31 @@ static struct mclient *client_for_call_locked(struct registry *r, moonlet_str id
     return c;
 }
 
+int moonlet_master_restore_client_secret(moonlet_master *m, moonlet_str client_id,
+                                         moonlet_str secret)
+{
+    if (id_check(client_id) || secret.len > MOONLET_MAX_SECRET_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (secret.len == 0)
+        return MOONLET_OK;
+    struct registry *r = &m->reg;
+    uint32_t idx;
+    int rc = MOONLET_OK;
+    pthread_mutex_lock(&r->mu);
+    struct mclient *c = client_get_locked(r, client_id, false, &idx);
+    if (!c)
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    else if (c->secret_len && (c->secret_len != secret.len ||
+                               memcmp(c->secret, secret.ptr, secret.len) != 0))
+        rc = MOONLET_ERR_ILLEGAL_CLIENT;
+    else {
+        memcpy(c->secret, secret.ptr, secret.len);
+        c->secret_len = (uint8_t)secret.len;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
 int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet_str secret,
                                uint64_t session)
 {
@@ -576,7 +601,8 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     atomic_store(&s->state, SEG_MOUNTED);
     avail_add_locked(r, slot);
     if (repl_on(m)) { /* under registry.mu: ordered with the UNMOUNT of the same id */
-        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d};
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d,
+                                .secret = {(const char *)c->secret, c->secret_len}};
         repl_emit(m, &rec);
     }
     ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",

@@ -42,6 +42,7 @@
 struct moonlet_master_service {
     moonlet_master *m;
     const moonlet_role *role; /* NULL: no HA */
+    moonlet_repl_log *repl;   /* NULL: no replication */
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
     moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
@@ -672,7 +673,99 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     return MOONLET_OK;
 }
 
+/* ReplFetch: [epoch, next, lost, records (bin)] (repl_stream.h). */
+HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
+{
+    moonlet_repl_log *l = SVC(ctx)->repl;
+    if (!l)
+        return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "no replication");
+    char who[MOONLET_ROLE_ADDR_MAX];
+    snprintf(who, sizeof(who), "%.*s", (int)a->standby.len, a->standby.ptr);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t next = 0;
+    bool lost = false;
+    int rc = moonlet_repl_log_fetch(l, who, a->from, a->max_bytes ? a->max_bytes : 4u << 20,
+                                    (int)a->wait_ms, &buf, &len, &next, &lost);
+    if (rc)
+        return moonlet_rpc_error(out, rc, "replication fetch failed");
+    uint64_t epoch = 0;
+    moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
+    msgpack_pack_array(out, 4);
+    msgpack_pack_uint64(out, epoch);
+    msgpack_pack_uint64(out, next);
+    lost ? msgpack_pack_true(out) : msgpack_pack_false(out);
+    msgpack_pack_bin(out, len);
+    msgpack_pack_bin_body(out, buf, len);
+    free(buf);
+    return MOONLET_OK;
+}
+
+/* ReplSnapshot: [epoch, start, consistent_at, records (bin)]. */
+static int h_repl_snapshot(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    (void)args;
+    moonlet_repl_log *l = SVC(ctx)->repl;
+    if (!l)
+        return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "no replication");
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint64_t start = 0, cons = 0;
+    int rc = moonlet_repl_log_snapshot(l, M(ctx), &buf, &len, &start, &cons);
+    if (rc)
+        return moonlet_rpc_error(out, rc, "snapshot failed");
+    uint64_t epoch = 0;
+    moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
+    msgpack_pack_array(out, 4);
+    msgpack_pack_uint64(out, epoch);
+    msgpack_pack_uint64(out, start);
+    msgpack_pack_uint64(out, cons);
+    msgpack_pack_bin(out, len);
+    msgpack_pack_bin_body(out, buf, len);
+    free(buf);
+    return MOONLET_OK;
+}
+
 static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT];
+
+/* Whether a method changes metadata a standby must have before its reply. */
+static bool is_write(uint32_t id)
+{
+    switch (id) {
+    case MOONLET_M_MOUNT_SEGMENT:
+    case MOONLET_M_UNMOUNT_SEGMENT:
+    case MOONLET_M_PUT_START:
+    case MOONLET_M_PUT_END:
+    case MOONLET_M_PUT_REVOKE:
+    case MOONLET_M_REMOVE:
+    case MOONLET_M_REMOVE_ALL:
+    case MOONLET_M_PUT_REPLACE_REPLICA:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Semi-synchronous writes: the handler packs its reply aside; it goes out
+ * only once the in-sync standby acknowledged every record so far (or was
+ * marked out of sync in etcd); otherwise the caller gets an error. */
+static int semi_sync(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    int rc = g_handlers[ctx->method](ctx, args, &pk);
+    int w = moonlet_repl_log_wait(SVC(ctx)->repl);
+    if (w) {
+        msgpack_sbuffer_destroy(&sb);
+        return moonlet_rpc_error(out, w, "the standby did not acknowledge and cannot be marked "
+                                         "out of sync");
+    }
+    out->callback(out->data, sb.data, sb.size);
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
 
 /* The one HA check of every gated method: a master that may not serve now
  * (a standby, a leader in its grace period or past its fencing deadline)
@@ -687,6 +780,8 @@ static int gated(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "%s",
                                  ri.state == MOONLET_ROLE_LEADER ? "" : ri.leader);
     }
+    if (SVC(ctx)->repl && is_write(ctx->method))
+        return semi_sync(ctx, args, out);
     return g_handlers[ctx->method](ctx, args, out);
 }
 
@@ -714,6 +809,8 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
     [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
     [MOONLET_M_HELLO] = h_hello,
+    [MOONLET_M_REPL_FETCH] = h_repl_fetch,
+    [MOONLET_M_REPL_SNAPSHOT] = h_repl_snapshot,
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -724,6 +821,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
     s->role = opts->role;
+    s->repl = opts->repl;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     /* the server's table: the declared methods with a handler, but the disabled one */
     s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "master.h"
+#include "repl_stream.h"
 #include "role.h"
 
 typedef struct moonlet_master_service moonlet_master_service;
@@ -38,6 +39,12 @@ typedef struct moonlet_service_opts {
      * the role does not allow serving, and connections that sent Hello get
      * the epoch on every reply.  Must outlive the service. */
     const moonlet_role *role;
+    /* Replication (repl_stream.h): serves ReplFetch / ReplSnapshot from it,
+     * and answers the writes (PutStart, PutEnd, PutRevoke, Remove,
+     * RemoveAll, PutReplaceReplica, MountSegment, UnmountSegment) only after
+     * moonlet_repl_log_wait.  NULL: none (the methods answer NOT_IMPLEMENTED
+     * ... as unknown).  Must outlive the service. */
+    moonlet_repl_log *repl;
 } moonlet_service_opts;
 
 #define MOONLET_DEFAULT_MAX_BATCH_KEYS 65536u

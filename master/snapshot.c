@@ -73,7 +73,9 @@ void moonlet_master_snapshot(moonlet_master *m,
             .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
             .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
             .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
-        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = &d};
+        const struct mclient *c = &r->clients[s->client];
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = &d,
+                                .secret = {(const char *)c->secret, c->secret_len}};
         emit(arg, &rec);
         for (uint32_t q = 0; q < s->nquar; q++) {
             if (s->quar[q].until_ns <= now)

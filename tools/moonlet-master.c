@@ -33,6 +33,9 @@
 #include <string.h>
 
 #include "election.h"
+#include "etcd.h"
+#include "monotime.h"
+#include "repl_stream.h"
 #include "fdlimit.h"
 #include "log.h"
 #include "master.h"
@@ -89,6 +92,10 @@ static void usage(FILE *f)
             "                                     port it listens on)\n"
             "  --etcd-lease-ttl S                 etcd lease TTL in seconds (default 5): a dead\n"
             "                                     leader is replaced within about 2 x TTL\n"
+            "  --repl-max-lag-ms MS               a write waits at most this long for the hot\n"
+            "                                     standby's ack before the leader marks it out\n"
+            "                                     of sync and goes on alone (default 300)\n"
+            "  --no-replication                   no hot standby: a failover starts empty\n"
             "  --help, --version\n"
             "\n"
             "Durations (the TTLs and timeouts in ms or s above) also take a unit: 500ms, 5s,\n"
@@ -169,12 +176,95 @@ enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
-    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA
+    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
 #define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
+
+/*
+ * The hot standby (master/repl_stream.h).  The leader's records go to
+ * g_ha.log; a standby's follower thread applies the leader's to its state.
+ * In etcd, /moonlet/<cluster>/insync names the standby in sync as
+ * "HOST:PORT@EPOCH" (written and deleted by the leader of EPOCH, fenced on
+ * its leader key's create revision).  At election (on_elected, before the
+ * window opens) the follower stops; its state is restored into the (empty)
+ * master only if that key names this master for the epoch it followed.
+ */
+static struct {
+    moonlet_repl_log *log;
+    moonlet_repl_follower *follower;
+    moonlet_repl_follower_opts fo;
+    moonlet_etcd *mark_etcd, *promo_etcd;
+    moonlet_role *role;
+    moonlet_master *_Atomic m; /* the master being served */
+    char leader_key[320], insync_key[320];
+    char advertise[320];
+} g_ha;
+
+static int repl_mark(void *arg, bool in_sync, const char *standby)
+{
+    (void)arg;
+    moonlet_role_info ri;
+    moonlet_role_get(g_ha.role, moonlet_mono_ms(), &ri);
+    if (ri.state != MOONLET_ROLE_LEADER || !ri.epoch)
+        return MOONLET_ERR_NOT_LEADER;
+    char val[MOONLET_ROLE_ADDR_MAX + 32];
+    int n = snprintf(val, sizeof(val), "%s@%llu", standby, (unsigned long long)ri.epoch);
+    bool ok = false;
+    int rc = moonlet_etcd_txn_fenced(g_ha.mark_etcd, g_ha.leader_key, (int64_t)ri.epoch,
+                                     g_ha.insync_key, in_sync ? val : NULL, (size_t)n, &ok);
+    if (!rc && !ok)
+        rc = MOONLET_ERR_NOT_LEADER;
+    return rc;
+}
+
+static void follower_start(void)
+{
+    if (g_ha.log && !g_ha.follower &&
+        moonlet_repl_follower_start(&g_ha.fo, &g_ha.follower) != MOONLET_OK)
+        ML_ERR("master", "cannot start the replication follower: this master stays a cold standby");
+}
+
+static void on_elected(void *arg, uint64_t epoch)
+{
+    (void)arg;
+    if (!g_ha.follower)
+        return;
+    bool consistent = false;
+    uint64_t followed = 0;
+    moonlet_repl_state *st = moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed);
+    moonlet_repl_follower_destroy(g_ha.follower);
+    g_ha.follower = NULL;
+    char want[sizeof(g_ha.advertise) + 32];
+    snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
+    moonlet_etcd_kv kv;
+    bool named = false;
+    if (followed && moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
+        named = kv.found && strcmp(kv.value, want) == 0;
+        moonlet_etcd_kv_free(&kv);
+    }
+    moonlet_repl_counts c = {0};
+    if (st)
+        moonlet_repl_state_counts(st, &c);
+    if (st && named && consistent) {
+        uint64_t restored = 0, skipped = 0;
+        int rc = moonlet_repl_state_restore(st, g_ha.m, &restored, &skipped);
+        ML_WARN("master", "ha: promoted with state of epoch %llu for epoch %llu: %llu segments, "
+                "%llu objects restored, %llu skipped%s", (unsigned long long)followed,
+                (unsigned long long)epoch, (unsigned long long)c.segments,
+                (unsigned long long)restored, (unsigned long long)skipped,
+                rc ? " (segment mount failed)" : "");
+    } else {
+        ML_WARN("master", "ha: promoted EMPTY for epoch %llu (followed epoch %llu, named in sync: "
+                "%s, consistent: %s, %llu objects known)", (unsigned long long)epoch,
+                (unsigned long long)followed, named ? "yes" : "no", consistent ? "yes" : "no",
+                (unsigned long long)c.objects);
+    }
+    moonlet_repl_state_destroy(st);
+    moonlet_repl_log_reset(g_ha.log);
+}
 
 /* The election thread's notice that this master was deposed: the main
  * thread, in sigwait, resets the metadata. */
@@ -212,6 +302,8 @@ int main(int argc, char **argv)
         {"cluster-id", required_argument, 0, O_CLUSTER},
         {"advertise", required_argument, 0, O_ADVERTISE},
         {"etcd-lease-ttl", required_argument, 0, O_ETCD_TTL},
+        {"repl-max-lag-ms", required_argument, 0, O_REPL_LAG},
+        {"no-replication", no_argument, 0, O_NO_REPL},
         {"etcd_endpoints", required_argument, 0, O_ETCD},
         {"cluster_id", required_argument, 0, O_CLUSTER},
         {"enable_ha", optional_argument, 0, O_ENABLE_HA},
@@ -251,6 +343,8 @@ int main(int argc, char **argv)
     const char *token_file = NULL;
     const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
     uint32_t etcd_ttl_s = 0;
+    uint64_t repl_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
+    bool no_repl = false;
     bool address_given = false;
     int metrics_port = -1; /* off */
     uint64_t v;
@@ -315,6 +409,11 @@ int main(int argc, char **argv)
             etcd_ttl_s = (uint32_t)(v / 1000);
             break;
         case O_ENABLE_HA: break; /* HA is on exactly when --etcd-endpoints is given */
+        case O_REPL_LAG:
+            bad = parse_duration_ms("--repl-max-lag-ms", optarg, 1, &v) || v == 0 || v > 60000;
+            repl_lag_ms = v;
+            break;
+        case O_NO_REPL: no_repl = true; break;
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
@@ -372,6 +471,21 @@ int main(int argc, char **argv)
         return 1;
     so.role = role;
     int sig = 0, exit_code = 0;
+    g_ha.role = role;
+    if (role && !no_repl) {
+        moonlet_repl_log_opts lo = {.max_lag_ms = repl_lag_ms, .mark = repl_mark};
+        if (moonlet_etcd_create(etcd, 2000, &g_ha.mark_etcd) != MOONLET_OK ||
+            moonlet_etcd_create(etcd, 2000, &g_ha.promo_etcd) != MOONLET_OK ||
+            moonlet_repl_log_create(&lo, &g_ha.log) != MOONLET_OK) {
+            ML_ERR("master", "cannot set up replication");
+            return 1;
+        }
+        snprintf(g_ha.leader_key, sizeof(g_ha.leader_key), "/moonlet/%s/leader", cluster);
+        snprintf(g_ha.insync_key, sizeof(g_ha.insync_key), "/moonlet/%s/insync", cluster);
+        cfg.repl_emit = moonlet_repl_log_emit;
+        cfg.repl_arg = g_ha.log;
+        so.repl = g_ha.log;
+    }
 
     moonlet_master *m;
     int rc = moonlet_master_create(&cfg, &m);
@@ -397,6 +511,7 @@ int main(int argc, char **argv)
         return 1;
     }
     moonlet_metrics_set_role(metrics, role);
+    g_ha.m = m;
     so.port = moonlet_master_service_port(svc); /* a reset listens on the same port */
     printf("listening on %s:%u\n", so.address, so.port);
     uint16_t metrics_port_bound = metrics ? moonlet_metrics_port(metrics) : 0;
@@ -416,10 +531,17 @@ int main(int argc, char **argv)
         advertise = advertise_buf;
         moonlet_role_set_advertise(role, advertise);
     }
+    if (g_ha.log) {
+        snprintf(g_ha.advertise, sizeof(g_ha.advertise), "%s", advertise);
+        g_ha.fo = (moonlet_repl_follower_opts){.role = role, .advertise = g_ha.advertise,
+                                               .auth_token = token};
+        follower_start();
+    }
     if (role) {
         moonlet_election_opts eo = {.endpoints = etcd, .cluster_id = cluster,
                                     .advertise = advertise, .ttl_s = etcd_ttl_s,
-                                    .on_deposed = on_deposed, .arg = NULL};
+                                    .on_deposed = on_deposed, .arg = NULL,
+                                    .on_elected = g_ha.log ? on_elected : NULL};
         rc = moonlet_election_start(&eo, role, &el);
         if (rc) {
             ML_ERR("master", "cannot start the election on %s: %s", etcd, moonlet_strerror(rc));
@@ -443,7 +565,10 @@ int main(int argc, char **argv)
         svc = NULL;
         moonlet_master_destroy(m);
         m = NULL;
+        if (g_ha.log)
+            moonlet_repl_log_reset(g_ha.log);
         rc = moonlet_master_create(&cfg, &m);
+        g_ha.m = m;
         if (!rc)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
@@ -456,13 +581,18 @@ int main(int argc, char **argv)
             exit_code = 1;
             break;
         }
+        follower_start(); /* a standby again: follow the next leader */
         moonlet_election_reset_done(el);
     }
     ML_INFO("master", "signal %d: shutting down", sig);
     moonlet_election_stop(el);
+    moonlet_repl_follower_destroy(g_ha.follower);
     moonlet_metrics_stop(metrics);
     moonlet_master_service_stop(svc);
     moonlet_master_destroy(m);
+    moonlet_repl_log_destroy(g_ha.log);
+    moonlet_etcd_destroy(g_ha.mark_etcd);
+    moonlet_etcd_destroy(g_ha.promo_etcd);
     moonlet_role_destroy(role);
     moonlet_token_free(token);
     return exit_code;

@@ -436,6 +436,44 @@ static void test_apply_errors(void **state)
     moonlet_repl_state_destroy(st);
 }
 
+/* A restored client keeps its node's secret: the same node takes its id
+ * (and segments) over on the new leader, a restarted one (another secret)
+ * is refused until the id expires, so its old segment's objects are never
+ * trusted. */
+static void test_restored_client_secret(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader(&s);
+    assert_int_equal(moonlet_master_bind_client(a, MOONLET_STR("node"), MOONLET_STR("secret-1"), 7),
+                     MOONLET_OK);
+    moonlet_segment_desc d = {.client_id = "node", .segment_id = "seg", .size = 1 << 20,
+                              .endpoint = "e:1", .protocol = "tcp", .write_key = KEY,
+                              .node_clock_ms = 5};
+    assert_int_equal(moonlet_master_mount_segment_as(a, &d, 7), MOONLET_OK);
+    for (int snap = 0; snap < 2; snap++) {
+        struct stream sn = {0};
+        if (snap)
+            moonlet_master_snapshot(a, emit, &sn);
+        moonlet_repl_state *st = apply_all(snap ? &sn : &s, snap ? sn.n : s.n);
+        moonlet_master *b = leader(NULL);
+        assert_int_equal(moonlet_repl_state_restore(st, b, NULL, NULL), MOONLET_OK);
+        assert_int_equal(moonlet_master_bind_client(b, MOONLET_STR("node"), MOONLET_STR("other"), 9),
+                         MOONLET_ERR_ILLEGAL_CLIENT);
+        assert_int_equal(
+            moonlet_master_bind_client(b, MOONLET_STR("node"), MOONLET_STR("secret-1"), 10),
+            MOONLET_OK);
+        uint32_t segs = 0;
+        assert_int_equal(moonlet_master_ping_as(b, MOONLET_STR("node"), 10, &segs), MOONLET_OK);
+        assert_int_equal(segs, 1);
+        moonlet_master_destroy(b);
+        moonlet_repl_state_destroy(st);
+        stream_free(&sn);
+    }
+    moonlet_master_destroy(a);
+    stream_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -444,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_pending_kept_until_deadline),
         cmocka_unit_test(test_reuse_order),
         cmocka_unit_test(test_apply_errors),
+        cmocka_unit_test(test_restored_client_secret),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     moonlet_clock_set_fake(0);

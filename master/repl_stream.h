@@ -1,0 +1,118 @@
+/*
+ * repl_stream.h - the replication stream between a leader and its hot
+ * standby (issue 14), on both ends.
+ *
+ * Leader: moonlet_repl_log keeps the records the master core emits
+ * (cfg.repl_emit = moonlet_repl_log_emit), numbered from 1, for a standby to
+ * fetch (method ReplFetch, 29, long-polled; a fetch from `from` acknowledges
+ * every record below it) after a snapshot (ReplSnapshot, 30).  Semi-synchronous
+ * writes: while the standby is in sync, a write's reply waits
+ * (moonlet_repl_log_wait) until the standby acknowledged every record
+ * emitted so far; when that takes longer than max_lag_ms the leader first
+ * marks the standby out of sync (opts.mark: in etcd, fenced on its epoch)
+ * and only then answers.  A standby that has acknowledged everything is
+ * marked in sync again: writes wait from then on, then etcd names it.
+ * One standby (the last one that fetched): two masters.
+ *
+ * Standby: moonlet_repl_follower is a thread that follows the leader the
+ * role knows (role.h), takes a snapshot, then applies the records to a
+ * moonlet_repl_state (replicate.h), re-taking a snapshot whenever the
+ * leader, its epoch or the stream's continuity changes.  At promotion the
+ * owner stops it and restores its state only if etcd names this standby in
+ * sync for the epoch it followed and the state is consistent.
+ *
+ * Locks: the log's mu is a leaf for emit (called under master locks: it only
+ * copies); opts.mark runs with no lock held (one marking at a time).  The
+ * follower's state is its thread's; its status takes the follower's mu.
+ */
+#ifndef MOONLET_REPL_STREAM_H
+#define MOONLET_REPL_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "master.h"
+#include "replicate.h"
+#include "role.h"
+
+typedef struct moonlet_repl_log moonlet_repl_log;
+
+typedef struct moonlet_repl_log_opts {
+    size_t max_bytes;    /* encoded records kept for a lagging standby; 0: 64 MiB */
+    uint64_t max_lag_ms; /* semi-sync: longest wait for the standby's ack; 0: 300 */
+    /* Names the standby in sync (true) or nobody (false) in etcd, fenced on
+     * this leader's epoch; 0 on success.  NULL: succeeds (tests, no etcd). */
+    int (*mark)(void *arg, bool in_sync, const char *standby);
+    void *mark_arg;
+} moonlet_repl_log_opts;
+
+#define MOONLET_REPL_DEFAULT_MAX_LAG_MS 300u
+
+int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log **out);
+void moonlet_repl_log_destroy(moonlet_repl_log *l);
+/* cfg.repl_emit of the leader's master (arg: the log). */
+void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec);
+/* A new term or a new master: records and the standby are forgotten (the
+ * standby is out of sync; etcd's mark is the election's business). */
+void moonlet_repl_log_reset(moonlet_repl_log *l);
+/* The number the next record gets. */
+uint64_t moonlet_repl_log_next(moonlet_repl_log *l);
+
+/* ReplFetch: `standby` acknowledges every record below `from`; then gets the
+ * records from `from` on (each as u32 length + bytes, little-endian), at
+ * most max_bytes (at least one record), waiting up to wait_ms for the first.
+ * *buf is malloc'd (NULL when none); *next: the number after the last one.
+ * *lost: `from` is no longer (or not yet) in the log: take a snapshot. */
+int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t from,
+                           size_t max_bytes, int wait_ms, uint8_t **buf, size_t *len,
+                           uint64_t *next, bool *lost);
+/* ReplSnapshot: the master's snapshot in the same framing; *start: where
+ * the stream continues; *consistent_at: the log's next number after the
+ * walk (the replay is consistent from there on). */
+int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint8_t **buf, size_t *len,
+                              uint64_t *start, uint64_t *consistent_at);
+/* Semi-sync: call after a write, before answering it.  0, or
+ * UNAVAILABLE_IN_CURRENT_STATUS when the standby lagged and could not be
+ * marked out of sync (the write must not be acknowledged). */
+int moonlet_repl_log_wait(moonlet_repl_log *l);
+
+typedef struct moonlet_repl_log_status {
+    char standby[MOONLET_ROLE_ADDR_MAX]; /* "" : none fetched yet */
+    bool in_sync;
+    uint64_t next, acked;   /* the standby applied every record below `acked` */
+    uint64_t lag_ms;        /* age of the oldest record it has not acknowledged */
+    uint64_t last_fetch_age_ms;
+    uint64_t out_of_sync_marks, in_sync_marks;
+} moonlet_repl_log_status;
+void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *st);
+
+/* ---- standby ---------------------------------------------------------------- */
+
+typedef struct moonlet_repl_follower moonlet_repl_follower;
+
+typedef struct moonlet_repl_follower_opts {
+    const moonlet_role *role; /* whom to follow (the leader it names) */
+    const char *advertise;    /* this standby's name for the leader */
+    const char *auth_token;   /* the masters' token; NULL: none */
+    int fetch_wait_ms;        /* long-poll; 0: 200 */
+} moonlet_repl_follower_opts;
+
+int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
+                                moonlet_repl_follower **out);
+/* Stops the thread (joins it) and hands over its state: *consistent when it
+ * replayed past its snapshot's end and applied without divergence since;
+ * *epoch: the leader epoch it followed (0: none).  The caller destroys the
+ * state (moonlet_repl_state_destroy) and the follower. */
+moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *consistent,
+                                               uint64_t *epoch);
+void moonlet_repl_follower_destroy(moonlet_repl_follower *f);
+
+typedef struct moonlet_repl_follower_status {
+    char leader[MOONLET_ROLE_ADDR_MAX];
+    uint64_t epoch, applied, leader_next, snapshots, records;
+    bool consistent, connected;
+} moonlet_repl_follower_status;
+void moonlet_repl_follower_get_status(moonlet_repl_follower *f, moonlet_repl_follower_status *st);
+
+#endif
