@@ -209,28 +209,46 @@ int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t fr
     *len = 0;
     *lost = false;
     pthread_mutex_lock(&l->mu);
-    l->last_fetch_ms = moonlet_mono_ms();
+    uint64_t now = moonlet_mono_ms();
+    /* One hot standby: another one is served records but counts for
+     * nothing, unless the current one has not fetched for a second (gone). */
+    bool secondary = false;
     if (strcmp(l->standby, standby) != 0) {
-        if (l->in_sync && l->standby[0]) {
-            /* one standby: another one fetching means the old one left */
-            ML_WARN(MOD, "standby %s replaces %s", standby, l->standby);
+        if (l->standby[0] && now - l->last_fetch_ms < 1000) {
+            secondary = true;
+        } else {
+            if (l->standby[0])
+                ML_WARN(MOD, "standby %s replaces %s", standby, l->standby);
+            if (l->in_sync) { /* the old one is named in etcd: unname it first */
+                int rc = l->marking ? MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS
+                                    : mark_locked(l, false);
+                if (rc) {
+                    pthread_mutex_unlock(&l->mu);
+                    return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+                }
+                l->in_sync = false;
+                l->out_marks++;
+            }
+            snprintf(l->standby, sizeof(l->standby), "%s", standby);
+            l->acked = 0;
         }
-        snprintf(l->standby, sizeof(l->standby), "%s", standby);
-        l->acked = 0;
-        l->in_sync = false;
     }
-    if (from > l->next || from < ring_first(l)) {
+    if (!secondary)
+        l->last_fetch_ms = now;
+    if (secondary) {
+        /* records only: no ack, no in-sync state */
+    } else if (from > l->next || from < ring_first(l)) {
         *lost = true;
         *next = l->next;
         pthread_mutex_unlock(&l->mu);
         return MOONLET_OK;
     }
-    if (from > l->acked) {
+    if (!secondary && from > l->acked) {
         l->acked = from;
         pthread_cond_broadcast(&l->cv);
     }
     /* Caught up and not in sync: writes wait for it from now on, then etcd names it. */
-    if (!l->in_sync && !l->marking && from == l->next) {
+    if (!secondary && !l->in_sync && !l->marking && from == l->next) {
         l->in_sync = true;
         int rc = mark_locked(l, true);
         if (rc) {

@@ -775,6 +775,14 @@ static int gated(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
 {
     uint64_t epoch;
     if (!moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch)) {
+        /* A promoted standby in its grace period learns the clock offset of
+         * the store nodes it restored (their pings come before it serves),
+         * so its first write capabilities are not issued on a guess. */
+        if (ctx->method == MOONLET_M_PING) {
+            const moonlet_args_ping *p = ctx->argv;
+            if (p->node_clock_ms)
+                moonlet_master_note_node_clock(M(ctx), p->client_id, p->node_clock_ms);
+        }
         moonlet_role_info ri;
         moonlet_role_get(SVC(ctx)->role, moonlet_mono_ms(), &ri);
         return moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "%s",
