@@ -87,6 +87,7 @@ typedef struct moonlet_repl_rec {
     moonlet_str client_id, segment_id;          /* UNMOUNT */
     const struct moonlet_segment_desc *seg;     /* MOUNT */
     moonlet_str secret;       /* MOUNT: the owner's BindClient secret (may be empty) */
+    int64_t clock_offset_ms;  /* MOUNT: the leader's bound of node clock - its clock */
 } moonlet_repl_rec;
 
 typedef struct moonlet_master_config {

@@ -190,6 +190,7 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_HELLO, "Hello", &s_any},
     {MOONLET_M_REPL_FETCH, "ReplFetch", &s_repl_fetch},
     {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_none},
+    {MOONLET_M_REPL_PORT, "ReplPort", &s_none},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

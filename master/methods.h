@@ -48,7 +48,7 @@ enum moonlet_method {
     MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
     MOONLET_M_REPL_FETCH = 29,    /* a standby's long poll of the replication stream */
     MOONLET_M_REPL_SNAPSHOT = 30, /* a standby's starting point */
-    /* 31: reserved for the replication status */
+    MOONLET_M_REPL_PORT = 31,     /* where the leader serves ReplFetch / ReplSnapshot */
     MOONLET_M__COUNT
 };
 

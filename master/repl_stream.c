@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "methods.h"
 #include "monotime.h"
@@ -531,8 +532,24 @@ static void *follow(void *arg)
             moonlet_rpc_client_opts co = {.timeout_ms = 2000 + f->o.fetch_wait_ms,
                                           .auth_token = f->token[0] ? f->token : NULL,
                                           .auth_token_len = strlen(f->token)};
-            if (moonlet_net_split_hostport(ri.leader, host, sizeof(host), &port) ||
-                moonlet_rpc_client_connect(host, port, &co, &f->c)) {
+            /* ReplPort on the leader's address, then its replication server */
+            moonlet_rpc_client *main_c = NULL;
+            uint64_t rport = 0;
+            if (!moonlet_net_split_hostport(ri.leader, host, sizeof(host), &port) &&
+                !moonlet_rpc_client_connect(host, port, &co, &main_c)) {
+                moonlet_rpc_client_begin(main_c, MOONLET_M_REPL_PORT, 0);
+                moonlet_reply rep;
+                if (!moonlet_rpc_client_call(main_c, &rep)) {
+                    if (rep.code || !rep.result || rep.result->type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+                        rep.result->via.u64 > 65535)
+                        rport = 0;
+                    else
+                        rport = rep.result->via.u64;
+                    moonlet_reply_destroy(&rep);
+                }
+            }
+            moonlet_rpc_client_close(main_c);
+            if (!rport || moonlet_rpc_client_connect(host, (uint16_t)rport, &co, &f->c)) {
                 f->c = NULL;
                 struct timespec ts = {0, 100 * 1000000L};
                 nanosleep(&ts, NULL);
@@ -579,6 +596,10 @@ static void *follow(void *arg)
                     moonlet_wire_u64(rep.result, 1, &next) ||
                     moonlet_wire_bool(rep.result, 2, &lost) || !(b = bin_at(rep.result, 3))))
             rc = MOONLET_ERR_INVALID_PARAMS;
+        uint64_t leader_ms = 0;
+        if (!rc && !moonlet_wire_u64(rep.result, 4, &leader_ms) && leader_ms)
+            moonlet_repl_state_note_leader_clock(
+                f->st, (int64_t)leader_ms - (int64_t)(moonlet_clock_now_ns() / MOONLET_NS_PER_MS) - 1);
         if (!rc && (lost || ep != epoch)) {
             need_snap = true;
         } else if (!rc) {

@@ -125,6 +125,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
         w_str(&w, cstr(d->alt_endpoint));
         w_str(&w, cstr(d->alt_protocol));
         w_str(&w, rec->secret.ptr ? rec->secret : (moonlet_str){"", 0});
+        w_u64(&w, (uint64_t)rec->clock_offset_ms);
         break;
     }
     case MOONLET_REPL_UNMOUNT:
@@ -257,6 +258,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         d->alt_endpoint = r_cstr(&r, out->alt_endpoint, sizeof(out->alt_endpoint), true);
         d->alt_protocol = r_cstr(&r, out->alt_protocol, sizeof(out->alt_protocol), true);
         rec->secret = r_str(&r, 64);
+        rec->clock_offset_ms = (int64_t)r_u64(&r);
         if (!r.bad && (!out->client_id[0] || !out->segment_id[0]))
             return MOONLET_ERR_INVALID_PARAMS;
         rec->seg = d;
@@ -290,6 +292,7 @@ struct rseg {
     uint8_t key[16];
     uint8_t secret_len;
     uint8_t secret[64];
+    int64_t clock_offset_ms; /* the leader's bound of node - leader clock */
 };
 
 struct robj {
@@ -322,7 +325,16 @@ struct moonlet_repl_state {
     uint64_t nobjs;
     struct rquar *quar;
     uint32_t nquar, quar_cap;
+    bool has_leader_clock;
+    int64_t leader_clock_lb; /* a lower bound of leader clock - this clock (ms) */
 };
+
+void moonlet_repl_state_note_leader_clock(moonlet_repl_state *st, int64_t lb)
+{
+    if (!st->has_leader_clock || lb > st->leader_clock_lb)
+        st->leader_clock_lb = lb;
+    st->has_leader_clock = true;
+}
 
 int moonlet_repl_state_create(moonlet_repl_state **out)
 {
@@ -356,6 +368,7 @@ void moonlet_repl_state_clear(moonlet_repl_state *st)
     st->nobjs = 0;
     st->nsegs = 0;
     st->nquar = 0;
+    st->has_leader_clock = false;
 }
 
 void moonlet_repl_state_destroy(moonlet_repl_state *st)
@@ -451,7 +464,8 @@ static void obj_quarantine(moonlet_repl_state *st, const struct robj *o, uint32_
     quar_add(st, o->seg[k], o->off[k], o->size ? o->size : 1, until_ns);
 }
 
-static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, moonlet_str secret)
+static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, moonlet_str secret,
+                       int64_t clock_offset_ms)
 {
     uint32_t slot;
     if (!d || !d->client_id || !d->segment_id || !d->endpoint || !d->protocol)
@@ -493,6 +507,7 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, mo
         return MOONLET_ERR_INVALID_PARAMS;
     s->secret_len = (uint8_t)secret.len;
     memcpy(s->secret, secret.ptr, secret.len);
+    s->clock_offset_ms = clock_offset_ms;
     return MOONLET_OK;
 }
 
@@ -592,7 +607,7 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
     uint64_t now = moonlet_clock_now_ns();
     switch (rec->type) {
     case MOONLET_REPL_MOUNT:
-        return apply_mount(st, rec->seg, rec->secret);
+        return apply_mount(st, rec->seg, rec->secret, rec->clock_offset_ms);
     case MOONLET_REPL_UNMOUNT:
         return apply_unmount(st, rec->segment_id);
     case MOONLET_REPL_PLACE:
@@ -659,13 +674,20 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
         const struct rseg *s = &st->segs[i];
         if (!s->used)
             continue;
-        /* The node's clock is unknown here: node_clock_ms 1 makes the
-         * offset bound as low as it goes, so capabilities issued before the
-         * node's next Ping (which refreshes it) expire early, never late. */
+        /* The node's clock offset: the leader's bound (node - leader) plus a
+         * lower bound of (leader - this master), so still a lower bound of
+         * node - this master.  Unknown (no leader clock seen): node_clock_ms
+         * 1, the lowest bound, so capabilities issued before the node's next
+         * Ping (which refreshes it) expire early, never late. */
+        uint64_t node_ms = 1;
+        if (st->has_leader_clock) {
+            int64_t v = (int64_t)(now / MOONLET_NS_PER_MS) + s->clock_offset_ms + st->leader_clock_lb;
+            node_ms = v > 1 ? (uint64_t)v : 1;
+        }
         moonlet_segment_desc d = {
             .client_id = s->client, .segment_id = s->id, .name = s->name[0] ? s->name : NULL,
             .base = s->base, .size = s->size, .endpoint = s->endpoint, .protocol = s->protocol,
-            .write_key = s->has_key ? s->key : NULL, .node_clock_ms = s->has_key ? 1 : 0,
+            .write_key = s->has_key ? s->key : NULL, .node_clock_ms = s->has_key ? node_ms : 0,
             .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
             .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
             .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};

@@ -68,6 +68,11 @@ void moonlet_repl_state_clear(moonlet_repl_state *st);
  * (an unmount already took it). */
 int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec);
 
+/* A lower bound of (leader clock - this master's clock) in ms, measured by
+ * the follower (the leader's clock in a reply minus this clock on receipt);
+ * restore turns the leader's node clock offsets into this master's with it. */
+void moonlet_repl_state_note_leader_clock(moonlet_repl_state *st, int64_t lb);
+
 typedef struct moonlet_repl_counts {
     uint64_t segments, objects, sealed, pending, quarantined;
 } moonlet_repl_counts;

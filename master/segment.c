@@ -602,7 +602,8 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     avail_add_locked(r, slot);
     if (repl_on(m)) { /* under registry.mu: ordered with the UNMOUNT of the same id */
         moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d,
-                                .secret = {(const char *)c->secret, c->secret_len}};
+                                .secret = {(const char *)c->secret, c->secret_len},
+                                .clock_offset_ms = atomic_load(&s->clock_offset_ms)};
         repl_emit(m, &rec);
     }
     ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",

@@ -37,12 +37,18 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "rpc_server.h"
+#include "clock.h"
 #include "wire.h"
 
 struct moonlet_master_service {
     moonlet_master *m;
     const moonlet_role *role; /* NULL: no HA */
     moonlet_repl_log *repl;   /* NULL: no replication */
+    /* With repl: ReplFetch / ReplSnapshot on their own server (own port and
+     * loop threads), so a standby's long poll and its acks never queue
+     * behind writes that wait for those very acks on the main loops. */
+    moonlet_rpc_server *repl_rpc;
+    moonlet_rpc_method repl_methods[2];
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
     moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
@@ -674,11 +680,27 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 }
 
 /* ReplFetch: [epoch, next, lost, records (bin)] (repl_stream.h). */
+/* The replication server's own leader gate (it is not the main table's). */
+static bool repl_serving(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *rc)
+{
+    uint64_t epoch;
+    if (!SVC(ctx)->repl) {
+        *rc = moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "no replication");
+        return false;
+    }
+    if (!moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch)) {
+        *rc = moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "not the leader");
+        return false;
+    }
+    return true;
+}
+
 HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
 {
+    int erc;
+    if (!repl_serving(ctx, out, &erc))
+        return erc;
     moonlet_repl_log *l = SVC(ctx)->repl;
-    if (!l)
-        return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "no replication");
     char who[MOONLET_ROLE_ADDR_MAX];
     snprintf(who, sizeof(who), "%.*s", (int)a->standby.len, a->standby.ptr);
     uint8_t *buf = NULL;
@@ -691,12 +713,13 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
         return moonlet_rpc_error(out, rc, "replication fetch failed");
     uint64_t epoch = 0;
     moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
-    msgpack_pack_array(out, 4);
+    msgpack_pack_array(out, 5);
     msgpack_pack_uint64(out, epoch);
     msgpack_pack_uint64(out, next);
     lost ? msgpack_pack_true(out) : msgpack_pack_false(out);
     msgpack_pack_bin(out, len);
     msgpack_pack_bin_body(out, buf, len);
+    msgpack_pack_uint64(out, moonlet_clock_now_ns() / MOONLET_NS_PER_MS); /* the leader's clock */
     free(buf);
     return MOONLET_OK;
 }
@@ -705,9 +728,10 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
 static int h_repl_snapshot(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     (void)args;
+    int erc;
+    if (!repl_serving(ctx, out, &erc))
+        return erc;
     moonlet_repl_log *l = SVC(ctx)->repl;
-    if (!l)
-        return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "no replication");
     uint8_t *buf = NULL;
     size_t len = 0;
     uint64_t start = 0, cons = 0;
@@ -723,6 +747,15 @@ static int h_repl_snapshot(moonlet_rpc_ctx *ctx, const msgpack_object *args, msg
     msgpack_pack_bin(out, len);
     msgpack_pack_bin_body(out, buf, len);
     free(buf);
+    return MOONLET_OK;
+}
+
+/* ReplPort: the port of the replication server (0: none). */
+static int h_repl_port(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    (void)args;
+    moonlet_rpc_server *r = SVC(ctx)->repl_rpc;
+    msgpack_pack_uint64(out, r ? moonlet_rpc_server_port(r) : 0);
     return MOONLET_OK;
 }
 
@@ -817,8 +850,7 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
     [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
     [MOONLET_M_HELLO] = h_hello,
-    [MOONLET_M_REPL_FETCH] = h_repl_fetch,
-    [MOONLET_M_REPL_SNAPSHOT] = h_repl_snapshot,
+    [MOONLET_M_REPL_PORT] = h_repl_port,
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -881,12 +913,42 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .max_request_elements = 2 * (uint64_t)s->max_batch_keys + 1024,
         .max_batch = s->max_batch_keys,
     };
+    if (s->repl) {
+        static const moonlet_rpc_method repl_methods[2] = {
+            {MOONLET_M_REPL_FETCH, "ReplFetch", h_repl_fetch, NULL},
+            {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", h_repl_snapshot, NULL},
+        };
+        moonlet_rpc_server_opts rr = ro;
+        rr.port = opts->repl_port;
+        rr.threads = 2; /* one standby's long poll, and another's */
+        rr.methods = s->repl_methods;
+        rr.nmethods = 2;
+        rr.reply_epoch = NULL;
+        rr.max_connections = 16;
+        rr.idle_timeout_ms = 0;
+        s->repl_methods[0] = repl_methods[0];
+        s->repl_methods[1] = repl_methods[1];
+        s->repl_methods[0].spec = moonlet_master_method(MOONLET_M_REPL_FETCH)->spec;
+        s->repl_methods[1].spec = moonlet_master_method(MOONLET_M_REPL_SNAPSHOT)->spec;
+        int rrc = moonlet_rpc_server_create(&rr, &s->repl_rpc);
+        if (!rrc)
+            rrc = moonlet_rpc_server_start(s->repl_rpc);
+        if (rrc) {
+            if (s->repl_rpc)
+                moonlet_rpc_server_destroy(s->repl_rpc);
+            free(s->methods);
+            free(s);
+            return rrc;
+        }
+    }
     int rc = moonlet_rpc_server_create(&ro, &s->rpc);
     if (!rc)
         rc = moonlet_rpc_server_start(s->rpc);
     if (rc) {
         if (s->rpc)
             moonlet_rpc_server_destroy(s->rpc);
+        if (s->repl_rpc)
+            moonlet_rpc_server_destroy(s->repl_rpc);
         free(s->methods);
         free(s);
         return rc;
@@ -905,6 +967,8 @@ void moonlet_master_service_stop(moonlet_master_service *s)
     if (!s)
         return;
     moonlet_rpc_server_destroy(s->rpc);
+    if (s->repl_rpc)
+        moonlet_rpc_server_destroy(s->repl_rpc);
     free(s->methods);
     free(s);
 }

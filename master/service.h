@@ -45,6 +45,7 @@ typedef struct moonlet_service_opts {
      * moonlet_repl_log_wait.  NULL: none (the methods answer NOT_IMPLEMENTED
      * ... as unknown).  Must outlive the service. */
     moonlet_repl_log *repl;
+    uint16_t repl_port;     /* the replication server's port (ReplPort says it); 0: ephemeral */
 } moonlet_service_opts;
 
 #define MOONLET_DEFAULT_MAX_BATCH_KEYS 65536u

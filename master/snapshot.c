@@ -75,7 +75,8 @@ void moonlet_master_snapshot(moonlet_master *m,
             .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
         const struct mclient *c = &r->clients[s->client];
         moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = &d,
-                                .secret = {(const char *)c->secret, c->secret_len}};
+                                .secret = {(const char *)c->secret, c->secret_len},
+                                .clock_offset_ms = atomic_load(&s->clock_offset_ms)};
         emit(arg, &rec);
         for (uint32_t q = 0; q < s->nquar; q++) {
             if (s->quar[q].until_ns <= now)

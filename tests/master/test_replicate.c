@@ -474,6 +474,46 @@ static void test_restored_client_secret(void **state)
     stream_free(&s);
 }
 
+static void cap_visit(void *arg, const moonlet_replica_view *r)
+{
+    *(uint64_t *)arg = r->has_cap ? r->cap_expiry_ms : 0;
+}
+
+/* Restored write capabilities: the leader's node clock offset plus the
+ * leader-to-standby clock bound the follower measured, never later than
+ * the leader's own; without that bound, as early as they go. */
+static void test_restored_clock_offset(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader(&s);
+    mount(a, "n0", "s0", 1 << 20); /* node clock 5000 ms at master 1,000,000 ms */
+    uint64_t exp_a = 0;
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
+                                              cap_visit, &exp_a),
+                     MOONLET_OK);
+    assert_int_equal(exp_a, 5000 + 60000);
+    for (int known = 0; known < 2; known++) {
+        moonlet_repl_state *st = apply_all(&s, 1); /* the MOUNT */
+        if (known) /* this master's clock runs 3 s behind the leader's */
+            moonlet_repl_state_note_leader_clock(st, 3000);
+        moonlet_master *b = leader(NULL);
+        assert_int_equal(moonlet_repl_state_restore(st, b, NULL, NULL), MOONLET_OK);
+        uint64_t exp_b = 0;
+        assert_int_equal(moonlet_master_put_start(b, MOONLET_STR(""), MOONLET_STR("y"), 64, 1,
+                                                  false, cap_visit, &exp_b),
+                         MOONLET_OK);
+        if (known)
+            assert_int_equal(exp_b, 5000 + 60000 + 3000);
+        else /* offset bound 1 - 1,000,000: the lowest a node clock of 1 gives */
+            assert_int_equal(exp_b, 1000000 + 60000 + 1 - 1000000);
+        moonlet_master_destroy(b);
+        moonlet_repl_state_destroy(st);
+    }
+    moonlet_master_destroy(a);
+    stream_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -483,6 +523,7 @@ int main(void)
         cmocka_unit_test(test_reuse_order),
         cmocka_unit_test(test_apply_errors),
         cmocka_unit_test(test_restored_client_secret),
+        cmocka_unit_test(test_restored_clock_offset),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     moonlet_clock_set_fake(0);
