@@ -42,6 +42,7 @@ struct moonlet_metrics {
     uint16_t port;
     char *token; /* NULL: scrapes need no credentials */
     _Atomic(const moonlet_role *) role; /* NULL: no HA gauges */
+    _Atomic(moonlet_repl_log *) repl;   /* NULL: no replication gauges */
 };
 
 /* ---- rendering -------------------------------------------------------------- */
@@ -179,6 +180,37 @@ char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
     return buf;
 }
 
+char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    gauge(f, "moonlet_ha_repl_in_sync", "1 while the hot standby is in sync: writes wait for its "
+          "acknowledgement (leader's view).", st->in_sync);
+    gauge(f, "moonlet_ha_repl_lag_ms", "Age of the oldest replication record the standby has not "
+          "acknowledged (ms).", st->lag_ms);
+    gauge(f, "moonlet_ha_repl_acked", "The standby acknowledged every record below this number.",
+          st->acked);
+    gauge(f, "moonlet_ha_repl_next", "The number the next replication record gets.", st->next);
+    gauge(f, "moonlet_ha_repl_out_of_sync_total", "Times the standby lagged past "
+          "--repl-max-lag-ms and was marked out of sync.", st->out_of_sync_marks);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = n;
+    return buf;
+}
+
+void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log)
+{
+    if (s)
+        atomic_store(&s->repl, log);
+}
+
 void moonlet_metrics_set_role(moonlet_metrics *s, const moonlet_role *role)
 {
     if (s)
@@ -259,6 +291,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         moonlet_role_get(role, moonlet_mono_ms(), &ri);
         size_t rlen = 0;
         char *rb = moonlet_metrics_render_role(&ri, &rlen);
+        char *all = rb ? realloc(body, len + rlen + 1) : NULL;
+        if (!all) {
+            free(rb);
+            free(body);
+            return MHD_NO;
+        }
+        memcpy(all + len, rb, rlen + 1);
+        free(rb);
+        body = all;
+        len += rlen;
+    }
+    moonlet_repl_log *repl = atomic_load(&s->repl);
+    if (repl) {
+        moonlet_repl_log_status rs;
+        moonlet_repl_log_get_status(repl, &rs);
+        size_t rlen = 0;
+        char *rb = moonlet_metrics_render_repl(&rs, &rlen);
         char *all = rb ? realloc(body, len + rlen + 1) : NULL;
         if (!all) {
             free(rb);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "master.h"
+#include "repl_stream.h"
 #include "role.h"
 
 typedef struct moonlet_metrics moonlet_metrics;
@@ -40,6 +41,12 @@ void moonlet_metrics_set_role(moonlet_metrics *s, const moonlet_role *role);
 /* Renders the role's gauges (the text appended to /metrics with a role):
  * malloc'd, NULL when out of memory. */
 char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len);
+/* With a hot standby (repl_stream.h): also export the leader's view of it
+ * (moonlet_ha_repl_in_sync, moonlet_ha_repl_lag_ms, moonlet_ha_repl_acked,
+ * moonlet_ha_repl_next, moonlet_ha_repl_out_of_sync_total).  `log` must
+ * outlive the server; NULL: none. */
+void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log);
+char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len);
 /* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */
 void moonlet_metrics_stop(moonlet_metrics *s);
 

@@ -49,6 +49,7 @@ struct moonlet_master_service {
      * behind writes that wait for those very acks on the main loops. */
     moonlet_rpc_server *repl_rpc;
     moonlet_rpc_method repl_methods[2];
+    bool (*follower_status)(moonlet_repl_follower_status *st);
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
     moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
@@ -668,7 +669,34 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     atomic_store(&cs->hello, true);
     moonlet_role_info ri;
     moonlet_role_get(SVC(ctx)->role, moonlet_mono_ms(), &ri);
-    msgpack_pack_map(out, 6);
+    moonlet_master_service *svc = SVC(ctx);
+    moonlet_repl_follower_status fs;
+    bool following = svc->follower_status && svc->follower_status(&fs);
+    msgpack_pack_map(out, 6 + (svc->repl != NULL) + following);
+    if (svc->repl) { /* the leader's view of its hot standby */
+        moonlet_repl_log_status rs;
+        moonlet_repl_log_get_status(svc->repl, &rs);
+        moonlet_pack_key(out, "replication");
+        msgpack_pack_map(out, 6);
+        pack_str_kv(out, "standby", rs.standby);
+        moonlet_pack_key(out, "in_sync");
+        rs.in_sync ? msgpack_pack_true(out) : msgpack_pack_false(out);
+        pack_u64_kv(out, "lag_ms", rs.lag_ms);
+        pack_u64_kv(out, "acked", rs.acked);
+        pack_u64_kv(out, "next", rs.next);
+        pack_u64_kv(out, "out_of_sync_marks", rs.out_of_sync_marks);
+    }
+    if (following) { /* this standby's progress */
+        moonlet_pack_key(out, "following");
+        msgpack_pack_map(out, 6);
+        pack_str_kv(out, "leader", fs.leader);
+        pack_u64_kv(out, "epoch", fs.epoch);
+        pack_u64_kv(out, "applied", fs.applied);
+        pack_u64_kv(out, "leader_next", fs.leader_next);
+        moonlet_pack_key(out, "consistent");
+        fs.consistent ? msgpack_pack_true(out) : msgpack_pack_false(out);
+        pack_u64_kv(out, "snapshots", fs.snapshots);
+    }
     pack_str_kv(out, "role", moonlet_role_state_name(ri.state));
     moonlet_pack_key(out, "serving");
     ri.serving ? msgpack_pack_true(out) : msgpack_pack_false(out);
@@ -862,6 +890,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     s->m = m;
     s->role = opts->role;
     s->repl = opts->repl;
+    s->follower_status = opts->follower_status;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     /* the server's table: the declared methods with a handler, but the disabled one */
     s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));

@@ -46,6 +46,9 @@ typedef struct moonlet_service_opts {
      * ... as unknown).  Must outlive the service. */
     moonlet_repl_log *repl;
     uint16_t repl_port;     /* the replication server's port (ReplPort says it); 0: ephemeral */
+    /* The standby side's status for Hello (NULL: none): fills *st and
+     * returns true while this master follows a leader. */
+    bool (*follower_status)(moonlet_repl_follower_status *st);
 } moonlet_service_opts;
 
 #define MOONLET_DEFAULT_MAX_BATCH_KEYS 65536u

@@ -203,6 +203,18 @@ static struct {
     char advertise[320];
 } g_ha;
 
+static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
+
+static bool follower_status(moonlet_repl_follower_status *st)
+{
+    pthread_mutex_lock(&g_follower_mu);
+    bool on = g_ha.follower != NULL;
+    if (on)
+        moonlet_repl_follower_get_status(g_ha.follower, st);
+    pthread_mutex_unlock(&g_follower_mu);
+    return on;
+}
+
 static int repl_mark(void *arg, bool in_sync, const char *standby)
 {
     (void)arg;
@@ -222,9 +234,11 @@ static int repl_mark(void *arg, bool in_sync, const char *standby)
 
 static void follower_start(void)
 {
+    pthread_mutex_lock(&g_follower_mu);
     if (g_ha.log && !g_ha.follower &&
         moonlet_repl_follower_start(&g_ha.fo, &g_ha.follower) != MOONLET_OK)
         ML_ERR("master", "cannot start the replication follower: this master stays a cold standby");
+    pthread_mutex_unlock(&g_follower_mu);
 }
 
 static void on_elected(void *arg, uint64_t epoch)
@@ -235,8 +249,10 @@ static void on_elected(void *arg, uint64_t epoch)
     bool consistent = false;
     uint64_t followed = 0;
     moonlet_repl_state *st = moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed);
+    pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_follower_destroy(g_ha.follower);
     g_ha.follower = NULL;
+    pthread_mutex_unlock(&g_follower_mu);
     char want[sizeof(g_ha.advertise) + 32];
     snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
     moonlet_etcd_kv kv;
@@ -485,6 +501,7 @@ int main(int argc, char **argv)
         cfg.repl_emit = moonlet_repl_log_emit;
         cfg.repl_arg = g_ha.log;
         so.repl = g_ha.log;
+        so.follower_status = follower_status;
     }
 
     moonlet_master *m;
@@ -511,6 +528,7 @@ int main(int argc, char **argv)
         return 1;
     }
     moonlet_metrics_set_role(metrics, role);
+    moonlet_metrics_set_repl(metrics, g_ha.log);
     g_ha.m = m;
     so.port = moonlet_master_service_port(svc); /* a reset listens on the same port */
     printf("listening on %s:%u\n", so.address, so.port);
@@ -573,8 +591,10 @@ int main(int argc, char **argv)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
             rc = moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
-        if (!rc)
+        if (!rc) {
             moonlet_metrics_set_role(metrics, role);
+            moonlet_metrics_set_repl(metrics, g_ha.log);
+        }
         if (rc) {
             ML_ERR("master", "cannot restart after being deposed: %s", moonlet_strerror(rc));
             sig = SIGTERM;
@@ -586,7 +606,10 @@ int main(int argc, char **argv)
     }
     ML_INFO("master", "signal %d: shutting down", sig);
     moonlet_election_stop(el);
+    pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_follower_destroy(g_ha.follower);
+    g_ha.follower = NULL;
+    pthread_mutex_unlock(&g_follower_mu);
     moonlet_metrics_stop(metrics);
     moonlet_master_service_stop(svc);
     moonlet_master_destroy(m);

@@ -345,7 +345,19 @@ def test_kill_leader(ha):
     put_until_ok(s, "before", b"b" * 4096, 10)
     assert s.get("before") == b"b" * 4096
     old = ha["leader"]
-    wait_in_sync(ha, [a for a in ha["addrs"] if a != old][0])
+    sb = [a for a in ha["addrs"] if a != old][0]
+    wait_in_sync(ha, sb)
+    # moonlet-inspect status: the leader names its in-sync standby, the standby its leader
+    deadline = time.monotonic() + 10
+    while True:  # the standby reports its progress after the reply that made it in sync
+        st = {m["master"]: m for m in status(ha["addrs"])["masters"]}
+        if st[sb].get("following", {}).get("consistent") or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert st[old]["replication"]["standby"] == sb, st
+    assert st[old]["replication"]["in_sync"] is True, st
+    assert st[sb]["following"]["leader"] == old, st
+    assert st[sb]["following"]["applied"] > 0, st[sb]
     ha["masters"][old].proc.kill()  # SIGKILL
     killed_at = time.monotonic()  # CLOCK_MONOTONIC, as the masters' interval logs
     killed_ms = int(killed_at * 1000) + 1

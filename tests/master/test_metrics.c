@@ -153,6 +153,39 @@ static void test_render_role(void **state)
     moonlet_role_destroy(r);
 }
 
+/* The hot standby's gauges, from a leader's log: a standby that fetched
+ * everything is in sync; records it has not acknowledged age into the lag. */
+static void test_render_repl(void **state)
+{
+    (void)state;
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(NULL, &l), MOONLET_OK);
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
+                            .segment_id = MOONLET_STR("s")};
+    moonlet_repl_log_emit(l, &rec);
+    uint8_t *buf;
+    size_t len;
+    uint64_t next;
+    bool lost;
+    assert_int_equal(moonlet_repl_log_fetch(l, "sb:1", 2, 1 << 20, 0, &buf, &len, &next, &lost),
+                     MOONLET_OK); /* acknowledges record 1: in sync */
+    free(buf);
+    moonlet_repl_log_emit(l, &rec);
+    moonlet_repl_log_status st;
+    moonlet_repl_log_get_status(l, &st);
+    size_t tl = 0;
+    char *text = moonlet_metrics_render_repl(&st, &tl);
+    assert_non_null(text);
+    assert_int_equal(strlen(text), tl);
+    assert_non_null(strstr(text, "# TYPE moonlet_ha_repl_in_sync gauge\nmoonlet_ha_repl_in_sync 1\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_repl_acked 2\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_repl_next 3\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_repl_lag_ms "));
+    assert_non_null(strstr(text, "\nmoonlet_ha_repl_out_of_sync_total 0\n"));
+    free(text);
+    moonlet_repl_log_destroy(l);
+}
+
 static void test_http_server(void **state)
 {
     (void)state;
@@ -245,6 +278,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
         cmocka_unit_test(test_render_role),
+        cmocka_unit_test(test_render_repl),
         cmocka_unit_test(test_http_server),
         cmocka_unit_test(test_http_token),
     };

@@ -10,6 +10,7 @@
  */
 #include "../common/master_fixture.h"
 #include "alloc.h"
+#include "repl_stream.h"
 #include "replicate.h"
 
 #define MS MOONLET_NS_PER_MS
@@ -514,6 +515,95 @@ static void test_restored_clock_offset(void **state)
     stream_free(&s);
 }
 
+struct marks {
+    int in, out, fail;
+    char last[64];
+};
+
+static int mark_cb(void *arg, bool in_sync, const char *standby)
+{
+    struct marks *mk = arg;
+    if (mk->fail)
+        return MOONLET_ERR_NOT_LEADER;
+    in_sync ? mk->in++ : mk->out++;
+    snprintf(mk->last, sizeof(mk->last), "%s", standby);
+    return MOONLET_OK;
+}
+
+static void fetch(moonlet_repl_log *l, const char *who, uint64_t from, uint64_t *next, bool *lost)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(moonlet_repl_log_fetch(l, who, from, 1 << 20, 0, &buf, &len, next, lost),
+                     MOONLET_OK);
+    free(buf);
+}
+
+/* The leader's log: a standby that fetched everything is marked in sync,
+ * then writes wait for its acks; past the lag bound the leader marks it out
+ * of sync first and goes on alone; a mark that fails leaves the write
+ * unacknowledged; a second standby counts for nothing; a standby behind the
+ * kept records is told to take a snapshot. */
+static void test_semi_sync_log(void **state)
+{
+    (void)state;
+    struct marks mk = {0};
+    moonlet_repl_log_opts o = {.max_bytes = 4096, .max_lag_ms = 30, .mark = mark_cb,
+                               .mark_arg = &mk};
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
+                            .segment_id = MOONLET_STR("s")};
+    moonlet_repl_log_emit(l, &rec);
+    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* no standby: alone */
+    uint64_t next;
+    bool lost;
+    fetch(l, "a:1", 1, &next, &lost); /* behind: not in sync yet */
+    assert_false(lost);
+    assert_int_equal(next, 2);
+    assert_int_equal(mk.in, 0);
+    fetch(l, "a:1", 2, &next, &lost); /* caught up: in sync */
+    assert_int_equal(mk.in, 1);
+    assert_string_equal(mk.last, "a:1");
+    moonlet_repl_log_status st;
+    moonlet_repl_log_get_status(l, &st);
+    assert_true(st.in_sync);
+    /* acknowledged: the wait returns at once */
+    moonlet_repl_log_emit(l, &rec);
+    fetch(l, "a:1", 3, &next, &lost);
+    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
+    assert_int_equal(mk.out, 0);
+    /* another standby fetching changes nothing */
+    moonlet_repl_log_emit(l, &rec);
+    fetch(l, "b:2", 4, &next, &lost);
+    moonlet_repl_log_get_status(l, &st);
+    assert_string_equal(st.standby, "a:1");
+    assert_int_equal(st.acked, 3);
+    /* not acknowledged within the bound: out of sync in etcd, then alone */
+    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
+    assert_int_equal(mk.out, 1);
+    moonlet_repl_log_get_status(l, &st);
+    assert_false(st.in_sync);
+    assert_int_equal(st.out_of_sync_marks, 1);
+    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* alone: no wait */
+    /* in sync again; then the out-of-sync mark fails: not acknowledged */
+    fetch(l, "a:1", 4, &next, &lost);
+    assert_false(lost);
+    assert_int_equal(mk.in, 2);
+    moonlet_repl_log_emit(l, &rec);
+    mk.fail = 1;
+    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+    mk.fail = 0;
+    /* records beyond max_bytes are trimmed: a standby behind them must resync */
+    for (int i = 0; i < 1000; i++)
+        moonlet_repl_log_emit(l, &rec);
+    fetch(l, "a:1", 5, &next, &lost);
+    assert_true(lost);
+    fetch(l, "a:1", next + 1, &next, &lost); /* from the future: lost too */
+    assert_true(lost);
+    moonlet_repl_log_destroy(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -524,6 +614,7 @@ int main(void)
         cmocka_unit_test(test_apply_errors),
         cmocka_unit_test(test_restored_client_secret),
         cmocka_unit_test(test_restored_clock_offset),
+        cmocka_unit_test(test_semi_sync_log),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     moonlet_clock_set_fake(0);

@@ -2,8 +2,10 @@
  * status.c - `moonlet-inspect status`: the HA state of every master named
  * by --master (a list with HA): each one's role (single, standby, leader),
  * whether it serves, its epoch and the leader it names, from one Hello per
- * master, sent to exactly that master (no following).  Then one line: the
- * leader and its epoch.  Exit 0 when at least one master answered.
+ * master, sent to exactly that master (no following), and its replication
+ * (a leader: its hot standby, in sync or not, the lag; a standby: the leader
+ * it follows, records applied, whether its state is consistent).  Then one
+ * line: the leader and its epoch.  Exit 0 when at least one master answered.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@ static const inspect_col STATUS_COLS[] = {
     {"MASTER", INSPECT_LEFT, 15, true, false}, {"ROLE", INSPECT_LEFT, 0, false, false},
     {"SERVING", INSPECT_LEFT, 0, false, false}, {"EPOCH", INSPECT_RIGHT, 0, false, false},
     {"TERMS", INSPECT_RIGHT, 0, false, true},  {"LEADER", INSPECT_LEFT, 15, true, false},
+    {"REPLICATION", INSPECT_LEFT, 20, true, false},
 };
 #define NSTATUS_COLS ((int)(sizeof(STATUS_COLS) / sizeof(STATUS_COLS[0])))
 
@@ -51,7 +54,7 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
         int rc = moonlet_mc_hello_at(a, &mo, &h);
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "master", a);
-        char epoch[24] = "-", terms[24] = "-";
+        char epoch[24] = "-", terms[24] = "-", repl[320] = "-";
         const char *role = "-", *serving = "-", *named = "";
         if (rc == MOONLET_OK) {
             answered++;
@@ -72,6 +75,24 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
                 leader_epoch = ep;
                 snprintf(leader, sizeof(leader), "%s", named);
             }
+            const cJSON *r = cJSON_GetObjectItem(h, "replication");
+            const cJSON *fl = cJSON_GetObjectItem(h, "following");
+            if (cJSON_IsObject(r) && !strcmp(role, "leader")) {
+                const char *sb = inspect_json_str(r, "standby");
+                bool in = cJSON_IsTrue(cJSON_GetObjectItem(r, "in_sync"));
+                snprintf(repl, sizeof(repl), "%s %s, lag %llu ms", *sb ? sb : "no standby",
+                         !*sb ? "" : in ? "in sync" : "OUT OF SYNC",
+                         (unsigned long long)inspect_json_u64(r, "lag_ms"));
+                cJSON_AddItemToObject(m, "replication", cJSON_Duplicate(r, true));
+            }
+            if (cJSON_IsObject(fl)) {
+                snprintf(repl, sizeof(repl), "following %s: %llu/%llu records%s",
+                         inspect_json_str(fl, "leader"),
+                         (unsigned long long)inspect_json_u64(fl, "applied"),
+                         (unsigned long long)inspect_json_u64(fl, "leader_next"),
+                         cJSON_IsTrue(cJSON_GetObjectItem(fl, "consistent")) ? "" : " (catching up)");
+                cJSON_AddItemToObject(m, "following", cJSON_Duplicate(fl, true));
+            }
             if (!strcmp(role, "single") && !*leader) {
                 snprintf(leader, sizeof(leader), "%s", a);
             }
@@ -83,7 +104,7 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
         }
         cJSON_AddItemToArray(arr, m);
         if (t) {
-            const char *cells[] = {a, role, serving, epoch, terms, *named ? named : "-"};
+            const char *cells[] = {a, role, serving, epoch, terms, *named ? named : "-", repl};
             inspect_table_add(t, cells);
         }
         cJSON_Delete(h);
