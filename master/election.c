@@ -41,7 +41,7 @@ struct moonlet_election {
     char advertise[MOONLET_ROLE_ADDR_MAX];
     uint64_t ttl_ms, margin_ms, tick_ms;
     void (*on_deposed)(void *arg);
-    void (*on_elected)(void *arg, uint64_t epoch);
+    int (*on_elected)(void *arg, uint64_t epoch);
     void *arg;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -114,8 +114,11 @@ static void campaign(moonlet_election *el)
     if (won) {
         el->leader = true;
         el->epoch = (uint64_t)rev;
-        if (el->on_elected)
-            el->on_elected(el->arg, el->epoch);
+        if (el->on_elected && el->on_elected(el->arg, el->epoch) != 0) {
+            moonlet_etcd_kv_free(&cur);
+            depose(el, "the promotion failed");
+            return;
+        }
         moonlet_role_elected(el->role, el->epoch, t0 + el->ttl_ms /* grace: one TTL */,
                              el->last_ok_ms + el->ttl_ms - el->margin_ms);
     } else if (cur.found) {

@@ -43,8 +43,9 @@ typedef struct moonlet_election_opts {
     void *arg;
     /* Called on the election thread when this master won `epoch`, before
      * its serving window is set (so before it may serve): promotion work
-     * (repl_stream.h).  NULL: none.  Gets `arg` too. */
-    void (*on_elected)(void *arg, uint64_t epoch);
+     * (repl_stream.h).  Nonzero: this master must not lead (it steps down
+     * as a deposed leader does, then campaigns again).  NULL: none. */
+    int (*on_elected)(void *arg, uint64_t epoch);
 } moonlet_election_opts;
 
 #define MOONLET_ELECTION_DEFAULT_TTL_S 5u

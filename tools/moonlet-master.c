@@ -190,7 +190,9 @@ enum {
  * "HOST:PORT@EPOCH" (written and deleted by the leader of EPOCH, fenced on
  * its leader key's create revision).  At election (on_elected, before the
  * window opens) the follower stops; its state is restored into the (empty)
- * master only if that key names this master for the epoch it followed.
+ * master only if that key names this master for the epoch it followed;
+ * then the new leader deletes the key (fenced on its own epoch), so a mark
+ * is never older than the newest term.
  */
 static struct {
     moonlet_repl_log *log;
@@ -241,14 +243,13 @@ static void follower_start(void)
     pthread_mutex_unlock(&g_follower_mu);
 }
 
-static void on_elected(void *arg, uint64_t epoch)
+static int on_elected(void *arg, uint64_t epoch)
 {
     (void)arg;
-    if (!g_ha.follower)
-        return;
     bool consistent = false;
     uint64_t followed = 0;
-    moonlet_repl_state *st = moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed);
+    moonlet_repl_state *st =
+        g_ha.follower ? moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed) : NULL;
     pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_follower_destroy(g_ha.follower);
     g_ha.follower = NULL;
@@ -280,6 +281,20 @@ static void on_elected(void *arg, uint64_t epoch)
     }
     moonlet_repl_state_destroy(st);
     moonlet_repl_log_reset(g_ha.log);
+    /* The in-sync mark of the previous leader goes before this one serves:
+     * a later election must never read a mark older than the newest term. */
+    int rc = MOONLET_ERR_RPC_FAIL;
+    for (int i = 0; i < 3 && rc; i++) {
+        bool ok = false;
+        rc = moonlet_etcd_txn_fenced(g_ha.promo_etcd, g_ha.leader_key, (int64_t)epoch,
+                                     g_ha.insync_key, NULL, 0, &ok);
+        if (!rc && !ok)
+            rc = MOONLET_ERR_NOT_LEADER;
+    }
+    if (rc)
+        ML_ERR("master", "ha: cannot clear the previous in-sync mark (%s): not leading",
+               moonlet_strerror(rc));
+    return rc;
 }
 
 /* The election thread's notice that this master was deposed: the main

@@ -375,6 +375,9 @@ def test_kill_leader(ha):
     assert s.get("before") == b"b" * 4096
     assert "ha: promoted with state" in stderr_text(ha["masters"][new])
     assert hello(new)["epoch"] > 0
+    # the new leader cleared the old term's in-sync mark (no later election can read it)
+    v = insync(ha["etcd"], ha["cluster"])
+    assert v is None or int(v.rsplit("@", 1)[1]) == hello(new)["epoch"], v
     assert_no_overlap(ha["masters"], {old: killed_ms})
     s.close()
 
