@@ -46,7 +46,8 @@ static void w_bytes(struct wbuf *w, const void *src, size_t len)
         w->bad = true;
         return;
     }
-    memcpy(w->p + w->n, src, len);
+    if (len)
+        memcpy(w->p + w->n, src, len);
     w->n += len;
 }
 
@@ -506,7 +507,8 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, mo
     if (secret.len > sizeof(s->secret))
         return MOONLET_ERR_INVALID_PARAMS;
     s->secret_len = (uint8_t)secret.len;
-    memcpy(s->secret, secret.ptr, secret.len);
+    if (secret.len)
+        memcpy(s->secret, secret.ptr, secret.len);
     s->clock_offset_ms = clock_offset_ms;
     return MOONLET_OK;
 }
@@ -579,7 +581,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
             free(o);
             return MOONLET_ERR_INTERNAL_ERROR;
         }
-        memcpy(o->tenant, rec->tenant.ptr, rec->tenant.len);
+        if (rec->tenant.len)
+            memcpy(o->tenant, rec->tenant.ptr, rec->tenant.len);
         o->key = o->tenant + rec->tenant.len;
         memcpy(o->key, rec->key.ptr, rec->key.len);
         o->tlen = (uint16_t)rec->tenant.len;

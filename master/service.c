@@ -746,7 +746,8 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
     msgpack_pack_uint64(out, next);
     lost ? msgpack_pack_true(out) : msgpack_pack_false(out);
     msgpack_pack_bin(out, len);
-    msgpack_pack_bin_body(out, buf, len);
+    if (len)
+        msgpack_pack_bin_body(out, buf, len);
     msgpack_pack_uint64(out, moonlet_clock_now_ns() / MOONLET_NS_PER_MS); /* the leader's clock */
     free(buf);
     return MOONLET_OK;
@@ -773,7 +774,8 @@ static int h_repl_snapshot(moonlet_rpc_ctx *ctx, const msgpack_object *args, msg
     msgpack_pack_uint64(out, start);
     msgpack_pack_uint64(out, cons);
     msgpack_pack_bin(out, len);
-    msgpack_pack_bin_body(out, buf, len);
+    if (len)
+        msgpack_pack_bin_body(out, buf, len);
     free(buf);
     return MOONLET_OK;
 }
