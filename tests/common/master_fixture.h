@@ -21,17 +21,32 @@
 
 #define FIX_T0 (1000ull * 1000000000ull) /* the frozen clock starts at 1000 s */
 
-static inline moonlet_master *fix_master(uint32_t shards, uint64_t lease_ttl_ms)
+/* The defaults, with `shards` shards (0: the default) and no background
+ * thread; a test sets what else it needs and hands it to fix_master_of(). */
+static inline moonlet_master_config fix_config(uint32_t shards)
 {
     moonlet_master_config cfg;
     moonlet_master_config_default(&cfg);
-    cfg.shards = shards;
-    cfg.lease_ttl_ms = lease_ttl_ms;
+    if (shards)
+        cfg.shards = shards;
     cfg.background = false;
-    moonlet_clock_set_fake(FIX_T0);
+    return cfg;
+}
+
+/* A master of cfg, the clock frozen at now_ns (0: the real clock). */
+static inline moonlet_master *fix_master_of(const moonlet_master_config *cfg, uint64_t now_ns)
+{
+    moonlet_clock_set_fake(now_ns);
     moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    assert_int_equal(moonlet_master_create(cfg, &m), MOONLET_OK);
     return m;
+}
+
+static inline moonlet_master *fix_master(uint32_t shards, uint64_t lease_ttl_ms)
+{
+    moonlet_master_config cfg = fix_config(shards);
+    cfg.lease_ttl_ms = lease_ttl_ms;
+    return fix_master_of(&cfg, FIX_T0);
 }
 
 static inline void fix_mount(moonlet_master *m, const char *client, const char *seg, uint64_t size)

@@ -35,15 +35,10 @@ static inline bool stress_in_time(uint64_t start)
  * its probe hook, no background thread, and one 64 MiB segment mounted. */
 static inline moonlet_master *stress_master(uint64_t ttl_ms, void (*hook)(void *))
 {
-    moonlet_clock_set_fake(0);
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(1024);
     cfg.lease_ttl_ms = ttl_ms;
-    cfg.shards = 1024;
     cfg.probe_hook = hook;
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = fix_master_of(&cfg, 0);
     fix_mount(m, "c", "s", 64 << 20);
     return m;
 }

@@ -4,23 +4,15 @@
  * server itself on an ephemeral loopback port (200 on /metrics with the
  * master's live counters, 404 elsewhere, 405 for other methods).
  */
+#include "../common/master_fixture.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <cmocka.h>
 
-#include "master.h"
 #include "metrics.h"
-#include "moonlet/error.h"
 
 static bool has_line(const char *text, const char *line)
 {
@@ -131,19 +123,10 @@ static char *http(uint16_t port, const char *request)
 static void test_http_server(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 8;
-    cfg.background = false;
-    moonlet_master *m;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
-    moonlet_segment_desc seg = {.client_id = "c", .segment_id = "s", .name = "s", .size = 1 << 20,
-                                .endpoint = "127.0.0.1:1", .protocol = "tcp"};
-    assert_int_equal(moonlet_master_mount_segment(m, &seg), MOONLET_OK);
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 1, false,
-                                              NULL, NULL),
-                     MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k"), NULL), MOONLET_OK);
+    moonlet_master_config cfg = fix_config(8);
+    moonlet_master *m = fix_master_of(&cfg, 0); /* the real clock */
+    fix_mount(m, "c", "s", 1 << 20);
+    assert_int_equal(fix_put(m, "k", 100), MOONLET_OK);
 
     moonlet_metrics *s;
     assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, NULL, &s), MOONLET_OK);
@@ -183,12 +166,8 @@ static void test_http_server(void **state)
 static void test_http_token(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 8;
-    cfg.background = false;
-    moonlet_master *m;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master_config cfg = fix_config(8);
+    moonlet_master *m = fix_master_of(&cfg, 0); /* the real clock */
     moonlet_metrics *s;
     assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, "s3cret", &s), MOONLET_OK);
     uint16_t port = moonlet_metrics_port(s);

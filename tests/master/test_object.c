@@ -111,15 +111,10 @@ static void offsets_visit(void *arg, const moonlet_replica_view *r)
 static void test_quarantine(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(16);
     cfg.put_timeout_ms = 1000;
     cfg.put_quarantine_grace_ms = 500;
-    moonlet_clock_set_fake(FIX_T0);
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
     fix_mount(m, "c1", "s1", 4096); /* room for exactly one 4096-byte object */
     moonlet_str t = MOONLET_STR("");
     moonlet_master_stats st;

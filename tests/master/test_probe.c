@@ -267,14 +267,11 @@ static void remove_hook(void *arg)
 static void test_eviction_between_phases(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(0);
     struct hook_ctx h = {.victim = K3[5]};
     cfg.probe_hook = remove_hook;
     cfg.probe_hook_arg = &h;
-    moonlet_clock_set_fake(FIX_T0);
-    assert_int_equal(moonlet_master_create(&cfg, &h.m), MOONLET_OK);
+    h.m = fix_master_of(&cfg, FIX_T0);
     fix_mount(h.m, "c", "s", 1 << 20);
     put_all(h.m, "", K3, 6);
     int32_t r[6];
