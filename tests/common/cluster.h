@@ -214,6 +214,22 @@ static inline void cl_assert_get_equals(moonlet_client *c, const char *key, cons
     assert_memory_equal(got, want, size);
     free(got);
 }
+
+/* get_alloc and get_size of key (in tenant) agree with want[0, size). */
+static inline void cl_assert_alloc_and_size(moonlet_client *c, const char *key, const char *tenant,
+                                            const void *want, size_t size)
+{
+    void *p = NULL;
+    size_t len = 7;
+    assert_int_equal(moonlet_client_get_alloc(c, key, tenant, &p, &len), MOONLET_OK);
+    assert_non_null(p);
+    assert_int_equal(len, size);
+    assert_memory_equal(p, want, size);
+    moonlet_free(p);
+    uint64_t got = 1;
+    assert_int_equal(moonlet_client_get_size(c, key, tenant, &got), MOONLET_OK);
+    assert_int_equal(got, size);
+}
 #endif
 
 /* Runs argv (path relative to the build root) with stdout and stderr sent to
