@@ -503,52 +503,53 @@ static void test_unknown_method_keeps_connection(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+/* The server answered the request sent on fd with INVALID_PARAMS for
+ * request id `id` (0: none could be read), closed the connection, and still
+ * serves others. */
+static void assert_refused_and_closed(const moonlet_rpc_server *s, int fd, uint64_t id)
+{
+    raw_expect_reply(fd, id, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+}
+
 static void test_malformed_input(void **state)
 {
     moonlet_rpc_server *s = start_server();
     uint16_t port = moonlet_rpc_server_port(s);
 
-    int fd = raw_connect(port); /* oversized length header */
-    raw_send(fd, "\x7f\xff\xff\xff", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
+    /* Each refused, its connection closed (assert_refused_and_closed). */
+    static const struct {
+        const char *bytes; /* sent as they are, or as one frame's body */
+        size_t len;
+        bool framed;
+        uint64_t id;
+    } bad[] = {
+        {"\x7f\xff\xff\xff", 4, false, 0},               /* oversized length header */
+        {"\0\0\0\0", 4, false, 0},                       /* zero length */
+        {"\xc1\xc1\xc1\xc1", 4, true, 0},                /* garbage body */
+        {"\x93\x05\x02\xdd\xff\xff\xff\xff", 8, true, 5}, /* huge declared array, tiny body */
+    };
+    static const struct {
+        body_fn body;
+        uint64_t id;
+    } bad_packed[] = {{body_wrong_method_type, 7}, {body_args_not_array, 9}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int fd = raw_connect(port);
+        if (bad[i].framed)
+            raw_send_frame(fd, bad[i].bytes, (uint32_t)bad[i].len);
+        else
+            raw_send(fd, bad[i].bytes, bad[i].len);
+        assert_refused_and_closed(s, fd, bad[i].id);
+    }
+    for (size_t i = 0; i < sizeof(bad_packed) / sizeof(bad_packed[0]); i++) {
+        int fd = raw_connect(port);
+        raw_send_packed(fd, bad_packed[i].body);
+        assert_refused_and_closed(s, fd, bad_packed[i].id);
+    }
 
-    fd = raw_connect(port); /* zero length */
-    raw_send(fd, "\0\0\0\0", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* garbage body */
-    raw_send_frame(fd, "\xc1\xc1\xc1\xc1", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* huge declared array, tiny body */
-    raw_send_frame(fd, "\x93\x05\x02\xdd\xff\xff\xff\xff", 8);
-    raw_expect_reply(fd, 5, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* wrong types: method is a string */
-    raw_send_packed(fd, body_wrong_method_type);
-    raw_expect_reply(fd, 7, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* args not an array */
-    raw_send_packed(fd, body_args_not_array);
-    raw_expect_reply(fd, 9, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* a good request, then a bad header, in one write */
+    int fd = raw_connect(port); /* a good request, then a bad header, in one write */
     moonlet_frame_builder b;
     moonlet_frame_builder_init(&b);
     body_echo_id1(moonlet_frame_begin(&b));
@@ -557,9 +558,7 @@ static void test_malformed_input(void **state)
     raw_send(fd, b.buf.data, b.buf.size);
     moonlet_frame_builder_destroy(&b);
     raw_expect_reply(fd, 1, 0);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
+    assert_refused_and_closed(s, fd, 0);
 
     fd = raw_connect(port); /* truncated frame, then the peer stops sending */
     raw_send(fd, "\0\0\0\x64\x93\x05", 6);
