@@ -215,6 +215,25 @@ static inline void cl_assert_get_equals(moonlet_client *c, const char *key, cons
     free(got);
 }
 
+/* A batch's per-key result codes: got[i] == want[i] for i < n. */
+static inline void cl_assert_codes(const int32_t *got, const int32_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("key %zu: result %d, want %d", i, got[i], want[i]);
+}
+
+/* A batch call's outcome: its per-key codes are want[0, n), and the call
+ * returned the first error among them (0 when there is none). */
+static inline void cl_assert_batch(int rc, const int32_t *got, const int32_t *want, size_t n)
+{
+    int first = 0;
+    for (size_t i = 0; i < n && !first; i++)
+        first = want[i];
+    assert_int_equal(rc, first);
+    cl_assert_codes(got, want, n);
+}
+
 /* get_alloc and get_size of key (in tenant) agree with want[0, size). */
 static inline void cl_assert_alloc_and_size(moonlet_client *c, const char *key, const char *tenant,
                                             const void *want, size_t size)

@@ -371,24 +371,20 @@ static void test_registered_buffers(void **state)
     const void *pb[] = {src, src + 4096, loose, src};
     const size_t pl[] = {4096, 8192, 64, 10};
     int32_t pr[4];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, pk, 4, pb, pl, NULL, pr),
-                     MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(pr[0], MOONLET_OK);
-    assert_int_equal(pr[1], MOONLET_OK);
-    assert_int_equal(pr[2], MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(pr[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    cl_assert_batch(moonlet_client_batch_put_from(g_cli, pk, 4, pb, pl, NULL, pr), pr,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_ERR_INVALID_PARAMS,
+                                      MOONLET_ERR_OBJECT_ALREADY_EXISTS},
+                    4);
     const char *gk[] = {"zc/p0", "zc/p1", "zc/none", "zc/b"};
     void *gb[] = {dst, dst + 4096, dst + 3 * 4096, dst + 4 * 4096};
     const size_t gc[] = {4096, 8192, 4096, 100};
     size_t gl[4];
     int32_t gr[4];
     memset(dst, 0, 2 * mb);
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, gk, 4, gb, gc, NULL, gl, gr),
-                     MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(gr[0], MOONLET_OK);
-    assert_int_equal(gr[1], MOONLET_OK);
-    assert_int_equal(gr[2], MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(gr[3], MOONLET_ERR_BUFFER_OVERFLOW);
+    cl_assert_batch(moonlet_client_batch_get_into(g_cli, gk, 4, gb, gc, NULL, gl, gr), gr,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_ERR_OBJECT_NOT_FOUND,
+                                      MOONLET_ERR_BUFFER_OVERFLOW},
+                    4);
     assert_int_equal(gl[0], 4096);
     assert_int_equal(gl[1], 8192);
     assert_int_equal(gl[3], mb - 512);
@@ -421,12 +417,10 @@ static void test_copying_batches(void **state)
     struct iovec iov[] = {{a, 5000}, {b, 300}, {a, 0}, {b, 300}, {a, 1}};
     const size_t cnt[] = {2, 1, 1, 1};
     int32_t r[4];
-    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r),
-                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
-    assert_int_equal(r[0], MOONLET_OK);
-    assert_int_equal(r[1], MOONLET_OK);
-    assert_int_equal(r[2], MOONLET_OK);
-    assert_int_equal(r[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    cl_assert_batch(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r), r,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_OK,
+                                      MOONLET_ERR_OBJECT_ALREADY_EXISTS},
+                    4);
     unsigned char *ab = malloc(5300);
     memcpy(ab, a, 5000);
     memcpy(ab + 5000, b, 300);
@@ -706,10 +700,8 @@ static void test_put_revoked_when_write_fails(void **state)
     const void *bufs[] = {data, data + 100};
     const size_t lens[] = {100, 200};
     int32_t res[2];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, 2, bufs, lens, &two, res),
-                     MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(res[0], MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(res[1], MOONLET_ERR_TRANSFER_FAIL);
+    cl_assert_batch(moonlet_client_batch_put_from(g_cli, keys, 2, bufs, lens, &two, res), res,
+                    (const int32_t[]){MOONLET_ERR_TRANSFER_FAIL, MOONLET_ERR_TRANSFER_FAIL}, 2);
     assert_not_there("revoked/b0");
     assert_not_there("revoked/b1");
     assert_true(stat_of("put_revokes") >= revokes + 3);
