@@ -33,6 +33,7 @@
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "wire.h"
+#include "../common/wire_assert.h"
 #include "monotime.h"
 
 #define M_ADD 100
@@ -367,12 +368,8 @@ static void test_calls(void **state)
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
     assert_int_equal(rep.code, 0);
     assert_int_equal(moonlet_wire_len(rep.result), 2);
-    const char *str;
-    uint32_t len;
     int64_t v;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &str, &len), 0);
-    assert_int_equal(len, 5);
-    assert_memory_equal(str, "hello", 5);
+    assert_wire_bytes(rep.result, 0, "hello", 5);
     assert_int_equal(moonlet_wire_i64(rep.result, 1, &v), 0);
     assert_int_equal(v, -42);
     moonlet_reply_destroy(&rep);
@@ -403,8 +400,7 @@ static void test_calls(void **state)
     const msgpack_object *keys;
     assert_int_equal(moonlet_wire_array(rep.result, 1, &keys), 0);
     assert_int_equal(moonlet_wire_len(keys), 640);
-    assert_int_equal(moonlet_wire_str(keys, 639, &str, &len), 0);
-    assert_memory_equal(str, "model/layer-079/block-000639", len);
+    assert_wire_bytes(keys, 639, "model/layer-079/block-000639", 28);
     moonlet_reply_destroy(&rep);
 
     assert_false(moonlet_rpc_client_broken(c));
@@ -894,11 +890,7 @@ static void test_large_frames(void **state)
     msgpack_pack_bin_body(pk, blob, SIZE);
     moonlet_reply rep;
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
-    const char *p;
-    uint32_t len;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &p, &len), 0);
-    assert_int_equal(len, SIZE);
-    assert_memory_equal(p, blob, SIZE);
+    assert_wire_bytes(rep.result, 0, blob, SIZE);
     moonlet_reply_destroy(&rep);
     free(blob);
     assert_int_equal(call_add(c, 1, 2), 3);
