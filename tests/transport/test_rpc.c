@@ -33,6 +33,7 @@
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "wire.h"
+#include "../common/capture.h"
 #include "../common/wire_assert.h"
 #include "monotime.h"
 
@@ -673,32 +674,20 @@ static void auth_failures(const moonlet_rpc_server *s)
     }
 }
 
-/* Runs auth_failures() with stderr captured; returns what was logged. */
-static char *capture_auth_failures(const moonlet_rpc_server *s)
+typedef struct auth_run {
+    const moonlet_rpc_server *s;
+    bool closed;
+} auth_run;
+
+/* auth_failures(), then a wait until the server has closed every
+ * connection: the refusals were logged before their replies, so its last
+ * lines have landed once it has. */
+static void run_auth_failures(void *arg)
 {
-    char path[] = "/tmp/moonlet-test-log-XXXXXX";
-    int tmp = mkstemp(path);
-    assert_true(tmp >= 0);
-    unlink(path);
-    int saved = dup(STDERR_FILENO);
-    assert_true(saved >= 0);
-    dup2(tmp, STDERR_FILENO);
+    auth_run *r = arg;
     g_auth_failed_line = 0;
-    auth_failures(s);
-    /* the refusals were logged before their replies; wait until the server
-     * has closed every connection too, so its last lines land in the file */
-    bool closed = wait_conns(s, 0);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    if (g_auth_failed_line != 0)
-        fail_msg("auth check at line %d failed", g_auth_failed_line);
-    assert_true(closed);
-    off_t n = lseek(tmp, 0, SEEK_END);
-    char *text = calloc(1, (size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(pread(tmp, text, (size_t)n, 0), n);
-    close(tmp);
-    return text;
+    auth_failures(r->s);
+    r->closed = wait_conns(r->s, 0);
 }
 
 static void test_auth(void **state)
@@ -709,8 +698,12 @@ static void test_auth(void **state)
     moonlet_rpc_server *s = start_opts(&o);
     int level = moonlet_log_get_level();
     moonlet_log_set_level(MOONLET_LOG_DEBUG);
-    char *log = capture_auth_failures(s);
+    auth_run run = {.s = s};
+    char *log = capture_stderr(run_auth_failures, &run);
     moonlet_log_set_level(level);
+    if (g_auth_failed_line != 0)
+        fail_msg("auth check at line %d failed", g_auth_failed_line);
+    assert_true(run.closed);
     assert_non_null(strstr(log, "authentication failed"));
     assert_null(strstr(log, "s3cret")); /* neither the token nor the guesses */
     free(log);
