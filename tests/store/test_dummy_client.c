@@ -363,6 +363,20 @@ static void test_k3_probe_policy(void **state)
 /* ProbeResume through the DummyClient and directly: the same answer and the
  * same leases (exactly the selected checkpoint and the KV keys below it);
  * request errors pass up unchanged; the K3 helper takes one round trip. */
+/* ProbeResume of kv[0, n_kv) and the K3 keys (candidates of 2, boundaries
+ * b) in tenant t succeeds with KV prefix `prefix` and selection `sel`; the
+ * mask goes to mask. */
+static void assert_resumes(moonlet_client *c, const char *const *kv, size_t n_kv,
+                           const uint64_t b[3], const char *t, uint64_t prefix, int64_t sel,
+                           int32_t mask[6])
+{
+    moonlet_probe_resume_result pr;
+    assert_int_equal(moonlet_client_probe_resume(c, kv, n_kv, k3_keys, 6, 2, b, t, &pr, mask),
+                     MOONLET_OK);
+    assert_int_equal(pr.kv_prefix, prefix);
+    assert_int_equal(pr.selected, sel);
+}
+
 static void probe_resume_case(moonlet_client *c, const char *t)
 {
     static const char *const kv[4] = {"kv/0", "kv/1", "kv/2", "kv/3"};
@@ -371,22 +385,15 @@ static void probe_resume_case(moonlet_client *c, const char *t)
         assert_int_equal(moonlet_client_put(c, kv[i], "kv", 2,
                                             &(moonlet_put_options){.tenant = t}), MOONLET_OK);
     put_k3(c, t);
-    moonlet_probe_resume_result pr;
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, b, t, &pr, mask),
-                     MOONLET_OK);
-    assert_int_equal(pr.kv_prefix, 4);
-    assert_int_equal(pr.selected, 0);
+    assert_resumes(c, kv, 4, b, t, 4, 0, mask);
     const int32_t want[6] = {1, 1, 0, 0, 0, 0};
     assert_memory_equal(mask, want, sizeof(mask));
-    for (int i = 0; i < 4; i++) {
-        long long ms = lease_ms(c, kv[i], t);
-        if (i == 0)
-            assert_true(ms > 0);
-        else
-            assert_int_equal(ms, 0);
-    }
+    assert_true(lease_ms(c, kv[0], t) > 0); /* the KV key below 128, nothing above */
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(lease_ms(c, kv[i], t), 0);
     assert_k3_leases(c, t, 2);
+    moonlet_probe_resume_result pr;
     const uint64_t over[3] = {1, 2, 5};
     assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, over, t, &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
@@ -417,12 +424,8 @@ static void test_probe_resume_both_paths(void **state)
     moonlet_client *ta = new_dummy(g_sock, 0, 0, "resume-dummy");
     static const char *const kv[1] = {"kv/0"};
     const uint64_t b[3] = {1, 1, 1};
-    moonlet_probe_resume_result pr;
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(ta, kv, 1, k3_keys, 6, 2, b, NULL, &pr, mask),
-                     MOONLET_OK);
-    assert_int_equal(pr.kv_prefix, 1);
-    assert_int_equal(pr.selected, 0);
+    assert_resumes(ta, kv, 1, b, NULL, 1, 0, mask);
     moonlet_client_destroy(ta);
 }
 

@@ -300,6 +300,18 @@ static void test_concurrent_connections(void **state)
     }
 }
 
+/* The request begun on c gets reply `code`; an error reply carries its
+ * message as the result. */
+static void assert_reply(moonlet_rpc_client *c, int code)
+{
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, code);
+    if (code != MOONLET_OK)
+        assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    moonlet_reply_destroy(&rep);
+}
+
 /* Wrongly-typed arguments from the network: an error reply, and the same
  * connection keeps working. */
 static void test_bad_arguments(void **state)
@@ -307,32 +319,24 @@ static void test_bad_arguments(void **state)
     (void)state;
     moonlet_rpc_client *c;
     assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", (uint16_t)g_master.port, NULL, &c), MOONLET_OK);
-    moonlet_reply rep;
     /* lease_mode as a string */
     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_PROBE_KEY, 4);
     moonlet_pack_cstr(pk, "");
     moonlet_pack_cstr(pk, "last-hit");
     msgpack_pack_uint64(pk, 2);
     msgpack_pack_array(pk, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* a key that is not a string */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_EXIST_KEY, 2);
     moonlet_pack_cstr(pk, "");
     msgpack_pack_array(pk, 2);
     moonlet_pack_cstr(pk, "a");
     msgpack_pack_int(pk, 5);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* missing arguments */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1);
     moonlet_pack_cstr(pk, "");
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* negative size */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 5);
     moonlet_pack_cstr(pk, "");
@@ -340,9 +344,7 @@ static void test_bad_arguments(void **state)
     msgpack_pack_int(pk, -5);
     msgpack_pack_uint64(pk, 1);
     msgpack_pack_false(pk);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* more arguments than PutStart declares (the table's count rule) */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 9);
     moonlet_pack_cstr(pk, "");
@@ -354,29 +356,20 @@ static void test_bad_arguments(void **state)
     msgpack_pack_false(pk);
     msgpack_pack_uint64(pk, 0);
     msgpack_pack_nil(pk);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* unknown method */
     moonlet_rpc_client_begin(c, 9999, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* an oversized key */
     static char big[5000];
     memset(big, 'x', sizeof(big) - 1);
     pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
     moonlet_pack_cstr(pk, "");
     moonlet_pack_cstr(pk, big);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_KEY);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_KEY);
     /* still usable */
     moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_OK);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_OK);
     moonlet_rpc_client_close(c);
 
     /* an oversized frame over a raw socket: error or close, never a crash */
