@@ -139,6 +139,12 @@ def read_reply(s, timeout=5.0):
     return rid, code, result
 
 
+def assert_echoes(s, rid):
+    """The connection is still in step: an Echo with id rid is answered OK."""
+    s.sendall(request(rid, M_ECHO))
+    assert read_reply(s)[:2] == (rid, 0)
+
+
 def closed_by_server(s, timeout):
     """True when the server closes the connection within `timeout` (whatever
     it sends first is read and dropped)."""
@@ -266,8 +272,7 @@ def test_unauthenticated_connections_time_out(token_file):
             t0 = time.monotonic()
             assert closed_by_server(silent, 3.0)
             assert time.monotonic() - t0 >= 0.2
-            good.sendall(request(2, M_ECHO))
-            assert read_reply(good)[:2] == (2, 0)
+            assert_echoes(good, 2)
     finally:
         d.stop()
 
@@ -291,8 +296,7 @@ def test_huge_batch_pins_no_memory():
             print(f"RESULT huge_batch rss_growth_kib={grown} code={code}")
             assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
             assert (rid, code) == (1, INVALID_PARAMS), (rid, code)
-            s.sendall(request(2, M_ECHO))
-            assert read_reply(s)[:2] == (2, 0)
+            assert_echoes(s, 2)
     finally:
         d.stop()
 
@@ -308,8 +312,7 @@ def test_batch_key_cap_message():
             s.sendall(batch_exist_empty_keys(2, 1001))
             rid, code, msg = read_reply(s)
             assert (rid, code) == (2, INVALID_PARAMS) and "max-batch-keys" in msg, msg
-            s.sendall(request(3, M_ECHO))
-            assert read_reply(s)[:2] == (3, 0)
+            assert_echoes(s, 3)
     finally:
         d.stop()
 
@@ -326,8 +329,7 @@ def test_scratch_given_back_after_a_large_batch():
             rid, code, res = read_reply(s, 60.0)
             assert (rid, code) == (1, 0) and len(res) == 4 << 20
             del res
-            s.sendall(request(2, M_ECHO))
-            assert read_reply(s)[:2] == (2, 0)
+            assert_echoes(s, 2)
             grown = rss_settled(d) - base
         print(f"RESULT scratch_4M rss_growth_kib={grown}")
         assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
