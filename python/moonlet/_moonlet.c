@@ -1067,33 +1067,28 @@ PyDoc_STRVAR(Client_register_buffer_doc,
              "unregistered.  StoreError INVALID_PARAMS (-600) for 0 / NULL or a base already "
              "registered.");
 
-static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"address", "size", NULL};
-    void *addr;
-    size_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&:register_buffer", kwl, conv_addr, &addr,
-                                     conv_size, &size))
-        return NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_register_buffer(c, addr, size));
-    return ml_none_or_raise(rc, "register_buffer");
-}
-
 PyDoc_STRVAR(Client_unregister_buffer_doc,
              "unregister_buffer(address)\n--\n\n"
              "Unregisters the buffer registered at address (INVALID_PARAMS when none is).");
 
-static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, PyObject *kw)
+/* register_buffer(address, size) / unregister_buffer(address). */
+static PyObject *ml_register(ClientObject *self, PyObject *args, PyObject *kw, bool unregister)
 {
-    static char *kwl[] = {"address", NULL};
+    static char *reg_kwl[] = {"address", "size", NULL}, *unreg_kwl[] = {"address", NULL};
     void *addr;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:unregister_buffer", kwl, conv_addr, &addr))
+    size_t size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw,
+                                     unregister ? "O&:unregister_buffer" : "O&O&:register_buffer",
+                                     unregister ? unreg_kwl : reg_kwl, conv_addr, &addr,
+                                     conv_size, &size))
         return NULL;
     int rc;
-    ML_CALL(self, rc, moonlet_client_unregister_buffer(c, addr));
-    return ml_none_or_raise(rc, "unregister_buffer");
+    ML_CALL(self, rc, unregister ? moonlet_client_unregister_buffer(c, addr)
+                                 : moonlet_client_register_buffer(c, addr, size));
+    return ml_none_or_raise(rc, unregister ? "unregister_buffer" : "register_buffer");
 }
+
+ML_FLAG_PAIR(Client_register_buffer, Client_unregister_buffer, ml_register)
 
 PyDoc_STRVAR(Client_put_from_doc,
              "put_from(key, address, size, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"
