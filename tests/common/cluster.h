@@ -137,6 +137,32 @@ static inline int cl_replicas(moonlet_master_client *mc, const char *tenant, con
     return n;
 }
 
+/* lease_remaining_ms of a key as the inspection RPC reports it (it grants
+ * no lease itself); -1 when absent. */
+static inline double cl_lease_ms(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
+        return -1;
+    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Writes `token` and a newline to a new file made from the mkstemp()
+ * template `path` (the name is left in it); unlink it when done.
+ * Returns 0 or -1. */
+static inline int cl_token_file(char *path, const char *token)
+{
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    size_t n = strlen(token);
+    int rc = write(fd, token, n) == (ssize_t)n && write(fd, "\n", 1) == 1 ? 0 : -1;
+    close(fd);
+    return rc;
+}
+
 /* Polls `pred` every 20 ms until it holds or timeout_ms passed. */
 static inline bool cl_wait(bool (*pred)(void *), void *arg, int timeout_ms)
 {

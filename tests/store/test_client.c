@@ -487,12 +487,7 @@ static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
 
 static double lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
-        return -1;
-    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return v;
+    return cl_lease_ms(g_mc, tenant, key);
 }
 
 static void test_batch_probe_policy(void **state)
@@ -754,10 +749,7 @@ static void test_auth_token(void **state)
 {
     (void)state;
     char path[] = "/tmp/moonlet-client-token-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, "t0ken\n", 6), 6);
-    close(fd);
+    assert_int_equal(cl_token_file(path, "t0ken"), 0);
     const char *const flags[] = {"--auth-token-file", path, NULL};
     test_proc m, s;
     assert_int_equal(cl_start_master(&m, flags), 0);

@@ -98,12 +98,10 @@ static void put_kv(const char *tenant, int blocks)
 
 static uint64_t lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
+    double ms = cl_lease_ms(g_mc, tenant, key);
+    if (ms < 0)
         fail_msg("inspect %s/%s", tenant, key);
-    uint64_t ms = (uint64_t)cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return ms;
+    return (uint64_t)ms;
 }
 
 typedef struct counters {

@@ -19,7 +19,7 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
-#include "../common/proc.h"
+#include "../common/cluster.h"
 #include "master_client.h"
 #include "methods.h"
 #include "moonlet/error.h"
@@ -74,13 +74,7 @@ static int put(const char *tenant, const char *key, uint64_t size, uint32_t nrep
 
 static double lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    int rc = moonlet_mc_inspect_key(g_mc, tenant, key, &j);
-    if (rc)
-        return -1;
-    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return v;
+    return cl_lease_ms(g_mc, tenant, key);
 }
 
 static void test_lifecycle(void **state)
@@ -394,10 +388,7 @@ static void test_auth_token(void **state)
 {
     (void)state;
     char path[] = "/tmp/moonlet-token-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, "s3cret\n", 7), 7);
-    close(fd);
+    assert_int_equal(cl_token_file(path, "s3cret"), 0);
     char *argv[] = {"tools/moonlet-master", "--rpc-port", "0", "--shards", "8",
                     "--auth-token-file", path, "--log-level", "warn", NULL};
     test_proc p;
