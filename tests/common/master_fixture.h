@@ -71,6 +71,28 @@ static inline int fix_put(moonlet_master *m, const char *key, uint64_t size)
     return fix_put_t(m, "", key, size, 1);
 }
 
+/* Whole puts of keys <prefix><i>, i in [from, to), in the default tenant,
+ * `size` bytes and `replicas` replicas each; each must succeed. */
+static inline void fix_put_range(moonlet_master *m, const char *prefix, int from, int to,
+                                 uint64_t size, uint32_t replicas)
+{
+    char k[64];
+    for (int i = from; i < to; i++) {
+        snprintf(k, sizeof(k), "%s%d", prefix, i);
+        int rc = fix_put_t(m, "", k, size, replicas);
+        if (rc != MOONLET_OK)
+            fail_msg("put %s: %d", k, rc);
+    }
+}
+
+/* The master's counters now. */
+static inline moonlet_master_stats fix_stats(moonlet_master *m)
+{
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    return st;
+}
+
 /* Lease remaining in ms, or -1 when the key does not exist. */
 static inline int64_t fix_lease_t(moonlet_master *m, const char *tenant, const char *key)
 {

@@ -120,13 +120,6 @@ static void expect_resume(moonlet_master *m, snapshot s, const char *gone, uint6
     assert_leased_exactly(m, "", s.kv, s.kda, sel, b);
 }
 
-static moonlet_master_stats stats_of(moonlet_master *m)
-{
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
-    return st;
-}
-
 /* docs/probe-policy.md: 128 complete, 256 lacks rank 0, 384 lacks rank 1.
  * All four KV blocks present: 128 is selected, and only kv/0 (its boundary)
  * and its two keys gain leases. */
@@ -139,7 +132,7 @@ static void test_worked_example(void **state)
     put_all(m, present, 4);
     expect_resume(m, snap(m), NULL, 4, 0, 1);
     assert_int_equal(fix_lease(m, KV[1]), 0); /* present, past the checkpoint: not leased */
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_calls, 1);
     assert_int_equal(st.leases_resume_kda, 2);
     assert_int_equal(st.leases_resume_kv, 1);
@@ -173,7 +166,7 @@ static void test_kv_boundary_restricts(void **state)
     put_all(m, kv, 3);
     put_all(m, KDA, 6);
     expect_resume(m, snap(m), NULL, 2, 1, 2);
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     /* 384 only in the first try, which finds kv/2 missing; then 256 */
     assert_int_equal(st.resume_candidates_examined, 2);
     moonlet_master_destroy(m);
@@ -288,7 +281,7 @@ static void test_invalid_requests(void **state)
     assert_int_equal(resume_t(m, "", NULL, 0, NULL, 0, 3, NULL, 0, &out, mask), MOONLET_OK);
     assert_int_equal(out.kv_prefix, 0);
     assert_leased_exactly(m, "", kv0, kda0, -1, 0);
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda + st.leases_resume_kv, 0);
     moonlet_master_destroy(m);
 }
@@ -310,7 +303,7 @@ static void test_duplicates(void **state)
     assert_int_equal(out.kv_prefix, 3);
     assert_int_equal(out.selected, 1);
     assert_mask_sel(mask, 4, 2, 1);
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda, 2); /* kv/1 and kda/128/r1 */
     assert_int_equal(st.leases_resume_kv, 1);  /* kv/0 (kv/1 counted as KDA) */
     assert_int_equal(fix_lease(m, KV[0]), 5000);
@@ -321,7 +314,7 @@ static void test_duplicates(void **state)
     assert_int_equal(resume_t(m, "", kv, 3, twice, 2, 2, b1, 1, &out, mask), MOONLET_OK);
     assert_int_equal(out.selected, 0);
     assert_int_equal(fix_lease(m, KDA[0]), 5000);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda, 2 + 1);
     assert_int_equal(st.leases_resume_kv, 1 + 1);
     moonlet_master_destroy(m);
@@ -395,7 +388,7 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
     moonlet_master *m = hook_master(&h);
     /* the prefix as scanned; the victim is gone */
     expect_resume(m, snap(m), victim, want_prefix, want_sel, want_b);
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_candidates_examined, want_examined);
     assert_int_equal(st.resume_recheck_fallbacks, want_examined - 1);
     uint64_t hist = 0;
@@ -436,7 +429,7 @@ static void after_the_scan(const char *victim)
      * it leased */
     expect_resume(m, snap(m), victim, 4, 0, 1);
     assert_int_equal(h.calls, 2); /* before 256 and 128 (384's own scan failed: not tried) */
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_candidates_examined, 2);
     assert_int_equal(st.resume_recheck_fallbacks, 1);
     assert_int_equal(st.leases_resume_kda, 2);
@@ -485,7 +478,7 @@ static void test_many_shards(void **state)
     assert_mask_sel(mask, CK * RANKS, RANKS, 24);
     for (int i = 0; i < NKV; i++)
         assert_int_equal(fix_lease(m, kv[i]), i == 100 ? -1 : (i < 100 ? 5000 : 0));
-    moonlet_master_stats st = stats_of(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kv, 100);
     assert_int_equal(st.leases_resume_kda, RANKS);
     moonlet_master_destroy(m);

@@ -9,8 +9,7 @@
 
 static moonlet_master_stats stats(moonlet_master *m)
 {
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     return st;
 }
 
