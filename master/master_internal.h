@@ -449,7 +449,8 @@ void unmounts_destroy(moonlet_master *m);
 /* Reserves a range of `size` for one more replica of an object whose
  * replicas are reps[0..nrep): on a mounted, not draining segment other than
  * theirs, on a host (the endpoint without its port) other than those of its
- * replicas on segments that are not draining.  Records `hash` in the
+ * replicas on segments that are not draining - or, when no such segment has
+ * room, on any other segment (PutStart's rule: a single-host cluster).  Records `hash` in the
  * segment's index; *gen gets the segment's generation.  Caller holds the
  * guard shared (and the shard lock); takes registry.mu.
  * NO_AVAILABLE_HANDLE when no segment qualifies. */

@@ -916,7 +916,7 @@ static bool same_host(const char *a, const char *b)
 /* Whether slot may take one more replica of the object (see
  * registry_place_extra_locked).  registry.mu held. */
 static bool extra_ok_locked(const struct registry *r, uint32_t slot, const struct mrep *reps,
-                            uint32_t nrep)
+                            uint32_t nrep, bool other_host)
 {
     const struct mseg *s = reg_seg(r, slot);
     if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
@@ -925,7 +925,7 @@ static bool extra_ok_locked(const struct registry *r, uint32_t slot, const struc
         const struct mseg *o = reg_seg(r, reps[k].seg);
         if (reps[k].seg == slot)
             return false;
-        if (!atomic_load(&o->draining) && same_host(o->endpoint, s->endpoint))
+        if (other_host && !atomic_load(&o->draining) && same_host(o->endpoint, s->endpoint))
             return false;
     }
     return true;
@@ -939,28 +939,33 @@ int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
     uint64_t now = moonlet_clock_now_ns();
     pthread_mutex_lock(&r->mu);
-    /* The ring first (segments with room, round-robin), then every slot. */
+    /* Another host if any has room, else (one host, or the others full)
+     * another segment, as PutStart places: the ring first (segments with
+     * room, round-robin), then every slot. */
     uint32_t found = SLOT_NONE;
     uint64_t off = 0;
     uint32_t start = r->navail ? r->rr++ % r->navail : 0;
-    for (uint32_t k = 0; k < r->navail && found == SLOT_NONE; k++) {
-        uint32_t slot = r->avail[(start + k) % r->navail];
-        if (!extra_ok_locked(r, slot, reps, nrep))
-            continue;
-        struct mseg *s = reg_seg(r, slot);
-        if (s->nquar)
-            quarantine_release_due_locked(r, slot, now);
-        if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
-            found = slot;
-    }
-    for (uint32_t slot = 0; slot < r->nslots && found == SLOT_NONE; slot++) {
-        if (!extra_ok_locked(r, slot, reps, nrep))
-            continue;
-        struct mseg *s = reg_seg(r, slot);
-        if (s->nquar)
-            quarantine_release_due_locked(r, slot, now);
-        if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
-            found = slot;
+    for (int pass = 0; pass < 2 && found == SLOT_NONE; pass++) {
+        bool other_host = pass == 0;
+        for (uint32_t k = 0; k < r->navail && found == SLOT_NONE; k++) {
+            uint32_t slot = r->avail[(start + k) % r->navail];
+            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
+                continue;
+            struct mseg *s = reg_seg(r, slot);
+            if (s->nquar)
+                quarantine_release_due_locked(r, slot, now);
+            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+                found = slot;
+        }
+        for (uint32_t slot = 0; slot < r->nslots && found == SLOT_NONE; slot++) {
+            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
+                continue;
+            struct mseg *s = reg_seg(r, slot);
+            if (s->nquar)
+                quarantine_release_due_locked(r, slot, now);
+            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+                found = slot;
+        }
     }
     if (found == SLOT_NONE) {
         pthread_mutex_unlock(&r->mu);

@@ -315,8 +315,9 @@ static void test_failures_bounded(void **state)
     moonlet_clock_set_fake(0);
 }
 
-/* No segment on another host: nothing starts, the object waits (bounded). */
-static void test_no_target_host(void **state)
+/* No segment on another host: another segment of the survivor's host
+ * (PutStart's rule); none at all: retried, then given up (bounded). */
+static void test_no_other_host(void **state)
 {
     (void)state;
     moonlet_master *m = repair_master(16);
@@ -324,15 +325,28 @@ static void test_no_target_host(void **state)
     mount_at(m, "b", "10.0.0.2:1");
     mount_at(m, "b2", "10.0.0.2:2");
     put_on(m, "k", "a", "b");
+    put_on(m, "k2", "a", "b");
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
                      MOONLET_OK);
+    moonlet_master_tick(m);
     struct jobs js;
+    assert_int_equal(fetch(m, "b2", &js), 2);
+    assert_int_equal(done(m, "b2", js.j[0].id, 0), MOONLET_OK);
+    assert_int_equal(done(m, "b2", js.j[1].id, 0), MOONLET_OK);
+    assert_int_equal(readable(m, "k"), 2);
+    /* now b2 goes too: b holds the only replica and no segment is left */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-b2"), MOONLET_STR("b2")),
+                     MOONLET_OK);
+    assert_int_equal(stats(m).under_replicated, 2);
     for (int i = 0; i < 4; i++) {
         moonlet_master_tick(m);
-        assert_int_equal(fetch(m, "b2", &js), 0);
+        assert_int_equal(fetch(m, "b", &js), 0);
         moonlet_clock_advance(30000 * MS);
     }
-    assert_int_equal(stats(m).repairs_failed, 1);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.repairs_failed, 2);
+    assert_int_equal(st.under_replicated, 0);
+    assert_int_equal(readable(m, "k"), 1);
     moonlet_master_destroy(m);
     moonlet_clock_set_fake(0);
 }
@@ -479,7 +493,7 @@ int main(void)
         cmocka_unit_test(test_concurrency_limit),
         cmocka_unit_test(test_removal_mid_repair),
         cmocka_unit_test(test_failures_bounded),
-        cmocka_unit_test(test_no_target_host),
+        cmocka_unit_test(test_no_other_host),
         cmocka_unit_test(test_target_unmounted),
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_undrain),
