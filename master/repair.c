@@ -525,6 +525,11 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
      * the new replica like any other (its hash is in the target's index). */
     if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
         registry_slot_live(m, j.target.seg, j.gen)) {
+        /* The job's lease on the source ends: back to what any reader may
+         * hold (every reader's lease was granted before now, so it ends
+         * within one lease TTL), so a Remove is not refused for longer. */
+        if (o->lease_deadline > now + m->lease_ttl_ns)
+            o->lease_deadline = now + m->lease_ttl_ns;
         struct mrep nr = j.target;
         nr.status = MOONLET_REPLICA_COMPLETE;
         struct mrep *reps = mobj_reps(o);

@@ -187,6 +187,8 @@ static void test_drop_queues_and_repairs(void **state)
         assert_int_equal(readable(m, k), 2);
         assert_int_equal(listed(m, k), 2);
     }
+    /* the job's lease on the source ended with it: one lease TTL at most */
+    assert_true(fix_lease(m, "k0") <= 1000);
     st = stats(m);
     assert_int_equal(st.under_replicated, 0);
     assert_int_equal(st.repairs_done, 10);
