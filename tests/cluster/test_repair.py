@@ -91,7 +91,8 @@ def test_rereplicate(make_cluster):
     assert g["ok"] == 500 and g["wrong_bytes"] == 0 and g["errors"] == {}, g
     result("rereplicate", objects=len(held), drop_s=round(drop_s, 2),
            repair_s=round(repaired_s - drop_s, 2), total_s=round(repaired_s, 2),
-           objects_per_s=round(len(held) / max(repaired_s - drop_s, 0.01), 1),
+           objects_per_s=round(stats["repairs_done"] / max(repaired_s - drop_s, 0.01), 1),
+           bytes_per_s=round(stats["repair_bytes"] / max(repaired_s - drop_s, 0.01)),
            repair_bytes=stats["repair_bytes"], repairs_done=stats["repairs_done"],
            repairs_retried=stats["repairs_retried"], second_kill_lost=500 - g["ok"])
 
