@@ -402,14 +402,19 @@ static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j)
     return false;
 }
 
-/* A job that cannot go on (the object or the target went): its range back,
- * the object forgotten (a later segment loss queues it again). */
-static void drop_job(moonlet_master *m, const struct rjob *j)
+/* A job that cannot go on: its range back.  The object went: forgotten.
+ * The target went (its node died or unmounted): the object waits a backoff
+ * and gets another target (not an attempt of its own: no copy failed). */
+static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
 {
     struct repair_state *r = m->repair;
     release_target(m, j);
     pthread_mutex_lock(&r->mu);
-    forget_locked(r, j->hash, j->tenant);
+    if (object_gone)
+        forget_locked(r, j->hash, j->tenant);
+    else
+        enqueue_locked(r, j->hash, j->tenant, false, j->attempts,
+                       moonlet_clock_now_ns() + REPAIR_BACKOFF_FIRST_NS, true);
     pthread_mutex_unlock(&r->mu);
     atomic_fetch_add(&r->dropped, 1);
 }
@@ -445,7 +450,7 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; i < n; i++) {
         struct rjob *j = &jobs[i];
-        bool ok = false;
+        bool ok = false, object_gone = false;
         pthread_rwlock_rdlock(&m->guard);
         struct shard *s = &m->shards[shard_of(m, j->hash)];
         pthread_mutex_lock(&s->mu);
@@ -468,6 +473,9 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
                 visit(arg, &v);
             }
             ok = ns > 0;
+            object_gone = ns == 0;
+        } else {
+            object_gone = !o || o->state != OBJ_COMPLETE;
         }
         pthread_mutex_unlock(&s->mu);
         pthread_rwlock_unlock(&m->guard);
@@ -477,7 +485,7 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
             bool had = take_job_locked(r, j->id, &gone);
             pthread_mutex_unlock(&r->mu);
             if (had)
-                drop_job(m, &gone);
+                drop_job(m, &gone, object_gone);
         }
     }
     return MOONLET_OK;
@@ -515,7 +523,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
-    enum { ATTACHED, GONE, NO_ROOM } res = GONE;
+    enum { ATTACHED, GONE, TARGET_GONE, NO_ROOM } res = GONE;
     bool again = false;
     pthread_rwlock_rdlock(&m->guard);
     struct shard *s = &m->shards[shard_of(m, j.hash)];
@@ -524,7 +532,9 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     /* MOUNTED now, under the shard lock: an unmount beginning later strips
      * the new replica like any other (its hash is in the target's index). */
     if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
-        registry_slot_live(m, j.target.seg, j.gen)) {
+        !registry_slot_live(m, j.target.seg, j.gen)) {
+        res = TARGET_GONE;
+    } else if (o && o->state == OBJ_COMPLETE && o->size == j.size) {
         /* The job's lease on the source ends: back to what any reader may
          * hold (every reader's lease was granted before now, so it ends
          * within one lease TTL), so a Remove is not refused for longer. */
@@ -567,8 +577,8 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
-    drop_job(m, &j);
-    return res == GONE ? MOONLET_ERR_OBJECT_NOT_FOUND : MOONLET_OK;
+    drop_job(m, &j, res != TARGET_GONE);
+    return res == ATTACHED || res == NO_ROOM ? MOONLET_OK : MOONLET_ERR_OBJECT_NOT_FOUND;
 }
 
 struct drain_note {

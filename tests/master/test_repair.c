@@ -378,6 +378,15 @@ static void test_target_unmounted(void **state)
     assert_int_equal(st.repairs_retried, 1);
     assert_int_equal(readable(m, "k"), 1);
     assert_int_equal(listed(m, "k"), 1);
+    /* a new node: after the backoff the object gets a target there */
+    mount_at(m, "d", "10.0.0.4:1");
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "d", &js), 0); /* still in backoff */
+    moonlet_clock_advance(1000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "d", &js), 1);
+    assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_OK);
+    assert_int_equal(readable(m, "k"), 2);
     moonlet_master_destroy(m);
     moonlet_clock_set_fake(0);
 }
