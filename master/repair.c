@@ -359,6 +359,9 @@ static void repair_pump(moonlet_master *m, uint64_t now)
     }
 }
 
+static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j);
+static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone);
+
 void repair_tick(moonlet_master *m)
 {
     struct repair_state *r = m->repair;
@@ -386,6 +389,27 @@ void repair_tick(moonlet_master *m)
         pthread_mutex_unlock(&r->mu);
     }
     free(exp);
+    /* Jobs whose target segment went (its node died or unmounted) end now,
+     * not at their deadline: the object gets another target. */
+    struct {
+        uint64_t id, gen;
+        uint32_t slot;
+    } chk[64];
+    uint32_t nchk = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nrun && nchk < 64; i++)
+        chk[nchk++] = (typeof(chk[0])){r->run[i].id, r->run[i].gen, r->run[i].target.seg};
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < nchk; i++) {
+        if (registry_slot_live(m, chk[i].slot, chk[i].gen))
+            continue;
+        struct rjob j;
+        pthread_mutex_lock(&r->mu);
+        bool had = take_job_locked(r, chk[i].id, &j);
+        pthread_mutex_unlock(&r->mu);
+        if (had)
+            drop_job(m, &j, false);
+    }
     repair_pump(m, now);
 }
 
