@@ -8,7 +8,7 @@
 
 #define MS MOONLET_NS_PER_MS
 
-static moonlet_master *repair_master(uint32_t concurrency)
+static moonlet_master *repair_master_bw(uint32_t concurrency, uint64_t bandwidth)
 {
     moonlet_master_config cfg;
     moonlet_master_config_default(&cfg);
@@ -19,10 +19,17 @@ static moonlet_master *repair_master(uint32_t concurrency)
     cfg.repair_concurrency = concurrency;
     cfg.repair_timeout_ms = 5000;
     cfg.repair_max_attempts = 3;
+    if (bandwidth)
+        cfg.repair_bandwidth = bandwidth;
     moonlet_clock_set_fake(FIX_T0);
     moonlet_master *m = NULL;
     assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
     return m;
+}
+
+static moonlet_master *repair_master(uint32_t concurrency)
+{
+    return repair_master_bw(concurrency, 0);
 }
 
 /* Client "c-<seg>" mounts segment <seg> at endpoint ep. */
@@ -392,6 +399,75 @@ static void test_target_unmounted(void **state)
     moonlet_clock_set_fake(0);
 }
 
+static void put_sized(moonlet_master *m, const char *key, uint64_t size)
+{
+    moonlet_str pref[] = {MOONLET_STR("a"), MOONLET_STR("b")};
+    moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 2};
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), size,
+                                                   &po, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), NULL),
+                     MOONLET_OK);
+}
+
+/* Objects under a read lease are repaired first. */
+static void test_leased_first(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(1);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_sized(m, "cold1", 1000); /* queued first ... */
+    put_sized(m, "cold2", 1000);
+    put_sized(m, "hot", 3000);
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("hot"), NULL,
+                                                     NULL, NULL, NULL),
+                     MOONLET_OK); /* ... but this one is being read */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(js.j[0].size, 3000);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* --repair-bandwidth: jobs start only while the byte budget (one second of
+ * burst) is positive; it refills with the clock. */
+static void test_bandwidth_limit(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master_bw(16, 1000);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    char k[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_sized(m, k, 1000);
+    }
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 1); /* 1000 bytes: the burst */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 1);
+    moonlet_clock_advance(500 * MS); /* +500: positive again */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 2);
+    moonlet_clock_advance(100 * MS); /* -400: not yet */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 2);
+    moonlet_clock_advance(1000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 3);
+    assert_int_equal(stats(m).repairs_queued, 1);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
 struct placed {
     char seg[8][32];
     uint32_t n;
@@ -503,6 +579,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drop_queues_and_repairs),
         cmocka_unit_test(test_concurrency_limit),
+        cmocka_unit_test(test_leased_first),
+        cmocka_unit_test(test_bandwidth_limit),
         cmocka_unit_test(test_removal_mid_repair),
         cmocka_unit_test(test_failures_bounded),
         cmocka_unit_test(test_no_other_host),
