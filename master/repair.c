@@ -304,12 +304,13 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
 static uint32_t pop_due_locked(struct repair_state *r, uint64_t now, struct rq_entry *out,
                                uint32_t max)
 {
-    uint32_t n = 0;
+    uint32_t n = 0, looked = 0;
     struct rq *qs[2] = {&r->urgent, &r->normal};
     for (int qi = 0; qi < 2; qi++) {
         struct rq *q = qs[qi];
         size_t look = rq_len(q);
-        for (size_t i = 0; i < look && n < max; i++) {
+        /* bounded: entries in backoff are looked at, at most a few budgets' worth */
+        for (size_t i = 0; i < look && n < max && looked < 4 * REPAIR_PUMP_BUDGET; i++, looked++) {
             struct rq_entry e = q->e[q->head++];
             if (e.not_before > now) {
                 if (!rq_push(q, e))
