@@ -56,8 +56,7 @@ struct moonlet_rpc_client {
     char *in;
     size_t in_off, in_len, in_cap;
     int64_t wait_ewma_ns; /* how long replies took to start arriving */
-    int64_t no_spin_until_ns; /* a yield found the cores busy: sleep in waits until then */
-    uint64_t contended_waits; /* waits whose spin stopped because of that */
+    uint64_t contended_waits; /* waits whose spin a yield to another thread ended */
 };
 
 /* Signed view of common/monotime.h, for deadline arithmetic. */
@@ -104,9 +103,10 @@ static int wait_fd(int fd, short ev, int64_t deadline)
  * another thread (the thread's involuntary context switches went up,
  * getrusage(RUSAGE_THREAD)), the core is wanted elsewhere, and the caller
  * stops spinning and sleeps in poll(); a sleeping caller leaves its core
- * idle, and an idle core pulls waiting threads over.  The connection then
- * sleeps at once in its waits for the next CONTENDED_HOLD_NS, after which
- * it tries spinning again.  On a core with nothing else to run
+ * idle, and an idle core pulls waiting threads over.  The next wait spins
+ * again (remembering the contention for a while, 5 ms of waits, was tried:
+ * short calls such as a put's PutStart then paid a wake-up each and put+get
+ * under load got slower).  On a core with nothing else to run
  * sched_yield() returns without switching, so a lone caller keeps its spin.
  * Figures: docs/benchmarks.md, "Client layers" and "The master under many
  * clients".
@@ -114,17 +114,14 @@ static int wait_fd(int fd, short ev, int64_t deadline)
 #define SPIN_MIN_NS 50000
 #define SPIN_MAX_NS 500000
 #define WAIT_EWMA_SHIFT 3 /* new = old + (sample - old) / 8 */
-#define CONTENDED_HOLD_NS 5000000
 
 static int64_t now_ns(void)
 {
     return (int64_t)moonlet_mono_ns();
 }
 
-static int64_t spin_budget_ns(const moonlet_rpc_client *c, int64_t now)
+static int64_t spin_budget_ns(const moonlet_rpc_client *c)
 {
-    if (now < c->no_spin_until_ns)
-        return 0;
     int64_t w = c->wait_ewma_ns;
     if (w > SPIN_MAX_NS)
         return SPIN_MIN_NS;
@@ -146,8 +143,6 @@ static long involuntary_switches(void)
  * budget has run out or a yield ran another thread. */
 static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 {
-    if (budget_ns <= 0)
-        return SPIN_BUDGET_OUT;
     long switches = involuntary_switches();
     for (;;) {
         char b;
@@ -168,11 +163,9 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 static int wait_input(moonlet_rpc_client *c, int64_t deadline)
 {
     int64_t t0 = now_ns();
-    int spun = spin_for_input(c->fd, t0, spin_budget_ns(c, t0));
-    if (spun == SPIN_CONTENDED) {
-        c->no_spin_until_ns = now_ns() + CONTENDED_HOLD_NS;
+    int spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
+    if (spun == SPIN_CONTENDED)
         c->contended_waits++;
-    }
     int rc = spun == SPIN_INPUT ? 0 : wait_fd(c->fd, POLLIN, deadline);
     if (rc == 0)
         c->wait_ewma_ns += (now_ns() - t0 - c->wait_ewma_ns) / (1 << WAIT_EWMA_SHIFT);
