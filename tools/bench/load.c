@@ -14,7 +14,9 @@
  *                   a get of it (a moonlet_client per thread);
  *   redis_setget  - SET then GET of a 4 KiB value.
  * Reported per N and system: keys/s (exist) or operations/s (put+get: every
- * put and every get is one operation), and the p50/p99 of each call.
+ * put and every get is one operation), and the p50/p99 of each call; per N
+ * also the host's 1-minute load average, since other work on the host sets
+ * both systems' tails.
  * --plot runs tools/bench/plot_load.py with /usr/bin/python3.
  *
  * Redis speaks RESP; the few commands here need no client library, so a
