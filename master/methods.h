@@ -43,6 +43,9 @@ enum moonlet_method {
     MOONLET_M_STATS = 19,
     MOONLET_M_BIND_CLIENT = 20,
     MOONLET_M_PROBE_RESUME = 21,
+    MOONLET_M_PUT_REPLACE_REPLICA = 22,
+    /* 23..27: reserved for issue 16 (re-replication, drain) */
+    MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
     MOONLET_M__COUNT
 };
 
@@ -143,6 +146,13 @@ typedef struct {
     moonlet_strv kda_keys;
     moonlet_u64v boundaries;
 } moonlet_args_probe_resume;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str tenant, key;
+    moonlet_str segment_id;      /* the replica whose write failed */
+    moonlet_strv excluded_segments; /* optional: segments already seen failing for this put */
+} moonlet_args_put_replace;
 
 /* The table, in id order (AUTH included, with its one argument). */
 extern const moonlet_rpc_method_decl moonlet_master_methods[];

@@ -511,3 +511,8 @@ uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c)
 }
 
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }
+
+void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : DEFAULT_TIMEOUT_MS;
+}
