@@ -379,6 +379,7 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->put_ends = atomic_load(&s->put_ends);
     st->put_revokes = atomic_load(&s->put_revokes);
     st->put_timeouts = atomic_load(&s->put_timeouts);
+    st->put_replacements = atomic_load(&s->put_replacements);
     st->removes = atomic_load(&s->removes);
     st->evictions = atomic_load(&s->evictions);
     st->eviction_passes = atomic_load(&s->eviction_passes);

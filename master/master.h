@@ -180,6 +180,32 @@ int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str ke
 /* Abandons a put in progress: frees its replicas and forgets the key. */
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
 
+/*
+ * PutReplaceReplica: the writer could not write the replica of a put in
+ * progress on segment `failed` (a dead or unreachable node, a failed
+ * transfer).  Places one replacement on a mounted segment that holds no
+ * replica of the object and is none of excluded[] (segment ids the writer
+ * already saw fail for this put; unknown ids are ignored) nor `failed`, and
+ * reports it to `visit` with a fresh write capability (expiring at the put's
+ * unchanged deadline).  The failed replica's range goes to quarantine until
+ * the put deadline + the grace, as an unfinished put's ranges do (its writer
+ * may still have bytes in flight there).  When the failed segment already
+ * lost its replica (an unmount stripped it), the replacement takes the free
+ * place.  At most MOONLET_MAX_PUT_REPLACEMENTS per put.
+ * Errors: OBJECT_NOT_FOUND (no such key), INVALID_WRITE (the put was sealed,
+ * or its deadline passed), INVALID_PARAMS (`failed` holds no replica of the
+ * put and none is missing; more than MOONLET_MAX_EXCLUDED excluded ids),
+ * UNAVAILABLE_IN_CURRENT_STATUS (the put used its replacements),
+ * NO_AVAILABLE_HANDLE (no other segment has room: nothing changed),
+ * INVALID_KEY.  On any error the put is unchanged.
+ */
+#define MOONLET_MAX_PUT_REPLACEMENTS 4u
+#define MOONLET_MAX_EXCLUDED 16u
+int moonlet_master_put_replace_replica(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                       moonlet_str failed, const moonlet_str *excluded,
+                                       uint32_t nexcluded, moonlet_replica_visitor visit,
+                                       void *arg);
+
 /* Reports the readable replicas and grants a read lease.  OBJECT_NOT_FOUND, or
  * REPLICA_IS_NOT_READY while the put is in progress. *size and *lease_ttl_ms optional. */
 int moonlet_master_get_replica_list(moonlet_master *m, moonlet_str tenant, moonlet_str key,
@@ -386,6 +412,7 @@ typedef struct moonlet_master_stats {
     uint64_t quarantined;       /* bytes freed from unfinished puts, not yet reusable */
     uint64_t hard_pinned;       /* hard-pinned objects (puts in progress included) */
     uint64_t hard_pinned_bytes; /* their size x replicas: never evictable */
+    uint64_t put_replacements;  /* replicas replaced by PutReplaceReplica */
     /* Re-replication (repair.c) */
     uint64_t under_replicated;  /* objects queued or being repaired */
     uint64_t repairs_queued;    /* waiting for a target (backoff included) */

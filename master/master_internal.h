@@ -83,7 +83,9 @@ struct mobj {
     uint8_t soft_pin : 1;       /* PutStart asked for a soft pin */
     uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
     uint8_t has_checksum : 1;   /* PutEnd recorded `checksum` */
-    uint64_t checksum;          /* the writer's XXH3-64 of the bytes (end-to-end check) */
+    uint64_t checksum;          /* the writer's XXH3-64 of the bytes (end-to-end check);
+                                 * while PENDING: the replacements granted
+                                 * (PutReplaceReplica), bounded per put */
     char key[];
 };
 
@@ -262,6 +264,7 @@ struct mstats {
     _Atomic uint64_t objects, bytes;
     _Atomic uint64_t pending;
     _Atomic uint64_t put_starts, put_ends, put_revokes, put_timeouts, removes;
+    _Atomic uint64_t put_replacements; /* PutReplaceReplica grants */
     _Atomic uint64_t evictions, eviction_passes;
     _Atomic uint64_t leases_get, leases_exist, leases_probe;
     _Atomic uint64_t probe_calls_none, probe_calls_last_hit;
@@ -390,6 +393,18 @@ int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint3
 int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                                     const moonlet_str *preferred, uint32_t npreferred,
                                     struct mrep *reps);
+/* PutReplaceReplica's placement: reserves one range of `size` on a mounted
+ * segment that holds none of reps[0..nrep) and is none of the segments
+ * named in excluded[] (ids; unknown ones are skipped), into *out, and
+ * records `hash` in its index.  NO_AVAILABLE_HANDLE when no segment fits.
+ * Caller holds the guard shared and the object's shard lock; takes registry.mu. */
+int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                                      const struct mrep *reps, uint32_t nrep,
+                                      const moonlet_str *excluded, uint32_t nexcluded,
+                                      struct mrep *out);
+/* Whether the segment in `slot` (MOUNTED or UNMOUNTING: the caller holds
+ * the guard shared) has the id `id` (or it as its second endpoint's id). */
+bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id);
 /* Gives the ranges back and drops `hash` from the segments' indexes.  Takes
  * registry.mu.  until_ns 0: to the allocator at once (a sealed object: every
  * write to it was acknowledged before its PutEnd, so no stale byte can

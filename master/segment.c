@@ -838,6 +838,68 @@ int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t s
     return MOONLET_ERR_NO_AVAILABLE_HANDLE;
 }
 
+/* Up to MOONLET_MAX_REPLICAS current replicas, the failed segment and the
+ * caller's excluded ones: the segments a replacement must avoid. */
+#define PLACE_AVOID_MAX (MOONLET_MAX_REPLICAS + 1 + MOONLET_MAX_EXCLUDED)
+
+int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                                      const struct mrep *reps, uint32_t nrep,
+                                      const moonlet_str *excluded, uint32_t nexcluded,
+                                      struct mrep *out)
+{
+    struct registry *r = &m->reg;
+    if (nrep > MOONLET_MAX_REPLICAS || nexcluded > MOONLET_MAX_EXCLUDED + 1)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    uint64_t now = moonlet_clock_now_ns();
+    /* place_on_locked skips a slot named by any of avoid[0..n) and writes avoid[n] */
+    struct mrep avoid[PLACE_AVOID_MAX + 1];
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < nrep; k++)
+        avoid[n++] = reps[k];
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t e = 0; e < nexcluded; e++) {
+        uint32_t slot;
+        if (seg_find_locked(r, excluded[e], &slot)) /* unknown or unmounting: never placed on */
+            avoid[n++] = (struct mrep){.seg = slot};
+    }
+    bool placed = false;
+    uint32_t i = r->navail ? r->rr++ % r->navail : 0;
+    for (uint32_t tries = r->navail; tries && !placed && r->navail; tries--) {
+        if (i >= r->navail)
+            i = 0;
+        uint32_t slot = r->avail[i];
+        int prc = place_on_locked(r, slot, len, now, avoid, n);
+        placed = prc == PLACE_OK;
+        if (prc == PLACE_NO_ROOM)
+            avail_remove_locked(r, slot);
+        else
+            i++;
+    }
+    for (uint32_t k = 0; k < r->nslots && !placed; k++) { /* the ring had no room: all */
+        uint32_t slot = (r->rr + k) % r->nslots;
+        if (place_on_locked(r, slot, len, now, avoid, n) == PLACE_OK) {
+            placed = true;
+            avail_add_locked(r, slot);
+        }
+    }
+    if (placed) {
+        struct mseg *s = reg_seg(r, avoid[n].seg);
+        s->objects++;
+        ix_add_locked(s, hash);
+        atomic_fetch_add(&r->used, len);
+        *out = avoid[n];
+    }
+    pthread_mutex_unlock(&r->mu);
+    return placed ? MOONLET_OK : MOONLET_ERR_NO_AVAILABLE_HANDLE;
+}
+
+bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id)
+{
+    const struct mseg *s = reg_seg(&m->reg, slot);
+    return s && (str_eq(s->id, id) || (s->alt_id[0] && str_eq(s->alt_id, id)));
+}
+
 int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                           struct mrep *reps)
 {

@@ -91,12 +91,19 @@ static const struct command g_cmds[] = {
     {"undrain", "undrain SEGMENT|NODE", "end a drain",
      "Ends the drain of the segments named: they take new replicas again.\n",
      "", 1, 1, 0, inspect_cmd_undrain},
+    {"status", "status", "HA: each master's role, serving state, epoch and leader",
+     "Asks every master of --master (a comma-separated list with HA) for its\n"
+     "role (single: no etcd; standby; leader), whether it serves calls now, its\n"
+     "epoch (the leader key's etcd create revision) and the leader it names,\n"
+     "then prints the leader with the highest epoch.  A standby answers too.\n",
+     "", 0, 0, 0, inspect_cmd_status},
 };
 #define NCMDS (sizeof(g_cmds) / sizeof(g_cmds[0]))
 
 static const char GLOBAL_HELP[] =
     "global options (before or after the command):\n"
-    "  --master HOST:PORT      the master's RPC address (default 127.0.0.1:50051)\n"
+    "  --master HOST:PORT[,..] the master's RPC address (default 127.0.0.1:50051); with\n"
+    "                          HA every master's (the calls follow the leader)\n"
     "  --tenant T              tenant of keys, key and probe (default: \"default\")\n"
     "  --json                  print one JSON document (exact integers, stable field names)\n"
     "  --auth-token-file PATH  the cluster's shared token, when the master requires one\n"

@@ -56,6 +56,7 @@
 #include <errno.h>
 #include <stdatomic.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,7 @@
 #include "writecap.h"
 #include "monotime.h"
 
+#define MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS 60000u /* a failover at start-up */
 #define MOD "store"
 
 struct moonlet_store_node {
@@ -140,6 +142,16 @@ void moonlet_store_node_config_default(moonlet_store_node_config *cfg)
 
 /* Binds the client id to this node's master connection with a random
  * secret; waits (bounded by wait_ms) while another live node holds it. */
+/* With HA (several masters, or NOT_LEADER seen): a failure that a failover
+ * explains - no leader serving yet, the one asked deposed or gone - which
+ * start-up waits out (bounded by MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS).  A
+ * lone master's failures stay fatal at start-up, as before. */
+static bool ha_transient(moonlet_store_node *n, int rc)
+{
+    return (rc == MOONLET_ERR_NOT_LEADER || rc == MOONLET_ERR_RPC_FAIL ||
+            rc == MOONLET_ERR_RPC_TIMEOUT) && moonlet_mc_is_ha(n->mc);
+}
+
 static int node_bind(moonlet_store_node *n, uint32_t wait_ms)
 {
     unsigned char raw[24];
@@ -151,9 +163,14 @@ static int node_bind(moonlet_store_node *n, uint32_t wait_ms)
     for (size_t i = 0; i < sizeof(raw); i++)
         snprintf(secret + 2 * i, 3, "%02x", raw[i]);
     uint64_t deadline = moonlet_mono_ms() + wait_ms;
+    uint64_t ha_until = moonlet_mono_ms() + MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS;
     bool warned = false;
     for (;;) {
         int rc = moonlet_mc_bind_client(n->mc, n->client_id, secret);
+        if (ha_transient(n, rc) && moonlet_mono_ms() < ha_until) { /* a failover at start-up */
+            poll(NULL, 0, 200);
+            continue;
+        }
         if (rc != MOONLET_ERR_ILLEGAL_CLIENT || moonlet_mono_ms() >= deadline) {
             if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
                 ML_ERR(MOD, "client id %s is held by another live node (two nodes started with "
@@ -693,6 +710,15 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     if (!rc) {
         node_unmount_leftovers(n);
         rc = node_mount(n);
+        /* HA: a failover while starting (no leader serving yet, or the one
+         * asked was deposed) is waited out, bounded; a lone master's refusal
+         * stays fatal, as before */
+        uint64_t until = moonlet_mono_ms() + MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS;
+        while (ha_transient(n, rc) && moonlet_mono_ms() < until) {
+            ML_WARN(MOD, "mount: %s; waiting for a leader", moonlet_strerror(rc));
+            poll(NULL, 0, 200);
+            rc = node_mount(n);
+        }
         if (rc)
             ML_ERR(MOD, "the master refused the mount: %s", moonlet_strerror(rc));
     }
