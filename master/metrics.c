@@ -19,11 +19,13 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "monotime.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "net.h"
@@ -39,6 +41,7 @@ struct moonlet_metrics {
     struct MHD_Daemon *d;
     uint16_t port;
     char *token; /* NULL: scrapes need no credentials */
+    _Atomic(const moonlet_role *) role; /* NULL: no HA gauges */
 };
 
 /* ---- rendering -------------------------------------------------------------- */
@@ -109,6 +112,9 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
     sample(f, "moonlet_probe_calls_total", "{mode=\"last_hit_only\"}", st->probe_calls_last_hit);
 
     counter(f, "moonlet_evictions_total", "Objects evicted.", st->evictions);
+    counter(f, "moonlet_put_replacements_total",
+            "Replicas of puts in progress replaced after a failed write (PutReplaceReplica).",
+            st->put_replacements);
     counter(f, "moonlet_probe_candidates_examined_total",
             "Candidates rechecked under their shard locks by BatchProbeKey(LAST_HIT_ONLY).",
             st->probe_candidates_examined);
@@ -122,6 +128,22 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
               st->probe_lock_hold_hist, "moonlet_probe_lock_hold_max_seconds",
               "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.",
               st->probe_lock_hold_max_ns);
+
+    /* Re-replication (master/repair.c) */
+    gauge(f, "moonlet_under_replicated_objects",
+          "Objects with fewer live replicas than they were put with, queued or being repaired.",
+          st->under_replicated);
+    gauge(f, "moonlet_repairs_queued", "Repairs waiting for a target (backoff included).",
+          st->repairs_queued);
+    gauge(f, "moonlet_repairs_running", "Repairs handed to a target node and not reported.",
+          st->repairs_running);
+    family(f, "moonlet_repairs_total", "counter", "Repair attempts by outcome.");
+    sample(f, "moonlet_repairs_total", "{outcome=\"done\"}", st->repairs_done);
+    sample(f, "moonlet_repairs_total", "{outcome=\"retried\"}", st->repairs_retried);
+    sample(f, "moonlet_repairs_total", "{outcome=\"failed\"}", st->repairs_failed);
+    sample(f, "moonlet_repairs_total", "{outcome=\"dropped\"}", st->repairs_dropped);
+    counter(f, "moonlet_repair_bytes_total", "Bytes copied by finished repairs.",
+            st->repair_bytes);
 
     /* ProbeResume (master/probe_resume.c) */
     counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
@@ -149,6 +171,34 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
     if (len)
         *len = n;
     return buf;
+}
+
+char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    gauge(f, "moonlet_ha_role", "HA role: 0 single (no etcd), 1 standby, 2 leader.", ri->state);
+    gauge(f, "moonlet_ha_serving", "1 while this master serves calls (a leader past its grace "
+          "period and inside its fencing window, or a single master).", ri->serving);
+    gauge(f, "moonlet_ha_epoch", "Epoch this master serves under, or the newest leader epoch "
+          "it knows (the leader key's etcd create revision).", ri->epoch);
+    gauge(f, "moonlet_ha_terms", "Times this master was elected leader.", ri->terms);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = n;
+    return buf;
+}
+
+void moonlet_metrics_set_role(moonlet_metrics *s, const moonlet_role *role)
+{
+    if (s)
+        atomic_store(&s->role, role);
 }
 
 /* ---- HTTP ------------------------------------------------------------------- */
@@ -219,6 +269,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     char *body = moonlet_metrics_render(&st, &len);
     if (!body)
         return MHD_NO;
+    const moonlet_role *role = atomic_load(&s->role);
+    if (role) {
+        moonlet_role_info ri;
+        moonlet_role_get(role, moonlet_mono_ms(), &ri);
+        size_t rlen = 0;
+        char *rb = moonlet_metrics_render_role(&ri, &rlen);
+        char *all = rb ? realloc(body, len + rlen + 1) : NULL;
+        if (!all) {
+            free(rb);
+            free(body);
+            return MHD_NO;
+        }
+        memcpy(all + len, rb, rlen + 1);
+        free(rb);
+        body = all;
+        len += rlen;
+    }
     return respond_text(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }
 

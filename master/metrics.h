@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "master.h"
+#include "role.h"
 
 typedef struct moonlet_metrics moonlet_metrics;
 
@@ -32,6 +33,13 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
                           const char *token, moonlet_metrics **out);
 /* The port the server listens on. */
 uint16_t moonlet_metrics_port(const moonlet_metrics *s);
+/* With HA: also export the role (moonlet_ha_role 0 single / 1 standby /
+ * 2 leader, moonlet_ha_serving, moonlet_ha_epoch, moonlet_ha_terms).  NULL
+ * metrics is a no-op; `role` must outlive the server. */
+void moonlet_metrics_set_role(moonlet_metrics *s, const moonlet_role *role);
+/* Renders the role's gauges (the text appended to /metrics with a role):
+ * malloc'd, NULL when out of memory. */
+char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len);
 /* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */
 void moonlet_metrics_stop(moonlet_metrics *s);
 

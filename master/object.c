@@ -20,6 +20,14 @@
  * PutEnd may record the writer's checksum of the bytes; GetReplicaList
  * returns it to readers.
  *
+ * PutReplaceReplica swaps one replica of a put in progress whose write
+ * failed for one on another segment (never one holding a replica of the
+ * object, nor one the writer excluded), under the key's shard lock: the old
+ * range is quarantined like a revoked put's, the new one gets a capability
+ * expiring at the same put deadline, and at most MOONLET_MAX_PUT_REPLACEMENTS
+ * are granted per put (counted in the header's checksum field while the put
+ * is pending), so a writer can never loop over placements.
+ *
  * PutStart's options (moonlet_master_put_opts): preferred segments go to
  * placement (segment.c); a soft pin's TTL (the object's own or the master's)
  * waits in soft_pin_deadline until PutEnd turns it into a deadline; a hard
@@ -267,10 +275,9 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     const uint64_t *checksum = arg;
     if (o->state != OBJ_PENDING)
         return MOONLET_ERR_INVALID_WRITE;
-    if (checksum) {
-        o->checksum = *checksum;
-        o->has_checksum = 1;
-    }
+    /* While PENDING, checksum counted the put's replacements. */
+    o->checksum = checksum ? *checksum : 0;
+    o->has_checksum = checksum != NULL;
     for (uint32_t k = 0; k < o->nrep; k++)
         mobj_reps(o)[k].status = MOONLET_REPLICA_COMPLETE;
     o->state = OBJ_COMPLETE;
@@ -287,6 +294,8 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     /* A put whose every replica was lost in flight leaves nothing readable. */
     if (o->nrep == 0)
         object_destroy_locked(m, s, o);
+    else /* one lost in flight, or on a segment draining meanwhile: repair.c */
+        repair_note_locked(m, o);
     return MOONLET_OK;
 }
 
@@ -308,6 +317,70 @@ static int put_revoke_op(moonlet_master *m, struct shard *s, struct mobj *o, voi
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key)
 {
     return with_object(m, tenant, key, put_revoke_op, NULL);
+}
+
+struct replace_args {
+    moonlet_str failed;
+    const moonlet_str *excluded;
+    uint32_t nexcluded;
+    moonlet_replica_visitor visit;
+    void *arg;
+};
+
+/* PutReplaceReplica under the object's shard lock: the put stays as it was
+ * unless a replacement was placed (o->checksum counts the grants while the
+ * put is PENDING; PutEnd resets it). */
+static int put_replace_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    (void)s;
+    const struct replace_args *ra = arg;
+    uint64_t now = moonlet_clock_now_ns();
+    if (o->state != OBJ_PENDING || now >= o->lease_deadline)
+        return MOONLET_ERR_INVALID_WRITE;
+    struct mrep *reps = mobj_reps(o);
+    uint32_t k = 0;
+    while (k < o->nrep && !registry_slot_named(m, reps[k].seg, ra->failed))
+        k++;
+    if (k == o->nrep && o->nrep >= o->nrep_cap)
+        return MOONLET_ERR_INVALID_PARAMS; /* no such replica, and none is missing */
+    if (o->checksum >= MOONLET_MAX_PUT_REPLACEMENTS)
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    /* The failed segment is avoided even when its replica is gone already. */
+    moonlet_str avoid[MOONLET_MAX_EXCLUDED + 1];
+    if (ra->nexcluded) /* excluded may be NULL when there are none */
+        memcpy(avoid, ra->excluded, ra->nexcluded * sizeof(*avoid));
+    avoid[ra->nexcluded] = ra->failed;
+    struct mrep fresh;
+    int rc = registry_place_replacement_locked(m, o->hash, o->size, reps, o->nrep, avoid,
+                                               ra->nexcluded + 1, &fresh);
+    if (rc)
+        return rc;
+    if (k < o->nrep) /* its writer may still be sending: quarantine, as a revoked put's */
+        registry_release(m, o->hash, o->size, &reps[k], 1,
+                         o->lease_deadline + m->quarantine_grace_ns);
+    else
+        o->nrep++;
+    reps[k] = fresh;
+    o->checksum++;
+    atomic_fetch_add(&m->st.put_replacements, 1);
+    if (ra->visit) {
+        moonlet_replica_view v;
+        replica_view_fill(m, o, &reps[k], &v);
+        replica_cap_fill(m, &reps[k], o->size, o->lease_deadline, now, &v);
+        ra->visit(ra->arg, &v);
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_master_put_replace_replica(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                       moonlet_str failed, const moonlet_str *excluded,
+                                       uint32_t nexcluded, moonlet_replica_visitor visit,
+                                       void *arg)
+{
+    if (nexcluded > MOONLET_MAX_EXCLUDED || (nexcluded && !excluded) || !failed.len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct replace_args ra = {failed, excluded, nexcluded, visit, arg};
+    return with_object(m, tenant, key, put_replace_op, &ra);
 }
 
 struct get_args {

@@ -18,6 +18,11 @@
  * connection's session (a number kept in its conn_data slot, never reused)
  * to the master, which binds client ids to it; on_close unbinds them.
  *
+ * HA: with a role (role.h) every method but Echo and Hello goes through
+ * one gate (gated() below) that answers NOT_LEADER with the leader's
+ * address while this master may not serve; Hello tells the role and epoch
+ * and makes the connection's later replies carry the epoch (reply_epoch).
+ *
  * Locks: none here; the master library takes its own.
  */
 #include "service.h"
@@ -29,12 +34,14 @@
 
 #include "log.h"
 #include "methods.h"
+#include "monotime.h"
 #include "moonlet/error.h"
 #include "rpc_server.h"
 #include "wire.h"
 
 struct moonlet_master_service {
     moonlet_master *m;
+    const moonlet_role *role; /* NULL: no HA */
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
     moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
@@ -49,24 +56,49 @@ struct moonlet_master_service {
  * refused where identity matters, see session_of callers). */
 static _Atomic uint64_t g_next_session = 1;
 
-static uint64_t session_of(moonlet_rpc_ctx *ctx)
+/* A connection's conn_data: its session number (first: read as a uint64_t)
+ * and whether it sent Hello (its replies then carry the epoch). */
+struct conn_state {
+    uint64_t session;
+    _Atomic bool hello;
+};
+
+static struct conn_state *conn_state_of(moonlet_rpc_ctx *ctx)
 {
     if (!*ctx->conn_data) {
-        uint64_t *s = malloc(sizeof(*s));
-        if (!s)
-            return 0;
-        *s = atomic_fetch_add(&g_next_session, 1);
-        *ctx->conn_data = s;
+        struct conn_state *cs = calloc(1, sizeof(*cs));
+        if (!cs)
+            return NULL;
+        cs->session = atomic_fetch_add(&g_next_session, 1);
+        *ctx->conn_data = cs;
     }
-    return *(uint64_t *)*ctx->conn_data;
+    return *ctx->conn_data;
+}
+
+static uint64_t session_of(moonlet_rpc_ctx *ctx)
+{
+    struct conn_state *cs = conn_state_of(ctx);
+    return cs ? cs->session : 0;
 }
 
 static void session_close(void *server_ctx, void *conn_data)
 {
     if (!conn_data)
         return;
-    moonlet_master_session_closed(((moonlet_master_service *)server_ctx)->m, *(uint64_t *)conn_data);
+    moonlet_master_session_closed(((moonlet_master_service *)server_ctx)->m,
+                                  ((struct conn_state *)conn_data)->session);
     free(conn_data);
+}
+
+/* The epoch for a reply on this connection: only after Hello, only with HA. */
+static uint64_t reply_epoch(void *server_ctx, void *conn_data)
+{
+    const moonlet_master_service *s = server_ctx;
+    if (!s->role || !conn_data || !atomic_load(&((struct conn_state *)conn_data)->hello))
+        return 0;
+    uint64_t epoch;
+    moonlet_role_gate(s->role, moonlet_mono_ms(), &epoch);
+    return epoch;
 }
 
 #define SESSION_OR_FAIL(ctx, out, var)                                                         \
@@ -288,6 +320,31 @@ HANDLER(h_put_revoke, moonlet_args_key)
     return reply(out, moonlet_master_put_revoke(M(ctx), a->tenant, a->key));
 }
 
+HANDLER(h_put_replace, moonlet_args_put_replace)
+{
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    rp.with_cap = true;
+    int rc = moonlet_master_put_replace_replica(M(ctx), a->tenant, a->key, a->segment_id,
+                                                a->excluded_segments.v, a->excluded_segments.n,
+                                                replica_pack_visit, &rp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&rp.buf);
+        if (rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS)
+            return moonlet_rpc_error(out, rc, "the put already replaced %u replicas; revoke it",
+                                     MOONLET_MAX_PUT_REPLACEMENTS);
+        if (rc == MOONLET_ERR_INVALID_PARAMS)
+            return moonlet_rpc_error(out, rc, "segment %.*s holds no replica of this put",
+                                     (int)a->segment_id.len, a->segment_id.ptr);
+        if (rc == MOONLET_ERR_INVALID_WRITE)
+            return moonlet_rpc_error(out, rc, "the put is not in progress (sealed, or past "
+                                     "its deadline)");
+        return reply(out, rc);
+    }
+    replica_pack_flush(&rp, out); /* [replica]: the replacement, with its capability */
+    return MOONLET_OK;
+}
+
 HANDLER(h_get_replicas, moonlet_args_key)
 {
     struct replica_pack rp;
@@ -426,7 +483,7 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     msgpack_packer *pk = &sp->pk;
     sp->count++;
     bool alt = s->alt_segment_id != NULL;
-    msgpack_pack_map(pk, alt ? 13 : 10);
+    msgpack_pack_map(pk, alt ? 14 : 11);
     if (alt) {
         pack_str_kv(pk, "alt_segment_id", s->alt_segment_id);
         pack_str_kv(pk, "alt_endpoint", s->alt_endpoint);
@@ -442,6 +499,11 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     pack_u64_kv(pk, "used", s->used);
     pack_u64_kv(pk, "objects", s->objects);
     pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
+    moonlet_pack_key(pk, "draining");
+    if (s->draining)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
 }
 
 /* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
@@ -550,7 +612,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 33);
+    msgpack_pack_map(out, 34 + 8);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -561,6 +623,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "put_ends", st.put_ends);
     pack_u64_kv(out, "put_revokes", st.put_revokes);
     pack_u64_kv(out, "put_timeouts", st.put_timeouts);
+    pack_u64_kv(out, "put_replacements", st.put_replacements);
     pack_u64_kv(out, "removes", st.removes);
     pack_u64_kv(out, "evictions", st.evictions);
     pack_u64_kv(out, "eviction_passes", st.eviction_passes);
@@ -576,6 +639,14 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
     pack_u64_kv(out, "hard_pinned", st.hard_pinned);
     pack_u64_kv(out, "hard_pinned_bytes", st.hard_pinned_bytes); /* never evictable */
+    pack_u64_kv(out, "under_replicated", st.under_replicated);
+    pack_u64_kv(out, "repairs_queued", st.repairs_queued);
+    pack_u64_kv(out, "repairs_running", st.repairs_running);
+    pack_u64_kv(out, "repairs_done", st.repairs_done);
+    pack_u64_kv(out, "repairs_failed", st.repairs_failed);
+    pack_u64_kv(out, "repairs_retried", st.repairs_retried);
+    pack_u64_kv(out, "repairs_dropped", st.repairs_dropped);
+    pack_u64_kv(out, "repair_bytes", st.repair_bytes);
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
@@ -591,6 +662,121 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         msgpack_pack_uint64(out, st.resume_lock_hold_hist[i]);
     return MOONLET_OK;
+}
+
+/* ---- re-replication (master/repair.c) ----------------------------------------- */
+
+struct job_pack {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t count;
+};
+
+/* One job: [job_id, size, checksum or nil, target (with capability), [sources...]]. */
+static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
+{
+    struct job_pack *jp = arg;
+    msgpack_packer *pk = &jp->pk;
+    jp->count++;
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_uint64(pk, j->job_id);
+    msgpack_pack_uint64(pk, j->size);
+    if (j->has_checksum)
+        msgpack_pack_uint64(pk, j->checksum);
+    else
+        msgpack_pack_nil(pk);
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    rp.with_cap = true;
+    replica_pack_visit(&rp, j->target);
+    pk->callback(pk->data, rp.buf.data, rp.buf.size); /* the one descriptor, no array */
+    msgpack_sbuffer_destroy(&rp.buf);
+    replica_pack_init(&rp, false);
+    for (uint32_t i = 0; i < j->nsources; i++)
+        replica_pack_visit(&rp, &j->sources[i]);
+    replica_pack_flush(&rp, pk);
+}
+
+HANDLER(h_repair_fetch, moonlet_args_repair_fetch)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    struct job_pack jp = {.count = 0};
+    msgpack_sbuffer_init(&jp.buf);
+    msgpack_packer_init(&jp.pk, &jp.buf, msgpack_sbuffer_write);
+    int rc = moonlet_master_repair_fetch(M(ctx), a->client_id, session,
+                                         a->max_jobs ? (uint32_t)a->max_jobs : 16,
+                                         job_pack_visit, &jp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&jp.buf);
+        return reply(out, rc);
+    }
+    msgpack_pack_array(out, jp.count);
+    if (jp.buf.size)
+        out->callback(out->data, jp.buf.data, jp.buf.size);
+    msgpack_sbuffer_destroy(&jp.buf);
+    return MOONLET_OK;
+}
+
+HANDLER(h_repair_done, moonlet_args_repair_done)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    return reply(out, moonlet_master_repair_done(M(ctx), a->client_id, session, a->job_id,
+                                                 -(int32_t)a->error, a->bytes));
+}
+
+static int drain_call(moonlet_rpc_ctx *ctx, const moonlet_args_drain *a, msgpack_packer *out,
+                      bool on)
+{
+    uint32_t n = 0;
+    int rc = moonlet_master_drain(M(ctx), a->target, on, &n);
+    if (rc)
+        return reply(out, rc);
+    msgpack_pack_map(out, 1);
+    pack_u64_kv(out, "segments", n);
+    return MOONLET_OK;
+}
+
+HANDLER(h_drain, moonlet_args_drain) { return drain_call(ctx, a, out, true); }
+
+HANDLER(h_undrain, moonlet_args_drain) { return drain_call(ctx, a, out, false); }
+
+/* Hello: {role, serving, epoch, leader, advertise}; from now on this
+ * connection's replies carry the epoch (with HA). */
+static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    struct conn_state *cs = conn_state_of(ctx);
+    if (!cs)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    atomic_store(&cs->hello, true);
+    moonlet_role_info ri;
+    moonlet_role_get(SVC(ctx)->role, moonlet_mono_ms(), &ri);
+    msgpack_pack_map(out, 6);
+    pack_str_kv(out, "role", moonlet_role_state_name(ri.state));
+    moonlet_pack_key(out, "serving");
+    ri.serving ? msgpack_pack_true(out) : msgpack_pack_false(out);
+    pack_u64_kv(out, "epoch", ri.epoch);
+    pack_u64_kv(out, "terms", ri.terms);
+    pack_str_kv(out, "leader", ri.leader);
+    pack_str_kv(out, "advertise", ri.advertise);
+    return MOONLET_OK;
+}
+
+static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT];
+
+/* The one HA check of every gated method: a master that may not serve now
+ * (a standby, a leader in its grace period or past its fencing deadline)
+ * answers NOT_LEADER with the leader's address as the message ("" when it
+ * knows none) and does nothing else. */
+static int gated(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t epoch;
+    if (!moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch)) {
+        moonlet_role_info ri;
+        moonlet_role_get(SVC(ctx)->role, moonlet_mono_ms(), &ri);
+        return moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "%s",
+                                 ri.state == MOONLET_ROLE_LEADER ? "" : ri.leader);
+    }
+    return g_handlers[ctx->method](ctx, args, out);
 }
 
 /* The handler of each method of the table (methods.c); AUTH is the server's. */
@@ -615,6 +801,12 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_STATS] = h_stats,
     [MOONLET_M_BIND_CLIENT] = h_bind_client,
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
+    [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
+    [MOONLET_M_REPAIR_FETCH] = h_repair_fetch,
+    [MOONLET_M_REPAIR_DONE] = h_repair_done,
+    [MOONLET_M_DRAIN] = h_drain,
+    [MOONLET_M_UNDRAIN] = h_undrain,
+    [MOONLET_M_HELLO] = h_hello,
 };
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
@@ -624,6 +816,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
+    s->role = opts->role;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     /* the server's table: the declared methods with a handler, but the disabled one */
     s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));
@@ -637,7 +830,10 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
             disabled_found = true;
             continue;
         }
-        s->methods[ntable++] = (moonlet_rpc_method){d->id, d->name, g_handlers[d->id], d->spec};
+        /* with HA, everything but Echo and Hello passes the leader gate */
+        bool gate = s->role && d->id != MOONLET_M_ECHO && d->id != MOONLET_M_HELLO;
+        s->methods[ntable++] =
+            (moonlet_rpc_method){d->id, d->name, gate ? gated : g_handlers[d->id], d->spec};
     }
     if (!s->methods || (opts->disabled_method && !disabled_found)) {
         int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
@@ -662,6 +858,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .nmethods = ntable,
         .ctx = s,
         .on_close = session_close,
+        .reply_epoch = opts->role ? reply_epoch : NULL,
         .max_connections = opts->max_connections,
         .auth_timeout_ms = opts->auth_timeout_ms,
         .frame_timeout_ms = opts->frame_timeout_ms,

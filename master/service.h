@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "master.h"
+#include "role.h"
 
 typedef struct moonlet_master_service moonlet_master_service;
 
@@ -32,6 +33,11 @@ typedef struct moonlet_service_opts {
      * compatibility tests and benchmarks.  NULL: none.  INVALID_PARAMS for
      * a name the table does not hold. */
     const char *disabled_method;
+    /* HA (role.h): NULL serves every call as today (no epochs on the wire).
+     * Otherwise every method but Echo and Hello is answered NOT_LEADER while
+     * the role does not allow serving, and connections that sent Hello get
+     * the epoch on every reply.  Must outlive the service. */
+    const moonlet_role *role;
 } moonlet_service_opts;
 
 #define MOONLET_DEFAULT_MAX_BATCH_KEYS 65536u

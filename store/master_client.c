@@ -10,7 +10,18 @@
  * attempts with a capped exponential backoff (master_client.h) so that a
  * master that is down is not hammered by every caller of every client.
  *
- * Locks: mc->mu for the whole call.
+ * HA (master_client.h): the address may be a list.  With several masters
+ * (or once one answered NOT_LEADER) a new connection sends Hello and is
+ * kept only when that master serves (a single master, or the
+ * leader past its grace period) with an epoch no older than any seen;
+ * otherwise the connect moves on, to the leader the standby named first,
+ * then the list's next masters.  The exceptions to "never retries": a call
+ * whose request was never sent (no master could be connected) and one
+ * answered NOT_LEADER or with an older epoch (a master that does not serve
+ * did nothing) are repeated, on the leader, until the call's timeout.
+ *
+ * Locks: mc->mu for the whole call (released between the attempts of a
+ * repeated call).
  */
 #include "master_client.h"
 
@@ -29,9 +40,23 @@
 #include "monotime.h"
 #include "net.h"
 
+#define MC_MAX_MASTERS 16
+#define MC_HELLO_TIMEOUT_MS 2000 /* connect + Hello on a new connection, at most */
+
+struct mc_addr {
+    char host[256];
+    uint16_t port;
+};
+
 struct moonlet_master_client {
     pthread_mutex_t mu;
-    char host[256];
+    struct mc_addr addr[MC_MAX_MASTERS]; /* the masters given, in order */
+    unsigned naddr;
+    unsigned cur;             /* the list's master tried first */
+    struct mc_addr hint;      /* the leader a standby named (port 0: none) */
+    uint64_t max_epoch;       /* the highest epoch any reply carried */
+    bool use_hello;           /* HA possible: several masters given, or NOT_LEADER seen */
+    char host[256];           /* the master of the current connection */
     uint16_t port;
     int timeout_ms;
     char *token;
@@ -88,10 +113,131 @@ static bool mc_idle_conn_dead(const moonlet_rpc_client *rpc)
     return poll(&p, 1, 0) > 0;
 }
 
+/* Hello's verdict on a fresh connection. */
+enum { HELLO_SERVES, HELLO_NOT_LEADER, HELLO_FAILED, HELLO_REFUSED };
+
+/* Sends Hello on mc->rpc: whether this master serves; a standby's leader
+ * goes to mc->hint.  A master older than Hello serves (no HA). */
+static int mc_hello_locked(moonlet_master_client *mc)
+{
+    moonlet_rpc_client_begin(mc->rpc, MOONLET_M_HELLO, 0);
+    moonlet_reply rep;
+    if (moonlet_rpc_client_call(mc->rpc, &rep) != 0)
+        return HELLO_FAILED;
+    int verdict = HELLO_SERVES;
+    if (rep.code == MOONLET_ERR_ILLEGAL_CLIENT) {
+        verdict = HELLO_REFUSED; /* no or a wrong token */
+    } else if (rep.code == MOONLET_OK) {
+        const msgpack_object *ep = moonlet_wire_map_get(rep.result, "epoch");
+        const msgpack_object *sv = moonlet_wire_map_get(rep.result, "serving");
+        const msgpack_object *ld = moonlet_wire_map_get(rep.result, "leader");
+        uint64_t epoch = ep && ep->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? ep->via.u64 : 0;
+        bool serving = !sv || (sv->type == MSGPACK_OBJECT_BOOLEAN && sv->via.boolean);
+        if (epoch < mc->max_epoch) {
+            verdict = HELLO_NOT_LEADER; /* a deposed master that has not learnt better */
+        } else {
+            mc->max_epoch = epoch;
+            if (!serving) {
+                verdict = HELLO_NOT_LEADER;
+                char leader[256];
+                if (ld && ld->type == MSGPACK_OBJECT_STR && ld->via.str.size &&
+                    ld->via.str.size < sizeof(leader)) {
+                    memcpy(leader, ld->via.str.ptr, ld->via.str.size);
+                    leader[ld->via.str.size] = 0;
+                    if (parse_addr(leader, mc->hint.host, sizeof(mc->hint.host), &mc->hint.port))
+                        mc->hint.port = 0;
+                }
+            }
+        }
+    }
+    /* else: INVALID_PARAMS "unknown method" from a master older than HA */
+    moonlet_reply_destroy(&rep);
+    return verdict;
+}
+
+/* One connect attempt to a, with Hello. */
+static int mc_try_locked(moonlet_master_client *mc, const struct mc_addr *a)
+{
+    /* a master that accepts but does not answer (stopped) must not eat the
+     * whole call's timeout: connect and Hello get a shorter one */
+    int quick = mc->timeout_ms < MC_HELLO_TIMEOUT_MS ? mc->timeout_ms : MC_HELLO_TIMEOUT_MS;
+    moonlet_rpc_client_opts o = {.timeout_ms = quick, .auth_token = mc->token,
+                                 .auth_token_len = mc->token ? strlen(mc->token) : 0};
+    int rc = moonlet_rpc_client_connect(a->host, a->port, &o, &mc->rpc);
+    if (rc) {
+        mc->rpc = NULL;
+        return rc;
+    }
+    /* Hello only where HA is possible: a client of one master that never
+     * said NOT_LEADER talks to it exactly as before */
+    int v = mc->use_hello ? mc_hello_locked(mc) : HELLO_SERVES;
+    moonlet_rpc_client_set_timeout(mc->rpc, mc->timeout_ms);
+    if (v != HELLO_SERVES) {
+        moonlet_rpc_client_close(mc->rpc);
+        mc->rpc = NULL;
+        return v == HELLO_NOT_LEADER ? MOONLET_ERR_NOT_LEADER
+               : v == HELLO_REFUSED  ? MOONLET_ERR_ILLEGAL_CLIENT
+                                     : MOONLET_ERR_RPC_FAIL;
+    }
+    snprintf(mc->host, sizeof(mc->host), "%s", a->host);
+    mc->port = a->port;
+    return MOONLET_OK;
+}
+
+static bool same_addr(const struct mc_addr *a, const struct mc_addr *b)
+{
+    return a->port == b->port && strcmp(a->host, b->host) == 0;
+}
+
+/* Connects to a master that serves: the leader a standby named, then the
+ * list from mc->cur; each at most once per round, plus one named leader. */
+static int mc_connect_round_locked(moonlet_master_client *mc)
+{
+    int rc = MOONLET_ERR_RPC_FAIL;
+    bool tried[MC_MAX_MASTERS] = {0};
+    unsigned follows = 0;
+    for (unsigned k = 0; k < mc->naddr + 2; k++) {
+        struct mc_addr a;
+        int idx = -1;
+        if (mc->hint.port && follows < 2) {
+            a = mc->hint;
+            mc->hint.port = 0;
+            follows++;
+            for (unsigned i = 0; i < mc->naddr; i++)
+                if (same_addr(&a, &mc->addr[i]))
+                    idx = (int)i;
+            if (idx >= 0 && tried[idx])
+                continue;
+        } else {
+            unsigned i = 0;
+            for (; i < mc->naddr && tried[(mc->cur + i) % mc->naddr]; i++)
+                ;
+            if (i == mc->naddr)
+                break;
+            idx = (int)((mc->cur + i) % mc->naddr);
+            a = mc->addr[idx];
+        }
+        if (idx >= 0)
+            tried[idx] = true;
+        int r = mc_try_locked(mc, &a);
+        if (r == MOONLET_OK) {
+            if (idx >= 0)
+                mc->cur = (unsigned)idx;
+            return MOONLET_OK;
+        }
+        /* NOT_LEADER outranks an unreachable master: some master is up */
+        if (rc != MOONLET_ERR_NOT_LEADER && rc != MOONLET_ERR_ILLEGAL_CLIENT)
+            rc = r;
+    }
+    return rc;
+}
+
 static int mc_connect_locked(moonlet_master_client *mc)
 {
     if (mc->rpc && !moonlet_rpc_client_broken(mc->rpc) && !mc_idle_conn_dead(mc->rpc))
         return MOONLET_OK;
+    if (mc->rpc && mc->naddr > 1) /* that master failed us: start from the next one */
+        mc->cur = (mc->cur + 1) % mc->naddr;
     moonlet_rpc_client_close(mc->rpc);
     mc->rpc = NULL;
     if (mc->failures) {
@@ -103,9 +249,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
             poll(NULL, 0, (int)wait);
         }
     }
-    moonlet_rpc_client_opts o = {.timeout_ms = mc->timeout_ms, .auth_token = mc->token,
-                                 .auth_token_len = mc->token ? strlen(mc->token) : 0};
-    int rc = moonlet_rpc_client_connect(mc->host, mc->port, &o, &mc->rpc);
+    int rc = mc_connect_round_locked(mc);
     mc->bound = false;
     if (rc) {
         mc->rpc = NULL;
@@ -134,7 +278,23 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     moonlet_master_client *mc = calloc(1, sizeof(*mc));
     if (!mc)
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = parse_addr(addr, mc->host, sizeof(mc->host), &mc->port);
+    int rc = addr && *addr ? MOONLET_OK : MOONLET_ERR_INVALID_PARAMS;
+    char *list = rc ? NULL : strdup(addr), *save = NULL;
+    if (!rc && !list)
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    for (char *t = list ? strtok_r(list, ", ", &save) : NULL; t && !rc;
+         t = strtok_r(NULL, ", ", &save)) {
+        if (mc->naddr == MC_MAX_MASTERS)
+            rc = MOONLET_ERR_INVALID_PARAMS;
+        else
+            rc = parse_addr(t, mc->addr[mc->naddr].host, sizeof(mc->addr[0].host),
+                            &mc->addr[mc->naddr].port);
+        mc->naddr += rc == MOONLET_OK;
+    }
+    free(list);
+    if (!rc && !mc->naddr)
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    mc->use_hello = mc->naddr > 1;
     if (rc) {
         free(mc);
         return rc;
@@ -150,6 +310,10 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
     rc = mc_connect_locked(mc);
     if (!rc) /* a round trip now, so a refused token or a wrong peer shows here */
         rc = moonlet_mc_echo(mc, NULL, 0);
+    /* HA: masters answered but none serves yet (an election, a grace period):
+     * the client exists; its calls wait for a leader within their timeout */
+    if (rc == MOONLET_ERR_NOT_LEADER && mc->use_hello)
+        rc = MOONLET_OK;
     if (rc) {
         moonlet_mc_destroy(mc);
         return rc;
@@ -202,6 +366,43 @@ static moonlet_str mstr0(const char *s)
     return mstr(s ? s : "");
 }
 
+/* Sends the begun request and takes its reply, refusing a reply older than
+ * an epoch already seen and following NOT_LEADER: either closes the
+ * connection (the next connect goes to the named leader, or the next
+ * master) and returns NOT_LEADER.  Returns the transport error or the
+ * reply's code; *have_rep: rep must be destroyed. */
+static int mc_call_checked(moonlet_master_client *mc, moonlet_reply *rep, bool *have_rep)
+{
+    int rc = moonlet_rpc_client_call(mc->rpc, rep);
+    *have_rep = rc == 0;
+    if (rc)
+        return rc;
+    if (rep->epoch && rep->epoch < mc->max_epoch) {
+        rc = MOONLET_ERR_NOT_LEADER; /* a stale master: whatever it says is void */
+    } else {
+        if (rep->epoch > mc->max_epoch)
+            mc->max_epoch = rep->epoch;
+        if (rep->code != MOONLET_ERR_NOT_LEADER)
+            return rep->code;
+        rc = MOONLET_ERR_NOT_LEADER;
+        mc->use_hello = true; /* an HA master: from now on, Hello on every connection */
+        const msgpack_object *m = rep->result;
+        char leader[256];
+        if (m && m->type == MSGPACK_OBJECT_STR && m->via.str.size &&
+            m->via.str.size < sizeof(leader)) {
+            memcpy(leader, m->via.str.ptr, m->via.str.size);
+            leader[m->via.str.size] = 0;
+            if (parse_addr(leader, mc->hint.host, sizeof(mc->hint.host), &mc->hint.port))
+                mc->hint.port = 0;
+        }
+    }
+    moonlet_reply_destroy(rep);
+    *have_rep = false;
+    moonlet_rpc_client_close(mc->rpc);
+    mc->rpc = NULL;
+    return rc;
+}
+
 /* BindClient on the current connection; mc->mu held, connected. */
 static int mc_bind_locked(moonlet_master_client *mc)
 {
@@ -210,11 +411,10 @@ static int mc_bind_locked(moonlet_master_client *mc)
     uint32_t n = moonlet_rpc_args_count(spec, &a);
     moonlet_rpc_args_pack(spec, &a, n, moonlet_rpc_client_begin(mc->rpc, MOONLET_M_BIND_CLIENT, n));
     moonlet_reply rep;
-    int rc = moonlet_rpc_client_call(mc->rpc, &rep);
-    if (rc == 0) {
-        rc = rep.code;
+    bool have;
+    int rc = mc_call_checked(mc, &rep, &have);
+    if (have)
         moonlet_reply_destroy(&rep);
-    }
     mc->bound = rc == 0;
     return rc;
 }
@@ -238,9 +438,7 @@ static msgpack_packer *mc_begin(moonlet_master_client *mc, uint32_t method, uint
  * it returns 0, rep->result is valid until mc_end().  Always call mc_end. */
 static int mc_finish(moonlet_master_client *mc, moonlet_reply *rep, bool *have_rep)
 {
-    int rc = moonlet_rpc_client_call(mc->rpc, rep);
-    *have_rep = rc == 0;
-    return rc ? rc : rep->code;
+    return mc_call_checked(mc, rep, have_rep);
 }
 
 static void mc_end(moonlet_master_client *mc, moonlet_reply *rep, bool have_rep)
@@ -250,6 +448,21 @@ static void mc_end(moonlet_master_client *mc, moonlet_reply *rep, bool have_rep)
     pthread_mutex_unlock(&mc->mu);
 }
 
+
+/* Whether failover is possible: several masters given, or one that has
+ * shown an epoch (HA). */
+static bool mc_ha(moonlet_master_client *mc)
+{
+    pthread_mutex_lock(&mc->mu);
+    bool ha = mc->use_hello;
+    pthread_mutex_unlock(&mc->mu);
+    return ha;
+}
+
+bool moonlet_mc_is_ha(moonlet_master_client *mc)
+{
+    return mc_ha(mc);
+}
 
 /* Begins a request of `method` with the arguments of `st` (its args struct
  * in methods.h), packed from the method table: the required arguments and
@@ -281,16 +494,34 @@ typedef int (*mc_decode_fn)(const msgpack_object *result, void *arg);
 static int mc_call_(moonlet_master_client *mc, uint32_t method, const void *st, size_t st_size,
                     uint32_t min_nargs, mc_decode_fn decode, void *arg)
 {
-    int rc;
-    if (!mc_begin_args_(mc, method, st, st_size, min_nargs, &rc))
-        return rc;
-    moonlet_reply rep;
-    bool have;
-    rc = mc_finish(mc, &rep, &have);
-    if (rc == 0 && decode)
-        rc = decode(rep.result, arg);
-    mc_end(mc, &rep, have);
-    return rc;
+    uint64_t deadline = moonlet_mono_ms() + (uint64_t)mc->timeout_ms;
+    for (unsigned attempt = 0;; attempt++) {
+        int rc;
+        bool sent = false;
+        if (mc_begin_args_(mc, method, st, st_size, min_nargs, &rc)) {
+            moonlet_reply rep;
+            bool have;
+            sent = true;
+            rc = mc_finish(mc, &rep, &have);
+            if (rc == 0 && decode)
+                rc = decode(rep.result, arg);
+            mc_end(mc, &rep, have);
+        }
+        /* Repeat only what no serving master did: NOT_LEADER (or a stale
+         * epoch), or a request never sent because no master was reachable
+         * - and only while a failover may still complete in the timeout. */
+        bool again = rc == MOONLET_ERR_NOT_LEADER ||
+                     (!sent && (rc == MOONLET_ERR_RPC_FAIL || rc == MOONLET_ERR_RPC_TIMEOUT) &&
+                      mc_ha(mc));
+        uint64_t now = moonlet_mono_ms();
+        if (!again || now >= deadline || attempt >= 64)
+            return rc;
+        pthread_mutex_lock(&mc->mu);
+        bool hint = mc->hint.port != 0;
+        pthread_mutex_unlock(&mc->mu);
+        if (!hint) /* an election in progress: give it a moment */
+            poll(NULL, 0, (int)(deadline - now < 100 ? deadline - now : 100));
+    }
 }
 #define mc_call(mc, method, st, min_nargs, decode, arg)                                        \
     mc_call_(mc, method, st, sizeof(*(st)), min_nargs, decode, arg)
@@ -594,6 +825,34 @@ static bool unknown_method(const moonlet_reply *rep)
            memcmp(o->via.str.ptr, prefix, sizeof(prefix) - 1) == 0;
 }
 
+int moonlet_mc_put_replace_replica(moonlet_master_client *mc, const char *tenant, const char *key,
+                                   const char *segment_id, const char *const *excluded,
+                                   size_t nexcluded, moonlet_replica_list *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (!segment_id || (nexcluded && !excluded) || nexcluded > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_put_replace a = {.tenant = mstr0(tenant), .key = mstr(key),
+                                  .segment_id = mstr(segment_id),
+                                  .excluded_segments = mstrv(excluded, nexcluded)};
+    int rc;
+    if (!mc_begin_args(mc, MOONLET_M_PUT_REPLACE_REPLICA, &a, 0, &rc))
+        return rc;
+    moonlet_reply rep;
+    bool have;
+    rc = mc_finish(mc, &rep, &have);
+    if (rc == 0)
+        rc = decode_replicas(rep.result, out);
+    else if (rc == MOONLET_ERR_INVALID_PARAMS && have && unknown_method(&rep))
+        rc = MOONLET_ERR_INVALID_VERSION;
+    mc_end(mc, &rep, have);
+    if (rc == 0 && out->count != 1)
+        rc = MOONLET_ERR_RPC_FAIL;
+    if (rc)
+        moonlet_replica_list_free(out);
+    return rc;
+}
+
 static int decode_resume(const msgpack_object *r, size_t n_kda, moonlet_mc_resume_out *out,
                          int32_t *mask)
 {
@@ -769,4 +1028,124 @@ int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
 {
     moonlet_args_none a = {0};
     return mc_call(mc, MOONLET_M_STATS, &a, 0, decode_json, out);
+}
+
+/* ---- re-replication ------------------------------------------------------------ */
+
+void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n)
+{
+    for (uint32_t i = 0; jobs && i < n; i++) {
+        moonlet_replica_list_free(&jobs[i].target);
+        moonlet_replica_list_free(&jobs[i].sources);
+    }
+    free(jobs);
+}
+
+struct repair_jobs_out {
+    moonlet_mc_repair_job *jobs;
+    uint32_t n;
+};
+
+/* [[job_id, size, checksum or nil, target, [source...]]...] */
+static int decode_repair_jobs(const msgpack_object *r, void *arg)
+{
+    struct repair_jobs_out *o = arg;
+    if (r->type != MSGPACK_OBJECT_ARRAY)
+        return MOONLET_ERR_RPC_FAIL;
+    uint32_t n = moonlet_wire_len(r);
+    if (n == 0)
+        return MOONLET_OK;
+    o->jobs = calloc(n, sizeof(*o->jobs));
+    if (!o->jobs)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *j = moonlet_wire_at(r, i);
+        moonlet_mc_repair_job *d = &o->jobs[i];
+        o->n = i + 1;
+        const msgpack_object *target, *sources, *ck;
+        if (!j || j->type != MSGPACK_OBJECT_ARRAY || moonlet_wire_len(j) < 5 ||
+            moonlet_wire_u64(j, 0, &d->job_id) || moonlet_wire_u64(j, 1, &d->size) ||
+            moonlet_wire_array(j, 3, &target) || moonlet_wire_array(j, 4, &sources))
+            return MOONLET_ERR_RPC_FAIL;
+        ck = moonlet_wire_at(j, 2);
+        if (ck->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            d->has_checksum = true;
+            d->checksum = ck->via.u64;
+        } else if (ck->type != MSGPACK_OBJECT_NIL) {
+            return MOONLET_ERR_RPC_FAIL;
+        }
+        /* the target is one descriptor: decode it as a list of one */
+        msgpack_object one = {.type = MSGPACK_OBJECT_ARRAY,
+                              .via.array = {.size = 1, .ptr = (msgpack_object *)target}};
+        int rc = decode_replicas(&one, &d->target);
+        if (rc == MOONLET_OK)
+            rc = decode_replicas(sources, &d->sources);
+        if (rc)
+            return rc;
+        d->target.size = d->sources.size = d->size;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_mc_repair_fetch(moonlet_master_client *mc, const char *client_id, uint32_t max,
+                            moonlet_mc_repair_job **jobs, uint32_t *n)
+{
+    *jobs = NULL;
+    *n = 0;
+    moonlet_args_repair_fetch a = {.client_id = mstr(client_id), .max_jobs = max};
+    struct repair_jobs_out o = {NULL, 0};
+    int rc = mc_call(mc, MOONLET_M_REPAIR_FETCH, &a, 0, decode_repair_jobs, &o);
+    if (rc) {
+        moonlet_mc_repair_jobs_free(o.jobs, o.n);
+        return rc;
+    }
+    *jobs = o.jobs;
+    *n = o.n;
+    return MOONLET_OK;
+}
+
+int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uint64_t job_id,
+                           int code, uint64_t bytes)
+{
+    moonlet_args_repair_done a = {.client_id = mstr(client_id), .job_id = job_id,
+                                  .error = code < 0 ? (uint64_t)-(int64_t)code : (uint64_t)code,
+                                  .bytes = bytes};
+    return mc_simple_call(mc, MOONLET_M_REPAIR_DONE, &a, 0);
+}
+
+int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments)
+{
+    moonlet_args_drain a = {.target = mstr(target)};
+    uint32_t segs = 0;
+    int rc = mc_call(mc, on ? MOONLET_M_DRAIN : MOONLET_M_UNDRAIN, &a, 0, decode_ping, &segs);
+    if (segments)
+        *segments = segs;
+    return rc;
+}
+
+int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
+                        struct cJSON **out)
+{
+    char host[256];
+    uint16_t port;
+    int rc = parse_addr(addr, host, sizeof(host), &port);
+    if (rc)
+        return rc;
+    const char *tok = opts && opts->auth_token && opts->auth_token[0] ? opts->auth_token : NULL;
+    moonlet_rpc_client_opts o = {.timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
+                                                                              : 10000,
+                                 .auth_token = tok, .auth_token_len = tok ? strlen(tok) : 0};
+    moonlet_rpc_client *c;
+    rc = moonlet_rpc_client_connect(host, port, &o, &c);
+    if (rc)
+        return rc;
+    moonlet_rpc_client_begin(c, MOONLET_M_HELLO, 0);
+    moonlet_reply rep;
+    rc = moonlet_rpc_client_call(c, &rep);
+    if (!rc) {
+        rc = rep.code ? rep.code : decode_json(rep.result, out);
+        moonlet_reply_destroy(&rep);
+    }
+    moonlet_rpc_client_close(c);
+    return rc;
 }

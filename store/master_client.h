@@ -47,10 +47,23 @@ uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failu
 /* Failed connects in a row so far (0 once one succeeds).  Thread safe. */
 unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 
-/* addr is "HOST:PORT". Connects eagerly; returns MOONLET_ERR_RPC_FAIL when the master is unreachable. */
+/* addr is "HOST:PORT", or a list "HOST:PORT,HOST:PORT,..." (at most 16) of
+ * masters sharing an etcd election (HA): a new connection sends Hello (with
+ * one address: only once that master answered NOT_LEADER, so a client of a
+ * lone master talks exactly as before) and stays only with the master that serves (following the leader a standby
+ * names, else trying the list in turn), and replies are checked against the
+ * highest epoch seen.  A call answered NOT_LEADER or by an older epoch, or
+ * one that could not be sent because no master was reachable (HA only), is
+ * repeated on the leader until its timeout; NOT_LEADER reaches the caller
+ * only if no leader served within it.  A call whose request was sent and
+ * whose reply was lost is never repeated.  Connects eagerly; returns
+ * MOONLET_ERR_RPC_FAIL when no master is reachable. */
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
                       moonlet_master_client **out);
 void moonlet_mc_destroy(moonlet_master_client *mc);
+/* Whether failover is possible: several masters given, or one answered
+ * NOT_LEADER.  Thread safe. */
+bool moonlet_mc_is_ha(moonlet_master_client *mc);
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
 /* Records that client_id is alive (and sends this host's CLOCK_MONOTONIC, for
@@ -90,6 +103,15 @@ int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, c
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out);
+/* PutReplaceReplica: one replacement for the replica of a put in progress
+ * on segment_id whose write failed, avoiding excluded[] (segment ids seen
+ * failing for this put), as a list of one descriptor with its capability
+ * and put TTL (out->put_ttl_ms).  INVALID_VERSION when the master predates
+ * the method (the caller then revokes the put, as before); otherwise the
+ * master's code (master.h: moonlet_master_put_replace_replica). */
+int moonlet_mc_put_replace_replica(moonlet_master_client *mc, const char *tenant, const char *key,
+                                   const char *segment_id, const char *const *excluded,
+                                   size_t nexcluded, moonlet_replica_list *out);
 int moonlet_mc_exist_key(moonlet_master_client *mc, const char *tenant, const char *key,
                          bool *exists);
 int moonlet_mc_batch_exist_key(moonlet_master_client *mc, const char *tenant,
@@ -140,5 +162,30 @@ int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const ch
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out);
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
+/* Hello to exactly the master at addr (one HOST:PORT; no following, a
+ * standby answers too): *out = {role, serving, epoch, terms, leader,
+ * advertise}.  INVALID_PARAMS from a master older than Hello. */
+int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
+                        struct cJSON **out);
+
+/* ---- re-replication (master/repair.c, docs/protocol.md) ------------------ */
+typedef struct moonlet_mc_repair_job {
+    uint64_t job_id, size;
+    bool has_checksum;
+    uint64_t checksum;            /* the XXH3-64 PutEnd recorded */
+    moonlet_replica_list target;  /* one replica: the range to fill, with its capability;
+                                   * put_ttl_ms: ms left until the job's deadline */
+    moonlet_replica_list sources; /* readable replicas to copy from */
+} moonlet_mc_repair_job;
+/* RepairFetch: up to max (1..64) jobs targeting client_id's segments, into
+ * *jobs (free with moonlet_mc_repair_jobs_free; NULL when none). */
+int moonlet_mc_repair_fetch(moonlet_master_client *mc, const char *client_id, uint32_t max,
+                            moonlet_mc_repair_job **jobs, uint32_t *n);
+void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n);
+/* RepairDone: code 0, or the moonlet error code the job failed with. */
+int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uint64_t job_id,
+                           int code, uint64_t bytes);
+/* Drain (on) / Undrain: *segments (optional) gets how many segments changed. */
+int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments);
 
 #endif

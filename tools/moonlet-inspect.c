@@ -81,12 +81,29 @@ static const struct command g_cmds[] = {
      "  --interval S        seconds between refreshes (default 2)\n"
      "  --count N           stop after N refreshes (default: until SIGINT)\n",
      1, 1, F(O_INTERVAL) | F(O_COUNT), inspect_cmd_watch},
+    {"drain", "drain SEGMENT|NODE", "move a segment's (or a node's) objects elsewhere",
+     "Drains the segments named (a segment id or name, an endpoint, or a store\n"
+     "node's client id): the master places no new replica there and copies each\n"
+     "of their objects to another host, replacing the draining replica.  The\n"
+     "drain is done when `segments` shows 0 objects on them; stopping the node\n"
+     "then loses nothing.\n",
+     "", 1, 1, 0, inspect_cmd_drain},
+    {"undrain", "undrain SEGMENT|NODE", "end a drain",
+     "Ends the drain of the segments named: they take new replicas again.\n",
+     "", 1, 1, 0, inspect_cmd_undrain},
+    {"status", "status", "HA: each master's role, serving state, epoch and leader",
+     "Asks every master of --master (a comma-separated list with HA) for its\n"
+     "role (single: no etcd; standby; leader), whether it serves calls now, its\n"
+     "epoch (the leader key's etcd create revision) and the leader it names,\n"
+     "then prints the leader with the highest epoch.  A standby answers too.\n",
+     "", 0, 0, 0, inspect_cmd_status},
 };
 #define NCMDS (sizeof(g_cmds) / sizeof(g_cmds[0]))
 
 static const char GLOBAL_HELP[] =
     "global options (before or after the command):\n"
-    "  --master HOST:PORT      the master's RPC address (default 127.0.0.1:50051)\n"
+    "  --master HOST:PORT[,..] the master's RPC address (default 127.0.0.1:50051); with\n"
+    "                          HA every master's (the calls follow the leader)\n"
     "  --tenant T              tenant of keys, key and probe (default: \"default\")\n"
     "  --json                  print one JSON document (exact integers, stable field names)\n"
     "  --auth-token-file PATH  the cluster's shared token, when the master requires one\n"

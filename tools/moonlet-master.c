@@ -15,6 +15,13 @@
  * Without --rpc-address it listens on 127.0.0.1 unless a token is set
  * (then 0.0.0.0): an unauthenticated master must not be reachable from
  * the network (docs/cli.md).
+ *
+ * HA: with --etcd-endpoints it campaigns for leadership on etcd
+ * (master/election.h) and serves only while it is the leader
+ * (master/role.h); a standby answers NOT_LEADER.  A leader that is deposed
+ * drops its metadata before it may campaign again: the election thread
+ * raises SIGUSR1 and this main thread restarts the service on a new, empty
+ * master (same port), then lets the election resume.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -25,9 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "election.h"
 #include "fdlimit.h"
 #include "log.h"
+#include "bytesize.h"
 #include "master.h"
+#include "role.h"
 #include "metrics.h"
 #include "moonlet/error.h"
 #include "moonlet_config.h"
@@ -53,6 +63,10 @@ static void usage(FILE *f)
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
             "                                     this long after its put deadline (default 2000)\n"
+            "  --repair-bandwidth BYTES           bytes per second re-replication may copy\n"
+            "                                     (default 256MiB; units: KiB MiB GiB ...)\n"
+            "  --repair-concurrency N             re-replication copies in flight at once\n"
+            "                                     (default 16)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
@@ -69,6 +83,17 @@ static void usage(FILE *f)
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
+            "\n"
+            "High availability (leader election on etcd; docs/deployment.md):\n"
+            "  --etcd-endpoints URL[,URL...]      etcd v3 endpoints (e.g. http://10.0.0.1:2379);\n"
+            "                                     without: a lone master, as always\n"
+            "  --cluster-id ID                    the election's key is /moonlet/ID/leader\n"
+            "                                     (default: moonlet)\n"
+            "  --advertise HOST:PORT              the address clients reach this master at\n"
+            "                                     (required with --etcd-endpoints; port 0: the\n"
+            "                                     port it listens on)\n"
+            "  --etcd-lease-ttl S                 etcd lease TTL in seconds (default 5): a dead\n"
+            "                                     leader is replaced within about 2 x TTL\n"
             "  --help, --version\n"
             "\n"
             "Durations (the TTLs and timeouts in ms or s above) also take a unit: 500ms, 5s,\n"
@@ -80,12 +105,13 @@ static void usage(FILE *f)
             "  --rpc_address ADDR                 --rpc-address\n"
             "  --rpc_thread_num N                 --rpc-threads\n"
             "  --metrics_port PORT                --metrics-port\n"
+            "  --etcd_endpoints, --cluster_id     --etcd-endpoints, --cluster-id\n"
+            "  --enable_ha                        accepted (HA is on with --etcd-endpoints)\n"
             "  --client_ttl DURATION              --client_live_ttl_sec (seconds without a unit)\n"
             "  -v N, --v N                        --log-level: 0 info, 1 or more debug\n"
             "  accepted and ignored, with a warning: --enable_http_metadata_server,\n"
             "  --http_metadata_server_host, --http_metadata_server_port (moonlet needs no\n"
-            "  metadata service), --enable_ha, --etcd_endpoints, --cluster_id (no HA),\n"
-            "  --enable_gc, --enable_metric_reporting, --rpc_enable_tcp_no_delay,\n"
+            "  metadata service), --enable_gc, --enable_metric_reporting, --rpc_enable_tcp_no_delay,\n"
             "  --rpc_conn_timeout_seconds, --rpc_interface, --memory_allocator,\n"
             "  --root_fs_dir, --global_file_segment_size, --enable_offload, --logtostderr\n");
 }
@@ -147,12 +173,22 @@ static int parse_duration_ms(const char *flag, const char *s, uint64_t unit_ms, 
 enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
-    O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN
+    O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
+    O_REPAIR_BW, O_REPAIR_CONC,
+    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
 #define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
+
+/* The election thread's notice that this master was deposed: the main
+ * thread, in sigwait, resets the metadata. */
+static void on_deposed(void *arg)
+{
+    (void)arg;
+    kill(getpid(), SIGUSR1);
+}
 
 int main(int argc, char **argv)
 {
@@ -170,6 +206,8 @@ int main(int argc, char **argv)
         {"put_timeout_ms", required_argument, 0, O_PUT},
         {"put_quarantine_grace_ms", required_argument, 0, O_QGRACE},
         {"max-frame-bytes", required_argument, 0, O_FRAME},
+        {"repair-bandwidth", required_argument, 0, O_REPAIR_BW},
+        {"repair-concurrency", required_argument, 0, O_REPAIR_CONC},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
         {"max-batch-keys", required_argument, 0, O_BATCH},
@@ -178,6 +216,13 @@ int main(int argc, char **argv)
         {"frame-timeout-ms", required_argument, 0, O_FRAME_TO},
         {"idle-timeout-ms", required_argument, 0, O_IDLE_TO},
         {"disable-method", required_argument, 0, O_DISABLE},
+        {"etcd-endpoints", required_argument, 0, O_ETCD},
+        {"cluster-id", required_argument, 0, O_CLUSTER},
+        {"advertise", required_argument, 0, O_ADVERTISE},
+        {"etcd-lease-ttl", required_argument, 0, O_ETCD_TTL},
+        {"etcd_endpoints", required_argument, 0, O_ETCD},
+        {"cluster_id", required_argument, 0, O_CLUSTER},
+        {"enable_ha", optional_argument, 0, O_ENABLE_HA},
         {"log-level", required_argument, 0, O_LOG},
         {"help", no_argument, 0, O_HELP},
         {"version", no_argument, 0, O_VERSION},
@@ -192,8 +237,6 @@ int main(int argc, char **argv)
         /* mooncake_master's flags that mean nothing here: with a value ... */
         {"http_metadata_server_host", required_argument, 0, O_IGNORED},
         {"http_metadata_server_port", required_argument, 0, O_IGNORED},
-        {"etcd_endpoints", required_argument, 0, O_IGNORED},
-        {"cluster_id", required_argument, 0, O_IGNORED},
         {"rpc_conn_timeout_seconds", required_argument, 0, O_IGNORED},
         {"rpc_interface", required_argument, 0, O_IGNORED},
         {"memory_allocator", required_argument, 0, O_IGNORED},
@@ -201,7 +244,6 @@ int main(int argc, char **argv)
         {"global_file_segment_size", required_argument, 0, O_IGNORED},
         /* ... and booleans (--flag, --flag=true) */
         {"enable_http_metadata_server", optional_argument, 0, O_IGNORED},
-        {"enable_ha", optional_argument, 0, O_IGNORED},
         {"enable_gc", optional_argument, 0, O_IGNORED},
         {"enable_metric_reporting", optional_argument, 0, O_IGNORED},
         {"rpc_enable_tcp_no_delay", optional_argument, 0, O_IGNORED},
@@ -215,6 +257,8 @@ int main(int argc, char **argv)
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
     const char *token_file = NULL;
+    const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
+    uint32_t etcd_ttl_s = 0;
     bool address_given = false;
     int metrics_port = -1; /* off */
     uint64_t v;
@@ -257,6 +301,17 @@ int main(int argc, char **argv)
             break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
+        case O_REPAIR_BW:
+            bad = moonlet_bytesize_parse(optarg, &v) != 0 || v == 0;
+            if (bad)
+                fprintf(stderr, "moonlet-master: --repair-bandwidth: not a positive size: '%s'\n",
+                        optarg);
+            cfg.repair_bandwidth = v;
+            break;
+        case O_REPAIR_CONC:
+            bad = parse_u64("--repair-concurrency", optarg, &v) || v == 0 || v > 4096;
+            cfg.repair_concurrency = (uint32_t)v;
+            break;
         case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
         case O_MAXCONN: bad = parse_u64("--max-connections", optarg, &v) || v == 0 || v > (1u << 20); so.max_connections = (uint32_t)v; break;
         case O_AUTH_TO: bad = parse_u64("--auth-timeout-ms", optarg, &v) || v == 0 || v > 3600000; so.auth_timeout_ms = (uint32_t)v; break;
@@ -266,6 +321,19 @@ int main(int argc, char **argv)
             so.idle_timeout_ms = (uint32_t)v;
             break;
         case O_DISABLE: so.disabled_method = optarg; break;
+        case O_ETCD: etcd = optarg; break;
+        case O_CLUSTER: cluster = optarg; break;
+        case O_ADVERTISE: advertise = optarg; break;
+        case O_ETCD_TTL:
+            bad = parse_duration_ms("--etcd-lease-ttl", optarg, 1000, &v);
+            if (!bad && (v < 1000 || v > 3600000 || v % 1000)) {
+                fprintf(stderr, "moonlet-master: --etcd-lease-ttl: whole seconds from 1 to 3600 "
+                                "(etcd's leases count seconds): '%s'\n", optarg);
+                bad = 1;
+            }
+            etcd_ttl_s = (uint32_t)(v / 1000);
+            break;
+        case O_ENABLE_HA: break; /* HA is on exactly when --etcd-endpoints is given */
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
@@ -280,6 +348,11 @@ int main(int argc, char **argv)
         case O_VERSION: printf("moonlet-master %s\n", MOONLET_VERSION); return 0;
         default: bad = 1; break;
         }
+    }
+    if (!bad && etcd && (!advertise || !*advertise || !*cluster)) {
+        fprintf(stderr, "moonlet-master: --etcd-endpoints needs --advertise HOST:PORT and a "
+                        "non-empty --cluster-id\n");
+        bad = 1;
     }
     if (bad || optind < argc) {
         if (optind < argc && !bad)
@@ -309,8 +382,15 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1); /* the election: deposed, reset the metadata */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    moonlet_role *role = NULL;
+    if (etcd && moonlet_role_create(advertise, &role) != MOONLET_OK)
+        return 1;
+    so.role = role;
+    int sig = 0, exit_code = 0;
 
     moonlet_master *m;
     int rc = moonlet_master_create(&cfg, &m);
@@ -335,20 +415,74 @@ int main(int argc, char **argv)
         moonlet_token_free(token);
         return 1;
     }
-    printf("listening on %s:%u\n", so.address, moonlet_master_service_port(svc));
+    moonlet_metrics_set_role(metrics, role);
+    so.port = moonlet_master_service_port(svc); /* a reset listens on the same port */
+    printf("listening on %s:%u\n", so.address, so.port);
+    uint16_t metrics_port_bound = metrics ? moonlet_metrics_port(metrics) : 0;
     if (metrics)
-        printf("metrics on %s:%u\n", so.address, moonlet_metrics_port(metrics));
+        printf("metrics on %s:%u\n", so.address, metrics_port_bound);
     fflush(stdout);
     ML_INFO("master", "moonlet-master %s: %u shards, lease TTL %llu ms, liveness TTL %llu ms",
             MOONLET_VERSION, cfg.shards, (unsigned long long)cfg.lease_ttl_ms,
             (unsigned long long)cfg.client_live_ttl_ms);
 
-    int sig = 0;
-    sigwait(&set, &sig);
+    moonlet_election *el = NULL;
+    char advertise_buf[300];
+    size_t alen = advertise ? strlen(advertise) : 0;
+    if (role && alen > 2 && strcmp(advertise + alen - 2, ":0") == 0) { /* HOST:0: the bound port */
+        snprintf(advertise_buf, sizeof(advertise_buf), "%.*s:%u", (int)(alen - 2), advertise,
+                 so.port);
+        advertise = advertise_buf;
+        moonlet_role_set_advertise(role, advertise);
+    }
+    if (role) {
+        moonlet_election_opts eo = {.endpoints = etcd, .cluster_id = cluster,
+                                    .advertise = advertise, .ttl_s = etcd_ttl_s,
+                                    .on_deposed = on_deposed, .arg = NULL};
+        rc = moonlet_election_start(&eo, role, &el);
+        if (rc) {
+            ML_ERR("master", "cannot start the election on %s: %s", etcd, moonlet_strerror(rc));
+            sig = SIGTERM;
+            exit_code = 1;
+        }
+    }
+    while (!sig) {
+        int got = 0;
+        sigwait(&set, &got);
+        if (got != SIGUSR1) {
+            sig = got;
+            break;
+        }
+        /* deposed: no handler may run on the old metadata any more (the
+         * role already refuses every call); restart on an empty master */
+        ML_WARN("master", "deposed: dropping every object and segment before campaigning again");
+        moonlet_metrics_stop(metrics);
+        metrics = NULL;
+        moonlet_master_service_stop(svc);
+        svc = NULL;
+        moonlet_master_destroy(m);
+        m = NULL;
+        rc = moonlet_master_create(&cfg, &m);
+        if (!rc)
+            rc = moonlet_master_service_start(m, &so, &svc);
+        if (!rc && metrics_port >= 0)
+            rc = moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
+        if (!rc)
+            moonlet_metrics_set_role(metrics, role);
+        if (rc) {
+            ML_ERR("master", "cannot restart after being deposed: %s", moonlet_strerror(rc));
+            sig = SIGTERM;
+            exit_code = 1;
+            break;
+        }
+        moonlet_election_reset_done(el);
+    }
     ML_INFO("master", "signal %d: shutting down", sig);
+    moonlet_election_stop(el);
     moonlet_metrics_stop(metrics);
     moonlet_master_service_stop(svc);
     moonlet_master_destroy(m);
+    moonlet_role_destroy(role);
     moonlet_token_free(token);
-    return 0;
+    return exit_code;
 }

@@ -50,7 +50,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: " PROG " --master HOST:PORT [options]\n"
             "\n"
-            "  --master HOST:PORT        the master's RPC address (required)\n"
+            "  --master HOST:PORT[,...]  the master's RPC address (required); with HA, every\n"
+            "                            master's: the node follows the leader\n"
             "  --segment-size SIZE       memory contributed, e.g. 1GiB, 64MiB, 1048576 (default 1GiB)\n"
             "  --protocol P              auto|tcp|rdma|both (default auto: rdma when a device is\n"
             "                            active; both: rdma on --listen and tcp on --tcp-listen,\n"
@@ -107,6 +108,20 @@ static int check_hostport(const char *flag, const char *s, unsigned min_port)
         return bad_flag(flag, "expected HOST:PORT with a port of at most 65535", s);
     if (port < min_port)
         return bad_flag(flag, "port out of range", s);
+    return 0;
+}
+
+/* --master HOST:PORT[,HOST:PORT...]: masters of one HA pair (or more). */
+static int check_master_list(const char *s)
+{
+    char buf[4096];
+    if (!*s || strlen(s) >= sizeof(buf))
+        return bad_flag("--master", "expected HOST:PORT[,HOST:PORT...]", s);
+    snprintf(buf, sizeof(buf), "%s", s);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (check_hostport("--master", t, 1))
+            return 1;
     return 0;
 }
 
@@ -221,7 +236,7 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
     opterr = 0;
     while (!bad && (c = getopt_long(argc, argv, "", g_opts, NULL)) != -1) {
         switch (c) {
-        case O_MASTER: cfg->master_addr = optarg; bad = check_hostport("--master", optarg, 1); break;
+        case O_MASTER: cfg->master_addr = optarg; bad = check_master_list(optarg); break;
         case O_SIZE: bad = parse_size(optarg, &cfg->segment_size); break;
         case O_PROTO:
             both = strcmp(optarg, "both") == 0;

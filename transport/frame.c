@@ -280,9 +280,15 @@ static int request_from_object(const msgpack_object *o, moonlet_request *req)
 
 static int reply_from_object(const msgpack_object *o, moonlet_reply *rep)
 {
-    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 3)
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 3 || o->via.array.size > 4)
         return INVALID;
     const msgpack_object *f = o->via.array.ptr;
+    rep->epoch = 0;
+    if (o->via.array.size == 4) { /* the HA epoch (frame.h) */
+        if (f[3].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+            return INVALID;
+        rep->epoch = f[3].via.u64;
+    }
     if (f[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER)
         return INVALID;
     if (f[1].type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
@@ -493,8 +499,14 @@ msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uin
 
 msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code)
 {
+    return moonlet_reply_begin_ex(b, id, code, false);
+}
+
+msgpack_packer *moonlet_reply_begin_ex(moonlet_frame_builder *b, uint64_t id, int32_t code,
+                                       bool epoch)
+{
     msgpack_packer *pk = moonlet_frame_begin(b);
-    msgpack_pack_array(pk, 3);
+    msgpack_pack_array(pk, epoch ? 4 : 3);
     msgpack_pack_uint64(pk, id);
     msgpack_pack_fix_int32(pk, code); /* fixed width: see moonlet_reply_patch_code */
     return pk;
@@ -506,9 +518,9 @@ void moonlet_reply_patch_code(moonlet_frame_builder *b, int32_t code)
         return;
     uint8_t *p = (uint8_t *)b->buf.data + b->frame_start + MOONLET_FRAME_HEADER_BYTES;
     size_t len = b->buf.size - b->frame_start - MOONLET_FRAME_HEADER_BYTES;
-    /* [0x93, id (any uint width), 0xd2, code x4, ...] as packed by reply_begin */
+    /* [0x93 or 0x94, id (any uint width), 0xd2, code x4, ...] as packed by reply_begin */
     size_t id_len = len >= 2 ? mp_int_size(p[1]) : 0;
-    if (len < 2 || p[0] != 0x93 || id_len == 0 || 1 + id_len + 5 > len ||
+    if (len < 2 || (p[0] != 0x93 && p[0] != 0x94) || id_len == 0 || 1 + id_len + 5 > len ||
         p[1 + id_len] != 0xd2) {
         assert(!"moonlet_reply_patch_code: open frame is not a reply");
         return;

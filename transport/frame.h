@@ -6,12 +6,15 @@
  *
  *   request body: array(3) [ uint id, uint method, array args ]
  *   reply body:   array(3) [ uint id, int code, result ]
+ *             or array(4) [ uint id, int code, result, uint epoch ]
  *
  * `args` is the method's positional argument list (see methods.h).  In a
  * reply, `code` is a moonlet error code (0 = OK); `result` is the method's
  * result object when code is 0, and a human-readable message string (or nil)
  * otherwise.  Replies carry the request id, so a client may pipeline many
- * requests on one connection.
+ * requests on one connection.  The 4th reply element is the master's HA
+ * epoch, sent only on connections that asked for it (Hello, see
+ * docs/protocol.md), so older peers never see it.
  *
  * The decoders check the whole shape: a body that is not exactly one msgpack
  * object, has trailing bytes, is not an array of 3, or has a field of the
@@ -22,6 +25,7 @@
 #define MOONLET_FRAME_H
 
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -82,6 +86,7 @@ typedef struct moonlet_reply {
     uint64_t id;
     int32_t code;
     const msgpack_object *result;
+    uint64_t epoch; /* the optional 4th element; 0 when absent */
     msgpack_unpacked unp;
 } moonlet_reply;
 
@@ -126,6 +131,11 @@ msgpack_packer *moonlet_request_begin(moonlet_frame_builder *b, uint64_t id, uin
  * object, then calls moonlet_frame_finish().  `code` is always packed in the
  * fixed-width int32 form (0xd2 + 4 bytes) so that it can be patched later. */
 msgpack_packer *moonlet_reply_begin(moonlet_frame_builder *b, uint64_t id, int32_t code);
+/* The same for a reply that carries an epoch: with `epoch` the frame is
+ * [id, code, result, epoch] and the caller packs the epoch (a uint) after
+ * the result; without, as moonlet_reply_begin(). */
+msgpack_packer *moonlet_reply_begin_ex(moonlet_frame_builder *b, uint64_t id, int32_t code,
+                                       bool epoch);
 /* Rewrites the code of the open (begun, not yet finished) reply frame in
  * place, so a server can let a handler pack its result straight into the
  * output buffer and set the code afterwards without copying.  No-op when no

@@ -170,6 +170,7 @@ struct moonlet_rpc_server {
     moonlet_rpc_method *methods;
     void *ctx;
     void (*on_close)(void *ctx, void *conn_data);
+    uint64_t (*reply_epoch)(void *ctx, void *conn_data);
     int64_t busy_poll_ns;
     loop *loops;
     int nloops;
@@ -281,6 +282,8 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
 {
     moonlet_rpc_server *s = c->loop->s;
     moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c, &c->loop->zone, NULL};
+    /* the service's epoch for this connection's replies (0: none, 3 elements) */
+    uint64_t epoch = s->reply_epoch ? s->reply_epoch(s->ctx, c->conn_data) : 0;
     if (m->spec) { /* the declared arguments, decoded before the handler runs */
         char err[768];
         void *argv = msgpack_zone_malloc(ctx.zone, m->spec->size);
@@ -293,14 +296,20 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
                 if (fd >= 0)
                     close(fd);
             }
-            reply_error(c, req->id, rc, "%s", argv ? err : "out of memory");
+            msgpack_packer *epk = moonlet_reply_begin_ex(&c->out, req->id, rc, epoch != 0);
+            moonlet_pack_cstr(epk, argv ? err : "out of memory");
+            if (epoch)
+                msgpack_pack_uint64(epk, epoch);
+            moonlet_frame_finish(&c->out, s->max_frame);
             return;
         }
         ctx.argv = argv;
     }
     moonlet_frame_builder *b = &c->out;
-    msgpack_packer *pk = moonlet_reply_begin(b, req->id, 0);
+    msgpack_packer *pk = moonlet_reply_begin_ex(b, req->id, 0, epoch != 0);
     int code = m->fn(&ctx, req->args, pk);
+    if (epoch)
+        msgpack_pack_uint64(pk, epoch);
     moonlet_reply_patch_code(b, code);
     size_t start = b->frame_start + MOONLET_FRAME_HEADER_BYTES;
     size_t body = b->buf.size - start;
@@ -1055,6 +1064,7 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     s->busy_poll_ns = (int64_t)o->busy_poll_us * 1000;
     s->ctx = o->ctx;
     s->on_close = o->on_close;
+    s->reply_epoch = o->reply_epoch;
     if (o->auth_token != NULL) {
         s->token_len = o->auth_token_len ? o->auth_token_len : strlen(o->auth_token);
         s->token = malloc(s->token_len + 1);

@@ -123,6 +123,10 @@ typedef struct moonlet_rpc_server_opts {
     uint32_t busy_poll_us;
     /* Called on the connection's loop thread when it closes, with its conn_data. */
     void (*on_close)(void *ctx, void *conn_data);
+    /* Optional: called before each method's reply (not AUTH's) with the
+     * connection's conn_data; a nonzero result is sent as the reply's 4th
+     * element [id, code, result, epoch] (frame.h).  NULL or 0: 3 elements. */
+    uint64_t (*reply_epoch)(void *ctx, void *conn_data);
     /* Limits (see above).  0 picks the default named beside each. */
     uint32_t max_connections;  /* 0: no cap below the descriptor limit */
     uint32_t auth_timeout_ms;  /* 0: MOONLET_RPC_DEFAULT_AUTH_TIMEOUT_MS (token only) */

@@ -24,6 +24,14 @@
  * in endpoint order, so two batches can never wait on each other in a cycle;
  * every wait is bounded by timeout_ms anyway.
  *
+ * One timeout per batch, queueing included.  The wait for a pooled
+ * connection, opening it and the transfer's silence on it all count from
+ * the batch's submit: a connection freed just before the deadline is
+ * opened no later than the deadline (conn_open's deadline_ms) and its lane
+ * counts silence from the submit (xfer_lane.since_ms).  So a read queued
+ * behind others on a node that stopped answering gives up one timeout
+ * after its submit, and a get tries its next replica then, not after two.
+ *
  * Reissue.  An operation the backend failed only because its connection
  * did (xfer_item.conn_failed: closed or reset by the peer, EOF, a verbs CM
  * disconnect) is reissued once, on one freshly leased (and if need be
@@ -599,7 +607,7 @@ static int xfer_pool_lease(moonlet_xfer *x, xfer_group *g, size_t want, uint64_t
  * peer is unreachable or refusing: each try would cost up to timeout_ms, and
  * a batch would wait conns_per_peer timeouts per peer).  Returns 0 when at
  * least one is usable, else the first open error. */
-static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
+static int xfer_pool_open(moonlet_xfer *x, xfer_group *g, uint64_t deadline_ms)
 {
     int first_err = MOONLET_OK;
     size_t kept = 0;
@@ -626,7 +634,7 @@ static int xfer_pool_open(moonlet_xfer *x, xfer_group *g)
             size_t nv = xfer_evict_locked(x, victims, XFER_EVICT_MAX);
             pthread_mutex_unlock(&x->pool_lock);
             xfer_close_victims(x, victims, nv);
-            int rc = x->be->conn_open(x, g->endpoint, &s->conn);
+            int rc = x->be->conn_open(x, g->endpoint, deadline_ms, &s->conn);
             if (rc) {
                 s->conn = NULL;
                 if (!first_err)
@@ -689,10 +697,10 @@ int moonlet_xfer_connect(moonlet_xfer *x, const char *endpoint)
     g.slot_idx = calloc((size_t)x->conns_per_peer, sizeof(size_t));
     if (!g.slot_idx)
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = xfer_pool_lease(x, &g, (size_t)x->conns_per_peer,
-                             moonlet_xfer_now_ms() + x->timeout_ms);
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    int rc = xfer_pool_lease(x, &g, (size_t)x->conns_per_peer, deadline);
     if (rc == MOONLET_OK)
-        rc = xfer_pool_open(x, &g);
+        rc = xfer_pool_open(x, &g, deadline);
     xfer_pool_release(x, &g, NULL);
     free(g.slot_idx);
     return rc;
@@ -817,6 +825,8 @@ typedef struct xfer_batch {
     int *grc;                   /* per group: lease/open status */
     struct xfer_open_job *jobs; /* per group: concurrent opens */
     size_t *item_base;          /* per group: its first index in lane_items/which */
+    uint64_t since_ms;          /* the pass began waiting for connections (lanes' since_ms) */
+    uint64_t deadline_ms;       /* the batch's deadline: no connection is opened past it */
 } xfer_batch;
 
 /* One group whose connections must be opened: opened and run on its own
@@ -902,7 +912,7 @@ static size_t xfer_group_prepare(moonlet_xfer *x, xfer_batch *b, size_t gi, size
     uint64_t gdl = xfer_group_deadline(g);
     int rc = b->grc[gi];
     if (rc == MOONLET_OK)
-        rc = xfer_pool_open(x, g);
+        rc = xfer_pool_open(x, g, b->deadline_ms);
     if (rc == MOONLET_OK && gdl && moonlet_xfer_now_ms() >= gdl) {
         xfer_pool_release(x, g, NULL);
         rc = MOONLET_ERR_TRANSFER_FAIL;
@@ -916,6 +926,8 @@ static size_t xfer_group_prepare(moonlet_xfer *x, xfer_batch *b, size_t gi, size
     if (g->nslots)
         xfer_assign_lanes(g, b->lanes, &b->lane_items[b->item_base[gi]],
                           &b->which[b->item_base[gi]], &b->load[gi * cpp]);
+    for (size_t l = 0; l < g->nslots; l++)
+        b->lanes[lane_base + l].since_ms = b->since_ms;
     return g->nslots;
 }
 
@@ -947,8 +959,10 @@ static void *xfer_open_main(void *arg)
  * thread cannot be started is handled on the calling thread.
  */
 static void xfer_pass(moonlet_xfer *x, xfer_batch *b, size_t ntodo, size_t max_conns,
-                      uint64_t deadline)
+                      uint64_t since, uint64_t deadline)
 {
+    b->since_ms = since;
+    b->deadline_ms = deadline;
     size_t ng = xfer_group_items(b->todo, ntodo, b->groups);
     size_t cpp = (size_t)x->conns_per_peer, nitems = 0;
     for (size_t gi = 0; gi < ng; gi++) {
@@ -1042,13 +1056,16 @@ int moonlet_xfer_submit(moonlet_xfer *x, moonlet_xfer_op *ops, size_t n)
             ops[i].status = MOONLET_ERR_INTERNAL_ERROR;
         return MOONLET_ERR_INTERNAL_ERROR;
     }
-    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    uint64_t start = moonlet_xfer_now_ms(), deadline = start + x->timeout_ms;
     size_t ntodo = xfer_collect(x, ops, n, b.items, b.todo);
-    xfer_pass(x, &b, ntodo, (size_t)x->conns_per_peer, deadline);
+    xfer_pass(x, &b, ntodo, (size_t)x->conns_per_peer, start, deadline);
     ntodo = xfer_reissuable(b.todo, ntodo, deadline);
     if (ntodo) {
+        /* a connection that failed (reset, EOF) made progress until then:
+         * the reissue's silence counts from now, its waits end at the
+         * batch's deadline */
         ML_INFO(MOD, "reissuing %zu operation(s) whose connection failed", ntodo);
-        xfer_pass(x, &b, ntodo, 1, deadline);
+        xfer_pass(x, &b, ntodo, 1, moonlet_xfer_now_ms(), deadline);
     }
     xfer_batch_free(&b);
     for (size_t i = 0; i < n; i++)

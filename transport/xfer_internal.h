@@ -47,6 +47,10 @@ typedef struct xfer_lane {
     xfer_item **items;
     size_t nitems;
     bool broken;       /* set by run(): close this connection afterwards */
+    /* When its batch began waiting for this connection (ms, moonlet_xfer_now_ms):
+     * run() counts time without progress from here, so waiting for a pooled
+     * connection and opening it count against timeout_ms (0: from run's start). */
+    uint64_t since_ms;
 } xfer_lane;
 
 typedef struct xfer_backend {
@@ -65,7 +69,8 @@ typedef struct xfer_backend {
     /* Parses op->segment_id into *it and checks what can be checked locally;
      * returns the op's status (0 = send it). */
     int (*prepare)(moonlet_xfer *x, xfer_item *it);
-    int (*conn_open)(moonlet_xfer *x, const char *endpoint, void **conn);
+    /* Opens (and authenticates) a connection, giving up at deadline_ms. */
+    int (*conn_open)(moonlet_xfer *x, const char *endpoint, uint64_t deadline_ms, void **conn);
     void (*conn_close)(moonlet_xfer *x, void *conn);
     /* Optional: MOONLET_OK, or an error once the instance cannot serve any
      * more (verbs: its device was removed or failed). */

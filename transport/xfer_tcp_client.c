@@ -7,7 +7,11 @@
  * deadline).  run() drives all the lanes of a batch from the calling thread
  * with poll(): requests are pipelined (many headers and write payloads
  * gathered into one sendmsg), replies are read in order, read payloads land
- * directly in the caller's buffer.  A lane with no progress for timeout_ms,
+ * directly in the caller's buffer.  A lane with no progress for timeout_ms
+ * (counted from when its batch began waiting for the connection: a transfer
+ * that queued behind another on a stuck node gets no second timeout;
+ * progress is reply bytes received and write payload sent, never requests
+ * alone),
  * a closed socket or a reply that does not match fails its remaining
  * operations with TRANSFER_FAIL (a closed or reset socket also marks them
  * conn_failed, for xfer.c's one reissue on a fresh connection).  A lane
@@ -94,13 +98,16 @@ static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
     return r.status == MOONLET_OK ? MOONLET_OK : MOONLET_ERR_ILLEGAL_CLIENT;
 }
 
-int moonlet_xfer_tcp_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
+int moonlet_xfer_tcp_conn_open(moonlet_xfer *x, const char *endpoint, uint64_t deadline_ms,
+                               void **out)
 {
     char host[256];
     uint16_t port;
     if (moonlet_net_split_hostport(endpoint, host, sizeof(host), &port))
         return MOONLET_ERR_INVALID_PARAMS;
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    if (deadline_ms && deadline_ms < deadline)
+        deadline = deadline_ms; /* the batch's: its wait for the connection counts */
     int fd = moonlet_net_connect_tcp(host, port, deadline, TCP_SOCKBUF_BYTES);
     if (fd < 0) {
         if (fd != MOONLET_NET_EADDR)
@@ -252,19 +259,26 @@ static int tcp_gather(tcp_lane_run *r, struct iovec *iov)
     return n;
 }
 
-/* Marks `sent` bytes as sent, advancing send_i / send_off. */
-static void tcp_advance_send(tcp_lane_run *r, uint64_t sent)
+/* Marks `sent` bytes as sent, advancing send_i / send_off.  Returns whether
+ * any of them were write payload: requests alone are no progress (a stalled
+ * peer's kernel takes them as readily as a live peer's). */
+static bool tcp_advance_send(tcp_lane_run *r, uint64_t sent)
 {
+    bool payload = false;
     while (sent) {
+        uint64_t hlen = tcp_req_len(r->lane->items[r->send_i]->op);
         uint64_t left = tcp_item_stream_len(r->lane->items[r->send_i]) - r->send_off;
+        uint64_t take = sent < left ? sent : left;
+        payload |= r->send_off + take > hlen;
         if (sent < left) {
             r->send_off += sent;
-            return;
+            return payload;
         }
         sent -= left;
         r->send_i++;
         r->send_off = 0;
     }
+    return payload;
 }
 
 static int tcp_recv_step(tcp_lane_run *r, bool *progress);
@@ -287,8 +301,8 @@ static int tcp_send_step(tcp_lane_run *r, bool *progress)
                 tcp_lane_conn_lost(r, strerror(err));
             return -1;
         }
-        *progress = true;
-        tcp_advance_send(r, (uint64_t)w);
+        if (tcp_advance_send(r, (uint64_t)w))
+            *progress = true;
     }
     return 0;
 }
@@ -471,8 +485,10 @@ void moonlet_xfer_tcp_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         uint64_t now = moonlet_xfer_now_ms();
         size_t pos = 0;
         for (size_t i = 0; i < nlanes; i++) {
+            /* silence counts from when the batch began waiting for the connection */
+            uint64_t since = lanes[i].since_ms && lanes[i].since_ms < now ? lanes[i].since_ms : now;
             runs[i] = (tcp_lane_run){.lane = &lanes[i], .c = lanes[i].conn, .hdrs = &hdrs[pos],
-                                     .req_ids = &ids[pos], .last_progress = now};
+                                     .req_ids = &ids[pos], .last_progress = since};
             pos += lanes[i].nitems;
             tcp_encode_requests(&runs[i]);
         }

@@ -34,7 +34,8 @@ uint64_t moonlet_xfer_tcp_idle_closed(moonlet_xfer *x);
 
 /* ---- client side (xfer_tcp_client.c) ---- */
 
-int moonlet_xfer_tcp_conn_open(moonlet_xfer *x, const char *endpoint, void **out);
+int moonlet_xfer_tcp_conn_open(moonlet_xfer *x, const char *endpoint, uint64_t deadline_ms,
+                               void **out);
 bool moonlet_xfer_tcp_conn_stale(moonlet_xfer *x, void *conn);
 void moonlet_xfer_tcp_conn_close(moonlet_xfer *x, void *conn);
 void moonlet_xfer_tcp_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes);

@@ -1325,10 +1325,13 @@ static int verbs_resolve_addr(verbs_cconn *c, struct sockaddr *src, struct socka
     return MOONLET_ERR_TRANSFER_FAIL;
 }
 
-static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
+static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c,
+                               uint64_t deadline_ms)
 {
     struct sockaddr_storage dst;
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
+    if (deadline_ms && deadline_ms < deadline)
+        deadline = deadline_ms; /* the batch's: its wait for the connection counts */
     int tmo = (int)(x->timeout_ms > 60000 ? 60000 : x->timeout_ms);
     if (verbs_resolve(c->endpoint, false, &dst))
         return MOONLET_ERR_INVALID_PARAMS;
@@ -1371,14 +1374,15 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c)
     return verbs_expect(c, RDMA_CM_EVENT_ESTABLISHED, deadline, "rdma_connect");
 }
 
-static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, void **out)
+static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, uint64_t deadline_ms,
+                           void **out)
 {
     verbs_state *v = x->be_state;
     verbs_cconn *c = calloc(1, sizeof(*c));
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
-    int rc = verbs_connect_steps(x, v, c);
+    int rc = verbs_connect_steps(x, v, c, deadline_ms);
     if (rc) {
         verbs_conn_close(x, c);
         return rc;
@@ -1813,9 +1817,13 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         return;
     }
     uint64_t now = moonlet_xfer_now_ms();
+    /* silence counts from when the batch began waiting for the connection */
     for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
-                                   .pending = &pending[pos], .last_progress = now,
+                                   .pending = &pending[pos],
+                                   .last_progress = lanes[i].since_ms && lanes[i].since_ms < now
+                                                        ? lanes[i].since_ms
+                                                        : now,
                                    .ring = &ring[i * VERBS_SEND_DEPTH],
                                    .head = ((verbs_cconn *)lanes[i].conn)->next_seq,
                                    .tail = ((verbs_cconn *)lanes[i].conn)->next_seq,

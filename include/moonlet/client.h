@@ -88,7 +88,9 @@ typedef struct moonlet_client_config {
      * an older (shorter) header stays safe; fields it lacks take their
      * defaults.  Keep it first. */
     size_t opts_size;
-    const char *master_addr;      /* "HOST:PORT" of the master (required) */
+    const char *master_addr;      /* "HOST:PORT" of the master (required), or with HA
+                                   * every master's: "HOST:PORT,HOST:PORT" (the client
+                                   * follows the leader; docs/reliability.md) */
     moonlet_protocol protocol;    /* default AUTO */
     const char *device;           /* RDMA device ("mlx5_0"); NULL: the first ACTIVE one */
     const char *auth_token;       /* the cluster's shared token; NULL or "": none */
@@ -239,9 +241,10 @@ MOONLET_API void moonlet_client_destroy(moonlet_client *c);
  * Returns 0 when every replica was written and the object sealed, or
  *   OBJECT_ALREADY_EXISTS  the key exists, or another put of it is in progress
  *   NO_AVAILABLE_HANDLE    not enough space or fewer than replica_num store nodes
- *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written, or
- *                          not before the put's deadline (the put was
- *                          revoked: nothing readable remains)
+ *   TRANSFER_FAIL / SEGMENT_NOT_FOUND  a replica could not be written, nor
+ *                          a replacement on another node (at most 4 per
+ *                          put), or not before the put's deadline (the put
+ *                          was revoked: nothing readable remains)
  *   INVALID_WRITE          a store node refused the write's capability (late,
  *                          or the segment changed); the put was revoked
  *   OBJECT_NOT_FOUND       every store node holding a replica left the

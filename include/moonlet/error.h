@@ -5,6 +5,11 @@
  * codes.  The numbers are Mooncake Store's ErrorCode values, so an engine that
  * already speaks Mooncake reads them the same way.  moonlet_strerror() names
  * a code; it never returns NULL.
+ *
+ * One code is moonlet's own, outside Mooncake's set: NOT_LEADER (-2000), the
+ * answer of a standby master (HA on etcd, docs/reliability.md).  The client
+ * library follows it to the leader by itself; a caller sees it only when no
+ * leader could be reached within the call's deadline.
  */
 #ifndef MOONLET_ERROR_H
 #define MOONLET_ERROR_H
@@ -40,6 +45,7 @@ enum moonlet_error {
     MOONLET_ERR_RPC_FAIL = -900,
     MOONLET_ERR_RPC_TIMEOUT = -901,
     MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS = -1010,
+    MOONLET_ERR_NOT_LEADER = -2000, /* moonlet's own: this master is not the leader */
 };
 
 /* Name of an error code ("OBJECT_NOT_FOUND"); "UNKNOWN_ERROR" for others. */

@@ -133,7 +133,9 @@ class Store(_moonlet.Client):
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
                 transfer_timeout_ms=0, local_listen_addr=None, checksum=True):
-        """Connects to the master at master_addr ("HOST:PORT").
+        """Connects to the master at master_addr ("HOST:PORT").  With HA,
+        master_addr lists every master: "HOST:PORT,HOST:PORT" or a list of
+        "HOST:PORT" strings; the client follows the leader.
 
         protocol:       "auto" (RDMA when a device with an active port exists,
                         else TCP), "tcp" or "rdma".
@@ -155,6 +157,8 @@ class Store(_moonlet.Client):
         ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600).
         """
         self = cls.__new__(cls)
+        if isinstance(master_addr, (list, tuple)):
+            master_addr = ",".join(master_addr)
         self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
                       replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
                       checksum=checksum)

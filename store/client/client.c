@@ -8,6 +8,14 @@
  * replica (falling over to the next when a node is gone), then the lease
  * check.
  *
+ * Put retry (client_put_retry).  A replica whose write failed because its
+ * node is gone or not answering (never a refused capability) is replaced:
+ * PutReplaceReplica gives a new replica on another segment (none holding a
+ * replica, none seen failing for this put) and the bytes are written there,
+ * before the put's deadline, at most 4 times per put.  The caller sees
+ * every replica written and sealed, or the same clean failure as without it
+ * (PutRevoke: nothing readable).  A master without the method: PutRevoke.
+ *
  * Stale-writer fencing and integrity (docs/reliability.md).  Each write
  * carries the capability PutStart granted for its replica and a deadline on
  * this host's clock: the time PutStart was sent plus the put's TTL, never
@@ -597,25 +605,138 @@ static int client_submit(client_direct *c, moonlet_xfer_op *ops, moonlet_xfer **
     return MOONLET_OK;
 }
 
-/* Fills one write per replica of `l` from src, each with its capability
- * and the put's deadline on our clock: sent_ms (when PutStart was sent) plus
- * the put's TTL, never later than the master's put deadline. */
+/* Fills the write of replica r from src with its capability and the put's
+ * deadline on our clock: sent_ms (when the master call that granted it was
+ * sent) plus the put's TTL then, never later than the master's put deadline. */
+static void client_put_op(client_direct *c, const moonlet_replica_desc *r, uint64_t put_ttl_ms,
+                          const void *src, uint64_t len, uint64_t sent_ms, moonlet_xfer_op *op,
+                          moonlet_xfer_cap *cap, moonlet_xfer **xf)
+{
+    *cap = (moonlet_xfer_cap){.offset = r->offset, .len = r->cap_len, .expiry_ms = r->cap_expiry_ms,
+                              .tag = r->cap_tag, .deadline_ms = put_ttl_ms ? sent_ms + put_ttl_ms : 0};
+    bool any = r->cap_tag || put_ttl_ms;
+    *op = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE, .endpoint = r->endpoint,
+                            .segment_id = r->segment_id, .offset = r->offset,
+                            .local = (void *)src, .len = len, .cap = any ? cap : NULL};
+    client_op_route(c, r, op, xf);
+}
+
+/* One write per replica of `l` (PutStart's list, sent at sent_ms). */
 static void client_put_ops(client_direct *c, const moonlet_replica_list *l, const void *src,
                            uint64_t len, uint64_t sent_ms, moonlet_xfer_op *ops,
                            moonlet_xfer_cap *caps, moonlet_xfer **xf)
 {
-    for (uint32_t k = 0; k < l->count; k++) {
-        const moonlet_replica_desc *r = &l->replicas[k];
-        caps[k] = (moonlet_xfer_cap){.offset = r->offset, .len = r->cap_len,
-                                     .expiry_ms = r->cap_expiry_ms, .tag = r->cap_tag,
-                                     .deadline_ms = l->put_ttl_ms ? sent_ms + l->put_ttl_ms : 0};
-        bool any = r->cap_tag || l->put_ttl_ms;
-        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_WRITE, .endpoint = r->endpoint,
-                                   .segment_id = r->segment_id, .offset = r->offset,
-                                   .local = (void *)src, .len = len,
-                                   .cap = any ? &caps[k] : NULL};
-        client_op_route(c, r, &ops[k], &xf[k]);
+    for (uint32_t k = 0; k < l->count; k++)
+        client_put_op(c, &l->replicas[k], l->put_ttl_ms, src, len, sent_ms, &ops[k], &caps[k],
+                      &xf[k]);
+}
+
+/* Whether a failed write may go to a replacement replica: the node could not
+ * be reached or did not answer (TRANSFER_FAIL), no longer serves the segment
+ * (SEGMENT_NOT_FOUND), or speaks no protocol of ours.  Never INVALID_WRITE:
+ * the node refused the capability (expired: the put's deadline passed, no
+ * replacement can be granted; or a key that changed): the put fails. */
+bool moonlet_client_put_replaceable(int rc)
+{
+    return rc == MOONLET_ERR_TRANSFER_FAIL || rc == MOONLET_ERR_SEGMENT_NOT_FOUND ||
+           rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+}
+
+#define CLIENT_PUT_MAX_ROUNDS 4 /* the master grants at most 4 replacements per put */
+#define CLIENT_PUT_MAX_EXCLUDED 16
+
+/* After a put's writes (ops[0..l->count), statuses set): each replica whose
+ * write failed in a replaceable way is replaced through PutReplaceReplica
+ * (excluding every segment seen failing for this put) and written again,
+ * round after round, while the master grants replacements and the put's
+ * deadline has not passed.  l's descriptors are swapped for the
+ * replacements.  Returns the put's outcome: 0 when every replica is written,
+ * else the first failure (the caller then revokes the put). */
+static int client_put_retry(client_direct *c, const char *tenant, const char *key,
+                            moonlet_replica_list *l, const void *src, uint64_t len,
+                            uint64_t put_deadline_ms, moonlet_xfer_op *ops,
+                            moonlet_xfer_cap *caps, moonlet_xfer **xf)
+{
+    const char *excluded[CLIENT_PUT_MAX_EXCLUDED];
+    char *owned[CLIENT_PUT_MAX_EXCLUDED];
+    size_t nexcl = 0;
+    int rc = MOONLET_OK;
+    for (uint32_t k = 0; k < l->count && !rc; k++)
+        rc = ops[k].status;
+    for (int round = 0; rc && round < CLIENT_PUT_MAX_ROUNDS; round++) {
+        size_t *redo = malloc(l->count * sizeof(*redo)), nredo = 0;
+        if (!redo)
+            break;
+        int why = MOONLET_OK;
+        for (uint32_t k = 0; k < l->count && !why; k++) {
+            if (!ops[k].status)
+                continue;
+            if (!moonlet_client_put_replaceable(ops[k].status) ||
+                (put_deadline_ms && moonlet_xfer_now_ms() >= put_deadline_ms)) {
+                why = ops[k].status;
+                break;
+            }
+            moonlet_replica_desc *r = &l->replicas[k];
+            bool seen = false;
+            for (size_t e = 0; e < nexcl; e++)
+                seen |= strcmp(excluded[e], r->segment_id) == 0;
+            if (!seen && nexcl < CLIENT_PUT_MAX_EXCLUDED) {
+                owned[nexcl] = strdup(r->segment_id);
+                if (owned[nexcl]) {
+                    excluded[nexcl] = owned[nexcl];
+                    nexcl++;
+                }
+            }
+            moonlet_replica_list nl;
+            uint64_t sent = moonlet_xfer_now_ms();
+            int rr = moonlet_mc_put_replace_replica(c->mc, tenant, key, r->segment_id, excluded,
+                                                    nexcl, &nl);
+            if (rr) {
+                if (rr != MOONLET_ERR_INVALID_VERSION)
+                    ML_WARN(MOD, "put of '%s': no replacement for the replica on %s (%s)", key,
+                            r->segment_id, moonlet_strerror(rr));
+                why = ops[k].status;
+                break;
+            }
+            ML_INFO(MOD, "put of '%s': replica on %s failed (%s), replaced by one on %s", key,
+                    r->segment_id, moonlet_strerror(ops[k].status), nl.replicas[0].segment_id);
+            moonlet_replica_desc old = *r; /* swapped, so each list frees what it holds */
+            *r = nl.replicas[0];
+            nl.replicas[0] = old;
+            client_put_op(c, r, nl.put_ttl_ms, src, len, sent, &ops[k], &caps[k], &xf[k]);
+            moonlet_replica_list_free(&nl);
+            redo[nredo++] = k;
+        }
+        if (why) {
+            free(redo);
+            rc = why;
+            break;
+        }
+        /* the replacements' writes, one batch */
+        moonlet_xfer_op *sub = malloc(nredo * sizeof(*sub));
+        moonlet_xfer **sxf = malloc(nredo * sizeof(*sxf));
+        if (sub && sxf) {
+            for (size_t j = 0; j < nredo; j++) {
+                sub[j] = ops[redo[j]];
+                sxf[j] = xf[redo[j]];
+            }
+            client_submit(c, sub, sxf, nredo);
+            for (size_t j = 0; j < nredo; j++)
+                ops[redo[j]].status = sub[j].status;
+        } else {
+            for (size_t j = 0; j < nredo; j++)
+                ops[redo[j]].status = MOONLET_ERR_INTERNAL_ERROR;
+        }
+        free(sub);
+        free(sxf);
+        free(redo);
+        rc = MOONLET_OK;
+        for (uint32_t k = 0; k < l->count && !rc; k++)
+            rc = ops[k].status;
     }
+    for (size_t e = 0; e < nexcl; e++)
+        free(owned[e]);
+    return rc;
 }
 
 static int client_put_core(client_direct *c, const char *key, const void *src, size_t len,
@@ -635,6 +756,9 @@ static int client_put_core(client_direct *c, const char *key, const void *src, s
     if (ops && caps && xf) {
         client_put_ops(c, &l, src, len, sent_ms, ops, caps, xf);
         rc = client_submit(c, ops, xf, l.count);
+        if (rc)
+            rc = client_put_retry(c, a.tenant, key, &l, src, len,
+                                  l.put_ttl_ms ? sent_ms + l.put_ttl_ms : 0, ops, caps, xf);
     } else {
         rc = MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -864,6 +988,10 @@ static int direct_batch_put_from(client_direct *c, const char *const *keys,
             int rc = ops ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
             for (uint32_t k = 0; ops && k < lists[i].count && !rc; k++)
                 rc = ops[first[i] + k].status;
+            if (rc && ops) /* this key's failed replicas: replaced one key at a time */
+                rc = client_put_retry(c, a.tenant, keys[i], &lists[i], bufs[i], lens[i],
+                                      lists[i].put_ttl_ms ? sent[i] + lists[i].put_ttl_ms : 0,
+                                      &ops[first[i]], &caps[first[i]], &xf[first[i]]);
             results[i] = client_put_finish(c, a.tenant, keys[i], rc, a.checksum ? &cks[i] : NULL);
         }
         moonlet_replica_list_free(&lists[i]);

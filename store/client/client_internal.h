@@ -34,6 +34,12 @@ uint32_t moonlet_client_replica_order(const moonlet_replica_desc *r, uint32_t n,
  * end-to-end checksum).  Pure. */
 bool moonlet_client_try_next_replica(int rc);
 
+/* Whether a put's failed replica write may be replaced (PutReplaceReplica)
+ * and written again elsewhere: TRANSFER_FAIL, SEGMENT_NOT_FOUND,
+ * UNAVAILABLE_IN_CURRENT_STATUS; never INVALID_WRITE (a refused or expired
+ * capability).  Pure. */
+bool moonlet_client_put_replaceable(int rc);
+
 /* Which endpoint of replica r a client whose transport speaks `mine` ("tcp"
  * or "rdma") uses: its own protocol when the replica offers it (primary or
  * alternative endpoint), else TCP when the replica offers TCP and can_tcp

@@ -76,6 +76,7 @@ seeds = {
     "req_probe_resume": pack([14, 21, ["t", ["kv0", "kv1", "kv2"], 2, ["d0", "d1"], [1, 3]]]),
     "req_batch_probe_key": pack([15, 13, ["t", 1, 2, ["a", "b"]]]),
     "req_remove_force": pack([16, 14, ["t", "k", True]]),
+    "req_put_replace_replica": pack([19, 22, ["t", "k", "seg-1", ["seg-1", "seg-2"]]]),
     # the DummyClient protocol (store/client/dummy_proto.c): nil tenant, tuple items
     "req_dm_batch_put": pack([17, 113, [None, 1, False, [["k0", 1, 0, 10], ["k1", 2, 64, 5]],
                                         False, ["node-a"], True, 0]]),

@@ -120,6 +120,31 @@ static char *http(uint16_t port, const char *request)
     return buf;
 }
 
+/* HA: the role's gauges (appended to /metrics when the master has a role). */
+static void test_render_role(void **state)
+{
+    (void)state;
+    moonlet_role *r;
+    assert_int_equal(moonlet_role_create("10.0.0.1:50051", &r), MOONLET_OK);
+    moonlet_role_elected(r, 42, 100, 1000);
+    moonlet_role_info ri;
+    moonlet_role_get(r, 500, &ri);
+    size_t len = 0;
+    char *text = moonlet_metrics_render_role(&ri, &len);
+    assert_non_null(text);
+    assert_int_equal(strlen(text), len);
+    assert_non_null(strstr(text, "# TYPE moonlet_ha_role gauge\nmoonlet_ha_role 2\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_serving 1\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_epoch 42\n"));
+    assert_non_null(strstr(text, "\nmoonlet_ha_terms 1\n"));
+    free(text);
+    moonlet_role_get(r, 1000, &ri); /* past the window: not serving */
+    text = moonlet_metrics_render_role(&ri, NULL);
+    assert_non_null(strstr(text, "\nmoonlet_ha_serving 0\n"));
+    free(text);
+    moonlet_role_destroy(r);
+}
+
 static void test_http_server(void **state)
 {
     (void)state;
@@ -200,6 +225,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_render),
+        cmocka_unit_test(test_render_role),
         cmocka_unit_test(test_http_server),
         cmocka_unit_test(test_http_token),
     };

@@ -58,15 +58,15 @@ def test_metrics_port_spelling():
 
 def test_flags_without_meaning_are_named_and_ignored():
     m = start("--rpc-port", "0", "--enable_http_metadata_server=true",
-              "--http_metadata_server_port", "8080", "--enable_gc", "--etcd_endpoints",
-              "127.0.0.1:2379", "--rpc-address", "127.0.0.1")
+              "--http_metadata_server_port", "8080", "--enable_gc", "--enable_ha",
+              "--rpc-address", "127.0.0.1")
     try:
         m.proc.terminate()
         m.proc.wait(timeout=10)
         err = m.err()
-        for flag in ("enable_http_metadata_server", "http_metadata_server_port", "enable_gc",
-                     "etcd_endpoints"):
+        for flag in ("enable_http_metadata_server", "http_metadata_server_port", "enable_gc"):
             assert f"ignoring mooncake_master's --{flag}" in err
+        assert "enable_ha" not in err  # HA is on with --etcd_endpoints (tests/ha)
     finally:
         m.stop()
 
@@ -77,6 +77,10 @@ def test_flags_without_meaning_are_named_and_ignored():
     (["--client_ttl", "0s"], "usage"),
     (["-v", "loud"], "-v: not a non-negative integer"),
     (["--no_such_mooncake_flag=1"], "usage"),
+    (["--etcd_endpoints", "http://127.0.0.1:2379"], "needs --advertise"),
+    (["--etcd-endpoints", "http://127.0.0.1:2379", "--advertise", "h:1", "--cluster_id", ""],
+     "non-empty --cluster-id"),
+    (["--etcd-lease-ttl", "1500ms"], "--etcd-lease-ttl: whole seconds"),
 ])
 def test_bad_values_exit_2(flags, message):
     r = subprocess.run([master_bin(), "--rpc-port", "0", *flags], capture_output=True, text=True,

@@ -235,6 +235,43 @@ static void test_reply_code_patch(void **state)
     }
 }
 
+/* The HA epoch as a 4th reply element (frame.h): packed after the result,
+ * the code still patched in place; a 3-element reply decodes with epoch 0. */
+static void test_reply_epoch(void **state)
+{
+    const uint64_t epochs[] = {1, 127, 128, 65536, UINT64_MAX};
+    for (size_t i = 0; i < sizeof(epochs) / sizeof(epochs[0]); i++) {
+        moonlet_frame_builder b;
+        moonlet_frame_builder_init(&b);
+        msgpack_packer *pk = moonlet_reply_begin_ex(&b, 300 + i, 0, true);
+        moonlet_pack_cstr(pk, "10.0.0.2:50051");
+        msgpack_pack_uint64(pk, epochs[i]);
+        moonlet_reply_patch_code(&b, MOONLET_ERR_NOT_LEADER);
+        assert_int_equal(moonlet_frame_finish(&b, 4096), 0);
+        uint32_t len;
+        const char *body = only_body(&b, &len);
+        moonlet_reply rep;
+        assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+        assert_true(rep.id == 300 + i);
+        assert_int_equal(rep.code, MOONLET_ERR_NOT_LEADER);
+        assert_true(rep.epoch == epochs[i]);
+        assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+        moonlet_reply_destroy(&rep);
+        moonlet_frame_builder_destroy(&b);
+    }
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    msgpack_pack_nil(moonlet_reply_begin_ex(&b, 7, 0, false));
+    assert_int_equal(moonlet_frame_finish(&b, 4096), 0);
+    uint32_t len;
+    const char *body = only_body(&b, &len);
+    moonlet_reply rep;
+    assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+    assert_true(rep.epoch == 0);
+    moonlet_reply_destroy(&rep);
+    moonlet_frame_builder_destroy(&b);
+}
+
 /* ------------------------------------------------------------------ */
 /* Malformed bodies                                                     */
 /* ------------------------------------------------------------------ */
@@ -349,7 +386,10 @@ static void test_reply_malformed(void **state)
     } bad[] = {
         {"not an array", "c0"},
         {"array of 2", "92 05 00"},
-        {"array of 4", "94 05 00 c0 c0"},
+        {"array of 4, epoch nil", "94 05 00 c0 c0"},
+        {"array of 4, epoch negative", "94 05 00 c0 ff"},
+        {"array of 4, epoch string", "94 05 00 c0 a1 31"},
+        {"array of 5", "95 05 00 c0 01 01"},
         {"id negative", "93 ff 00 c0"},
         {"id string", "93 a0 00 c0"},
         {"code string", "93 05 a1 30 c0"},
@@ -720,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_reply_roundtrip),
         cmocka_unit_test(test_reply_code_any_int_encoding),
         cmocka_unit_test(test_reply_code_patch),
+        cmocka_unit_test(test_reply_epoch),
         cmocka_unit_test(test_request_malformed),
         cmocka_unit_test(test_deep_nesting),
         cmocka_unit_test(test_reply_malformed),

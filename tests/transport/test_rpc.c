@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,7 @@
 #define M_SLEEP 103
 #define M_BIG 104
 #define M_BAD 105
+#define M_BURN 106
 #define M_UNKNOWN 999
 #define TOKEN "s3cret-token-xyz"
 #define RAW_TIMEOUT_MS 3000
@@ -138,11 +140,27 @@ static int h_bad(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     return 0;
 }
 
+/* [us, v]: burns `us` microseconds of this thread's CPU time, returns v. */
+static int h_burn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t us;
+    int64_t v;
+    if (moonlet_wire_u64(args, 0, &us) != 0 || us > 10000 || moonlet_wire_i64(args, 1, &v) != 0)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "burn wants us <= 10000, v");
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000ll + (t.tv_nsec - t0.tv_nsec) < (int64_t)us * 1000);
+    msgpack_pack_int64(out, v);
+    return 0;
+}
+
 static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
     {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
     {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
-    {M_BAD, "bad", h_bad, NULL},
+    {M_BAD, "bad", h_bad, NULL},                {M_BURN, "burn", h_burn, NULL},
 };
 
 /* ------------------------------------------------------------------ */
@@ -481,6 +499,68 @@ static void test_concurrent_clients(void **state)
         assert_int_equal(w[i].ok, 200);
     }
     moonlet_rpc_server_destroy(s);
+}
+
+typedef struct burn_caller {
+    uint16_t port;
+    int index;
+    int ok;
+    uint64_t contended;
+} burn_caller;
+
+static void *burn_caller_main(void *arg)
+{
+    burn_caller *w = arg;
+    moonlet_rpc_client_opts o = {.timeout_ms = 20000};
+    moonlet_rpc_client *c = NULL;
+    if (moonlet_rpc_client_connect("127.0.0.1", w->port, &o, &c) != 0)
+        return NULL;
+    for (int i = 0; i < 100; i++) {
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, M_BURN, 2);
+        msgpack_pack_uint64(pk, 100);
+        msgpack_pack_int64(pk, w->index * 1000 + i);
+        moonlet_reply rep;
+        if (moonlet_rpc_client_call(c, &rep) != 0)
+            break;
+        if (rep.code == 0 && rep.result->via.i64 == (int64_t)(w->index * 1000 + i))
+            w->ok++;
+        moonlet_reply_destroy(&rep);
+    }
+    w->contended = moonlet_rpc_client_contended_waits(c);
+    moonlet_rpc_client_close(c);
+    return NULL;
+}
+
+/* More callers than cores (the process pinned to one core, with a server
+ * whose every call takes 100 us of CPU): a caller's spin for its reply sees
+ * its yields run other threads and sleeps instead (rpc_client.c, "Waiting
+ * for a reply"), and every caller still gets every reply, in step. */
+static void test_callers_outnumber_cores(void **state)
+{
+    enum { T = 6 };
+    cpu_set_t saved, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(saved), &saved), 0);
+    int cpu = sched_getcpu();
+    CPU_ZERO(&one);
+    CPU_SET(cpu >= 0 ? cpu : 0, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        skip(); /* the threads started below inherit the mask */
+    moonlet_rpc_server *s = start_server();
+    pthread_t th[T];
+    burn_caller w[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (burn_caller){.port = moonlet_rpc_server_port(s), .index = i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, burn_caller_main, &w[i]), 0);
+    }
+    uint64_t contended = 0;
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].ok, 100);
+        contended += w[i].contended;
+    }
+    moonlet_rpc_server_destroy(s);
+    assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
+    assert_true(contended > 0);
 }
 
 static void test_unknown_method_keeps_connection(void **state)
@@ -1197,6 +1277,7 @@ int main(void)
         cmocka_unit_test(test_backpressure),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_busy_poll),
+        cmocka_unit_test(test_callers_outnumber_cores),
         cmocka_unit_test(test_connect_failures),
         cmocka_unit_test(test_rpc_error_helper),
         cmocka_unit_test(test_pre_auth_frame_limit),

@@ -12,6 +12,7 @@
  *   probe.c     `probe` (BatchProbeKey with a GrantLeasePolicy)
  *   stats.c     `stats`
  *   watch.c     `watch` (periodic redraw of `stats` or `segments`)
+ *   status.c    `status` (HA: each master's role, epoch and leader)
  *
  * Every verb returns the process exit code: 0, INSPECT_EXIT_RUNTIME (1) for a
  * failure talking to the master or a key that does not exist, or
@@ -152,5 +153,8 @@ int inspect_cmd_key(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_probe(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_stats(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_watch(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_drain(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_undrain(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_status(const inspect_opts *o, int argc, char **argv);
 
 #endif

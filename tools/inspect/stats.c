@@ -26,7 +26,9 @@ static const char *const STAT_FIELDS[] = {
     "probe_recheck_fallbacks", "probe_lock_hold_max_ns", "unmounts_by_liveness",
     "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
-    "hard_pinned", "hard_pinned_bytes",
+    "hard_pinned", "hard_pinned_bytes", "put_replacements",
+    "under_replicated", "repairs_queued", "repairs_running", "repairs_done", "repairs_failed",
+    "repairs_retried", "repairs_dropped", "repair_bytes",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
@@ -108,7 +110,8 @@ static int render_table(const cJSON *st, FILE *out, int width)
     bad |= kv(t, "segments", "%" PRIu64 " from %" PRIu64 " client%s: %s capacity, %s used (%.1f%%)",
               U("segments"), U("clients"), U("clients") == 1 ? "" : "s", cap, used, pct);
     bad |= kv(t, "puts", "%" PRIu64 " started, %" PRIu64 " ended, %" PRIu64 " revoked, %" PRIu64
-              " timed out", U("put_starts"), U("put_ends"), U("put_revokes"), U("put_timeouts"));
+              " timed out, %" PRIu64 " replicas replaced", U("put_starts"), U("put_ends"),
+              U("put_revokes"), U("put_timeouts"), U("put_replacements"));
     bad |= kv(t, "removes", "%" PRIu64, U("removes"));
     bad |= kv(t, "evictions", "%" PRIu64 " objects in %" PRIu64 " passes", U("evictions"),
               U("eviction_passes"));
@@ -128,6 +131,13 @@ static int render_table(const cJSON *st, FILE *out, int width)
     bad |= kv(t, "ProbeResume leases", "%" PRIu64 " KDA + %" PRIu64 " KV keys",
               U("leases_resume_kda"), U("leases_resume_kv"));
     bad |= kv(t, "liveness unmounts", "%" PRIu64, U("unmounts_by_liveness"));
+    char rbytes[32];
+    inspect_fmt_size(U("repair_bytes"), rbytes, sizeof(rbytes));
+    bad |= kv(t, "re-replication", "%" PRIu64 " under-replicated (%" PRIu64 " queued, %" PRIu64
+              " copying); %" PRIu64 " done (%s), %" PRIu64 " retried, %" PRIu64 " failed, %" PRIu64
+              " dropped", U("under_replicated"), U("repairs_queued"), U("repairs_running"),
+              U("repairs_done"), rbytes, U("repairs_retried"), U("repairs_failed"),
+              U("repairs_dropped"));
     if (bad) {
         inspect_table_free(t);
         return MOONLET_ERR_INTERNAL_ERROR;

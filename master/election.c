@@ -1,0 +1,265 @@
+/*
+ * election.c - leader election on etcd (election.h).
+ *
+ * The thread's loop, one tick every TTL/3 (or sooner when a serving window
+ * opens or closes, for the interval log):
+ *   no lease       -> grant one
+ *   keepalive due  -> keepalive; success moves the window end to
+ *                     (time the keepalive was sent) + TTL - margin; a lease
+ *                     etcd no longer knows deposes a leader
+ *   leader         -> the key must still be ours (create revision == epoch);
+ *                     the window must not have closed
+ *   standby        -> campaign (create-if-absent, bound to the lease); on
+ *                     failure learn the leader from the key it read
+ * Why the terms cannot overlap: etcd expires our lease no earlier than TTL
+ * after it received our last keepalive, which is after we sent it, so our
+ * window (send time + TTL - margin) closes at least `margin` before the key
+ * can go; a successor is elected only once the key is gone and serves one
+ * grace (TTL) later still.
+ *
+ * Locks: el->mu (leaf) for the flags; none while calling etcd or the role.
+ */
+#include "election.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "etcd.h"
+#include "log.h"
+#include "monotime.h"
+#include "moonlet/error.h"
+
+#define MOD "ha"
+
+struct moonlet_election {
+    moonlet_etcd *etcd;
+    moonlet_role *role;
+    char key[320];
+    char advertise[MOONLET_ROLE_ADDR_MAX];
+    uint64_t ttl_ms, margin_ms, tick_ms;
+    void (*on_deposed)(void *arg);
+    void *arg;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop, need_reset;
+    /* the thread's own state */
+    int64_t lease;
+    uint64_t last_ok_ms;   /* send time of the last successful keepalive (or grant) */
+    uint64_t next_ka_ms;
+    bool leader;
+    uint64_t epoch;
+};
+
+static void depose(moonlet_election *el, const char *why)
+{
+    uint64_t now = moonlet_mono_ms();
+    moonlet_role_deposed(el->role, now);
+    ML_WARN(MOD, "stepping down as leader of epoch %llu: %s", (unsigned long long)el->epoch, why);
+    el->leader = false;
+    if (el->lease) { /* nobody may wait for a lease we no longer use */
+        moonlet_etcd_lease_revoke(el->etcd, el->lease);
+        el->lease = 0;
+    }
+    pthread_mutex_lock(&el->mu);
+    el->need_reset = el->on_deposed != NULL;
+    pthread_mutex_unlock(&el->mu);
+    if (el->on_deposed)
+        el->on_deposed(el->arg);
+}
+
+static void keepalive(moonlet_election *el)
+{
+    uint64_t sent = moonlet_mono_ms();
+    int64_t ttl = 0;
+    int rc = moonlet_etcd_lease_keepalive(el->etcd, el->lease, &ttl);
+    el->next_ka_ms = sent + el->tick_ms;
+    if (rc) {
+        ML_DEBUG(MOD, "keepalive failed: %s", moonlet_strerror(rc));
+        return; /* the window closes by itself if this goes on */
+    }
+    if (ttl <= 0) {
+        ML_WARN(MOD, "etcd lease %lld expired", (long long)el->lease);
+        el->lease = 0;
+        if (el->leader)
+            depose(el, "lease expired");
+        return;
+    }
+    el->last_ok_ms = sent;
+    if (el->leader)
+        moonlet_role_renewed(el->role, sent + el->ttl_ms - el->margin_ms);
+}
+
+static void campaign(moonlet_election *el)
+{
+    uint64_t t0 = moonlet_mono_ms();
+    bool won = false;
+    int64_t rev = 0;
+    moonlet_etcd_kv cur;
+    int rc = moonlet_etcd_txn_put(el->etcd, el->key, MOONLET_ETCD_CREATE_REVISION, 0,
+                                  el->advertise, strlen(el->advertise), el->lease, &won, &rev,
+                                  &cur);
+    if (rc) {
+        ML_DEBUG(MOD, "campaign failed: %s", moonlet_strerror(rc));
+        return;
+    }
+    if (!won && cur.found && cur.lease == el->lease) { /* ours already (a lost reply) */
+        won = true;
+        rev = cur.create_revision;
+    }
+    if (won) {
+        el->leader = true;
+        el->epoch = (uint64_t)rev;
+        moonlet_role_elected(el->role, el->epoch, t0 + el->ttl_ms /* grace: one TTL */,
+                             el->last_ok_ms + el->ttl_ms - el->margin_ms);
+    } else if (cur.found) {
+        moonlet_role_set_leader(el->role, cur.value, (uint64_t)cur.create_revision);
+    } else {
+        moonlet_role_set_leader(el->role, NULL, 0);
+    }
+    moonlet_etcd_kv_free(&cur);
+}
+
+/* The leader's check that the key still names it. */
+static void check_key(moonlet_election *el)
+{
+    moonlet_etcd_kv kv;
+    if (moonlet_etcd_get(el->etcd, el->key, &kv, NULL) != MOONLET_OK)
+        return;
+    bool ours = kv.found && (uint64_t)kv.create_revision == el->epoch && kv.lease == el->lease;
+    moonlet_etcd_kv_free(&kv);
+    if (!ours)
+        depose(el, "the leader key is no longer ours");
+}
+
+static void *election_main(void *arg)
+{
+    moonlet_election *el = arg;
+    for (;;) {
+        pthread_mutex_lock(&el->mu);
+        bool stop = el->stop, need_reset = el->need_reset;
+        pthread_mutex_unlock(&el->mu);
+        if (stop)
+            break;
+        uint64_t now = moonlet_mono_ms();
+        if (!el->lease) {
+            int64_t id = 0, granted = 0;
+            if (moonlet_etcd_lease_grant(el->etcd, (int64_t)(el->ttl_ms / 1000), &id, &granted) ==
+                MOONLET_OK) {
+                el->lease = id;
+                el->last_ok_ms = now;
+                el->next_ka_ms = now + el->tick_ms;
+            }
+        } else if (now >= el->next_ka_ms) {
+            keepalive(el);
+        }
+        now = moonlet_mono_ms();
+        if (el->leader && now >= el->last_ok_ms + el->ttl_ms - el->margin_ms)
+            depose(el, "no keepalive succeeded within the lease TTL");
+        else if (el->leader && el->lease)
+            check_key(el);
+        else if (!el->leader && el->lease && !need_reset)
+            campaign(el);
+        moonlet_role_tick(el->role, moonlet_mono_ms());
+
+        /* sleep until the next keepalive, or the window's edge for the log */
+        uint64_t wait = el->tick_ms;
+        now = moonlet_mono_ms();
+        if (el->lease && el->next_ka_ms > now && el->next_ka_ms - now < wait)
+            wait = el->next_ka_ms - now;
+        if (el->leader) {
+            uint64_t end = el->last_ok_ms + el->ttl_ms - el->margin_ms;
+            if (end > now && end - now < wait)
+                wait = end - now;
+        }
+        moonlet_role_info info;
+        moonlet_role_get(el->role, now, &info);
+        if (el->leader && !info.serving && wait > 50)
+            wait = 50; /* in the grace period: log the begin close to its time */
+        pthread_mutex_lock(&el->mu);
+        struct timespec ts = moonlet_mono_deadline_ts(wait ? wait : 1);
+        if (!el->stop)
+            pthread_cond_timedwait(&el->cv, &el->mu, &ts);
+        pthread_mutex_unlock(&el->mu);
+    }
+    return NULL;
+}
+
+int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
+                           moonlet_election **out)
+{
+    if (!o || !o->endpoints || !o->cluster_id || !*o->cluster_id || !o->advertise ||
+        !*o->advertise || !role || strchr(o->cluster_id, '/') ||
+        strlen(o->cluster_id) > 200 || strlen(o->advertise) >= MOONLET_ROLE_ADDR_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_election *el = calloc(1, sizeof(*el));
+    if (!el)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    uint32_t ttl_s = o->ttl_s ? o->ttl_s : MOONLET_ELECTION_DEFAULT_TTL_S;
+    el->ttl_ms = (uint64_t)ttl_s * 1000;
+    el->margin_ms = o->margin_ms ? o->margin_ms : el->ttl_ms / 4;
+    if (el->margin_ms >= el->ttl_ms / 2)
+        el->margin_ms = el->ttl_ms / 4;
+    el->tick_ms = el->ttl_ms / 3;
+    el->role = role;
+    el->on_deposed = o->on_deposed;
+    el->arg = o->arg;
+    snprintf(el->key, sizeof(el->key), "/moonlet/%s/leader", o->cluster_id);
+    snprintf(el->advertise, sizeof(el->advertise), "%s", o->advertise);
+    /* each etcd request well within a tick, so a dead endpoint cannot hold
+     * the loop past the window */
+    int rc = moonlet_etcd_create(o->endpoints, (int)(el->tick_ms / 2), &el->etcd);
+    if (rc) {
+        free(el);
+        return rc;
+    }
+    pthread_mutex_init(&el->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&el->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&el->thread, NULL, election_main, el) != 0) {
+        moonlet_etcd_destroy(el->etcd);
+        pthread_cond_destroy(&el->cv);
+        pthread_mutex_destroy(&el->mu);
+        free(el);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    ML_INFO(MOD, "campaigning for %s as %s (lease TTL %u s, fencing margin %llu ms)", el->key,
+            el->advertise, ttl_s, (unsigned long long)el->margin_ms);
+    *out = el;
+    return MOONLET_OK;
+}
+
+void moonlet_election_reset_done(moonlet_election *el)
+{
+    pthread_mutex_lock(&el->mu);
+    el->need_reset = false;
+    pthread_cond_signal(&el->cv);
+    pthread_mutex_unlock(&el->mu);
+}
+
+void moonlet_election_stop(moonlet_election *el)
+{
+    if (!el)
+        return;
+    pthread_mutex_lock(&el->mu);
+    el->stop = true;
+    pthread_cond_signal(&el->cv);
+    pthread_mutex_unlock(&el->mu);
+    pthread_join(el->thread, NULL);
+    if (el->leader) {
+        moonlet_role_deposed(el->role, moonlet_mono_ms());
+        ML_INFO(MOD, "stepping down (shutdown)");
+    }
+    if (el->lease)
+        moonlet_etcd_lease_revoke(el->etcd, el->lease);
+    moonlet_etcd_destroy(el->etcd);
+    pthread_cond_destroy(&el->cv);
+    pthread_mutex_destroy(&el->mu);
+    free(el);
+}

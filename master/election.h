@@ -1,0 +1,56 @@
+/*
+ * election.h - leader election of moonlet-master on etcd (etcd.h), driving
+ * the role state machine (role.h).  Linked by moonlet-master only.
+ *
+ * One thread keeps an etcd lease of ttl_s seconds alive (a keepalive every
+ * TTL/3) and campaigns with a transaction that creates
+ * /moonlet/<cluster>/leader = <advertise> only if absent, bound to the
+ * lease; the key's create revision is the epoch.  Elected, this master
+ * serves from election + grace (one TTL) until "last successful keepalive
+ * sent + TTL - margin" (the role's window: enforced by the clock on every
+ * request, not by this thread).  The leader checks every tick that the key
+ * is still its own.  When the window closes (keepalives failing), when the
+ * lease is gone or the key changed hands, it is deposed: it revokes its
+ * lease (best effort; otherwise it lapses since keepalives stop), asks the
+ * owner to reset the metadata (on_deposed: a master that served must not
+ * serve its old state again) and campaigns again only after
+ * moonlet_election_reset_done().  A standby polls the key (its campaign
+ * transaction reads it when it fails) every TTL/3 and tells the role who
+ * the leader is.
+ *
+ * Threads and locks: its own thread; el->mu (a leaf) guards the stop and
+ * reset flags and its condition variable.  Calls into role.c and etcd.c
+ * (which take their own leaf locks) without holding el->mu.
+ */
+#ifndef MOONLET_ELECTION_H
+#define MOONLET_ELECTION_H
+
+#include <stdint.h>
+
+#include "role.h"
+
+typedef struct moonlet_election moonlet_election;
+
+typedef struct moonlet_election_opts {
+    const char *endpoints;  /* etcd: "http://h:p[,http://h:p...]" */
+    const char *cluster_id; /* the key is /moonlet/<cluster_id>/leader */
+    const char *advertise;  /* HOST:PORT clients reach this master at (the key's value) */
+    uint32_t ttl_s;         /* lease TTL; 0: 5 */
+    uint32_t margin_ms;     /* fencing margin; 0: TTL/4 */
+    /* Called on the election thread once a leader was deposed; the owner
+     * resets the master's state, then calls moonlet_election_reset_done(). */
+    void (*on_deposed)(void *arg);
+    void *arg;
+} moonlet_election_opts;
+
+#define MOONLET_ELECTION_DEFAULT_TTL_S 5u
+
+int moonlet_election_start(const moonlet_election_opts *opts, moonlet_role *role,
+                           moonlet_election **out);
+/* The owner reset the metadata after on_deposed: campaigning may resume. */
+void moonlet_election_reset_done(moonlet_election *el);
+/* Stops the thread; a leader steps down and revokes its lease first, so a
+ * standby takes over without waiting for the TTL. */
+void moonlet_election_stop(moonlet_election *el);
+
+#endif

@@ -1,0 +1,234 @@
+/*
+ * test_etcd.c - master/etcd.c against a real loopback etcd (one member,
+ * started and stopped by this test, tests/common/etcd_fixture.h): leases,
+ * the create-if-absent transaction bound to a lease, compare on
+ * create/mod revision, reads, deletes, endpoint failover and an etcd that
+ * is down.  Skips (77) only when no etcd binary is installed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "etcd_fixture.h"
+#include "moonlet/error.h"
+
+static etcd_fixture g_etcd;
+
+static moonlet_etcd *client(const char *endpoints)
+{
+    moonlet_etcd *e = NULL;
+    assert_int_equal(moonlet_etcd_create(endpoints, 2000, &e), MOONLET_OK);
+    return e;
+}
+
+static void test_create_if_absent_and_compare(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    int64_t lease = 0, ttl = 0;
+    assert_int_equal(moonlet_etcd_lease_grant(e, 30, &lease, &ttl), MOONLET_OK);
+    assert_true(lease != 0);
+    assert_int_equal(ttl, 30);
+
+    bool won = false;
+    int64_t rev = 0;
+    moonlet_etcd_kv cur;
+    assert_int_equal(moonlet_etcd_txn_put(e, "/t/leader", MOONLET_ETCD_CREATE_REVISION, 0, "a:1",
+                                          3, lease, &won, &rev, &cur),
+                     MOONLET_OK);
+    assert_true(won);
+    assert_false(cur.found);
+    assert_true(rev > 0);
+
+    /* a second campaign loses and reads the winner */
+    assert_int_equal(moonlet_etcd_txn_put(e, "/t/leader", MOONLET_ETCD_CREATE_REVISION, 0, "b:2",
+                                          3, 0, &won, NULL, &cur),
+                     MOONLET_OK);
+    assert_false(won);
+    assert_true(cur.found);
+    assert_string_equal(cur.value, "a:1");
+    assert_int_equal(cur.create_revision, rev);
+    assert_int_equal(cur.mod_revision, rev);
+    assert_int_equal(cur.lease, lease);
+    assert_int_equal(cur.version, 1);
+    moonlet_etcd_kv_free(&cur);
+
+    moonlet_etcd_kv kv;
+    int64_t read_rev = 0;
+    assert_int_equal(moonlet_etcd_get(e, "/t/leader", &kv, &read_rev), MOONLET_OK);
+    assert_true(kv.found);
+    assert_int_equal(kv.create_revision, rev);
+    assert_true(read_rev >= rev);
+    moonlet_etcd_kv_free(&kv);
+
+    /* compare on mod_revision: a stale one fails, the current one succeeds */
+    int64_t rev2 = 0;
+    assert_int_equal(moonlet_etcd_txn_put(e, "/t/leader", MOONLET_ETCD_MOD_REVISION, rev - 1, "x",
+                                          1, lease, &won, NULL, NULL),
+                     MOONLET_OK);
+    assert_false(won);
+    assert_int_equal(moonlet_etcd_txn_put(e, "/t/leader", MOONLET_ETCD_MOD_REVISION, rev, "a:1'",
+                                          4, lease, &won, &rev2, NULL),
+                     MOONLET_OK);
+    assert_true(won);
+    assert_true(rev2 > rev);
+    assert_int_equal(moonlet_etcd_get(e, "/t/leader", &kv, NULL), MOONLET_OK);
+    assert_int_equal(kv.create_revision, rev); /* the epoch does not move with updates */
+    assert_int_equal(kv.mod_revision, rev2);
+    assert_int_equal(kv.version, 2);
+    moonlet_etcd_kv_free(&kv);
+
+    /* conditional delete: wrong create revision refused, right one deletes */
+    assert_int_equal(moonlet_etcd_txn_delete(e, "/t/leader", MOONLET_ETCD_CREATE_REVISION, rev + 100,
+                                             &won),
+                     MOONLET_OK);
+    assert_false(won);
+    assert_int_equal(moonlet_etcd_txn_delete(e, "/t/leader", MOONLET_ETCD_CREATE_REVISION, rev, &won),
+                     MOONLET_OK);
+    assert_true(won);
+    assert_int_equal(moonlet_etcd_get(e, "/t/leader", &kv, NULL), MOONLET_OK);
+    assert_false(kv.found);
+    assert_null(kv.value);
+    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
+    moonlet_etcd_destroy(e);
+}
+
+static void test_lease_keepalive_revoke(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    int64_t lease = 0, ttl = 0;
+    assert_int_equal(moonlet_etcd_lease_grant(e, 10, &lease, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &ttl), MOONLET_OK);
+    assert_int_equal(ttl, 10);
+    int64_t r = 0;
+    assert_int_equal(moonlet_etcd_put(e, "/t/bound", "v", 1, lease, &r), MOONLET_OK);
+    assert_true(r > 0);
+    moonlet_etcd_kv kv;
+    assert_int_equal(moonlet_etcd_get(e, "/t/bound", &kv, NULL), MOONLET_OK);
+    assert_true(kv.found);
+    assert_int_equal(kv.lease, lease);
+    moonlet_etcd_kv_free(&kv);
+    /* revoking deletes the keys bound to the lease; it cannot be renewed after */
+    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
+    assert_int_equal(moonlet_etcd_get(e, "/t/bound", &kv, NULL), MOONLET_OK);
+    assert_false(kv.found);
+    ttl = -1;
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &ttl), MOONLET_OK);
+    assert_int_equal(ttl, 0);
+    /* a key bound to a lease that does not exist is refused by etcd */
+    assert_int_not_equal(moonlet_etcd_put(e, "/t/bound", "v", 1, lease, NULL), MOONLET_OK);
+    moonlet_etcd_destroy(e);
+}
+
+static void test_lease_expires(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    int64_t lease = 0, ttl = 0;
+    assert_int_equal(moonlet_etcd_lease_grant(e, 1, &lease, &ttl), MOONLET_OK);
+    assert_true(ttl >= 1 && ttl <= 3); /* etcd may raise a TTL to its minimum */
+    bool won = false;
+    assert_int_equal(moonlet_etcd_txn_put(e, "/t/exp", MOONLET_ETCD_CREATE_REVISION, 0, "x", 1,
+                                          lease, &won, NULL, NULL),
+                     MOONLET_OK);
+    assert_true(won);
+    /* without keepalives the key goes with the lease (bounded: TTL + 5 s) */
+    uint64_t deadline = moonlet_mono_ms() + (uint64_t)ttl * 1000 + 5000;
+    bool gone = false;
+    while (!gone && moonlet_mono_ms() < deadline) {
+        moonlet_etcd_kv kv;
+        assert_int_equal(moonlet_etcd_get(e, "/t/exp", &kv, NULL), MOONLET_OK);
+        gone = !kv.found;
+        moonlet_etcd_kv_free(&kv);
+        if (!gone)
+            usleep(100 * 1000); /* etcd sends no event we could wait on without a watch */
+    }
+    assert_true(gone);
+    int64_t left = -1;
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
+    assert_int_equal(left, 0);
+    moonlet_etcd_destroy(e);
+}
+
+static void test_binary_values(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    const char v[] = {'a', 0, 'b', (char)0xff, '\n'};
+    assert_int_equal(moonlet_etcd_put(e, "/t/bin key", v, sizeof(v), 0, NULL), MOONLET_OK);
+    moonlet_etcd_kv kv;
+    assert_int_equal(moonlet_etcd_get(e, "/t/bin key", &kv, NULL), MOONLET_OK);
+    assert_true(kv.found);
+    assert_int_equal(kv.value_len, sizeof(v));
+    assert_memory_equal(kv.value, v, sizeof(v));
+    assert_int_equal(kv.lease, 0); /* omitted by the gateway: the default */
+    moonlet_etcd_kv_free(&kv);
+    int64_t n = 0;
+    assert_int_equal(moonlet_etcd_delete(e, "/t/bin key", &n), MOONLET_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(moonlet_etcd_delete(e, "/t/bin key", &n), MOONLET_OK);
+    assert_int_equal(n, 0);
+    moonlet_etcd_destroy(e);
+}
+
+static void test_endpoint_failover(void **state)
+{
+    unsigned dead = etcd_free_port(); /* nothing listens there */
+    char eps[160];
+    snprintf(eps, sizeof(eps), "127.0.0.1:%u, %s/", dead, g_etcd.url);
+    moonlet_etcd *e = client(eps);
+    int64_t r = 0;
+    assert_int_equal(moonlet_etcd_put(e, "/t/fo", "1", 1, 0, &r), MOONLET_OK);
+    assert_string_equal(moonlet_etcd_endpoint(e), g_etcd.url);
+    moonlet_etcd_destroy(e);
+
+    snprintf(eps, sizeof(eps), "http://127.0.0.1:%u", dead);
+    e = client(eps);
+    moonlet_etcd_kv kv;
+    int rc = moonlet_etcd_get(e, "/t/fo", &kv, NULL);
+    assert_true(rc == MOONLET_ERR_RPC_FAIL || rc == MOONLET_ERR_RPC_TIMEOUT);
+    int64_t id;
+    rc = moonlet_etcd_lease_grant(e, 5, &id, NULL);
+    assert_true(rc == MOONLET_ERR_RPC_FAIL || rc == MOONLET_ERR_RPC_TIMEOUT);
+    moonlet_etcd_destroy(e);
+}
+
+static void test_bad_arguments(void **state)
+{
+    moonlet_etcd *e = NULL;
+    assert_int_equal(moonlet_etcd_create("", 100, &e), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_etcd_create(" , ,", 100, &e), MOONLET_ERR_INVALID_PARAMS);
+    e = client(g_etcd.url);
+    moonlet_etcd_kv kv;
+    bool won;
+    int64_t id;
+    assert_int_equal(moonlet_etcd_get(e, "", &kv, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_etcd_lease_grant(e, 0, &id, NULL), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_etcd_txn_put(e, "/k", MOONLET_ETCD_CREATE_REVISION, 0, NULL, 1, 0,
+                                          &won, NULL, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+    moonlet_etcd_destroy(e);
+}
+
+int main(void)
+{
+    int rc = etcd_fixture_start(&g_etcd);
+    if (rc == 77) {
+        fprintf(stderr, "SKIP: no etcd binary (install Debian's etcd-server: scripts/setup.sh)\n");
+        return 77;
+    }
+    if (rc) {
+        etcd_fixture_stop(&g_etcd);
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_if_absent_and_compare),
+        cmocka_unit_test(test_lease_keepalive_revoke),
+        cmocka_unit_test(test_lease_expires),
+        cmocka_unit_test(test_binary_values),
+        cmocka_unit_test(test_endpoint_failover),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    etcd_fixture_stop(&g_etcd);
+    return rc;
+}

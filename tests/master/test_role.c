@@ -1,0 +1,81 @@
+/*
+ * test_role.c - master/role.c, the HA role state machine, on clock values
+ * the test chooses: the serving window (grace before it, fencing at its
+ * end), renewals that never move it backwards nor revive a closed one,
+ * deposition, and the epoch a reply carries in each state.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "moonlet/error.h"
+#include "role.h"
+
+static void test_single_serves(void **state)
+{
+    uint64_t ep = 99;
+    assert_true(moonlet_role_gate(NULL, 123, &ep));
+    assert_int_equal(ep, 0);
+    moonlet_role_info ri;
+    moonlet_role_get(NULL, 0, &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_SINGLE);
+    assert_true(ri.serving);
+}
+
+static void test_window(void **state)
+{
+    moonlet_role *r;
+    assert_int_equal(moonlet_role_create("10.0.0.1:50051", &r), MOONLET_OK);
+    uint64_t ep = 1;
+    assert_false(moonlet_role_gate(r, 1000, &ep)); /* a new role is a standby */
+    assert_int_equal(ep, 0);
+    moonlet_role_set_leader(r, "10.0.0.2:50051", 7);
+    assert_false(moonlet_role_gate(r, 1000, &ep));
+    assert_int_equal(ep, 7);
+    moonlet_role_info ri;
+    moonlet_role_get(r, 1000, &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    assert_string_equal(ri.leader, "10.0.0.2:50051");
+
+    /* elected at 1000 for epoch 9: grace until 6000, window end 4750 first */
+    moonlet_role_elected(r, 9, 6000, 4750);
+    assert_false(moonlet_role_gate(r, 1000, &ep));
+    assert_false(moonlet_role_gate(r, 5999, &ep));
+    assert_int_equal(ep, 9);
+    moonlet_role_renewed(r, 8000);
+    assert_false(moonlet_role_gate(r, 5999, &ep)); /* still in the grace period */
+    assert_true(moonlet_role_gate(r, 6000, &ep));
+    assert_true(moonlet_role_gate(r, 7999, &ep));
+    assert_false(moonlet_role_gate(r, 8000, &ep)); /* fenced by the clock alone */
+    moonlet_role_renewed(r, 7000);                 /* never backwards */
+    assert_true(moonlet_role_gate(r, 7999, &ep));
+    moonlet_role_get(r, 7000, &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_LEADER);
+    assert_string_equal(ri.leader, "10.0.0.1:50051");
+    assert_int_equal(ri.terms, 1);
+
+    moonlet_role_tick(r, 7000);
+    moonlet_role_deposed(r, 7500);
+    assert_false(moonlet_role_gate(r, 7500, &ep));
+    assert_false(moonlet_role_gate(r, 6500, &ep));
+    moonlet_role_renewed(r, 20000); /* a late keepalive never revives a closed window */
+    assert_false(moonlet_role_gate(r, 9000, &ep));
+    moonlet_role_get(r, 9000, &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    assert_string_equal(ri.leader, "");
+    moonlet_role_set_leader(r, "10.0.0.2:50051", 5); /* an older epoch never lowers it */
+    assert_false(moonlet_role_gate(r, 9000, &ep));
+    assert_int_equal(ep, 9);
+    moonlet_role_destroy(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_single_serves),
+        cmocka_unit_test(test_window),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
