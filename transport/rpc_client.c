@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -55,6 +56,7 @@ struct moonlet_rpc_client {
     char *in;
     size_t in_off, in_len, in_cap;
     int64_t wait_ewma_ns; /* how long replies took to start arriving */
+    uint64_t contended_waits; /* waits whose spin a yield to another thread ended */
 };
 
 /* Signed view of common/monotime.h, for deadline arithmetic. */
@@ -88,9 +90,26 @@ static int wait_fd(int fd, short ev, int64_t deadline)
  * connection's recent waits took (an EWMA), at least SPIN_MIN_NS and at
  * most SPIN_MAX_NS; a connection whose replies take longer than
  * SPIN_MAX_NS (large transfers, a slow peer) spins SPIN_MIN_NS only.  Each
- * round yields the CPU, so on a host with fewer cores than busy threads the
- * spinning thread does not keep the peer that must answer from running.
- * Figures: docs/benchmarks.md, "Client layers".
+ * round yields the CPU.
+ *
+ * Spinning only pays while the host has a core to spare.  When it has
+ * not (more runnable threads than cores: many callers, or other jobs), a
+ * spinning caller takes a share of the cores, and yielding does not hand
+ * that share to the server: sched_yield() only lets the threads queued on
+ * the caller's own core run, which may be other spinning callers, while the
+ * server's thread waits for a core on the other run queue (measured with
+ * `perf sched timehist`: docs/benchmarks.md, "The master under many
+ * clients").  So the spin watches for it: when a yield did switch to
+ * another thread (the thread's involuntary context switches went up,
+ * getrusage(RUSAGE_THREAD)), the core is wanted elsewhere, and the caller
+ * stops spinning and sleeps in poll(); a sleeping caller leaves its core
+ * idle, and an idle core pulls waiting threads over.  The next wait spins
+ * again (remembering the contention for a while, 5 ms of waits, was tried:
+ * short calls such as a put's PutStart then paid a wake-up each and put+get
+ * under load got slower).  On a core with nothing else to run
+ * sched_yield() returns without switching, so a lone caller keeps its spin.
+ * Figures: docs/benchmarks.md, "Client layers" and "The master under many
+ * clients".
  */
 #define SPIN_MIN_NS 50000
 #define SPIN_MAX_NS 500000
@@ -110,17 +129,32 @@ static int64_t spin_budget_ns(const moonlet_rpc_client *c)
     return w < SPIN_MIN_NS ? SPIN_MIN_NS : w > SPIN_MAX_NS ? SPIN_MAX_NS : w;
 }
 
-/* Returns 1 once data (or EOF/error) is there, 0 when the budget ran out. */
+enum { SPIN_INPUT, SPIN_BUDGET_OUT, SPIN_CONTENDED };
+
+/* This thread's involuntary context switches so far (a sched_yield() that
+ * ran another thread counts as one), or -1 when unknown. */
+static long involuntary_switches(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
+}
+
+/* Polls fd without sleeping until input (or EOF/error) is there, the
+ * budget has run out or a yield ran another thread. */
 static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 {
+    long switches = involuntary_switches();
     for (;;) {
         char b;
         ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return 1;
+            return SPIN_INPUT;
         if (now_ns() - t0 > budget_ns)
-            return 0;
+            return SPIN_BUDGET_OUT;
         sched_yield();
+        long now_switches = involuntary_switches();
+        if (now_switches != switches)
+            return SPIN_CONTENDED;
     }
 }
 
@@ -129,7 +163,10 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 static int wait_input(moonlet_rpc_client *c, int64_t deadline)
 {
     int64_t t0 = now_ns();
-    int rc = spin_for_input(c->fd, t0, spin_budget_ns(c)) ? 0 : wait_fd(c->fd, POLLIN, deadline);
+    int spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
+    if (spun == SPIN_CONTENDED)
+        c->contended_waits++;
+    int rc = spun == SPIN_INPUT ? 0 : wait_fd(c->fd, POLLIN, deadline);
     if (rc == 0)
         c->wait_ewma_ns += (now_ns() - t0 - c->wait_ewma_ns) / (1 << WAIT_EWMA_SHIFT);
     return rc;
@@ -467,6 +504,11 @@ int moonlet_rpc_client_call_fd(moonlet_rpc_client *c, int fd, moonlet_reply *rep
 }
 
 bool moonlet_rpc_client_broken(const moonlet_rpc_client *c) { return c->broken; }
+
+uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c)
+{
+    return c->contended_waits;
+}
 
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }
 

@@ -232,6 +232,7 @@ typedef struct verbs_cconn {
     uint32_t max_send;        /* WRs outstanding on its SQ, signalled or not */
     uint32_t max_inline;      /* max_inline_data the device granted */
     uint64_t next_seq;        /* wr_id of its next WR */
+    uint64_t established_ms;  /* when the peer's process accepted it (moonlet_xfer_now_ms) */
     /* counters for qp_info (written by the batch that owns it, read under lock) */
     _Atomic uint64_t wrs, post_calls, cqes;
     struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
@@ -1387,6 +1388,7 @@ static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, uint64_t deadl
         verbs_conn_close(x, c);
         return rc;
     }
+    c->established_ms = moonlet_xfer_now_ms();
     pthread_mutex_lock(&v->lock);
     c->next = v->cconns;
     v->cconns = c;
@@ -1796,6 +1798,21 @@ static uint64_t verbs_lane_write_deadline(const xfer_lane *l)
     return d;
 }
 
+/* Where a lane's silence starts: when its batch began waiting for the
+ * connection (waiting for a pooled connection and opening one count against
+ * the timeout), or, when later, when the peer's process accepted the
+ * connection: unlike a TCP handshake, which the peer's kernel completes for
+ * a stopped process too, an RDMA CM connection is established only by the
+ * peer's rdma_accept(), so it is proof of life and the transfer's silence
+ * counts from there (a slow connect does not eat the first transfer's
+ * timeout). */
+static uint64_t verbs_lane_alive_since(const xfer_lane *l, uint64_t now)
+{
+    uint64_t t = l->since_ms && l->since_ms < now ? l->since_ms : now;
+    uint64_t est = ((const verbs_cconn *)l->conn)->established_ms;
+    return est > t && est <= now ? est : t;
+}
+
 static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
 {
     verbs_state *v = x->be_state;
@@ -1817,13 +1834,10 @@ static void verbs_run(moonlet_xfer *x, xfer_lane *lanes, size_t nlanes)
         return;
     }
     uint64_t now = moonlet_xfer_now_ms();
-    /* silence counts from when the batch began waiting for the connection */
     for (size_t i = 0, pos = 0; i < nlanes; pos += lanes[i].nitems, i++)
         runs[i] = (verbs_lane_run){.lane = &lanes[i], .c = lanes[i].conn,
                                    .pending = &pending[pos],
-                                   .last_progress = lanes[i].since_ms && lanes[i].since_ms < now
-                                                        ? lanes[i].since_ms
-                                                        : now,
+                                   .last_progress = verbs_lane_alive_since(&lanes[i], now),
                                    .ring = &ring[i * VERBS_SEND_DEPTH],
                                    .head = ((verbs_cconn *)lanes[i].conn)->next_seq,
                                    .tail = ((verbs_cconn *)lanes[i].conn)->next_seq,

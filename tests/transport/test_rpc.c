@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,8 @@
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "wire.h"
+#include "../common/capture.h"
+#include "../common/wire_assert.h"
 #include "monotime.h"
 
 #define M_ADD 100
@@ -41,6 +44,7 @@
 #define M_SLEEP 103
 #define M_BIG 104
 #define M_BAD 105
+#define M_BURN 106
 #define M_UNKNOWN 999
 #define TOKEN "s3cret-token-xyz"
 #define RAW_TIMEOUT_MS 3000
@@ -136,11 +140,27 @@ static int h_bad(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
     return 0;
 }
 
+/* [us, v]: burns `us` microseconds of this thread's CPU time, returns v. */
+static int h_burn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t us;
+    int64_t v;
+    if (moonlet_wire_u64(args, 0, &us) != 0 || us > 10000 || moonlet_wire_i64(args, 1, &v) != 0)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "burn wants us <= 10000, v");
+    struct timespec t0, t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    do
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000ll + (t.tv_nsec - t0.tv_nsec) < (int64_t)us * 1000);
+    msgpack_pack_int64(out, v);
+    return 0;
+}
+
 static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
     {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
     {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
-    {M_BAD, "bad", h_bad, NULL},
+    {M_BAD, "bad", h_bad, NULL},                {M_BURN, "burn", h_burn, NULL},
 };
 
 /* ------------------------------------------------------------------ */
@@ -367,12 +387,8 @@ static void test_calls(void **state)
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
     assert_int_equal(rep.code, 0);
     assert_int_equal(moonlet_wire_len(rep.result), 2);
-    const char *str;
-    uint32_t len;
     int64_t v;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &str, &len), 0);
-    assert_int_equal(len, 5);
-    assert_memory_equal(str, "hello", 5);
+    assert_wire_bytes(rep.result, 0, "hello", 5);
     assert_int_equal(moonlet_wire_i64(rep.result, 1, &v), 0);
     assert_int_equal(v, -42);
     moonlet_reply_destroy(&rep);
@@ -403,8 +419,7 @@ static void test_calls(void **state)
     const msgpack_object *keys;
     assert_int_equal(moonlet_wire_array(rep.result, 1, &keys), 0);
     assert_int_equal(moonlet_wire_len(keys), 640);
-    assert_int_equal(moonlet_wire_str(keys, 639, &str, &len), 0);
-    assert_memory_equal(str, "model/layer-079/block-000639", len);
+    assert_wire_bytes(keys, 639, "model/layer-079/block-000639", 28);
     moonlet_reply_destroy(&rep);
 
     assert_false(moonlet_rpc_client_broken(c));
@@ -486,6 +501,68 @@ static void test_concurrent_clients(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+typedef struct burn_caller {
+    uint16_t port;
+    int index;
+    int ok;
+    uint64_t contended;
+} burn_caller;
+
+static void *burn_caller_main(void *arg)
+{
+    burn_caller *w = arg;
+    moonlet_rpc_client_opts o = {.timeout_ms = 20000};
+    moonlet_rpc_client *c = NULL;
+    if (moonlet_rpc_client_connect("127.0.0.1", w->port, &o, &c) != 0)
+        return NULL;
+    for (int i = 0; i < 100; i++) {
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, M_BURN, 2);
+        msgpack_pack_uint64(pk, 100);
+        msgpack_pack_int64(pk, w->index * 1000 + i);
+        moonlet_reply rep;
+        if (moonlet_rpc_client_call(c, &rep) != 0)
+            break;
+        if (rep.code == 0 && rep.result->via.i64 == (int64_t)(w->index * 1000 + i))
+            w->ok++;
+        moonlet_reply_destroy(&rep);
+    }
+    w->contended = moonlet_rpc_client_contended_waits(c);
+    moonlet_rpc_client_close(c);
+    return NULL;
+}
+
+/* More callers than cores (the process pinned to one core, with a server
+ * whose every call takes 100 us of CPU): a caller's spin for its reply sees
+ * its yields run other threads and sleeps instead (rpc_client.c, "Waiting
+ * for a reply"), and every caller still gets every reply, in step. */
+static void test_callers_outnumber_cores(void **state)
+{
+    enum { T = 6 };
+    cpu_set_t saved, one;
+    assert_int_equal(sched_getaffinity(0, sizeof(saved), &saved), 0);
+    int cpu = sched_getcpu();
+    CPU_ZERO(&one);
+    CPU_SET(cpu >= 0 ? cpu : 0, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        skip(); /* the threads started below inherit the mask */
+    moonlet_rpc_server *s = start_server();
+    pthread_t th[T];
+    burn_caller w[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (burn_caller){.port = moonlet_rpc_server_port(s), .index = i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, burn_caller_main, &w[i]), 0);
+    }
+    uint64_t contended = 0;
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].ok, 100);
+        contended += w[i].contended;
+    }
+    moonlet_rpc_server_destroy(s);
+    assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
+    assert_true(contended > 0);
+}
+
 static void test_unknown_method_keeps_connection(void **state)
 {
     moonlet_rpc_server *s = start_server();
@@ -503,52 +580,53 @@ static void test_unknown_method_keeps_connection(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+/* The server answered the request sent on fd with INVALID_PARAMS for
+ * request id `id` (0: none could be read), closed the connection, and still
+ * serves others. */
+static void assert_refused_and_closed(const moonlet_rpc_server *s, int fd, uint64_t id)
+{
+    raw_expect_reply(fd, id, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+}
+
 static void test_malformed_input(void **state)
 {
     moonlet_rpc_server *s = start_server();
     uint16_t port = moonlet_rpc_server_port(s);
 
-    int fd = raw_connect(port); /* oversized length header */
-    raw_send(fd, "\x7f\xff\xff\xff", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
+    /* Each refused, its connection closed (assert_refused_and_closed). */
+    static const struct {
+        const char *bytes; /* sent as they are, or as one frame's body */
+        size_t len;
+        bool framed;
+        uint64_t id;
+    } bad[] = {
+        {"\x7f\xff\xff\xff", 4, false, 0},               /* oversized length header */
+        {"\0\0\0\0", 4, false, 0},                       /* zero length */
+        {"\xc1\xc1\xc1\xc1", 4, true, 0},                /* garbage body */
+        {"\x93\x05\x02\xdd\xff\xff\xff\xff", 8, true, 5}, /* huge declared array, tiny body */
+    };
+    static const struct {
+        body_fn body;
+        uint64_t id;
+    } bad_packed[] = {{body_wrong_method_type, 7}, {body_args_not_array, 9}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int fd = raw_connect(port);
+        if (bad[i].framed)
+            raw_send_frame(fd, bad[i].bytes, (uint32_t)bad[i].len);
+        else
+            raw_send(fd, bad[i].bytes, bad[i].len);
+        assert_refused_and_closed(s, fd, bad[i].id);
+    }
+    for (size_t i = 0; i < sizeof(bad_packed) / sizeof(bad_packed[0]); i++) {
+        int fd = raw_connect(port);
+        raw_send_packed(fd, bad_packed[i].body);
+        assert_refused_and_closed(s, fd, bad_packed[i].id);
+    }
 
-    fd = raw_connect(port); /* zero length */
-    raw_send(fd, "\0\0\0\0", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* garbage body */
-    raw_send_frame(fd, "\xc1\xc1\xc1\xc1", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* huge declared array, tiny body */
-    raw_send_frame(fd, "\x93\x05\x02\xdd\xff\xff\xff\xff", 8);
-    raw_expect_reply(fd, 5, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* wrong types: method is a string */
-    raw_send_packed(fd, body_wrong_method_type);
-    raw_expect_reply(fd, 7, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* args not an array */
-    raw_send_packed(fd, body_args_not_array);
-    raw_expect_reply(fd, 9, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* a good request, then a bad header, in one write */
+    int fd = raw_connect(port); /* a good request, then a bad header, in one write */
     moonlet_frame_builder b;
     moonlet_frame_builder_init(&b);
     body_echo_id1(moonlet_frame_begin(&b));
@@ -557,9 +635,7 @@ static void test_malformed_input(void **state)
     raw_send(fd, b.buf.data, b.buf.size);
     moonlet_frame_builder_destroy(&b);
     raw_expect_reply(fd, 1, 0);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
+    assert_refused_and_closed(s, fd, 0);
 
     fd = raw_connect(port); /* truncated frame, then the peer stops sending */
     raw_send(fd, "\0\0\0\x64\x93\x05", 6);
@@ -678,32 +754,20 @@ static void auth_failures(const moonlet_rpc_server *s)
     }
 }
 
-/* Runs auth_failures() with stderr captured; returns what was logged. */
-static char *capture_auth_failures(const moonlet_rpc_server *s)
+typedef struct auth_run {
+    const moonlet_rpc_server *s;
+    bool closed;
+} auth_run;
+
+/* auth_failures(), then a wait until the server has closed every
+ * connection: the refusals were logged before their replies, so its last
+ * lines have landed once it has. */
+static void run_auth_failures(void *arg)
 {
-    char path[] = "/tmp/moonlet-test-log-XXXXXX";
-    int tmp = mkstemp(path);
-    assert_true(tmp >= 0);
-    unlink(path);
-    int saved = dup(STDERR_FILENO);
-    assert_true(saved >= 0);
-    dup2(tmp, STDERR_FILENO);
+    auth_run *r = arg;
     g_auth_failed_line = 0;
-    auth_failures(s);
-    /* the refusals were logged before their replies; wait until the server
-     * has closed every connection too, so its last lines land in the file */
-    bool closed = wait_conns(s, 0);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    if (g_auth_failed_line != 0)
-        fail_msg("auth check at line %d failed", g_auth_failed_line);
-    assert_true(closed);
-    off_t n = lseek(tmp, 0, SEEK_END);
-    char *text = calloc(1, (size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(pread(tmp, text, (size_t)n, 0), n);
-    close(tmp);
-    return text;
+    auth_failures(r->s);
+    r->closed = wait_conns(r->s, 0);
 }
 
 static void test_auth(void **state)
@@ -714,8 +778,12 @@ static void test_auth(void **state)
     moonlet_rpc_server *s = start_opts(&o);
     int level = moonlet_log_get_level();
     moonlet_log_set_level(MOONLET_LOG_DEBUG);
-    char *log = capture_auth_failures(s);
+    auth_run run = {.s = s};
+    char *log = capture_stderr(run_auth_failures, &run);
     moonlet_log_set_level(level);
+    if (g_auth_failed_line != 0)
+        fail_msg("auth check at line %d failed", g_auth_failed_line);
+    assert_true(run.closed);
     assert_non_null(strstr(log, "authentication failed"));
     assert_null(strstr(log, "s3cret")); /* neither the token nor the guesses */
     free(log);
@@ -895,11 +963,7 @@ static void test_large_frames(void **state)
     msgpack_pack_bin_body(pk, blob, SIZE);
     moonlet_reply rep;
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
-    const char *p;
-    uint32_t len;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &p, &len), 0);
-    assert_int_equal(len, SIZE);
-    assert_memory_equal(p, blob, SIZE);
+    assert_wire_bytes(rep.result, 0, blob, SIZE);
     moonlet_reply_destroy(&rep);
     free(blob);
     assert_int_equal(call_add(c, 1, 2), 3);
@@ -1213,6 +1277,7 @@ int main(void)
         cmocka_unit_test(test_backpressure),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_busy_poll),
+        cmocka_unit_test(test_callers_outnumber_cores),
         cmocka_unit_test(test_connect_failures),
         cmocka_unit_test(test_rpc_error_helper),
         cmocka_unit_test(test_pre_auth_frame_limit),

@@ -14,7 +14,9 @@
  *                   a get of it (a moonlet_client per thread);
  *   redis_setget  - SET then GET of a 4 KiB value.
  * Reported per N and system: keys/s (exist) or operations/s (put+get: every
- * put and every get is one operation), and the p50/p99 of each call.
+ * put and every get is one operation), and the p50/p99 of each call; per N
+ * also the host's 1-minute load average, since other work on the host sets
+ * both systems' tails.
  * --plot runs tools/bench/plot_load.py with /usr/bin/python3.
  *
  * Redis speaks RESP; the few commands here need no client library, so a
@@ -418,6 +420,20 @@ static int run_phase(const load_cfg *cfg, int phase, int n, int round, phase_res
 
 /* ---- setup -------------------------------------------------------------------------- */
 
+/* The 1-minute load average (/proc/loadavg), or -1: the host's other work
+ * sets the tail latencies of both systems, so the report carries it. */
+static double load_average(void)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    double v = -1;
+    if (f) {
+        if (fscanf(f, "%lf", &v) != 1)
+            v = -1;
+        fclose(f);
+    }
+    return v;
+}
+
 static int fill_moonlet(const char *addr)
 {
     moonlet_master_client *mc;
@@ -579,6 +595,7 @@ int bench_load_main(int argc, char **argv)
             }
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "clients", n);
+        cJSON_AddNumberToObject(row, "load_average", load_average());
         for (int ph = 0; ph < NPHASES; ph++) {
             cJSON *p = cJSON_AddObjectToObject(row, PHASE_NAMES[ph]);
             bool exist = ph == PH_MOON_EXIST || ph == PH_REDIS_EXISTS;
