@@ -525,6 +525,11 @@ void repair_note_locked(moonlet_master *m, const struct mobj *o);
 /* Background work: times out jobs, starts queued ones within the limits.
  * Takes repair_mu, then (without it) the guard shared and one shard lock at
  * a time. */
+/* Snapshot (snapshot.c): a QUAR record for each running job's target range,
+ * as repair.c's repl_hold_target emitted it.  Takes repair_mu, then
+ * registry.mu (not nested). */
+void repair_snapshot_targets(moonlet_master *m,
+                             void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
 void repair_tick(moonlet_master *m);
 /* Readable replicas of o not on a draining segment. */
 uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o);

@@ -242,6 +242,27 @@ static void release_target(moonlet_master *m, const struct rjob *j)
                          j->deadline_ns + m->quarantine_grace_ns);
 }
 
+/* A hot standby learns only that the job's target range is taken: a QUAR
+ * record holding it until the job's deadline plus the quarantine grace (the
+ * longest the leader keeps it for a job that fails).  The copied replica
+ * itself is not replicated, so after a failover the object has the replicas
+ * the standby knew (fewer, never wrong ones), and the new leader cannot
+ * place a put where a copy of the old leader's may still be writing.
+ * RepairFetch waits for the standby's ack (service.c, is_write), so no node
+ * writes before the standby holds the range.  Under the shard lock, after
+ * the allocator took the range (master.h: the records' order). */
+static void repl_hold_target(moonlet_master *m, const struct rjob *j, uint64_t now)
+{
+    if (!repl_on(m))
+        return;
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = j->size, .nrep = 1};
+    rec.rep_seg[0] = MOONLET_STR(reg_seg(&m->reg, j->target.seg)->id);
+    rec.rep_off[0] = j->target.offset;
+    uint64_t until = j->deadline_ns + m->quarantine_grace_ns;
+    rec.free_ms = until > now ? (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS : 0;
+    repl_emit(m, &rec);
+}
+
 enum { START_OK, START_DROP, START_RETRY };
 
 /* Starts the repair of one queued object: reserves the target and records
@@ -292,6 +313,8 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
             pthread_mutex_unlock(&r->mu);
             if (res != START_OK)
                 registry_release_gen(m, j.hash, j.size, &j.target, j.gen, 0);
+            else
+                repl_hold_target(m, &j, now);
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -657,4 +680,39 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st)
     st->repairs_retried = atomic_load(&r->retried);
     st->repairs_dropped = atomic_load(&r->dropped);
     st->repair_bytes = atomic_load(&r->bytes);
+}
+
+void repair_snapshot_targets(moonlet_master *m,
+                             void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg)
+{
+    struct repair_state *r = m->repair;
+    if (!r)
+        return;
+    /* repair_mu is a leaf: copy the running jobs, then emit under registry.mu */
+    pthread_mutex_lock(&r->mu);
+    uint32_t n = r->nrun;
+    struct rjob *jobs = n ? malloc(n * sizeof(*jobs)) : NULL;
+    if (jobs)
+        memcpy(jobs, r->run, n * sizeof(*jobs));
+    pthread_mutex_unlock(&r->mu);
+    if (n && !jobs) {
+        ML_ERR("master", "out of memory: a snapshot misses %u repair targets", n);
+        return;
+    }
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&m->reg.mu);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct mseg *sg = reg_seg(&m->reg, jobs[i].target.seg);
+        uint64_t until = jobs[i].deadline_ns + m->quarantine_grace_ns;
+        if (!sg || atomic_load(&sg->state) != SEG_MOUNTED || until <= now)
+            continue;
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = jobs[i].size, .nrep = 1,
+                                .free_ms = (until - now + MOONLET_NS_PER_MS - 1) /
+                                           MOONLET_NS_PER_MS};
+        rec.rep_seg[0] = MOONLET_STR(sg->id);
+        rec.rep_off[0] = jobs[i].target.offset;
+        emit(arg, &rec);
+    }
+    pthread_mutex_unlock(&m->reg.mu);
+    free(jobs);
 }

@@ -892,6 +892,7 @@ static bool is_write(uint32_t id)
     case MOONLET_M_REMOVE:
     case MOONLET_M_REMOVE_ALL:
     case MOONLET_M_PUT_REPLACE_REPLICA:
+    case MOONLET_M_REPAIR_FETCH: /* the targets' QUAR records (repair.c) */
         return true;
     default:
         return false;

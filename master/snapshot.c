@@ -91,6 +91,7 @@ void moonlet_master_snapshot(moonlet_master *m,
         }
     }
     pthread_mutex_unlock(&r->mu);
+    repair_snapshot_targets(m, emit, arg);
     pthread_rwlock_rdlock(&m->guard);
     struct snap_args a = {emit, arg};
     shards_foreach(m, snap_visit, &a);

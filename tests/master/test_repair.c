@@ -574,6 +574,73 @@ static void test_undrain(void **state)
     moonlet_clock_set_fake(0);
 }
 
+/* With a hot standby (cfg.repl_emit), a job's target range goes out as a
+ * QUAR record held until the job's deadline plus the quarantine grace, and
+ * a snapshot taken while the job runs holds it too: a standby promoted
+ * meanwhile never places a put where the old leader's copy may still be
+ * writing.  The snapshot after RepairDone no longer names it. */
+struct quars {
+    uint32_t n;
+    char seg[8][32];
+    uint64_t size[8], free_ms[8];
+};
+
+static void quar_capture(void *arg, const moonlet_repl_rec *rec)
+{
+    struct quars *q = arg;
+    if (rec->type != MOONLET_REPL_QUAR || q->n == 8)
+        return;
+    snprintf(q->seg[q->n], sizeof(q->seg[0]), "%.*s", (int)rec->rep_seg[0].len,
+             rec->rep_seg[0].ptr);
+    q->size[q->n] = rec->size;
+    q->free_ms[q->n++] = rec->free_ms;
+}
+
+static void test_standby_holds_target(void **state)
+{
+    (void)state;
+    struct quars stream = {0};
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 16;
+    cfg.background = false;
+    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
+    cfg.repair_timeout_ms = 5000;
+    cfg.put_quarantine_grace_ms = 2000;
+    cfg.repl_emit = quar_capture;
+    cfg.repl_arg = &stream;
+    moonlet_clock_set_fake(FIX_T0);
+    moonlet_master *m = NULL;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "d", "10.0.0.4:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    assert_int_equal(stream.n, 0);
+    moonlet_master_tick(m);
+    assert_int_equal(stream.n, 1);
+    assert_string_equal(stream.seg[0], "d");
+    assert_int_equal(stream.size[0], 1000);
+    assert_int_equal(stream.free_ms[0], 5000 + 2000);
+
+    struct quars snap = {0};
+    moonlet_master_snapshot(m, quar_capture, &snap);
+    assert_int_equal(snap.n, 1);
+    assert_string_equal(snap.seg[0], "d");
+    assert_int_equal(snap.free_ms[0], 5000 + 2000);
+
+    struct jobs js;
+    assert_int_equal(fetch(m, "d", &js), 1);
+    assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_OK);
+    memset(&snap, 0, sizeof(snap));
+    moonlet_master_snapshot(m, quar_capture, &snap);
+    assert_int_equal(snap.n, 0);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -587,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_target_unmounted),
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_undrain),
+        cmocka_unit_test(test_standby_holds_target),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
