@@ -25,14 +25,22 @@ struct snap_args {
     void *arg;
 };
 
-static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *varg)
+void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep *skip,
+                      void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg)
 {
-    (void)s;
-    struct snap_args *a = varg;
-    if (o->nrep == 0)
-        return true; /* nothing readable nor writable is left of it */
     moonlet_repl_rec rec;
     repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
+    if (skip) { /* leave one replica out (repair.c: the standby holds it as QUAR) */
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < rec.nrep; k++)
+            if (!(mobj_creps(o)[k].seg == skip->seg && mobj_creps(o)[k].offset == skip->offset)) {
+                rec.rep_seg[n] = rec.rep_seg[k];
+                rec.rep_off[n++] = rec.rep_off[k];
+            }
+        rec.nrep = n;
+    }
+    if (rec.nrep == 0)
+        return;
     char name[MOONLET_MAX_ID_BYTES + 1];
     name[0] = 0;
     uint32_t len = 0;
@@ -47,12 +55,20 @@ static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void 
     rec.tenant = (moonlet_str){name, len};
     uint8_t flags = rec.flags;
     rec.flags &= (uint8_t)~MOONLET_REPL_FLAG_CHECKSUM;
-    a->emit(a->arg, &rec);
+    emit(arg, &rec);
     if (o->state == OBJ_COMPLETE) {
         rec.type = MOONLET_REPL_SEAL;
         rec.flags = flags;
-        a->emit(a->arg, &rec);
+        emit(arg, &rec);
     }
+}
+
+static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *varg)
+{
+    (void)s;
+    struct snap_args *a = varg;
+    if (o->nrep) /* else nothing readable nor writable is left of it */
+        repl_object_send(m, o, NULL, a->emit, a->arg);
     return true;
 }
 

@@ -641,6 +641,71 @@ static void test_standby_holds_target(void **state)
     moonlet_clock_set_fake(0);
 }
 
+/* A drain swaps a replica: the standby is told, before the old range is
+ * freed, to forget the object (DROP, nothing held), hold the old range
+ * while a reader may read it (QUAR) and take the object again
+ * without the swapped-in replica (PLACE + SEAL on the surviving replica
+ * only), so it never keeps a replica on a range the leader may reuse. */
+struct recs {
+    uint32_t n;
+    uint8_t type[32];
+    uint32_t nrep[32];
+    char seg0[32][32];
+};
+
+static void rec_capture(void *arg, const moonlet_repl_rec *rec)
+{
+    struct recs *r = arg;
+    if (r->n == 32)
+        return;
+    r->type[r->n] = rec->type;
+    r->nrep[r->n] = rec->nrep;
+    snprintf(r->seg0[r->n], sizeof(r->seg0[0]), "%.*s",
+             rec->nrep ? (int)rec->rep_seg[0].len : 0, rec->nrep ? rec->rep_seg[0].ptr : "");
+    r->n++;
+}
+
+static void test_standby_told_of_drain_swap(void **state)
+{
+    (void)state;
+    struct recs rs = {0};
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 16;
+    cfg.background = false;
+    cfg.lease_ttl_ms = 1000;
+    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
+    cfg.repair_timeout_ms = 5000;
+    cfg.repl_emit = rec_capture;
+    cfg.repl_arg = &rs;
+    moonlet_clock_set_fake(FIX_T0);
+    moonlet_master *m = NULL;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 1);
+    rs.n = 0;
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_OK);
+    assert_int_equal(listed(m, "k"), 2); /* on b and c now */
+    /* the job's lease on k ends at one lease TTL from now: a's range is
+     * held that long (a reader may hold it) */
+    assert_int_equal(rs.n, 4);
+    assert_int_equal(rs.type[0], MOONLET_REPL_DROP);
+    assert_int_equal(rs.type[1], MOONLET_REPL_QUAR);
+    assert_string_equal(rs.seg0[1], "a");
+    assert_int_equal(rs.type[2], MOONLET_REPL_PLACE);
+    assert_int_equal(rs.nrep[2], 1);
+    assert_string_equal(rs.seg0[2], "b");
+    assert_int_equal(rs.type[3], MOONLET_REPL_SEAL);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -655,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_drain),
         cmocka_unit_test(test_undrain),
         cmocka_unit_test(test_standby_holds_target),
+        cmocka_unit_test(test_standby_told_of_drain_swap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
