@@ -61,8 +61,8 @@ ETCD_PEER_PORT = 2380
 # etcd's raft timing: an election within about a second of losing its
 # leader, well inside the masters' window of TTL - margin after their last
 # keepalive (docs/deployment.md: the rule for production settings).
-ETCD_HEARTBEAT_MS = 50
-ETCD_ELECTION_MS = 500
+ETCD_HEARTBEAT_MS = 25
+ETCD_ELECTION_MS = 250
 
 # Until the replication stream lands (issue 14's second half) a new leader
 # starts empty: a put acknowledged before a failover reads back
@@ -158,7 +158,8 @@ class HaCluster(nc.Cluster):
                 "--initial-cluster", peers, "--initial-cluster-state", "new",
                 "--initial-cluster-token", self.tag,
                 "--heartbeat-interval", str(ETCD_HEARTBEAT_MS),
-                "--election-timeout", str(ETCD_ELECTION_MS)]
+                "--election-timeout", str(ETCD_ELECTION_MS),
+                "--logger", "zap", "--log-outputs", "stderr"]
         # etcd is no sanitized program: no LD_PRELOAD (the ASan runtime) for it
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         p = nc.Proc(host, self.ns(host), argv, self.logdir, env=env)
