@@ -42,6 +42,10 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->background = true;
     cfg->max_tenants = MOONLET_MAX_TENANTS;
     cfg->hard_pin_max_ratio = 0.5;
+    cfg->repair_bandwidth = 256ull << 20;
+    cfg->repair_concurrency = 16;
+    cfg->repair_timeout_ms = 30000;
+    cfg->repair_max_attempts = 5;
 }
 
 /* ---- tenants ---------------------------------------------------------------- */
@@ -228,6 +232,7 @@ void moonlet_master_tick(moonlet_master *m)
     if (atomic_load(&m->reg.quarantined) > 0)
         registry_quarantine_sweep(m);
     liveness_check(m);
+    repair_tick(m);
     /* After a mass removal, give the allocator's free memory back (the
      * object slab returns its empty chunks by itself). */
     uint64_t objs = atomic_load(&m->st.objects);
@@ -268,7 +273,10 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
         cfg->eviction_ratio > 1 || cfg->eviction_high_watermark < 0 ||
         cfg->eviction_high_watermark > 1 || cfg->background_interval_ms == 0 ||
         cfg->max_tenants == 0 || cfg->max_tenants > MOONLET_MAX_TENANTS ||
-        !(cfg->hard_pin_max_ratio >= 0 && cfg->hard_pin_max_ratio <= 1))
+        !(cfg->hard_pin_max_ratio >= 0 && cfg->hard_pin_max_ratio <= 1) ||
+        cfg->repair_bandwidth == 0 || cfg->repair_concurrency == 0 ||
+        cfg->repair_concurrency > 4096 || cfg->repair_timeout_ms == 0 ||
+        cfg->repair_timeout_ms > 3600000 || cfg->repair_max_attempts == 0)
         return MOONLET_ERR_INVALID_PARAMS;
 
     moonlet_master *m = calloc(1, sizeof(*m));
@@ -302,7 +310,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
 
     m->slab = moonlet_objslab_create(sizeof(struct mobj) + mobj_key_span(MOONLET_MAX_KEY_BYTES) +
                                      MOONLET_MAX_REPLICAS * sizeof(struct mrep));
-    if (!m->slab || shards_init(m) != MOONLET_OK) {
+    if (!m->slab || shards_init(m) != MOONLET_OK || repair_init(m) != MOONLET_OK) {
         moonlet_master_destroy(m);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
@@ -339,6 +347,7 @@ void moonlet_master_destroy(moonlet_master *m)
     hmap_free(&m->tenants.by_name);
     pthread_rwlock_destroy(&m->tenants.lock);
     unmounts_destroy(m);
+    repair_destroy(m);
     pthread_mutex_destroy(&m->unmount_mu);
     pthread_rwlock_destroy(&m->guard);
     pthread_mutex_destroy(&m->evict_mu);
@@ -397,6 +406,7 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->quarantined = atomic_load(&m->reg.quarantined);
     st->hard_pinned = atomic_load(&s->hard_pinned);
     st->hard_pinned_bytes = atomic_load(&s->hard_pinned_bytes);
+    repair_stats(m, st);
     st->capacity = atomic_load(&m->reg.capacity);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);

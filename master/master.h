@@ -54,6 +54,13 @@ typedef struct moonlet_master_config {
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
     double hard_pin_max_ratio;        /* hard-pinned bytes (size x replicas) at most this
                                        * share of the capacity (0.5); 0: no hard pins */
+    /* Re-replication (repair.c): bytes per second handed to repair copies
+     * (256 MiB/s), copies in flight at once (16), how long a node has to
+     * finish one (30000 ms) and how many attempts an object gets (5). */
+    uint64_t repair_bandwidth;
+    uint32_t repair_concurrency;
+    uint64_t repair_timeout_ms;
+    uint32_t repair_max_attempts;
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, and by ProbeResume before each candidate's
      * validation, with no master lock held. */
@@ -267,6 +274,45 @@ uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
 /* One pass of the background work: watermark eviction, put timeouts, liveness. */
 void moonlet_master_tick(moonlet_master *m);
 
+/* ---- re-replication (repair.c) ------------------------------------------ */
+
+/*
+ * When a segment leaves (liveness, unmount, drain), each sealed object left
+ * with fewer readable replicas than it was put with is queued.  The master
+ * reserves a range for the missing replica on another host (a job); the
+ * target node fetches its jobs (RepairFetch), reads the bytes from a
+ * surviving replica over the data plane, checks the checksum PutEnd
+ * recorded, writes them into its segment and reports (RepairDone).  Only
+ * then does the new replica join the object and become readable.
+ */
+typedef struct moonlet_repair_job_view {
+    uint64_t job_id;
+    uint64_t size;
+    bool has_checksum;
+    uint64_t checksum;
+    /* The range to fill, with its write capability (has_cap) and the ms
+     * left until the job's deadline (put_ttl_ms). */
+    const moonlet_replica_view *target;
+    const moonlet_replica_view *sources; /* readable replicas to copy from */
+    uint32_t nsources;
+} moonlet_repair_job_view;
+
+/* Hands the jobs whose target is one of client_id's segments (at most max)
+ * to visit, which runs under the master's locks.  ILLEGAL_CLIENT as Ping. */
+int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                                uint32_t max,
+                                void (*visit)(void *arg, const moonlet_repair_job_view *j),
+                                void *arg);
+/* The outcome of a job (code 0: the target range holds the verified bytes).
+ * OBJECT_NOT_FOUND when the job is unknown (timed out, or the object went). */
+int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                               uint64_t job_id, int32_t code, uint64_t bytes);
+/* Drains (drain true) or undrains the segments named `target`: a segment
+ * id, a segment name, an endpoint or the client id of the node holding them.  A draining
+ * segment takes no new replica and its objects are re-replicated elsewhere.
+ * *segments (optional): how many segments changed.  SEGMENT_NOT_FOUND. */
+int moonlet_master_drain(moonlet_master *m, moonlet_str target, bool drain, uint32_t *segments);
+
 /* ---- inspection -------------------------------------------------------- */
 
 typedef struct moonlet_segment_view {
@@ -281,6 +327,7 @@ typedef struct moonlet_segment_view {
     uint64_t used;
     uint64_t objects;
     uint64_t last_ping_age_ms;
+    bool draining;               /* moonlet_master_drain: objects leave, no new put lands */
 } moonlet_segment_view;
 
 /* Every mounted segment (in pages internally: the registry lock is never
@@ -366,6 +413,12 @@ typedef struct moonlet_master_stats {
     uint64_t hard_pinned;       /* hard-pinned objects (puts in progress included) */
     uint64_t hard_pinned_bytes; /* their size x replicas: never evictable */
     uint64_t put_replacements;  /* replicas replaced by PutReplaceReplica */
+    /* Re-replication (repair.c) */
+    uint64_t under_replicated;  /* objects queued or being repaired */
+    uint64_t repairs_queued;    /* waiting for a target (backoff included) */
+    uint64_t repairs_running;   /* handed to a target node, not done */
+    uint64_t repairs_done, repairs_failed, repairs_retried, repairs_dropped;
+    uint64_t repair_bytes;      /* bytes copied by finished repairs */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

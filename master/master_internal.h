@@ -11,6 +11,8 @@
  *   2. shard locks         - several at once only in ascending shard index
  *   3. registry.mu         - segment registry, allocators and client table
  *   -  tenants.lock        - leaf lock; never held while taking another
+ *   -  repair_mu           - repair.c's queue; a leaf like tenants.lock
+ *                            (taken under a shard lock, never the reverse)
  *
  * Invariant that lets readers skip the registry lock: a replica only ever
  * names a slot that is MOUNTED or UNMOUNTING, never a FREE one.  Unmount
@@ -163,6 +165,12 @@ struct mseg {
      * after its put deadline + the grace (unsorted). */
     struct quarantined *quar;
     uint32_t nquar, quar_cap;
+    /* repair.c: set at mount from registry.next_gen, so a repair job that
+     * holds a range here knows the slot was not retired and reused since. */
+    uint64_t gen;
+    /* Draining (moonlet_master_drain): placement skips it, and its replicas
+     * count as leaving, so repair copies its objects elsewhere. */
+    _Atomic bool draining;
 };
 
 /* A range held back from the allocator until `until_ns`. */
@@ -219,6 +227,7 @@ struct registry {
     struct hmap client_by_id;                /* used client id -> index */
     struct hmap by_session;                  /* bound session -> client indexes (several) */
     uint32_t rr;                             /* round-robin start for placement */
+    uint64_t next_gen;                       /* mseg.gen of the next mount */
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
     _Atomic uint64_t used;                   /* allocated + quarantined bytes */
     _Atomic uint64_t quarantined;            /* bytes in quarantine (part of used) */
@@ -285,6 +294,8 @@ struct moonlet_master {
     struct registry reg;
     struct mstats st;
     moonlet_objslab *slab;          /* object metadata memory (leaf lock) */
+
+    struct repair_state *repair;    /* repair.c: re-replication queue (repair_mu inside) */
 
     pthread_t bg;
     bool bg_started;
@@ -448,6 +459,54 @@ void liveness_check(moonlet_master *m);
 /* Unmounts still in progress (takes unmount_mu). */
 uint32_t unmounts_pending(moonlet_master *m);
 void unmounts_destroy(moonlet_master *m);
+
+/* ---- segment.c, for repair.c ---------------------------------------------- */
+/* Reserves a range of `size` for one more replica of an object whose
+ * replicas are reps[0..nrep): on a mounted, not draining segment other than
+ * theirs, on a host (the endpoint without its port) other than those of its
+ * replicas on segments that are not draining - or, when no such segment has
+ * room, on any other segment (PutStart's rule: a single-host cluster).  Records `hash` in the
+ * segment's index; *gen gets the segment's generation.  Caller holds the
+ * guard shared (and the shard lock); takes registry.mu.
+ * NO_AVAILABLE_HANDLE when no segment qualifies. */
+int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                                const struct mrep *reps, uint32_t nrep, struct mrep *out,
+                                uint64_t *gen);
+/* registry_release of one range, only when its segment still is the
+ * generation `gen` (not retired, maybe reused, since).  Takes registry.mu. */
+void registry_release_gen(moonlet_master *m, uint64_t hash, uint64_t size, const struct mrep *rep,
+                          uint64_t gen, uint64_t until_ns);
+/* Whether slot is MOUNTED with generation gen (takes registry.mu). */
+bool registry_slot_live(moonlet_master *m, uint32_t slot, uint64_t gen);
+/* The client's mounted slots (up to max), authorizing the call as Ping does
+ * (session 0: trusted).  Takes registry.mu. */
+int registry_client_slots(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                          uint32_t *slots, uint32_t max, uint32_t *n);
+/* Sets or clears the drain mark of every mounted segment whose id, name,
+ * endpoint or client id is target; appends the object hashes of those it starts
+ * draining to *hashes (malloc'd, the caller frees).  SEGMENT_NOT_FOUND when
+ * none matches.  Takes registry.mu. */
+int registry_drain(moonlet_master *m, moonlet_str target, bool on, uint64_t **hashes,
+                   uint32_t *nhashes, uint32_t *nsegs);
+static inline bool seg_draining(const moonlet_master *m, uint32_t slot)
+{
+    return atomic_load(&reg_seg(&m->reg, slot)->draining);
+}
+
+/* ---- repair.c ------------------------------------------------------------- */
+int repair_init(moonlet_master *m);
+void repair_destroy(moonlet_master *m);
+/* Notes that the object (its shard lock held) may have fewer readable
+ * replicas than it was put with: queues its repair.  Takes repair_mu. */
+void repair_note_locked(moonlet_master *m, const struct mobj *o);
+/* Background work: times out jobs, starts queued ones within the limits.
+ * Takes repair_mu, then (without it) the guard shared and one shard lock at
+ * a time. */
+void repair_tick(moonlet_master *m);
+/* Readable replicas of o not on a draining segment. */
+uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o);
+/* The repair counters of moonlet_master_get_stats (takes repair_mu). */
+void repair_stats(moonlet_master *m, moonlet_master_stats *st);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */

@@ -136,6 +136,22 @@ static const moonlet_rpc_arg put_replace_args[] = {
      .elem_max = ID_MAX},
 };
 
+static const moonlet_rpc_arg repair_fetch_args[] = {
+    {ARG(moonlet_args_repair_fetch, client_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_repair_fetch, max_jobs, U64, OPT), .max = 64},
+};
+
+static const moonlet_rpc_arg repair_done_args[] = {
+    {ARG(moonlet_args_repair_done, client_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_repair_done, job_id, U64, 0)},
+    {ARG(moonlet_args_repair_done, error, U64, 0), .max = 100000},
+    {ARG(moonlet_args_repair_done, bytes, U64, OPT)},
+};
+
+static const moonlet_rpc_arg drain_args[] = {
+    {ARG(moonlet_args_drain, target, STR, 0), .max = MOONLET_MAX_ENDPOINT_BYTES},
+};
+
 #define SPEC(name, T, arr) static const moonlet_rpc_args_spec name = MOONLET_RPC_SPEC(T, arr, false)
 SPEC(s_auth, moonlet_args_key, auth_args);
 SPEC(s_ping, moonlet_args_ping, ping_args);
@@ -153,6 +169,9 @@ SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 SPEC(s_put_replace, moonlet_args_put_replace, put_replace_args);
+SPEC(s_repair_fetch, moonlet_args_repair_fetch, repair_fetch_args);
+SPEC(s_repair_done, moonlet_args_repair_done, repair_done_args);
+SPEC(s_drain, moonlet_args_drain, drain_args);
 static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
 static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
 
@@ -179,6 +198,10 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_BIND_CLIENT, "BindClient", &s_bind},
     {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume},
     {MOONLET_M_PUT_REPLACE_REPLICA, "PutReplaceReplica", &s_put_replace},
+    {MOONLET_M_REPAIR_FETCH, "RepairFetch", &s_repair_fetch},
+    {MOONLET_M_REPAIR_DONE, "RepairDone", &s_repair_done},
+    {MOONLET_M_DRAIN, "Drain", &s_drain},
+    {MOONLET_M_UNDRAIN, "Undrain", &s_drain},
     {MOONLET_M_HELLO, "Hello", &s_any},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);

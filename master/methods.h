@@ -44,7 +44,10 @@ enum moonlet_method {
     MOONLET_M_BIND_CLIENT = 20,
     MOONLET_M_PROBE_RESUME = 21,
     MOONLET_M_PUT_REPLACE_REPLICA = 22,
-    /* 23..27: reserved for issue 16 (re-replication, drain) */
+    MOONLET_M_REPAIR_FETCH = 23,
+    MOONLET_M_REPAIR_DONE = 24,
+    MOONLET_M_DRAIN = 25,
+    MOONLET_M_UNDRAIN = 26,
     MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
     MOONLET_M__COUNT
 };
@@ -153,6 +156,25 @@ typedef struct {
     moonlet_str segment_id;      /* the replica whose write failed */
     moonlet_strv excluded_segments; /* optional: segments already seen failing for this put */
 } moonlet_args_put_replace;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str client_id;
+    uint64_t max_jobs; /* optional; 0: 16 */
+} moonlet_args_repair_fetch;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str client_id;
+    uint64_t job_id;
+    uint64_t error; /* 0: done; else the failure's moonlet error code, negated (positive) */
+    uint64_t bytes; /* optional: bytes written */
+} moonlet_args_repair_done;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str target; /* segment id, segment name (client id) or endpoint */
+} moonlet_args_drain;
 
 /* The table, in id order (AUTH included, with its one argument). */
 extern const moonlet_rpc_method_decl moonlet_master_methods[];

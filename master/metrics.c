@@ -129,6 +129,22 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
               "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.",
               st->probe_lock_hold_max_ns);
 
+    /* Re-replication (master/repair.c) */
+    gauge(f, "moonlet_under_replicated_objects",
+          "Objects with fewer live replicas than they were put with, queued or being repaired.",
+          st->under_replicated);
+    gauge(f, "moonlet_repairs_queued", "Repairs waiting for a target (backoff included).",
+          st->repairs_queued);
+    gauge(f, "moonlet_repairs_running", "Repairs handed to a target node and not reported.",
+          st->repairs_running);
+    family(f, "moonlet_repairs_total", "counter", "Repair attempts by outcome.");
+    sample(f, "moonlet_repairs_total", "{outcome=\"done\"}", st->repairs_done);
+    sample(f, "moonlet_repairs_total", "{outcome=\"retried\"}", st->repairs_retried);
+    sample(f, "moonlet_repairs_total", "{outcome=\"failed\"}", st->repairs_failed);
+    sample(f, "moonlet_repairs_total", "{outcome=\"dropped\"}", st->repairs_dropped);
+    counter(f, "moonlet_repair_bytes_total", "Bytes copied by finished repairs.",
+            st->repair_bytes);
+
     /* ProbeResume (master/probe_resume.c) */
     counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
             st->resume_calls);

@@ -294,6 +294,8 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     /* A put whose every replica was lost in flight leaves nothing readable. */
     if (o->nrep == 0)
         object_destroy_locked(m, s, o);
+    else /* one lost in flight, or on a segment draining meanwhile: repair.c */
+        repair_note_locked(m, o);
     return MOONLET_OK;
 }
 

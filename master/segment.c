@@ -435,7 +435,8 @@ static uint32_t slot_alloc_locked(struct registry *r)
 static void avail_add_locked(struct registry *r, uint32_t slot)
 {
     struct mseg *s = reg_seg(r, slot);
-    if (s->avail_pos != SLOT_NONE || atomic_load(&s->state) != SEG_MOUNTED)
+    if (s->avail_pos != SLOT_NONE || atomic_load(&s->state) != SEG_MOUNTED ||
+        atomic_load(&s->draining))
         return;
     if (u32_push(&r->avail, &r->navail, &r->avail_cap, slot))
         s->avail_pos = r->navail - 1;
@@ -562,6 +563,8 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
         memcpy(s->write_key, d->write_key, sizeof(s->write_key));
     atomic_store(&s->clock_offset_ms, s->has_key ? clock_offset_bound(d->node_clock_ms) : 0);
     s->nquar = 0;
+    s->gen = ++r->next_gen;
+    atomic_store(&s->draining, false);
     s->client = cidx;
     s->cprev = SLOT_NONE;
     s->cnext = c->first_seg;
@@ -747,7 +750,7 @@ static int place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint
                            struct mrep *reps, uint32_t placed)
 {
     struct mseg *s = reg_seg(r, slot);
-    if (!s || atomic_load(&s->state) != SEG_MOUNTED)
+    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
         return PLACE_SKIP;
     for (uint32_t k = 0; k < placed; k++)
         if (reps[k].seg == slot)
@@ -903,33 +906,205 @@ int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint3
     return registry_place_preferred_locked(m, hash, size, nrep, NULL, 0, reps);
 }
 
+/* One range back (or into quarantine until until_ns).  registry.mu held. */
+static void release_one_locked(struct registry *r, uint64_t hash, uint64_t len,
+                               const struct mrep *rp, uint64_t until_ns)
+{
+    uint32_t slot = rp->seg;
+    struct mseg *s = reg_seg(r, slot);
+    if (!s || !s->alloc)
+        return;
+    s->objects--;
+    ix_del_locked(s, hash);
+    /* Quarantined bytes stay in `used`: they are not allocatable. */
+    if (until_ns && quarantine_add_locked(r, s, rp->offset, len, until_ns))
+        return;
+    if (until_ns) /* out of memory for the list: keep the range for good */
+        ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
+               "); it stays allocated", s->id, rp->offset, len);
+    else if (moonlet_alloc_release(s->alloc, rp->offset, len) == MOONLET_OK) {
+        atomic_fetch_sub(&r->used, len);
+        avail_add_locked(r, slot);
+    } else
+        ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
+               s->id, rp->offset, len);
+}
+
 void registry_release(moonlet_master *m, uint64_t hash, uint64_t size, const struct mrep *reps,
                       uint32_t nrep, uint64_t until_ns)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
     pthread_mutex_lock(&r->mu);
+    for (uint32_t k = 0; k < nrep; k++)
+        release_one_locked(r, hash, len, &reps[k], until_ns);
+    pthread_mutex_unlock(&r->mu);
+}
+
+void registry_release_gen(moonlet_master *m, uint64_t hash, uint64_t size, const struct mrep *rep,
+                          uint64_t gen, uint64_t until_ns)
+{
+    struct registry *r = &m->reg;
+    pthread_mutex_lock(&r->mu);
+    struct mseg *s = reg_seg(r, rep->seg);
+    if (s && atomic_load(&s->state) != SEG_FREE && s->gen == gen)
+        release_one_locked(r, hash, moonlet_alloc_rounded(size ? size : 1), rep, until_ns);
+    pthread_mutex_unlock(&r->mu);
+}
+
+bool registry_slot_live(moonlet_master *m, uint32_t slot, uint64_t gen)
+{
+    struct registry *r = &m->reg;
+    pthread_mutex_lock(&r->mu);
+    struct mseg *s = slot < r->nslots ? reg_seg(r, slot) : NULL;
+    bool live = s && atomic_load(&s->state) == SEG_MOUNTED && s->gen == gen;
+    pthread_mutex_unlock(&r->mu);
+    return live;
+}
+
+/* The host part of an endpoint "host:port" / "[v6]:port" (its length). */
+static size_t endpoint_host_len(const char *ep)
+{
+    const char *c = strrchr(ep, ':');
+    return c ? (size_t)(c - ep) : strlen(ep);
+}
+
+static bool same_host(const char *a, const char *b)
+{
+    size_t la = endpoint_host_len(a), lb = endpoint_host_len(b);
+    return la == lb && memcmp(a, b, la) == 0;
+}
+
+/* Whether slot may take one more replica of the object (see
+ * registry_place_extra_locked).  registry.mu held. */
+static bool extra_ok_locked(const struct registry *r, uint32_t slot, const struct mrep *reps,
+                            uint32_t nrep, bool other_host)
+{
+    const struct mseg *s = reg_seg(r, slot);
+    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
+        return false;
     for (uint32_t k = 0; k < nrep; k++) {
-        uint32_t slot = reps[k].seg;
+        const struct mseg *o = reg_seg(r, reps[k].seg);
+        if (reps[k].seg == slot)
+            return false;
+        if (other_host && !atomic_load(&o->draining) && same_host(o->endpoint, s->endpoint))
+            return false;
+    }
+    return true;
+}
+
+int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+                                const struct mrep *reps, uint32_t nrep, struct mrep *out,
+                                uint64_t *gen)
+{
+    struct registry *r = &m->reg;
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    uint64_t now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&r->mu);
+    /* Another host if any has room, else (one host, or the others full)
+     * another segment, as PutStart places: the ring first (segments with
+     * room, round-robin), then every slot. */
+    uint32_t found = SLOT_NONE;
+    uint64_t off = 0;
+    uint32_t start = r->navail ? r->rr++ % r->navail : 0;
+    for (int pass = 0; pass < 2 && found == SLOT_NONE; pass++) {
+        bool other_host = pass == 0;
+        for (uint32_t k = 0; k < r->navail && found == SLOT_NONE; k++) {
+            uint32_t slot = r->avail[(start + k) % r->navail];
+            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
+                continue;
+            struct mseg *s = reg_seg(r, slot);
+            if (s->nquar)
+                quarantine_release_due_locked(r, slot, now);
+            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+                found = slot;
+        }
+        for (uint32_t slot = 0; slot < r->nslots && found == SLOT_NONE; slot++) {
+            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
+                continue;
+            struct mseg *s = reg_seg(r, slot);
+            if (s->nquar)
+                quarantine_release_due_locked(r, slot, now);
+            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+                found = slot;
+        }
+    }
+    if (found == SLOT_NONE) {
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    }
+    struct mseg *s = reg_seg(r, found);
+    s->objects++;
+    ix_add_locked(s, hash);
+    atomic_fetch_add(&r->used, len);
+    *out = (struct mrep){.offset = off, .seg = found, .status = MOONLET_REPLICA_INITIALIZED};
+    *gen = s->gen;
+    pthread_mutex_unlock(&r->mu);
+    return MOONLET_OK;
+}
+
+int registry_client_slots(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                          uint32_t *slots, uint32_t max, uint32_t *n)
+{
+    struct registry *r = &m->reg;
+    *n = 0;
+    if (id_check(client_id))
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_mutex_lock(&r->mu);
+    uint32_t idx;
+    int rc = MOONLET_OK;
+    struct mclient *c = client_get_locked(r, client_id, false, &idx);
+    if (!c)
+        rc = MOONLET_ERR_ILLEGAL_CLIENT;
+    else if ((rc = client_authorize_locked(r, idx, session)) == MOONLET_OK)
+        for (uint32_t slot = c->first_seg; slot != SLOT_NONE && *n < max;
+             slot = reg_seg(r, slot)->cnext)
+            slots[(*n)++] = slot;
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* Drain: every mounted segment whose id, name, endpoint or client id is `target`
+ * (an admin call, rare: it looks at every slot).  Appends the hashes of the
+ * objects of each segment it starts draining to *hashes. */
+int registry_drain(moonlet_master *m, moonlet_str target, bool on, uint64_t **hashes,
+                   uint32_t *nhashes, uint32_t *nsegs)
+{
+    struct registry *r = &m->reg;
+    int rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+    *nsegs = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t slot = 0; slot < r->nslots; slot++) {
         struct mseg *s = reg_seg(r, slot);
-        if (!s || !s->alloc)
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED ||
+            !(str_eq(s->id, target) || str_eq(s->name, target) || str_eq(s->endpoint, target) ||
+              str_eq(r->clients[s->client].id, target)))
             continue;
-        s->objects--;
-        ix_del_locked(s, hash);
-        /* Quarantined bytes stay in `used`: they are not allocatable. */
-        if (until_ns && quarantine_add_locked(r, s, reps[k].offset, len, until_ns))
+        rc = MOONLET_OK;
+        if (atomic_load(&s->draining) == on)
             continue;
-        if (until_ns) /* out of memory for the list: keep the range for good */
-            ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
-                   "); it stays allocated", s->id, reps[k].offset, len);
-        else if (moonlet_alloc_release(s->alloc, reps[k].offset, len) == MOONLET_OK) {
-            atomic_fetch_sub(&r->used, len);
+        atomic_store(&s->draining, on);
+        (*nsegs)++;
+        ML_INFO("master", "segment %s of client %s: %s (%" PRIu64 " objects)", s->id,
+                r->clients[s->client].id, on ? "draining" : "drain cancelled", s->objects);
+        if (on) {
+            avail_remove_locked(r, slot);
+            uint32_t add = s->ix.n, have = *nhashes;
+            uint64_t *h = realloc(*hashes, ((size_t)have + add + 1) * sizeof(*h));
+            if (!h) {
+                rc = MOONLET_ERR_INTERNAL_ERROR;
+                break;
+            }
+            *hashes = h;
+            for (uint32_t i = 0; i < s->ix.cap; i++)
+                if (s->ix.e[i].used)
+                    h[(*nhashes)++] = s->ix.e[i].h;
+        } else {
             avail_add_locked(r, slot);
-        } else
-            ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
-                   s->id, reps[k].offset, len);
+        }
     }
     pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t size,
@@ -1032,6 +1207,7 @@ struct seg_copy {
     char alt_id[MOONLET_MAX_ID_BYTES + 1], alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     char alt_protocol[16];
     uint64_t base, capacity, used, objects, ping_age_ms;
+    bool draining;
 };
 
 static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint64_t now,
@@ -1050,6 +1226,7 @@ static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint
     c->capacity = s->size;
     c->used = moonlet_alloc_used(s->alloc);
     c->objects = s->objects;
+    c->draining = atomic_load(&s->draining);
     c->ping_age_ms = now > cl->last_ping_ns ? (now - cl->last_ping_ns) / MOONLET_NS_PER_MS : 0;
 }
 
@@ -1064,7 +1241,7 @@ static void seg_copy_visit(const struct seg_copy *c,
         .alt_endpoint = alt ? c->alt_endpoint : NULL,
         .alt_protocol = alt ? c->alt_protocol : NULL,
         .capacity = c->capacity, .used = c->used, .objects = c->objects,
-        .last_ping_age_ms = c->ping_age_ms,
+        .last_ping_age_ms = c->ping_age_ms, .draining = c->draining,
     };
     visit(arg, &v);
 }

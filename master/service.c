@@ -483,7 +483,7 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     msgpack_packer *pk = &sp->pk;
     sp->count++;
     bool alt = s->alt_segment_id != NULL;
-    msgpack_pack_map(pk, alt ? 13 : 10);
+    msgpack_pack_map(pk, alt ? 14 : 11);
     if (alt) {
         pack_str_kv(pk, "alt_segment_id", s->alt_segment_id);
         pack_str_kv(pk, "alt_endpoint", s->alt_endpoint);
@@ -499,6 +499,11 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
     pack_u64_kv(pk, "used", s->used);
     pack_u64_kv(pk, "objects", s->objects);
     pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
+    moonlet_pack_key(pk, "draining");
+    if (s->draining)
+        msgpack_pack_true(pk);
+    else
+        msgpack_pack_false(pk);
 }
 
 /* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
@@ -607,7 +612,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 34);
+    msgpack_pack_map(out, 34 + 8);
     pack_u64_kv(out, "objects", st.objects);
     pack_u64_kv(out, "bytes", st.bytes);
     pack_u64_kv(out, "segments", st.segments);
@@ -634,6 +639,14 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
     pack_u64_kv(out, "hard_pinned", st.hard_pinned);
     pack_u64_kv(out, "hard_pinned_bytes", st.hard_pinned_bytes); /* never evictable */
+    pack_u64_kv(out, "under_replicated", st.under_replicated);
+    pack_u64_kv(out, "repairs_queued", st.repairs_queued);
+    pack_u64_kv(out, "repairs_running", st.repairs_running);
+    pack_u64_kv(out, "repairs_done", st.repairs_done);
+    pack_u64_kv(out, "repairs_failed", st.repairs_failed);
+    pack_u64_kv(out, "repairs_retried", st.repairs_retried);
+    pack_u64_kv(out, "repairs_dropped", st.repairs_dropped);
+    pack_u64_kv(out, "repair_bytes", st.repair_bytes);
     moonlet_pack_key(out, "probe_lock_hold_us_hist");
     msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
@@ -650,6 +663,82 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         msgpack_pack_uint64(out, st.resume_lock_hold_hist[i]);
     return MOONLET_OK;
 }
+
+/* ---- re-replication (master/repair.c) ----------------------------------------- */
+
+struct job_pack {
+    msgpack_sbuffer buf;
+    msgpack_packer pk;
+    uint32_t count;
+};
+
+/* One job: [job_id, size, checksum or nil, target (with capability), [sources...]]. */
+static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
+{
+    struct job_pack *jp = arg;
+    msgpack_packer *pk = &jp->pk;
+    jp->count++;
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_uint64(pk, j->job_id);
+    msgpack_pack_uint64(pk, j->size);
+    if (j->has_checksum)
+        msgpack_pack_uint64(pk, j->checksum);
+    else
+        msgpack_pack_nil(pk);
+    struct replica_pack rp;
+    replica_pack_init(&rp, false);
+    rp.with_cap = true;
+    replica_pack_visit(&rp, j->target);
+    pk->callback(pk->data, rp.buf.data, rp.buf.size); /* the one descriptor, no array */
+    msgpack_sbuffer_destroy(&rp.buf);
+    replica_pack_init(&rp, false);
+    for (uint32_t i = 0; i < j->nsources; i++)
+        replica_pack_visit(&rp, &j->sources[i]);
+    replica_pack_flush(&rp, pk);
+}
+
+HANDLER(h_repair_fetch, moonlet_args_repair_fetch)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    struct job_pack jp = {.count = 0};
+    msgpack_sbuffer_init(&jp.buf);
+    msgpack_packer_init(&jp.pk, &jp.buf, msgpack_sbuffer_write);
+    int rc = moonlet_master_repair_fetch(M(ctx), a->client_id, session,
+                                         a->max_jobs ? (uint32_t)a->max_jobs : 16,
+                                         job_pack_visit, &jp);
+    if (rc) {
+        msgpack_sbuffer_destroy(&jp.buf);
+        return reply(out, rc);
+    }
+    msgpack_pack_array(out, jp.count);
+    if (jp.buf.size)
+        out->callback(out->data, jp.buf.data, jp.buf.size);
+    msgpack_sbuffer_destroy(&jp.buf);
+    return MOONLET_OK;
+}
+
+HANDLER(h_repair_done, moonlet_args_repair_done)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    return reply(out, moonlet_master_repair_done(M(ctx), a->client_id, session, a->job_id,
+                                                 -(int32_t)a->error, a->bytes));
+}
+
+static int drain_call(moonlet_rpc_ctx *ctx, const moonlet_args_drain *a, msgpack_packer *out,
+                      bool on)
+{
+    uint32_t n = 0;
+    int rc = moonlet_master_drain(M(ctx), a->target, on, &n);
+    if (rc)
+        return reply(out, rc);
+    msgpack_pack_map(out, 1);
+    pack_u64_kv(out, "segments", n);
+    return MOONLET_OK;
+}
+
+HANDLER(h_drain, moonlet_args_drain) { return drain_call(ctx, a, out, true); }
+
+HANDLER(h_undrain, moonlet_args_drain) { return drain_call(ctx, a, out, false); }
 
 /* Hello: {role, serving, epoch, leader, advertise}; from now on this
  * connection's replies carry the epoch (with HA). */
@@ -713,6 +802,10 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_BIND_CLIENT] = h_bind_client,
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
     [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
+    [MOONLET_M_REPAIR_FETCH] = h_repair_fetch,
+    [MOONLET_M_REPAIR_DONE] = h_repair_done,
+    [MOONLET_M_DRAIN] = h_drain,
+    [MOONLET_M_UNDRAIN] = h_undrain,
     [MOONLET_M_HELLO] = h_hello,
 };
 

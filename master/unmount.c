@@ -23,6 +23,8 @@
  * over ticks instead of holding the thread, or anything else, for seconds.
  * An explicit unmount (UnmountSegment) runs the three steps at once.
  *
+ * An object that keeps a replica is queued for re-replication (repair.c).
+ *
  * Locks: unmount_mu (one drain at a time; taken first, never under another
  * lock) -> guard shared -> one shard lock -> registry.mu and tenants.lock
  * (object_destroy_locked); the barrier takes the guard exclusive with
@@ -70,6 +72,8 @@ static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void
     if (keep == 0) {
         object_destroy_locked(m, s, o);
         st->removed++;
+    } else {
+        repair_note_locked(m, o); /* fewer replicas than it was put with */
     }
     return true;
 }

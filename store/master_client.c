@@ -1030,6 +1030,99 @@ int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
     return mc_call(mc, MOONLET_M_STATS, &a, 0, decode_json, out);
 }
 
+/* ---- re-replication ------------------------------------------------------------ */
+
+void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n)
+{
+    for (uint32_t i = 0; jobs && i < n; i++) {
+        moonlet_replica_list_free(&jobs[i].target);
+        moonlet_replica_list_free(&jobs[i].sources);
+    }
+    free(jobs);
+}
+
+struct repair_jobs_out {
+    moonlet_mc_repair_job *jobs;
+    uint32_t n;
+};
+
+/* [[job_id, size, checksum or nil, target, [source...]]...] */
+static int decode_repair_jobs(const msgpack_object *r, void *arg)
+{
+    struct repair_jobs_out *o = arg;
+    if (r->type != MSGPACK_OBJECT_ARRAY)
+        return MOONLET_ERR_RPC_FAIL;
+    uint32_t n = moonlet_wire_len(r);
+    if (n == 0)
+        return MOONLET_OK;
+    o->jobs = calloc(n, sizeof(*o->jobs));
+    if (!o->jobs)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (uint32_t i = 0; i < n; i++) {
+        const msgpack_object *j = moonlet_wire_at(r, i);
+        moonlet_mc_repair_job *d = &o->jobs[i];
+        o->n = i + 1;
+        const msgpack_object *target, *sources, *ck;
+        if (!j || j->type != MSGPACK_OBJECT_ARRAY || moonlet_wire_len(j) < 5 ||
+            moonlet_wire_u64(j, 0, &d->job_id) || moonlet_wire_u64(j, 1, &d->size) ||
+            moonlet_wire_array(j, 3, &target) || moonlet_wire_array(j, 4, &sources))
+            return MOONLET_ERR_RPC_FAIL;
+        ck = moonlet_wire_at(j, 2);
+        if (ck->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+            d->has_checksum = true;
+            d->checksum = ck->via.u64;
+        } else if (ck->type != MSGPACK_OBJECT_NIL) {
+            return MOONLET_ERR_RPC_FAIL;
+        }
+        /* the target is one descriptor: decode it as a list of one */
+        msgpack_object one = {.type = MSGPACK_OBJECT_ARRAY,
+                              .via.array = {.size = 1, .ptr = (msgpack_object *)target}};
+        int rc = decode_replicas(&one, &d->target);
+        if (rc == MOONLET_OK)
+            rc = decode_replicas(sources, &d->sources);
+        if (rc)
+            return rc;
+        d->target.size = d->sources.size = d->size;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_mc_repair_fetch(moonlet_master_client *mc, const char *client_id, uint32_t max,
+                            moonlet_mc_repair_job **jobs, uint32_t *n)
+{
+    *jobs = NULL;
+    *n = 0;
+    moonlet_args_repair_fetch a = {.client_id = mstr(client_id), .max_jobs = max};
+    struct repair_jobs_out o = {NULL, 0};
+    int rc = mc_call(mc, MOONLET_M_REPAIR_FETCH, &a, 0, decode_repair_jobs, &o);
+    if (rc) {
+        moonlet_mc_repair_jobs_free(o.jobs, o.n);
+        return rc;
+    }
+    *jobs = o.jobs;
+    *n = o.n;
+    return MOONLET_OK;
+}
+
+int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uint64_t job_id,
+                           int code, uint64_t bytes)
+{
+    moonlet_args_repair_done a = {.client_id = mstr(client_id), .job_id = job_id,
+                                  .error = code < 0 ? (uint64_t)-(int64_t)code : (uint64_t)code,
+                                  .bytes = bytes};
+    return mc_simple_call(mc, MOONLET_M_REPAIR_DONE, &a, 0);
+}
+
+int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments)
+{
+    moonlet_args_drain a = {.target = mstr(target)};
+    uint32_t segs = 0;
+    int rc = mc_call(mc, on ? MOONLET_M_DRAIN : MOONLET_M_UNDRAIN, &a, 0, decode_ping, &segs);
+    if (segments)
+        *segments = segs;
+    return rc;
+}
+
 int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
                         struct cJSON **out)
 {

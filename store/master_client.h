@@ -168,4 +168,24 @@ int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
 int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
                         struct cJSON **out);
 
+/* ---- re-replication (master/repair.c, docs/protocol.md) ------------------ */
+typedef struct moonlet_mc_repair_job {
+    uint64_t job_id, size;
+    bool has_checksum;
+    uint64_t checksum;            /* the XXH3-64 PutEnd recorded */
+    moonlet_replica_list target;  /* one replica: the range to fill, with its capability;
+                                   * put_ttl_ms: ms left until the job's deadline */
+    moonlet_replica_list sources; /* readable replicas to copy from */
+} moonlet_mc_repair_job;
+/* RepairFetch: up to max (1..64) jobs targeting client_id's segments, into
+ * *jobs (free with moonlet_mc_repair_jobs_free; NULL when none). */
+int moonlet_mc_repair_fetch(moonlet_master_client *mc, const char *client_id, uint32_t max,
+                            moonlet_mc_repair_job **jobs, uint32_t *n);
+void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n);
+/* RepairDone: code 0, or the moonlet error code the job failed with. */
+int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uint64_t job_id,
+                           int code, uint64_t bytes);
+/* Drain (on) / Undrain: *segments (optional) gets how many segments changed. */
+int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments);
+
 #endif

@@ -81,6 +81,16 @@ static const struct command g_cmds[] = {
      "  --interval S        seconds between refreshes (default 2)\n"
      "  --count N           stop after N refreshes (default: until SIGINT)\n",
      1, 1, F(O_INTERVAL) | F(O_COUNT), inspect_cmd_watch},
+    {"drain", "drain SEGMENT|NODE", "move a segment's (or a node's) objects elsewhere",
+     "Drains the segments named (a segment id or name, an endpoint, or a store\n"
+     "node's client id): the master places no new replica there and copies each\n"
+     "of their objects to another host, replacing the draining replica.  The\n"
+     "drain is done when `segments` shows 0 objects on them; stopping the node\n"
+     "then loses nothing.\n",
+     "", 1, 1, 0, inspect_cmd_drain},
+    {"undrain", "undrain SEGMENT|NODE", "end a drain",
+     "Ends the drain of the segments named: they take new replicas again.\n",
+     "", 1, 1, 0, inspect_cmd_undrain},
     {"status", "status", "HA: each master's role, serving state, epoch and leader",
      "Asks every master of --master (a comma-separated list with HA) for its\n"
      "role (single: no etcd; standby; leader), whether it serves calls now, its\n"

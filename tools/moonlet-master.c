@@ -35,6 +35,7 @@
 #include "election.h"
 #include "fdlimit.h"
 #include "log.h"
+#include "bytesize.h"
 #include "master.h"
 #include "role.h"
 #include "metrics.h"
@@ -62,6 +63,10 @@ static void usage(FILE *f)
             "  --put_timeout_ms MS                revoke puts not ended within (default 60000)\n"
             "  --put_quarantine_grace_ms MS       reuse a range freed from an unfinished put only\n"
             "                                     this long after its put deadline (default 2000)\n"
+            "  --repair-bandwidth BYTES           bytes per second re-replication may copy\n"
+            "                                     (default 256MiB; units: KiB MiB GiB ...)\n"
+            "  --repair-concurrency N             re-replication copies in flight at once\n"
+            "                                     (default 16)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
@@ -169,6 +174,7 @@ enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
+    O_REPAIR_BW, O_REPAIR_CONC,
     O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA
 };
 
@@ -200,6 +206,8 @@ int main(int argc, char **argv)
         {"put_timeout_ms", required_argument, 0, O_PUT},
         {"put_quarantine_grace_ms", required_argument, 0, O_QGRACE},
         {"max-frame-bytes", required_argument, 0, O_FRAME},
+        {"repair-bandwidth", required_argument, 0, O_REPAIR_BW},
+        {"repair-concurrency", required_argument, 0, O_REPAIR_CONC},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
         {"max-batch-keys", required_argument, 0, O_BATCH},
@@ -293,6 +301,17 @@ int main(int argc, char **argv)
             break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
+        case O_REPAIR_BW:
+            bad = moonlet_bytesize_parse(optarg, &v) != 0 || v == 0;
+            if (bad)
+                fprintf(stderr, "moonlet-master: --repair-bandwidth: not a positive size: '%s'\n",
+                        optarg);
+            cfg.repair_bandwidth = v;
+            break;
+        case O_REPAIR_CONC:
+            bad = parse_u64("--repair-concurrency", optarg, &v) || v == 0 || v > 4096;
+            cfg.repair_concurrency = (uint32_t)v;
+            break;
         case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
         case O_MAXCONN: bad = parse_u64("--max-connections", optarg, &v) || v == 0 || v > (1u << 20); so.max_connections = (uint32_t)v; break;
         case O_AUTH_TO: bad = parse_u64("--auth-timeout-ms", optarg, &v) || v == 0 || v > 3600000; so.auth_timeout_ms = (uint32_t)v; break;

@@ -763,20 +763,28 @@ PyDoc_STRVAR(Client_get_doc,
              "Reads an object (and leases it).  Raises StoreError OBJECT_NOT_FOUND (-704), "
              "REPLICA_IS_NOT_READY (-703), LEASE_EXPIRED (-707), TRANSFER_FAIL (-800).");
 
-static PyObject *Client_get(ClientObject *self, PyObject *args, PyObject *kw)
+/* get / _inspect_json: a key's object as bytes (moonlet_client_get_alloc,
+ * which leases it), or the master's InspectKey of it as the JSON text of the
+ * C API (moonlet_client_inspect_key, which never leases; moonlet.Store.inspect()
+ * turns it into a dict).  Both results are library memory, freed here. */
+static PyObject *ml_get_alloc(ClientObject *self, PyObject *args, PyObject *kw, bool inspect)
 {
     const char *key, *tenant;
-    if (!ml_parse_key(args, kw, "get", &key, &tenant))
+    if (!ml_parse_key(args, kw, inspect ? "_inspect_json" : "get", &key, &tenant))
         return NULL;
     void *buf = NULL;
+    char *json = NULL;
     size_t len = 0;
     int rc;
-    ML_CALL(self, rc, moonlet_client_get_alloc(c, key, tenant, &buf, &len));
+    ML_CALL(self, rc, inspect ? moonlet_client_inspect_key(c, key, tenant, &json)
+                              : moonlet_client_get_alloc(c, key, tenant, &buf, &len));
     if (rc)
-        return ml_raise(rc, "get", NULL);
-    PyObject *out = len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
-                                          : PyErr_NoMemory();
+        return ml_raise(rc, inspect ? "inspect" : "get", NULL);
+    PyObject *out = inspect                ? PyUnicode_FromString(json)
+                    : len <= PY_SSIZE_T_MAX ? PyBytes_FromStringAndSize(buf, (Py_ssize_t)len)
+                                            : PyErr_NoMemory();
     moonlet_free(buf);
+    moonlet_free(json);
     return out;
 }
 
@@ -851,22 +859,7 @@ PyDoc_STRVAR(Client_inspect_json_doc,
              "The master's InspectKey result as JSON (moonlet_client_inspect_key); never leases.  "
              "moonlet.Store.inspect() parses it.");
 
-/* The master's InspectKey of a key as the JSON text of the C API; moonlet.Store.inspect()
- * turns it into a dict. */
-static PyObject *Client_inspect_json(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    const char *key, *tenant;
-    if (!ml_parse_key(args, kw, "_inspect_json", &key, &tenant))
-        return NULL;
-    char *json = NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_inspect_key(c, key, tenant, &json));
-    if (rc)
-        return ml_raise(rc, "inspect", NULL);
-    PyObject *out = PyUnicode_FromString(json);
-    moonlet_free(json);
-    return out;
-}
+ML_FLAG_PAIR(Client_get, Client_inspect_json, ml_get_alloc)
 
 /* ---- existence and probes ---------------------------------------------------------------- */
 
@@ -1074,33 +1067,28 @@ PyDoc_STRVAR(Client_register_buffer_doc,
              "unregistered.  StoreError INVALID_PARAMS (-600) for 0 / NULL or a base already "
              "registered.");
 
-static PyObject *Client_register_buffer(ClientObject *self, PyObject *args, PyObject *kw)
-{
-    static char *kwl[] = {"address", "size", NULL};
-    void *addr;
-    size_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&:register_buffer", kwl, conv_addr, &addr,
-                                     conv_size, &size))
-        return NULL;
-    int rc;
-    ML_CALL(self, rc, moonlet_client_register_buffer(c, addr, size));
-    return ml_none_or_raise(rc, "register_buffer");
-}
-
 PyDoc_STRVAR(Client_unregister_buffer_doc,
              "unregister_buffer(address)\n--\n\n"
              "Unregisters the buffer registered at address (INVALID_PARAMS when none is).");
 
-static PyObject *Client_unregister_buffer(ClientObject *self, PyObject *args, PyObject *kw)
+/* register_buffer(address, size) / unregister_buffer(address). */
+static PyObject *ml_register(ClientObject *self, PyObject *args, PyObject *kw, bool unregister)
 {
-    static char *kwl[] = {"address", NULL};
+    static char *reg_kwl[] = {"address", "size", NULL}, *unreg_kwl[] = {"address", NULL};
     void *addr;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:unregister_buffer", kwl, conv_addr, &addr))
+    size_t size = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw,
+                                     unregister ? "O&:unregister_buffer" : "O&O&:register_buffer",
+                                     unregister ? unreg_kwl : reg_kwl, conv_addr, &addr,
+                                     conv_size, &size))
         return NULL;
     int rc;
-    ML_CALL(self, rc, moonlet_client_unregister_buffer(c, addr));
-    return ml_none_or_raise(rc, "unregister_buffer");
+    ML_CALL(self, rc, unregister ? moonlet_client_unregister_buffer(c, addr)
+                                 : moonlet_client_register_buffer(c, addr, size));
+    return ml_none_or_raise(rc, unregister ? "unregister_buffer" : "register_buffer");
 }
+
+ML_FLAG_PAIR(Client_register_buffer, Client_unregister_buffer, ml_register)
 
 PyDoc_STRVAR(Client_put_from_doc,
              "put_from(key, address, size, *, tenant_id=None, replica_num=0, soft_pin=False)\n--\n\n"

@@ -34,13 +34,27 @@
  * and segment id as the segment's second endpoint.  They are registered,
  * re-registered and health-checked together.
  *
- * Locks: n->mu guards `mounted`, `stopping`, `mounts` and the published copy
- * of the segment id; it is never held across an RPC or a transport call.
+ * Re-replication (master/repair.c): a second thread, started by run(),
+ * asks the master for the repair jobs whose target is this node's segment
+ * (RepairFetch, every repair_poll_ms and again at once after a non-empty
+ * batch), reads each object from a surviving replica over the data plane
+ * (the same transport, bounds and auth as any client read), checks the
+ * XXH3-64 PutEnd recorded (a mismatch tries the next source, and with none
+ * left fails the job: never wrong bytes), checks the job's write capability
+ * under the segment's key (genuine, covering the range, not expired on this
+ * clock) and only then copies the bytes into the segment, and reports the
+ * outcome (RepairDone).  The master makes the replica readable only then.
+ *
+ * Locks: n->mu guards `mounted`, `stopping`, `mounts`, the published copy
+ * of the segment id and write key; it is never held across an RPC or a
+ * transport call, only across a repair's final check and copy into the
+ * segment (so a re-registration cannot slip in between).
  */
 #include "store_node.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -50,6 +64,8 @@
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "bytesize.h"
 #include "log.h"
@@ -71,6 +87,12 @@ struct moonlet_store_node {
     bool ping_failing;     /* for logging transitions only (loop thread) */
     uint64_t mounts;
     char seg_id[MOONLET_MAX_ID_BYTES + 1]; /* published copy of info.segment_id */
+    char cap_id[MOONLET_MAX_ID_BYTES + 1]; /* published: the id write capabilities name */
+    uint8_t pub_key[MOONLET_WRITECAP_KEY_BYTES]; /* published copy of write_key */
+    uint32_t repair_poll_ms;
+    pthread_t repair_thread;
+    bool repair_started;
+    _Atomic uint64_t repairs_done, repairs_failed, repair_bytes;
 
     uint32_t ping_interval_ms;
     char client_id[MOONLET_MAX_ID_BYTES + 1];
@@ -243,6 +265,10 @@ static int node_register(moonlet_store_node *n)
     }
     pthread_mutex_lock(&n->mu);
     snprintf(n->seg_id, sizeof(n->seg_id), "%s", n->info.segment_id);
+    /* the master computes capabilities over the TCP registration's id */
+    snprintf(n->cap_id, sizeof(n->cap_id), "%s",
+             n->xfer_tcp ? n->tcp_info.segment_id : n->info.segment_id);
+    memcpy(n->pub_key, n->write_key, sizeof(n->pub_key));
     n->stale = false;
     pthread_mutex_unlock(&n->mu);
     return MOONLET_OK;
@@ -386,9 +412,144 @@ static void node_wait_locked(moonlet_store_node *n, uint64_t deadline_ms)
             break;
 }
 
+/* ---- re-replication ------------------------------------------------------------ */
+
+/* The transport that reaches a replica (ours or our TCP one), and which of
+ * its endpoints; NULL when neither protocol matches. */
+static moonlet_xfer *repair_source_xfer(moonlet_store_node *n, const moonlet_replica_desc *r,
+                                        const char **ep, const char **seg)
+{
+    const char *mine = moonlet_xfer_protocol_name(n->xfer);
+    if (strcmp(r->protocol, mine) == 0) {
+        *ep = r->endpoint, *seg = r->segment_id;
+        return n->xfer;
+    }
+    if (r->alt_protocol && strcmp(r->alt_protocol, mine) == 0) {
+        *ep = r->alt_endpoint, *seg = r->alt_segment_id;
+        return n->xfer;
+    }
+    if (n->xfer_tcp && strcmp(r->protocol, "tcp") == 0) {
+        *ep = r->endpoint, *seg = r->segment_id;
+        return n->xfer_tcp;
+    }
+    if (n->xfer_tcp && r->alt_protocol && strcmp(r->alt_protocol, "tcp") == 0) {
+        *ep = r->alt_endpoint, *seg = r->alt_segment_id;
+        return n->xfer_tcp;
+    }
+    return NULL;
+}
+
+/* Reads the object from the first source whose bytes match the checksum. */
+static int repair_read(moonlet_store_node *n, const moonlet_mc_repair_job *j, void *buf)
+{
+    int rc = MOONLET_ERR_TRANSFER_FAIL;
+    for (uint32_t i = 0; i < j->sources.count; i++) {
+        const moonlet_replica_desc *r = &j->sources.replicas[i];
+        const char *ep, *seg;
+        moonlet_xfer *x = repair_source_xfer(n, r, &ep, &seg);
+        if (!x || r->size != j->size)
+            continue;
+        bool reg = moonlet_xfer_register_buffer(x, buf, j->size) == MOONLET_OK;
+        rc = moonlet_xfer_read(x, ep, seg, r->offset, buf, j->size);
+        if (reg)
+            moonlet_xfer_unregister_buffer(x, buf);
+        if (rc == MOONLET_OK && j->has_checksum && XXH3_64bits(buf, j->size) != j->checksum) {
+            ML_WARN(MOD, "repair job %" PRIu64 ": the bytes from %s do not match the object's "
+                    "checksum; trying the next replica", j->job_id, ep);
+            rc = MOONLET_ERR_INVALID_READ;
+        }
+        if (rc == MOONLET_OK)
+            return MOONLET_OK;
+    }
+    return rc;
+}
+
+/* One job: read, verify, check the capability, copy into the segment. */
+static int repair_one(moonlet_store_node *n, const moonlet_mc_repair_job *j)
+{
+    if (j->target.count != 1)
+        return MOONLET_ERR_INVALID_PARAMS;
+    const moonlet_replica_desc *t = &j->target.replicas[0];
+    uint64_t len = j->size ? j->size : 1;
+    if (j->size > n->mem.size || t->offset > n->mem.size - j->size || t->cap_tag == 0)
+        return MOONLET_ERR_INVALID_WRITE;
+    void *buf = malloc(len);
+    if (!buf)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    int rc = repair_read(n, j, buf);
+    if (rc == MOONLET_OK) {
+        moonlet_writecap cap = {.offset = t->offset, .len = t->cap_len,
+                                .expiry_ms = t->cap_expiry_ms, .tag = t->cap_tag};
+        pthread_mutex_lock(&n->mu);
+        /* The target still is our current registration, and the master
+         * granted this range until a time still ahead on our clock. */
+        if (strcmp(t->segment_id, n->seg_id) != 0)
+            rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+        else if (!moonlet_writecap_valid(n->pub_key, n->cap_id, &cap, t->offset, j->size,
+                                         moonlet_xfer_now_ms()))
+            rc = MOONLET_ERR_INVALID_WRITE;
+        else
+            memcpy((char *)n->mem.base + t->offset, buf, j->size);
+        pthread_mutex_unlock(&n->mu);
+    }
+    free(buf);
+    return rc;
+}
+
+static bool node_stopping(moonlet_store_node *n)
+{
+    pthread_mutex_lock(&n->mu);
+    bool s = n->stopping;
+    pthread_mutex_unlock(&n->mu);
+    return s;
+}
+
+static void *repair_main(void *arg)
+{
+    moonlet_store_node *n = arg;
+    unsigned failures = 0;
+    while (!node_stopping(n)) {
+        moonlet_mc_repair_job *jobs = NULL;
+        uint32_t nj = 0;
+        int rc = node_is_mounted(n) ? moonlet_mc_repair_fetch(n->mc, n->client_id, 8, &jobs, &nj)
+                                    : MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        for (uint32_t i = 0; i < nj && !node_stopping(n); i++) {
+            int jrc = repair_one(n, &jobs[i]);
+            if (jrc)
+                ML_WARN(MOD, "repair job %" PRIu64 " failed: %s", jobs[i].job_id,
+                        moonlet_strerror(jrc));
+            int drc = moonlet_mc_repair_done(n->mc, n->client_id, jobs[i].job_id, jrc,
+                                             jrc ? 0 : jobs[i].size);
+            if (jrc == MOONLET_OK && drc == MOONLET_OK) {
+                atomic_fetch_add(&n->repairs_done, 1);
+                atomic_fetch_add(&n->repair_bytes, jobs[i].size);
+            } else {
+                atomic_fetch_add(&n->repairs_failed, 1);
+            }
+        }
+        moonlet_mc_repair_jobs_free(jobs, nj);
+        failures = rc ? failures + 1 : 0;
+        if (rc == MOONLET_OK && nj > 0)
+            continue; /* more may be waiting */
+        /* idle, or the master cannot serve (an older one does not know
+         * RepairFetch: back off up to the cap) */
+        uint64_t wait = rc ? moonlet_store_node_backoff_ms(failures) : n->repair_poll_ms;
+        if (wait < n->repair_poll_ms)
+            wait = n->repair_poll_ms;
+        pthread_mutex_lock(&n->mu);
+        node_wait_locked(n, moonlet_mono_ms() + wait);
+        pthread_mutex_unlock(&n->mu);
+    }
+    return NULL;
+}
+
 int moonlet_store_node_run(moonlet_store_node *n)
 {
     unsigned failures = 0;
+    if (n->repair_poll_ms && pthread_create(&n->repair_thread, NULL, repair_main, n) == 0)
+        n->repair_started = true;
+    else if (n->repair_poll_ms)
+        ML_WARN(MOD, "cannot start the repair thread: this node takes no repair job");
     uint64_t next = moonlet_mono_ms() + n->ping_interval_ms;
     pthread_mutex_lock(&n->mu);
     while (!n->stopping) {
@@ -411,6 +572,10 @@ int moonlet_store_node_run(moonlet_store_node *n)
         pthread_mutex_lock(&n->mu);
     }
     pthread_mutex_unlock(&n->mu);
+    if (n->repair_started) {
+        pthread_join(n->repair_thread, NULL);
+        n->repair_started = false;
+    }
     node_unmount(n);
     return MOONLET_OK;
 }
@@ -519,6 +684,9 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     pthread_cond_init(&n->wake, &ca);
     pthread_condattr_destroy(&ca);
     n->ping_interval_ms = cfg->ping_interval_ms ? cfg->ping_interval_ms : MOONLET_STORE_NODE_PING_MS;
+    n->repair_poll_ms = cfg->repair_poll_ms == UINT32_MAX ? 0
+                        : cfg->repair_poll_ms           ? cfg->repair_poll_ms
+                                                        : MOONLET_STORE_NODE_REPAIR_POLL_MS;
     if (cfg->client_id)
         snprintf(n->client_id, sizeof(n->client_id), "%s", cfg->client_id);
     else
@@ -630,4 +798,12 @@ uint64_t moonlet_store_node_mounts(moonlet_store_node *n)
     uint64_t m = n->mounts;
     pthread_mutex_unlock(&n->mu);
     return m;
+}
+
+void moonlet_store_node_repairs(moonlet_store_node *n, uint64_t *done, uint64_t *failed,
+                                uint64_t *bytes)
+{
+    *done = atomic_load(&n->repairs_done);
+    *failed = atomic_load(&n->repairs_failed);
+    *bytes = atomic_load(&n->repair_bytes);
 }

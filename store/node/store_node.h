@@ -81,7 +81,13 @@ typedef struct moonlet_store_node_config {
      * node's previous run, until the master expires it), create waits up to
      * this long, then fails with ILLEGAL_CLIENT.  Default 15000. */
     uint32_t client_id_wait_ms;
+    /* Re-replication: how often run() asks the master for repair jobs
+     * targeting this node while there are none; 0: the default,
+     * UINT32_MAX: never (this node takes no repair job). */
+    uint32_t repair_poll_ms;
 } moonlet_store_node_config;
+
+#define MOONLET_STORE_NODE_REPAIR_POLL_MS 200u
 
 /* Fills the defaults: protocol auto, listen 127.0.0.1:0, NUMA auto, huge
  * pages and locking on, default intervals; master_addr and segment_size
@@ -139,6 +145,9 @@ void *moonlet_store_node_segment_base(moonlet_store_node *n);
 
 /* Times the segment was mounted (1 after create; +1 per re-mount). */
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n);
+/* Repair jobs this node finished (copied and reported), failed, and bytes copied. */
+void moonlet_store_node_repairs(moonlet_store_node *n, uint64_t *done, uint64_t *failed,
+                                uint64_t *bytes);
 
 /* Wait before retry number `failures` (1 = the first retry): 100 ms doubling
  * per failure, capped at 2 s.  Pure. */

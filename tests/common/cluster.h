@@ -137,6 +137,32 @@ static inline int cl_replicas(moonlet_master_client *mc, const char *tenant, con
     return n;
 }
 
+/* lease_remaining_ms of a key as the inspection RPC reports it (it grants
+ * no lease itself); -1 when absent. */
+static inline double cl_lease_ms(moonlet_master_client *mc, const char *tenant, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
+        return -1;
+    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return v;
+}
+
+/* Writes `token` and a newline to a new file made from the mkstemp()
+ * template `path` (the name is left in it); unlink it when done.
+ * Returns 0 or -1. */
+static inline int cl_token_file(char *path, const char *token)
+{
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    size_t n = strlen(token);
+    int rc = write(fd, token, n) == (ssize_t)n && write(fd, "\n", 1) == 1 ? 0 : -1;
+    close(fd);
+    return rc;
+}
+
 /* Polls `pred` every 20 ms until it holds or timeout_ms passed. */
 static inline bool cl_wait(bool (*pred)(void *), void *arg, int timeout_ms)
 {
@@ -213,6 +239,41 @@ static inline void cl_assert_get_equals(moonlet_client *c, const char *key, cons
     assert_int_equal(len, size);
     assert_memory_equal(got, want, size);
     free(got);
+}
+
+/* A batch's per-key result codes: got[i] == want[i] for i < n. */
+static inline void cl_assert_codes(const int32_t *got, const int32_t *want, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("key %zu: result %d, want %d", i, got[i], want[i]);
+}
+
+/* A batch call's outcome: its per-key codes are want[0, n), and the call
+ * returned the first error among them (0 when there is none). */
+static inline void cl_assert_batch(int rc, const int32_t *got, const int32_t *want, size_t n)
+{
+    int first = 0;
+    for (size_t i = 0; i < n && !first; i++)
+        first = want[i];
+    assert_int_equal(rc, first);
+    cl_assert_codes(got, want, n);
+}
+
+/* get_alloc and get_size of key (in tenant) agree with want[0, size). */
+static inline void cl_assert_alloc_and_size(moonlet_client *c, const char *key, const char *tenant,
+                                            const void *want, size_t size)
+{
+    void *p = NULL;
+    size_t len = 7;
+    assert_int_equal(moonlet_client_get_alloc(c, key, tenant, &p, &len), MOONLET_OK);
+    assert_non_null(p);
+    assert_int_equal(len, size);
+    assert_memory_equal(p, want, size);
+    moonlet_free(p);
+    uint64_t got = 1;
+    assert_int_equal(moonlet_client_get_size(c, key, tenant, &got), MOONLET_OK);
+    assert_int_equal(got, size);
 }
 #endif
 

@@ -21,17 +21,32 @@
 
 #define FIX_T0 (1000ull * 1000000000ull) /* the frozen clock starts at 1000 s */
 
-static inline moonlet_master *fix_master(uint32_t shards, uint64_t lease_ttl_ms)
+/* The defaults, with `shards` shards (0: the default) and no background
+ * thread; a test sets what else it needs and hands it to fix_master_of(). */
+static inline moonlet_master_config fix_config(uint32_t shards)
 {
     moonlet_master_config cfg;
     moonlet_master_config_default(&cfg);
-    cfg.shards = shards;
-    cfg.lease_ttl_ms = lease_ttl_ms;
+    if (shards)
+        cfg.shards = shards;
     cfg.background = false;
-    moonlet_clock_set_fake(FIX_T0);
+    return cfg;
+}
+
+/* A master of cfg, the clock frozen at now_ns (0: the real clock). */
+static inline moonlet_master *fix_master_of(const moonlet_master_config *cfg, uint64_t now_ns)
+{
+    moonlet_clock_set_fake(now_ns);
     moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    assert_int_equal(moonlet_master_create(cfg, &m), MOONLET_OK);
     return m;
+}
+
+static inline moonlet_master *fix_master(uint32_t shards, uint64_t lease_ttl_ms)
+{
+    moonlet_master_config cfg = fix_config(shards);
+    cfg.lease_ttl_ms = lease_ttl_ms;
+    return fix_master_of(&cfg, FIX_T0);
 }
 
 static inline void fix_mount(moonlet_master *m, const char *client, const char *seg, uint64_t size)
@@ -54,6 +69,28 @@ static inline int fix_put_t(moonlet_master *m, const char *tenant, const char *k
 static inline int fix_put(moonlet_master *m, const char *key, uint64_t size)
 {
     return fix_put_t(m, "", key, size, 1);
+}
+
+/* Whole puts of keys <prefix><i>, i in [from, to), in the default tenant,
+ * `size` bytes and `replicas` replicas each; each must succeed. */
+static inline void fix_put_range(moonlet_master *m, const char *prefix, int from, int to,
+                                 uint64_t size, uint32_t replicas)
+{
+    char k[64];
+    for (int i = from; i < to; i++) {
+        snprintf(k, sizeof(k), "%s%d", prefix, i);
+        int rc = fix_put_t(m, "", k, size, replicas);
+        if (rc != MOONLET_OK)
+            fail_msg("put %s: %d", k, rc);
+    }
+}
+
+/* The master's counters now. */
+static inline moonlet_master_stats fix_stats(moonlet_master *m)
+{
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    return st;
 }
 
 /* Lease remaining in ms, or -1 when the key does not exist. */

@@ -121,19 +121,14 @@ static void test_no_eviction_for_missing_segments(void **state)
     (void)state;
     moonlet_master *m = fix_master(16, 1000);
     fix_mount(m, "c", "s", 64 * 10);
-    char k[16];
-    for (int i = 0; i < 10; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
+    fix_put_range(m, "k", 0, 10, 64, 1);
     assert_int_equal(fix_put_t(m, "", "two", 64, 2), MOONLET_ERR_NO_AVAILABLE_HANDLE);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(st.objects, 10);
     /* a full segment with enough segments does evict to make room */
     assert_int_equal(fix_put(m, "more", 64), MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_true(st.evictions >= 1);
     moonlet_master_destroy(m);
 }
@@ -143,26 +138,18 @@ static void test_watermark_and_put_pressure(void **state)
     (void)state;
     moonlet_master *m = fix_master(16, 1000);
     fix_mount(m, "c", "s", 64 * 100);
-    char k[16];
-    for (int i = 0; i < 89; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
+    fix_put_range(m, "k", 0, 89, 64, 1);
     moonlet_master_tick(m); /* 89% < 90%: nothing happens */
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(fix_put(m, "k89", 64), MOONLET_OK);
     moonlet_master_tick(m); /* 90%: evict 5% of 90 objects */
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.evictions, 5);
     assert_int_equal(st.objects, 85);
     /* fill up completely, then one more put makes room by evicting */
-    for (int i = 90; i < 105; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
-    moonlet_master_get_stats(m, &st);
+    fix_put_range(m, "k", 90, 105, 64, 1);
+    st = fix_stats(m);
     assert_int_equal(st.used, st.capacity);
     /* lease everything: nothing can be evicted, the put fails cleanly */
     const char *ks[200];

@@ -72,16 +72,15 @@ static void test_lifecycle(void **state)
 
     /* revoke frees the space, after the quarantine (test_quarantine) */
     assert_int_equal(moonlet_master_put_start(m, t, k, 4096, 1, false, NULL, NULL), MOONLET_OK);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.used, 4096);
     assert_int_equal(moonlet_master_put_revoke(m, t, k), MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.objects, 0);
     assert_int_equal(st.quarantined, 4096);
     moonlet_clock_advance((60000 + 2000) * MS);
     moonlet_master_tick(m);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.used, 0);
     assert_int_equal(st.quarantined, 0);
     moonlet_master_destroy(m);
@@ -111,15 +110,10 @@ static void offsets_visit(void *arg, const moonlet_replica_view *r)
 static void test_quarantine(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(16);
     cfg.put_timeout_ms = 1000;
     cfg.put_quarantine_grace_ms = 500;
-    moonlet_clock_set_fake(FIX_T0);
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
     fix_mount(m, "c1", "s1", 4096); /* room for exactly one 4096-byte object */
     moonlet_str t = MOONLET_STR("");
     moonlet_master_stats st;
@@ -128,7 +122,7 @@ static void test_quarantine(void **state)
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("a"), 4096, 1, false, NULL, NULL),
                      MOONLET_OK);
     assert_int_equal(moonlet_master_put_revoke(m, t, MOONLET_STR("a")), MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.used, 4096); /* quarantined bytes are not allocatable */
     assert_int_equal(st.quarantined, 4096);
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 64, 1, false, NULL, NULL),
@@ -142,31 +136,31 @@ static void test_quarantine(void **state)
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 4096, 1, false,
                                               offsets_visit, &o), MOONLET_OK);
     assert_int_equal(o.off[0], 0);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, 4096);
 
     /* reaped: the same, counted from the put's own deadline */
     moonlet_master_tick(m); /* not yet due */
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.put_timeouts, 0);
     moonlet_clock_advance(1001 * MS);
     moonlet_master_tick(m); /* reaps "b": deadline was 1000 ms after its PutStart */
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.put_timeouts, 1);
     assert_int_equal(st.quarantined, 4096);
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("c"), 64, 1, false, NULL, NULL),
                      MOONLET_ERR_NO_AVAILABLE_HANDLE);
     moonlet_clock_advance(499 * MS); /* 1000 + 500 after b's PutStart */
     moonlet_master_tick(m);          /* the background sweep releases it */
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, 0);
 
     /* a sealed object's range is reusable at once */
     assert_int_equal(fix_put(m, "d", 4096), MOONLET_OK);
     assert_int_equal(moonlet_master_remove(m, t, MOONLET_STR("d")), MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.used, 0);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(fix_put(m, "e", 4096), MOONLET_OK);
@@ -178,7 +172,7 @@ static void test_quarantine(void **state)
     assert_int_equal(moonlet_master_put_revoke(m, t, MOONLET_STR("f")), MOONLET_OK);
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c1"), MOONLET_STR("s1")),
                      MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.used, 0);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.capacity, 0);
@@ -262,8 +256,7 @@ static void test_force_remove(void **state)
     assert_int_equal(n, 1); /* free */
     assert_int_equal(moonlet_master_remove_all_ex(m, t, true, &n), MOONLET_OK);
     assert_int_equal(n, 1); /* leased2; pending stays */
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.objects, 1);
     /* the two leased objects' ranges wait until their leases end (a reader
      * may still be reading them); the pending put's space stays allocated */
@@ -271,7 +264,7 @@ static void test_force_remove(void **state)
     assert_int_equal(st.used, 3 * moonlet_alloc_rounded(100));
     moonlet_clock_advance(5000 * MS); /* the lease TTL: both leases have ended */
     moonlet_master_tick(m);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, moonlet_alloc_rounded(100)); /* the pending put's space */
     moonlet_master_destroy(m);
@@ -413,8 +406,7 @@ static void test_unmount_removes_objects(void **state)
     assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("two"), NULL, NULL, collect_visit, &c), MOONLET_OK);
     assert_int_equal(c.n, 1);
     assert_string_equal(c.segs[0], "s2");
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     /* single-replica objects on s1 are gone, those on s2 remain */
     int alive = 0;
     for (int i = 0; i < 20; i++) {
@@ -447,8 +439,7 @@ static void test_liveness(void **state)
         assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c1"), NULL), MOONLET_OK);
         moonlet_master_tick(m);
     }
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.segments, 1);
     assert_int_equal(st.unmounts_by_liveness, 1);
     struct collect c = {0};
@@ -475,8 +466,7 @@ static void test_put_timeout(void **state)
         moonlet_master_ping(m, MOONLET_STR("c1"), NULL);
         moonlet_master_tick(m);
     }
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.put_timeouts, 1);
     assert_int_equal(st.objects, 0);
     assert_int_equal(st.used, 0);

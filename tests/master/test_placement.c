@@ -124,8 +124,7 @@ static void test_preferred_absent_or_full(void **state)
     assert_int_equal(put_opts(m, "full", 64, &po, &s), MOONLET_OK);
     assert_string_equal(s.names[0], "big");
     /* the fallback did not evict anything from the preferred segment */
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     /* too many names is refused */
     moonlet_str many[MOONLET_MAX_PREFERRED + 1];
@@ -145,16 +144,11 @@ static void test_hard_pin_never_evicted(void **state)
     moonlet_master_put_opts hard = {.replica_num = 1, .hard_pin = true};
     assert_int_equal(put_opts(m, "h0", 64, &hard, NULL), MOONLET_OK);
     assert_int_equal(put_opts(m, "h1", 64, &hard, NULL), MOONLET_OK);
-    char k[16];
-    for (int i = 0; i < 8; i++) {
-        snprintf(k, sizeof(k), "u%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
+    fix_put_range(m, "u", 0, 8, 64, 1);
     moonlet_key_view v;
     assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR("h0"), &v, NULL, NULL), MOONLET_OK);
     assert_true(v.hard_pinned);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 2);
     assert_int_equal(st.hard_pinned_bytes, 128);
     /* the watermark pass, both rounds, at any age: only the 8 others go */
@@ -163,23 +157,20 @@ static void test_hard_pin_never_evicted(void **state)
     assert_int_equal(moonlet_master_evict_now(m, 1.0), 0);
     assert_true(exists(m, "h0") && exists(m, "h1"));
     /* evict_for_space: fill the rest, then a put needing space */
-    for (int i = 0; i < 8; i++) {
-        snprintf(k, sizeof(k), "v%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
+    fix_put_range(m, "v", 0, 8, 64, 1);
     assert_int_equal(fix_put(m, "more", 64 * 8), MOONLET_OK);
     assert_true(exists(m, "h0") && exists(m, "h1"));
     /* a put that only the pinned space could make room for fails and evicts nothing */
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     uint64_t ev = st.evictions;
     assert_int_equal(fix_put(m, "huge", 64 * 10), MOONLET_ERR_NO_AVAILABLE_HANDLE);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.evictions, ev);
     assert_true(exists(m, "h0") && exists(m, "h1"));
     /* Remove takes it, and the counters follow */
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("h0")), MOONLET_OK);
     assert_false(exists(m, "h0"));
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 1);
     assert_int_equal(st.hard_pinned_bytes, 64);
     moonlet_master_destroy(m);
@@ -206,12 +197,8 @@ static void test_hard_pin_cap(void **state)
     assert_int_equal(moonlet_master_put_revoke(m, MOONLET_STR(""), MOONLET_STR("p")), MOONLET_OK);
     assert_int_equal(put_opts(m, "over", 64, &hard, NULL), MOONLET_OK);
     /* the unpinned half stays usable: ordinary puts still fit and evict */
-    for (int i = 0; i < 12; i++) {
-        snprintf(k, sizeof(k), "u%d", i);
-        assert_int_equal(fix_put_t(m, "", k, 64, 2), MOONLET_OK);
-    }
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    fix_put_range(m, "u", 0, 12, 64, 2);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 5);
     assert_true(st.evictions >= 7);
     moonlet_master_destroy(m);
@@ -271,8 +258,7 @@ static void test_old_put_start(void **state)
     assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR("k0"), &v, NULL, NULL), MOONLET_OK);
     assert_int_equal(v.soft_pin_remaining_ms, 30 * 60 * 1000);
     assert_false(v.hard_pinned);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 0);
     moonlet_master_destroy(m);
 }

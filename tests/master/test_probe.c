@@ -80,8 +80,7 @@ static void test_worked_example(void **state)
     assert_int_equal(after[3], before[3]); /* 0: unselected, unchanged */
     assert_int_equal(after[4], before[4]);
     assert_int_equal(after[3], 0);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 2);
     assert_int_equal(st.probe_calls_last_hit, 1);
     assert_int_equal(st.probe_candidates_examined, 1);
@@ -182,8 +181,7 @@ static void test_invalid_policies(void **state)
     assert_int_equal(probe(m, "", last_hit(0), K3, 0, r), MOONLET_OK);
     assert_int_equal(probe(m, "", none(), K3, 0, r), MOONLET_OK);
     assert_int_equal(probe(m, "", bad, K3, 0, r), MOONLET_ERR_INVALID_PARAMS);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 0);
     moonlet_master_destroy(m);
 }
@@ -206,8 +204,7 @@ static void test_duplicates(void **state)
     assert_int_equal(probe(m, "", last_hit(2), same, 2, r), MOONLET_OK);
     assert_int_equal(r[0], 1);
     assert_int_equal(r[1], 1);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 2 + 2 + 1); /* each physical object once per call */
     moonlet_master_destroy(m);
 }
@@ -267,14 +264,11 @@ static void remove_hook(void *arg)
 static void test_eviction_between_phases(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(0);
     struct hook_ctx h = {.victim = K3[5]};
     cfg.probe_hook = remove_hook;
     cfg.probe_hook_arg = &h;
-    moonlet_clock_set_fake(FIX_T0);
-    assert_int_equal(moonlet_master_create(&cfg, &h.m), MOONLET_OK);
+    h.m = fix_master_of(&cfg, FIX_T0);
     fix_mount(h.m, "c", "s", 1 << 20);
     put_all(h.m, "", K3, 6);
     int32_t r[6];
@@ -329,8 +323,7 @@ static void test_many_shards_large_candidates(void **state)
     /* checkpoints 4, 9, ..., 29 are incomplete: the last is 31 */
     for (int i = 0; i < N; i++)
         assert_int_equal(r[i], i / RANKS == 31);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, RANKS);
     moonlet_master_destroy(m);
 }

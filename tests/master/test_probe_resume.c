@@ -86,6 +86,40 @@ static void assert_mask_sel(const int32_t *mask, size_t n, size_t cs, int64_t se
             fail_msg("mask %zu: %d (selected %lld)", i, mask[i], (long long)sel);
 }
 
+/* Every default-tenant key's lease before a call. */
+typedef struct snapshot {
+    int64_t kv[4], kda[6];
+} snapshot;
+
+static snapshot snap(moonlet_master *m)
+{
+    snapshot s;
+    leases_t(m, "", s.kv, s.kda);
+    return s;
+}
+
+/* resume() on the default lists after snapshot s: it reports KV prefix
+ * `prefix` and selects `sel` (-1: none), its mask names that candidate, and
+ * exactly kv[0..b) and sel's KDA keys gained a lease; `gone` (NULL: none),
+ * removed during the call, no longer exists. */
+static void expect_resume(moonlet_master *m, snapshot s, const char *gone, uint64_t prefix,
+                          int64_t sel, uint64_t b)
+{
+    moonlet_probe_resume_out out;
+    int32_t mask[6];
+    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
+    assert_int_equal(out.kv_prefix, prefix);
+    assert_int_equal(out.selected, sel);
+    assert_mask_sel(mask, 6, 2, sel);
+    for (int i = 0; gone && i < 4; i++)
+        if (strcmp(KV[i], gone) == 0)
+            s.kv[i] = -1;
+    for (int i = 0; gone && i < 6; i++)
+        if (strcmp(KDA[i], gone) == 0)
+            s.kda[i] = -1;
+    assert_leased_exactly(m, "", s.kv, s.kda, sel, b);
+}
+
 /* docs/probe-policy.md: 128 complete, 256 lacks rank 0, 384 lacks rank 1.
  * All four KV blocks present: 128 is selected, and only kv/0 (its boundary)
  * and its two keys gain leases. */
@@ -96,18 +130,9 @@ static void test_worked_example(void **state)
     put_all(m, KV, 4);
     const char *present[] = {KDA[0], KDA[1], KDA[3], KDA[4]};
     put_all(m, present, 4);
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    moonlet_probe_resume_out out;
-    int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, 4);
-    assert_int_equal(out.selected, 0);
-    assert_mask_sel(mask, 6, 2, 0);
-    assert_leased_exactly(m, "", kv0, kda0, 0, 1);
+    expect_resume(m, snap(m), NULL, 4, 0, 1);
     assert_int_equal(fix_lease(m, KV[1]), 0); /* present, past the checkpoint: not leased */
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_calls, 1);
     assert_int_equal(st.leases_resume_kda, 2);
     assert_int_equal(st.leases_resume_kv, 1);
@@ -126,15 +151,7 @@ static void test_quickstart_example(void **state)
     moonlet_master *m = setup_master();
     put_all(m, KV, 4);
     put_all(m, KDA, 5); /* kda/384/r1 missing */
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    moonlet_probe_resume_out out;
-    int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, 4);
-    assert_int_equal(out.selected, 1);
-    assert_mask_sel(mask, 6, 2, 1);
-    assert_leased_exactly(m, "", kv0, kda0, 1, 2);
+    expect_resume(m, snap(m), NULL, 4, 1, 2);
     moonlet_master_destroy(m);
 }
 
@@ -148,17 +165,8 @@ static void test_kv_boundary_restricts(void **state)
     const char *kv[] = {KV[0], KV[1], KV[3]};
     put_all(m, kv, 3);
     put_all(m, KDA, 6);
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    moonlet_probe_resume_out out;
-    int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, 2);
-    assert_int_equal(out.selected, 1);
-    assert_mask_sel(mask, 6, 2, 1);
-    assert_leased_exactly(m, "", kv0, kda0, 1, 2);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    expect_resume(m, snap(m), NULL, 2, 1, 2);
+    moonlet_master_stats st = fix_stats(m);
     /* 384 only in the first try, which finds kv/2 missing; then 256 */
     assert_int_equal(st.resume_candidates_examined, 2);
     moonlet_master_destroy(m);
@@ -177,17 +185,12 @@ static void test_no_candidate_leases_nothing(void **state)
     bool ex;
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR(KV[2]), &ex), 0);
     moonlet_clock_advance(1500 * MS);
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    assert_int_equal(kv0[2], 3500);
+    snapshot s0 = snap(m);
+    assert_int_equal(s0.kv[2], 3500);
+    expect_resume(m, s0, NULL, 4, -1, 0);
+    /* a KV prefix of 0 admits only boundary-0 candidates */
     moonlet_probe_resume_out out;
     int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, 4);
-    assert_int_equal(out.selected, -1);
-    assert_mask_sel(mask, 6, 2, -1);
-    assert_leased_exactly(m, "", kv0, kda0, -1, 0);
-    /* a KV prefix of 0 admits only boundary-0 candidates */
     const char *only_kda[] = {KDA[0]};
     put_all(m, only_kda, 1);
     const uint64_t zero_b[] = {0, 0, 0};
@@ -278,8 +281,7 @@ static void test_invalid_requests(void **state)
     assert_int_equal(resume_t(m, "", NULL, 0, NULL, 0, 3, NULL, 0, &out, mask), MOONLET_OK);
     assert_int_equal(out.kv_prefix, 0);
     assert_leased_exactly(m, "", kv0, kda0, -1, 0);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda + st.leases_resume_kv, 0);
     moonlet_master_destroy(m);
 }
@@ -301,8 +303,7 @@ static void test_duplicates(void **state)
     assert_int_equal(out.kv_prefix, 3);
     assert_int_equal(out.selected, 1);
     assert_mask_sel(mask, 4, 2, 1);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda, 2); /* kv/1 and kda/128/r1 */
     assert_int_equal(st.leases_resume_kv, 1);  /* kv/0 (kv/1 counted as KDA) */
     assert_int_equal(fix_lease(m, KV[0]), 5000);
@@ -313,7 +314,7 @@ static void test_duplicates(void **state)
     assert_int_equal(resume_t(m, "", kv, 3, twice, 2, 2, b1, 1, &out, mask), MOONLET_OK);
     assert_int_equal(out.selected, 0);
     assert_int_equal(fix_lease(m, KDA[0]), 5000);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda, 2 + 1);
     assert_int_equal(st.leases_resume_kv, 1 + 1);
     moonlet_master_destroy(m);
@@ -370,13 +371,10 @@ static void remove_once_hook(void *arg)
 
 static moonlet_master *hook_master(struct hook_ctx *h)
 {
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(0);
     cfg.probe_hook = remove_once_hook;
     cfg.probe_hook_arg = h;
-    moonlet_clock_set_fake(FIX_T0);
-    assert_int_equal(moonlet_master_create(&cfg, &h->m), MOONLET_OK);
+    h->m = fix_master_of(&cfg, FIX_T0);
     fix_mount(h->m, "c", "s", 1 << 20);
     put_all(h->m, KV, 4);
     put_all(h->m, KDA, 6);
@@ -388,24 +386,9 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
 {
     struct hook_ctx h = {.victim = victim};
     moonlet_master *m = hook_master(&h);
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    moonlet_probe_resume_out out;
-    int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
-    assert_int_equal(out.kv_prefix, want_prefix); /* as scanned */
-    assert_int_equal(out.selected, want_sel);
-    assert_mask_sel(mask, 6, 2, want_sel);
-    /* the victim is gone (-1); every other key as assert_leased_exactly says */
-    for (int i = 0; i < 4; i++)
-        if (strcmp(KV[i], victim) == 0)
-            kv0[i] = -1;
-    for (int i = 0; i < 6; i++)
-        if (strcmp(KDA[i], victim) == 0)
-            kda0[i] = -1;
-    assert_leased_exactly(m, "", kv0, kda0, want_sel, want_b);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    /* the prefix as scanned; the victim is gone */
+    expect_resume(m, snap(m), victim, want_prefix, want_sel, want_b);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_candidates_examined, want_examined);
     assert_int_equal(st.resume_recheck_fallbacks, want_examined - 1);
     uint64_t hist = 0;
@@ -442,24 +425,11 @@ static void after_the_scan(const char *victim)
     struct hook_ctx h = {.victim = victim, .at = 0};
     moonlet_master *m = hook_master(&h);
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR(KDA[5])), MOONLET_OK);
-    int64_t kv0[4], kda0[6];
-    leases_t(m, "", kv0, kda0);
-    moonlet_probe_resume_out out;
-    int32_t mask[6];
-    assert_int_equal(resume(m, &out, mask), MOONLET_OK);
+    /* the prefix as scanned before the victim went; 256 failed: nothing of
+     * it leased */
+    expect_resume(m, snap(m), victim, 4, 0, 1);
     assert_int_equal(h.calls, 2); /* before 256 and 128 (384's own scan failed: not tried) */
-    assert_int_equal(out.kv_prefix, 4); /* scanned before kv/1 went */
-    assert_int_equal(out.selected, 0);
-    assert_mask_sel(mask, 6, 2, 0);
-    for (int i = 0; i < 4; i++)
-        if (strcmp(KV[i], victim) == 0)
-            kv0[i] = -1;
-    for (int i = 0; i < 6; i++)
-        if (strcmp(KDA[i], victim) == 0)
-            kda0[i] = -1;
-    assert_leased_exactly(m, "", kv0, kda0, 0, 1); /* 256 failed: nothing of it leased */
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.resume_candidates_examined, 2);
     assert_int_equal(st.resume_recheck_fallbacks, 1);
     assert_int_equal(st.leases_resume_kda, 2);
@@ -508,8 +478,7 @@ static void test_many_shards(void **state)
     assert_mask_sel(mask, CK * RANKS, RANKS, 24);
     for (int i = 0; i < NKV; i++)
         assert_int_equal(fix_lease(m, kv[i]), i == 100 ? -1 : (i < 100 ? 5000 : 0));
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kv, 100);
     assert_int_equal(st.leases_resume_kda, RANKS);
     moonlet_master_destroy(m);

@@ -12,11 +12,9 @@
  * and a wall-clock cap.  Meant to run under ThreadSanitizer too (suite
  * "stress").
  */
-#include "../common/master_fixture.h"
+#include "../common/stress_fixture.h"
 
-#include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 
 #define PROBERS 3
 #define CHURNERS 2
@@ -26,7 +24,6 @@
 #define NKDA (CKPTS * RANKS)
 #define CALLS 300
 #define TTL_MS 200
-#define DEADLINE_NS (20ull * 1000000000ull)
 
 static moonlet_master *g_m;
 static char g_kv[PROBERS][NKV][24], g_kda[PROBERS][NKDA][24];
@@ -34,27 +31,14 @@ static uint64_t g_bounds[CKPTS];
 static _Atomic int g_stop;
 static _Atomic uint64_t g_selected, g_none, g_violations;
 
-static moonlet_str tenant_of(int t)
-{
-    static const char *names[PROBERS] = {"t0", "t1", "t2"};
-    return MOONLET_STR(names[t]);
-}
-
 static int64_t lease_ms(int t, const char *key)
 {
-    moonlet_key_view v;
-    if (moonlet_master_inspect_key(g_m, tenant_of(t), MOONLET_STR(key), &v, NULL, NULL))
-        return -1;
-    return (int64_t)v.lease_remaining_ms;
+    return fix_lease_t(g_m, stress_tenant(t).ptr, key);
 }
 
-/* A key leased by this call at some time in [t0, now] has at least
- * TTL - elapsed left, unless the TTL has run out meanwhile.  `after` must be
- * read before `elapsed_ms` is measured. */
 static void check_leased(int64_t after, uint64_t t0)
 {
-    uint64_t elapsed_ms = (moonlet_clock_now_ns() - t0) / MOONLET_NS_PER_MS;
-    if (elapsed_ms + 1 < TTL_MS && (after <= 0 || after + (int64_t)elapsed_ms + 1 < TTL_MS))
+    if (stress_lease_violated(after, t0, TTL_MS))
         atomic_fetch_add(&g_violations, 1);
 }
 
@@ -69,14 +53,14 @@ static void *prober(void *arg)
     int32_t mask[NKDA];
     int64_t kv0[NKV], kda0[NKDA];
     uint64_t start = moonlet_clock_real_ns();
-    for (int call = 0; call < CALLS && moonlet_clock_real_ns() - start < DEADLINE_NS; call++) {
+    for (int call = 0; call < CALLS && stress_in_time(start); call++) {
         for (int i = 0; i < NKV; i++)
             kv0[i] = lease_ms(t, g_kv[t][i]);
         for (int i = 0; i < NKDA; i++)
             kda0[i] = lease_ms(t, g_kda[t][i]);
         uint64_t t0 = moonlet_clock_now_ns();
         moonlet_probe_resume_out out;
-        assert_int_equal(moonlet_master_probe_resume(g_m, tenant_of(t), kv, NKV, kda, NKDA, RANKS,
+        assert_int_equal(moonlet_master_probe_resume(g_m, stress_tenant(t), kv, NKV, kda, NKDA, RANKS,
                                                      g_bounds, CKPTS, &out, mask),
                          MOONLET_OK);
         int64_t sel = out.selected;
@@ -109,26 +93,14 @@ static void *churner(void *arg)
 {
     unsigned seed = (unsigned)(intptr_t)arg * 7919u + 1;
     uint64_t start = moonlet_clock_real_ns();
-    while (!atomic_load(&g_stop) && moonlet_clock_real_ns() - start < DEADLINE_NS) {
+    while (!atomic_load(&g_stop) && stress_in_time(start)) {
         int t = rand_r(&seed) % PROBERS;
         /* KV keys are churned less often than KDA keys, but both are */
         bool is_kv = rand_r(&seed) % 3 == 0;
         const char *k = is_kv ? g_kv[t][rand_r(&seed) % NKV] : g_kda[t][rand_r(&seed) % NKDA];
-        moonlet_str key = MOONLET_STR(k);
         /* eviction takes the least recently written first: the KV prefix
          * (written first) would be gone at once if passes came often */
-        switch (rand_r(&seed) % 128) {
-        case 0:
-            moonlet_master_evict_now(g_m, 0.01);
-            break;
-        case 1: case 2: case 3: case 4: case 5: case 6: case 7: case 8: case 9: case 10:
-            moonlet_master_remove(g_m, tenant_of(t), key); /* refused while leased */
-            break;
-        default:
-            if (moonlet_master_put_start(g_m, tenant_of(t), key, 64, 1, false, NULL, NULL) == 0)
-                moonlet_master_put_end(g_m, tenant_of(t), key, NULL);
-            break;
-        }
+        stress_churn_step(g_m, stress_tenant(t), MOONLET_STR(k), rand_r(&seed) % 128, 10);
     }
     return NULL;
 }
@@ -144,37 +116,20 @@ static void yield_hook(void *arg)
 static void test_probe_resume_under_churn(void **state)
 {
     (void)state;
-    moonlet_clock_set_fake(0); /* real clock: leases expire by themselves */
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.background = false;
-    cfg.lease_ttl_ms = TTL_MS;
-    cfg.shards = 1024;
-    cfg.probe_hook = yield_hook;
-    assert_int_equal(moonlet_master_create(&cfg, &g_m), MOONLET_OK);
-    fix_mount(g_m, "c", "s", 64 << 20);
+    g_m = stress_master(TTL_MS, yield_hook);
     for (int c = 0; c < CKPTS; c++)
         g_bounds[c] = (uint64_t)(c + 1) * (NKV / CKPTS);
     for (int t = 0; t < PROBERS; t++) {
         for (int i = 0; i < NKV; i++) {
             snprintf(g_kv[t][i], sizeof(g_kv[t][i]), "kv/%d", i);
-            assert_int_equal(fix_put_t(g_m, tenant_of(t).ptr, g_kv[t][i], 64, 1), MOONLET_OK);
+            assert_int_equal(fix_put_t(g_m, stress_tenant(t).ptr, g_kv[t][i], 64, 1), MOONLET_OK);
         }
         for (int i = 0; i < NKDA; i++) {
             snprintf(g_kda[t][i], sizeof(g_kda[t][i]), "ck%d/r%d", i / RANKS, i % RANKS);
-            assert_int_equal(fix_put_t(g_m, tenant_of(t).ptr, g_kda[t][i], 64, 1), MOONLET_OK);
+            assert_int_equal(fix_put_t(g_m, stress_tenant(t).ptr, g_kda[t][i], 64, 1), MOONLET_OK);
         }
     }
-    pthread_t p[PROBERS], c[CHURNERS];
-    for (int i = 0; i < CHURNERS; i++)
-        pthread_create(&c[i], NULL, churner, (void *)(intptr_t)i);
-    for (int i = 0; i < PROBERS; i++)
-        pthread_create(&p[i], NULL, prober, (void *)(intptr_t)i);
-    for (int i = 0; i < PROBERS; i++)
-        pthread_join(p[i], NULL);
-    atomic_store(&g_stop, 1);
-    for (int i = 0; i < CHURNERS; i++)
-        pthread_join(c[i], NULL);
+    stress_run(prober, PROBERS, churner, CHURNERS, &g_stop);
 
     moonlet_master_stats st;
     moonlet_master_get_stats(g_m, &st);

@@ -21,8 +21,7 @@ static void mountf(moonlet_master *m, const char *client, const char *seg, uint6
 
 static uint64_t stat_segments(moonlet_master *m)
 {
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     return st.segments;
 }
 
@@ -52,11 +51,7 @@ static void test_more_than_4096_segments(void **state)
                               .endpoint = "127.0.0.1:1", .protocol = "tcp"};
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_SEGMENT_ALREADY_EXISTS);
     /* puts land on segments past the old cap too */
-    char k[32];
-    for (int i = 0; i < 200; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(fix_put_t(m, "", k, 1000, 3), MOONLET_OK);
-    }
+    fix_put_range(m, "k", 0, 200, 1000, 3);
     moonlet_master_destroy(m);
 }
 
@@ -104,8 +99,7 @@ static void test_churn_many_ids(void **state)
             assert_int_equal(segs, 0);
         }
         assert_int_equal(stat_segments(m), 0);
-        moonlet_master_stats st;
-        moonlet_master_get_stats(m, &st);
+        moonlet_master_stats st = fix_stats(m);
         assert_int_equal(st.capacity, 0);
     }
     moonlet_master_destroy(m);
@@ -158,8 +152,7 @@ static void test_session_closed_many(void **state)
         }
     }
     moonlet_master_session_closed(m, 1);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.clients, N / 2 + N / 4); /* even ones without a segment forgotten */
     for (int i = 0; i < N; i++) {
         snprintf(c, sizeof(c), "node%d", i);
@@ -169,7 +162,7 @@ static void test_session_closed_many(void **state)
     }
     moonlet_master_session_closed(m, 2);
     moonlet_master_session_closed(m, 3);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.clients, N / 4); /* only those holding a segment */
     moonlet_master_destroy(m);
 }
@@ -199,8 +192,7 @@ static void test_liveness_unmounts_only_dead(void **state)
     }
     moonlet_clock_advance(1001 * MS);
     moonlet_master_tick(m);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.segments, N - DEAD);
     assert_int_equal(st.clients, N - DEAD);
     struct seen v = {.hits = calloc(N, 1), .max = N};
@@ -224,7 +216,7 @@ static void test_liveness_unmounts_only_dead(void **state)
         assert_int_equal(dead_named, 0);
         left++;
     }
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.objects, left);
     assert_true(left < KEYS && left > KEYS / 2);
     moonlet_master_destroy(m);
@@ -238,24 +230,19 @@ static void test_liveness_unmount_spread_over_ticks(void **state)
     moonlet_master *m = fix_master(64, 5000);
     enum { KEYS = 70000 }; /* more than one tick's budget (65,536) */
     mountf(m, "dead", "segdead", 64u << 20);
-    char k[32];
-    for (int i = 0; i < KEYS; i++) {
-        snprintf(k, sizeof(k), "key%d", i);
-        assert_int_equal(fix_put(m, k, 64), MOONLET_OK);
-    }
+    fix_put_range(m, "key", 0, KEYS, 64, 1);
     mountf(m, "live", "seglive", 64u << 20);
     moonlet_clock_advance(9000 * MS);
     assert_int_equal(moonlet_master_ping(m, MOONLET_STR("live"), NULL), MOONLET_OK);
     moonlet_clock_advance(1001 * MS);
     moonlet_master_tick(m);
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.segments, 1); /* out of service at once */
     assert_true(st.objects > 0 && st.objects < KEYS); /* stripped in part */
     assert_int_equal(st.unmounts_by_liveness, 0);
     assert_int_equal(fix_put(m, "new", 64), MOONLET_OK); /* lands on the live one */
     moonlet_master_tick(m);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.objects, 1);
     assert_int_equal(st.unmounts_by_liveness, 1);
     assert_int_equal(st.capacity, 64u << 20);
@@ -284,15 +271,14 @@ static void test_placement_most_full(void **state)
         snprintf(k, sizeof(k), "small%d", i);
         assert_int_equal(fix_put(m, k, seg / 16), MOONLET_OK);
     }
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(st.used, st.capacity);
     /* a removal makes room on a full segment: the next put lands there */
     moonlet_clock_advance(5001 * MS); /* past the puts' leases (none: no get) */
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("big7")), MOONLET_OK);
     assert_int_equal(fix_put(m, "again", seg), MOONLET_OK);
-    moonlet_master_get_stats(m, &st);
+    st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(st.used, st.capacity);
     moonlet_master_destroy(m);

@@ -144,15 +144,11 @@ static void collect_seg(void *arg, const moonlet_segment_view *s)
 static void test_registry_stress(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 64;
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(64);
     cfg.client_live_ttl_ms = 30;
     cfg.lease_ttl_ms = 5;
     cfg.put_quarantine_grace_ms = 1;
-    moonlet_clock_set_fake(0); /* the real clock */
-    assert_int_equal(moonlet_master_create(&cfg, &g_m), MOONLET_OK);
+    g_m = fix_master_of(&cfg, 0); /* the real clock */
     pthread_t th[NODE_THREADS + IO_THREADS + 1];
     int n = 0;
     for (int i = 0; i < NODE_THREADS; i++)

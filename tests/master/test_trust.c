@@ -9,8 +9,7 @@
 
 static moonlet_master_stats stats(moonlet_master *m)
 {
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
+    moonlet_master_stats st = fix_stats(m);
     return st;
 }
 
@@ -68,14 +67,9 @@ static void test_failed_puts_create_no_tenant(void **state)
 static void test_tenant_bound_and_expiry(void **state)
 {
     (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    cfg.background = false;
+    moonlet_master_config cfg = fix_config(16);
     cfg.max_tenants = 4;
-    moonlet_clock_set_fake(FIX_T0);
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
     fix_mount(m, "c", "s", MiB);
     const char *names[] = {"a", "b", "c", "d"};
     for (int i = 0; i < 4; i++)

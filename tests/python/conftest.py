@@ -25,6 +25,15 @@ MIB = 1 << 20
 K3 = ["kda/128/r0", "kda/128/r1", "kda/256/r0", "kda/256/r1", "kda/384/r0", "kda/384/r1"]
 
 
+def k3_short_key(kid):
+    """The K3 worked example's key names for a k3.KVKey (kv/<block>) or a
+    k3.KDAKey (kda/<position>/r<rank>); duck-typed, so it serves the module
+    imported by path (test_k3.py) and the package's (test_k3_store.py)."""
+    if hasattr(kid, "block"):
+        return f"kv/{kid.block}"
+    return f"kda/{kid.position}/r{kid.rank}"
+
+
 def start_master(*extra):
     return daemons.start_master("--shards", "64", "--client_live_ttl_sec", "600", *extra)
 

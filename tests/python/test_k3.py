@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from conftest import k3_short_key
+
 _ROOT = pathlib.Path(os.environ.get("MOONLET_SOURCE_ROOT", pathlib.Path(__file__).parents[2]))
 _spec = importlib.util.spec_from_file_location("moonlet_k3", _ROOT / "python" / "moonlet" / "k3.py")
 k3 = importlib.util.module_from_spec(_spec)
@@ -34,10 +36,7 @@ def vllm_keys(kid):
     return f"kda/{kid.position}/g{kid.group}/r{kid.rank}/c{kid.component}"
 
 
-def short_keys(kid):
-    if isinstance(kid, k3.KVKey):
-        return f"kv/{kid.block}"
-    return f"kda/{kid.position}/r{kid.rank}"
+short_keys = k3_short_key
 
 
 def sglang_keys(kid):

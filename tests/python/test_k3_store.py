@@ -8,16 +8,14 @@ none.  Also Store.probe_resume itself: its answer, its leases, its errors.
 import pytest
 
 import moonlet
+from conftest import k3_short_key
 from moonlet import k3
 
 LAYOUT = k3.Layout(block_tokens=128, ranks=2)
 CKPTS = [128, 256, 384]
 
 
-def key(kid):
-    if isinstance(kid, k3.KVKey):
-        return f"kv/{kid.block}"
-    return f"kda/{kid.position}/r{kid.rank}"
+key = k3_short_key
 
 
 def put_worked_example(store, tenant):
@@ -31,16 +29,19 @@ def lease_ms(store, k, tenant):
     return store.inspect(k, tenant_id=tenant)["lease_remaining_ms"]
 
 
+def assert_leases(store, tenant, leased, not_leased):
+    """Each key of `leased` has lease time left, each of `not_leased` none."""
+    got = {k: lease_ms(store, k, tenant) for k in leased + not_leased}
+    assert all(got[k] > 0 for k in leased) and all(got[k] == 0 for k in not_leased), got
+
+
 def test_worked_example_through_the_binding(store, direct, tenant):
     put_worked_example(direct, tenant)
     r = k3.lookup(store, LAYOUT, key, prompt_tokens=512, kv_blocks=4, checkpoints=CKPTS,
                   tenant_id=tenant, two_calls=True)
     assert r.resume_position == 128 and r.calls == 2
     assert r.keys == ["kv/0", "kda/128/r0", "kda/128/r1"]
-    assert lease_ms(direct, "kda/128/r0", tenant) > 0
-    assert lease_ms(direct, "kda/128/r1", tenant) > 0
-    assert lease_ms(direct, "kda/256/r1", tenant) == 0
-    assert lease_ms(direct, "kda/384/r0", tenant) == 0
+    assert_leases(direct, tenant, ["kda/128/r0", "kda/128/r1"], ["kda/256/r1", "kda/384/r0"])
 
 
 def test_binding_policy_type_and_lease_all(store, direct, tenant):
@@ -62,12 +63,8 @@ def test_one_call_worked_example(store, direct, tenant):
     assert r.keys == ["kv/0", "kda/128/r0", "kda/128/r1"]
     assert (r.kv_prefix_blocks, r.candidates, r.kda_leased, r.kv_leased) == (4, 3, 2, 1)
     # exactly what is loaded gained a lease: kv/0 and checkpoint 128
-    assert lease_ms(direct, "kv/0", tenant) > 0
-    assert [lease_ms(direct, f"kv/{b}", tenant) for b in (1, 2, 3)] == [0, 0, 0]
-    assert lease_ms(direct, "kda/128/r0", tenant) > 0
-    assert lease_ms(direct, "kda/128/r1", tenant) > 0
-    assert lease_ms(direct, "kda/256/r1", tenant) == 0
-    assert lease_ms(direct, "kda/384/r0", tenant) == 0
+    assert_leases(direct, tenant, ["kv/0", "kda/128/r0", "kda/128/r1"],
+                  ["kv/1", "kv/2", "kv/3", "kda/256/r1", "kda/384/r0"])
 
 
 def test_probe_resume(store, direct, tenant):

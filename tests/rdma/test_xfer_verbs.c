@@ -76,6 +76,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
+#include "../common/capture.h"
 
 #define SEG (4u << 20)
 #define TMO 5000u
@@ -167,28 +168,6 @@ static void test_qp_attrs(void **state)
     read_check(c, &s, buf, 12345);
     moonlet_xfer_destroy(c);
     server_stop(&s);
-}
-
-/* Runs fn with stderr captured; returns the text. */
-static char *capture_stderr(void (*fn)(void *), void *arg)
-{
-    char path[] = "/tmp/moonlet-verbs-log-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    unlink(path);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    dup2(fd, STDERR_FILENO);
-    fn(arg);
-    fflush(stderr);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    off_t len = lseek(fd, 0, SEEK_END);
-    char *text = calloc(1, (size_t)len + 1);
-    assert_non_null(text);
-    assert_int_equal(pread(fd, text, (size_t)len, 0), len);
-    close(fd);
-    return text;
 }
 
 static int count_lines(const char *t)

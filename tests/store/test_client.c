@@ -57,6 +57,41 @@ static void local_config(moonlet_client_config *cfg, const char *addr, uint64_t 
     cfg->transfer_timeout_ms = 3000;
 }
 
+/* A client with a local segment of seg bytes (see local_config); its data
+ * endpoint into own. */
+static moonlet_client *new_local_client(const char *addr, uint64_t seg, char *own, size_t cap)
+{
+    moonlet_client_config cfg;
+    local_config(&cfg, addr, seg);
+    moonlet_client *c;
+    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
+    assert_int_equal(moonlet_client_local_endpoint(c, own, cap), MOONLET_OK);
+    return c;
+}
+
+/* Every get path (get, get_alloc, get_into, batch_get_into) of key fails
+ * with `want` and hands out no bytes; buf (n bytes) is registered for
+ * get_into and batch_get_into.  Returns the length batch_get_into reported. */
+static size_t assert_every_get_fails(moonlet_client *c, const char *key, unsigned char *buf,
+                                     size_t n, int want)
+{
+    size_t len = 0;
+    assert_int_equal(moonlet_client_get(c, key, buf, n, NULL, &len), want);
+    void *p = (void *)1;
+    assert_int_equal(moonlet_client_get_alloc(c, key, NULL, &p, &len), want);
+    assert_null(p);
+    assert_int_equal(moonlet_client_register_buffer(c, buf, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(c, key, buf, n, NULL, &len), want);
+    const char *keys[] = {key};
+    void *bufs[] = {buf};
+    size_t caps[] = {n}, lens[1];
+    int32_t res[1];
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, bufs, caps, NULL, lens, res), want);
+    assert_int_equal(res[0], want);
+    assert_int_equal(moonlet_client_unregister_buffer(c, buf), MOONLET_OK);
+    return lens[0];
+}
+
 static moonlet_client *new_dummy_client(const char *tenant)
 {
     moonlet_dummy_config cfg;
@@ -220,16 +255,7 @@ static void test_round_trip(void **state)
         assert_int_equal(moonlet_client_put(g_cli, key, data, sizes[i], NULL), MOONLET_OK);
         assert_int_equal(cl_replicas(g_mc, NULL, key), 1); /* replica_num defaults to 1 */
         cl_assert_get_equals(g_cli, key, NULL, data, sizes[i]);
-        void *p = NULL;
-        size_t len = 7;
-        assert_int_equal(moonlet_client_get_alloc(g_cli, key, NULL, &p, &len), MOONLET_OK);
-        assert_non_null(p);
-        assert_int_equal(len, sizes[i]);
-        assert_memory_equal(p, data, sizes[i]);
-        moonlet_free(p);
-        uint64_t size = 1;
-        assert_int_equal(moonlet_client_get_size(g_cli, key, NULL, &size), MOONLET_OK);
-        assert_int_equal(size, sizes[i]);
+        cl_assert_alloc_and_size(g_cli, key, NULL, data, sizes[i]);
         bool ex = false;
         assert_int_equal(moonlet_client_exist_key(g_cli, key, NULL, &ex), MOONLET_OK);
         assert_true(ex);
@@ -345,24 +371,20 @@ static void test_registered_buffers(void **state)
     const void *pb[] = {src, src + 4096, loose, src};
     const size_t pl[] = {4096, 8192, 64, 10};
     int32_t pr[4];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, pk, 4, pb, pl, NULL, pr),
-                     MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(pr[0], MOONLET_OK);
-    assert_int_equal(pr[1], MOONLET_OK);
-    assert_int_equal(pr[2], MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(pr[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    cl_assert_batch(moonlet_client_batch_put_from(g_cli, pk, 4, pb, pl, NULL, pr), pr,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_ERR_INVALID_PARAMS,
+                                      MOONLET_ERR_OBJECT_ALREADY_EXISTS},
+                    4);
     const char *gk[] = {"zc/p0", "zc/p1", "zc/none", "zc/b"};
     void *gb[] = {dst, dst + 4096, dst + 3 * 4096, dst + 4 * 4096};
     const size_t gc[] = {4096, 8192, 4096, 100};
     size_t gl[4];
     int32_t gr[4];
     memset(dst, 0, 2 * mb);
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, gk, 4, gb, gc, NULL, gl, gr),
-                     MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(gr[0], MOONLET_OK);
-    assert_int_equal(gr[1], MOONLET_OK);
-    assert_int_equal(gr[2], MOONLET_ERR_OBJECT_NOT_FOUND);
-    assert_int_equal(gr[3], MOONLET_ERR_BUFFER_OVERFLOW);
+    cl_assert_batch(moonlet_client_batch_get_into(g_cli, gk, 4, gb, gc, NULL, gl, gr), gr,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_ERR_OBJECT_NOT_FOUND,
+                                      MOONLET_ERR_BUFFER_OVERFLOW},
+                    4);
     assert_int_equal(gl[0], 4096);
     assert_int_equal(gl[1], 8192);
     assert_int_equal(gl[3], mb - 512);
@@ -395,12 +417,10 @@ static void test_copying_batches(void **state)
     struct iovec iov[] = {{a, 5000}, {b, 300}, {a, 0}, {b, 300}, {a, 1}};
     const size_t cnt[] = {2, 1, 1, 1};
     int32_t r[4];
-    assert_int_equal(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r),
-                     MOONLET_ERR_OBJECT_ALREADY_EXISTS);
-    assert_int_equal(r[0], MOONLET_OK);
-    assert_int_equal(r[1], MOONLET_OK);
-    assert_int_equal(r[2], MOONLET_OK);
-    assert_int_equal(r[3], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    cl_assert_batch(moonlet_client_batch_put(g_cli, keys, 4, iov, cnt, NULL, r), r,
+                    (const int32_t[]){MOONLET_OK, MOONLET_OK, MOONLET_OK,
+                                      MOONLET_ERR_OBJECT_ALREADY_EXISTS},
+                    4);
     unsigned char *ab = malloc(5300);
     memcpy(ab, a, 5000);
     memcpy(ab + 5000, b, 300);
@@ -467,12 +487,7 @@ static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
 
 static double lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
-        return -1;
-    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return v;
+    return cl_lease_ms(g_mc, tenant, key);
 }
 
 static void test_batch_probe_policy(void **state)
@@ -567,12 +582,8 @@ static void test_staging_path(void **state)
 static void test_local_segment(void **state)
 {
     (void)state;
-    moonlet_client_config cfg;
-    local_config(&cfg, g_master.addr, 8u << 20);
-    moonlet_client *c;
-    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
-    assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof(own)), MOONLET_OK);
+    moonlet_client *c = new_local_client(g_master.addr, 8u << 20, own, sizeof(own));
     assert_int_equal(moonlet_client_local_endpoint(c, own, 4), MOONLET_ERR_BUFFER_OVERFLOW);
     assert_int_equal(cl_segments(g_mc), 3);
     unsigned char *data = cl_random_bytes(1u << 20, 55);
@@ -684,10 +695,8 @@ static void test_put_revoked_when_write_fails(void **state)
     const void *bufs[] = {data, data + 100};
     const size_t lens[] = {100, 200};
     int32_t res[2];
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, 2, bufs, lens, &two, res),
-                     MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(res[0], MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(res[1], MOONLET_ERR_TRANSFER_FAIL);
+    cl_assert_batch(moonlet_client_batch_put_from(g_cli, keys, 2, bufs, lens, &two, res), res,
+                    (const int32_t[]){MOONLET_ERR_TRANSFER_FAIL, MOONLET_ERR_TRANSFER_FAIL}, 2);
     assert_not_there("revoked/b0");
     assert_not_there("revoked/b1");
     assert_true(stat_of("put_revokes") >= revokes + 3);
@@ -723,21 +732,8 @@ static void test_lease_expired(void **state)
     const size_t big = 32u << 20;
     unsigned char *data = cl_random_bytes(big, 11), *got = malloc(big);
     assert_int_equal(moonlet_client_put(c, "big", data, big, NULL), MOONLET_OK);
+    assert_int_equal(assert_every_get_fails(c, "big", got, big, MOONLET_ERR_LEASE_EXPIRED), big);
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(c, "big", got, big, NULL, &len), MOONLET_ERR_LEASE_EXPIRED);
-    void *p = (void *)1;
-    assert_int_equal(moonlet_client_get_alloc(c, "big", NULL, &p, &len), MOONLET_ERR_LEASE_EXPIRED);
-    assert_null(p);
-    assert_int_equal(moonlet_client_register_buffer(c, got, big), MOONLET_OK);
-    assert_int_equal(moonlet_client_get_into(c, "big", got, big, NULL, &len), MOONLET_ERR_LEASE_EXPIRED);
-    const char *keys[] = {"big"};
-    void *bufs[] = {got};
-    size_t caps[] = {big}, lens[1];
-    int32_t res[1];
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, bufs, caps, NULL, lens, res),
-                     MOONLET_ERR_LEASE_EXPIRED);
-    assert_int_equal(res[0], MOONLET_ERR_LEASE_EXPIRED);
-    assert_int_equal(lens[0], big);
     /* an empty object has no bytes a reclaimed lease could change */
     assert_int_equal(moonlet_client_put(c, "empty", "", 0, NULL), MOONLET_OK);
     assert_int_equal(moonlet_client_get(c, "empty", NULL, 0, NULL, &len), MOONLET_OK);
@@ -753,10 +749,7 @@ static void test_auth_token(void **state)
 {
     (void)state;
     char path[] = "/tmp/moonlet-client-token-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, "t0ken\n", 6), 6);
-    close(fd);
+    assert_int_equal(cl_token_file(path, "t0ken"), 0);
     const char *const flags[] = {"--auth-token-file", path, NULL};
     test_proc m, s;
     assert_int_equal(cl_start_master(&m, flags), 0);
@@ -834,12 +827,8 @@ static uint64_t replica_offset_at(const char *key, const char *own)
 static void test_checksum_corrupted_replica(void **state)
 {
     (void)state;
-    moonlet_client_config cfg;
-    local_config(&cfg, g_cmaster.addr, 8u << 20);
-    moonlet_client *c;
-    assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_OK);
     char own[128];
-    assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof(own)), MOONLET_OK);
+    moonlet_client *c = new_local_client(g_cmaster.addr, 8u << 20, own, sizeof(own));
     uint8_t *seg = moonlet_client_local_segment_base(c);
     assert_non_null(seg);
     const size_t n = 64u << 10;
@@ -850,22 +839,9 @@ static void test_checksum_corrupted_replica(void **state)
     assert_int_equal(moonlet_client_put(c, "ck/a", data, n, NULL), MOONLET_OK);
     cl_assert_get_equals(c, "ck/a", NULL, data, n);
     seg[replica_offset_at("ck/a", own) + 100] ^= 0x01;
+    assert_every_get_fails(c, "ck/a", got, n, MOONLET_ERR_INVALID_READ);
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(c, "ck/a", got, n, NULL, &len), MOONLET_ERR_INVALID_READ);
-    void *p = NULL;
-    assert_int_equal(moonlet_client_get_alloc(c, "ck/a", NULL, &p, &len), MOONLET_ERR_INVALID_READ);
-    assert_null(p);
-    assert_int_equal(moonlet_client_register_buffer(c, got, n), MOONLET_OK);
-    assert_int_equal(moonlet_client_get_into(c, "ck/a", got, n, NULL, &len),
-                     MOONLET_ERR_INVALID_READ);
-    const char *keys[] = {"ck/a"};
-    void *bufs[] = {got};
-    size_t caps[] = {n}, lens[1];
     int32_t res[1];
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, 1, bufs, caps, NULL, lens, res),
-                     MOONLET_ERR_INVALID_READ);
-    assert_int_equal(res[0], MOONLET_ERR_INVALID_READ);
-    assert_int_equal(moonlet_client_unregister_buffer(c, got), MOONLET_OK);
 
     /* put_from / batch_put_from record it too */
     unsigned char *reg = malloc(n);

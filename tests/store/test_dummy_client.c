@@ -162,16 +162,7 @@ static void test_roundtrip_sizes(void **state)
             cl_assert_get_equals(c, key, NULL, data, sizes[i]);
             /* the other DummyClient reads it too: the bytes are in the store */
             cl_assert_get_equals(which ? g_dc : big, key, NULL, data, sizes[i]);
-            void *a = NULL;
-            size_t alen = 1;
-            assert_int_equal(moonlet_client_get_alloc(c, key, NULL, &a, &alen), MOONLET_OK);
-            assert_non_null(a);
-            assert_int_equal(alen, sizes[i]);
-            assert_memory_equal(a, data, sizes[i]);
-            free(a);
-            uint64_t sz = 1;
-            assert_int_equal(moonlet_client_get_size(c, key, NULL, &sz), MOONLET_OK);
-            assert_int_equal(sz, sizes[i]);
+            cl_assert_alloc_and_size(c, key, NULL, data, sizes[i]);
             if (sizes[i] > 0) {
                 unsigned char small[1];
                 size_t len = 0;
@@ -243,12 +234,8 @@ static void test_skip_checksum_forwarded(void **state)
 static void test_errors_pass_through(void **state)
 {
     (void)state;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *real = NULL;
-    assert_int_equal(moonlet_client_create(&cfg, &real), MOONLET_OK);
+    assert_int_equal(cl_client_create(g_master.addr, 0, &real), 0);
     moonlet_client *both[2] = {g_dc, real};
     int got[2][12];
     char longkey[MOONLET_MAX_KEY_BYTES + 2];
@@ -304,18 +291,35 @@ static void test_errors_pass_through(void **state)
 static const char *const k3_keys[6] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                        "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 
+/* The K3 keys' leases in tenant t: the first `leased` hold one, the others
+ * none; kda/256/r0 and kda/384/r1 were never stored. */
+static void assert_k3_leases(moonlet_client *c, const char *t, int leased)
+{
+    for (int i = 0; i < 6; i++) {
+        long long ms = lease_ms(c, k3_keys[i], t);
+        if (i < leased)
+            assert_true(ms > 0);
+        else
+            assert_int_equal(ms, i == 2 || i == 5 ? -1 : 0);
+    }
+}
+
+/* Stores the K3 keys but kda/256/r0 and kda/384/r1 in tenant t. */
+static void put_k3(moonlet_client *c, const char *t)
+{
+    for (int i = 0; i < 6; i++)
+        if (i != 2 && i != 5)
+            assert_int_equal(moonlet_client_put(c, k3_keys[i], "kda", 3,
+                                                &(moonlet_put_options){.tenant = t}),
+                             MOONLET_OK);
+}
+
 static void test_k3_probe_policy(void **state)
 {
     (void)state;
     const char *t = "k3";
-    /* 256 lacks r0, 384 lacks r1 */
-    for (int i = 0; i < 6; i++)
-        if (i != 2 && i != 5)
-            assert_int_equal(moonlet_client_put(g_dc, k3_keys[i], "kv", 2,
-                                                &(moonlet_put_options){.tenant = t}),
-                             MOONLET_OK);
-    for (int i = 0; i < 6; i++)
-        assert_int_equal(lease_ms(g_dc, k3_keys[i], t), i == 2 || i == 5 ? -1 : 0);
+    put_k3(g_dc, t); /* 256 lacks r0, 384 lacks r1 */
+    assert_k3_leases(g_dc, t, 0);
 
     int32_t r[6];
     /* invalid policies: -600 passed up unchanged, nothing leased */
@@ -334,21 +338,14 @@ static void test_k3_probe_policy(void **state)
     bool yes = false;
     assert_int_equal(moonlet_client_probe_key(g_dc, "kda/256/r1", t, &yes), MOONLET_OK);
     assert_true(yes);
-    for (int i = 0; i < 6; i++)
-        assert_int_equal(lease_ms(g_dc, k3_keys[i], t), i == 2 || i == 5 ? -1 : 0);
+    assert_k3_leases(g_dc, t, 0);
 
     /* LAST_HIT_ONLY, candidates of 2: only checkpoint 128 is complete */
     moonlet_grant_lease_policy lho = {MOONLET_PROBE_LEASE_LAST_HIT_ONLY, 2};
     assert_int_equal(moonlet_client_batch_probe_key(g_dc, k3_keys, 6, lho, t, r), MOONLET_OK);
     const int32_t lho_want[6] = {1, 1, 0, 0, 0, 0};
     assert_memory_equal(r, lho_want, sizeof(r));
-    for (int i = 0; i < 6; i++) {
-        long long ms = lease_ms(g_dc, k3_keys[i], t);
-        if (i < 2)
-            assert_true(ms > 0);
-        else
-            assert_int_equal(ms, i == 2 || i == 5 ? -1 : 0);
-    }
+    assert_k3_leases(g_dc, t, 2);
 
     /* BatchExistKey leases every hit */
     assert_int_equal(moonlet_client_batch_exist_key(g_dc, k3_keys, 6, t, r), MOONLET_OK);
@@ -366,6 +363,20 @@ static void test_k3_probe_policy(void **state)
 /* ProbeResume through the DummyClient and directly: the same answer and the
  * same leases (exactly the selected checkpoint and the KV keys below it);
  * request errors pass up unchanged; the K3 helper takes one round trip. */
+/* ProbeResume of kv[0, n_kv) and the K3 keys (candidates of 2, boundaries
+ * b) in tenant t succeeds with KV prefix `prefix` and selection `sel`; the
+ * mask goes to mask. */
+static void assert_resumes(moonlet_client *c, const char *const *kv, size_t n_kv,
+                           const uint64_t b[3], const char *t, uint64_t prefix, int64_t sel,
+                           int32_t mask[6])
+{
+    moonlet_probe_resume_result pr;
+    assert_int_equal(moonlet_client_probe_resume(c, kv, n_kv, k3_keys, 6, 2, b, t, &pr, mask),
+                     MOONLET_OK);
+    assert_int_equal(pr.kv_prefix, prefix);
+    assert_int_equal(pr.selected, sel);
+}
+
 static void probe_resume_case(moonlet_client *c, const char *t)
 {
     static const char *const kv[4] = {"kv/0", "kv/1", "kv/2", "kv/3"};
@@ -373,33 +384,16 @@ static void probe_resume_case(moonlet_client *c, const char *t)
     for (int i = 0; i < 4; i++)
         assert_int_equal(moonlet_client_put(c, kv[i], "kv", 2,
                                             &(moonlet_put_options){.tenant = t}), MOONLET_OK);
-    for (int i = 0; i < 6; i++)
-        if (i != 2 && i != 5)
-            assert_int_equal(moonlet_client_put(c, k3_keys[i], "kda", 3,
-                                                &(moonlet_put_options){.tenant = t}),
-                             MOONLET_OK);
-    moonlet_probe_resume_result pr;
+    put_k3(c, t);
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, b, t, &pr, mask),
-                     MOONLET_OK);
-    assert_int_equal(pr.kv_prefix, 4);
-    assert_int_equal(pr.selected, 0);
+    assert_resumes(c, kv, 4, b, t, 4, 0, mask);
     const int32_t want[6] = {1, 1, 0, 0, 0, 0};
     assert_memory_equal(mask, want, sizeof(mask));
-    for (int i = 0; i < 4; i++) {
-        long long ms = lease_ms(c, kv[i], t);
-        if (i == 0)
-            assert_true(ms > 0);
-        else
-            assert_int_equal(ms, 0);
-    }
-    for (int i = 0; i < 6; i++) {
-        long long ms = lease_ms(c, k3_keys[i], t);
-        if (i < 2)
-            assert_true(ms > 0);
-        else
-            assert_int_equal(ms, i == 2 || i == 5 ? -1 : 0);
-    }
+    assert_true(lease_ms(c, kv[0], t) > 0); /* the KV key below 128, nothing above */
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(lease_ms(c, kv[i], t), 0);
+    assert_k3_leases(c, t, 2);
+    moonlet_probe_resume_result pr;
     const uint64_t over[3] = {1, 2, 5};
     assert_int_equal(moonlet_client_probe_resume(c, kv, 4, k3_keys, 6, 2, over, t, &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
@@ -422,24 +416,16 @@ static void test_probe_resume_both_paths(void **state)
 {
     (void)state;
     probe_resume_case(g_dc, "resume-dummy");
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *direct = NULL;
-    assert_int_equal(moonlet_client_create(&cfg, &direct), MOONLET_OK);
+    assert_int_equal(cl_client_create(g_master.addr, 0, &direct), 0);
     probe_resume_case(direct, "resume-direct");
     moonlet_client_destroy(direct);
     /* the DummyClient's default tenant reaches the master */
     moonlet_client *ta = new_dummy(g_sock, 0, 0, "resume-dummy");
     static const char *const kv[1] = {"kv/0"};
     const uint64_t b[3] = {1, 1, 1};
-    moonlet_probe_resume_result pr;
     int32_t mask[6];
-    assert_int_equal(moonlet_client_probe_resume(ta, kv, 1, k3_keys, 6, 2, b, NULL, &pr, mask),
-                     MOONLET_OK);
-    assert_int_equal(pr.kv_prefix, 1);
-    assert_int_equal(pr.selected, 0);
+    assert_resumes(ta, kv, 1, b, NULL, 1, 0, mask);
     moonlet_client_destroy(ta);
 }
 
@@ -607,12 +593,8 @@ static void test_shared_and_registered(void **state)
 static void test_shared_real_backend(void **state)
 {
     (void)state;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *real = NULL;
-    assert_int_equal(moonlet_client_create(&cfg, &real), MOONLET_OK);
+    assert_int_equal(cl_client_create(g_master.addr, 0, &real), 0);
     void *p = NULL;
     assert_int_equal(moonlet_client_alloc_shared(real, 100000, &p), MOONLET_OK);
     cl_fill(p, 100000, 8);

@@ -122,20 +122,43 @@ static void test_candidates_eagle_bound(void **state)
     assert_int_equal(moonlet_k3_candidates(&r, 512), 2);
 }
 
+/* One call of a mask reader (moonlet_k3_check_mask or moonlet_k3_last_complete)
+ * on mask[0, n_candidates * cs): its code, and the candidate it selects
+ * (MOONLET_K3_NONE on every error). */
+typedef struct mask_case {
+    const char *what;
+    int32_t mask[6];
+    size_t n_candidates, cs;
+    int rc;
+    size_t sel;
+} mask_case;
+
+static void run_mask_cases(int (*fn)(const int32_t *, size_t, size_t, size_t *),
+                           const mask_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t sel = 7;
+        int rc = fn(cases[i].mask, cases[i].n_candidates, cases[i].cs, &sel);
+        if (rc != cases[i].rc || sel != cases[i].sel)
+            fail_msg("%s: rc %d selected %zu, want rc %d selected %zu", cases[i].what, rc, sel,
+                     cases[i].rc, cases[i].sel);
+    }
+}
+
+#define NONE MOONLET_K3_NONE
+#define BAD MOONLET_ERR_INTERNAL_ERROR
+
 static void test_check_mask_accepts(void **state)
 {
     (void)state;
+    static const mask_case cases[] = {
+        {"the worked example's answer: 128", {1, 1, 0, 0, 0, 0}, 3, 2, MOONLET_OK, 0},
+        {"the last checkpoint", {0, 0, 0, 0, 1, 1}, 3, 2, MOONLET_OK, 2},
+        {"nothing selected", {0, 0, 0, 0, 0, 0}, 3, 2, MOONLET_OK, NONE},
+        {"no candidates", {0}, 0, 2, MOONLET_OK, NONE},
+    };
+    run_mask_cases(moonlet_k3_check_mask, cases, sizeof(cases) / sizeof(cases[0]));
     size_t sel = 0;
-    /* The worked example's answer: checkpoint 128 selected. */
-    const int32_t k3[] = {1, 1, 0, 0, 0, 0};
-    assert_int_equal(moonlet_k3_check_mask(k3, 3, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, 0);
-    const int32_t last[] = {0, 0, 0, 0, 1, 1};
-    assert_int_equal(moonlet_k3_check_mask(last, 3, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, 2);
-    const int32_t nothing[] = {0, 0, 0, 0, 0, 0};
-    assert_int_equal(moonlet_k3_check_mask(nothing, 3, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, MOONLET_K3_NONE);
     assert_int_equal(moonlet_k3_check_mask(NULL, 0, 2, &sel), MOONLET_OK);
     assert_int_equal(sel, MOONLET_K3_NONE);
 }
@@ -143,48 +166,37 @@ static void test_check_mask_accepts(void **state)
 static void test_check_mask_rejects(void **state)
 {
     (void)state;
-    size_t sel = 0;
-    /* A partial group: existence-style answer, not a selected-only mask. */
-    const int32_t partial[] = {1, 1, 0, 1, 1, 0};
-    assert_int_equal(moonlet_k3_check_mask(partial, 3, 2, &sel), MOONLET_ERR_INTERNAL_ERROR);
-    assert_int_equal(sel, MOONLET_K3_NONE);
-    /* Only a partial group. */
-    const int32_t half[] = {0, 0, 0, 1, 0, 0};
-    assert_int_equal(moonlet_k3_check_mask(half, 3, 2, &sel), MOONLET_ERR_INTERNAL_ERROR);
-    /* Two complete groups true: not "last hit only". */
-    const int32_t two[] = {1, 1, 0, 0, 1, 1};
-    assert_int_equal(moonlet_k3_check_mask(two, 3, 2, &sel), MOONLET_ERR_INTERNAL_ERROR);
-    assert_int_equal(sel, MOONLET_K3_NONE);
-    /* A value that is neither a boolean nor an error code. */
-    const int32_t junk[] = {2, 2, 0, 0, 0, 0};
-    assert_int_equal(moonlet_k3_check_mask(junk, 3, 2, &sel), MOONLET_ERR_INTERNAL_ERROR);
-    /* A per-key error is returned as itself, never read as a miss. */
-    const int32_t err[] = {1, 1, MOONLET_ERR_INVALID_KEY, 0, 0, 0};
-    assert_int_equal(moonlet_k3_check_mask(err, 3, 2, &sel), MOONLET_ERR_INVALID_KEY);
-    assert_int_equal(sel, MOONLET_K3_NONE);
-    assert_int_equal(moonlet_k3_check_mask(err, 3, 0, &sel), MOONLET_ERR_INVALID_PARAMS);
+    static const mask_case cases[] = {
+        /* an existence-style answer, not a selected-only mask */
+        {"a partial group", {1, 1, 0, 1, 1, 0}, 3, 2, BAD, NONE},
+        {"only a partial group", {0, 0, 0, 1, 0, 0}, 3, 2, BAD, NONE},
+        {"two complete groups: not last hit only", {1, 1, 0, 0, 1, 1}, 3, 2, BAD, NONE},
+        {"neither a boolean nor an error code", {2, 2, 0, 0, 0, 0}, 3, 2, BAD, NONE},
+        /* a per-key error is returned as itself, never read as a miss */
+        {"a per-key error", {1, 1, MOONLET_ERR_INVALID_KEY, 0, 0, 0}, 3, 2,
+         MOONLET_ERR_INVALID_KEY, NONE},
+        {"candidates of 0 keys", {1, 1, 0, 0, 0, 0}, 3, 0, MOONLET_ERR_INVALID_PARAMS, NONE},
+    };
+    run_mask_cases(moonlet_k3_check_mask, cases, sizeof(cases) / sizeof(cases[0]));
 }
 
 static void test_last_complete(void **state)
 {
     (void)state;
-    size_t sel = 0;
-    /* The worked example's readability: 256 lacks rank 0, 384 lacks rank 1. */
-    const int32_t k3[] = {1, 1, 0, 1, 1, 0};
-    assert_int_equal(moonlet_k3_last_complete(k3, 3, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, 0);
-    const int32_t all[] = {1, 1, 1, 1, 1, 1};
-    assert_int_equal(moonlet_k3_last_complete(all, 3, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, 2);
-    assert_int_equal(moonlet_k3_last_complete(all, 2, 2, &sel), MOONLET_OK); /* cut by boundary */
-    assert_int_equal(sel, 1);
-    const int32_t none[] = {0, 1, 1, 0};
-    assert_int_equal(moonlet_k3_last_complete(none, 2, 2, &sel), MOONLET_OK);
-    assert_int_equal(sel, MOONLET_K3_NONE);
-    const int32_t err[] = {1, 1, 1, MOONLET_ERR_INVALID_KEY};
-    assert_int_equal(moonlet_k3_last_complete(err, 2, 2, &sel), MOONLET_ERR_INVALID_KEY);
-    assert_int_equal(sel, MOONLET_K3_NONE);
+    static const mask_case cases[] = {
+        /* the worked example's readability: 256 lacks rank 0, 384 lacks rank 1 */
+        {"the worked example", {1, 1, 0, 1, 1, 0}, 3, 2, MOONLET_OK, 0},
+        {"all complete", {1, 1, 1, 1, 1, 1}, 3, 2, MOONLET_OK, 2},
+        {"cut by the boundary", {1, 1, 1, 1, 1, 1}, 2, 2, MOONLET_OK, 1},
+        {"none complete", {0, 1, 1, 0}, 2, 2, MOONLET_OK, NONE},
+        {"a per-key error", {1, 1, 1, MOONLET_ERR_INVALID_KEY}, 2, 2, MOONLET_ERR_INVALID_KEY,
+         NONE},
+    };
+    run_mask_cases(moonlet_k3_last_complete, cases, sizeof(cases) / sizeof(cases[0]));
 }
+
+#undef NONE
+#undef BAD
 
 static void test_common_resume_is_intersection(void **state)
 {

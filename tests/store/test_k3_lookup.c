@@ -11,8 +11,9 @@
  * Cases: the K3 worked example, the KV boundary cutting candidates, the
  * Eagle-style bound, no KDA candidate, key order for groups x ranks x
  * components, the lease-all mode, and errors from the key builder; each
- * selective case on the two-call path (MOONLET_K3_SELECTIVE_TWO_CALLS) and on
- * the one-call path (ProbeResume, the default), and the default against a
+ * selective scenario runs twice, from one function: on the two-call path
+ * (MOONLET_K3_SELECTIVE_TWO_CALLS) and on the one-call path (ProbeResume,
+ * the default), with the checks that differ between them; and the default against a
  * master that answers ProbeResume as unknown (--disable-method): the
  * two-call path.
  */
@@ -32,6 +33,9 @@ static moonlet_master_client *g_mc;
 static moonlet_client *g_cli;
 
 static const uint64_t CKPTS[] = {128, 256, 384};
+/* A NULL-terminated list of keys. */
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 static const moonlet_k3_layout L2 = {.block_tokens = 128, .groups = 1, .ranks = 2, .components = 1};
 
 static int setup(void **state)
@@ -76,6 +80,13 @@ static void put(const char *tenant, const char *key)
         fail_msg("put %s/%s: %s", tenant, key, moonlet_strerror(rc));
 }
 
+/* Each key of the NULL-terminated list. */
+static void put_all(const char *tenant, const char *const *keys)
+{
+    for (; *keys; keys++)
+        put(tenant, *keys);
+}
+
 static void put_kv(const char *tenant, int blocks)
 {
     char k[32];
@@ -87,12 +98,10 @@ static void put_kv(const char *tenant, int blocks)
 
 static uint64_t lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(g_mc, tenant, key, &j))
+    double ms = cl_lease_ms(g_mc, tenant, key);
+    if (ms < 0)
         fail_msg("inspect %s/%s", tenant, key);
-    uint64_t ms = (uint64_t)cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return ms;
+    return (uint64_t)ms;
 }
 
 typedef struct counters {
@@ -114,19 +123,33 @@ static counters stats(void)
     return c;
 }
 
-static moonlet_k3_request request(uint64_t prompt, uint64_t blocks)
+/* The two selective paths every scenario runs on; the tenant prefix keeps
+ * their objects apart. */
+typedef struct path {
+    moonlet_k3_mode mode;
+    const char *prefix;
+} path;
+static const path TWO_CALLS = {MOONLET_K3_SELECTIVE_TWO_CALLS, "k3-"};
+static const path ONE_CALL = {MOONLET_K3_SELECTIVE, "k3-1-"}; /* the default: one ProbeResume */
+
+static bool two_calls(const path *p)
 {
-    return (moonlet_k3_request){.prompt_tokens = prompt, .kv_blocks = blocks,
-                                .checkpoints = CKPTS, .n_checkpoints = 3,
-                                .mode = MOONLET_K3_SELECTIVE_TWO_CALLS};
+    return p->mode == MOONLET_K3_SELECTIVE_TWO_CALLS;
 }
 
-/* The default mode: one ProbeResume. */
-static moonlet_k3_request request1(uint64_t prompt, uint64_t blocks)
+/* The path a scenario runs on (its cmocka state); its tenant, from `name`,
+ * into t. */
+static const path *scenario(void **state, const char *name, char *t, size_t cap)
 {
-    moonlet_k3_request r = request(prompt, blocks);
-    r.mode = MOONLET_K3_SELECTIVE;
-    return r;
+    const path *p = *state;
+    snprintf(t, cap, "%s%s", p->prefix, name);
+    return p;
+}
+
+static moonlet_k3_request request(const path *p, uint64_t prompt, uint64_t blocks)
+{
+    return (moonlet_k3_request){.prompt_tokens = prompt, .kv_blocks = blocks,
+                                .checkpoints = CKPTS, .n_checkpoints = 3, .mode = p->mode};
 }
 
 static void lookup(const moonlet_k3_layout *l, const moonlet_k3_request *r, const char *tenant,
@@ -137,6 +160,26 @@ static void lookup(const moonlet_k3_layout *l, const moonlet_k3_request *r, cons
         fail_msg("lookup: %s", moonlet_strerror(rc));
 }
 
+/* The lookup, and what the master's lease counters gained during it. */
+static counters run(const moonlet_k3_layout *l, const moonlet_k3_request *r, const char *tenant,
+                    moonlet_k3_result *res)
+{
+    counters c0 = stats();
+    lookup(l, r, tenant, res);
+    counters c1 = stats();
+    return (counters){c1.exist - c0.exist, c1.probe - c0.probe, c1.probe_calls - c0.probe_calls,
+                      c1.resume_kda - c0.resume_kda, c1.resume_kv - c0.resume_kv,
+                      c1.resume_calls - c0.resume_calls};
+}
+
+/* The one-call path leases through ProbeResume only. */
+static void assert_no_exist_or_probe_leases(counters d)
+{
+    assert_int_equal(d.exist, 0);
+    assert_int_equal(d.probe, 0);
+    assert_int_equal(d.probe_calls, 0);
+}
+
 static void assert_keys(const moonlet_k3_result *r, const char *const *want, size_t n)
 {
     assert_int_equal(r->kv_keys + r->kda_keys, n);
@@ -144,49 +187,83 @@ static void assert_keys(const moonlet_k3_result *r, const char *const *want, siz
         assert_string_equal(r->keys[i], want[i]);
 }
 
+/* The decision: where the request resumes, from which checkpoint (index or
+ * MOONLET_K3_NONE), over how many leading KV blocks, the tokens they cover,
+ * and how many checkpoints were candidates. */
+static void assert_decision(const moonlet_k3_result *r, uint64_t resume, size_t checkpoint,
+                            uint64_t kv_prefix, uint64_t kv_boundary, size_t candidates)
+{
+    assert_int_equal(r->resume_position, resume);
+    assert_int_equal(r->checkpoint, checkpoint);
+    assert_int_equal(r->kv_prefix_blocks, kv_prefix);
+    assert_int_equal(r->kv_boundary, kv_boundary);
+    assert_int_equal(r->candidates, candidates);
+}
+
+/* Each key of the NULL-terminated `leased` has lease time left on the
+ * master; each of `not_leased` has none. */
+static void assert_leases(const char *t, const char *const *leased, const char *const *not_leased)
+{
+    for (; leased && *leased; leased++)
+        if (lease_ms(t, *leased) == 0)
+            fail_msg("%s/%s: not leased", t, *leased);
+    for (; not_leased && *not_leased; not_leased++)
+        if (lease_ms(t, *not_leased) != 0)
+            fail_msg("%s/%s: leased", t, *not_leased);
+}
+
 /* 128 complete; 256 lacks rank 0; 384 lacks rank 1.  KV for 4 blocks. */
 static void put_worked_example(const char *t)
 {
     put_kv(t, 4);
-    put(t, "kda/128/r0");
-    put(t, "kda/128/r1");
-    put(t, "kda/256/r1");
-    put(t, "kda/384/r0");
+    put_all(t, KEYS("kda/128/r0", "kda/128/r1", "kda/256/r1", "kda/384/r0"));
+}
+
+/* Checkpoints 128, 256 and 384 complete (both ranks). */
+static void put_checkpoints(const char *t)
+{
+    char k[32];
+    for (int i = 0; i < 3; i++)
+        for (int rk = 0; rk < 2; rk++) {
+            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
+            put(t, k);
+        }
 }
 
 static void test_worked_example(void **state)
 {
-    (void)state;
-    const char *t = "k3-worked";
+    char t[32];
+    const path *p = scenario(state, "worked", t, sizeof t);
     put_worked_example(t);
-    counters c0 = stats();
-    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_request r = request(p, 512, 4);
     moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
+    counters d = run(&L2, &r, t, &res);
 
-    assert_int_equal(res.resume_position, 128);
-    assert_int_equal(res.checkpoint, 0);
-    assert_int_equal(res.kv_prefix_blocks, 4);
-    assert_int_equal(res.kv_boundary, 512);
-    assert_int_equal(res.candidates, 3);
-    assert_int_equal(res.rpcs, 2);
+    assert_decision(&res, 128, 0, 4, 512, 3);
     assert_int_equal(res.kda_keys, 2); /* load its 2 keys ... */
     assert_int_equal(res.kv_keys, 1);  /* ... and the KV block below 128 */
     static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
     assert_keys(&res, want, 3);
-    assert_int_equal(res.kv_hits, 4);
     assert_int_equal(res.kda_leased, 2);
-
     /* Exactly checkpoint 128's two keys gained a lease; the other members
      * exist but were not leased. */
-    assert_true(lease_ms(t, "kda/128/r0") > 0);
-    assert_true(lease_ms(t, "kda/128/r1") > 0);
-    assert_int_equal(lease_ms(t, "kda/256/r1"), 0);
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
-    assert_int_equal(c1.probe - c0.probe, 2);
-    assert_int_equal(c1.exist - c0.exist, 4); /* the 4 KV hits */
-    assert_int_equal(c1.probe_calls - c0.probe_calls, 1);
+    assert_leases(t, KEYS("kda/128/r0", "kda/128/r1"), KEYS("kda/256/r1", "kda/384/r0"));
+    if (two_calls(p)) {
+        assert_int_equal(res.rpcs, 2);
+        assert_int_equal(res.kv_hits, 4);
+        assert_int_equal(d.probe, 2);
+        assert_int_equal(d.exist, 4); /* the 4 KV hits */
+        assert_int_equal(d.probe_calls, 1);
+    } else {
+        assert_int_equal(res.rpcs, 1);
+        assert_int_equal(res.kv_leased, 1);
+        /* exactly what is loaded gained a lease: kv/0, not the blocks above */
+        assert_leases(t, KEYS("kv/0"), KEYS("kv/1", "kv/2", "kv/3"));
+        assert_int_equal(d.resume_kda, 2);
+        assert_int_equal(d.resume_kv, 1);
+        assert_int_equal(d.resume_calls, 1);
+        assert_no_exist_or_probe_leases(d);
+    }
     moonlet_k3_result_free(&res);
     assert_null(res.keys);
 }
@@ -196,143 +273,137 @@ static void test_lease_all_mode(void **state)
     (void)state;
     const char *t = "k3-lease-all";
     put_worked_example(t);
-    counters c0 = stats();
-    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_request r = request(&TWO_CALLS, 512, 4);
     r.mode = MOONLET_K3_LEASE_ALL;
     moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
+    counters d = run(&L2, &r, t, &res);
 
     /* Same decision, one round trip, but every existing KDA key is leased. */
-    assert_int_equal(res.resume_position, 128);
+    assert_decision(&res, 128, 0, 4, 512, 3);
     assert_int_equal(res.rpcs, 1);
     static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
     assert_keys(&res, want, 3);
     assert_int_equal(res.kda_leased, 4);
-    assert_true(lease_ms(t, "kda/256/r1") > 0);
-    assert_true(lease_ms(t, "kda/384/r0") > 0);
-    assert_int_equal(c1.exist - c0.exist, 4 + 4);
-    assert_int_equal(c1.probe - c0.probe, 0);
-    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
+    assert_leases(t, KEYS("kda/256/r1", "kda/384/r0"), NULL);
+    assert_int_equal(d.exist, 4 + 4);
+    assert_int_equal(d.probe, 0);
+    assert_int_equal(d.probe_calls, 0);
     moonlet_k3_result_free(&res);
 }
 
 static void test_kv_boundary_cuts_candidates(void **state)
 {
-    (void)state;
-    const char *t = "k3-boundary";
+    char t[32];
+    const path *p = scenario(state, "boundary", t, sizeof t);
     /* Every checkpoint complete, but KV block 2 is missing: the boundary is
      * 256, so 384 is neither a candidate nor leased. */
-    put(t, "kv/0");
-    put(t, "kv/1");
-    put(t, "kv/3");
-    for (int i = 0; i < 3; i++) {
-        char k[32];
-        for (int rk = 0; rk < 2; rk++) {
-            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
-            put(t, k);
-        }
-    }
-    counters c0 = stats();
-    moonlet_k3_request r = request(512, 4);
+    put_all(t, KEYS("kv/0", "kv/1", "kv/3"));
+    put_checkpoints(t);
+    moonlet_k3_request r = request(p, 512, 4);
     moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.kv_prefix_blocks, 2);
-    assert_int_equal(res.kv_boundary, 256);
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.resume_position, 256);
+    counters d = run(&L2, &r, t, &res);
+    assert_decision(&res, 256, 1, 2, 256, 2);
     static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
     assert_keys(&res, want, 4);
-    assert_int_equal(res.kv_hits, 3); /* kv/3 is a hit (leased) beyond the boundary */
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
-    assert_int_equal(lease_ms(t, "kda/384/r1"), 0);
-    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
-    assert_true(lease_ms(t, "kda/256/r0") > 0);
-    assert_int_equal(c1.probe - c0.probe, 2);
+    assert_leases(t, KEYS("kda/256/r0", "kda/256/r1"), KEYS("kda/384/r0", "kda/384/r1", "kda/128/r0"));
+    if (two_calls(p)) {
+        assert_int_equal(res.kv_hits, 3); /* kv/3 is a hit (leased) beyond the boundary */
+        assert_int_equal(d.probe, 2);
+    } else {
+        assert_int_equal(res.rpcs, 1);
+        assert_int_equal(res.kv_hits, 2); /* the prefix: kv/3 is not looked at */
+        assert_leases(t, NULL, KEYS("kv/3"));
+        assert_int_equal(d.resume_kda, 2);
+        assert_int_equal(d.resume_kv, 2);
+        assert_no_exist_or_probe_leases(d);
+    }
     moonlet_k3_result_free(&res);
 }
 
 static void test_eagle_final_token(void **state)
 {
-    (void)state;
-    const char *t = "k3-eagle";
+    char t[32];
+    const path *p = scenario(state, "eagle", t, sizeof t);
     put_kv(t, 3);
-    for (int i = 0; i < 3; i++) {
-        char k[32];
-        for (int rk = 0; rk < 2; rk++) {
-            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
-            put(t, k);
-        }
-    }
+    put_checkpoints(t);
     /* A 384-token prompt, all cached.  With final-token recompute the resume
      * must stay strictly below 384: 256. */
-    moonlet_k3_request r = request(384, 3);
+    moonlet_k3_request r = request(p, 384, 3);
     r.recompute_last_token = true;
     moonlet_k3_result res;
     lookup(&L2, &r, t, &res);
-    assert_int_equal(res.kv_boundary, 384);
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.resume_position, 256);
+    assert_decision(&res, 256, 1, 3, 384, 2);
     assert_true(res.resume_position < r.prompt_tokens);
     static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
     assert_keys(&res, want, 4);
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
+    assert_leases(t, NULL, KEYS("kda/384/r0"));
+    if (!two_calls(p)) {
+        assert_int_equal(res.rpcs, 1);
+        assert_leases(t, NULL, KEYS("kv/2"));
+    }
     moonlet_k3_result_free(&res);
     /* Without it, the whole prompt is reusable. */
     r.recompute_last_token = false;
     lookup(&L2, &r, t, &res);
     assert_int_equal(res.resume_position, 384);
     assert_int_equal(res.kv_keys, 3);
+    if (!two_calls(p)) {
+        assert_int_equal(res.kv_leased, 3);
+        assert_leases(t, KEYS("kv/2"), NULL);
+    }
     moonlet_k3_result_free(&res);
 }
 
-static void test_no_kda_candidate(void **state)
+/* Checkpoints complete, but KV block 0 is missing: no candidate, one round
+ * trip, no probe, nothing to load. */
+static void test_no_kv_prefix(void **state)
 {
-    (void)state;
-    const char *t = "k3-none";
-    /* Checkpoints complete, but KV block 0 is missing: no candidate, one
-     * round trip, no probe, nothing to load. */
-    put(t, "kv/1");
-    put(t, "kda/128/r0");
-    put(t, "kda/128/r1");
-    counters c0 = stats();
-    moonlet_k3_request r = request(512, 4);
+    char t[32];
+    const path *p = scenario(state, "none", t, sizeof t);
+    put_all(t, KEYS("kv/1", "kda/128/r0", "kda/128/r1"));
+    moonlet_k3_request r = request(p, 512, 4);
     moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.kv_boundary, 0);
-    assert_int_equal(res.candidates, 0);
-    assert_int_equal(res.resume_position, 0);
-    assert_int_equal(res.checkpoint, MOONLET_K3_NONE);
+    counters d = run(&L2, &r, t, &res);
+    assert_decision(&res, 0, MOONLET_K3_NONE, 0, 0, 0);
     assert_int_equal(res.kv_keys + res.kda_keys, 0);
     assert_null(res.keys);
     assert_int_equal(res.rpcs, 1);
-    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
-    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
+    assert_int_equal(d.probe_calls, 0);
+    assert_leases(t, NULL, KEYS("kda/128/r0"));
     moonlet_k3_result_free(&res);
+}
 
-    /* KV present but no checkpoint complete: probed, nothing selected. */
-    const char *t2 = "k3-none-2";
-    put_kv(t2, 2);
-    put(t2, "kda/128/r1");
-    c0 = stats();
-    r = request(256, 2);
-    lookup(&L2, &r, t2, &res);
-    c1 = stats();
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.rpcs, 2);
-    assert_int_equal(res.resume_position, 0);
+/* KV present but no checkpoint complete: nothing is selected, and on the
+ * one-call path nothing is leased, not even the KV prefix. */
+static void test_no_kda_candidate(void **state)
+{
+    char t[32];
+    const path *p = scenario(state, "none-2", t, sizeof t);
+    put_kv(t, 2);
+    put(t, "kda/128/r1");
+    moonlet_k3_request r = request(p, 256, 2);
+    moonlet_k3_result res;
+    counters d = run(&L2, &r, t, &res);
+    assert_decision(&res, 0, MOONLET_K3_NONE, 2, 256, 2);
     assert_int_equal(res.kv_keys + res.kda_keys, 0);
-    assert_int_equal(c1.probe - c0.probe, 0);
-    assert_int_equal(lease_ms(t2, "kda/128/r1"), 0);
+    assert_leases(t, NULL, KEYS("kda/128/r1"));
+    if (two_calls(p)) {
+        assert_int_equal(res.rpcs, 2); /* probed */
+        assert_int_equal(d.probe, 0);
+    } else {
+        assert_int_equal(res.rpcs, 1);
+        assert_int_equal(res.kv_leased + res.kda_leased, 0);
+        assert_leases(t, NULL, KEYS("kv/0"));
+        assert_int_equal(d.resume_kda + d.resume_kv, 0);
+        assert_no_exist_or_probe_leases(d);
+    }
     moonlet_k3_result_free(&res);
 }
 
 static void test_key_order(void **state)
 {
-    (void)state;
-    const char *t = "k3-order";
+    char t[32];
+    const path *p = scenario(state, "order", t, sizeof t);
     /* 2 groups x 2 ranks x 2 components: 8 keys per checkpoint, contiguous,
      * group -> rank -> component. */
     const moonlet_k3_layout l = {.block_tokens = 128, .groups = 2, .ranks = 2, .components = 2};
@@ -348,14 +419,17 @@ static void test_key_order(void **state)
                 wp[1 + n] = want[n];
                 n++;
             }
-    counters c0 = stats();
-    moonlet_k3_request r = request(300, 2);
+    moonlet_k3_request r = request(p, 300, 2);
     moonlet_k3_result res;
-    lookup(&l, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.resume_position, 128);
+    counters d = run(&l, &r, t, &res);
+    assert_decision(&res, 128, 0, 2, 256, 2);
     assert_keys(&res, wp, 9);
-    assert_int_equal(c1.probe - c0.probe, 8);
+    if (two_calls(p)) {
+        assert_int_equal(d.probe, 8);
+    } else {
+        assert_int_equal(d.resume_kda, 8);
+        assert_int_equal(d.resume_kv, 1);
+    }
     moonlet_k3_result_free(&res);
 }
 
@@ -372,7 +446,7 @@ static int failing_key_fn(void *ctx, const moonlet_k3_key_id *id, char *buf, siz
 static void test_key_builder_errors(void **state)
 {
     (void)state;
-    moonlet_k3_request r = request(512, 4);
+    moonlet_k3_request r = request(&TWO_CALLS, 512, 4);
     moonlet_k3_result res;
     int mode = 0;
     assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
@@ -391,175 +465,6 @@ static void test_key_builder_errors(void **state)
                      MOONLET_ERR_INVALID_PARAMS);
 }
 
-/* ---- the one-call path (ProbeResume) ---------------------------------------------- */
-
-static void assert_no_exist_or_probe_leases(counters c0, counters c1)
-{
-    assert_int_equal(c1.exist - c0.exist, 0);
-    assert_int_equal(c1.probe - c0.probe, 0);
-    assert_int_equal(c1.probe_calls - c0.probe_calls, 0);
-}
-
-static void test_one_call_worked_example(void **state)
-{
-    (void)state;
-    const char *t = "k3-1-worked";
-    put_worked_example(t);
-    counters c0 = stats();
-    moonlet_k3_request r = request1(512, 4);
-    moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.resume_position, 128);
-    assert_int_equal(res.checkpoint, 0);
-    assert_int_equal(res.kv_prefix_blocks, 4);
-    assert_int_equal(res.kv_boundary, 512);
-    assert_int_equal(res.candidates, 3);
-    assert_int_equal(res.rpcs, 1);
-    static const char *const want[] = {"kv/0", "kda/128/r0", "kda/128/r1"};
-    assert_keys(&res, want, 3);
-    assert_int_equal(res.kda_leased, 2);
-    assert_int_equal(res.kv_leased, 1);
-    /* exactly what is loaded gained a lease: kv/0 and checkpoint 128 */
-    assert_true(lease_ms(t, "kv/0") > 0);
-    for (int b = 1; b < 4; b++) {
-        char k[16];
-        snprintf(k, sizeof(k), "kv/%d", b);
-        assert_int_equal(lease_ms(t, k), 0);
-    }
-    assert_true(lease_ms(t, "kda/128/r0") > 0);
-    assert_true(lease_ms(t, "kda/128/r1") > 0);
-    assert_int_equal(lease_ms(t, "kda/256/r1"), 0);
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
-    assert_int_equal(c1.resume_kda - c0.resume_kda, 2);
-    assert_int_equal(c1.resume_kv - c0.resume_kv, 1);
-    assert_int_equal(c1.resume_calls - c0.resume_calls, 1);
-    assert_no_exist_or_probe_leases(c0, c1);
-    moonlet_k3_result_free(&res);
-}
-
-static void test_one_call_kv_boundary(void **state)
-{
-    (void)state;
-    const char *t = "k3-1-boundary";
-    put(t, "kv/0");
-    put(t, "kv/1");
-    put(t, "kv/3");
-    for (int i = 0; i < 3; i++)
-        for (int rk = 0; rk < 2; rk++) {
-            char k[32];
-            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
-            put(t, k);
-        }
-    counters c0 = stats();
-    moonlet_k3_request r = request1(512, 4);
-    moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.kv_prefix_blocks, 2);
-    assert_int_equal(res.kv_boundary, 256);
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.resume_position, 256);
-    assert_int_equal(res.rpcs, 1);
-    static const char *const want[] = {"kv/0", "kv/1", "kda/256/r0", "kda/256/r1"};
-    assert_keys(&res, want, 4);
-    assert_int_equal(res.kv_hits, 2); /* the prefix: kv/3 is not looked at */
-    assert_int_equal(lease_ms(t, "kv/3"), 0);
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
-    assert_int_equal(lease_ms(t, "kda/128/r0"), 0);
-    assert_true(lease_ms(t, "kda/256/r1") > 0);
-    assert_int_equal(c1.resume_kda - c0.resume_kda, 2);
-    assert_int_equal(c1.resume_kv - c0.resume_kv, 2);
-    assert_no_exist_or_probe_leases(c0, c1);
-    moonlet_k3_result_free(&res);
-}
-
-static void test_one_call_eagle(void **state)
-{
-    (void)state;
-    const char *t = "k3-1-eagle";
-    put_kv(t, 3);
-    for (int i = 0; i < 3; i++)
-        for (int rk = 0; rk < 2; rk++) {
-            char k[32];
-            snprintf(k, sizeof(k), "kda/%d/r%d", (i + 1) * 128, rk);
-            put(t, k);
-        }
-    moonlet_k3_request r = request1(384, 3);
-    r.recompute_last_token = true;
-    moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    assert_int_equal(res.kv_boundary, 384);
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.resume_position, 256);
-    assert_int_equal(res.rpcs, 1);
-    assert_int_equal(lease_ms(t, "kda/384/r0"), 0);
-    assert_int_equal(lease_ms(t, "kv/2"), 0);
-    moonlet_k3_result_free(&res);
-    r.recompute_last_token = false;
-    lookup(&L2, &r, t, &res);
-    assert_int_equal(res.resume_position, 384);
-    assert_int_equal(res.kv_keys, 3);
-    assert_int_equal(res.kv_leased, 3);
-    assert_true(lease_ms(t, "kv/2") > 0);
-    moonlet_k3_result_free(&res);
-}
-
-/* No checkpoint to resume from: nothing is leased, not even the KV prefix. */
-static void test_one_call_no_candidate(void **state)
-{
-    (void)state;
-    const char *t = "k3-1-none";
-    put_kv(t, 2);
-    put(t, "kda/128/r1");
-    counters c0 = stats();
-    moonlet_k3_request r = request1(256, 2);
-    moonlet_k3_result res;
-    lookup(&L2, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.kv_prefix_blocks, 2);
-    assert_int_equal(res.candidates, 2);
-    assert_int_equal(res.rpcs, 1);
-    assert_int_equal(res.resume_position, 0);
-    assert_int_equal(res.checkpoint, MOONLET_K3_NONE);
-    assert_int_equal(res.kv_keys + res.kda_keys, 0);
-    assert_int_equal(res.kv_leased + res.kda_leased, 0);
-    assert_int_equal(lease_ms(t, "kv/0"), 0);
-    assert_int_equal(lease_ms(t, "kda/128/r1"), 0);
-    assert_int_equal(c1.resume_kda + c1.resume_kv - c0.resume_kda - c0.resume_kv, 0);
-    assert_no_exist_or_probe_leases(c0, c1);
-    moonlet_k3_result_free(&res);
-}
-
-static void test_one_call_key_order(void **state)
-{
-    (void)state;
-    const char *t = "k3-1-order";
-    const moonlet_k3_layout l = {.block_tokens = 128, .groups = 2, .ranks = 2, .components = 2};
-    put_kv(t, 2);
-    char want[8][48];
-    const char *wp[9] = {"kv/0"};
-    int n = 0;
-    for (unsigned g = 0; g < 2; g++)
-        for (unsigned rk = 0; rk < 2; rk++)
-            for (unsigned c = 0; c < 2; c++) {
-                snprintf(want[n], sizeof(want[n]), "kda/128/g%u/r%u/c%u", g, rk, c);
-                put(t, want[n]);
-                wp[1 + n] = want[n];
-                n++;
-            }
-    counters c0 = stats();
-    moonlet_k3_request r = request1(300, 2);
-    moonlet_k3_result res;
-    lookup(&l, &r, t, &res);
-    counters c1 = stats();
-    assert_int_equal(res.resume_position, 128);
-    assert_keys(&res, wp, 9);
-    assert_int_equal(c1.resume_kda - c0.resume_kda, 8);
-    assert_int_equal(c1.resume_kv - c0.resume_kv, 1);
-    moonlet_k3_result_free(&res);
-}
-
 /* A master that answers ProbeResume as an unknown method (as one from before
  * it does): the default mode takes the two-call path, with the two-call
  * result, on every lookup. */
@@ -570,12 +475,8 @@ static void test_older_master_two_calls(void **state)
     test_proc om, os;
     assert_int_equal(cl_start_master(&om, extra), 0);
     assert_int_equal(cl_start_store(&os, om.addr, "8MiB", NULL), 0);
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = om.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
     moonlet_client *cli;
-    assert_int_equal(moonlet_client_create(&cfg, &cli), 0);
+    assert_int_equal(cl_client_create(om.addr, 0, &cli), 0);
     static const char payload[64] = "old";
     moonlet_put_options o = {.tenant = "old"};
     const char *keys[] = {"kv/0", "kv/1", "kv/2", "kv/3", "kda/128/r0", "kda/128/r1",
@@ -589,7 +490,7 @@ static void test_older_master_two_calls(void **state)
     assert_int_equal(moonlet_client_probe_resume(cli, kv1, 1, kda1, 2, 2, b1, "old", &pr, mask),
                      MOONLET_ERR_INVALID_VERSION);
     for (int round = 0; round < 2; round++) {
-        moonlet_k3_request r = request1(512, 4);
+        moonlet_k3_request r = request(&ONE_CALL, 512, 4);
         moonlet_k3_result res;
         assert_int_equal(moonlet_k3_lookup(cli, &L2, &r, key_fn, (void *)&L2, "old", &res), 0);
         assert_int_equal(res.resume_position, 128);
@@ -653,21 +554,22 @@ static void test_probe_resume_batch_cap(void **state)
     proc_stop(&cm);
 }
 
+/* A scenario on the two-call path and on the one-call path. */
+#define ON_BOTH_PATHS(f)                                                                        \
+    {#f " (two calls)", f, NULL, NULL, (void *)&TWO_CALLS},                                     \
+        {#f " (one call)", f, NULL, NULL, (void *)&ONE_CALL}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_worked_example),
+        ON_BOTH_PATHS(test_worked_example),
         cmocka_unit_test(test_lease_all_mode),
-        cmocka_unit_test(test_kv_boundary_cuts_candidates),
-        cmocka_unit_test(test_eagle_final_token),
-        cmocka_unit_test(test_no_kda_candidate),
-        cmocka_unit_test(test_key_order),
+        ON_BOTH_PATHS(test_kv_boundary_cuts_candidates),
+        ON_BOTH_PATHS(test_eagle_final_token),
+        ON_BOTH_PATHS(test_no_kv_prefix),
+        ON_BOTH_PATHS(test_no_kda_candidate),
+        ON_BOTH_PATHS(test_key_order),
         cmocka_unit_test(test_key_builder_errors),
-        cmocka_unit_test(test_one_call_worked_example),
-        cmocka_unit_test(test_one_call_kv_boundary),
-        cmocka_unit_test(test_one_call_eagle),
-        cmocka_unit_test(test_one_call_no_candidate),
-        cmocka_unit_test(test_one_call_key_order),
         cmocka_unit_test(test_older_master_two_calls),
         cmocka_unit_test(test_probe_resume_errors),
         cmocka_unit_test(test_probe_resume_batch_cap),

@@ -19,7 +19,7 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
-#include "../common/proc.h"
+#include "../common/cluster.h"
 #include "master_client.h"
 #include "methods.h"
 #include "moonlet/error.h"
@@ -74,13 +74,7 @@ static int put(const char *tenant, const char *key, uint64_t size, uint32_t nrep
 
 static double lease_ms(const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    int rc = moonlet_mc_inspect_key(g_mc, tenant, key, &j);
-    if (rc)
-        return -1;
-    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return v;
+    return cl_lease_ms(g_mc, tenant, key);
 }
 
 static void test_lifecycle(void **state)
@@ -300,6 +294,18 @@ static void test_concurrent_connections(void **state)
     }
 }
 
+/* The request begun on c gets reply `code`; an error reply carries its
+ * message as the result. */
+static void assert_reply(moonlet_rpc_client *c, int code)
+{
+    moonlet_reply rep;
+    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
+    assert_int_equal(rep.code, code);
+    if (code != MOONLET_OK)
+        assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+    moonlet_reply_destroy(&rep);
+}
+
 /* Wrongly-typed arguments from the network: an error reply, and the same
  * connection keeps working. */
 static void test_bad_arguments(void **state)
@@ -307,32 +313,24 @@ static void test_bad_arguments(void **state)
     (void)state;
     moonlet_rpc_client *c;
     assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", (uint16_t)g_master.port, NULL, &c), MOONLET_OK);
-    moonlet_reply rep;
     /* lease_mode as a string */
     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_PROBE_KEY, 4);
     moonlet_pack_cstr(pk, "");
     moonlet_pack_cstr(pk, "last-hit");
     msgpack_pack_uint64(pk, 2);
     msgpack_pack_array(pk, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* a key that is not a string */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_BATCH_EXIST_KEY, 2);
     moonlet_pack_cstr(pk, "");
     msgpack_pack_array(pk, 2);
     moonlet_pack_cstr(pk, "a");
     msgpack_pack_int(pk, 5);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* missing arguments */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 1);
     moonlet_pack_cstr(pk, "");
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* negative size */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 5);
     moonlet_pack_cstr(pk, "");
@@ -340,9 +338,7 @@ static void test_bad_arguments(void **state)
     msgpack_pack_int(pk, -5);
     msgpack_pack_uint64(pk, 1);
     msgpack_pack_false(pk);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* more arguments than PutStart declares (the table's count rule) */
     pk = moonlet_rpc_client_begin(c, MOONLET_M_PUT_START, 9);
     moonlet_pack_cstr(pk, "");
@@ -354,29 +350,20 @@ static void test_bad_arguments(void **state)
     msgpack_pack_false(pk);
     msgpack_pack_uint64(pk, 0);
     msgpack_pack_nil(pk);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* unknown method */
     moonlet_rpc_client_begin(c, 9999, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_PARAMS);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_PARAMS);
     /* an oversized key */
     static char big[5000];
     memset(big, 'x', sizeof(big) - 1);
     pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
     moonlet_pack_cstr(pk, "");
     moonlet_pack_cstr(pk, big);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_ERR_INVALID_KEY);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_ERR_INVALID_KEY);
     /* still usable */
     moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
-    assert_int_equal(moonlet_rpc_client_call(c, &rep), MOONLET_OK);
-    assert_int_equal(rep.code, MOONLET_OK);
-    moonlet_reply_destroy(&rep);
+    assert_reply(c, MOONLET_OK);
     moonlet_rpc_client_close(c);
 
     /* an oversized frame over a raw socket: error or close, never a crash */
@@ -401,10 +388,7 @@ static void test_auth_token(void **state)
 {
     (void)state;
     char path[] = "/tmp/moonlet-token-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, "s3cret\n", 7), 7);
-    close(fd);
+    assert_int_equal(cl_token_file(path, "s3cret"), 0);
     char *argv[] = {"tools/moonlet-master", "--rpc-port", "0", "--shards", "8",
                     "--auth-token-file", path, "--log-level", "warn", NULL};
     test_proc p;

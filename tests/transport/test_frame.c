@@ -15,6 +15,7 @@
 #include "frame.h"
 #include "moonlet/error.h"
 #include "wire.h"
+#include "../common/wire_assert.h"
 
 #define INVALID MOONLET_ERR_INVALID_PARAMS
 
@@ -111,12 +112,8 @@ static void test_request_roundtrip(void **state)
 
         /* self-contained: clobbering the input does not change the result */
         memset(b.buf.data, 0xff, b.buf.size);
-        const char *s;
-        uint32_t slen;
         uint64_t size;
-        assert_int_equal(moonlet_wire_str(req.args, 0, &s, &slen), 0);
-        assert_int_equal(slen, 6);
-        assert_memory_equal(s, "tenant", 6);
+        assert_wire_bytes(req.args, 0, "tenant", 6);
         assert_int_equal(moonlet_wire_u64(req.args, 1, &size), 0);
         assert_int_equal(size, 4096);
         moonlet_request_destroy(&req);
@@ -424,6 +421,20 @@ static void test_reply_malformed(void **state)
     assert_int_equal(moonlet_reply_decode("", 0, &rep), INVALID);
 }
 
+/* moonlet_frame_body_check() of the bytes written in hex, copied to a
+ * buffer of exactly their size (so a read past the end is caught). */
+static int body_check_hex(const char *text)
+{
+    char hex[64];
+    size_t n = unhex(text, hex, sizeof(hex));
+    char *b = malloc(n);
+    assert_non_null(b);
+    memcpy(b, hex, n);
+    int rc = moonlet_frame_body_check(b, n);
+    free(b);
+    return rc;
+}
+
 static void test_body_check(void **state)
 {
     static const char *const valid[] = {
@@ -441,28 +452,12 @@ static void test_body_check(void **state)
         "c1", "cc", "cd 00", "d9", "d9 02 61", "a2 61", "92 01", "81 01", "82 01 02 03",
         "c0 c0", "dd 00 00 00", "c7 02 05 aa", "d8 01 00",
     };
-    for (size_t i = 0; i < sizeof(valid) / sizeof(valid[0]); i++) {
-        char hex[64];
-        size_t n = unhex(valid[i], hex, sizeof(hex));
-        char *b = malloc(n);
-        assert_non_null(b);
-        memcpy(b, hex, n);
-        int rc = moonlet_frame_body_check(b, n);
-        free(b);
-        if (rc != 0)
+    for (size_t i = 0; i < sizeof(valid) / sizeof(valid[0]); i++)
+        if (body_check_hex(valid[i]) != 0)
             fail_msg("valid '%s' rejected", valid[i]);
-    }
-    for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
-        char hex[64];
-        size_t n = unhex(invalid[i], hex, sizeof(hex));
-        char *b = malloc(n);
-        assert_non_null(b);
-        memcpy(b, hex, n);
-        int rc = moonlet_frame_body_check(b, n);
-        free(b);
-        if (rc != INVALID)
+    for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++)
+        if (body_check_hex(invalid[i]) != INVALID)
             fail_msg("invalid '%s' accepted", invalid[i]);
-    }
     assert_int_equal(moonlet_frame_body_check(NULL, 1), INVALID);
     assert_int_equal(moonlet_frame_body_check("", 0), INVALID);
 }
@@ -658,12 +653,8 @@ static void test_wire_getters(void **state)
     assert_int_equal(moonlet_wire_bool(a, 0, &t), INVALID);
     assert_int_equal(moonlet_wire_bool(a, 7, &t), INVALID); /* nil is not false */
 
-    assert_int_equal(moonlet_wire_str(a, 3, &s, &sl), 0);
-    assert_int_equal(sl, 5);
-    assert_memory_equal(s, "hello", 5);
-    assert_int_equal(moonlet_wire_str(a, 4, &s, &sl), 0); /* bin accepted */
-    assert_int_equal(sl, 4);
-    assert_memory_equal(s, "ab\0c", 4);
+    assert_wire_bytes(a, 3, "hello", 5);
+    assert_wire_bytes(a, 4, "ab\0c", 4); /* bin accepted */
     assert_int_equal(moonlet_wire_str(a, 0, &s, &sl), INVALID);
     assert_int_equal(moonlet_wire_str(a, 7, &s, &sl), INVALID);
     assert_int_equal(moonlet_wire_strn(a, 3, 5, &s, &sl), 0);

@@ -34,6 +34,8 @@
 #include "rpc_client.h"
 #include "rpc_server.h"
 #include "wire.h"
+#include "../common/capture.h"
+#include "../common/wire_assert.h"
 #include "monotime.h"
 
 #define M_ADD 100
@@ -385,12 +387,8 @@ static void test_calls(void **state)
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
     assert_int_equal(rep.code, 0);
     assert_int_equal(moonlet_wire_len(rep.result), 2);
-    const char *str;
-    uint32_t len;
     int64_t v;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &str, &len), 0);
-    assert_int_equal(len, 5);
-    assert_memory_equal(str, "hello", 5);
+    assert_wire_bytes(rep.result, 0, "hello", 5);
     assert_int_equal(moonlet_wire_i64(rep.result, 1, &v), 0);
     assert_int_equal(v, -42);
     moonlet_reply_destroy(&rep);
@@ -421,8 +419,7 @@ static void test_calls(void **state)
     const msgpack_object *keys;
     assert_int_equal(moonlet_wire_array(rep.result, 1, &keys), 0);
     assert_int_equal(moonlet_wire_len(keys), 640);
-    assert_int_equal(moonlet_wire_str(keys, 639, &str, &len), 0);
-    assert_memory_equal(str, "model/layer-079/block-000639", len);
+    assert_wire_bytes(keys, 639, "model/layer-079/block-000639", 28);
     moonlet_reply_destroy(&rep);
 
     assert_false(moonlet_rpc_client_broken(c));
@@ -583,52 +580,53 @@ static void test_unknown_method_keeps_connection(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
+/* The server answered the request sent on fd with INVALID_PARAMS for
+ * request id `id` (0: none could be read), closed the connection, and still
+ * serves others. */
+static void assert_refused_and_closed(const moonlet_rpc_server *s, int fd, uint64_t id)
+{
+    raw_expect_reply(fd, id, MOONLET_ERR_INVALID_PARAMS);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_serving(s);
+}
+
 static void test_malformed_input(void **state)
 {
     moonlet_rpc_server *s = start_server();
     uint16_t port = moonlet_rpc_server_port(s);
 
-    int fd = raw_connect(port); /* oversized length header */
-    raw_send(fd, "\x7f\xff\xff\xff", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
+    /* Each refused, its connection closed (assert_refused_and_closed). */
+    static const struct {
+        const char *bytes; /* sent as they are, or as one frame's body */
+        size_t len;
+        bool framed;
+        uint64_t id;
+    } bad[] = {
+        {"\x7f\xff\xff\xff", 4, false, 0},               /* oversized length header */
+        {"\0\0\0\0", 4, false, 0},                       /* zero length */
+        {"\xc1\xc1\xc1\xc1", 4, true, 0},                /* garbage body */
+        {"\x93\x05\x02\xdd\xff\xff\xff\xff", 8, true, 5}, /* huge declared array, tiny body */
+    };
+    static const struct {
+        body_fn body;
+        uint64_t id;
+    } bad_packed[] = {{body_wrong_method_type, 7}, {body_args_not_array, 9}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int fd = raw_connect(port);
+        if (bad[i].framed)
+            raw_send_frame(fd, bad[i].bytes, (uint32_t)bad[i].len);
+        else
+            raw_send(fd, bad[i].bytes, bad[i].len);
+        assert_refused_and_closed(s, fd, bad[i].id);
+    }
+    for (size_t i = 0; i < sizeof(bad_packed) / sizeof(bad_packed[0]); i++) {
+        int fd = raw_connect(port);
+        raw_send_packed(fd, bad_packed[i].body);
+        assert_refused_and_closed(s, fd, bad_packed[i].id);
+    }
 
-    fd = raw_connect(port); /* zero length */
-    raw_send(fd, "\0\0\0\0", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* garbage body */
-    raw_send_frame(fd, "\xc1\xc1\xc1\xc1", 4);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* huge declared array, tiny body */
-    raw_send_frame(fd, "\x93\x05\x02\xdd\xff\xff\xff\xff", 8);
-    raw_expect_reply(fd, 5, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* wrong types: method is a string */
-    raw_send_packed(fd, body_wrong_method_type);
-    raw_expect_reply(fd, 7, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-
-    fd = raw_connect(port); /* args not an array */
-    raw_send_packed(fd, body_args_not_array);
-    raw_expect_reply(fd, 9, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
-    assert_serving(s);
-
-    fd = raw_connect(port); /* a good request, then a bad header, in one write */
+    int fd = raw_connect(port); /* a good request, then a bad header, in one write */
     moonlet_frame_builder b;
     moonlet_frame_builder_init(&b);
     body_echo_id1(moonlet_frame_begin(&b));
@@ -637,9 +635,7 @@ static void test_malformed_input(void **state)
     raw_send(fd, b.buf.data, b.buf.size);
     moonlet_frame_builder_destroy(&b);
     raw_expect_reply(fd, 1, 0);
-    raw_expect_reply(fd, 0, MOONLET_ERR_INVALID_PARAMS);
-    raw_expect_eof(fd);
-    close(fd);
+    assert_refused_and_closed(s, fd, 0);
 
     fd = raw_connect(port); /* truncated frame, then the peer stops sending */
     raw_send(fd, "\0\0\0\x64\x93\x05", 6);
@@ -758,32 +754,20 @@ static void auth_failures(const moonlet_rpc_server *s)
     }
 }
 
-/* Runs auth_failures() with stderr captured; returns what was logged. */
-static char *capture_auth_failures(const moonlet_rpc_server *s)
+typedef struct auth_run {
+    const moonlet_rpc_server *s;
+    bool closed;
+} auth_run;
+
+/* auth_failures(), then a wait until the server has closed every
+ * connection: the refusals were logged before their replies, so its last
+ * lines have landed once it has. */
+static void run_auth_failures(void *arg)
 {
-    char path[] = "/tmp/moonlet-test-log-XXXXXX";
-    int tmp = mkstemp(path);
-    assert_true(tmp >= 0);
-    unlink(path);
-    int saved = dup(STDERR_FILENO);
-    assert_true(saved >= 0);
-    dup2(tmp, STDERR_FILENO);
+    auth_run *r = arg;
     g_auth_failed_line = 0;
-    auth_failures(s);
-    /* the refusals were logged before their replies; wait until the server
-     * has closed every connection too, so its last lines land in the file */
-    bool closed = wait_conns(s, 0);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    if (g_auth_failed_line != 0)
-        fail_msg("auth check at line %d failed", g_auth_failed_line);
-    assert_true(closed);
-    off_t n = lseek(tmp, 0, SEEK_END);
-    char *text = calloc(1, (size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(pread(tmp, text, (size_t)n, 0), n);
-    close(tmp);
-    return text;
+    auth_failures(r->s);
+    r->closed = wait_conns(r->s, 0);
 }
 
 static void test_auth(void **state)
@@ -794,8 +778,12 @@ static void test_auth(void **state)
     moonlet_rpc_server *s = start_opts(&o);
     int level = moonlet_log_get_level();
     moonlet_log_set_level(MOONLET_LOG_DEBUG);
-    char *log = capture_auth_failures(s);
+    auth_run run = {.s = s};
+    char *log = capture_stderr(run_auth_failures, &run);
     moonlet_log_set_level(level);
+    if (g_auth_failed_line != 0)
+        fail_msg("auth check at line %d failed", g_auth_failed_line);
+    assert_true(run.closed);
     assert_non_null(strstr(log, "authentication failed"));
     assert_null(strstr(log, "s3cret")); /* neither the token nor the guesses */
     free(log);
@@ -975,11 +963,7 @@ static void test_large_frames(void **state)
     msgpack_pack_bin_body(pk, blob, SIZE);
     moonlet_reply rep;
     assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
-    const char *p;
-    uint32_t len;
-    assert_int_equal(moonlet_wire_str(rep.result, 0, &p, &len), 0);
-    assert_int_equal(len, SIZE);
-    assert_memory_equal(p, blob, SIZE);
+    assert_wire_bytes(rep.result, 0, blob, SIZE);
     moonlet_reply_destroy(&rep);
     free(blob);
     assert_int_equal(call_add(c, 1, 2), 3);

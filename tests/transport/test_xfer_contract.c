@@ -37,6 +37,7 @@
 #include "moonlet/error.h"
 #include "monotime.h"
 #include "xfer.h"
+#include "../common/capture.h"
 
 #define SEG_SIZE (64u << 20)
 #define GUARD 4096u
@@ -407,25 +408,6 @@ static void test_bad_arguments(void **state)
 }
 
 /* Runs fn with stderr captured into a file; returns the captured text. */
-static char *capture_stderr(void (*fn)(fixture *, const char *), fixture *f, const char *arg)
-{
-    char path[] = "/tmp/moonlet-xfer-log-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    unlink(path);
-    int saved = dup(STDERR_FILENO);
-    dup2(fd, STDERR_FILENO);
-    fn(f, arg);
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    off_t n = lseek(fd, 0, SEEK_END);
-    char *text = calloc(1, (size_t)n + 1);
-    assert_non_null(text);
-    assert_int_equal(pread(fd, text, (size_t)n, 0), n);
-    close(fd);
-    return text;
-}
-
 static void auth_cases(fixture *f, const char *token)
 {
     moonlet_xfer *srv, *good, *bad, *none;
@@ -468,11 +450,22 @@ static void auth_cases(fixture *f, const char *token)
     munmap(mem, (1u << 20) + 2 * GUARD);
 }
 
+typedef struct auth_run {
+    fixture *f;
+    const char *token;
+} auth_run;
+
+static void run_auth_cases(void *arg)
+{
+    auth_run *r = arg;
+    auth_cases(r->f, r->token);
+}
+
 static void test_auth(void **state)
 {
     fixture *f = begin(state);
     const char *token = "cluster-Secret-7f3a9c";
-    char *log = capture_stderr(auth_cases, f, token);
+    char *log = capture_stderr(run_auth_cases, &(auth_run){f, token});
     assert_non_null(strstr(log, "auth")); /* the refusals were logged ... */
     assert_null(strstr(log, token));      /* ... without the token */
     assert_null(strstr(log, "wrong-token"));
@@ -534,11 +527,10 @@ static void test_peer_gone(void **state)
     check_all_canaries(f);
 }
 
-static void create_auto(fixture *f, const char *arg)
+static void create_auto(void *arg)
 {
-    (void)f;
     moonlet_log_set_level(MOONLET_LOG_INFO);
-    moonlet_xfer **out = (moonlet_xfer **)(uintptr_t)arg;
+    moonlet_xfer **out = arg;
     assert_int_equal(make_instance(MOONLET_XFER_AUTO, NULL, NULL, TIMEOUT_MS, out), 0);
     moonlet_log_set_level(MOONLET_LOG_WARN);
 }
@@ -550,7 +542,7 @@ static void test_auto_choice(void **state)
     (void)state;
     moonlet_xfer *r = NULL, *a = NULL;
     int rc = make_instance(MOONLET_XFER_RDMA, NULL, NULL, TIMEOUT_MS, &r);
-    char *log = capture_stderr(create_auto, NULL, (const char *)(uintptr_t)&a);
+    char *log = capture_stderr(create_auto, &a);
     const char *line = strstr(log, "INFO");
     assert_non_null(line);
     assert_non_null(strstr(line, "transport: "));

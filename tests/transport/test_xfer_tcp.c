@@ -446,34 +446,59 @@ static void fake_stop(fake_server *f)
     close(f->stop_pipe[1]);
 }
 
+/* A TCP client: at most conns_per_peer connections a peer (0: the default),
+ * transfers timing out after timeout_ms. */
+static moonlet_xfer *tcp_client(uint32_t conns_per_peer, uint32_t timeout_ms)
+{
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = conns_per_peer,
+                           .timeout_ms = timeout_ms};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    return c;
+}
+
+/* The fake, started in `mode`; a client of it with one connection (transfer
+ * timeout timeout_ms); the fake's endpoint. */
+typedef struct fake_fx {
+    fake_server f;
+    moonlet_xfer *c;
+    char ep[32];
+} fake_fx;
+
+static void fake_up(fake_fx *x, fake_mode mode, uint32_t timeout_ms)
+{
+    fake_start(&x->f, mode);
+    x->c = tcp_client(1, timeout_ms);
+    snprintf(x->ep, sizeof(x->ep), "127.0.0.1:%u", x->f.port);
+}
+
+static void fake_down(fake_fx *x)
+{
+    moonlet_xfer_destroy(x->c);
+    fake_stop(&x->f);
+}
+
 /* A client read and write against the fake; both must fail with
  * TRANSFER_FAIL within max_ms (and, when min_ms > 0, not before it). */
 static void client_vs_fake(fake_mode mode, uint32_t timeout_ms, uint64_t min_ms, uint64_t max_ms)
 {
-    fake_server f;
-    fake_start(&f, mode);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = timeout_ms};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
-    char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    fake_fx x;
+    fake_up(&x, mode, timeout_ms);
     size_t len = 8u << 20;
     uint8_t *buf = calloc(1, len);
     assert_non_null(buf);
     for (int opc = 0; opc < 2; opc++) {
         uint64_t t0 = moonlet_mono_ms();
-        int rc = opc == 0 ? moonlet_xfer_read(c, ep, "00000000000000aa", 0, buf, len)
-                          : moonlet_xfer_write(c, ep, "00000000000000aa", 0, buf, len);
+        int rc = opc == 0 ? moonlet_xfer_read(x.c, x.ep, "00000000000000aa", 0, buf, len)
+                          : moonlet_xfer_write(x.c, x.ep, "00000000000000aa", 0, buf, len);
         uint64_t took = moonlet_mono_ms() - t0;
         assert_int_equal(rc, MOONLET_ERR_TRANSFER_FAIL);
         assert_true(took >= min_ms);
         assert_true(took <= max_ms);
     }
-    assert_true(__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) >= 1);
-    moonlet_xfer_destroy(c);
+    assert_true(__atomic_load_n(&x.f.headers_seen, __ATOMIC_SEQ_CST) >= 1);
     free(buf);
-    fake_stop(&f);
+    fake_down(&x);
 }
 
 static void test_peer_closes_mid_transfer(void **state)
@@ -502,30 +527,23 @@ static void test_peer_answers_nonsense(void **state)
 static void test_reissue_after_peer_drops(void **state)
 {
     (void)state;
-    fake_server f;
-    fake_start(&f, FAKE_DROP_FIRST);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = 2000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
-    char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    fake_fx x;
+    fake_up(&x, FAKE_DROP_FIRST, 2000);
     static uint8_t buf[3][8192];
     moonlet_xfer_op ops[3];
     for (int k = 0; k < 3; k++)
-        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = ep,
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = x.ep,
                                    .segment_id = "00000000000000aa",
                                    .offset = (uint64_t)k * 8192, .local = buf[k],
                                    .len = sizeof(buf[k])};
-    assert_int_equal(moonlet_xfer_submit(c, ops, 3), 0);
+    assert_int_equal(moonlet_xfer_submit(x.c, ops, 3), 0);
     for (int k = 0; k < 3; k++) {
         assert_int_equal(ops[k].status, 0);
         for (uint32_t i = 0; i < sizeof(buf[k]); i++)
             assert_int_equal(buf[k][i], (uint8_t)(((uint64_t)k * 8192 + i) * 7));
     }
-    assert_int_equal(__atomic_load_n(&f.accepted, __ATOMIC_SEQ_CST), 2);
-    moonlet_xfer_destroy(c);
-    fake_stop(&f);
+    assert_int_equal(__atomic_load_n(&x.f.accepted, __ATOMIC_SEQ_CST), 2);
+    fake_down(&x);
 }
 
 /* An error about the request itself (the peer answers SEGMENT_NOT_FOUND and
@@ -533,23 +551,16 @@ static void test_reissue_after_peer_drops(void **state)
 static void test_access_error_not_reissued(void **state)
 {
     (void)state;
-    fake_server f;
-    fake_start(&f, FAKE_NOT_FOUND);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = 2000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
-    char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    fake_fx x;
+    fake_up(&x, FAKE_NOT_FOUND, 2000);
     uint8_t b[64];
     uint64_t t0 = moonlet_mono_ms();
-    assert_int_equal(moonlet_xfer_read(c, ep, "00000000000000aa", 0, b, sizeof(b)),
+    assert_int_equal(moonlet_xfer_read(x.c, x.ep, "00000000000000aa", 0, b, sizeof(b)),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
     assert_true(moonlet_mono_ms() - t0 < 1000);
-    assert_int_equal(__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST), 1);
-    assert_int_equal(__atomic_load_n(&f.accepted, __ATOMIC_SEQ_CST), 1);
-    moonlet_xfer_destroy(c);
-    fake_stop(&f);
+    assert_int_equal(__atomic_load_n(&x.f.headers_seen, __ATOMIC_SEQ_CST), 1);
+    assert_int_equal(__atomic_load_n(&x.f.accepted, __ATOMIC_SEQ_CST), 1);
+    fake_down(&x);
 }
 
 /* A write whose writer's deadline passes while its peer stalls is aborted
@@ -557,25 +568,18 @@ static void test_access_error_not_reissued(void **state)
 static void test_write_past_deadline_not_reissued(void **state)
 {
     (void)state;
-    fake_server f;
-    fake_start(&f, FAKE_STALL);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = 2000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
-    char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    fake_fx x;
+    fake_up(&x, FAKE_STALL, 2000);
     uint8_t b[64] = {0};
     uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.deadline_ms = moonlet_xfer_now_ms() + 200};
-    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x.ep,
                           .segment_id = "00000000000000aa", .local = b, .len = sizeof(b),
                           .cap = &cap};
-    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     assert_true(moonlet_mono_ms() - t0 < 1500);
-    assert_int_equal(moonlet_xfer_pool_stats(c, ep, NULL), 0);
-    moonlet_xfer_destroy(c);
-    fake_stop(&f);
+    assert_int_equal(moonlet_xfer_pool_stats(x.c, x.ep, NULL), 0);
+    fake_down(&x);
 }
 
 static void test_unreachable(void **state)
@@ -585,9 +589,7 @@ static void test_unreachable(void **state)
     fake_start(&f, FAKE_STALL);
     uint16_t port = f.port;
     fake_stop(&f);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .timeout_ms = 1000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    moonlet_xfer *c = tcp_client(0, 1000);
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", port);
     uint8_t b[8];
@@ -614,10 +616,7 @@ static void test_idle_close_is_invisible_to_clients(void **state)
     for (int i = 0; i < 4096; i++)
         seg[i] = (uint8_t)(i * 3);
     assert_int_equal(moonlet_xfer_register_segment(s.x, seg, 4096, &s.info), 0);
-    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                            .timeout_ms = 2000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    moonlet_xfer *c = tcp_client(1, 2000);
     uint8_t buf[4096];
     for (int round = 0; round < 3; round++) {
         memset(buf, 0, sizeof(buf));
@@ -731,9 +730,7 @@ static void test_write_capabilities(void **state)
     (void)state;
     server_fx s;
     server_up(&s, NULL);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1, .timeout_ms = 3000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
+    moonlet_xfer *c = tcp_client(1, 3000);
     uint8_t data[1024];
     memset(data, 0x5A, sizeof(data));
 
@@ -850,22 +847,16 @@ static void *busy_read(void *arg)
 static void test_client_write_deadline(void **state)
 {
     (void)state;
-    fake_server f;
-    fake_start(&f, FAKE_STALL);
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
-                           .timeout_ms = 3000};
-    moonlet_xfer *c;
-    assert_int_equal(moonlet_xfer_create(&o, &c), 0);
-    char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", f.port);
+    fake_fx x;
+    fake_up(&x, FAKE_STALL, 3000);
     uint8_t buf[4096] = {0};
     uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.offset = 0, .len = sizeof(buf), .expiry_ms = 1, .tag = 1,
                             .deadline_ms = t0 + 300};
-    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = ep,
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x.ep,
                           .segment_id = "00000000000000aa", .offset = 0, .local = buf,
                           .len = sizeof(buf), .cap = &cap};
-    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     uint64_t took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 2000);
@@ -873,20 +864,19 @@ static void test_client_write_deadline(void **state)
     /* The only pooled connection is busy (a read stalled on the fake): the
      * write waits for it no longer than its deadline. */
     pthread_t th;
-    busy_read_args ra = {.c = c, .ep = ep};
+    busy_read_args ra = {.c = x.c, .ep = x.ep};
     assert_int_equal(pthread_create(&th, NULL, busy_read, &ra), 0);
-    while (__atomic_load_n(&f.headers_seen, __ATOMIC_SEQ_CST) < 2 && moonlet_mono_ms() < t0 + 5000)
+    while (__atomic_load_n(&x.f.headers_seen, __ATOMIC_SEQ_CST) < 2 && moonlet_mono_ms() < t0 + 5000)
         usleep(1000); /* bounded: the read's header reached the fake */
     t0 = moonlet_mono_ms();
     cap.deadline_ms = t0 + 300;
-    assert_int_equal(moonlet_xfer_submit(c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 1500); /* not the 3 s the read holds the connection */
     pthread_join(th, NULL);
     assert_int_equal(ra.rc, MOONLET_ERR_TRANSFER_FAIL);
-    moonlet_xfer_destroy(c);
-    fake_stop(&f);
+    fake_down(&x);
 }
 
 int main(void)

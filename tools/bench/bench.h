@@ -11,6 +11,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+/* How long a child may take to say it is ready (a store node faults in its
+ * whole segment first: a GiB takes seconds on a quiet machine, many more on
+ * a loaded one).  A child that exits is noticed at once. */
+#define BENCH_READY_S 60
+
 typedef struct bench_master {
     pid_t pid;
     int out_fd;
@@ -23,13 +28,13 @@ typedef struct bench_master {
 int bench_master_start(bench_master *bm, const char *const *extra_args);
 void bench_master_stop(bench_master *bm);
 /* Starts tools/<tool> (next to this binary) with args (NULL-terminated, no
- * argv[0]) and waits up to 15 s for a stdout line starting with
+ * argv[0]) and waits up to BENCH_READY_S for a stdout line starting with
  * ready_prefix; the rest of that line goes to bm->addr.  Returns 0 when seen.
  * Stop it with bench_master_stop(). */
 int bench_child_start(bench_master *bm, const char *tool, const char *const *args,
                       const char *ready_prefix);
 /* Starts the program at `path` (any binary, e.g. /usr/bin/redis-server)
- * with args and waits up to 15 s for a stdout line containing ready_text.
+ * with args and waits up to BENCH_READY_S for a stdout line containing ready_text.
  * Returns 0 when seen; stop it with bench_master_stop() (by its PID). */
 int bench_exec_start(bench_master *bm, const char *path, const char *const *args,
                      const char *ready_text);

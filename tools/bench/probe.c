@@ -52,6 +52,29 @@ static int stats(moonlet_master_client *mc, cJSON **st)
     return moonlet_mc_stats(mc, st);
 }
 
+/* The master's lease counters, read through `st` (kept for the caller). */
+typedef struct lease_counts {
+    double exist, probe, resume_kda, resume_kv;
+} lease_counts;
+
+static int read_counts(moonlet_master_client *mc, cJSON **st, lease_counts *c)
+{
+    if (stats(mc, st))
+        return -1;
+    *c = (lease_counts){stat_num(*st, "leases_exist"), stat_num(*st, "leases_probe"),
+                        stat_num(*st, "leases_resume_kda"), stat_num(*st, "leases_resume_kv")};
+    return 0;
+}
+
+/* KDA keys an answer marks. */
+static int kda_marked(const int32_t *r)
+{
+    int n = 0;
+    for (int i = KV; i < ALL; i++)
+        n += r[i] == 1;
+    return n;
+}
+
 static int put_all(moonlet_master_client *mc)
 {
     for (int i = 0; i < ALL; i++) {
@@ -166,28 +189,20 @@ int bench_probe_main(int argc, char **argv)
         goto out;
 
     /* Leases granted by one call of each path. */
-    if (stats(mc, &st))
+    lease_counts c0, c1, c2, c3;
+    if (read_counts(mc, &st, &c0) || do_exist_all(mc, r) || read_counts(mc, &st, &c1))
         goto out;
-    double ex0 = stat_num(st, "leases_exist");
-    if (do_exist_all(mc, r) || stats(mc, &st))
+    double kda_all = c1.exist - c0.exist - KV;
+    if (do_selective(mc, r) || read_counts(mc, &st, &c2))
         goto out;
-    double kda_all = stat_num(st, "leases_exist") - ex0 - KV;
-    double ex1 = stat_num(st, "leases_exist"), pr1 = stat_num(st, "leases_probe");
-    if (do_selective(mc, r) || stats(mc, &st))
+    double kda_sel = c2.probe - c1.probe;
+    double kv_sel = c2.exist - c1.exist;
+    int selected = kda_marked(r);
+    if (do_one_rtt(mc, r, &ro) || read_counts(mc, &st, &c3))
         goto out;
-    double kda_sel = stat_num(st, "leases_probe") - pr1;
-    double kv_sel = stat_num(st, "leases_exist") - ex1;
-    int selected = 0;
-    for (int i = KV; i < ALL; i++)
-        selected += r[i] == 1;
-    double rk0 = stat_num(st, "leases_resume_kda"), rv0 = stat_num(st, "leases_resume_kv");
-    if (do_one_rtt(mc, r, &ro) || stats(mc, &st))
-        goto out;
-    double kda_one = stat_num(st, "leases_resume_kda") - rk0;
-    double kv_one = stat_num(st, "leases_resume_kv") - rv0;
-    int selected_one = 0;
-    for (int i = KV; i < ALL; i++)
-        selected_one += r[i] == 1;
+    double kda_one = c3.resume_kda - c2.resume_kda;
+    double kv_one = c3.resume_kv - c2.resume_kv;
+    int selected_one = kda_marked(r);
     int64_t sel_ckpt = ro.selected;
     uint64_t sel_boundary = ro.selected >= 0 ? g_bounds[ro.selected] : 0;
 

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "pipeline.h"
 #include "master_client.h"
 #include "methods.h"
 #include "moonlet/error.h"
@@ -26,55 +27,26 @@
 #include "wire.h"
 
 #define KEY_BYTES 64
-#define WINDOW 512
 
 static void key_of(uint64_t i, char out[KEY_BYTES + 1])
 {
     snprintf(out, KEY_BYTES + 1, "bench-key-%054" PRIu64, i);
 }
 
-/* Pipelines `method` [tenant, key, ...] for keys [from, to). */
-static int pipelined(moonlet_rpc_client *c, uint32_t method, uint64_t from, uint64_t to)
+static void bench_key(void *ctx, uint64_t i, char *buf, size_t cap)
 {
-    char key[KEY_BYTES + 1];
-    for (uint64_t base = from; base < to; base += WINDOW) {
-        uint64_t end = base + WINDOW < to ? base + WINDOW : to;
-        for (uint64_t i = base; i < end; i++) {
-            key_of(i, key);
-            msgpack_packer *pk =
-                moonlet_rpc_client_begin(c, method, method == MOONLET_M_PUT_START ? 5 : 2);
-            moonlet_pack_cstr(pk, "");
-            moonlet_pack_str(pk, key, KEY_BYTES);
-            if (method == MOONLET_M_PUT_START) {
-                msgpack_pack_uint64(pk, 1);
-                msgpack_pack_uint64(pk, 1);
-                msgpack_pack_false(pk);
-            }
-            uint64_t id;
-            int rc = moonlet_rpc_client_send(c, &id);
-            if (rc)
-                return rc;
-        }
-        for (uint64_t i = base; i < end; i++) {
-            moonlet_reply rep;
-            int rc = moonlet_rpc_client_recv(c, &rep);
-            if (rc)
-                return rc;
-            rc = rep.code;
-            moonlet_reply_destroy(&rep);
-            if (rc) {
-                fprintf(stderr, "moonlet-bench: fill failed: %s\n", moonlet_strerror(rc));
-                return rc;
-            }
-        }
-    }
-    return MOONLET_OK;
+    (void)ctx;
+    (void)cap;
+    key_of(i, buf);
 }
 
+/* PutStart + PutEnd of keys [from, to), 1 byte each. */
 static int fill(moonlet_rpc_client *c, uint64_t from, uint64_t to)
 {
-    int rc = pipelined(c, MOONLET_M_PUT_START, from, to);
-    return rc ? rc : pipelined(c, MOONLET_M_PUT_END, from, to);
+    int rc = bench_fill_range(c, "", 1, from, to, bench_key, NULL);
+    if (rc)
+        fprintf(stderr, "moonlet-bench: fill failed: %s\n", moonlet_strerror(rc));
+    return rc;
 }
 
 /* One BatchExistKey of 640 random existing keys; adds its latency to s. */

@@ -82,7 +82,7 @@ static int child_start(bench_master *bm, const char *path, const char *const *ar
     bm->port = 0;
     char line[512];
     size_t len = 0, plen = strlen(ready);
-    uint64_t deadline = bench_now_ns() + 15ull * 1000000000ull;
+    uint64_t deadline = bench_now_ns() + BENCH_READY_S * 1000000000ull;
     while (bench_now_ns() < deadline && len < sizeof(line) - 1) {
         struct pollfd pfd = {.fd = bm->out_fd, .events = POLLIN};
         if (poll(&pfd, 1, 100) <= 0)

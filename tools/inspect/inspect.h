@@ -153,6 +153,8 @@ int inspect_cmd_key(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_probe(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_stats(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_watch(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_drain(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_undrain(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_status(const inspect_opts *o, int argc, char **argv);
 
 #endif

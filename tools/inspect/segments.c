@@ -33,6 +33,7 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
         for (size_t i = 0; i < sizeof(SEG_NUMBERS) / sizeof(SEG_NUMBERS[0]); i++)
             inspect_json_add_u64(j, SEG_NUMBERS[i], inspect_json_u64(s, SEG_NUMBERS[i]));
         inspect_json_copy_alt(j, s);
+        cJSON_AddBoolToObject(j, "draining", cJSON_IsTrue(cJSON_GetObjectItem(s, "draining")));
         cap += inspect_json_u64(s, "capacity");
         used += inspect_json_u64(s, "used");
         cJSON_AddItemToArray(arr, j);
@@ -93,6 +94,14 @@ static int render_table(const cJSON *list, FILE *out, int width)
     if (n > 0)
         inspect_table_flush(t, out);
     inspect_table_free(t);
+    /* Drains in progress: their replicas left to move (0: done, safe to stop). */
+    cJSON_ArrayForEach(s, list) {
+        if (cJSON_IsTrue(cJSON_GetObjectItem(s, "draining")))
+            fprintf(out, "draining: segment %s of %s, %" PRIu64 " replicas left%s\n",
+                    inspect_json_str(s, "segment_id"), inspect_json_str(s, "client_id"),
+                    inspect_json_u64(s, "objects"),
+                    inspect_json_u64(s, "objects") ? "" : " (done: safe to stop)");
+    }
     char capb[32], usedb[32];
     inspect_fmt_size(cap, capb, sizeof(capb));
     inspect_fmt_size(used, usedb, sizeof(usedb));

@@ -27,6 +27,8 @@ static const char *const STAT_FIELDS[] = {
     "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
     "hard_pinned", "hard_pinned_bytes", "put_replacements",
+    "under_replicated", "repairs_queued", "repairs_running", "repairs_done", "repairs_failed",
+    "repairs_retried", "repairs_dropped", "repair_bytes",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
@@ -129,6 +131,13 @@ static int render_table(const cJSON *st, FILE *out, int width)
     bad |= kv(t, "ProbeResume leases", "%" PRIu64 " KDA + %" PRIu64 " KV keys",
               U("leases_resume_kda"), U("leases_resume_kv"));
     bad |= kv(t, "liveness unmounts", "%" PRIu64, U("unmounts_by_liveness"));
+    char rbytes[32];
+    inspect_fmt_size(U("repair_bytes"), rbytes, sizeof(rbytes));
+    bad |= kv(t, "re-replication", "%" PRIu64 " under-replicated (%" PRIu64 " queued, %" PRIu64
+              " copying); %" PRIu64 " done (%s), %" PRIu64 " retried, %" PRIu64 " failed, %" PRIu64
+              " dropped", U("under_replicated"), U("repairs_queued"), U("repairs_running"),
+              U("repairs_done"), rbytes, U("repairs_retried"), U("repairs_failed"),
+              U("repairs_dropped"));
     if (bad) {
         inspect_table_free(t);
         return MOONLET_ERR_INTERNAL_ERROR;

@@ -1,0 +1,660 @@
+/*
+ * repair.c - re-replication: objects left with fewer readable replicas than
+ * they were put with get a new replica on another host.
+ *
+ * Owns the repair queue and the jobs in flight (struct repair_state).  The
+ * master stays a pure server doing no I/O: it only decides and records.
+ *
+ *   1. A segment leaves (unmount.c strips its replicas; a drain marks its
+ *      replicas as leaving): repair_note_locked queues each sealed object
+ *      whose live replicas (COMPLETE, not on a draining segment) are fewer
+ *      than nrep_cap, the count it was put with.  Objects under a read lease
+ *      go to the urgent queue, served first.
+ *   2. repair_pump (the background tick, and each RepairFetch) starts queued
+ *      entries within --repair-concurrency (jobs in flight) and
+ *      --repair-bandwidth (a token bucket of bytes per second, one second of
+ *      burst): it reserves a range on a segment of another host
+ *      (registry_place_extra_locked: placement's rules, not draining) and
+ *      extends the object's lease to the job's deadline, so neither eviction
+ *      nor a plain Remove takes the source mid-copy.  The range belongs to
+ *      the job, not the object: no reader sees it.
+ *   3. The target node fetches its jobs (moonlet_master_repair_fetch): the
+ *      readable source replicas, the checksum PutEnd recorded and a write
+ *      capability for the target range, valid until the job's deadline.
+ *   4. RepairDone: on success, and while the object, the target segment
+ *      (same generation: not retired and reused) and the deadline still hold,
+ *      the range joins the object as a COMPLETE replica - appended, or in
+ *      place of a replica on a draining segment, whose range is released
+ *      (quarantined while a lease holds).  Otherwise, or on failure, the
+ *      range goes to the segment's quarantine until the deadline + the grace
+ *      (the node's capability expired by then) and a failed job is retried
+ *      with exponential backoff, at most repair_max_attempts times.
+ *   A job not reported by its deadline is failed by the tick the same way.
+ *
+ * Work per call is bounded (REPAIR_PUMP_BUDGET entries looked at per pump),
+ * and each object is handled under its one shard lock, briefly: lookups of
+ * other keys never wait on repair.
+ *
+ * Locks: repair_mu is a leaf (taken under a shard lock by
+ * repair_note_locked and when a job starts; nothing is taken under it).
+ * The pump, fetch and done paths take the guard shared, then one shard lock,
+ * then registry.mu (segment.c) or repair_mu, never two shard locks.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lease.h"
+#include "log.h"
+#include "master_internal.h"
+#include "moonlet/error.h"
+
+#define REPAIR_PUMP_BUDGET 256u   /* queue entries looked at per pump */
+#define REPAIR_BACKOFF_FIRST_NS (1000ull * MOONLET_NS_PER_MS)
+#define REPAIR_BACKOFF_CAP_NS (30000ull * MOONLET_NS_PER_MS)
+#define REPAIR_FETCH_MAX 64u
+#define REPAIR_MAX_CONCURRENCY 4096u
+
+struct rq_entry {
+    uint64_t hash;
+    uint32_t tenant;
+    uint32_t attempts;   /* failed attempts so far */
+    uint64_t not_before; /* backoff: not started before this (ns) */
+};
+
+/* A FIFO: entries [head, n) of e. */
+struct rq {
+    struct rq_entry *e;
+    size_t head, n, cap;
+};
+
+struct rjob {
+    uint64_t id, hash, size, deadline_ns, gen;
+    uint32_t tenant, attempts;
+    struct mrep target;  /* the reserved range (job-owned until attached) */
+    bool fetched;
+};
+
+struct repair_state {
+    pthread_mutex_t mu;
+    struct rq urgent, normal; /* leased objects first */
+    struct hmap known;        /* (hash -> tenant) of every queued or running object */
+    struct rjob *run;
+    uint32_t nrun, run_cap;
+    uint64_t next_id;
+    double tokens;            /* bandwidth bucket (bytes); may go negative (debt) */
+    uint64_t tokens_ns;
+    _Atomic uint64_t done, failed, retried, dropped, bytes;
+};
+
+static bool tenant_eq(const void *ctx, uint32_t v) { return *(const uint32_t *)ctx == v; }
+
+static size_t rq_len(const struct rq *q) { return q->n - q->head; }
+
+static bool rq_push(struct rq *q, struct rq_entry e)
+{
+    if (q->head > 0 && q->head * 2 >= q->n) { /* compact */
+        memmove(q->e, q->e + q->head, rq_len(q) * sizeof(*q->e));
+        q->n -= q->head;
+        q->head = 0;
+    }
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 64;
+        struct rq_entry *ne = realloc(q->e, cap * sizeof(*ne));
+        if (!ne)
+            return false;
+        q->e = ne;
+        q->cap = cap;
+    }
+    q->e[q->n++] = e;
+    return true;
+}
+
+int repair_init(moonlet_master *m)
+{
+    struct repair_state *r = calloc(1, sizeof(*r));
+    if (!r)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    pthread_mutex_init(&r->mu, NULL);
+    r->next_id = 1;
+    r->tokens = (double)m->cfg.repair_bandwidth;
+    r->tokens_ns = moonlet_clock_now_ns();
+    m->repair = r;
+    return MOONLET_OK;
+}
+
+void repair_destroy(moonlet_master *m)
+{
+    struct repair_state *r = m->repair;
+    if (!r)
+        return;
+    free(r->urgent.e);
+    free(r->normal.e);
+    free(r->run);
+    hmap_free(&r->known);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    m->repair = NULL;
+}
+
+uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o)
+{
+    uint32_t live = 0;
+    for (uint32_t k = 0; k < o->nrep; k++)
+        live += mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE &&
+                !seg_draining(m, mobj_creps(o)[k].seg);
+    return live;
+}
+
+static bool needs_repair(const moonlet_master *m, const struct mobj *o)
+{
+    return o->state == OBJ_COMPLETE && o->nrep > 0 && repair_live_replicas(m, o) < o->nrep_cap;
+}
+
+/* Queues (hash, tenant) unless known.  repair_mu held. */
+static void enqueue_locked(struct repair_state *r, uint64_t hash, uint32_t tenant, bool urgent,
+                           uint32_t attempts, uint64_t not_before, bool is_known)
+{
+    if (!is_known) {
+        if (hmap_find(&r->known, hash, tenant_eq, &tenant))
+            return;
+        if (!hmap_insert(&r->known, hash, tenant))
+            goto oom;
+    }
+    struct rq_entry e = {hash, tenant, attempts, not_before};
+    if (rq_push(urgent ? &r->urgent : &r->normal, e))
+        return;
+    hmap_remove_hv(&r->known, hash, tenant);
+oom:
+    ML_ERR("master", "out of memory queueing a repair: an object stays under-replicated");
+}
+
+static void forget_locked(struct repair_state *r, uint64_t hash, uint32_t tenant)
+{
+    hmap_remove_hv(&r->known, hash, tenant);
+}
+
+void repair_note_locked(moonlet_master *m, const struct mobj *o)
+{
+    if (!needs_repair(m, o))
+        return;
+    struct repair_state *r = m->repair;
+    bool leased = moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns());
+    pthread_mutex_lock(&r->mu);
+    enqueue_locked(r, o->hash, o->tenant, leased, 0, 0, false);
+    pthread_mutex_unlock(&r->mu);
+}
+
+struct find_args {
+    uint32_t tenant;
+    struct mobj *o;
+};
+
+static bool find_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    (void)m;
+    (void)s;
+    struct find_args *f = arg;
+    if (o->tenant != f->tenant)
+        return true;
+    f->o = o;
+    return false;
+}
+
+/* The object (hash, tenant) in its shard (lock held), or NULL. */
+static struct mobj *find_locked(moonlet_master *m, struct shard *s, uint64_t hash, uint32_t tenant)
+{
+    struct find_args f = {tenant, NULL};
+    shard_foreach_hash_locked(m, s, hash, find_visit, &f);
+    return f.o;
+}
+
+static uint64_t backoff_ns(uint32_t attempts)
+{
+    uint64_t ns = REPAIR_BACKOFF_FIRST_NS;
+    for (uint32_t i = 1; i < attempts && ns < REPAIR_BACKOFF_CAP_NS; i++)
+        ns *= 2;
+    return ns < REPAIR_BACKOFF_CAP_NS ? ns : REPAIR_BACKOFF_CAP_NS;
+}
+
+/* A failed attempt: again after a backoff, or given up.  repair_mu held. */
+static void retry_locked(moonlet_master *m, uint64_t hash, uint32_t tenant, uint32_t attempts,
+                         uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    attempts++;
+    if (attempts >= m->cfg.repair_max_attempts) {
+        forget_locked(r, hash, tenant);
+        atomic_fetch_add(&r->failed, 1);
+        ML_WARN("master", "repair of object %016" PRIx64 " given up after %u attempts", hash,
+                attempts);
+        return;
+    }
+    atomic_fetch_add(&r->retried, 1);
+    enqueue_locked(r, hash, tenant, false, attempts, now + backoff_ns(attempts), true);
+}
+
+/* Gives a job's target range back: into quarantine until the job's deadline
+ * plus the grace, when no write of the node can land any more. */
+static void release_target(moonlet_master *m, const struct rjob *j)
+{
+    registry_release_gen(m, j->hash, j->size, &j->target, j->gen,
+                         j->deadline_ns + m->quarantine_grace_ns);
+}
+
+enum { START_OK, START_DROP, START_RETRY };
+
+/* Starts the repair of one queued object: reserves the target and records
+ * the job.  Takes the guard shared, its shard lock, registry.mu and repair_mu. */
+static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    int res = START_DROP;
+    pthread_rwlock_rdlock(&m->guard);
+    struct shard *s = &m->shards[shard_of(m, e->hash)];
+    pthread_mutex_lock(&s->mu);
+    struct mobj *o = find_locked(m, s, e->hash, e->tenant);
+    uint32_t readable = 0;
+    bool draining_rep = false;
+    for (uint32_t k = 0; o && k < o->nrep; k++) {
+        readable += mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE;
+        draining_rep |= seg_draining(m, mobj_creps(o)[k].seg);
+    }
+    if (o && needs_repair(m, o) && readable > 0 && (o->nrep < o->nrep_cap || draining_rep)) {
+        struct rjob j = {.hash = e->hash, .tenant = e->tenant, .size = o->size,
+                         .attempts = e->attempts,
+                         .deadline_ns = now + m->cfg.repair_timeout_ms * MOONLET_NS_PER_MS};
+        if (registry_place_extra_locked(m, e->hash, o->size, mobj_creps(o), o->nrep, &j.target,
+                                        &j.gen) != MOONLET_OK) {
+            res = START_RETRY;
+        } else {
+            /* The job's lease on the source: not evicted, not removed
+             * without force, its ranges quarantined if force-removed. */
+            if (o->lease_deadline < j.deadline_ns)
+                o->lease_deadline = j.deadline_ns;
+            pthread_mutex_lock(&r->mu);
+            if (r->nrun == r->run_cap) {
+                uint32_t cap = r->run_cap ? r->run_cap * 2 : 16;
+                struct rjob *nr = realloc(r->run, cap * sizeof(*nr));
+                if (nr) {
+                    r->run = nr;
+                    r->run_cap = cap;
+                }
+            }
+            if (r->nrun < r->run_cap) {
+                j.id = r->next_id++;
+                r->run[r->nrun++] = j;
+                r->tokens -= (double)j.size;
+                res = START_OK;
+            } else {
+                res = START_RETRY;
+            }
+            pthread_mutex_unlock(&r->mu);
+            if (res != START_OK)
+                registry_release_gen(m, j.hash, j.size, &j.target, j.gen, 0);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return res;
+}
+
+/* Pops up to `max` entries that are due (the urgent queue first); entries
+ * still in backoff go to the back.  repair_mu held. */
+static uint32_t pop_due_locked(struct repair_state *r, uint64_t now, struct rq_entry *out,
+                               uint32_t max)
+{
+    uint32_t n = 0, looked = 0;
+    struct rq *qs[2] = {&r->urgent, &r->normal};
+    for (int qi = 0; qi < 2; qi++) {
+        struct rq *q = qs[qi];
+        size_t look = rq_len(q);
+        /* bounded: entries in backoff are looked at, at most a few budgets' worth */
+        for (size_t i = 0; i < look && n < max && looked < 4 * REPAIR_PUMP_BUDGET; i++, looked++) {
+            struct rq_entry e = q->e[q->head++];
+            if (e.not_before > now) {
+                if (!rq_push(q, e))
+                    hmap_remove_hv(&r->known, e.hash, e.tenant);
+                continue;
+            }
+            out[n++] = e;
+        }
+    }
+    return n;
+}
+
+/* Starts what the limits allow, looking at no more than REPAIR_PUMP_BUDGET
+ * entries. */
+static void repair_pump(moonlet_master *m, uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    struct rq_entry batch[REPAIR_PUMP_BUDGET];
+    pthread_mutex_lock(&r->mu);
+    double bw = (double)m->cfg.repair_bandwidth;
+    if (now > r->tokens_ns) {
+        r->tokens += bw * (double)(now - r->tokens_ns) / 1e9;
+        if (r->tokens > bw)
+            r->tokens = bw; /* one second of burst */
+    }
+    r->tokens_ns = now;
+    uint32_t room = m->cfg.repair_concurrency > r->nrun ? m->cfg.repair_concurrency - r->nrun : 0;
+    if (room > REPAIR_PUMP_BUDGET)
+        room = REPAIR_PUMP_BUDGET;
+    uint32_t n = r->tokens > 0 ? pop_due_locked(r, now, batch, room) : 0;
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        pthread_mutex_lock(&r->mu);
+        bool out_of_tokens = r->tokens <= 0;
+        pthread_mutex_unlock(&r->mu);
+        int res = out_of_tokens ? START_RETRY : start_one(m, &batch[i], now);
+        pthread_mutex_lock(&r->mu);
+        if (res == START_DROP) {
+            forget_locked(r, batch[i].hash, batch[i].tenant);
+        } else if (res == START_RETRY && out_of_tokens) {
+            /* not an attempt: back in the queue as it was */
+            enqueue_locked(r, batch[i].hash, batch[i].tenant, false, batch[i].attempts, 0, true);
+        } else if (res == START_RETRY) {
+            retry_locked(m, batch[i].hash, batch[i].tenant, batch[i].attempts, now);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j);
+static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone);
+
+void repair_tick(moonlet_master *m)
+{
+    struct repair_state *r = m->repair;
+    uint64_t now = moonlet_clock_now_ns();
+    /* Jobs past their deadline fail (bounded: at most the jobs in flight). */
+    pthread_mutex_lock(&r->mu);
+    uint32_t nexp = 0;
+    for (uint32_t i = 0; i < r->nrun; i++)
+        nexp += r->run[i].deadline_ns <= now;
+    struct rjob *exp = nexp ? malloc(nexp * sizeof(*exp)) : NULL;
+    uint32_t keep = 0, k = 0;
+    for (uint32_t i = 0; i < r->nrun; i++) {
+        if (exp && r->run[i].deadline_ns <= now)
+            exp[k++] = r->run[i];
+        else
+            r->run[keep++] = r->run[i];
+    }
+    r->nrun = keep;
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < k; i++) {
+        ML_WARN("master", "repair job %" PRIu64 " timed out", exp[i].id);
+        release_target(m, &exp[i]);
+        pthread_mutex_lock(&r->mu);
+        retry_locked(m, exp[i].hash, exp[i].tenant, exp[i].attempts, now);
+        pthread_mutex_unlock(&r->mu);
+    }
+    free(exp);
+    /* Jobs whose target segment went (its node died or unmounted) end now,
+     * not at their deadline: the object gets another target. */
+    struct {
+        uint64_t id, gen;
+        uint32_t slot;
+    } chk[64];
+    uint32_t nchk = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nrun && nchk < 64; i++)
+        chk[nchk++] = (typeof(chk[0])){r->run[i].id, r->run[i].gen, r->run[i].target.seg};
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < nchk; i++) {
+        if (registry_slot_live(m, chk[i].slot, chk[i].gen))
+            continue;
+        struct rjob j;
+        pthread_mutex_lock(&r->mu);
+        bool had = take_job_locked(r, chk[i].id, &j);
+        pthread_mutex_unlock(&r->mu);
+        if (had)
+            drop_job(m, &j, false);
+    }
+    repair_pump(m, now);
+}
+
+/* Takes job `id` out of the running set into *j.  repair_mu held. */
+static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j)
+{
+    for (uint32_t i = 0; i < r->nrun; i++) {
+        if (r->run[i].id != id)
+            continue;
+        *j = r->run[i];
+        r->run[i] = r->run[--r->nrun];
+        return true;
+    }
+    return false;
+}
+
+/* A job that cannot go on: its range back.  The object went: forgotten.
+ * The target went (its node died or unmounted): the object waits a backoff
+ * and gets another target (not an attempt of its own: no copy failed). */
+static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
+{
+    struct repair_state *r = m->repair;
+    release_target(m, j);
+    pthread_mutex_lock(&r->mu);
+    if (object_gone)
+        forget_locked(r, j->hash, j->tenant);
+    else
+        enqueue_locked(r, j->hash, j->tenant, false, j->attempts,
+                       moonlet_clock_now_ns() + REPAIR_BACKOFF_FIRST_NS, true);
+    pthread_mutex_unlock(&r->mu);
+    atomic_fetch_add(&r->dropped, 1);
+}
+
+int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                                uint32_t max,
+                                void (*visit)(void *arg, const moonlet_repair_job_view *j),
+                                void *arg)
+{
+    struct repair_state *r = m->repair;
+    uint32_t slots[16], nslots;
+    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    if (rc)
+        return rc;
+    uint64_t now = moonlet_clock_now_ns();
+    repair_pump(m, now);
+    if (max > REPAIR_FETCH_MAX)
+        max = REPAIR_FETCH_MAX;
+    struct rjob jobs[REPAIR_FETCH_MAX];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nrun && n < max; i++) {
+        struct rjob *j = &r->run[i];
+        if (j->fetched)
+            continue;
+        for (uint32_t s = 0; s < nslots; s++)
+            if (j->target.seg == slots[s]) {
+                j->fetched = true;
+                jobs[n++] = *j;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        struct rjob *j = &jobs[i];
+        bool ok = false, object_gone = false;
+        pthread_rwlock_rdlock(&m->guard);
+        struct shard *s = &m->shards[shard_of(m, j->hash)];
+        pthread_mutex_lock(&s->mu);
+        struct mobj *o = find_locked(m, s, j->hash, j->tenant);
+        /* Seen MOUNTED under the guard: the slot cannot be retired before
+         * we let the guard go (unmount.c's barrier), so its strings hold. */
+        if (o && o->state == OBJ_COMPLETE && registry_slot_live(m, j->target.seg, j->gen)) {
+            moonlet_replica_view src[MOONLET_MAX_REPLICAS], tv;
+            uint32_t ns = 0;
+            for (uint32_t k = 0; k < o->nrep; k++)
+                if (mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE)
+                    replica_view_fill(m, o, &mobj_creps(o)[k], &src[ns++]);
+            replica_view_fill(m, o, &j->target, &tv);
+            replica_cap_fill(m, &j->target, j->size, j->deadline_ns, now, &tv);
+            if (ns > 0 && visit) {
+                moonlet_repair_job_view v = {.job_id = j->id, .size = j->size,
+                                             .has_checksum = o->has_checksum,
+                                             .checksum = o->checksum, .target = &tv,
+                                             .sources = src, .nsources = ns};
+                visit(arg, &v);
+            }
+            ok = ns > 0;
+            object_gone = ns == 0;
+        } else {
+            object_gone = !o || o->state != OBJ_COMPLETE;
+        }
+        pthread_mutex_unlock(&s->mu);
+        pthread_rwlock_unlock(&m->guard);
+        if (!ok) {
+            struct rjob gone;
+            pthread_mutex_lock(&r->mu);
+            bool had = take_job_locked(r, j->id, &gone);
+            pthread_mutex_unlock(&r->mu);
+            if (had)
+                drop_job(m, &gone, object_gone);
+        }
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                               uint64_t job_id, int32_t code, uint64_t bytes)
+{
+    (void)bytes;
+    struct repair_state *r = m->repair;
+    uint32_t slots[16], nslots;
+    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    if (rc)
+        return rc;
+    uint64_t now = moonlet_clock_now_ns();
+    struct rjob j;
+    pthread_mutex_lock(&r->mu);
+    bool had = take_job_locked(r, job_id, &j);
+    bool mine = false;
+    for (uint32_t s = 0; had && s < nslots; s++)
+        mine |= slots[s] == j.target.seg;
+    if (had && (!mine || !j.fetched)) { /* another node's job: not ours to end */
+        r->run[r->nrun++] = j;
+        had = false;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!had)
+        return MOONLET_ERR_OBJECT_NOT_FOUND;
+    if (code != MOONLET_OK || now >= j.deadline_ns) {
+        ML_WARN("master", "repair job %" PRIu64 " failed on its target: %s", j.id,
+                code ? moonlet_strerror(code) : "reported after its deadline");
+        release_target(m, &j);
+        pthread_mutex_lock(&r->mu);
+        retry_locked(m, j.hash, j.tenant, j.attempts, now);
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_OK;
+    }
+    enum { ATTACHED, GONE, TARGET_GONE, NO_ROOM } res = GONE;
+    bool again = false;
+    pthread_rwlock_rdlock(&m->guard);
+    struct shard *s = &m->shards[shard_of(m, j.hash)];
+    pthread_mutex_lock(&s->mu);
+    struct mobj *o = find_locked(m, s, j.hash, j.tenant);
+    /* MOUNTED now, under the shard lock: an unmount beginning later strips
+     * the new replica like any other (its hash is in the target's index). */
+    if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
+        !registry_slot_live(m, j.target.seg, j.gen)) {
+        res = TARGET_GONE;
+    } else if (o && o->state == OBJ_COMPLETE && o->size == j.size) {
+        /* The job's lease on the source ends: back to what any reader may
+         * hold (every reader's lease was granted before now, so it ends
+         * within one lease TTL), so a Remove is not refused for longer. */
+        if (o->lease_deadline > now + m->lease_ttl_ns)
+            o->lease_deadline = now + m->lease_ttl_ns;
+        struct mrep nr = j.target;
+        nr.status = MOONLET_REPLICA_COMPLETE;
+        struct mrep *reps = mobj_reps(o);
+        res = NO_ROOM;
+        if (o->nrep < o->nrep_cap) {
+            reps[o->nrep++] = nr;
+            res = ATTACHED;
+        } else {
+            for (uint32_t k = 0; k < o->nrep; k++) {
+                if (!seg_draining(m, reps[k].seg))
+                    continue;
+                struct mrep old = reps[k];
+                reps[k] = nr;
+                /* A reader may still hold the old replica: quarantined while
+                 * its lease holds, as a forced Remove does. */
+                uint64_t until = moonlet_lease_active(o->lease_deadline, now) ? o->lease_deadline
+                                                                              : 0;
+                registry_release(m, o->hash, o->size, &old, 1, until);
+                res = ATTACHED;
+                break;
+            }
+        }
+        again = res == ATTACHED && needs_repair(m, o);
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_rwlock_unlock(&m->guard);
+    if (res == ATTACHED) {
+        atomic_fetch_add(&r->done, 1);
+        atomic_fetch_add(&r->bytes, j.size);
+        pthread_mutex_lock(&r->mu);
+        if (again) /* still short (two replicas lost): one more */
+            enqueue_locked(r, j.hash, j.tenant, false, 0, 0, true);
+        else
+            forget_locked(r, j.hash, j.tenant);
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_OK;
+    }
+    drop_job(m, &j, res != TARGET_GONE);
+    return res == ATTACHED || res == NO_ROOM ? MOONLET_OK : MOONLET_ERR_OBJECT_NOT_FOUND;
+}
+
+struct drain_note {
+    uint32_t queued;
+};
+
+static bool drain_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    (void)s;
+    ((struct drain_note *)arg)->queued++;
+    repair_note_locked(m, o);
+    return true;
+}
+
+int moonlet_master_drain(moonlet_master *m, moonlet_str target, bool drain, uint32_t *segments)
+{
+    if (target.len == 0 || target.len > MOONLET_MAX_ENDPOINT_BYTES)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t *hashes = NULL;
+    uint32_t nh = 0, nsegs = 0;
+    int rc = registry_drain(m, target, drain, &hashes, &nh, &nsegs);
+    if (segments)
+        *segments = nsegs;
+    /* Queue the draining segments' objects, a batch of shard locks per
+     * hold of the guard (like an unmount's strip). */
+    struct drain_note dn = {0};
+    for (uint32_t i = 0; i < nh;) {
+        pthread_rwlock_rdlock(&m->guard);
+        for (uint32_t k = 0; k < 256 && i < nh; k++, i++) {
+            struct shard *s = &m->shards[shard_of(m, hashes[i])];
+            pthread_mutex_lock(&s->mu);
+            shard_foreach_hash_locked(m, s, hashes[i], drain_visit, &dn);
+            pthread_mutex_unlock(&s->mu);
+        }
+        pthread_rwlock_unlock(&m->guard);
+    }
+    free(hashes);
+    return rc;
+}
+
+void repair_stats(moonlet_master *m, moonlet_master_stats *st)
+{
+    struct repair_state *r = m->repair;
+    pthread_mutex_lock(&r->mu);
+    st->under_replicated = r->known.n;
+    st->repairs_queued = rq_len(&r->urgent) + rq_len(&r->normal);
+    st->repairs_running = r->nrun;
+    pthread_mutex_unlock(&r->mu);
+    st->repairs_done = atomic_load(&r->done);
+    st->repairs_failed = atomic_load(&r->failed);
+    st->repairs_retried = atomic_load(&r->retried);
+    st->repairs_dropped = atomic_load(&r->dropped);
+    st->repair_bytes = atomic_load(&r->bytes);
+}

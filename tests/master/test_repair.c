@@ -1,0 +1,592 @@
+/* Tests of re-replication and drain (master/repair.c), on a frozen clock:
+ * a segment drop queues the objects that lost a replica, the target is on
+ * another host than the surviving replicas, the new replica is readable only
+ * after RepairDone, a removal mid-repair sends the target range to
+ * quarantine, failed and timed-out jobs are retried with backoff and given
+ * up after repair_max_attempts, and a drained segment's objects move. */
+#include "../common/master_fixture.h"
+
+#define MS MOONLET_NS_PER_MS
+
+static moonlet_master *repair_master_bw(uint32_t concurrency, uint64_t bandwidth)
+{
+    moonlet_master_config cfg;
+    moonlet_master_config_default(&cfg);
+    cfg.shards = 16;
+    cfg.lease_ttl_ms = 1000;
+    cfg.background = false;
+    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000; /* no liveness expiry here */
+    cfg.repair_concurrency = concurrency;
+    cfg.repair_timeout_ms = 5000;
+    cfg.repair_max_attempts = 3;
+    if (bandwidth)
+        cfg.repair_bandwidth = bandwidth;
+    moonlet_clock_set_fake(FIX_T0);
+    moonlet_master *m = NULL;
+    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    return m;
+}
+
+static moonlet_master *repair_master(uint32_t concurrency)
+{
+    return repair_master_bw(concurrency, 0);
+}
+
+/* Client "c-<seg>" mounts segment <seg> at endpoint ep. */
+static void mount_at(moonlet_master *m, const char *seg, const char *ep)
+{
+    char client[32];
+    snprintf(client, sizeof(client), "c-%s", seg);
+    moonlet_segment_desc d = {.client_id = client, .segment_id = seg, .name = seg, .base = 0,
+                              .size = 1 << 20, .endpoint = ep, .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+}
+
+static void put_on(moonlet_master *m, const char *key, const char *s1, const char *s2)
+{
+    moonlet_str pref[] = {MOONLET_STR(s1), MOONLET_STR(s2)};
+    moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 2};
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), 1000,
+                                                   &po, NULL, NULL),
+                     MOONLET_OK);
+    uint64_t ck = 0x1234;
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), &ck), MOONLET_OK);
+}
+
+struct job {
+    uint64_t id, size, checksum;
+    bool has_checksum;
+    char target_seg[32], target_ep[64];
+    uint32_t nsources;
+    char source_ep[4][64];
+};
+
+struct jobs {
+    struct job j[64];
+    uint32_t n;
+};
+
+static void collect_job(void *arg, const moonlet_repair_job_view *v)
+{
+    struct jobs *js = arg;
+    struct job *j = &js->j[js->n++];
+    memset(j, 0, sizeof(*j));
+    j->id = v->job_id;
+    j->size = v->size;
+    j->checksum = v->checksum;
+    j->has_checksum = v->has_checksum;
+    snprintf(j->target_seg, sizeof(j->target_seg), "%s", v->target->segment_id);
+    snprintf(j->target_ep, sizeof(j->target_ep), "%s", v->target->endpoint);
+    assert_int_equal(v->target->status, MOONLET_REPLICA_INITIALIZED);
+    j->nsources = v->nsources;
+    for (uint32_t i = 0; i < v->nsources && i < 4; i++)
+        snprintf(j->source_ep[i], sizeof(j->source_ep[i]), "%s", v->sources[i].endpoint);
+}
+
+static uint32_t fetch(moonlet_master *m, const char *seg, struct jobs *js)
+{
+    char client[32];
+    snprintf(client, sizeof(client), "c-%s", seg);
+    js->n = 0;
+    assert_int_equal(moonlet_master_repair_fetch(m, MOONLET_STR(client), 0, 64, collect_job, js),
+                     MOONLET_OK);
+    return js->n;
+}
+
+static int done(moonlet_master *m, const char *seg, uint64_t id, int32_t code)
+{
+    char client[32];
+    snprintf(client, sizeof(client), "c-%s", seg);
+    return moonlet_master_repair_done(m, MOONLET_STR(client), 0, id, code, 1000);
+}
+
+static uint32_t readable(moonlet_master *m, const char *key)
+{
+    moonlet_key_view v;
+    assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), &v, NULL,
+                                                NULL),
+                     MOONLET_OK);
+    return v.readable_replicas;
+}
+
+static void count(void *arg, const moonlet_replica_view *r)
+{
+    (void)r;
+    (*(uint32_t *)arg)++;
+}
+
+/* Replicas GetReplicaList hands a reader. */
+static uint32_t listed(moonlet_master *m, const char *key)
+{
+    uint32_t n = 0;
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR(key), NULL,
+                                                     NULL, count, &n),
+                     MOONLET_OK);
+    return n;
+}
+
+static moonlet_master_stats stats(moonlet_master *m)
+{
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    return st;
+}
+
+static size_t host_len(const char *ep) { return (size_t)(strrchr(ep, ':') - ep); }
+
+/* A drop queues the objects that lost a replica; the new replica is on
+ * another host than the survivor (not on the survivor's host's other
+ * segment), and readable only after RepairDone. */
+static void test_drop_queues_and_repairs(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
+    mount_at(m, "d", "10.0.0.4:1");
+    char k[16];
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_on(m, k, "a", "b");
+    }
+    put_on(m, "other", "b2", "d"); /* loses nothing */
+    assert_int_equal(stats(m).under_replicated, 0);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.under_replicated, 10);
+    assert_int_equal(st.repairs_queued, 10);
+    assert_int_equal(readable(m, "k0"), 1);
+
+    moonlet_master_tick(m);
+    st = stats(m);
+    assert_int_equal(st.repairs_running, 10);
+    struct jobs js;
+    assert_int_equal(fetch(m, "b", &js), 0);
+    assert_int_equal(fetch(m, "b2", &js), 0);
+    assert_int_equal(fetch(m, "d", &js), 10);
+    for (uint32_t i = 0; i < js.n; i++) {
+        struct job *j = &js.j[i];
+        assert_string_equal(j->target_seg, "d");
+        assert_int_equal(j->nsources, 1);
+        assert_true(j->has_checksum);
+        assert_int_equal(j->checksum, 0x1234);
+        assert_int_equal(j->size, 1000);
+        assert_false(host_len(j->source_ep[0]) == host_len(j->target_ep) &&
+                     memcmp(j->source_ep[0], j->target_ep, host_len(j->target_ep)) == 0);
+    }
+    /* fetched once: a second fetch gets nothing */
+    struct jobs again;
+    assert_int_equal(fetch(m, "d", &again), 0);
+    /* not readable before RepairDone */
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(readable(m, k), 1);
+        assert_int_equal(listed(m, k), 1);
+    }
+    /* RepairDone from another node than the target: refused */
+    assert_int_equal(done(m, "b", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    for (uint32_t i = 0; i < js.n; i++)
+        assert_int_equal(done(m, "d", js.j[i].id, 0), MOONLET_OK);
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(readable(m, k), 2);
+        assert_int_equal(listed(m, k), 2);
+    }
+    /* the job's lease on the source ended with it: one lease TTL at most */
+    assert_true(fix_lease(m, "k0") <= 1000);
+    st = stats(m);
+    assert_int_equal(st.under_replicated, 0);
+    assert_int_equal(st.repairs_done, 10);
+    assert_int_equal(st.repair_bytes, 10 * 1000);
+    assert_int_equal(st.repairs_running, 0);
+    /* a done job cannot be reported twice */
+    assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* The concurrency limit holds jobs back; the rest start as jobs finish. */
+static void test_concurrency_limit(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(3);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    char k[16];
+    for (int i = 0; i < 7; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_on(m, k, "a", "b");
+    }
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 3);
+    assert_int_equal(stats(m).repairs_queued, 4);
+    uint32_t total = 0;
+    for (int round = 0; round < 5 && total < 7; round++) {
+        struct jobs js;
+        fetch(m, "c", &js);
+        assert_true(js.n <= 3);
+        for (uint32_t i = 0; i < js.n; i++)
+            assert_int_equal(done(m, "c", js.j[i].id, 0), MOONLET_OK);
+        total += js.n;
+    }
+    assert_int_equal(total, 7);
+    assert_int_equal(stats(m).under_replicated, 0);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* A removal mid-repair: RepairDone finds no object, the target range goes
+ * to quarantine and comes back after the job's deadline + the grace. */
+static void test_removal_mid_repair(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 1);
+    uint64_t used = stats(m).used;
+    /* the job holds a lease on the source: a plain Remove is refused */
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")),
+                     MOONLET_ERR_OBJECT_HAS_LEASE);
+    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
+                     MOONLET_OK);
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.repairs_dropped, 1);
+    assert_int_equal(st.under_replicated, 0);
+    assert_true(st.quarantined >= 2 * 1024); /* source (leased) and target */
+    assert_int_equal(st.used, used);         /* nothing reusable yet */
+    moonlet_clock_advance(5000 * MS + 2000 * MS + 1);
+    moonlet_master_tick(m);
+    st = stats(m);
+    assert_int_equal(st.quarantined, 0);
+    assert_int_equal(st.used, 0);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* Failures retry with backoff, and at most repair_max_attempts times. */
+static void test_failures_bounded(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    struct jobs js;
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(done(m, "c", js.j[0].id, MOONLET_ERR_INVALID_READ), MOONLET_OK);
+    assert_int_equal(stats(m).repairs_retried, 1);
+    /* in backoff: nothing starts */
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", &js), 0);
+    moonlet_clock_advance(1000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", &js), 1);
+    /* the second attempt times out (not reported by its deadline) */
+    moonlet_clock_advance(5000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_retried, 2);
+    assert_int_equal(stats(m).repairs_running, 0);
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_clock_advance(2000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(done(m, "c", js.j[0].id, MOONLET_ERR_TRANSFER_FAIL), MOONLET_OK);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.repairs_failed, 1); /* third attempt: given up */
+    assert_int_equal(st.under_replicated, 0);
+    assert_int_equal(st.repairs_queued, 0);
+    for (int i = 0; i < 5; i++) {
+        moonlet_clock_advance(30000 * MS);
+        moonlet_master_tick(m);
+        assert_int_equal(fetch(m, "c", &js), 0);
+    }
+    assert_int_equal(readable(m, "k"), 1);
+    /* every target range came back */
+    assert_int_equal(stats(m).quarantined, 0);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* No segment on another host: another segment of the survivor's host
+ * (PutStart's rule); none at all: retried, then given up (bounded). */
+static void test_no_other_host(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "b2", "10.0.0.2:2");
+    put_on(m, "k", "a", "b");
+    put_on(m, "k2", "a", "b");
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "b2", &js), 2);
+    assert_int_equal(done(m, "b2", js.j[0].id, 0), MOONLET_OK);
+    assert_int_equal(done(m, "b2", js.j[1].id, 0), MOONLET_OK);
+    assert_int_equal(readable(m, "k"), 2);
+    /* now b2 goes too: b holds the only replica and no segment is left */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-b2"), MOONLET_STR("b2")),
+                     MOONLET_OK);
+    assert_int_equal(stats(m).under_replicated, 2);
+    for (int i = 0; i < 4; i++) {
+        moonlet_master_tick(m);
+        assert_int_equal(fetch(m, "b", &js), 0);
+        moonlet_clock_advance(30000 * MS);
+    }
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.repairs_failed, 2);
+    assert_int_equal(st.under_replicated, 0);
+    assert_int_equal(readable(m, "k"), 1);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* The target segment goes away mid-copy: the job is dropped. */
+static void test_target_unmounted(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-c"), MOONLET_STR("c")),
+                     MOONLET_OK);
+    /* no longer its target's: refused; the next tick ends the job (before
+     * its deadline) and the object waits for another target */
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_master_tick(m);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.repairs_running, 0);
+    assert_int_equal(st.repairs_dropped, 1);
+    assert_int_equal(st.under_replicated, 1);
+    assert_int_equal(readable(m, "k"), 1);
+    assert_int_equal(listed(m, "k"), 1);
+    /* a new node: after the backoff the object gets a target there */
+    mount_at(m, "d", "10.0.0.4:1");
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "d", &js), 0); /* still in backoff */
+    moonlet_clock_advance(1000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "d", &js), 1);
+    assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_OK);
+    assert_int_equal(readable(m, "k"), 2);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+static void put_sized(moonlet_master *m, const char *key, uint64_t size)
+{
+    moonlet_str pref[] = {MOONLET_STR("a"), MOONLET_STR("b")};
+    moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 2};
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), size,
+                                                   &po, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), NULL),
+                     MOONLET_OK);
+}
+
+/* Objects under a read lease are repaired first. */
+static void test_leased_first(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(1);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_sized(m, "cold1", 1000); /* queued first ... */
+    put_sized(m, "cold2", 1000);
+    put_sized(m, "hot", 3000);
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("hot"), NULL,
+                                                     NULL, NULL, NULL),
+                     MOONLET_OK); /* ... but this one is being read */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(js.j[0].size, 3000);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* --repair-bandwidth: jobs start only while the byte budget (one second of
+ * burst) is positive; it refills with the clock. */
+static void test_bandwidth_limit(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master_bw(16, 1000);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    char k[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_sized(m, k, 1000);
+    }
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 1); /* 1000 bytes: the burst */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 1);
+    moonlet_clock_advance(500 * MS); /* +500: positive again */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 2);
+    moonlet_clock_advance(100 * MS); /* -400: not yet */
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 2);
+    moonlet_clock_advance(1000 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(stats(m).repairs_running, 3);
+    assert_int_equal(stats(m).repairs_queued, 1);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+struct placed {
+    char seg[8][32];
+    uint32_t n;
+};
+
+static void place_collect(void *arg, const moonlet_replica_view *v)
+{
+    struct placed *p = arg;
+    snprintf(p->seg[p->n++], sizeof(p->seg[0]), "%s", v->segment_name);
+}
+
+struct seg_objs {
+    uint64_t a_objects;
+    bool a_draining;
+};
+
+static void seg_visit(void *arg, const moonlet_segment_view *s)
+{
+    struct seg_objs *so = arg;
+    if (strcmp(s->name, "a") == 0) {
+        so->a_objects = s->objects;
+        so->a_draining = s->draining;
+    }
+}
+
+/* Drain: no new put lands there, its objects get a replica elsewhere that
+ * replaces theirs, and the segment empties. */
+static void test_drain(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    char k[16];
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_on(m, k, "a", "b");
+    }
+    uint32_t n = 0;
+    assert_int_equal(moonlet_master_drain(m, MOONLET_STR("nope"), true, &n),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    assert_int_equal(moonlet_master_drain(m, MOONLET_STR("c-a"), true, &n), MOONLET_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(stats(m).under_replicated, 5);
+    /* a new put avoids the draining segment even when asked for it */
+    moonlet_str pref[] = {MOONLET_STR("a")};
+    moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 1};
+    struct placed placed = {.n = 0};
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR("new"), 100,
+                                                   &po, place_collect, &placed),
+                     MOONLET_OK);
+    for (uint32_t i = 0; i < placed.n; i++)
+        assert_string_not_equal(placed.seg[i], "a");
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("new"), NULL),
+                     MOONLET_OK);
+    /* still readable from the draining segment meanwhile */
+    assert_int_equal(listed(m, "k0"), 2);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 5);
+    for (uint32_t i = 0; i < js.n; i++) {
+        assert_int_equal(js.j[i].nsources, 2);
+        assert_int_equal(done(m, "c", js.j[i].id, 0), MOONLET_OK);
+    }
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(readable(m, k), 2);
+    }
+    struct seg_objs so = {99, false};
+    assert_int_equal(moonlet_master_list_segments(m, seg_visit, &so), MOONLET_OK);
+    assert_int_equal(so.a_objects, 0);
+    assert_true(so.a_draining);
+    assert_int_equal(stats(m).under_replicated, 0);
+    /* unmounting the drained segment loses nothing and queues nothing */
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
+                     MOONLET_OK);
+    for (int i = 0; i < 5; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(readable(m, k), 2);
+    }
+    assert_int_equal(stats(m).under_replicated, 0);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* Undrain: placement uses the segment again and queued repairs drop. */
+static void test_undrain(void **state)
+{
+    (void)state;
+    moonlet_master *m = repair_master(16);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    put_on(m, "k", "a", "b");
+    assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), false, NULL), MOONLET_OK);
+    moonlet_master_tick(m);
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 0);
+    assert_int_equal(stats(m).under_replicated, 0);
+    assert_int_equal(readable(m, "k"), 2);
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_drop_queues_and_repairs),
+        cmocka_unit_test(test_concurrency_limit),
+        cmocka_unit_test(test_leased_first),
+        cmocka_unit_test(test_bandwidth_limit),
+        cmocka_unit_test(test_removal_mid_repair),
+        cmocka_unit_test(test_failures_bounded),
+        cmocka_unit_test(test_no_other_host),
+        cmocka_unit_test(test_target_unmounted),
+        cmocka_unit_test(test_drain),
+        cmocka_unit_test(test_undrain),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
