@@ -20,7 +20,11 @@
  * with the wrong length or from the wrong place cannot pass.
  *
  * Keys are the KEY operands, or --prefix P with --count N (and --start I):
- * P000000, P000001, ...  put/get/remove spread them over --threads threads.
+ * P000000, P000001, ...  put/get/remove spread them over --threads threads;
+ * with --rate N the i-th key starts no earlier than i/N s after the start
+ * (a paced stream across a fault), and --per-key reports each key's start
+ * as at_ms after t0_mono_ms (CLOCK_MONOTONIC, comparable with the daemons'
+ * logs on the same host).
  * `mixed --seconds T` runs puts, gets (own keys and, with --peer-prefix,
  * the other host's, reported apart as peer_get), probes and removes from
  * every thread until T passes or SIGTERM/SIGINT arrives, and reports each
@@ -55,7 +59,7 @@
 #define PROG "mlc"
 #define MAX_THREADS 64
 #define MAX_KEY 512
-#define NCODES 1101 /* counts indexed by -code; the lowest moonlet code is -1010 */
+#define NCODES 2001 /* counts indexed by -code; the lowest moonlet code is -2000 (NOT_LEADER) */
 #define WRONG_BYTES_NAME "WRONG_BYTES"
 
 /* ---- options ------------------------------------------------------------------ */
@@ -235,6 +239,8 @@ static int op_get(const char *key, bool verify, uint64_t *len, bool *wrong)
 typedef struct batch_state {
     atomic_uint_fast64_t next;
     uint64_t n;
+    double t0;        /* moonlet_mono_s() at the start */
+    double *at;       /* per key: its start, seconds after t0 */
     int *rc;          /* per key */
     bool *wrong;      /* per key */
     double *ms;       /* per key */
@@ -254,6 +260,11 @@ static void *batch_worker(void *arg)
         char key[MAX_KEY];
         cmd_key(key, sizeof(key), i);
         double t0 = moonlet_mono_s();
+        if (g_o.rate > 0 && b->t0 + (double)i / g_o.rate > t0) { /* paced: key i at i/rate */
+            usleep((useconds_t)((b->t0 + (double)i / g_o.rate - t0) * 1e6));
+            t0 = moonlet_mono_s();
+        }
+        b->at[i] = t0 - b->t0;
         if (buf)
             b->rc[i] = op_put(key, buf, &b->len[i]);
         else if (strcmp(g_o.command, "get") == 0)
@@ -275,8 +286,9 @@ static int run_batch(void)
     b.wrong = calloc(n ? n : 1, sizeof(*b.wrong));
     b.ms = calloc(n ? n : 1, sizeof(*b.ms));
     b.len = calloc(n ? n : 1, sizeof(*b.len));
+    b.at = calloc(n ? n : 1, sizeof(*b.at));
     double *sorted = calloc(n ? n : 1, sizeof(*sorted));
-    if (!b.rc || !b.wrong || !b.ms || !b.len || !sorted) {
+    if (!b.rc || !b.wrong || !b.ms || !b.len || !b.at || !sorted) {
         fprintf(stderr, PROG ": out of memory\n");
         return 1;
     }
@@ -285,6 +297,7 @@ static int run_batch(void)
     pthread_t th[MAX_THREADS];
     uint32_t nth = g_o.threads;
     double t0 = moonlet_mono_s();
+    b.t0 = t0;
     for (uint32_t t = 0; t < nth; t++)
         if (pthread_create(&th[t], NULL, batch_worker, &b) != 0)
             nth = t;
@@ -297,6 +310,7 @@ static int run_batch(void)
     cJSON *doc = cJSON_CreateObject(), *per = NULL;
     cJSON_AddStringToObject(doc, "cmd", g_o.command);
     cJSON_AddNumberToObject(doc, "keys", (double)n);
+    cJSON_AddNumberToObject(doc, "t0_mono_ms", round(t0 * 1e5) / 100);
     if (g_o.per_key)
         per = cJSON_CreateArray();
     for (uint64_t i = 0; i < n; i++) {
@@ -316,6 +330,7 @@ static int run_batch(void)
             cJSON_AddStringToObject(e, "key", key);
             cJSON_AddStringToObject(e, "result", result_name(b.rc[i], b.wrong[i]));
             cJSON_AddNumberToObject(e, "ms", round(b.ms[i] * 100) / 100);
+            cJSON_AddNumberToObject(e, "at_ms", round(b.at[i] * 1e5) / 100);
             cJSON_AddNumberToObject(e, "size", (double)b.len[i]);
             cJSON_AddItemToArray(per, e);
         }
@@ -333,6 +348,7 @@ static int run_batch(void)
     free(b.wrong);
     free(b.ms);
     free(b.len);
+    free(b.at);
     free(sorted);
     return 0;
 }
@@ -637,6 +653,7 @@ static cJSON *mixed_report(mixed_thread *th, uint32_t nth, double secs)
     cJSON_AddStringToObject(doc, "cmd", "mixed");
     cJSON_AddNumberToObject(doc, "seconds", round(secs * 1000) / 1000);
     cJSON_AddNumberToObject(doc, "threads", nth);
+    cJSON_AddNumberToObject(doc, "t0_mono_ms", round(g_t0 * 1e5) / 100);
     uint64_t total = 0, all_codes[NCODES] = {0};
     for (int k = 0; k < K_N; k++) {
         uint64_t n = 0;
@@ -736,12 +753,14 @@ static void usage(FILE *f)
             "  --replicas R               replicas per put (default 1)\n"
             "  --threads T                parallel workers (default 4, at most 64)\n"
             "  --verify                   get: check the bytes (and, with a size flag, the size)\n"
-            "  --per-key                  put/get/remove: list every key's result and time\n"
+            "  --per-key                  put/get/remove: list every key's result, time and\n"
+            "                             start (at_ms, after t0_mono_ms: CLOCK_MONOTONIC)\n"
             "  --mode none|last-hit-only  probe policy (default none)\n"
             "  --candidate-size K         probe: keys per candidate (default 1)\n"
             "  --seconds T                mixed: how long to run\n"
             "  --peer-prefix P            mixed: also read another client's keys under P\n"
-            "  --rate N                   mixed: at most N operations a second (default: no limit)\n"
+            "  --rate N                   at most N operations a second (default: no limit);\n"
+            "                             put/get/remove: the i-th key starts at i/N s\n"
             "  --protocol P               data plane: tcp (default), rdma or auto\n"
             "  --source-addr IP           rdma: the local address to bind (picks the NIC)\n"
             "  --live-max N               mixed: remove rather than put above N live keys (default 400)\n"

@@ -354,14 +354,19 @@ class Cluster:
         cleanup_stale(log=self.log)
         try:
             self._make_network()
-            self.start_master()
-            for i in range(self.n_stores):
-                self.start_store(i)
-            if not wait_for(lambda: len(self.segments()) == self.n_stores, 15, 0.1):
-                raise HarnessError(f"only {len(self.segments())} of {self.n_stores} segments mounted")
+            self.start_daemons()
         except BaseException:
             self.teardown()
             raise
+
+    def start_daemons(self):
+        """The master, then the stores, until every segment is mounted (a
+        subclass with other daemons, e.g. tests/ha/test_ha_net.py, overrides it)."""
+        self.start_master()
+        for i in range(self.n_stores):
+            self.start_store(i)
+        if not wait_for(lambda: len(self.segments()) == self.n_stores, 15, 0.1):
+            raise HarnessError(f"only {len(self.segments())} of {self.n_stores} segments mounted")
 
     def _make_network(self):
         t0 = time.monotonic()
