@@ -944,31 +944,24 @@ static int tcp_listen(moonlet_xfer *x, tcp_server *s)
     return moonlet_xfer_format_endpoint(&ss, x->endpoint, sizeof(x->endpoint));
 }
 
+/* Walks a singly linked list through ->next; the body may free var. */
+#define LIST_FOR_EACH_SAFE(type, var, head)                                                    \
+    for (type *var = (head), *var##_next; var != NULL && (var##_next = var->next, true);       \
+         var = var##_next)
+
 static void tcp_server_free(tcp_server *s)
 {
-    tcp_sconn *c = s->conns;
-    while (c) {
-        tcp_sconn *next = c->next;
+    LIST_FOR_EACH_SAFE(tcp_sconn, c, s->conns) {
         close(c->fd);
         free(c);
-        c = next;
     }
-    for (int i = 0; i < TCP_PEER_BUCKETS; i++) {
-        tcp_peer *p = s->peers[i];
-        while (p) {
-            tcp_peer *next = p->next;
+    for (int i = 0; i < TCP_PEER_BUCKETS; i++)
+        LIST_FOR_EACH_SAFE(tcp_peer, p, s->peers[i])
             free(p);
-            p = next;
-        }
-    }
     if (s->reserve_fd >= 0)
         close(s->reserve_fd);
-    tcp_segment *g = s->segs;
-    while (g) {
-        tcp_segment *next = g->next;
+    LIST_FOR_EACH_SAFE(tcp_segment, g, s->segs)
         free(g);
-        g = next;
-    }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->epfd >= 0)
