@@ -29,14 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef MOONLET_STR_DEFINED
-#define MOONLET_STR_DEFINED
-/* A string that is not NUL-terminated (as on the wire). */
-typedef struct moonlet_str {
-    const char *ptr;
-    uint32_t len;
-} moonlet_str;
-#endif
+#include "moonlet_str.h"
 
 /* An array of strings: decoded into `v`; a client packing may give `cv`
  * (NUL-terminated strings) instead. */
