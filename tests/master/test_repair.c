@@ -279,17 +279,25 @@ static void test_concurrency_limit(void **state)
     end_test(m);
 }
 
+/* Three hosts, key k on a and b, a unmounted: the one repair job (on c) is
+ * started and fetched into js. */
+static moonlet_master *one_repair_job(struct jobs *js)
+{
+    moonlet_master *m = three_hosts(16);
+    put_on(m, "k", "a", "b");
+    unmount(m, "a");
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", js), 1);
+    return m;
+}
+
 /* A removal mid-repair: RepairDone finds no object, the target range goes
  * to quarantine and comes back after the job's deadline + the grace. */
 static void test_removal_mid_repair(void **state)
 {
     (void)state;
-    moonlet_master *m = three_hosts(16);
-    put_on(m, "k", "a", "b");
-    unmount(m, "a");
-    moonlet_master_tick(m);
     struct jobs js;
-    assert_int_equal(fetch(m, "c", &js), 1);
+    moonlet_master *m = one_repair_job(&js);
     uint64_t used = stats(m).used;
     /* the job holds a lease on the source: a plain Remove is refused */
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")),
@@ -314,12 +322,8 @@ static void test_removal_mid_repair(void **state)
 static void test_failures_bounded(void **state)
 {
     (void)state;
-    moonlet_master *m = three_hosts(16);
-    put_on(m, "k", "a", "b");
-    unmount(m, "a");
     struct jobs js;
-    moonlet_master_tick(m);
-    assert_int_equal(fetch(m, "c", &js), 1);
+    moonlet_master *m = one_repair_job(&js);
     assert_int_equal(done(m, "c", js.j[0].id, MOONLET_ERR_INVALID_READ), MOONLET_OK);
     assert_int_equal(stats(m).repairs_retried, 1);
     /* in backoff: nothing starts */
@@ -390,12 +394,8 @@ static void test_no_other_host(void **state)
 static void test_target_unmounted(void **state)
 {
     (void)state;
-    moonlet_master *m = three_hosts(16);
-    put_on(m, "k", "a", "b");
-    unmount(m, "a");
-    moonlet_master_tick(m);
     struct jobs js;
-    assert_int_equal(fetch(m, "c", &js), 1);
+    moonlet_master *m = one_repair_job(&js);
     unmount(m, "c");
     /* no longer its target's: refused; the next tick ends the job (before
      * its deadline) and the object waits for another target */
