@@ -321,6 +321,19 @@ static ssize_t tcp_recv_some(int fd, void *buf, size_t n)
     }
 }
 
+/* Receives what has arrived of buf[*got..n), advancing *got: STEP_CLOSE on
+ * EOF or error, STEP_AGAIN_IN when nothing is there yet, else STEP_NEXT. */
+static tcp_step_rc tcp_recv_fill(int fd, uint8_t *buf, size_t n, size_t *got)
+{
+    ssize_t r = tcp_recv_some(fd, buf + *got, n - *got);
+    if (r < 0)
+        return STEP_CLOSE;
+    if (r == 0)
+        return STEP_AGAIN_IN;
+    *got += (size_t)r;
+    return STEP_NEXT;
+}
+
 static void tcp_set_deadline(tcp_server *s, tcp_sconn *c, uint64_t payload)
 {
     uint64_t start = moonlet_xfer_now_ms();
@@ -435,12 +448,9 @@ static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
 /* Receives the 32-byte capability that follows a WRITE header with F_CAP. */
 static tcp_step_rc tcp_cap_step(tcp_server *s, tcp_sconn *c)
 {
-    ssize_t r = tcp_recv_some(c->fd, c->capbuf + c->capgot, sizeof(c->capbuf) - c->capgot);
-    if (r < 0)
-        return STEP_CLOSE;
-    if (r == 0)
-        return STEP_AGAIN_IN;
-    c->capgot += (size_t)r;
+    tcp_step_rc rc = tcp_recv_fill(c->fd, c->capbuf, sizeof(c->capbuf), &c->capgot);
+    if (rc != STEP_NEXT)
+        return rc;
     if (c->capgot == sizeof(c->capbuf))
         tcp_begin_write(s, c);
     return STEP_NEXT;
@@ -487,14 +497,12 @@ static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
 
 static tcp_step_rc tcp_header_step(tcp_server *s, tcp_sconn *c)
 {
-    ssize_t r = tcp_recv_some(c->fd, c->hbuf + c->hgot, sizeof(c->hbuf) - c->hgot);
-    if (r < 0)
-        return STEP_CLOSE;
-    if (r == 0)
-        return STEP_AGAIN_IN;
-    if (c->hgot == 0)
+    size_t had = c->hgot;
+    tcp_step_rc rc = tcp_recv_fill(c->fd, c->hbuf, sizeof(c->hbuf), &c->hgot);
+    if (rc != STEP_NEXT)
+        return rc;
+    if (had == 0)
         tcp_set_deadline(s, c, 0); /* the header itself is due within timeout_ms */
-    c->hgot += (size_t)r;
     if (c->hgot < sizeof(c->hbuf))
         return STEP_NEXT;
     c->hgot = 0;
@@ -504,12 +512,11 @@ static tcp_step_rc tcp_header_step(tcp_server *s, tcp_sconn *c)
 static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
 {
     if (c->done < c->h.length) {
-        ssize_t r = tcp_recv_some(c->fd, c->tok + c->done, (size_t)(c->h.length - c->done));
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
+        size_t got = (size_t)c->done;
+        tcp_step_rc rc = tcp_recv_fill(c->fd, c->tok, (size_t)c->h.length, &got);
+        c->done = got;
+        if (rc != STEP_NEXT)
+            return rc;
         if (c->done < c->h.length)
             return STEP_NEXT;
     }
