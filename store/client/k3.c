@@ -299,18 +299,28 @@ static int first_error(const int32_t *v, size_t n)
     return MOONLET_OK;
 }
 
+/* One BatchExistKey over keys[0..n) (the KV keys first), then the KV
+ * boundary from its first kv_blocks results. */
+static int exist_and_boundary(moonlet_client *c, const moonlet_k3_layout *l,
+                              const moonlet_k3_request *r, const char *const *keys, size_t n,
+                              const char *tenant, int32_t *res, moonlet_k3_result *out)
+{
+    int rc = moonlet_client_batch_exist_key(c, keys, n, tenant, res);
+    out->rpcs = 1;
+    if (rc)
+        return rc;
+    return moonlet_k3_kv_boundary(res, r->kv_blocks, l->block_tokens, r->prompt_tokens,
+                                  &out->kv_prefix_blocks, &out->kv_boundary);
+}
+
 /* One BatchExistKey over the KV keys and every reachable checkpoint's keys. */
 static int lookup_lease_all(moonlet_client *c, const moonlet_k3_layout *l,
                             const moonlet_k3_request *r, const k3_keys *all, size_t reach,
                             const char *tenant, int32_t *res, moonlet_k3_result *out)
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
-    int rc = moonlet_client_batch_exist_key(c, (const char *const *)all->v, all->n, tenant, res);
-    out->rpcs = 1;
+    int rc = exist_and_boundary(c, l, r, (const char *const *)all->v, all->n, tenant, res, out);
     if (rc)
-        return rc;
-    if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
-                                     &out->kv_prefix_blocks, &out->kv_boundary)))
         return rc;
     if ((rc = first_error(res + kv, reach * per)))
         return rc;
@@ -328,12 +338,8 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
     const char *const *keys = (const char *const *)all->v;
-    int rc = moonlet_client_batch_exist_key(c, keys, kv, tenant, res);
-    out->rpcs = 1;
+    int rc = exist_and_boundary(c, l, r, keys, kv, tenant, res, out);
     if (rc)
-        return rc;
-    if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
-                                     &out->kv_prefix_blocks, &out->kv_boundary)))
         return rc;
     out->kv_hits = out->kv_leased = count_ones(res, kv);
     out->candidates = moonlet_k3_candidates(r, out->kv_boundary);
