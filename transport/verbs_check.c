@@ -158,6 +158,20 @@ static int timed_xfer(moonlet_xfer *cli, bool write, const moonlet_xfer_segment_
     return rc;
 }
 
+/* A timed 1 MiB write (or read) at offset 4096 of the served segment seg,
+ * checked byte for byte against buf; why gets the failure. */
+static int checked_xfer(moonlet_xfer *cli, bool write, const moonlet_xfer_segment_info *si,
+                        const uint8_t *seg, uint8_t *buf, uint64_t *us, char *why, size_t cap)
+{
+    int rc = timed_xfer(cli, write, si, 4096, buf, CHECK_LEN, us);
+    if (rc == MOONLET_OK && memcmp(seg + 4096, buf, CHECK_LEN) == 0)
+        return MOONLET_OK;
+    snprintf(why, cap, "RDMA %s of 1 MiB %s %.200s %s", write ? "WRITE" : "READ",
+             write ? "to" : "from", si->endpoint,
+             rc ? "failed" : write ? "did not land intact" : "returned wrong bytes");
+    return rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+}
+
 /* One RDMA WRITE and READ (and a 4 KiB READ) through moonlet's transport,
  * served and issued in this process on the NIC's address.  why gets the
  * failure. */
@@ -191,21 +205,13 @@ static int check_transfer(const char *ip, const char *device, FILE *out, char *w
     for (uint32_t i = 0; i < CHECK_LEN; i++)
         buf[i] = (uint8_t)(i * 13 + 5);
     uint64_t us_write, us_read, us_read4k;
-    rc = timed_xfer(cli, true, &si, 4096, buf, CHECK_LEN, &us_write);
-    if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
-        snprintf(why, cap, "RDMA WRITE of 1 MiB to %.200s %s", si.endpoint,
-                 rc ? "failed" : "did not land intact");
-        rc = rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+    rc = checked_xfer(cli, true, &si, seg, buf, &us_write, why, cap);
+    if (rc)
         goto out;
-    }
     memset(buf, 0, CHECK_LEN);
-    rc = timed_xfer(cli, false, &si, 4096, buf, CHECK_LEN, &us_read);
-    if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
-        snprintf(why, cap, "RDMA READ of 1 MiB from %.200s %s", si.endpoint,
-                 rc ? "failed" : "returned wrong bytes");
-        rc = rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+    rc = checked_xfer(cli, false, &si, seg, buf, &us_read, why, cap);
+    if (rc)
         goto out;
-    }
     rc = timed_xfer(cli, false, &si, 0, buf, 4096, &us_read4k);
     if (rc) {
         snprintf(why, cap, "RDMA READ of 4 KiB from %.200s failed", si.endpoint);
