@@ -563,6 +563,20 @@ __attribute__((noinline)) static ssize_t tcp_segment_recv(int fd, uint8_t *dst, 
     return tcp_recv_some(fd, dst, k);
 }
 
+/* Counts a payload receive (r: a tcp_recv_some result) into c->done: true
+ * once the whole payload is in; else false with *rc what the step returns
+ * (STEP_CLOSE, STEP_AGAIN_IN, or STEP_NEXT while bytes are still due). */
+static bool tcp_payload_in(tcp_sconn *c, ssize_t r, tcp_step_rc *rc)
+{
+    if (r <= 0) {
+        *rc = r < 0 ? STEP_CLOSE : STEP_AGAIN_IN;
+        return false;
+    }
+    c->done += (uint64_t)r;
+    *rc = STEP_NEXT;
+    return c->done >= c->h.length;
+}
+
 /* Receives the WRITE payload; the reply follows the last byte. */
 static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
 {
@@ -581,13 +595,9 @@ static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
         }
         ssize_t r = tcp_segment_recv(c->fd, g->base + c->h.offset + c->done,
                                      c->h.length - c->done);
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
-        if (c->done < c->h.length)
-            return STEP_NEXT;
+        tcp_step_rc rc;
+        if (!tcp_payload_in(c, r, &rc))
+            return rc;
     }
     tcp_drop_segment(s, c);
     tcp_queue_reply(c, MOONLET_OK, NULL, 0);
@@ -601,13 +611,9 @@ static tcp_step_rc tcp_drain_step(tcp_server *s, tcp_sconn *c)
         uint8_t sink[TCP_DRAIN_CHUNK];
         uint64_t left = c->h.length - c->done;
         ssize_t r = tcp_recv_some(c->fd, sink, left < sizeof(sink) ? (size_t)left : sizeof(sink));
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
-        if (c->done < c->h.length)
-            return STEP_NEXT;
+        tcp_step_rc rc;
+        if (!tcp_payload_in(c, r, &rc))
+            return rc;
     }
     tcp_queue_reply(c, c->status, NULL, 0);
     return STEP_NEXT;
