@@ -25,17 +25,10 @@
 
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
+#include "moonlet_str.h"
 #include "replica.h"
 
 typedef struct moonlet_master moonlet_master;
-
-#ifndef MOONLET_STR_DEFINED /* the same type as transport/rpc_args.h's */
-#define MOONLET_STR_DEFINED
-typedef struct moonlet_str {
-    const char *ptr;
-    uint32_t len;
-} moonlet_str;
-#endif
 
 #define MOONLET_STR(s) ((moonlet_str){(s), (uint32_t)strlen(s)})
 

@@ -555,5 +555,14 @@ void reap_stale_puts(moonlet_master *m);
 
 /* Lock-hold histogram bucket of a duration. */
 unsigned lock_hist_bucket(uint64_t ns);
+/* Records one shard-lock hold of ns: its histogram bucket and the maximum
+ * (lock-free: relaxed counters, a CAS loop for the maximum). */
+static inline void lock_hold_record(_Atomic uint64_t *hist, _Atomic uint64_t *max_ns, uint64_t ns)
+{
+    atomic_fetch_add_explicit(&hist[lock_hist_bucket(ns)], 1, memory_order_relaxed);
+    uint64_t cur = atomic_load_explicit(max_ns, memory_order_relaxed);
+    while (ns > cur && !atomic_compare_exchange_weak(max_ns, &cur, ns))
+        ;
+}
 
 #endif

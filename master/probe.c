@@ -70,11 +70,7 @@ static size_t candidate_shards(const moonlet_master *m, const uint64_t *hashes, 
 
 static void record_hold(moonlet_master *m, uint64_t ns)
 {
-    atomic_fetch_add_explicit(&m->st.probe_lock_hold_hist[lock_hist_bucket(ns)], 1,
-                              memory_order_relaxed);
-    uint64_t cur = atomic_load_explicit(&m->st.probe_lock_hold_max_ns, memory_order_relaxed);
-    while (ns > cur && !atomic_compare_exchange_weak(&m->st.probe_lock_hold_max_ns, &cur, ns))
-        ;
+    lock_hold_record(m->st.probe_lock_hold_hist, &m->st.probe_lock_hold_max_ns, ns);
 }
 
 /*

@@ -29,14 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#ifndef MOONLET_STR_DEFINED
-#define MOONLET_STR_DEFINED
-/* A string that is not NUL-terminated (as on the wire). */
-typedef struct moonlet_str {
-    const char *ptr;
-    uint32_t len;
-} moonlet_str;
-#endif
+#include "moonlet_str.h"
 
 /* An array of strings: decoded into `v`; a client packing may give `cv`
  * (NUL-terminated strings) instead. */
@@ -46,23 +39,19 @@ typedef struct moonlet_strv {
     uint32_t n;
 } moonlet_strv;
 
-typedef struct moonlet_u64v {
-    const uint64_t *v;
-    uint32_t n;
-} moonlet_u64v;
+/* An array type `name`: n elements at v, of element pointer type ptr_type. */
+#define MOONLET_ARG_VECTOR(name, ptr_type)                                                     \
+    typedef struct name {                                                                      \
+        ptr_type v;                                                                            \
+        uint32_t n;                                                                            \
+    } name
 
+MOONLET_ARG_VECTOR(moonlet_u64v, const uint64_t *);
 /* An array of NUL-terminated strings. */
-typedef struct moonlet_cstrv {
-    const char *const *v;
-    uint32_t n;
-} moonlet_cstrv;
-
+MOONLET_ARG_VECTOR(moonlet_cstrv, const char *const *);
 /* An array of tuples, each decoded into an args struct of the argument's
  * `item` spec (v points at n structs of item->size bytes). */
-typedef struct moonlet_tuplev {
-    const void *v;
-    uint32_t n;
-} moonlet_tuplev;
+MOONLET_ARG_VECTOR(moonlet_tuplev, const void *);
 
 typedef enum moonlet_arg_kind {
     MOONLET_ARG_STR = 1,  /* moonlet_str: str or bin, at most `max` bytes (0: no bound) */

@@ -146,6 +146,32 @@ static void report_host(const char *dev, FILE *out)
     fprintf(out, "huge pages:  %lu free of %lu\n", free_, total);
 }
 
+/* One write (or read) of len bytes at offset off of si's segment; *us gets
+ * its wall time in microseconds. */
+static int timed_xfer(moonlet_xfer *cli, bool write, const moonlet_xfer_segment_info *si,
+                      uint64_t off, uint8_t *buf, uint64_t len, uint64_t *us)
+{
+    uint64_t t0 = moonlet_mono_us();
+    int rc = write ? moonlet_xfer_write(cli, si->endpoint, si->segment_id, off, buf, len)
+                   : moonlet_xfer_read(cli, si->endpoint, si->segment_id, off, buf, len);
+    *us = moonlet_mono_us() - t0;
+    return rc;
+}
+
+/* A timed 1 MiB write (or read) at offset 4096 of the served segment seg,
+ * checked byte for byte against buf; why gets the failure. */
+static int checked_xfer(moonlet_xfer *cli, bool write, const moonlet_xfer_segment_info *si,
+                        const uint8_t *seg, uint8_t *buf, uint64_t *us, char *why, size_t cap)
+{
+    int rc = timed_xfer(cli, write, si, 4096, buf, CHECK_LEN, us);
+    if (rc == MOONLET_OK && memcmp(seg + 4096, buf, CHECK_LEN) == 0)
+        return MOONLET_OK;
+    snprintf(why, cap, "RDMA %s of 1 MiB %s %.200s %s", write ? "WRITE" : "READ",
+             write ? "to" : "from", si->endpoint,
+             rc ? "failed" : write ? "did not land intact" : "returned wrong bytes");
+    return rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+}
+
 /* One RDMA WRITE and READ (and a 4 KiB READ) through moonlet's transport,
  * served and issued in this process on the NIC's address.  why gets the
  * failure. */
@@ -178,35 +204,22 @@ static int check_transfer(const char *ip, const char *device, FILE *out, char *w
     }
     for (uint32_t i = 0; i < CHECK_LEN; i++)
         buf[i] = (uint8_t)(i * 13 + 5);
-    uint64_t t0 = moonlet_mono_us();
-    rc = moonlet_xfer_write(cli, si.endpoint, si.segment_id, 4096, buf, CHECK_LEN);
-    uint64_t t1 = moonlet_mono_us();
-    if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
-        snprintf(why, cap, "RDMA WRITE of 1 MiB to %.200s %s", si.endpoint,
-                 rc ? "failed" : "did not land intact");
-        rc = rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+    uint64_t us_write, us_read, us_read4k;
+    rc = checked_xfer(cli, true, &si, seg, buf, &us_write, why, cap);
+    if (rc)
         goto out;
-    }
     memset(buf, 0, CHECK_LEN);
-    uint64_t t2 = moonlet_mono_us();
-    rc = moonlet_xfer_read(cli, si.endpoint, si.segment_id, 4096, buf, CHECK_LEN);
-    uint64_t t3 = moonlet_mono_us();
-    if (rc || memcmp(seg + 4096, buf, CHECK_LEN) != 0) {
-        snprintf(why, cap, "RDMA READ of 1 MiB from %.200s %s", si.endpoint,
-                 rc ? "failed" : "returned wrong bytes");
-        rc = rc ? rc : MOONLET_ERR_TRANSFER_FAIL;
+    rc = checked_xfer(cli, false, &si, seg, buf, &us_read, why, cap);
+    if (rc)
         goto out;
-    }
-    uint64_t t4 = moonlet_mono_us();
-    rc = moonlet_xfer_read(cli, si.endpoint, si.segment_id, 0, buf, 4096);
-    uint64_t t5 = moonlet_mono_us();
+    rc = timed_xfer(cli, false, &si, 0, buf, 4096, &us_read4k);
     if (rc) {
         snprintf(why, cap, "RDMA READ of 4 KiB from %.200s failed", si.endpoint);
         goto out;
     }
     fprintf(out, "transfer:    RDMA WRITE 1 MiB %.0f us, READ 1 MiB %.0f us (bytes checked), "
-            "READ 4 KiB %.0f us, through moonlet on %s\n", (double)(t1 - t0), (double)(t3 - t2),
-            (double)(t5 - t4), si.endpoint);
+            "READ 4 KiB %.0f us, through moonlet on %s\n", (double)us_write, (double)us_read,
+            (double)us_read4k, si.endpoint);
 out:
     moonlet_xfer_destroy(cli);
     moonlet_xfer_destroy(srv);

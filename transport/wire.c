@@ -77,6 +77,21 @@ int moonlet_wire_bool(const msgpack_object *arr, uint32_t i, bool *out)
     return 0;
 }
 
+/* The bytes of a str or bin object: false for any other type. */
+static bool str_or_bin(const msgpack_object *o, const char **ptr, uint32_t *len)
+{
+    if (o->type == MSGPACK_OBJECT_STR) {
+        *ptr = o->via.str.ptr;
+        *len = o->via.str.size;
+    } else if (o->type == MSGPACK_OBJECT_BIN) {
+        *ptr = o->via.bin.ptr;
+        *len = o->via.bin.size;
+    } else {
+        return false;
+    }
+    return true;
+}
+
 int moonlet_wire_str(const msgpack_object *arr, uint32_t i, const char **ptr, uint32_t *len)
 {
     return moonlet_wire_strn(arr, i, UINT32_MAX, ptr, len);
@@ -86,19 +101,10 @@ int moonlet_wire_strn(const msgpack_object *arr, uint32_t i, uint32_t max_len, c
                       uint32_t *len)
 {
     const msgpack_object *o = moonlet_wire_at(arr, i);
-    if (o == NULL)
-        return INVALID;
     const char *p;
     uint32_t n;
-    if (o->type == MSGPACK_OBJECT_STR) {
-        p = o->via.str.ptr;
-        n = o->via.str.size;
-    } else if (o->type == MSGPACK_OBJECT_BIN) {
-        p = o->via.bin.ptr;
-        n = o->via.bin.size;
-    } else {
+    if (o == NULL || !str_or_bin(o, &p, &n))
         return INVALID;
-    }
     if (n > max_len)
         return INVALID;
     *ptr = n > 0 ? p : "";
@@ -128,16 +134,9 @@ int moonlet_wire_map(const msgpack_object *arr, uint32_t i, const msgpack_object
 static bool key_equals(const msgpack_object *o, const char *key, size_t klen)
 {
     const char *p;
-    size_t n;
-    if (o->type == MSGPACK_OBJECT_STR) {
-        p = o->via.str.ptr;
-        n = o->via.str.size;
-    } else if (o->type == MSGPACK_OBJECT_BIN) {
-        p = o->via.bin.ptr;
-        n = o->via.bin.size;
-    } else {
+    uint32_t n;
+    if (!str_or_bin(o, &p, &n))
         return false;
-    }
     return n == klen && (n == 0 || memcmp(p, key, n) == 0); /* p is NULL when n is 0 */
 }
 

@@ -321,6 +321,19 @@ static ssize_t tcp_recv_some(int fd, void *buf, size_t n)
     }
 }
 
+/* Receives what has arrived of buf[*got..n), advancing *got: STEP_CLOSE on
+ * EOF or error, STEP_AGAIN_IN when nothing is there yet, else STEP_NEXT. */
+static tcp_step_rc tcp_recv_fill(int fd, uint8_t *buf, size_t n, size_t *got)
+{
+    ssize_t r = tcp_recv_some(fd, buf + *got, n - *got);
+    if (r < 0)
+        return STEP_CLOSE;
+    if (r == 0)
+        return STEP_AGAIN_IN;
+    *got += (size_t)r;
+    return STEP_NEXT;
+}
+
 static void tcp_set_deadline(tcp_server *s, tcp_sconn *c, uint64_t payload)
 {
     uint64_t start = moonlet_xfer_now_ms();
@@ -435,12 +448,9 @@ static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
 /* Receives the 32-byte capability that follows a WRITE header with F_CAP. */
 static tcp_step_rc tcp_cap_step(tcp_server *s, tcp_sconn *c)
 {
-    ssize_t r = tcp_recv_some(c->fd, c->capbuf + c->capgot, sizeof(c->capbuf) - c->capgot);
-    if (r < 0)
-        return STEP_CLOSE;
-    if (r == 0)
-        return STEP_AGAIN_IN;
-    c->capgot += (size_t)r;
+    tcp_step_rc rc = tcp_recv_fill(c->fd, c->capbuf, sizeof(c->capbuf), &c->capgot);
+    if (rc != STEP_NEXT)
+        return rc;
     if (c->capgot == sizeof(c->capbuf))
         tcp_begin_write(s, c);
     return STEP_NEXT;
@@ -487,14 +497,12 @@ static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
 
 static tcp_step_rc tcp_header_step(tcp_server *s, tcp_sconn *c)
 {
-    ssize_t r = tcp_recv_some(c->fd, c->hbuf + c->hgot, sizeof(c->hbuf) - c->hgot);
-    if (r < 0)
-        return STEP_CLOSE;
-    if (r == 0)
-        return STEP_AGAIN_IN;
-    if (c->hgot == 0)
+    size_t had = c->hgot;
+    tcp_step_rc rc = tcp_recv_fill(c->fd, c->hbuf, sizeof(c->hbuf), &c->hgot);
+    if (rc != STEP_NEXT)
+        return rc;
+    if (had == 0)
         tcp_set_deadline(s, c, 0); /* the header itself is due within timeout_ms */
-    c->hgot += (size_t)r;
     if (c->hgot < sizeof(c->hbuf))
         return STEP_NEXT;
     c->hgot = 0;
@@ -504,12 +512,11 @@ static tcp_step_rc tcp_header_step(tcp_server *s, tcp_sconn *c)
 static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
 {
     if (c->done < c->h.length) {
-        ssize_t r = tcp_recv_some(c->fd, c->tok + c->done, (size_t)(c->h.length - c->done));
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
+        size_t got = (size_t)c->done;
+        tcp_step_rc rc = tcp_recv_fill(c->fd, c->tok, (size_t)c->h.length, &got);
+        c->done = got;
+        if (rc != STEP_NEXT)
+            return rc;
         if (c->done < c->h.length)
             return STEP_NEXT;
     }
@@ -556,6 +563,20 @@ __attribute__((noinline)) static ssize_t tcp_segment_recv(int fd, uint8_t *dst, 
     return tcp_recv_some(fd, dst, k);
 }
 
+/* Counts a payload receive (r: a tcp_recv_some result) into c->done: true
+ * once the whole payload is in; else false with *rc what the step returns
+ * (STEP_CLOSE, STEP_AGAIN_IN, or STEP_NEXT while bytes are still due). */
+static bool tcp_payload_in(tcp_sconn *c, ssize_t r, tcp_step_rc *rc)
+{
+    if (r <= 0) {
+        *rc = r < 0 ? STEP_CLOSE : STEP_AGAIN_IN;
+        return false;
+    }
+    c->done += (uint64_t)r;
+    *rc = STEP_NEXT;
+    return c->done >= c->h.length;
+}
+
 /* Receives the WRITE payload; the reply follows the last byte. */
 static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
 {
@@ -574,13 +595,9 @@ static tcp_step_rc tcp_payload_step(tcp_server *s, tcp_sconn *c)
         }
         ssize_t r = tcp_segment_recv(c->fd, g->base + c->h.offset + c->done,
                                      c->h.length - c->done);
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
-        if (c->done < c->h.length)
-            return STEP_NEXT;
+        tcp_step_rc rc;
+        if (!tcp_payload_in(c, r, &rc))
+            return rc;
     }
     tcp_drop_segment(s, c);
     tcp_queue_reply(c, MOONLET_OK, NULL, 0);
@@ -594,13 +611,9 @@ static tcp_step_rc tcp_drain_step(tcp_server *s, tcp_sconn *c)
         uint8_t sink[TCP_DRAIN_CHUNK];
         uint64_t left = c->h.length - c->done;
         ssize_t r = tcp_recv_some(c->fd, sink, left < sizeof(sink) ? (size_t)left : sizeof(sink));
-        if (r < 0)
-            return STEP_CLOSE;
-        if (r == 0)
-            return STEP_AGAIN_IN;
-        c->done += (uint64_t)r;
-        if (c->done < c->h.length)
-            return STEP_NEXT;
+        tcp_step_rc rc;
+        if (!tcp_payload_in(c, r, &rc))
+            return rc;
     }
     tcp_queue_reply(c, c->status, NULL, 0);
     return STEP_NEXT;
@@ -944,31 +957,24 @@ static int tcp_listen(moonlet_xfer *x, tcp_server *s)
     return moonlet_xfer_format_endpoint(&ss, x->endpoint, sizeof(x->endpoint));
 }
 
+/* Walks a singly linked list through ->next; the body may free var. */
+#define LIST_FOR_EACH_SAFE(type, var, head)                                                    \
+    for (type *var = (head), *var##_next; var != NULL && (var##_next = var->next, true);       \
+         var = var##_next)
+
 static void tcp_server_free(tcp_server *s)
 {
-    tcp_sconn *c = s->conns;
-    while (c) {
-        tcp_sconn *next = c->next;
+    LIST_FOR_EACH_SAFE(tcp_sconn, c, s->conns) {
         close(c->fd);
         free(c);
-        c = next;
     }
-    for (int i = 0; i < TCP_PEER_BUCKETS; i++) {
-        tcp_peer *p = s->peers[i];
-        while (p) {
-            tcp_peer *next = p->next;
+    for (int i = 0; i < TCP_PEER_BUCKETS; i++)
+        LIST_FOR_EACH_SAFE(tcp_peer, p, s->peers[i])
             free(p);
-            p = next;
-        }
-    }
     if (s->reserve_fd >= 0)
         close(s->reserve_fd);
-    tcp_segment *g = s->segs;
-    while (g) {
-        tcp_segment *next = g->next;
+    LIST_FOR_EACH_SAFE(tcp_segment, g, s->segs)
         free(g);
-        g = next;
-    }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->epfd >= 0)

@@ -102,13 +102,35 @@ static size_t count_true(const int32_t *v, size_t per, int32_t *bad)
     return t;
 }
 
-int moonlet_k3_check_mask(const int32_t *mask, size_t candidates, size_t per, size_t *selected)
+/* The argument checks both selectors start with; *selected is NONE until
+ * a selection succeeds. */
+static int selector_args(const int32_t *v, size_t candidates, size_t per, size_t *selected)
 {
     if (!selected)
         return MOONLET_ERR_INVALID_PARAMS;
     *selected = MOONLET_K3_NONE;
-    if ((!mask && candidates) || !per)
+    if ((!v && candidates) || !per)
         return MOONLET_ERR_INVALID_PARAMS;
+    return MOONLET_OK;
+}
+
+/* How a selection ends: a per-key error (bad < 0) outranks a malformed
+ * vector (another value than 0/1, or broken); else sel is the result. */
+static int selector_result(int32_t bad, bool broken, size_t sel, size_t *selected)
+{
+    if (bad < 0)
+        return bad;
+    if (bad || broken)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    *selected = sel;
+    return MOONLET_OK;
+}
+
+int moonlet_k3_check_mask(const int32_t *mask, size_t candidates, size_t per, size_t *selected)
+{
+    int rc = selector_args(mask, candidates, per, selected);
+    if (rc)
+        return rc;
     size_t sel = MOONLET_K3_NONE;
     int32_t bad = 0;
     bool broken = false;
@@ -120,33 +142,21 @@ int moonlet_k3_check_mask(const int32_t *mask, size_t candidates, size_t per, si
             broken = true; /* partial, or a second true candidate */
         sel = i;
     }
-    if (bad < 0)
-        return bad; /* a per-key error outranks a malformed mask */
-    if (bad || broken)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    *selected = sel;
-    return MOONLET_OK;
+    return selector_result(bad, broken, sel, selected);
 }
 
 int moonlet_k3_last_complete(const int32_t *exist, size_t candidates, size_t per,
                              size_t *selected)
 {
-    if (!selected)
-        return MOONLET_ERR_INVALID_PARAMS;
-    *selected = MOONLET_K3_NONE;
-    if ((!exist && candidates) || !per)
-        return MOONLET_ERR_INVALID_PARAMS;
+    int rc = selector_args(exist, candidates, per, selected);
+    if (rc)
+        return rc;
     size_t sel = MOONLET_K3_NONE;
     int32_t bad = 0;
     for (size_t i = 0; i < candidates; i++)
         if (count_true(exist + i * per, per, &bad) == per)
             sel = i;
-    if (bad < 0)
-        return bad;
-    if (bad)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    *selected = sel;
-    return MOONLET_OK;
+    return selector_result(bad, false, sel, selected);
 }
 
 static bool contains(const uint64_t *v, size_t n, uint64_t x)
@@ -289,18 +299,28 @@ static int first_error(const int32_t *v, size_t n)
     return MOONLET_OK;
 }
 
+/* One BatchExistKey over keys[0..n) (the KV keys first), then the KV
+ * boundary from its first kv_blocks results. */
+static int exist_and_boundary(moonlet_client *c, const moonlet_k3_layout *l,
+                              const moonlet_k3_request *r, const char *const *keys, size_t n,
+                              const char *tenant, int32_t *res, moonlet_k3_result *out)
+{
+    int rc = moonlet_client_batch_exist_key(c, keys, n, tenant, res);
+    out->rpcs = 1;
+    if (rc)
+        return rc;
+    return moonlet_k3_kv_boundary(res, r->kv_blocks, l->block_tokens, r->prompt_tokens,
+                                  &out->kv_prefix_blocks, &out->kv_boundary);
+}
+
 /* One BatchExistKey over the KV keys and every reachable checkpoint's keys. */
 static int lookup_lease_all(moonlet_client *c, const moonlet_k3_layout *l,
                             const moonlet_k3_request *r, const k3_keys *all, size_t reach,
                             const char *tenant, int32_t *res, moonlet_k3_result *out)
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
-    int rc = moonlet_client_batch_exist_key(c, (const char *const *)all->v, all->n, tenant, res);
-    out->rpcs = 1;
+    int rc = exist_and_boundary(c, l, r, (const char *const *)all->v, all->n, tenant, res, out);
     if (rc)
-        return rc;
-    if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
-                                     &out->kv_prefix_blocks, &out->kv_boundary)))
         return rc;
     if ((rc = first_error(res + kv, reach * per)))
         return rc;
@@ -318,12 +338,8 @@ static int lookup_selective(moonlet_client *c, const moonlet_k3_layout *l,
 {
     size_t per = moonlet_k3_keys_per_checkpoint(l), kv = (size_t)r->kv_blocks;
     const char *const *keys = (const char *const *)all->v;
-    int rc = moonlet_client_batch_exist_key(c, keys, kv, tenant, res);
-    out->rpcs = 1;
+    int rc = exist_and_boundary(c, l, r, keys, kv, tenant, res, out);
     if (rc)
-        return rc;
-    if ((rc = moonlet_k3_kv_boundary(res, kv, l->block_tokens, r->prompt_tokens,
-                                     &out->kv_prefix_blocks, &out->kv_boundary)))
         return rc;
     out->kv_hits = out->kv_leased = count_ones(res, kv);
     out->candidates = moonlet_k3_candidates(r, out->kv_boundary);

@@ -134,6 +134,66 @@ static moonlet_master_stats stats(moonlet_master *m)
 
 static size_t host_len(const char *ep) { return (size_t)(strrchr(ep, ':') - ep); }
 
+/* A master with segments a, b and c, each on its own host. */
+static moonlet_master *three_hosts_bw(uint32_t concurrency, uint64_t bandwidth)
+{
+    moonlet_master *m = repair_master_bw(concurrency, bandwidth);
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, "c", "10.0.0.3:1");
+    return m;
+}
+
+static moonlet_master *three_hosts(uint32_t concurrency)
+{
+    return three_hosts_bw(concurrency, 0);
+}
+
+static void end_test(moonlet_master *m)
+{
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* Client "c-<seg>" unmounts segment <seg>. */
+static void unmount(moonlet_master *m, const char *seg)
+{
+    char client[32];
+    snprintf(client, sizeof(client), "c-%s", seg);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR(client), MOONLET_STR(seg)),
+                     MOONLET_OK);
+}
+
+/* Keys k0 .. k<n-1>, each put on s1 and s2. */
+static void put_keys(moonlet_master *m, int n, const char *s1, const char *s2)
+{
+    char k[16];
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        put_on(m, k, s1, s2);
+    }
+}
+
+/* Each of k0 .. k<n-1> has `want` readable replicas. */
+static void expect_readable(moonlet_master *m, int n, uint32_t want)
+{
+    char k[16];
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(readable(m, k), want);
+    }
+}
+
+/* GetReplicaList hands a reader `want` replicas of each of k0 .. k<n-1>. */
+static void expect_listed(moonlet_master *m, int n, uint32_t want)
+{
+    char k[16];
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "k%d", i);
+        assert_int_equal(listed(m, k), want);
+    }
+}
+
 /* A drop queues the objects that lost a replica; the new replica is on
  * another host than the survivor (not on the survivor's host's other
  * segment), and readable only after RepairDone. */
@@ -145,15 +205,10 @@ static void test_drop_queues_and_repairs(void **state)
     mount_at(m, "b", "10.0.0.2:1");
     mount_at(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
     mount_at(m, "d", "10.0.0.4:1");
-    char k[16];
-    for (int i = 0; i < 10; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        put_on(m, k, "a", "b");
-    }
+    put_keys(m, 10, "a", "b");
     put_on(m, "other", "b2", "d"); /* loses nothing */
     assert_int_equal(stats(m).under_replicated, 0);
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
+    unmount(m, "a");
     moonlet_master_stats st = stats(m);
     assert_int_equal(st.under_replicated, 10);
     assert_int_equal(st.repairs_queued, 10);
@@ -180,20 +235,14 @@ static void test_drop_queues_and_repairs(void **state)
     struct jobs again;
     assert_int_equal(fetch(m, "d", &again), 0);
     /* not readable before RepairDone */
-    for (int i = 0; i < 10; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(readable(m, k), 1);
-        assert_int_equal(listed(m, k), 1);
-    }
+    expect_readable(m, 10, 1);
+    expect_listed(m, 10, 1);
     /* RepairDone from another node than the target: refused */
     assert_int_equal(done(m, "b", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
     for (uint32_t i = 0; i < js.n; i++)
         assert_int_equal(done(m, "d", js.j[i].id, 0), MOONLET_OK);
-    for (int i = 0; i < 10; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(readable(m, k), 2);
-        assert_int_equal(listed(m, k), 2);
-    }
+    expect_readable(m, 10, 2);
+    expect_listed(m, 10, 2);
     /* the job's lease on the source ended with it: one lease TTL at most */
     assert_true(fix_lease(m, "k0") <= 1000);
     st = stats(m);
@@ -203,25 +252,16 @@ static void test_drop_queues_and_repairs(void **state)
     assert_int_equal(st.repairs_running, 0);
     /* a done job cannot be reported twice */
     assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* The concurrency limit holds jobs back; the rest start as jobs finish. */
 static void test_concurrency_limit(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(3);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
-    char k[16];
-    for (int i = 0; i < 7; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        put_on(m, k, "a", "b");
-    }
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
+    moonlet_master *m = three_hosts(3);
+    put_keys(m, 7, "a", "b");
+    unmount(m, "a");
     moonlet_master_tick(m);
     assert_int_equal(stats(m).repairs_running, 3);
     assert_int_equal(stats(m).repairs_queued, 4);
@@ -236,8 +276,19 @@ static void test_concurrency_limit(void **state)
     }
     assert_int_equal(total, 7);
     assert_int_equal(stats(m).under_replicated, 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
+}
+
+/* Three hosts, key k on a and b, a unmounted: the one repair job (on c) is
+ * started and fetched into js. */
+static moonlet_master *one_repair_job(struct jobs *js)
+{
+    moonlet_master *m = three_hosts(16);
+    put_on(m, "k", "a", "b");
+    unmount(m, "a");
+    moonlet_master_tick(m);
+    assert_int_equal(fetch(m, "c", js), 1);
+    return m;
 }
 
 /* A removal mid-repair: RepairDone finds no object, the target range goes
@@ -245,16 +296,8 @@ static void test_concurrency_limit(void **state)
 static void test_removal_mid_repair(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
-    put_on(m, "k", "a", "b");
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
-    moonlet_master_tick(m);
     struct jobs js;
-    assert_int_equal(fetch(m, "c", &js), 1);
+    moonlet_master *m = one_repair_job(&js);
     uint64_t used = stats(m).used;
     /* the job holds a lease on the source: a plain Remove is refused */
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")),
@@ -272,24 +315,15 @@ static void test_removal_mid_repair(void **state)
     st = stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* Failures retry with backoff, and at most repair_max_attempts times. */
 static void test_failures_bounded(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
-    put_on(m, "k", "a", "b");
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
     struct jobs js;
-    moonlet_master_tick(m);
-    assert_int_equal(fetch(m, "c", &js), 1);
+    moonlet_master *m = one_repair_job(&js);
     assert_int_equal(done(m, "c", js.j[0].id, MOONLET_ERR_INVALID_READ), MOONLET_OK);
     assert_int_equal(stats(m).repairs_retried, 1);
     /* in backoff: nothing starts */
@@ -320,8 +354,7 @@ static void test_failures_bounded(void **state)
     assert_int_equal(readable(m, "k"), 1);
     /* every target range came back */
     assert_int_equal(stats(m).quarantined, 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* No segment on another host: another segment of the survivor's host
@@ -335,8 +368,7 @@ static void test_no_other_host(void **state)
     mount_at(m, "b2", "10.0.0.2:2");
     put_on(m, "k", "a", "b");
     put_on(m, "k2", "a", "b");
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
+    unmount(m, "a");
     moonlet_master_tick(m);
     struct jobs js;
     assert_int_equal(fetch(m, "b2", &js), 2);
@@ -344,8 +376,7 @@ static void test_no_other_host(void **state)
     assert_int_equal(done(m, "b2", js.j[1].id, 0), MOONLET_OK);
     assert_int_equal(readable(m, "k"), 2);
     /* now b2 goes too: b holds the only replica and no segment is left */
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-b2"), MOONLET_STR("b2")),
-                     MOONLET_OK);
+    unmount(m, "b2");
     assert_int_equal(stats(m).under_replicated, 2);
     for (int i = 0; i < 4; i++) {
         moonlet_master_tick(m);
@@ -356,26 +387,16 @@ static void test_no_other_host(void **state)
     assert_int_equal(st.repairs_failed, 2);
     assert_int_equal(st.under_replicated, 0);
     assert_int_equal(readable(m, "k"), 1);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* The target segment goes away mid-copy: the job is dropped. */
 static void test_target_unmounted(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
-    put_on(m, "k", "a", "b");
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
-    moonlet_master_tick(m);
     struct jobs js;
-    assert_int_equal(fetch(m, "c", &js), 1);
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-c"), MOONLET_STR("c")),
-                     MOONLET_OK);
+    moonlet_master *m = one_repair_job(&js);
+    unmount(m, "c");
     /* no longer its target's: refused; the next tick ends the job (before
      * its deadline) and the object waits for another target */
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
@@ -395,8 +416,7 @@ static void test_target_unmounted(void **state)
     assert_int_equal(fetch(m, "d", &js), 1);
     assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_OK);
     assert_int_equal(readable(m, "k"), 2);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 static void put_sized(moonlet_master *m, const char *key, uint64_t size)
@@ -414,24 +434,19 @@ static void put_sized(moonlet_master *m, const char *key, uint64_t size)
 static void test_leased_first(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(1);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    moonlet_master *m = three_hosts(1);
     put_sized(m, "cold1", 1000); /* queued first ... */
     put_sized(m, "cold2", 1000);
     put_sized(m, "hot", 3000);
     assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("hot"), NULL,
                                                      NULL, NULL, NULL),
                      MOONLET_OK); /* ... but this one is being read */
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
+    unmount(m, "a");
     moonlet_master_tick(m);
     struct jobs js;
     assert_int_equal(fetch(m, "c", &js), 1);
     assert_int_equal(js.j[0].size, 3000);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* --repair-bandwidth: jobs start only while the byte budget (one second of
@@ -439,17 +454,13 @@ static void test_leased_first(void **state)
 static void test_bandwidth_limit(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master_bw(16, 1000);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    moonlet_master *m = three_hosts_bw(16, 1000);
     char k[16];
     for (int i = 0; i < 4; i++) {
         snprintf(k, sizeof(k), "k%d", i);
         put_sized(m, k, 1000);
     }
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
+    unmount(m, "a");
     moonlet_master_tick(m);
     assert_int_equal(stats(m).repairs_running, 1); /* 1000 bytes: the burst */
     moonlet_master_tick(m);
@@ -464,8 +475,7 @@ static void test_bandwidth_limit(void **state)
     moonlet_master_tick(m);
     assert_int_equal(stats(m).repairs_running, 3);
     assert_int_equal(stats(m).repairs_queued, 1);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 struct placed {
@@ -498,15 +508,8 @@ static void seg_visit(void *arg, const moonlet_segment_view *s)
 static void test_drain(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
-    char k[16];
-    for (int i = 0; i < 5; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        put_on(m, k, "a", "b");
-    }
+    moonlet_master *m = three_hosts(16);
+    put_keys(m, 5, "a", "b");
     uint32_t n = 0;
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("nope"), true, &n),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
@@ -533,35 +536,24 @@ static void test_drain(void **state)
         assert_int_equal(js.j[i].nsources, 2);
         assert_int_equal(done(m, "c", js.j[i].id, 0), MOONLET_OK);
     }
-    for (int i = 0; i < 5; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(readable(m, k), 2);
-    }
+    expect_readable(m, 5, 2);
     struct seg_objs so = {99, false};
     assert_int_equal(moonlet_master_list_segments(m, seg_visit, &so), MOONLET_OK);
     assert_int_equal(so.a_objects, 0);
     assert_true(so.a_draining);
     assert_int_equal(stats(m).under_replicated, 0);
     /* unmounting the drained segment loses nothing and queues nothing */
-    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
-                     MOONLET_OK);
-    for (int i = 0; i < 5; i++) {
-        snprintf(k, sizeof(k), "k%d", i);
-        assert_int_equal(readable(m, k), 2);
-    }
+    unmount(m, "a");
+    expect_readable(m, 5, 2);
     assert_int_equal(stats(m).under_replicated, 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* Undrain: placement uses the segment again and queued repairs drop. */
 static void test_undrain(void **state)
 {
     (void)state;
-    moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    moonlet_master *m = three_hosts(16);
     put_on(m, "k", "a", "b");
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), false, NULL), MOONLET_OK);
@@ -570,8 +562,7 @@ static void test_undrain(void **state)
     assert_int_equal(fetch(m, "c", &js), 0);
     assert_int_equal(stats(m).under_replicated, 0);
     assert_int_equal(readable(m, "k"), 2);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* With a hot standby (cfg.repl_emit), a job's target range goes out as a

@@ -112,14 +112,31 @@ static uint64_t stat_of(fixture *f, const char *name)
     return n;
 }
 
-/* A put placed (preferred segment) on a node that is gone. */
-static int put_on(fixture *f, const char *key, const void *buf, uint32_t replicas,
+/* A put through c placed (preferred segment) on a node that is gone. */
+static int put_on(moonlet_client *c, const char *key, const void *buf, uint32_t replicas,
                   const char *endpoint)
 {
     const char *pref[] = {endpoint};
     moonlet_put_options o = {.replica_num = replicas, .preferred_segments = pref,
                              .preferred_segments_count = 1};
-    return moonlet_client_put(f->client, key, buf, OBJ_BYTES, &o);
+    return moonlet_client_put(c, key, buf, OBJ_BYTES, &o);
+}
+
+/* Kills store i (SIGKILL, reaped) and returns its address. */
+static const char *kill_store(fixture *f, int i)
+{
+    assert_int_equal(proc_stop_sig(&f->stores[i], SIGKILL, 5000), 128 + SIGKILL);
+    return f->stores[i].addr;
+}
+
+/* A put of key placed on the node at `gone` succeeded elsewhere: two
+ * replicas, none on that node, and c reads back buf. */
+static void assert_moved(fixture *f, moonlet_client *c, const char *key, const void *buf,
+                         const char *gone)
+{
+    assert_int_equal(cl_replicas(f->mc, "", key), 2);
+    assert_false(key_on(f, key, gone));
+    cl_assert_get_equals(c, key, NULL, buf, OBJ_BYTES);
 }
 
 /* The key is not readable and can be put again: a clean failure. */
@@ -133,16 +150,35 @@ static void assert_clean_failure(fixture *f, const char *key, const void *buf)
     assert_int_equal(moonlet_client_put(f->client, key, buf, OBJ_BYTES, &o), MOONLET_OK);
 }
 
+/* A put that cannot succeed: placed (with `replicas` replicas) on store
+ * `store` once it is killed, it fails with TRANSFER_FAIL as before, the
+ * master's counter `stat` reads stat_want, and the failure is clean. */
+typedef struct failing_put {
+    int store;
+    const char *key;
+    uint32_t replicas;
+    uint64_t seed; /* of the object's bytes */
+    const char *stat;
+    uint64_t stat_want;
+} failing_put;
+
+static void assert_put_fails_cleanly(fixture *f, failing_put p)
+{
+    unsigned char *buf = cl_random_bytes(OBJ_BYTES, p.seed);
+    const char *dead = kill_store(f, p.store);
+    assert_int_equal(put_on(f->client, p.key, buf, p.replicas, dead), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(stat_of(f, p.stat), p.stat_want);
+    assert_clean_failure(f, p.key, buf);
+    free(buf);
+}
+
 static void test_put_on_killed_node(void **state)
 {
     fixture *f = *state;
     unsigned char *buf = cl_random_bytes(OBJ_BYTES, 1);
-    const char *dead = f->stores[0].addr;
-    assert_int_equal(proc_stop_sig(&f->stores[0], SIGKILL, 5000), 128 + SIGKILL);
-    assert_int_equal(put_on(f, "k1", buf, 2, dead), MOONLET_OK);
-    assert_int_equal(cl_replicas(f->mc, "", "k1"), 2);
-    assert_false(key_on(f, "k1", dead));
-    cl_assert_get_equals(f->client, "k1", NULL, buf, OBJ_BYTES);
+    const char *dead = kill_store(f, 0);
+    assert_int_equal(put_on(f->client, "k1", buf, 2, dead), MOONLET_OK);
+    assert_moved(f, f->client, "k1", buf, dead);
     assert_int_equal(stat_of(f, "put_replacements"), 1);
     assert_int_equal(stat_of(f, "put_revokes"), 0);
 
@@ -163,9 +199,7 @@ static void test_put_on_killed_node(void **state)
     assert_int_equal(moonlet_client_batch_put(f->client, keys, 4, iov, cnt, &o, res), MOONLET_OK);
     for (int i = 0; i < 4; i++) {
         assert_int_equal(res[i], MOONLET_OK);
-        assert_int_equal(cl_replicas(f->mc, "", keys[i]), 2);
-        assert_false(key_on(f, keys[i], dead));
-        cl_assert_get_equals(f->client, keys[i], NULL, bufs[i], OBJ_BYTES);
+        assert_moved(f, f->client, keys[i], bufs[i], dead);
         free(bufs[i]);
     }
     assert_int_equal(stat_of(f, "put_replacements"), 5);
@@ -216,14 +250,12 @@ static void test_put_on_stalled_node(void **state)
         usleep(1000); /* bounded: every thread of the node has stopped */
     assert_true(all_threads_stopped(f->stores[1].pid));
     long long t0 = proc_now_ms();
-    int rc = put_on(f, "k2", buf, 2, stuck);
+    int rc = put_on(f->client, "k2", buf, 2, stuck);
     long long took = proc_now_ms() - t0;
     kill(f->stores[1].pid, SIGCONT);
     assert_int_equal(rc, MOONLET_OK);
     assert_true(took < 5000); /* one transfer timeout, then the replacement's write */
-    assert_int_equal(cl_replicas(f->mc, "", "k2"), 2);
-    assert_false(key_on(f, "k2", stuck));
-    cl_assert_get_equals(f->client, "k2", NULL, buf, OBJ_BYTES);
+    assert_moved(f, f->client, "k2", buf, stuck);
     free(buf);
 }
 
@@ -231,14 +263,9 @@ static void test_put_on_stalled_node(void **state)
  * as before and leaves nothing. */
 static void test_no_replacement_fails_cleanly(void **state)
 {
-    fixture *f = *state;
-    unsigned char *buf = cl_random_bytes(OBJ_BYTES, 3);
-    const char *dead = f->stores[2].addr;
-    assert_int_equal(proc_stop_sig(&f->stores[2], SIGKILL, 5000), 128 + SIGKILL);
-    assert_int_equal(put_on(f, "k3", buf, 3, dead), MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(stat_of(f, "put_replacements"), 0);
-    assert_clean_failure(f, "k3", buf);
-    free(buf);
+    assert_put_fails_cleanly(*state, (failing_put){.store = 2, .key = "k3", .replicas = 3,
+                                                   .seed = 3, .stat = "put_replacements",
+                                                   .stat_want = 0});
 }
 
 /* The same through a DummyClient: its RealClient's put replaces the replica. */
@@ -261,15 +288,9 @@ static void test_dummy_put_on_killed_node(void **state)
     assert_int_equal(moonlet_client_create_dummy(sock, &dc, &dummy), MOONLET_OK);
 
     unsigned char *buf = cl_random_bytes(OBJ_BYTES, 5);
-    const char *dead = f->stores[0].addr;
-    assert_int_equal(proc_stop_sig(&f->stores[0], SIGKILL, 5000), 128 + SIGKILL);
-    const char *pref[] = {dead};
-    moonlet_put_options o = {.replica_num = 2, .preferred_segments = pref,
-                             .preferred_segments_count = 1};
-    assert_int_equal(moonlet_client_put(dummy, "d1", buf, OBJ_BYTES, &o), MOONLET_OK);
-    assert_int_equal(cl_replicas(f->mc, "", "d1"), 2);
-    assert_false(key_on(f, "d1", dead));
-    cl_assert_get_equals(dummy, "d1", NULL, buf, OBJ_BYTES);
+    const char *dead = kill_store(f, 0);
+    assert_int_equal(put_on(dummy, "d1", buf, 2, dead), MOONLET_OK);
+    assert_moved(f, dummy, "d1", buf, dead);
     assert_int_equal(stat_of(f, "put_replacements"), 1);
     moonlet_client_destroy(dummy);
     moonlet_real_client_destroy(real);
@@ -279,14 +300,9 @@ static void test_dummy_put_on_killed_node(void **state)
 /* A master without PutReplaceReplica: the put is revoked, as before. */
 static void test_old_master_revokes(void **state)
 {
-    fixture *f = *state;
-    unsigned char *buf = cl_random_bytes(OBJ_BYTES, 4);
-    const char *dead = f->stores[0].addr;
-    assert_int_equal(proc_stop_sig(&f->stores[0], SIGKILL, 5000), 128 + SIGKILL);
-    assert_int_equal(put_on(f, "k4", buf, 2, dead), MOONLET_ERR_TRANSFER_FAIL);
-    assert_int_equal(stat_of(f, "put_revokes"), 1);
-    assert_clean_failure(f, "k4", buf);
-    free(buf);
+    assert_put_fails_cleanly(*state, (failing_put){.store = 0, .key = "k4", .replicas = 2,
+                                                   .seed = 4, .stat = "put_revokes",
+                                                   .stat_want = 1});
 }
 
 int main(void)
