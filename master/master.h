@@ -347,6 +347,13 @@ int moonlet_master_restore_client_secret(moonlet_master *m, moonlet_str client_i
 int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
                                       uint64_t len, uint64_t ttl_ms);
 
+/* No client misses its liveness deadline for the next `ms` (unmounts
+ * already begun go on).  A master promoted with state calls it: the nodes
+ * it restored cannot ping it before it serves (they get NOT_LEADER in its
+ * grace period), so their liveness must count from when it serves, not from
+ * the promotion. */
+void moonlet_master_hold_liveness(moonlet_master *m, uint64_t ms);
+
 /* The whole metadata as records (master/snapshot.c): MOUNT and QUAR per
  * segment, then PLACE (+ SEAL when sealed) per object.  Fuzzy: the master
  * keeps serving; emit runs under the master's locks (it must only copy). */

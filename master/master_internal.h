@@ -282,6 +282,7 @@ struct mstats {
 struct moonlet_master {
     moonlet_master_config cfg;
     uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns, quarantine_grace_ns;
+    _Atomic uint64_t liveness_hold_ns; /* no liveness expiry before (moonlet_master_hold_liveness) */
 
     pthread_mutex_t evict_mu;
     pthread_mutex_t unmount_mu;     /* unmount.c: one drain at a time */

@@ -176,10 +176,17 @@ static bool take_job(void *arg, uint32_t slot, struct hmap *ix, const char *clie
     return true;
 }
 
+void moonlet_master_hold_liveness(moonlet_master *m, uint64_t ms)
+{
+    atomic_store(&m->liveness_hold_ns, moonlet_clock_now_ns() + ms * MOONLET_NS_PER_MS);
+}
+
 void liveness_check(moonlet_master *m)
 {
     pthread_mutex_lock(&m->unmount_mu);
-    registry_collect_expired(m, moonlet_clock_now_ns(), take_job, m);
+    uint64_t now = moonlet_clock_now_ns();
+    if (now >= atomic_load(&m->liveness_hold_ns))
+        registry_collect_expired(m, now, take_job, m);
     uint32_t budget = UNMOUNT_TICK_BUDGET;
     for (uint32_t i = 0; i < m->nunmounts && budget; i++)
         budget -= strip_some(m, &m->unmounts[i], budget);

@@ -209,6 +209,7 @@ static struct {
     moonlet_master *_Atomic m; /* the master being served */
     char leader_key[320], insync_key[320];
     char advertise[320];
+    uint64_t liveness_hold_ms; /* etcd lease TTL (the grace) + the clients' liveness TTL */
 } g_ha;
 
 static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
@@ -274,6 +275,9 @@ static int on_elected(void *arg, uint64_t epoch)
     if (st && named && consistent) {
         uint64_t restored = 0, skipped = 0;
         int rc = moonlet_repl_state_restore(st, g_ha.m, &restored, &skipped);
+        /* serving begins one etcd lease TTL from now: the restored nodes
+         * get a whole liveness TTL from then to ping */
+        moonlet_master_hold_liveness(g_ha.m, g_ha.liveness_hold_ms);
         ML_WARN("master", "ha: promoted with state of epoch %llu for epoch %llu: %llu segments, "
                 "%llu objects restored, %llu skipped%s", (unsigned long long)followed,
                 (unsigned long long)epoch, (unsigned long long)c.segments,
@@ -522,6 +526,8 @@ int main(int argc, char **argv)
     so.role = role;
     int sig = 0, exit_code = 0;
     g_ha.role = role;
+    g_ha.liveness_hold_ms = (uint64_t)(etcd_ttl_s ? etcd_ttl_s : MOONLET_ELECTION_DEFAULT_TTL_S) * 1000 +
+                            cfg.client_live_ttl_ms;
     if (role && !no_repl) {
         moonlet_repl_log_opts lo = {.max_lag_ms = repl_lag_ms, .mark = repl_mark};
         if (moonlet_etcd_create(etcd, 2000, &g_ha.mark_etcd) != MOONLET_OK ||

@@ -27,8 +27,8 @@ of the whole put stream from the other client host); the two masters'
 serving intervals (their `ha: serving begin|end epoch=E mono_ms=T` log
 lines; CLOCK_MONOTONIC is one clock for every namespace of the host) never
 overlap; the acknowledged puts (check_acked_puts: every one reads back its
-bytes, or across a failover OBJECT_NOT_FOUND until the replication stream
-exists); and prints one "RESULT ha_<scenario> {...}" line with the outage.
+bytes across a failover to the in-sync standby; OBJECT_NOT_FOUND only where
+the same master, restarted empty, wins again); and prints one "RESULT ha_<scenario> {...}" line with the outage.
 
 Needs root (network namespaces) and the etcd binary; skips otherwise
 (meson: SKIP).  Daemon and etcd logs stay in build/meson-logs/ha-net/.
@@ -65,20 +65,24 @@ ETCD_PEER_PORT = 2380
 ETCD_HEARTBEAT_MS = 25
 ETCD_ELECTION_MS = 250
 
-# Until the replication stream lands (issue 14's second half) a new leader
-# starts empty: a put acknowledged before a failover reads back
-# OBJECT_NOT_FOUND, never other bytes.  With replication, set this to True:
-# every acknowledged put must then read back its bytes across a failover.
-FAILOVER_KEEPS_ACKED_PUTS = False
+# A standby promoted in sync keeps every acknowledged put (the replication
+# stream): each reads back its bytes across a failover.  A master that
+# lost its own leadership restarts empty, so where the same master wins
+# again (etcd quorum loss) a put acknowledged before reads back
+# OBJECT_NOT_FOUND, never other bytes.
+FAILOVER_KEEPS_ACKED_PUTS = True
 
 # What a client may see during these faults; anything else (and any wrong
 # byte) fails.  NOT_LEADER, RPC_*: no master serves for a while;
 # OBJECT_NOT_FOUND: the new leader starts empty (and a put started on the old
 # one fails at PutEnd); SEGMENT_NOT_FOUND, NO_AVAILABLE_HANDLE: before the
 # stores re-mounted; OBJECT_HAS_LEASE, REPLICA_IS_NOT_READY, TRANSFER_FAIL:
-# as in the cluster suite's mixed load.
+# as in the cluster suite's mixed load; LEASE_EXPIRED: a get whose read lease
+# ran out while it waited out the failover (the reader's own lease check
+# refuses what it read: the object outlived the failover, the lease did not).
 FAULT_CODES = {"NOT_LEADER", "RPC_FAIL", "RPC_TIMEOUT", "OBJECT_NOT_FOUND", "SEGMENT_NOT_FOUND",
-               "NO_AVAILABLE_HANDLE", "OBJECT_HAS_LEASE", "REPLICA_IS_NOT_READY", "TRANSFER_FAIL"}
+               "NO_AVAILABLE_HANDLE", "OBJECT_HAS_LEASE", "REPLICA_IS_NOT_READY", "TRANSFER_FAIL",
+               "LEASE_EXPIRED"}
 # The longest any client operation may take.  Not one RPC timeout: a
 # client's master calls share one connection and queue behind each other
 # (store/master_client.c holds its lock for a whole call), and reconnecting
@@ -334,11 +338,11 @@ def outage_ms(ops):
     return max((b - a for a, b in zip(done, done[1:])), default=float("inf"))
 
 
-def check_acked_puts(cl, rep, failover_ms, client=1):
+def check_acked_puts(cl, rep, failover_ms, client=1, keeps=FAILOVER_KEEPS_ACKED_PUTS):
     """Reads the whole put stream back from another client host, byte-checked.
 
     Every put that returned OK must read back its bytes - with one exception
-    while FAILOVER_KEEPS_ACKED_PUTS is False: a put started before
+    when `keeps` is False: a put started before
     failover_ms (the new leader's serving begin; None: no failover) may read
     OBJECT_NOT_FOUND instead.  Never other bytes, for any key.  Returns
     (acknowledged, read back, lost)."""
@@ -352,8 +356,7 @@ def check_acked_puts(cl, rep, failover_ms, client=1):
     for start, key in acked:
         if got[key] == "OK":
             continue
-        may_be_lost = (failover_ms is not None and not FAILOVER_KEEPS_ACKED_PUTS
-                       and start < failover_ms)
+        may_be_lost = failover_ms is not None and not keeps and start < failover_ms
         assert may_be_lost and got[key] == "OBJECT_NOT_FOUND", \
             f"acknowledged put {key} (started at {start:.0f} ms, failover at {failover_ms}) " \
             f"reads {got[key]}"
@@ -591,7 +594,9 @@ def test_etcd_quorum_loss(cluster):
     new_begin = ivs[now_leader][-1][1]
     ops = put_ops(rep)
     assert not [o for o in ops if o[2] == "OK" and old_end <= o[0] and o[1] < new_begin], ivs
-    acked, found, lost = check_acked_puts(cl, rep, new_begin)
+    # the other master (the standby) keeps the objects; the same master,
+    # deposed and restarted empty, does not
+    acked, found, lost = check_acked_puts(cl, rep, new_begin, keeps=now_leader != leader)
     first_new = first_ok_from(ops, new_begin)
     result("etcd_quorum_loss", outage_s=round(outage_ms(ops) / 1000, 2),
            kill_to_fenced_s=round((old_end - t_kill) / 1000, 2),

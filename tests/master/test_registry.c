@@ -222,6 +222,28 @@ static void test_liveness_unmounts_only_dead(void **state)
     moonlet_master_destroy(m);
 }
 
+/* A master promoted with state holds liveness (moonlet_master_hold_liveness):
+ * nodes that could not ping it before it served are not unmounted then; a
+ * node that does not ping within the hold is, once it ends. */
+static void test_liveness_held_after_promotion(void **state)
+{
+    (void)state;
+    moonlet_master *m = fix_master(16, 5000);
+    mountf(m, "quiet", "s1", SEG_BYTES);
+    mountf(m, "pinger", "s2", SEG_BYTES);
+    moonlet_master_hold_liveness(m, 15000);
+    moonlet_clock_advance(12000 * MS); /* both past the 10 s liveness TTL */
+    moonlet_master_tick(m);
+    assert_int_equal(fix_stats(m).segments, 2);
+    assert_int_equal(moonlet_master_ping(m, MOONLET_STR("pinger"), NULL), MOONLET_OK);
+    moonlet_clock_advance(3001 * MS); /* the hold has ended */
+    moonlet_master_tick(m);
+    moonlet_master_stats st = fix_stats(m);
+    assert_int_equal(st.segments, 1);
+    assert_int_equal(st.clients, 1);
+    moonlet_master_destroy(m);
+}
+
 /* A dead node with many objects is unmounted over several ticks (a bounded
  * number of objects per tick), not in one long step. */
 static void test_liveness_unmount_spread_over_ticks(void **state)
@@ -435,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_session_closed_many),
         cmocka_unit_test(test_liveness_unmounts_only_dead),
         cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
+        cmocka_unit_test(test_liveness_held_after_promotion),
         cmocka_unit_test(test_placement_most_full),
         cmocka_unit_test(test_many_tenants),
         cmocka_unit_test(test_list_segments_pages),
