@@ -22,6 +22,7 @@ static const struct subcommand g_cmds[] = {
     {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
     {"load", bench_load_main, "many clients: BatchExistKey keys/s and 4 KiB put+get ops/s against one master, and Redis"},
     {"scale", bench_scale_main, "the master at cluster scale: simulated store nodes mounting and pinging, client latency, a tenth going silent"},
+    {"ha", bench_ha_main, "high availability: leader SIGKILL -> put+get failover time, put p50 with a hot standby vs none"},
     {"trace", bench_trace_main, "replay of a Mooncake trace: lease-all vs. selective K3 lookup under eviction"},
 };
 
