@@ -7,7 +7,8 @@
  *   norepl - the masters with --no-replication
  * and measures
  *   put_p50   - 4 KiB puts of fresh keys through a C client on "a,b", the
- *               two clusters interleaved in --rounds rounds; ratio repl/norepl;
+ *               two clusters interleaved in --rounds rounds (which one goes
+ *               first alternates); ratio repl/norepl;
  *   repl lag  - during repl's puts, the leader's Hello "replication" sampled
  *               every 20 ms: lag_ms and next - acked (records not yet acked);
  *   failover  - --failovers times on repl: the leader SIGKILLed, then the
@@ -368,7 +369,8 @@ int bench_ha_main(int argc, char **argv)
                 goto out;
             }
     for (int r = 0; r < rounds; r++) {
-        for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < 2; j++) {
+            int i = (r + j) % 2; /* the first cluster alternates from round to round */
             pthread_t th;
             bool sampling = false;
             if (i == 0) {
