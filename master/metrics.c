@@ -87,6 +87,19 @@ static void lock_hold(FILE *f, const char *name, const char *help, const uint64_
     fprintf(f, "%s %.9f\n", max_name, (double)max_ns * 1e-9);
 }
 
+/* Closes a render's open_memstream and hands its text out (NULL when the
+ * stream failed); *buf and *n are final only after fclose. */
+static char *memstream_finish(FILE *f, char **buf, size_t *n, size_t *len)
+{
+    if (fclose(f) != 0) {
+        free(*buf);
+        return NULL;
+    }
+    if (len)
+        *len = *n;
+    return *buf;
+}
+
 char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
 {
     char *buf = NULL;
@@ -165,13 +178,7 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
               st->resume_lock_hold_hist, "moonlet_resume_lock_hold_max_seconds",
               "Longest shard-lock hold by ProbeResume since the master started.",
               st->resume_lock_hold_max_ns);
-    if (fclose(f) != 0) {
-        free(buf);
-        return NULL;
-    }
-    if (len)
-        *len = n;
-    return buf;
+    return memstream_finish(f, &buf, &n, len);
 }
 
 char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
@@ -187,13 +194,7 @@ char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
     gauge(f, "moonlet_ha_epoch", "Epoch this master serves under, or the newest leader epoch "
           "it knows (the leader key's etcd create revision).", ri->epoch);
     gauge(f, "moonlet_ha_terms", "Times this master was elected leader.", ri->terms);
-    if (fclose(f) != 0) {
-        free(buf);
-        return NULL;
-    }
-    if (len)
-        *len = n;
-    return buf;
+    return memstream_finish(f, &buf, &n, len);
 }
 
 char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len)
@@ -212,13 +213,7 @@ char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len
     gauge(f, "moonlet_ha_repl_next", "The number the next replication record gets.", st->next);
     gauge(f, "moonlet_ha_repl_out_of_sync_total", "Times the standby lagged past "
           "--repl-max-lag-ms and was marked out of sync.", st->out_of_sync_marks);
-    if (fclose(f) != 0) {
-        free(buf);
-        return NULL;
-    }
-    if (len)
-        *len = n;
-    return buf;
+    return memstream_finish(f, &buf, &n, len);
 }
 
 void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log)

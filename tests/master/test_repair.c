@@ -8,7 +8,10 @@
 
 #define MS MOONLET_NS_PER_MS
 
-static moonlet_master *repair_master_bw(uint32_t concurrency, uint64_t bandwidth)
+/* repl_emit: a hot standby's record sink (NULL: none). */
+static moonlet_master *repair_master_with(uint32_t concurrency, uint64_t bandwidth,
+                                          void (*repl_emit)(void *, const moonlet_repl_rec *),
+                                          void *repl_arg)
 {
     moonlet_master_config cfg;
     moonlet_master_config_default(&cfg);
@@ -21,10 +24,17 @@ static moonlet_master *repair_master_bw(uint32_t concurrency, uint64_t bandwidth
     cfg.repair_max_attempts = 3;
     if (bandwidth)
         cfg.repair_bandwidth = bandwidth;
+    cfg.repl_emit = repl_emit;
+    cfg.repl_arg = repl_arg;
     moonlet_clock_set_fake(FIX_T0);
     moonlet_master *m = NULL;
     assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
     return m;
+}
+
+static moonlet_master *repair_master_bw(uint32_t concurrency, uint64_t bandwidth)
+{
+    return repair_master_with(concurrency, bandwidth, NULL, NULL);
 }
 
 static moonlet_master *repair_master(uint32_t concurrency)
@@ -591,18 +601,7 @@ static void test_standby_holds_target(void **state)
 {
     (void)state;
     struct quars stream = {0};
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    cfg.background = false;
-    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
-    cfg.repair_timeout_ms = 5000;
-    cfg.put_quarantine_grace_ms = 2000;
-    cfg.repl_emit = quar_capture;
-    cfg.repl_arg = &stream;
-    moonlet_clock_set_fake(FIX_T0);
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = repair_master_with(16, 0, quar_capture, &stream);
     mount_at(m, "a", "10.0.0.1:1");
     mount_at(m, "b", "10.0.0.2:1");
     mount_at(m, "d", "10.0.0.4:1");
@@ -660,18 +659,7 @@ static void test_standby_told_of_drain_swap(void **state)
 {
     (void)state;
     struct recs rs = {0};
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    cfg.background = false;
-    cfg.lease_ttl_ms = 1000;
-    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
-    cfg.repair_timeout_ms = 5000;
-    cfg.repl_emit = rec_capture;
-    cfg.repl_arg = &rs;
-    moonlet_clock_set_fake(FIX_T0);
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
+    moonlet_master *m = repair_master_with(16, 0, rec_capture, &rs);
     mount_at(m, "a", "10.0.0.1:1");
     mount_at(m, "b", "10.0.0.2:1");
     mount_at(m, "c", "10.0.0.3:1");

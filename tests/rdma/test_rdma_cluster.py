@@ -73,14 +73,7 @@ class Cluster:
     def __init__(self):
         self.master = Daemon([binpath("tools/moonlet-master"), "--rpc-address", "127.0.0.1",
                               "--rpc-port", "0", "--client_live_ttl_sec", str(TTL_S),
-                              "--shards", "16", "--log-level", "warn",
-                              # Re-replication throttled to (nearly) nothing: in this guest,
-                              # repair copies of the killed node's 16 MiB objects onto it
-                              # after its restart coincide with client connections to it
-                              # being rejected (RDMA_CM_EVENT_REJECTED, status 8) and puts
-                              # failing, also at 16 MiB/s (open problem, docs/reliability.md);
-                              # this test checks the restarted node's recovery, not repair.
-                              "--repair-bandwidth", "1"],
+                              "--shards", "16", "--log-level", "warn"],
                              r"listening on (\S+:\d+)$", timeout=30)
         self.maddr = self.master.match.group(1)
         self.stores = {}
