@@ -48,6 +48,7 @@ struct moonlet_repl_log {
     uint64_t last_fetch_ms;
     bool in_sync, marking;
     uint64_t out_marks, in_marks;
+    uint64_t sync_waits, sync_acked_on_entry, sync_wait_ns; /* moonlet_repl_log_status */
     bool dropped_oldest;  /* records were trimmed: `acked` below ring start means lost */
 };
 
@@ -350,8 +351,14 @@ int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint8_t **
 
 int moonlet_repl_log_wait(moonlet_repl_log *l)
 {
+    uint64_t t0 = moonlet_mono_ns();
     pthread_mutex_lock(&l->mu);
     uint64_t want = l->next; /* every record emitted so far */
+    bool counted = l->in_sync;
+    if (counted) {
+        l->sync_waits++;
+        l->sync_acked_on_entry += l->acked >= want;
+    }
     struct timespec ts;
     deadline_ts(&ts, l->o.max_lag_ms);
     int rc = MOONLET_OK;
@@ -381,6 +388,8 @@ int moonlet_repl_log_wait(moonlet_repl_log *l)
         }
         break;
     }
+    if (counted)
+        l->sync_wait_ns += moonlet_mono_ns() - t0;
     pthread_mutex_unlock(&l->mu);
     return rc;
 }
@@ -401,6 +410,9 @@ void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *s
     st->last_fetch_age_ms = l->last_fetch_ms ? now - l->last_fetch_ms : 0;
     st->out_of_sync_marks = l->out_marks;
     st->in_sync_marks = l->in_marks;
+    st->sync_waits = l->sync_waits;
+    st->sync_acked_on_entry = l->sync_acked_on_entry;
+    st->sync_wait_us = l->sync_wait_ns / 1000;
     pthread_mutex_unlock(&l->mu);
 }
 

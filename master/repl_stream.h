@@ -84,6 +84,12 @@ typedef struct moonlet_repl_log_status {
     uint64_t lag_ms;        /* age of the oldest record it has not acknowledged */
     uint64_t last_fetch_age_ms;
     uint64_t out_of_sync_marks, in_sync_marks;
+    /* Semi-sync waits made while the standby was in sync; of them, those
+     * whose records the standby had already acknowledged when the writer
+     * began to wait (the ack raced the rest of the handler); and the time
+     * they took in all (us).  Where a write's replication cost goes:
+     * docs/benchmarks.md, "High availability". */
+    uint64_t sync_waits, sync_acked_on_entry, sync_wait_us;
 } moonlet_repl_log_status;
 void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *st);
 

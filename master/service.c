@@ -766,7 +766,7 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_repl_log_status rs;
         moonlet_repl_log_get_status(svc->repl, &rs);
         moonlet_pack_key(out, "replication");
-        msgpack_pack_map(out, 6);
+        msgpack_pack_map(out, 9);
         pack_str_kv(out, "standby", rs.standby);
         moonlet_pack_key(out, "in_sync");
         rs.in_sync ? msgpack_pack_true(out) : msgpack_pack_false(out);
@@ -774,6 +774,9 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         pack_u64_kv(out, "acked", rs.acked);
         pack_u64_kv(out, "next", rs.next);
         pack_u64_kv(out, "out_of_sync_marks", rs.out_of_sync_marks);
+        pack_u64_kv(out, "sync_waits", rs.sync_waits);
+        pack_u64_kv(out, "sync_acked_on_entry", rs.sync_acked_on_entry);
+        pack_u64_kv(out, "sync_wait_us", rs.sync_wait_us);
     }
     if (following) { /* this standby's progress */
         moonlet_pack_key(out, "following");

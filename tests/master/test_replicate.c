@@ -573,6 +573,9 @@ static void test_semi_sync_log(void **state)
     fetch(l, "a:1", 3, &next, &lost);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
     assert_int_equal(mk.out, 0);
+    moonlet_repl_log_get_status(l, &st); /* counted: one wait, acked on entry */
+    assert_int_equal(st.sync_waits, 1);
+    assert_int_equal(st.sync_acked_on_entry, 1);
     /* another standby fetching changes nothing */
     moonlet_repl_log_emit(l, &rec);
     fetch(l, "b:2", 4, &next, &lost);
@@ -585,7 +588,12 @@ static void test_semi_sync_log(void **state)
     moonlet_repl_log_get_status(l, &st);
     assert_false(st.in_sync);
     assert_int_equal(st.out_of_sync_marks, 1);
+    assert_int_equal(st.sync_waits, 2); /* this one waited out the bound */
+    assert_int_equal(st.sync_acked_on_entry, 1);
+    assert_true(st.sync_wait_us >= 30000);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* alone: no wait */
+    moonlet_repl_log_get_status(l, &st);
+    assert_int_equal(st.sync_waits, 2); /* not counted: nobody in sync */
     /* in sync again; then the out-of-sync mark fails: not acknowledged */
     fetch(l, "a:1", 4, &next, &lost);
     assert_false(lost);

@@ -48,6 +48,10 @@ def test_short_run():
     lag = d["repl_lag"]
     for k in ("samples", "lag_ms_p50", "lag_ms_max", "pending_records_max"):
         assert lag[k] >= 0
+    # the repl leader's semi-sync waits over the rounds: a put is two (PutStart, PutEnd)
+    ss = d["semi_sync"]
+    assert ss["waits"] >= 2 * 50 and 0 <= ss["acked_on_entry"] <= ss["waits"]
+    assert ss["mean_wait_us"] >= 0
     fo = d["failover"]
     assert len(fo["failover_ms"]) == 1 and fo["failover_ms"][0] > 0
     assert fo["median_ms"] == fo["failover_ms"][0]

@@ -11,6 +11,9 @@
  *               rounds; ratio repl/norepl;
  *   repl lag  - during the puts, the repl leader's Hello "replication" sampled
  *               every 20 ms: lag_ms and next - acked (records not yet acked);
+ *   semi_sync - the repl leader's Hello counters over the put rounds: its
+ *               semi-sync waits, how many found the standby's ack already
+ *               in, and their mean length;
  *   failover  - --failovers times on repl: the leader SIGKILLed, then the
  *               time to the first successful put AND get of a fresh key
  *               through the new leader; the killed master is restarted on its
@@ -143,6 +146,7 @@ typedef struct hello_view {
     bool leader, serving, has_repl, in_sync;
     char standby[64];
     uint64_t lag_ms, acked, next;
+    uint64_t sync_waits, sync_acked_on_entry, sync_wait_us;
 } hello_view;
 
 static int hello(ha_cluster *c, int i, hello_view *v)
@@ -167,6 +171,10 @@ static int hello(ha_cluster *c, int i, hello_view *v)
         v->lag_ms = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "lag_ms"));
         v->acked = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "acked"));
         v->next = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "next"));
+        v->sync_waits = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "sync_waits"));
+        v->sync_acked_on_entry =
+            (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "sync_acked_on_entry"));
+        v->sync_wait_us = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "sync_wait_us"));
     }
     cJSON_Delete(h);
     return 0;
@@ -347,6 +355,7 @@ int bench_ha_main(int argc, char **argv)
     int ret = 1;
     bench_samples put[2] = {{0}};
     sampler smp = {.c = &cl[0]};
+    uint64_t sync_waits = 0, sync_on_entry = 0, sync_us = 0;
     double fo[100];
     int nfo = 0;
     if (!value || !buf)
@@ -374,6 +383,8 @@ int bench_ha_main(int argc, char **argv)
         pthread_t th;
         smp.leader = wait_ready(&cl[0]);
         smp.stop = 0;
+        hello_view h0 = {0}, h1 = {0};
+        bool counted = smp.leader >= 0 && !hello(&cl[0], smp.leader, &h0);
         bool sampling = smp.leader >= 0 && !pthread_create(&th, NULL, sampler_main, &smp);
         int failed = 0;
         for (int k = 0; k < 2 * puts; k++) {
@@ -387,6 +398,13 @@ int bench_ha_main(int argc, char **argv)
         if (sampling) {
             smp.stop = 1;
             pthread_join(th, NULL);
+        }
+        /* the leader's semi-sync counters over the round (same leader) */
+        if (counted && !hello(&cl[0], smp.leader, &h1) && h1.leader &&
+            h1.sync_waits >= h0.sync_waits) {
+            sync_waits += h1.sync_waits - h0.sync_waits;
+            sync_on_entry += h1.sync_acked_on_entry - h0.sync_acked_on_entry;
+            sync_us += h1.sync_wait_us - h0.sync_wait_us;
         }
         if (failed) {
             fprintf(stderr, "moonlet-bench ha: %d puts failed\n", failed);
@@ -422,6 +440,10 @@ int bench_ha_main(int argc, char **argv)
     cJSON_AddNumberToObject(lag, "lag_ms_p50", smp.samples ? bench_percentile(&smp.lag, 50) : 0);
     cJSON_AddNumberToObject(lag, "lag_ms_max", (double)smp.max_lag_ms);
     cJSON_AddNumberToObject(lag, "pending_records_max", (double)smp.max_pending);
+    cJSON *ss = cJSON_AddObjectToObject(root, "semi_sync");
+    cJSON_AddNumberToObject(ss, "waits", (double)sync_waits);
+    cJSON_AddNumberToObject(ss, "acked_on_entry", (double)sync_on_entry);
+    cJSON_AddNumberToObject(ss, "mean_wait_us", sync_waits ? (double)sync_us / (double)sync_waits : 0);
     cJSON *f = cJSON_AddObjectToObject(root, "failover");
     cJSON *all = cJSON_AddArrayToObject(f, "failover_ms");
     for (int n = 0; n < nfo; n++)
@@ -438,6 +460,11 @@ int bench_ha_main(int argc, char **argv)
                smp.samples ? bench_percentile(&smp.lag, 50) : 0,
                (unsigned long long)smp.max_lag_ms, (unsigned long long)smp.max_pending,
                (unsigned long long)smp.samples);
+        printf("semi-sync waits on the leader: %llu, the ack already in at %llu (%.0f%%), "
+               "mean wait %.1f us\n",
+               (unsigned long long)sync_waits, (unsigned long long)sync_on_entry,
+               sync_waits ? 100.0 * (double)sync_on_entry / (double)sync_waits : 0,
+               sync_waits ? (double)sync_us / (double)sync_waits : 0);
         printf("failover (leader SIGKILL -> put+get): median %.0f ms = %.2f x 2 x TTL; all:",
                fo_median, fo_median / (2000.0 * LEASE_TTL_S));
         for (int n = 0; n < nfo; n++)
