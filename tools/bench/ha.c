@@ -20,7 +20,8 @@
  *               port and the bench waits until it is an in-sync standby again.
  * Every child is stopped by its PID.
  * Threads: the main thread, plus one Hello sampler during repl's puts (it
- * only reads the leader address written before it starts); no locks.
+ * only reads the leader address written before it starts, and the atomic
+ * `stop`); no locks.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -28,6 +29,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,7 +246,7 @@ static int put_one(ha_cluster *c, const char *tag, const char *value, uint64_t *
 typedef struct sampler {
     ha_cluster *c;
     int leader;
-    volatile int stop;
+    atomic_int stop; /* the main thread ends the sampling */
     uint64_t max_lag_ms, max_pending, samples;
     bench_samples lag;
 } sampler;
@@ -252,7 +254,7 @@ typedef struct sampler {
 static void *sampler_main(void *arg)
 {
     sampler *s = arg;
-    while (!s->stop) {
+    while (!atomic_load(&s->stop)) {
         hello_view v;
         if (!hello(s->c, s->leader, &v) && v.has_repl) {
             s->samples++;
@@ -382,7 +384,7 @@ int bench_ha_main(int argc, char **argv)
          * shared host hits both alike); the sampler runs through the round */
         pthread_t th;
         smp.leader = wait_ready(&cl[0]);
-        smp.stop = 0;
+        atomic_store(&smp.stop, 0);
         hello_view h0 = {0}, h1 = {0};
         bool counted = smp.leader >= 0 && !hello(&cl[0], smp.leader, &h0);
         bool sampling = smp.leader >= 0 && !pthread_create(&th, NULL, sampler_main, &smp);
@@ -396,7 +398,7 @@ int bench_ha_main(int argc, char **argv)
                 bench_samples_add(&put[i], (double)ns / 1000.0);
         }
         if (sampling) {
-            smp.stop = 1;
+            atomic_store(&smp.stop, 1);
             pthread_join(th, NULL);
         }
         /* the leader's semi-sync counters over the round (same leader) */
