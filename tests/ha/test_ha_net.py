@@ -65,17 +65,16 @@ ETCD_PEER_PORT = 2380
 ETCD_HEARTBEAT_MS = 25
 ETCD_ELECTION_MS = 250
 
-# A standby promoted in sync should keep every acknowledged put (the
-# replication stream): single runs read back 0 of 635 (partition) and 0 of
-# 558 (etcd cut) lost, but one CI run lost one acknowledged put of the
-# partition scenario (the stream's first key, put about 10 s before the
-# failover; cause not found yet: docs/reliability.md).  Until that is
-# understood this stays False: across a failover a put started before the
-# new leader's begin may read OBJECT_NOT_FOUND (counted as acked_lost in
-# the RESULT line), never other bytes.  A master that lost its own
-# leadership restarts empty, so where the same master wins again (etcd
-# quorum loss) that is expected in any case.
-FAILOVER_KEEPS_ACKED_PUTS = False
+# A standby promoted in sync keeps every acknowledged put (the replication
+# stream): across a failover to it every put that returned OK must read
+# back its bytes.  (It was False for a while: some partition runs lost every
+# put acknowledged before the failover - the new leader's own etcd lease
+# expired while its promotion waited about 2 s for the follower thread's
+# call to the unreachable old leader, so it was deposed and restarted
+# empty; docs/reliability.md.)  A master that lost its own leadership
+# restarts empty, so where the same master wins again (etcd quorum loss)
+# OBJECT_NOT_FOUND is expected in any case (check_acked_puts' `keeps`).
+FAILOVER_KEEPS_ACKED_PUTS = True
 
 # What a client may see during these faults; anything else (and any wrong
 # byte) fails.  NOT_LEADER, RPC_*: no master serves for a while;
