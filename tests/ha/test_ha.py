@@ -217,19 +217,28 @@ def wait_leader(addrs, timeout, exclude=()):
     raise AssertionError(f"no serving leader among {addrs} within {timeout} s")
 
 
+def recv_exact(s, n):
+    """n bytes from s; a connection closed before them is a reset (a
+    deposed master restarting its service closes it: raw_call_retry tries
+    again), never an endless loop on recv() returning b""."""
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionResetError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
 def raw_call(addr, method, timeout=5.0):
     """One request [1, method, []] on a fresh connection: (code, message)."""
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         body = bytes([0x93, 0x01, method, 0x90])
         s.sendall(struct.pack(">I", len(body)) + body)
-        hdr = b""
-        while len(hdr) < 4:
-            hdr += s.recv(4 - len(hdr))
+        hdr = recv_exact(s, 4)
         n = struct.unpack(">I", hdr)[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
+        data = recv_exact(s, n)
     assert data[0] == 0x93 and data[1] == 0x01 and data[2] == 0xd2, data
     code = struct.unpack(">i", data[3:7])[0]
     t = data[7]
