@@ -52,6 +52,14 @@ static void mount_at(moonlet_master *m, const char *seg, const char *ep)
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
 }
 
+/* Segments a and b, each on its own host, and a third, seg at ep. */
+static void mount_ab_and(moonlet_master *m, const char *seg, const char *ep)
+{
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, seg, ep);
+}
+
 static void put_on(moonlet_master *m, const char *key, const char *s1, const char *s2)
 {
     moonlet_str pref[] = {MOONLET_STR(s1), MOONLET_STR(s2)};
@@ -148,9 +156,7 @@ static size_t host_len(const char *ep) { return (size_t)(strrchr(ep, ':') - ep);
 static moonlet_master *three_hosts_bw(uint32_t concurrency, uint64_t bandwidth)
 {
     moonlet_master *m = repair_master_bw(concurrency, bandwidth);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    mount_ab_and(m, "c", "10.0.0.3:1");
     return m;
 }
 
@@ -211,9 +217,7 @@ static void test_drop_queues_and_repairs(void **state)
 {
     (void)state;
     moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
+    mount_ab_and(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
     mount_at(m, "d", "10.0.0.4:1");
     put_keys(m, 10, "a", "b");
     put_on(m, "other", "b2", "d"); /* loses nothing */
@@ -373,9 +377,7 @@ static void test_no_other_host(void **state)
 {
     (void)state;
     moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "b2", "10.0.0.2:2");
+    mount_ab_and(m, "b2", "10.0.0.2:2");
     put_on(m, "k", "a", "b");
     put_on(m, "k2", "a", "b");
     unmount(m, "a");
@@ -602,9 +604,7 @@ static void test_standby_holds_target(void **state)
     (void)state;
     struct quars stream = {0};
     moonlet_master *m = repair_master_with(16, 0, quar_capture, &stream);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "d", "10.0.0.4:1");
+    mount_ab_and(m, "d", "10.0.0.4:1");
     put_on(m, "k", "a", "b");
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
                      MOONLET_OK);
@@ -660,9 +660,7 @@ static void test_standby_told_of_drain_swap(void **state)
     (void)state;
     struct recs rs = {0};
     moonlet_master *m = repair_master_with(16, 0, rec_capture, &rs);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    mount_ab_and(m, "c", "10.0.0.3:1");
     put_on(m, "k", "a", "b");
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     moonlet_master_tick(m);
