@@ -86,6 +86,15 @@ static inline void fix_put_range(moonlet_master *m, const char *prefix, int from
     }
 }
 
+/* Whole puts of the n keys in tenant, 128 bytes and one replica each; each
+ * must succeed. */
+static inline void fix_put_keys(moonlet_master *m, const char *tenant, const char *const *keys,
+                                size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
+}
+
 /* The master's counters now. */
 static inline moonlet_master_stats fix_stats(moonlet_master *m)
 {
