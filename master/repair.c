@@ -492,14 +492,34 @@ static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
     atomic_fetch_add(&r->dropped, 1);
 }
 
+/* The segments of the node calling RepairFetch / RepairDone: those of its
+ * client id, bound to the calling connection's session. */
+struct caller_segs {
+    uint32_t slot[16], n;
+};
+
+static int caller_segs_of(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                          struct caller_segs *c)
+{
+    return registry_client_slots(m, client_id, session, c->slot, 16, &c->n);
+}
+
+static bool caller_holds(const struct caller_segs *c, uint32_t seg)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->slot[i] == seg)
+            return true;
+    return false;
+}
+
 int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64_t session,
                                 uint32_t max,
                                 void (*visit)(void *arg, const moonlet_repair_job_view *j),
                                 void *arg)
 {
     struct repair_state *r = m->repair;
-    uint32_t slots[16], nslots;
-    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    struct caller_segs me;
+    int rc = caller_segs_of(m, client_id, session, &me);
     if (rc)
         return rc;
     uint64_t now = moonlet_clock_now_ns();
@@ -511,14 +531,10 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
     pthread_mutex_lock(&r->mu);
     for (uint32_t i = 0; i < r->nrun && n < max; i++) {
         struct rjob *j = &r->run[i];
-        if (j->fetched)
-            continue;
-        for (uint32_t s = 0; s < nslots; s++)
-            if (j->target.seg == slots[s]) {
-                j->fetched = true;
-                jobs[n++] = *j;
-                break;
-            }
+        if (!j->fetched && caller_holds(&me, j->target.seg)) {
+            j->fetched = true;
+            jobs[n++] = *j;
+        }
     }
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; i < n; i++) {
@@ -569,17 +585,15 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
 {
     (void)bytes;
     struct repair_state *r = m->repair;
-    uint32_t slots[16], nslots;
-    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    struct caller_segs me;
+    int rc = caller_segs_of(m, client_id, session, &me);
     if (rc)
         return rc;
     uint64_t now = moonlet_clock_now_ns();
     struct rjob j;
     pthread_mutex_lock(&r->mu);
     bool had = take_job_locked(r, job_id, &j);
-    bool mine = false;
-    for (uint32_t s = 0; had && s < nslots; s++)
-        mine |= slots[s] == j.target.seg;
+    bool mine = had && caller_holds(&me, j.target.seg);
     if (had && (!mine || !j.fetched)) { /* another node's job: not ours to end */
         r->run[r->nrun++] = j;
         had = false;
