@@ -182,6 +182,7 @@ def test_device_removal():
         assert rm.wait(timeout=30) == 0
         assert rc == 1, rc
         err = d.err()
+        print("store log (device removal):\n" + err[-1500:])
         assert "removed" in err and "exiting" in err, err[-1500:]
         assert wait_for(lambda: not cl.mounted(1), 10, 0.1)  # it unmounted (or its TTL ran out)
         result("device_removal", store_exit_s=round(exit_s, 2))
