@@ -182,6 +182,9 @@ def test_device_removal():
         assert rm.wait(timeout=30) == 0
         assert rc == 1, rc
         err = d.err()
+        # a few heartbeats (200 ms); it took 0.7 - 14 s, once over 30 s, while
+        # the node returned without joining its repair thread
+        assert exit_s < 5, (exit_s, err[-1500:])
         print("store log (device removal):\n" + err[-1500:])
         assert "removed" in err and "exiting" in err, err[-1500:]
         assert wait_for(lambda: not cl.mounted(1), 10, 0.1)  # it unmounted (or its TTL ran out)
