@@ -305,30 +305,67 @@ static moonlet_master *one_repair_job(struct jobs *js)
     return m;
 }
 
-/* A removal mid-repair: RepairDone finds no object, the target range goes
- * to quarantine and comes back after the job's deadline + the grace. */
+/* A removal mid-repair: a plain Remove is not refused (the job holds no
+ * lease: to its user the object is like any other), RepairDone finds no
+ * object, the target range goes to quarantine and comes back after the
+ * job's deadline + the grace, the source's at once. */
 static void test_removal_mid_repair(void **state)
 {
     (void)state;
     struct jobs js;
     moonlet_master *m = one_repair_job(&js);
-    uint64_t used = stats(m).used;
-    /* the job holds a lease on the source: a plain Remove is refused */
-    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")),
-                     MOONLET_ERR_OBJECT_HAS_LEASE);
-    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
-                     MOONLET_OK);
+    uint64_t used = stats(m).used; /* the source on b and the target on c */
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
     moonlet_master_stats st = stats(m);
     assert_int_equal(st.repairs_dropped, 1);
     assert_int_equal(st.under_replicated, 0);
-    assert_true(st.quarantined >= 2 * 1024); /* source (leased) and target */
-    assert_int_equal(st.used, used);         /* nothing reusable yet */
+    assert_true(st.used < used);                /* the source's range is back */
+    assert_int_equal(st.quarantined, st.used); /* the target's is not yet */
+    assert_true(st.quarantined > 0);
     moonlet_clock_advance(5000 * MS + 2000 * MS + 1);
     moonlet_master_tick(m);
     st = stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, 0);
+    end_test(m);
+}
+
+/* The key removed and put again mid-repair: the job's copy holds the old
+ * object's bytes, so RepairDone must not attach it to the new object, even
+ * where the new one lacks a replica (here: one of its two segments went). */
+static void test_reput_mid_repair(void **state)
+{
+    (void)state;
+    struct jobs js;
+    moonlet_master *m = one_repair_job(&js); /* k on a and b, a gone, target on c */
+    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
+    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
+                     MOONLET_OK);
+    put_on(m, "k", "b", "c"); /* same key, same size */
+    unmount(m, "b");          /* the new object: one replica of two, on c */
+    assert_int_equal(readable(m, "k"), 1);
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(readable(m, "k"), 1);
+    assert_int_equal(listed(m, "k"), 1);
+    assert_int_equal(stats(m).repairs_dropped, 1);
+    end_test(m);
+}
+
+/* A job whose object was removed is not handed out by RepairFetch. */
+static void test_removed_before_fetch(void **state)
+{
+    (void)state;
+    moonlet_master *m = three_hosts(16);
+    put_on(m, "k", "a", "b");
+    unmount(m, "a");
+    moonlet_master_tick(m); /* the job starts: target on c */
+    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
+    put_on(m, "k", "b", "c");
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 0);
+    assert_int_equal(stats(m).repairs_dropped, 1);
     end_test(m);
 }
 
@@ -666,11 +703,11 @@ static void test_standby_told_of_drain_swap(void **state)
     moonlet_master_tick(m);
     struct jobs js;
     assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(listed(m, "k"), 2); /* a reader leases k (on a and b) */
     rs.n = 0;
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_OK);
     assert_int_equal(listed(m, "k"), 2); /* on b and c now */
-    /* the job's lease on k ends at one lease TTL from now: a's range is
-     * held that long (a reader may hold it) */
+    /* the reader's lease on k holds: a's range is held that long */
     assert_int_equal(rs.n, 4);
     assert_int_equal(rs.type[0], MOONLET_REPL_DROP);
     assert_int_equal(rs.type[1], MOONLET_REPL_QUAR);
@@ -691,6 +728,8 @@ int main(void)
         cmocka_unit_test(test_leased_first),
         cmocka_unit_test(test_bandwidth_limit),
         cmocka_unit_test(test_removal_mid_repair),
+        cmocka_unit_test(test_reput_mid_repair),
+        cmocka_unit_test(test_removed_before_fetch),
         cmocka_unit_test(test_failures_bounded),
         cmocka_unit_test(test_no_other_host),
         cmocka_unit_test(test_target_unmounted),
