@@ -84,10 +84,13 @@ FAILOVER_KEEPS_ACKED_PUTS = False
 # stores re-mounted; OBJECT_HAS_LEASE, REPLICA_IS_NOT_READY, TRANSFER_FAIL:
 # as in the cluster suite's mixed load; LEASE_EXPIRED: a get whose read lease
 # ran out while it waited out the failover (the reader's own lease check
-# refuses what it read: the object outlived the failover, the lease did not).
+# refuses what it read: the object outlived the failover, the lease did not);
+# UNAVAILABLE_IN_CURRENT_STATUS: a write the leader could not acknowledge -
+# its standby stopped acking (it is taking over) and etcd, which must first
+# record it out of sync, is cut off (master/repl_stream.c).
 FAULT_CODES = {"NOT_LEADER", "RPC_FAIL", "RPC_TIMEOUT", "OBJECT_NOT_FOUND", "SEGMENT_NOT_FOUND",
                "NO_AVAILABLE_HANDLE", "OBJECT_HAS_LEASE", "REPLICA_IS_NOT_READY", "TRANSFER_FAIL",
-               "LEASE_EXPIRED"}
+               "LEASE_EXPIRED", "UNAVAILABLE_IN_CURRENT_STATUS"}
 # The longest any client operation may take.  Not one RPC timeout: a
 # client's master calls share one connection and queue behind each other
 # (store/master_client.c holds its lock for a whole call), and reconnecting
