@@ -88,27 +88,11 @@ static moonlet_repl_state *apply_all(const struct stream *s, int upto)
     return st;
 }
 
-struct reps {
-    int n;
-    char seg[8][64];
-    uint64_t off[8];
-    uint8_t status[8];
-};
-
-static void reps_visit(void *arg, const moonlet_replica_view *r)
-{
-    struct reps *c = arg;
-    snprintf(c->seg[c->n], sizeof(c->seg[0]), "%s", r->segment_id);
-    c->off[c->n] = r->offset;
-    c->status[c->n] = r->status;
-    c->n++;
-}
-
 /* -1: no such key; else the key's replicas into *c and its summary into *v. */
-static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, struct reps *c)
+static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, struct fix_reps *c)
 {
     memset(c, 0, sizeof(*c));
-    return moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), v, reps_visit, c)
+    return moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), v, fix_reps_visit, c)
                ? -1
                : 0;
 }
@@ -117,7 +101,7 @@ static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, stru
 static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
 {
     moonlet_key_view va, vb;
-    struct reps ra, rb;
+    struct fix_reps ra, rb;
     assert_int_equal(inspect(a, key, &va, &ra), 0);
     assert_int_equal(inspect(b, key, &vb, &rb), 0);
     assert_int_equal(va.size, vb.size);
@@ -127,7 +111,7 @@ static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
     for (int i = 0; i < ra.n; i++) {
         bool found = false;
         for (int j = 0; j < rb.n; j++)
-            found |= strcmp(ra.seg[i], rb.seg[j]) == 0 && ra.off[i] == rb.off[j] &&
+            found |= strcmp(ra.segs[i], rb.segs[j]) == 0 && ra.off[i] == rb.off[j] &&
                      ra.status[i] == rb.status[j];
         assert_true(found);
     }
@@ -235,11 +219,11 @@ static void test_restore_matches_leader(void **state)
                      MOONLET_OK);
     assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("revoked")),
                      MOONLET_OK);
-    struct reps pr;
+    struct fix_reps pr;
     moonlet_key_view v;
     assert_int_equal(inspect(a, "pending", &v, &pr), 0);
     assert_int_equal(moonlet_master_put_replace_replica(a, MOONLET_STR(""), MOONLET_STR("pending"),
-                                                        MOONLET_STR(pr.seg[0]), NULL, 0, NULL,
+                                                        MOONLET_STR(pr.segs[0]), NULL, 0, NULL,
                                                         NULL),
                      MOONLET_OK);
     moonlet_clock_advance(6000 * MS); /* leases of the puts' reads are gone */
@@ -275,7 +259,7 @@ static void test_restore_matches_leader(void **state)
     int present = 0;
     for (int i = 0; i < 40; i++) {
         snprintf(key, sizeof(key), "obj%d", i);
-        struct reps r;
+        struct fix_reps r;
         if (inspect(a, key, &v, &r) != 0) {
             assert_int_equal(inspect(b, key, &v, &r), -1);
             continue;
@@ -322,7 +306,7 @@ static void test_restore_matches_leader(void **state)
     assert_int_equal(sc.used, sa.used);
     for (int i = 0; i < 40; i++) {
         snprintf(key, sizeof(key), "obj%d", i);
-        struct reps r;
+        struct fix_reps r;
         if (inspect(a, key, &v, &r) == 0)
             assert_same(a, c, key);
     }
