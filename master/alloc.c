@@ -127,17 +127,30 @@ int moonlet_alloc_reserve(moonlet_alloc *a, uint64_t len, uint64_t *offset)
     return MOONLET_OK;
 }
 
+/* For a caller-given range [offset, offset + *len) (*len rounded here):
+ * INVALID_PARAMS unless it is non-empty, aligned and inside the capacity;
+ * else the free extents around it, *next the first starting at or after
+ * offset, *prev the last starting before it (either NULL when none). */
+static int range_lookup(moonlet_alloc *a, uint64_t offset, uint64_t *len, struct extent **prev,
+                        struct extent **next)
+{
+    *len = moonlet_alloc_rounded(*len);
+    if (*len == 0 || offset % MOONLET_ALLOC_ALIGN || offset > a->capacity ||
+        *len > a->capacity - offset)
+        return MOONLET_ERR_INVALID_PARAMS;
+    struct extent key = {.off = offset};
+    *next = RB_NFIND(off_tree, &a->offs, &key);
+    *prev = *next ? RB_PREV(off_tree, &a->offs, *next) : RB_MAX(off_tree, &a->offs);
+    return MOONLET_OK;
+}
+
 int moonlet_alloc_reserve_at(moonlet_alloc *a, uint64_t offset, uint64_t len)
 {
-    len = moonlet_alloc_rounded(len);
-    if (len == 0 || offset % MOONLET_ALLOC_ALIGN || offset > a->capacity ||
-        len > a->capacity - offset)
+    struct extent *prev, *next;
+    if (range_lookup(a, offset, &len, &prev, &next) != MOONLET_OK)
         return MOONLET_ERR_INVALID_PARAMS;
     /* The free extent starting at or before offset must cover the range. */
-    struct extent key = {.off = offset};
-    struct extent *e = RB_NFIND(off_tree, &a->offs, &key);
-    if (!e || e->off > offset)
-        e = e ? RB_PREV(off_tree, &a->offs, e) : RB_MAX(off_tree, &a->offs);
+    struct extent *e = next && next->off == offset ? next : prev;
     if (!e || e->off > offset || e->off + e->len < offset + len)
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     uint64_t head = offset - e->off, tail = e->off + e->len - (offset + len);
@@ -166,14 +179,9 @@ int moonlet_alloc_reserve_at(moonlet_alloc *a, uint64_t offset, uint64_t len)
 
 int moonlet_alloc_release(moonlet_alloc *a, uint64_t offset, uint64_t len)
 {
-    len = moonlet_alloc_rounded(len);
-    if (len == 0 || offset % MOONLET_ALLOC_ALIGN || offset > a->capacity ||
-        len > a->capacity - offset)
+    struct extent *prev, *next;
+    if (range_lookup(a, offset, &len, &prev, &next) != MOONLET_OK)
         return MOONLET_ERR_INVALID_PARAMS;
-
-    struct extent key = {.off = offset};
-    struct extent *next = RB_NFIND(off_tree, &a->offs, &key);
-    struct extent *prev = next ? RB_PREV(off_tree, &a->offs, next) : RB_MAX(off_tree, &a->offs);
     if ((next && next->off < offset + len) || (prev && prev->off + prev->len > offset))
         return MOONLET_ERR_INVALID_PARAMS; /* overlaps free space: double free */
 

@@ -538,6 +538,10 @@ void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep
 void repair_snapshot_targets(moonlet_master *m,
                              void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
 void repair_tick(moonlet_master *m);
+/* Object o (its shard lock held) is being destroyed: its running repair job,
+ * if any, is cancelled, so its copy is attached to no later object of the
+ * same key.  Takes repair_mu (a leaf) only while a job runs. */
+void repair_object_gone_locked(moonlet_master *m, const struct mobj *o);
 /* Readable replicas of o not on a draining segment. */
 uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o);
 /* The repair counters of moonlet_master_get_stats (takes repair_mu). */

@@ -87,26 +87,28 @@ static void lock_hold(FILE *f, const char *name, const char *help, const uint64_
     fprintf(f, "%s %.9f\n", max_name, (double)max_ns * 1e-9);
 }
 
-/* Closes a render's open_memstream and hands its text out (NULL when the
- * stream failed); *buf and *n are final only after fclose. */
-static char *memstream_finish(FILE *f, char **buf, size_t *n, size_t *len)
-{
-    if (fclose(f) != 0) {
-        free(*buf);
-        return NULL;
-    }
-    if (len)
-        *len = *n;
-    return *buf;
-}
-
-char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
+/* Runs one section's writer on an open_memstream and hands its text out
+ * (NULL when the stream failed); buf and n are final only after fclose. */
+static char *render(void (*write)(FILE *f, const void *arg), const void *arg, size_t *len)
 {
     char *buf = NULL;
     size_t n = 0;
     FILE *f = open_memstream(&buf, &n);
     if (!f)
         return NULL;
+    write(f, arg);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = n;
+    return buf;
+}
+
+static void write_stats(FILE *f, const void *arg)
+{
+    const moonlet_master_stats *st = arg;
     gauge(f, "moonlet_objects", "Objects in the master's table.", st->objects);
     gauge(f, "moonlet_bytes", "Sum of the objects' sizes in bytes.", st->bytes);
     gauge(f, "moonlet_segments", "Mounted segments.", st->segments);
@@ -178,32 +180,32 @@ char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
               st->resume_lock_hold_hist, "moonlet_resume_lock_hold_max_seconds",
               "Longest shard-lock hold by ProbeResume since the master started.",
               st->resume_lock_hold_max_ns);
-    return memstream_finish(f, &buf, &n, len);
 }
 
-char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
+char *moonlet_metrics_render(const moonlet_master_stats *st, size_t *len)
 {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    if (!f)
-        return NULL;
+    return render(write_stats, st, len);
+}
+
+static void write_role(FILE *f, const void *arg)
+{
+    const moonlet_role_info *ri = arg;
     gauge(f, "moonlet_ha_role", "HA role: 0 single (no etcd), 1 standby, 2 leader.", ri->state);
     gauge(f, "moonlet_ha_serving", "1 while this master serves calls (a leader past its grace "
           "period and inside its fencing window, or a single master).", ri->serving);
     gauge(f, "moonlet_ha_epoch", "Epoch this master serves under, or the newest leader epoch "
           "it knows (the leader key's etcd create revision).", ri->epoch);
     gauge(f, "moonlet_ha_terms", "Times this master was elected leader.", ri->terms);
-    return memstream_finish(f, &buf, &n, len);
 }
 
-char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len)
+char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len)
 {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    if (!f)
-        return NULL;
+    return render(write_role, ri, len);
+}
+
+static void write_repl(FILE *f, const void *arg)
+{
+    const moonlet_repl_log_status *st = arg;
     gauge(f, "moonlet_ha_repl_in_sync", "1 while the hot standby is in sync: writes wait for its "
           "acknowledgement (leader's view).", st->in_sync);
     gauge(f, "moonlet_ha_repl_lag_ms", "Age of the oldest replication record the standby has not "
@@ -213,7 +215,11 @@ char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len
     gauge(f, "moonlet_ha_repl_next", "The number the next replication record gets.", st->next);
     gauge(f, "moonlet_ha_repl_out_of_sync_total", "Times the standby lagged past "
           "--repl-max-lag-ms and was marked out of sync.", st->out_of_sync_marks);
-    return memstream_finish(f, &buf, &n, len);
+}
+
+char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len)
+{
+    return render(write_repl, st, len);
 }
 
 void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log)
@@ -249,6 +255,22 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
     enum MHD_Result ret = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+/* Appends a rendered section (rb, NULL: it failed) to the body, taking both;
+ * NULL (both freed) when either is missing. */
+static char *append_section(char *body, size_t *len, char *rb, size_t rlen)
+{
+    char *all = rb ? realloc(body, *len + rlen + 1) : NULL;
+    if (!all) {
+        free(rb);
+        free(body);
+        return NULL;
+    }
+    memcpy(all + *len, rb, rlen + 1);
+    free(rb);
+    *len += rlen;
+    return all;
 }
 
 /* With a token: "Authorization: Bearer <token>", compared in constant time. */
@@ -302,16 +324,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         moonlet_role_get(role, moonlet_mono_ms(), &ri);
         size_t rlen = 0;
         char *rb = moonlet_metrics_render_role(&ri, &rlen);
-        char *all = rb ? realloc(body, len + rlen + 1) : NULL;
-        if (!all) {
-            free(rb);
-            free(body);
+        if (!(body = append_section(body, &len, rb, rlen)))
             return MHD_NO;
-        }
-        memcpy(all + len, rb, rlen + 1);
-        free(rb);
-        body = all;
-        len += rlen;
     }
     moonlet_repl_log *repl = atomic_load(&s->repl);
     if (repl) {
@@ -319,16 +333,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         moonlet_repl_log_get_status(repl, &rs);
         size_t rlen = 0;
         char *rb = moonlet_metrics_render_repl(&rs, &rlen);
-        char *all = rb ? realloc(body, len + rlen + 1) : NULL;
-        if (!all) {
-            free(rb);
-            free(body);
+        if (!(body = append_section(body, &len, rb, rlen)))
             return MHD_NO;
-        }
-        memcpy(all + len, rb, rlen + 1);
-        free(rb);
-        body = all;
-        len += rlen;
     }
     return respond_text(conn, MHD_HTTP_OK, body, len, MHD_RESPMEM_MUST_FREE, NULL);
 }

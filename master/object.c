@@ -53,6 +53,7 @@
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     shard_unlink_locked(s, o);
+    repair_object_gone_locked(m, o);
     /* An unfinished put's writer may still be sending: its ranges wait in
      * quarantine until its put deadline (after which no store node accepts
      * its writes) plus the grace.  A sealed object had every write

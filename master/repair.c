@@ -14,10 +14,13 @@
  *      entries within --repair-concurrency (jobs in flight) and
  *      --repair-bandwidth (a token bucket of bytes per second, one second of
  *      burst): it reserves a range on a segment of another host
- *      (registry_place_extra_locked: placement's rules, not draining) and
- *      extends the object's lease to the job's deadline, so neither eviction
- *      nor a plain Remove takes the source mid-copy.  The range belongs to
- *      the job, not the object: no reader sees it.
+ *      (registry_place_extra_locked: placement's rules, not draining).  The
+ *      range belongs to the job, not the object: no reader sees it.  The
+ *      job holds no lease: a Remove or an eviction takes the object as if
+ *      no repair ran, and cancels its job (repair_object_gone_locked, under
+ *      the object's shard lock), so the copy is attached to no other object
+ *      put later under the same key.  The source is only read, never
+ *      written: reading a range reused meanwhile harms nobody.
  *   3. The target node fetches its jobs (moonlet_master_repair_fetch): the
  *      readable source replicas, the checksum PutEnd recorded and a write
  *      capability for the target range, valid until the job's deadline.
@@ -73,6 +76,7 @@ struct rjob {
     uint32_t tenant, attempts;
     struct mrep target;  /* the reserved range (job-owned until attached) */
     bool fetched;
+    bool cancelled;      /* its object was destroyed (repair_object_gone_locked) */
 };
 
 struct repair_state {
@@ -81,6 +85,7 @@ struct repair_state {
     struct hmap known;        /* (hash -> tenant) of every queued or running object */
     struct rjob *run;
     uint32_t nrun, run_cap;
+    _Atomic uint32_t running; /* nrun, for repair_object_gone_locked's fast path */
     uint64_t next_id;
     double tokens;            /* bandwidth bucket (bytes); may go negative (debt) */
     uint64_t tokens_ns;
@@ -314,10 +319,6 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
                                         &j.gen) != MOONLET_OK) {
             res = START_RETRY;
         } else {
-            /* The job's lease on the source: not evicted, not removed
-             * without force, its ranges quarantined if force-removed. */
-            if (o->lease_deadline < j.deadline_ns)
-                o->lease_deadline = j.deadline_ns;
             pthread_mutex_lock(&r->mu);
             if (r->nrun == r->run_cap) {
                 uint32_t cap = r->run_cap ? r->run_cap * 2 : 16;
@@ -330,6 +331,7 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
             if (r->nrun < r->run_cap) {
                 j.id = r->next_id++;
                 r->run[r->nrun++] = j;
+                atomic_store(&r->running, r->nrun);
                 r->tokens -= (double)j.size;
                 res = START_OK;
             } else {
@@ -429,12 +431,16 @@ void repair_tick(moonlet_master *m)
             r->run[keep++] = r->run[i];
     }
     r->nrun = keep;
+    atomic_store(&r->running, r->nrun);
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; i < k; i++) {
         ML_WARN("master", "repair job %" PRIu64 " timed out", exp[i].id);
         release_target(m, &exp[i]);
         pthread_mutex_lock(&r->mu);
-        retry_locked(m, exp[i].hash, exp[i].tenant, exp[i].attempts, now);
+        if (exp[i].cancelled)
+            forget_locked(r, exp[i].hash, exp[i].tenant);
+        else
+            retry_locked(m, exp[i].hash, exp[i].tenant, exp[i].attempts, now);
         pthread_mutex_unlock(&r->mu);
     }
     free(exp);
@@ -457,7 +463,7 @@ void repair_tick(moonlet_master *m)
         bool had = take_job_locked(r, chk[i].id, &j);
         pthread_mutex_unlock(&r->mu);
         if (had)
-            drop_job(m, &j, false);
+            drop_job(m, &j, j.cancelled);
     }
     repair_pump(m, now);
 }
@@ -470,9 +476,24 @@ static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j)
             continue;
         *j = r->run[i];
         r->run[i] = r->run[--r->nrun];
+        atomic_store(&r->running, r->nrun);
         return true;
     }
     return false;
+}
+
+void repair_object_gone_locked(moonlet_master *m, const struct mobj *o)
+{
+    struct repair_state *r = m->repair;
+    /* A job starts under the object's shard lock, which the caller holds:
+     * 0 here means no job of this object runs. */
+    if (!r || atomic_load(&r->running) == 0)
+        return;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nrun; i++)
+        if (r->run[i].hash == o->hash && r->run[i].tenant == o->tenant)
+            r->run[i].cancelled = true;
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* A job that cannot go on: its range back.  The object went: forgotten.
@@ -492,14 +513,34 @@ static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
     atomic_fetch_add(&r->dropped, 1);
 }
 
+/* The segments of the node calling RepairFetch / RepairDone: those of its
+ * client id, bound to the calling connection's session. */
+struct caller_segs {
+    uint32_t slot[16], n;
+};
+
+static int caller_segs_of(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                          struct caller_segs *c)
+{
+    return registry_client_slots(m, client_id, session, c->slot, 16, &c->n);
+}
+
+static bool caller_holds(const struct caller_segs *c, uint32_t seg)
+{
+    for (uint32_t i = 0; i < c->n; i++)
+        if (c->slot[i] == seg)
+            return true;
+    return false;
+}
+
 int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64_t session,
                                 uint32_t max,
                                 void (*visit)(void *arg, const moonlet_repair_job_view *j),
                                 void *arg)
 {
     struct repair_state *r = m->repair;
-    uint32_t slots[16], nslots;
-    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    struct caller_segs me;
+    int rc = caller_segs_of(m, client_id, session, &me);
     if (rc)
         return rc;
     uint64_t now = moonlet_clock_now_ns();
@@ -511,14 +552,10 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
     pthread_mutex_lock(&r->mu);
     for (uint32_t i = 0; i < r->nrun && n < max; i++) {
         struct rjob *j = &r->run[i];
-        if (j->fetched)
-            continue;
-        for (uint32_t s = 0; s < nslots; s++)
-            if (j->target.seg == slots[s]) {
-                j->fetched = true;
-                jobs[n++] = *j;
-                break;
-            }
+        if (!j->fetched && caller_holds(&me, j->target.seg)) {
+            j->fetched = true;
+            jobs[n++] = *j;
+        }
     }
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; i < n; i++) {
@@ -528,6 +565,13 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
         struct shard *s = &m->shards[shard_of(m, j->hash)];
         pthread_mutex_lock(&s->mu);
         struct mobj *o = find_locked(m, s, j->hash, j->tenant);
+        /* Cancelled: its object was destroyed since the copy above, and o
+         * (if any) is another object put later under the same key. */
+        pthread_mutex_lock(&r->mu);
+        for (uint32_t k = 0; k < r->nrun; k++)
+            if (r->run[k].id == j->id && r->run[k].cancelled)
+                o = NULL;
+        pthread_mutex_unlock(&r->mu);
         /* Seen MOUNTED under the guard: the slot cannot be retired before
          * we let the guard go (unmount.c's barrier), so its strings hold. */
         if (o && o->state == OBJ_COMPLETE && registry_slot_live(m, j->target.seg, j->gen)) {
@@ -569,30 +613,36 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
 {
     (void)bytes;
     struct repair_state *r = m->repair;
-    uint32_t slots[16], nslots;
-    int rc = registry_client_slots(m, client_id, session, slots, 16, &nslots);
+    struct caller_segs me;
+    int rc = caller_segs_of(m, client_id, session, &me);
     if (rc)
         return rc;
     uint64_t now = moonlet_clock_now_ns();
     struct rjob j;
+    /* A look first: only the target's node ends a job it fetched. */
     pthread_mutex_lock(&r->mu);
-    bool had = take_job_locked(r, job_id, &j);
-    bool mine = false;
-    for (uint32_t s = 0; had && s < nslots; s++)
-        mine |= slots[s] == j.target.seg;
-    if (had && (!mine || !j.fetched)) { /* another node's job: not ours to end */
-        r->run[r->nrun++] = j;
-        had = false;
-    }
+    bool had = false;
+    for (uint32_t i = 0; i < r->nrun && !had; i++)
+        if (r->run[i].id == job_id)
+            j = r->run[i], had = true;
+    bool mine = had && caller_holds(&me, j.target.seg);
     pthread_mutex_unlock(&r->mu);
-    if (!had)
+    if (!had || !mine || !j.fetched)
         return MOONLET_ERR_OBJECT_NOT_FOUND;
     if (code != MOONLET_OK || now >= j.deadline_ns) {
+        pthread_mutex_lock(&r->mu);
+        had = take_job_locked(r, job_id, &j);
+        pthread_mutex_unlock(&r->mu);
+        if (!had)
+            return MOONLET_ERR_OBJECT_NOT_FOUND;
         ML_WARN("master", "repair job %" PRIu64 " failed on its target: %s", j.id,
                 code ? moonlet_strerror(code) : "reported after its deadline");
         release_target(m, &j);
         pthread_mutex_lock(&r->mu);
-        retry_locked(m, j.hash, j.tenant, j.attempts, now);
+        if (j.cancelled)
+            forget_locked(r, j.hash, j.tenant);
+        else
+            retry_locked(m, j.hash, j.tenant, j.attempts, now);
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
@@ -601,18 +651,23 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     pthread_rwlock_rdlock(&m->guard);
     struct shard *s = &m->shards[shard_of(m, j.hash)];
     pthread_mutex_lock(&s->mu);
-    struct mobj *o = find_locked(m, s, j.hash, j.tenant);
+    /* The job ends under the object's shard lock: a destruction of its
+     * object either cancelled it before, or comes after the attach. */
+    pthread_mutex_lock(&r->mu);
+    had = take_job_locked(r, job_id, &j);
+    pthread_mutex_unlock(&r->mu);
+    if (!had) {
+        pthread_mutex_unlock(&s->mu);
+        pthread_rwlock_unlock(&m->guard);
+        return MOONLET_ERR_OBJECT_NOT_FOUND;
+    }
+    struct mobj *o = j.cancelled ? NULL : find_locked(m, s, j.hash, j.tenant);
     /* MOUNTED now, under the shard lock: an unmount beginning later strips
      * the new replica like any other (its hash is in the target's index). */
     if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
         !registry_slot_live(m, j.target.seg, j.gen)) {
         res = TARGET_GONE;
     } else if (o && o->state == OBJ_COMPLETE && o->size == j.size) {
-        /* The job's lease on the source ends: back to what any reader may
-         * hold (every reader's lease was granted before now, so it ends
-         * within one lease TTL), so a Remove is not refused for longer. */
-        if (o->lease_deadline > now + m->lease_ttl_ns)
-            o->lease_deadline = now + m->lease_ttl_ns;
         struct mrep nr = j.target;
         nr.status = MOONLET_REPLICA_COMPLETE;
         struct mrep *reps = mobj_reps(o);

@@ -426,13 +426,30 @@ struct moonlet_repl_follower {
     pthread_mutex_t mu;
     bool stop;
     /* the thread's own */
-    moonlet_repl_state *st;
     moonlet_rpc_client *c;
-    uint64_t from, consistent_at;
+    /* Written by the thread under smu (never held across a call), read by
+     * it without: the state, where it stands, and the epoch of its
+     * snapshot.  `handed`: moonlet_repl_follower_stop took the state; the
+     * thread no longer touches it. */
+    pthread_mutex_t smu;
+    bool handed;
+    moonlet_repl_state *st;
+    uint64_t from, consistent_at, st_epoch;
     bool diverged;
     /* mu: status */
     moonlet_repl_follower_status status;
 };
+
+/* Takes smu for a change of the state; false (smu not held) once it was
+ * handed over. */
+static bool state_lock(moonlet_repl_follower *f)
+{
+    pthread_mutex_lock(&f->smu);
+    if (!f->handed)
+        return true;
+    pthread_mutex_unlock(&f->smu);
+    return false;
+}
 
 static bool stopping(moonlet_repl_follower *f)
 {
@@ -506,14 +523,18 @@ static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
                 moonlet_wire_u64(rep.result, 1, &start) || moonlet_wire_u64(rep.result, 2, &cons) ||
                 !(b = bin_at(rep.result, 3))))
         rc = MOONLET_ERR_INVALID_PARAMS;
-    if (!rc) {
+    if (!rc && !state_lock(f))
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS; /* stopped meanwhile */
+    else if (!rc) {
         moonlet_repl_state_clear(f->st);
         f->consistent_at = cons;
         uint64_t n;
         rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, start, true, &n);
         f->from = start;
+        f->st_epoch = ep;
         *epoch = ep;
         f->diverged = rc != 0;
+        pthread_mutex_unlock(&f->smu);
     }
     moonlet_reply_destroy(&rep);
     return rc;
@@ -573,7 +594,8 @@ static void *follow(void *arg)
         if (need_snap) {
             int rc = take_snapshot(f, &epoch);
             if (rc) {
-                ML_WARN(MOD, "snapshot from %s failed: %s", cur, moonlet_strerror(rc));
+                if (!stopping(f))
+                    ML_WARN(MOD, "snapshot from %s failed: %s", cur, moonlet_strerror(rc));
                 drop_conn(f);
                 struct timespec ts = {0, 100 * 1000000L};
                 nanosleep(&ts, NULL);
@@ -608,6 +630,11 @@ static void *follow(void *arg)
                     moonlet_wire_u64(rep.result, 1, &next) ||
                     moonlet_wire_bool(rep.result, 2, &lost) || !(b = bin_at(rep.result, 3))))
             rc = MOONLET_ERR_INVALID_PARAMS;
+        bool locked = !rc;
+        if (locked && !state_lock(f)) { /* stopped meanwhile: the state is not ours any more */
+            moonlet_reply_destroy(&rep);
+            continue;
+        }
         uint64_t leader_ms = 0;
         if (!rc && !moonlet_wire_u64(rep.result, 4, &leader_ms) && leader_ms)
             moonlet_repl_state_note_leader_clock(
@@ -631,6 +658,8 @@ static void *follow(void *arg)
             f->status.consistent = !f->diverged && f->from >= f->consistent_at;
             pthread_mutex_unlock(&f->mu);
         }
+        if (locked)
+            pthread_mutex_unlock(&f->smu);
         moonlet_reply_destroy(&rep);
         if (rc && !need_snap) {
             drop_conn(f);
@@ -659,11 +688,13 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     snprintf(f->advertise, sizeof(f->advertise), "%s", opts->advertise ? opts->advertise : "");
     snprintf(f->token, sizeof(f->token), "%s", opts->auth_token ? opts->auth_token : "");
     pthread_mutex_init(&f->mu, NULL);
+    pthread_mutex_init(&f->smu, NULL);
     int rc = moonlet_repl_state_create(&f->st);
     if (!rc && pthread_create(&f->thread, NULL, follow, f) != 0)
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (rc) {
         moonlet_repl_state_destroy(f->st);
+        pthread_mutex_destroy(&f->smu);
         pthread_mutex_destroy(&f->mu);
         free(f);
         return rc;
@@ -675,16 +706,21 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
 moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *consistent,
                                                uint64_t *epoch)
 {
-    pthread_mutex_lock(&f->mu);
-    bool was = f->stop;
-    f->stop = true;
-    pthread_mutex_unlock(&f->mu);
-    if (!was)
-        pthread_join(f->thread, NULL);
-    *consistent = !f->diverged && f->from >= f->consistent_at && f->consistent_at > 0;
-    *epoch = f->status.epoch;
+    /* No join: the thread may be in a call to a leader that is gone (up to
+     * its timeout), and the caller (the promotion, on the election's
+     * thread) must not wait for that.  The state changes only under smu;
+     * once handed, the thread leaves it alone and ends at its next check. */
+    pthread_mutex_lock(&f->smu);
+    bool was = f->handed;
+    f->handed = true;
+    *consistent = !was && !f->diverged && f->from >= f->consistent_at && f->consistent_at > 0;
+    *epoch = was ? 0 : f->st_epoch;
     moonlet_repl_state *st = f->st;
     f->st = NULL;
+    pthread_mutex_unlock(&f->smu);
+    pthread_mutex_lock(&f->mu);
+    f->stop = true;
+    pthread_mutex_unlock(&f->mu);
     return st;
 }
 
@@ -695,6 +731,8 @@ void moonlet_repl_follower_destroy(moonlet_repl_follower *f)
     bool c;
     uint64_t e;
     moonlet_repl_state_destroy(moonlet_repl_follower_stop(f, &c, &e));
+    pthread_join(f->thread, NULL);
+    pthread_mutex_destroy(&f->smu);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }

@@ -23,7 +23,10 @@
  *
  * Locks: the log's mu is a leaf for emit (called under master locks: it only
  * copies); opts.mark runs with no lock held (one marking at a time).  The
- * follower's state is its thread's; its status takes the follower's mu.
+ * follower's state is its thread's, changed under the follower's smu (never
+ * held across a call) so that a stop can take it without waiting for the
+ * thread; its status takes the follower's mu (inside smu, never the
+ * reverse).
  */
 #ifndef MOONLET_REPL_STREAM_H
 #define MOONLET_REPL_STREAM_H
@@ -106,10 +109,16 @@ typedef struct moonlet_repl_follower_opts {
 
 int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
                                 moonlet_repl_follower **out);
-/* Stops the thread (joins it) and hands over its state: *consistent when it
- * replayed past its snapshot's end and applied without divergence since;
- * *epoch: the leader epoch it followed (0: none).  The caller destroys the
- * state (moonlet_repl_state_destroy) and the follower. */
+/* Hands over the state and tells the thread to end, without waiting for it:
+ * the thread may be in a call to a leader that is gone, up to the call's
+ * timeout (2 s + the long poll), and a promotion (on the election's thread,
+ * which sends no keepalive meanwhile) must not wait that out - with a 2 s
+ * etcd lease the new leader's own lease expired during the wait.  From
+ * here on the thread leaves the state alone.  *consistent when it replayed
+ * past its snapshot's end and applied without divergence since; *epoch:
+ * the leader epoch of its snapshot (0: none).  The caller destroys the
+ * state (moonlet_repl_state_destroy) and, later, the follower (destroy
+ * joins the thread, so it may wait for that call). */
 moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *consistent,
                                                uint64_t *epoch);
 void moonlet_repl_follower_destroy(moonlet_repl_follower *f);

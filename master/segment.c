@@ -802,6 +802,61 @@ static int place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint
     return PLACE_OK;
 }
 
+/* Places reps[placed..want) round-robin over the ring of segments with room;
+ * a segment that has no room for this size leaves the ring (it comes back
+ * when space is freed on it, or when the scan below finds room on it).  What
+ * the ring could not hold goes on any mounted segment, as before the ring
+ * (only a put that is about to fail, or evict, gets that far).  Returns the
+ * new count of placed replicas.  Caller holds registry.mu. */
+static uint32_t place_walk_locked(struct registry *r, uint64_t len, uint64_t now,
+                                  struct mrep *reps, uint32_t placed, uint32_t want)
+{
+    uint32_t i = r->navail ? r->rr++ % r->navail : 0;
+    for (uint32_t tries = r->navail; tries && placed < want && r->navail; tries--) {
+        if (i >= r->navail)
+            i = 0;
+        uint32_t slot = r->avail[i];
+        int prc = place_on_locked(r, slot, len, now, reps, placed);
+        if (prc == PLACE_OK)
+            placed++;
+        if (prc == PLACE_NO_ROOM)
+            avail_remove_locked(r, slot); /* the last one moved into i */
+        else
+            i++;
+    }
+    uint32_t start = r->rr;
+    for (uint32_t k = 0; k < r->nslots && placed < want; k++) {
+        uint32_t slot = (start + k) % r->nslots;
+        if (place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK) {
+            placed++;
+            avail_add_locked(r, slot);
+        }
+    }
+    return placed;
+}
+
+/* The n replicas reserved for object `hash` are its now: count and index
+ * them.  Caller holds registry.mu. */
+static void placed_commit_locked(struct registry *r, uint64_t hash, const struct mrep *reps,
+                                 uint32_t n, uint64_t len)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        struct mseg *s = reg_seg(r, reps[k].seg);
+        s->objects++;
+        ix_add_locked(s, hash);
+    }
+    atomic_fetch_add(&r->used, len * n);
+}
+
+/* The placement failed: give the n reserved ranges back.  Caller holds
+ * registry.mu. */
+static void placed_release_locked(struct registry *r, const struct mrep *reps, uint32_t n,
+                                  uint64_t len)
+{
+    for (uint32_t k = 0; k < n; k++)
+        moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
+}
+
 /* A mounted slot whose name is `name`, else one whose endpoint ("host:port",
  * what Mooncake calls a segment name) is (hash maps; among several with the
  * same name, any); SLOT_NONE when none.  Caller holds registry.mu. */
@@ -834,46 +889,13 @@ int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t s
         if (slot != SLOT_NONE && place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK)
             placed++;
     }
-    /* Round-robin over the ring of segments with room; one that has no room
-     * for this size leaves the ring (it comes back when space is freed on it,
-     * or when the scan below finds room on it). */
-    uint32_t i = r->navail ? r->rr++ % r->navail : 0;
-    for (uint32_t tries = r->navail; tries && placed < nrep && r->navail; tries--) {
-        if (i >= r->navail)
-            i = 0;
-        uint32_t slot = r->avail[i];
-        int prc = place_on_locked(r, slot, len, now, reps, placed);
-        if (prc == PLACE_OK)
-            placed++;
-        if (prc == PLACE_NO_ROOM)
-            avail_remove_locked(r, slot); /* the last one moved into i */
-        else
-            i++;
-    }
-    /* The ring could not hold it: every mounted segment, as before the ring
-     * (only a put that is about to fail, or evict, gets here). */
-    uint32_t start = r->rr;
-    for (uint32_t k = 0; k < r->nslots && placed < nrep; k++) {
-        uint32_t slot = (start + k) % r->nslots;
-        if (place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK) {
-            placed++;
-            avail_add_locked(r, slot);
-        }
-    }
-    if (placed == nrep) {
-        for (uint32_t k = 0; k < placed; k++) {
-            struct mseg *s = reg_seg(r, reps[k].seg);
-            s->objects++;
-            ix_add_locked(s, hash);
-        }
-        atomic_fetch_add(&r->used, len * nrep);
-        pthread_mutex_unlock(&r->mu);
-        return MOONLET_OK;
-    }
-    for (uint32_t k = 0; k < placed; k++)
-        moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
+    placed = place_walk_locked(r, len, now, reps, placed, nrep);
+    if (placed == nrep)
+        placed_commit_locked(r, hash, reps, nrep, len);
+    else
+        placed_release_locked(r, reps, placed, len);
     pthread_mutex_unlock(&r->mu);
-    return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    return placed == nrep ? MOONLET_OK : MOONLET_ERR_NO_AVAILABLE_HANDLE;
 }
 
 /* Up to MOONLET_MAX_REPLICAS current replicas, the failed segment and the
@@ -901,31 +923,9 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
         if (seg_find_locked(r, excluded[e], &slot)) /* unknown or unmounting: never placed on */
             avoid[n++] = (struct mrep){.seg = slot};
     }
-    bool placed = false;
-    uint32_t i = r->navail ? r->rr++ % r->navail : 0;
-    for (uint32_t tries = r->navail; tries && !placed && r->navail; tries--) {
-        if (i >= r->navail)
-            i = 0;
-        uint32_t slot = r->avail[i];
-        int prc = place_on_locked(r, slot, len, now, avoid, n);
-        placed = prc == PLACE_OK;
-        if (prc == PLACE_NO_ROOM)
-            avail_remove_locked(r, slot);
-        else
-            i++;
-    }
-    for (uint32_t k = 0; k < r->nslots && !placed; k++) { /* the ring had no room: all */
-        uint32_t slot = (r->rr + k) % r->nslots;
-        if (place_on_locked(r, slot, len, now, avoid, n) == PLACE_OK) {
-            placed = true;
-            avail_add_locked(r, slot);
-        }
-    }
+    bool placed = place_walk_locked(r, len, now, avoid, n, n + 1) == n + 1;
     if (placed) {
-        struct mseg *s = reg_seg(r, avoid[n].seg);
-        s->objects++;
-        ix_add_locked(s, hash);
-        atomic_fetch_add(&r->used, len);
+        placed_commit_locked(r, hash, &avoid[n], 1, len);
         *out = avoid[n];
     }
     pthread_mutex_unlock(&r->mu);
@@ -959,17 +959,10 @@ int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
         reps[placed] = (struct mrep){.offset = offs[placed], .seg = slot,
                                      .status = MOONLET_REPLICA_INITIALIZED};
     }
-    if (rc == MOONLET_OK) {
-        for (uint32_t k = 0; k < placed; k++) {
-            struct mseg *s = reg_seg(r, reps[k].seg);
-            s->objects++;
-            ix_add_locked(s, hash);
-        }
-        atomic_fetch_add(&r->used, len * nrep);
-    } else {
-        for (uint32_t k = 0; k < placed; k++)
-            moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
-    }
+    if (rc == MOONLET_OK)
+        placed_commit_locked(r, hash, reps, nrep, len);
+    else
+        placed_release_locked(r, reps, placed, len);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -1094,6 +1087,20 @@ static bool extra_ok_locked(const struct registry *r, uint32_t slot, const struc
     return true;
 }
 
+/* Reserves len on slot for one more replica (extra_ok_locked), *off its
+ * offset.  registry.mu held. */
+static bool extra_reserve_locked(struct registry *r, uint32_t slot, const struct mrep *reps,
+                                 uint32_t nrep, bool other_host, uint64_t len, uint64_t now,
+                                 uint64_t *off)
+{
+    if (!extra_ok_locked(r, slot, reps, nrep, other_host))
+        return false;
+    struct mseg *s = reg_seg(r, slot);
+    if (s->nquar)
+        quarantine_release_due_locked(r, slot, now);
+    return moonlet_alloc_reserve(s->alloc, len, off) == MOONLET_OK;
+}
+
 int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
                                 const struct mrep *reps, uint32_t nrep, struct mrep *out,
                                 uint64_t *gen)
@@ -1112,34 +1119,20 @@ int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
         bool other_host = pass == 0;
         for (uint32_t k = 0; k < r->navail && found == SLOT_NONE; k++) {
             uint32_t slot = r->avail[(start + k) % r->navail];
-            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
-                continue;
-            struct mseg *s = reg_seg(r, slot);
-            if (s->nquar)
-                quarantine_release_due_locked(r, slot, now);
-            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+            if (extra_reserve_locked(r, slot, reps, nrep, other_host, len, now, &off))
                 found = slot;
         }
-        for (uint32_t slot = 0; slot < r->nslots && found == SLOT_NONE; slot++) {
-            if (!extra_ok_locked(r, slot, reps, nrep, other_host))
-                continue;
-            struct mseg *s = reg_seg(r, slot);
-            if (s->nquar)
-                quarantine_release_due_locked(r, slot, now);
-            if (moonlet_alloc_reserve(s->alloc, len, &off) == MOONLET_OK)
+        for (uint32_t slot = 0; slot < r->nslots && found == SLOT_NONE; slot++)
+            if (extra_reserve_locked(r, slot, reps, nrep, other_host, len, now, &off))
                 found = slot;
-        }
     }
     if (found == SLOT_NONE) {
         pthread_mutex_unlock(&r->mu);
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
-    struct mseg *s = reg_seg(r, found);
-    s->objects++;
-    ix_add_locked(s, hash);
-    atomic_fetch_add(&r->used, len);
     *out = (struct mrep){.offset = off, .seg = found, .status = MOONLET_REPLICA_INITIALIZED};
-    *gen = s->gen;
+    placed_commit_locked(r, hash, out, 1, len);
+    *gen = reg_seg(r, found)->gen;
     pthread_mutex_unlock(&r->mu);
     return MOONLET_OK;
 }

@@ -149,12 +149,57 @@ static void pack_str_kv(msgpack_packer *pk, const char *k, const char *v)
     moonlet_pack_cstr(pk, v);
 }
 
-/* Replica descriptors are packed into a side buffer first: the count is only
- * known after the visit. */
-struct replica_pack {
+static int reply(msgpack_packer *out, int rc)
+{
+    if (rc)
+        return moonlet_rpc_error(out, rc, "%s", moonlet_strerror(rc));
+    msgpack_pack_nil(out);
+    return MOONLET_OK;
+}
+
+/* A segment's second endpoint, in the inspection maps. */
+static void pack_alt_kv(msgpack_packer *pk, const char *id, const char *endpoint,
+                        const char *protocol)
+{
+    pack_str_kv(pk, "alt_segment_id", id);
+    pack_str_kv(pk, "alt_endpoint", endpoint);
+    pack_str_kv(pk, "alt_protocol", protocol);
+}
+
+/* A reply array whose length is known only after a visit (replica
+ * descriptors, segments, keys, repair jobs): the visitor packs the elements
+ * into a side buffer, then the header and the bytes go out. */
+struct side_array {
     msgpack_sbuffer buf;
     msgpack_packer pk;
     uint32_t count;
+};
+
+static void side_array_init(struct side_array *sa)
+{
+    msgpack_sbuffer_init(&sa->buf);
+    msgpack_packer_init(&sa->pk, &sa->buf, msgpack_sbuffer_write);
+    sa->count = 0;
+}
+
+/* Packs array(count) followed by the side buffer's bytes into out. */
+static void side_array_flush(struct side_array *sa, msgpack_packer *out)
+{
+    msgpack_pack_array(out, sa->count);
+    if (sa->buf.size)
+        out->callback(out->data, sa->buf.data, sa->buf.size);
+    msgpack_sbuffer_destroy(&sa->buf);
+}
+
+/* The visit failed: drop what it packed, answer rc. */
+static int side_array_fail(struct side_array *sa, msgpack_packer *out, int rc)
+{
+    msgpack_sbuffer_destroy(&sa->buf);
+    return reply(out, rc);
+}
+
+struct replica_pack {
+    struct side_array a;
     bool as_map; /* inspection: a map per replica; data path: a compact array */
     bool with_cap; /* PutStart: 4 more fields per replica (write capability, put TTL) */
 };
@@ -162,15 +207,13 @@ struct replica_pack {
 static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
 {
     struct replica_pack *rp = arg;
-    msgpack_packer *pk = &rp->pk;
-    rp->count++;
+    msgpack_packer *pk = &rp->a.pk;
+    rp->a.count++;
     bool alt = r->alt_segment_id != NULL;
     if (rp->as_map) {
         msgpack_pack_map(pk, alt ? 11 : 8);
         if (alt) {
-            pack_str_kv(pk, "alt_segment_id", r->alt_segment_id);
-            pack_str_kv(pk, "alt_endpoint", r->alt_endpoint);
-            pack_str_kv(pk, "alt_protocol", r->alt_protocol);
+            pack_alt_kv(pk, r->alt_segment_id, r->alt_endpoint, r->alt_protocol);
         }
         pack_str_kv(pk, "segment_id", r->segment_id);
         pack_str_kv(pk, "segment_name", r->segment_name);
@@ -206,30 +249,11 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     }
 }
 
-static void replica_pack_init(struct replica_pack *rp, bool as_map)
+static void replica_pack_init(struct replica_pack *rp, bool as_map, bool with_cap)
 {
-    msgpack_sbuffer_init(&rp->buf);
-    msgpack_packer_init(&rp->pk, &rp->buf, msgpack_sbuffer_write);
-    rp->count = 0;
+    side_array_init(&rp->a);
     rp->as_map = as_map;
-    rp->with_cap = false;
-}
-
-/* Packs array(count) followed by the side buffer's bytes into out. */
-static void replica_pack_flush(struct replica_pack *rp, msgpack_packer *out)
-{
-    msgpack_pack_array(out, rp->count);
-    if (rp->buf.size)
-        out->callback(out->data, rp->buf.data, rp->buf.size);
-    msgpack_sbuffer_destroy(&rp->buf);
-}
-
-static int reply(msgpack_packer *out, int rc)
-{
-    if (rc)
-        return moonlet_rpc_error(out, rc, "%s", moonlet_strerror(rc));
-    msgpack_pack_nil(out);
-    return MOONLET_OK;
+    rp->with_cap = with_cap;
 }
 
 /* ---- handlers ----------------------------------------------------------------- */
@@ -305,15 +329,12 @@ HANDLER(h_put_start, moonlet_args_put_start)
                                   .npreferred = a->preferred_segments.n, .hard_pin = a->hard_pin,
                                   .soft_pin_ttl_ms = a->soft_pin_ttl_ms};
     struct replica_pack rp;
-    replica_pack_init(&rp, false);
-    rp.with_cap = true;
+    replica_pack_init(&rp, false, true);
     int rc = moonlet_master_put_start_opts(M(ctx), a->tenant, a->key, a->size, &po,
                                            replica_pack_visit, &rp);
-    if (rc) {
-        msgpack_sbuffer_destroy(&rp.buf);
-        return reply(out, rc);
-    }
-    replica_pack_flush(&rp, out);
+    if (rc)
+        return side_array_fail(&rp.a, out, rc);
+    side_array_flush(&rp.a, out);
     return MOONLET_OK;
 }
 
@@ -331,13 +352,12 @@ HANDLER(h_put_revoke, moonlet_args_key)
 HANDLER(h_put_replace, moonlet_args_put_replace)
 {
     struct replica_pack rp;
-    replica_pack_init(&rp, false);
-    rp.with_cap = true;
+    replica_pack_init(&rp, false, true);
     int rc = moonlet_master_put_replace_replica(M(ctx), a->tenant, a->key, a->segment_id,
                                                 a->excluded_segments.v, a->excluded_segments.n,
                                                 replica_pack_visit, &rp);
     if (rc) {
-        msgpack_sbuffer_destroy(&rp.buf);
+        msgpack_sbuffer_destroy(&rp.a.buf);
         if (rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS)
             return moonlet_rpc_error(out, rc, "the put already replaced %u replicas; revoke it",
                                      MOONLET_MAX_PUT_REPLACEMENTS);
@@ -349,26 +369,24 @@ HANDLER(h_put_replace, moonlet_args_put_replace)
                                      "its deadline)");
         return reply(out, rc);
     }
-    replica_pack_flush(&rp, out); /* [replica]: the replacement, with its capability */
+    side_array_flush(&rp.a, out); /* [replica]: the replacement, with its capability */
     return MOONLET_OK;
 }
 
 HANDLER(h_get_replicas, moonlet_args_key)
 {
     struct replica_pack rp;
-    replica_pack_init(&rp, false);
+    replica_pack_init(&rp, false, false);
     uint64_t size = 0, ttl = 0, checksum = 0;
     bool has_ck = false;
     int rc = moonlet_master_get_replica_list_ck(M(ctx), a->tenant, a->key, &size, &ttl, &has_ck,
                                                 &checksum, replica_pack_visit, &rp);
-    if (rc) {
-        msgpack_sbuffer_destroy(&rp.buf);
-        return reply(out, rc);
-    }
+    if (rc)
+        return side_array_fail(&rp.a, out, rc);
     msgpack_pack_array(out, 4);
     msgpack_pack_uint64(out, size);
     msgpack_pack_uint64(out, ttl);
-    replica_pack_flush(&rp, out);
+    side_array_flush(&rp.a, out);
     has_ck ? msgpack_pack_uint64(out, checksum) : msgpack_pack_nil(out); /* XXH3-64, nil: none */
     return MOONLET_OK;
 }
@@ -479,23 +497,15 @@ HANDLER(h_remove_all, moonlet_args_remove_all)
 
 /* ---- inspection ------------------------------------------------------------------- */
 
-struct seg_pack {
-    msgpack_sbuffer buf;
-    msgpack_packer pk;
-    uint32_t count;
-};
-
 static void seg_visit(void *arg, const moonlet_segment_view *s)
 {
-    struct seg_pack *sp = arg;
-    msgpack_packer *pk = &sp->pk;
-    sp->count++;
+    struct side_array *sa = arg;
+    msgpack_packer *pk = &sa->pk;
+    sa->count++;
     bool alt = s->alt_segment_id != NULL;
     msgpack_pack_map(pk, alt ? 14 : 11);
     if (alt) {
-        pack_str_kv(pk, "alt_segment_id", s->alt_segment_id);
-        pack_str_kv(pk, "alt_endpoint", s->alt_endpoint);
-        pack_str_kv(pk, "alt_protocol", s->alt_protocol);
+        pack_alt_kv(pk, s->alt_segment_id, s->alt_endpoint, s->alt_protocol);
     }
     pack_str_kv(pk, "segment_id", s->segment_id);
     pack_str_kv(pk, "name", s->name);
@@ -526,25 +536,19 @@ HANDLER(h_list_segments, moonlet_args_list_segments)
         limit = MOONLET_LIST_SEGMENTS_DEFAULT_LIMIT;
     if (limit > MOONLET_LIST_SEGMENTS_MAX_LIMIT)
         return reply(out, MOONLET_ERR_INVALID_PARAMS);
-    struct seg_pack sp = {.count = 0};
-    msgpack_sbuffer_init(&sp.buf);
-    msgpack_packer_init(&sp.pk, &sp.buf, msgpack_sbuffer_write);
+    struct side_array sa;
+    side_array_init(&sa);
     int rc = moonlet_master_list_segments_page(M(ctx), client, a->cursor,
-                                               (uint32_t)limit, seg_visit, &sp, &next);
-    if (rc) {
-        msgpack_sbuffer_destroy(&sp.buf);
-        return reply(out, rc);
-    }
+                                               (uint32_t)limit, seg_visit, &sa, &next);
+    if (rc)
+        return side_array_fail(&sa, out, rc);
     if (a->nargs > 0) {
         msgpack_pack_map(out, 2);
         moonlet_pack_key(out, "segments");
     }
-    msgpack_pack_array(out, sp.count);
-    if (sp.buf.size)
-        out->callback(out->data, sp.buf.data, sp.buf.size);
+    side_array_flush(&sa, out);
     if (a->nargs > 0)
         pack_u64_kv(out, "next_cursor", next);
-    msgpack_sbuffer_destroy(&sp.buf);
     return MOONLET_OK;
 }
 
@@ -564,56 +568,51 @@ static void pack_key_view(msgpack_packer *pk, const moonlet_key_view *k, uint32_
     k->hard_pinned ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
 }
 
-struct key_pack {
-    msgpack_sbuffer buf;
-    msgpack_packer pk;
-    uint32_t count;
-};
-
 static void key_visit(void *arg, const moonlet_key_view *k)
 {
-    struct key_pack *kp = arg;
-    kp->count++;
-    pack_key_view(&kp->pk, k, 0);
+    struct side_array *sa = arg;
+    sa->count++;
+    pack_key_view(&sa->pk, k, 0);
 }
 
 HANDLER(h_list_keys, moonlet_args_list_keys)
 {
-    struct key_pack kp = {.count = 0};
-    msgpack_sbuffer_init(&kp.buf);
-    msgpack_packer_init(&kp.pk, &kp.buf, msgpack_sbuffer_write);
+    struct side_array sa;
+    side_array_init(&sa);
     char next[MOONLET_CURSOR_BYTES];
     int rc = moonlet_master_list_keys(M(ctx), a->tenant, a->prefix, a->cursor, (uint32_t)a->limit,
-                                      key_visit, &kp, next);
-    if (rc) {
-        msgpack_sbuffer_destroy(&kp.buf);
-        return reply(out, rc);
-    }
+                                      key_visit, &sa, next);
+    if (rc)
+        return side_array_fail(&sa, out, rc);
     msgpack_pack_map(out, 2);
     moonlet_pack_key(out, "keys");
-    msgpack_pack_array(out, kp.count);
-    if (kp.buf.size)
-        out->callback(out->data, kp.buf.data, kp.buf.size);
+    side_array_flush(&sa, out);
     pack_str_kv(out, "next_cursor", next);
-    msgpack_sbuffer_destroy(&kp.buf);
     return MOONLET_OK;
 }
 
 HANDLER(h_inspect_key, moonlet_args_key)
 {
     struct replica_pack rp;
-    replica_pack_init(&rp, true);
+    replica_pack_init(&rp, true, false);
     moonlet_key_view v;
     int rc = moonlet_master_inspect_key(M(ctx), a->tenant, a->key, &v, replica_pack_visit, &rp);
-    if (rc) {
-        msgpack_sbuffer_destroy(&rp.buf);
-        return reply(out, rc);
-    }
+    if (rc)
+        return side_array_fail(&rp.a, out, rc);
     v.key = a->key.ptr; /* the view's key pointer is only valid under the lock */
     pack_key_view(out, &v, 1);
     moonlet_pack_key(out, "replicas");
-    replica_pack_flush(&rp, out);
+    side_array_flush(&rp.a, out);
     return MOONLET_OK;
+}
+
+static void pack_hist_kv(msgpack_packer *pk, const char *k,
+                         const uint64_t hist[MOONLET_LOCK_HIST_BUCKETS])
+{
+    moonlet_pack_key(pk, k);
+    msgpack_pack_array(pk, MOONLET_LOCK_HIST_BUCKETS);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        msgpack_pack_uint64(pk, hist[i]);
 }
 
 static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
@@ -655,37 +654,25 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     pack_u64_kv(out, "repairs_retried", st.repairs_retried);
     pack_u64_kv(out, "repairs_dropped", st.repairs_dropped);
     pack_u64_kv(out, "repair_bytes", st.repair_bytes);
-    moonlet_pack_key(out, "probe_lock_hold_us_hist");
-    msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
-    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
-        msgpack_pack_uint64(out, st.probe_lock_hold_hist[i]);
+    pack_hist_kv(out, "probe_lock_hold_us_hist", st.probe_lock_hold_hist);
     pack_u64_kv(out, "resume_calls", st.resume_calls);
     pack_u64_kv(out, "resume_candidates_examined", st.resume_candidates_examined);
     pack_u64_kv(out, "resume_recheck_fallbacks", st.resume_recheck_fallbacks);
     pack_u64_kv(out, "leases_resume_kda", st.leases_resume_kda);
     pack_u64_kv(out, "leases_resume_kv", st.leases_resume_kv);
     pack_u64_kv(out, "resume_lock_hold_max_ns", st.resume_lock_hold_max_ns);
-    moonlet_pack_key(out, "resume_lock_hold_us_hist");
-    msgpack_pack_array(out, MOONLET_LOCK_HIST_BUCKETS);
-    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
-        msgpack_pack_uint64(out, st.resume_lock_hold_hist[i]);
+    pack_hist_kv(out, "resume_lock_hold_us_hist", st.resume_lock_hold_hist);
     return MOONLET_OK;
 }
 
 /* ---- re-replication (master/repair.c) ----------------------------------------- */
 
-struct job_pack {
-    msgpack_sbuffer buf;
-    msgpack_packer pk;
-    uint32_t count;
-};
-
 /* One job: [job_id, size, checksum or nil, target (with capability), [sources...]]. */
 static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
 {
-    struct job_pack *jp = arg;
-    msgpack_packer *pk = &jp->pk;
-    jp->count++;
+    struct side_array *jobs = arg;
+    msgpack_packer *pk = &jobs->pk;
+    jobs->count++;
     msgpack_pack_array(pk, 5);
     msgpack_pack_uint64(pk, j->job_id);
     msgpack_pack_uint64(pk, j->size);
@@ -694,34 +681,27 @@ static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
     else
         msgpack_pack_nil(pk);
     struct replica_pack rp;
-    replica_pack_init(&rp, false);
-    rp.with_cap = true;
+    replica_pack_init(&rp, false, true);
     replica_pack_visit(&rp, j->target);
-    pk->callback(pk->data, rp.buf.data, rp.buf.size); /* the one descriptor, no array */
-    msgpack_sbuffer_destroy(&rp.buf);
-    replica_pack_init(&rp, false);
+    pk->callback(pk->data, rp.a.buf.data, rp.a.buf.size); /* the one descriptor, no array */
+    msgpack_sbuffer_destroy(&rp.a.buf);
+    replica_pack_init(&rp, false, false);
     for (uint32_t i = 0; i < j->nsources; i++)
         replica_pack_visit(&rp, &j->sources[i]);
-    replica_pack_flush(&rp, pk);
+    side_array_flush(&rp.a, pk);
 }
 
 HANDLER(h_repair_fetch, moonlet_args_repair_fetch)
 {
     SESSION_OR_FAIL(ctx, out, session);
-    struct job_pack jp = {.count = 0};
-    msgpack_sbuffer_init(&jp.buf);
-    msgpack_packer_init(&jp.pk, &jp.buf, msgpack_sbuffer_write);
+    struct side_array jobs;
+    side_array_init(&jobs);
     int rc = moonlet_master_repair_fetch(M(ctx), a->client_id, session,
                                          a->max_jobs ? (uint32_t)a->max_jobs : 16,
-                                         job_pack_visit, &jp);
-    if (rc) {
-        msgpack_sbuffer_destroy(&jp.buf);
-        return reply(out, rc);
-    }
-    msgpack_pack_array(out, jp.count);
-    if (jp.buf.size)
-        out->callback(out->data, jp.buf.data, jp.buf.size);
-    msgpack_sbuffer_destroy(&jp.buf);
+                                         job_pack_visit, &jobs);
+    if (rc)
+        return side_array_fail(&jobs, out, rc);
+    side_array_flush(&jobs, out);
     return MOONLET_OK;
 }
 

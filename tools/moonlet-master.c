@@ -203,6 +203,9 @@ enum {
 static struct {
     moonlet_repl_log *log;
     moonlet_repl_follower *follower;
+    /* stopped at a promotion, joined later (follower_reap): its thread may
+     * still wait for a call to the old leader */
+    moonlet_repl_follower *retired;
     moonlet_repl_follower_opts fo;
     moonlet_etcd *mark_etcd, *promo_etcd;
     moonlet_role *role;
@@ -241,8 +244,20 @@ static int repl_mark(void *arg, bool in_sync, const char *standby)
     return rc;
 }
 
+/* Joins the follower stopped at the last promotion (it may wait out a call
+ * to the old leader): on the main thread, never on the election's. */
+static void follower_reap(void)
+{
+    pthread_mutex_lock(&g_follower_mu);
+    moonlet_repl_follower *f = g_ha.retired;
+    g_ha.retired = NULL;
+    pthread_mutex_unlock(&g_follower_mu);
+    moonlet_repl_follower_destroy(f);
+}
+
 static void follower_start(void)
 {
+    follower_reap();
     pthread_mutex_lock(&g_follower_mu);
     if (g_ha.log && !g_ha.follower &&
         moonlet_repl_follower_start(&g_ha.fo, &g_ha.follower) != MOONLET_OK)
@@ -255,12 +270,18 @@ static int on_elected(void *arg, uint64_t epoch)
     (void)arg;
     bool consistent = false;
     uint64_t followed = 0;
+    uint64_t t0 = moonlet_mono_ms();
+    /* Not a join: this is the election's thread, and no keepalive goes out
+     * until the promotion returns (repl_stream.h). */
     moonlet_repl_state *st =
         g_ha.follower ? moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed) : NULL;
     pthread_mutex_lock(&g_follower_mu);
-    moonlet_repl_follower_destroy(g_ha.follower);
+    moonlet_repl_follower *old = g_ha.retired;
+    g_ha.retired = g_ha.follower;
     g_ha.follower = NULL;
     pthread_mutex_unlock(&g_follower_mu);
+    if (old) /* not expected: a deposition reaps it before the next campaign */
+        moonlet_repl_follower_destroy(old);
     char want[sizeof(g_ha.advertise) + 32];
     snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
     moonlet_etcd_kv kv;
@@ -304,6 +325,8 @@ static int on_elected(void *arg, uint64_t epoch)
     if (rc)
         ML_ERR("master", "ha: cannot clear the previous in-sync mark (%s): not leading",
                moonlet_strerror(rc));
+    ML_INFO("master", "ha: promotion for epoch %llu took %llu ms", (unsigned long long)epoch,
+            (unsigned long long)(moonlet_mono_ms() - t0));
     return rc;
 }
 
@@ -646,6 +669,7 @@ int main(int argc, char **argv)
     }
     ML_INFO("master", "signal %d: shutting down", sig);
     moonlet_election_stop(el);
+    follower_reap();
     pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_follower_destroy(g_ha.follower);
     g_ha.follower = NULL;

@@ -26,6 +26,7 @@
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,43 @@ static const struct option g_opts[] = {
     {0, 0, 0, 0},
 };
 
+/* The node's plain numeric flags: bounds, and the config field (a uint32_t
+ * or unsigned, the same type here) the value goes to. */
+static const struct uint_flag {
+    int opt;
+    const char *flag;
+    unsigned long min, max;
+    size_t off;
+} g_uint_flags[] = {
+#define CFG_FIELD(f) offsetof(moonlet_store_node_config, f)
+    {O_PING, "--ping-interval-ms", 1, 600000, CFG_FIELD(ping_interval_ms)},
+    {O_ID_WAIT, "--client-id-wait-ms", 0, 3600000, CFG_FIELD(client_id_wait_ms)},
+    {O_RPC_TIMEOUT, "--rpc-timeout-ms", 1, 600000, CFG_FIELD(rpc_timeout_ms)},
+    {O_XFER_TIMEOUT, "--transfer-timeout-ms", 1, 600000, CFG_FIELD(transfer_timeout_ms)},
+    {O_MAXCONN, "--max-connections", 1, 1u << 20, CFG_FIELD(max_connections)},
+    {O_MAXCONN_PEER, "--max-connections-per-peer", 1, 1u << 20,
+     CFG_FIELD(max_connections_per_peer)},
+    {O_IDLE_TO, "--idle-timeout-ms", 0, 86400000, CFG_FIELD(idle_timeout_ms)},
+#undef CFG_FIELD
+};
+_Static_assert(sizeof(unsigned) == sizeof(uint32_t), "unsigned config fields set as uint32_t");
+
+/* Parses optarg into the field of numeric flag c; -1 when c is no such flag. */
+static int parse_uint_flag(int c, moonlet_store_node_config *cfg)
+{
+    for (size_t i = 0; i < sizeof(g_uint_flags) / sizeof(g_uint_flags[0]); i++) {
+        const struct uint_flag *f = &g_uint_flags[i];
+        if (f->opt != c)
+            continue;
+        unsigned long v;
+        if (parse_uint(f->flag, optarg, f->min, f->max, &v))
+            return 1;
+        *(uint32_t *)((char *)cfg + f->off) = (uint32_t)v;
+        return 0;
+    }
+    return -1;
+}
+
 /* The RealClient flags. */
 typedef struct serve_flags {
     const char *path;  /* --serve-dummy; NULL: a plain store node */
@@ -275,37 +313,9 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
                   bad_flag("--client-id", "must be 1..255 bytes", optarg);
             break;
         case O_TOKEN: *token_file = optarg; break;
-        case O_PING:
-            bad = parse_uint("--ping-interval-ms", optarg, 1, 600000, &v);
-            cfg->ping_interval_ms = (uint32_t)v;
-            break;
-        case O_ID_WAIT:
-            bad = parse_uint("--client-id-wait-ms", optarg, 0, 3600000, &v);
-            cfg->client_id_wait_ms = (uint32_t)v;
-            break;
         case O_ADVERTISE:
             cfg->advertise_addr = optarg;
             bad = check_hostport("--advertise", optarg, 1);
-            break;
-        case O_RPC_TIMEOUT:
-            bad = parse_uint("--rpc-timeout-ms", optarg, 1, 600000, &v);
-            cfg->rpc_timeout_ms = (uint32_t)v;
-            break;
-        case O_XFER_TIMEOUT:
-            bad = parse_uint("--transfer-timeout-ms", optarg, 1, 600000, &v);
-            cfg->transfer_timeout_ms = (uint32_t)v;
-            break;
-        case O_MAXCONN:
-            bad = parse_uint("--max-connections", optarg, 1, 1u << 20, &v);
-            cfg->max_connections = (unsigned)v;
-            break;
-        case O_MAXCONN_PEER:
-            bad = parse_uint("--max-connections-per-peer", optarg, 1, 1u << 20, &v);
-            cfg->max_connections_per_peer = (unsigned)v;
-            break;
-        case O_IDLE_TO:
-            bad = parse_uint("--idle-timeout-ms", optarg, 0, 86400000, &v);
-            cfg->idle_timeout_ms = (uint32_t)v;
             break;
         case O_LOG: bad = parse_log_level(optarg); break;
         case O_SERVE_DUMMY:
@@ -325,6 +335,8 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
         case O_CHECK: sv->check = true; break;
         default:
+            if ((bad = parse_uint_flag(c, cfg)) >= 0)
+                break;
             fprintf(stderr, PROG ": unknown or incomplete option '%s'\n", argv[optind - 1]);
             bad = 1;
             break;

@@ -551,6 +551,7 @@ int moonlet_store_node_run(moonlet_store_node *n)
     else if (n->repair_poll_ms)
         ML_WARN(MOD, "cannot start the repair thread: this node takes no repair job");
     uint64_t next = moonlet_mono_ms() + n->ping_interval_ms;
+    int res = MOONLET_OK;
     pthread_mutex_lock(&n->mu);
     while (!n->stopping) {
         if (moonlet_mono_ms() < next) {
@@ -562,8 +563,10 @@ int moonlet_store_node_run(moonlet_store_node *n)
             (n->xfer_tcp && moonlet_xfer_health(n->xfer_tcp) != MOONLET_OK)) {
             ML_ERR(MOD, "the data endpoint cannot serve any more (RDMA device gone): "
                    "unmounting and exiting, for the service manager to restart the store");
-            node_unmount(n);
-            return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+            res = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+            moonlet_store_node_stop(n); /* the repair thread ends too */
+            pthread_mutex_lock(&n->mu);
+            break;
         }
         int rc = node_heartbeat(n);
         failures = rc ? failures + 1 : 0;
@@ -577,7 +580,7 @@ int moonlet_store_node_run(moonlet_store_node *n)
         n->repair_started = false;
     }
     node_unmount(n);
-    return MOONLET_OK;
+    return res;
 }
 
 void moonlet_store_node_stop(moonlet_store_node *n)

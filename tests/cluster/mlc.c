@@ -505,10 +505,15 @@ static void mixed_note(mixed_thread *m, int kind, int rc, bool bad, double t0)
     size_t sec = (size_t)(t - g_t0);
     if (sec >= g_tl_len)
         sec = g_tl_len - 1;
-    if (rc == 0 && !bad)
+    if (rc == 0 && !bad) {
         m->st.tl_ok[sec]++;
-    else
+    } else {
         m->st.tl_err[sec]++;
+        /* one line per failure, so a test can tell which operations of which
+         * second failed and how (stderr; the summary has only counts) */
+        fprintf(stderr, PROG ": at %.3f s: %s failed: %s\n", t - g_t0, g_kind[kind],
+                rc ? moonlet_strerror(rc) : "wrong answer");
+    }
 }
 
 /* Probe a few live keys and one that never existed, and check the answers

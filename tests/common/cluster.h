@@ -189,15 +189,32 @@ static inline void cl_fill(void *buf, size_t len, uint64_t seed)
     }
 }
 
-/* A moonlet_client of the master at master_addr over TCP (transfer timeout
- * transfer_timeout_ms, 0: the default).  Returns 0 or -1. */
-static inline int cl_client_create(const char *master_addr, uint32_t transfer_timeout_ms,
-                                   moonlet_client **out)
+/* A client configuration: the defaults, the master at master_addr, TCP. */
+static inline moonlet_client_config cl_client_config(const char *master_addr)
 {
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = master_addr;
     cfg.protocol = MOONLET_PROTOCOL_TCP;
+    return cfg;
+}
+
+/* The client of cfg; the test fails when it cannot be created. */
+static inline moonlet_client *cl_client_of(const moonlet_client_config *cfg)
+{
+    moonlet_client *c = NULL;
+    int rc = moonlet_client_create(cfg, &c);
+    if (rc)
+        fail_msg("client_create: %s", moonlet_strerror(rc));
+    return c;
+}
+
+/* A moonlet_client of the master at master_addr over TCP (transfer timeout
+ * transfer_timeout_ms, 0: the default).  Returns 0 or -1. */
+static inline int cl_client_create(const char *master_addr, uint32_t transfer_timeout_ms,
+                                   moonlet_client **out)
+{
+    moonlet_client_config cfg = cl_client_config(master_addr);
     if (transfer_timeout_ms)
         cfg.transfer_timeout_ms = transfer_timeout_ms;
     return moonlet_client_create(&cfg, out) ? -1 : 0;

@@ -7,6 +7,7 @@
 #define MOONLET_TEST_MASTER_FIXTURE_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
@@ -85,6 +86,15 @@ static inline void fix_put_range(moonlet_master *m, const char *prefix, int from
     }
 }
 
+/* Whole puts of the n keys in tenant, 128 bytes and one replica each; each
+ * must succeed. */
+static inline void fix_put_keys(moonlet_master *m, const char *tenant, const char *const *keys,
+                                size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
+}
+
 /* The master's counters now. */
 static inline moonlet_master_stats fix_stats(moonlet_master *m)
 {
@@ -113,6 +123,33 @@ static inline moonlet_str *fix_strs(const char *const *keys, size_t n)
     for (size_t i = 0; i < n; i++)
         s[i] = MOONLET_STR(keys[i]);
     return s;
+}
+
+/* A key's replicas as a visit (put start, GetReplicaList, inspection) hands
+ * them out, in order; at most FIX_MAX_REPS. */
+#define FIX_MAX_REPS 8
+struct fix_reps {
+    int n;
+    char segs[FIX_MAX_REPS][64];
+    uint64_t off[FIX_MAX_REPS], ttl[FIX_MAX_REPS];
+    uint64_t cap_expiry[FIX_MAX_REPS], cap_len[FIX_MAX_REPS], cap_tag[FIX_MAX_REPS];
+    uint8_t status[FIX_MAX_REPS];
+    bool has_cap[FIX_MAX_REPS];
+};
+
+static inline void fix_reps_visit(void *arg, const moonlet_replica_view *r)
+{
+    struct fix_reps *c = arg;
+    assert_true(c->n < FIX_MAX_REPS);
+    snprintf(c->segs[c->n], sizeof(c->segs[0]), "%s", r->segment_id);
+    c->off[c->n] = r->offset;
+    c->ttl[c->n] = r->put_ttl_ms;
+    c->cap_expiry[c->n] = r->cap_expiry_ms;
+    c->cap_len[c->n] = r->cap_len;
+    c->cap_tag[c->n] = r->cap_tag;
+    c->status[c->n] = r->status;
+    c->has_cap[c->n] = r->has_cap;
+    c->n++;
 }
 
 #endif

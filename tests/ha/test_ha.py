@@ -81,13 +81,7 @@ class Etcd:
                 time.sleep(0.05)
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        daemons.terminate(self.proc)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -217,19 +211,28 @@ def wait_leader(addrs, timeout, exclude=()):
     raise AssertionError(f"no serving leader among {addrs} within {timeout} s")
 
 
+def recv_exact(s, n):
+    """n bytes from s; a connection closed before them is a reset (a
+    deposed master restarting its service closes it: raw_call_retry tries
+    again), never an endless loop on recv() returning b""."""
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk:
+            raise ConnectionResetError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
 def raw_call(addr, method, timeout=5.0):
     """One request [1, method, []] on a fresh connection: (code, message)."""
     host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
         body = bytes([0x93, 0x01, method, 0x90])
         s.sendall(struct.pack(">I", len(body)) + body)
-        hdr = b""
-        while len(hdr) < 4:
-            hdr += s.recv(4 - len(hdr))
+        hdr = recv_exact(s, 4)
         n = struct.unpack(">I", hdr)[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
+        data = recv_exact(s, n)
     assert data[0] == 0x93 and data[1] == 0x01 and data[2] == 0xd2, data
     code = struct.unpack(">i", data[3:7])[0]
     t = data[7]
@@ -503,6 +506,23 @@ class Load:
         return found, lost
 
 
+def wait_acked(load, n, timeout):
+    """Until the load has n acknowledged puts, at most timeout seconds (the
+    load thread signals nothing to wait on: bounded poll)."""
+    deadline = time.monotonic() + timeout
+    while len(load.acked) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def kill_leader(ha, load, killed, victim, heir):
+    """SIGKILL the leader victim (killed[victim]: when, ms), wait until heir
+    leads and the load has 20 more acknowledged puts."""
+    ha["masters"][victim].proc.kill()
+    killed[victim] = int(time.monotonic() * 1000) + 1
+    wait_leader([heir], 3 * TTL_S + 5)
+    wait_acked(load, len(load.acked) + 20, 15)
+
+
 def test_two_failovers_under_load(ha):
     """Two failovers in a row with state, under a put/get load: kill the
     leader (the in-sync standby takes over with its state), restart the
@@ -510,20 +530,12 @@ def test_two_failovers_under_load(ha):
     catches up), kill the second leader: every put acknowledged before each
     kill reads back its bytes, 0 wrong bytes."""
     load = Load(ha["addrs"], "two")
-    deadline = time.monotonic() + 10
-    while len(load.acked) < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_acked(load, 20, 10)
     killed = {}
     first = ha["leader"]
     second = [a for a in ha["addrs"] if a != first][0]
     wait_in_sync(ha, second)
-    ha["masters"][first].proc.kill()
-    killed[first] = int(time.monotonic() * 1000) + 1
-    wait_leader([second], 3 * TTL_S + 5)
-    acked = len(load.acked)
-    deadline = time.monotonic() + 15
-    while len(load.acked) < acked + 20 and time.monotonic() < deadline:
-        time.sleep(0.05)  # served again before the next kill
+    kill_leader(ha, load, killed, first, second)  # served again before the next kill
     # the first master again, on its address: a standby of the second
     port = int(first.rsplit(":", 1)[1])
     again = start_ha_master(ha["etcd"], ha["cluster"], port=port)
@@ -531,13 +543,7 @@ def test_two_failovers_under_load(ha):
     old_first = ha["masters"].pop(first)
     wait_in_sync(ha, first)
     acked_before_second = len(load.acked)
-    ha["masters"][second].proc.kill()
-    killed[second] = int(time.monotonic() * 1000) + 1
-    wait_leader([first], 3 * TTL_S + 5)
-    acked = len(load.acked)
-    deadline = time.monotonic() + 15
-    while len(load.acked) < acked + 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    kill_leader(ha, load, killed, second, first)
     found, lost = load.finish()
     print(f"two failovers: {load.ops} operations, errors by code {load.errors}, "
           f"{load.wrong} wrong bytes; acknowledged puts read back: {found}, lost: {lost} "

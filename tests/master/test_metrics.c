@@ -120,6 +120,17 @@ static char *http(uint16_t port, const char *request)
     return buf;
 }
 
+/* A rendered section: its length is the one reported, and it holds every one
+ * of the NULL-terminated needles. */
+static void assert_section(const char *text, size_t len, const char *const *needles)
+{
+    assert_non_null(text);
+    assert_int_equal(strlen(text), len);
+    for (; *needles; needles++)
+        if (!strstr(text, *needles))
+            fail_msg("no '%s' in:\n%s", *needles, text);
+}
+
 /* HA: the role's gauges (appended to /metrics when the master has a role). */
 static void test_render_role(void **state)
 {
@@ -131,12 +142,10 @@ static void test_render_role(void **state)
     moonlet_role_get(r, 500, &ri);
     size_t len = 0;
     char *text = moonlet_metrics_render_role(&ri, &len);
-    assert_non_null(text);
-    assert_int_equal(strlen(text), len);
-    assert_non_null(strstr(text, "# TYPE moonlet_ha_role gauge\nmoonlet_ha_role 2\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_serving 1\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_epoch 42\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_terms 1\n"));
+    assert_section(text, len,
+                   (const char *[]){"# TYPE moonlet_ha_role gauge\nmoonlet_ha_role 2\n",
+                                    "\nmoonlet_ha_serving 1\n", "\nmoonlet_ha_epoch 42\n",
+                                    "\nmoonlet_ha_terms 1\n", NULL});
     free(text);
     moonlet_role_get(r, 1000, &ri); /* past the window: not serving */
     text = moonlet_metrics_render_role(&ri, NULL);
@@ -167,29 +176,36 @@ static void test_render_repl(void **state)
     moonlet_repl_log_get_status(l, &st);
     size_t tl = 0;
     char *text = moonlet_metrics_render_repl(&st, &tl);
-    assert_non_null(text);
-    assert_int_equal(strlen(text), tl);
-    assert_non_null(strstr(text, "# TYPE moonlet_ha_repl_in_sync gauge\nmoonlet_ha_repl_in_sync 1\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_repl_acked 2\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_repl_next 3\n"));
-    assert_non_null(strstr(text, "\nmoonlet_ha_repl_lag_ms "));
-    assert_non_null(strstr(text, "\nmoonlet_ha_repl_out_of_sync_total 0\n"));
+    assert_section(text, tl,
+                   (const char *[]){"# TYPE moonlet_ha_repl_in_sync gauge\n"
+                                    "moonlet_ha_repl_in_sync 1\n",
+                                    "\nmoonlet_ha_repl_acked 2\n", "\nmoonlet_ha_repl_next 3\n",
+                                    "\nmoonlet_ha_repl_lag_ms ",
+                                    "\nmoonlet_ha_repl_out_of_sync_total 0\n", NULL});
     free(text);
     moonlet_repl_log_destroy(l);
+}
+
+/* A master on the real clock and its /metrics server on an ephemeral
+ * loopback port (token NULL: none). */
+static moonlet_master *serve_metrics(const char *token, moonlet_metrics **s, uint16_t *port)
+{
+    moonlet_master_config cfg = fix_config(8);
+    moonlet_master *m = fix_master_of(&cfg, 0);
+    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, token, s), MOONLET_OK);
+    *port = moonlet_metrics_port(*s);
+    assert_true(*port != 0);
+    return m;
 }
 
 static void test_http_server(void **state)
 {
     (void)state;
-    moonlet_master_config cfg = fix_config(8);
-    moonlet_master *m = fix_master_of(&cfg, 0); /* the real clock */
+    moonlet_metrics *s;
+    uint16_t port;
+    moonlet_master *m = serve_metrics(NULL, &s, &port);
     fix_mount(m, "c", "s", 1 << 20);
     assert_int_equal(fix_put(m, "k", 100), MOONLET_OK);
-
-    moonlet_metrics *s;
-    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, NULL, &s), MOONLET_OK);
-    uint16_t port = moonlet_metrics_port(s);
-    assert_true(port != 0);
 
     char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
     assert_non_null(r);
@@ -226,11 +242,9 @@ static void test_http_server(void **state)
 static void test_http_token(void **state)
 {
     (void)state;
-    moonlet_master_config cfg = fix_config(8);
-    moonlet_master *m = fix_master_of(&cfg, 0); /* the real clock */
     moonlet_metrics *s;
-    assert_int_equal(moonlet_metrics_start(m, "127.0.0.1", 0, "s3cret", &s), MOONLET_OK);
-    uint16_t port = moonlet_metrics_port(s);
+    uint16_t port;
+    moonlet_master *m = serve_metrics("s3cret", &s, &port);
     const char *refused[] = {
         "GET /metrics HTTP/1.0\r\n\r\n",
         "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cre\r\n\r\n",

@@ -10,22 +10,6 @@
 
 #define MS MOONLET_NS_PER_MS
 
-struct collect {
-    int n;
-    char segs[8][64];
-    uint64_t offsets[8];
-    uint8_t status[8];
-};
-
-static void collect_visit(void *arg, const moonlet_replica_view *r)
-{
-    struct collect *c = arg;
-    snprintf(c->segs[c->n], sizeof(c->segs[0]), "%s", r->segment_id);
-    c->offsets[c->n] = r->offset;
-    c->status[c->n] = r->status;
-    c->n++;
-}
-
 static void test_lifecycle(void **state)
 {
     (void)state;
@@ -33,8 +17,8 @@ static void test_lifecycle(void **state)
     fix_mount(m, "c1", "s1", 1 << 20);
     fix_mount(m, "c2", "s2", 1 << 20);
     moonlet_str t = MOONLET_STR(""), k = MOONLET_STR("obj");
-    struct collect c = {0};
-    assert_int_equal(moonlet_master_put_start(m, t, k, 1000, 2, false, collect_visit, &c), MOONLET_OK);
+    struct fix_reps c = {0};
+    assert_int_equal(moonlet_master_put_start(m, t, k, 1000, 2, false, fix_reps_visit, &c), MOONLET_OK);
     assert_int_equal(c.n, 2);
     assert_string_not_equal(c.segs[0], c.segs[1]); /* distinct segments */
     assert_int_equal(c.status[0], MOONLET_REPLICA_INITIALIZED);
@@ -54,9 +38,9 @@ static void test_lifecycle(void **state)
     assert_int_equal(moonlet_master_put_start(m, t, k, 10, 1, false, NULL, NULL),
                      MOONLET_ERR_OBJECT_ALREADY_EXISTS);
 
-    struct collect g = {0};
+    struct fix_reps g = {0};
     uint64_t size = 0, ttl = 0;
-    assert_int_equal(moonlet_master_get_replica_list(m, t, k, &size, &ttl, collect_visit, &g), MOONLET_OK);
+    assert_int_equal(moonlet_master_get_replica_list(m, t, k, &size, &ttl, fix_reps_visit, &g), MOONLET_OK);
     assert_int_equal(size, 1000);
     assert_int_equal(ttl, 5000);
     assert_int_equal(g.n, 2);
@@ -86,25 +70,6 @@ static void test_lifecycle(void **state)
     moonlet_master_destroy(m);
 }
 
-struct offsets {
-    uint64_t off[4];
-    uint64_t cap_expiry[4], cap_len[4], cap_tag[4], ttl[4];
-    bool has_cap[4];
-    int n;
-};
-
-static void offsets_visit(void *arg, const moonlet_replica_view *r)
-{
-    struct offsets *o = arg;
-    o->off[o->n] = r->offset;
-    o->has_cap[o->n] = r->has_cap;
-    o->cap_expiry[o->n] = r->cap_expiry_ms;
-    o->cap_len[o->n] = r->cap_len;
-    o->cap_tag[o->n] = r->cap_tag;
-    o->ttl[o->n] = r->put_ttl_ms;
-    o->n++;
-}
-
 /* Ranges freed from unfinished puts (revoke, reaper) are not handed out again
  * before put deadline + grace; sealed objects' ranges are at once. */
 static void test_quarantine(void **state)
@@ -132,9 +97,9 @@ static void test_quarantine(void **state)
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 64, 1, false, NULL, NULL),
                      MOONLET_ERR_NO_AVAILABLE_HANDLE);
     moonlet_clock_advance(1 * MS); /* deadline + grace: released lazily by placement */
-    struct offsets o = {0};
+    struct fix_reps o = {0};
     assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("b"), 4096, 1, false,
-                                              offsets_visit, &o), MOONLET_OK);
+                                              fix_reps_visit, &o), MOONLET_OK);
     assert_int_equal(o.off[0], 0);
     st = fix_stats(m);
     assert_int_equal(st.quarantined, 0);
@@ -202,9 +167,9 @@ static void test_write_capabilities(void **state)
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_INVALID_PARAMS);
 
     moonlet_clock_advance(10 * MS);
-    struct offsets o = {0};
+    struct fix_reps o = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 100, 2, false,
-                                              offsets_visit, &o), MOONLET_OK);
+                                              fix_reps_visit, &o), MOONLET_OK);
     assert_int_equal(o.n, 2);
     int keyed = o.has_cap[0] ? 0 : 1;
     assert_true(o.has_cap[keyed]);
@@ -220,9 +185,9 @@ static void test_write_capabilities(void **state)
     /* A Ping showing a node clock that lags (the message took 2 s, or the
      * clock moved) lowers the bound: capabilities expire earlier. */
     moonlet_master_note_node_clock(m, MOONLET_STR("c1"), master_ms + 10 + 3000);
-    o = (struct offsets){0};
+    o = (struct fix_reps){0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("y"), 100, 2, false,
-                                              offsets_visit, &o), MOONLET_OK);
+                                              fix_reps_visit, &o), MOONLET_OK);
     keyed = o.has_cap[0] ? 0 : 1;
     assert_int_equal(o.cap_expiry[keyed], master_ms + 10 + 60000 + 3000);
     moonlet_master_destroy(m);
@@ -402,8 +367,8 @@ static void test_unmount_removes_objects(void **state)
     bool ex;
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR("two"), &ex), MOONLET_OK);
     assert_true(ex); /* survives on s2 */
-    struct collect c = {0};
-    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("two"), NULL, NULL, collect_visit, &c), MOONLET_OK);
+    struct fix_reps c = {0};
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("two"), NULL, NULL, fix_reps_visit, &c), MOONLET_OK);
     assert_int_equal(c.n, 1);
     assert_string_equal(c.segs[0], "s2");
     moonlet_master_stats st = fix_stats(m);
@@ -442,8 +407,8 @@ static void test_liveness(void **state)
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.segments, 1);
     assert_int_equal(st.unmounts_by_liveness, 1);
-    struct collect c = {0};
-    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("x"), NULL, NULL, collect_visit, &c), MOONLET_OK);
+    struct fix_reps c = {0};
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("x"), NULL, NULL, fix_reps_visit, &c), MOONLET_OK);
     assert_int_equal(c.n, 1);
     assert_string_equal(c.segs[0], "s1");
     /* the silent client learns it has no segment left when it pings again */

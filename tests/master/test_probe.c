@@ -24,12 +24,6 @@ static moonlet_master *setup_master(void)
     return m;
 }
 
-static void put_all(moonlet_master *m, const char *tenant, const char *const *keys, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
-}
-
 /* Probes and returns the code; results in r. */
 static int probe(moonlet_master *m, const char *tenant, moonlet_grant_lease_policy p,
                  const char *const *keys, size_t n, int32_t *r)
@@ -66,7 +60,7 @@ static void test_worked_example(void **state)
     (void)state;
     moonlet_master *m = setup_master();
     const char *present[] = {K3[0], K3[1], K3[3], K3[4]};
-    put_all(m, "", present, 4);
+    fix_put_keys(m, "", present, 4);
     int64_t before[6], after[6];
     leases(m, "", K3, 6, before);
     int32_t r[6];
@@ -91,7 +85,7 @@ static void test_none_leaves_leases(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "", K3, 6);
+    fix_put_keys(m, "", K3, 6);
     /* someone else leases two keys */
     bool ex;
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR(K3[2]), &ex), MOONLET_OK);
@@ -118,7 +112,7 @@ static void test_selected_only_and_all_false(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "", K3, 6); /* all three complete: the last is selected */
+    fix_put_keys(m, "", K3, 6); /* all three complete: the last is selected */
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(2), K3, 6, r), MOONLET_OK);
     int want_last[] = {0, 0, 0, 0, 1, 1};
@@ -142,7 +136,7 @@ static void test_sparse_and_sizes(void **state)
     moonlet_master *m = setup_master();
     const char *keys[] = {"a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2", "d0", "d1", "d2"};
     const char *present[] = {"a0", "a1", "a2", "b1", "c0", "c1", "c2", "d0", "d2"};
-    put_all(m, "", present, 9);
+    fix_put_keys(m, "", present, 9);
     int32_t r[12];
     /* size 3: a and c complete, b and d not -> c selected (gaps allowed) */
     assert_int_equal(probe(m, "", last_hit(3), keys, 12, r), MOONLET_OK);
@@ -168,7 +162,7 @@ static void test_invalid_policies(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "", K3, 6);
+    fix_put_keys(m, "", K3, 6);
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(0), K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(probe(m, "", last_hit(4), K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
@@ -190,7 +184,7 @@ static void test_duplicates(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "", K3, 2);
+    fix_put_keys(m, "", K3, 2);
     /* the same key twice in one candidate, and across candidates */
     const char *keys[] = {K3[0], K3[0], K3[0], K3[1], "gone", K3[1]};
     int32_t r[6];
@@ -213,7 +207,7 @@ static void test_errors_stay_errors(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "", K3, 6);
+    fix_put_keys(m, "", K3, 6);
     const char *keys[] = {K3[0], K3[1], "", K3[3]};
     int32_t r[4];
     assert_int_equal(probe(m, "", last_hit(2), keys, 4, r), MOONLET_OK);
@@ -232,7 +226,7 @@ static void test_tenants(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, "A", K3, 6);
+    fix_put_keys(m, "A", K3, 6);
     int32_t r[6];
     int zero[6] = {0};
     assert_int_equal(probe(m, "B", last_hit(2), K3, 6, r), MOONLET_OK);
@@ -270,7 +264,7 @@ static void test_eviction_between_phases(void **state)
     cfg.probe_hook_arg = &h;
     h.m = fix_master_of(&cfg, FIX_T0);
     fix_mount(h.m, "c", "s", 1 << 20);
-    put_all(h.m, "", K3, 6);
+    fix_put_keys(h.m, "", K3, 6);
     int32_t r[6];
     assert_int_equal(probe(h.m, "", last_hit(2), K3, 6, r), MOONLET_OK);
     assert_int_equal(h.calls, 1);

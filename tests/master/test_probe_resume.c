@@ -23,17 +23,6 @@ static moonlet_master *setup_master(void)
     return m;
 }
 
-static void put_all_t(moonlet_master *m, const char *tenant, const char *const *keys, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
-}
-
-static void put_all(moonlet_master *m, const char *const *keys, size_t n)
-{
-    put_all_t(m, "", keys, n);
-}
-
 static int resume_t(moonlet_master *m, const char *tenant, const char *const *kv, size_t n_kv,
                     const char *const *kda, size_t n_kda, uint64_t cs, const uint64_t *b,
                     size_t nb, moonlet_probe_resume_out *out, int32_t *mask)
@@ -127,9 +116,9 @@ static void test_worked_example(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
+    fix_put_keys(m, "", KV, 4);
     const char *present[] = {KDA[0], KDA[1], KDA[3], KDA[4]};
-    put_all(m, present, 4);
+    fix_put_keys(m, "", present, 4);
     expect_resume(m, snap(m), NULL, 4, 0, 1);
     assert_int_equal(fix_lease(m, KV[1]), 0); /* present, past the checkpoint: not leased */
     moonlet_master_stats st = fix_stats(m);
@@ -149,8 +138,8 @@ static void test_quickstart_example(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
-    put_all(m, KDA, 5); /* kda/384/r1 missing */
+    fix_put_keys(m, "", KV, 4);
+    fix_put_keys(m, "", KDA, 5); /* kda/384/r1 missing */
     expect_resume(m, snap(m), NULL, 4, 1, 2);
     moonlet_master_destroy(m);
 }
@@ -163,8 +152,8 @@ static void test_kv_boundary_restricts(void **state)
     (void)state;
     moonlet_master *m = setup_master();
     const char *kv[] = {KV[0], KV[1], KV[3]};
-    put_all(m, kv, 3);
-    put_all(m, KDA, 6);
+    fix_put_keys(m, "", kv, 3);
+    fix_put_keys(m, "", KDA, 6);
     expect_resume(m, snap(m), NULL, 2, 1, 2);
     moonlet_master_stats st = fix_stats(m);
     /* 384 only in the first try, which finds kv/2 missing; then 256 */
@@ -179,9 +168,9 @@ static void test_no_candidate_leases_nothing(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
+    fix_put_keys(m, "", KV, 4);
     const char *present[] = {KDA[1], KDA[2], KDA[5]}; /* every checkpoint lacks a rank */
-    put_all(m, present, 3);
+    fix_put_keys(m, "", present, 3);
     bool ex;
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR(""), MOONLET_STR(KV[2]), &ex), 0);
     moonlet_clock_advance(1500 * MS);
@@ -192,7 +181,7 @@ static void test_no_candidate_leases_nothing(void **state)
     moonlet_probe_resume_out out;
     int32_t mask[6];
     const char *only_kda[] = {KDA[0]};
-    put_all(m, only_kda, 1);
+    fix_put_keys(m, "", only_kda, 1);
     const uint64_t zero_b[] = {0, 0, 0};
     const char *kv_missing[] = {"nope/0", "nope/1"};
     assert_int_equal(resume_t(m, "", kv_missing, 2, KDA, 6, 2, zero_b, 3, &out, mask), 0);
@@ -207,10 +196,10 @@ static void test_sizes_and_gaps(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
+    fix_put_keys(m, "", KV, 4);
     const char *kda1[] = {"a", "b", "c", "d"};
     const char *present1[] = {"a", "c"};
-    put_all(m, present1, 2);
+    fix_put_keys(m, "", present1, 2);
     const uint64_t b1[] = {0, 1, 3, 4};
     moonlet_probe_resume_out out;
     int32_t mask[9];
@@ -222,7 +211,7 @@ static void test_sizes_and_gaps(void **state)
 
     const char *kda3[] = {"x0", "x1", "x2", "y0", "y1", "y2", "z0", "z1", "z2"};
     const char *present3[] = {"x0", "x1", "x2", "y0", "y2", "z0", "z1", "z2"};
-    put_all(m, present3, 8);
+    fix_put_keys(m, "", present3, 8);
     const uint64_t b3[] = {1, 2, 4};
     assert_int_equal(resume_t(m, "", KV, 4, kda3, 9, 3, b3, 3, &out, mask), 0);
     assert_int_equal(out.selected, 2);
@@ -236,8 +225,8 @@ static void test_invalid_requests(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
-    put_all(m, KDA, 6);
+    fix_put_keys(m, "", KV, 4);
+    fix_put_keys(m, "", KDA, 6);
     int64_t kv0[4], kda0[6];
     leases_t(m, "", kv0, kda0);
     moonlet_probe_resume_out out;
@@ -292,8 +281,8 @@ static void test_duplicates(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all(m, KV, 4);
-    put_all(m, KDA, 2);
+    fix_put_keys(m, "", KV, 4);
+    fix_put_keys(m, "", KDA, 2);
     const char *kv[] = {KV[0], KV[0], KV[1]};
     const char *kda[] = {KDA[0], KDA[0], KV[1], KDA[1]};
     const uint64_t b[] = {3, 3};
@@ -326,10 +315,10 @@ static void test_tenants(void **state)
 {
     (void)state;
     moonlet_master *m = setup_master();
-    put_all_t(m, "A", KV, 4);
-    put_all_t(m, "A", KDA, 6);
-    put_all_t(m, "B", KV, 2);
-    put_all_t(m, "B", KDA, 4);
+    fix_put_keys(m, "A", KV, 4);
+    fix_put_keys(m, "A", KDA, 6);
+    fix_put_keys(m, "B", KV, 2);
+    fix_put_keys(m, "B", KDA, 4);
     int64_t a_kv[4], a_kda[6], b_kv[4], b_kda[6];
     leases_t(m, "A", a_kv, a_kda);
     leases_t(m, "B", b_kv, b_kda);
@@ -376,8 +365,8 @@ static moonlet_master *hook_master(struct hook_ctx *h)
     cfg.probe_hook_arg = h;
     h->m = fix_master_of(&cfg, FIX_T0);
     fix_mount(h->m, "c", "s", 1 << 20);
-    put_all(h->m, KV, 4);
-    put_all(h->m, KDA, 6);
+    fix_put_keys(h->m, "", KV, 4);
+    fix_put_keys(h->m, "", KDA, 6);
     return h->m;
 }
 

@@ -12,25 +12,7 @@
 
 #define MS MOONLET_NS_PER_MS
 
-struct reps {
-    int n;
-    char segs[8][64];
-    uint64_t off[8], ttl[8], cap_expiry[8];
-    bool has_cap[8];
-};
-
-static void reps_visit(void *arg, const moonlet_replica_view *r)
-{
-    struct reps *c = arg;
-    snprintf(c->segs[c->n], sizeof(c->segs[0]), "%s", r->segment_id);
-    c->off[c->n] = r->offset;
-    c->ttl[c->n] = r->put_ttl_ms;
-    c->has_cap[c->n] = r->has_cap;
-    c->cap_expiry[c->n] = r->cap_expiry_ms;
-    c->n++;
-}
-
-static bool has_seg(const struct reps *c, const char *seg)
+static bool has_seg(const struct fix_reps *c, const char *seg)
 {
     for (int i = 0; i < c->n; i++)
         if (strcmp(c->segs[i], seg) == 0)
@@ -64,24 +46,24 @@ static void mount_n(moonlet_master *m, int n, uint64_t size)
 }
 
 /* The replicas the master holds for the key (all statuses). */
-static struct reps replicas_of(moonlet_master *m, const char *key)
+static struct fix_reps replicas_of(moonlet_master *m, const char *key)
 {
-    struct reps c = {0};
+    struct fix_reps c = {0};
     moonlet_key_view v;
     assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), &v,
-                                                reps_visit, &c),
+                                                fix_reps_visit, &c),
                      MOONLET_OK);
     return c;
 }
 
 static int replace(moonlet_master *m, const char *key, const char *failed,
-                   const char *const *excl, uint32_t nexcl, struct reps *out)
+                   const char *const *excl, uint32_t nexcl, struct fix_reps *out)
 {
     moonlet_str ex[MOONLET_MAX_EXCLUDED + 1];
     for (uint32_t i = 0; i < nexcl; i++)
         ex[i] = MOONLET_STR(excl[i]);
     return moonlet_master_put_replace_replica(m, MOONLET_STR(""), MOONLET_STR(key),
-                                              MOONLET_STR(failed), ex, nexcl, reps_visit, out);
+                                              MOONLET_STR(failed), ex, nexcl, fix_reps_visit, out);
 }
 
 /* The replacement lands on the one segment that holds no replica and is not
@@ -91,9 +73,9 @@ static void test_replacement_excludes(void **state)
     (void)state;
     moonlet_master *m = master_with(1000, 500);
     mount_n(m, 4, 1 << 20);
-    struct reps start = {0};
+    struct fix_reps start = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 4096, 2, false,
-                                              reps_visit, &start),
+                                              fix_reps_visit, &start),
                      MOONLET_OK);
     assert_int_equal(start.n, 2);
     /* the two segments without a replica: exclude one, the other must be chosen */
@@ -107,13 +89,13 @@ static void test_replacement_excludes(void **state)
     }
     assert_int_equal(nf, 2);
     const char *excl[] = {free_segs[0], "no-such-segment"};
-    struct reps got = {0};
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", start.segs[0], excl, 2, &got), MOONLET_OK);
     assert_int_equal(got.n, 1);
     assert_string_equal(got.segs[0], free_segs[1]);
     assert_true(got.ttl[0] > 0 && got.ttl[0] <= 1000); /* the put's unchanged deadline */
 
-    struct reps now = replicas_of(m, "k");
+    struct fix_reps now = replicas_of(m, "k");
     assert_int_equal(now.n, 2);
     assert_true(has_seg(&now, start.segs[1]));
     assert_true(has_seg(&now, free_segs[1]));
@@ -121,11 +103,11 @@ static void test_replacement_excludes(void **state)
 
     /* the replacement replaced: sealing makes both readable, no checksum recorded */
     assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k"), NULL), MOONLET_OK);
-    struct reps rd = {0};
+    struct fix_reps rd = {0};
     bool has_ck = true;
     uint64_t ck = 1;
     assert_int_equal(moonlet_master_get_replica_list_ck(m, MOONLET_STR(""), MOONLET_STR("k"), NULL,
-                                                        NULL, &has_ck, &ck, reps_visit, &rd),
+                                                        NULL, &has_ck, &ck, fix_reps_visit, &rd),
                      MOONLET_OK);
     assert_int_equal(rd.n, 2);
     assert_false(has_ck);
@@ -145,11 +127,11 @@ static void test_old_range_quarantined(void **state)
     moonlet_master *m = master_with(1000, 500);
     mount_n(m, 2, 4096); /* room for exactly one 4096-byte replica each */
     fix_mount(m, "c9", "s9", 4096);
-    struct reps start = {0};
+    struct fix_reps start = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 4096, 2, false,
-                                              reps_visit, &start),
+                                              fix_reps_visit, &start),
                      MOONLET_OK);
-    struct reps got = {0};
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", start.segs[0], NULL, 0, &got), MOONLET_OK);
     moonlet_master_stats st;
     moonlet_master_get_stats(m, &st);
@@ -169,9 +151,9 @@ static void test_old_range_quarantined(void **state)
                                               NULL, NULL),
                      MOONLET_ERR_NO_AVAILABLE_HANDLE);
     moonlet_clock_advance(1 * MS);
-    struct reps x = {0};
+    struct fix_reps x = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
-                                              reps_visit, &x),
+                                              fix_reps_visit, &x),
                      MOONLET_OK);
     assert_string_equal(x.segs[0], start.segs[0]);
     assert_int_equal(x.off[0], start.off[0]);
@@ -193,22 +175,22 @@ static void test_replacement_bound(void **state)
     char seen[8][64];
     int nseen = 0;
     for (unsigned i = 0; i < MOONLET_MAX_PUT_REPLACEMENTS; i++) {
-        struct reps cur = replicas_of(m, "k");
+        struct fix_reps cur = replicas_of(m, "k");
         snprintf(seen[nseen++], sizeof(seen[0]), "%s", cur.segs[0]);
         const char *excl[8];
         for (int e = 0; e < nseen; e++)
             excl[e] = seen[e];
-        struct reps got = {0};
+        struct fix_reps got = {0};
         assert_int_equal(replace(m, "k", cur.segs[0], excl, (uint32_t)nseen, &got), MOONLET_OK);
         for (int e = 0; e < nseen; e++) /* never back to a segment that failed */
             assert_string_not_equal(got.segs[0], seen[e]);
     }
-    struct reps before = replicas_of(m, "k");
-    struct reps got = {0};
+    struct fix_reps before = replicas_of(m, "k");
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", before.segs[0], NULL, 0, &got),
                      MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     assert_int_equal(got.n, 0);
-    struct reps after = replicas_of(m, "k");
+    struct fix_reps after = replicas_of(m, "k");
     assert_int_equal(after.n, 2);
     assert_string_equal(after.segs[0], before.segs[0]);
     assert_string_equal(after.segs[1], before.segs[1]);
@@ -222,7 +204,7 @@ static void test_replacement_bound(void **state)
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
                                               NULL, NULL),
                      MOONLET_OK);
-    struct reps cur = replicas_of(m, "k");
+    struct fix_reps cur = replicas_of(m, "k");
     assert_int_equal(replace(m, "k", cur.segs[1], NULL, 0, &got), MOONLET_OK);
     moonlet_master_destroy(m);
 }
@@ -233,7 +215,7 @@ static void test_refusals(void **state)
     (void)state;
     moonlet_master *m = master_with(1000, 500);
     mount_n(m, 2, 1 << 20);
-    struct reps got = {0};
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "nope", "s0", NULL, 0, &got), MOONLET_ERR_OBJECT_NOT_FOUND);
     assert_int_equal(moonlet_master_put_replace_replica(m, MOONLET_STR(""), MOONLET_STR(""),
                                                         MOONLET_STR("s0"), NULL, 0, NULL, NULL),
@@ -257,7 +239,7 @@ static void test_refusals(void **state)
     assert_int_equal(replace(m, "k", "s7", NULL, 0, &got), MOONLET_ERR_INVALID_PARAMS);
     /* both segments hold a replica: no room for a replacement; nothing changed */
     assert_int_equal(replace(m, "k", "s0", NULL, 0, &got), MOONLET_ERR_NO_AVAILABLE_HANDLE);
-    struct reps cur = replicas_of(m, "k");
+    struct fix_reps cur = replicas_of(m, "k");
     assert_int_equal(cur.n, 2);
     assert_true(has_seg(&cur, "s0") && has_seg(&cur, "s1"));
     moonlet_master_stats st;
@@ -289,9 +271,9 @@ static void test_stripped_replica_refilled(void **state)
     (void)state;
     moonlet_master *m = master_with(60000, 2000);
     mount_n(m, 3, 1 << 20);
-    struct reps start = {0};
+    struct fix_reps start = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              reps_visit, &start),
+                                              fix_reps_visit, &start),
                      MOONLET_OK);
     char dead[64], dead_client[64];
     snprintf(dead, sizeof(dead), "%s", start.segs[0]);
@@ -299,7 +281,7 @@ static void test_stripped_replica_refilled(void **state)
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR(dead_client), MOONLET_STR(dead)),
                      MOONLET_OK);
     assert_int_equal(replicas_of(m, "k").n, 1);
-    struct reps got = {0};
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", dead, NULL, 0, &got), MOONLET_OK);
     assert_string_not_equal(got.segs[0], dead);
     assert_string_not_equal(got.segs[0], start.segs[1]);
@@ -307,9 +289,9 @@ static void test_stripped_replica_refilled(void **state)
     /* a second call for the same failure finds no missing place */
     assert_int_equal(replace(m, "k", dead, NULL, 0, &got), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR("k"), NULL), MOONLET_OK);
-    struct reps rd = {0};
+    struct fix_reps rd = {0};
     assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR("k"), NULL,
-                                                     NULL, reps_visit, &rd),
+                                                     NULL, fix_reps_visit, &rd),
                      MOONLET_OK);
     assert_int_equal(rd.n, 2);
     moonlet_master_destroy(m);
@@ -331,12 +313,12 @@ static void test_replacement_capability(void **state)
                                   .node_clock_ms = 5};
         assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
     }
-    struct reps start = {0};
+    struct fix_reps start = {0};
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              reps_visit, &start),
+                                              fix_reps_visit, &start),
                      MOONLET_OK);
     moonlet_clock_advance(200 * MS);
-    struct reps got = {0};
+    struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", start.segs[1], NULL, 0, &got), MOONLET_OK);
     assert_true(got.has_cap[0]);
     assert_int_equal(got.cap_expiry[0], start.cap_expiry[0]);

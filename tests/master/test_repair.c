@@ -52,6 +52,14 @@ static void mount_at(moonlet_master *m, const char *seg, const char *ep)
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
 }
 
+/* Segments a and b, each on its own host, and a third, seg at ep. */
+static void mount_ab_and(moonlet_master *m, const char *seg, const char *ep)
+{
+    mount_at(m, "a", "10.0.0.1:1");
+    mount_at(m, "b", "10.0.0.2:1");
+    mount_at(m, seg, ep);
+}
+
 static void put_on(moonlet_master *m, const char *key, const char *s1, const char *s2)
 {
     moonlet_str pref[] = {MOONLET_STR(s1), MOONLET_STR(s2)};
@@ -148,9 +156,7 @@ static size_t host_len(const char *ep) { return (size_t)(strrchr(ep, ':') - ep);
 static moonlet_master *three_hosts_bw(uint32_t concurrency, uint64_t bandwidth)
 {
     moonlet_master *m = repair_master_bw(concurrency, bandwidth);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    mount_ab_and(m, "c", "10.0.0.3:1");
     return m;
 }
 
@@ -211,9 +217,7 @@ static void test_drop_queues_and_repairs(void **state)
 {
     (void)state;
     moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
+    mount_ab_and(m, "b2", "10.0.0.2:2"); /* the survivor's host: never a target */
     mount_at(m, "d", "10.0.0.4:1");
     put_keys(m, 10, "a", "b");
     put_on(m, "other", "b2", "d"); /* loses nothing */
@@ -301,30 +305,67 @@ static moonlet_master *one_repair_job(struct jobs *js)
     return m;
 }
 
-/* A removal mid-repair: RepairDone finds no object, the target range goes
- * to quarantine and comes back after the job's deadline + the grace. */
+/* A removal mid-repair: a plain Remove is not refused (the job holds no
+ * lease: to its user the object is like any other), RepairDone finds no
+ * object, the target range goes to quarantine and comes back after the
+ * job's deadline + the grace, the source's at once. */
 static void test_removal_mid_repair(void **state)
 {
     (void)state;
     struct jobs js;
     moonlet_master *m = one_repair_job(&js);
-    uint64_t used = stats(m).used;
-    /* the job holds a lease on the source: a plain Remove is refused */
-    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")),
-                     MOONLET_ERR_OBJECT_HAS_LEASE);
-    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
-                     MOONLET_OK);
+    uint64_t used = stats(m).used; /* the source on b and the target on c */
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
     moonlet_master_stats st = stats(m);
     assert_int_equal(st.repairs_dropped, 1);
     assert_int_equal(st.under_replicated, 0);
-    assert_true(st.quarantined >= 2 * 1024); /* source (leased) and target */
-    assert_int_equal(st.used, used);         /* nothing reusable yet */
+    assert_true(st.used < used);                /* the source's range is back */
+    assert_int_equal(st.quarantined, st.used); /* the target's is not yet */
+    assert_true(st.quarantined > 0);
     moonlet_clock_advance(5000 * MS + 2000 * MS + 1);
     moonlet_master_tick(m);
     st = stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, 0);
+    end_test(m);
+}
+
+/* The key removed and put again mid-repair: the job's copy holds the old
+ * object's bytes, so RepairDone must not attach it to the new object, even
+ * where the new one lacks a replica (here: one of its two segments went). */
+static void test_reput_mid_repair(void **state)
+{
+    (void)state;
+    struct jobs js;
+    moonlet_master *m = one_repair_job(&js); /* k on a and b, a gone, target on c */
+    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
+    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
+                     MOONLET_OK);
+    put_on(m, "k", "b", "c"); /* same key, same size */
+    unmount(m, "b");          /* the new object: one replica of two, on c */
+    assert_int_equal(readable(m, "k"), 1);
+    assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(readable(m, "k"), 1);
+    assert_int_equal(listed(m, "k"), 1);
+    assert_int_equal(stats(m).repairs_dropped, 1);
+    end_test(m);
+}
+
+/* A job whose object was removed is not handed out by RepairFetch. */
+static void test_removed_before_fetch(void **state)
+{
+    (void)state;
+    moonlet_master *m = three_hosts(16);
+    put_on(m, "k", "a", "b");
+    unmount(m, "a");
+    moonlet_master_tick(m); /* the job starts: target on c */
+    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
+    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
+    put_on(m, "k", "b", "c");
+    struct jobs js;
+    assert_int_equal(fetch(m, "c", &js), 0);
+    assert_int_equal(stats(m).repairs_dropped, 1);
     end_test(m);
 }
 
@@ -373,9 +414,7 @@ static void test_no_other_host(void **state)
 {
     (void)state;
     moonlet_master *m = repair_master(16);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "b2", "10.0.0.2:2");
+    mount_ab_and(m, "b2", "10.0.0.2:2");
     put_on(m, "k", "a", "b");
     put_on(m, "k2", "a", "b");
     unmount(m, "a");
@@ -602,9 +641,7 @@ static void test_standby_holds_target(void **state)
     (void)state;
     struct quars stream = {0};
     moonlet_master *m = repair_master_with(16, 0, quar_capture, &stream);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "d", "10.0.0.4:1");
+    mount_ab_and(m, "d", "10.0.0.4:1");
     put_on(m, "k", "a", "b");
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
                      MOONLET_OK);
@@ -660,19 +697,17 @@ static void test_standby_told_of_drain_swap(void **state)
     (void)state;
     struct recs rs = {0};
     moonlet_master *m = repair_master_with(16, 0, rec_capture, &rs);
-    mount_at(m, "a", "10.0.0.1:1");
-    mount_at(m, "b", "10.0.0.2:1");
-    mount_at(m, "c", "10.0.0.3:1");
+    mount_ab_and(m, "c", "10.0.0.3:1");
     put_on(m, "k", "a", "b");
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     moonlet_master_tick(m);
     struct jobs js;
     assert_int_equal(fetch(m, "c", &js), 1);
+    assert_int_equal(listed(m, "k"), 2); /* a reader leases k (on a and b) */
     rs.n = 0;
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_OK);
     assert_int_equal(listed(m, "k"), 2); /* on b and c now */
-    /* the job's lease on k ends at one lease TTL from now: a's range is
-     * held that long (a reader may hold it) */
+    /* the reader's lease on k holds: a's range is held that long */
     assert_int_equal(rs.n, 4);
     assert_int_equal(rs.type[0], MOONLET_REPL_DROP);
     assert_int_equal(rs.type[1], MOONLET_REPL_QUAR);
@@ -693,6 +728,8 @@ int main(void)
         cmocka_unit_test(test_leased_first),
         cmocka_unit_test(test_bandwidth_limit),
         cmocka_unit_test(test_removal_mid_repair),
+        cmocka_unit_test(test_reput_mid_repair),
+        cmocka_unit_test(test_removed_before_fetch),
         cmocka_unit_test(test_failures_bounded),
         cmocka_unit_test(test_no_other_host),
         cmocka_unit_test(test_target_unmounted),

@@ -8,8 +8,15 @@
  * ones gone, quarantined ranges held back), and a range freed and reused
  * arrives in the right order.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "../common/master_fixture.h"
 #include "alloc.h"
+#include "monotime.h"
 #include "repl_stream.h"
 #include "replicate.h"
 
@@ -81,27 +88,11 @@ static moonlet_repl_state *apply_all(const struct stream *s, int upto)
     return st;
 }
 
-struct reps {
-    int n;
-    char seg[8][64];
-    uint64_t off[8];
-    uint8_t status[8];
-};
-
-static void reps_visit(void *arg, const moonlet_replica_view *r)
-{
-    struct reps *c = arg;
-    snprintf(c->seg[c->n], sizeof(c->seg[0]), "%s", r->segment_id);
-    c->off[c->n] = r->offset;
-    c->status[c->n] = r->status;
-    c->n++;
-}
-
 /* -1: no such key; else the key's replicas into *c and its summary into *v. */
-static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, struct reps *c)
+static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, struct fix_reps *c)
 {
     memset(c, 0, sizeof(*c));
-    return moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), v, reps_visit, c)
+    return moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR(key), v, fix_reps_visit, c)
                ? -1
                : 0;
 }
@@ -110,7 +101,7 @@ static int inspect(moonlet_master *m, const char *key, moonlet_key_view *v, stru
 static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
 {
     moonlet_key_view va, vb;
-    struct reps ra, rb;
+    struct fix_reps ra, rb;
     assert_int_equal(inspect(a, key, &va, &ra), 0);
     assert_int_equal(inspect(b, key, &vb, &rb), 0);
     assert_int_equal(va.size, vb.size);
@@ -120,7 +111,7 @@ static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
     for (int i = 0; i < ra.n; i++) {
         bool found = false;
         for (int j = 0; j < rb.n; j++)
-            found |= strcmp(ra.seg[i], rb.seg[j]) == 0 && ra.off[i] == rb.off[j] &&
+            found |= strcmp(ra.segs[i], rb.segs[j]) == 0 && ra.off[i] == rb.off[j] &&
                      ra.status[i] == rb.status[j];
         assert_true(found);
     }
@@ -228,11 +219,11 @@ static void test_restore_matches_leader(void **state)
                      MOONLET_OK);
     assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("revoked")),
                      MOONLET_OK);
-    struct reps pr;
+    struct fix_reps pr;
     moonlet_key_view v;
     assert_int_equal(inspect(a, "pending", &v, &pr), 0);
     assert_int_equal(moonlet_master_put_replace_replica(a, MOONLET_STR(""), MOONLET_STR("pending"),
-                                                        MOONLET_STR(pr.seg[0]), NULL, 0, NULL,
+                                                        MOONLET_STR(pr.segs[0]), NULL, 0, NULL,
                                                         NULL),
                      MOONLET_OK);
     moonlet_clock_advance(6000 * MS); /* leases of the puts' reads are gone */
@@ -268,7 +259,7 @@ static void test_restore_matches_leader(void **state)
     int present = 0;
     for (int i = 0; i < 40; i++) {
         snprintf(key, sizeof(key), "obj%d", i);
-        struct reps r;
+        struct fix_reps r;
         if (inspect(a, key, &v, &r) != 0) {
             assert_int_equal(inspect(b, key, &v, &r), -1);
             continue;
@@ -315,7 +306,7 @@ static void test_restore_matches_leader(void **state)
     assert_int_equal(sc.used, sa.used);
     for (int i = 0; i < 40; i++) {
         snprintf(key, sizeof(key), "obj%d", i);
-        struct reps r;
+        struct fix_reps r;
         if (inspect(a, key, &v, &r) == 0)
             assert_same(a, c, key);
     }
@@ -612,6 +603,70 @@ static void test_semi_sync_log(void **state)
     moonlet_repl_log_destroy(l);
 }
 
+/* A listening socket on loopback that takes connections into its backlog
+ * and never answers: a leader cut off mid-call, as the standby sees it. */
+static int silent_listener(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    *port = ntohs(sa.sin_port);
+    return fd;
+}
+
+/* Waits (bounded) until fd is readable. */
+static void wait_readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, ms), 1);
+}
+
+/* Promotion stops the follower while its leader is unreachable: the stop
+ * hands over the state at once instead of waiting for the call in flight
+ * to time out (up to 2 s + the long poll).  The promotion runs on the
+ * election's thread, which sends no keepalive meanwhile: with a 2 s etcd
+ * lease, a stop that waited out the call let the new leader's own lease
+ * expire, so it was deposed right after its promotion and restarted empty,
+ * losing every acknowledged put (ha_net_leader_partition). */
+static void test_follower_stop_does_not_wait_for_the_leader(void **state)
+{
+    (void)state;
+    uint16_t port;
+    int lfd = silent_listener(&port);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
+    moonlet_role *role;
+    assert_int_equal(moonlet_role_create("127.0.0.1:1", &role), MOONLET_OK);
+    moonlet_role_set_leader(role, addr, 7);
+    moonlet_repl_follower_opts fo = {.role = role, .advertise = "127.0.0.1:1"};
+    moonlet_repl_follower *f;
+    assert_int_equal(moonlet_repl_follower_start(&fo, &f), MOONLET_OK);
+    /* the follower connected and sent its first call (ReplPort): it now
+     * waits for a reply that never comes */
+    wait_readable(lfd, 5000);
+    int cfd = accept(lfd, NULL, NULL);
+    assert_true(cfd >= 0);
+    wait_readable(cfd, 5000);
+    uint64_t t0 = moonlet_mono_ms();
+    bool consistent = true;
+    uint64_t epoch = 1;
+    moonlet_repl_state *st = moonlet_repl_follower_stop(f, &consistent, &epoch);
+    uint64_t took = moonlet_mono_ms() - t0;
+    assert_non_null(st);
+    assert_false(consistent); /* it never took a snapshot */
+    assert_int_equal(epoch, 0);
+    assert_true(took < 500); /* the call's timeout is 2.2 s */
+    moonlet_repl_state_destroy(st);
+    close(cfd); /* the call fails now: the thread ends and destroy joins it */
+    moonlet_repl_follower_destroy(f);
+    close(lfd);
+    moonlet_role_destroy(role);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -623,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_restored_client_secret),
         cmocka_unit_test(test_restored_clock_offset),
         cmocka_unit_test(test_semi_sync_log),
+        cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     moonlet_clock_set_fake(0);

@@ -23,6 +23,18 @@ def build_root():
     return root
 
 
+def terminate(proc, timeout=10):
+    """SIGTERM to a child still running, SIGKILL if it has not ended within
+    timeout seconds; waits for it either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 def child_env(**extra):
     """The environment of a daemon: this one without LD_PRELOAD (under
     AddressSanitizer the test interpreter preloads the runtime for the
@@ -112,13 +124,7 @@ class Daemon:
         raise RuntimeError("no VmRSS")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
         self.proc.stdout.close()
         self.stderr.close()
 

@@ -108,18 +108,11 @@ static moonlet_client *new_client(const char *addr, const char *tenant, const ch
 {
     if (g_dummy && g_real && !token && strcmp(addr, g_master.addr) == 0)
         return new_dummy_client(tenant);
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = cl_client_config(addr);
     cfg.default_tenant = tenant;
     cfg.auth_token = token;
     cfg.transfer_timeout_ms = 3000;
-    moonlet_client *c = NULL;
-    int rc = moonlet_client_create(&cfg, &c);
-    if (rc)
-        fail_msg("client_create: %s", moonlet_strerror(rc));
-    return c;
+    return cl_client_of(&cfg);
 }
 
 static int setup_cluster(void **state)
@@ -754,10 +747,7 @@ static void test_auth_token(void **state)
     test_proc m, s;
     assert_int_equal(cl_start_master(&m, flags), 0);
     assert_int_equal(cl_start_store(&s, m.addr, "8MiB", flags), 0);
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = m.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = cl_client_config(m.addr);
     moonlet_client *c = NULL;
     assert_int_equal(moonlet_client_create(&cfg, &c), MOONLET_ERR_ILLEGAL_CLIENT);
     cfg.auth_token = "wrong";

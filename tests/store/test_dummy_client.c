@@ -741,10 +741,7 @@ static bool rc_reached(void *arg)
 static void test_real_client_api(void **state)
 {
     (void)state;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = cl_client_config(g_master.addr);
     char path[108];
     snprintf(path, sizeof(path), "/tmp/moonlet-test-dummy-%ld-lib.sock", (long)getpid());
     moonlet_real_client *rc = NULL;

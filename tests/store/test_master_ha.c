@@ -104,13 +104,20 @@ static int stats(moonlet_master_client *mc)
     return rc;
 }
 
+/* Two masters: a the leader of epoch (its lease good for a minute), b a
+ * standby that names it. */
+static void leader_and_standby(node *a, node *b, uint64_t epoch)
+{
+    node_start(a, true);
+    node_start(b, true);
+    elect(a, epoch, 60000);
+    moonlet_role_set_leader(b->role, a->addr, epoch);
+}
+
 static void test_standby_answers_not_leader(void **state)
 {
     node a, b;
-    node_start(&a, true);
-    node_start(&b, true);
-    elect(&a, 7, 60000);
-    moonlet_role_set_leader(b.role, a.addr, 7);
+    leader_and_standby(&a, &b, 7);
     uint64_t ep;
     char msg[128];
     assert_int_equal(raw(&b, MOONLET_M_STATS, false, &ep, msg, sizeof(msg)), MOONLET_ERR_NOT_LEADER);
@@ -135,10 +142,7 @@ static void test_standby_answers_not_leader(void **state)
 static void test_client_follows_failover_and_refuses_old_epochs(void **state)
 {
     node a, b;
-    node_start(&a, true);
-    node_start(&b, true);
-    elect(&a, 10, 60000);
-    moonlet_role_set_leader(b.role, a.addr, 10);
+    leader_and_standby(&a, &b, 10);
     char list[160];
     snprintf(list, sizeof(list), "%s,%s", b.addr, a.addr);
     moonlet_master_client *mc;

@@ -77,17 +77,10 @@ static int teardown(void **state)
 
 static moonlet_client *tcp_client(uint32_t replicas)
 {
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = g_master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = cl_client_config(g_master.addr);
     cfg.replica_num = replicas;
     cfg.transfer_timeout_ms = 2000;
-    moonlet_client *c = NULL;
-    int rc = moonlet_client_create(&cfg, &c);
-    if (rc)
-        fail_msg("client_create: %s", moonlet_strerror(rc));
-    return c;
+    return cl_client_of(&cfg);
 }
 
 /* ---- the per-replica choice (pure) ----------------------------------------------- */

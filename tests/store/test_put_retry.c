@@ -272,10 +272,7 @@ static void test_no_replacement_fails_cleanly(void **state)
 static void test_dummy_put_on_killed_node(void **state)
 {
     fixture *f = *state;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = f->master.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = cl_client_config(f->master.addr);
     cfg.transfer_timeout_ms = 500;
     cfg.local_segment_size = 16u << 20; /* a RealClient serves a segment of its own */
     char sock[96];

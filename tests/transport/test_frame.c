@@ -53,6 +53,15 @@ static const char *only_body(const moonlet_frame_builder *b, uint32_t *len)
     return b->buf.data + MOONLET_FRAME_HEADER_BYTES;
 }
 
+/* Finishes the one reply frame in b and decodes it into rep. */
+static void finish_decode_reply(moonlet_frame_builder *b, moonlet_reply *rep)
+{
+    assert_int_equal(moonlet_frame_finish(b, 4096), 0);
+    uint32_t len;
+    const char *body = only_body(b, &len);
+    assert_int_equal(moonlet_reply_decode(body, len, rep), 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* Header                                                               */
 /* ------------------------------------------------------------------ */
@@ -213,12 +222,8 @@ static void test_reply_code_patch(void **state)
         msgpack_packer *pk = moonlet_reply_begin(&b, ids[i], 0);
         moonlet_pack_cstr(pk, "result");
         moonlet_reply_patch_code(&b, MOONLET_ERR_OBJECT_HAS_LEASE);
-        assert_int_equal(moonlet_frame_finish(&b, 4096), 0);
-
-        uint32_t len;
-        const char *body = only_body(&b, &len);
         moonlet_reply rep;
-        assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+        finish_decode_reply(&b, &rep);
         assert_true(rep.id == ids[i]);
         assert_int_equal(rep.code, MOONLET_ERR_OBJECT_HAS_LEASE);
         assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
@@ -247,11 +252,8 @@ static void test_reply_epoch(void **state)
         moonlet_pack_cstr(pk, "10.0.0.2:50051");
         msgpack_pack_uint64(pk, epochs[i]);
         moonlet_reply_patch_code(&b, MOONLET_ERR_NOT_LEADER);
-        assert_int_equal(moonlet_frame_finish(&b, 4096), 0);
-        uint32_t len;
-        const char *body = only_body(&b, &len);
         moonlet_reply rep;
-        assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+        finish_decode_reply(&b, &rep);
         assert_true(rep.id == 300 + i);
         assert_int_equal(rep.code, MOONLET_ERR_NOT_LEADER);
         assert_true(rep.epoch == epochs[i]);
@@ -262,11 +264,8 @@ static void test_reply_epoch(void **state)
     moonlet_frame_builder b;
     moonlet_frame_builder_init(&b);
     msgpack_pack_nil(moonlet_reply_begin_ex(&b, 7, 0, false));
-    assert_int_equal(moonlet_frame_finish(&b, 4096), 0);
-    uint32_t len;
-    const char *body = only_body(&b, &len);
     moonlet_reply rep;
-    assert_int_equal(moonlet_reply_decode(body, len, &rep), 0);
+    finish_decode_reply(&b, &rep);
     assert_true(rep.epoch == 0);
     moonlet_reply_destroy(&rep);
     moonlet_frame_builder_destroy(&b);

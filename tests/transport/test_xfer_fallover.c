@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../common/fake_listener.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "monotime.h"
@@ -40,13 +41,11 @@
 
 /* A node that accepts and reads but never answers. */
 typedef struct stalled {
-    int listen_fd, stop_pipe[2];
-    uint16_t port;
+    fake_listener l;
     int fds[MAX_CONNS];
     uint64_t got[MAX_CONNS];
     int nfds;
     int requests_seen; /* connections that sent at least a header (atomic) */
-    pthread_t th;
 } stalled;
 
 static void *stalled_main(void *arg)
@@ -55,8 +54,8 @@ static void *stalled_main(void *arg)
     static uint8_t sink[65536];
     uint64_t end = moonlet_mono_ms() + 30000;
     while (moonlet_mono_ms() < end) {
-        struct pollfd p[MAX_CONNS + 2] = {{.fd = s->stop_pipe[0], .events = POLLIN},
-                                          {.fd = s->listen_fd, .events = POLLIN}};
+        struct pollfd p[MAX_CONNS + 2] = {{.fd = s->l.stop_pipe[0], .events = POLLIN},
+                                          {.fd = s->l.listen_fd, .events = POLLIN}};
         for (int i = 0; i < s->nfds; i++)
             p[2 + i] = (struct pollfd){.fd = s->fds[i], .events = POLLIN};
         if (poll(p, (nfds_t)(2 + s->nfds), 100) <= 0)
@@ -64,7 +63,7 @@ static void *stalled_main(void *arg)
         if (p[0].revents)
             break;
         if (p[1].revents && s->nfds < MAX_CONNS) {
-            int fd = accept(s->listen_fd, NULL, NULL);
+            int fd = accept(s->l.listen_fd, NULL, NULL);
             if (fd >= 0) {
                 s->got[s->nfds] = 0;
                 s->fds[s->nfds++] = fd;
@@ -94,25 +93,12 @@ static void *stalled_main(void *arg)
 static void stalled_start(stalled *s)
 {
     memset(s, 0, sizeof(*s));
-    assert_int_equal(pipe(s->stop_pipe), 0);
-    s->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(s->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(s->listen_fd, 16), 0);
-    socklen_t al = sizeof(a);
-    getsockname(s->listen_fd, (struct sockaddr *)&a, &al);
-    s->port = ntohs(a.sin_port);
-    assert_int_equal(pthread_create(&s->th, NULL, stalled_main, s), 0);
+    fake_listener_start(&s->l, stalled_main, s);
 }
 
 static void stalled_stop(stalled *s)
 {
-    assert_int_equal(write(s->stop_pipe[1], "x", 1), 1);
-    pthread_join(s->th, NULL);
-    close(s->listen_fd);
-    close(s->stop_pipe[0]);
-    close(s->stop_pipe[1]);
+    fake_listener_stop(&s->l);
 }
 
 typedef struct reader {
@@ -144,7 +130,7 @@ static void queued_reader_bounded(const char *token)
     moonlet_xfer *x;
     assert_int_equal(moonlet_xfer_create(&o, &x), 0);
     char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.port);
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.l.port);
     reader a = {.x = x, .ep = ep}, b = {.x = x, .ep = ep};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, read_main, &a), 0);
@@ -196,7 +182,7 @@ static void test_many_readers_bounded(void **state)
     moonlet_xfer *x;
     assert_int_equal(moonlet_xfer_create(&o, &x), 0);
     char ep[32];
-    snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.port);
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.l.port);
     reader r[6];
     pthread_t th[6];
     for (int i = 0; i < 6; i++) {

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/fake_listener.h"
 #include "log.h"
 #include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
@@ -313,13 +314,10 @@ typedef enum fake_mode {
 } fake_mode;
 
 typedef struct fake_server {
+    fake_listener l;
     fake_mode mode;
-    int listen_fd;
-    int stop_pipe[2];
-    uint16_t port;
     int headers_seen;
     int accepted;
-    pthread_t th;
 } fake_server;
 
 /* FAKE_DROP_FIRST after its first connection: answers every read request
@@ -341,7 +339,7 @@ static void fake_serve_reads(fake_server *f, int fd, uint8_t *b)
         if (send(fd, r, HDR, MSG_NOSIGNAL) != (ssize_t)HDR ||
             send(fd, pay, h.length, MSG_NOSIGNAL) != (ssize_t)h.length)
             return;
-        struct pollfd p[2] = {{.fd = f->stop_pipe[0], .events = POLLIN},
+        struct pollfd p[2] = {{.fd = f->l.stop_pipe[0], .events = POLLIN},
                               {.fd = fd, .events = POLLIN}};
         if (poll(p, 2, 5000) <= 0 || p[0].revents)
             return;
@@ -391,7 +389,7 @@ static void fake_serve(fake_server *f, int fd)
     uint64_t end = moonlet_mono_ms() + 10000;
     static uint8_t sink[65536];
     while (moonlet_mono_ms() < end) {
-        struct pollfd p[2] = {{.fd = f->stop_pipe[0], .events = POLLIN},
+        struct pollfd p[2] = {{.fd = f->l.stop_pipe[0], .events = POLLIN},
                               {.fd = fd, .events = POLLIN}};
         if (poll(p, 2, 100) <= 0)
             continue;
@@ -405,13 +403,13 @@ static void *fake_main(void *arg)
     fake_server *f = arg;
     uint64_t end = moonlet_mono_ms() + 20000;
     while (moonlet_mono_ms() < end) {
-        struct pollfd p[2] = {{.fd = f->listen_fd, .events = POLLIN},
-                              {.fd = f->stop_pipe[0], .events = POLLIN}};
+        struct pollfd p[2] = {{.fd = f->l.listen_fd, .events = POLLIN},
+                              {.fd = f->l.stop_pipe[0], .events = POLLIN}};
         if (poll(p, 2, 100) <= 0)
             continue;
         if (p[1].revents)
             break;
-        int fd = accept(f->listen_fd, NULL, NULL);
+        int fd = accept(f->l.listen_fd, NULL, NULL);
         if (fd < 0)
             continue;
         __atomic_add_fetch(&f->accepted, 1, __ATOMIC_SEQ_CST);
@@ -425,25 +423,12 @@ static void fake_start(fake_server *f, fake_mode mode)
 {
     memset(f, 0, sizeof(*f));
     f->mode = mode;
-    assert_int_equal(pipe(f->stop_pipe), 0);
-    f->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(bind(f->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(listen(f->listen_fd, 16), 0);
-    socklen_t al = sizeof(a);
-    getsockname(f->listen_fd, (struct sockaddr *)&a, &al);
-    f->port = ntohs(a.sin_port);
-    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+    fake_listener_start(&f->l, fake_main, f);
 }
 
 static void fake_stop(fake_server *f)
 {
-    assert_int_equal(write(f->stop_pipe[1], "x", 1), 1);
-    pthread_join(f->th, NULL);
-    close(f->listen_fd);
-    close(f->stop_pipe[0]);
-    close(f->stop_pipe[1]);
+    fake_listener_stop(&f->l);
 }
 
 /* A TCP client: at most conns_per_peer connections a peer (0: the default),
@@ -469,7 +454,7 @@ static void fake_up(fake_fx *x, fake_mode mode, uint32_t timeout_ms)
 {
     fake_start(&x->f, mode);
     x->c = tcp_client(1, timeout_ms);
-    snprintf(x->ep, sizeof(x->ep), "127.0.0.1:%u", x->f.port);
+    snprintf(x->ep, sizeof(x->ep), "127.0.0.1:%u", x->f.l.port);
 }
 
 static void fake_down(fake_fx *x)
@@ -587,7 +572,7 @@ static void test_unreachable(void **state)
     (void)state;
     fake_server f; /* bind a port, then close it: nothing listens there */
     fake_start(&f, FAKE_STALL);
-    uint16_t port = f.port;
+    uint16_t port = f.l.port;
     fake_stop(&f);
     moonlet_xfer *c = tcp_client(0, 1000);
     char ep[32];

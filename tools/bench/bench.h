@@ -45,6 +45,10 @@ int bench_exec_start(bench_master *bm, const char *path, const char *const *args
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes);
 /* The path of `name` in the directory of this binary. */
 void bench_tool_path(const char *name, char *out, size_t cap);
+/* Runs /usr/bin/python3 <script next to this binary> data out (stdout
+ * sent to stderr, keeping stdout for the bench's result); 0 when it
+ * succeeded, else -1 after a line naming `bench` ("load", "trace"). */
+int bench_run_plot(const char *bench, const char *script, const char *data, const char *out);
 /* Resident set size of a process in bytes (0 when unknown). */
 uint64_t bench_rss_bytes(pid_t pid);
 

@@ -39,7 +39,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -485,26 +484,6 @@ static int parse_clients(const char *s, int *out, int *n)
     return *n ? 0 : -1;
 }
 
-static int run_plot(const char *json_path, const char *out)
-{
-    char script[4096 + 32];
-    bench_tool_path("plot_load.py", script, sizeof(script));
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        dup2(2, 1);
-        execl("/usr/bin/python3", "python3", script, json_path, out, (char *)NULL);
-        _exit(127);
-    }
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
-        fprintf(stderr, "moonlet-bench load: %s failed\n", script);
-        return -1;
-    }
-    return 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: moonlet-bench load [--clients 1,2,4,8,16] [--phase-ms MS] [--rounds N]\n"
@@ -629,7 +608,7 @@ int bench_load_main(int argc, char **argv)
         int fd = mkstemp(tmp);
         char *s = fd >= 0 ? cJSON_PrintUnformatted(root) : NULL;
         FILE *f = s ? fdopen(fd, "w") : NULL;
-        if (!f || fputs(s, f) < 0 || fclose(f) || run_plot(tmp, plot))
+        if (!f || fputs(s, f) < 0 || fclose(f) || bench_run_plot("load", "plot_load.py", tmp, plot))
             rc = 1;
         if (fd >= 0)
             unlink(tmp);

@@ -55,7 +55,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -489,28 +488,6 @@ static int write_series(const char *path, const run_result *r, size_t n, const t
     return fclose(f) ? -1 : 0;
 }
 
-/* /usr/bin/python3 plot_trace.py SERIES OUT; 0 when it succeeded. */
-static int run_plot(const char *series, const char *out)
-{
-    char script[4096 + 32];
-    bench_tool_path("plot_trace.py", script, sizeof(script));
-    pid_t pid = fork();
-    if (pid < 0)
-        return -1;
-    if (pid == 0) {
-        dup2(2, 1); /* keep stdout for the result */
-        execl("/usr/bin/python3", "python3", script, series, out, (char *)NULL);
-        fprintf(stderr, "moonlet-bench trace: cannot run /usr/bin/python3: %s\n", strerror(errno));
-        _exit(127);
-    }
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
-        fprintf(stderr, "moonlet-bench trace: %s failed\n", script);
-        return -1;
-    }
-    return 0;
-}
-
 /* ---- flags ----------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -696,7 +673,7 @@ static int plot_and_series(const trace_opts *o, const run_result r[NMODES], size
     }
     int rc = series ? write_series(series, r, n, o) : 0;
     if (!rc && o->plot)
-        rc = run_plot(series, o->plot);
+        rc = bench_run_plot("trace", "plot_trace.py", series, o->plot);
     if (series == tmp)
         unlink(tmp);
     return rc;

@@ -35,6 +35,28 @@ void bench_tool_path(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
+int bench_run_plot(const char *bench, const char *script, const char *data, const char *out)
+{
+    char path[PATH_MAX + 32];
+    bench_tool_path(script, path, sizeof(path));
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(2, 1); /* keep stdout for the result */
+        execl("/usr/bin/python3", "python3", path, data, out, (char *)NULL);
+        fprintf(stderr, "moonlet-bench %s: cannot run /usr/bin/python3: %s\n", bench,
+                strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+        fprintf(stderr, "moonlet-bench %s: %s failed\n", bench, path);
+        return -1;
+    }
+    return 0;
+}
+
 int bench_master_start(bench_master *bm, const char *const *extra)
 {
     /* The benches mount a bookkeeping-only segment and do not ping: a long

@@ -1,7 +1,8 @@
 /*
  * connect.c - how moonlet-inspect reaches the master: opens the MasterClient
  * from --master and --auth-token-file, and turns failures into the one-line
- * errors and exit codes described in inspect.h.
+ * errors and exit codes described in inspect.h; runs the one-shot renderers
+ * (connect, render, close).
  *
  * MasterClient's create makes a round trip, so a master that is down, a
  * wrong port or a refused token all show here, before any command runs.
@@ -77,4 +78,15 @@ int inspect_connect(const inspect_opts *o, moonlet_master_client **out)
                       moonlet_strerror(rc), rc);
         return INSPECT_EXIT_RUNTIME;
     }
+}
+
+int inspect_render_once(const inspect_opts *o, inspect_render_fn render, const char *what)
+{
+    moonlet_master_client *mc;
+    int ex = inspect_connect(o, &mc);
+    if (ex)
+        return ex;
+    int rc = render(mc, o, stdout, inspect_term_width(stdout));
+    moonlet_mc_destroy(mc);
+    return rc ? inspect_rpc_failed(what, rc) : INSPECT_EXIT_OK;
 }

@@ -145,6 +145,10 @@ typedef int (*inspect_render_fn)(moonlet_master_client *mc, const inspect_opts *
 int inspect_render_segments(moonlet_master_client *mc, const inspect_opts *o, FILE *out,
                             int width);
 int inspect_render_stats(moonlet_master_client *mc, const inspect_opts *o, FILE *out, int width);
+/* A one-shot command of one renderer (connect.c): connects, renders to
+ * stdout for its width, closes.  Returns the exit code; a failed render is
+ * reported as RPC `what` failing. */
+int inspect_render_once(const inspect_opts *o, inspect_render_fn render, const char *what);
 
 /* The commands; argv holds the command's operands (keys, watch target). */
 int inspect_cmd_segments(const inspect_opts *o, int argc, char **argv);

@@ -160,11 +160,5 @@ int inspect_render_segments(moonlet_master_client *mc, const inspect_opts *o, FI
 
 int inspect_cmd_segments(const inspect_opts *o, int argc, char **argv)
 {
-    moonlet_master_client *mc;
-    int ex = inspect_connect(o, &mc);
-    if (ex)
-        return ex;
-    int rc = inspect_render_segments(mc, o, stdout, inspect_term_width(stdout));
-    moonlet_mc_destroy(mc);
-    return rc ? inspect_rpc_failed("ListSegments", rc) : INSPECT_EXIT_OK;
+    return inspect_render_once(o, inspect_render_segments, "ListSegments");
 }
