@@ -8,7 +8,9 @@ only when Debian's etcd is not installed.
 
 import json
 import os
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -62,3 +64,43 @@ def test_rejects_bad_flags():
     for args in (["--rounds", "0"], ["--puts", "0"], ["--failovers", "-1"], ["--bogus"]):
         p = subprocess.run([BENCH, "ha", *args], capture_output=True, timeout=30)
         assert p.returncode == 2, args
+
+
+def dead(pid):
+    """Gone, or a zombie nobody has reaped yet (it runs no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_children_die_with_the_bench():
+    """A bench killed outright (a crash, SIGKILL) takes its etcd, masters and
+    stores with it: each child has PR_SET_PDEATHSIG.  Before, they lived on,
+    holding their ports and the caller's pipe."""
+    if not BUILD:
+        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
+    p = subprocess.Popen([BENCH, "ha", "--rounds", "1", "--puts", "50", "--failovers", "1",
+                          "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         stdin=subprocess.DEVNULL)
+    kids = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(kids) < 3 and p.poll() is None:
+            kids = [int(k) for k in children(p.pid)]  # etcd, then the masters
+            time.sleep(0.05)
+        assert len(kids) >= 3, kids
+        p.kill()
+        p.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(dead(k) for k in kids):
+            time.sleep(0.05)
+        assert all(dead(k) for k in kids), [k for k in kids if not dead(k)]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for k in kids:  # ours: stopped by PID if the check above failed
+            if not dead(k):
+                os.kill(k, signal.SIGKILL)

@@ -23,6 +23,12 @@ typedef struct bench_master {
     uint16_t port;
 } bench_master;
 
+/* In a child just forked by the bench's main thread: the kernel sends it
+ * SIGKILL when the bench dies (PR_SET_PDEATHSIG), so a bench that crashes or
+ * is killed leaves no daemon holding its ports or its caller's pipe.  Exits
+ * at once if the bench is already gone. */
+void bench_child_die_with_parent(pid_t parent);
+
 /* Starts tools/moonlet-master (found next to this binary) with extra flags,
  * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
 int bench_master_start(bench_master *bm, const char *const *extra_args);

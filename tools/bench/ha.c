@@ -86,10 +86,12 @@ static int etcd_start(bench_master *e, const char *dir, char *url, size_t cap)
     snprintf(data, sizeof(data), "%s/data", dir);
     snprintf(logp, sizeof(logp), "%s/etcd.log", dir);
     snprintf(url, cap, "%s", curl);
+    pid_t parent = getpid();
     e->pid = fork();
     if (e->pid < 0)
         return -1;
     if (e->pid == 0) {
+        bench_child_die_with_parent(parent);
         int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, 1);

@@ -218,7 +218,7 @@ static uint16_t free_port(void)
     return port;
 }
 
-/* Starts redis-server on 127.0.0.1:port, no persistence; waits (up to 15 s)
+/* Starts redis-server on 127.0.0.1:port, no persistence; waits (up to BENCH_READY_S)
  * for its "Ready to accept connections" line. */
 static int redis_start(bench_master *rs, uint16_t port)
 {
