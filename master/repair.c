@@ -410,6 +410,7 @@ static void repair_pump(moonlet_master *m, uint64_t now)
     }
 }
 
+static struct rjob *job_locked(struct repair_state *r, uint64_t id);
 static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j);
 static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone);
 
@@ -468,18 +469,25 @@ void repair_tick(moonlet_master *m)
     repair_pump(m, now);
 }
 
+/* Running job `id`, or NULL.  repair_mu held. */
+static struct rjob *job_locked(struct repair_state *r, uint64_t id)
+{
+    for (uint32_t i = 0; i < r->nrun; i++)
+        if (r->run[i].id == id)
+            return &r->run[i];
+    return NULL;
+}
+
 /* Takes job `id` out of the running set into *j.  repair_mu held. */
 static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j)
 {
-    for (uint32_t i = 0; i < r->nrun; i++) {
-        if (r->run[i].id != id)
-            continue;
-        *j = r->run[i];
-        r->run[i] = r->run[--r->nrun];
-        atomic_store(&r->running, r->nrun);
-        return true;
-    }
-    return false;
+    struct rjob *p = job_locked(r, id);
+    if (!p)
+        return false;
+    *j = *p;
+    *p = r->run[--r->nrun];
+    atomic_store(&r->running, r->nrun);
+    return true;
 }
 
 void repair_object_gone_locked(moonlet_master *m, const struct mobj *o)
@@ -565,12 +573,13 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
         struct shard *s = &m->shards[shard_of(m, j->hash)];
         pthread_mutex_lock(&s->mu);
         struct mobj *o = find_locked(m, s, j->hash, j->tenant);
-        /* Cancelled: its object was destroyed since the copy above, and o
-         * (if any) is another object put later under the same key. */
+        /* Ended or cancelled since the copy above (its object was
+         * destroyed: o, if any, is another object put later under the same
+         * key): nothing to hand out. */
         pthread_mutex_lock(&r->mu);
-        for (uint32_t k = 0; k < r->nrun; k++)
-            if (r->run[k].id == j->id && r->run[k].cancelled)
-                o = NULL;
+        const struct rjob *live = job_locked(r, j->id);
+        if (!live || live->cancelled)
+            o = NULL;
         pthread_mutex_unlock(&r->mu);
         /* Seen MOUNTED under the guard: the slot cannot be retired before
          * we let the guard go (unmount.c's barrier), so its strings hold. */
@@ -621,10 +630,10 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     struct rjob j;
     /* A look first: only the target's node ends a job it fetched. */
     pthread_mutex_lock(&r->mu);
-    bool had = false;
-    for (uint32_t i = 0; i < r->nrun && !had; i++)
-        if (r->run[i].id == job_id)
-            j = r->run[i], had = true;
+    const struct rjob *p = job_locked(r, job_id);
+    bool had = p != NULL;
+    if (had)
+        j = *p;
     bool mine = had && caller_holds(&me, j.target.seg);
     pthread_mutex_unlock(&r->mu);
     if (!had || !mine || !j.fetched)
