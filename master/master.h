@@ -39,7 +39,10 @@ typedef struct moonlet_master moonlet_master;
  *   UNMOUNT  client_id, segment_id: its replicas stop counting; objects left
  *            without one go (the leader also sends their DROP)
  *   PLACE    an object's whole replica set at PutStart and after each
- *            PutReplaceReplica (free_ms: the replaced range's quarantine)
+ *            PutReplaceReplica (free_ms: the replaced range's quarantine);
+ *            with FLAG_SEALED the object is sealed by the same record (a
+ *            snapshot's object, a drain's replica swap: one record, so a
+ *            standby never holds the object missing or unsealed in between)
  *   SEAL     PutEnd (checksum when FLAG_CHECKSUM)
  *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
  *            free_ms: how long its ranges stay unusable (0: at once)
@@ -62,6 +65,7 @@ enum {
 #define MOONLET_REPL_FLAG_SOFT_PIN 1u
 #define MOONLET_REPL_FLAG_HARD_PIN 2u
 #define MOONLET_REPL_FLAG_CHECKSUM 4u
+#define MOONLET_REPL_FLAG_SEALED 8u /* PLACE: sealed at once (checksum, pin TTL as SEAL's) */
 #define MOONLET_REPL_MAX_REPS 8u
 typedef struct moonlet_repl_rec {
     uint8_t type;

@@ -268,29 +268,20 @@ static void repl_hold_target(moonlet_master *m, const struct rjob *j, uint64_t n
     repl_emit(m, &rec);
 }
 
-/* A drain swapped replica `old` for the job's `nr` (already in o): the
- * standby, which knows o with `old` and holds `nr` as QUAR, is told before
- * `old` is freed (master.h: the records' order) by DROP (nothing held),
- * QUAR of `old` while a reader may still read it, and o again without `nr`.
- * So it never keeps a replica on a range the leader may reuse.  Under o's
- * shard lock. */
-static void repl_swap(moonlet_master *m, const struct mobj *o, const struct mrep *old,
-                      const struct mrep *nr, uint64_t until, uint64_t now)
+/* A drain swapped a replica of sealed o for the job's `nr` (already in o):
+ * the standby, which knows o with the old replica and holds `nr` as QUAR, is
+ * told before the old range is freed (master.h: the records' order), in one
+ * record, so that no failover can find it between two: o sealed, without
+ * `nr`, the old range held while a reader may still read it (until; 0:
+ * freed at once).  So it never keeps a replica on a range the leader may
+ * reuse.  Under o's shard lock. */
+static void repl_swap(moonlet_master *m, const struct mobj *o, const struct mrep *nr,
+                      uint64_t until, uint64_t now)
 {
     if (!repl_on(m))
         return;
-    moonlet_repl_rec rec;
-    repl_object_rec(m, o, MOONLET_REPL_DROP, &rec);
-    rec.free_ms = 0;
-    repl_emit(m, &rec);
-    if (until > now) {
-        moonlet_repl_rec q = {.type = MOONLET_REPL_QUAR, .size = o->size, .nrep = 1,
-                              .free_ms = (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS};
-        q.rep_seg[0] = MOONLET_STR(reg_seg(&m->reg, old->seg)->id);
-        q.rep_off[0] = old->offset;
-        repl_emit(m, &q);
-    }
-    repl_object_send(m, o, nr, m->cfg.repl_emit, m->cfg.repl_arg);
+    uint64_t free_ms = until > now ? (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS : 0;
+    repl_object_send(m, o, nr, free_ms, m->cfg.repl_emit, m->cfg.repl_arg);
 }
 
 enum { START_OK, START_DROP, START_RETRY };
@@ -694,7 +685,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
                  * its lease holds, as a forced Remove does. */
                 uint64_t until = moonlet_lease_active(o->lease_deadline, now) ? o->lease_deadline
                                                                               : 0;
-                repl_swap(m, o, &old, &nr, until, now);
+                repl_swap(m, o, &nr, until, now);
                 registry_release(m, o->hash, o->size, &old, 1, until);
                 res = ATTACHED;
                 break;

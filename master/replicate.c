@@ -596,9 +596,15 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
     }
     o->size = rec->size;
     o->flags = rec->flags & (MOONLET_REPL_FLAG_SOFT_PIN | MOONLET_REPL_FLAG_HARD_PIN);
-    o->sealed = false;
-    o->deadline_ns = now + rec->ttl_ms * MOONLET_NS_PER_MS;
-    o->pin_ns = rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+    o->sealed = rec->flags & MOONLET_REPL_FLAG_SEALED;
+    if (o->sealed) { /* as a SEAL record would */
+        o->has_checksum = rec->flags & MOONLET_REPL_FLAG_CHECKSUM;
+        o->checksum = rec->checksum;
+        o->pin_ns = now + rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+    } else {
+        o->deadline_ns = now + rec->ttl_ms * MOONLET_NS_PER_MS;
+        o->pin_ns = rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+    }
     o->nrep = rec->nrep;
     memcpy(o->seg, seg, sizeof(seg[0]) * rec->nrep);
     memcpy(o->off, rec->rep_off, sizeof(rec->rep_off[0]) * rec->nrep);

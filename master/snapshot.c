@@ -26,10 +26,14 @@ struct snap_args {
 };
 
 void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep *skip,
-                      void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg)
+                      uint64_t free_ms, void (*emit)(void *arg, const moonlet_repl_rec *rec),
+                      void *arg)
 {
     moonlet_repl_rec rec;
     repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
+    rec.free_ms = free_ms;
+    if (o->state == OBJ_COMPLETE)
+        rec.flags |= MOONLET_REPL_FLAG_SEALED;
     if (skip) { /* leave one replica out (repair.c: the standby holds it as QUAR) */
         uint32_t n = 0;
         for (uint32_t k = 0; k < rec.nrep; k++)
@@ -53,14 +57,7 @@ void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep
     }
     pthread_rwlock_unlock(&m->tenants.lock);
     rec.tenant = (moonlet_str){name, len};
-    uint8_t flags = rec.flags;
-    rec.flags &= (uint8_t)~MOONLET_REPL_FLAG_CHECKSUM;
     emit(arg, &rec);
-    if (o->state == OBJ_COMPLETE) {
-        rec.type = MOONLET_REPL_SEAL;
-        rec.flags = flags;
-        emit(arg, &rec);
-    }
 }
 
 static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *varg)
@@ -68,7 +65,7 @@ static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void 
     (void)s;
     struct snap_args *a = varg;
     if (o->nrep) /* else nothing readable nor writable is left of it */
-        repl_object_send(m, o, NULL, a->emit, a->arg);
+        repl_object_send(m, o, NULL, 0, a->emit, a->arg);
     return true;
 }
 

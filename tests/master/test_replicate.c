@@ -304,11 +304,21 @@ static void test_restore_matches_leader(void **state)
     moonlet_master_get_stats(c, &sc);
     assert_int_equal(sc.objects, sa.objects);
     assert_int_equal(sc.used, sa.used);
-    for (int i = 0; i < 40; i++) {
+    for (int i = 0; i < 40; i++) { /* a snapshot's object is one sealed PLACE record */
         snprintf(key, sizeof(key), "obj%d", i);
         struct fix_reps r;
-        if (inspect(a, key, &v, &r) == 0)
-            assert_same(a, c, key);
+        if (inspect(a, key, &v, &r) != 0)
+            continue;
+        assert_same(a, c, key);
+        bool has_ck = false;
+        uint64_t ck = 0, size = 0;
+        assert_int_equal(moonlet_master_get_replica_list_ck(c, MOONLET_STR(""), MOONLET_STR(key),
+                                                            &size, NULL, &has_ck, &ck, NULL,
+                                                            NULL),
+                         MOONLET_OK);
+        assert_int_equal(has_ck, i % 2 == 1);
+        if (has_ck)
+            assert_int_equal(ck, 0x1000 + (uint64_t)i);
     }
     assert_same(a, c, "pending");
     moonlet_master_destroy(c);
