@@ -94,6 +94,83 @@ static void keepalive(moonlet_election *el)
         moonlet_role_renewed(el->role, sent + el->ttl_ms - el->margin_ms);
 }
 
+/*
+ * Keepalives during a promotion.  on_elected runs on this thread and may
+ * take longer than a tick (a large state to restore, its own etcd calls
+ * with their timeouts); without keepalives meanwhile the lease could lapse
+ * under it, the key go, and the new leader step down right after promoting.
+ * So a second thread renews the lease every tick while on_elected runs.  It
+ * only calls etcd (el->etcd serialises its calls) and notes the outcome
+ * under el->mu; the election thread applies it once on_elected returned.
+ */
+struct promo_ka {
+    moonlet_election *el;
+    pthread_cond_t cv;
+    bool stop, expired;
+    uint64_t last_ok_ms, next_ms;
+};
+
+static void *promo_ka_main(void *arg)
+{
+    struct promo_ka *p = arg;
+    moonlet_election *el = p->el;
+    pthread_mutex_lock(&el->mu);
+    while (!p->stop && !el->stop && !p->expired) {
+        uint64_t now = moonlet_mono_ms();
+        if (now < p->next_ms) {
+            struct timespec ts = moonlet_mono_deadline_ts(p->next_ms - now);
+            pthread_cond_timedwait(&p->cv, &el->mu, &ts);
+            continue;
+        }
+        pthread_mutex_unlock(&el->mu);
+        int64_t ttl = 0;
+        int rc = moonlet_etcd_lease_keepalive(el->etcd, el->lease, &ttl);
+        pthread_mutex_lock(&el->mu);
+        p->next_ms = now + el->tick_ms;
+        if (rc == MOONLET_OK && ttl <= 0)
+            p->expired = true;
+        else if (rc == MOONLET_OK)
+            p->last_ok_ms = now;
+    }
+    pthread_mutex_unlock(&el->mu);
+    return NULL;
+}
+
+/* Runs on_elected with keepalives beside it: NULL, or why this master must
+ * not lead after all. */
+static const char *promote(moonlet_election *el)
+{
+    struct promo_ka p = {.el = el, .last_ok_ms = el->last_ok_ms, .next_ms = el->next_ka_ms};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p.cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_t t;
+    bool started = pthread_create(&t, NULL, promo_ka_main, &p) == 0;
+    if (!started)
+        ML_WARN(MOD, "no keepalive thread: the promotion must end within the lease TTL");
+    int rc = el->on_elected(el->arg, el->epoch);
+    if (started) {
+        pthread_mutex_lock(&el->mu);
+        p.stop = true;
+        pthread_cond_signal(&p.cv);
+        pthread_mutex_unlock(&el->mu);
+        pthread_join(t, NULL);
+    }
+    pthread_cond_destroy(&p.cv);
+    if (p.last_ok_ms > el->last_ok_ms) {
+        el->last_ok_ms = p.last_ok_ms;
+        el->next_ka_ms = p.next_ms;
+    }
+    if (p.expired) {
+        ML_WARN(MOD, "etcd lease %lld expired during the promotion", (long long)el->lease);
+        el->lease = 0;
+        return "lease expired";
+    }
+    return rc ? "the promotion failed" : NULL;
+}
+
 static void campaign(moonlet_election *el)
 {
     uint64_t t0 = moonlet_mono_ms();
@@ -114,9 +191,10 @@ static void campaign(moonlet_election *el)
     if (won) {
         el->leader = true;
         el->epoch = (uint64_t)rev;
-        if (el->on_elected && el->on_elected(el->arg, el->epoch) != 0) {
+        const char *why = el->on_elected ? promote(el) : NULL;
+        if (why) {
             moonlet_etcd_kv_free(&cur);
-            depose(el, "the promotion failed");
+            depose(el, why);
             return;
         }
         moonlet_role_elected(el->role, el->epoch, t0 + el->ttl_ms /* grace: one TTL */,

@@ -18,8 +18,10 @@
  * transaction reads it when it fails) every TTL/3 and tells the role who
  * the leader is.
  *
- * Threads and locks: its own thread; el->mu (a leaf) guards the stop and
- * reset flags and its condition variable.  Calls into role.c and etcd.c
+ * Threads and locks: its own thread, and while on_elected runs a second
+ * one that keeps the lease alive (a slow promotion cannot lose it); el->mu
+ * (a leaf) guards the stop and reset flags, the second thread's outcome and
+ * their condition variables.  Calls into role.c and etcd.c
  * (which take their own leaf locks) without holding el->mu.
  */
 #ifndef MOONLET_ELECTION_H
@@ -43,7 +45,8 @@ typedef struct moonlet_election_opts {
     void *arg;
     /* Called on the election thread when this master won `epoch`, before
      * its serving window is set (so before it may serve): promotion work
-     * (repl_stream.h).  Nonzero: this master must not lead (it steps down
+     * (repl_stream.h).  The lease is kept alive meanwhile, however long it
+     * takes.  Nonzero: this master must not lead (it steps down
      * as a deposed leader does, then campaigns again).  NULL: none. */
     int (*on_elected)(void *arg, uint64_t epoch);
 } moonlet_election_opts;

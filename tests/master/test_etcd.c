@@ -11,7 +11,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "election.h"
 #include "etcd_fixture.h"
+#include "role.h"
 #include "moonlet/error.h"
 
 static etcd_fixture g_etcd;
@@ -209,6 +211,53 @@ static void test_bad_arguments(void **state)
     moonlet_etcd_destroy(e);
 }
 
+/* A promotion slower than the lease TTL keeps the lease (keepalives run
+ * beside on_elected): the new leader serves afterwards, its key intact. */
+struct slow_promo {
+    uint64_t epoch;
+    unsigned ms;
+};
+
+static int slow_on_elected(void *arg, uint64_t epoch)
+{
+    struct slow_promo *p = arg;
+    p->epoch = epoch;
+    usleep(p->ms * 1000u); /* the promotion's work, slower than the TTL */
+    return 0;
+}
+
+static void test_slow_promotion_keeps_the_lease(void **state)
+{
+    moonlet_role *role = NULL;
+    assert_int_equal(moonlet_role_create("127.0.0.1:1", &role), MOONLET_OK);
+    struct slow_promo p = {.ms = 4500};
+    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "slowpromo",
+                               .advertise = "127.0.0.1:1", .ttl_s = 2,
+                               .on_elected = slow_on_elected, .arg = &p};
+    moonlet_election *el = NULL;
+    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
+    /* serving within the promotion + one grace + slack (bounded) */
+    uint64_t deadline = moonlet_mono_ms() + p.ms + 2000 + 5000;
+    moonlet_role_info ri = {0};
+    while (moonlet_mono_ms() < deadline) {
+        moonlet_role_get(role, moonlet_mono_ms(), &ri);
+        if (ri.serving)
+            break;
+        usleep(20 * 1000); /* the role has no event to wait on */
+    }
+    assert_true(ri.serving);
+    assert_int_equal(ri.epoch, p.epoch);
+    moonlet_etcd *e = client(g_etcd.url);
+    moonlet_etcd_kv kv;
+    assert_int_equal(moonlet_etcd_get(e, "/moonlet/slowpromo/leader", &kv, NULL), MOONLET_OK);
+    assert_true(kv.found);
+    assert_int_equal((uint64_t)kv.create_revision, p.epoch);
+    moonlet_etcd_kv_free(&kv);
+    moonlet_etcd_destroy(e);
+    moonlet_election_stop(el);
+    moonlet_role_destroy(role);
+}
+
 int main(void)
 {
     int rc = etcd_fixture_start(&g_etcd);
@@ -227,6 +276,7 @@ int main(void)
         cmocka_unit_test(test_binary_values),
         cmocka_unit_test(test_endpoint_failover),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_slow_promotion_keeps_the_lease),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     etcd_fixture_stop(&g_etcd);
