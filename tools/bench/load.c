@@ -203,21 +203,6 @@ static int resp_reply(resp *r, long long *num)
 
 /* ---- redis-server ---------------------------------------------------------------- */
 
-static uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    uint16_t port = 0;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) &&
-        !getsockname(fd, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
 /* Starts redis-server on 127.0.0.1:port, no persistence; waits (up to BENCH_READY_S)
  * for its "Ready to accept connections" line. */
 static int redis_start(bench_master *rs, uint16_t port)
@@ -538,7 +523,7 @@ int bench_load_main(int argc, char **argv)
     char *value = malloc(VALUE_BYTES);
     cJSON *root = NULL;
     int rc = 1;
-    uint16_t rport = free_port();
+    uint16_t rport = bench_free_port();
     if (!value || !rport)
         goto out;
     memset(value, 'v', VALUE_BYTES);
