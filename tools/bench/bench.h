@@ -77,6 +77,11 @@ void bench_samples_free(bench_samples *s);
 
 uint64_t bench_now_ns(void);
 
+/* Parses a flag's comma-separated counts ("1,2,4,8") into out[0..cap): each
+ * from 1 to max.  Returns 0 with *n set, or -1 (empty list, a count out of
+ * range, a character that is neither digit nor comma). */
+int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n);
+
 /* Adds {"p50_us": .., "p99_us": .., "samples": n} under `name`. */
 void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);
 

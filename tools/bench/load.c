@@ -50,6 +50,7 @@
 #define BATCH 640
 #define VALUE_BYTES 4096
 #define MAX_CLIENTS 64
+#define MAX_COUNTS 16 /* client counts one --clients may list */
 #define REDIS_PATH "/usr/bin/redis-server"
 
 static char g_keys[NKEYS][32];
@@ -453,22 +454,6 @@ static int fill_redis(uint16_t port)
     return rc;
 }
 
-static int parse_clients(const char *s, int *out, int *n)
-{
-    *n = 0;
-    while (*s && *n < 16) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > MAX_CLIENTS)
-            return -1;
-        out[(*n)++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            return -1;
-    }
-    return *n ? 0 : -1;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: moonlet-bench load [--clients 1,2,4,8,16] [--phase-ms MS] [--rounds N]\n"
@@ -480,7 +465,8 @@ static void usage(FILE *f)
 
 int bench_load_main(int argc, char **argv)
 {
-    int clients[16] = {1, 2, 4, 8, 16}, nclients = 5, rounds = 3, phase_ms = 600, json = 0;
+    uint32_t clients[MAX_COUNTS] = {1, 2, 4, 8, 16};
+    int nclients = 5, rounds = 3, phase_ms = 600, json = 0;
     const char *plot = NULL;
     static const struct option opts[] = {
         {"clients", required_argument, 0, 'c'}, {"phase-ms", required_argument, 0, 'p'},
@@ -489,11 +475,10 @@ int bench_load_main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     int o;
-    optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'c':
-            if (parse_clients(optarg, clients, &nclients)) {
+            if (bench_parse_counts(optarg, MAX_CLIENTS, clients, MAX_COUNTS, &nclients)) {
                 fprintf(stderr, "moonlet-bench load: --clients: counts 1..%d, comma-separated\n",
                         MAX_CLIENTS);
                 return 2;
@@ -548,7 +533,7 @@ int bench_load_main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "rounds", rounds);
     cJSON *rows = cJSON_AddArrayToObject(root, "by_clients");
     for (int ci = 0; ci < nclients; ci++) {
-        int n = clients[ci];
+        int n = (int)clients[ci];
         phase_result pr[NPHASES];
         memset(pr, 0, sizeof(pr));
         for (int r = 0; r < rounds; r++)

@@ -25,6 +25,22 @@ uint64_t bench_now_ns(void)
     return moonlet_mono_ns();
 }
 
+int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n)
+{
+    *n = 0;
+    while (*s && *n < cap) {
+        char *end;
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v == 0 || v > max)
+            return -1;
+        out[(*n)++] = (uint32_t)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return *n ? 0 : -1;
+}
+
 void bench_tool_path(const char *name, char *out, size_t cap)
 {
     char self[PATH_MAX];
