@@ -40,6 +40,8 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    /* One subcommand runs per process: it parses its flags with getopt_long
+     * from the initial optind. */
     for (size_t i = 0; i < sizeof(g_cmds) / sizeof(g_cmds[0]); i++)
         if (!strcmp(argv[1], g_cmds[i].name))
             return g_cmds[i].main(argc - 1, argv + 1);

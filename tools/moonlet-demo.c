@@ -49,15 +49,24 @@ static void show(const char *title, const int32_t *r)
     printf("]\n");
 }
 
+/* Lease time left on a key, or -1 when it cannot be inspected. */
+static double lease_left(moonlet_master_client *mc, const char *key)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, TENANT, key, &j) != 0)
+        return -1;
+    double ms = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    cJSON_Delete(j);
+    return ms;
+}
+
 static void show_leases(moonlet_master_client *mc)
 {
     printf("  leases now:");
     for (int i = 0; i < 6; i++) {
-        cJSON *j = NULL;
-        if (moonlet_mc_inspect_key(mc, TENANT, K3[i], &j) == 0) {
-            printf(" %s=%.0fms", K3[i], cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble);
-            cJSON_Delete(j);
-        }
+        double ms = lease_left(mc, K3[i]);
+        if (ms >= 0)
+            printf(" %s=%.0fms", K3[i], ms);
     }
     printf("\n");
 }
@@ -158,17 +167,6 @@ static int req_key(void *ctx, const moonlet_k3_key_id *id, char *buf, size_t cap
     if (id->kind == MOONLET_K3_KEY_KV)
         return snprintf(buf, cap, "req/kv/%llu", (unsigned long long)id->block);
     return snprintf(buf, cap, "req/kda/%llu/r%u", (unsigned long long)id->position, id->rank);
-}
-
-/* Lease time left on a key, or -1 when it cannot be inspected. */
-static double lease_left(moonlet_master_client *mc, const char *key)
-{
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(mc, TENANT, key, &j) != 0)
-        return -1;
-    double ms = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
-    cJSON_Delete(j);
-    return ms;
 }
 
 /* The K3 lookup helper on a synthetic request. */

@@ -369,26 +369,42 @@ int moonlet_request_decode_ref_max(const char *body, size_t len, msgpack_zone *z
     return request_finish(body, len, zone, req, id_out);
 }
 
-int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out)
+/* Unpacks a private copy of body into *unp, whose zone then owns the copy
+ * and every object.  Returns 0, INVALID (the body does not scan or unpack)
+ * or MOONLET_ERR_INTERNAL_ERROR; on failure *unp holds nothing. */
+static int unpack_copy(const char *body, size_t len, msgpack_unpacked *unp)
 {
     uint64_t children;
     const char *copy = NULL;
-    msgpack_unpacked_init(&req->unp);
-    req->args = NULL;
-    if (id_out)
-        *id_out = 0;
+    msgpack_unpacked_init(unp);
     if (scan_body(body, len, &children) != 0)
-        return invalid_request(body, len, id_out);
+        return INVALID;
     msgpack_zone *z = zone_with_copy(body, len, children, &copy);
     if (z == NULL)
         return MOONLET_ERR_INTERNAL_ERROR;
-    int rc = request_finish(copy, len, z, req, id_out);
-    if (rc != 0) {
+    if (unpack_scanned(copy, len, z, &unp->data) != 0) {
         msgpack_zone_free(z);
-        msgpack_unpacked_init(&req->unp);
-        return rc;
+        msgpack_unpacked_init(unp);
+        return INVALID;
     }
-    req->unp.zone = z;
+    unp->zone = z;
+    return 0;
+}
+
+int moonlet_request_decode(const char *body, size_t len, moonlet_request *req, uint64_t *id_out)
+{
+    req->args = NULL;
+    if (id_out)
+        *id_out = 0;
+    int rc = unpack_copy(body, len, &req->unp);
+    if (rc == MOONLET_ERR_INTERNAL_ERROR)
+        return rc;
+    if (rc != 0 || request_from_object(&req->unp.data, req) != 0) {
+        moonlet_request_destroy(req);
+        return invalid_request(body, len, id_out);
+    }
+    if (id_out)
+        *id_out = req->id;
     return 0;
 }
 
@@ -400,23 +416,14 @@ void moonlet_request_destroy(moonlet_request *req)
 
 int moonlet_reply_decode(const char *body, size_t len, moonlet_reply *rep)
 {
-    uint64_t children;
-    const char *copy = NULL;
-    msgpack_unpacked_init(&rep->unp);
     rep->result = NULL;
-    if (scan_body(body, len, &children) != 0)
-        return INVALID;
-    msgpack_zone *z = zone_with_copy(body, len, children, &copy);
-    if (z == NULL)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    if (unpack_scanned(copy, len, z, &rep->unp.data) != 0 ||
-        reply_from_object(&rep->unp.data, rep) != 0) {
-        msgpack_zone_free(z);
-        msgpack_unpacked_init(&rep->unp);
-        rep->result = NULL;
+    int rc = unpack_copy(body, len, &rep->unp);
+    if (rc == MOONLET_ERR_INTERNAL_ERROR)
+        return rc;
+    if (rc != 0 || reply_from_object(&rep->unp.data, rep) != 0) {
+        moonlet_reply_destroy(rep);
         return INVALID;
     }
-    rep->unp.zone = z;
     return 0;
 }
 

@@ -68,6 +68,18 @@ static int fail(const char *name, const moonlet_rpc_args_spec *s, int i, const c
     return MOONLET_ERR_INVALID_PARAMS;
 }
 
+/* A NUL-terminated copy of p[0..len) in zone; NULL when out of memory. */
+static char *zone_cstr(msgpack_zone *zone, const char *p, uint32_t len)
+{
+    char *c = msgpack_zone_malloc(zone, (size_t)len + 1);
+    if (c) {
+        if (len)
+            memcpy(c, p, len);
+        c[len] = 0;
+    }
+    return c;
+}
+
 #define WHY(...) (snprintf(why, wcap, __VA_ARGS__), MOONLET_ERR_INVALID_PARAMS)
 
 static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint32_t i,
@@ -94,12 +106,9 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
         }
         if (len && memchr(p, 0, len))
             return WHY("holds a NUL byte");
-        char *c = msgpack_zone_malloc(zone, (size_t)len + 1);
+        char *c = zone_cstr(zone, p, len);
         if (!c)
             return MOONLET_ERR_INTERNAL_ERROR;
-        if (len)
-            memcpy(c, p, len);
-        c[len] = 0;
         *FIELD(st, a, cstr) = c;
         return MOONLET_OK;
     }
@@ -178,11 +187,8 @@ static int decode_one(const moonlet_rpc_arg *a, const msgpack_object *args, uint
                     return WHY("has an element longer than %u bytes", a->elem_max);
                 if (len && memchr(p, 0, len))
                     return WHY("has an element with a NUL byte");
-                if (!(v[k] = msgpack_zone_malloc(zone, (size_t)len + 1)))
+                if (!(v[k] = zone_cstr(zone, p, len)))
                     return MOONLET_ERR_INTERNAL_ERROR;
-                if (len)
-                    memcpy(v[k], p, len);
-                v[k][len] = 0;
             }
             *FIELD(st, a, moonlet_cstrv) = (moonlet_cstrv){(const char *const *)v, n};
             return MOONLET_OK;

@@ -221,17 +221,33 @@ static int connect_unix(const char *path, int64_t deadline)
     }
 }
 
+/* The reply's code after a call or recv that returned rc. */
+static int reply_code(int rc, moonlet_reply *rep)
+{
+    if (rc != 0)
+        return rc;
+    rc = rep->code;
+    moonlet_reply_destroy(rep);
+    return rc;
+}
+
+int moonlet_rpc_client_call_code(moonlet_rpc_client *c)
+{
+    moonlet_reply rep;
+    return reply_code(moonlet_rpc_client_call(c, &rep), &rep);
+}
+
+int moonlet_rpc_client_recv_code(moonlet_rpc_client *c)
+{
+    moonlet_reply rep;
+    return reply_code(moonlet_rpc_client_recv(c, &rep), &rep);
+}
+
 static int authenticate(moonlet_rpc_client *c, const char *token, size_t len)
 {
     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_RPC_AUTH, 1);
     moonlet_pack_str(pk, token, len);
-    moonlet_reply rep;
-    int rc = moonlet_rpc_client_call(c, &rep);
-    if (rc != 0)
-        return rc;
-    rc = rep.code;
-    moonlet_reply_destroy(&rep);
-    return rc;
+    return moonlet_rpc_client_call_code(c);
 }
 
 static int client_open(int fd, const moonlet_rpc_client_opts *opts, moonlet_rpc_client **out)

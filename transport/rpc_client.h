@@ -78,6 +78,12 @@ int moonlet_rpc_client_send(moonlet_rpc_client *c, uint64_t *id_out);
 /* Waits for the next reply, whatever its id. Same return convention as call. */
 int moonlet_rpc_client_recv(moonlet_rpc_client *c, moonlet_reply *rep);
 
+/* call() and recv() for a request whose result is not wanted: they return
+ * the transport error, or the reply's code once a reply arrived (the reply
+ * is released). */
+int moonlet_rpc_client_call_code(moonlet_rpc_client *c);
+int moonlet_rpc_client_recv_code(moonlet_rpc_client *c);
+
 bool moonlet_rpc_client_broken(const moonlet_rpc_client *c);
 /* Changes the per-call timeout of later calls (<= 0: the default). */
 void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms);

@@ -1,7 +1,8 @@
 /*
  * bench.h - shared pieces of moonlet-bench's subcommands: starting
- * moonlet-master and moonlet-store child processes, latency samples and
- * percentiles, RSS of a process, JSON output.
+ * moonlet-master and moonlet-store child processes (tied to the bench), free
+ * loopback ports, latency samples and percentiles, RSS of a process, JSON
+ * output.
  */
 #ifndef MOONLET_BENCH_H
 #define MOONLET_BENCH_H
@@ -23,11 +24,17 @@ typedef struct bench_master {
     uint16_t port;
 } bench_master;
 
-/* In a child just forked by the bench's main thread: the kernel sends it
- * SIGKILL when the bench dies (PR_SET_PDEATHSIG), so a bench that crashes or
- * is killed leaves no daemon holding its ports or its caller's pipe.  Exits
- * at once if the bench is already gone. */
-void bench_child_die_with_parent(pid_t parent);
+/* fork() for the bench's main thread, with the child tied to the bench: the
+ * kernel sends the child SIGKILL when the bench dies (PR_SET_PDEATHSIG), so a
+ * bench that crashes or is killed leaves no daemon holding its ports or its
+ * caller's pipe; a child whose bench is already gone exits at once.  Returns
+ * what fork() returns. */
+pid_t bench_fork(void);
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice of
+ * an ephemeral port), for a child that takes its port as a flag; 0 when none
+ * could be had. */
+uint16_t bench_free_port(void);
 
 /* Starts tools/moonlet-master (found next to this binary) with extra flags,
  * on 127.0.0.1 and an ephemeral port.  Returns 0 when it listens. */
@@ -69,6 +76,11 @@ double bench_percentile(bench_samples *s, double p);
 void bench_samples_free(bench_samples *s);
 
 uint64_t bench_now_ns(void);
+
+/* Parses a flag's comma-separated counts ("1,2,4,8") into out[0..cap): each
+ * from 1 to max.  Returns 0 with *n set, or -1 (empty list, a count out of
+ * range, a character that is neither digit nor comma). */
+int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n);
 
 /* Adds {"p50_us": .., "p99_us": .., "samples": n} under `name`. */
 void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);

@@ -120,12 +120,10 @@ static int py_start(client_bench *b, const char *master, const char *sock)
     char cand[16], ranks[16];
     snprintf(cand, sizeof(cand), "%d", b->candidates);
     snprintf(ranks, sizeof(ranks), "%d", b->ranks);
-    pid_t parent = getpid();
-    b->py_pid = fork();
+    b->py_pid = bench_fork();
     if (b->py_pid < 0)
         return -1;
     if (b->py_pid == 0) {
-        bench_child_die_with_parent(parent);
         dup2(in[0], 0);
         dup2(out[1], 1);
         close(in[0]);
@@ -298,7 +296,6 @@ int bench_client_main(int argc, char **argv)
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int o;
-    optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'c': b.candidates = atoi(optarg); break;

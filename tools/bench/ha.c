@@ -60,25 +60,11 @@ typedef struct ha_cluster {
     unsigned long seq;
 } ha_cluster;
 
-static uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(a);
-    uint16_t p = 0;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) &&
-        !getsockname(fd, (struct sockaddr *)&a, &len))
-        p = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return p;
-}
-
 /* etcd: its log goes to a file in its directory; ready once /health says so
  * (etcd announces readiness on no channel that can be waited on: bounded poll). */
 static int etcd_start(bench_master *e, const char *dir, char *url, size_t cap)
 {
-    uint16_t cp = free_port(), pp = free_port();
+    uint16_t cp = bench_free_port(), pp = bench_free_port();
     char curl[64], purl[64], data[PATH_MAX], logp[PATH_MAX], initial[96];
     snprintf(curl, sizeof(curl), "http://127.0.0.1:%u", cp);
     snprintf(purl, sizeof(purl), "http://127.0.0.1:%u", pp);
@@ -86,12 +72,10 @@ static int etcd_start(bench_master *e, const char *dir, char *url, size_t cap)
     snprintf(data, sizeof(data), "%s/data", dir);
     snprintf(logp, sizeof(logp), "%s/etcd.log", dir);
     snprintf(url, cap, "%s", curl);
-    pid_t parent = getpid();
-    e->pid = fork();
+    e->pid = bench_fork();
     if (e->pid < 0)
         return -1;
     if (e->pid == 0) {
-        bench_child_die_with_parent(parent);
         int fd = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (fd >= 0) {
             dup2(fd, 1);
@@ -210,8 +194,8 @@ static int cluster_start(ha_cluster *c, const char *etcd_url)
 {
     snprintf(c->etcd_url, sizeof(c->etcd_url), "%s", etcd_url);
     snprintf(c->cluster_id, sizeof(c->cluster_id), "bench-%s-%d", c->name, (int)getpid());
-    c->port[0] = free_port();
-    c->port[1] = free_port();
+    c->port[0] = bench_free_port();
+    c->port[1] = bench_free_port();
     snprintf(c->addrs, sizeof(c->addrs), "127.0.0.1:%u,127.0.0.1:%u", c->port[0], c->port[1]);
     if (master_start(c, 0) || master_start(c, 1) || wait_ready(c) < 0 ||
         bench_store_start(&c->store, c->addrs, 256ull << 20))

@@ -50,6 +50,7 @@
 #define BATCH 640
 #define VALUE_BYTES 4096
 #define MAX_CLIENTS 64
+#define MAX_COUNTS 16 /* client counts one --clients may list */
 #define REDIS_PATH "/usr/bin/redis-server"
 
 static char g_keys[NKEYS][32];
@@ -202,21 +203,6 @@ static int resp_reply(resp *r, long long *num)
 }
 
 /* ---- redis-server ---------------------------------------------------------------- */
-
-static uint16_t free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    uint16_t port = 0;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof(a)) &&
-        !getsockname(fd, (struct sockaddr *)&a, &len))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
 
 /* Starts redis-server on 127.0.0.1:port, no persistence; waits (up to BENCH_READY_S)
  * for its "Ready to accept connections" line. */
@@ -468,22 +454,6 @@ static int fill_redis(uint16_t port)
     return rc;
 }
 
-static int parse_clients(const char *s, int *out, int *n)
-{
-    *n = 0;
-    while (*s && *n < 16) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > MAX_CLIENTS)
-            return -1;
-        out[(*n)++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            return -1;
-    }
-    return *n ? 0 : -1;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: moonlet-bench load [--clients 1,2,4,8,16] [--phase-ms MS] [--rounds N]\n"
@@ -495,7 +465,8 @@ static void usage(FILE *f)
 
 int bench_load_main(int argc, char **argv)
 {
-    int clients[16] = {1, 2, 4, 8, 16}, nclients = 5, rounds = 3, phase_ms = 600, json = 0;
+    uint32_t clients[MAX_COUNTS] = {1, 2, 4, 8, 16};
+    int nclients = 5, rounds = 3, phase_ms = 600, json = 0;
     const char *plot = NULL;
     static const struct option opts[] = {
         {"clients", required_argument, 0, 'c'}, {"phase-ms", required_argument, 0, 'p'},
@@ -504,11 +475,10 @@ int bench_load_main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     int o;
-    optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'c':
-            if (parse_clients(optarg, clients, &nclients)) {
+            if (bench_parse_counts(optarg, MAX_CLIENTS, clients, MAX_COUNTS, &nclients)) {
                 fprintf(stderr, "moonlet-bench load: --clients: counts 1..%d, comma-separated\n",
                         MAX_CLIENTS);
                 return 2;
@@ -538,7 +508,7 @@ int bench_load_main(int argc, char **argv)
     char *value = malloc(VALUE_BYTES);
     cJSON *root = NULL;
     int rc = 1;
-    uint16_t rport = free_port();
+    uint16_t rport = bench_free_port();
     if (!value || !rport)
         goto out;
     memset(value, 'v', VALUE_BYTES);
@@ -563,7 +533,7 @@ int bench_load_main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "rounds", rounds);
     cJSON *rows = cJSON_AddArrayToObject(root, "by_clients");
     for (int ci = 0; ci < nclients; ci++) {
-        int n = clients[ci];
+        int n = (int)clients[ci];
         phase_result pr[NPHASES];
         memset(pr, 0, sizeof(pr));
         for (int r = 0; r < rounds; r++)

@@ -35,12 +35,7 @@ static int pipelined(moonlet_rpc_client *c, uint32_t method, const char *tenant,
                 return rc;
         }
         for (uint64_t i = base; i < end; i++) {
-            moonlet_reply rep;
-            int rc = moonlet_rpc_client_recv(c, &rep);
-            if (rc)
-                return rc;
-            rc = rep.code;
-            moonlet_reply_destroy(&rep);
+            int rc = moonlet_rpc_client_recv_code(c);
             if (rc)
                 return rc;
         }

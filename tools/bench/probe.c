@@ -95,13 +95,7 @@ static int do_echo(moonlet_rpc_client *c)
     msgpack_pack_array(pk, ALL);
     for (int i = 0; i < ALL; i++)
         moonlet_pack_cstr(pk, g_all[i]);
-    moonlet_reply rep;
-    int rc = moonlet_rpc_client_call(c, &rep);
-    if (rc)
-        return rc;
-    rc = rep.code;
-    moonlet_reply_destroy(&rep);
-    return rc;
+    return moonlet_rpc_client_call_code(c);
 }
 
 static int do_exist_all(moonlet_master_client *mc, int32_t *r)
@@ -146,7 +140,6 @@ int bench_probe_main(int argc, char **argv)
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     int o;
-    optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'i': iters = atoi(optarg); break;

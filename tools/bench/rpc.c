@@ -99,7 +99,6 @@ int bench_rpc_main(int argc, char **argv)
         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
     };
     int o;
-    optind = 1;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (o) {
         case 'n': objects = strtoull(optarg, NULL, 10); break;

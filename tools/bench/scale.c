@@ -528,22 +528,6 @@ static int run_all(struct run *runs, int n, const struct opts *o, cJSON *out)
     return 0;
 }
 
-static int parse_counts(const char *s, uint32_t *v, int *n)
-{
-    *n = 0;
-    while (*s && *n < MAX_COUNTS) {
-        char *e;
-        unsigned long x = strtoul(s, &e, 10);
-        if (e == s || x == 0 || x > 1000000)
-            return -1;
-        v[(*n)++] = (uint32_t)x;
-        s = *e == ',' ? e + 1 : e;
-        if (*e && *e != ',')
-            return -1;
-    }
-    return *n ? 0 : -1;
-}
-
 static double p99_of(const cJSON *run, const char *phase, const char *what)
 {
     const cJSON *p = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(run, phase), what),
@@ -563,11 +547,10 @@ int bench_scale_main(int argc, char **argv)
         {0, 0, 0, 0},
     };
     int c;
-    optind = 1;
     while ((c = getopt_long(argc, argv, "", lopts, NULL)) != -1) {
         switch (c) {
         case 'n':
-            if (parse_counts(optarg, counts, &ncounts)) {
+            if (bench_parse_counts(optarg, 1000000, counts, MAX_COUNTS, &ncounts)) {
                 fprintf(stderr, "moonlet-bench scale: --nodes wants counts like 100,1000,10000\n");
                 return 2;
             }

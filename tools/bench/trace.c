@@ -559,7 +559,6 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
         {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
     };
     int c, li = 0;
-    optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
         unsigned long long u = 0;
         bool ok = true;

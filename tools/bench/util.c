@@ -25,6 +25,22 @@ uint64_t bench_now_ns(void)
     return moonlet_mono_ns();
 }
 
+int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n)
+{
+    *n = 0;
+    while (*s && *n < cap) {
+        char *end;
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v == 0 || v > max)
+            return -1;
+        out[(*n)++] = (uint32_t)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return *n ? 0 : -1;
+}
+
 void bench_tool_path(const char *name, char *out, size_t cap)
 {
     char self[PATH_MAX];
@@ -36,23 +52,34 @@ void bench_tool_path(const char *name, char *out, size_t cap)
     snprintf(out, cap, "%s/%s", n > 0 ? self : ".", name);
 }
 
-void bench_child_die_with_parent(pid_t parent)
+pid_t bench_fork(void)
 {
+    pid_t parent = getpid(), pid = fork();
     /* The signal follows the forking thread's death: every fork of the
      * bench is made by its main thread, which outlives its children. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+    if (pid == 0 && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent))
         _exit(127);
+    return pid;
+}
+
+uint16_t bench_free_port(void)
+{
+    uint16_t port = 0;
+    int fd = moonlet_net_listen_tcp("127.0.0.1", 0, 1, &port);
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return port;
 }
 
 int bench_run_plot(const char *bench, const char *script, const char *data, const char *out)
 {
     char path[PATH_MAX + 32];
     bench_tool_path(script, path, sizeof(path));
-    pid_t parent = getpid(), pid = fork();
+    pid_t pid = bench_fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        bench_child_die_with_parent(parent);
         dup2(2, 1); /* keep stdout for the result */
         execl("/usr/bin/python3", "python3", path, data, out, (char *)NULL);
         fprintf(stderr, "moonlet-bench %s: cannot run /usr/bin/python3: %s\n", bench,
@@ -98,12 +125,10 @@ static int child_start(bench_master *bm, const char *path, const char *const *ar
     int fds[2];
     if (pipe(fds))
         return -1;
-    pid_t parent = getpid();
-    bm->pid = fork();
+    bm->pid = bench_fork();
     if (bm->pid < 0)
         return -1;
     if (bm->pid == 0) {
-        bench_child_die_with_parent(parent);
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
