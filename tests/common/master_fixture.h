@@ -72,6 +72,16 @@ static inline int fix_put(moonlet_master *m, const char *key, uint64_t size)
     return fix_put_t(m, "", key, size, 1);
 }
 
+/* fix_master() with one segment mounted: `seg` of `client`, `size` bytes. */
+static inline moonlet_master *fix_master_mounted(uint32_t shards, uint64_t lease_ttl_ms,
+                                                 const char *client, const char *seg,
+                                                 uint64_t size)
+{
+    moonlet_master *m = fix_master(shards, lease_ttl_ms);
+    fix_mount(m, client, seg, size);
+    return m;
+}
+
 /* Whole puts of keys <prefix><i>, i in [from, to), in the default tenant,
  * `size` bytes and `replicas` replicas each; each must succeed. */
 static inline void fix_put_range(moonlet_master *m, const char *prefix, int from, int to,
@@ -93,6 +103,22 @@ static inline void fix_put_keys(moonlet_master *m, const char *tenant, const cha
 {
     for (size_t i = 0; i < n; i++)
         assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
+}
+
+/* cmocka setup of the probe tests: a master of 1024 shards and 5 s leases
+ * with one 64 MiB segment ("s" of client "c") as the test's state. */
+static inline int fix_setup_probe(void **state)
+{
+    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
+    return 0;
+}
+
+/* cmocka teardown of a test whose state is the master its setup made (a
+ * test that fails mid-way still has it destroyed). */
+static inline int fix_teardown(void **state)
+{
+    moonlet_master_destroy(*state);
+    return 0;
 }
 
 /* The master's counters now. */

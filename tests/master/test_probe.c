@@ -17,13 +17,6 @@ static moonlet_grant_lease_policy none(void)
     return (moonlet_grant_lease_policy){MOONLET_PROBE_LEASE_NONE, 1};
 }
 
-static moonlet_master *setup_master(void)
-{
-    moonlet_master *m = fix_master(1024, 5000);
-    fix_mount(m, "c", "s", 64 << 20);
-    return m;
-}
-
 /* Probes and returns the code; results in r. */
 static int probe(moonlet_master *m, const char *tenant, moonlet_grant_lease_policy p,
                  const char *const *keys, size_t n, int32_t *r)
@@ -57,8 +50,7 @@ static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
 
 static void test_worked_example(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     const char *present[] = {K3[0], K3[1], K3[3], K3[4]};
     fix_put_keys(m, "", present, 4);
     int64_t before[6], after[6];
@@ -78,13 +70,11 @@ static void test_worked_example(void **state)
     assert_int_equal(st.leases_probe, 2);
     assert_int_equal(st.probe_calls_last_hit, 1);
     assert_int_equal(st.probe_candidates_examined, 1);
-    moonlet_master_destroy(m);
 }
 
 static void test_none_leaves_leases(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     /* someone else leases two keys */
     bool ex;
@@ -105,13 +95,11 @@ static void test_none_leaves_leases(void **state)
     assert_memory_equal(before, after, sizeof(before));
     assert_int_equal(after[2], 3500);
     assert_int_equal(after[5], 4500);
-    moonlet_master_destroy(m);
 }
 
 static void test_selected_only_and_all_false(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6); /* all three complete: the last is selected */
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(2), K3, 6, r), MOONLET_OK);
@@ -127,13 +115,11 @@ static void test_selected_only_and_all_false(void **state)
     assert_mask(r, want_none, 4);
     assert_int_equal(fix_lease(m, K3[0]), 0); /* no lease at all */
     assert_int_equal(fix_lease(m, K3[2]), 0);
-    moonlet_master_destroy(m);
 }
 
 static void test_sparse_and_sizes(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     const char *keys[] = {"a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2", "d0", "d1", "d2"};
     const char *present[] = {"a0", "a1", "a2", "b1", "c0", "c1", "c2", "d0", "d2"};
     fix_put_keys(m, "", present, 9);
@@ -155,13 +141,11 @@ static void test_sparse_and_sizes(void **state)
     /* size 12: one candidate, incomplete */
     assert_int_equal(probe(m, "", last_hit(12), keys, 12, r), MOONLET_OK);
     assert_mask(r, want6, 12);
-    moonlet_master_destroy(m);
 }
 
 static void test_invalid_policies(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(0), K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
@@ -177,13 +161,11 @@ static void test_invalid_policies(void **state)
     assert_int_equal(probe(m, "", bad, K3, 0, r), MOONLET_ERR_INVALID_PARAMS);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 0);
-    moonlet_master_destroy(m);
 }
 
 static void test_duplicates(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 2);
     /* the same key twice in one candidate, and across candidates */
     const char *keys[] = {K3[0], K3[0], K3[0], K3[1], "gone", K3[1]};
@@ -200,13 +182,11 @@ static void test_duplicates(void **state)
     assert_int_equal(r[1], 1);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 2 + 2 + 1); /* each physical object once per call */
-    moonlet_master_destroy(m);
 }
 
 static void test_errors_stay_errors(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     const char *keys[] = {K3[0], K3[1], "", K3[3]};
     int32_t r[4];
@@ -219,13 +199,11 @@ static void test_errors_stay_errors(void **state)
     assert_int_equal(probe(m, "", none(), keys, 4, r), MOONLET_OK);
     assert_int_equal(r[2], MOONLET_ERR_INVALID_KEY);
     assert_int_equal(r[0], 1);
-    moonlet_master_destroy(m);
 }
 
 static void test_tenants(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "A", K3, 6);
     int32_t r[6];
     int zero[6] = {0};
@@ -237,7 +215,6 @@ static void test_tenants(void **state)
     assert_int_equal(probe(m, "A", last_hit(2), K3, 6, r), MOONLET_OK);
     int want[] = {0, 0, 0, 0, 1, 1};
     assert_mask(r, want, 6);
-    moonlet_master_destroy(m);
 }
 
 /* Between the scan and the validation, the hook removes a member of the last
@@ -300,8 +277,7 @@ static void test_eviction_between_phases(void **state)
  * shards, and validation takes their locks in ascending order. */
 static void test_many_shards_large_candidates(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     enum { CK = 32, RANKS = 16, N = CK * RANKS };
     static char names[N][32];
     const char *keys[N];
@@ -319,22 +295,23 @@ static void test_many_shards_large_candidates(void **state)
         assert_int_equal(r[i], i / RANKS == 31);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, RANKS);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_worked_example),
-        cmocka_unit_test(test_none_leaves_leases),
-        cmocka_unit_test(test_selected_only_and_all_false),
-        cmocka_unit_test(test_sparse_and_sizes),
-        cmocka_unit_test(test_invalid_policies),
-        cmocka_unit_test(test_duplicates),
-        cmocka_unit_test(test_errors_stay_errors),
-        cmocka_unit_test(test_tenants),
+        cmocka_unit_test_setup_teardown(test_worked_example, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_none_leaves_leases, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_selected_only_and_all_false, fix_setup_probe,
+                                        fix_teardown),
+        cmocka_unit_test_setup_teardown(test_sparse_and_sizes, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_invalid_policies, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_duplicates, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_errors_stay_errors, fix_setup_probe, fix_teardown),
+        cmocka_unit_test_setup_teardown(test_tenants, fix_setup_probe, fix_teardown),
         cmocka_unit_test(test_eviction_between_phases),
-        cmocka_unit_test(test_many_shards_large_candidates),
+        cmocka_unit_test_setup_teardown(test_many_shards_large_candidates, fix_setup_probe,
+                                        fix_teardown),
     };
     return cmocka_run_group_tests_name("master_probe", tests, NULL, NULL);
 }
