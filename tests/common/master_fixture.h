@@ -105,14 +105,6 @@ static inline void fix_put_keys(moonlet_master *m, const char *tenant, const cha
         assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
 }
 
-/* cmocka setup of the probe tests: a master of 1024 shards and 5 s leases
- * with one 64 MiB segment ("s" of client "c") as the test's state. */
-static inline int fix_setup_probe(void **state)
-{
-    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
-    return 0;
-}
-
 /* cmocka teardown of a test whose state is the master its setup made (a
  * test that fails mid-way still has it destroyed). */
 static inline int fix_teardown(void **state)
@@ -120,6 +112,10 @@ static inline int fix_teardown(void **state)
     moonlet_master_destroy(*state);
     return 0;
 }
+
+/* A test table's entry for a test that runs between its file's setup(),
+ * which makes the master the test's state, and fix_teardown(). */
+#define FIX_TEST(test) cmocka_unit_test_setup_teardown(test, setup, fix_teardown)
 
 /* The master's counters now. */
 static inline moonlet_master_stats fix_stats(moonlet_master *m)

@@ -169,8 +169,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leased_survive),
-        cmocka_unit_test_setup_teardown(test_earliest_deadline_first, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_soft_pin_second_round, setup, fix_teardown),
+        FIX_TEST(test_earliest_deadline_first),
+        FIX_TEST(test_soft_pin_second_round),
         cmocka_unit_test(test_watermark_and_put_pressure),
         cmocka_unit_test(test_no_eviction_for_missing_segments),
     };

@@ -472,17 +472,17 @@ static void test_list_keys_paging(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lifecycle, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_force_remove, setup, fix_teardown),
+        FIX_TEST(test_lifecycle),
+        FIX_TEST(test_force_remove),
         cmocka_unit_test(test_quarantine),
         cmocka_unit_test(test_write_capabilities),
-        cmocka_unit_test_setup_teardown(test_bad_input, setup, fix_teardown),
+        FIX_TEST(test_bad_input),
         cmocka_unit_test(test_lease_deadlines),
         cmocka_unit_test(test_batch_exist),
-        cmocka_unit_test_setup_teardown(test_tenant_isolation, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_unmount_removes_objects, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_liveness, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_put_timeout, setup, fix_teardown),
+        FIX_TEST(test_tenant_isolation),
+        FIX_TEST(test_unmount_removes_objects),
+        FIX_TEST(test_liveness),
+        FIX_TEST(test_put_timeout),
         cmocka_unit_test(test_list_keys_paging),
     };
     return cmocka_run_group_tests_name("master_object", tests, NULL, NULL);

@@ -262,12 +262,12 @@ static void test_old_put_start(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_preferred_present, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_preferred_absent_or_full, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_hard_pin_never_evicted, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_hard_pin_cap, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_soft_pin_ttl, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_old_put_start, setup, fix_teardown),
+        FIX_TEST(test_preferred_present),
+        FIX_TEST(test_preferred_absent_or_full),
+        FIX_TEST(test_hard_pin_never_evicted),
+        FIX_TEST(test_hard_pin_cap),
+        FIX_TEST(test_soft_pin_ttl),
+        FIX_TEST(test_old_put_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

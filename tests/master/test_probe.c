@@ -48,6 +48,14 @@ static void assert_mask(const int32_t *r, const int *want, size_t n)
 static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                  "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 
+/* cmocka setup: a master of 1024 shards and 5 s leases with one 64 MiB
+ * segment as the test's state; fix_teardown destroys it. */
+static int setup(void **state)
+{
+    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
+    return 0;
+}
+
 static void test_worked_example(void **state)
 {
     moonlet_master *m = *state;
@@ -300,18 +308,16 @@ static void test_many_shards_large_candidates(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_worked_example, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_none_leaves_leases, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_selected_only_and_all_false, fix_setup_probe,
-                                        fix_teardown),
-        cmocka_unit_test_setup_teardown(test_sparse_and_sizes, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_invalid_policies, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_duplicates, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_errors_stay_errors, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_tenants, fix_setup_probe, fix_teardown),
+        FIX_TEST(test_worked_example),
+        FIX_TEST(test_none_leaves_leases),
+        FIX_TEST(test_selected_only_and_all_false),
+        FIX_TEST(test_sparse_and_sizes),
+        FIX_TEST(test_invalid_policies),
+        FIX_TEST(test_duplicates),
+        FIX_TEST(test_errors_stay_errors),
+        FIX_TEST(test_tenants),
         cmocka_unit_test(test_eviction_between_phases),
-        cmocka_unit_test_setup_teardown(test_many_shards_large_candidates, fix_setup_probe,
-                                        fix_teardown),
+        FIX_TEST(test_many_shards_large_candidates),
     };
     return cmocka_run_group_tests_name("master_probe", tests, NULL, NULL);
 }

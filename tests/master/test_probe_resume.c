@@ -16,6 +16,14 @@ static const char *const KDA[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                   "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 static const uint64_t BOUNDS[] = {1, 2, 3};
 
+/* cmocka setup: a master of 1024 shards and 5 s leases with one 64 MiB
+ * segment as the test's state; fix_teardown destroys it. */
+static int setup(void **state)
+{
+    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
+    return 0;
+}
+
 static int resume_t(moonlet_master *m, const char *tenant, const char *const *kv, size_t n_kv,
                     const char *const *kda, size_t n_kda, uint64_t cs, const uint64_t *b,
                     size_t nb, moonlet_probe_resume_out *out, int32_t *mask)
@@ -456,19 +464,18 @@ static void test_many_shards(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_worked_example, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_quickstart_example, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_kv_boundary_restricts, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_no_candidate_leases_nothing, fix_setup_probe,
-                                        fix_teardown),
-        cmocka_unit_test_setup_teardown(test_sizes_and_gaps, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_invalid_requests, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_duplicates, fix_setup_probe, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_tenants, fix_setup_probe, fix_teardown),
+        FIX_TEST(test_worked_example),
+        FIX_TEST(test_quickstart_example),
+        FIX_TEST(test_kv_boundary_restricts),
+        FIX_TEST(test_no_candidate_leases_nothing),
+        FIX_TEST(test_sizes_and_gaps),
+        FIX_TEST(test_invalid_requests),
+        FIX_TEST(test_duplicates),
+        FIX_TEST(test_tenants),
         cmocka_unit_test(test_kda_member_evicted_between_phases),
         cmocka_unit_test(test_kv_key_evicted_between_phases),
         cmocka_unit_test(test_evicted_after_the_scan),
-        cmocka_unit_test_setup_teardown(test_many_shards, fix_setup_probe, fix_teardown),
+        FIX_TEST(test_many_shards),
     };
     return cmocka_run_group_tests_name("master_probe_resume", tests, NULL, NULL);
 }

@@ -37,7 +37,7 @@ static moonlet_master *master_with(uint64_t put_timeout_ms, uint64_t grace_ms)
 
 /* cmocka setups: master_with() a short put deadline (1 s, grace 0.5 s) or a
  * long one (60 s, grace 2 s) as the test's state; fix_teardown destroys it. */
-static int setup_short(void **state)
+static int setup(void **state)
 {
     *state = master_with(1000, 500);
     return 0;
@@ -318,12 +318,13 @@ static void test_replacement_capability(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_replacement_excludes, setup_short, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_old_range_quarantined, setup_short, fix_teardown),
+        FIX_TEST(test_replacement_excludes),
+        FIX_TEST(test_old_range_quarantined),
         cmocka_unit_test_setup_teardown(test_replacement_bound, setup_long, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_refusals, setup_short, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_stripped_replica_refilled, setup_long, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_replacement_capability, setup_short, fix_teardown),
+        FIX_TEST(test_refusals),
+        cmocka_unit_test_setup_teardown(test_stripped_replica_refilled, setup_long,
+                                        fix_teardown),
+        FIX_TEST(test_replacement_capability),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

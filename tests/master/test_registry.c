@@ -444,16 +444,16 @@ static void test_list_segments_pages_under_churn(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_more_than_4096_segments, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_churn_many_ids, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_session_closed_many, setup, fix_teardown),
+        FIX_TEST(test_more_than_4096_segments),
+        FIX_TEST(test_churn_many_ids),
+        FIX_TEST(test_session_closed_many),
         cmocka_unit_test(test_liveness_unmounts_only_dead),
         cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
-        cmocka_unit_test_setup_teardown(test_liveness_held_after_promotion, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_placement_most_full, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_many_tenants, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_list_segments_pages, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_list_segments_pages_under_churn, setup, fix_teardown),
+        FIX_TEST(test_liveness_held_after_promotion),
+        FIX_TEST(test_placement_most_full),
+        FIX_TEST(test_many_tenants),
+        FIX_TEST(test_list_segments_pages),
+        FIX_TEST(test_list_segments_pages_under_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

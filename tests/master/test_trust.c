@@ -247,14 +247,14 @@ static void test_client_identity(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_segment_size_bound, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_failed_puts_create_no_tenant, setup, fix_teardown),
+        FIX_TEST(test_segment_size_bound),
+        FIX_TEST(test_failed_puts_create_no_tenant),
         cmocka_unit_test(test_tenant_bound_and_expiry),
-        cmocka_unit_test_setup_teardown(test_never_fits_refused, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_evicts_for_contiguous_space, setup, fix_teardown),
+        FIX_TEST(test_never_fits_refused),
+        FIX_TEST(test_evicts_for_contiguous_space),
         cmocka_unit_test(test_no_eviction_when_no_run_can_fit),
-        cmocka_unit_test_setup_teardown(test_pinned_only_when_needed, setup, fix_teardown),
-        cmocka_unit_test_setup_teardown(test_client_identity, setup, fix_teardown),
+        FIX_TEST(test_pinned_only_when_needed),
+        FIX_TEST(test_client_identity),
     };
     return cmocka_run_group_tests_name("master_trust", tests, NULL, NULL);
 }
