@@ -1,11 +1,5 @@
 """pytest glue for the cluster suite: when every test was skipped (no
 privilege to create network namespaces), exit 77 so `meson test` reports
-SKIP rather than OK."""
+SKIP rather than OK (the hook is in skip77.py, shared with tests/ha)."""
 
-
-def pytest_sessionfinish(session, exitstatus):
-    tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    if tr is None or exitstatus != 0:
-        return
-    if tr.stats.get("skipped") and not tr.stats.get("passed"):
-        session.exitstatus = 77
+from skip77 import pytest_sessionfinish  # noqa: F401  (a hook pytest finds here)

@@ -72,6 +72,16 @@ static inline int fix_put(moonlet_master *m, const char *key, uint64_t size)
     return fix_put_t(m, "", key, size, 1);
 }
 
+/* fix_master() with one segment mounted: `seg` of `client`, `size` bytes. */
+static inline moonlet_master *fix_master_mounted(uint32_t shards, uint64_t lease_ttl_ms,
+                                                 const char *client, const char *seg,
+                                                 uint64_t size)
+{
+    moonlet_master *m = fix_master(shards, lease_ttl_ms);
+    fix_mount(m, client, seg, size);
+    return m;
+}
+
 /* Whole puts of keys <prefix><i>, i in [from, to), in the default tenant,
  * `size` bytes and `replicas` replicas each; each must succeed. */
 static inline void fix_put_range(moonlet_master *m, const char *prefix, int from, int to,
@@ -94,6 +104,18 @@ static inline void fix_put_keys(moonlet_master *m, const char *tenant, const cha
     for (size_t i = 0; i < n; i++)
         assert_int_equal(fix_put_t(m, tenant, keys[i], 128, 1), MOONLET_OK);
 }
+
+/* cmocka teardown of a test whose state is the master its setup made (a
+ * test that fails mid-way still has it destroyed). */
+static inline int fix_teardown(void **state)
+{
+    moonlet_master_destroy(*state);
+    return 0;
+}
+
+/* A test table's entry for a test that runs between its file's setup(),
+ * which makes the master the test's state, and fix_teardown(). */
+#define FIX_TEST(test) cmocka_unit_test_setup_teardown(test, setup, fix_teardown)
 
 /* The master's counters now. */
 static inline moonlet_master_stats fix_stats(moonlet_master *m)

@@ -470,6 +470,27 @@ def the_other(cl, host):
     return next(h for h in cl.MASTERS if h != host)
 
 
+def leader_under_load(cl, tag, clients):
+    """(leader, the other master, load): the Load of `clients` clients
+    (keys tagged `tag`) has run for 3 s, ready for a fault."""
+    old = cl.wait_leader(cl.MASTERS, 5)
+    new = the_other(cl, old)
+    load = Load(cl, tag, clients)
+    time.sleep(3)
+    return old, new, load
+
+
+def handover_figures(ops, t_cut, old_end, new_begin):
+    """result() fields of a leader's handover after a fault begun at t_cut:
+    the longest gap between puts, and from the cut to the old leader's
+    fencing, the new one's serving and its first put's completion (s)."""
+    first_new = first_ok_from(ops, new_begin)
+    return {"outage_s": round(outage_ms(ops) / 1000, 2),
+            "cut_to_old_fenced_s": round((old_end - t_cut) / 1000, 2),
+            "cut_to_new_serving_s": round((new_begin - t_cut) / 1000, 2),
+            "cut_to_first_put_on_new_s": round((first_new - t_cut) / 1000, 2)}
+
+
 # ---- (4) full partition of the leader --------------------------------------------------------
 
 def test_leader_partition(cluster):
@@ -479,10 +500,7 @@ def test_leader_partition(cluster):
     grace; stores re-mount and clients follow.  Healed, the old leader is a
     standby naming the new one."""
     cl = cluster
-    old = cl.wait_leader(cl.MASTERS, 5)
-    new = the_other(cl, old)
-    load = Load(cl, "part", 16)
-    time.sleep(3)
+    old, new, load = leader_under_load(cl, "part", 16)
     t_cut = mono_ms()
     cl.isolate(old)
     t_cut_done = mono_ms()  # a keepalive sent before this may still have got through
@@ -498,11 +516,7 @@ def test_leader_partition(cluster):
     ops = put_ops(rep)
     assert_unserved_between(ops, old_end, new_begin, ivs)
     acked = acked_summary(cl, rep, mixed, new_begin)
-    first_new = first_ok_from(ops, new_begin)
-    result("leader_partition", outage_s=round(outage_ms(ops) / 1000, 2),
-           cut_to_old_fenced_s=round((old_end - t_cut) / 1000, 2),
-           cut_to_new_serving_s=round((new_begin - t_cut) / 1000, 2),
-           cut_to_first_put_on_new_s=round((first_new - t_cut) / 1000, 2),
+    result("leader_partition", **handover_figures(ops, t_cut, old_end, new_begin),
            cut_to_elected_seen_s=round((t_elected - t_cut) / 1000, 2),
            partition_s=round((t_heal - t_cut) / 1000, 2),
            **acked)
@@ -516,10 +530,7 @@ def test_leader_etcd_cut(cluster):
     cut), then refuses; the standby takes over; the serving intervals never
     overlap; healed, the old leader is a standby."""
     cl = cluster
-    old = cl.wait_leader(cl.MASTERS, 5)
-    new = the_other(cl, old)
-    load = Load(cl, "cut", 14)
-    time.sleep(3)
+    old, new, load = leader_under_load(cl, "cut", 14)
     t_cut = mono_ms()
     cl.cut_etcd(old)
     # nft runs as a command: a keepalive sent before it returned may still
@@ -539,13 +550,8 @@ def test_leader_etcd_cut(cluster):
     assert served_after_cut, (t_cut_done, old_end)
     assert_unserved_between(ops, old_end, new_begin, ivs)
     acked = acked_summary(cl, rep, mixed, new_begin)
-    first_new = first_ok_from(ops, new_begin)
-    result("leader_etcd_cut", outage_s=round(outage_ms(ops) / 1000, 2),
-           cut_to_old_fenced_s=round((old_end - t_cut) / 1000, 2),
-           puts_served_after_cut=len(served_after_cut),
-           cut_to_new_serving_s=round((new_begin - t_cut) / 1000, 2),
-           cut_to_first_put_on_new_s=round((first_new - t_cut) / 1000, 2),
-           cut_s=round((t_heal - t_cut) / 1000, 2),
+    result("leader_etcd_cut", **handover_figures(ops, t_cut, old_end, new_begin),
+           puts_served_after_cut=len(served_after_cut), cut_s=round((t_heal - t_cut) / 1000, 2),
            **acked)
 
 

@@ -10,11 +10,17 @@
 
 #define MS MOONLET_NS_PER_MS
 
+/* cmocka setup: a master of 16 shards and 5 s leases with segment s1 (1 MiB) of c1 as the
+ * test's state; fix_teardown destroys it. */
+static int setup(void **state)
+{
+    *state = fix_master_mounted(16, 5000, "c1", "s1", 1 << 20);
+    return 0;
+}
+
 static void test_lifecycle(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     fix_mount(m, "c2", "s2", 1 << 20);
     moonlet_str t = MOONLET_STR(""), k = MOONLET_STR("obj");
     struct fix_reps c = {0};
@@ -67,7 +73,6 @@ static void test_lifecycle(void **state)
     st = fix_stats(m);
     assert_int_equal(st.used, 0);
     assert_int_equal(st.quarantined, 0);
-    moonlet_master_destroy(m);
 }
 
 /* Ranges freed from unfinished puts (revoke, reaper) are not handed out again
@@ -196,9 +201,7 @@ static void test_write_capabilities(void **state)
 /* Mooncake's force: a leased object goes, a put in progress does not. */
 static void test_force_remove(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     moonlet_str t = MOONLET_STR("");
     assert_int_equal(fix_put(m, "leased", 100), MOONLET_OK);
     assert_int_equal(fix_put(m, "leased2", 100), MOONLET_OK);
@@ -232,14 +235,11 @@ static void test_force_remove(void **state)
     st = fix_stats(m);
     assert_int_equal(st.quarantined, 0);
     assert_int_equal(st.used, moonlet_alloc_rounded(100)); /* the pending put's space */
-    moonlet_master_destroy(m);
 }
 
 static void test_bad_input(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     moonlet_str t = MOONLET_STR("");
     char big[MOONLET_MAX_KEY_BYTES + 2];
     memset(big, 'k', sizeof(big) - 1);
@@ -270,7 +270,6 @@ static void test_bad_input(void **state)
                      MOONLET_ERR_ILLEGAL_CLIENT);
     /* size 0 objects are valid */
     assert_int_equal(fix_put(m, "empty", 0), MOONLET_OK);
-    moonlet_master_destroy(m);
 }
 
 static void test_lease_deadlines(void **state)
@@ -322,9 +321,7 @@ static void test_batch_exist(void **state)
 
 static void test_tenant_isolation(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     assert_int_equal(fix_put_t(m, "A", "k", 10, 1), MOONLET_OK);
     bool ex = true;
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR("B"), MOONLET_STR("k"), &ex), MOONLET_OK);
@@ -348,14 +345,11 @@ static void test_tenant_isolation(void **state)
     assert_int_equal(removed, 1);
     assert_int_equal(moonlet_master_exist_key(m, MOONLET_STR("B"), MOONLET_STR("k"), &ex), MOONLET_OK);
     assert_true(ex);
-    moonlet_master_destroy(m);
 }
 
 static void test_unmount_removes_objects(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     fix_mount(m, "c2", "s2", 1 << 20);
     assert_int_equal(fix_put_t(m, "", "two", 100, 2), MOONLET_OK);
     char key[32];
@@ -383,14 +377,11 @@ static void test_unmount_removes_objects(void **state)
     assert_true(alive < 20);
     assert_int_equal(st.segments, 1);
     assert_int_equal(st.capacity, 1 << 20);
-    moonlet_master_destroy(m);
 }
 
 static void test_liveness(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     fix_mount(m, "c2", "s2", 1 << 20);
     assert_int_equal(fix_put_t(m, "", "x", 100, 2), MOONLET_OK);
     for (int i = 0; i < 8; i++) { /* 8 s: both ping within the 10 s TTL */
@@ -417,14 +408,11 @@ static void test_liveness(void **state)
     assert_int_equal(segs, 0);
     assert_int_equal(moonlet_master_ping(m, MOONLET_STR("c1"), &segs), MOONLET_OK);
     assert_int_equal(segs, 1);
-    moonlet_master_destroy(m);
 }
 
 static void test_put_timeout(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
-    fix_mount(m, "c1", "s1", 1 << 20);
+    moonlet_master *m = *state;
     assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("p"), 100, 1, false, NULL, NULL), MOONLET_OK);
     for (int i = 0; i < 70; i++) {
         moonlet_clock_advance(1000 * MS);
@@ -436,7 +424,6 @@ static void test_put_timeout(void **state)
     assert_int_equal(st.objects, 0);
     assert_int_equal(st.used, 0);
     assert_int_equal(fix_lease(m, "p"), -1);
-    moonlet_master_destroy(m);
 }
 
 struct pagectx {
@@ -485,17 +472,17 @@ static void test_list_keys_paging(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lifecycle),
-        cmocka_unit_test(test_force_remove),
+        FIX_TEST(test_lifecycle),
+        FIX_TEST(test_force_remove),
         cmocka_unit_test(test_quarantine),
         cmocka_unit_test(test_write_capabilities),
-        cmocka_unit_test(test_bad_input),
+        FIX_TEST(test_bad_input),
         cmocka_unit_test(test_lease_deadlines),
         cmocka_unit_test(test_batch_exist),
-        cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_unmount_removes_objects),
-        cmocka_unit_test(test_liveness),
-        cmocka_unit_test(test_put_timeout),
+        FIX_TEST(test_tenant_isolation),
+        FIX_TEST(test_unmount_removes_objects),
+        FIX_TEST(test_liveness),
+        FIX_TEST(test_put_timeout),
         cmocka_unit_test(test_list_keys_paging),
     };
     return cmocka_run_group_tests_name("master_object", tests, NULL, NULL);

@@ -11,6 +11,14 @@ struct segs {
     uint32_t n;
 };
 
+/* cmocka setup: a master of 16 shards and 1 s leases as the test's state; fix_teardown destroys
+ * it. */
+static int setup(void **state)
+{
+    *state = fix_master(16, 1000);
+    return 0;
+}
+
 static void collect(void *arg, const moonlet_replica_view *v)
 {
     struct segs *s = arg;
@@ -48,8 +56,7 @@ static bool exists(moonlet_master *m, const char *k)
 
 static void test_preferred_present(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c1", "a", 1 << 20);
     fix_mount(m, "c2", "b", 1 << 20);
     fix_mount(m, "c3", "c", 1 << 20);
@@ -81,13 +88,11 @@ static void test_preferred_present(void **state)
     assert_int_equal(s.n, 3);
     assert_string_equal(s.names[0], "c");
     assert_true(has(&s, "a") && has(&s, "b"));
-    moonlet_master_destroy(m);
 }
 
 static void test_preferred_absent_or_full(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c1", "small", 64 * 2);
     fix_mount(m, "c2", "big", 1 << 20);
     /* a segment is also found by its endpoint (Mooncake's "host:port" name) */
@@ -133,13 +138,11 @@ static void test_preferred_absent_or_full(void **state)
     po = (moonlet_master_put_opts){.replica_num = 1, .preferred = many,
                                    .npreferred = MOONLET_MAX_PREFERRED + 1};
     assert_int_equal(put_opts(m, "many", 64, &po, NULL), MOONLET_ERR_INVALID_PARAMS);
-    moonlet_master_destroy(m);
 }
 
 static void test_hard_pin_never_evicted(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c", "s", 64 * 10);
     moonlet_master_put_opts hard = {.replica_num = 1, .hard_pin = true};
     assert_int_equal(put_opts(m, "h0", 64, &hard, NULL), MOONLET_OK);
@@ -173,13 +176,11 @@ static void test_hard_pin_never_evicted(void **state)
     st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 1);
     assert_int_equal(st.hard_pinned_bytes, 64);
-    moonlet_master_destroy(m);
 }
 
 static void test_hard_pin_cap(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000); /* hard_pin_max_ratio 0.5 by default */
+    moonlet_master *m = *state; /* hard_pin_max_ratio 0.5 by default */
     fix_mount(m, "c1", "a", 64 * 10);
     fix_mount(m, "c2", "b", 64 * 10);
     moonlet_master_put_opts hard = {.replica_num = 2, .hard_pin = true};
@@ -201,13 +202,11 @@ static void test_hard_pin_cap(void **state)
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 5);
     assert_true(st.evictions >= 7);
-    moonlet_master_destroy(m);
 }
 
 static void test_soft_pin_ttl(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000); /* default soft-pin TTL: 30 min */
+    moonlet_master *m = *state; /* default soft-pin TTL: 30 min */
     fix_mount(m, "c", "s", 1 << 20);
     moonlet_master_put_opts shortpin = {.replica_num = 1, .soft_pin = true, .soft_pin_ttl_ms = 2000};
     moonlet_master_put_opts defpin = {.replica_num = 1, .soft_pin = true};
@@ -233,14 +232,12 @@ static void test_soft_pin_ttl(void **state)
     assert_int_equal(put_opts(m, "nopin", 64, &ttl_only, NULL), MOONLET_OK);
     assert_int_equal(moonlet_master_inspect_key(m, MOONLET_STR(""), MOONLET_STR("nopin"), &v, NULL, NULL), MOONLET_OK);
     assert_int_equal(v.soft_pin_remaining_ms, 0);
-    moonlet_master_destroy(m);
 }
 
 /* The PutStart without options places round-robin and pins as before. */
 static void test_old_put_start(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c1", "a", 1 << 20);
     fix_mount(m, "c2", "b", 1 << 20);
     int on_a = 0;
@@ -260,18 +257,17 @@ static void test_old_put_start(void **state)
     assert_false(v.hard_pinned);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.hard_pinned, 0);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_preferred_present),
-        cmocka_unit_test(test_preferred_absent_or_full),
-        cmocka_unit_test(test_hard_pin_never_evicted),
-        cmocka_unit_test(test_hard_pin_cap),
-        cmocka_unit_test(test_soft_pin_ttl),
-        cmocka_unit_test(test_old_put_start),
+        FIX_TEST(test_preferred_present),
+        FIX_TEST(test_preferred_absent_or_full),
+        FIX_TEST(test_hard_pin_never_evicted),
+        FIX_TEST(test_hard_pin_cap),
+        FIX_TEST(test_soft_pin_ttl),
+        FIX_TEST(test_old_put_start),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

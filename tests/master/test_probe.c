@@ -17,13 +17,6 @@ static moonlet_grant_lease_policy none(void)
     return (moonlet_grant_lease_policy){MOONLET_PROBE_LEASE_NONE, 1};
 }
 
-static moonlet_master *setup_master(void)
-{
-    moonlet_master *m = fix_master(1024, 5000);
-    fix_mount(m, "c", "s", 64 << 20);
-    return m;
-}
-
 /* Probes and returns the code; results in r. */
 static int probe(moonlet_master *m, const char *tenant, moonlet_grant_lease_policy p,
                  const char *const *keys, size_t n, int32_t *r)
@@ -55,10 +48,17 @@ static void assert_mask(const int32_t *r, const int *want, size_t n)
 static const char *const K3[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                  "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 
+/* cmocka setup: a master of 1024 shards and 5 s leases with one 64 MiB
+ * segment as the test's state; fix_teardown destroys it. */
+static int setup(void **state)
+{
+    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
+    return 0;
+}
+
 static void test_worked_example(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     const char *present[] = {K3[0], K3[1], K3[3], K3[4]};
     fix_put_keys(m, "", present, 4);
     int64_t before[6], after[6];
@@ -78,13 +78,11 @@ static void test_worked_example(void **state)
     assert_int_equal(st.leases_probe, 2);
     assert_int_equal(st.probe_calls_last_hit, 1);
     assert_int_equal(st.probe_candidates_examined, 1);
-    moonlet_master_destroy(m);
 }
 
 static void test_none_leaves_leases(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     /* someone else leases two keys */
     bool ex;
@@ -105,13 +103,11 @@ static void test_none_leaves_leases(void **state)
     assert_memory_equal(before, after, sizeof(before));
     assert_int_equal(after[2], 3500);
     assert_int_equal(after[5], 4500);
-    moonlet_master_destroy(m);
 }
 
 static void test_selected_only_and_all_false(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6); /* all three complete: the last is selected */
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(2), K3, 6, r), MOONLET_OK);
@@ -127,13 +123,11 @@ static void test_selected_only_and_all_false(void **state)
     assert_mask(r, want_none, 4);
     assert_int_equal(fix_lease(m, K3[0]), 0); /* no lease at all */
     assert_int_equal(fix_lease(m, K3[2]), 0);
-    moonlet_master_destroy(m);
 }
 
 static void test_sparse_and_sizes(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     const char *keys[] = {"a0", "a1", "a2", "b0", "b1", "b2", "c0", "c1", "c2", "d0", "d1", "d2"};
     const char *present[] = {"a0", "a1", "a2", "b1", "c0", "c1", "c2", "d0", "d2"};
     fix_put_keys(m, "", present, 9);
@@ -155,13 +149,11 @@ static void test_sparse_and_sizes(void **state)
     /* size 12: one candidate, incomplete */
     assert_int_equal(probe(m, "", last_hit(12), keys, 12, r), MOONLET_OK);
     assert_mask(r, want6, 12);
-    moonlet_master_destroy(m);
 }
 
 static void test_invalid_policies(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     int32_t r[6];
     assert_int_equal(probe(m, "", last_hit(0), K3, 6, r), MOONLET_ERR_INVALID_PARAMS);
@@ -177,13 +169,11 @@ static void test_invalid_policies(void **state)
     assert_int_equal(probe(m, "", bad, K3, 0, r), MOONLET_ERR_INVALID_PARAMS);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 0);
-    moonlet_master_destroy(m);
 }
 
 static void test_duplicates(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 2);
     /* the same key twice in one candidate, and across candidates */
     const char *keys[] = {K3[0], K3[0], K3[0], K3[1], "gone", K3[1]};
@@ -200,13 +190,11 @@ static void test_duplicates(void **state)
     assert_int_equal(r[1], 1);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, 2 + 2 + 1); /* each physical object once per call */
-    moonlet_master_destroy(m);
 }
 
 static void test_errors_stay_errors(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", K3, 6);
     const char *keys[] = {K3[0], K3[1], "", K3[3]};
     int32_t r[4];
@@ -219,13 +207,11 @@ static void test_errors_stay_errors(void **state)
     assert_int_equal(probe(m, "", none(), keys, 4, r), MOONLET_OK);
     assert_int_equal(r[2], MOONLET_ERR_INVALID_KEY);
     assert_int_equal(r[0], 1);
-    moonlet_master_destroy(m);
 }
 
 static void test_tenants(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "A", K3, 6);
     int32_t r[6];
     int zero[6] = {0};
@@ -237,7 +223,6 @@ static void test_tenants(void **state)
     assert_int_equal(probe(m, "A", last_hit(2), K3, 6, r), MOONLET_OK);
     int want[] = {0, 0, 0, 0, 1, 1};
     assert_mask(r, want, 6);
-    moonlet_master_destroy(m);
 }
 
 /* Between the scan and the validation, the hook removes a member of the last
@@ -300,8 +285,7 @@ static void test_eviction_between_phases(void **state)
  * shards, and validation takes their locks in ascending order. */
 static void test_many_shards_large_candidates(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     enum { CK = 32, RANKS = 16, N = CK * RANKS };
     static char names[N][32];
     const char *keys[N];
@@ -319,22 +303,21 @@ static void test_many_shards_large_candidates(void **state)
         assert_int_equal(r[i], i / RANKS == 31);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_probe, RANKS);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_worked_example),
-        cmocka_unit_test(test_none_leaves_leases),
-        cmocka_unit_test(test_selected_only_and_all_false),
-        cmocka_unit_test(test_sparse_and_sizes),
-        cmocka_unit_test(test_invalid_policies),
-        cmocka_unit_test(test_duplicates),
-        cmocka_unit_test(test_errors_stay_errors),
-        cmocka_unit_test(test_tenants),
+        FIX_TEST(test_worked_example),
+        FIX_TEST(test_none_leaves_leases),
+        FIX_TEST(test_selected_only_and_all_false),
+        FIX_TEST(test_sparse_and_sizes),
+        FIX_TEST(test_invalid_policies),
+        FIX_TEST(test_duplicates),
+        FIX_TEST(test_errors_stay_errors),
+        FIX_TEST(test_tenants),
         cmocka_unit_test(test_eviction_between_phases),
-        cmocka_unit_test(test_many_shards_large_candidates),
+        FIX_TEST(test_many_shards_large_candidates),
     };
     return cmocka_run_group_tests_name("master_probe", tests, NULL, NULL);
 }

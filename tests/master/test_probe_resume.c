@@ -16,11 +16,12 @@ static const char *const KDA[] = {"kda/128/r0", "kda/128/r1", "kda/256/r0",
                                   "kda/256/r1", "kda/384/r0", "kda/384/r1"};
 static const uint64_t BOUNDS[] = {1, 2, 3};
 
-static moonlet_master *setup_master(void)
+/* cmocka setup: a master of 1024 shards and 5 s leases with one 64 MiB
+ * segment as the test's state; fix_teardown destroys it. */
+static int setup(void **state)
 {
-    moonlet_master *m = fix_master(1024, 5000);
-    fix_mount(m, "c", "s", 64 << 20);
-    return m;
+    *state = fix_master_mounted(1024, 5000, "c", "s", 64 << 20);
+    return 0;
 }
 
 static int resume_t(moonlet_master *m, const char *tenant, const char *const *kv, size_t n_kv,
@@ -114,8 +115,7 @@ static void expect_resume(moonlet_master *m, snapshot s, const char *gone, uint6
  * and its two keys gain leases. */
 static void test_worked_example(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     const char *present[] = {KDA[0], KDA[1], KDA[3], KDA[4]};
     fix_put_keys(m, "", present, 4);
@@ -130,18 +130,15 @@ static void test_worked_example(void **state)
     assert_int_equal(st.resume_candidates_examined, 1);
     assert_int_equal(st.resume_recheck_fallbacks, 0);
     assert_int_equal(st.leases_probe + st.leases_exist, 0);
-    moonlet_master_destroy(m);
 }
 
 /* The README's walk-through: 384 lacks a rank, so 256 with kv/0, kv/1. */
 static void test_quickstart_example(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     fix_put_keys(m, "", KDA, 5); /* kda/384/r1 missing */
     expect_resume(m, snap(m), NULL, 4, 1, 2);
-    moonlet_master_destroy(m);
 }
 
 /* The KV prefix bounds the candidates: with kv/2 missing, 384 (complete)
@@ -149,8 +146,7 @@ static void test_quickstart_example(void **state)
  * lies past the prefix and is never leased. */
 static void test_kv_boundary_restricts(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     const char *kv[] = {KV[0], KV[1], KV[3]};
     fix_put_keys(m, "", kv, 3);
     fix_put_keys(m, "", KDA, 6);
@@ -158,7 +154,6 @@ static void test_kv_boundary_restricts(void **state)
     moonlet_master_stats st = fix_stats(m);
     /* 384 only in the first try, which finds kv/2 missing; then 256 */
     assert_int_equal(st.resume_candidates_examined, 2);
-    moonlet_master_destroy(m);
 }
 
 /* No complete candidate within the prefix: nothing is leased, not even the
@@ -166,8 +161,7 @@ static void test_kv_boundary_restricts(void **state)
  * still reported.  Existing leases are left as they were. */
 static void test_no_candidate_leases_nothing(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     const char *present[] = {KDA[1], KDA[2], KDA[5]}; /* every checkpoint lacks a rank */
     fix_put_keys(m, "", present, 3);
@@ -188,14 +182,12 @@ static void test_no_candidate_leases_nothing(void **state)
     assert_int_equal(out.kv_prefix, 0);
     assert_int_equal(out.selected, 0); /* 128's keys now complete; needs no KV */
     assert_int_equal(fix_lease(m, KDA[0]), 5000);
-    moonlet_master_destroy(m);
 }
 
 /* Candidate sizes 1 and 3 and gaps: the last complete eligible candidate. */
 static void test_sizes_and_gaps(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     const char *kda1[] = {"a", "b", "c", "d"};
     const char *present1[] = {"a", "c"};
@@ -217,14 +209,12 @@ static void test_sizes_and_gaps(void **state)
     assert_int_equal(out.selected, 2);
     assert_mask_sel(mask, 9, 3, 2);
     assert_int_equal(fix_lease(m, KV[3]), 5000); /* boundary 4: every KV key */
-    moonlet_master_destroy(m);
 }
 
 /* Bad requests fail whole, lease nothing, select nothing. */
 static void test_invalid_requests(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     fix_put_keys(m, "", KDA, 6);
     int64_t kv0[4], kda0[6];
@@ -272,15 +262,13 @@ static void test_invalid_requests(void **state)
     assert_leased_exactly(m, "", kv0, kda0, -1, 0);
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda + st.leases_resume_kv, 0);
-    moonlet_master_destroy(m);
 }
 
 /* A key listed twice, and a KDA key that is also a KV key: one physical
  * object, one lease, counted once. */
 static void test_duplicates(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "", KV, 4);
     fix_put_keys(m, "", KDA, 2);
     const char *kv[] = {KV[0], KV[0], KV[1]};
@@ -306,15 +294,13 @@ static void test_duplicates(void **state)
     st = fix_stats(m);
     assert_int_equal(st.leases_resume_kda, 2 + 1);
     assert_int_equal(st.leases_resume_kv, 1 + 1);
-    moonlet_master_destroy(m);
 }
 
 /* The same keys in two tenants are two sets of objects: a lookup in one
  * leases only its own; an unknown tenant has nothing. */
 static void test_tenants(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     fix_put_keys(m, "A", KV, 4);
     fix_put_keys(m, "A", KDA, 6);
     fix_put_keys(m, "B", KV, 2);
@@ -337,7 +323,6 @@ static void test_tenants(void **state)
     assert_int_equal(out.selected, -1);
     assert_int_equal(resume_t(m, "", KV, 4, KDA, 6, 2, BOUNDS, 3, &out, mask), 0);
     assert_int_equal(out.selected, -1); /* the default tenant holds nothing */
-    moonlet_master_destroy(m);
 }
 
 /* Between the scan and the validation the hook removes a key: the candidate
@@ -370,6 +355,18 @@ static moonlet_master *hook_master(struct hook_ctx *h)
     return h->m;
 }
 
+/* The counters after one lookup that fell back: `examined` candidates
+ * validated, all but the last failing their recheck; the selected one
+ * leased its 2 KDA keys and `kv` KV keys. */
+static void assert_fallback_stats(moonlet_master *m, uint64_t examined, uint64_t kv)
+{
+    moonlet_master_stats st = fix_stats(m);
+    assert_int_equal(st.resume_candidates_examined, examined);
+    assert_int_equal(st.resume_recheck_fallbacks, examined - 1);
+    assert_int_equal(st.leases_resume_kda, 2);
+    assert_int_equal(st.leases_resume_kv, kv);
+}
+
 static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b,
                            uint64_t want_examined, uint64_t want_prefix)
 {
@@ -377,15 +374,12 @@ static void check_fallback(const char *victim, int64_t want_sel, uint64_t want_b
     moonlet_master *m = hook_master(&h);
     /* the prefix as scanned; the victim is gone */
     expect_resume(m, snap(m), victim, want_prefix, want_sel, want_b);
+    assert_fallback_stats(m, want_examined, want_b);
     moonlet_master_stats st = fix_stats(m);
-    assert_int_equal(st.resume_candidates_examined, want_examined);
-    assert_int_equal(st.resume_recheck_fallbacks, want_examined - 1);
     uint64_t hist = 0;
     for (int i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         hist += st.resume_lock_hold_hist[i];
     assert_int_equal(hist, st.resume_candidates_examined); /* one hold per validation */
-    assert_int_equal(st.leases_resume_kda, 2);
-    assert_int_equal(st.leases_resume_kv, want_b);
     moonlet_master_destroy(m);
 }
 
@@ -418,11 +412,7 @@ static void after_the_scan(const char *victim)
      * it leased */
     expect_resume(m, snap(m), victim, 4, 0, 1);
     assert_int_equal(h.calls, 2); /* before 256 and 128 (384's own scan failed: not tried) */
-    moonlet_master_stats st = fix_stats(m);
-    assert_int_equal(st.resume_candidates_examined, 2);
-    assert_int_equal(st.resume_recheck_fallbacks, 1);
-    assert_int_equal(st.leases_resume_kda, 2);
-    assert_int_equal(st.leases_resume_kv, 1);
+    assert_fallback_stats(m, 2, 1);
     moonlet_master_destroy(m);
 }
 
@@ -437,8 +427,7 @@ static void test_evicted_after_the_scan(void **state)
  * shard locks (ascending) and still leases exactly its keys. */
 static void test_many_shards(void **state)
 {
-    (void)state;
-    moonlet_master *m = setup_master();
+    moonlet_master *m = *state;
     enum { NKV = 128, CK = 32, RANKS = 4 };
     static char kvn[NKV][16], kdan[CK * RANKS][24];
     const char *kv[NKV], *kda[CK * RANKS];
@@ -470,24 +459,23 @@ static void test_many_shards(void **state)
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.leases_resume_kv, 100);
     assert_int_equal(st.leases_resume_kda, RANKS);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_worked_example),
-        cmocka_unit_test(test_quickstart_example),
-        cmocka_unit_test(test_kv_boundary_restricts),
-        cmocka_unit_test(test_no_candidate_leases_nothing),
-        cmocka_unit_test(test_sizes_and_gaps),
-        cmocka_unit_test(test_invalid_requests),
-        cmocka_unit_test(test_duplicates),
-        cmocka_unit_test(test_tenants),
+        FIX_TEST(test_worked_example),
+        FIX_TEST(test_quickstart_example),
+        FIX_TEST(test_kv_boundary_restricts),
+        FIX_TEST(test_no_candidate_leases_nothing),
+        FIX_TEST(test_sizes_and_gaps),
+        FIX_TEST(test_invalid_requests),
+        FIX_TEST(test_duplicates),
+        FIX_TEST(test_tenants),
         cmocka_unit_test(test_kda_member_evicted_between_phases),
         cmocka_unit_test(test_kv_key_evicted_between_phases),
         cmocka_unit_test(test_evicted_after_the_scan),
-        cmocka_unit_test(test_many_shards),
+        FIX_TEST(test_many_shards),
     };
     return cmocka_run_group_tests_name("master_probe_resume", tests, NULL, NULL);
 }

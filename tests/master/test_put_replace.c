@@ -35,6 +35,20 @@ static moonlet_master *master_with(uint64_t put_timeout_ms, uint64_t grace_ms)
     return m;
 }
 
+/* cmocka setups: master_with() a short put deadline (1 s, grace 0.5 s) or a
+ * long one (60 s, grace 2 s) as the test's state; fix_teardown destroys it. */
+static int setup(void **state)
+{
+    *state = master_with(1000, 500);
+    return 0;
+}
+
+static int setup_long(void **state)
+{
+    *state = master_with(60000, 2000);
+    return 0;
+}
+
 static void mount_n(moonlet_master *m, int n, uint64_t size)
 {
     for (int i = 0; i < n; i++) {
@@ -43,6 +57,15 @@ static void mount_n(moonlet_master *m, int n, uint64_t size)
         snprintf(s, sizeof(s), "s%d", i);
         fix_mount(m, c, s, size);
     }
+}
+
+/* PutStart of key in the default tenant, not soft-pinned; the replicas it
+ * hands out go to out unless it is NULL. */
+static int put_start(moonlet_master *m, const char *key, uint64_t size, uint32_t replicas,
+                     struct fix_reps *out)
+{
+    return moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR(key), size, replicas, false,
+                                    out ? fix_reps_visit : NULL, out);
 }
 
 /* The replicas the master holds for the key (all statuses). */
@@ -70,13 +93,10 @@ static int replace(moonlet_master *m, const char *key, const char *failed,
  * excluded; the object then seals with two readable replicas. */
 static void test_replacement_excludes(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(1000, 500);
+    moonlet_master *m = *state;
     mount_n(m, 4, 1 << 20);
     struct fix_reps start = {0};
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 4096, 2, false,
-                                              fix_reps_visit, &start),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 4096, 2, &start), MOONLET_OK);
     assert_int_equal(start.n, 2);
     /* the two segments without a replica: exclude one, the other must be chosen */
     const char *free_segs[2];
@@ -116,21 +136,17 @@ static void test_replacement_excludes(void **state)
     assert_int_equal(st.put_replacements, 1);
     free((void *)free_segs[0]);
     free((void *)free_segs[1]);
-    moonlet_master_destroy(m);
 }
 
 /* The failed replica's range is not reusable before the put deadline + the
  * grace (a stale writer may still send there), and is afterwards. */
 static void test_old_range_quarantined(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(1000, 500);
+    moonlet_master *m = *state;
     mount_n(m, 2, 4096); /* room for exactly one 4096-byte replica each */
     fix_mount(m, "c9", "s9", 4096);
     struct fix_reps start = {0};
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 4096, 2, false,
-                                              fix_reps_visit, &start),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 4096, 2, &start), MOONLET_OK);
     struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", start.segs[0], NULL, 0, &got), MOONLET_OK);
     moonlet_master_stats st;
@@ -143,35 +159,25 @@ static void test_old_range_quarantined(void **state)
                      MOONLET_OK); /* leased: not evicted for the puts below */
 
     /* the failed segment is the only one with room, but not before deadline + grace */
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
-                                              NULL, NULL),
-                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    assert_int_equal(put_start(m, "x", 64, 1, NULL), MOONLET_ERR_NO_AVAILABLE_HANDLE);
     moonlet_clock_advance(1499 * MS);
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
-                                              NULL, NULL),
-                     MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    assert_int_equal(put_start(m, "x", 64, 1, NULL), MOONLET_ERR_NO_AVAILABLE_HANDLE);
     moonlet_clock_advance(1 * MS);
     struct fix_reps x = {0};
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
-                                              fix_reps_visit, &x),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "x", 64, 1, &x), MOONLET_OK);
     assert_string_equal(x.segs[0], start.segs[0]);
     assert_int_equal(x.off[0], start.off[0]);
     moonlet_master_get_stats(m, &st);
     assert_int_equal(st.quarantined, 0);
-    moonlet_master_destroy(m);
 }
 
 /* At most MOONLET_MAX_PUT_REPLACEMENTS per put: then a clear refusal, the
  * put unchanged; a new put starts with its own allowance. */
 static void test_replacement_bound(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(60000, 2000);
+    moonlet_master *m = *state;
     mount_n(m, 8, 1 << 20);
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              NULL, NULL),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 100, 2, NULL), MOONLET_OK);
     char seen[8][64];
     int nseen = 0;
     for (unsigned i = 0; i < MOONLET_MAX_PUT_REPLACEMENTS; i++) {
@@ -201,19 +207,15 @@ static void test_replacement_bound(void **state)
     assert_int_equal(st.objects, 0);
 
     /* the same key put again has its own allowance */
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              NULL, NULL),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 100, 2, NULL), MOONLET_OK);
     struct fix_reps cur = replicas_of(m, "k");
     assert_int_equal(replace(m, "k", cur.segs[1], NULL, 0, &got), MOONLET_OK);
-    moonlet_master_destroy(m);
 }
 
 /* Every refusal is a clear code and changes nothing. */
 static void test_refusals(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(1000, 500);
+    moonlet_master *m = *state;
     mount_n(m, 2, 1 << 20);
     struct fix_reps got = {0};
     assert_int_equal(replace(m, "nope", "s0", NULL, 0, &got), MOONLET_ERR_OBJECT_NOT_FOUND);
@@ -228,9 +230,7 @@ static void test_refusals(void **state)
                                                         MOONLET_MAX_EXCLUDED + 1, NULL, NULL),
                      MOONLET_ERR_INVALID_PARAMS);
 
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              NULL, NULL),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 100, 2, NULL), MOONLET_OK);
     /* no excluded list at all (an older writer's request) is fine */
     assert_int_equal(moonlet_master_put_replace_replica(m, MOONLET_STR(""), MOONLET_STR("k"),
                                                         MOONLET_STR("s0"), NULL, 0, NULL, NULL),
@@ -253,14 +253,11 @@ static void test_refusals(void **state)
     assert_int_equal(replace(m, "k", "s0", NULL, 0, &got), MOONLET_ERR_INVALID_WRITE);
 
     /* past its deadline (not yet reaped): no fresh capability */
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("late"), 100, 2,
-                                              false, NULL, NULL),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "late", 100, 2, NULL), MOONLET_OK);
     cur = replicas_of(m, "late");
     moonlet_clock_advance(1000 * MS);
     assert_int_equal(replace(m, "late", cur.segs[0], NULL, 0, &got), MOONLET_ERR_INVALID_WRITE);
     assert_int_equal(got.n, 0);
-    moonlet_master_destroy(m);
 }
 
 /* A dead node's segment unmounted before the writer asked: its replica is
@@ -268,13 +265,10 @@ static void test_refusals(void **state)
  * failed segment, never twice). */
 static void test_stripped_replica_refilled(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(60000, 2000);
+    moonlet_master *m = *state;
     mount_n(m, 3, 1 << 20);
     struct fix_reps start = {0};
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              fix_reps_visit, &start),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 100, 2, &start), MOONLET_OK);
     char dead[64], dead_client[64];
     snprintf(dead, sizeof(dead), "%s", start.segs[0]);
     snprintf(dead_client, sizeof(dead_client), "c%s", dead + 1);
@@ -294,15 +288,13 @@ static void test_stripped_replica_refilled(void **state)
                                                      NULL, fix_reps_visit, &rd),
                      MOONLET_OK);
     assert_int_equal(rd.n, 2);
-    moonlet_master_destroy(m);
 }
 
 /* On a segment with a write key the replacement carries a capability that
  * expires with the put (the same expiry as the original replicas'). */
 static void test_replacement_capability(void **state)
 {
-    (void)state;
-    moonlet_master *m = master_with(1000, 500);
+    moonlet_master *m = *state;
     static const uint8_t key[16] = {1, 2, 3};
     for (int i = 0; i < 3; i++) {
         char c[16], s[16];
@@ -314,27 +306,25 @@ static void test_replacement_capability(void **state)
         assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
     }
     struct fix_reps start = {0};
-    assert_int_equal(moonlet_master_put_start(m, MOONLET_STR(""), MOONLET_STR("k"), 100, 2, false,
-                                              fix_reps_visit, &start),
-                     MOONLET_OK);
+    assert_int_equal(put_start(m, "k", 100, 2, &start), MOONLET_OK);
     moonlet_clock_advance(200 * MS);
     struct fix_reps got = {0};
     assert_int_equal(replace(m, "k", start.segs[1], NULL, 0, &got), MOONLET_OK);
     assert_true(got.has_cap[0]);
     assert_int_equal(got.cap_expiry[0], start.cap_expiry[0]);
     assert_int_equal(got.ttl[0], 800);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replacement_excludes),
-        cmocka_unit_test(test_old_range_quarantined),
-        cmocka_unit_test(test_replacement_bound),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_stripped_replica_refilled),
-        cmocka_unit_test(test_replacement_capability),
+        FIX_TEST(test_replacement_excludes),
+        FIX_TEST(test_old_range_quarantined),
+        cmocka_unit_test_setup_teardown(test_replacement_bound, setup_long, fix_teardown),
+        FIX_TEST(test_refusals),
+        cmocka_unit_test_setup_teardown(test_stripped_replica_refilled, setup_long,
+                                        fix_teardown),
+        FIX_TEST(test_replacement_capability),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,14 @@
 #define MS MOONLET_NS_PER_MS
 #define SEG_BYTES (1u << 20)
 
+/* cmocka setup: a master of 16 shards and 5 s leases as the test's state; fix_teardown destroys
+ * it. */
+static int setup(void **state)
+{
+    *state = fix_master(16, 5000);
+    return 0;
+}
+
 static void mountf(moonlet_master *m, const char *client, const char *seg, uint64_t size)
 {
     fix_mount(m, client, seg, size);
@@ -34,8 +42,7 @@ static void count_visit(void *arg, const moonlet_segment_view *s)
 /* The old table stopped at 4,096 segments (NO_AVAILABLE_HANDLE beyond). */
 static void test_more_than_4096_segments(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     char c[32], s[32];
     for (int i = 0; i < 5000; i++) {
         snprintf(c, sizeof(c), "node%d", i);
@@ -52,14 +59,12 @@ static void test_more_than_4096_segments(void **state)
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_ERR_SEGMENT_ALREADY_EXISTS);
     /* puts land on segments past the old cap too */
     fix_put_range(m, "k", 0, 200, 1000, 3);
-    moonlet_master_destroy(m);
 }
 
 /* Mount, ping and unmount over many ids, reusing freed slots and entries. */
 static void test_churn_many_ids(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     enum { N = 3000 };
     char c[32], s[32];
     for (int round = 0; round < 3; round++) {
@@ -102,7 +107,6 @@ static void test_churn_many_ids(void **state)
         moonlet_master_stats st = fix_stats(m);
         assert_int_equal(st.capacity, 0);
     }
-    moonlet_master_destroy(m);
 }
 
 struct seen {
@@ -136,8 +140,7 @@ static void dead_visit(void *arg, const moonlet_replica_view *r)
  * connections and clients there are (found by session, not by a scan). */
 static void test_session_closed_many(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     enum { N = 2000 };
     char c[32], s[32];
     for (int i = 0; i < N; i++) { /* even ids on connection 1, odd on 2 */
@@ -164,7 +167,6 @@ static void test_session_closed_many(void **state)
     moonlet_master_session_closed(m, 3);
     st = fix_stats(m);
     assert_int_equal(st.clients, N / 4); /* only those holding a segment */
-    moonlet_master_destroy(m);
 }
 
 /* Only the dead nodes' segments go, with their objects; the liveness check
@@ -227,8 +229,7 @@ static void test_liveness_unmounts_only_dead(void **state)
  * node that does not ping within the hold is, once it ends. */
 static void test_liveness_held_after_promotion(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     mountf(m, "quiet", "s1", SEG_BYTES);
     mountf(m, "pinger", "s2", SEG_BYTES);
     moonlet_master_hold_liveness(m, 15000);
@@ -241,7 +242,6 @@ static void test_liveness_held_after_promotion(void **state)
     moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.segments, 1);
     assert_int_equal(st.clients, 1);
-    moonlet_master_destroy(m);
 }
 
 /* A dead node with many objects is unmounted over several ticks (a bounded
@@ -275,8 +275,7 @@ static void test_liveness_unmount_spread_over_ticks(void **state)
  * evicting anything; freed space brings a full segment back. */
 static void test_placement_most_full(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     enum { N = 300 };
     const uint64_t seg = 64 * 1024;
     char c[32], s[32], k[32];
@@ -303,14 +302,12 @@ static void test_placement_most_full(void **state)
     st = fix_stats(m);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(st.used, st.capacity);
-    moonlet_master_destroy(m);
 }
 
 /* Many tenants: each sees only its own key; slots are reused after expiry. */
 static void test_many_tenants(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     mountf(m, "c", "s", 64u << 20);
     enum { T = 3000 };
     char t[32];
@@ -340,14 +337,12 @@ static void test_many_tenants(void **state)
             assert_false(ex);
         }
     }
-    moonlet_master_destroy(m);
 }
 
 /* Pages: limits, cursors, the client filter, bad arguments. */
 static void test_list_segments_pages(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     enum { N = 2500 };
     char c[32], s[32];
     for (int i = 0; i < N; i++) {
@@ -382,7 +377,6 @@ static void test_list_segments_pages(void **state)
                      MOONLET_ERR_INVALID_PARAMS);
     free(v.hits);
     free(w.hits);
-    moonlet_master_destroy(m);
 }
 
 struct churn {
@@ -411,8 +405,7 @@ static void *churn_main(void *arg)
  * slots the churn reuses. */
 static void test_list_segments_pages_under_churn(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 5000);
+    moonlet_master *m = *state;
     enum { N = 1200 };
     char c[32], s[32];
     for (int i = 0; i < N; i++) {
@@ -446,22 +439,21 @@ static void test_list_segments_pages_under_churn(void **state)
     atomic_store(&ch.stop, true);
     pthread_join(th, NULL);
     assert_true(atomic_load(&ch.rounds) > 0);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_more_than_4096_segments),
-        cmocka_unit_test(test_churn_many_ids),
-        cmocka_unit_test(test_session_closed_many),
+        FIX_TEST(test_more_than_4096_segments),
+        FIX_TEST(test_churn_many_ids),
+        FIX_TEST(test_session_closed_many),
         cmocka_unit_test(test_liveness_unmounts_only_dead),
         cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
-        cmocka_unit_test(test_liveness_held_after_promotion),
-        cmocka_unit_test(test_placement_most_full),
-        cmocka_unit_test(test_many_tenants),
-        cmocka_unit_test(test_list_segments_pages),
-        cmocka_unit_test(test_list_segments_pages_under_churn),
+        FIX_TEST(test_liveness_held_after_promotion),
+        FIX_TEST(test_placement_most_full),
+        FIX_TEST(test_many_tenants),
+        FIX_TEST(test_list_segments_pages),
+        FIX_TEST(test_list_segments_pages_under_churn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

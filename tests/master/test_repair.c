@@ -71,6 +71,16 @@ static void put_on(moonlet_master *m, const char *key, const char *s1, const cha
     assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), &ck), MOONLET_OK);
 }
 
+/* k removed (forced or not) and put again on b and c, same key and size;
+ * "other" put first keeps the tenant (and so k's hash) as it is. */
+static void reput_k(moonlet_master *m, bool force)
+{
+    put_on(m, "other", "b", "c");
+    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), force),
+                     MOONLET_OK);
+    put_on(m, "k", "b", "c");
+}
+
 struct job {
     uint64_t id, size, checksum;
     bool has_checksum;
@@ -293,14 +303,21 @@ static void test_concurrency_limit(void **state)
     end_test(m);
 }
 
-/* Three hosts, key k on a and b, a unmounted: the one repair job (on c) is
- * started and fetched into js. */
-static moonlet_master *one_repair_job(struct jobs *js)
+/* Three hosts, key k on a and b, a unmounted: the one repair job (target
+ * on c) is started. */
+static moonlet_master *started_repair_job(void)
 {
     moonlet_master *m = three_hosts(16);
     put_on(m, "k", "a", "b");
     unmount(m, "a");
     moonlet_master_tick(m);
+    return m;
+}
+
+/* started_repair_job(), the job fetched into js. */
+static moonlet_master *one_repair_job(struct jobs *js)
+{
+    moonlet_master *m = started_repair_job();
     assert_int_equal(fetch(m, "c", js), 1);
     return m;
 }
@@ -339,10 +356,7 @@ static void test_reput_mid_repair(void **state)
     (void)state;
     struct jobs js;
     moonlet_master *m = one_repair_job(&js); /* k on a and b, a gone, target on c */
-    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
-    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
-                     MOONLET_OK);
-    put_on(m, "k", "b", "c"); /* same key, same size */
+    reput_k(m, true);
     unmount(m, "b");          /* the new object: one replica of two, on c */
     assert_int_equal(readable(m, "k"), 1);
     assert_int_equal(done(m, "c", js.j[0].id, 0), MOONLET_ERR_OBJECT_NOT_FOUND);
@@ -356,13 +370,8 @@ static void test_reput_mid_repair(void **state)
 static void test_removed_before_fetch(void **state)
 {
     (void)state;
-    moonlet_master *m = three_hosts(16);
-    put_on(m, "k", "a", "b");
-    unmount(m, "a");
-    moonlet_master_tick(m); /* the job starts: target on c */
-    put_on(m, "other", "b", "c"); /* keeps the tenant (and so k's hash) as it is */
-    assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
-    put_on(m, "k", "b", "c");
+    moonlet_master *m = started_repair_job();
+    reput_k(m, false);
     struct jobs js;
     assert_int_equal(fetch(m, "c", &js), 0);
     assert_int_equal(stats(m).repairs_dropped, 1);
@@ -636,13 +645,22 @@ static void quar_capture(void *arg, const moonlet_repl_rec *rec)
     q->free_ms[q->n++] = rec->free_ms;
 }
 
+/* A master whose replication records go to repl_emit, with segments a, b
+ * and `seg` (at endpoint ep) and key k put on a and b. */
+static moonlet_master *k_streamed(void (*repl_emit)(void *, const moonlet_repl_rec *), void *arg,
+                                  const char *seg, const char *ep)
+{
+    moonlet_master *m = repair_master_with(16, 0, repl_emit, arg);
+    mount_ab_and(m, seg, ep);
+    put_on(m, "k", "a", "b");
+    return m;
+}
+
 static void test_standby_holds_target(void **state)
 {
     (void)state;
     struct quars stream = {0};
-    moonlet_master *m = repair_master_with(16, 0, quar_capture, &stream);
-    mount_ab_and(m, "d", "10.0.0.4:1");
-    put_on(m, "k", "a", "b");
+    moonlet_master *m = k_streamed(quar_capture, &stream, "d", "10.0.0.4:1");
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("c-a"), MOONLET_STR("a")),
                      MOONLET_OK);
     assert_int_equal(stream.n, 0);
@@ -664,8 +682,7 @@ static void test_standby_holds_target(void **state)
     memset(&snap, 0, sizeof(snap));
     moonlet_master_snapshot(m, quar_capture, &snap);
     assert_int_equal(snap.n, 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 /* A drain swaps a replica: the standby is told, before the old range is
@@ -701,9 +718,7 @@ static void test_standby_told_of_drain_swap(void **state)
 {
     (void)state;
     struct recs rs = {0};
-    moonlet_master *m = repair_master_with(16, 0, rec_capture, &rs);
-    mount_ab_and(m, "c", "10.0.0.3:1");
-    put_on(m, "k", "a", "b");
+    moonlet_master *m = k_streamed(rec_capture, &rs, "c", "10.0.0.3:1");
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     moonlet_master_tick(m);
     struct jobs js;
@@ -720,8 +735,7 @@ static void test_standby_told_of_drain_swap(void **state)
     assert_string_equal(rs.seg0[0], "b");
     /* the reader's lease on k holds: a's range is held that long */
     assert_true(rs.free_ms[0] > 0);
-    moonlet_master_destroy(m);
-    moonlet_clock_set_fake(0);
+    end_test(m);
 }
 
 int main(void)

@@ -48,6 +48,20 @@ static void stream_free(struct stream *s)
     s->n = 0;
 }
 
+/* The end of a leader's side: the master and the records it streamed. */
+static void leader_free(moonlet_master *a, struct stream *s)
+{
+    moonlet_master_destroy(a);
+    stream_free(s);
+}
+
+/* The end of a standby's side: the master restored from st, and st. */
+static void standby_free(moonlet_master *b, moonlet_repl_state *st)
+{
+    moonlet_master_destroy(b);
+    moonlet_repl_state_destroy(st);
+}
+
 static moonlet_master *leader(struct stream *s)
 {
     moonlet_master_config cfg;
@@ -73,6 +87,14 @@ static void mount(moonlet_master *m, const char *client, const char *seg, uint64
                               .size = size, .endpoint = "127.0.0.1:7", .protocol = "tcp",
                               .write_key = KEY, .node_clock_ms = 5000};
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+}
+
+/* leader(s) with one segment mounted: s0 of node n0, `size` bytes. */
+static moonlet_master *leader_on_s0(struct stream *s, uint64_t size)
+{
+    moonlet_master *a = leader(s);
+    mount(a, "n0", "s0", size);
+    return a;
 }
 
 /* Applies the whole stream to a fresh state. */
@@ -192,8 +214,7 @@ static void test_restore_matches_leader(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader(&s);
-    mount(a, "n0", "s0", 1 << 20);
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
     mount(a, "n1", "s1", 1 << 20);
     mount(a, "n2", "s2", 1 << 20);
     mount(a, "n3", "s3", 1 << 20);
@@ -334,10 +355,8 @@ static void test_restore_matches_leader(void **state)
                                           NULL, NULL);
         assert_true(rc == MOONLET_OK || rc == MOONLET_ERR_NO_AVAILABLE_HANDLE);
     }
-    moonlet_master_destroy(b);
-    moonlet_repl_state_destroy(st);
-    moonlet_master_destroy(a);
-    stream_free(&s);
+    standby_free(b, st);
+    leader_free(a, &s);
 }
 
 /* Pending puts survive a promotion until their deadline, then are reaped. */
@@ -345,8 +364,7 @@ static void test_pending_kept_until_deadline(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader(&s);
-    mount(a, "n0", "s0", 1 << 20);
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
     assert_int_equal(moonlet_master_put_start(a, MOONLET_STR("t"), MOONLET_STR("p"), 4096, 1,
                                               false, NULL, NULL),
                      MOONLET_OK);
@@ -373,10 +391,8 @@ static void test_pending_kept_until_deadline(void **state)
     moonlet_master_get_stats(b, &sb);
     assert_int_equal(sb.objects, 0);
     assert_int_equal(sb.put_timeouts, 1);
-    moonlet_master_destroy(b);
-    moonlet_repl_state_destroy(st);
-    moonlet_master_destroy(a);
-    stream_free(&s);
+    standby_free(b, st);
+    leader_free(a, &s);
 }
 
 /* A range freed by one object and reused by another: the DROP comes first,
@@ -385,8 +401,7 @@ static void test_reuse_order(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader(&s);
-    mount(a, "n0", "s0", 64 * 1024);
+    moonlet_master *a = leader_on_s0(&s, 64 * 1024);
     char key[32];
     for (int round = 0; round < 20; round++) {
         for (int i = 0; i < 8; i++) {
@@ -405,11 +420,9 @@ static void test_reuse_order(void **state)
         uint64_t skipped = 1;
         assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
         assert_int_equal(skipped, 0);
-        moonlet_master_destroy(b);
-        moonlet_repl_state_destroy(st);
+        standby_free(b, st);
     }
-    moonlet_master_destroy(a);
-    stream_free(&s);
+    leader_free(a, &s);
 }
 
 /* Divergence is reported, never applied silently. */
@@ -468,12 +481,10 @@ static void test_restored_client_secret(void **state)
         uint32_t segs = 0;
         assert_int_equal(moonlet_master_ping_as(b, MOONLET_STR("node"), 10, &segs), MOONLET_OK);
         assert_int_equal(segs, 1);
-        moonlet_master_destroy(b);
-        moonlet_repl_state_destroy(st);
+        standby_free(b, st);
         stream_free(&sn);
     }
-    moonlet_master_destroy(a);
-    stream_free(&s);
+    leader_free(a, &s);
 }
 
 static void cap_visit(void *arg, const moonlet_replica_view *r)
@@ -488,8 +499,8 @@ static void test_restored_clock_offset(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader(&s);
-    mount(a, "n0", "s0", 1 << 20); /* node clock 5000 ms at master 1,000,000 ms */
+    /* node clock 5000 ms at master 1,000,000 ms */
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
     uint64_t exp_a = 0;
     assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("x"), 64, 1, false,
                                               cap_visit, &exp_a),
@@ -509,11 +520,9 @@ static void test_restored_clock_offset(void **state)
             assert_int_equal(exp_b, 5000 + 60000 + 3000);
         else /* offset bound 1 - 1,000,000: the lowest a node clock of 1 gives */
             assert_int_equal(exp_b, 1000000 + 60000 + 1 - 1000000);
-        moonlet_master_destroy(b);
-        moonlet_repl_state_destroy(st);
+        standby_free(b, st);
     }
-    moonlet_master_destroy(a);
-    stream_free(&s);
+    leader_free(a, &s);
 }
 
 struct marks {

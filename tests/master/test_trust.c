@@ -7,6 +7,14 @@
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
 
+/* cmocka setup: a master of 16 shards and 1 s leases as the test's state; fix_teardown destroys
+ * it. */
+static int setup(void **state)
+{
+    *state = fix_master(16, 1000);
+    return 0;
+}
+
 static moonlet_master_stats stats(moonlet_master *m)
 {
     moonlet_master_stats st = fix_stats(m);
@@ -23,8 +31,7 @@ static bool exists_t(moonlet_master *m, const char *t, const char *k)
 /* A size near 2^64 used to wrap the capacity total. */
 static void test_segment_size_bound(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c", "s0", MiB);
     moonlet_segment_desc d = {.client_id = "c", .segment_id = "huge", .size = UINT64_MAX - 63,
                               .endpoint = "127.0.0.1:2", .protocol = "tcp"};
@@ -42,14 +49,12 @@ static void test_segment_size_bound(void **state)
     d.size = MOONLET_MAX_SEGMENT_BYTES;
     assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
     assert_int_equal(stats(m).capacity, MiB + MOONLET_MAX_SEGMENT_BYTES);
-    moonlet_master_destroy(m);
 }
 
 /* 65,536 failed PutStarts under new names used to fill the table for good. */
 static void test_failed_puts_create_no_tenant(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     char t[32];
     for (int i = 0; i < 65536; i++) {
         snprintf(t, sizeof(t), "t%d", i);
@@ -59,7 +64,6 @@ static void test_failed_puts_create_no_tenant(void **state)
     fix_mount(m, "c", "s", MiB);
     assert_int_equal(fix_put_t(m, "fresh", "k", 64, 1), MOONLET_OK);
     assert_int_equal(stats(m).tenants, 1);
-    moonlet_master_destroy(m);
 }
 
 /* A full table gives NO_AVAILABLE_HANDLE; tenants expire with their last
@@ -114,8 +118,7 @@ static void lease_key(moonlet_master *m, int i)
 /* A put larger than any segment used to evict 5% of the cache per attempt. */
 static void test_never_fits_refused(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c", "s", MiB);
     fill(m, 1000, 1 * KiB);
     for (int i = 0; i < 30; i++)
@@ -127,7 +130,6 @@ static void test_never_fits_refused(void **state)
     fix_mount(m, "c", "small", 512 * KiB);
     assert_int_equal(fix_put_t(m, "", "two", 768 * KiB, 2), MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(stats(m).evictions, 0);
-    moonlet_master_destroy(m);
 }
 
 /* Fragmented by age: every other object was read recently, so evicting the
@@ -135,8 +137,7 @@ static void test_never_fits_refused(void **state)
  * again.  It must evict one run of 16 adjacent objects and succeed at once. */
 static void test_evicts_for_contiguous_space(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c", "s", 16 * MiB);
     fill(m, 256, 64 * KiB);
     assert_int_equal(stats(m).used, 16 * MiB);
@@ -147,7 +148,6 @@ static void test_evicts_for_contiguous_space(void **state)
     moonlet_master_stats st = stats(m);
     assert_int_equal(st.evictions, 16);
     assert_int_equal(st.objects, 256 - 16 + 1);
-    moonlet_master_destroy(m);
 }
 
 /* When no run of the needed size avoids leased objects, nothing is evicted. */
@@ -180,8 +180,7 @@ static void test_no_eviction_when_no_run_can_fit(void **state)
 /* Soft-pinned objects are taken only when unpinned ones cannot make room. */
 static void test_pinned_only_when_needed(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     fix_mount(m, "c", "s", 64 * KiB * 8);
     char k[16];
     for (int i = 0; i < 8; i++) {
@@ -200,15 +199,13 @@ static void test_pinned_only_when_needed(void **state)
     assert_int_equal(stats(m).evictions, 2);
     /* 320 KiB: no unpinned run is long enough, so pinned objects go too */
     assert_int_equal(fix_put(m, "y", 320 * KiB), MOONLET_OK);
-    moonlet_master_destroy(m);
 }
 
 /* Identity: the session that holds an id, a reconnect proving the secret,
  * expiry freeing the id, an id without secret claimable once unbound. */
 static void test_client_identity(void **state)
 {
-    (void)state;
-    moonlet_master *m = fix_master(16, 1000);
+    moonlet_master *m = *state;
     moonlet_str id = MOONLET_STR("n1"), a = MOONLET_STR("secret-a"), b = MOONLET_STR("secret-b");
     uint32_t segs;
     assert_int_equal(moonlet_master_bind_client(m, id, a, 1), MOONLET_OK);
@@ -245,20 +242,19 @@ static void test_client_identity(void **state)
     /* the library's own calls (session 0) are trusted */
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("legacy"), MOONLET_STR("s2")),
                      MOONLET_OK);
-    moonlet_master_destroy(m);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_segment_size_bound),
-        cmocka_unit_test(test_failed_puts_create_no_tenant),
+        FIX_TEST(test_segment_size_bound),
+        FIX_TEST(test_failed_puts_create_no_tenant),
         cmocka_unit_test(test_tenant_bound_and_expiry),
-        cmocka_unit_test(test_never_fits_refused),
-        cmocka_unit_test(test_evicts_for_contiguous_space),
+        FIX_TEST(test_never_fits_refused),
+        FIX_TEST(test_evicts_for_contiguous_space),
         cmocka_unit_test(test_no_eviction_when_no_run_can_fit),
-        cmocka_unit_test(test_pinned_only_when_needed),
-        cmocka_unit_test(test_client_identity),
+        FIX_TEST(test_pinned_only_when_needed),
+        FIX_TEST(test_client_identity),
     };
     return cmocka_run_group_tests_name("master_trust", tests, NULL, NULL);
 }

@@ -137,6 +137,28 @@ def tool(name):
     return os.path.join(build_root(), "tools", name)
 
 
+def child_pids(pid, *pgrep_args):
+    """pid's children as `pgrep -P pid` lists them (bytes), narrowed by
+    pgrep_args (e.g. "-f", "redis-server")."""
+    out = subprocess.run(["pgrep", "-P", str(pid), *pgrep_args], capture_output=True)
+    return out.stdout.split()
+
+
+def run_bench(*args, timeout):
+    """Runs the build tree's moonlet-bench with `args` to its end, bounded: it
+    is killed (and TimeoutExpired raised) after `timeout` seconds.  Returns
+    the ended Popen (.returncode, .pid), its stdout and its stderr (bytes)."""
+    p = subprocess.Popen([tool("moonlet-bench"), *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    return p, out, err
+
+
 def start_master(*extra, ready=LISTENING, prefix=(), timeout=15.0):
     """moonlet-master on an ephemeral port (--rpc-port 0), quiet, plus
     `extra` flags (a later flag overrides an earlier one); `prefix` runs it

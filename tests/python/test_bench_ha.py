@@ -14,33 +14,19 @@ import time
 
 import pytest
 
-BUILD = os.environ.get("MOONLET_BUILD_ROOT")
-BENCH = os.path.join(BUILD or ".", "tools", "moonlet-bench")
+import daemons
+
 ETCD = "/usr/bin/etcd"
+SHORT_RUN = ["ha", "--rounds", "1", "--puts", "50", "--failovers", "1", "--json"]
 
 pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK),
                                 reason="etcd not installed (apt-get install etcd-server)")
 
 
-def children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True)
-    return out.stdout.split()
-
-
 def test_short_run():
-    if not BUILD:
-        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
-    p = subprocess.Popen([BENCH, "ha", "--rounds", "1", "--puts", "50", "--failovers", "1",
-                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL)
-    try:
-        out, err = p.communicate(timeout=150)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise
+    p, out, err = daemons.run_bench(*SHORT_RUN, timeout=150)
     assert p.returncode == 0, err.decode()
-    assert not children(p.pid)
+    assert not daemons.child_pids(p.pid)
     d = json.loads(out)
     assert d["bench"] == "ha" and d["lease_ttl_s"] == 2 and d["value_bytes"] == 4096
     for name in ("put_repl", "put_norepl"):
@@ -62,7 +48,8 @@ def test_short_run():
 
 def test_rejects_bad_flags():
     for args in (["--rounds", "0"], ["--puts", "0"], ["--failovers", "-1"], ["--bogus"]):
-        p = subprocess.run([BENCH, "ha", *args], capture_output=True, timeout=30)
+        p = subprocess.run([daemons.tool("moonlet-bench"), "ha", *args], capture_output=True,
+                           timeout=30)
         assert p.returncode == 2, args
 
 
@@ -79,16 +66,13 @@ def test_children_die_with_the_bench():
     """A bench killed outright (a crash, SIGKILL) takes its etcd, masters and
     stores with it: each child has PR_SET_PDEATHSIG.  Before, they lived on,
     holding their ports and the caller's pipe."""
-    if not BUILD:
-        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
-    p = subprocess.Popen([BENCH, "ha", "--rounds", "1", "--puts", "50", "--failovers", "1",
-                          "--json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         stdin=subprocess.DEVNULL)
+    p = subprocess.Popen([daemons.tool("moonlet-bench"), *SHORT_RUN], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     kids = []
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(kids) < 3 and p.poll() is None:
-            kids = [int(k) for k in children(p.pid)]  # etcd, then the masters
+            kids = [int(k) for k in daemons.child_pids(p.pid)]  # etcd, then the masters
             time.sleep(0.05)
         assert len(kids) >= 3, kids
         p.kill()

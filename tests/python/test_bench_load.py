@@ -14,34 +14,20 @@ import subprocess
 
 import pytest
 
-BUILD = os.environ.get("MOONLET_BUILD_ROOT")
-BENCH = os.path.join(BUILD or ".", "tools", "moonlet-bench")
+import daemons
+
 REDIS = "/usr/bin/redis-server"
 
 pytestmark = pytest.mark.skipif(not os.access(REDIS, os.X_OK),
                                 reason="redis-server not installed (apt-get install redis-server)")
 
 
-def redis_children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid), "-f", "redis-server"], capture_output=True)
-    return out.stdout.split()
-
-
 def test_short_run(tmp_path):
-    if not BUILD:
-        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
     png = tmp_path / "load.png"
-    p = subprocess.Popen([BENCH, "load", "--clients", "1,2", "--phase-ms", "150", "--rounds", "1",
-                          "--json", "--plot", str(png)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        out, err = p.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise
+    p, out, err = daemons.run_bench("load", "--clients", "1,2", "--phase-ms", "150", "--rounds",
+                                    "1", "--json", "--plot", str(png), timeout=120)
     assert p.returncode == 0, err.decode()
-    assert not redis_children(p.pid)
+    assert not daemons.child_pids(p.pid, "-f", "redis-server")
     d = json.loads(out)
     assert [r["clients"] for r in d["by_clients"]] == [1, 2]
     for r in d["by_clients"]:
@@ -56,5 +42,6 @@ def test_short_run(tmp_path):
 
 def test_rejects_bad_flags():
     for args in (["--clients", "0"], ["--clients", "1,x"], ["--phase-ms", "1"], ["--rounds", "0"]):
-        p = subprocess.run([BENCH, "load", *args], capture_output=True, timeout=30)
+        p = subprocess.run([daemons.tool("moonlet-bench"), "load", *args], capture_output=True,
+                           timeout=30)
         assert p.returncode == 2, args

@@ -32,6 +32,8 @@ import subprocess
 
 import pytest
 
+import daemons
+
 BUILD = os.environ.get("MOONLET_BUILD_ROOT")
 BENCH = os.path.join(BUILD or ".", "tools", "moonlet-bench")
 RANKS = 4
@@ -50,16 +52,7 @@ def trace_file(tmp_path_factory):
 
 
 def run_bench(*args, timeout=120):
-    if not BUILD:
-        pytest.fail("MOONLET_BUILD_ROOT is not set: run through `meson test`")
-    p = subprocess.Popen([BENCH, "trace", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise
+    p, out, err = daemons.run_bench("trace", *args, timeout=timeout)
     assert p.returncode == 0, err.decode()
     return out.decode()
 

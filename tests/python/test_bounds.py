@@ -8,6 +8,7 @@ keeps serving others, answers with a clear error and does not pin memory
 packed by hand (docs/protocol.md, transport/xfer_tcp.h).  Every wait is
 bounded.
 """
+import contextlib
 import os
 import re
 import select
@@ -162,9 +163,25 @@ def closed_by_server(s, timeout):
                 return True
 
 
-def connect(addr, timeout=5.0):
+def connect(addr, timeout=5.0, source=None):
+    """A connection to addr ("HOST:PORT"), from address `source` if given."""
     host, port = addr.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=timeout)
+    return socket.create_connection((host, int(port)), timeout=timeout,
+                                    source_address=(source, 0) if source else None)
+
+
+@contextlib.contextmanager
+def connections(addr, sources, timeout=2.0):
+    """One connection to addr from each address of `sources` (None: the
+    default), all closed on leaving."""
+    socks = []
+    try:
+        for source in sources:
+            socks.append(connect(addr, timeout, source))
+        yield socks
+    finally:
+        for s in socks:
+            s.close()
 
 
 def echo_rtt(addr, timeout=5.0):
@@ -279,6 +296,20 @@ def test_unauthenticated_connections_time_out(token_file):
 
 # ---- batches -------------------------------------------------------------------
 
+def rss_after_batch(d, keys):
+    """One BatchExistKey of `keys` empty keys (id 1) on a new connection to
+    master d, then an Echo (id 2) that must be answered.  Returns the batch's
+    (id, code, results or message) and d's RSS growth in KiB since before
+    the batch, settled after the Echo."""
+    base = rss_settled(d)
+    with connect(d.match.group(1)) as s:
+        s.sendall(batch_exist_empty_keys(1, keys))
+        rid, code, res = read_reply(s, 60.0)
+        assert_echoes(s, 2)
+        grown = rss_settled(d) - base
+    return rid, code, res, grown
+
+
 def test_huge_batch_pins_no_memory():
     """A BatchExistKey of 8 M empty keys (an 8 MiB frame, legal before the
     fix) is refused with INVALID_PARAMS before it is decoded, the connection
@@ -287,16 +318,10 @@ def test_huge_batch_pins_no_memory():
     for good)."""
     d = master()
     try:
-        addr = d.match.group(1)
-        base = rss_settled(d)
-        with connect(addr) as s:
-            s.sendall(batch_exist_empty_keys(1, 8 << 20))
-            rid, code, msg = read_reply(s, 60.0)
-            grown = rss_settled(d) - base
-            print(f"RESULT huge_batch rss_growth_kib={grown} code={code}")
-            assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
-            assert (rid, code) == (1, INVALID_PARAMS), (rid, code)
-            assert_echoes(s, 2)
+        rid, code, _, grown = rss_after_batch(d, 8 << 20)
+        print(f"RESULT huge_batch rss_growth_kib={grown} code={code}")
+        assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
+        assert (rid, code) == (1, INVALID_PARAMS), (rid, code)
     finally:
         d.stop()
 
@@ -322,15 +347,8 @@ def test_scratch_given_back_after_a_large_batch():
     (80 MiB) is given back afterwards."""
     d = master("--max-batch-keys", str(4 << 20))
     try:
-        addr = d.match.group(1)
-        base = rss_settled(d)
-        with connect(addr) as s:
-            s.sendall(batch_exist_empty_keys(1, 4 << 20))
-            rid, code, res = read_reply(s, 60.0)
-            assert (rid, code) == (1, 0) and len(res) == 4 << 20
-            del res
-            assert_echoes(s, 2)
-            grown = rss_settled(d) - base
+        rid, code, res, grown = rss_after_batch(d, 4 << 20)
+        assert (rid, code) == (1, 0) and len(res) == 4 << 20
         print(f"RESULT scratch_4M rss_growth_kib={grown}")
         assert grown < 24 * 1024, f"RSS grew by {grown} KiB"
     finally:
@@ -575,17 +593,10 @@ def test_connections_per_peer_capped():
     is closed at once; another address is still served."""
     n = Node("--max-connections-per-peer", "8")
     try:
-        host, port = n.data.rsplit(":", 1)
-        held = [socket.create_connection((host, int(port)), timeout=2.0,
-                                         source_address=("127.0.0.2", 0)) for _ in range(8)]
-        try:
-            with socket.create_connection((host, int(port)), timeout=2.0,
-                                          source_address=("127.0.0.2", 0)) as extra:
+        with connections(n.data, ["127.0.0.2"] * 8):
+            with connect(n.data, 2.0, "127.0.0.2") as extra:
                 assert closed_by_server(extra, 2.0)
             assert xf_read(n.data, n.segment) < 0.5
-        finally:
-            for s in held:
-                s.close()
     finally:
         n.stop()
 
@@ -597,15 +608,8 @@ def test_store_fd_limit_raised():
     was never served)."""
     n = Node(nofile="256:4096")
     try:
-        host, port = n.data.rsplit(":", 1)
-        idle = [socket.create_connection((host, int(port)), timeout=2.0,
-                                         source_address=(f"127.0.0.{2 + i % 3}", 0))
-                for i in range(600)]
-        try:
+        with connections(n.data, [f"127.0.0.{2 + i % 3}" for i in range(600)]):
             assert xf_read(n.data, n.segment) < 1.0
-        finally:
-            for s in idle:
-                s.close()
     finally:
         n.stop()
 
@@ -653,13 +657,8 @@ def test_metrics_not_starved_by_idle_connections():
     d = master("--metrics-port", "0", ready=[r"listening on (\S+:\d+)$", r"metrics on (\S+:\d+)$"])
     try:
         maddr = d.matches[r"metrics on (\S+:\d+)$"].group(1)
-        host, port = maddr.rsplit(":", 1)
-        idle = [socket.create_connection((host, int(port)), timeout=2.0) for _ in range(100)]
-        try:
+        with connections(maddr, [None] * 100):
             body = http_get_metrics(maddr)
             assert body.startswith(b"HTTP/1.1 200") and b"moonlet_" in body, body[:200]
-        finally:
-            for s in idle:
-                s.close()
     finally:
         d.stop()

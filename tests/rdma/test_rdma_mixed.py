@@ -45,20 +45,17 @@ def test_rdma_mixed():
     assert port_state(DEV_A).endswith("ACTIVE") and port_state(DEV_B).endswith("ACTIVE")
     cl = Cluster()
     try:
-        dual = Daemon([binpath("tools/moonlet-store"), "--master", cl.maddr, "--protocol", "both",
-                       "--listen", f"{IP_A}:0", "--segment-size", "160MiB",
-                       "--client-id", "store-dual", "--ping-interval-ms", "200",
-                       "--log-level", "info"],
-                      r"tcp listening on (\S+:\d+)$", timeout=30)
-        cl.stores["dual"] = dual
-        tcp_ep = dual.match.group(1)
-        tcpn = Daemon([binpath("tools/moonlet-store"), "--master", cl.maddr, "--protocol", "tcp",
-                       "--listen", f"{IP_A}:0", "--segment-size", "160MiB",
-                       "--client-id", "store-tcp", "--ping-interval-ms", "200",
-                       "--log-level", "info"],
-                      r"listening on (\S+:\d+)$", timeout=30)
-        cl.stores["tcp"] = tcpn
-        tcp_only_ep = tcpn.match.group(1)
+        def store(name, proto, ready):
+            """Store node store-NAME speaking `proto` on IP_A; returns its TCP
+            endpoint (the group of `ready`)."""
+            d = Daemon([binpath("tools/moonlet-store"), "--master", cl.maddr, "--protocol", proto,
+                        "--listen", f"{IP_A}:0", "--segment-size", "160MiB",
+                        "--client-id", f"store-{name}", "--ping-interval-ms", "200",
+                        "--log-level", "info"], ready, timeout=30)
+            cl.stores[name] = d
+            return d.match.group(1)
+        tcp_ep = store("dual", "both", r"tcp listening on (\S+:\d+)$")
+        tcp_only_ep = store("tcp", "tcp", r"listening on (\S+:\d+)$")
 
         def segs():
             return {s["client_id"]: s for s in cl.inspect("segments")["segments"]}

@@ -134,6 +134,22 @@ static void read_check(moonlet_xfer *c, server *s, uint8_t *buf, uint32_t off)
     assert_memory_equal(buf, s->mem + off, 65536);
 }
 
+/* Registers buf (len bytes) with c; c's first read (checked) connects it to s. */
+static void register_and_connect(moonlet_xfer *c, server *s, uint8_t *buf, size_t len)
+{
+    assert_int_equal(moonlet_xfer_register_buffer(c, buf, len), MOONLET_OK);
+    read_check(c, s, buf, 0);
+}
+
+/* s started, and a client of one connection to it: buf registered, connected. */
+static moonlet_xfer *connected_client(server *s, uint8_t *buf, size_t len)
+{
+    server_start(s);
+    moonlet_xfer *c = client_new(1);
+    register_and_connect(c, s, buf, len);
+    return c;
+}
+
 static void test_qp_attrs(void **state)
 {
     (void)state;
@@ -457,8 +473,7 @@ static void test_tos(void **state)
         moonlet_xfer *c = NULL;
         assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
         static uint8_t buf[65536];
-        assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-        read_check(c, &s, buf, 0);
+        register_and_connect(c, &s, buf, sizeof(buf));
         moonlet_xfer_qp_info qi[2];
         assert_int_equal(moonlet_xfer_verbs_qp_info(c, qi, 2), 1);
         print_message("rdma_tos %d: traffic class %u\n", want, qi[0].traffic_class);
@@ -490,8 +505,7 @@ static void test_stall_sleeps(void **state)
     moonlet_xfer *c = NULL;
     assert_int_equal(moonlet_xfer_create(&o, &c), MOONLET_OK);
     static uint8_t buf[1u << 20];
-    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-    read_check(c, &s, buf, 0);
+    register_and_connect(c, &s, buf, sizeof(buf));
     assert_int_equal(system(on), 0);
     struct timespec c0, c1;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
@@ -548,8 +562,7 @@ static void test_vanished_client(void **state)
     assert_int_equal(moonlet_xfer_register_segment(s.x, s.mem, SEG, &s.si), MOONLET_OK);
     moonlet_xfer *c = client_new(1);
     static uint8_t buf[65536];
-    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-    read_check(c, &s, buf, 0);
+    register_and_connect(c, &s, buf, sizeof(buf));
     /* probes of a live client succeed: still served after several periods */
     uint64_t t0 = now_ms();
     for (int i = 0; i < 100 && now_ms() - t0 < 3 * KEEPALIVE_MS; i++) {
@@ -721,11 +734,8 @@ static void test_chained_small(void **state)
 {
     (void)state;
     server s;
-    server_start(&s);
-    moonlet_xfer *c = client_new(1);
     static uint8_t buf[NSMALL * 256];
-    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-    read_check(c, &s, buf, 0); /* connects */
+    moonlet_xfer *c = connected_client(&s, buf, sizeof(buf));
     moonlet_xfer_qp_info q0 = client_qp(c);
     assert_true(q0.max_send_wr > 0);
     /* half 200-byte writes (inline when the device grants 200), half 256-byte
@@ -776,11 +786,8 @@ static void test_chained_error(void **state)
 {
     (void)state;
     server s;
-    server_start(&s);
-    moonlet_xfer *c = client_new(1);
     static uint8_t buf[NCHAIN * 1024];
-    assert_int_equal(moonlet_xfer_register_buffer(c, buf, sizeof(buf)), MOONLET_OK);
-    read_check(c, &s, buf, 0);
+    moonlet_xfer *c = connected_client(&s, buf, sizeof(buf));
     /* "<id>.<rkey 8 hex>.<base>.<size>": flip the rkey */
     char bad[sizeof(s.si.segment_id)];
     snprintf(bad, sizeof(bad), "%s", s.si.segment_id);

@@ -112,10 +112,32 @@ static pid_t fake_start(const char *path, int as)
     return pid;
 }
 
-static void fake_stop(pid_t pid)
+/* A fake real client serving on path, a socket in its own directory dir. */
+struct fake {
+    char dir[32];
+    char path[128];
+    pid_t pid;
+};
+
+/* Starts f's fake (as uid/gid `as` unless negative) in a new directory
+ * under /tmp, world-writable with `world_writable`. */
+static void fake_up(struct fake *f, int as, bool world_writable)
 {
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    snprintf(f->dir, sizeof(f->dir), "/tmp/mlt-trust-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    if (world_writable)
+        assert_int_equal(chmod(f->dir, 0777), 0);
+    snprintf(f->path, sizeof(f->path), "%s/real.sock", f->dir);
+    f->pid = fake_start(f->path, as);
+}
+
+/* Stops f's fake and removes its socket and directory. */
+static void fake_down(struct fake *f)
+{
+    kill(f->pid, SIGKILL);
+    waitpid(f->pid, NULL, 0);
+    unlink(f->path);
+    rmdir(f->dir);
 }
 
 static void test_other_owner_refused(void **state)
@@ -123,16 +145,12 @@ static void test_other_owner_refused(void **state)
     (void)state;
     if (getuid() != 0)
         skip(); /* needs a second uid to run the impostor as */
-    char dir[] = "/tmp/mlt-trust-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    assert_int_equal(chmod(dir, 0777), 0); /* the world-writable /tmp case */
-    char path[128];
-    snprintf(path, sizeof(path), "%s/real.sock", dir);
-    pid_t pid = fake_start(path, 65534);
+    struct fake f;
+    fake_up(&f, 65534, true); /* the world-writable /tmp case */
     atomic_store(g_attaches, 0);
 
     moonlet_client *c = NULL;
-    assert_int_equal(moonlet_client_create_dummy(path, NULL, &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(moonlet_client_create_dummy(f.path, NULL, &c), MOONLET_ERR_ILLEGAL_CLIENT);
     assert_null(c);
     assert_int_equal(atomic_load(g_attaches), 0); /* not even the staging memfd went out */
 
@@ -141,33 +159,28 @@ static void test_other_owner_refused(void **state)
     moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.peer_uid_set = true;
     cfg.peer_uid = 65534;
-    assert_int_equal(moonlet_client_create_dummy(path, &cfg, &c), MOONLET_OK);
+    assert_int_equal(moonlet_client_create_dummy(f.path, &cfg, &c), MOONLET_OK);
     moonlet_client_destroy(c);
     moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.peer_gid_set = true;
     cfg.peer_gid = 65534;
-    assert_int_equal(moonlet_client_create_dummy(path, &cfg, &c), MOONLET_OK);
+    assert_int_equal(moonlet_client_create_dummy(f.path, &cfg, &c), MOONLET_OK);
     moonlet_client_destroy(c);
     assert_true(atomic_load(g_attaches) >= 2);
-    fake_stop(pid);
-    unlink(path);
-    rmdir(dir);
+    fake_down(&f);
 }
 
 static void test_lying_sizes(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/mlt-trust-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char path[128];
-    snprintf(path, sizeof(path), "%s/real.sock", dir);
-    pid_t pid = fake_start(path, -1);
+    struct fake f;
+    fake_up(&f, -1, false);
     moonlet_dummy_config cfg;
     moonlet_dummy_config_init(&cfg, sizeof cfg);
     cfg.staging_bytes = 1 << 20;
     cfg.rpc_timeout_ms = 5000;
     moonlet_client *c = NULL;
-    assert_int_equal(moonlet_client_create_dummy(path, &cfg, &c), MOONLET_OK);
+    assert_int_equal(moonlet_client_create_dummy(f.path, &cfg, &c), MOONLET_OK);
 
     /* copying get: the staging area is 1 MiB, the claim 1 GiB */
     char buf[4096];
@@ -198,9 +211,7 @@ static void test_lying_sizes(void **state)
     moonlet_client_unregister_buffer(c, buf);
     moonlet_client_free_shared(c, sh);
     moonlet_client_destroy(c);
-    fake_stop(pid);
-    unlink(path);
-    rmdir(dir);
+    fake_down(&f);
 }
 
 int main(void)

@@ -85,6 +85,21 @@ static moonlet_client *tcp_client(uint32_t replicas)
 
 /* ---- the per-replica choice (pure) ----------------------------------------------- */
 
+/* moonlet_client_pick_endpoint() on r for a client of `proto` (adding TCP
+ * when add_tcp) chooses protocol want_proto, endpoint want_ep and segment
+ * want_seg (NULL: not checked). */
+static void assert_pick(const moonlet_replica_desc *r, const char *proto, bool add_tcp,
+                        const char *want_proto, const char *want_ep, const char *want_seg)
+{
+    const char *ep, *seg, *got_proto;
+    assert_int_equal(moonlet_client_pick_endpoint(r, proto, add_tcp, &ep, &seg, &got_proto), 0);
+    if (want_proto)
+        assert_string_equal(got_proto, want_proto);
+    if (want_ep)
+        assert_string_equal(ep, want_ep);
+    assert_string_equal(seg, want_seg);
+}
+
 static void test_pick_endpoint(void **state)
 {
     (void)state;
@@ -93,22 +108,13 @@ static void test_pick_endpoint(void **state)
                                  .alt_protocol = "tcp"};
     moonlet_replica_desc rdma = {.segment_id = "R2", .endpoint = "10.0.0.2:1", .protocol = "rdma"};
     moonlet_replica_desc tcp = {.segment_id = "T3", .endpoint = "10.0.0.3:2", .protocol = "tcp"};
-    const char *ep, *seg, *proto;
     /* RDMA client: RDMA where offered, TCP (its added instance) otherwise. */
-    assert_int_equal(moonlet_client_pick_endpoint(&dual, "rdma", true, &ep, &seg, &proto), 0);
-    assert_string_equal(proto, "rdma");
-    assert_string_equal(ep, "10.0.0.1:1");
-    assert_string_equal(seg, "R");
-    assert_int_equal(moonlet_client_pick_endpoint(&tcp, "rdma", true, &ep, &seg, &proto), 0);
-    assert_string_equal(proto, "tcp");
-    assert_string_equal(seg, "T3");
+    assert_pick(&dual, "rdma", true, "rdma", "10.0.0.1:1", "R");
+    assert_pick(&tcp, "rdma", true, "tcp", NULL, "T3");
     /* TCP client: the dual node's TCP endpoint; an RDMA-only node: no. */
-    assert_int_equal(moonlet_client_pick_endpoint(&dual, "tcp", false, &ep, &seg, &proto), 0);
-    assert_string_equal(proto, "tcp");
-    assert_string_equal(ep, "10.0.0.1:2");
-    assert_string_equal(seg, "T");
-    assert_int_equal(moonlet_client_pick_endpoint(&tcp, "tcp", false, &ep, &seg, &proto), 0);
-    assert_string_equal(seg, "T3");
+    assert_pick(&dual, "tcp", false, "tcp", "10.0.0.1:2", "T");
+    assert_pick(&tcp, "tcp", false, NULL, NULL, "T3");
+    const char *ep, *seg, *proto;
     assert_int_equal(moonlet_client_pick_endpoint(&rdma, "tcp", false, &ep, &seg, &proto),
                      MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     /* An RDMA client that may not add TCP cannot use a TCP-only node. */

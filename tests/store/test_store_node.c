@@ -104,6 +104,14 @@ static void test_backoff(void **state)
     assert_int_equal(moonlet_store_node_backoff_ms(1000), 2000);
 }
 
+/* An in-process node's configuration: the test's master, a 4 MiB TCP segment. */
+static moonlet_store_node_config node_config(void)
+{
+    moonlet_store_node_config cfg;
+    cl_node_config(&cfg, g_master.addr, 4u << 20);
+    return cfg;
+}
+
 static void *node_main(void *arg)
 {
     return (void *)(intptr_t)moonlet_store_node_run(arg);
@@ -113,8 +121,7 @@ static void test_in_process_node(void **state)
 {
     (void)state;
     int before = cl_segments(g_mc);
-    moonlet_store_node_config cfg;
-    cl_node_config(&cfg, g_master.addr, 4u << 20);
+    moonlet_store_node_config cfg = node_config();
     cfg.client_id = "in-process-node";
     cfg.ping_interval_ms = 50;
     moonlet_store_node *n;
@@ -165,8 +172,7 @@ static void test_advertise_in_process(void **state)
 {
     (void)state;
     int before = cl_segments(g_mc);
-    moonlet_store_node_config cfg;
-    cl_node_config(&cfg, g_master.addr, 4u << 20);
+    moonlet_store_node_config cfg = node_config();
     cfg.advertise_addr = "nocolon";
     moonlet_store_node *n;
     assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_ERR_INVALID_PARAMS);

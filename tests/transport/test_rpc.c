@@ -478,73 +478,39 @@ static void test_pipelining(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
-typedef struct worker {
+/* One caller thread on its own connection: `calls` calls, each answer
+ * checked (index * 1000 + i); M_ADD, or with `burn` M_BURN (100 us of CPU a
+ * call).  ok counts the right answers. */
+typedef struct caller {
     uint16_t port;
     int index;
-    int ok;
-} worker;
-
-static void *worker_main(void *arg)
-{
-    worker *w = arg;
-    moonlet_rpc_client_opts o = {.timeout_ms = 5000};
-    moonlet_rpc_client *c = NULL;
-    if (moonlet_rpc_client_connect("127.0.0.1", w->port, &o, &c) != 0)
-        return NULL;
-    for (int i = 0; i < 200; i++) {
-        msgpack_packer *pk = moonlet_rpc_client_begin(c, M_ADD, 2);
-        msgpack_pack_int(pk, w->index * 1000);
-        msgpack_pack_int(pk, i);
-        moonlet_reply rep;
-        if (moonlet_rpc_client_call(c, &rep) != 0)
-            break;
-        if (rep.code == 0 && rep.result->via.u64 == (uint64_t)(w->index * 1000 + i))
-            w->ok++;
-        moonlet_reply_destroy(&rep);
-    }
-    moonlet_rpc_client_close(c);
-    return NULL;
-}
-
-static void test_concurrent_clients(void **state)
-{
-    enum { T = 8 };
-    moonlet_rpc_server *s = start_server();
-    pthread_t th[T];
-    worker w[T];
-    for (int i = 0; i < T; i++) {
-        w[i] = (worker){.port = moonlet_rpc_server_port(s), .index = i + 1};
-        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
-    }
-    for (int i = 0; i < T; i++) {
-        pthread_join(th[i], NULL);
-        assert_int_equal(w[i].ok, 200);
-    }
-    moonlet_rpc_server_destroy(s);
-}
-
-typedef struct burn_caller {
-    uint16_t port;
-    int index;
+    bool burn;
+    int calls;
     int ok;
     uint64_t contended;
-} burn_caller;
+} caller;
 
-static void *burn_caller_main(void *arg)
+static void *caller_main(void *arg)
 {
-    burn_caller *w = arg;
-    moonlet_rpc_client_opts o = {.timeout_ms = 20000};
+    caller *w = arg;
+    moonlet_rpc_client_opts o = {.timeout_ms = w->burn ? 20000 : 5000};
     moonlet_rpc_client *c = NULL;
     if (moonlet_rpc_client_connect("127.0.0.1", w->port, &o, &c) != 0)
         return NULL;
-    for (int i = 0; i < 100; i++) {
-        msgpack_packer *pk = moonlet_rpc_client_begin(c, M_BURN, 2);
-        msgpack_pack_uint64(pk, 100);
-        msgpack_pack_int64(pk, w->index * 1000 + i);
+    for (int i = 0; i < w->calls; i++) {
+        int64_t want = w->index * 1000 + i;
+        msgpack_packer *pk = moonlet_rpc_client_begin(c, w->burn ? M_BURN : M_ADD, 2);
+        if (w->burn) {
+            msgpack_pack_uint64(pk, 100);
+            msgpack_pack_int64(pk, want);
+        } else {
+            msgpack_pack_int(pk, w->index * 1000);
+            msgpack_pack_int(pk, i);
+        }
         moonlet_reply rep;
         if (moonlet_rpc_client_call(c, &rep) != 0)
             break;
-        if (rep.code == 0 && rep.result->via.i64 == (int64_t)(w->index * 1000 + i))
+        if (rep.code == 0 && rep.result->via.i64 == want)
             w->ok++;
         moonlet_reply_destroy(&rep);
     }
@@ -553,13 +519,40 @@ static void *burn_caller_main(void *arg)
     return NULL;
 }
 
+/* n (at most 8) callers on s at once, `calls` calls each; every caller must
+ * get every answer right.  Returns their contended waits, summed. */
+static uint64_t run_callers(moonlet_rpc_server *s, int n, int calls, bool burn)
+{
+    pthread_t th[8];
+    caller w[8];
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) {
+        w[i] = (caller){.port = moonlet_rpc_server_port(s), .index = i + 1, .burn = burn,
+                        .calls = calls};
+        assert_int_equal(pthread_create(&th[i], NULL, caller_main, &w[i]), 0);
+    }
+    uint64_t contended = 0;
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].ok, calls);
+        contended += w[i].contended;
+    }
+    return contended;
+}
+
+static void test_concurrent_clients(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    run_callers(s, 8, 200, false);
+    moonlet_rpc_server_destroy(s);
+}
+
 /* More callers than cores (the process pinned to one core, with a server
  * whose every call takes 100 us of CPU): a caller's spin for its reply sees
  * its yields run other threads and sleeps instead (rpc_client.c, "Waiting
  * for a reply"), and every caller still gets every reply, in step. */
 static void test_callers_outnumber_cores(void **state)
 {
-    enum { T = 6 };
     cpu_set_t saved, one;
     assert_int_equal(sched_getaffinity(0, sizeof(saved), &saved), 0);
     int cpu = sched_getcpu();
@@ -568,18 +561,7 @@ static void test_callers_outnumber_cores(void **state)
     if (sched_setaffinity(0, sizeof(one), &one) != 0)
         skip(); /* the threads started below inherit the mask */
     moonlet_rpc_server *s = start_server();
-    pthread_t th[T];
-    burn_caller w[T];
-    for (int i = 0; i < T; i++) {
-        w[i] = (burn_caller){.port = moonlet_rpc_server_port(s), .index = i + 1};
-        assert_int_equal(pthread_create(&th[i], NULL, burn_caller_main, &w[i]), 0);
-    }
-    uint64_t contended = 0;
-    for (int i = 0; i < T; i++) {
-        pthread_join(th[i], NULL);
-        assert_int_equal(w[i].ok, 100);
-        contended += w[i].contended;
-    }
+    uint64_t contended = run_callers(s, 6, 100, true);
     moonlet_rpc_server_destroy(s);
     assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
     assert_true(contended > 0);
