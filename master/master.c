@@ -26,6 +26,7 @@
 #include "master_internal.h"
 #include "moonlet/error.h"
 #include "monotime.h"
+#include "sync.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)
 {
@@ -302,11 +303,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     m->tenants.max = cfg->max_tenants;
     registry_init(&m->reg);
     pthread_mutex_init(&m->bg_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&m->bg_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&m->bg_cv);
 
     m->slab = moonlet_objslab_create(sizeof(struct mobj) + mobj_key_span(MOONLET_MAX_KEY_BYTES) +
                                      MOONLET_MAX_REPLICAS * sizeof(struct mrep));

@@ -58,6 +58,7 @@
 #include "master_internal.h"
 #include "moonlet/error.h"
 #include "writecap.h"
+#include "sync.h"
 
 int registry_init(struct registry *r)
 {
@@ -1281,10 +1282,7 @@ void registry_foreach_free(moonlet_master *m, uint64_t min_size,
 
 uint32_t registry_mounted(moonlet_master *m)
 {
-    pthread_mutex_lock(&m->reg.mu);
-    uint32_t n = m->reg.nmounted;
-    pthread_mutex_unlock(&m->reg.mu);
-    return n;
+    return moonlet_locked_u32(&m->reg.mu, &m->reg.nmounted);
 }
 
 double registry_usage(moonlet_master *m)

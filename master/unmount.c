@@ -57,6 +57,7 @@ struct strip_args {
     uint64_t removed;
 };
 
+#include "sync.h"
 /* Drops the object's replicas on the slot; destroys it when none is left. */
 static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
@@ -211,10 +212,7 @@ void liveness_check(moonlet_master *m)
 
 uint32_t unmounts_pending(moonlet_master *m)
 {
-    pthread_mutex_lock(&m->unmount_mu);
-    uint32_t n = m->nunmounts;
-    pthread_mutex_unlock(&m->unmount_mu);
-    return n;
+    return moonlet_locked_u32(&m->unmount_mu, &m->nunmounts);
 }
 
 void unmounts_destroy(moonlet_master *m)

@@ -26,6 +26,13 @@
 /* tenant: nil for the RealClient's default */
 #define TENANT(T) {ARG(T, tenant, CSTR, NULLABLE)}
 #define PREFERRED_MAX 64 /* as moonlet_put_options */
+/* the optional moonlet_put_options fields, last in Put and BatchPut alike */
+#define PUT_OPTIONS(T)                                             \
+    {ARG(T, skip_checksum, BOOL, OPT)},                            \
+    {ARG(T, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX, \
+     .elem_max = MOONLET_MAX_ID_BYTES},                            \
+    {ARG(T, hard_pin, BOOL, OPT | WITH_PREV)},                     \
+    {ARG(T, soft_pin_ttl_ms, U64, OPT | WITH_PREV)}
 
 static const moonlet_rpc_arg attach_args[] = {
     {ARG(moonlet_dm_attach_args, version, U64, 0)},
@@ -45,11 +52,7 @@ static const moonlet_rpc_arg put_args[] = {
     {ARG(moonlet_dm_put_args, len, U64, 0)},
     {ARG(moonlet_dm_put_args, replica_num, U64, 0), .max = UINT32_MAX},
     {ARG(moonlet_dm_put_args, soft_pin, BOOL, 0)},
-    {ARG(moonlet_dm_put_args, skip_checksum, BOOL, OPT)},
-    {ARG(moonlet_dm_put_args, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX,
-     .elem_max = MOONLET_MAX_ID_BYTES},
-    {ARG(moonlet_dm_put_args, hard_pin, BOOL, OPT | WITH_PREV)},
-    {ARG(moonlet_dm_put_args, soft_pin_ttl_ms, U64, OPT | WITH_PREV)},
+    PUT_OPTIONS(moonlet_dm_put_args),
 };
 
 static const moonlet_rpc_arg get_args[] = {
@@ -101,11 +104,7 @@ static const moonlet_rpc_arg batch_put_args[] = {
     {ARG(moonlet_dm_batch_put_args, replica_num, U64, 0), .max = UINT32_MAX},
     {ARG(moonlet_dm_batch_put_args, soft_pin, BOOL, 0)},
     {ARG(moonlet_dm_batch_put_args, items, TUPLES, 0), .item = &s_item},
-    {ARG(moonlet_dm_batch_put_args, skip_checksum, BOOL, OPT)},
-    {ARG(moonlet_dm_batch_put_args, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX,
-     .elem_max = MOONLET_MAX_ID_BYTES},
-    {ARG(moonlet_dm_batch_put_args, hard_pin, BOOL, OPT | WITH_PREV)},
-    {ARG(moonlet_dm_batch_put_args, soft_pin_ttl_ms, U64, OPT | WITH_PREV)},
+    PUT_OPTIONS(moonlet_dm_batch_put_args),
 };
 
 static const moonlet_rpc_arg batch_get_args[] = {
