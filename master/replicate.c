@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "grow.h"
 #include "hmap.h"
 #include "log.h"
 #include "moonlet/error.h"
@@ -478,14 +479,10 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, mo
     for (slot = 0; slot < st->nsegs && st->segs[slot].used; slot++)
         ;
     if (slot == st->nsegs) {
-        if (st->nsegs == st->segs_cap) {
-            uint32_t cap = st->segs_cap ? st->segs_cap * 2 : 16;
-            struct rseg *n = realloc(st->segs, cap * sizeof(*n));
-            if (!n)
-                return MOONLET_ERR_INTERNAL_ERROR;
-            st->segs = n;
-            st->segs_cap = cap;
-        }
+        struct rseg *n = moonlet_grow(st->segs, st->nsegs, &st->segs_cap, 16, sizeof(*n));
+        if (!n)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        st->segs = n;
         st->nsegs++;
     }
     struct rseg *s = &st->segs[slot];

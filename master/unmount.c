@@ -57,6 +57,7 @@ struct strip_args {
     uint64_t removed;
 };
 
+#include "grow.h"
 #include "sync.h"
 /* Drops the object's replicas on the slot; destroys it when none is left. */
 static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
@@ -154,20 +155,17 @@ static bool take_job(void *arg, uint32_t slot, struct hmap *ix, const char *clie
                      const char *segment)
 {
     moonlet_master *m = arg;
-    if (m->nunmounts == m->unmounts_cap) {
-        uint32_t cap = m->unmounts_cap ? m->unmounts_cap * 2 : 16;
-        struct unmount_job *nj = realloc(m->unmounts, (size_t)cap * sizeof(*nj));
-        if (!nj) {
-            /* Out of service already; never retired: its slot and its
-             * objects' replicas on it stay until the master restarts. */
-            ML_ERR("master", "out of memory queueing the unmount of segment %s: it stays "
-                   "UNMOUNTING (its objects keep that replica, unreadable)", segment);
-            hmap_free(ix);
-            return false;
-        }
-        m->unmounts = nj;
-        m->unmounts_cap = cap;
+    struct unmount_job *nj = moonlet_grow(m->unmounts, m->nunmounts, &m->unmounts_cap, 16,
+                                          sizeof(*nj));
+    if (!nj) {
+        /* Out of service already; never retired: its slot and its
+         * objects' replicas on it stay until the master restarts. */
+        ML_ERR("master", "out of memory queueing the unmount of segment %s: it stays "
+               "UNMOUNTING (its objects keep that replica, unreadable)", segment);
+        hmap_free(ix);
+        return false;
     }
+    m->unmounts = nj;
     struct unmount_job *j = &m->unmounts[m->nunmounts++];
     memset(j, 0, sizeof(*j));
     j->slot = slot;
