@@ -829,12 +829,7 @@ static int dummy_batch_keys(moonlet_dummy *d, const moonlet_grant_lease_policy *
                             const char *const *keys, size_t n, int32_t *results,
                             const char *tenant)
 {
-    if (n && (!keys || !results))
-        return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
+    if (n > UINT32_MAX) /* the rest was checked by client_api.c (keys_ok) */
         return MOONLET_ERR_INVALID_PARAMS;
     dchan *ch;
     int rc = chan_acquire(d, &ch);
@@ -879,12 +874,7 @@ int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n
         n_kv > UINT32_MAX || n_kda > UINT32_MAX || n_boundaries > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     *out = (moonlet_probe_resume_result){0, -1};
-    for (size_t i = 0; i < n_kv; i++)
-        if (!kv[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n_kda; i++)
-        if (!kda[i])
-            return MOONLET_ERR_INVALID_PARAMS;
+    /* no NULL key: client_api.c checked (keys_ok) */
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
@@ -1007,16 +997,13 @@ static bool scatter_results(const msgpack_object *res, uint32_t idx, const ditem
     return true;
 }
 
-/* The caller's arrays of a batch: INVALID_PARAMS when one is missing, a key
- * is NULL or n does not fit the protocol. */
+/* The caller's arrays of a batch: INVALID_PARAMS when one is missing or n
+ * does not fit the protocol (client_api.c checked that no key is NULL). */
 static int batch_check(const char *const *keys, const void *bufs, const size_t *lens, size_t n,
                        const int32_t *results)
 {
     if (n && (!keys || !bufs || !lens || !results))
         return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
     return n > UINT32_MAX ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
 }
 
