@@ -681,17 +681,16 @@ int moonlet_dummy_get_alloc(moonlet_dummy *d, const char *key, void **buf, size_
 /* Reads the second result element of a call into arg; 0 or RPC_FAIL. */
 typedef int (*take_fn)(const msgpack_object *res, void *arg);
 
-/* A [tenant, key] call (Remove: force too); `take` (may be NULL) reads its
- * output on success. */
-static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const char *tenant,
-                    bool force, take_fn take, void *arg)
+/* One request of `method` with the arguments of st (its args struct) on a
+ * pooled connection; `take` (may be NULL) reads the output on success. */
+static int pooled_call_(moonlet_dummy *d, uint32_t method, const void *st, size_t st_size,
+                        take_fn take, void *arg)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    moonlet_dm_key_args a = {.tenant = tenant_of(d, tenant), .key = key, .force = force};
-    chan_begin_args(ch, method, &a);
+    chan_begin_args_(ch, method, st, st_size);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     if (rc == MOONLET_OK && take)
@@ -699,6 +698,15 @@ static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const ch
     dcall_end(&k);
     chan_release(d, ch);
     return rc;
+}
+#define pooled_call(d, method, st, take, arg) pooled_call_(d, method, st, sizeof(*(st)), take, arg)
+
+/* A [tenant, key] call (Remove: force too). */
+static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const char *tenant,
+                    bool force, take_fn take, void *arg)
+{
+    moonlet_dm_key_args a = {.tenant = tenant_of(d, tenant), .key = key, .force = force};
+    return pooled_call(d, method, &a, take, arg);
 }
 
 static int take_u64(const msgpack_object *res, void *arg)
@@ -789,23 +797,21 @@ int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *te
     return moonlet_dummy_remove_all_ex(d, removed, tenant, false);
 }
 
+/* RemoveAll's count, when the caller wants it and the reply has one (a
+ * reply without it is still a success). */
+static int take_removed(const msgpack_object *res, void *arg)
+{
+    uint64_t v;
+    if (arg && moonlet_wire_u64(res, 1, &v) == 0)
+        *(uint64_t *)arg = v;
+    return MOONLET_OK;
+}
+
 int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
                                 bool force)
 {
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc)
-        return rc;
     moonlet_dm_remove_all_args a = {.tenant = tenant_of(d, tenant), .force = force};
-    chan_begin_args(ch, MOONLET_DM_REMOVE_ALL, &a);
-    dcall k;
-    rc = chan_finish(ch, -1, &k);
-    uint64_t v;
-    if (rc == MOONLET_OK && removed && moonlet_wire_u64(k.res, 1, &v) == 0)
-        *removed = v;
-    dcall_end(&k);
-    chan_release(d, ch);
-    return rc;
+    return pooled_call(d, MOONLET_DM_REMOVE_ALL, &a, take_removed, removed);
 }
 
 /* ---- key batches ------------------------------------------------------------------- */
@@ -825,30 +831,33 @@ static bool unpack_results(const msgpack_object *arr, uint32_t i, size_t n, int3
     return true;
 }
 
+/* The per-key results of a key batch. */
+struct key_results {
+    size_t n;
+    int32_t *out;
+};
+
+static int take_results(const msgpack_object *res, void *arg)
+{
+    struct key_results *r = arg;
+    return unpack_results(res, 1, r->n, r->out) ? MOONLET_OK : MOONLET_ERR_RPC_FAIL;
+}
+
 static int dummy_batch_keys(moonlet_dummy *d, const moonlet_grant_lease_policy *policy,
                             const char *const *keys, size_t n, int32_t *results,
                             const char *tenant)
 {
     if (n > UINT32_MAX) /* the rest was checked by client_api.c (keys_ok) */
         return MOONLET_ERR_INVALID_PARAMS;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc)
-        return rc;
     moonlet_dm_batch_keys_args a = {.tenant = tenant_of(d, tenant),
                                     .keys = {keys, (uint32_t)n}};
     if (policy) {
         a.lease_mode = policy->lease_mode;
         a.candidate_size = policy->candidate_size;
     }
-    chan_begin_args(ch, policy ? MOONLET_DM_BATCH_PROBE_KEY : MOONLET_DM_BATCH_EXIST_KEY, &a);
-    dcall k;
-    rc = chan_finish(ch, -1, &k);
-    if (rc == MOONLET_OK && !unpack_results(k.res, 1, n, results))
-        rc = MOONLET_ERR_RPC_FAIL;
-    dcall_end(&k);
-    chan_release(d, ch);
-    return rc;
+    struct key_results r = {n, results};
+    return pooled_call(d, policy ? MOONLET_DM_BATCH_PROBE_KEY : MOONLET_DM_BATCH_EXIST_KEY, &a,
+                       take_results, &r);
 }
 
 int moonlet_dummy_batch_exist_key(moonlet_dummy *d, const char *const *keys, size_t n,
