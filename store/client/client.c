@@ -85,6 +85,7 @@
 #include "store_node.h"
 #include "xfer.h"
 #include "monotime.h"
+#include "span.h"
 
 #define MOD "client"
 
@@ -225,13 +226,10 @@ static bool client_buf_covers(client_direct *c, const void *p, size_t len)
 {
     if (len == 0)
         return true;
-    uintptr_t a = (uintptr_t)p;
     bool found = false;
     pthread_mutex_lock(&c->buf_mu);
-    for (client_buf *b = c->bufs; b && !found; b = b->next) {
-        uintptr_t s = (uintptr_t)b->base;
-        found = b->ready && a >= s && len <= b->len && a - s <= b->len - len;
-    }
+    for (client_buf *b = c->bufs; b && !found; b = b->next)
+        found = b->ready && moonlet_span_within(p, len, b->base, b->len);
     pthread_mutex_unlock(&c->buf_mu);
     return found;
 }

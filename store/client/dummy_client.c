@@ -56,6 +56,7 @@
 
 #include "dummy_proto.h"
 #include "log.h"
+#include "span.h"
 #include "rpc_client.h"
 #include "wire.h"
 
@@ -449,16 +450,12 @@ static void chan_area_end(dchan *ch, dregion *one)
 /* The alloc_shared region holding [p, p + len), or NULL. */
 static dshared *shared_find(moonlet_dummy *d, const void *p, size_t len)
 {
-    uintptr_t a = (uintptr_t)p;
-    dshared *found = NULL;
     pthread_mutex_lock(&d->mu);
-    for (dshared *s = d->shared; s && !found; s = s->next) {
-        uintptr_t b = (uintptr_t)s->r.base;
-        if (a >= b && len <= s->r.len && a - b <= s->r.len - len)
-            found = s;
-    }
+    dshared *s = d->shared;
+    while (s && !moonlet_span_within(p, len, s->r.base, s->r.len))
+        s = s->next;
     pthread_mutex_unlock(&d->mu);
-    return found;
+    return s;
 }
 
 /* Whether [p, p + len) lies in one registered buffer or alloc_shared region;
@@ -467,15 +464,12 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 {
     if (len == 0 || shared_find(d, p, len))
         return true;
-    uintptr_t a = (uintptr_t)p;
-    bool found = false;
     pthread_mutex_lock(&d->mu);
-    for (dbuf *b = d->bufs; b && !found; b = b->next) {
-        uintptr_t s = (uintptr_t)b->base;
-        found = a >= s && len <= b->len && a - s <= b->len - len;
-    }
+    dbuf *b = d->bufs;
+    while (b && !moonlet_span_within(p, len, b->base, b->len))
+        b = b->next;
     pthread_mutex_unlock(&d->mu);
-    return found;
+    return b != NULL;
 }
 
 /* ---- put --------------------------------------------------------------------------------- */
