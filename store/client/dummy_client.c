@@ -720,12 +720,9 @@ static int take_str(const msgpack_object *res, void *arg)
     uint32_t n;
     if (moonlet_wire_str(res, 1, &p, &n) || (n && memchr(p, 0, n)))
         return MOONLET_ERR_RPC_FAIL;
-    char *s = malloc((size_t)n + 1);
+    char *s = strndup(n ? p : "", n); /* no NUL inside: all n bytes */
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
-    if (n)
-        memcpy(s, p, n);
-    s[n] = 0;
     *(char **)arg = s;
     return MOONLET_OK;
 }
