@@ -30,8 +30,8 @@
 #include "etcd.h"
 #include "log.h"
 #include "monotime.h"
-#include "sync.h"
 #include "moonlet/error.h"
+#include "sync.h"
 
 #define MOD "ha"
 

@@ -21,12 +21,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
 #include "monotime.h"
-#include "grow.h"
 #include "sync.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)

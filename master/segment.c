@@ -53,13 +53,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
-#include "writecap.h"
 #include "sync.h"
-#include "grow.h"
+#include "writecap.h"
 
 int registry_init(struct registry *r)
 {

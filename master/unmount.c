@@ -35,10 +35,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "sync.h"
 
 #define UNMOUNT_BATCH 256u         /* index entries per hold of the guard */
 #define UNMOUNT_TICK_BUDGET 65536u /* index entries per liveness check */
@@ -57,8 +59,6 @@ struct strip_args {
     uint64_t removed;
 };
 
-#include "grow.h"
-#include "sync.h"
 /* Drops the object's replicas on the slot; destroys it when none is left. */
 static bool strip_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {

@@ -56,8 +56,8 @@
 
 #include "dummy_proto.h"
 #include "log.h"
-#include "span.h"
 #include "rpc_client.h"
+#include "span.h"
 #include "wire.h"
 
 #define MOD "dummy"
