@@ -31,6 +31,7 @@
 #include "log.h"
 #include "monotime.h"
 #include "moonlet/error.h"
+#include "sync.h"
 
 #define MOD "ha"
 
@@ -302,11 +303,7 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
         return rc;
     }
     pthread_mutex_init(&el->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&el->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&el->cv);
     if (pthread_create(&el->thread, NULL, election_main, el) != 0) {
         moonlet_etcd_destroy(el->etcd);
         pthread_cond_destroy(&el->cv);

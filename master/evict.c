@@ -38,6 +38,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
@@ -52,19 +53,15 @@ static bool evictable(const struct mobj *o, uint64_t now, bool include_pinned)
 
 struct deadlines {
     uint64_t *v;
-    size_t n, cap;
+    uint32_t n, cap;
 };
 
 static void deadlines_push(struct deadlines *d, uint64_t x)
 {
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 1024;
-        uint64_t *v = realloc(d->v, cap * sizeof(*v));
-        if (!v)
-            return; /* a smaller sample only makes the threshold coarser */
-        d->v = v;
-        d->cap = cap;
-    }
+    uint64_t *v = moonlet_grow(d->v, d->n, &d->cap, 1024, sizeof(*v));
+    if (!v)
+        return; /* a smaller sample only makes the threshold coarser */
+    d->v = v;
     d->v[d->n++] = x;
 }
 
@@ -163,7 +160,7 @@ struct run_item {
 
 struct run_items {
     struct run_item *v;
-    size_t n, cap;
+    uint32_t n, cap;
     bool oom;
     uint64_t min_seg;   /* only segments of at least this size matter */
     uint64_t now;
@@ -171,16 +168,12 @@ struct run_items {
 
 static void run_push(struct run_items *it, struct run_item x)
 {
-    if (it->n == it->cap) {
-        size_t cap = it->cap ? it->cap * 2 : 1024;
-        struct run_item *v = realloc(it->v, cap * sizeof(*v));
-        if (!v) {
-            it->oom = true;
-            return;
-        }
-        it->v = v;
-        it->cap = cap;
+    struct run_item *v = moonlet_grow(it->v, it->n, &it->cap, 1024, sizeof(*v));
+    if (!v) {
+        it->oom = true;
+        return;
     }
+    it->v = v;
     it->v[it->n++] = x;
 }
 

@@ -21,11 +21,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
 #include "monotime.h"
+#include "sync.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)
 {
@@ -104,17 +106,14 @@ static int tenant_create_locked(moonlet_master *m, moonlet_str name, uint32_t *s
     }
     uint32_t i = t->nfree ? t->free[t->nfree - 1] : t->n;
     if (i == t->n) {
-        if (t->n == t->cap) {
-            uint32_t cap = t->cap ? t->cap * 2 : 8;
-            struct tenant_slot *ns = realloc(t->slots, cap * sizeof(*ns));
-            if (!ns)
-                return MOONLET_ERR_INTERNAL_ERROR;
-            memset(ns + t->cap, 0, (cap - t->cap) * sizeof(*ns));
-            for (uint32_t k = t->cap; k < cap; k++)
-                ns[k].id = k; /* generation 0 */
-            t->slots = ns;
-            t->cap = cap;
-        }
+        uint32_t old_cap = t->cap;
+        struct tenant_slot *ns = moonlet_grow(t->slots, t->n, &t->cap, 8, sizeof(*ns));
+        if (!ns)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        memset(ns + old_cap, 0, (t->cap - old_cap) * sizeof(*ns));
+        for (uint32_t k = old_cap; k < t->cap; k++)
+            ns[k].id = k; /* generation 0 */
+        t->slots = ns;
         t->n++;
     }
     struct tenant_slot *ts = &t->slots[i];
@@ -187,14 +186,9 @@ void tenant_release(moonlet_master *m, uint32_t id)
     struct tenant_slot *ts = &t->slots[i];
     if (ts->name && ts->id == id && atomic_load(&ts->refs) == 0) {
         hmap_remove_hv(&t->by_name, hmap_str_hash(ts->name, ts->len), i);
-        if (t->nfree == t->free_cap) {
-            uint32_t cap = t->free_cap ? t->free_cap * 2 : 16;
-            uint32_t *nf = realloc(t->free, (size_t)cap * sizeof(*nf));
-            if (nf) {
-                t->free = nf;
-                t->free_cap = cap;
-            }
-        }
+        uint32_t *nf = moonlet_grow(t->free, t->nfree, &t->free_cap, 16, sizeof(*nf));
+        if (nf)
+            t->free = nf;
         if (t->nfree < t->free_cap) /* else the slot is not reused (out of memory) */
             t->free[t->nfree++] = i;
         free(ts->name);
@@ -302,11 +296,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
     m->tenants.max = cfg->max_tenants;
     registry_init(&m->reg);
     pthread_mutex_init(&m->bg_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&m->bg_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&m->bg_cv);
 
     m->slab = moonlet_objslab_create(sizeof(struct mobj) + mobj_key_span(MOONLET_MAX_KEY_BYTES) +
                                      MOONLET_MAX_REPLICAS * sizeof(struct mrep));
@@ -369,6 +359,15 @@ unsigned lock_hist_bucket(uint64_t ns)
     return b; /* 0: <1us, 1: <2us, 2: <4us, ... last: >= 1024us */
 }
 
+/* A snapshot of what lock_hold_record counted: the histogram and the maximum. */
+static void lock_hold_load(uint64_t *hist, uint64_t *max_ns, const _Atomic uint64_t *src_hist,
+                           const _Atomic uint64_t *src_max_ns)
+{
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        hist[i] = atomic_load(&src_hist[i]);
+    *max_ns = atomic_load(src_max_ns);
+}
+
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
 {
     memset(st, 0, sizeof(*st));
@@ -390,18 +389,16 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->probe_calls_last_hit = atomic_load(&s->probe_calls_last_hit);
     st->probe_candidates_examined = atomic_load(&s->probe_candidates_examined);
     st->probe_recheck_fallbacks = atomic_load(&s->probe_recheck_fallbacks);
-    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
-        st->probe_lock_hold_hist[i] = atomic_load(&s->probe_lock_hold_hist[i]);
-    st->probe_lock_hold_max_ns = atomic_load(&s->probe_lock_hold_max_ns);
+    lock_hold_load(st->probe_lock_hold_hist, &st->probe_lock_hold_max_ns, s->probe_lock_hold_hist,
+                   &s->probe_lock_hold_max_ns);
     st->unmounts_by_liveness = atomic_load(&s->unmounts_by_liveness);
     st->resume_calls = atomic_load(&s->resume_calls);
     st->resume_candidates_examined = atomic_load(&s->resume_candidates_examined);
     st->resume_recheck_fallbacks = atomic_load(&s->resume_recheck_fallbacks);
     st->leases_resume_kda = atomic_load(&s->leases_resume_kda);
     st->leases_resume_kv = atomic_load(&s->leases_resume_kv);
-    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
-        st->resume_lock_hold_hist[i] = atomic_load(&s->resume_lock_hold_hist[i]);
-    st->resume_lock_hold_max_ns = atomic_load(&s->resume_lock_hold_max_ns);
+    lock_hold_load(st->resume_lock_hold_hist, &st->resume_lock_hold_max_ns,
+                   s->resume_lock_hold_hist, &s->resume_lock_hold_max_ns);
     st->tenants = tenant_count(m);
     st->quarantined = atomic_load(&m->reg.quarantined);
     st->hard_pinned = atomic_load(&s->hard_pinned);

@@ -26,6 +26,9 @@
 #define ARG(T, f, k, fl) .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
 #define ID_MAX MOONLET_MAX_ID_BYTES
 #define PROTO_MAX 15 /* "tcp", "rdma", ... */
+/* The object a per-object method names.  Keys are not bounded here: the
+ * master answers an oversized key INVALID_KEY. */
+#define TENANT_KEY(T) {ARG(T, tenant, STR, 0)}, {ARG(T, key, STR, 0)}
 
 static const moonlet_rpc_arg auth_args[] = {
     {.name = "token", .kind = STR, .offset = offsetof(moonlet_args_key, tenant)}};
@@ -60,15 +63,12 @@ static const moonlet_rpc_arg bind_args[] = {
     {ARG(moonlet_args_bind, secret, STR, 0)},
 };
 
-/* Keys are not bounded here: the master answers an oversized key INVALID_KEY. */
 static const moonlet_rpc_arg key_args[] = {
-    {ARG(moonlet_args_key, tenant, STR, 0)},
-    {ARG(moonlet_args_key, key, STR, 0)},
+    TENANT_KEY(moonlet_args_key),
 };
 
 static const moonlet_rpc_arg put_start_args[] = {
-    {ARG(moonlet_args_put_start, tenant, STR, 0)},
-    {ARG(moonlet_args_put_start, key, STR, 0)},
+    TENANT_KEY(moonlet_args_put_start),
     {ARG(moonlet_args_put_start, size, U64, 0)},
     {ARG(moonlet_args_put_start, replica_num, U64, 0), .max = UINT32_MAX},
     {ARG(moonlet_args_put_start, soft_pin, BOOL, 0)},
@@ -79,14 +79,12 @@ static const moonlet_rpc_arg put_start_args[] = {
 };
 
 static const moonlet_rpc_arg put_end_args[] = {
-    {ARG(moonlet_args_put_end, tenant, STR, 0)},
-    {ARG(moonlet_args_put_end, key, STR, 0)},
+    TENANT_KEY(moonlet_args_put_end),
     {ARG(moonlet_args_put_end, checksum, U64, OPT)},
 };
 
 static const moonlet_rpc_arg remove_args[] = {
-    {ARG(moonlet_args_remove, tenant, STR, 0)},
-    {ARG(moonlet_args_remove, key, STR, 0)},
+    TENANT_KEY(moonlet_args_remove),
     {ARG(moonlet_args_remove, force, BOOL, OPT)},
 };
 
@@ -129,8 +127,7 @@ static const moonlet_rpc_arg probe_resume_args[] = {
 };
 
 static const moonlet_rpc_arg put_replace_args[] = {
-    {ARG(moonlet_args_put_replace, tenant, STR, 0)},
-    {ARG(moonlet_args_put_replace, key, STR, 0)},
+    TENANT_KEY(moonlet_args_put_replace),
     {ARG(moonlet_args_put_replace, segment_id, STR, 0), .max = ID_MAX},
     {ARG(moonlet_args_put_replace, excluded_segments, STRS, OPT), .max = MOONLET_MAX_EXCLUDED,
      .elem_max = ID_MAX},

@@ -559,7 +559,7 @@ int moonlet_master_probe_key(moonlet_master *m, moonlet_str tenant, moonlet_str 
 
 static int remove_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
-    bool force = arg && *(const bool *)arg;
+    bool force = *(const bool *)arg;
     if (o->state == OBJ_PENDING)
         return MOONLET_ERR_REPLICA_IS_NOT_READY;
     if (!force && moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
@@ -569,14 +569,14 @@ static int remove_op(moonlet_master *m, struct shard *s, struct mobj *o, void *a
     return MOONLET_OK;
 }
 
-int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key)
-{
-    return with_object(m, tenant, key, remove_op, NULL);
-}
-
 int moonlet_master_remove_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key, bool force)
 {
     return with_object(m, tenant, key, remove_op, &force);
+}
+
+int moonlet_master_remove(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+{
+    return moonlet_master_remove_ex(m, tenant, key, false);
 }
 
 struct remove_all_args {

@@ -31,9 +31,13 @@ struct free_block {
     struct free_block *next;
 };
 
+/* The two lists of a class a chunk is on, by their links' index. */
+enum { ALL, PARTIAL };
+
 struct chunk {
-    struct chunk *prev, *next;       /* the class's list of chunks */
-    struct chunk *pprev, *pnext;     /* the class's partial list (chunks with free blocks) */
+    /* [ALL]: the class's list of chunks; [PARTIAL]: its partial list (chunks
+     * with free blocks) */
+    struct chunk *prev[2], *next[2];
     struct free_block *free;
     uint32_t live;                   /* blocks handed out and not freed */
     bool partial;
@@ -85,7 +89,7 @@ void moonlet_objslab_destroy(moonlet_objslab *s)
     for (size_t i = 0; i < s->nclasses; i++) {
         struct chunk *c = s->classes[i].chunks;
         while (c) {
-            struct chunk *next = c->next;
+            struct chunk *next = c->next[ALL];
             chunk_unmap(s, c);
             c = next;
         }
@@ -118,24 +122,36 @@ static struct chunk *chunk_of(const void *p)
     return (struct chunk *)((uintptr_t)p & ~(uintptr_t)(SLAB_CHUNK - 1));
 }
 
+/* Puts ch first on the list `l` (ALL or PARTIAL) that starts at *head. */
+static void list_push(struct chunk **head, struct chunk *ch, int l)
+{
+    ch->prev[l] = NULL;
+    ch->next[l] = *head;
+    if (*head)
+        (*head)->prev[l] = ch;
+    *head = ch;
+}
+
+/* Takes ch off the list `l` that starts at *head. */
+static void list_unlink(struct chunk **head, struct chunk *ch, int l)
+{
+    if (ch->prev[l])
+        ch->prev[l]->next[l] = ch->next[l];
+    else
+        *head = ch->next[l];
+    if (ch->next[l])
+        ch->next[l]->prev[l] = ch->prev[l];
+}
+
 static void partial_add(struct slab_class *c, struct chunk *ch)
 {
-    ch->pprev = NULL;
-    ch->pnext = c->partial;
-    if (c->partial)
-        c->partial->pprev = ch;
-    c->partial = ch;
+    list_push(&c->partial, ch, PARTIAL);
     ch->partial = true;
 }
 
 static void partial_del(struct slab_class *c, struct chunk *ch)
 {
-    if (ch->pprev)
-        ch->pprev->pnext = ch->pnext;
-    else
-        c->partial = ch->pnext;
-    if (ch->pnext)
-        ch->pnext->pprev = ch->pprev;
+    list_unlink(&c->partial, ch, PARTIAL);
     ch->partial = false;
 }
 
@@ -150,10 +166,7 @@ static int class_grow_locked(moonlet_objslab *s, struct slab_class *c)
         atomic_fetch_add(&s->reserved, SLAB_CHUNK);
     }
     memset(ch, 0, sizeof(*ch));
-    ch->next = c->chunks;
-    if (c->chunks)
-        c->chunks->prev = ch;
-    c->chunks = ch;
+    list_push(&c->chunks, ch, ALL);
     c->cur = ch;
     c->bump = (char *)ch + SLAB_HEADER;
     c->end = (char *)ch + SLAB_CHUNK;
@@ -205,12 +218,7 @@ void moonlet_objslab_free(moonlet_objslab *s, void *p, size_t size)
         /* empty: off every list, then kept as the spare or returned */
         if (ch->partial)
             partial_del(c, ch);
-        if (ch->prev)
-            ch->prev->next = ch->next;
-        else
-            c->chunks = ch->next;
-        if (ch->next)
-            ch->next->prev = ch->prev;
+        list_unlink(&c->chunks, ch, ALL);
         if (!c->spare)
             c->spare = ch;
         else

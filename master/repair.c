@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
@@ -68,7 +69,7 @@ struct rq_entry {
 /* A FIFO: entries [head, n) of e. */
 struct rq {
     struct rq_entry *e;
-    size_t head, n, cap;
+    uint32_t head, n, cap;
 };
 
 struct rjob {
@@ -103,14 +104,10 @@ static bool rq_push(struct rq *q, struct rq_entry e)
         q->n -= q->head;
         q->head = 0;
     }
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? q->cap * 2 : 64;
-        struct rq_entry *ne = realloc(q->e, cap * sizeof(*ne));
-        if (!ne)
-            return false;
-        q->e = ne;
-        q->cap = cap;
-    }
+    struct rq_entry *ne = moonlet_grow(q->e, q->n, &q->cap, 64, sizeof(*ne));
+    if (!ne)
+        return false;
+    q->e = ne;
     q->e[q->n++] = e;
     return true;
 }
@@ -311,14 +308,9 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
             res = START_RETRY;
         } else {
             pthread_mutex_lock(&r->mu);
-            if (r->nrun == r->run_cap) {
-                uint32_t cap = r->run_cap ? r->run_cap * 2 : 16;
-                struct rjob *nr = realloc(r->run, cap * sizeof(*nr));
-                if (nr) {
-                    r->run = nr;
-                    r->run_cap = cap;
-                }
-            }
+            struct rjob *nr = moonlet_grow(r->run, r->nrun, &r->run_cap, 16, sizeof(*nr));
+            if (nr)
+                r->run = nr;
             if (r->nrun < r->run_cap) {
                 j.id = r->next_id++;
                 r->run[r->nrun++] = j;

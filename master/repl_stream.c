@@ -26,6 +26,7 @@
 #include "net.h"
 #include "rpc_client.h"
 #include "wire.h"
+#include "sync.h"
 
 #define MOD "repl"
 
@@ -124,10 +125,7 @@ void moonlet_repl_log_reset(moonlet_repl_log *l)
 
 uint64_t moonlet_repl_log_next(moonlet_repl_log *l)
 {
-    pthread_mutex_lock(&l->mu);
-    uint64_t n = l->next;
-    pthread_mutex_unlock(&l->mu);
-    return n;
+    return moonlet_locked_u64(&l->mu, &l->next);
 }
 
 void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec)
@@ -453,10 +451,7 @@ static bool state_lock(moonlet_repl_follower *f)
 
 static bool stopping(moonlet_repl_follower *f)
 {
-    pthread_mutex_lock(&f->mu);
-    bool s = f->stop;
-    pthread_mutex_unlock(&f->mu);
-    return s;
+    return moonlet_locked_bool(&f->mu, &f->stop);
 }
 
 static void drop_conn(moonlet_repl_follower *f)

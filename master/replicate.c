@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "grow.h"
 #include "hmap.h"
 #include "log.h"
 #include "moonlet/error.h"
@@ -162,22 +163,24 @@ static uint8_t r_u8(struct rbuf *r)
     return p ? p[0] : 0;
 }
 
+/* An n-byte little-endian unsigned integer; 0 once r is bad. */
+static uint64_t r_le(struct rbuf *r, unsigned n)
+{
+    const uint8_t *p = r_take(r, n);
+    uint64_t v = 0;
+    for (unsigned i = 0; p && i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
 static uint32_t r_u32(struct rbuf *r)
 {
-    const uint8_t *p = r_take(r, 4);
-    uint32_t v = 0;
-    for (int i = 0; p && i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
+    return (uint32_t)r_le(r, 4);
 }
 
 static uint64_t r_u64(struct rbuf *r)
 {
-    const uint8_t *p = r_take(r, 8);
-    uint64_t v = 0;
-    for (int i = 0; p && i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
+    return r_le(r, 8);
 }
 
 static moonlet_str r_str(struct rbuf *r, uint32_t max)
@@ -476,14 +479,10 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, mo
     for (slot = 0; slot < st->nsegs && st->segs[slot].used; slot++)
         ;
     if (slot == st->nsegs) {
-        if (st->nsegs == st->segs_cap) {
-            uint32_t cap = st->segs_cap ? st->segs_cap * 2 : 16;
-            struct rseg *n = realloc(st->segs, cap * sizeof(*n));
-            if (!n)
-                return MOONLET_ERR_INTERNAL_ERROR;
-            st->segs = n;
-            st->segs_cap = cap;
-        }
+        struct rseg *n = moonlet_grow(st->segs, st->nsegs, &st->segs_cap, 16, sizeof(*n));
+        if (!n)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        st->segs = n;
         st->nsegs++;
     }
     struct rseg *s = &st->segs[slot];

@@ -53,10 +53,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "sync.h"
 #include "writecap.h"
 
 int registry_init(struct registry *r)
@@ -100,14 +102,10 @@ static bool str_eq(const char *c, moonlet_str s)
 /* Appends v to a growable uint32 array; false when out of memory. */
 static bool u32_push(uint32_t **a, uint32_t *n, uint32_t *cap, uint32_t v)
 {
-    if (*n == *cap) {
-        uint32_t nc = *cap ? *cap * 2 : 64;
-        uint32_t *na = realloc(*a, (size_t)nc * sizeof(*na));
-        if (!na)
-            return false;
-        *a = na;
-        *cap = nc;
-    }
+    uint32_t *na = moonlet_grow(*a, *n, cap, 64, sizeof(*na));
+    if (!na)
+        return false;
+    *a = na;
     (*a)[(*n)++] = v;
     return true;
 }
@@ -226,14 +224,11 @@ static struct mclient *client_get_locked(struct registry *r, moonlet_str id, boo
     if (r->nfree_clients) {
         i = r->free_clients[--r->nfree_clients];
     } else {
-        if (r->nclients == r->clients_cap) {
-            uint32_t cap = r->clients_cap ? r->clients_cap * 2 : 16;
-            struct mclient *nc = realloc(r->clients, (size_t)cap * sizeof(*nc));
-            if (!nc)
-                return NULL;
-            r->clients = nc;
-            r->clients_cap = cap;
-        }
+        struct mclient *nc = moonlet_grow(r->clients, r->nclients, &r->clients_cap, 16,
+                                          sizeof(*nc));
+        if (!nc)
+            return NULL;
+        r->clients = nc;
         i = r->nclients++;
     }
     if (!hmap_insert(&r->client_by_id, h, i)) {
@@ -754,14 +749,10 @@ static void quarantine_release_due_locked(struct registry *r, uint32_t slot, uin
 static bool quarantine_add_locked(struct registry *r, struct mseg *s, uint64_t offset,
                                   uint64_t len, uint64_t until_ns)
 {
-    if (s->nquar == s->quar_cap) {
-        uint32_t cap = s->quar_cap ? s->quar_cap * 2 : 16;
-        struct quarantined *q = realloc(s->quar, cap * sizeof(*q));
-        if (!q)
-            return false;
-        s->quar = q;
-        s->quar_cap = cap;
-    }
+    struct quarantined *q = moonlet_grow(s->quar, s->nquar, &s->quar_cap, 16, sizeof(*q));
+    if (!q)
+        return false;
+    s->quar = q;
     s->quar[s->nquar++] = (struct quarantined){offset, len, until_ns};
     atomic_fetch_add(&r->quarantined, len);
     return true;
@@ -1281,10 +1272,7 @@ void registry_foreach_free(moonlet_master *m, uint64_t min_size,
 
 uint32_t registry_mounted(moonlet_master *m)
 {
-    pthread_mutex_lock(&m->reg.mu);
-    uint32_t n = m->reg.nmounted;
-    pthread_mutex_unlock(&m->reg.mu);
-    return n;
+    return moonlet_locked_u32(&m->reg.mu, &m->reg.nmounted);
 }
 
 double registry_usage(moonlet_master *m)

@@ -35,10 +35,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "lease.h"
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "sync.h"
 
 #define UNMOUNT_BATCH 256u         /* index entries per hold of the guard */
 #define UNMOUNT_TICK_BUDGET 65536u /* index entries per liveness check */
@@ -153,20 +155,17 @@ static bool take_job(void *arg, uint32_t slot, struct hmap *ix, const char *clie
                      const char *segment)
 {
     moonlet_master *m = arg;
-    if (m->nunmounts == m->unmounts_cap) {
-        uint32_t cap = m->unmounts_cap ? m->unmounts_cap * 2 : 16;
-        struct unmount_job *nj = realloc(m->unmounts, (size_t)cap * sizeof(*nj));
-        if (!nj) {
-            /* Out of service already; never retired: its slot and its
-             * objects' replicas on it stay until the master restarts. */
-            ML_ERR("master", "out of memory queueing the unmount of segment %s: it stays "
-                   "UNMOUNTING (its objects keep that replica, unreadable)", segment);
-            hmap_free(ix);
-            return false;
-        }
-        m->unmounts = nj;
-        m->unmounts_cap = cap;
+    struct unmount_job *nj = moonlet_grow(m->unmounts, m->nunmounts, &m->unmounts_cap, 16,
+                                          sizeof(*nj));
+    if (!nj) {
+        /* Out of service already; never retired: its slot and its
+         * objects' replicas on it stay until the master restarts. */
+        ML_ERR("master", "out of memory queueing the unmount of segment %s: it stays "
+               "UNMOUNTING (its objects keep that replica, unreadable)", segment);
+        hmap_free(ix);
+        return false;
     }
+    m->unmounts = nj;
     struct unmount_job *j = &m->unmounts[m->nunmounts++];
     memset(j, 0, sizeof(*j));
     j->slot = slot;
@@ -211,10 +210,7 @@ void liveness_check(moonlet_master *m)
 
 uint32_t unmounts_pending(moonlet_master *m)
 {
-    pthread_mutex_lock(&m->unmount_mu);
-    uint32_t n = m->nunmounts;
-    pthread_mutex_unlock(&m->unmount_mu);
-    return n;
+    return moonlet_locked_u32(&m->unmount_mu, &m->nunmounts);
 }
 
 void unmounts_destroy(moonlet_master *m)

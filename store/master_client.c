@@ -39,6 +39,7 @@
 #include "wire.h"
 #include "monotime.h"
 #include "net.h"
+#include "sync.h"
 
 #define MC_MAX_MASTERS 16
 #define MC_HELLO_TIMEOUT_MS 2000 /* connect + Hello on a new connection, at most */
@@ -62,7 +63,7 @@ struct moonlet_master_client {
     char *token;
     moonlet_rpc_client *rpc;
     uint32_t backoff_base_ms, backoff_cap_ms;
-    unsigned failures;         /* failed connects in a row */
+    uint32_t failures;         /* failed connects in a row */
     uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
     char *ident_id, *ident_secret; /* moonlet_mc_bind_client: re-sent on every new connection */
     bool bound;                /* the current connection holds ident_id */
@@ -104,6 +105,21 @@ static int parse_addr(const char *addr, char *host, size_t cap, uint16_t *port)
     return rc == MOONLET_OK && *port == 0 ? MOONLET_ERR_INVALID_PARAMS : rc;
 }
 
+/* The leader's "host:port" that Hello or a NOT_LEADER reply named, into
+ * mc->hint.  Absent, not a string, empty or too long: mc->hint stays as it
+ * is; unparsable: mc->hint.port becomes 0 (no hint). */
+static void take_leader_hint(moonlet_master_client *mc, const msgpack_object *ld)
+{
+    char leader[256];
+    if (!ld || ld->type != MSGPACK_OBJECT_STR || !ld->via.str.size ||
+        ld->via.str.size >= sizeof(leader))
+        return;
+    memcpy(leader, ld->via.str.ptr, ld->via.str.size);
+    leader[ld->via.str.size] = 0;
+    if (parse_addr(leader, mc->hint.host, sizeof(mc->hint.host), &mc->hint.port))
+        mc->hint.port = 0;
+}
+
 /* Whether an idle connection is dead: the master sends nothing unasked, so
  * anything readable (EOF after a restart, a reset, stray bytes) means the
  * connection cannot carry the next call. */
@@ -139,14 +155,7 @@ static int mc_hello_locked(moonlet_master_client *mc)
             mc->max_epoch = epoch;
             if (!serving) {
                 verdict = HELLO_NOT_LEADER;
-                char leader[256];
-                if (ld && ld->type == MSGPACK_OBJECT_STR && ld->via.str.size &&
-                    ld->via.str.size < sizeof(leader)) {
-                    memcpy(leader, ld->via.str.ptr, ld->via.str.size);
-                    leader[ld->via.str.size] = 0;
-                    if (parse_addr(leader, mc->hint.host, sizeof(mc->hint.host), &mc->hint.port))
-                        mc->hint.port = 0;
-                }
+                take_leader_hint(mc, ld);
             }
         }
     }
@@ -266,10 +275,7 @@ static int mc_connect_locked(moonlet_master_client *mc)
 
 unsigned moonlet_mc_connect_failures(moonlet_master_client *mc)
 {
-    pthread_mutex_lock(&mc->mu);
-    unsigned f = mc->failures;
-    pthread_mutex_unlock(&mc->mu);
-    return f;
+    return moonlet_locked_u32(&mc->mu, &mc->failures);
 }
 
 int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
@@ -386,15 +392,7 @@ static int mc_call_checked(moonlet_master_client *mc, moonlet_reply *rep, bool *
             return rep->code;
         rc = MOONLET_ERR_NOT_LEADER;
         mc->use_hello = true; /* an HA master: from now on, Hello on every connection */
-        const msgpack_object *m = rep->result;
-        char leader[256];
-        if (m && m->type == MSGPACK_OBJECT_STR && m->via.str.size &&
-            m->via.str.size < sizeof(leader)) {
-            memcpy(leader, m->via.str.ptr, m->via.str.size);
-            leader[m->via.str.size] = 0;
-            if (parse_addr(leader, mc->hint.host, sizeof(mc->hint.host), &mc->hint.port))
-                mc->hint.port = 0;
-        }
+        take_leader_hint(mc, rep->result);
     }
     moonlet_reply_destroy(rep);
     *have_rep = false;

@@ -57,6 +57,27 @@ def _check_uint(name, value, maximum):
     return int(value)
 
 
+def _probe_lease_mode(value):
+    """A ProbeLeaseMode, or the raw int when it names no known mode."""
+    try:
+        return ProbeLeaseMode(value)
+    except ValueError:
+        return value
+
+
+def _uint_property(slot, name, maximum, convert, doc):
+    """An attribute kept in `slot` that takes an int 0..maximum (_check_uint),
+    stored as convert(value)."""
+
+    def fget(self):
+        return getattr(self, slot)
+
+    def fset(self, value):
+        setattr(self, slot, convert(_check_uint(name, value, maximum)))
+
+    return property(fget, fset, doc=doc)
+
+
 class GrantLeasePolicy:
     """The lease policy of batch_probe_key (moonlet_grant_lease_policy).
 
@@ -75,27 +96,12 @@ class GrantLeasePolicy:
         self.lease_mode = lease_mode
         self.candidate_size = candidate_size
 
-    @property
-    def lease_mode(self):
-        """A ProbeLeaseMode, or the raw int when it names no known mode."""
-        return self._mode
-
-    @lease_mode.setter
-    def lease_mode(self, value):
-        value = _check_uint("lease_mode", value, _U8_MAX)
-        try:
-            self._mode = ProbeLeaseMode(value)
-        except ValueError:
-            self._mode = value
-
-    @property
-    def candidate_size(self):
-        """Keys per candidate (LAST_HIT_ONLY); ignored by NONE."""
-        return self._size
-
-    @candidate_size.setter
-    def candidate_size(self, value):
-        self._size = _check_uint("candidate_size", value, _U64_MAX)
+    lease_mode = _uint_property(
+        "_mode", "lease_mode", _U8_MAX, _probe_lease_mode,
+        "A ProbeLeaseMode, or the raw int when it names no known mode.")
+    candidate_size = _uint_property(
+        "_size", "candidate_size", _U64_MAX, int,
+        "Keys per candidate (LAST_HIT_ONLY); ignored by NONE.")
 
     def __repr__(self):
         mode = self._mode

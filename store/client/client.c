@@ -85,6 +85,7 @@
 #include "store_node.h"
 #include "xfer.h"
 #include "monotime.h"
+#include "span.h"
 
 #define MOD "client"
 
@@ -225,13 +226,10 @@ static bool client_buf_covers(client_direct *c, const void *p, size_t len)
 {
     if (len == 0)
         return true;
-    uintptr_t a = (uintptr_t)p;
     bool found = false;
     pthread_mutex_lock(&c->buf_mu);
-    for (client_buf *b = c->bufs; b && !found; b = b->next) {
-        uintptr_t s = (uintptr_t)b->base;
-        found = b->ready && a >= s && len <= b->len && a - s <= b->len - len;
-    }
+    for (client_buf *b = c->bufs; b && !found; b = b->next)
+        found = b->ready && moonlet_span_within(p, len, b->base, b->len);
     pthread_mutex_unlock(&c->buf_mu);
     return found;
 }
@@ -283,14 +281,25 @@ static int direct_register_buffer(client_direct *c, void *base, size_t len)
     return MOONLET_OK;
 }
 
-static int direct_unregister_buffer(client_direct *c, void *base)
+/* Unregisters the ready buffer at base of the kind `shared` and forgets it;
+ * a shared one's memory (the client's own) is freed too, whatever the
+ * transport said.  INVALID_PARAMS when there is no such buffer. */
+static int client_buf_release(client_direct *c, void *base, bool shared)
 {
-    client_buf *b = client_buf_unlink(c, base, true, false);
+    client_buf *b = client_buf_unlink(c, base, true, shared);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
     int rc = moonlet_xfer_unregister_buffer(c->xfer, base);
     free(b);
-    return rc;
+    if (!shared)
+        return rc;
+    free(base);
+    return MOONLET_OK;
+}
+
+static int direct_unregister_buffer(client_direct *c, void *base)
+{
+    return client_buf_release(c, base, false);
 }
 
 static int direct_alloc_shared(client_direct *c, size_t len, void **out)
@@ -318,13 +327,7 @@ static int direct_alloc_shared(client_direct *c, size_t len, void **out)
 
 static int direct_free_shared(client_direct *c, void *p)
 {
-    client_buf *b = client_buf_unlink(c, p, true, true);
-    if (!b)
-        return MOONLET_ERR_INVALID_PARAMS;
-    moonlet_xfer_unregister_buffer(c->xfer, p);
-    free(b);
-    free(p);
-    return MOONLET_OK;
+    return client_buf_release(c, p, true);
 }
 
 /* ---- staging for the copying calls ----------------------------------------------- */

@@ -57,6 +57,7 @@
 #include "dummy_proto.h"
 #include "log.h"
 #include "rpc_client.h"
+#include "span.h"
 #include "wire.h"
 
 #define MOD "dummy"
@@ -449,16 +450,12 @@ static void chan_area_end(dchan *ch, dregion *one)
 /* The alloc_shared region holding [p, p + len), or NULL. */
 static dshared *shared_find(moonlet_dummy *d, const void *p, size_t len)
 {
-    uintptr_t a = (uintptr_t)p;
-    dshared *found = NULL;
     pthread_mutex_lock(&d->mu);
-    for (dshared *s = d->shared; s && !found; s = s->next) {
-        uintptr_t b = (uintptr_t)s->r.base;
-        if (a >= b && len <= s->r.len && a - b <= s->r.len - len)
-            found = s;
-    }
+    dshared *s = d->shared;
+    while (s && !moonlet_span_within(p, len, s->r.base, s->r.len))
+        s = s->next;
     pthread_mutex_unlock(&d->mu);
-    return found;
+    return s;
 }
 
 /* Whether [p, p + len) lies in one registered buffer or alloc_shared region;
@@ -467,15 +464,12 @@ static bool covered(moonlet_dummy *d, const void *p, size_t len)
 {
     if (len == 0 || shared_find(d, p, len))
         return true;
-    uintptr_t a = (uintptr_t)p;
-    bool found = false;
     pthread_mutex_lock(&d->mu);
-    for (dbuf *b = d->bufs; b && !found; b = b->next) {
-        uintptr_t s = (uintptr_t)b->base;
-        found = a >= s && len <= b->len && a - s <= b->len - len;
-    }
+    dbuf *b = d->bufs;
+    while (b && !moonlet_span_within(p, len, b->base, b->len))
+        b = b->next;
     pthread_mutex_unlock(&d->mu);
-    return found;
+    return b != NULL;
 }
 
 /* ---- put --------------------------------------------------------------------------------- */
@@ -681,17 +675,16 @@ int moonlet_dummy_get_alloc(moonlet_dummy *d, const char *key, void **buf, size_
 /* Reads the second result element of a call into arg; 0 or RPC_FAIL. */
 typedef int (*take_fn)(const msgpack_object *res, void *arg);
 
-/* A [tenant, key] call (Remove: force too); `take` (may be NULL) reads its
- * output on success. */
-static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const char *tenant,
-                    bool force, take_fn take, void *arg)
+/* One request of `method` with the arguments of st (its args struct) on a
+ * pooled connection; `take` (may be NULL) reads the output on success. */
+static int pooled_call_(moonlet_dummy *d, uint32_t method, const void *st, size_t st_size,
+                        take_fn take, void *arg)
 {
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
         return rc;
-    moonlet_dm_key_args a = {.tenant = tenant_of(d, tenant), .key = key, .force = force};
-    chan_begin_args(ch, method, &a);
+    chan_begin_args_(ch, method, st, st_size);
     dcall k;
     rc = chan_finish(ch, -1, &k);
     if (rc == MOONLET_OK && take)
@@ -699,6 +692,15 @@ static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const ch
     dcall_end(&k);
     chan_release(d, ch);
     return rc;
+}
+#define pooled_call(d, method, st, take, arg) pooled_call_(d, method, st, sizeof(*(st)), take, arg)
+
+/* A [tenant, key] call (Remove: force too). */
+static int key_call(moonlet_dummy *d, uint32_t method, const char *key, const char *tenant,
+                    bool force, take_fn take, void *arg)
+{
+    moonlet_dm_key_args a = {.tenant = tenant_of(d, tenant), .key = key, .force = force};
+    return pooled_call(d, method, &a, take, arg);
 }
 
 static int take_u64(const msgpack_object *res, void *arg)
@@ -718,12 +720,9 @@ static int take_str(const msgpack_object *res, void *arg)
     uint32_t n;
     if (moonlet_wire_str(res, 1, &p, &n) || (n && memchr(p, 0, n)))
         return MOONLET_ERR_RPC_FAIL;
-    char *s = malloc((size_t)n + 1);
+    char *s = strndup(n ? p : "", n); /* no NUL inside: all n bytes */
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
-    if (n)
-        memcpy(s, p, n);
-    s[n] = 0;
     *(char **)arg = s;
     return MOONLET_OK;
 }
@@ -789,23 +788,21 @@ int moonlet_dummy_remove_all(moonlet_dummy *d, uint64_t *removed, const char *te
     return moonlet_dummy_remove_all_ex(d, removed, tenant, false);
 }
 
+/* RemoveAll's count, when the caller wants it and the reply has one (a
+ * reply without it is still a success). */
+static int take_removed(const msgpack_object *res, void *arg)
+{
+    uint64_t v;
+    if (arg && moonlet_wire_u64(res, 1, &v) == 0)
+        *(uint64_t *)arg = v;
+    return MOONLET_OK;
+}
+
 int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char *tenant,
                                 bool force)
 {
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc)
-        return rc;
     moonlet_dm_remove_all_args a = {.tenant = tenant_of(d, tenant), .force = force};
-    chan_begin_args(ch, MOONLET_DM_REMOVE_ALL, &a);
-    dcall k;
-    rc = chan_finish(ch, -1, &k);
-    uint64_t v;
-    if (rc == MOONLET_OK && removed && moonlet_wire_u64(k.res, 1, &v) == 0)
-        *removed = v;
-    dcall_end(&k);
-    chan_release(d, ch);
-    return rc;
+    return pooled_call(d, MOONLET_DM_REMOVE_ALL, &a, take_removed, removed);
 }
 
 /* ---- key batches ------------------------------------------------------------------- */
@@ -825,35 +822,33 @@ static bool unpack_results(const msgpack_object *arr, uint32_t i, size_t n, int3
     return true;
 }
 
+/* The per-key results of a key batch. */
+struct key_results {
+    size_t n;
+    int32_t *out;
+};
+
+static int take_results(const msgpack_object *res, void *arg)
+{
+    struct key_results *r = arg;
+    return unpack_results(res, 1, r->n, r->out) ? MOONLET_OK : MOONLET_ERR_RPC_FAIL;
+}
+
 static int dummy_batch_keys(moonlet_dummy *d, const moonlet_grant_lease_policy *policy,
                             const char *const *keys, size_t n, int32_t *results,
                             const char *tenant)
 {
-    if (n && (!keys || !results))
+    if (n > UINT32_MAX) /* the rest was checked by client_api.c (keys_ok) */
         return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    if (n > UINT32_MAX)
-        return MOONLET_ERR_INVALID_PARAMS;
-    dchan *ch;
-    int rc = chan_acquire(d, &ch);
-    if (rc)
-        return rc;
     moonlet_dm_batch_keys_args a = {.tenant = tenant_of(d, tenant),
                                     .keys = {keys, (uint32_t)n}};
     if (policy) {
         a.lease_mode = policy->lease_mode;
         a.candidate_size = policy->candidate_size;
     }
-    chan_begin_args(ch, policy ? MOONLET_DM_BATCH_PROBE_KEY : MOONLET_DM_BATCH_EXIST_KEY, &a);
-    dcall k;
-    rc = chan_finish(ch, -1, &k);
-    if (rc == MOONLET_OK && !unpack_results(k.res, 1, n, results))
-        rc = MOONLET_ERR_RPC_FAIL;
-    dcall_end(&k);
-    chan_release(d, ch);
-    return rc;
+    struct key_results r = {n, results};
+    return pooled_call(d, policy ? MOONLET_DM_BATCH_PROBE_KEY : MOONLET_DM_BATCH_EXIST_KEY, &a,
+                       take_results, &r);
 }
 
 int moonlet_dummy_batch_exist_key(moonlet_dummy *d, const char *const *keys, size_t n,
@@ -879,12 +874,7 @@ int moonlet_dummy_probe_resume(moonlet_dummy *d, const char *const *kv, size_t n
         n_kv > UINT32_MAX || n_kda > UINT32_MAX || n_boundaries > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     *out = (moonlet_probe_resume_result){0, -1};
-    for (size_t i = 0; i < n_kv; i++)
-        if (!kv[i])
-            return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n_kda; i++)
-        if (!kda[i])
-            return MOONLET_ERR_INVALID_PARAMS;
+    /* no NULL key: client_api.c checked (keys_ok) */
     dchan *ch;
     int rc = chan_acquire(d, &ch);
     if (rc)
@@ -1007,16 +997,13 @@ static bool scatter_results(const msgpack_object *res, uint32_t idx, const ditem
     return true;
 }
 
-/* The caller's arrays of a batch: INVALID_PARAMS when one is missing, a key
- * is NULL or n does not fit the protocol. */
+/* The caller's arrays of a batch: INVALID_PARAMS when one is missing or n
+ * does not fit the protocol (client_api.c checked that no key is NULL). */
 static int batch_check(const char *const *keys, const void *bufs, const size_t *lens, size_t n,
                        const int32_t *results)
 {
     if (n && (!keys || !bufs || !lens || !results))
         return MOONLET_ERR_INVALID_PARAMS;
-    for (size_t i = 0; i < n; i++)
-        if (!keys[i])
-            return MOONLET_ERR_INVALID_PARAMS;
     return n > UINT32_MAX ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK;
 }
 

@@ -25,7 +25,17 @@
 #define ARG(T, f, k, fl) .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
 /* tenant: nil for the RealClient's default */
 #define TENANT(T) {ARG(T, tenant, CSTR, NULLABLE)}
+#define TENANT_KEY(T) TENANT(T), {ARG(T, key, CSTR, 0)}
+/* where the bytes are: an attached region's id and the offset in it */
+#define IN_REGION(T) {ARG(T, region, U64, 0)}, {ARG(T, offset, U64, 0)}
 #define PREFERRED_MAX 64 /* as moonlet_put_options */
+/* the optional moonlet_put_options fields, last in Put and BatchPut alike */
+#define PUT_OPTIONS(T)                                             \
+    {ARG(T, skip_checksum, BOOL, OPT)},                            \
+    {ARG(T, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX, \
+     .elem_max = MOONLET_MAX_ID_BYTES},                            \
+    {ARG(T, hard_pin, BOOL, OPT | WITH_PREV)},                     \
+    {ARG(T, soft_pin_ttl_ms, U64, OPT | WITH_PREV)}
 
 static const moonlet_rpc_arg attach_args[] = {
     {ARG(moonlet_dm_attach_args, version, U64, 0)},
@@ -38,36 +48,26 @@ static const moonlet_rpc_arg detach_args[] = {
 };
 
 static const moonlet_rpc_arg put_args[] = {
-    TENANT(moonlet_dm_put_args),
-    {ARG(moonlet_dm_put_args, key, CSTR, 0)},
-    {ARG(moonlet_dm_put_args, region, U64, 0)},
-    {ARG(moonlet_dm_put_args, offset, U64, 0)},
+    TENANT_KEY(moonlet_dm_put_args),
+    IN_REGION(moonlet_dm_put_args),
     {ARG(moonlet_dm_put_args, len, U64, 0)},
     {ARG(moonlet_dm_put_args, replica_num, U64, 0), .max = UINT32_MAX},
     {ARG(moonlet_dm_put_args, soft_pin, BOOL, 0)},
-    {ARG(moonlet_dm_put_args, skip_checksum, BOOL, OPT)},
-    {ARG(moonlet_dm_put_args, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX,
-     .elem_max = MOONLET_MAX_ID_BYTES},
-    {ARG(moonlet_dm_put_args, hard_pin, BOOL, OPT | WITH_PREV)},
-    {ARG(moonlet_dm_put_args, soft_pin_ttl_ms, U64, OPT | WITH_PREV)},
+    PUT_OPTIONS(moonlet_dm_put_args),
 };
 
 static const moonlet_rpc_arg get_args[] = {
-    TENANT(moonlet_dm_get_args),
-    {ARG(moonlet_dm_get_args, key, CSTR, 0)},
-    {ARG(moonlet_dm_get_args, region, U64, 0)},
-    {ARG(moonlet_dm_get_args, offset, U64, 0)},
+    TENANT_KEY(moonlet_dm_get_args),
+    IN_REGION(moonlet_dm_get_args),
     {ARG(moonlet_dm_get_args, cap, U64, 0)},
 };
 
 static const moonlet_rpc_arg key_args[] = {
-    TENANT(moonlet_dm_key_args),
-    {ARG(moonlet_dm_key_args, key, CSTR, 0)},
+    TENANT_KEY(moonlet_dm_key_args),
 };
 
 static const moonlet_rpc_arg remove_args[] = {
-    TENANT(moonlet_dm_key_args),
-    {ARG(moonlet_dm_key_args, key, CSTR, 0)},
+    TENANT_KEY(moonlet_dm_key_args),
     {ARG(moonlet_dm_key_args, force, BOOL, OPT)},
 };
 
@@ -90,8 +90,7 @@ static const moonlet_rpc_arg batch_probe_args[] = {
 
 static const moonlet_rpc_arg item_args[] = {
     {ARG(moonlet_dm_item, key, CSTR, 0)},
-    {ARG(moonlet_dm_item, region, U64, 0)},
-    {ARG(moonlet_dm_item, offset, U64, 0)},
+    IN_REGION(moonlet_dm_item),
     {ARG(moonlet_dm_item, len, U64, 0)},
 };
 static const moonlet_rpc_args_spec s_item = MOONLET_RPC_SPEC(moonlet_dm_item, item_args, false);
@@ -101,11 +100,7 @@ static const moonlet_rpc_arg batch_put_args[] = {
     {ARG(moonlet_dm_batch_put_args, replica_num, U64, 0), .max = UINT32_MAX},
     {ARG(moonlet_dm_batch_put_args, soft_pin, BOOL, 0)},
     {ARG(moonlet_dm_batch_put_args, items, TUPLES, 0), .item = &s_item},
-    {ARG(moonlet_dm_batch_put_args, skip_checksum, BOOL, OPT)},
-    {ARG(moonlet_dm_batch_put_args, preferred_segments, CSTRS, OPT), .max = PREFERRED_MAX,
-     .elem_max = MOONLET_MAX_ID_BYTES},
-    {ARG(moonlet_dm_batch_put_args, hard_pin, BOOL, OPT | WITH_PREV)},
-    {ARG(moonlet_dm_batch_put_args, soft_pin_ttl_ms, U64, OPT | WITH_PREV)},
+    PUT_OPTIONS(moonlet_dm_batch_put_args),
 };
 
 static const moonlet_rpc_arg batch_get_args[] = {

@@ -74,6 +74,7 @@
 #include "segment_mem.h"
 #include "writecap.h"
 #include "monotime.h"
+#include "sync.h"
 
 #define MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS 60000u /* a failover at start-up */
 #define MOD "store"
@@ -229,10 +230,7 @@ static int node_check_config(const moonlet_store_node_config *c)
 
 static bool node_is_mounted(moonlet_store_node *n)
 {
-    pthread_mutex_lock(&n->mu);
-    bool m = n->mounted;
-    pthread_mutex_unlock(&n->mu);
-    return m;
+    return moonlet_locked_bool(&n->mu, &n->mounted);
 }
 
 /* ---- registration and mounting (loop thread, or create/destroy) ------------- */
@@ -498,10 +496,7 @@ static int repair_one(moonlet_store_node *n, const moonlet_mc_repair_job *j)
 
 static bool node_stopping(moonlet_store_node *n)
 {
-    pthread_mutex_lock(&n->mu);
-    bool s = n->stopping;
-    pthread_mutex_unlock(&n->mu);
-    return s;
+    return moonlet_locked_bool(&n->mu, &n->stopping);
 }
 
 static void *repair_main(void *arg)
@@ -681,11 +676,7 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     if (!n)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&n->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&n->wake, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&n->wake);
     n->ping_interval_ms = cfg->ping_interval_ms ? cfg->ping_interval_ms : MOONLET_STORE_NODE_PING_MS;
     n->repair_poll_ms = cfg->repair_poll_ms == UINT32_MAX ? 0
                         : cfg->repair_poll_ms           ? cfg->repair_poll_ms
@@ -797,10 +788,7 @@ int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)
 
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n)
 {
-    pthread_mutex_lock(&n->mu);
-    uint64_t m = n->mounts;
-    pthread_mutex_unlock(&n->mu);
-    return m;
+    return moonlet_locked_u64(&n->mu, &n->mounts);
 }
 
 void moonlet_store_node_repairs(moonlet_store_node *n, uint64_t *done, uint64_t *failed,

@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "monotime.h"
+#include "sync.h"
 
 static void test_units_agree(void **state)
 {
@@ -46,12 +47,9 @@ static void test_deadline_ts(void **state)
     assert_true(at >= before + 1500000000ull);
     assert_true(at <= moonlet_mono_ns() + 1500000000ull);
 
-    /* a wait on a CLOCK_MONOTONIC condition variable ends at it */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    /* a wait on a CLOCK_MONOTONIC condition variable (sync.h) ends at it */
     pthread_cond_t cv;
-    pthread_cond_init(&cv, &ca);
+    moonlet_cond_init_mono(&cv);
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_mutex_lock(&mu);
     uint64_t t0 = moonlet_mono_ms(); /* before the deadline is taken */
@@ -63,7 +61,6 @@ static void test_deadline_ts(void **state)
     assert_true(moonlet_mono_ms() - t0 >= 19); /* no upper bound: a loaded host wakes late */
     pthread_mutex_unlock(&mu);
     pthread_cond_destroy(&cv);
-    pthread_condattr_destroy(&ca);
 }
 
 int main(void)
