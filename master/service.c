@@ -31,7 +31,6 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "log.h"
 #include "methods.h"
@@ -961,22 +960,6 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_REPL_PORT] = h_repl_port,
 };
 
-/*
- * Two event loops per core by default, not one.  A loop owns its
- * connections, and the master's loops do not only compute: a write waits in
- * its loop for a semi-synchronous standby, and a loop that another process
- * preempts stalls every connection it owns for a time slice.  With more
- * loops each owns fewer connections, and a request queues behind fewer
- * others.  Measured with 8 clients on 2 cores (docs/benchmarks.md, "The
- * master under many clients"): BatchExistKey p50 about 290 -> 180 us and
- * the p99 against Redis's 1.50 -> 1.22 (medians of 8 alternated runs).
- */
-static int default_threads(void)
-{
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    return cores <= 0 ? 2 : cores >= 128 ? 256 : (int)(2 * cores);
-}
-
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
                                  moonlet_master_service **out)
 {
@@ -1020,7 +1003,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     moonlet_rpc_server_opts ro = {
         .address = opts->address ? opts->address : "127.0.0.1",
         .port = opts->port,
-        .threads = opts->threads > 0 ? opts->threads : default_threads(),
+        .threads = opts->threads,
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
@@ -1080,11 +1063,6 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     }
     *out = s;
     return MOONLET_OK;
-}
-
-int moonlet_master_service_threads(const moonlet_master_service *s)
-{
-    return moonlet_rpc_server_threads(s->rpc);
 }
 
 uint16_t moonlet_master_service_port(const moonlet_master_service *s)

@@ -20,7 +20,7 @@ typedef struct moonlet_master_service moonlet_master_service;
 typedef struct moonlet_service_opts {
     const char *address;    /* default 127.0.0.1 */
     uint16_t port;          /* 0: ephemeral */
-    int threads;            /* RPC threads; <= 0: two per core (service.c, default_threads) */
+    int threads;            /* RPC threads; <= 0: cores */
     size_t max_frame;       /* 0: default (64 MiB) */
     const char *auth_token; /* NULL: no authentication */
     size_t max_batch_keys;  /* keys per batch call; 0: MOONLET_DEFAULT_MAX_BATCH_KEYS */
@@ -57,8 +57,6 @@ typedef struct moonlet_service_opts {
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
                                  moonlet_master_service **out);
 uint16_t moonlet_master_service_port(const moonlet_master_service *s);
-/* The RPC server's event-loop threads. */
-int moonlet_master_service_threads(const moonlet_master_service *s);
 /* Stops serving and frees the service (not the master). */
 void moonlet_master_service_stop(moonlet_master_service *s);
 

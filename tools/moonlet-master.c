@@ -54,7 +54,7 @@ static void usage(FILE *f)
             "\n"
             "  --rpc-address ADDR                 address to listen on (default 127.0.0.1)\n"
             "  --rpc-port PORT                    port (default 50051; 0 picks a free one)\n"
-            "  --rpc-threads N                    RPC threads (default: two per core)\n"
+            "  --rpc-threads N                    RPC threads (default: number of cores)\n"
             "  --shards N                         metadata shards (default 1024)\n"
             "  --default_kv_lease_ttl MS          read lease TTL in ms (default 5000)\n"
             "  --default_kv_soft_pin_ttl MS       soft pin TTL in ms (default 1800000)\n"

@@ -1132,8 +1132,6 @@ size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s)
     return atomic_load(&((moonlet_rpc_server *)s)->nconns);
 }
 
-int moonlet_rpc_server_threads(const moonlet_rpc_server *s) { return s->nloops; }
-
 int moonlet_rpc_server_start(moonlet_rpc_server *s)
 {
     if (s == NULL || s->started || s->stopped)

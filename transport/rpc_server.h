@@ -159,8 +159,6 @@ void moonlet_rpc_server_stop(moonlet_rpc_server *s);
 void moonlet_rpc_server_destroy(moonlet_rpc_server *s);
 /* Number of currently open connections. */
 size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
-/* The number of event-loop threads it runs (opts.threads, or its default). */
-int moonlet_rpc_server_threads(const moonlet_rpc_server *s);
 
 /*
  * File descriptors passed over a unix-socket connection (SCM_RIGHTS).  The

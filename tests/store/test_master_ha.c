@@ -18,7 +18,6 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 #include <stdio.h>
-#include <unistd.h>
 #include <string.h>
 
 #include "master.h"
@@ -204,34 +203,9 @@ static void test_single_master_unchanged(void **state)
     node_stop(&a);
 }
 
-/* The master's RPC server runs two event loops per core unless told
- * (master/service.c, default_threads). */
-static void test_default_loops_two_per_core(void **state)
-{
-    (void)state;
-    moonlet_master_config cfg;
-    moonlet_master_config_default(&cfg);
-    cfg.shards = 16;
-    moonlet_master *m = NULL;
-    assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int want = cores <= 0 ? 2 : cores >= 128 ? 256 : (int)(2 * cores);
-    moonlet_master_service *svc = NULL;
-    moonlet_service_opts so = {.address = "127.0.0.1"};
-    assert_int_equal(moonlet_master_service_start(m, &so, &svc), MOONLET_OK);
-    assert_int_equal(moonlet_master_service_threads(svc), want);
-    moonlet_master_service_stop(svc);
-    so.threads = 3;
-    assert_int_equal(moonlet_master_service_start(m, &so, &svc), MOONLET_OK);
-    assert_int_equal(moonlet_master_service_threads(svc), 3);
-    moonlet_master_service_stop(svc);
-    moonlet_master_destroy(m);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default_loops_two_per_core),
         cmocka_unit_test(test_standby_answers_not_leader),
         cmocka_unit_test(test_client_follows_failover_and_refuses_old_epochs),
         cmocka_unit_test(test_window_end_fences_by_the_clock),
