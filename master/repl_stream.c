@@ -559,12 +559,7 @@ static void *follow(void *arg)
             uint16_t port;
             moonlet_rpc_client_opts co = {.timeout_ms = 2000 + f->o.fetch_wait_ms,
                                           .auth_token = f->token[0] ? f->token : NULL,
-                                          .auth_token_len = strlen(f->token),
-                                          /* a long poll; and while a write waits for
-                                           * this standby, a spinning follower takes a
-                                           * core from the leader's threads on a small
-                                           * host (docs/benchmarks.md, "HA") */
-                                          .no_spin = true};
+                                          .auth_token_len = strlen(f->token)};
             /* ReplPort on the leader's address, then its replication server */
             moonlet_rpc_client *main_c = NULL;
             uint64_t rport = 0;

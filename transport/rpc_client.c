@@ -51,14 +51,12 @@ struct moonlet_rpc_client {
     size_t max_frame;
     bool broken;
     bool begun;
-    bool no_spin;
     uint64_t next_id;
     moonlet_frame_builder out;
     char *in;
     size_t in_off, in_len, in_cap;
     int64_t wait_ewma_ns; /* how long replies took to start arriving */
     uint64_t contended_waits; /* waits whose spin a yield to another thread ended */
-    uint64_t spun_waits;      /* waits that spun first */
 };
 
 /* Signed view of common/monotime.h, for deadline arithmetic. */
@@ -110,10 +108,8 @@ static int wait_fd(int fd, short ev, int64_t deadline)
  * short calls such as a put's PutStart then paid a wake-up each and put+get
  * under load got slower).  On a core with nothing else to run
  * sched_yield() returns without switching, so a lone caller keeps its spin.
- * A connection opened with opts.no_spin never spins (the standby's
- * replication follower: its waits are long polls, and the writes that wait
- * for it need the cores).  Figures: docs/benchmarks.md, "Client layers",
- * "The master under many clients" and "HA".
+ * Figures: docs/benchmarks.md, "Client layers" and "The master under many
+ * clients".
  */
 #define SPIN_MIN_NS 50000
 #define SPIN_MAX_NS 500000
@@ -167,11 +163,7 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 static int wait_input(moonlet_rpc_client *c, int64_t deadline)
 {
     int64_t t0 = now_ns();
-    int spun = SPIN_BUDGET_OUT;
-    if (!c->no_spin) {
-        c->spun_waits++;
-        spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
-    }
+    int spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
     if (spun == SPIN_CONTENDED)
         c->contended_waits++;
     int rc = spun == SPIN_INPUT ? 0 : wait_fd(c->fd, POLLIN, deadline);
@@ -259,7 +251,6 @@ static int client_open(int fd, const moonlet_rpc_client_opts *opts, moonlet_rpc_
     }
     c->fd = fd;
     c->timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
-    c->no_spin = opts && opts->no_spin;
     c->max_frame = opts && opts->max_frame ? opts->max_frame : MOONLET_DEFAULT_MAX_FRAME;
     if (c->max_frame > UINT32_MAX)
         c->max_frame = UINT32_MAX;
@@ -534,8 +525,6 @@ uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c)
 {
     return c->contended_waits;
 }
-
-uint64_t moonlet_rpc_client_spun_waits(const moonlet_rpc_client *c) { return c->spun_waits; }
 
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }
 

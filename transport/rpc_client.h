@@ -39,11 +39,6 @@ typedef struct moonlet_rpc_client_opts {
     size_t max_frame;        /* 0 means MOONLET_DEFAULT_MAX_FRAME */
     const char *auth_token;  /* sent as the first frame when non-empty */
     size_t auth_token_len;
-    /* Waits sleep in poll() at once, without the spin of rpc_client.c's
-     * "Waiting for a reply": for a caller whose waits are long polls or
-     * whose replies come from a thread that needs this core (the standby's
-     * replication follower). */
-    bool no_spin;
 } moonlet_rpc_client_opts;
 
 /* Connects (TCP_NODELAY) and authenticates when a token is given.  Returns 0,
@@ -90,9 +85,6 @@ void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms);
 /* How many of this connection's waits for a reply stopped spinning because
  * a yield ran another thread (the cores were busy) and slept instead. */
 uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c);
-/* How many of this connection's waits for a reply spun before (or instead
- * of) sleeping: every wait but a no_spin connection's. */
-uint64_t moonlet_rpc_client_spun_waits(const moonlet_rpc_client *c);
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c);
 
 #endif

@@ -428,28 +428,6 @@ static void test_calls(void **state)
     moonlet_rpc_server_destroy(s);
 }
 
-/* A no_spin connection sleeps at once in every wait; a default one spins
- * first (rpc_client.c, "Waiting for a reply"). */
-static void test_no_spin_connection(void **state)
-{
-    (void)state;
-    moonlet_rpc_server *s = start_server();
-    moonlet_rpc_client *spin = connect_ok(s, NULL, 2000), *sleep = NULL;
-    moonlet_rpc_client_opts o = {.timeout_ms = 2000, .no_spin = true};
-    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", moonlet_rpc_server_port(s), &o, &sleep),
-                     0);
-    for (int i = 0; i < 10; i++) {
-        assert_int_equal(call_add(spin, i, 1), i + 1);
-        assert_int_equal(call_add(sleep, i, 2), i + 2);
-    }
-    assert_int_equal(moonlet_rpc_client_spun_waits(spin), 10);
-    assert_int_equal(moonlet_rpc_client_spun_waits(sleep), 0);
-    assert_int_equal(moonlet_rpc_client_contended_waits(sleep), 0);
-    moonlet_rpc_client_close(spin);
-    moonlet_rpc_client_close(sleep);
-    moonlet_rpc_server_destroy(s);
-}
-
 static void test_pipelining(void **state)
 {
     enum { N = 100 };
@@ -1266,7 +1244,6 @@ int main(void)
     moonlet_log_set_level(MOONLET_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls),
-        cmocka_unit_test(test_no_spin_connection),
         cmocka_unit_test(test_pipelining),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_unknown_method_keeps_connection),
