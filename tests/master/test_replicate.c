@@ -139,6 +139,19 @@ static void assert_same(moonlet_master *a, moonlet_master *b, const char *key)
     }
 }
 
+/* obj<i> is readable on m with the checksum the test put (odd i only). */
+static void assert_sealed_ck(moonlet_master *m, const char *key, int i)
+{
+    bool has_ck = false;
+    uint64_t ck = 0, size = 0;
+    assert_int_equal(moonlet_master_get_replica_list_ck(m, MOONLET_STR(""), MOONLET_STR(key), &size,
+                                                        NULL, &has_ck, &ck, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(has_ck, i % 2 == 1);
+    if (has_ck)
+        assert_int_equal(ck, 0x1000 + (uint64_t)i);
+}
+
 static void test_codec_roundtrip_and_truncation(void **state)
 {
     (void)state;
@@ -289,15 +302,7 @@ static void test_restore_matches_leader(void **state)
         assert_same(a, b, key);
         /* Sealed: readable on the new master with its checksum, under a
          * fresh lease (a plain Remove is refused). */
-        bool has_ck = false;
-        uint64_t ck = 0, size = 0;
-        assert_int_equal(moonlet_master_get_replica_list_ck(b, MOONLET_STR(""), MOONLET_STR(key),
-                                                            &size, NULL, &has_ck, &ck, NULL,
-                                                            NULL),
-                         MOONLET_OK);
-        assert_int_equal(has_ck, i % 2 == 1);
-        if (has_ck)
-            assert_int_equal(ck, 0x1000 + (uint64_t)i);
+        assert_sealed_ck(b, key, i);
     }
     assert_true(present > 20);
     assert_same(a, b, "pending");
@@ -331,15 +336,7 @@ static void test_restore_matches_leader(void **state)
         if (inspect(a, key, &v, &r) != 0)
             continue;
         assert_same(a, c, key);
-        bool has_ck = false;
-        uint64_t ck = 0, size = 0;
-        assert_int_equal(moonlet_master_get_replica_list_ck(c, MOONLET_STR(""), MOONLET_STR(key),
-                                                            &size, NULL, &has_ck, &ck, NULL,
-                                                            NULL),
-                         MOONLET_OK);
-        assert_int_equal(has_ck, i % 2 == 1);
-        if (has_ck)
-            assert_int_equal(ck, 0x1000 + (uint64_t)i);
+        assert_sealed_ck(c, key, i);
     }
     assert_same(a, c, "pending");
     moonlet_master_destroy(c);
