@@ -45,6 +45,7 @@
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "service.h"
+#include "store_node.h" /* MOONLET_STORE_NODE_BACKOFF_CAP_MS: how long a node may wait between retries */
 #include "token.h"
 
 static void usage(FILE *f)
@@ -212,7 +213,7 @@ static struct {
     moonlet_master *_Atomic m; /* the master being served */
     char leader_key[320], insync_key[320];
     char advertise[320];
-    uint64_t liveness_hold_ms; /* etcd lease TTL (the grace) + the clients' liveness TTL */
+    uint64_t liveness_hold_ms; /* etcd lease TTL (the grace) + a node's longest backoff + the liveness TTL */
 } g_ha;
 
 static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
@@ -549,8 +550,12 @@ int main(int argc, char **argv)
     so.role = role;
     int sig = 0, exit_code = 0;
     g_ha.role = role;
+    /* A restored node can ping only once this master serves (one lease TTL
+     * after the promotion: the grace), and it may then be asleep in its
+     * longest retry backoff, having failed against the old leader or this
+     * one in its grace: it gets both, then one liveness TTL. */
     g_ha.liveness_hold_ms = (uint64_t)(etcd_ttl_s ? etcd_ttl_s : MOONLET_ELECTION_DEFAULT_TTL_S) * 1000 +
-                            cfg.client_live_ttl_ms;
+                            MOONLET_STORE_NODE_BACKOFF_CAP_MS + cfg.client_live_ttl_ms;
     if (role && !no_repl) {
         moonlet_repl_log_opts lo = {.max_lag_ms = repl_lag_ms, .mark = repl_mark};
         if (moonlet_etcd_create(etcd, 2000, &g_ha.mark_etcd) != MOONLET_OK ||
