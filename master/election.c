@@ -142,11 +142,7 @@ static void *promo_ka_main(void *arg)
 static const char *promote(moonlet_election *el)
 {
     struct promo_ka p = {.el = el, .last_ok_ms = el->last_ok_ms, .next_ms = el->next_ka_ms};
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p.cv, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&p.cv);
     pthread_t t;
     bool started = pthread_create(&t, NULL, promo_ka_main, &p) == 0;
     if (!started)

@@ -53,15 +53,6 @@ struct moonlet_repl_log {
     bool dropped_oldest;  /* records were trimmed: `acked` below ring start means lost */
 };
 
-static void cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &a);
-    pthread_condattr_destroy(&a);
-}
-
 static void deadline_ts(struct timespec *ts, uint64_t ms)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);
@@ -85,7 +76,7 @@ int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log 
     if (!l->o.max_lag_ms)
         l->o.max_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
     pthread_mutex_init(&l->mu, NULL);
-    cond_init_mono(&l->cv);
+    moonlet_cond_init_mono(&l->cv);
     l->next = 1;
     *out = l;
     return MOONLET_OK;

@@ -55,7 +55,8 @@ static double lease_left(moonlet_master_client *mc, const char *key)
     cJSON *j = NULL;
     if (moonlet_mc_inspect_key(mc, TENANT, key, &j) != 0)
         return -1;
-    double ms = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    const cJSON *f = cJSON_GetObjectItem(j, "lease_remaining_ms");
+    double ms = cJSON_IsNumber(f) ? f->valuedouble : -1;
     cJSON_Delete(j);
     return ms;
 }

@@ -67,6 +67,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "monotime.h"
+#include "sync.h"
 
 #define MOD "xfer"
 
@@ -268,11 +269,7 @@ int moonlet_xfer_create(const moonlet_xfer_opts *opts, moonlet_xfer **out)
     }
     pthread_rwlock_init(&x->buf_lock, NULL);
     pthread_mutex_init(&x->pool_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits immune to clock steps */
-    pthread_cond_init(&x->pool_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    moonlet_cond_init_mono(&x->pool_cond); /* waits immune to clock steps */
     x->be = xfer_choose_backend(opts);
     rc = x->be->start(x);
     if (rc) {

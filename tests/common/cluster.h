@@ -144,7 +144,8 @@ static inline double cl_lease_ms(moonlet_master_client *mc, const char *tenant, 
     cJSON *j = NULL;
     if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
         return -1;
-    double v = cJSON_GetObjectItem(j, "lease_remaining_ms")->valuedouble;
+    const cJSON *f = cJSON_GetObjectItem(j, "lease_remaining_ms");
+    double v = cJSON_IsNumber(f) ? f->valuedouble : -1;
     cJSON_Delete(j);
     return v;
 }
