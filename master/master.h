@@ -363,6 +363,15 @@ void moonlet_master_hold_liveness(moonlet_master *m, uint64_t ms);
  * keeps serving; emit runs under the master's locks (it must only copy). */
 void moonlet_master_snapshot(moonlet_master *m,
                              void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
+/* The same in parts, for a snapshot larger than one reply should be.
+ * cursor 0 starts: the segments (MOUNT, QUAR), then the objects of whole
+ * shards until full(arg) says the part is big enough (checked after each
+ * shard; NULL: never).  *next: the cursor of the next part, 0 when this
+ * part ended the snapshot.  INVALID_PARAMS for a cursor no part returned. */
+int moonlet_master_snapshot_part(moonlet_master *m, uint64_t cursor,
+                                 bool (*full)(void *arg),
+                                 void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg,
+                                 uint64_t *next);
 
 /* ---- re-replication (repair.c) ------------------------------------------ */
 

@@ -338,6 +338,9 @@ void mobj_free(moonlet_master *m, struct mobj *o);
  */
 typedef bool (*shard_visit_fn)(moonlet_master *m, struct shard *s, struct mobj *o, void *arg);
 void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg);
+/* The same over shards [from, to) only. */
+void shards_foreach_range(moonlet_master *m, uint32_t from, uint32_t to, shard_visit_fn fn,
+                         void *arg);
 /* Visits the objects whose hash is `hash` in shard s (its lock held); the
  * visitor may destroy the object it is given. */
 void shard_foreach_hash_locked(moonlet_master *m, struct shard *s, uint64_t hash,

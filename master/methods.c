@@ -140,6 +140,11 @@ static const moonlet_rpc_arg repl_fetch_args[] = {
     {ARG(moonlet_args_repl_fetch, max_bytes, U64, OPT), .max = 64u << 20},
 };
 
+static const moonlet_rpc_arg repl_snapshot_args[] = {
+    {ARG(moonlet_args_repl_snapshot, cursor, U64, OPT)},
+    {ARG(moonlet_args_repl_snapshot, max_bytes, U64, OPT), .max = 64u << 20},
+};
+
 static const moonlet_rpc_arg repair_fetch_args[] = {
     {ARG(moonlet_args_repair_fetch, client_id, STR, 0), .max = ID_MAX},
     {ARG(moonlet_args_repair_fetch, max_jobs, U64, OPT), .max = 64},
@@ -174,6 +179,7 @@ SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 SPEC(s_put_replace, moonlet_args_put_replace, put_replace_args);
 SPEC(s_repl_fetch, moonlet_args_repl_fetch, repl_fetch_args);
+SPEC(s_repl_snapshot, moonlet_args_repl_snapshot, repl_snapshot_args);
 SPEC(s_repair_fetch, moonlet_args_repair_fetch, repair_fetch_args);
 SPEC(s_repair_done, moonlet_args_repair_done, repair_done_args);
 SPEC(s_drain, moonlet_args_drain, drain_args);
@@ -209,7 +215,7 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_UNDRAIN, "Undrain", &s_drain},
     {MOONLET_M_HELLO, "Hello", &s_any},
     {MOONLET_M_REPL_FETCH, "ReplFetch", &s_repl_fetch},
-    {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_none},
+    {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_repl_snapshot},
     {MOONLET_M_REPL_PORT, "ReplPort", &s_none},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);

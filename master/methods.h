@@ -170,6 +170,12 @@ typedef struct {
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;
+    uint64_t cursor;      /* optional; 0: the first part */
+    uint64_t max_bytes;   /* optional; 0: the whole snapshot in one part */
+} moonlet_args_repl_snapshot;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
     moonlet_str client_id;
     uint64_t max_jobs; /* optional; 0: 16 */
 } moonlet_args_repair_fetch;

@@ -291,7 +291,7 @@ int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t fr
 
 struct snapbuf {
     uint8_t *p;
-    size_t n, cap;
+    size_t n, cap, budget;
     bool bad;
 };
 
@@ -322,16 +322,25 @@ static void snap_emit(void *arg, const moonlet_repl_rec *rec)
     s->n += 4 + len;
 }
 
-int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint8_t **buf, size_t *len,
-                              uint64_t *start, uint64_t *consistent_at)
+static bool snap_full(void *arg)
 {
+    const struct snapbuf *s = arg;
+    return s->bad || (s->budget && s->n >= s->budget);
+}
+
+int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint64_t cursor,
+                              size_t budget, uint8_t **buf, size_t *len, uint64_t *start,
+                              uint64_t *consistent_at, uint64_t *next_cursor)
+{
+    *buf = NULL;
+    *len = 0;
     *start = moonlet_repl_log_next(l);
-    struct snapbuf s = {0};
-    moonlet_master_snapshot(m, snap_emit, &s);
+    struct snapbuf s = {.budget = budget};
+    int rc = moonlet_master_snapshot_part(m, cursor, snap_full, snap_emit, &s, next_cursor);
     *consistent_at = moonlet_repl_log_next(l);
-    if (s.bad) {
+    if (rc || s.bad) {
         free(s.p);
-        return MOONLET_ERR_INTERNAL_ERROR;
+        return rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
     }
     *buf = s.p;
     *len = s.n;
@@ -457,9 +466,17 @@ static void drop_conn(moonlet_repl_follower *f)
 
 /* Applies a framed blob; errors before consistent_at are the replay's
  * overlap with the snapshot (ignored), after it a divergence. */
+/* What a blob is: the stream's records, or a snapshot's first part, or a
+ * later part.  A later part may hold objects on a segment mounted after the
+ * first part's walk: that segment's MOUNT, and every PLACE on it, come
+ * after the first part's `start` in the stream, so the replay brings the
+ * object; the part's record is skipped. */
+enum blob_kind { BLOB_STREAM, BLOB_SNAP_FIRST, BLOB_SNAP_LATER };
+
 static int apply_blob(moonlet_repl_follower *f, const uint8_t *p, size_t len, uint64_t first_seq,
-                      bool snapshot, uint64_t *count)
+                      enum blob_kind kind, uint64_t *count)
 {
+    bool snapshot = kind != BLOB_STREAM;
     size_t off = 0;
     uint64_t seq = first_seq;
     *count = 0;
@@ -476,6 +493,8 @@ static int apply_blob(moonlet_repl_follower *f, const uint8_t *p, size_t len, ui
         if (rc)
             return rc;
         rc = moonlet_repl_state_apply(f->st, &d.rec);
+        if (rc == MOONLET_ERR_SEGMENT_NOT_FOUND && kind == BLOB_SNAP_LATER)
+            rc = MOONLET_OK;
         if (rc && (snapshot || seq >= f->consistent_at)) {
             ML_WARN(MOD, "record %llu does not apply (%d): taking a new snapshot",
                     (unsigned long long)seq, rc);
@@ -494,36 +513,75 @@ static const msgpack_object *bin_at(const msgpack_object *arr, uint32_t i)
     return o && o->type == MSGPACK_OBJECT_BIN ? o : NULL;
 }
 
-static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
+/* One part of a snapshot (ReplSnapshot [cursor, max_bytes]), applied to
+ * the state: the first part clears it. */
+static int snapshot_part(moonlet_repl_follower *f, uint64_t cursor, uint64_t *ep, uint64_t *start,
+                         uint64_t *cons, uint64_t *next_cursor)
 {
-    msgpack_packer *pk = moonlet_rpc_client_begin(f->c, MOONLET_M_REPL_SNAPSHOT, 0);
-    (void)pk;
+    msgpack_packer *pk = moonlet_rpc_client_begin(f->c, MOONLET_M_REPL_SNAPSHOT, 2);
+    msgpack_pack_uint64(pk, cursor);
+    msgpack_pack_uint64(pk, MOONLET_REPL_SNAPSHOT_PART_BYTES);
     moonlet_reply rep;
     int rc = moonlet_rpc_client_call(f->c, &rep);
     if (rc)
         return rc;
     rc = rep.code;
-    uint64_t ep = 0, start = 0, cons = 0;
     const msgpack_object *b = NULL;
-    if (!rc && (!rep.result || moonlet_wire_u64(rep.result, 0, &ep) ||
-                moonlet_wire_u64(rep.result, 1, &start) || moonlet_wire_u64(rep.result, 2, &cons) ||
-                !(b = bin_at(rep.result, 3))))
+    if (!rc && (!rep.result || moonlet_wire_u64(rep.result, 0, ep) ||
+                moonlet_wire_u64(rep.result, 1, start) || moonlet_wire_u64(rep.result, 2, cons) ||
+                !(b = bin_at(rep.result, 3)) || moonlet_wire_u64(rep.result, 4, next_cursor)))
         rc = MOONLET_ERR_INVALID_PARAMS;
     if (!rc && !state_lock(f))
         rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS; /* stopped meanwhile */
     else if (!rc) {
-        moonlet_repl_state_clear(f->st);
-        f->consistent_at = cons;
+        if (cursor == 0)
+            moonlet_repl_state_clear(f->st);
         uint64_t n;
-        rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, start, true, &n);
-        f->from = start;
-        f->st_epoch = ep;
-        *epoch = ep;
+        rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, 0,
+                        cursor == 0 ? BLOB_SNAP_FIRST : BLOB_SNAP_LATER, &n);
         f->diverged = rc != 0;
         pthread_mutex_unlock(&f->smu);
     }
     moonlet_reply_destroy(&rep);
     return rc;
+}
+
+/* A snapshot, in as many parts as the leader cuts it into.  Until the last
+ * part is in, the state is not consistent (consistent_at 0): a promotion
+ * meanwhile starts empty.  The stream continues at the first part's start
+ * and is consistent from the last part's consistent_at. */
+static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
+{
+    if (!state_lock(f))
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    f->consistent_at = 0;
+    pthread_mutex_unlock(&f->smu);
+    uint64_t cursor = 0, first_ep = 0, first_start = 0;
+    for (uint32_t part = 0;; part++) {
+        uint64_t ep = 0, start = 0, cons = 0, next = 0;
+        int rc = snapshot_part(f, cursor, &ep, &start, &cons, &next);
+        if (rc)
+            return rc;
+        if (part == 0) {
+            first_ep = ep;
+            first_start = start;
+        } else if (ep != first_ep) {
+            return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS; /* a new term: start over */
+        }
+        if (next == 0) {
+            if (!state_lock(f))
+                return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+            f->consistent_at = cons;
+            f->from = first_start;
+            f->st_epoch = first_ep;
+            pthread_mutex_unlock(&f->smu);
+            *epoch = first_ep;
+            return MOONLET_OK;
+        }
+        if (next <= cursor || part >= MOONLET_REPL_SNAPSHOT_MAX_PARTS)
+            return MOONLET_ERR_INVALID_PARAMS; /* a leader that does not move on */
+        cursor = next;
+    }
 }
 
 static void *follow(void *arg)
@@ -629,8 +687,8 @@ static void *follow(void *arg)
             need_snap = true;
         } else if (!rc) {
             uint64_t n = 0;
-            rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, f->from, false,
-                            &n);
+            rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, f->from,
+                            BLOB_STREAM, &n);
             if (rc) {
                 f->diverged = true;
                 need_snap = true;

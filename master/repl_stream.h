@@ -15,7 +15,8 @@
  * One standby (the last one that fetched): two masters.
  *
  * Standby: moonlet_repl_follower is a thread that follows the leader the
- * role knows (role.h), takes a snapshot, then applies the records to a
+ * role knows (role.h), takes a snapshot (in parts of about
+ * MOONLET_REPL_SNAPSHOT_PART_BYTES, so any size fits a reply), then applies the records to a
  * moonlet_repl_state (replicate.h), re-taking a snapshot whenever the
  * leader, its epoch or the stream's continuity changes.  At promotion the
  * owner stops it and restores its state only if etcd names this standby in
@@ -70,11 +71,19 @@ uint64_t moonlet_repl_log_next(moonlet_repl_log *l);
 int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t from,
                            size_t max_bytes, int wait_ms, uint8_t **buf, size_t *len,
                            uint64_t *next, bool *lost);
-/* ReplSnapshot: the master's snapshot in the same framing; *start: where
- * the stream continues; *consistent_at: the log's next number after the
- * walk (the replay is consistent from there on). */
-int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint8_t **buf, size_t *len,
-                              uint64_t *start, uint64_t *consistent_at);
+/* ReplSnapshot: one part of the master's snapshot in the same framing
+ * (moonlet_master_snapshot_part: `cursor` 0 first, then each *next_cursor
+ * until it is 0), about `budget` bytes (0: the whole snapshot in one part);
+ * *start: the log's next number before this part's walk (the stream
+ * continues at the FIRST part's); *consistent_at: the log's next number
+ * after it (the replay is consistent from the LAST part's on). */
+/* What a standby asks per snapshot part, and the most parts it takes (a
+ * leader has at most 2^20 shards, and a part walks one at least). */
+#define MOONLET_REPL_SNAPSHOT_PART_BYTES (4u << 20)
+#define MOONLET_REPL_SNAPSHOT_MAX_PARTS ((1u << 20) + 1)
+int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint64_t cursor,
+                              size_t budget, uint8_t **buf, size_t *len, uint64_t *start,
+                              uint64_t *consistent_at, uint64_t *next_cursor);
 /* Semi-sync: call after a write, before answering it.  0, or
  * UNAVAILABLE_IN_CURRENT_STATUS when the standby lagged and could not be
  * marked out of sync (the write must not be acknowledged). */

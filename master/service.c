@@ -52,6 +52,7 @@ struct moonlet_master_service {
     bool (*follower_status)(moonlet_repl_follower_status *st);
     moonlet_rpc_server *rpc;
     size_t max_batch_keys;
+    size_t max_frame; /* the servers' frame limit: replication replies stay under half of it */
     moonlet_rpc_method *methods; /* the server's table (without opts->disabled_method) */
 };
 
@@ -807,8 +808,11 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
     size_t len = 0;
     uint64_t next = 0;
     bool lost = false;
-    int rc = moonlet_repl_log_fetch(l, who, a->from, a->max_bytes ? a->max_bytes : 4u << 20,
-                                    (int)a->wait_ms, &buf, &len, &next, &lost);
+    size_t max_bytes = a->max_bytes ? a->max_bytes : 4u << 20;
+    if (max_bytes > SVC(ctx)->max_frame / 2) /* the reply's other fields fit in the rest */
+        max_bytes = SVC(ctx)->max_frame / 2;
+    int rc = moonlet_repl_log_fetch(l, who, a->from, max_bytes, (int)a->wait_ms, &buf, &len, &next,
+                                    &lost);
     if (rc)
         return moonlet_rpc_error(out, rc, "replication fetch failed");
     uint64_t epoch = 0;
@@ -825,29 +829,37 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
     return MOONLET_OK;
 }
 
-/* ReplSnapshot: [epoch, start, consistent_at, records (bin)]. */
-static int h_repl_snapshot(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+/* ReplSnapshot: [epoch, start, consistent_at, records (bin), next_cursor]:
+ * one part of the snapshot (repl_stream.h); without max_bytes, the whole. */
+HANDLER(h_repl_snapshot, moonlet_args_repl_snapshot)
 {
-    (void)args;
     int erc;
     if (!repl_serving(ctx, out, &erc))
         return erc;
     moonlet_repl_log *l = SVC(ctx)->repl;
+    size_t budget = a->max_bytes;
+    if (budget > SVC(ctx)->max_frame / 2)
+        budget = SVC(ctx)->max_frame / 2;
     uint8_t *buf = NULL;
     size_t len = 0;
-    uint64_t start = 0, cons = 0;
-    int rc = moonlet_repl_log_snapshot(l, M(ctx), &buf, &len, &start, &cons);
+    uint64_t start = 0, cons = 0, next_cursor = 0;
+    int rc = moonlet_repl_log_snapshot(l, M(ctx), a->cursor, budget, &buf, &len, &start, &cons,
+                                       &next_cursor);
+    if (rc == MOONLET_ERR_INVALID_PARAMS)
+        return moonlet_rpc_error(out, rc, "no snapshot part at cursor %llu",
+                                 (unsigned long long)a->cursor);
     if (rc)
         return moonlet_rpc_error(out, rc, "snapshot failed");
     uint64_t epoch = 0;
     moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
-    msgpack_pack_array(out, 4);
+    msgpack_pack_array(out, 5);
     msgpack_pack_uint64(out, epoch);
     msgpack_pack_uint64(out, start);
     msgpack_pack_uint64(out, cons);
     msgpack_pack_bin(out, len);
     if (len)
         msgpack_pack_bin_body(out, buf, len);
+    msgpack_pack_uint64(out, next_cursor);
     free(buf);
     return MOONLET_OK;
 }
@@ -971,6 +983,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     s->repl = opts->repl;
     s->follower_status = opts->follower_status;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
+    s->max_frame = opts->max_frame ? opts->max_frame : MOONLET_DEFAULT_MAX_FRAME;
     /* the server's table: the declared methods with a handler, but the disabled one */
     s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));
     size_t ntable = 0;

@@ -156,10 +156,11 @@ void shard_unlink_locked(struct shard *s, struct mobj *o)
     }
 }
 
-void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
+void shards_foreach_range(moonlet_master *m, uint32_t from, uint32_t to, shard_visit_fn fn,
+                         void *arg)
 {
     bool go = true;
-    for (uint32_t i = 0; i < m->nshards && go; i++) {
+    for (uint32_t i = from; i < to && i < m->nshards && go; i++) {
         struct shard *s = &m->shards[i];
         pthread_mutex_lock(&s->mu);
         for (uint32_t b = 0; b <= s->mask && go; b++) {
@@ -171,6 +172,11 @@ void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
         }
         pthread_mutex_unlock(&s->mu);
     }
+}
+
+void shards_foreach(moonlet_master *m, shard_visit_fn fn, void *arg)
+{
+    shards_foreach_range(m, 0, m->nshards, fn, arg);
 }
 
 void shard_foreach_hash_locked(moonlet_master *m, struct shard *s, uint64_t hash,

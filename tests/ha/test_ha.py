@@ -161,11 +161,11 @@ class Relay:
             c.close()
 
 
-def start_ha_master(etcd, cluster, endpoints=None, port=0):
+def start_ha_master(etcd, cluster, endpoints=None, port=0, extra=()):
     m = daemons.start_master("--etcd-endpoints", endpoints or etcd.url, "--cluster-id", cluster,
                              "--advertise", f"127.0.0.1:{port}", "--etcd-lease-ttl", str(TTL_S),
                              "--client_live_ttl_sec", "600", "--shards", "64",
-                             "--log-level", "info", "--rpc-port", str(port))
+                             "--log-level", "info", "--rpc-port", str(port), *extra)
     return m
 
 
@@ -635,6 +635,57 @@ def test_standby_cut_off_comes_up_empty(ha):
     assert "ha: promoted EMPTY" in stderr_text(sb)
     print(f"put with the standby cut off: {took * 1000:.0f} ms (marks it out of sync first)")
     s.close()
+
+
+def test_snapshot_larger_than_a_frame():
+    """A standby that joins a leader whose metadata is larger than one reply
+    may be (--max-frame-bytes 64 KiB here, 64 MiB by default: about 300,000
+    objects) takes the snapshot in parts, comes in sync and consistent, and
+    when the leader is killed it is promoted with every object.  Before the
+    snapshot came in parts, the whole-snapshot reply was refused over the
+    frame limit and the standby retried forever, never in sync."""
+    import moonlet
+    frame = ("--max-frame-bytes", "65536")
+    etcd = Etcd()
+    cluster = "t" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        m1 = start_ha_master(etcd, cluster, extra=frame)
+        started.append(m1)
+        wait_leader([m1.addr], 4 * TTL_S + 5)
+        p2 = free_port()
+        addrs = [m1.addr, f"127.0.0.1:{p2}"]
+        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
+                                    "--rpc-timeout-ms", "1000")
+        started.append(store)
+        s = client(addrs)
+        n = 1500
+        keys = [f"snapshot-part-object-{i:05d}" for i in range(n)]
+        put_until_ok(s, keys[0], b"x" * 64, 10)
+        for i, k in enumerate(keys[1:], 1):
+            s.put(k, bytes([i % 251]) * 64)
+        m2 = start_ha_master(etcd, cluster, port=p2, extra=frame)
+        started.append(m2)
+        ha = {"etcd": etcd, "cluster": cluster}
+        wait_in_sync(ha, m2.addr, timeout=30)
+        deadline = time.monotonic() + 15
+        while True:
+            st = {m["master"]: m for m in status(addrs)["masters"]}
+            if st.get(m2.addr, {}).get("following", {}).get("consistent"):
+                break
+            assert time.monotonic() < deadline, st.get(m2.addr)
+            time.sleep(0.05)
+        m1.proc.kill()  # SIGKILL
+        wait_leader([m2.addr], 2 * TTL_S + 4)
+        assert "ha: promoted with state" in stderr_text(m2)
+        for i, k in enumerate(keys):
+            want = b"x" * 64 if i == 0 else bytes([i % 251]) * 64
+            assert s.get(k) == want, k
+        s.close()
+    finally:
+        for d in reversed(started):
+            d.stop()
+        etcd.stop()
 
 
 def test_leader_cut_off_from_etcd(ha_relay):

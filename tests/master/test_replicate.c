@@ -621,6 +621,122 @@ static void test_semi_sync_log(void **state)
 
 /* A listening socket on loopback that takes connections into its backlog
  * and never answers: a leader cut off mid-call, as the standby sees it. */
+/* Splits a framed blob (u32 length + record, repeated) into `out`. */
+static void blob_records(const uint8_t *p, size_t len, struct stream *out)
+{
+    size_t off = 0;
+    while (off < len) {
+        assert_true(len - off >= 4);
+        uint32_t n = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 |
+                     (uint32_t)p[off + 3] << 24;
+        off += 4;
+        assert_true(n <= len - off && out->n < 4096);
+        out->buf[out->n] = malloc(n);
+        memcpy(out->buf[out->n], p + off, n);
+        out->len[out->n++] = n;
+        off += n;
+    }
+}
+
+static int rec_cmp(const void *a, const void *b)
+{
+    const struct { const uint8_t *p; size_t n; } *x = a, *y = b;
+    int c = memcmp(x->p, y->p, x->n < y->n ? x->n : y->n);
+    return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+/* Whether two streams hold the same records, in any order. */
+static bool same_records(const struct stream *a, const struct stream *b)
+{
+    if (a->n != b->n)
+        return false;
+    struct { const uint8_t *p; size_t n; } *x = calloc((size_t)a->n + 1, sizeof(*x)),
+                                          *y = calloc((size_t)a->n + 1, sizeof(*y));
+    for (int i = 0; i < a->n; i++) {
+        x[i].p = a->buf[i], x[i].n = a->len[i];
+        y[i].p = b->buf[i], y[i].n = b->len[i];
+    }
+    qsort(x, (size_t)a->n, sizeof(*x), rec_cmp);
+    qsort(y, (size_t)a->n, sizeof(*y), rec_cmp);
+    bool same = true;
+    for (int i = 0; i < a->n && same; i++)
+        same = rec_cmp(&x[i], &y[i]) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A snapshot in parts (ReplSnapshot with a cursor): with a small budget it
+ * comes in several parts, none much over the budget (a part ends after the
+ * shard that filled it), which together hold exactly the records of the
+ * whole snapshot; the stream continues at the first part's start; a cursor
+ * no part returned is refused.  A leader whose metadata is larger than one
+ * reply can hold needs this: a whole snapshot over the frame limit was
+ * refused, and the standby could never follow it. */
+static void test_snapshot_in_parts(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 24);
+    mount(a, "n1", "s1", 1 << 24);
+    char key[32];
+    for (int i = 0; i < 600; i++) {
+        snprintf(key, sizeof(key), "snap-object-%04d", i);
+        assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR(key), 512,
+                                                  1 + (uint32_t)(i % 2), false, NULL, NULL),
+                         MOONLET_OK);
+        if (i % 10)
+            assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR(key), NULL),
+                             MOONLET_OK);
+    }
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(NULL, &l), MOONLET_OK);
+    uint8_t *buf;
+    size_t len;
+    uint64_t start, cons, next;
+    /* the whole snapshot: one part (budget 0) */
+    assert_int_equal(moonlet_repl_log_snapshot(l, a, 0, 0, &buf, &len, &start, &cons, &next),
+                     MOONLET_OK);
+    assert_int_equal(next, 0);
+    struct stream whole = {0};
+    blob_records(buf, len, &whole);
+    free(buf);
+    size_t whole_len = len;
+    assert_int_equal(whole.n, 2 + 600);
+    /* in parts of about 4 KiB: 16 shards of about 5 KiB each */
+    const size_t budget = 4096;
+    struct stream parts = {0};
+    uint64_t cursor = 0, first_start = 0;
+    int nparts = 0;
+    size_t max_part = 0;
+    do {
+        assert_int_equal(moonlet_repl_log_snapshot(l, a, cursor, budget, &buf, &len, &start, &cons,
+                                                   &next),
+                         MOONLET_OK);
+        if (nparts == 0)
+            first_start = start;
+        blob_records(buf, len, &parts);
+        free(buf);
+        max_part = len > max_part ? len : max_part;
+        assert_true(next == 0 || next > cursor);
+        cursor = next;
+        assert_true(++nparts <= 17);
+    } while (cursor);
+    assert_true(nparts >= 4);
+    assert_true(max_part < budget + whole_len / 4); /* the budget and one shard, at most */
+    assert_true(same_records(&whole, &parts));
+    assert_int_equal(first_start, moonlet_repl_log_next(l));
+    /* a cursor past the last shard is refused */
+    assert_int_equal(moonlet_repl_log_snapshot(l, a, 16 + 2, budget, &buf, &len, &start, &cons,
+                                               &next),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_null(buf);
+    stream_free(&whole);
+    stream_free(&parts);
+    moonlet_repl_log_destroy(l);
+    leader_free(a, &s);
+}
+
 static int silent_listener(uint16_t *port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -694,6 +810,7 @@ int main(void)
         cmocka_unit_test(test_restored_client_secret),
         cmocka_unit_test(test_restored_clock_offset),
         cmocka_unit_test(test_semi_sync_log),
+        cmocka_unit_test(test_snapshot_in_parts),
         cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
