@@ -32,6 +32,7 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "sync.h"
+#include "thread_name.h"
 
 #define MOD "ha"
 
@@ -114,6 +115,7 @@ struct promo_ka {
 static void *promo_ka_main(void *arg)
 {
     struct promo_ka *p = arg;
+    moonlet_thread_name("ha-keepalive");
     moonlet_election *el = p->el;
     pthread_mutex_lock(&el->mu);
     while (!p->stop && !el->stop && !p->expired) {
@@ -219,6 +221,7 @@ static void check_key(moonlet_election *el)
 static void *election_main(void *arg)
 {
     moonlet_election *el = arg;
+    moonlet_thread_name("ha-election");
     for (;;) {
         pthread_mutex_lock(&el->mu);
         bool stop = el->stop, need_reset = el->need_reset;

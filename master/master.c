@@ -28,6 +28,7 @@
 #include "moonlet/error.h"
 #include "monotime.h"
 #include "sync.h"
+#include "thread_name.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)
 {
@@ -241,6 +242,7 @@ void moonlet_master_tick(moonlet_master *m)
 static void *bg_main(void *arg)
 {
     moonlet_master *m = arg;
+    moonlet_thread_name("master-bg");
     pthread_mutex_lock(&m->bg_mu);
     while (!m->bg_stop) {
         pthread_mutex_unlock(&m->bg_mu);

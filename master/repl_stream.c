@@ -27,6 +27,7 @@
 #include "rpc_client.h"
 #include "wire.h"
 #include "sync.h"
+#include "thread_name.h"
 
 #define MOD "repl"
 
@@ -587,6 +588,7 @@ static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
 static void *follow(void *arg)
 {
     moonlet_repl_follower *f = arg;
+    moonlet_thread_name("repl-follower");
     char cur[MOONLET_ROLE_ADDR_MAX] = "";
     uint64_t epoch = 0;
     bool need_snap = true;

@@ -1017,6 +1017,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .address = opts->address ? opts->address : "127.0.0.1",
         .port = opts->port,
         .threads = opts->threads,
+        .name = "master",
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
@@ -1042,6 +1043,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         moonlet_rpc_server_opts rr = ro;
         rr.port = opts->repl_port;
         rr.threads = 2; /* one standby's long poll, and another's */
+        rr.name = "repl";
         rr.methods = s->repl_methods;
         rr.nmethods = 2;
         rr.reply_epoch = NULL;

@@ -79,6 +79,7 @@
 #include "wire.h"
 #include "token.h"
 #include "monotime.h"
+#include "thread_name.h"
 #include "net.h"
 
 #define MOD "rpc"
@@ -172,6 +173,7 @@ struct moonlet_rpc_server {
     void (*on_close)(void *ctx, void *conn_data);
     uint64_t (*reply_epoch)(void *ctx, void *conn_data);
     int64_t busy_poll_ns;
+    char name[8]; /* opts.name, cut to fit its threads' names */
     loop *loops;
     int nloops;
     unsigned next_loop;
@@ -777,6 +779,7 @@ static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
 static void *loop_main(void *arg)
 {
     loop *l = arg;
+    moonlet_thread_name("%s-loop%d", l->s->name, (int)(l - l->s->loops));
     struct epoll_event evs[MAX_EVENTS];
     int64_t busy_until = 0;
     while (!atomic_load(&l->s->loops_stopping)) {
@@ -924,6 +927,7 @@ static bool accept_batch(moonlet_rpc_server *s)
 static void *acceptor_main(void *arg)
 {
     moonlet_rpc_server *s = arg;
+    moonlet_thread_name("%s-accept", s->name);
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
                           {.fd = s->stop_fd, .events = POLLIN}};
     while (!atomic_load(&s->stopping)) {
@@ -1062,6 +1066,7 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     if (o->busy_poll_us > MOONLET_RPC_MAX_BUSY_POLL_US)
         return MOONLET_ERR_INVALID_PARAMS;
     s->busy_poll_ns = (int64_t)o->busy_poll_us * 1000;
+    snprintf(s->name, sizeof(s->name), "%s", o->name ? o->name : "rpc");
     s->ctx = o->ctx;
     s->on_close = o->on_close;
     s->reply_epoch = o->reply_epoch;

@@ -112,6 +112,7 @@ typedef struct moonlet_rpc_server_opts {
     uint16_t port;            /* 0 picks a free port (see moonlet_rpc_server_port) */
     const char *unix_path;    /* when set: listen on this AF_UNIX path instead (mode 0600) */
     int threads;              /* event-loop threads; <= 0 means the number of cores */
+    const char *name;         /* its threads' names: NAME-accept, NAME-loopN; default "rpc" */
     size_t max_frame;         /* 0 means MOONLET_DEFAULT_MAX_FRAME */
     const char *auth_token;   /* NULL or "" disables authentication */
     size_t auth_token_len;

@@ -68,6 +68,7 @@
 #include "moonlet/error.h"
 #include "monotime.h"
 #include "sync.h"
+#include "thread_name.h"
 
 #define MOD "xfer"
 
@@ -932,6 +933,7 @@ static size_t xfer_group_prepare(moonlet_xfer *x, xfer_batch *b, size_t gi, size
 static void *xfer_open_main(void *arg)
 {
     xfer_open_job *j = arg;
+    moonlet_thread_name("xfer-open");
     xfer_group *g = &j->b->groups[j->gi];
     size_t n = xfer_group_prepare(j->x, j->b, j->gi, g->first_lane);
     if (n)

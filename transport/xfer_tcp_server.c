@@ -60,6 +60,7 @@
 #include "moonlet/error.h"
 #include "net.h"
 #include "writecap.h"
+#include "thread_name.h"
 
 #define MOD "xfer-tcp"
 
@@ -729,6 +730,7 @@ static void tcp_serve_conn(tcp_server *s, tcp_sconn *c)
 static void *tcp_worker_main(void *arg)
 {
     tcp_server *s = arg;
+    moonlet_thread_name("tcp-data");
     for (;;) {
         struct epoll_event ev;
         int n = epoll_wait(s->epfd, &ev, 1, -1);
@@ -915,6 +917,7 @@ static void tcp_reap(tcp_server *s)
 static void *tcp_acceptor_main(void *arg)
 {
     tcp_server *s = arg;
+    moonlet_thread_name("tcp-accept");
     uint64_t next_reap = moonlet_xfer_now_ms() + TCP_REAP_MS;
     while (!atomic_load(&s->stopping)) {
         struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},

@@ -99,6 +99,7 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
+#include "thread_name.h"
 
 #define MOD "xfer-rdma"
 
@@ -606,6 +607,7 @@ static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id, struct ibv_cq
 static void *verbs_reap_main(void *arg)
 {
     verbs_state *v = arg;
+    moonlet_thread_name("verbs-reap");
     pthread_mutex_lock(&v->lock);
     for (;;) {
         verbs_reap *r = v->reap;
@@ -789,6 +791,7 @@ static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
+    moonlet_thread_name("verbs-cm");
     verbs_state *v = x->be_state;
     while (!atomic_load(&v->stopping)) {
         struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},

@@ -86,6 +86,7 @@
 #include "xfer.h"
 #include "monotime.h"
 #include "span.h"
+#include "thread_name.h"
 
 #define MOD "client"
 
@@ -1225,6 +1226,7 @@ static int client_xfer_protocol(moonlet_protocol p, moonlet_xfer_protocol *out)
 
 static void *client_node_main(void *arg)
 {
+    moonlet_thread_name("client-node");
     moonlet_store_node_run(arg);
     return NULL;
 }

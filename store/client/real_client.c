@@ -560,7 +560,8 @@ static int real_client_serve(moonlet_real_client *rc, const char *path, const ch
 {
     pthread_once(&g_methods_once, methods_init);
     moonlet_rpc_server_opts o = {.unix_path = path, .threads = MOONLET_REAL_CLIENT_THREADS,
-                                 .busy_poll_us = busy_poll_us, .methods = g_methods,
+                                 .name = "rclient", .busy_poll_us = busy_poll_us,
+                                 .methods = g_methods,
                                  .nmethods = sizeof(g_methods) / sizeof(g_methods[0]),
                                  .ctx = rc, .on_close = on_close};
     int r = moonlet_rpc_server_create(&o, &rc->srv);

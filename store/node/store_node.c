@@ -75,6 +75,7 @@
 #include "writecap.h"
 #include "monotime.h"
 #include "sync.h"
+#include "thread_name.h"
 
 #define MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS 60000u /* a failover at start-up */
 #define MOD "store"
@@ -502,6 +503,7 @@ static bool node_stopping(moonlet_store_node *n)
 static void *repair_main(void *arg)
 {
     moonlet_store_node *n = arg;
+    moonlet_thread_name("store-repair");
     unsigned failures = 0;
     while (!node_stopping(n)) {
         moonlet_mc_repair_job *jobs = NULL;

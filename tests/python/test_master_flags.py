@@ -107,3 +107,18 @@ def test_a_token_without_an_address_listens_on_every_interface(tmp_path):
         assert m.match.group(1) == "127.0.0.1"
     finally:
         m.stop()
+
+
+def test_threads_are_named():
+    """Every thread of a master says what it is (top -H, perf, gdb;
+    docs/deployment.md, "Threads"): its RPC acceptor and loops, and the
+    background sweeper."""
+    m = start("--rpc-port", "0", "--rpc-threads", "2")
+    try:
+        task = f"/proc/{m.proc.pid}/task"
+        names = sorted(open(os.path.join(task, t, "comm")).read().strip()
+                       for t in os.listdir(task))
+    finally:
+        m.stop()
+    for want in ("master-accept", "master-loop0", "master-loop1", "master-bg"):
+        assert want in names, names
