@@ -16,12 +16,14 @@
  * (then 0.0.0.0): an unauthenticated master must not be reachable from
  * the network (docs/cli.md).
  *
- * HA: with --etcd-endpoints it campaigns for leadership on etcd
- * (master/election.h) and serves only while it is the leader
- * (master/role.h); a standby answers NOT_LEADER.  A leader that is deposed
- * drops its metadata before it may campaign again: the election thread
- * raises SIGUSR1 and this main thread restarts the service on a new, empty
- * master (same port), then lets the election resume.
+ * HA: with --etcd-endpoints it campaigns for leadership on etcd and serves
+ * only while it is the leader (master/role.h); a standby answers
+ * NOT_LEADER.  The election, the hot standby and the promotion are
+ * master/ha.h's; this file creates the role and hands it the flags.  A
+ * leader that is deposed drops its metadata before it may campaign again:
+ * the election thread raises SIGUSR1 and this main thread restarts the
+ * service on a new, empty master (same port), then lets the election resume
+ * (moonlet_ha_reset, moonlet_ha_resume).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -32,11 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "election.h"
-#include "etcd.h"
-#include "monotime.h"
-#include "repl_stream.h"
 #include "fdlimit.h"
+#include "ha.h"
 #include "log.h"
 #include "bytesize.h"
 #include "master.h"
@@ -45,7 +44,6 @@
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "service.h"
-#include "store_node.h" /* MOONLET_STORE_NODE_BACKOFF_CAP_MS: how long a node may wait between retries */
 #include "token.h"
 
 static void usage(FILE *f)
@@ -189,147 +187,6 @@ enum {
 #define DEFAULT_MAX_CONNECTIONS 8192u
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
 #define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
-
-/*
- * The hot standby (master/repl_stream.h).  The leader's records go to
- * g_ha.log; a standby's follower thread applies the leader's to its state.
- * In etcd, /moonlet/<cluster>/insync names the standby in sync as
- * "HOST:PORT@EPOCH" (written and deleted by the leader of EPOCH, fenced on
- * its leader key's create revision).  At election (on_elected, before the
- * window opens) the follower stops; its state is restored into the (empty)
- * master only if that key names this master for the epoch it followed;
- * then the new leader deletes the key (fenced on its own epoch), so a mark
- * is never older than the newest term.
- */
-static struct {
-    moonlet_repl_log *log;
-    moonlet_repl_follower *follower;
-    /* stopped at a promotion, joined later (follower_reap): its thread may
-     * still wait for a call to the old leader */
-    moonlet_repl_follower *retired;
-    moonlet_repl_follower_opts fo;
-    moonlet_etcd *mark_etcd, *promo_etcd;
-    moonlet_role *role;
-    moonlet_master *_Atomic m; /* the master being served */
-    char leader_key[320], insync_key[320];
-    char advertise[320];
-    uint64_t liveness_hold_ms; /* etcd lease TTL (the grace) + a node's longest backoff + the liveness TTL */
-} g_ha;
-
-static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
-
-static bool follower_status(moonlet_repl_follower_status *st)
-{
-    pthread_mutex_lock(&g_follower_mu);
-    bool on = g_ha.follower != NULL;
-    if (on)
-        moonlet_repl_follower_get_status(g_ha.follower, st);
-    pthread_mutex_unlock(&g_follower_mu);
-    return on;
-}
-
-static int repl_mark(void *arg, bool in_sync, const char *standby)
-{
-    (void)arg;
-    moonlet_role_info ri;
-    moonlet_role_get(g_ha.role, moonlet_mono_ms(), &ri);
-    if (ri.state != MOONLET_ROLE_LEADER || !ri.epoch)
-        return MOONLET_ERR_NOT_LEADER;
-    char val[MOONLET_ROLE_ADDR_MAX + 32];
-    int n = snprintf(val, sizeof(val), "%s@%llu", standby, (unsigned long long)ri.epoch);
-    bool ok = false;
-    int rc = moonlet_etcd_txn_fenced(g_ha.mark_etcd, g_ha.leader_key, (int64_t)ri.epoch,
-                                     g_ha.insync_key, in_sync ? val : NULL, (size_t)n, &ok);
-    if (!rc && !ok)
-        rc = MOONLET_ERR_NOT_LEADER;
-    return rc;
-}
-
-/* Joins the follower stopped at the last promotion (it may wait out a call
- * to the old leader): on the main thread, never on the election's. */
-static void follower_reap(void)
-{
-    pthread_mutex_lock(&g_follower_mu);
-    moonlet_repl_follower *f = g_ha.retired;
-    g_ha.retired = NULL;
-    pthread_mutex_unlock(&g_follower_mu);
-    moonlet_repl_follower_destroy(f);
-}
-
-static void follower_start(void)
-{
-    follower_reap();
-    pthread_mutex_lock(&g_follower_mu);
-    if (g_ha.log && !g_ha.follower &&
-        moonlet_repl_follower_start(&g_ha.fo, &g_ha.follower) != MOONLET_OK)
-        ML_ERR("master", "cannot start the replication follower: this master stays a cold standby");
-    pthread_mutex_unlock(&g_follower_mu);
-}
-
-static int on_elected(void *arg, uint64_t epoch)
-{
-    (void)arg;
-    bool consistent = false;
-    uint64_t followed = 0;
-    uint64_t t0 = moonlet_mono_ms();
-    /* Not a join: this is the election's thread, and no keepalive goes out
-     * until the promotion returns (repl_stream.h). */
-    moonlet_repl_state *st =
-        g_ha.follower ? moonlet_repl_follower_stop(g_ha.follower, &consistent, &followed) : NULL;
-    pthread_mutex_lock(&g_follower_mu);
-    moonlet_repl_follower *old = g_ha.retired;
-    g_ha.retired = g_ha.follower;
-    g_ha.follower = NULL;
-    pthread_mutex_unlock(&g_follower_mu);
-    if (old) /* not expected: a deposition reaps it before the next campaign */
-        moonlet_repl_follower_destroy(old);
-    char want[sizeof(g_ha.advertise) + 32];
-    snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
-    moonlet_etcd_kv kv;
-    bool named = false;
-    if (followed && moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
-        named = kv.found && strcmp(kv.value, want) == 0;
-        moonlet_etcd_kv_free(&kv);
-    }
-    moonlet_repl_counts c = {0};
-    if (st)
-        moonlet_repl_state_counts(st, &c);
-    if (st && named && consistent) {
-        uint64_t restored = 0, skipped = 0;
-        int rc = moonlet_repl_state_restore(st, g_ha.m, &restored, &skipped);
-        /* serving begins one etcd lease TTL from now: the restored nodes
-         * get a whole liveness TTL from then to ping */
-        moonlet_master_hold_liveness(g_ha.m, g_ha.liveness_hold_ms);
-        ML_WARN("master", "ha: promoted with state of epoch %llu for epoch %llu: %llu segments, "
-                "%llu objects restored, %llu skipped%s", (unsigned long long)followed,
-                (unsigned long long)epoch, (unsigned long long)c.segments,
-                (unsigned long long)restored, (unsigned long long)skipped,
-                rc ? " (segment mount failed)" : "");
-    } else {
-        ML_WARN("master", "ha: promoted EMPTY for epoch %llu (followed epoch %llu, named in sync: "
-                "%s, consistent: %s, %llu objects known)", (unsigned long long)epoch,
-                (unsigned long long)followed, named ? "yes" : "no", consistent ? "yes" : "no",
-                (unsigned long long)c.objects);
-    }
-    moonlet_repl_state_destroy(st);
-    moonlet_repl_log_reset(g_ha.log);
-    /* The in-sync mark of the previous leader goes before this one serves:
-     * a later election must never read a mark older than the newest term. */
-    int rc = MOONLET_ERR_RPC_FAIL;
-    for (int i = 0; i < 3 && rc; i++) {
-        bool ok = false;
-        rc = moonlet_etcd_txn_fenced(g_ha.promo_etcd, g_ha.leader_key, (int64_t)epoch,
-                                     g_ha.insync_key, NULL, 0, &ok);
-        if (!rc && !ok)
-            rc = MOONLET_ERR_NOT_LEADER;
-    }
-    if (rc)
-        ML_ERR("master", "ha: cannot clear the previous in-sync mark (%s): not leading",
-               moonlet_strerror(rc));
-    ML_INFO("master", "ha: promotion for epoch %llu took %llu ms", (unsigned long long)epoch,
-            (unsigned long long)(moonlet_mono_ms() - t0));
-    return rc;
-}
 
 /* The election thread's notice that this master was deposed: the main
  * thread, in sigwait, resets the metadata. */
@@ -549,27 +406,14 @@ int main(int argc, char **argv)
         return 1;
     so.role = role;
     int sig = 0, exit_code = 0;
-    g_ha.role = role;
-    /* A restored node can ping only once this master serves (one lease TTL
-     * after the promotion: the grace), and it may then be asleep in its
-     * longest retry backoff, having failed against the old leader or this
-     * one in its grace: it gets both, then one liveness TTL. */
-    g_ha.liveness_hold_ms = (uint64_t)(etcd_ttl_s ? etcd_ttl_s : MOONLET_ELECTION_DEFAULT_TTL_S) * 1000 +
-                            MOONLET_STORE_NODE_BACKOFF_CAP_MS + cfg.client_live_ttl_ms;
-    if (role && !no_repl) {
-        moonlet_repl_log_opts lo = {.max_lag_ms = repl_lag_ms, .mark = repl_mark};
-        if (moonlet_etcd_create(etcd, 2000, &g_ha.mark_etcd) != MOONLET_OK ||
-            moonlet_etcd_create(etcd, 2000, &g_ha.promo_etcd) != MOONLET_OK ||
-            moonlet_repl_log_create(&lo, &g_ha.log) != MOONLET_OK) {
-            ML_ERR("master", "cannot set up replication");
+    if (role) {
+        moonlet_ha_opts ho = {.etcd_endpoints = etcd, .cluster_id = cluster, .role = role,
+                              .etcd_ttl_s = etcd_ttl_s,
+                              .client_live_ttl_ms = cfg.client_live_ttl_ms,
+                              .replication = !no_repl, .repl_max_lag_ms = repl_lag_ms,
+                              .auth_token = token, .on_deposed = on_deposed, .arg = NULL};
+        if (moonlet_ha_init(&ho, &cfg, &so) != MOONLET_OK)
             return 1;
-        }
-        snprintf(g_ha.leader_key, sizeof(g_ha.leader_key), "/moonlet/%s/leader", cluster);
-        snprintf(g_ha.insync_key, sizeof(g_ha.insync_key), "/moonlet/%s/insync", cluster);
-        cfg.repl_emit = moonlet_repl_log_emit;
-        cfg.repl_arg = g_ha.log;
-        so.repl = g_ha.log;
-        so.follower_status = follower_status;
     }
 
     moonlet_master *m;
@@ -596,8 +440,8 @@ int main(int argc, char **argv)
         return 1;
     }
     moonlet_metrics_set_role(metrics, role);
-    moonlet_metrics_set_repl(metrics, g_ha.log);
-    g_ha.m = m;
+    moonlet_metrics_set_repl(metrics, moonlet_ha_log());
+    moonlet_ha_set_master(m);
     so.port = moonlet_master_service_port(svc); /* a reset listens on the same port */
     printf("listening on %s:%u\n", so.address, so.port);
     uint16_t metrics_port_bound = metrics ? moonlet_metrics_port(metrics) : 0;
@@ -608,7 +452,6 @@ int main(int argc, char **argv)
             MOONLET_VERSION, cfg.shards, (unsigned long long)cfg.lease_ttl_ms,
             (unsigned long long)cfg.client_live_ttl_ms);
 
-    moonlet_election *el = NULL;
     char advertise_buf[300];
     size_t alen = advertise ? strlen(advertise) : 0;
     if (role && alen > 2 && strcmp(advertise + alen - 2, ":0") == 0) { /* HOST:0: the bound port */
@@ -617,23 +460,9 @@ int main(int argc, char **argv)
         advertise = advertise_buf;
         moonlet_role_set_advertise(role, advertise);
     }
-    if (g_ha.log) {
-        snprintf(g_ha.advertise, sizeof(g_ha.advertise), "%s", advertise);
-        g_ha.fo = (moonlet_repl_follower_opts){.role = role, .advertise = g_ha.advertise,
-                                               .auth_token = token};
-        follower_start();
-    }
-    if (role) {
-        moonlet_election_opts eo = {.endpoints = etcd, .cluster_id = cluster,
-                                    .advertise = advertise, .ttl_s = etcd_ttl_s,
-                                    .on_deposed = on_deposed, .arg = NULL,
-                                    .on_elected = g_ha.log ? on_elected : NULL};
-        rc = moonlet_election_start(&eo, role, &el);
-        if (rc) {
-            ML_ERR("master", "cannot start the election on %s: %s", etcd, moonlet_strerror(rc));
-            sig = SIGTERM;
-            exit_code = 1;
-        }
+    if (role && moonlet_ha_start(advertise) != MOONLET_OK) {
+        sig = SIGTERM;
+        exit_code = 1;
     }
     while (!sig) {
         int got = 0;
@@ -651,17 +480,16 @@ int main(int argc, char **argv)
         svc = NULL;
         moonlet_master_destroy(m);
         m = NULL;
-        if (g_ha.log)
-            moonlet_repl_log_reset(g_ha.log);
+        moonlet_ha_reset();
         rc = moonlet_master_create(&cfg, &m);
-        g_ha.m = m;
+        moonlet_ha_set_master(m);
         if (!rc)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
             rc = moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
         if (!rc) {
             moonlet_metrics_set_role(metrics, role);
-            moonlet_metrics_set_repl(metrics, g_ha.log);
+            moonlet_metrics_set_repl(metrics, moonlet_ha_log());
         }
         if (rc) {
             ML_ERR("master", "cannot restart after being deposed: %s", moonlet_strerror(rc));
@@ -669,22 +497,14 @@ int main(int argc, char **argv)
             exit_code = 1;
             break;
         }
-        follower_start(); /* a standby again: follow the next leader */
-        moonlet_election_reset_done(el);
+        moonlet_ha_resume(); /* a standby again: follow the next leader */
     }
     ML_INFO("master", "signal %d: shutting down", sig);
-    moonlet_election_stop(el);
-    follower_reap();
-    pthread_mutex_lock(&g_follower_mu);
-    moonlet_repl_follower_destroy(g_ha.follower);
-    g_ha.follower = NULL;
-    pthread_mutex_unlock(&g_follower_mu);
+    moonlet_ha_stop();
     moonlet_metrics_stop(metrics);
     moonlet_master_service_stop(svc);
     moonlet_master_destroy(m);
-    moonlet_repl_log_destroy(g_ha.log);
-    moonlet_etcd_destroy(g_ha.mark_etcd);
-    moonlet_etcd_destroy(g_ha.promo_etcd);
+    moonlet_ha_fini();
     moonlet_role_destroy(role);
     moonlet_token_free(token);
     return exit_code;

@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "node_timing.h"
 #include "xfer.h"
 
 typedef struct moonlet_store_node moonlet_store_node;
@@ -48,7 +49,7 @@ typedef struct moonlet_store_node moonlet_store_node;
 #define MOONLET_STORE_NODE_PING_MS 1000u                /* default heartbeat period */
 #define MOONLET_STORE_NODE_RPC_TIMEOUT_MS 400u          /* default per master call */
 #define MOONLET_STORE_NODE_BACKOFF_FIRST_MS 100u        /* first retry after a failure */
-#define MOONLET_STORE_NODE_BACKOFF_CAP_MS 2000u         /* longest wait between retries */
+#define MOONLET_STORE_NODE_BACKOFF_CAP_MS MOONLET_NODE_BACKOFF_CAP_MS /* longest wait between retries */
 
 typedef struct moonlet_store_node_config {
     const char *master_addr;        /* "HOST:PORT" of the master (required) */
