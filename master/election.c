@@ -32,7 +32,7 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "sync.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "ha"
 
@@ -115,7 +115,6 @@ struct promo_ka {
 static void *promo_ka_main(void *arg)
 {
     struct promo_ka *p = arg;
-    moonlet_thread_name("ha-keepalive");
     moonlet_election *el = p->el;
     pthread_mutex_lock(&el->mu);
     while (!p->stop && !el->stop && !p->expired) {
@@ -146,7 +145,7 @@ static const char *promote(moonlet_election *el)
     struct promo_ka p = {.el = el, .last_ok_ms = el->last_ok_ms, .next_ms = el->next_ka_ms};
     moonlet_cond_init_mono(&p.cv);
     pthread_t t;
-    bool started = pthread_create(&t, NULL, promo_ka_main, &p) == 0;
+    bool started = moonlet_thread_create(&t, promo_ka_main, &p, "ha-keepalive") == 0;
     if (!started)
         ML_WARN(MOD, "no keepalive thread: the promotion must end within the lease TTL");
     int rc = el->on_elected(el->arg, el->epoch);
@@ -221,7 +220,6 @@ static void check_key(moonlet_election *el)
 static void *election_main(void *arg)
 {
     moonlet_election *el = arg;
-    moonlet_thread_name("ha-election");
     for (;;) {
         pthread_mutex_lock(&el->mu);
         bool stop = el->stop, need_reset = el->need_reset;
@@ -303,7 +301,7 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
     }
     pthread_mutex_init(&el->mu, NULL);
     moonlet_cond_init_mono(&el->cv);
-    if (pthread_create(&el->thread, NULL, election_main, el) != 0) {
+    if (moonlet_thread_create(&el->thread, election_main, el, "ha-election") != 0) {
         moonlet_etcd_destroy(el->etcd);
         pthread_cond_destroy(&el->cv);
         pthread_mutex_destroy(&el->mu);

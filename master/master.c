@@ -28,7 +28,7 @@
 #include "moonlet/error.h"
 #include "monotime.h"
 #include "sync.h"
-#include "thread_name.h"
+#include "thread.h"
 
 void moonlet_master_config_default(moonlet_master_config *cfg)
 {
@@ -242,7 +242,6 @@ void moonlet_master_tick(moonlet_master *m)
 static void *bg_main(void *arg)
 {
     moonlet_master *m = arg;
-    moonlet_thread_name("master-bg");
     pthread_mutex_lock(&m->bg_mu);
     while (!m->bg_stop) {
         pthread_mutex_unlock(&m->bg_mu);
@@ -307,7 +306,7 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     if (cfg->background) {
-        if (pthread_create(&m->bg, NULL, bg_main, m) != 0) {
+        if (moonlet_thread_create(&m->bg, bg_main, m, "master-bg") != 0) {
             moonlet_master_destroy(m);
             return MOONLET_ERR_INTERNAL_ERROR;
         }

@@ -27,7 +27,7 @@
 #include "rpc_client.h"
 #include "wire.h"
 #include "sync.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "repl"
 
@@ -588,7 +588,6 @@ static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
 static void *follow(void *arg)
 {
     moonlet_repl_follower *f = arg;
-    moonlet_thread_name("repl-follower");
     char cur[MOONLET_ROLE_ADDR_MAX] = "";
     uint64_t epoch = 0;
     bool need_snap = true;
@@ -736,7 +735,7 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->smu, NULL);
     int rc = moonlet_repl_state_create(&f->st);
-    if (!rc && pthread_create(&f->thread, NULL, follow, f) != 0)
+    if (!rc && moonlet_thread_create(&f->thread, follow, f, "repl-follower") != 0)
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (rc) {
         moonlet_repl_state_destroy(f->st);

@@ -79,7 +79,7 @@
 #include "wire.h"
 #include "token.h"
 #include "monotime.h"
-#include "thread_name.h"
+#include "thread.h"
 #include "net.h"
 
 #define MOD "rpc"
@@ -779,7 +779,6 @@ static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
 static void *loop_main(void *arg)
 {
     loop *l = arg;
-    moonlet_thread_name("%s-loop%d", l->s->name, (int)(l - l->s->loops));
     struct epoll_event evs[MAX_EVENTS];
     int64_t busy_until = 0;
     while (!atomic_load(&l->s->loops_stopping)) {
@@ -927,7 +926,6 @@ static bool accept_batch(moonlet_rpc_server *s)
 static void *acceptor_main(void *arg)
 {
     moonlet_rpc_server *s = arg;
-    moonlet_thread_name("%s-accept", s->name);
     struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
                           {.fd = s->stop_fd, .events = POLLIN}};
     while (!atomic_load(&s->stopping)) {
@@ -1143,11 +1141,12 @@ int moonlet_rpc_server_start(moonlet_rpc_server *s)
         return MOONLET_ERR_INVALID_PARAMS;
     s->started = true;
     for (int i = 0; i < s->nloops; i++) {
-        if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0)
+        if (moonlet_thread_create(&s->loops[i].thread, loop_main, &s->loops[i], "%s-loop%d",
+                                  s->name, i) != 0)
             goto fail;
         s->loops[i].thread_started = true;
     }
-    if (pthread_create(&s->acceptor, NULL, acceptor_main, s) != 0)
+    if (moonlet_thread_create(&s->acceptor, acceptor_main, s, "%s-accept", s->name) != 0)
         goto fail;
     s->acceptor_started = true;
     if (s->unix_path)

@@ -68,7 +68,7 @@
 #include "moonlet/error.h"
 #include "monotime.h"
 #include "sync.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "xfer"
 
@@ -933,7 +933,6 @@ static size_t xfer_group_prepare(moonlet_xfer *x, xfer_batch *b, size_t gi, size
 static void *xfer_open_main(void *arg)
 {
     xfer_open_job *j = arg;
-    moonlet_thread_name("xfer-open");
     xfer_group *g = &j->b->groups[j->gi];
     size_t n = xfer_group_prepare(j->x, j->b, j->gi, g->first_lane);
     if (n)
@@ -991,7 +990,7 @@ static void xfer_pass(moonlet_xfer *x, xfer_batch *b, size_t ntodo, size_t max_c
         b->groups[gi].first_lane = base;
         base += b->groups[gi].nslots;
         /* if it cannot start, the group is prepared inline below, into its region */
-        j->started = pthread_create(&j->th, NULL, xfer_open_main, j) == 0;
+        j->started = moonlet_thread_create(&j->th, xfer_open_main, j, "xfer-open") == 0;
     }
     size_t nlanes = 0;
     for (size_t gi = 0; gi < ng; gi++) {

@@ -60,7 +60,7 @@
 #include "moonlet/error.h"
 #include "net.h"
 #include "writecap.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "xfer-tcp"
 
@@ -730,7 +730,6 @@ static void tcp_serve_conn(tcp_server *s, tcp_sconn *c)
 static void *tcp_worker_main(void *arg)
 {
     tcp_server *s = arg;
-    moonlet_thread_name("tcp-data");
     for (;;) {
         struct epoll_event ev;
         int n = epoll_wait(s->epfd, &ev, 1, -1);
@@ -917,7 +916,6 @@ static void tcp_reap(tcp_server *s)
 static void *tcp_acceptor_main(void *arg)
 {
     tcp_server *s = arg;
-    moonlet_thread_name("tcp-accept");
     uint64_t next_reap = moonlet_xfer_now_ms() + TCP_REAP_MS;
     while (!atomic_load(&s->stopping)) {
         struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
@@ -1018,13 +1016,13 @@ static int tcp_server_threads(moonlet_xfer *x, tcp_server *s)
     if (!s->workers)
         return MOONLET_ERR_INTERNAL_ERROR;
     for (int i = 0; i < x->server_threads; i++) {
-        if (pthread_create(&s->workers[i], NULL, tcp_worker_main, s)) {
+        if (moonlet_thread_create(&s->workers[i], tcp_worker_main, s, "tcp-data")) {
             tcp_server_stop_threads(s, false);
             return MOONLET_ERR_INTERNAL_ERROR;
         }
         s->nworkers++;
     }
-    if (pthread_create(&s->acceptor, NULL, tcp_acceptor_main, s)) {
+    if (moonlet_thread_create(&s->acceptor, tcp_acceptor_main, s, "tcp-accept")) {
         tcp_server_stop_threads(s, false);
         return MOONLET_ERR_INTERNAL_ERROR;
     }

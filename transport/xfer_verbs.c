@@ -99,7 +99,7 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "xfer-rdma"
 
@@ -607,7 +607,6 @@ static void verbs_reap_push(verbs_state *v, struct rdma_cm_id *id, struct ibv_cq
 static void *verbs_reap_main(void *arg)
 {
     verbs_state *v = arg;
-    moonlet_thread_name("verbs-reap");
     pthread_mutex_lock(&v->lock);
     for (;;) {
         verbs_reap *r = v->reap;
@@ -791,7 +790,6 @@ static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
 static void *verbs_cm_main(void *arg)
 {
     moonlet_xfer *x = arg;
-    moonlet_thread_name("verbs-cm");
     verbs_state *v = x->be_state;
     while (!atomic_load(&v->stopping)) {
         struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
@@ -975,13 +973,13 @@ static int verbs_start(moonlet_xfer *x)
     if (rc == MOONLET_OK && x->listen_addr)
         rc = verbs_listen(x, v);
     if (rc == MOONLET_OK && x->listen_addr) {
-        rc = pthread_create(&v->reap_thread, NULL, verbs_reap_main, v)
+        rc = moonlet_thread_create(&v->reap_thread, verbs_reap_main, v, "verbs-reap")
                  ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
         v->reap_started = rc == MOONLET_OK;
     }
     if (rc == MOONLET_OK && x->listen_addr) {
-        rc = pthread_create(&v->cm_thread, NULL, verbs_cm_main, x) ? MOONLET_ERR_INTERNAL_ERROR
-                                                                    : MOONLET_OK;
+        rc = moonlet_thread_create(&v->cm_thread, verbs_cm_main, x, "verbs-cm")
+                 ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_OK;
         v->cm_started = rc == MOONLET_OK;
     }
     if (rc) {

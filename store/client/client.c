@@ -86,7 +86,7 @@
 #include "xfer.h"
 #include "monotime.h"
 #include "span.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOD "client"
 
@@ -1226,7 +1226,6 @@ static int client_xfer_protocol(moonlet_protocol p, moonlet_xfer_protocol *out)
 
 static void *client_node_main(void *arg)
 {
-    moonlet_thread_name("client-node");
     moonlet_store_node_run(arg);
     return NULL;
 }
@@ -1251,7 +1250,7 @@ static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
     int rc = moonlet_store_node_create(&nc, &c->node);
     if (rc)
         return rc;
-    if (pthread_create(&c->node_thread, NULL, client_node_main, c->node) != 0) {
+    if (moonlet_thread_create(&c->node_thread, client_node_main, c->node, "client-node") != 0) {
         moonlet_store_node_destroy(c->node);
         c->node = NULL;
         return MOONLET_ERR_INTERNAL_ERROR;

@@ -75,7 +75,7 @@
 #include "writecap.h"
 #include "monotime.h"
 #include "sync.h"
-#include "thread_name.h"
+#include "thread.h"
 
 #define MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS 60000u /* a failover at start-up */
 #define MOD "store"
@@ -503,7 +503,6 @@ static bool node_stopping(moonlet_store_node *n)
 static void *repair_main(void *arg)
 {
     moonlet_store_node *n = arg;
-    moonlet_thread_name("store-repair");
     unsigned failures = 0;
     while (!node_stopping(n)) {
         moonlet_mc_repair_job *jobs = NULL;
@@ -543,7 +542,8 @@ static void *repair_main(void *arg)
 int moonlet_store_node_run(moonlet_store_node *n)
 {
     unsigned failures = 0;
-    if (n->repair_poll_ms && pthread_create(&n->repair_thread, NULL, repair_main, n) == 0)
+    if (n->repair_poll_ms &&
+        moonlet_thread_create(&n->repair_thread, repair_main, n, "store-repair") == 0)
         n->repair_started = true;
     else if (n->repair_poll_ms)
         ML_WARN(MOD, "cannot start the repair thread: this node takes no repair job");
