@@ -35,6 +35,7 @@
 #include "moonlet/real_client.h"
 #include "rpc_client.h"
 #include "wire.h"
+#include "../common/test_main.h"
 
 #define MiB (1024u * 1024u)
 
@@ -1131,24 +1132,19 @@ static void test_real_client_killed(void **state)
     free(data);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_errors),
-        cmocka_unit_test(test_roundtrip_sizes),
-        cmocka_unit_test(test_errors_pass_through),
-        cmocka_unit_test(test_skip_checksum_forwarded),
-        cmocka_unit_test(test_k3_probe_policy),
-        cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_shared_and_registered),
-        cmocka_unit_test(test_shared_real_backend),
-        cmocka_unit_test(test_parallel_calls),
-        cmocka_unit_test(test_socket_mode),
-        cmocka_unit_test(test_real_client_api),
-        cmocka_unit_test(test_probe_resume_both_paths),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_dummy_dies),
-        cmocka_unit_test(test_real_client_killed), /* last: leaves a dead segment mounted */
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("dummy_client", setup, teardown,
+                  cmocka_unit_test(test_create_errors),
+                  cmocka_unit_test(test_roundtrip_sizes),
+                  cmocka_unit_test(test_errors_pass_through),
+                  cmocka_unit_test(test_skip_checksum_forwarded),
+                  cmocka_unit_test(test_k3_probe_policy),
+                  cmocka_unit_test(test_tenant_isolation),
+                  cmocka_unit_test(test_shared_and_registered),
+                  cmocka_unit_test(test_shared_real_backend),
+                  cmocka_unit_test(test_parallel_calls),
+                  cmocka_unit_test(test_socket_mode),
+                  cmocka_unit_test(test_real_client_api),
+                  cmocka_unit_test(test_probe_resume_both_paths),
+                  cmocka_unit_test(test_bad_input),
+                  cmocka_unit_test(test_dummy_dies),
+                  cmocka_unit_test(test_real_client_killed)) /* last: leaves a dead segment mounted */
