@@ -36,6 +36,7 @@
 #include "rpc_client.h"
 #include "wire.h"
 #include "../common/test_main.h"
+#include "../common/threads.h"
 
 #define MiB (1024u * 1024u)
 
@@ -654,16 +655,12 @@ static void *par_main(void *arg)
 static void test_parallel_calls(void **state)
 {
     (void)state;
-    pthread_t th[6];
     par_arg a[6];
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 6; i++)
         a[i] = (par_arg){.id = i, .failures = 0};
-        assert_int_equal(pthread_create(&th[i], NULL, par_main, &a[i]), 0);
-    }
-    for (int i = 0; i < 6; i++) {
-        pthread_join(th[i], NULL);
+    test_threads_run(par_main, a, sizeof(a[0]), 6);
+    for (int i = 0; i < 6; i++)
         assert_int_equal(a[i].failures, 0);
-    }
     /* 6 threads over at most 4 connections (+ the staging of each) */
     int n = regions_mapped_by(g_real.pid, getpid());
     assert_true(n >= 1 && n <= 4);

@@ -36,6 +36,7 @@
 #include "wire.h"
 #include "../common/capture.h"
 #include "../common/wire_assert.h"
+#include "../common/threads.h"
 #include "monotime.h"
 
 #define M_ADD 100
@@ -501,17 +502,14 @@ static void *caller_main(void *arg)
  * get every answer right.  Returns their contended waits, summed. */
 static uint64_t run_callers(moonlet_rpc_server *s, int n, int calls, bool burn)
 {
-    pthread_t th[8];
     caller w[8];
     assert_true(n <= 8);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         w[i] = (caller){.port = moonlet_rpc_server_port(s), .index = i + 1, .burn = burn,
                         .calls = calls};
-        assert_int_equal(pthread_create(&th[i], NULL, caller_main, &w[i]), 0);
-    }
+    test_threads_run(caller_main, w, sizeof(w[0]), n);
     uint64_t contended = 0;
     for (int i = 0; i < n; i++) {
-        pthread_join(th[i], NULL);
         assert_int_equal(w[i].ok, calls);
         contended += w[i].contended;
     }

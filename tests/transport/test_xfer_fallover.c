@@ -35,6 +35,7 @@
 #include "monotime.h"
 #include "xfer.h"
 #include "xfer_tcp.h"
+#include "../common/threads.h"
 
 #define TIMEOUT_MS 600u
 #define MAX_CONNS 16
@@ -184,13 +185,10 @@ static void test_many_readers_bounded(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.l.port);
     reader r[6];
-    pthread_t th[6];
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 6; i++)
         r[i] = (reader){.x = x, .ep = ep};
-        assert_int_equal(pthread_create(&th[i], NULL, read_main, &r[i]), 0);
-    }
+    test_threads_run(read_main, r, sizeof(r[0]), 6);
     for (int i = 0; i < 6; i++) {
-        pthread_join(th[i], NULL);
         assert_int_equal(r[i].rc, MOONLET_ERR_TRANSFER_FAIL);
         if (r[i].took_ms >= TIMEOUT_MS + 300)
             fail_msg("reader %d gave up after %llu ms (timeout %u ms)", i,
