@@ -35,6 +35,7 @@
 #include "monotime.h"
 #include "xfer.h"
 #include "xfer_tcp.h"
+#include "../common/test_main.h"
 #include "../common/threads.h"
 
 #define TIMEOUT_MS 600u
@@ -121,9 +122,13 @@ static void *read_main(void *arg)
 
 /* Reader A holds the only pooled connection to the stalled node; reader B
  * starts once A's request (or AUTH) reached the node, queues for that
- * connection, and must still give up within one timeout of its own start. */
-static void queued_reader_bounded(const char *token)
+ * connection, and must still give up within one timeout of its own start.
+ * *state: the token (NULL: none).  With a token the queued reader's fresh
+ * connection authenticates first: the AUTH the node never answers is bounded
+ * by the same deadline. */
+static void test_queued_reader_bounded(void **state)
 {
+    const char *token = *state;
     stalled s;
     stalled_start(&s);
     moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
@@ -157,20 +162,6 @@ static void queued_reader_bounded(const char *token)
     stalled_stop(&s);
 }
 
-static void test_queued_read_on_pooled_connection(void **state)
-{
-    (void)state;
-    queued_reader_bounded(NULL);
-}
-
-/* With a token the queued reader's fresh connection authenticates first: the
- * AUTH the node never answers is bounded by the same deadline. */
-static void test_queued_read_opening_connection(void **state)
-{
-    (void)state;
-    queued_reader_bounded("fallover-token");
-}
-
 /* Several readers at once, more than the pooled connections: every one gives
  * up within one timeout (plus scheduling slack) of its start. */
 static void test_many_readers_bounded(void **state)
@@ -202,8 +193,9 @@ int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_queued_read_on_pooled_connection),
-        cmocka_unit_test(test_queued_read_opening_connection),
+        MOONLET_TEST_CASE(test_queued_read_on_pooled_connection, test_queued_reader_bounded, NULL),
+        MOONLET_TEST_CASE(test_queued_read_opening_connection, test_queued_reader_bounded,
+                          "fallover-token"),
         cmocka_unit_test(test_many_readers_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
