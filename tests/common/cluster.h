@@ -299,6 +299,12 @@ static inline void cl_assert_batch(int rc, const int32_t *got, const int32_t *wa
     cl_assert_codes(got, want, n);
 }
 
+/* cl_assert_batch with the wanted codes listed after got: their count is the
+ * list's, so it cannot disagree with it. */
+#define CL_ASSERT_BATCH(rc, got, ...)                                                              \
+    cl_assert_batch(rc, got, (const int32_t[]){__VA_ARGS__},                                       \
+                    sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t))
+
 /* get_alloc and get_size of key (in tenant) agree with want[0, size). */
 static inline void cl_assert_alloc_and_size(moonlet_client *c, const char *key, const char *tenant,
                                             const void *want, size_t size)
