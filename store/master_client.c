@@ -1022,6 +1022,18 @@ int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const 
     return mc_call(mc, MOONLET_M_INSPECT_KEY, &a, 0, decode_json, out);
 }
 
+double moonlet_mc_inspect_number(moonlet_master_client *mc, const char *tenant, const char *key,
+                                 const char *field)
+{
+    cJSON *j = NULL;
+    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
+        return -1;
+    const cJSON *f = cJSON_GetObjectItem(j, field);
+    double v = cJSON_IsNumber(f) ? f->valuedouble : -1;
+    cJSON_Delete(j);
+    return v;
+}
+
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out)
 {
     moonlet_args_none a = {0};

@@ -161,6 +161,11 @@ int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const ch
                          const char *cursor, uint32_t limit, struct cJSON **out);
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out);
+/* One numeric field of a key's inspection ("lease_remaining_ms",
+ * "replica_count", ...; InspectKey grants no lease); -1 when the key cannot
+ * be inspected or the field is not a number. */
+double moonlet_mc_inspect_number(moonlet_master_client *mc, const char *tenant, const char *key,
+                                 const char *field);
 int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
 /* Hello to exactly the master at addr (one HOST:PORT; no following, a
  * standby answers too): *out = {role, serving, epoch, terms, leader,

@@ -52,13 +52,7 @@ static void show(const char *title, const int32_t *r)
 /* Lease time left on a key, or -1 when it cannot be inspected. */
 static double lease_left(moonlet_master_client *mc, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(mc, TENANT, key, &j) != 0)
-        return -1;
-    const cJSON *f = cJSON_GetObjectItem(j, "lease_remaining_ms");
-    double ms = cJSON_IsNumber(f) ? f->valuedouble : -1;
-    cJSON_Delete(j);
-    return ms;
+    return moonlet_mc_inspect_number(mc, TENANT, key, "lease_remaining_ms");
 }
 
 static void show_leases(moonlet_master_client *mc)

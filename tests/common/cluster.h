@@ -129,25 +129,14 @@ static inline int cl_wait_pings(moonlet_master_client *mc, const char *endpoint,
 /* replica_count of a key as the inspection RPC reports it; -1 when absent. */
 static inline int cl_replicas(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
-        return -1;
-    int n = (int)cJSON_GetObjectItem(j, "replica_count")->valuedouble;
-    cJSON_Delete(j);
-    return n;
+    return (int)moonlet_mc_inspect_number(mc, tenant, key, "replica_count");
 }
 
 /* lease_remaining_ms of a key as the inspection RPC reports it (it grants
  * no lease itself); -1 when absent. */
 static inline double cl_lease_ms(moonlet_master_client *mc, const char *tenant, const char *key)
 {
-    cJSON *j = NULL;
-    if (moonlet_mc_inspect_key(mc, tenant, key, &j) != 0)
-        return -1;
-    const cJSON *f = cJSON_GetObjectItem(j, "lease_remaining_ms");
-    double v = cJSON_IsNumber(f) ? f->valuedouble : -1;
-    cJSON_Delete(j);
-    return v;
+    return moonlet_mc_inspect_number(mc, tenant, key, "lease_remaining_ms");
 }
 
 /* Writes `token` and a newline to a new file made from the mkstemp()
@@ -221,6 +210,38 @@ static inline int cl_client_create(const char *master_addr, uint32_t transfer_ti
     return moonlet_client_create(&cfg, out) ? -1 : 0;
 }
 
+/* The fixture of a test file that runs against one small cluster: a master
+ * (with extra flags), a store node unless store_size is NULL (the test then
+ * brings its own), a MasterClient and a TCP client of the master (transfer
+ * timeout transfer_timeout_ms, 0: the default). */
+typedef struct cl_cluster {
+    test_proc master, store;
+    moonlet_master_client *mc;
+    moonlet_client *cli;
+} cl_cluster;
+
+/* Starts the zeroed c; -1 when a part does not start (cl_cluster_stop stops
+ * the parts that did). */
+static inline int cl_cluster_start(cl_cluster *c, const char *const *master_flags,
+                                   const char *store_size, uint32_t transfer_timeout_ms)
+{
+    if (cl_start_master(&c->master, master_flags))
+        return -1;
+    if (store_size && cl_start_store(&c->store, c->master.addr, store_size, NULL))
+        return -1;
+    if (moonlet_mc_create(c->master.addr, NULL, &c->mc))
+        return -1;
+    return cl_client_create(c->master.addr, transfer_timeout_ms, &c->cli);
+}
+
+static inline void cl_cluster_stop(cl_cluster *c)
+{
+    moonlet_client_destroy(c->cli);
+    moonlet_mc_destroy(c->mc);
+    proc_stop(&c->store); /* -1, nothing to stop, without a store */
+    proc_stop(&c->master);
+}
+
 /* An in-process store node's configuration: the defaults, the master at
  * master_addr, a TCP segment of segment_size, memory not locked (tests run
  * without CAP_IPC_LOCK). */
@@ -277,6 +298,12 @@ static inline void cl_assert_batch(int rc, const int32_t *got, const int32_t *wa
     assert_int_equal(rc, first);
     cl_assert_codes(got, want, n);
 }
+
+/* cl_assert_batch with the wanted codes listed after got: their count is the
+ * list's, so it cannot disagree with it. */
+#define CL_ASSERT_BATCH(rc, got, ...)                                                              \
+    cl_assert_batch(rc, got, (const int32_t[]){__VA_ARGS__},                                       \
+                    sizeof((const int32_t[]){__VA_ARGS__}) / sizeof(int32_t))
 
 /* get_alloc and get_size of key (in tenant) agree with want[0, size). */
 static inline void cl_assert_alloc_and_size(moonlet_client *c, const char *key, const char *tenant,

@@ -10,6 +10,7 @@
 
 #include "bytesize.h"
 #include "moonlet/error.h"
+#include "test_main.h"
 
 static void test_parse_accepts(void **state)
 {
@@ -55,12 +56,7 @@ static void test_format(void **state)
     assert_string_equal(moonlet_bytesize_format(0, b, sizeof(b)), "0 B");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_accepts),
-        cmocka_unit_test(test_parse_refuses),
-        cmocka_unit_test(test_format),
-    };
-    return cmocka_run_group_tests_name("bytesize", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("bytesize", NULL, NULL,
+                  cmocka_unit_test(test_parse_accepts),
+                  cmocka_unit_test(test_parse_refuses),
+                  cmocka_unit_test(test_format))

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "grow.h"
+#include "test_main.h"
 
 static void test_doubles_when_full(void **state)
 {
@@ -55,12 +56,7 @@ static void test_capacity_overflow_fails(void **state)
     free(a);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_doubles_when_full),
-        cmocka_unit_test(test_room_left_is_the_same_array),
-        cmocka_unit_test(test_capacity_overflow_fails),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("grow", NULL, NULL,
+                  cmocka_unit_test(test_doubles_when_full),
+                  cmocka_unit_test(test_room_left_is_the_same_array),
+                  cmocka_unit_test(test_capacity_overflow_fails))

@@ -13,6 +13,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "test_main.h"
 
 static FILE *g_cap;
 static int g_saved = -1;
@@ -102,12 +103,7 @@ static void test_limit_off(void **state)
     moonlet_log_set_rate_limit(MOONLET_LOG_BURST, MOONLET_LOG_INTERVAL_MS);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_burst_is_cut),
-        cmocka_unit_test(test_other_sites_unaffected),
-        cmocka_unit_test(test_limit_off),
-    };
-    return cmocka_run_group_tests_name("common_log", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("common_log", NULL, NULL,
+                  cmocka_unit_test(test_burst_is_cut),
+                  cmocka_unit_test(test_other_sites_unaffected),
+                  cmocka_unit_test(test_limit_off))

@@ -14,6 +14,7 @@
 
 #include "monotime.h"
 #include "sync.h"
+#include "test_main.h"
 
 static void test_units_agree(void **state)
 {
@@ -63,11 +64,6 @@ static void test_deadline_ts(void **state)
     pthread_cond_destroy(&cv);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_units_agree),
-        cmocka_unit_test(test_deadline_ts),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("monotime", NULL, NULL,
+                  cmocka_unit_test(test_units_agree),
+                  cmocka_unit_test(test_deadline_ts))

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "sync.h"
+#include "test_main.h"
 
 static void test_locked_reads(void **state)
 {
@@ -26,10 +27,5 @@ static void test_locked_reads(void **state)
     pthread_mutex_unlock(&mu);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_locked_reads),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("sync", NULL, NULL,
+                  cmocka_unit_test(test_locked_reads))

@@ -8,6 +8,7 @@
 #include "lease.h"
 #include "moonlet/error.h"
 #include "probe_policy.h"
+#include "../common/test_main.h"
 
 static moonlet_grant_lease_policy pol(uint8_t mode, uint64_t cs)
 {
@@ -100,13 +101,8 @@ static void test_lease_rules(void **state)
     assert_true(moonlet_clock_now_ns() > 50);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_validate),
-        cmocka_unit_test(test_walk_order),
-        cmocka_unit_test(test_mask),
-        cmocka_unit_test(test_lease_rules),
-    };
-    return cmocka_run_group_tests_name("lease_probe_policy", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("lease_probe_policy", NULL, NULL,
+                  cmocka_unit_test(test_validate),
+                  cmocka_unit_test(test_walk_order),
+                  cmocka_unit_test(test_mask),
+                  cmocka_unit_test(test_lease_rules))

@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "moonlet/error.h"
+#include "../common/test_main.h"
 
 static void test_exhaustion(void **state)
 {
@@ -107,13 +108,8 @@ static void test_random_churn(void **state)
     moonlet_alloc_destroy(a);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_exhaustion),
-        cmocka_unit_test(test_fragmentation_and_coalescing),
-        cmocka_unit_test(test_double_free_and_bounds),
-        cmocka_unit_test(test_random_churn),
-    };
-    return cmocka_run_group_tests_name("master_alloc", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_alloc", NULL, NULL,
+                  cmocka_unit_test(test_exhaustion),
+                  cmocka_unit_test(test_fragmentation_and_coalescing),
+                  cmocka_unit_test(test_double_free_and_bounds),
+                  cmocka_unit_test(test_random_churn))

@@ -1,6 +1,7 @@
 /* Tests of master/evict.c: leased objects survive, earliest deadline first,
  * soft pins only in the second round, watermark and allocation-driven passes. */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -165,14 +166,9 @@ static void test_watermark_and_put_pressure(void **state)
     moonlet_master_destroy(m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_leased_survive),
-        FIX_TEST(test_earliest_deadline_first),
-        FIX_TEST(test_soft_pin_second_round),
-        cmocka_unit_test(test_watermark_and_put_pressure),
-        cmocka_unit_test(test_no_eviction_for_missing_segments),
-    };
-    return cmocka_run_group_tests_name("master_evict", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_evict", NULL, NULL,
+                  cmocka_unit_test(test_leased_survive),
+                  FIX_TEST(test_earliest_deadline_first),
+                  FIX_TEST(test_soft_pin_second_round),
+                  cmocka_unit_test(test_watermark_and_put_pressure),
+                  cmocka_unit_test(test_no_eviction_for_missing_segments))

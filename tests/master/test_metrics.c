@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "../common/test_main.h"
 
 static bool has_line(const char *text, const char *line)
 {
@@ -268,14 +269,9 @@ static void test_http_token(void **state)
     moonlet_master_destroy(m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render),
-        cmocka_unit_test(test_render_role),
-        cmocka_unit_test(test_render_repl),
-        cmocka_unit_test(test_http_server),
-        cmocka_unit_test(test_http_token),
-    };
-    return cmocka_run_group_tests_name("metrics", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("metrics", NULL, NULL,
+                  cmocka_unit_test(test_render),
+                  cmocka_unit_test(test_render_role),
+                  cmocka_unit_test(test_render_repl),
+                  cmocka_unit_test(test_http_server),
+                  cmocka_unit_test(test_http_token))

@@ -7,6 +7,7 @@
 #include "writecap.h"
 
 #include <stdlib.h>
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -469,21 +470,16 @@ static void test_list_keys_paging(void **state)
     moonlet_master_destroy(m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_lifecycle),
-        FIX_TEST(test_force_remove),
-        cmocka_unit_test(test_quarantine),
-        cmocka_unit_test(test_write_capabilities),
-        FIX_TEST(test_bad_input),
-        cmocka_unit_test(test_lease_deadlines),
-        cmocka_unit_test(test_batch_exist),
-        FIX_TEST(test_tenant_isolation),
-        FIX_TEST(test_unmount_removes_objects),
-        FIX_TEST(test_liveness),
-        FIX_TEST(test_put_timeout),
-        cmocka_unit_test(test_list_keys_paging),
-    };
-    return cmocka_run_group_tests_name("master_object", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_object", NULL, NULL,
+                  FIX_TEST(test_lifecycle),
+                  FIX_TEST(test_force_remove),
+                  cmocka_unit_test(test_quarantine),
+                  cmocka_unit_test(test_write_capabilities),
+                  FIX_TEST(test_bad_input),
+                  cmocka_unit_test(test_lease_deadlines),
+                  cmocka_unit_test(test_batch_exist),
+                  FIX_TEST(test_tenant_isolation),
+                  FIX_TEST(test_unmount_removes_objects),
+                  FIX_TEST(test_liveness),
+                  FIX_TEST(test_put_timeout),
+                  cmocka_unit_test(test_list_keys_paging))

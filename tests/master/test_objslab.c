@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "objslab.h"
+#include "../common/test_main.h"
 
 #define CHUNK (2u << 20)
 #define N 200000
@@ -54,10 +55,5 @@ static void test_mass_free_returns_memory(void **state)
     moonlet_objslab_destroy(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mass_free_returns_memory),
-    };
-    return cmocka_run_group_tests_name("master_objslab", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_objslab", NULL, NULL,
+                  cmocka_unit_test(test_mass_free_returns_memory))

@@ -3,6 +3,7 @@
  * that neither eviction path takes, per-object soft-pin TTLs, and the old
  * PutStart without options. */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -259,15 +260,10 @@ static void test_old_put_start(void **state)
     assert_int_equal(st.hard_pinned, 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_preferred_present),
-        FIX_TEST(test_preferred_absent_or_full),
-        FIX_TEST(test_hard_pin_never_evicted),
-        FIX_TEST(test_hard_pin_cap),
-        FIX_TEST(test_soft_pin_ttl),
-        FIX_TEST(test_old_put_start),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("placement", NULL, NULL,
+                  FIX_TEST(test_preferred_present),
+                  FIX_TEST(test_preferred_absent_or_full),
+                  FIX_TEST(test_hard_pin_never_evicted),
+                  FIX_TEST(test_hard_pin_cap),
+                  FIX_TEST(test_soft_pin_ttl),
+                  FIX_TEST(test_old_put_start))

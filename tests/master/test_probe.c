@@ -4,6 +4,7 @@
  * deadlines can be compared exactly before and after each call.
  */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -305,19 +306,14 @@ static void test_many_shards_large_candidates(void **state)
     assert_int_equal(st.leases_probe, RANKS);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_worked_example),
-        FIX_TEST(test_none_leaves_leases),
-        FIX_TEST(test_selected_only_and_all_false),
-        FIX_TEST(test_sparse_and_sizes),
-        FIX_TEST(test_invalid_policies),
-        FIX_TEST(test_duplicates),
-        FIX_TEST(test_errors_stay_errors),
-        FIX_TEST(test_tenants),
-        cmocka_unit_test(test_eviction_between_phases),
-        FIX_TEST(test_many_shards_large_candidates),
-    };
-    return cmocka_run_group_tests_name("master_probe", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_probe", NULL, NULL,
+                  FIX_TEST(test_worked_example),
+                  FIX_TEST(test_none_leaves_leases),
+                  FIX_TEST(test_selected_only_and_all_false),
+                  FIX_TEST(test_sparse_and_sizes),
+                  FIX_TEST(test_invalid_policies),
+                  FIX_TEST(test_duplicates),
+                  FIX_TEST(test_errors_stay_errors),
+                  FIX_TEST(test_tenants),
+                  cmocka_unit_test(test_eviction_between_phases),
+                  FIX_TEST(test_many_shards_large_candidates))

@@ -6,6 +6,7 @@
  * and the KV keys below its boundary, and the mask names that candidate.
  */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -461,21 +462,16 @@ static void test_many_shards(void **state)
     assert_int_equal(st.leases_resume_kda, RANKS);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_worked_example),
-        FIX_TEST(test_quickstart_example),
-        FIX_TEST(test_kv_boundary_restricts),
-        FIX_TEST(test_no_candidate_leases_nothing),
-        FIX_TEST(test_sizes_and_gaps),
-        FIX_TEST(test_invalid_requests),
-        FIX_TEST(test_duplicates),
-        FIX_TEST(test_tenants),
-        cmocka_unit_test(test_kda_member_evicted_between_phases),
-        cmocka_unit_test(test_kv_key_evicted_between_phases),
-        cmocka_unit_test(test_evicted_after_the_scan),
-        FIX_TEST(test_many_shards),
-    };
-    return cmocka_run_group_tests_name("master_probe_resume", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_probe_resume", NULL, NULL,
+                  FIX_TEST(test_worked_example),
+                  FIX_TEST(test_quickstart_example),
+                  FIX_TEST(test_kv_boundary_restricts),
+                  FIX_TEST(test_no_candidate_leases_nothing),
+                  FIX_TEST(test_sizes_and_gaps),
+                  FIX_TEST(test_invalid_requests),
+                  FIX_TEST(test_duplicates),
+                  FIX_TEST(test_tenants),
+                  cmocka_unit_test(test_kda_member_evicted_between_phases),
+                  cmocka_unit_test(test_kv_key_evicted_between_phases),
+                  cmocka_unit_test(test_evicted_after_the_scan),
+                  FIX_TEST(test_many_shards))

@@ -15,6 +15,7 @@
 #include "../common/stress_fixture.h"
 
 #include <sched.h>
+#include "../common/test_main.h"
 
 #define PROBERS 3
 #define CHURNERS 2
@@ -145,10 +146,5 @@ static void test_probe_resume_under_churn(void **state)
     moonlet_master_destroy(g_m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probe_resume_under_churn),
-    };
-    return cmocka_run_group_tests_name("master_probe_resume_stress", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_probe_resume_stress", NULL, NULL,
+                  cmocka_unit_test(test_probe_resume_under_churn))

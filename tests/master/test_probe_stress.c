@@ -12,6 +12,7 @@
 #include "../common/stress_fixture.h"
 
 #include <time.h>
+#include "../common/test_main.h"
 
 #define PROBERS 3
 #define CHURNERS 2
@@ -115,10 +116,5 @@ static void test_probe_under_churn(void **state)
     moonlet_master_destroy(g_m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_probe_under_churn),
-    };
-    return cmocka_run_group_tests_name("master_probe_stress", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_probe_stress", NULL, NULL,
+                  cmocka_unit_test(test_probe_under_churn))

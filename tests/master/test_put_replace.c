@@ -9,6 +9,7 @@
 #include "../common/master_fixture.h"
 #include "alloc.h"
 #include "writecap.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -315,16 +316,11 @@ static void test_replacement_capability(void **state)
     assert_int_equal(got.ttl[0], 800);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_replacement_excludes),
-        FIX_TEST(test_old_range_quarantined),
-        cmocka_unit_test_setup_teardown(test_replacement_bound, setup_long, fix_teardown),
-        FIX_TEST(test_refusals),
-        cmocka_unit_test_setup_teardown(test_stripped_replica_refilled, setup_long,
-                                        fix_teardown),
-        FIX_TEST(test_replacement_capability),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("put_replace", NULL, NULL,
+                  FIX_TEST(test_replacement_excludes),
+                  FIX_TEST(test_old_range_quarantined),
+                  cmocka_unit_test_setup_teardown(test_replacement_bound, setup_long, fix_teardown),
+                  FIX_TEST(test_refusals),
+                  cmocka_unit_test_setup_teardown(test_stripped_replica_refilled, setup_long,
+                  fix_teardown),
+                  FIX_TEST(test_replacement_capability))

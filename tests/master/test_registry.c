@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 #define SEG_BYTES (1u << 20)
@@ -441,19 +442,14 @@ static void test_list_segments_pages_under_churn(void **state)
     assert_true(atomic_load(&ch.rounds) > 0);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_more_than_4096_segments),
-        FIX_TEST(test_churn_many_ids),
-        FIX_TEST(test_session_closed_many),
-        cmocka_unit_test(test_liveness_unmounts_only_dead),
-        cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
-        FIX_TEST(test_liveness_held_after_promotion),
-        FIX_TEST(test_placement_most_full),
-        FIX_TEST(test_many_tenants),
-        FIX_TEST(test_list_segments_pages),
-        FIX_TEST(test_list_segments_pages_under_churn),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("registry", NULL, NULL,
+                  FIX_TEST(test_more_than_4096_segments),
+                  FIX_TEST(test_churn_many_ids),
+                  FIX_TEST(test_session_closed_many),
+                  cmocka_unit_test(test_liveness_unmounts_only_dead),
+                  cmocka_unit_test(test_liveness_unmount_spread_over_ticks),
+                  FIX_TEST(test_liveness_held_after_promotion),
+                  FIX_TEST(test_placement_most_full),
+                  FIX_TEST(test_many_tenants),
+                  FIX_TEST(test_list_segments_pages),
+                  FIX_TEST(test_list_segments_pages_under_churn))

@@ -5,6 +5,7 @@
  * quarantine, failed and timed-out jobs are retried with backoff and given
  * up after repair_max_attempts, and a drained segment's objects move. */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 
@@ -738,23 +739,18 @@ static void test_standby_told_of_drain_swap(void **state)
     end_test(m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_drop_queues_and_repairs),
-        cmocka_unit_test(test_concurrency_limit),
-        cmocka_unit_test(test_leased_first),
-        cmocka_unit_test(test_bandwidth_limit),
-        cmocka_unit_test(test_removal_mid_repair),
-        cmocka_unit_test(test_reput_mid_repair),
-        cmocka_unit_test(test_removed_before_fetch),
-        cmocka_unit_test(test_failures_bounded),
-        cmocka_unit_test(test_no_other_host),
-        cmocka_unit_test(test_target_unmounted),
-        cmocka_unit_test(test_drain),
-        cmocka_unit_test(test_undrain),
-        cmocka_unit_test(test_standby_holds_target),
-        cmocka_unit_test(test_standby_told_of_drain_swap),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("repair", NULL, NULL,
+                  cmocka_unit_test(test_drop_queues_and_repairs),
+                  cmocka_unit_test(test_concurrency_limit),
+                  cmocka_unit_test(test_leased_first),
+                  cmocka_unit_test(test_bandwidth_limit),
+                  cmocka_unit_test(test_removal_mid_repair),
+                  cmocka_unit_test(test_reput_mid_repair),
+                  cmocka_unit_test(test_removed_before_fetch),
+                  cmocka_unit_test(test_failures_bounded),
+                  cmocka_unit_test(test_no_other_host),
+                  cmocka_unit_test(test_target_unmounted),
+                  cmocka_unit_test(test_drain),
+                  cmocka_unit_test(test_undrain),
+                  cmocka_unit_test(test_standby_holds_target),
+                  cmocka_unit_test(test_standby_told_of_drain_swap))

@@ -12,6 +12,7 @@
 
 #include "moonlet/error.h"
 #include "role.h"
+#include "../common/test_main.h"
 
 static void test_single_serves(void **state)
 {
@@ -71,11 +72,6 @@ static void test_window(void **state)
     moonlet_role_destroy(r);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_single_serves),
-        cmocka_unit_test(test_window),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("role", NULL, NULL,
+                  cmocka_unit_test(test_single_serves),
+                  cmocka_unit_test(test_window))

@@ -2,6 +2,7 @@
  * calls leave behind, puts that can never fit, and eviction for contiguous
  * space instead of a share of the objects. */
 #include "../common/master_fixture.h"
+#include "../common/test_main.h"
 
 #define MS MOONLET_NS_PER_MS
 #define KiB (UINT64_C(1) << 10)
@@ -244,17 +245,12 @@ static void test_client_identity(void **state)
                      MOONLET_OK);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        FIX_TEST(test_segment_size_bound),
-        FIX_TEST(test_failed_puts_create_no_tenant),
-        cmocka_unit_test(test_tenant_bound_and_expiry),
-        FIX_TEST(test_never_fits_refused),
-        FIX_TEST(test_evicts_for_contiguous_space),
-        cmocka_unit_test(test_no_eviction_when_no_run_can_fit),
-        FIX_TEST(test_pinned_only_when_needed),
-        FIX_TEST(test_client_identity),
-    };
-    return cmocka_run_group_tests_name("master_trust", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_trust", NULL, NULL,
+                  FIX_TEST(test_segment_size_bound),
+                  FIX_TEST(test_failed_puts_create_no_tenant),
+                  cmocka_unit_test(test_tenant_bound_and_expiry),
+                  FIX_TEST(test_never_fits_refused),
+                  FIX_TEST(test_evicts_for_contiguous_space),
+                  cmocka_unit_test(test_no_eviction_when_no_run_can_fit),
+                  FIX_TEST(test_pinned_only_when_needed),
+                  FIX_TEST(test_client_identity))

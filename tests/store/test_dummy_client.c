@@ -35,6 +35,8 @@
 #include "moonlet/real_client.h"
 #include "rpc_client.h"
 #include "wire.h"
+#include "../common/test_main.h"
+#include "../common/threads.h"
 
 #define MiB (1024u * 1024u)
 
@@ -653,16 +655,12 @@ static void *par_main(void *arg)
 static void test_parallel_calls(void **state)
 {
     (void)state;
-    pthread_t th[6];
     par_arg a[6];
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 6; i++)
         a[i] = (par_arg){.id = i, .failures = 0};
-        assert_int_equal(pthread_create(&th[i], NULL, par_main, &a[i]), 0);
-    }
-    for (int i = 0; i < 6; i++) {
-        pthread_join(th[i], NULL);
+    test_threads_run(par_main, a, sizeof(a[0]), 6);
+    for (int i = 0; i < 6; i++)
         assert_int_equal(a[i].failures, 0);
-    }
     /* 6 threads over at most 4 connections (+ the staging of each) */
     int n = regions_mapped_by(g_real.pid, getpid());
     assert_true(n >= 1 && n <= 4);
@@ -1131,24 +1129,19 @@ static void test_real_client_killed(void **state)
     free(data);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_errors),
-        cmocka_unit_test(test_roundtrip_sizes),
-        cmocka_unit_test(test_errors_pass_through),
-        cmocka_unit_test(test_skip_checksum_forwarded),
-        cmocka_unit_test(test_k3_probe_policy),
-        cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_shared_and_registered),
-        cmocka_unit_test(test_shared_real_backend),
-        cmocka_unit_test(test_parallel_calls),
-        cmocka_unit_test(test_socket_mode),
-        cmocka_unit_test(test_real_client_api),
-        cmocka_unit_test(test_probe_resume_both_paths),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_dummy_dies),
-        cmocka_unit_test(test_real_client_killed), /* last: leaves a dead segment mounted */
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("dummy_client", setup, teardown,
+                  cmocka_unit_test(test_create_errors),
+                  cmocka_unit_test(test_roundtrip_sizes),
+                  cmocka_unit_test(test_errors_pass_through),
+                  cmocka_unit_test(test_skip_checksum_forwarded),
+                  cmocka_unit_test(test_k3_probe_policy),
+                  cmocka_unit_test(test_tenant_isolation),
+                  cmocka_unit_test(test_shared_and_registered),
+                  cmocka_unit_test(test_shared_real_backend),
+                  cmocka_unit_test(test_parallel_calls),
+                  cmocka_unit_test(test_socket_mode),
+                  cmocka_unit_test(test_real_client_api),
+                  cmocka_unit_test(test_probe_resume_both_paths),
+                  cmocka_unit_test(test_bad_input),
+                  cmocka_unit_test(test_dummy_dies),
+                  cmocka_unit_test(test_real_client_killed)) /* last: leaves a dead segment mounted */

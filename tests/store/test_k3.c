@@ -14,6 +14,7 @@
 
 #include "moonlet/error.h"
 #include "moonlet/k3.h"
+#include "../common/test_main.h"
 
 static const moonlet_k3_layout L2 = {.block_tokens = 128, .groups = 1, .ranks = 2, .components = 1};
 static const uint64_t CKPTS[] = {128, 256, 384};
@@ -239,17 +240,12 @@ static void test_common_resume_is_intersection(void **state)
     assert_int_equal(moonlet_k3_common_resume(holes, bad, 2, &out), MOONLET_ERR_INVALID_PARAMS);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layout_and_request_check),
-        cmocka_unit_test(test_kv_boundary),
-        cmocka_unit_test(test_candidates_cut_by_kv_boundary),
-        cmocka_unit_test(test_candidates_eagle_bound),
-        cmocka_unit_test(test_check_mask_accepts),
-        cmocka_unit_test(test_check_mask_rejects),
-        cmocka_unit_test(test_last_complete),
-        cmocka_unit_test(test_common_resume_is_intersection),
-    };
-    return cmocka_run_group_tests_name("k3", tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("k3", NULL, NULL,
+                  cmocka_unit_test(test_layout_and_request_check),
+                  cmocka_unit_test(test_kv_boundary),
+                  cmocka_unit_test(test_candidates_cut_by_kv_boundary),
+                  cmocka_unit_test(test_candidates_eagle_bound),
+                  cmocka_unit_test(test_check_mask_accepts),
+                  cmocka_unit_test(test_check_mask_rejects),
+                  cmocka_unit_test(test_last_complete),
+                  cmocka_unit_test(test_common_resume_is_intersection))

@@ -27,10 +27,9 @@
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "moonlet/k3.h"
+#include "../common/test_main.h"
 
-static test_proc g_master, g_store;
-static moonlet_master_client *g_mc;
-static moonlet_client *g_cli;
+static cl_cluster g_cl;
 
 static const uint64_t CKPTS[] = {128, 256, 384};
 /* A NULL-terminated list of keys. */
@@ -41,20 +40,13 @@ static const moonlet_k3_layout L2 = {.block_tokens = 128, .groups = 1, .ranks = 
 static int setup(void **state)
 {
     (void)state;
-    if (cl_start_master(&g_master, NULL) || cl_start_store(&g_store, g_master.addr, "16MiB", NULL))
-        return -1;
-    if (moonlet_mc_create(g_master.addr, NULL, &g_mc))
-        return -1;
-    return cl_client_create(g_master.addr, 0, &g_cli);
+    return cl_cluster_start(&g_cl, NULL, "16MiB", 0);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    moonlet_client_destroy(g_cli);
-    moonlet_mc_destroy(g_mc);
-    proc_stop(&g_store);
-    proc_stop(&g_master);
+    cl_cluster_stop(&g_cl);
     return 0;
 }
 
@@ -75,7 +67,7 @@ static void put(const char *tenant, const char *key)
 {
     static const char payload[256] = "k3";
     moonlet_put_options o = {.tenant = tenant};
-    int rc = moonlet_client_put(g_cli, key, payload, sizeof(payload), &o);
+    int rc = moonlet_client_put(g_cl.cli, key, payload, sizeof(payload), &o);
     if (rc)
         fail_msg("put %s/%s: %s", tenant, key, moonlet_strerror(rc));
 }
@@ -98,7 +90,7 @@ static void put_kv(const char *tenant, int blocks)
 
 static uint64_t lease_ms(const char *tenant, const char *key)
 {
-    double ms = cl_lease_ms(g_mc, tenant, key);
+    double ms = cl_lease_ms(g_cl.mc, tenant, key);
     if (ms < 0)
         fail_msg("inspect %s/%s", tenant, key);
     return (uint64_t)ms;
@@ -111,7 +103,7 @@ typedef struct counters {
 static counters stats(void)
 {
     cJSON *j = NULL;
-    if (moonlet_mc_stats(g_mc, &j))
+    if (moonlet_mc_stats(g_cl.mc, &j))
         fail_msg("stats");
     counters c = {cJSON_GetObjectItem(j, "leases_exist")->valuedouble,
                   cJSON_GetObjectItem(j, "leases_probe")->valuedouble,
@@ -155,7 +147,7 @@ static moonlet_k3_request request(const path *p, uint64_t prompt, uint64_t block
 static void lookup(const moonlet_k3_layout *l, const moonlet_k3_request *r, const char *tenant,
                    moonlet_k3_result *res)
 {
-    int rc = moonlet_k3_lookup(g_cli, l, r, key_fn, (void *)l, tenant, res);
+    int rc = moonlet_k3_lookup(g_cl.cli, l, r, key_fn, (void *)l, tenant, res);
     if (rc)
         fail_msg("lookup: %s", moonlet_strerror(rc));
 }
@@ -449,19 +441,19 @@ static void test_key_builder_errors(void **state)
     moonlet_k3_request r = request(&TWO_CALLS, 512, 4);
     moonlet_k3_result res;
     int mode = 0;
-    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+    assert_int_equal(moonlet_k3_lookup(g_cl.cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
                      MOONLET_ERR_INVALID_PARAMS);
     assert_null(res.keys);
     mode = 1; /* an empty key */
-    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+    assert_int_equal(moonlet_k3_lookup(g_cl.cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
                      MOONLET_ERR_INVALID_KEY);
     mode = 2; /* a key that did not fit */
-    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
+    assert_int_equal(moonlet_k3_lookup(g_cl.cli, &L2, &r, failing_key_fn, &mode, "k3-err", &res),
                      MOONLET_ERR_INVALID_KEY);
     assert_int_equal(res.rpcs, 0);
     assert_int_equal(moonlet_k3_lookup(NULL, &L2, &r, key_fn, (void *)&L2, NULL, &res),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_k3_lookup(g_cli, &L2, &r, NULL, NULL, NULL, &res),
+    assert_int_equal(moonlet_k3_lookup(g_cl.cli, &L2, &r, NULL, NULL, NULL, &res),
                      MOONLET_ERR_INVALID_PARAMS);
 }
 
@@ -515,21 +507,21 @@ static void test_probe_resume_errors(void **state)
     const uint64_t b[] = {1, 2}, over[] = {1, 3};
     moonlet_probe_resume_result pr;
     int32_t mask[4];
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 0, b, "e", &pr, mask),
+    assert_int_equal(moonlet_client_probe_resume(g_cl.cli, kv, 2, kda, 4, 0, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 3, b, "e", &pr, mask),
+    assert_int_equal(moonlet_client_probe_resume(g_cl.cli, kv, 2, kda, 4, 3, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, over, "e", &pr, mask),
+    assert_int_equal(moonlet_client_probe_resume(g_cl.cli, kv, 2, kda, 4, 2, over, "e", &pr, mask),
                      MOONLET_ERR_INVALID_PARAMS);
     const char *bad[] = {"kv/0", ""};
-    assert_int_equal(moonlet_client_probe_resume(g_cli, bad, 2, kda, 4, 2, b, "e", &pr, mask),
+    assert_int_equal(moonlet_client_probe_resume(g_cl.cli, bad, 2, kda, 4, 2, b, "e", &pr, mask),
                      MOONLET_ERR_INVALID_KEY);
-    assert_int_equal(moonlet_client_probe_resume(g_cli, kv, 2, kda, 4, 2, b, "e", &pr, mask), 0);
+    assert_int_equal(moonlet_client_probe_resume(g_cl.cli, kv, 2, kda, 4, 2, b, "e", &pr, mask), 0);
     assert_int_equal(pr.kv_prefix, 0);
     assert_int_equal(pr.selected, -1);
     /* boundary count mismatch: only reachable through the MasterClient */
     moonlet_mc_resume_out mo;
-    assert_int_equal(moonlet_mc_probe_resume(g_mc, "e", kv, 2, kda, 4, 2, b, 1, &mo, mask),
+    assert_int_equal(moonlet_mc_probe_resume(g_cl.mc, "e", kv, 2, kda, 4, 2, b, 1, &mo, mask),
                      MOONLET_ERR_INVALID_PARAMS);
 }
 
@@ -559,20 +551,15 @@ static void test_probe_resume_batch_cap(void **state)
     {#f " (two calls)", f, NULL, NULL, (void *)&TWO_CALLS},                                     \
         {#f " (one call)", f, NULL, NULL, (void *)&ONE_CALL}
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        ON_BOTH_PATHS(test_worked_example),
-        cmocka_unit_test(test_lease_all_mode),
-        ON_BOTH_PATHS(test_kv_boundary_cuts_candidates),
-        ON_BOTH_PATHS(test_eagle_final_token),
-        ON_BOTH_PATHS(test_no_kv_prefix),
-        ON_BOTH_PATHS(test_no_kda_candidate),
-        ON_BOTH_PATHS(test_key_order),
-        cmocka_unit_test(test_key_builder_errors),
-        cmocka_unit_test(test_older_master_two_calls),
-        cmocka_unit_test(test_probe_resume_errors),
-        cmocka_unit_test(test_probe_resume_batch_cap),
-    };
-    return cmocka_run_group_tests_name("k3_lookup", tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("k3_lookup", setup, teardown,
+                  ON_BOTH_PATHS(test_worked_example),
+                  cmocka_unit_test(test_lease_all_mode),
+                  ON_BOTH_PATHS(test_kv_boundary_cuts_candidates),
+                  ON_BOTH_PATHS(test_eagle_final_token),
+                  ON_BOTH_PATHS(test_no_kv_prefix),
+                  ON_BOTH_PATHS(test_no_kda_candidate),
+                  ON_BOTH_PATHS(test_key_order),
+                  cmocka_unit_test(test_key_builder_errors),
+                  cmocka_unit_test(test_older_master_two_calls),
+                  cmocka_unit_test(test_probe_resume_errors),
+                  cmocka_unit_test(test_probe_resume_batch_cap))

@@ -28,6 +28,7 @@
 #include "role.h"
 #include "rpc_client.h"
 #include "service.h"
+#include "../common/test_main.h"
 
 typedef struct node {
     moonlet_master *m;
@@ -203,13 +204,8 @@ static void test_single_master_unchanged(void **state)
     node_stop(&a);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_standby_answers_not_leader),
-        cmocka_unit_test(test_client_follows_failover_and_refuses_old_epochs),
-        cmocka_unit_test(test_window_end_fences_by_the_clock),
-        cmocka_unit_test(test_single_master_unchanged),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("master_ha", NULL, NULL,
+                  cmocka_unit_test(test_standby_answers_not_leader),
+                  cmocka_unit_test(test_client_follows_failover_and_refuses_old_epochs),
+                  cmocka_unit_test(test_window_end_fences_by_the_clock),
+                  cmocka_unit_test(test_single_master_unchanged))

@@ -25,6 +25,7 @@
 #include "moonlet/error.h"
 #include "rpc_client.h"
 #include "wire.h"
+#include "../common/test_main.h"
 
 static test_proc g_master;
 static moonlet_master_client *g_mc;
@@ -487,17 +488,12 @@ static void test_reconnect_with_backoff(void **state)
     moonlet_mc_destroy(mc);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lifecycle),
-        cmocka_unit_test(test_probe_through_rpc),
-        cmocka_unit_test(test_put_start_options),
-        cmocka_unit_test(test_concurrent_connections),
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_auth_token),
-        cmocka_unit_test(test_backoff_schedule),
-        cmocka_unit_test(test_reconnect_with_backoff),
-    };
-    return cmocka_run_group_tests_name("master_rpc", tests, start_master, stop_master);
-}
+MOONLET_TEST_MAIN("master_rpc", start_master, stop_master,
+                  cmocka_unit_test(test_lifecycle),
+                  cmocka_unit_test(test_probe_through_rpc),
+                  cmocka_unit_test(test_put_start_options),
+                  cmocka_unit_test(test_concurrent_connections),
+                  cmocka_unit_test(test_bad_arguments),
+                  cmocka_unit_test(test_auth_token),
+                  cmocka_unit_test(test_backoff_schedule),
+                  cmocka_unit_test(test_reconnect_with_backoff))

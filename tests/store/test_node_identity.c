@@ -18,6 +18,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "store_node.h"
+#include "../common/test_main.h"
 
 static test_proc g_master;
 
@@ -141,12 +142,7 @@ static void test_warns_without_token(void **state)
     assert_int_equal(warned, 1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_impostor_refused),
-        cmocka_unit_test(test_duplicate_client_id),
-        cmocka_unit_test(test_warns_without_token),
-    };
-    return cmocka_run_group_tests_name("node_identity", tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("node_identity", setup, teardown,
+                  cmocka_unit_test(test_impostor_refused),
+                  cmocka_unit_test(test_duplicate_client_id),
+                  cmocka_unit_test(test_warns_without_token))

@@ -25,6 +25,7 @@
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "moonlet/real_client.h"
+#include "../common/test_main.h"
 
 #define NSTORES 3
 #define OBJ_BYTES (256u << 10)
@@ -302,14 +303,9 @@ static void test_old_master_revokes(void **state)
                                                    .stat_want = 1});
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_put_on_killed_node, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_put_on_stalled_node, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_no_replacement_fails_cleanly, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_dummy_put_on_killed_node, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_old_master_revokes, setup_old_master, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("put_retry", NULL, NULL,
+                  cmocka_unit_test_setup_teardown(test_put_on_killed_node, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_put_on_stalled_node, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_no_replacement_fails_cleanly, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_dummy_put_on_killed_node, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_old_master_revokes, setup_old_master, teardown))

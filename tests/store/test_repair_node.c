@@ -20,10 +20,9 @@
 #include "moonlet/client.h"
 #include "moonlet/error.h"
 #include "store_node.h"
+#include "../common/test_main.h"
 
-static test_proc g_master;
-static moonlet_master_client *g_mc;
-static moonlet_client *g_cli;
+static cl_cluster g_cl;
 static const char *const g_master_flags[] = {"--client_live_ttl_sec", "2", NULL};
 
 struct node {
@@ -40,7 +39,7 @@ static void *node_main(void *arg)
 static void node_start(struct node *nd, const char *id)
 {
     moonlet_store_node_config cfg;
-    cl_node_config(&cfg, g_master.addr, 8u << 20);
+    cl_node_config(&cfg, g_cl.master.addr, 8u << 20);
     cfg.client_id = id;
     cfg.ping_interval_ms = 50;
     assert_int_equal(moonlet_store_node_create(&cfg, &nd->n), MOONLET_OK);
@@ -64,17 +63,13 @@ static void node_stop(struct node *nd)
 static int setup(void **state)
 {
     (void)state;
-    if (cl_start_master(&g_master, g_master_flags) || moonlet_mc_create(g_master.addr, NULL, &g_mc))
-        return -1;
-    return cl_client_create(g_master.addr, 3000, &g_cli);
+    return cl_cluster_start(&g_cl, g_master_flags, NULL, 3000);
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    moonlet_client_destroy(g_cli);
-    moonlet_mc_destroy(g_mc);
-    proc_stop(&g_master);
+    cl_cluster_stop(&g_cl);
     return 0;
 }
 
@@ -84,7 +79,7 @@ static void put_on(const char *key, const unsigned char *buf, size_t len, const 
     const char *pref[] = {a, b};
     moonlet_put_options po = {.replica_num = 2, .preferred_segments = pref,
                               .preferred_segments_count = 2};
-    assert_int_equal(moonlet_client_put(g_cli, key, buf, len, &po), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(g_cl.cli, key, buf, len, &po), MOONLET_OK);
 }
 
 /* The offset of key's COMPLETE replica at endpoint ep, or -1; *readable the
@@ -92,7 +87,7 @@ static void put_on(const char *key, const unsigned char *buf, size_t len, const 
 static long long replica_at(const char *key, const char *ep, int *readable)
 {
     cJSON *j = NULL;
-    assert_int_equal(moonlet_mc_inspect_key(g_mc, "", key, &j), MOONLET_OK);
+    assert_int_equal(moonlet_mc_inspect_key(g_cl.mc, "", key, &j), MOONLET_OK);
     *readable = (int)cJSON_GetObjectItem(j, "readable_replicas")->valuedouble;
     long long off = -1;
     const cJSON *r;
@@ -169,7 +164,7 @@ static void test_repair_copies_and_refuses_bad_bytes(void **state)
         long long roff = replica_at(key, moonlet_store_node_endpoint(r.n), &readable);
         assert_true(roff >= 0);
         assert_memory_equal(rbase + roff, good[i], g_good_sizes[i]);
-        cl_assert_get_equals(g_cli, key, NULL, good[i], g_good_sizes[i]);
+        cl_assert_get_equals(g_cl.cli, key, NULL, good[i], g_good_sizes[i]);
     }
     /* "bad": R refused the copy (checksum), twice by now (a retry after
      * the backoff); no replica of it on R, and no reader gets its bytes */
@@ -178,12 +173,12 @@ static void test_repair_copies_and_refuses_bad_bytes(void **state)
     assert_int_equal(readable, 1);
     unsigned char *got = malloc(200000);
     size_t len = 0;
-    assert_int_equal(moonlet_client_get(g_cli, "bad", got, 200000, NULL, &len),
+    assert_int_equal(moonlet_client_get(g_cl.cli, "bad", got, 200000, NULL, &len),
                      MOONLET_ERR_INVALID_READ);
     free(got);
 
     cJSON *st = NULL;
-    assert_int_equal(moonlet_mc_stats(g_mc, &st), MOONLET_OK);
+    assert_int_equal(moonlet_mc_stats(g_cl.mc, &st), MOONLET_OK);
     assert_true(cJSON_GetObjectItem(st, "repairs_done")->valuedouble >= NGOOD);
     assert_true(cJSON_GetObjectItem(st, "repairs_retried")->valuedouble >= 1);
     assert_true(cJSON_GetObjectItem(st, "repair_bytes")->valuedouble >= 1 + 4096 + 100000 +
@@ -200,10 +195,5 @@ static void test_repair_copies_and_refuses_bad_bytes(void **state)
     free(bad);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_repair_copies_and_refuses_bad_bytes),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("repair_node", setup, teardown,
+                  cmocka_unit_test(test_repair_copies_and_refuses_bad_bytes))

@@ -29,6 +29,7 @@
 #include "net.h"
 #include "store_node.h"
 #include "xfer.h"
+#include "../common/test_main.h"
 
 static test_proc g_master, g_a, g_b;
 static moonlet_master_client *g_mc;
@@ -517,18 +518,13 @@ static void test_master_restart(void **state)
     assert_reads_back("after-master-restart", g_data[3], g_sizes[3]);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_backoff),
-        cmocka_unit_test(test_bad_flags),
-        cmocka_unit_test(test_in_process_node),
-        cmocka_unit_test(test_advertise_in_process),
-        cmocka_unit_test(test_replicated_put_get),
-        cmocka_unit_test(test_store_killed),
-        cmocka_unit_test(test_sigterm_unmounts),
-        cmocka_unit_test(test_remount_after_declared_dead),
-        cmocka_unit_test(test_master_restart),
-    };
-    return cmocka_run_group_tests_name("store_node", tests, setup, teardown);
-}
+MOONLET_TEST_MAIN("store_node", setup, teardown,
+                  cmocka_unit_test(test_backoff),
+                  cmocka_unit_test(test_bad_flags),
+                  cmocka_unit_test(test_in_process_node),
+                  cmocka_unit_test(test_advertise_in_process),
+                  cmocka_unit_test(test_replicated_put_get),
+                  cmocka_unit_test(test_store_killed),
+                  cmocka_unit_test(test_sigterm_unmounts),
+                  cmocka_unit_test(test_remount_after_declared_dead),
+                  cmocka_unit_test(test_master_restart))

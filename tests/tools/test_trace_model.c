@@ -19,6 +19,7 @@
 
 #include "trace_load.h"
 #include "trace_model.h"
+#include "../common/test_main.h"
 
 /* Writes text to a fresh temporary file; its path goes to path (>= 32 bytes). */
 static void write_tmp(char *path, const char *text)
@@ -158,14 +159,9 @@ static void test_idset(void **state)
     free(s.slot);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_load_good),
-        cmocka_unit_test(test_load_bad),
-        cmocka_unit_test(test_layout_and_keys),
-        cmocka_unit_test(test_working_set_and_reference),
-        cmocka_unit_test(test_idset),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("trace_model", NULL, NULL,
+                  cmocka_unit_test(test_load_good),
+                  cmocka_unit_test(test_load_bad),
+                  cmocka_unit_test(test_layout_and_keys),
+                  cmocka_unit_test(test_working_set_and_reference),
+                  cmocka_unit_test(test_idset))

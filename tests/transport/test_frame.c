@@ -16,6 +16,7 @@
 #include "moonlet/error.h"
 #include "wire.h"
 #include "../common/wire_assert.h"
+#include "../common/test_main.h"
 
 #define INVALID MOONLET_ERR_INVALID_PARAMS
 
@@ -750,26 +751,21 @@ static void test_pack_helpers(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_header_encode_decode),
-        cmocka_unit_test(test_request_roundtrip),
-        cmocka_unit_test(test_request_decode_ref_zero_copy),
-        cmocka_unit_test(test_reply_roundtrip),
-        cmocka_unit_test(test_reply_code_any_int_encoding),
-        cmocka_unit_test(test_reply_code_patch),
-        cmocka_unit_test(test_reply_epoch),
-        cmocka_unit_test(test_request_malformed),
-        cmocka_unit_test(test_deep_nesting),
-        cmocka_unit_test(test_reply_malformed),
-        cmocka_unit_test(test_body_check),
-        cmocka_unit_test(test_builder_overflow_drops_frame),
-        cmocka_unit_test(test_builder_misuse),
-        cmocka_unit_test(test_builder_pipelined),
-        cmocka_unit_test(test_wire_getters),
-        cmocka_unit_test(test_wire_empty_strings),
-        cmocka_unit_test(test_pack_helpers),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("frame", NULL, NULL,
+                  cmocka_unit_test(test_header_encode_decode),
+                  cmocka_unit_test(test_request_roundtrip),
+                  cmocka_unit_test(test_request_decode_ref_zero_copy),
+                  cmocka_unit_test(test_reply_roundtrip),
+                  cmocka_unit_test(test_reply_code_any_int_encoding),
+                  cmocka_unit_test(test_reply_code_patch),
+                  cmocka_unit_test(test_reply_epoch),
+                  cmocka_unit_test(test_request_malformed),
+                  cmocka_unit_test(test_deep_nesting),
+                  cmocka_unit_test(test_reply_malformed),
+                  cmocka_unit_test(test_body_check),
+                  cmocka_unit_test(test_builder_overflow_drops_frame),
+                  cmocka_unit_test(test_builder_misuse),
+                  cmocka_unit_test(test_builder_pipelined),
+                  cmocka_unit_test(test_wire_getters),
+                  cmocka_unit_test(test_wire_empty_strings),
+                  cmocka_unit_test(test_pack_helpers))

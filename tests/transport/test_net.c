@@ -22,6 +22,7 @@
 #include "monotime.h"
 #include "net.h"
 #include "token.h"
+#include "../common/test_main.h"
 
 static void test_split_accepts(void **state)
 {
@@ -185,17 +186,12 @@ static void test_token_equal(void **state)
     assert_false(moonlet_token_equal(a, 4, b, 4));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_split_accepts),
-        cmocka_unit_test(test_split_refuses),
-        cmocka_unit_test(test_listen_connect_loopback),
-        cmocka_unit_test(test_bad_addresses),
-        cmocka_unit_test(test_connect_refused),
-        cmocka_unit_test(test_connect_deadline_no_answer),
-        cmocka_unit_test(test_ipv6_loopback),
-        cmocka_unit_test(test_token_equal),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+MOONLET_TEST_MAIN("net", NULL, NULL,
+                  cmocka_unit_test(test_split_accepts),
+                  cmocka_unit_test(test_split_refuses),
+                  cmocka_unit_test(test_listen_connect_loopback),
+                  cmocka_unit_test(test_bad_addresses),
+                  cmocka_unit_test(test_connect_refused),
+                  cmocka_unit_test(test_connect_deadline_no_answer),
+                  cmocka_unit_test(test_ipv6_loopback),
+                  cmocka_unit_test(test_token_equal))

@@ -36,6 +36,7 @@
 #include "wire.h"
 #include "../common/capture.h"
 #include "../common/wire_assert.h"
+#include "../common/threads.h"
 #include "monotime.h"
 
 #define M_ADD 100
@@ -214,6 +215,14 @@ static bool wait_conns(const moonlet_rpc_server *s, size_t n)
     return false;
 }
 
+/* The test has closed every connection it opened: the server sees them all
+ * gone (bounded wait), then is destroyed. */
+static void stop_when_idle(moonlet_rpc_server *s)
+{
+    assert_true(wait_conns(s, 0));
+    moonlet_rpc_server_destroy(s);
+}
+
 static bool wait_int(atomic_int *v, int want)
 {
     for (int i = 0; i < 400; i++) {
@@ -332,6 +341,16 @@ static void raw_expect_eof(int fd)
 {
     char b;
     assert_int_equal(raw_read(fd, &b, 1), 0);
+}
+
+/* The server closes fd (a deadline ran out), not sooner than min_ms from
+ * now; fd is closed on this side too. */
+static void raw_expect_closed_after(int fd, int64_t min_ms)
+{
+    int64_t t0 = now_ms();
+    raw_expect_eof(fd);
+    assert_true(now_ms() - t0 >= min_ms);
+    close(fd);
 }
 
 /* Packs a body with a throwaway builder and sends it as one frame. */
@@ -501,17 +520,14 @@ static void *caller_main(void *arg)
  * get every answer right.  Returns their contended waits, summed. */
 static uint64_t run_callers(moonlet_rpc_server *s, int n, int calls, bool burn)
 {
-    pthread_t th[8];
     caller w[8];
     assert_true(n <= 8);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         w[i] = (caller){.port = moonlet_rpc_server_port(s), .index = i + 1, .burn = burn,
                         .calls = calls};
-        assert_int_equal(pthread_create(&th[i], NULL, caller_main, &w[i]), 0);
-    }
+    test_threads_run(caller_main, w, sizeof(w[0]), n);
     uint64_t contended = 0;
     for (int i = 0; i < n; i++) {
-        pthread_join(th[i], NULL);
         assert_int_equal(w[i].ok, calls);
         contended += w[i].contended;
     }
@@ -630,8 +646,7 @@ static void test_malformed_input(void **state)
     close(fd);
 
     assert_serving(s);
-    assert_true(wait_conns(s, 0));
-    moonlet_rpc_server_destroy(s);
+    stop_when_idle(s);
 }
 
 static void test_conn_data_and_on_close(void **state)
@@ -1135,8 +1150,7 @@ static void test_pre_auth_frame_limit(void **state)
     assert_int_equal(rep.code, 0);
     moonlet_reply_destroy(&rep);
     moonlet_rpc_client_close(c);
-    assert_true(wait_conns(s, 0));
-    moonlet_rpc_server_destroy(s);
+    stop_when_idle(s);
 }
 
 /* Deadlines: authentication, a frame begun, an idle connection.  Each test
@@ -1149,10 +1163,7 @@ static void test_deadlines(void **state)
     o.auth_timeout_ms = 300;
     moonlet_rpc_server *s = start_opts(&o);
     int fd = raw_connect(moonlet_rpc_server_port(s)); /* never authenticates */
-    int64_t t0 = now_ms();
-    raw_expect_eof(fd);
-    assert_true(now_ms() - t0 >= 250);
-    close(fd);
+    raw_expect_closed_after(fd, 250);
     moonlet_rpc_client *c = connect_ok(s, TOKEN, 2000); /* an authenticated one stays */
     poll(NULL, 0, 600);
     assert_int_equal(call_add(c, 1, 2), 3);
@@ -1164,10 +1175,7 @@ static void test_deadlines(void **state)
     s = start_opts(&o);
     fd = raw_connect(moonlet_rpc_server_port(s)); /* a frame that never completes */
     raw_send(fd, "\0\0\0\x64\x93\x05", 6);
-    t0 = now_ms();
-    raw_expect_eof(fd);
-    assert_true(now_ms() - t0 >= 250);
-    close(fd);
+    raw_expect_closed_after(fd, 250);
     fd = raw_connect(moonlet_rpc_server_port(s)); /* idle, no idle timeout: kept */
     raw_send_packed(fd, body_echo_id1);
     raw_expect_reply(fd, 1, 0);
@@ -1183,12 +1191,8 @@ static void test_deadlines(void **state)
     fd = raw_connect(moonlet_rpc_server_port(s));
     raw_send_packed(fd, body_echo_id1);
     raw_expect_reply(fd, 1, 0);
-    t0 = now_ms();
-    raw_expect_eof(fd); /* closed once idle for 300 ms */
-    assert_true(now_ms() - t0 >= 250);
-    close(fd);
-    assert_true(wait_conns(s, 0));
-    moonlet_rpc_server_destroy(s);
+    raw_expect_closed_after(fd, 250); /* closed once idle for 300 ms */
+    stop_when_idle(s);
 }
 
 /* The connection cap: a connection beyond it is closed at once; the others
@@ -1212,8 +1216,7 @@ static void test_connection_cap(void **state)
     assert_int_equal(call_add(c, 2, 2), 4);
     moonlet_rpc_client_close(c);
     close(a);
-    assert_true(wait_conns(s, 0));
-    moonlet_rpc_server_destroy(s);
+    stop_when_idle(s);
 }
 
 /* A request with more elements than max_request_elements is answered

@@ -39,6 +39,7 @@
 #include "monotime.h"
 #include "xfer.h"
 #include "../common/capture.h"
+#include "../common/threads.h"
 
 #define SEG_SIZE (64u << 20)
 #define GUARD 4096u
@@ -316,14 +317,11 @@ static void *worker_main(void *p)
 static void test_concurrent(void **state)
 {
     fixture *f = begin(state);
-    pthread_t th[4];
     worker_arg args[4];
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4; i++)
         args[i] = (worker_arg){.f = f, .index = i};
-        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &args[i]), 0);
-    }
+    test_threads_run(worker_main, args, sizeof(args[0]), 4);
     for (int i = 0; i < 4; i++) {
-        pthread_join(th[i], NULL);
         assert_int_equal(args[i].errors, 0);
         assert_int_equal(args[i].ops_done, 80);
     }

@@ -35,6 +35,8 @@
 #include "monotime.h"
 #include "xfer.h"
 #include "xfer_tcp.h"
+#include "../common/test_main.h"
+#include "../common/threads.h"
 
 #define TIMEOUT_MS 600u
 #define MAX_CONNS 16
@@ -120,9 +122,13 @@ static void *read_main(void *arg)
 
 /* Reader A holds the only pooled connection to the stalled node; reader B
  * starts once A's request (or AUTH) reached the node, queues for that
- * connection, and must still give up within one timeout of its own start. */
-static void queued_reader_bounded(const char *token)
+ * connection, and must still give up within one timeout of its own start.
+ * *state: the token (NULL: none).  With a token the queued reader's fresh
+ * connection authenticates first: the AUTH the node never answers is bounded
+ * by the same deadline. */
+static void test_queued_reader_bounded(void **state)
 {
+    const char *token = *state;
     stalled s;
     stalled_start(&s);
     moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
@@ -156,20 +162,6 @@ static void queued_reader_bounded(const char *token)
     stalled_stop(&s);
 }
 
-static void test_queued_read_on_pooled_connection(void **state)
-{
-    (void)state;
-    queued_reader_bounded(NULL);
-}
-
-/* With a token the queued reader's fresh connection authenticates first: the
- * AUTH the node never answers is bounded by the same deadline. */
-static void test_queued_read_opening_connection(void **state)
-{
-    (void)state;
-    queued_reader_bounded("fallover-token");
-}
-
 /* Several readers at once, more than the pooled connections: every one gives
  * up within one timeout (plus scheduling slack) of its start. */
 static void test_many_readers_bounded(void **state)
@@ -184,13 +176,10 @@ static void test_many_readers_bounded(void **state)
     char ep[32];
     snprintf(ep, sizeof(ep), "127.0.0.1:%u", s.l.port);
     reader r[6];
-    pthread_t th[6];
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 6; i++)
         r[i] = (reader){.x = x, .ep = ep};
-        assert_int_equal(pthread_create(&th[i], NULL, read_main, &r[i]), 0);
-    }
+    test_threads_run(read_main, r, sizeof(r[0]), 6);
     for (int i = 0; i < 6; i++) {
-        pthread_join(th[i], NULL);
         assert_int_equal(r[i].rc, MOONLET_ERR_TRANSFER_FAIL);
         if (r[i].took_ms >= TIMEOUT_MS + 300)
             fail_msg("reader %d gave up after %llu ms (timeout %u ms)", i,
@@ -204,8 +193,9 @@ int main(void)
 {
     moonlet_log_set_level(MOONLET_LOG_ERROR);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_queued_read_on_pooled_connection),
-        cmocka_unit_test(test_queued_read_opening_connection),
+        MOONLET_TEST_CASE(test_queued_read_on_pooled_connection, test_queued_reader_bounded, NULL),
+        MOONLET_TEST_CASE(test_queued_read_opening_connection, test_queued_reader_bounded,
+                          "fallover-token"),
         cmocka_unit_test(test_many_readers_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -130,6 +130,25 @@ static void server_down(server_fx *s)
     munmap(s->map, SEG + 2 * GUARD);
 }
 
+/* A server without a token as a test's fixture (its state); the teardown
+ * checks the guard bytes and stops it even when the test failed. */
+static int server_setup(void **state)
+{
+    server_fx *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -1;
+    server_up(s, NULL);
+    *state = s;
+    return 0;
+}
+
+static int server_teardown(void **state)
+{
+    server_down(*state);
+    free(*state);
+    return 0;
+}
+
 static int raw_connect(uint16_t port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -180,25 +199,23 @@ static void assert_closed(int fd)
 
 static void test_server_checks(void **state)
 {
-    (void)state;
-    server_fx s;
-    server_up(&s, NULL);
-    int fd = raw_connect(s.port);
+    server_fx *s = *state;
+    int fd = raw_connect(s->port);
     /* the server itself refuses ranges a client library would never send */
-    raw_request(fd, MOONLET_XFER_TCP_READ, 1, s.seg_id, UINT64_MAX - 5, 10);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 1, s->seg_id, UINT64_MAX - 5, 10);
     moonlet_xfer_tcp_hdr r = raw_reply(fd);
     assert_int_equal(r.op, MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY);
     assert_int_equal(r.req_id, 1);
     assert_int_equal(r.status, MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(r.length, 0);
-    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, SEG - 3, 4);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s->seg_id, SEG - 3, 4);
     assert_int_equal(raw_reply(fd).status, MOONLET_ERR_INVALID_PARAMS);
-    raw_request(fd, MOONLET_XFER_TCP_READ, 3, s.seg_id ^ 1, 0, 4);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 3, s->seg_id ^ 1, 0, 4);
     assert_int_equal(raw_reply(fd).status, MOONLET_ERR_SEGMENT_NOT_FOUND);
     /* a refused write: its payload is drained, the connection stays in step */
     uint8_t junk[3000];
     memset(junk, 0xEE, sizeof(junk));
-    raw_request(fd, MOONLET_XFER_TCP_WRITE, 4, s.seg_id, SEG - 1000, sizeof(junk));
+    raw_request(fd, MOONLET_XFER_TCP_WRITE, 4, s->seg_id, SEG - 1000, sizeof(junk));
     raw_send(fd, junk, sizeof(junk));
     r = raw_reply(fd);
     assert_int_equal(r.req_id, 4);
@@ -207,9 +224,9 @@ static void test_server_checks(void **state)
     raw_send(fd, junk, sizeof(junk));
     assert_int_equal(raw_reply(fd).status, MOONLET_ERR_SEGMENT_NOT_FOUND);
     for (uint32_t i = SEG - 1000; i < SEG; i++)
-        assert_int_equal(s.seg[i], (uint8_t)(i * 7));
+        assert_int_equal(s->seg[i], (uint8_t)(i * 7));
     /* a good read on the same connection afterwards */
-    raw_request(fd, MOONLET_XFER_TCP_READ, 6, s.seg_id, SEG - 16, 16);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 6, s->seg_id, SEG - 16, 16);
     r = raw_reply(fd);
     assert_int_equal(r.status, 0);
     assert_int_equal(r.length, 16);
@@ -218,29 +235,26 @@ static void test_server_checks(void **state)
     for (uint32_t i = 0; i < 16; i++)
         assert_int_equal(data[i], (uint8_t)((SEG - 16 + i) * 7));
     /* a good write, pipelined behind a read */
-    raw_request(fd, MOONLET_XFER_TCP_READ, 7, s.seg_id, 0, 1);
-    raw_request(fd, MOONLET_XFER_TCP_WRITE, 8, s.seg_id, 10, 2);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 7, s->seg_id, 0, 1);
+    raw_request(fd, MOONLET_XFER_TCP_WRITE, 8, s->seg_id, 10, 2);
     raw_send(fd, "\x01\x02", 2);
     r = raw_reply(fd);
     assert_int_equal(r.req_id, 7);
     raw_recv(fd, data, 1);
     assert_int_equal(raw_reply(fd).req_id, 8);
-    assert_int_equal(s.seg[10], 1);
-    assert_int_equal(s.seg[11], 2);
+    assert_int_equal(s->seg[10], 1);
+    assert_int_equal(s->seg[11], 2);
     close(fd);
-    server_down(&s);
 }
 
 static void test_malformed_closes_only_its_connection(void **state)
 {
-    (void)state;
-    server_fx s;
-    server_up(&s, NULL);
-    int good = raw_connect(s.port);
+    server_fx *s = *state;
+    int good = raw_connect(s->port);
     static const int corrupt[] = {0, 4, 5, 6, 12};
     for (size_t i = 0; i < sizeof(corrupt) / sizeof(corrupt[0]); i++) {
-        int bad = raw_connect(s.port);
-        moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_READ, .req_id = 1, .segment = s.seg_id,
+        int bad = raw_connect(s->port);
+        moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_READ, .req_id = 1, .segment = s->seg_id,
                                   .length = 8};
         uint8_t b[HDR];
         moonlet_xfer_tcp_hdr_encode(&h, b);
@@ -249,22 +263,21 @@ static void test_malformed_closes_only_its_connection(void **state)
         assert_closed(bad);
         close(bad);
     }
-    int rep = raw_connect(s.port); /* a reply sent as a request */
-    raw_request(rep, MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY, 1, s.seg_id, 0, 8);
+    int rep = raw_connect(s->port); /* a reply sent as a request */
+    raw_request(rep, MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY, 1, s->seg_id, 0, 8);
     assert_closed(rep);
     close(rep);
-    int huge = raw_connect(s.port); /* a length beyond the protocol limit */
-    raw_request(huge, MOONLET_XFER_TCP_WRITE, 1, s.seg_id, 0, MOONLET_XFER_MAX_OP_BYTES + 1);
+    int huge = raw_connect(s->port); /* a length beyond the protocol limit */
+    raw_request(huge, MOONLET_XFER_TCP_WRITE, 1, s->seg_id, 0, MOONLET_XFER_MAX_OP_BYTES + 1);
     assert_closed(huge);
     close(huge);
-    raw_request(good, MOONLET_XFER_TCP_READ, 9, s.seg_id, 1, 1);
+    raw_request(good, MOONLET_XFER_TCP_READ, 9, s->seg_id, 1, 1);
     moonlet_xfer_tcp_hdr r = raw_reply(good);
     assert_int_equal(r.status, 0);
     uint8_t byte;
     raw_recv(good, &byte, 1);
     assert_int_equal(byte, 7);
     close(good);
-    server_down(&s);
 }
 
 static void test_raw_auth(void **state)
@@ -463,6 +476,36 @@ static void fake_down(fake_fx *x)
     fake_stop(&x->f);
 }
 
+/* The fake and its client as a test's fixture: the test entry (FAKE_TEST)
+ * names the fake's mode and the client's transfer timeout, and the test gets
+ * the fake_fx as its state.  The teardown stops both even when the test
+ * failed. */
+typedef struct fake_case {
+    fake_mode mode;
+    uint32_t timeout_ms;
+} fake_case;
+
+static int fake_setup(void **state)
+{
+    const fake_case *fc = *state;
+    fake_fx *x = calloc(1, sizeof(*x));
+    if (!x)
+        return -1;
+    fake_up(x, fc->mode, fc->timeout_ms);
+    *state = x;
+    return 0;
+}
+
+static int fake_teardown(void **state)
+{
+    fake_down(*state);
+    free(*state);
+    return 0;
+}
+
+#define FAKE_TEST(fn, mode, timeout_ms)                                                          \
+    {#fn, fn, fake_setup, fake_teardown, &(fake_case){mode, timeout_ms}}
+
 /* A client read and write against the fake; both must fail with
  * TRANSFER_FAIL within max_ms (and, when min_ms > 0, not before it). */
 static void client_vs_fake(fake_mode mode, uint32_t timeout_ms, uint64_t min_ms, uint64_t max_ms)
@@ -511,60 +554,51 @@ static void test_peer_answers_nonsense(void **state)
  * connection and succeed. */
 static void test_reissue_after_peer_drops(void **state)
 {
-    (void)state;
-    fake_fx x;
-    fake_up(&x, FAKE_DROP_FIRST, 2000);
+    fake_fx *x = *state;
     static uint8_t buf[3][8192];
     moonlet_xfer_op ops[3];
     for (int k = 0; k < 3; k++)
-        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = x.ep,
+        ops[k] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = x->ep,
                                    .segment_id = "00000000000000aa",
                                    .offset = (uint64_t)k * 8192, .local = buf[k],
                                    .len = sizeof(buf[k])};
-    assert_int_equal(moonlet_xfer_submit(x.c, ops, 3), 0);
+    assert_int_equal(moonlet_xfer_submit(x->c, ops, 3), 0);
     for (int k = 0; k < 3; k++) {
         assert_int_equal(ops[k].status, 0);
         for (uint32_t i = 0; i < sizeof(buf[k]); i++)
             assert_int_equal(buf[k][i], (uint8_t)(((uint64_t)k * 8192 + i) * 7));
     }
-    assert_int_equal(__atomic_load_n(&x.f.accepted, __ATOMIC_SEQ_CST), 2);
-    fake_down(&x);
+    assert_int_equal(__atomic_load_n(&x->f.accepted, __ATOMIC_SEQ_CST), 2);
 }
 
 /* An error about the request itself (the peer answers SEGMENT_NOT_FOUND and
  * then closes) is final: one request, one connection, no reissue. */
 static void test_access_error_not_reissued(void **state)
 {
-    (void)state;
-    fake_fx x;
-    fake_up(&x, FAKE_NOT_FOUND, 2000);
+    fake_fx *x = *state;
     uint8_t b[64];
     uint64_t t0 = moonlet_mono_ms();
-    assert_int_equal(moonlet_xfer_read(x.c, x.ep, "00000000000000aa", 0, b, sizeof(b)),
+    assert_int_equal(moonlet_xfer_read(x->c, x->ep, "00000000000000aa", 0, b, sizeof(b)),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
     assert_true(moonlet_mono_ms() - t0 < 1000);
-    assert_int_equal(__atomic_load_n(&x.f.headers_seen, __ATOMIC_SEQ_CST), 1);
-    assert_int_equal(__atomic_load_n(&x.f.accepted, __ATOMIC_SEQ_CST), 1);
-    fake_down(&x);
+    assert_int_equal(__atomic_load_n(&x->f.headers_seen, __ATOMIC_SEQ_CST), 1);
+    assert_int_equal(__atomic_load_n(&x->f.accepted, __ATOMIC_SEQ_CST), 1);
 }
 
 /* A write whose writer's deadline passes while its peer stalls is aborted
  * and not reissued: no fresh connection is opened for it. */
 static void test_write_past_deadline_not_reissued(void **state)
 {
-    (void)state;
-    fake_fx x;
-    fake_up(&x, FAKE_STALL, 2000);
+    fake_fx *x = *state;
     uint8_t b[64] = {0};
     uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.deadline_ms = moonlet_xfer_now_ms() + 200};
-    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x.ep,
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x->ep,
                           .segment_id = "00000000000000aa", .local = b, .len = sizeof(b),
                           .cap = &cap};
-    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x->c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     assert_true(moonlet_mono_ms() - t0 < 1500);
-    assert_int_equal(moonlet_xfer_pool_stats(x.c, x.ep, NULL), 0);
-    fake_down(&x);
+    assert_int_equal(moonlet_xfer_pool_stats(x->c, x->ep, NULL), 0);
 }
 
 static void test_unreachable(void **state)
@@ -712,74 +746,69 @@ static void assert_seg_original(const server_fx *s, uint64_t off, uint64_t len)
  * the connection stays usable. */
 static void test_write_capabilities(void **state)
 {
-    (void)state;
-    server_fx s;
-    server_up(&s, NULL);
+    server_fx *s = *state;
     moonlet_xfer *c = tcp_client(1, 3000);
     uint8_t data[1024];
     memset(data, 0x5A, sizeof(data));
 
     /* no key yet: writes without a capability work (bare segments, contract tests) */
-    assert_int_equal(cap_write(c, &s, 0, data, 16, NULL), MOONLET_OK);
-    assert_int_equal(s.seg[0], 0x5A);
-    assert_int_equal(moonlet_xfer_set_segment_key(s.x, s.info.segment_id, CAP_KEY), MOONLET_OK);
-    assert_int_equal(moonlet_xfer_set_segment_key(s.x, "00000000000000aa", CAP_KEY),
+    assert_int_equal(cap_write(c, s, 0, data, 16, NULL), MOONLET_OK);
+    assert_int_equal(s->seg[0], 0x5A);
+    assert_int_equal(moonlet_xfer_set_segment_key(s->x, s->info.segment_id, CAP_KEY), MOONLET_OK);
+    assert_int_equal(moonlet_xfer_set_segment_key(s->x, "00000000000000aa", CAP_KEY),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
 
     uint64_t later = moonlet_mono_ms() + 60000;
-    moonlet_xfer_cap good = cap_for(&s, 4096, 1024, later);
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, NULL), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_cap good = cap_for(s, 4096, 1024, later);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, NULL), MOONLET_ERR_INVALID_WRITE);
     moonlet_xfer_cap forged = good;
     forged.tag ^= 1;
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &forged), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &forged), MOONLET_ERR_INVALID_WRITE);
     moonlet_xfer_cap stretched = good; /* a genuine tag, another range claimed */
     stretched.len = 2048;
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &stretched), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &stretched), MOONLET_ERR_INVALID_WRITE);
     moonlet_xfer_cap longer = good; /* a genuine tag, a later expiry claimed */
     longer.expiry_ms += 1000;
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &longer), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &longer), MOONLET_ERR_INVALID_WRITE);
     /* outside the covered range: before, after, overlapping the end */
-    assert_int_equal(cap_write(c, &s, 4095, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
-    assert_int_equal(cap_write(c, &s, 5120, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
-    assert_int_equal(cap_write(c, &s, 4096 + 512, data, 1024, &good), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4095, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 5120, data, 16, &good), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4096 + 512, data, 1024, &good), MOONLET_ERR_INVALID_WRITE);
     /* under another segment's key */
     moonlet_xfer_cap other = good;
     other.tag = moonlet_writecap_tag(CAP_KEY, "00000000000000aa", 4096, 1024, later);
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &other), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &other), MOONLET_ERR_INVALID_WRITE);
     /* expired on the node's clock */
-    moonlet_xfer_cap old = cap_for(&s, 4096, 1024, moonlet_mono_ms() - 1);
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &old), MOONLET_ERR_INVALID_WRITE);
-    assert_seg_original(&s, 4095, 1026);
+    moonlet_xfer_cap old = cap_for(s, 4096, 1024, moonlet_mono_ms() - 1);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &old), MOONLET_ERR_INVALID_WRITE);
+    assert_seg_original(s, 4095, 1026);
 
     /* the genuine one, and a part of its range */
-    assert_int_equal(cap_write(c, &s, 4096, data, 1024, &good), MOONLET_OK);
-    assert_int_equal(cap_write(c, &s, 4096 + 1000, data, 24, &good), MOONLET_OK);
+    assert_int_equal(cap_write(c, s, 4096, data, 1024, &good), MOONLET_OK);
+    assert_int_equal(cap_write(c, s, 4096 + 1000, data, 24, &good), MOONLET_OK);
     for (uint32_t i = 4096; i < 4096 + 1024; i++)
-        assert_int_equal(s.seg[i], 0x5A);
-    assert_seg_original(&s, 4096 + 1024, 16);
+        assert_int_equal(s->seg[i], 0x5A);
+    assert_seg_original(s, 4096 + 1024, 16);
 
     /* the writer's own deadline passed: not even sent */
-    moonlet_xfer_cap late = cap_for(&s, 8192, 1024, later);
+    moonlet_xfer_cap late = cap_for(s, 8192, 1024, later);
     late.deadline_ms = moonlet_mono_ms() - 1;
-    assert_int_equal(cap_write(c, &s, 8192, data, 1024, &late), MOONLET_ERR_TRANSFER_FAIL);
-    assert_seg_original(&s, 8192, 1024);
+    assert_int_equal(cap_write(c, s, 8192, data, 1024, &late), MOONLET_ERR_TRANSFER_FAIL);
+    assert_seg_original(s, 8192, 1024);
     moonlet_xfer_destroy(c);
-    server_down(&s);
 }
 
 /* The capability expires while the payload arrives: what arrives after the
  * expiry never reaches segment memory, and the write is refused. */
 static void test_write_capability_expires_mid_payload(void **state)
 {
-    (void)state;
-    server_fx s;
-    server_up(&s, NULL);
-    assert_int_equal(moonlet_xfer_set_segment_key(s.x, s.info.segment_id, CAP_KEY), MOONLET_OK);
-    int fd = raw_connect(s.port);
+    server_fx *s = *state;
+    assert_int_equal(moonlet_xfer_set_segment_key(s->x, s->info.segment_id, CAP_KEY), MOONLET_OK);
+    int fd = raw_connect(s->port);
     uint64_t expiry = moonlet_mono_ms() + 300;
-    moonlet_xfer_cap cap = cap_for(&s, 0, 4096, expiry);
+    moonlet_xfer_cap cap = cap_for(s, 0, 4096, expiry);
     moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_WRITE, .flags = MOONLET_XFER_TCP_F_CAP,
-                              .req_id = 1, .segment = s.seg_id, .offset = 0, .length = 4096};
+                              .req_id = 1, .segment = s->seg_id, .offset = 0, .length = 4096};
     uint8_t b[HDR + MOONLET_XFER_TCP_CAP_BYTES];
     moonlet_xfer_tcp_hdr_encode(&h, b);
     uint64_t f[4] = {cap.offset, cap.len, cap.expiry_ms, cap.tag};
@@ -791,9 +820,9 @@ static void test_write_capability_expires_mid_payload(void **state)
     memset(half, 0x11, sizeof(half));
     raw_send(fd, half, sizeof(half)); /* lands: the capability holds */
     uint64_t end = expiry + 2000;
-    while (moonlet_mono_ms() < end && s.seg[2047] != 0x11) /* bounded: wait for it to land */
+    while (moonlet_mono_ms() < end && s->seg[2047] != 0x11) /* bounded: wait for it to land */
         usleep(1000);
-    assert_int_equal(s.seg[2047], 0x11);
+    assert_int_equal(s->seg[2047], 0x11);
     while (moonlet_mono_ms() <= expiry) /* bounded by the expiry */
         usleep(1000);
     memset(half, 0x22, sizeof(half));
@@ -801,16 +830,15 @@ static void test_write_capability_expires_mid_payload(void **state)
     moonlet_xfer_tcp_hdr r = raw_reply(fd);
     assert_int_equal(r.req_id, 1);
     assert_int_equal(r.status, MOONLET_ERR_INVALID_WRITE);
-    assert_seg_original(&s, 2048, 2048);
+    assert_seg_original(s, 2048, 2048);
     /* the connection stays in step */
-    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2048, 1);
+    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s->seg_id, 2048, 1);
     r = raw_reply(fd);
     assert_int_equal(r.status, 0);
     uint8_t one;
     raw_recv(fd, &one, 1);
     assert_int_equal(one, (uint8_t)(2048 * 7));
     close(fd);
-    server_down(&s);
 }
 
 typedef struct busy_read_args {
@@ -831,17 +859,15 @@ static void *busy_read(void *arg)
  * transfer timeout, and resets the connection. */
 static void test_client_write_deadline(void **state)
 {
-    (void)state;
-    fake_fx x;
-    fake_up(&x, FAKE_STALL, 3000);
+    fake_fx *x = *state;
     uint8_t buf[4096] = {0};
     uint64_t t0 = moonlet_mono_ms();
     moonlet_xfer_cap cap = {.offset = 0, .len = sizeof(buf), .expiry_ms = 1, .tag = 1,
                             .deadline_ms = t0 + 300};
-    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x.ep,
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = x->ep,
                           .segment_id = "00000000000000aa", .offset = 0, .local = buf,
                           .len = sizeof(buf), .cap = &cap};
-    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x->c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     uint64_t took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 2000);
@@ -849,19 +875,18 @@ static void test_client_write_deadline(void **state)
     /* The only pooled connection is busy (a read stalled on the fake): the
      * write waits for it no longer than its deadline. */
     pthread_t th;
-    busy_read_args ra = {.c = x.c, .ep = x.ep};
+    busy_read_args ra = {.c = x->c, .ep = x->ep};
     assert_int_equal(pthread_create(&th, NULL, busy_read, &ra), 0);
-    while (__atomic_load_n(&x.f.headers_seen, __ATOMIC_SEQ_CST) < 2 && moonlet_mono_ms() < t0 + 5000)
+    while (__atomic_load_n(&x->f.headers_seen, __ATOMIC_SEQ_CST) < 2 && moonlet_mono_ms() < t0 + 5000)
         usleep(1000); /* bounded: the read's header reached the fake */
     t0 = moonlet_mono_ms();
     cap.deadline_ms = t0 + 300;
-    assert_int_equal(moonlet_xfer_submit(x.c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
+    assert_int_equal(moonlet_xfer_submit(x->c, &op, 1), MOONLET_ERR_TRANSFER_FAIL);
     took = moonlet_mono_ms() - t0;
     assert_true(took >= 250);
     assert_true(took < 1500); /* not the 3 s the read holds the connection */
     pthread_join(th, NULL);
     assert_int_equal(ra.rc, MOONLET_ERR_TRANSFER_FAIL);
-    fake_down(&x);
 }
 
 int main(void)
@@ -869,21 +894,21 @@ int main(void)
     moonlet_log_set_level(MOONLET_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec),
-        cmocka_unit_test(test_server_checks),
-        cmocka_unit_test(test_malformed_closes_only_its_connection),
+        cmocka_unit_test_setup_teardown(test_server_checks, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_closes_only_its_connection, server_setup, server_teardown),
         cmocka_unit_test(test_raw_auth),
         cmocka_unit_test(test_peer_closes_mid_transfer),
         cmocka_unit_test(test_peer_stalls),
         cmocka_unit_test(test_peer_answers_nonsense),
         cmocka_unit_test(test_unreachable),
-        cmocka_unit_test(test_reissue_after_peer_drops),
-        cmocka_unit_test(test_access_error_not_reissued),
-        cmocka_unit_test(test_write_past_deadline_not_reissued),
+        FAKE_TEST(test_reissue_after_peer_drops, FAKE_DROP_FIRST, 2000),
+        FAKE_TEST(test_access_error_not_reissued, FAKE_NOT_FOUND, 2000),
+        FAKE_TEST(test_write_past_deadline_not_reissued, FAKE_STALL, 2000),
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
         cmocka_unit_test(test_pool_cap_evicts_lru),
-        cmocka_unit_test(test_write_capabilities),
-        cmocka_unit_test(test_write_capability_expires_mid_payload),
-        cmocka_unit_test(test_client_write_deadline),
+        cmocka_unit_test_setup_teardown(test_write_capabilities, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_write_capability_expires_mid_payload, server_setup, server_teardown),
+        FAKE_TEST(test_client_write_deadline, FAKE_STALL, 3000),
     };
     return cmocka_run_group_tests_name("xfer tcp wire", tests, NULL, NULL);
 }
