@@ -8,6 +8,7 @@
  * readable (the bug of 71a2958: a hold of TTL + liveness TTL unmounted that
  * node as dead); a node that never pings is unmounted once the hold ends.
  */
+#include "../common/test_main.h"
 #include "../common/master_fixture.h"
 #include "election.h"
 #include "ha.h"
@@ -205,15 +206,8 @@ static void test_promoted_empty_unless_named_and_consistent(void **state)
     moonlet_repl_state_destroy(st);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hold_covers_node_backoff),
-        cmocka_unit_test(test_late_ping_in_backoff_kept),
-        cmocka_unit_test(test_silent_node_unmounted_after_hold),
-        cmocka_unit_test(test_promoted_empty_unless_named_and_consistent),
-    };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    moonlet_clock_set_fake(0);
-    return rc;
-}
+MOONLET_TEST_MAIN("master_ha_promote", NULL, NULL,
+                  cmocka_unit_test(test_hold_covers_node_backoff),
+                  cmocka_unit_test(test_late_ping_in_backoff_kept),
+                  cmocka_unit_test(test_silent_node_unmounted_after_hold),
+                  cmocka_unit_test(test_promoted_empty_unless_named_and_consistent))

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../common/test_main.h"
 #include "../common/master_fixture.h"
 #include "alloc.h"
 #include "monotime.h"
@@ -799,21 +800,14 @@ static void test_follower_stop_does_not_wait_for_the_leader(void **state)
     moonlet_role_destroy(role);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_codec_roundtrip_and_truncation),
-        cmocka_unit_test(test_restore_matches_leader),
-        cmocka_unit_test(test_pending_kept_until_deadline),
-        cmocka_unit_test(test_reuse_order),
-        cmocka_unit_test(test_apply_errors),
-        cmocka_unit_test(test_restored_client_secret),
-        cmocka_unit_test(test_restored_clock_offset),
-        cmocka_unit_test(test_semi_sync_log),
-        cmocka_unit_test(test_snapshot_in_parts),
-        cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
-    };
-    int rc = cmocka_run_group_tests(tests, NULL, NULL);
-    moonlet_clock_set_fake(0);
-    return rc;
-}
+MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
+                  cmocka_unit_test(test_codec_roundtrip_and_truncation),
+                  cmocka_unit_test(test_restore_matches_leader),
+                  cmocka_unit_test(test_pending_kept_until_deadline),
+                  cmocka_unit_test(test_reuse_order),
+                  cmocka_unit_test(test_apply_errors),
+                  cmocka_unit_test(test_restored_client_secret),
+                  cmocka_unit_test(test_restored_clock_offset),
+                  cmocka_unit_test(test_semi_sync_log),
+                  cmocka_unit_test(test_snapshot_in_parts),
+                  cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader))
