@@ -56,6 +56,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -809,8 +810,10 @@ static void xfer_assign_lanes(xfer_group *g, xfer_lane *lanes, xfer_item **out, 
     }
 }
 
-/* Scratch memory of one batch, allocated in one place. */
+/* Scratch memory of one batch: its arrays are carved from one block
+ * (xfer_batch_layout), allocated and freed in one call. */
 typedef struct xfer_batch {
+    unsigned char *block;
     xfer_item *items;
     xfer_item **todo;
     xfer_item **lane_items;
@@ -836,41 +839,55 @@ typedef struct xfer_open_job {
     bool started;
 } xfer_open_job;
 
+/* Takes n elements of `size` bytes, aligned for any type, at *end of a block
+ * starting at base: their address (NULL while base is NULL: sizing only).
+ * *end saturates at SIZE_MAX, a size no allocation meets. */
+static void *carve(unsigned char *base, size_t *end, size_t n, size_t size)
+{
+    size_t al = _Alignof(max_align_t);
+    size_t off = *end / al * al + (*end % al ? al : 0);
+    if (*end == SIZE_MAX || off < *end || (size && n > (SIZE_MAX - off) / size)) {
+        *end = SIZE_MAX;
+        return NULL;
+    }
+    *end = off + n * size;
+    return base ? base + off : NULL;
+}
+
+/* Lays the batch's arrays out from base (NULL: only sizes the block, *end). */
+static void xfer_batch_layout(xfer_batch *b, unsigned char *base, size_t n, size_t cpp,
+                              size_t *end)
+{
+    *end = 0;
+    b->items = carve(base, end, n, sizeof(*b->items));
+    b->todo = carve(base, end, n, sizeof(*b->todo));
+    b->lane_items = carve(base, end, n, sizeof(*b->lane_items));
+    b->which = carve(base, end, n, sizeof(*b->which));
+    b->groups = carve(base, end, n, sizeof(*b->groups));
+    b->slot_idx = carve(base, end, n * cpp, sizeof(*b->slot_idx));
+    b->load = carve(base, end, n * cpp, sizeof(*b->load)); /* per group: lanes run concurrently */
+    b->lanes = carve(base, end, n, sizeof(*b->lanes)); /* at most one lane per item */
+    b->grc = carve(base, end, n, sizeof(*b->grc));
+    b->jobs = carve(base, end, n, sizeof(*b->jobs));
+    b->item_base = carve(base, end, n, sizeof(*b->item_base));
+}
+
 static void xfer_batch_free(xfer_batch *b)
 {
-    free(b->items);
-    free(b->todo);
-    free(b->lane_items);
-    free(b->which);
-    free(b->groups);
-    free(b->slot_idx);
-    free(b->load);
-    free(b->lanes);
-    free(b->grc);
-    free(b->jobs);
-    free(b->item_base);
+    free(b->block);
 }
 
 static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
 {
-    size_t cpp = (size_t)x->conns_per_peer;
+    size_t cpp = (size_t)x->conns_per_peer, size;
     memset(b, 0, sizeof(*b));
-    b->items = calloc(n, sizeof(*b->items));
-    b->todo = calloc(n, sizeof(*b->todo));
-    b->lane_items = calloc(n, sizeof(*b->lane_items));
-    b->which = calloc(n, sizeof(*b->which));
-    b->groups = calloc(n, sizeof(*b->groups));
-    b->slot_idx = calloc(n * cpp, sizeof(*b->slot_idx));
-    b->load = calloc(n * cpp, sizeof(*b->load)); /* per group: lanes run concurrently */
-    b->lanes = calloc(n, sizeof(*b->lanes)); /* at most one lane per item */
-    b->grc = calloc(n, sizeof(*b->grc));
-    b->jobs = calloc(n, sizeof(*b->jobs));
-    b->item_base = calloc(n, sizeof(*b->item_base));
-    if (!b->items || !b->todo || !b->lane_items || !b->which || !b->groups || !b->slot_idx ||
-        !b->load || !b->lanes || !b->grc || !b->jobs || !b->item_base) {
-        xfer_batch_free(b);
+    if (cpp && n > SIZE_MAX / cpp)
         return MOONLET_ERR_INTERNAL_ERROR;
-    }
+    xfer_batch_layout(b, NULL, n, cpp, &size);
+    b->block = size == SIZE_MAX ? NULL : calloc(1, size ? size : 1);
+    if (!b->block)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    xfer_batch_layout(b, b->block, n, cpp, &size);
     return MOONLET_OK;
 }
 
