@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -108,7 +109,7 @@ typedef struct tcp_sconn {
     bool authed;
     bool close_after_reply; /* refused AUTH or request before AUTH */
     struct tcp_peer *peer;  /* per-peer count (conn_lock) */
-    struct tcp_sconn *prev, *next;
+    LIST_ENTRY(tcp_sconn) link; /* in tcp_server.conns (conn_lock) */
 
     enum tcp_phase phase;
     uint8_t hbuf[MOONLET_XFER_TCP_HDR_BYTES];
@@ -159,7 +160,7 @@ typedef struct tcp_server {
     tcp_segment *segs;
 
     pthread_mutex_t conn_lock;
-    tcp_sconn *conns;
+    LIST_HEAD(, tcp_sconn) conns;
     unsigned nconns;
     tcp_peer *peers[TCP_PEER_BUCKETS];
     atomic_uint_fast64_t idle_closed; /* connections the reaper shut for idling */
@@ -233,7 +234,8 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
 static void tcp_kick_segment_users(tcp_server *s, tcp_segment *g)
 {
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next)
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link)
         if (atomic_load(&c->seg) == g)
             shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->conn_lock);
@@ -669,12 +671,7 @@ static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
 {
     tcp_drop_segment(s, c);
     pthread_mutex_lock(&s->conn_lock);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     s->nconns--;
     tcp_peer_put_locked(s, c->peer);
     pthread_mutex_unlock(&s->conn_lock);
@@ -862,10 +859,7 @@ static bool tcp_accept_one(tcp_server *s)
         c->fd = fd;
         c->peer = p;
         atomic_store(&c->idle_since_ms, moonlet_xfer_now_ms());
-        c->next = s->conns;
-        if (s->conns)
-            s->conns->prev = c;
-        s->conns = c;
+        LIST_INSERT_HEAD(&s->conns, c, link);
         s->nconns++;
     }
     pthread_mutex_unlock(&s->conn_lock);
@@ -890,7 +884,8 @@ static void tcp_reap(tcp_server *s)
     uint64_t now = moonlet_xfer_now_ms();
     unsigned late = 0, idle = 0;
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next) {
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link) {
         uint64_t d = atomic_load(&c->deadline_ms);
         if (d) {
             if (now > d) {
@@ -964,7 +959,9 @@ static int tcp_listen(moonlet_xfer *x, tcp_server *s)
 
 static void tcp_server_free(tcp_server *s)
 {
-    LIST_FOR_EACH_SAFE(tcp_sconn, c, s->conns) {
+    while (!LIST_EMPTY(&s->conns)) {
+        tcp_sconn *c = LIST_FIRST(&s->conns);
+        LIST_REMOVE(c, link);
         close(c->fd);
         free(c);
     }
@@ -998,7 +995,8 @@ static void tcp_server_stop_threads(tcp_server *s, bool acceptor_started)
     if (acceptor_started)
         pthread_join(s->acceptor, NULL);
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next)
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link)
         shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->conn_lock);
     for (int i = 0; i < s->nworkers; i++)
