@@ -87,7 +87,7 @@ typedef struct tcp_segment {
     uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
     unsigned inflight; /* requests using the memory now */
     bool removed;      /* unregister waits for inflight == 0 */
-    struct tcp_segment *next;
+    LIST_ENTRY(tcp_segment) link; /* in tcp_server.segs (seg_lock) */
 } tcp_segment;
 
 /* Where a connection is in serving its current request. */
@@ -157,7 +157,7 @@ typedef struct tcp_server {
 
     pthread_mutex_t seg_lock;
     pthread_cond_t seg_cond;
-    tcp_segment *segs;
+    LIST_HEAD(, tcp_segment) segs;
 
     pthread_mutex_t conn_lock;
     LIST_HEAD(, tcp_sconn) conns;
@@ -166,12 +166,20 @@ typedef struct tcp_server {
     atomic_uint_fast64_t idle_closed; /* connections the reaper shut for idling */
 } tcp_server;
 
+/* The segment `id` not being removed, or NULL.  seg_lock held. */
+static tcp_segment *tcp_seg_find_locked(tcp_server *s, uint64_t id)
+{
+    tcp_segment *g;
+    LIST_FOREACH(g, &s->segs, link)
+        if (g->id == id && !g->removed)
+            return g;
+    return NULL;
+}
+
 static tcp_segment *tcp_seg_acquire(tcp_server *s, uint64_t id)
 {
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = s->segs;
-    while (g && (g->id != id || g->removed))
-        g = g->next;
+    tcp_segment *g = tcp_seg_find_locked(s, id);
     if (g)
         g->inflight++;
     pthread_mutex_unlock(&s->seg_lock);
@@ -216,8 +224,7 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
     g->base = base;
     g->size = len;
     pthread_mutex_lock(&s->seg_lock);
-    g->next = s->segs;
-    s->segs = g;
+    LIST_INSERT_HEAD(&s->segs, g, link);
     pthread_mutex_unlock(&s->seg_lock);
     snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
     snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
@@ -248,10 +255,7 @@ int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment **pp = &s->segs;
-    while (*pp && ((*pp)->id != id || (*pp)->removed))
-        pp = &(*pp)->next;
-    tcp_segment *g = *pp;
+    tcp_segment *g = tcp_seg_find_locked(s, id);
     if (!g) {
         pthread_mutex_unlock(&s->seg_lock);
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
@@ -264,9 +268,7 @@ int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     pthread_mutex_lock(&s->seg_lock);
     while (g->inflight)
         pthread_cond_wait(&s->seg_cond, &s->seg_lock);
-    for (pp = &s->segs; *pp != g; pp = &(*pp)->next)
-        ;
-    *pp = g->next;
+    LIST_REMOVE(g, link);
     pthread_mutex_unlock(&s->seg_lock);
     free(g);
     return MOONLET_OK;
@@ -279,9 +281,7 @@ int moonlet_xfer_tcp_seg_set_key(moonlet_xfer *x, const char *segment_id, const 
     if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = s->segs;
-    while (g && (g->id != id || g->removed))
-        g = g->next;
+    tcp_segment *g = tcp_seg_find_locked(s, id);
     if (g) {
         memcpy(g->key, key, sizeof(g->key));
         g->keyed = true;
@@ -970,8 +970,11 @@ static void tcp_server_free(tcp_server *s)
             free(p);
     if (s->reserve_fd >= 0)
         close(s->reserve_fd);
-    LIST_FOR_EACH_SAFE(tcp_segment, g, s->segs)
+    while (!LIST_EMPTY(&s->segs)) {
+        tcp_segment *g = LIST_FIRST(&s->segs);
+        LIST_REMOVE(g, link);
         free(g);
+    }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->epfd >= 0)
