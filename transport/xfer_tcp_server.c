@@ -176,6 +176,14 @@ static tcp_segment *tcp_seg_find_locked(tcp_server *s, uint64_t id)
     return NULL;
 }
 
+/* The segment named segment_id (its id in hex) not being removed, or NULL.
+ * seg_lock held. */
+static tcp_segment *tcp_seg_named_locked(tcp_server *s, const char *segment_id)
+{
+    uint64_t id;
+    return moonlet_xfer_tcp_parse_seg_id(segment_id, &id) ? NULL : tcp_seg_find_locked(s, id);
+}
+
 static tcp_segment *tcp_seg_acquire(tcp_server *s, uint64_t id)
 {
     pthread_mutex_lock(&s->seg_lock);
@@ -251,11 +259,10 @@ static void tcp_kick_segment_users(tcp_server *s, tcp_segment *g)
 int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
 {
     tcp_server *s = x->be_state;
-    uint64_t id;
-    if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
+    if (!s)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = tcp_seg_find_locked(s, id);
+    tcp_segment *g = tcp_seg_named_locked(s, segment_id);
     if (!g) {
         pthread_mutex_unlock(&s->seg_lock);
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
@@ -277,11 +284,10 @@ int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
 int moonlet_xfer_tcp_seg_set_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
 {
     tcp_server *s = x->be_state;
-    uint64_t id;
-    if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
+    if (!s)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = tcp_seg_find_locked(s, id);
+    tcp_segment *g = tcp_seg_named_locked(s, segment_id);
     if (g) {
         memcpy(g->key, key, sizeof(g->key));
         g->keyed = true;
