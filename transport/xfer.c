@@ -77,7 +77,7 @@ typedef struct xfer_buffer {
     size_t len;
     void *handle; /* backend registration (verbs MR), NULL for TCP */
     uint32_t lkey;
-    struct xfer_buffer *next;
+    LIST_ENTRY(xfer_buffer) link; /* in moonlet_xfer.bufs */
 } xfer_buffer;
 
 typedef struct xfer_slot {
@@ -307,13 +307,12 @@ void moonlet_xfer_destroy(moonlet_xfer *x)
     if (!x)
         return;
     xfer_close_peers(x);
-    xfer_buffer *b = x->bufs;
-    while (b) {
-        xfer_buffer *next = b->next;
+    while (!LIST_EMPTY(&x->bufs)) {
+        xfer_buffer *b = LIST_FIRST(&x->bufs);
+        LIST_REMOVE(b, link);
         if (b->handle)
             x->be->buf_remove(x, b->handle);
         free(b);
-        b = next;
     }
     x->be->stop(x);
     pthread_cond_destroy(&x->pool_cond);
@@ -389,8 +388,7 @@ int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
         return rc;
     }
     pthread_rwlock_wrlock(&x->buf_lock);
-    b->next = x->bufs;
-    x->bufs = b;
+    LIST_INSERT_HEAD(&x->bufs, b, link);
     pthread_rwlock_unlock(&x->buf_lock);
     return MOONLET_OK;
 }
@@ -400,14 +398,12 @@ int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
     if (!x || !base)
         return MOONLET_ERR_INVALID_PARAMS;
     pthread_rwlock_wrlock(&x->buf_lock);
-    xfer_buffer **pp = &x->bufs, *b = NULL;
-    for (; *pp; pp = &(*pp)->next) {
-        if ((*pp)->base == base) {
-            b = *pp;
-            *pp = b->next;
+    xfer_buffer *b;
+    LIST_FOREACH(b, &x->bufs, link)
+        if (b->base == base)
             break;
-        }
-    }
+    if (b)
+        LIST_REMOVE(b, link);
     pthread_rwlock_unlock(&x->buf_lock);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
@@ -423,7 +419,8 @@ int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, 
     uintptr_t a = (uintptr_t)addr;
     int rc = MOONLET_ERR_INVALID_PARAMS;
     pthread_rwlock_rdlock(&x->buf_lock);
-    for (xfer_buffer *b = x->bufs; b; b = b->next) {
+    xfer_buffer *b;
+    LIST_FOREACH(b, &x->bufs, link) {
         uintptr_t s = (uintptr_t)b->base;
         if (a >= s && len <= b->len && a - s <= b->len - len) {
             *lkey = b->lkey;
