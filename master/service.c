@@ -204,13 +204,20 @@ static void pack_fields(msgpack_packer *pk, const void *view, const map_field *f
     }
 }
 
-/* A segment's second endpoint, in the inspection maps. */
-static void pack_alt_kv(msgpack_packer *pk, const char *id, const char *endpoint,
-                        const char *protocol)
+/* An inspection map of a segment or a replica: the segment's second
+ * endpoint first when it has one (alt_id not NULL), then table f read from
+ * view; the map has room for `extra` entries the caller packs after. */
+static void pack_view_map(msgpack_packer *pk, const void *view, const map_field *f, uint32_t n,
+                          uint32_t extra, const char *alt_id, const char *alt_endpoint,
+                          const char *alt_protocol)
 {
-    pack_str_kv(pk, "alt_segment_id", id);
-    pack_str_kv(pk, "alt_endpoint", endpoint);
-    pack_str_kv(pk, "alt_protocol", protocol);
+    msgpack_pack_map(pk, (alt_id ? 3 : 0) + n + extra);
+    if (alt_id) {
+        pack_str_kv(pk, "alt_segment_id", alt_id);
+        pack_str_kv(pk, "alt_endpoint", alt_endpoint);
+        pack_str_kv(pk, "alt_protocol", alt_protocol);
+    }
+    pack_fields(pk, view, f, n);
 }
 
 /* A reply array whose length is known only after a visit (replica
@@ -269,11 +276,8 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     rp->a.count++;
     bool alt = r->alt_segment_id != NULL;
     if (rp->as_map) {
-        msgpack_pack_map(pk, (alt ? 3 : 0) + NFIELDS(replica_fields) + 1);
-        if (alt) {
-            pack_alt_kv(pk, r->alt_segment_id, r->alt_endpoint, r->alt_protocol);
-        }
-        pack_fields(pk, r, replica_fields, NFIELDS(replica_fields));
+        pack_view_map(pk, r, replica_fields, NFIELDS(replica_fields), 1, r->alt_segment_id,
+                      r->alt_endpoint, r->alt_protocol);
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
         return;
     }
@@ -567,14 +571,9 @@ static const map_field segment_fields[] = {
 static void seg_visit(void *arg, const moonlet_segment_view *s)
 {
     struct side_array *sa = arg;
-    msgpack_packer *pk = &sa->pk;
     sa->count++;
-    bool alt = s->alt_segment_id != NULL;
-    msgpack_pack_map(pk, (alt ? 3 : 0) + NFIELDS(segment_fields));
-    if (alt) {
-        pack_alt_kv(pk, s->alt_segment_id, s->alt_endpoint, s->alt_protocol);
-    }
-    pack_fields(pk, s, segment_fields, NFIELDS(segment_fields));
+    pack_view_map(&sa->pk, s, segment_fields, NFIELDS(segment_fields), 0, s->alt_segment_id,
+                  s->alt_endpoint, s->alt_protocol);
 }
 
 /* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
