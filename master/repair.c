@@ -504,19 +504,23 @@ static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
     atomic_fetch_add(&r->dropped, 1);
 }
 
-/* The segments of the node calling RepairFetch / RepairDone: those of its
- * client id, bound to the calling connection's session. */
-struct caller_segs {
+/* A RepairFetch / RepairDone call: the segments of the calling node (those of
+ * its client id, bound to the calling connection's session) and the time of
+ * the call. */
+struct repair_call {
     uint32_t slot[16], n;
+    uint64_t now;
 };
 
-static int caller_segs_of(moonlet_master *m, moonlet_str client_id, uint64_t session,
-                          struct caller_segs *c)
+static int repair_call_of(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                          struct repair_call *c)
 {
-    return registry_client_slots(m, client_id, session, c->slot, 16, &c->n);
+    int rc = registry_client_slots(m, client_id, session, c->slot, 16, &c->n);
+    c->now = moonlet_clock_now_ns();
+    return rc;
 }
 
-static bool caller_holds(const struct caller_segs *c, uint32_t seg)
+static bool caller_holds(const struct repair_call *c, uint32_t seg)
 {
     for (uint32_t i = 0; i < c->n; i++)
         if (c->slot[i] == seg)
@@ -530,12 +534,11 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
                                 void *arg)
 {
     struct repair_state *r = m->repair;
-    struct caller_segs me;
-    int rc = caller_segs_of(m, client_id, session, &me);
+    struct repair_call me;
+    int rc = repair_call_of(m, client_id, session, &me);
     if (rc)
         return rc;
-    uint64_t now = moonlet_clock_now_ns();
-    repair_pump(m, now);
+    repair_pump(m, me.now);
     if (max > REPAIR_FETCH_MAX)
         max = REPAIR_FETCH_MAX;
     struct rjob jobs[REPAIR_FETCH_MAX];
@@ -573,7 +576,7 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
                 if (mobj_creps(o)[k].status == MOONLET_REPLICA_COMPLETE)
                     replica_view_fill(m, o, &mobj_creps(o)[k], &src[ns++]);
             replica_view_fill(m, o, &j->target, &tv);
-            replica_cap_fill(m, &j->target, j->size, j->deadline_ns, now, &tv);
+            replica_cap_fill(m, &j->target, j->size, j->deadline_ns, me.now, &tv);
             if (ns > 0 && visit) {
                 moonlet_repair_job_view v = {.job_id = j->id, .size = j->size,
                                              .has_checksum = o->has_checksum,
@@ -605,11 +608,10 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
 {
     (void)bytes;
     struct repair_state *r = m->repair;
-    struct caller_segs me;
-    int rc = caller_segs_of(m, client_id, session, &me);
+    struct repair_call me;
+    int rc = repair_call_of(m, client_id, session, &me);
     if (rc)
         return rc;
-    uint64_t now = moonlet_clock_now_ns();
     struct rjob j;
     /* A look first: only the target's node ends a job it fetched. */
     pthread_mutex_lock(&r->mu);
@@ -621,7 +623,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     pthread_mutex_unlock(&r->mu);
     if (!had || !mine || !j.fetched)
         return MOONLET_ERR_OBJECT_NOT_FOUND;
-    if (code != MOONLET_OK || now >= j.deadline_ns) {
+    if (code != MOONLET_OK || me.now >= j.deadline_ns) {
         pthread_mutex_lock(&r->mu);
         had = take_job_locked(r, job_id, &j);
         pthread_mutex_unlock(&r->mu);
@@ -634,7 +636,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
         if (j.cancelled)
             forget_locked(r, j.hash, j.tenant);
         else
-            retry_locked(m, j.hash, j.tenant, j.attempts, now);
+            retry_locked(m, j.hash, j.tenant, j.attempts, me.now);
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
@@ -675,9 +677,9 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
                 reps[k] = nr;
                 /* A reader may still hold the old replica: quarantined while
                  * its lease holds, as a forced Remove does. */
-                uint64_t until = moonlet_lease_active(o->lease_deadline, now) ? o->lease_deadline
-                                                                              : 0;
-                repl_swap(m, o, &nr, until, now);
+                uint64_t until =
+                    moonlet_lease_active(o->lease_deadline, me.now) ? o->lease_deadline : 0;
+                repl_swap(m, o, &nr, until, me.now);
                 registry_release(m, o->hash, o->size, &old, 1, until);
                 res = ATTACHED;
                 break;

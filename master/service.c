@@ -29,6 +29,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -158,13 +159,66 @@ static int reply(msgpack_packer *out, int rc)
     return MOONLET_OK;
 }
 
-/* A segment's second endpoint, in the inspection maps. */
-static void pack_alt_kv(msgpack_packer *pk, const char *id, const char *endpoint,
-                        const char *protocol)
+static void pack_hist_kv(msgpack_packer *pk, const char *k,
+                         const uint64_t hist[MOONLET_LOCK_HIST_BUCKETS])
 {
-    pack_str_kv(pk, "alt_segment_id", id);
-    pack_str_kv(pk, "alt_endpoint", endpoint);
-    pack_str_kv(pk, "alt_protocol", protocol);
+    moonlet_pack_key(pk, k);
+    msgpack_pack_array(pk, MOONLET_LOCK_HIST_BUCKETS);
+    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
+        msgpack_pack_uint64(pk, hist[i]);
+}
+
+/* One entry of an inspection map (segments, replicas, Stats): its key, the
+ * kind of its value and where the value sits in the view struct.  A table
+ * of them, walked by pack_fields, is the map's key list written once. */
+typedef enum { F_STR, F_U64, F_BOOL, F_HIST } field_kind;
+
+typedef struct map_field {
+    const char *key;
+    field_kind kind;
+    size_t off;
+} map_field;
+
+#define FIELD(T, kind, key, member) {key, kind, offsetof(T, member)}
+#define NFIELDS(t) ((uint32_t)(sizeof(t) / sizeof((t)[0])))
+
+/* Packs the n entries of table f, values read from view (map header not included). */
+static void pack_fields(msgpack_packer *pk, const void *view, const map_field *f, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        const void *v = (const char *)view + f[i].off;
+        switch (f[i].kind) {
+        case F_STR:
+            pack_str_kv(pk, f[i].key, *(const char *const *)v);
+            break;
+        case F_U64:
+            pack_u64_kv(pk, f[i].key, *(const uint64_t *)v);
+            break;
+        case F_BOOL:
+            moonlet_pack_key(pk, f[i].key);
+            *(const bool *)v ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+            break;
+        case F_HIST:
+            pack_hist_kv(pk, f[i].key, v);
+            break;
+        }
+    }
+}
+
+/* An inspection map of a segment or a replica: the segment's second
+ * endpoint first when it has one (alt_id not NULL), then table f read from
+ * view; the map has room for `extra` entries the caller packs after. */
+static void pack_view_map(msgpack_packer *pk, const void *view, const map_field *f, uint32_t n,
+                          uint32_t extra, const char *alt_id, const char *alt_endpoint,
+                          const char *alt_protocol)
+{
+    msgpack_pack_map(pk, (alt_id ? 3 : 0) + n + extra);
+    if (alt_id) {
+        pack_str_kv(pk, "alt_segment_id", alt_id);
+        pack_str_kv(pk, "alt_endpoint", alt_endpoint);
+        pack_str_kv(pk, "alt_protocol", alt_protocol);
+    }
+    pack_fields(pk, view, f, n);
 }
 
 /* A reply array whose length is known only after a visit (replica
@@ -205,6 +259,17 @@ struct replica_pack {
     bool with_cap; /* PutStart: 4 more fields per replica (write capability, put TTL) */
 };
 
+/* A replica in InspectKey's map (then its "status", by name). */
+static const map_field replica_fields[] = {
+    FIELD(moonlet_replica_view, F_STR, "segment_id", segment_id),
+    FIELD(moonlet_replica_view, F_STR, "segment_name", segment_name),
+    FIELD(moonlet_replica_view, F_STR, "endpoint", endpoint),
+    FIELD(moonlet_replica_view, F_STR, "protocol", protocol),
+    FIELD(moonlet_replica_view, F_U64, "offset", offset),
+    FIELD(moonlet_replica_view, F_U64, "length", size),
+    FIELD(moonlet_replica_view, F_U64, "base", base),
+};
+
 static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
 {
     struct replica_pack *rp = arg;
@@ -212,17 +277,8 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     rp->a.count++;
     bool alt = r->alt_segment_id != NULL;
     if (rp->as_map) {
-        msgpack_pack_map(pk, alt ? 11 : 8);
-        if (alt) {
-            pack_alt_kv(pk, r->alt_segment_id, r->alt_endpoint, r->alt_protocol);
-        }
-        pack_str_kv(pk, "segment_id", r->segment_id);
-        pack_str_kv(pk, "segment_name", r->segment_name);
-        pack_str_kv(pk, "endpoint", r->endpoint);
-        pack_str_kv(pk, "protocol", r->protocol);
-        pack_u64_kv(pk, "offset", r->offset);
-        pack_u64_kv(pk, "length", r->size);
-        pack_u64_kv(pk, "base", r->base);
+        pack_view_map(pk, r, replica_fields, NFIELDS(replica_fields), 1, r->alt_segment_id,
+                      r->alt_endpoint, r->alt_protocol);
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
         return;
     }
@@ -498,31 +554,27 @@ HANDLER(h_remove_all, moonlet_args_remove_all)
 
 /* ---- inspection ------------------------------------------------------------------- */
 
+/* A segment in ListSegments' map. */
+static const map_field segment_fields[] = {
+    FIELD(moonlet_segment_view, F_STR, "segment_id", segment_id),
+    FIELD(moonlet_segment_view, F_STR, "name", name),
+    FIELD(moonlet_segment_view, F_STR, "client_id", client_id),
+    FIELD(moonlet_segment_view, F_STR, "endpoint", endpoint),
+    FIELD(moonlet_segment_view, F_STR, "protocol", protocol),
+    FIELD(moonlet_segment_view, F_U64, "base", base),
+    FIELD(moonlet_segment_view, F_U64, "capacity", capacity),
+    FIELD(moonlet_segment_view, F_U64, "used", used),
+    FIELD(moonlet_segment_view, F_U64, "objects", objects),
+    FIELD(moonlet_segment_view, F_U64, "last_ping_age_ms", last_ping_age_ms),
+    FIELD(moonlet_segment_view, F_BOOL, "draining", draining),
+};
+
 static void seg_visit(void *arg, const moonlet_segment_view *s)
 {
     struct side_array *sa = arg;
-    msgpack_packer *pk = &sa->pk;
     sa->count++;
-    bool alt = s->alt_segment_id != NULL;
-    msgpack_pack_map(pk, alt ? 14 : 11);
-    if (alt) {
-        pack_alt_kv(pk, s->alt_segment_id, s->alt_endpoint, s->alt_protocol);
-    }
-    pack_str_kv(pk, "segment_id", s->segment_id);
-    pack_str_kv(pk, "name", s->name);
-    pack_str_kv(pk, "client_id", s->client_id);
-    pack_str_kv(pk, "endpoint", s->endpoint);
-    pack_str_kv(pk, "protocol", s->protocol);
-    pack_u64_kv(pk, "base", s->base);
-    pack_u64_kv(pk, "capacity", s->capacity);
-    pack_u64_kv(pk, "used", s->used);
-    pack_u64_kv(pk, "objects", s->objects);
-    pack_u64_kv(pk, "last_ping_age_ms", s->last_ping_age_ms);
-    moonlet_pack_key(pk, "draining");
-    if (s->draining)
-        msgpack_pack_true(pk);
-    else
-        msgpack_pack_false(pk);
+    pack_view_map(&sa->pk, s, segment_fields, NFIELDS(segment_fields), 0, s->alt_segment_id,
+                  s->alt_endpoint, s->alt_protocol);
 }
 
 /* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
@@ -607,62 +659,60 @@ HANDLER(h_inspect_key, moonlet_args_key)
     return MOONLET_OK;
 }
 
-static void pack_hist_kv(msgpack_packer *pk, const char *k,
-                         const uint64_t hist[MOONLET_LOCK_HIST_BUCKETS])
-{
-    moonlet_pack_key(pk, k);
-    msgpack_pack_array(pk, MOONLET_LOCK_HIST_BUCKETS);
-    for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
-        msgpack_pack_uint64(pk, hist[i]);
-}
+/* Stats' map, in reply order. */
+#define STAT(kind, key, member) FIELD(moonlet_master_stats, kind, key, member)
+static const map_field stats_fields[] = {
+    STAT(F_U64, "objects", objects),
+    STAT(F_U64, "bytes", bytes),
+    STAT(F_U64, "segments", segments),
+    STAT(F_U64, "capacity", capacity),
+    STAT(F_U64, "used", used),
+    STAT(F_U64, "clients", clients),
+    STAT(F_U64, "put_starts", put_starts),
+    STAT(F_U64, "put_ends", put_ends),
+    STAT(F_U64, "put_revokes", put_revokes),
+    STAT(F_U64, "put_timeouts", put_timeouts),
+    STAT(F_U64, "put_replacements", put_replacements),
+    STAT(F_U64, "removes", removes),
+    STAT(F_U64, "evictions", evictions),
+    STAT(F_U64, "eviction_passes", eviction_passes),
+    STAT(F_U64, "leases_get", leases_get),
+    STAT(F_U64, "leases_exist", leases_exist),
+    STAT(F_U64, "leases_probe", leases_probe),
+    STAT(F_U64, "probe_calls_none", probe_calls_none),
+    STAT(F_U64, "probe_calls_last_hit_only", probe_calls_last_hit),
+    STAT(F_U64, "probe_candidates_examined", probe_candidates_examined),
+    STAT(F_U64, "probe_recheck_fallbacks", probe_recheck_fallbacks),
+    STAT(F_U64, "probe_lock_hold_max_ns", probe_lock_hold_max_ns),
+    STAT(F_U64, "unmounts_by_liveness", unmounts_by_liveness),
+    STAT(F_U64, "quarantined_bytes", quarantined), /* part of "used" */
+    STAT(F_U64, "hard_pinned", hard_pinned),
+    STAT(F_U64, "hard_pinned_bytes", hard_pinned_bytes), /* never evictable */
+    STAT(F_U64, "under_replicated", under_replicated),
+    STAT(F_U64, "repairs_queued", repairs_queued),
+    STAT(F_U64, "repairs_running", repairs_running),
+    STAT(F_U64, "repairs_done", repairs_done),
+    STAT(F_U64, "repairs_failed", repairs_failed),
+    STAT(F_U64, "repairs_retried", repairs_retried),
+    STAT(F_U64, "repairs_dropped", repairs_dropped),
+    STAT(F_U64, "repair_bytes", repair_bytes),
+    STAT(F_HIST, "probe_lock_hold_us_hist", probe_lock_hold_hist),
+    STAT(F_U64, "resume_calls", resume_calls),
+    STAT(F_U64, "resume_candidates_examined", resume_candidates_examined),
+    STAT(F_U64, "resume_recheck_fallbacks", resume_recheck_fallbacks),
+    STAT(F_U64, "leases_resume_kda", leases_resume_kda),
+    STAT(F_U64, "leases_resume_kv", leases_resume_kv),
+    STAT(F_U64, "resume_lock_hold_max_ns", resume_lock_hold_max_ns),
+    STAT(F_HIST, "resume_lock_hold_us_hist", resume_lock_hold_hist),
+};
+#undef STAT
 
 static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, 34 + 8);
-    pack_u64_kv(out, "objects", st.objects);
-    pack_u64_kv(out, "bytes", st.bytes);
-    pack_u64_kv(out, "segments", st.segments);
-    pack_u64_kv(out, "capacity", st.capacity);
-    pack_u64_kv(out, "used", st.used);
-    pack_u64_kv(out, "clients", st.clients);
-    pack_u64_kv(out, "put_starts", st.put_starts);
-    pack_u64_kv(out, "put_ends", st.put_ends);
-    pack_u64_kv(out, "put_revokes", st.put_revokes);
-    pack_u64_kv(out, "put_timeouts", st.put_timeouts);
-    pack_u64_kv(out, "put_replacements", st.put_replacements);
-    pack_u64_kv(out, "removes", st.removes);
-    pack_u64_kv(out, "evictions", st.evictions);
-    pack_u64_kv(out, "eviction_passes", st.eviction_passes);
-    pack_u64_kv(out, "leases_get", st.leases_get);
-    pack_u64_kv(out, "leases_exist", st.leases_exist);
-    pack_u64_kv(out, "leases_probe", st.leases_probe);
-    pack_u64_kv(out, "probe_calls_none", st.probe_calls_none);
-    pack_u64_kv(out, "probe_calls_last_hit_only", st.probe_calls_last_hit);
-    pack_u64_kv(out, "probe_candidates_examined", st.probe_candidates_examined);
-    pack_u64_kv(out, "probe_recheck_fallbacks", st.probe_recheck_fallbacks);
-    pack_u64_kv(out, "probe_lock_hold_max_ns", st.probe_lock_hold_max_ns);
-    pack_u64_kv(out, "unmounts_by_liveness", st.unmounts_by_liveness);
-    pack_u64_kv(out, "quarantined_bytes", st.quarantined); /* part of "used" */
-    pack_u64_kv(out, "hard_pinned", st.hard_pinned);
-    pack_u64_kv(out, "hard_pinned_bytes", st.hard_pinned_bytes); /* never evictable */
-    pack_u64_kv(out, "under_replicated", st.under_replicated);
-    pack_u64_kv(out, "repairs_queued", st.repairs_queued);
-    pack_u64_kv(out, "repairs_running", st.repairs_running);
-    pack_u64_kv(out, "repairs_done", st.repairs_done);
-    pack_u64_kv(out, "repairs_failed", st.repairs_failed);
-    pack_u64_kv(out, "repairs_retried", st.repairs_retried);
-    pack_u64_kv(out, "repairs_dropped", st.repairs_dropped);
-    pack_u64_kv(out, "repair_bytes", st.repair_bytes);
-    pack_hist_kv(out, "probe_lock_hold_us_hist", st.probe_lock_hold_hist);
-    pack_u64_kv(out, "resume_calls", st.resume_calls);
-    pack_u64_kv(out, "resume_candidates_examined", st.resume_candidates_examined);
-    pack_u64_kv(out, "resume_recheck_fallbacks", st.resume_recheck_fallbacks);
-    pack_u64_kv(out, "leases_resume_kda", st.leases_resume_kda);
-    pack_u64_kv(out, "leases_resume_kv", st.leases_resume_kv);
-    pack_u64_kv(out, "resume_lock_hold_max_ns", st.resume_lock_hold_max_ns);
-    pack_hist_kv(out, "resume_lock_hold_us_hist", st.resume_lock_hold_hist);
+    msgpack_pack_map(out, NFIELDS(stats_fields));
+    pack_fields(out, &st, stats_fields, NFIELDS(stats_fields));
     return MOONLET_OK;
 }
 

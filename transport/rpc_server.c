@@ -65,6 +65,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/queue.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -131,7 +132,7 @@ typedef struct conn {
     int64_t frame_start_ms; /* when the partial frame in `in` began */
     int64_t sent_ms;        /* last send progress (or when output was queued) */
     int64_t active_ms;      /* last request served (idle deadline base) */
-    struct conn *prev, *next;
+    LIST_ENTRY(conn) link; /* in loop.conns */
 } conn;
 
 typedef struct loop {
@@ -143,7 +144,7 @@ typedef struct loop {
     pthread_mutex_t lock; /* guards pending[] */
     int *pending;
     size_t npending, pending_cap;
-    conn *conns;
+    LIST_HEAD(, conn) conns;
     size_t nlinger;
     msgpack_zone zone;
     bool zone_ready;
@@ -620,12 +621,7 @@ static void conn_close(loop *l, conn *c)
         s->on_close(s->ctx, c->conn_data);
     if (c->state == ST_LINGER)
         l->nlinger--;
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        l->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     moonlet_frame_builder_destroy(&c->out);
     free(c->in);
     free(c);
@@ -682,10 +678,7 @@ static void adopt(loop *l, int fd)
         ML_ERR(MOD, "epoll_ctl(ADD) failed: %s", strerror(errno));
         goto fail;
     }
-    c->next = l->conns;
-    if (l->conns)
-        l->conns->prev = c;
-    l->conns = c;
+    LIST_INSERT_HEAD(&l->conns, c, link);
     return;
 fail:
     free(in);
@@ -715,9 +708,9 @@ static void adopt_pending(loop *l)
 static void expire_lingering(loop *l)
 {
     int64_t now = now_ms();
-    conn *c = l->conns;
+    conn *c = LIST_FIRST(&l->conns);
     while (c != NULL && l->nlinger > 0) {
-        conn *next = c->next;
+        conn *next = LIST_NEXT(c, link);
         if (c->state == ST_LINGER && now >= c->linger_deadline_ms)
             conn_close(l, c);
         c = next;
@@ -745,10 +738,10 @@ static int64_t conn_deadline(const moonlet_rpc_server *s, const conn *c)
 /* Closes the loop's connections that are past their deadline. */
 static void expire_deadlines(loop *l, int64_t now)
 {
-    conn *c = l->conns;
+    conn *c = LIST_FIRST(&l->conns);
     size_t closed = 0;
     while (c != NULL) {
-        conn *next = c->next;
+        conn *next = LIST_NEXT(c, link);
         if (now >= conn_deadline(l->s, c)) {
             ML_DEBUG(MOD, "fd %d: deadline passed (%s), closing", c->fd,
                      l->s->token_len && !c->authed ? "authentication"
@@ -806,8 +799,8 @@ static void *loop_main(void *arg)
             busy_until = now_ns() + l->s->busy_poll_ns;
     }
     adopt_pending(l); /* the acceptor is gone: every accepted connection gets its on_close */
-    while (l->conns != NULL)
-        conn_close(l, l->conns);
+    while (!LIST_EMPTY(&l->conns))
+        conn_close(l, LIST_FIRST(&l->conns));
     return NULL;
 }
 

@@ -56,6 +56,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stddef.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +78,7 @@ typedef struct xfer_buffer {
     size_t len;
     void *handle; /* backend registration (verbs MR), NULL for TCP */
     uint32_t lkey;
-    struct xfer_buffer *next;
+    LIST_ENTRY(xfer_buffer) link; /* in moonlet_xfer.bufs */
 } xfer_buffer;
 
 typedef struct xfer_slot {
@@ -307,13 +308,12 @@ void moonlet_xfer_destroy(moonlet_xfer *x)
     if (!x)
         return;
     xfer_close_peers(x);
-    xfer_buffer *b = x->bufs;
-    while (b) {
-        xfer_buffer *next = b->next;
+    while (!LIST_EMPTY(&x->bufs)) {
+        xfer_buffer *b = LIST_FIRST(&x->bufs);
+        LIST_REMOVE(b, link);
         if (b->handle)
             x->be->buf_remove(x, b->handle);
         free(b);
-        b = next;
     }
     x->be->stop(x);
     pthread_cond_destroy(&x->pool_cond);
@@ -389,8 +389,7 @@ int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
         return rc;
     }
     pthread_rwlock_wrlock(&x->buf_lock);
-    b->next = x->bufs;
-    x->bufs = b;
+    LIST_INSERT_HEAD(&x->bufs, b, link);
     pthread_rwlock_unlock(&x->buf_lock);
     return MOONLET_OK;
 }
@@ -400,14 +399,12 @@ int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
     if (!x || !base)
         return MOONLET_ERR_INVALID_PARAMS;
     pthread_rwlock_wrlock(&x->buf_lock);
-    xfer_buffer **pp = &x->bufs, *b = NULL;
-    for (; *pp; pp = &(*pp)->next) {
-        if ((*pp)->base == base) {
-            b = *pp;
-            *pp = b->next;
+    xfer_buffer *b;
+    LIST_FOREACH(b, &x->bufs, link)
+        if (b->base == base)
             break;
-        }
-    }
+    if (b)
+        LIST_REMOVE(b, link);
     pthread_rwlock_unlock(&x->buf_lock);
     if (!b)
         return MOONLET_ERR_INVALID_PARAMS;
@@ -423,7 +420,8 @@ int moonlet_xfer_buffer_lookup(moonlet_xfer *x, const void *addr, uint64_t len, 
     uintptr_t a = (uintptr_t)addr;
     int rc = MOONLET_ERR_INVALID_PARAMS;
     pthread_rwlock_rdlock(&x->buf_lock);
-    for (xfer_buffer *b = x->bufs; b; b = b->next) {
+    xfer_buffer *b;
+    LIST_FOREACH(b, &x->bufs, link) {
         uintptr_t s = (uintptr_t)b->base;
         if (a >= s && len <= b->len && a - s <= b->len - len) {
             *lkey = b->lkey;
@@ -810,8 +808,10 @@ static void xfer_assign_lanes(xfer_group *g, xfer_lane *lanes, xfer_item **out, 
     }
 }
 
-/* Scratch memory of one batch, allocated in one place. */
+/* Scratch memory of one batch: its arrays are carved from one block
+ * (xfer_batch_layout), allocated and freed in one call. */
 typedef struct xfer_batch {
+    unsigned char *block;
     xfer_item *items;
     xfer_item **todo;
     xfer_item **lane_items;
@@ -837,41 +837,55 @@ typedef struct xfer_open_job {
     bool started;
 } xfer_open_job;
 
+/* Takes n elements of `size` bytes, aligned for any type, at *end of a block
+ * starting at base: their address (NULL while base is NULL: sizing only).
+ * *end saturates at SIZE_MAX, a size no allocation meets. */
+static void *carve(unsigned char *base, size_t *end, size_t n, size_t size)
+{
+    size_t al = _Alignof(max_align_t);
+    size_t off = *end / al * al + (*end % al ? al : 0);
+    if (*end == SIZE_MAX || off < *end || (size && n > (SIZE_MAX - off) / size)) {
+        *end = SIZE_MAX;
+        return NULL;
+    }
+    *end = off + n * size;
+    return base ? base + off : NULL;
+}
+
+/* Lays the batch's arrays out from base (NULL: only sizes the block, *end). */
+static void xfer_batch_layout(xfer_batch *b, unsigned char *base, size_t n, size_t cpp,
+                              size_t *end)
+{
+    *end = 0;
+    b->items = carve(base, end, n, sizeof(*b->items));
+    b->todo = carve(base, end, n, sizeof(*b->todo));
+    b->lane_items = carve(base, end, n, sizeof(*b->lane_items));
+    b->which = carve(base, end, n, sizeof(*b->which));
+    b->groups = carve(base, end, n, sizeof(*b->groups));
+    b->slot_idx = carve(base, end, n * cpp, sizeof(*b->slot_idx));
+    b->load = carve(base, end, n * cpp, sizeof(*b->load)); /* per group: lanes run concurrently */
+    b->lanes = carve(base, end, n, sizeof(*b->lanes)); /* at most one lane per item */
+    b->grc = carve(base, end, n, sizeof(*b->grc));
+    b->jobs = carve(base, end, n, sizeof(*b->jobs));
+    b->item_base = carve(base, end, n, sizeof(*b->item_base));
+}
+
 static void xfer_batch_free(xfer_batch *b)
 {
-    free(b->items);
-    free(b->todo);
-    free(b->lane_items);
-    free(b->which);
-    free(b->groups);
-    free(b->slot_idx);
-    free(b->load);
-    free(b->lanes);
-    free(b->grc);
-    free(b->jobs);
-    free(b->item_base);
+    free(b->block);
 }
 
 static int xfer_batch_alloc(moonlet_xfer *x, size_t n, xfer_batch *b)
 {
-    size_t cpp = (size_t)x->conns_per_peer;
+    size_t cpp = (size_t)x->conns_per_peer, size;
     memset(b, 0, sizeof(*b));
-    b->items = calloc(n, sizeof(*b->items));
-    b->todo = calloc(n, sizeof(*b->todo));
-    b->lane_items = calloc(n, sizeof(*b->lane_items));
-    b->which = calloc(n, sizeof(*b->which));
-    b->groups = calloc(n, sizeof(*b->groups));
-    b->slot_idx = calloc(n * cpp, sizeof(*b->slot_idx));
-    b->load = calloc(n * cpp, sizeof(*b->load)); /* per group: lanes run concurrently */
-    b->lanes = calloc(n, sizeof(*b->lanes)); /* at most one lane per item */
-    b->grc = calloc(n, sizeof(*b->grc));
-    b->jobs = calloc(n, sizeof(*b->jobs));
-    b->item_base = calloc(n, sizeof(*b->item_base));
-    if (!b->items || !b->todo || !b->lane_items || !b->which || !b->groups || !b->slot_idx ||
-        !b->load || !b->lanes || !b->grc || !b->jobs || !b->item_base) {
-        xfer_batch_free(b);
+    if (cpp && n > SIZE_MAX / cpp)
         return MOONLET_ERR_INTERNAL_ERROR;
-    }
+    xfer_batch_layout(b, NULL, n, cpp, &size);
+    b->block = size == SIZE_MAX ? NULL : calloc(1, size ? size : 1);
+    if (!b->block)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    xfer_batch_layout(b, b->block, n, cpp, &size);
     return MOONLET_OK;
 }
 

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include "net.h"   /* moonlet_net_split_hostport: endpoints */
 #include "token.h" /* moonlet_token_equal: AUTH tokens and RDMA digests */
@@ -108,7 +109,7 @@ struct moonlet_xfer {
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1]; /* serving endpoint, "" if none */
 
     pthread_rwlock_t buf_lock;
-    struct xfer_buffer *bufs;
+    LIST_HEAD(, xfer_buffer) bufs; /* registered buffers (buf_lock) */
 
     pthread_mutex_t pool_lock;
     pthread_cond_t pool_cond;

@@ -51,6 +51,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -87,7 +88,7 @@ typedef struct tcp_segment {
     uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
     unsigned inflight; /* requests using the memory now */
     bool removed;      /* unregister waits for inflight == 0 */
-    struct tcp_segment *next;
+    LIST_ENTRY(tcp_segment) link; /* in tcp_server.segs (seg_lock) */
 } tcp_segment;
 
 /* Where a connection is in serving its current request. */
@@ -109,7 +110,7 @@ typedef struct tcp_sconn {
     bool authed;
     bool close_after_reply; /* refused AUTH or request before AUTH */
     struct tcp_peer *peer;  /* per-peer count (conn_lock) */
-    struct tcp_sconn *prev, *next;
+    LIST_ENTRY(tcp_sconn) link; /* in tcp_server.conns (conn_lock) */
 
     enum tcp_phase phase;
     uint8_t hbuf[MOONLET_XFER_TCP_HDR_BYTES];
@@ -157,21 +158,37 @@ typedef struct tcp_server {
 
     pthread_mutex_t seg_lock;
     pthread_cond_t seg_cond;
-    tcp_segment *segs;
+    LIST_HEAD(, tcp_segment) segs;
 
     pthread_mutex_t conn_lock;
-    tcp_sconn *conns;
+    LIST_HEAD(, tcp_sconn) conns;
     unsigned nconns;
     tcp_peer *peers[TCP_PEER_BUCKETS];
     atomic_uint_fast64_t idle_closed; /* connections the reaper shut for idling */
 } tcp_server;
 
+/* The segment `id` not being removed, or NULL.  seg_lock held. */
+static tcp_segment *tcp_seg_find_locked(tcp_server *s, uint64_t id)
+{
+    tcp_segment *g;
+    LIST_FOREACH(g, &s->segs, link)
+        if (g->id == id && !g->removed)
+            return g;
+    return NULL;
+}
+
+/* The segment named segment_id (its id in hex) not being removed, or NULL.
+ * seg_lock held. */
+static tcp_segment *tcp_seg_named_locked(tcp_server *s, const char *segment_id)
+{
+    uint64_t id;
+    return moonlet_xfer_tcp_parse_seg_id(segment_id, &id) ? NULL : tcp_seg_find_locked(s, id);
+}
+
 static tcp_segment *tcp_seg_acquire(tcp_server *s, uint64_t id)
 {
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = s->segs;
-    while (g && (g->id != id || g->removed))
-        g = g->next;
+    tcp_segment *g = tcp_seg_find_locked(s, id);
     if (g)
         g->inflight++;
     pthread_mutex_unlock(&s->seg_lock);
@@ -216,8 +233,7 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
     g->base = base;
     g->size = len;
     pthread_mutex_lock(&s->seg_lock);
-    g->next = s->segs;
-    s->segs = g;
+    LIST_INSERT_HEAD(&s->segs, g, link);
     pthread_mutex_unlock(&s->seg_lock);
     snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
     snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
@@ -234,7 +250,8 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
 static void tcp_kick_segment_users(tcp_server *s, tcp_segment *g)
 {
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next)
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link)
         if (atomic_load(&c->seg) == g)
             shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->conn_lock);
@@ -243,14 +260,10 @@ static void tcp_kick_segment_users(tcp_server *s, tcp_segment *g)
 int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
 {
     tcp_server *s = x->be_state;
-    uint64_t id;
-    if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
+    if (!s)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment **pp = &s->segs;
-    while (*pp && ((*pp)->id != id || (*pp)->removed))
-        pp = &(*pp)->next;
-    tcp_segment *g = *pp;
+    tcp_segment *g = tcp_seg_named_locked(s, segment_id);
     if (!g) {
         pthread_mutex_unlock(&s->seg_lock);
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
@@ -263,9 +276,7 @@ int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
     pthread_mutex_lock(&s->seg_lock);
     while (g->inflight)
         pthread_cond_wait(&s->seg_cond, &s->seg_lock);
-    for (pp = &s->segs; *pp != g; pp = &(*pp)->next)
-        ;
-    *pp = g->next;
+    LIST_REMOVE(g, link);
     pthread_mutex_unlock(&s->seg_lock);
     free(g);
     return MOONLET_OK;
@@ -274,13 +285,10 @@ int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id)
 int moonlet_xfer_tcp_seg_set_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key)
 {
     tcp_server *s = x->be_state;
-    uint64_t id;
-    if (!s || moonlet_xfer_tcp_parse_seg_id(segment_id, &id))
+    if (!s)
         return MOONLET_ERR_SEGMENT_NOT_FOUND;
     pthread_mutex_lock(&s->seg_lock);
-    tcp_segment *g = s->segs;
-    while (g && (g->id != id || g->removed))
-        g = g->next;
+    tcp_segment *g = tcp_seg_named_locked(s, segment_id);
     if (g) {
         memcpy(g->key, key, sizeof(g->key));
         g->keyed = true;
@@ -670,12 +678,7 @@ static void tcp_sconn_close(tcp_server *s, tcp_sconn *c)
 {
     tcp_drop_segment(s, c);
     pthread_mutex_lock(&s->conn_lock);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    LIST_REMOVE(c, link);
     s->nconns--;
     tcp_peer_put_locked(s, c->peer);
     pthread_mutex_unlock(&s->conn_lock);
@@ -863,10 +866,7 @@ static bool tcp_accept_one(tcp_server *s)
         c->fd = fd;
         c->peer = p;
         atomic_store(&c->idle_since_ms, moonlet_xfer_now_ms());
-        c->next = s->conns;
-        if (s->conns)
-            s->conns->prev = c;
-        s->conns = c;
+        LIST_INSERT_HEAD(&s->conns, c, link);
         s->nconns++;
     }
     pthread_mutex_unlock(&s->conn_lock);
@@ -891,7 +891,8 @@ static void tcp_reap(tcp_server *s)
     uint64_t now = moonlet_xfer_now_ms();
     unsigned late = 0, idle = 0;
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next) {
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link) {
         uint64_t d = atomic_load(&c->deadline_ms);
         if (d) {
             if (now > d) {
@@ -965,7 +966,9 @@ static int tcp_listen(moonlet_xfer *x, tcp_server *s)
 
 static void tcp_server_free(tcp_server *s)
 {
-    LIST_FOR_EACH_SAFE(tcp_sconn, c, s->conns) {
+    while (!LIST_EMPTY(&s->conns)) {
+        tcp_sconn *c = LIST_FIRST(&s->conns);
+        LIST_REMOVE(c, link);
         close(c->fd);
         free(c);
     }
@@ -974,8 +977,11 @@ static void tcp_server_free(tcp_server *s)
             free(p);
     if (s->reserve_fd >= 0)
         close(s->reserve_fd);
-    LIST_FOR_EACH_SAFE(tcp_segment, g, s->segs)
+    while (!LIST_EMPTY(&s->segs)) {
+        tcp_segment *g = LIST_FIRST(&s->segs);
+        LIST_REMOVE(g, link);
         free(g);
+    }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     if (s->epfd >= 0)
@@ -999,7 +1005,8 @@ static void tcp_server_stop_threads(tcp_server *s, bool acceptor_started)
     if (acceptor_started)
         pthread_join(s->acceptor, NULL);
     pthread_mutex_lock(&s->conn_lock);
-    for (tcp_sconn *c = s->conns; c; c = c->next)
+    tcp_sconn *c;
+    LIST_FOREACH(c, &s->conns, link)
         shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->conn_lock);
     for (int i = 0; i < s->nworkers; i++)

@@ -191,15 +191,10 @@ static int reply_rc(msgpack_packer *out, int rc)
     return MOONLET_OK;
 }
 
-/* Every call but ATTACH needs an attached connection. */
-static rc_conn *need_attached(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *code)
+/* The connection of a call past the ATTACH check (h_attached): attached. */
+static rc_conn *attached_conn(moonlet_rpc_ctx *ctx)
 {
-    rc_conn *cn = *ctx->conn_data;
-    if (cn && cn->attached)
-        return cn;
-    *code = moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS,
-                              "ATTACH the staging region first");
-    return NULL;
+    return *ctx->conn_data;
 }
 
 /* ---- handlers ---------------------------------------------------------------------------- */
@@ -253,10 +248,7 @@ HANDLER(h_attach, moonlet_dm_attach_args)
 
 HANDLER(h_detach, moonlet_dm_detach_args)
 {
-    int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
-        return code;
+    rc_conn *cn = attached_conn(ctx);
     rc_region *r = region_find(cn, a->region);
     if (!r)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "no region %llu",
@@ -281,9 +273,7 @@ HANDLER(h_detach, moonlet_dm_detach_args)
 HANDLER(h_put, moonlet_dm_put_args)
 {
     int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
-        return code;
+    rc_conn *cn = attached_conn(ctx);
     void *p;
     if ((code = span(cn, a->region, a->offset, a->len, &p, out)))
         return code;
@@ -298,9 +288,7 @@ HANDLER(h_put, moonlet_dm_put_args)
 HANDLER(h_get, moonlet_dm_get_args)
 {
     int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
-        return code;
+    rc_conn *cn = attached_conn(ctx);
     void *p;
     size_t len = SIZE_MAX; /* stays SIZE_MAX when the client did not learn the size */
     if ((code = span(cn, a->region, a->offset, a->cap, &p, out)))
@@ -318,9 +306,6 @@ HANDLER(h_get, moonlet_dm_get_args)
 /* GET_SIZE, REMOVE, EXIST_KEY, PROBE_KEY, INSPECT_KEY */
 HANDLER(h_key, moonlet_dm_key_args)
 {
-    int code;
-    if (!need_attached(ctx, out, &code))
-        return code;
     moonlet_client *c = RC(ctx)->client;
     const char *key = a->key, *t = a->tenant;
     int rc;
@@ -360,9 +345,6 @@ HANDLER(h_key, moonlet_dm_key_args)
 /* -> [rc, removed] */
 HANDLER(h_remove_all, moonlet_dm_remove_all_args)
 {
-    int code;
-    if (!need_attached(ctx, out, &code))
-        return code;
     uint64_t removed = 0;
     moonlet_client *c = RC(ctx)->client;
     int rc = a->force ? moonlet_client_remove_all_force(c, a->tenant, &removed)
@@ -376,9 +358,6 @@ HANDLER(h_remove_all, moonlet_dm_remove_all_args)
 /* BATCH_EXIST_KEY and BATCH_PROBE_KEY -> [rc, [result...] or nil] */
 HANDLER(h_batch_keys, moonlet_dm_batch_keys_args)
 {
-    int code;
-    if (!need_attached(ctx, out, &code))
-        return code;
     size_t n = a->keys.n;
     int32_t *res = req_alloc(ctx, n, sizeof(*res));
     moonlet_client *c = RC(ctx)->client;
@@ -413,9 +392,7 @@ static int batch_items(moonlet_rpc_ctx *ctx, const moonlet_tuplev *items, rc_bat
                        msgpack_packer *out)
 {
     int code;
-    rc_conn *cn = need_attached(ctx, out, &code);
-    if (!cn)
-        return code;
+    rc_conn *cn = attached_conn(ctx);
     size_t n = b->n = items->n;
     const moonlet_dm_item *it = items->v;
     b->keys = req_alloc(ctx, n, sizeof(*b->keys));
@@ -473,9 +450,6 @@ HANDLER(h_batch_get, moonlet_dm_batch_get_args)
 /* PROBE_RESUME -> [rc, kv_prefix, selected, [result...] or nil] */
 HANDLER(h_probe_resume, moonlet_dm_probe_resume_args)
 {
-    int code;
-    if (!need_attached(ctx, out, &code))
-        return code;
     size_t n_kda = a->kda_keys.n, n_b = a->boundaries.n;
     uint64_t cs = a->candidate_size;
     int32_t *mask = req_alloc(ctx, n_kda, sizeof(*mask));
@@ -523,7 +497,18 @@ _Static_assert(sizeof(g_handlers) / sizeof(g_handlers[0]) ==
                    MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH + 1,
                "a handler per method");
 
-/* The server's table: the declared methods with their handlers. */
+/* Every call but ATTACH needs an attached connection: checked here, once,
+ * before the method's handler runs (attached_conn). */
+static int h_attached(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    rc_conn *cn = *ctx->conn_data;
+    if (!cn || !cn->attached)
+        return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS,
+                                 "ATTACH the staging region first");
+    return g_handlers[ctx->method - MOONLET_DM_ATTACH](ctx, args, out);
+}
+
+/* The server's table: the declared methods, ATTACH's handler or the gate. */
 static moonlet_rpc_method g_methods[sizeof(g_handlers) / sizeof(g_handlers[0])];
 static pthread_once_t g_methods_once = PTHREAD_ONCE_INIT;
 
@@ -531,8 +516,8 @@ static void methods_init(void)
 {
     for (size_t i = 0; i < moonlet_dummy_nmethods; i++) {
         const moonlet_rpc_method_decl *d = &moonlet_dummy_methods[i];
-        g_methods[i] = (moonlet_rpc_method){d->id, d->name,
-                                            g_handlers[d->id - MOONLET_DM_ATTACH], d->spec};
+        moonlet_rpc_handler fn = d->id == MOONLET_DM_ATTACH ? h_attach : h_attached;
+        g_methods[i] = (moonlet_rpc_method){d->id, d->name, fn, d->spec};
     }
 }
 
