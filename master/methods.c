@@ -22,8 +22,7 @@
 #define STRS MOONLET_ARG_STR_ARRAY
 #define U64S MOONLET_ARG_U64_ARRAY
 
-/* One row: name, kind, flags, field, then .max / .elem_max / .def as needed. */
-#define ARG(T, f, k, fl) .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
+#define ARG MOONLET_RPC_ARG /* rpc_args.h: one row of an argument table */
 #define ID_MAX MOONLET_MAX_ID_BYTES
 #define PROTO_MAX 15 /* "tcp", "rdma", ... */
 /* The object a per-object method names.  Keys are not bounded here: the

@@ -84,6 +84,12 @@ typedef struct moonlet_rpc_arg {
     const struct moonlet_rpc_args_spec *item; /* TUPLE_ARRAY: each element's arguments */
 } moonlet_rpc_arg;
 
+/* One row of a method's argument table: the field `f` of args struct T, of
+ * kind k with flags fl; .max / .elem_max / .def / .item follow as needed:
+ *   {MOONLET_RPC_ARG(my_args, key, MOONLET_ARG_STR, 0), .max = 255}, */
+#define MOONLET_RPC_ARG(T, f, k, fl)                                                    \
+    .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
+
 typedef struct moonlet_rpc_args_spec {
     const moonlet_rpc_arg *args;
     uint16_t nargs;

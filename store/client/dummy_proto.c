@@ -22,7 +22,7 @@
 #define U64S MOONLET_ARG_U64_ARRAY
 #define TUPLES MOONLET_ARG_TUPLE_ARRAY
 
-#define ARG(T, f, k, fl) .name = #f, .kind = (k), .flags = (fl), .offset = offsetof(T, f)
+#define ARG MOONLET_RPC_ARG /* rpc_args.h: one row of an argument table */
 /* tenant: nil for the RealClient's default */
 #define TENANT(T) {ARG(T, tenant, CSTR, NULLABLE)}
 #define TENANT_KEY(T) TENANT(T), {ARG(T, key, CSTR, 0)}
