@@ -20,6 +20,7 @@ a store node and a client given both masters.  Checks:
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
+import http.client
 import json
 import os
 import re
@@ -58,12 +59,23 @@ def free_port():
 class Etcd:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="moonlet-ha-etcd-")
+        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
+        # A port free_port() picked may be taken before etcd binds it (by a
+        # daemon of this or another test): etcd then exits, or the probe
+        # reaches that other server; then again on other ports, at most 3 times.
+        for attempt in range(3):
+            if self._start(attempt):
+                return
+            daemons.terminate(self.proc)
+        self.stop()
+        raise RuntimeError("etcd did not come up")
+
+    def _start(self, attempt):
         cport, pport = free_port(), free_port()
         self.url = f"http://127.0.0.1:{cport}"
         peer = f"http://127.0.0.1:{pport}"
-        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
         self.proc = subprocess.Popen(
-            [ETCD, "--name", "ha", "--data-dir", os.path.join(self.dir, "data"),
+            [ETCD, "--name", "ha", "--data-dir", os.path.join(self.dir, f"data{attempt}"),
              "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"ha={peer}"],
@@ -72,13 +84,13 @@ class Etcd:
         while True:  # etcd announces readiness on no channel we can wait on: bounded poll
             try:
                 req = urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}')
-                urllib.request.urlopen(req, timeout=1).read()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("etcd did not come up")
-                time.sleep(0.05)
+                if "header" in json.loads(urllib.request.urlopen(req, timeout=1).read()):
+                    return True  # etcd's own answer
+            except (OSError, http.client.HTTPException, ValueError):
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
 
     def stop(self):
         daemons.terminate(self.proc)
@@ -390,7 +402,7 @@ def test_stopped_leader_never_serves_again(ha):
     put_until_ok(s, "k0", b"0" * 1000, 10)
     old = ha["leader"]
     d = ha["masters"][old]
-    os.kill(d.pid, signal.SIGSTOP)
+    daemons.freeze(d.pid)
     # a store node starting now (its leader stopped) waits for the new leader
     late = daemons.start_store(",".join(ha["addrs"]), 16 * MIB, "--ping-interval-ms", "200",
                                "--rpc-timeout-ms", "1000", timeout=30)
@@ -622,7 +634,7 @@ def test_standby_cut_off_comes_up_empty(ha):
     other = [a for a in ha["addrs"] if a != old][0]
     wait_in_sync(ha, other)
     sb = ha["masters"][other]
-    os.kill(sb.pid, signal.SIGSTOP)
+    daemons.freeze(sb.pid)  # stopped for sure: it must not acknowledge what comes next
     try:
         t0 = time.monotonic()
         s.put("unsynced", b"u" * 1000)  # waits at most --repl-max-lag-ms, then alone

@@ -48,6 +48,8 @@ BUILD = os.environ.get("MOONLET_BUILD_ROOT")
 if not BUILD:
     raise RuntimeError("MOONLET_BUILD_ROOT is not set: run through `meson test`")
 sys.path.insert(0, os.path.join(os.environ.get("MOONLET_SOURCE_ROOT", "."), "tests", "cluster"))
+sys.path.insert(0, os.path.join(os.environ.get("MOONLET_SOURCE_ROOT", "."), "tests", "python"))
+import daemons  # noqa: E402
 import netcluster as nc  # noqa: E402
 
 LOGDIR = os.path.join(BUILD, "meson-logs", "ha-net")
@@ -624,7 +626,7 @@ def test_etcd_quorum_loss(cluster):
     time.sleep(3)  # without quorum for a while: nobody may serve
     assert not cl.serving(cl.MASTERS)
     standby = the_other(cl, leader)
-    cl.masters[leader].send(signal.SIGSTOP)
+    daemons.freeze(cl.masters[leader].pid)
     try:
         t_back = mono_ms()
         cl.start_etcd(victims[1])

@@ -137,6 +137,29 @@ def tool(name):
     return os.path.join(build_root(), "tools", name)
 
 
+def freeze(pid, timeout=10.0):
+    """SIGSTOP pid, then wait (bounded) until every thread of it is stopped.
+    kill() returns once the signal is queued; each thread stops only when
+    it next runs in the kernel, so on a busy host the process can go on for
+    milliseconds (a standby acknowledging records it was meant to miss)."""
+    os.kill(pid, signal.SIGSTOP)
+    task = f"/proc/{pid}/task"
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(task):
+            try:
+                with open(os.path.join(task, tid, "stat")) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        if states and all(s in ("T", "t") for s in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} not stopped within {timeout} s: {states}")
+        time.sleep(0.001)
+
+
 def child_pids(pid, *pgrep_args):
     """pid's children as `pgrep -P pid` lists them (bytes), narrowed by
     pgrep_args (e.g. "-f", "redis-server")."""
