@@ -132,11 +132,13 @@ static const moonlet_rpc_arg put_replace_args[] = {
      .elem_max = ID_MAX},
 };
 
-static const moonlet_rpc_arg repl_fetch_args[] = {
-    {ARG(moonlet_args_repl_fetch, standby, STR, 0), .max = 255},
-    {ARG(moonlet_args_repl_fetch, from, U64, 0)},
-    {ARG(moonlet_args_repl_fetch, wait_ms, U64, 0), .max = 1000},
-    {ARG(moonlet_args_repl_fetch, max_bytes, U64, OPT), .max = 64u << 20},
+static const moonlet_rpc_arg repl_stream_args[] = {
+    {ARG(moonlet_args_repl_stream, standby, STR, 0), .max = 255},
+    {ARG(moonlet_args_repl_stream, from, U64, 0)},
+};
+
+static const moonlet_rpc_arg repl_ack_args[] = {
+    {ARG(moonlet_args_repl_ack, next, U64, 0)},
 };
 
 static const moonlet_rpc_arg repl_snapshot_args[] = {
@@ -177,7 +179,8 @@ SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 SPEC(s_put_replace, moonlet_args_put_replace, put_replace_args);
-SPEC(s_repl_fetch, moonlet_args_repl_fetch, repl_fetch_args);
+SPEC(s_repl_stream, moonlet_args_repl_stream, repl_stream_args);
+SPEC(s_repl_ack, moonlet_args_repl_ack, repl_ack_args);
 SPEC(s_repl_snapshot, moonlet_args_repl_snapshot, repl_snapshot_args);
 SPEC(s_repair_fetch, moonlet_args_repair_fetch, repair_fetch_args);
 SPEC(s_repair_done, moonlet_args_repair_done, repair_done_args);
@@ -213,9 +216,10 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_DRAIN, "Drain", &s_drain},
     {MOONLET_M_UNDRAIN, "Undrain", &s_drain},
     {MOONLET_M_HELLO, "Hello", &s_any},
-    {MOONLET_M_REPL_FETCH, "ReplFetch", &s_repl_fetch},
     {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_repl_snapshot},
     {MOONLET_M_REPL_PORT, "ReplPort", &s_none},
+    {MOONLET_M_REPL_STREAM, "ReplStream", &s_repl_stream},
+    {MOONLET_M_REPL_ACK, "ReplAck", &s_repl_ack},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

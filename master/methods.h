@@ -49,9 +49,11 @@ enum moonlet_method {
     MOONLET_M_DRAIN = 25,
     MOONLET_M_UNDRAIN = 26,
     MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
-    MOONLET_M_REPL_FETCH = 29,    /* a standby's long poll of the replication stream */
+    /* 29 was ReplFetch, the long poll the stream replaced */
     MOONLET_M_REPL_SNAPSHOT = 30, /* a standby's starting point */
-    MOONLET_M_REPL_PORT = 31,     /* where the leader serves ReplFetch / ReplSnapshot */
+    MOONLET_M_REPL_PORT = 31,     /* where the leader serves ReplSnapshot / ReplStream */
+    MOONLET_M_REPL_STREAM = 32,   /* a standby turns its connection into the record stream */
+    MOONLET_M_REPL_ACK = 33,      /* on the stream only: the standby's position */
     MOONLET_M__COUNT
 };
 
@@ -163,10 +165,13 @@ typedef struct {
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;
     moonlet_str standby;  /* the standby's advertised HOST:PORT */
-    uint64_t from;        /* acknowledges every record below; wants the records from here */
-    uint64_t wait_ms;     /* long poll bound (at most 1000) */
-    uint64_t max_bytes;   /* optional; 0: 4 MiB */
-} moonlet_args_repl_fetch;
+    uint64_t from;        /* it applied every record below; wants the records from here */
+} moonlet_args_repl_stream;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    uint64_t next;        /* the standby applied every record below */
+} moonlet_args_repl_ack;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

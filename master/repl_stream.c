@@ -1,24 +1,39 @@
 /*
- * repl_stream.c - the leader's record log with semi-synchronous waits, and
- * the standby's follower thread (repl_stream.h).
+ * repl_stream.c - the leader's record log with semi-synchronous waits and
+ * the push stream to its standby, and the standby's follower thread
+ * (repl_stream.h).
  *
  * The log is a ring of encoded records (seq, emit time, bytes), trimmed
- * from the oldest end beyond max_bytes.  mu guards it and the standby's
- * progress; cv wakes fetches (a record came) and semi-sync waiters (an ack
- * came, or the in-sync state changed).  `marking` serialises etcd marks,
- * which run without mu.
+ * from the oldest end beyond max_bytes.  mu guards it, the standby's
+ * progress and the stream's state; cv wakes semi-sync waiters (an ack came,
+ * a sender or reader role came free, the in-sync state changed); pcv wakes
+ * the pusher thread.  `marking` serialises etcd marks, which run without mu.
+ *
+ * The stream (one socket, a struct rstream) is written and read without mu
+ * by whichever thread holds its `sending` or `reading` role; the roles and
+ * the socket's lifetime (refs: the log's own plus one per role holder) are
+ * under mu.  A writer waiting for its records' ack takes the roles itself
+ * when they are free: it sends what is unsent, then reads the standby's
+ * acks, so a replicated write costs the standby's round trip and no thread
+ * hand-off.  The pusher sends what no writer sent (records of operations
+ * that do not wait), reads acks nobody reads, sends heartbeats, marks the
+ * standby in sync once it caught up, and out of sync when it lags.
  */
 #include "repl_stream.h"
 
 #include <errno.h>
 #include <msgpack.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
+#include "frame.h"
 #include "log.h"
 #include "methods.h"
 #include "monotime.h"
@@ -31,27 +46,71 @@
 
 #define MOD "repl"
 
+/* An idle stream's push, so that each end knows the other one is there. */
+#define HEARTBEAT_MS 200
+/* The pusher's period while records are unsent or unacknowledged, or were
+ * emitted in the last IDLE_AFTER_MS; after that it sleeps until a heartbeat
+ * is due or an emit wakes it. */
+#define TICK_MS 2
+#define IDLE_AFTER_MS 50
+/* No ack for this long although records (or heartbeats) were sent: the
+ * standby or the link is gone, and the stream is closed. */
+#define DEAD_MS 2000
+/* Another standby may take the stream over once the current one has not
+ * acknowledged for this long. */
+#define STANDBY_GONE_MS 1000
+#define PUSH_MAX_BYTES (4u << 20)
+/* A standby that acknowledged all it was sent is taken in sync (writes wait
+ * for it) when at most this many records remain to send. */
+#define SYNC_BACKLOG_RECORDS 256u
+#define ACK_BUF 4096u
+
 struct lrec {
     uint64_t seq, t_ms;
     uint32_t len;
     uint8_t *bytes;
 };
 
+/* The push stream to the standby: one socket, written by the holder of
+ * `sending`, read by the holder of `reading`, both without the log's mu. */
+struct rstream {
+    int fd;
+    unsigned refs;      /* the log's while current, plus one per role holder */
+    bool sending, reading;
+    uint64_t sent;      /* every record below it was written */
+    uint64_t last_push_ms, last_ack_ms;
+    moonlet_frame_builder out; /* the sending role's */
+    char in[ACK_BUF];   /* the reading role's: acks not parsed yet */
+    size_t in_len;
+};
+
 struct moonlet_repl_log {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv, pcv;
     moonlet_repl_log_opts o;
     struct lrec *ring;
     size_t cap, head, n; /* ring[head .. head+n) */
     size_t bytes;
     uint64_t next;       /* seq of the next record */
+    uint64_t last_emit_ms;
     char standby[MOONLET_ROLE_ADDR_MAX];
     uint64_t acked;      /* standby applied every seq < acked */
-    uint64_t last_fetch_ms;
-    bool in_sync, marking;
+    uint64_t last_ack_ms;
+    /* in_sync: writes wait for the standby's acks; named: etcd names it in
+     * sync (only once it acknowledged every record from sync_from on, which
+     * is where in_sync began) */
+    bool in_sync, named, marking;
+    uint64_t sync_from;
     uint64_t out_marks, in_marks;
     uint64_t sync_waits, sync_acked_on_entry, sync_wait_ns; /* moonlet_repl_log_status */
-    bool dropped_oldest;  /* records were trimmed: `acked` below ring start means lost */
+    uint64_t writer_pushes, pusher_pushes;
+    /* the stream (NULL: none), and the one a ReplStream reply is opening */
+    struct rstream *st;
+    uint64_t epoch;
+    uint64_t tickets, pending, pending_from;
+    msgpack_zone zone;   /* parsing acks, under mu */
+    pthread_t pusher;
+    bool pstop, pidle;
 };
 
 static void deadline_ts(struct timespec *ts, uint64_t ms)
@@ -65,6 +124,8 @@ static void deadline_ts(struct timespec *ts, uint64_t ms)
     }
 }
 
+static void *pusher_main(void *arg);
+
 int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log **out)
 {
     moonlet_repl_log *l = calloc(1, sizeof(*l));
@@ -76,9 +137,22 @@ int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log 
         l->o.max_bytes = 64u << 20;
     if (!l->o.max_lag_ms)
         l->o.max_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
+    if (!msgpack_zone_init(&l->zone, 1024)) {
+        free(l);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
     pthread_mutex_init(&l->mu, NULL);
     moonlet_cond_init_mono(&l->cv);
+    moonlet_cond_init_mono(&l->pcv);
     l->next = 1;
+    if (moonlet_thread_create(&l->pusher, pusher_main, l, "repl-push") != 0) {
+        pthread_cond_destroy(&l->pcv);
+        pthread_cond_destroy(&l->cv);
+        pthread_mutex_destroy(&l->mu);
+        msgpack_zone_destroy(&l->zone);
+        free(l);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
     *out = l;
     return MOONLET_OK;
 }
@@ -91,12 +165,48 @@ static void ring_clear(moonlet_repl_log *l)
     l->bytes = 0;
 }
 
+/* Drops a reference; the last one closes the socket. */
+static void stream_put(struct rstream *s)
+{
+    if (--s->refs)
+        return;
+    close(s->fd);
+    moonlet_frame_builder_destroy(&s->out);
+    free(s);
+}
+
+/* The current stream is over: shut down, so that a role holder's I/O ends
+ * at once, and dropped (its holders find it is not current any more).  A
+ * standby that is still there connects again.  mu held. */
+static void stream_end_locked(moonlet_repl_log *l, const char *why)
+{
+    struct rstream *s = l->st;
+    if (!s)
+        return;
+    if (why)
+        ML_WARN(MOD, "stream to standby %s closed: %s", l->standby, why);
+    shutdown(s->fd, SHUT_RDWR);
+    l->st = NULL;
+    stream_put(s);
+    pthread_cond_broadcast(&l->cv);
+}
+
 void moonlet_repl_log_destroy(moonlet_repl_log *l)
 {
     if (!l)
         return;
+    pthread_mutex_lock(&l->mu);
+    l->pstop = true;
+    pthread_cond_signal(&l->pcv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->pusher, NULL);
+    pthread_mutex_lock(&l->mu);
+    stream_end_locked(l, NULL);
+    pthread_mutex_unlock(&l->mu);
     ring_clear(l);
     free(l->ring);
+    msgpack_zone_destroy(&l->zone);
+    pthread_cond_destroy(&l->pcv);
     pthread_cond_destroy(&l->cv);
     pthread_mutex_destroy(&l->mu);
     free(l);
@@ -107,10 +217,11 @@ void moonlet_repl_log_reset(moonlet_repl_log *l)
     pthread_mutex_lock(&l->mu);
     ring_clear(l);
     l->next++; /* a standby's old position is never valid again */
-    l->dropped_oldest = true;
+    stream_end_locked(l, NULL);
+    l->pending = 0;
     l->standby[0] = 0;
     l->acked = 0;
-    l->in_sync = false;
+    l->in_sync = l->named = false;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }
@@ -118,6 +229,14 @@ void moonlet_repl_log_reset(moonlet_repl_log *l)
 uint64_t moonlet_repl_log_next(moonlet_repl_log *l)
 {
     return moonlet_locked_u64(&l->mu, &l->next);
+}
+
+/* A record lost: the standby's state can no longer be trusted.  mu held. */
+static void lose_records_locked(moonlet_repl_log *l)
+{
+    ring_clear(l);
+    l->next++;
+    stream_end_locked(l, "a record could not be kept");
 }
 
 void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec)
@@ -128,14 +247,11 @@ void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec)
     uint8_t *b = len ? malloc(len) : NULL;
     if (b)
         memcpy(b, tmp, len);
+    uint64_t now = moonlet_mono_ms();
     pthread_mutex_lock(&l->mu);
     if (!b) {
-        /* A record lost: the standby's state can no longer be trusted. */
         ML_ERR(MOD, "a replication record could not be kept: the standby starts over");
-        ring_clear(l);
-        l->dropped_oldest = true;
-        l->next++;
-        pthread_cond_broadcast(&l->cv);
+        lose_records_locked(l);
         pthread_mutex_unlock(&l->mu);
         return;
     }
@@ -144,9 +260,7 @@ void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec)
         struct lrec *r = malloc(cap * sizeof(*r));
         if (!r) {
             free(b);
-            ring_clear(l);
-            l->dropped_oldest = true;
-            l->next++;
+            lose_records_locked(l);
             pthread_mutex_unlock(&l->mu);
             return;
         }
@@ -158,18 +272,21 @@ void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec)
         l->head = 0;
     }
     l->ring[(l->head + l->n) % l->cap] =
-        (struct lrec){.seq = l->next++, .t_ms = moonlet_mono_ms(), .len = (uint32_t)len, .bytes = b};
+        (struct lrec){.seq = l->next++, .t_ms = now, .len = (uint32_t)len, .bytes = b};
     l->n++;
     l->bytes += len;
+    l->last_emit_ms = now;
     while (l->bytes > l->o.max_bytes && l->n > 1) {
         struct lrec *o = &l->ring[l->head];
         l->bytes -= o->len;
         free(o->bytes);
         l->head = (l->head + 1) % l->cap;
         l->n--;
-        l->dropped_oldest = true;
     }
-    pthread_cond_broadcast(&l->cv);
+    if (l->pidle && l->st) { /* the pusher sleeps long: this record may have no writer */
+        l->pidle = false;
+        pthread_cond_signal(&l->pcv);
+    }
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -193,101 +310,312 @@ static int mark_locked(moonlet_repl_log *l, bool in_sync)
     return rc;
 }
 
-int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t from,
-                           size_t max_bytes, int wait_ms, uint8_t **buf, size_t *len,
-                           uint64_t *next, bool *lost)
+/* Out of sync in etcd first, then alone.  0, or UNAVAILABLE when the mark
+ * failed (the caller's write must not be acknowledged).  mu held. */
+static int mark_out_locked(moonlet_repl_log *l, const char *why)
 {
-    *buf = NULL;
-    *len = 0;
+    int rc = mark_locked(l, false);
+    if (rc == MOONLET_OK) {
+        if (l->in_sync || l->named) {
+            l->in_sync = l->named = false;
+            l->out_marks++;
+            ML_WARN(MOD, "standby %s %s: marked out of sync", l->standby, why);
+        }
+        pthread_cond_broadcast(&l->cv);
+        return MOONLET_OK;
+    }
+    ML_ERR(MOD, "cannot mark standby %s out of sync: %s", l->standby, moonlet_strerror(rc));
+    return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+}
+
+int moonlet_repl_log_stream_open(moonlet_repl_log *l, const char *standby, uint64_t from,
+                                 uint64_t epoch, bool *lost, uint64_t *next, uint64_t *ticket)
+{
     *lost = false;
+    *ticket = 0;
     pthread_mutex_lock(&l->mu);
     uint64_t now = moonlet_mono_ms();
-    /* One hot standby: another one is served records but counts for
-     * nothing, unless the current one has not fetched for a second (gone). */
-    bool secondary = false;
     if (strcmp(l->standby, standby) != 0) {
-        if (l->standby[0] && now - l->last_fetch_ms < 1000) {
-            secondary = true;
-        } else {
-            if (l->standby[0])
-                ML_WARN(MOD, "standby %s replaces %s", standby, l->standby);
-            if (l->in_sync) { /* the old one is named in etcd: unname it first */
-                int rc = l->marking ? MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS
-                                    : mark_locked(l, false);
-                if (rc) {
-                    pthread_mutex_unlock(&l->mu);
-                    return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
-                }
-                l->in_sync = false;
-                l->out_marks++;
+        /* One hot standby: another one waits until the current one is gone. */
+        if (l->standby[0] && l->st && now - l->st->last_ack_ms < STANDBY_GONE_MS) {
+            pthread_mutex_unlock(&l->mu);
+            return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        }
+        if (l->standby[0])
+            ML_WARN(MOD, "standby %s replaces %s", standby, l->standby);
+        if (l->in_sync || l->named) { /* the old one may be named in etcd: unname it first */
+            if (l->marking || mark_out_locked(l, "is replaced") != MOONLET_OK || l->in_sync) {
+                pthread_mutex_unlock(&l->mu);
+                return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
             }
-            snprintf(l->standby, sizeof(l->standby), "%s", standby);
-            l->acked = 0;
         }
+        stream_end_locked(l, NULL);
+        snprintf(l->standby, sizeof(l->standby), "%s", standby);
+        l->acked = 0;
     }
-    if (!secondary)
-        l->last_fetch_ms = now;
-    if (secondary) {
-        /* records only: no ack, no in-sync state */
-    } else if (from > l->next || from < ring_first(l)) {
+    *next = l->next;
+    if (from > l->next || from < ring_first(l)) {
         *lost = true;
-        *next = l->next;
+    } else {
+        *ticket = l->pending = ++l->tickets;
+        l->pending_from = from;
+        l->epoch = epoch;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return MOONLET_OK;
+}
+
+void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd)
+{
+    struct rstream *s = calloc(1, sizeof(*s));
+    pthread_mutex_lock(&l->mu);
+    uint64_t from = l->pending_from;
+    if (!s || !ticket || ticket != l->pending || from < ring_first(l) || from > l->next) {
         pthread_mutex_unlock(&l->mu);
-        return MOONLET_OK;
+        free(s);
+        close(fd); /* the standby connects again */
+        return;
     }
-    if (!secondary && from > l->acked) {
-        l->acked = from;
-        pthread_cond_broadcast(&l->cv);
-    }
-    /* Caught up and not in sync: writes wait for it from now on, then etcd names it. */
-    if (!secondary && !l->in_sync && !l->marking && from == l->next) {
-        l->in_sync = true;
-        int rc = mark_locked(l, true);
-        if (rc) {
-            l->in_sync = false;
-            ML_WARN(MOD, "cannot mark standby %s in sync: %s", standby, moonlet_strerror(rc));
-        } else {
-            l->in_marks++;
-            ML_INFO(MOD, "standby %s is in sync", standby);
+    l->pending = 0;
+    stream_end_locked(l, l->st ? "the standby opened a new one" : NULL);
+    s->fd = fd;
+    s->refs = 1;
+    s->sent = from;
+    s->last_push_ms = s->last_ack_ms = l->last_ack_ms = moonlet_mono_ms();
+    moonlet_frame_builder_init(&s->out);
+    /* Its position now (lower than before if it started over): writes wait
+     * for its replay, and it is consistent only after it (its own check). */
+    l->acked = from;
+    l->st = s;
+    l->pidle = false;
+    pthread_cond_signal(&l->pcv);
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+/* Writes all of p, waiting for room until the deadline: 0 or -1. */
+static int send_all(int fd, const char *p, size_t len, int64_t deadline_ms)
+{
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
         }
-        pthread_cond_broadcast(&l->cv);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int64_t left = deadline_ms - (int64_t)moonlet_mono_ms();
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            if (left <= 0 || poll(&pf, 1, (int)left) < 0)
+                return -1;
+            continue;
+        }
+        return -1;
     }
-    if (from == l->next && wait_ms > 0) {
-        struct timespec ts;
-        deadline_ts(&ts, (uint64_t)wait_ms);
-        while (from == l->next && from >= ring_first(l))
-            if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT)
-                break;
+    return 0;
+}
+
+/* Sends the records the standby does not have yet, up to PUSH_MAX_BYTES
+ * (none: a heartbeat), as one frame: a reply frame [id = first seq, 0,
+ * [epoch, first seq, records (bin), leader_ms, next]] (docs/protocol.md).  Takes
+ * the sending role for the send; mu held on entry and exit, not during it. */
+static void push_locked(moonlet_repl_log *l, struct rstream *s, int64_t deadline_ms)
+{
+    uint64_t first = ring_first(l);
+    if (s->sent < first) {
+        stream_end_locked(l, "records it needs were trimmed from the log");
+        return;
     }
-    if (from < ring_first(l) || from > l->next) {
-        *lost = true;
-        *next = l->next;
-        pthread_mutex_unlock(&l->mu);
-        return MOONLET_OK;
-    }
-    size_t idx = (size_t)(from - ring_first(l)), total = 0, count = 0;
+    size_t idx = (size_t)(s->sent - first), total = 0, count = 0;
     for (size_t i = idx; i < l->n; i++) {
         size_t sz = 4 + l->ring[(l->head + i) % l->cap].len;
-        if (count && total + sz > max_bytes)
+        if (count && total + sz > PUSH_MAX_BYTES)
             break;
         total += sz;
         count++;
     }
-    int rc = MOONLET_OK;
-    if (count && !(*buf = malloc(total)))
-        rc = MOONLET_ERR_INTERNAL_ERROR;
-    size_t off = 0;
-    for (size_t i = idx; rc == MOONLET_OK && i < idx + count; i++) {
+    moonlet_frame_builder_reset(&s->out);
+    msgpack_packer *pk = moonlet_reply_begin(&s->out, s->sent, 0);
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_uint64(pk, l->epoch);
+    msgpack_pack_uint64(pk, s->sent);
+    msgpack_pack_bin(pk, total);
+    for (size_t i = idx; i < idx + count; i++) {
         const struct lrec *r = &l->ring[(l->head + i) % l->cap];
-        for (int k = 0; k < 4; k++)
-            (*buf)[off + (size_t)k] = (uint8_t)(r->len >> (8 * k));
-        memcpy(*buf + off + 4, r->bytes, r->len);
-        off += 4 + r->len;
+        uint8_t hdr[4] = {(uint8_t)r->len, (uint8_t)(r->len >> 8), (uint8_t)(r->len >> 16),
+                          (uint8_t)(r->len >> 24)};
+        msgpack_pack_bin_body(pk, hdr, 4);
+        msgpack_pack_bin_body(pk, r->bytes, r->len);
     }
-    *len = rc ? 0 : total;
-    *next = from + (rc ? 0 : count);
+    msgpack_pack_uint64(pk, moonlet_clock_now_ns() / MOONLET_NS_PER_MS); /* the leader's clock */
+    msgpack_pack_uint64(pk, l->next);
+    if (moonlet_frame_finish(&s->out, MOONLET_DEFAULT_MAX_FRAME) != 0) {
+        stream_end_locked(l, "out of memory for a push");
+        return;
+    }
+    s->sent += count;
+    s->last_push_ms = moonlet_mono_ms();
+    s->sending = true;
+    s->refs++;
     pthread_mutex_unlock(&l->mu);
-    return rc;
+    int rc = send_all(s->fd, s->out.buf.data, s->out.buf.size, deadline_ms);
+    pthread_mutex_lock(&l->mu);
+    s->sending = false;
+    if (rc && s == l->st)
+        stream_end_locked(l, "cannot send to it");
+    stream_put(s);
+    pthread_cond_broadcast(&l->cv); /* the role is free */
+}
+
+/* Parses the acks in s->in: request frames [id, ReplAck, [next]], `next`
+ * being the standby's position (it applied every record below).  false: the
+ * stream is bad.  mu held. */
+static bool take_acks_locked(moonlet_repl_log *l, struct rstream *s)
+{
+    size_t off = 0;
+    bool ok = true;
+    while (ok && s->in_len - off >= MOONLET_FRAME_HEADER_BYTES) {
+        uint32_t len;
+        if (moonlet_frame_header_decode((const uint8_t *)s->in + off,
+                                        ACK_BUF - MOONLET_FRAME_HEADER_BYTES, &len) != 0) {
+            ok = false;
+            break;
+        }
+        if (s->in_len - off - MOONLET_FRAME_HEADER_BYTES < len)
+            break;
+        moonlet_request req;
+        uint64_t id, next = 0;
+        ok = moonlet_request_decode_ref(s->in + off + MOONLET_FRAME_HEADER_BYTES, len, &l->zone,
+                                        &req, &id) == 0 &&
+             req.method == MOONLET_M_REPL_ACK && moonlet_wire_len(req.args) == 1 &&
+             moonlet_wire_u64(req.args, 0, &next) == 0 && next >= l->acked && next <= s->sent;
+        msgpack_zone_clear(&l->zone);
+        if (ok) {
+            l->acked = next;
+            s->last_ack_ms = l->last_ack_ms = moonlet_mono_ms();
+        }
+        off += MOONLET_FRAME_HEADER_BYTES + len;
+    }
+    memmove(s->in, s->in + off, s->in_len - off);
+    s->in_len -= off;
+    return ok;
+}
+
+/* Reads the acks that arrived, waiting for them until the deadline (now:
+ * not at all).  Takes the reading role for the read; mu held on entry and
+ * exit, not during it. */
+static void read_acks_locked(moonlet_repl_log *l, struct rstream *s, int64_t deadline_ms)
+{
+    s->reading = true;
+    s->refs++;
+    pthread_mutex_unlock(&l->mu);
+    int64_t left = deadline_ms - (int64_t)moonlet_mono_ms();
+    struct pollfd pf = {.fd = s->fd, .events = POLLIN};
+    ssize_t n = -1;
+    int err = 0;
+    if (poll(&pf, 1, left > 0 ? (int)left : 0) > 0) {
+        n = recv(s->fd, s->in + s->in_len, sizeof(s->in) - s->in_len, 0);
+        err = n == 0 ? -1 : n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    }
+    pthread_mutex_lock(&l->mu);
+    s->reading = false;
+    if (s == l->st) {
+        if (err)
+            stream_end_locked(l, n == 0 ? "the standby closed it" : "cannot read from it");
+        else if (n > 0 && (s->in_len += (size_t)n, !take_acks_locked(l, s)))
+            stream_end_locked(l, "it sent something that is not an ack");
+    }
+    stream_put(s);
+    pthread_cond_broadcast(&l->cv); /* acks came, or the role is free */
+}
+
+/* The age of the oldest record the standby has not acknowledged.  mu held. */
+static uint64_t lag_ms_locked(const moonlet_repl_log *l, uint64_t now)
+{
+    if (!l->standby[0] || l->acked >= l->next || l->acked < ring_first(l) || !l->n)
+        return 0;
+    const struct lrec *r = &l->ring[(l->head + (size_t)(l->acked - ring_first(l))) % l->cap];
+    return now > r->t_ms ? now - r->t_ms : 0;
+}
+
+/* One round of the pusher: acks nobody reads, the standby's in-sync state,
+ * records no writer sent, heartbeats, a dead standby.  Returns how long to
+ * sleep.  mu held. */
+static int pusher_round(moonlet_repl_log *l)
+{
+    uint64_t now = moonlet_mono_ms();
+    struct rstream *s = l->st;
+    if (!s)
+        return HEARTBEAT_MS;
+    if (!s->reading) { /* acks (of heartbeats too) nobody waits for */
+        read_acks_locked(l, s, 0);
+        if (!(s = l->st))
+            return 0;
+    }
+    if (!l->marking && !l->in_sync && s->sent == l->acked &&
+        l->next - l->acked <= SYNC_BACKLOG_RECORDS) {
+        /* It acknowledged all it was sent and the rest is small: writes
+         * wait for it from now on (and send the rest themselves) */
+        l->in_sync = true;
+        l->sync_from = l->next;
+    }
+    if (!l->marking && l->in_sync && !l->named && l->acked >= l->sync_from) {
+        /* ... and once it has everything the writes that did not wait
+         * had, etcd names it: a promotion may then keep its state. */
+        int rc = mark_locked(l, true);
+        if (!l->in_sync) {
+            /* marked out meanwhile: that mark's result stands */
+        } else if (rc) {
+            l->in_sync = false;
+            ML_WARN(MOD, "cannot mark standby %s in sync: %s", l->standby, moonlet_strerror(rc));
+        } else {
+            l->named = true;
+            l->in_marks++;
+            ML_INFO(MOD, "standby %s is in sync", l->standby);
+        }
+        pthread_cond_broadcast(&l->cv);
+        return 0;
+    }
+    if (!l->marking && l->in_sync && lag_ms_locked(l, now) > l->o.max_lag_ms) {
+        char why[64];
+        snprintf(why, sizeof(why), "lags more than %llu ms", (unsigned long long)l->o.max_lag_ms);
+        mark_out_locked(l, why);
+        return 0;
+    }
+    if (!s->sending && (s->sent < l->next || now - s->last_push_ms >= HEARTBEAT_MS)) {
+        l->pusher_pushes += s->sent < l->next;
+        push_locked(l, s, (int64_t)now + DEAD_MS);
+        if (!(s = l->st))
+            return 0;
+    }
+    if (s->last_push_ms > s->last_ack_ms && now - s->last_ack_ms > DEAD_MS) {
+        stream_end_locked(l, "no ack for 2 s");
+        return 0;
+    }
+    if (s->sent < l->next || s->sent > l->acked || now - l->last_emit_ms < IDLE_AFTER_MS)
+        return TICK_MS;
+    l->pidle = true;
+    uint64_t since = now - s->last_push_ms;
+    return since >= HEARTBEAT_MS ? 1 : (int)(HEARTBEAT_MS - since);
+}
+
+static void *pusher_main(void *arg)
+{
+    moonlet_repl_log *l = arg;
+    pthread_mutex_lock(&l->mu);
+    while (!l->pstop) {
+        int ms = pusher_round(l);
+        if (ms > 0 && !l->pstop) {
+            struct timespec ts;
+            deadline_ts(&ts, (uint64_t)ms);
+            pthread_cond_timedwait(&l->pcv, &l->mu, &ts);
+        }
+        l->pidle = false;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
 }
 
 struct snapbuf {
@@ -360,31 +688,45 @@ int moonlet_repl_log_wait(moonlet_repl_log *l)
     }
     struct timespec ts;
     deadline_ts(&ts, l->o.max_lag_ms);
+    int64_t deadline = (int64_t)moonlet_mono_ms() + (int64_t)l->o.max_lag_ms;
     int rc = MOONLET_OK;
     for (;;) {
         if (!l->in_sync || l->acked >= want)
             break;
-        if (l->marking) { /* another write is marking it; its result decides */
+        if (l->marking) { /* another thread is marking it; its result decides */
             pthread_cond_wait(&l->cv, &l->mu);
             continue;
         }
-        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT)
-            continue;
+        struct rstream *s = l->st;
+        bool in_time = (int64_t)moonlet_mono_ms() < deadline;
+        if (s && in_time) {
+            /* The roles, when free: send what is unsent, then read the acks. */
+            if (s->sent < want && !s->sending) {
+                l->writer_pushes++;
+                push_locked(l, s, deadline);
+                continue;
+            }
+            if (s->sent >= want && !s->reading) {
+                read_acks_locked(l, s, deadline);
+                continue;
+            }
+            /* another thread holds the role: its broadcast wakes us */
+            if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) != ETIMEDOUT)
+                continue;
+        }
         if (!l->in_sync || l->acked >= want || l->marking)
             continue;
-        /* The standby lags past the bound: out of sync in etcd first, then alone. */
-        rc = mark_locked(l, false);
-        if (rc == MOONLET_OK) {
-            l->in_sync = false;
-            l->out_marks++;
-            ML_WARN(MOD, "standby %s lags more than %llu ms: marked out of sync", l->standby,
-                    (unsigned long long)l->o.max_lag_ms);
-            pthread_cond_broadcast(&l->cv);
-        } else {
-            ML_ERR(MOD, "cannot mark standby %s out of sync: %s (the write is not acknowledged)",
-                   l->standby, moonlet_strerror(rc));
-            rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
-        }
+        /* Past the bound, or no stream to the standby: out of sync in etcd
+         * first, then alone. */
+        char why[64];
+        if (!s)
+            snprintf(why, sizeof(why), "has no stream");
+        else
+            snprintf(why, sizeof(why), "lags more than %llu ms",
+                     (unsigned long long)l->o.max_lag_ms);
+        rc = mark_out_locked(l, why);
+        if (rc)
+            ML_ERR(MOD, "the write is not acknowledged");
         break;
     }
     if (counted)
@@ -399,19 +741,19 @@ void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *s
     uint64_t now = moonlet_mono_ms();
     pthread_mutex_lock(&l->mu);
     snprintf(st->standby, sizeof(st->standby), "%s", l->standby);
-    st->in_sync = l->in_sync;
+    st->in_sync = l->named;
+    st->streaming = l->st != NULL;
     st->next = l->next;
     st->acked = l->acked;
-    if (l->standby[0] && l->acked < l->next && l->acked >= ring_first(l) && l->n) {
-        const struct lrec *r = &l->ring[(l->head + (size_t)(l->acked - ring_first(l))) % l->cap];
-        st->lag_ms = now > r->t_ms ? now - r->t_ms : 0;
-    }
-    st->last_fetch_age_ms = l->last_fetch_ms ? now - l->last_fetch_ms : 0;
+    st->lag_ms = lag_ms_locked(l, now);
+    st->last_ack_age_ms = l->last_ack_ms ? now - l->last_ack_ms : 0;
     st->out_of_sync_marks = l->out_marks;
     st->in_sync_marks = l->in_marks;
     st->sync_waits = l->sync_waits;
     st->sync_acked_on_entry = l->sync_acked_on_entry;
     st->sync_wait_us = l->sync_wait_ns / 1000;
+    st->writer_pushes = l->writer_pushes;
+    st->pusher_pushes = l->pusher_pushes;
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -424,8 +766,10 @@ struct moonlet_repl_follower {
     pthread_t thread;
     pthread_mutex_t mu;
     bool stop;
-    /* the thread's own */
+    /* the thread's own: the connection, and whether it carries the stream
+     * (then nothing but pushes and acks: any trouble drops it) */
     moonlet_rpc_client *c;
+    bool streaming;
     /* Written by the thread under smu (never held across a call), read by
      * it without: the state, where it stands, and the epoch of its
      * snapshot.  `handed`: moonlet_repl_follower_stop took the state; the
@@ -459,6 +803,7 @@ static void drop_conn(moonlet_repl_follower *f)
 {
     moonlet_rpc_client_close(f->c);
     f->c = NULL;
+    f->streaming = false;
     pthread_mutex_lock(&f->mu);
     f->status.connected = false;
     f->status.consistent = false;
@@ -585,6 +930,89 @@ static int take_snapshot(moonlet_repl_follower *f, uint64_t *epoch)
     }
 }
 
+/* ReplStream [advertise, from] -> [epoch, next, lost]: from then on the
+ * leader pushes on this connection.  UNAVAILABLE: another standby streams
+ * (the connection stays usable). */
+static int open_stream(moonlet_repl_follower *f, uint64_t epoch, bool *need_snap)
+{
+    msgpack_packer *pk = moonlet_rpc_client_begin(f->c, MOONLET_M_REPL_STREAM, 2);
+    moonlet_pack_cstr(pk, f->advertise);
+    msgpack_pack_uint64(pk, f->from);
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_call(f->c, &rep);
+    if (rc)
+        return rc;
+    uint64_t ep = 0, next = 0;
+    bool lost = false;
+    rc = rep.code;
+    if (!rc && (!rep.result || moonlet_wire_u64(rep.result, 0, &ep) ||
+                moonlet_wire_u64(rep.result, 1, &next) || moonlet_wire_bool(rep.result, 2, &lost)))
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    moonlet_reply_destroy(&rep);
+    if (!rc && lost) {
+        *need_snap = true; /* the leader has no stream from where we stand */
+        return MOONLET_OK;
+    }
+    if (!rc && ep != epoch)
+        rc = MOONLET_ERR_INVALID_PARAMS; /* a new term: start over, snapshot first */
+    if (!rc) {
+        f->streaming = true;
+        pthread_mutex_lock(&f->mu);
+        f->status.leader_next = next;
+        pthread_mutex_unlock(&f->mu);
+    }
+    return rc;
+}
+
+/* One push of the stream (a reply frame [first, 0, [epoch, first, records
+ * (bin), leader_ms, next]]) applied, then acknowledged with a ReplAck
+ * [position] request frame.  Anything but the next push in order is an
+ * error: the caller drops the connection and starts over with a snapshot. */
+static int follow_push(moonlet_repl_follower *f, uint64_t epoch)
+{
+    moonlet_reply rep;
+    int rc = moonlet_rpc_client_recv(f->c, &rep); /* the leader pushes at least every 200 ms */
+    if (rc)
+        return rc;
+    uint64_t ep = 0, first = 0, leader_ms = 0, next = 0;
+    const msgpack_object *b = NULL;
+    rc = rep.code;
+    if (!rc && (!rep.result || moonlet_wire_u64(rep.result, 0, &ep) ||
+                moonlet_wire_u64(rep.result, 1, &first) || !(b = bin_at(rep.result, 2)) ||
+                moonlet_wire_u64(rep.result, 3, &leader_ms) ||
+                moonlet_wire_u64(rep.result, 4, &next)))
+        rc = MOONLET_ERR_INVALID_PARAMS;
+    if (!rc && (ep != epoch || first != f->from))
+        rc = MOONLET_ERR_INVALID_PARAMS; /* a new term, or not where we stand */
+    if (!rc && !state_lock(f))
+        rc = MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS; /* stopped: the state is not ours */
+    else if (!rc) {
+        if (leader_ms)
+            moonlet_repl_state_note_leader_clock(
+                f->st, (int64_t)leader_ms - (int64_t)(moonlet_clock_now_ns() / MOONLET_NS_PER_MS) - 1);
+        uint64_t n = 0;
+        rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, f->from, BLOB_STREAM,
+                        &n);
+        if (rc)
+            f->diverged = true;
+        else
+            f->from += n;
+        pthread_mutex_lock(&f->mu);
+        f->status.applied = f->from;
+        f->status.leader_next = next;
+        f->status.records += n;
+        f->status.consistent = !f->diverged && f->from >= f->consistent_at;
+        pthread_mutex_unlock(&f->mu);
+        pthread_mutex_unlock(&f->smu);
+    }
+    moonlet_reply_destroy(&rep);
+    if (rc)
+        return rc;
+    msgpack_pack_uint64(moonlet_rpc_client_begin(f->c, MOONLET_M_REPL_ACK, 1), f->from);
+    uint64_t id;
+    return moonlet_rpc_client_send(f->c, &id);
+}
+
 static void *follow(void *arg)
 {
     moonlet_repl_follower *f = arg;
@@ -607,7 +1035,7 @@ static void *follow(void *arg)
         if (!f->c) {
             char host[MOONLET_ROLE_ADDR_MAX];
             uint16_t port;
-            moonlet_rpc_client_opts co = {.timeout_ms = 2000 + f->o.fetch_wait_ms,
+            moonlet_rpc_client_opts co = {.timeout_ms = MOONLET_REPL_STREAM_TIMEOUT_MS,
                                           .auth_token = f->token[0] ? f->token : NULL,
                                           .auth_token_len = strlen(f->token)};
             /* ReplPort on the leader's address, then its replication server */
@@ -656,60 +1084,20 @@ static void *follow(void *arg)
             ML_INFO(MOD, "following %s (epoch %llu) from record %llu", cur,
                     (unsigned long long)epoch, (unsigned long long)f->from);
         }
-        msgpack_packer *pk = moonlet_rpc_client_begin(f->c, MOONLET_M_REPL_FETCH, 4);
-        moonlet_pack_cstr(pk, f->advertise);
-        msgpack_pack_uint64(pk, f->from);
-        msgpack_pack_uint64(pk, (uint64_t)f->o.fetch_wait_ms);
-        msgpack_pack_uint64(pk, 4u << 20);
-        moonlet_reply rep;
-        int rc = moonlet_rpc_client_call(f->c, &rep);
-        if (rc) {
-            drop_conn(f);
-            continue;
-        }
-        uint64_t ep = 0, next = 0;
-        bool lost = false;
-        const msgpack_object *b = NULL;
-        rc = rep.code;
-        if (!rc && (!rep.result || moonlet_wire_u64(rep.result, 0, &ep) ||
-                    moonlet_wire_u64(rep.result, 1, &next) ||
-                    moonlet_wire_bool(rep.result, 2, &lost) || !(b = bin_at(rep.result, 3))))
-            rc = MOONLET_ERR_INVALID_PARAMS;
-        bool locked = !rc;
-        if (locked && !state_lock(f)) { /* stopped meanwhile: the state is not ours any more */
-            moonlet_reply_destroy(&rep);
-            continue;
-        }
-        uint64_t leader_ms = 0;
-        if (!rc && !moonlet_wire_u64(rep.result, 4, &leader_ms) && leader_ms)
-            moonlet_repl_state_note_leader_clock(
-                f->st, (int64_t)leader_ms - (int64_t)(moonlet_clock_now_ns() / MOONLET_NS_PER_MS) - 1);
-        if (!rc && (lost || ep != epoch)) {
-            need_snap = true;
-        } else if (!rc) {
-            uint64_t n = 0;
-            rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, f->from,
-                            BLOB_STREAM, &n);
-            if (rc) {
-                f->diverged = true;
-                need_snap = true;
-            } else {
-                f->from += n;
+        if (!f->streaming) {
+            int rc = open_stream(f, epoch, &need_snap);
+            if (rc == MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS) {
+                /* another standby streams: wait until it is gone */
+                struct timespec ts = {0, 500 * 1000000L};
+                nanosleep(&ts, NULL);
+            } else if (rc) {
+                drop_conn(f);
             }
-            pthread_mutex_lock(&f->mu);
-            f->status.applied = f->from;
-            f->status.leader_next = next;
-            f->status.records += n;
-            f->status.consistent = !f->diverged && f->from >= f->consistent_at;
-            pthread_mutex_unlock(&f->mu);
+            continue;
         }
-        if (locked)
-            pthread_mutex_unlock(&f->smu);
-        moonlet_reply_destroy(&rep);
-        if (rc && !need_snap) {
+        if (follow_push(f, epoch) != MOONLET_OK) {
+            need_snap = true; /* a new connection starts with a snapshot */
             drop_conn(f);
-            struct timespec ts = {0, 100 * 1000000L};
-            nanosleep(&ts, NULL);
         }
     }
     if (f->c)
@@ -728,8 +1116,6 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     if (!f)
         return MOONLET_ERR_INTERNAL_ERROR;
     f->o = *opts;
-    if (f->o.fetch_wait_ms <= 0)
-        f->o.fetch_wait_ms = 200;
     snprintf(f->advertise, sizeof(f->advertise), "%s", opts->advertise ? opts->advertise : "");
     snprintf(f->token, sizeof(f->token), "%s", opts->auth_token ? opts->auth_token : "");
     pthread_mutex_init(&f->mu, NULL);

@@ -3,16 +3,22 @@
  * standby (issue 14), on both ends.
  *
  * Leader: moonlet_repl_log keeps the records the master core emits
- * (cfg.repl_emit = moonlet_repl_log_emit), numbered from 1, for a standby to
- * fetch (method ReplFetch, 29, long-polled; a fetch from `from` acknowledges
- * every record below it) after a snapshot (ReplSnapshot, 30).  Semi-synchronous
- * writes: while the standby is in sync, a write's reply waits
- * (moonlet_repl_log_wait) until the standby acknowledged every record
- * emitted so far; when that takes longer than max_lag_ms the leader first
- * marks the standby out of sync (opts.mark: in etcd, fenced on its epoch)
- * and only then answers.  A standby that has acknowledged everything is
- * marked in sync again: writes wait from then on, then etcd names it.
- * One standby (the last one that fetched): two masters.
+ * (cfg.repl_emit = moonlet_repl_log_emit), numbered from 1, and pushes them
+ * to the standby: after a snapshot (ReplSnapshot, 30) the standby asks for
+ * the records from its position (ReplStream, 32), and the connection becomes
+ * the stream: the leader writes pushes, the standby answers each with an
+ * ack of its new position (docs/protocol.md, "Replication stream").
+ * Semi-synchronous writes: while the standby is in sync, a write's reply
+ * waits (moonlet_repl_log_wait) until the standby acknowledged every record
+ * emitted so far.  The waiting writer sends its records and reads the acks
+ * itself when no other thread is doing so, so the wait is one round trip
+ * to the standby with no hand-off between threads; a pusher thread sends
+ * the records of operations that do not wait, and heartbeats.  When the
+ * wait takes longer than max_lag_ms, or the stream is gone, the leader
+ * first marks the standby out of sync (opts.mark: in etcd, fenced on its
+ * epoch) and only then answers.  A standby that has acknowledged everything
+ * is marked in sync again: writes wait from then on, then etcd names it.
+ * One standby streams at a time: two masters.
  *
  * Standby: moonlet_repl_follower is a thread that follows the leader the
  * role knows (role.h), takes a snapshot (in parts of about
@@ -23,7 +29,9 @@
  * sync for the epoch it followed and the state is consistent.
  *
  * Locks: the log's mu is a leaf for emit (called under master locks: it only
- * copies); opts.mark runs with no lock held (one marking at a time).  The
+ * copies); the stream's socket is written and read without it, by one
+ * sender and one reader at a time; opts.mark runs with no lock held (one
+ * marking at a time).  The
  * follower's state is its thread's, changed under the follower's smu (never
  * held across a call) so that a stop can take it without waiting for the
  * thread; its status takes the follower's mu (inside smu, never the
@@ -63,14 +71,20 @@ void moonlet_repl_log_reset(moonlet_repl_log *l);
 /* The number the next record gets. */
 uint64_t moonlet_repl_log_next(moonlet_repl_log *l);
 
-/* ReplFetch: `standby` acknowledges every record below `from`; then gets the
- * records from `from` on (each as u32 length + bytes, little-endian), at
- * most max_bytes (at least one record), waiting up to wait_ms for the first.
- * *buf is malloc'd (NULL when none); *next: the number after the last one.
- * *lost: `from` is no longer (or not yet) in the log: take a snapshot. */
-int moonlet_repl_log_fetch(moonlet_repl_log *l, const char *standby, uint64_t from,
-                           size_t max_bytes, int wait_ms, uint8_t **buf, size_t *len,
-                           uint64_t *next, bool *lost);
+/* ReplStream, on the leader's replication server: `standby` asks for the
+ * records from `from` on.  *lost: `from` is no longer (or not yet) in the
+ * log: take a snapshot.  Otherwise *ticket names the stream to attach once
+ * the reply is out (moonlet_repl_log_stream_attach).  UNAVAILABLE: another
+ * standby streams (or it could not be unnamed in etcd). */
+int moonlet_repl_log_stream_open(moonlet_repl_log *l, const char *standby, uint64_t from,
+                                 uint64_t epoch, bool *lost, uint64_t *next, uint64_t *ticket);
+/* The connection of ReplStream's reply becomes the stream (the log owns
+ * fd); a ticket that is not the last one opened (a reset, a newer open)
+ * closes fd instead. */
+void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd);
+/* How long the standby waits for the next push (heartbeats come every
+ * 200 ms) before it drops the connection. */
+#define MOONLET_REPL_STREAM_TIMEOUT_MS 2200
 /* ReplSnapshot: one part of the master's snapshot in the same framing
  * (moonlet_master_snapshot_part: `cursor` 0 first, then each *next_cursor
  * until it is 0), about `budget` bytes (0: the whole snapshot in one part);
@@ -90,11 +104,11 @@ int moonlet_repl_log_snapshot(moonlet_repl_log *l, moonlet_master *m, uint64_t c
 int moonlet_repl_log_wait(moonlet_repl_log *l);
 
 typedef struct moonlet_repl_log_status {
-    char standby[MOONLET_ROLE_ADDR_MAX]; /* "" : none fetched yet */
-    bool in_sync;
+    char standby[MOONLET_ROLE_ADDR_MAX]; /* "" : none streamed yet */
+    bool in_sync, streaming;
     uint64_t next, acked;   /* the standby applied every record below `acked` */
     uint64_t lag_ms;        /* age of the oldest record it has not acknowledged */
-    uint64_t last_fetch_age_ms;
+    uint64_t last_ack_age_ms;
     uint64_t out_of_sync_marks, in_sync_marks;
     /* Semi-sync waits made while the standby was in sync; of them, those
      * whose records the standby had already acknowledged when the writer
@@ -102,6 +116,8 @@ typedef struct moonlet_repl_log_status {
      * they took in all (us).  Where a write's replication cost goes:
      * docs/benchmarks.md, "High availability". */
     uint64_t sync_waits, sync_acked_on_entry, sync_wait_us;
+    /* Pushes carrying records, by waiting writers and by the pusher. */
+    uint64_t writer_pushes, pusher_pushes;
 } moonlet_repl_log_status;
 void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *st);
 
@@ -113,14 +129,13 @@ typedef struct moonlet_repl_follower_opts {
     const moonlet_role *role; /* whom to follow (the leader it names) */
     const char *advertise;    /* this standby's name for the leader */
     const char *auth_token;   /* the masters' token; NULL: none */
-    int fetch_wait_ms;        /* long-poll; 0: 200 */
 } moonlet_repl_follower_opts;
 
 int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
                                 moonlet_repl_follower **out);
 /* Hands over the state and tells the thread to end, without waiting for it:
  * the thread may be in a call to a leader that is gone, up to the call's
- * timeout (2 s + the long poll), and a promotion (on the election's thread,
+ * timeout (MOONLET_REPL_STREAM_TIMEOUT_MS), and a promotion (on the election's thread,
  * which sends no keepalive meanwhile) must not wait that out - with a 2 s
  * etcd lease the new leader's own lease expired during the wait.  From
  * here on the thread leaves the state alone.  *consistent when it replayed

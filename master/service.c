@@ -45,9 +45,10 @@ struct moonlet_master_service {
     moonlet_master *m;
     const moonlet_role *role; /* NULL: no HA */
     moonlet_repl_log *repl;   /* NULL: no replication */
-    /* With repl: ReplFetch / ReplSnapshot on their own server (own port and
-     * loop threads), so a standby's long poll and its acks never queue
-     * behind writes that wait for those very acks on the main loops. */
+    /* With repl: ReplSnapshot / ReplStream on their own server (own port and
+     * loop threads), so a standby's snapshot never queues behind writes
+     * that wait for its acks on the main loops.  A stream, once open, is
+     * the log's (repl_stream.h). */
     moonlet_rpc_server *repl_rpc;
     moonlet_rpc_method repl_methods[2];
     bool (*follower_status)(moonlet_repl_follower_status *st);
@@ -830,7 +831,6 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     return MOONLET_OK;
 }
 
-/* ReplFetch: [epoch, next, lost, records (bin)] (repl_stream.h). */
 /* The replication server's own leader gate (it is not the main table's). */
 static bool repl_serving(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *rc)
 {
@@ -846,7 +846,14 @@ static bool repl_serving(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *rc)
     return true;
 }
 
-HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
+static void stream_taker(void *log, uint64_t ticket, int fd)
+{
+    moonlet_repl_log_stream_attach(log, ticket, fd);
+}
+
+/* ReplStream: [epoch, next, lost]; unless lost, the connection then carries
+ * the stream (repl_stream.h). */
+HANDLER(h_repl_stream, moonlet_args_repl_stream)
 {
     int erc;
     if (!repl_serving(ctx, out, &erc))
@@ -854,28 +861,18 @@ HANDLER(h_repl_fetch, moonlet_args_repl_fetch)
     moonlet_repl_log *l = SVC(ctx)->repl;
     char who[MOONLET_ROLE_ADDR_MAX];
     snprintf(who, sizeof(who), "%.*s", (int)a->standby.len, a->standby.ptr);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    uint64_t next = 0;
-    bool lost = false;
-    size_t max_bytes = a->max_bytes ? a->max_bytes : 4u << 20;
-    if (max_bytes > SVC(ctx)->max_frame / 2) /* the reply's other fields fit in the rest */
-        max_bytes = SVC(ctx)->max_frame / 2;
-    int rc = moonlet_repl_log_fetch(l, who, a->from, max_bytes, (int)a->wait_ms, &buf, &len, &next,
-                                    &lost);
-    if (rc)
-        return moonlet_rpc_error(out, rc, "replication fetch failed");
-    uint64_t epoch = 0;
+    uint64_t epoch = 0, next = 0, ticket = 0;
     moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
-    msgpack_pack_array(out, 5);
+    bool lost = false;
+    int rc = moonlet_repl_log_stream_open(l, who, a->from, epoch, &lost, &next, &ticket);
+    if (rc)
+        return moonlet_rpc_error(out, rc, "another standby streams");
+    if (ticket && moonlet_rpc_ctx_detach(ctx, stream_taker, l, ticket) != MOONLET_OK)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "cannot take the connection");
+    msgpack_pack_array(out, 3);
     msgpack_pack_uint64(out, epoch);
     msgpack_pack_uint64(out, next);
     lost ? msgpack_pack_true(out) : msgpack_pack_false(out);
-    msgpack_pack_bin(out, len);
-    if (len)
-        msgpack_pack_bin_body(out, buf, len);
-    msgpack_pack_uint64(out, moonlet_clock_now_ns() / MOONLET_NS_PER_MS); /* the leader's clock */
-    free(buf);
     return MOONLET_OK;
 }
 
@@ -1087,12 +1084,12 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     };
     if (s->repl) {
         static const moonlet_rpc_method repl_methods[2] = {
-            {MOONLET_M_REPL_FETCH, "ReplFetch", h_repl_fetch, NULL},
+            {MOONLET_M_REPL_STREAM, "ReplStream", h_repl_stream, NULL},
             {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", h_repl_snapshot, NULL},
         };
         moonlet_rpc_server_opts rr = ro;
         rr.port = opts->repl_port;
-        rr.threads = 2; /* one standby's long poll, and another's */
+        rr.threads = 2; /* snapshots; the stream leaves the server once open */
         rr.name = "repl";
         rr.methods = s->repl_methods;
         rr.nmethods = 2;
@@ -1101,7 +1098,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         rr.idle_timeout_ms = 0;
         s->repl_methods[0] = repl_methods[0];
         s->repl_methods[1] = repl_methods[1];
-        s->repl_methods[0].spec = moonlet_master_method(MOONLET_M_REPL_FETCH)->spec;
+        s->repl_methods[0].spec = moonlet_master_method(MOONLET_M_REPL_STREAM)->spec;
         s->repl_methods[1].spec = moonlet_master_method(MOONLET_M_REPL_SNAPSHOT)->spec;
         int rrc = moonlet_rpc_server_create(&rr, &s->repl_rpc);
         if (!rrc)

@@ -39,7 +39,7 @@ typedef struct moonlet_service_opts {
      * the role does not allow serving, and connections that sent Hello get
      * the epoch on every reply.  Must outlive the service. */
     const moonlet_role *role;
-    /* Replication (repl_stream.h): serves ReplFetch / ReplSnapshot from it,
+    /* Replication (repl_stream.h): serves ReplSnapshot / ReplStream from it,
      * and answers the writes (PutStart, PutEnd, PutRevoke, Remove,
      * RemoveAll, PutReplaceReplica, MountSegment, UnmountSegment) only after
      * moonlet_repl_log_wait.  NULL: none (the methods answer NOT_IMPLEMENTED

@@ -32,6 +32,9 @@
  *    request that follows soon does not pay the wake-up of a sleeping
  *    thread.  Each idle round yields the CPU.  A loop with no traffic
  *    sleeps as usual; one kept busy costs up to a core.
+ *  - A handler may take its connection over (moonlet_rpc_ctx_detach: the
+ *    replication stream): the loop flushes the reply, forgets the
+ *    connection and hands the open socket to the handler's taker.
  *  - Unix-socket connections read with recvmsg() so that descriptors a peer
  *    passes (SCM_RIGHTS; the DummyClient's shared memory) are kept on the
  *    connection for a handler to take, and closed with it if nobody does.
@@ -106,6 +109,7 @@ enum conn_state {
     ST_OPEN,      /* reading and serving requests */
     ST_DRAIN_OUT, /* no more requests: flush the replies, then close */
     ST_LINGER,    /* replies sent, write side shut: discard input until EOF */
+    ST_DETACH,    /* a handler took the socket: flush the replies, then hand it over */
 };
 
 struct loop;
@@ -132,6 +136,9 @@ typedef struct conn {
     int64_t frame_start_ms; /* when the partial frame in `in` began */
     int64_t sent_ms;        /* last send progress (or when output was queued) */
     int64_t active_ms;      /* last request served (idle deadline base) */
+    void (*detach_fn)(void *arg, uint64_t tag, int fd); /* ST_DETACH: who takes the socket */
+    void *detach_arg;
+    uint64_t detach_tag;
     LIST_ENTRY(conn) link; /* in loop.conns */
 } conn;
 
@@ -423,6 +430,12 @@ static void process_input(conn *c)
         serve_frame(c, c->in + off + MOONLET_FRAME_HEADER_BYTES, len);
         off += MOONLET_FRAME_HEADER_BYTES + (size_t)len;
     }
+    if (c->state == ST_DETACH && off < c->in_len) {
+        /* the peer sent more behind the request that detached: it is not
+         * following the protocol that takes the socket over */
+        ML_WARN(MOD, "fd %d sent data behind a request that takes the connection over", c->fd);
+        c->state = ST_DRAIN_OUT; /* the reply, then closed: nobody takes it */
+    }
     if (c->state != ST_OPEN)
         off = c->in_len; /* nothing more will be served */
     if (off > 0) {
@@ -477,6 +490,19 @@ int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx)
     c->nfds--;
     memmove(c->fds, c->fds + 1, c->nfds * sizeof(c->fds[0]));
     return fd;
+}
+
+int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
+                           void *arg, uint64_t tag)
+{
+    conn *c = ctx ? ctx->conn : NULL;
+    if (c == NULL || fn == NULL || c->state != ST_OPEN)
+        return MOONLET_ERR_INVALID_PARAMS;
+    c->state = ST_DETACH;
+    c->detach_fn = fn;
+    c->detach_arg = arg;
+    c->detach_tag = tag;
+    return MOONLET_OK;
 }
 
 /* recv() that also keeps the descriptors a unix peer passed (SCM_RIGHTS). */
@@ -610,6 +636,28 @@ static void settle(conn *c)
     set_events(c, ev);
 }
 
+/* ST_DETACH with its replies sent: the socket leaves the server, open, for
+ * the handler's taker; the connection is gone as far as the server knows. */
+static void conn_detach(loop *l, conn *c)
+{
+    moonlet_rpc_server *s = l->s;
+    int fd = c->fd;
+    epoll_ctl(l->epfd, EPOLL_CTL_DEL, fd, NULL);
+    for (unsigned i = 0; i < c->nfds; i++)
+        close(c->fds[i]);
+    if (s->on_close)
+        s->on_close(s->ctx, c->conn_data);
+    void (*fn)(void *, uint64_t, int) = c->detach_fn;
+    void *arg = c->detach_arg;
+    uint64_t tag = c->detach_tag;
+    LIST_REMOVE(c, link);
+    moonlet_frame_builder_destroy(&c->out);
+    free(c->in);
+    free(c);
+    atomic_fetch_sub(&s->nconns, 1);
+    fn(arg, tag, fd);
+}
+
 static void conn_close(loop *l, conn *c)
 {
     moonlet_rpc_server *s = l->s;
@@ -646,11 +694,14 @@ static void conn_on_event(loop *l, conn *c, uint32_t ev)
         c->sent_ms = now_ms(); /* the drain deadline counts from when replies were queued */
     if (!c->dead)
         flush_output(c);
-    if ((ev & (EPOLLHUP | EPOLLERR)) && c->state == ST_DRAIN_OUT && out_pending(c) > 0)
+    if ((ev & (EPOLLHUP | EPOLLERR)) && (c->state == ST_DRAIN_OUT || c->state == ST_DETACH) &&
+        out_pending(c) > 0)
         c->dead = true; /* the peer is gone: nobody will read the rest */
     settle(c);
     if (c->dead)
         conn_close(l, c);
+    else if (c->state == ST_DETACH && out_pending(c) == 0)
+        conn_detach(l, c);
 }
 
 /* ------------------------------------------------------------------ */

@@ -175,6 +175,20 @@ size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
 #define MOONLET_RPC_MAX_CONN_FDS 8
 int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx);
 
+/*
+ * Takes the connection over: once this request's reply is sent, the server
+ * stops serving the connection and calls fn(arg, tag, fd) on the loop thread with
+ * its socket (non-blocking, open; fn owns it from then on).  on_close runs
+ * first, as for a close.  The peer must send nothing behind this request
+ * until it has read the reply: data already received behind it closes the
+ * connection instead, and a connection whose reply is not taken within
+ * frame_timeout_ms or that the server stops meanwhile is closed; fn is not
+ * called then.  Loop thread only.  0, or INVALID_PARAMS (twice, or on a
+ * connection that is closing).
+ */
+int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
+                           void *arg, uint64_t tag);
+
 /* Packs a formatted error message as the result and returns `code`. */
 int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

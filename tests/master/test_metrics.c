@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "repl_peer.h"
 #include "../common/test_main.h"
 
 static bool has_line(const char *text, const char *line)
@@ -155,7 +156,7 @@ static void test_render_role(void **state)
     moonlet_role_destroy(r);
 }
 
-/* The hot standby's gauges, from a leader's log: a standby that fetched
+/* The hot standby's gauges, from a leader's log: a standby that acknowledged
  * everything is in sync; records it has not acknowledged age into the lag. */
 static void test_render_repl(void **state)
 {
@@ -165,13 +166,13 @@ static void test_render_repl(void **state)
     moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
                             .segment_id = MOONLET_STR("s")};
     moonlet_repl_log_emit(l, &rec);
-    uint8_t *buf;
-    size_t len;
-    uint64_t next;
     bool lost;
-    assert_int_equal(moonlet_repl_log_fetch(l, "sb:1", 2, 1 << 20, 0, &buf, &len, &next, &lost),
-                     MOONLET_OK); /* acknowledges record 1: in sync */
-    free(buf);
+    uint64_t first, count;
+    int fd = peer_open(l, "sb:1", 1, &lost);
+    assert_true(fd >= 0);
+    assert_true(peer_records(fd, &first, &count, 5000));
+    peer_ack(fd, 2); /* acknowledges record 1: in sync */
+    PEER_WAIT_STATUS(l, st.in_sync);
     moonlet_repl_log_emit(l, &rec);
     moonlet_repl_log_status st;
     moonlet_repl_log_get_status(l, &st);
@@ -185,6 +186,7 @@ static void test_render_repl(void **state)
                                     "\nmoonlet_ha_repl_out_of_sync_total 0\n", NULL});
     free(text);
     moonlet_repl_log_destroy(l);
+    close(fd);
 }
 
 /* A master on the real clock and its /metrics server on an ephemeral

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "alloc.h"
 #include "monotime.h"
 #include "repl_stream.h"
+#include "repl_peer.h"
 #include "replicate.h"
 
 #define MS MOONLET_NS_PER_MS
@@ -538,20 +540,40 @@ static int mark_cb(void *arg, bool in_sync, const char *standby)
     return MOONLET_OK;
 }
 
-static void fetch(moonlet_repl_log *l, const char *who, uint64_t from, uint64_t *next, bool *lost)
+struct waiter {
+    moonlet_repl_log *l;
+    int rc;
+    pthread_t t;
+};
+
+static void *wait_main(void *arg)
 {
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    assert_int_equal(moonlet_repl_log_fetch(l, who, from, 1 << 20, 0, &buf, &len, next, lost),
-                     MOONLET_OK);
-    free(buf);
+    struct waiter *w = arg;
+    w->rc = moonlet_repl_log_wait(w->l);
+    return NULL;
 }
 
-/* The leader's log: a standby that fetched everything is marked in sync,
- * then writes wait for its acks; past the lag bound the leader marks it out
- * of sync first and goes on alone; a mark that fails leaves the write
- * unacknowledged; a second standby counts for nothing; a standby behind the
- * kept records is told to take a snapshot. */
+/* A write's semi-synchronous wait on another thread (the test plays the standby). */
+static void wait_begin(struct waiter *w, moonlet_repl_log *l)
+{
+    w->l = l;
+    w->rc = -1;
+    assert_int_equal(pthread_create(&w->t, NULL, wait_main, w), 0);
+}
+
+static int wait_end(struct waiter *w)
+{
+    pthread_join(w->t, NULL);
+    return w->rc;
+}
+
+/* The leader's log and its push stream: a standby that acknowledged
+ * everything is marked in sync, then a write waits for its ack, and the
+ * waiting writer itself pushes the record (no hand-off to another thread);
+ * past the lag bound the leader marks it out of sync first and goes on
+ * alone; a mark that fails leaves the write unacknowledged; a second
+ * standby waits while the first one streams; a standby behind the kept
+ * records is told to take a snapshot. */
 static void test_semi_sync_log(void **state)
 {
     (void)state;
@@ -564,59 +586,109 @@ static void test_semi_sync_log(void **state)
                             .segment_id = MOONLET_STR("s")};
     moonlet_repl_log_emit(l, &rec);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* no standby: alone */
-    uint64_t next;
     bool lost;
-    fetch(l, "a:1", 1, &next, &lost); /* behind: not in sync yet */
-    assert_false(lost);
-    assert_int_equal(next, 2);
+    int fd = peer_open(l, "a:1", 1, &lost);
+    assert_true(fd >= 0);
+    uint64_t first, count;
+    assert_true(peer_records(fd, &first, &count, 5000)); /* the pusher sends record 1 */
+    assert_int_equal(first, 1);
+    assert_int_equal(count, 1);
     assert_int_equal(mk.in, 0);
-    fetch(l, "a:1", 2, &next, &lost); /* caught up: in sync */
+    peer_ack(fd, 2); /* caught up: in sync */
+    PEER_WAIT_STATUS(l, st.in_sync);
     assert_int_equal(mk.in, 1);
     assert_string_equal(mk.last, "a:1");
-    moonlet_repl_log_status st;
-    moonlet_repl_log_get_status(l, &st);
-    assert_true(st.in_sync);
-    /* acknowledged: the wait returns at once */
-    moonlet_repl_log_emit(l, &rec);
-    fetch(l, "a:1", 3, &next, &lost);
-    assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
+    /* a write waits for its ack; its own thread pushed the record */
+    moonlet_repl_log_status st0, st1;
+    moonlet_repl_log_get_status(l, &st0);
+    for (int i = 0; i < 20; i++) {
+        struct waiter w;
+        moonlet_repl_log_emit(l, &rec);
+        wait_begin(&w, l);
+        assert_true(peer_records(fd, &first, &count, 5000));
+        assert_int_equal(first + count, 3 + (uint64_t)i);
+        peer_ack(fd, first + count);
+        assert_int_equal(wait_end(&w), MOONLET_OK);
+    }
+    moonlet_repl_log_get_status(l, &st1);
+    assert_int_equal(st1.acked, 22);
+    assert_int_equal(st1.sync_waits - st0.sync_waits, 20);
+    assert_true(st1.writer_pushes - st0.writer_pushes >= 10); /* not the pusher's */
     assert_int_equal(mk.out, 0);
-    moonlet_repl_log_get_status(l, &st); /* counted: one wait, acked on entry */
-    assert_int_equal(st.sync_waits, 1);
-    assert_int_equal(st.sync_acked_on_entry, 1);
-    /* another standby fetching changes nothing */
-    moonlet_repl_log_emit(l, &rec);
-    fetch(l, "b:2", 4, &next, &lost);
-    moonlet_repl_log_get_status(l, &st);
-    assert_string_equal(st.standby, "a:1");
-    assert_int_equal(st.acked, 3);
+    /* another standby waits while this one streams */
+    uint64_t next, ticket;
+    assert_int_equal(moonlet_repl_log_stream_open(l, "b:2", 22, 1, &lost, &next, &ticket),
+                     MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     /* not acknowledged within the bound: out of sync in etcd, then alone */
+    moonlet_repl_log_emit(l, &rec);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
     assert_int_equal(mk.out, 1);
-    moonlet_repl_log_get_status(l, &st);
-    assert_false(st.in_sync);
-    assert_int_equal(st.out_of_sync_marks, 1);
-    assert_int_equal(st.sync_waits, 2); /* this one waited out the bound */
-    assert_int_equal(st.sync_acked_on_entry, 1);
-    assert_true(st.sync_wait_us >= 30000);
+    moonlet_repl_log_status sl;
+    moonlet_repl_log_get_status(l, &sl);
+    assert_false(sl.in_sync);
+    assert_int_equal(sl.out_of_sync_marks, 1);
+    assert_int_equal(sl.sync_waits - st0.sync_waits, 21); /* this one waited out the bound */
+    assert_true(sl.sync_wait_us >= 20000); /* about the bound (the pusher may mark first) */
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* alone: no wait */
-    moonlet_repl_log_get_status(l, &st);
-    assert_int_equal(st.sync_waits, 2); /* not counted: nobody in sync */
-    /* in sync again; then the out-of-sync mark fails: not acknowledged */
-    fetch(l, "a:1", 4, &next, &lost);
-    assert_false(lost);
+    moonlet_repl_log_get_status(l, &sl);
+    assert_int_equal(sl.sync_waits - st0.sync_waits, 21); /* not counted: nobody in sync */
+    /* it catches up: in sync again; then the out-of-sync mark fails: not acknowledged */
+    assert_true(peer_records(fd, &first, &count, 5000));
+    assert_int_equal(first + count, 23);
+    peer_ack(fd, 23);
+    PEER_WAIT_STATUS(l, st.in_sync);
     assert_int_equal(mk.in, 2);
     moonlet_repl_log_emit(l, &rec);
     mk.fail = 1;
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     mk.fail = 0;
+    close(fd);
     /* records beyond max_bytes are trimmed: a standby behind them must resync */
     for (int i = 0; i < 1000; i++)
         moonlet_repl_log_emit(l, &rec);
-    fetch(l, "a:1", 5, &next, &lost);
+    assert_int_equal(peer_open(l, "a:1", 5, &lost), -1);
     assert_true(lost);
-    fetch(l, "a:1", next + 1, &next, &lost); /* from the future: lost too */
-    assert_true(lost);
+    assert_int_equal(peer_open(l, "a:1", moonlet_repl_log_next(l) + 1, &lost), -1);
+    assert_true(lost); /* from the future: lost too */
+    moonlet_repl_log_destroy(l);
+}
+
+/* A stream that ends (the standby closed it) leaves no write waiting for
+ * the lag bound: the next write marks the standby out of sync at once and
+ * goes on alone.  (The bound here is a minute: a write that waited it out
+ * would time the test out.)  A bad ack ends the stream too. */
+static void test_stream_end_marks_out_at_once(void **state)
+{
+    (void)state;
+    struct marks mk = {0};
+    moonlet_repl_log_opts o = {.max_lag_ms = 60000, .mark = mark_cb, .mark_arg = &mk};
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
+                            .segment_id = MOONLET_STR("s")};
+    for (int round = 0; round < 2; round++) {
+        bool lost;
+        uint64_t first, count, from = moonlet_repl_log_next(l);
+        moonlet_repl_log_emit(l, &rec);
+        int fd = peer_open(l, "a:1", from, &lost);
+        assert_true(fd >= 0);
+        assert_true(peer_records(fd, &first, &count, 5000));
+        peer_ack(fd, first + count);
+        PEER_WAIT_STATUS(l, st.in_sync);
+        moonlet_repl_log_emit(l, &rec);
+        struct waiter w;
+        wait_begin(&w, l);
+        assert_true(peer_records(fd, &first, &count, 5000));
+        if (round == 0)
+            close(fd); /* the standby goes away before it acks */
+        else
+            peer_ack(fd, first + count + 5); /* acks what it was never sent */
+        assert_int_equal(wait_end(&w), MOONLET_OK);
+        PEER_WAIT_STATUS(l, !st.in_sync && !st.streaming);
+        assert_int_equal(mk.out, round + 1);
+        if (round == 1)
+            close(fd);
+    }
     moonlet_repl_log_destroy(l);
 }
 
@@ -809,5 +881,6 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_restored_client_secret),
                   cmocka_unit_test(test_restored_clock_offset),
                   cmocka_unit_test(test_semi_sync_log),
+                  cmocka_unit_test(test_stream_end_marks_out_at_once),
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader))

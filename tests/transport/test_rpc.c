@@ -46,6 +46,7 @@
 #define M_BIG 104
 #define M_BAD 105
 #define M_BURN 106
+#define M_DETACH 107
 #define M_UNKNOWN 999
 #define TOKEN "s3cret-token-xyz"
 #define RAW_TIMEOUT_MS 3000
@@ -157,11 +158,38 @@ static int h_burn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
     return 0;
 }
 
+/* The sockets M_DETACH's taker got, and their tags. */
+static atomic_int g_taken_fd = -1, g_takes;
+static atomic_ullong g_taken_tag;
+
+static void taker(void *arg, uint64_t tag, int fd)
+{
+    assert_ptr_equal(arg, &g_ctx);
+    atomic_store(&g_taken_tag, tag);
+    atomic_store(&g_taken_fd, fd);
+    atomic_fetch_add(&g_takes, 1);
+}
+
+/* [tag]: nil, then the connection is the taker's. */
+static int h_detach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t tag;
+    if (moonlet_wire_u64(args, 0, &tag) != 0)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "detach wants a tag");
+    assert_int_equal(moonlet_rpc_ctx_detach(ctx, taker, &g_ctx, tag), 0);
+    /* twice: refused, the first one stands */
+    assert_int_equal(moonlet_rpc_ctx_detach(ctx, taker, &g_ctx, tag + 1),
+                     MOONLET_ERR_INVALID_PARAMS);
+    msgpack_pack_nil(out);
+    return 0;
+}
+
 static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
     {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
     {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
     {M_BAD, "bad", h_bad, NULL},                {M_BURN, "burn", h_burn, NULL},
+    {M_DETACH, "detach", h_detach, NULL},
 };
 
 /* ------------------------------------------------------------------ */
@@ -1221,6 +1249,61 @@ static void test_connection_cap(void **state)
 
 /* A request with more elements than max_request_elements is answered
  * INVALID_PARAMS before it is decoded; the connection stays usable. */
+static void pack_detach(moonlet_frame_builder *b, uint64_t id, uint64_t tag)
+{
+    msgpack_pack_uint64(moonlet_request_begin(b, id, M_DETACH, 1), tag);
+    assert_int_equal(moonlet_frame_finish(b, 1 << 20), 0);
+}
+
+/* A handler takes its connection over (moonlet_rpc_ctx_detach, the
+ * replication stream's way in): the reply goes out first, then the server
+ * forgets the connection (on_close runs, the count drops) and the taker gets
+ * the open socket with the handler's tag; from then on bytes pass between
+ * the peer and the taker untouched.  A peer that sent more behind the
+ * request is not following the protocol: the connection is closed after the
+ * reply and the taker gets nothing. */
+static void test_detach(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    int closes = atomic_load(&g_ctx.closes);
+    int fd = raw_connect(moonlet_rpc_server_port(s));
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    pack_detach(&b, 5, 77);
+    raw_send(fd, b.buf.data, b.buf.size);
+    raw_expect_reply(fd, 5, 0);
+    assert_true(wait_int(&g_takes, 1));
+    assert_int_equal(atomic_load(&g_taken_tag), 77);
+    assert_true(wait_conns(s, 0));
+    assert_int_equal(atomic_load(&g_ctx.closes), closes + 1);
+    int taken = atomic_load(&g_taken_fd);
+    /* a request now reaches the taker as bytes; nobody answers it */
+    raw_send_packed(fd, body_echo_id1);
+    uint8_t h[4];
+    assert_int_equal(raw_read(taken, h, 4), 4);
+    assert_int_equal(send(taken, "pong", 4, MSG_NOSIGNAL), 4);
+    char pong[4];
+    assert_int_equal(raw_read(fd, pong, 4), 4);
+    assert_memory_equal(pong, "pong", 4);
+    close(taken);
+    raw_expect_eof(fd);
+    close(fd);
+    /* data behind the request: the reply, then the connection closes */
+    fd = raw_connect(moonlet_rpc_server_port(s));
+    moonlet_frame_builder_reset(&b);
+    pack_detach(&b, 6, 78);
+    msgpack_pack_array(moonlet_request_begin(&b, 7, MOONLET_M_ECHO, 0), 0);
+    assert_int_equal(moonlet_frame_finish(&b, 1 << 20), 0);
+    raw_send(fd, b.buf.data, b.buf.size);
+    raw_expect_reply(fd, 6, 0);
+    raw_expect_eof(fd);
+    close(fd);
+    assert_true(wait_conns(s, 0));
+    assert_int_equal(atomic_load(&g_takes), 1);
+    moonlet_frame_builder_destroy(&b);
+    stop_when_idle(s);
+}
+
 static void test_request_element_cap(void **state)
 {
     moonlet_rpc_server_opts o = base_opts();
@@ -1247,6 +1330,7 @@ int main(void)
     moonlet_log_set_level(MOONLET_LOG_WARN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calls),
+        cmocka_unit_test(test_detach),
         cmocka_unit_test(test_pipelining),
         cmocka_unit_test(test_concurrent_clients),
         cmocka_unit_test(test_unknown_method_keeps_connection),
