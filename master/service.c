@@ -798,10 +798,12 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_repl_log_status rs;
         moonlet_repl_log_get_status(svc->repl, &rs);
         moonlet_pack_key(out, "replication");
-        msgpack_pack_map(out, 9);
+        msgpack_pack_map(out, 12);
         pack_str_kv(out, "standby", rs.standby);
         moonlet_pack_key(out, "in_sync");
         rs.in_sync ? msgpack_pack_true(out) : msgpack_pack_false(out);
+        moonlet_pack_key(out, "streaming");
+        rs.streaming ? msgpack_pack_true(out) : msgpack_pack_false(out);
         pack_u64_kv(out, "lag_ms", rs.lag_ms);
         pack_u64_kv(out, "acked", rs.acked);
         pack_u64_kv(out, "next", rs.next);
@@ -809,6 +811,8 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         pack_u64_kv(out, "sync_waits", rs.sync_waits);
         pack_u64_kv(out, "sync_acked_on_entry", rs.sync_acked_on_entry);
         pack_u64_kv(out, "sync_wait_us", rs.sync_wait_us);
+        pack_u64_kv(out, "writer_pushes", rs.writer_pushes);
+        pack_u64_kv(out, "pusher_pushes", rs.pusher_pushes);
     }
     if (following) { /* this standby's progress */
         moonlet_pack_key(out, "following");
