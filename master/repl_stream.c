@@ -137,6 +137,8 @@ int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log 
         l->o.max_bytes = 64u << 20;
     if (!l->o.max_lag_ms)
         l->o.max_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
+    if (!l->o.push_after_ms)
+        l->o.push_after_ms = TICK_MS;
     if (!msgpack_zone_init(&l->zone, 1024)) {
         free(l);
         return MOONLET_ERR_INTERNAL_ERROR;
@@ -418,10 +420,12 @@ static int send_all(int fd, const char *p, size_t len, int64_t deadline_ms)
 }
 
 /* Sends the records the standby does not have yet, up to PUSH_MAX_BYTES
- * (none: a heartbeat), as one frame: a reply frame [id = first seq, 0,
+ * and, with born_before (the pusher's), only those emitted before that
+ * time (none: a heartbeat), as one frame: a reply frame [id = first seq, 0,
  * [epoch, first seq, records (bin), leader_ms, next]] (docs/protocol.md).  Takes
  * the sending role for the send; mu held on entry and exit, not during it. */
-static void push_locked(moonlet_repl_log *l, struct rstream *s, int64_t deadline_ms)
+static void push_locked(moonlet_repl_log *l, struct rstream *s, uint64_t born_before,
+                        int64_t deadline_ms)
 {
     uint64_t first = ring_first(l);
     if (s->sent < first) {
@@ -430,8 +434,9 @@ static void push_locked(moonlet_repl_log *l, struct rstream *s, int64_t deadline
     }
     size_t idx = (size_t)(s->sent - first), total = 0, count = 0;
     for (size_t i = idx; i < l->n; i++) {
-        size_t sz = 4 + l->ring[(l->head + i) % l->cap].len;
-        if (count && total + sz > PUSH_MAX_BYTES)
+        const struct lrec *r = &l->ring[(l->head + i) % l->cap];
+        size_t sz = 4 + r->len;
+        if ((count && total + sz > PUSH_MAX_BYTES) || (born_before && r->t_ms >= born_before))
             break;
         total += sz;
         count++;
@@ -584,9 +589,16 @@ static int pusher_round(moonlet_repl_log *l)
         mark_out_locked(l, why);
         return 0;
     }
-    if (!s->sending && (s->sent < l->next || now - s->last_push_ms >= HEARTBEAT_MS)) {
-        l->pusher_pushes += s->sent < l->next;
-        push_locked(l, s, (int64_t)now + DEAD_MS);
+    /* Records younger than push_after_ms are left to the writes that will
+     * wait for them (a push of the pusher's would be one more wake-up of
+     * the standby and of that writer); older ones have no writer coming. */
+    uint64_t born_before = now - (now < l->o.push_after_ms ? now : l->o.push_after_ms) + 1;
+    bool due = s->sent < l->next &&
+               (s->sent < ring_first(l) || /* trimmed: the push ends the stream */
+                l->ring[(l->head + (size_t)(s->sent - ring_first(l))) % l->cap].t_ms < born_before);
+    if (!s->sending && (due || now - s->last_push_ms >= HEARTBEAT_MS)) {
+        l->pusher_pushes += due;
+        push_locked(l, s, born_before, (int64_t)now + DEAD_MS);
         if (!(s = l->st))
             return 0;
     }
@@ -703,7 +715,7 @@ int moonlet_repl_log_wait(moonlet_repl_log *l)
             /* The roles, when free: send what is unsent, then read the acks. */
             if (s->sent < want && !s->sending) {
                 l->writer_pushes++;
-                push_locked(l, s, deadline);
+                push_locked(l, s, 0, deadline);
                 continue;
             }
             if (s->sent >= want && !s->reading) {

@@ -53,6 +53,9 @@ typedef struct moonlet_repl_log moonlet_repl_log;
 typedef struct moonlet_repl_log_opts {
     size_t max_bytes;    /* encoded records kept for a lagging standby; 0: 64 MiB */
     uint64_t max_lag_ms; /* semi-sync: longest wait for the standby's ack; 0: 300 */
+    /* The pusher sends a record once it is this old (0: 2 ms); younger ones
+     * are left to the writes that wait for them. */
+    uint64_t push_after_ms;
     /* Names the standby in sync (true) or nobody (false) in etcd, fenced on
      * this leader's epoch; 0 on success.  NULL: succeeds (tests, no etcd). */
     int (*mark)(void *arg, bool in_sync, const char *standby);
