@@ -59,6 +59,8 @@
 /* Another standby may take the stream over once the current one has not
  * acknowledged for this long. */
 #define STANDBY_GONE_MS 1000
+/* After an etcd mark of the pusher's failed (etcd unreachable), the next try. */
+#define MARK_RETRY_MS 1000
 #define PUSH_MAX_BYTES (4u << 20)
 /* A standby that acknowledged all it was sent is taken in sync (writes wait
  * for it) when at most this many records remain to send. */
@@ -574,20 +576,20 @@ static int pusher_round(moonlet_repl_log *l)
             /* marked out meanwhile: that mark's result stands */
         } else if (rc) {
             l->in_sync = false;
-            ML_WARN(MOD, "cannot mark standby %s in sync: %s", l->standby, moonlet_strerror(rc));
+            ML_WARN(MOD, "cannot mark standby %s in sync: %s (again in %d ms)", l->standby,
+                    moonlet_strerror(rc), MARK_RETRY_MS);
         } else {
             l->named = true;
             l->in_marks++;
             ML_INFO(MOD, "standby %s is in sync", l->standby);
         }
         pthread_cond_broadcast(&l->cv);
-        return 0;
+        return rc ? MARK_RETRY_MS : 0;
     }
     if (!l->marking && l->in_sync && lag_ms_locked(l, now) > l->o.max_lag_ms) {
         char why[64];
         snprintf(why, sizeof(why), "lags more than %llu ms", (unsigned long long)l->o.max_lag_ms);
-        mark_out_locked(l, why);
-        return 0;
+        return mark_out_locked(l, why) ? MARK_RETRY_MS : 0;
     }
     /* Records younger than push_after_ms are left to the writes that will
      * wait for them (a push of the pusher's would be one more wake-up of

@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -527,12 +528,14 @@ static void test_restored_clock_offset(void **state)
 
 struct marks {
     int in, out, fail;
+    atomic_int calls;
     char last[64];
 };
 
 static int mark_cb(void *arg, bool in_sync, const char *standby)
 {
     struct marks *mk = arg;
+    atomic_fetch_add(&mk->calls, 1);
     if (mk->fail)
         return MOONLET_ERR_NOT_LEADER;
     in_sync ? mk->in++ : mk->out++;
@@ -692,6 +695,35 @@ static void test_writers_push_their_own(void **state)
     assert_int_equal(st1.writer_pushes - st0.writer_pushes, 20);
     assert_int_equal(st1.pusher_pushes - st0.pusher_pushes, 0);
     assert_int_equal(st1.acked, 21);
+    close(fd);
+    moonlet_repl_log_destroy(l);
+}
+
+/* etcd unreachable: a standby that caught up cannot be named in sync, and
+ * the pusher tries again a second later, not in a loop (it took the
+ * standby in sync, failed, dropped it and took it again at once: a core
+ * spent on failing etcd calls and a log line each). */
+static void test_failed_mark_is_not_retried_at_once(void **state)
+{
+    (void)state;
+    struct marks mk = {.fail = 1};
+    moonlet_repl_log_opts o = {.mark = mark_cb, .mark_arg = &mk};
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    bool lost;
+    int fd = peer_open(l, "a:1", 1, &lost); /* caught up at once */
+    assert_true(fd >= 0);
+    for (int i = 0; i < 5000 && atomic_load(&mk.calls) == 0; i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&mk.calls), 1);
+    struct timespec ts = {0, 300 * 1000000L}; /* a window in which a loop would call thousands of times */
+    nanosleep(&ts, NULL);
+    assert_true(atomic_load(&mk.calls) <= 2);
+    moonlet_repl_log_status st;
+    moonlet_repl_log_get_status(l, &st);
+    assert_false(st.in_sync);
     close(fd);
     moonlet_repl_log_destroy(l);
 }
@@ -925,6 +957,7 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_restored_clock_offset),
                   cmocka_unit_test(test_semi_sync_log),
                   cmocka_unit_test(test_writers_push_their_own),
+                  cmocka_unit_test(test_failed_mark_is_not_retried_at_once),
                   cmocka_unit_test(test_stream_end_marks_out_at_once),
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader))
