@@ -562,9 +562,11 @@ static int pusher_round(moonlet_repl_log *l)
             return 0;
     }
     if (!l->marking && !l->in_sync && s->sent == l->acked &&
-        l->next - l->acked <= SYNC_BACKLOG_RECORDS) {
-        /* It acknowledged all it was sent and the rest is small: writes
-         * wait for it from now on (and send the rest themselves) */
+        l->next - l->acked <= SYNC_BACKLOG_RECORDS &&
+        lag_ms_locked(l, now) <= l->o.max_lag_ms / 2) {
+        /* It acknowledged all it was sent and the rest is small and young:
+         * writes wait for it from now on (and send the rest themselves).
+         * (Old records left unsent would have it out again at once.) */
         l->in_sync = true;
         l->sync_from = l->next;
     }
