@@ -352,10 +352,11 @@ void shard_foreach_hash_locked(moonlet_master *m, struct shard *s, uint64_t hash
  * key_check get results[i] = INVALID_KEY and no call.  hashes (optional)
  * receives each key's hash.  The caller holds the guard shared.
  *
- * Keys go in groups of up to BATCH_GROUP (shard.c): the group's distinct shard locks are taken
- * together in ascending order (the lock order allows it), and the bucket
- * slots, then the objects, are prefetched for the whole group before any is
- * compared, so the cache misses of one group overlap instead of queueing.
+ * Keys go in windows of BATCH_WINDOW (32, shard.c), whose bucket slots are
+ * prefetched before any lock is taken, then in groups of LOCK_GROUP (16):
+ * the group's distinct shard locks are taken together in ascending order
+ * (the lock order allows it) and its objects are prefetched before any is
+ * compared, so the cache misses overlap instead of queueing.
  */
 typedef void (*batch_lookup_fn)(void *arg, size_t i, struct mobj *o);
 void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *keys, size_t n,
