@@ -38,6 +38,7 @@
 #include "wire.h"
 #include "monotime.h"
 #include "net.h"
+#include "spare_core.h"
 
 #define MOD "rpc-client"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -56,7 +57,7 @@ struct moonlet_rpc_client {
     char *in;
     size_t in_off, in_len, in_cap;
     int64_t wait_ewma_ns; /* how long replies took to start arriving */
-    uint64_t contended_waits; /* waits whose spin a yield to another thread ended */
+    uint64_t contended_waits; /* waits that slept because the core was wanted */
 };
 
 /* Signed view of common/monotime.h, for deadline arithmetic. */
@@ -99,21 +100,28 @@ static int wait_fd(int fd, short ev, int64_t deadline)
  * the caller's own core run, which may be other spinning callers, while the
  * server's thread waits for a core on the other run queue (measured with
  * `perf sched timehist`: docs/benchmarks.md, "The master under many
- * clients").  So the spin watches for it: when a yield did switch to
- * another thread (the thread's involuntary context switches went up,
- * getrusage(RUSAGE_THREAD)), the core is wanted elsewhere, and the caller
- * stops spinning and sleeps in poll(); a sleeping caller leaves its core
- * idle, and an idle core pulls waiting threads over.  The next wait spins
- * again (remembering the contention for a while, 5 ms of waits, was tried:
- * short calls such as a put's PutStart then paid a wake-up each and put+get
- * under load got slower).  On a core with nothing else to run
- * sched_yield() returns without switching, so a lone caller keeps its spin.
- * Figures: docs/benchmarks.md, "Client layers" and "The master under many
- * clients".
+ * clients").  So the spin watches for it in two ways, and a caller that
+ * sees either stops spinning and sleeps in poll(); a sleeping caller
+ * leaves its core idle, and an idle core pulls waiting threads over:
+ *  - the host has no core to spare (more runnable threads than cores,
+ *    common/spare_core.h), asked before the spin and every SPIN_RECHECK
+ *    rounds.  This catches a server thread waiting on another core's run
+ *    queue, which the caller's own yields never see: with 8 callers of one
+ *    process on 2 cores it took the master's BatchExistKey p99 from about
+ *    4 ms to under 1;
+ *  - a yield did switch to another thread (the thread's involuntary
+ *    context switches went up, getrusage(RUSAGE_THREAD)): the caller's own
+ *    core is wanted.
+ * The next wait asks again (remembering the contention for a while, 5 ms of
+ * waits, was tried: short calls such as a put's PutStart then paid a
+ * wake-up each and put+get under load got slower).  A lone caller on an
+ * idle host keeps its spin.  Figures: docs/benchmarks.md, "Client layers"
+ * and "The master under many clients".
  */
 #define SPIN_MIN_NS 50000
 #define SPIN_MAX_NS 500000
 #define WAIT_EWMA_SHIFT 3 /* new = old + (sample - old) / 8 */
+#define SPIN_RECHECK 8    /* rounds between two looks at the host's cores */
 
 static int64_t now_ns(void)
 {
@@ -140,17 +148,20 @@ static long involuntary_switches(void)
 }
 
 /* Polls fd without sleeping until input (or EOF/error) is there, the
- * budget has run out or a yield ran another thread. */
+ * budget has run out, or the core is wanted: the host has none to spare, or
+ * a yield ran another thread. */
 static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 {
     long switches = involuntary_switches();
-    for (;;) {
+    for (unsigned round = 0;; round++) {
         char b;
         ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
             return SPIN_INPUT;
         if (now_ns() - t0 > budget_ns)
             return SPIN_BUDGET_OUT;
+        if (round % SPIN_RECHECK == 0 && !moonlet_core_to_spare())
+            return SPIN_CONTENDED;
         sched_yield();
         long now_switches = involuntary_switches();
         if (now_switches != switches)

@@ -82,8 +82,9 @@ int moonlet_rpc_client_recv_code(moonlet_rpc_client *c);
 bool moonlet_rpc_client_broken(const moonlet_rpc_client *c);
 /* Changes the per-call timeout of later calls (<= 0: the default). */
 void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms);
-/* How many of this connection's waits for a reply stopped spinning because
- * a yield ran another thread (the cores were busy) and slept instead. */
+/* How many of this connection's waits for a reply stopped spinning, or did
+ * not start, because the core was wanted (the host had no core to spare, or
+ * a yield ran another thread) and slept instead. */
 uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c);
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c);
 

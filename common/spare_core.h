@@ -1,0 +1,29 @@
+/*
+ * spare_core.h - whether the host has a core to spare right now, for code
+ * that would rather spin than sleep while it waits.
+ *
+ * Spinning for a reply saves the wake-up of a sleeping thread (tens of
+ * microseconds on a VM), but only while the spinner takes a core nobody
+ * else wants.  The kernel's count of runnable threads (the fourth field of
+ * /proc/loadavg, "running/total", the caller included) against the online
+ * cores says whether that holds at this moment: every runnable thread has
+ * a core when there are no more of them than cores.
+ *
+ * Owns a descriptor of /proc/loadavg, opened once and kept; a read is one
+ * pread() (about 0.4 us).  Takes no lock (pthread_once at the first call).
+ */
+#ifndef MOONLET_SPARE_CORE_H
+#define MOONLET_SPARE_CORE_H
+
+#include <stdbool.h>
+
+/* True when the host's runnable threads, the caller included, are no more
+ * than its online cores, or when that cannot be read (no /proc): a caller
+ * then relies on its other checks. */
+bool moonlet_core_to_spare(void);
+
+/* The runnable count from the text of /proc/loadavg ("0.15 0.18 0.08 2/79
+ * 1127"), or -1 when the text has no such field.  For tests. */
+long moonlet_loadavg_runnable(const char *text);
+
+#endif
