@@ -32,6 +32,13 @@
  *    request that follows soon does not pay the wake-up of a sleeping
  *    thread.  Each idle round yields the CPU.  A loop with no traffic
  *    sleeps as usual; one kept busy costs up to a core.
+ *  - Optional yielding (opts.yield_after_us): a loop that has held its core
+ *    that long without a break (no sleep, no preemption) calls
+ *    sched_yield() once after its events.  The callers it answered were
+ *    woken onto its core and would otherwise wait for the end of its time
+ *    slice, a scheduler tick away (4 ms at HZ 250): with 8 callers of
+ *    BatchExistKey(640) on 2 cores that wait was the p99 (docs/benchmarks.md,
+ *    "The master under many clients").
  *  - A handler may take its connection over (moonlet_rpc_ctx_detach: the
  *    replication stream): the loop flushes the reply, forgets the
  *    connection and hands the open socket to the handler's taker.
@@ -69,6 +76,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/queue.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -156,6 +164,10 @@ typedef struct loop {
     msgpack_zone zone;
     bool zone_ready;
     int64_t next_sweep_ms;
+    /* yielding: since when the loop has held its core, and its involuntary
+     * context switches then (a change means it was preempted since) */
+    int64_t held_since_ns;
+    long preempted;
 } loop;
 
 struct moonlet_rpc_server {
@@ -181,6 +193,8 @@ struct moonlet_rpc_server {
     void (*on_close)(void *ctx, void *conn_data);
     uint64_t (*reply_epoch)(void *ctx, void *conn_data);
     int64_t busy_poll_ns;
+    int64_t yield_after_ns; /* 0: never */
+    _Atomic uint64_t yields;
     char name[8]; /* opts.name, cut to fit its threads' names */
     loop *loops;
     int nloops;
@@ -820,13 +834,51 @@ static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
     return epoll_wait(l->epfd, evs, MAX_EVENTS, LOOP_TICK_MS);
 }
 
+/* This thread's involuntary context switches so far (-1: unknown). */
+static long thread_preemptions(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
+}
+
+/* Yielding (opts.yield_after_us).  A wait for events that took more than
+ * HELD_BREAK_NS slept (or was preempted): the loop's hold of its core
+ * starts again after it.  After a round of events, a loop that has held its
+ * core for yield_after_ns, and was not preempted meanwhile, yields once. */
+#define HELD_BREAK_NS 5000
+
+static void held_restart(loop *l, int64_t now)
+{
+    l->held_since_ns = now;
+    l->preempted = thread_preemptions();
+}
+
+static void maybe_yield(loop *l)
+{
+    int64_t now = now_ns();
+    if (now - l->held_since_ns < l->s->yield_after_ns)
+        return;
+    if (thread_preemptions() == l->preempted) {
+        sched_yield();
+        atomic_fetch_add_explicit(&l->s->yields, 1, memory_order_relaxed);
+        now = now_ns();
+    }
+    held_restart(l, now);
+}
+
 static void *loop_main(void *arg)
 {
     loop *l = arg;
     struct epoll_event evs[MAX_EVENTS];
     int64_t busy_until = 0;
     while (!atomic_load(&l->s->loops_stopping)) {
+        int64_t waited = now_ns();
         int n = loop_wait(l, evs, busy_until);
+        if (l->s->yield_after_ns > 0) {
+            int64_t now = now_ns();
+            if (now - waited > HELD_BREAK_NS)
+                held_restart(l, now);
+        }
         if (n < 0 && errno != EINTR) {
             ML_ERR(MOD, "epoll_wait failed: %s", strerror(errno));
             break;
@@ -839,6 +891,8 @@ static void *loop_main(void *arg)
                 conn_on_event(l, evs[i].data.ptr, evs[i].events);
             }
         }
+        if (n > 0 && l->s->yield_after_ns > 0)
+            maybe_yield(l);
         if (l->nlinger > 0)
             expire_lingering(l);
         int64_t now = now_ms();
@@ -1108,6 +1162,7 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     if (o->busy_poll_us > MOONLET_RPC_MAX_BUSY_POLL_US)
         return MOONLET_ERR_INVALID_PARAMS;
     s->busy_poll_ns = (int64_t)o->busy_poll_us * 1000;
+    s->yield_after_ns = (int64_t)o->yield_after_us * 1000;
     snprintf(s->name, sizeof(s->name), "%s", o->name ? o->name : "rpc");
     s->ctx = o->ctx;
     s->on_close = o->on_close;
@@ -1177,6 +1232,11 @@ uint16_t moonlet_rpc_server_port(const moonlet_rpc_server *s) { return s->unix_p
 size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s)
 {
     return atomic_load(&((moonlet_rpc_server *)s)->nconns);
+}
+
+uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s)
+{
+    return atomic_load(&((moonlet_rpc_server *)s)->yields);
 }
 
 int moonlet_rpc_server_start(moonlet_rpc_server *s)

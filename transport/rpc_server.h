@@ -122,6 +122,10 @@ typedef struct moonlet_rpc_server_opts {
     /* After handling events a loop keeps polling, without sleeping, for this
      * long before it blocks (0: never); at most MOONLET_RPC_MAX_BUSY_POLL_US. */
     uint32_t busy_poll_us;
+    /* A loop that has held its core this long without a break (no sleep, no
+     * preemption) yields it once after its events, so the callers it woke on
+     * that core run before the end of its time slice (0: never). */
+    uint32_t yield_after_us;
     /* Called on the connection's loop thread when it closes, with its conn_data. */
     void (*on_close)(void *ctx, void *conn_data);
     /* Optional: called before each method's reply (not AUTH's) with the
@@ -160,6 +164,8 @@ void moonlet_rpc_server_stop(moonlet_rpc_server *s);
 void moonlet_rpc_server_destroy(moonlet_rpc_server *s);
 /* Number of currently open connections. */
 size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
+/* How many times the loops yielded their core (opts.yield_after_us). */
+uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s);
 
 /*
  * File descriptors passed over a unix-socket connection (SCM_RIGHTS).  The

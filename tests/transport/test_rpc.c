@@ -589,6 +589,108 @@ static void test_callers_outnumber_cores(void **state)
     assert_true(contended > 0);
 }
 
+#define MAX_HOGS 64
+static atomic_bool g_hogs_stop;
+static pthread_barrier_t g_hogs_started;
+
+static void *hog_main(void *arg)
+{
+    (void)arg;
+    pthread_barrier_wait(&g_hogs_started);
+    while (!atomic_load_explicit(&g_hogs_stop, memory_order_relaxed))
+        ;
+    return NULL;
+}
+
+/* A host with no core to spare, seen from a caller whose own core is free:
+ * as many CPU-bound threads as cores, and the server, run on another core
+ * than the caller's.  The caller's yields never run another thread there,
+ * so only the host's runnable count tells it to sleep: every wait whose
+ * reply had not come yet sleeps (rpc_client.c, "Waiting for a reply"), and
+ * every reply is still right. */
+static void test_spin_leaves_a_busy_host(void **state)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t saved, mine, other;
+    assert_int_equal(sched_getaffinity(0, sizeof(saved), &saved), 0);
+    int a = -1, b = -1;
+    for (int i = 0; i < CPU_SETSIZE && b < 0; i++)
+        if (CPU_ISSET(i, &saved))
+            *(a < 0 ? &a : &b) = i;
+    if (b < 0 || cores + 1 > MAX_HOGS || access("/proc/loadavg", R_OK) != 0)
+        skip(); /* one core only, or no runnable count to read */
+    CPU_ZERO(&mine);
+    CPU_SET(a, &mine);
+    CPU_ZERO(&other);
+    CPU_SET(b, &other);
+    /* the server's threads and the hogs inherit core b */
+    assert_int_equal(sched_setaffinity(0, sizeof(other), &other), 0);
+    moonlet_rpc_server *s = start_server();
+    int n = (int)cores;
+    pthread_t t[MAX_HOGS];
+    atomic_store(&g_hogs_stop, false);
+    assert_int_equal(pthread_barrier_init(&g_hogs_started, NULL, (unsigned)n + 1), 0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, hog_main, NULL), 0);
+    pthread_barrier_wait(&g_hogs_started);
+    assert_int_equal(sched_setaffinity(0, sizeof(mine), &mine), 0);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 20000);
+    const int calls = 20;
+    uint64_t before = moonlet_rpc_client_contended_waits(c);
+    for (int i = 0; i < calls; i++)
+        assert_int_equal(call_add(c, i, 1000), i + 1000);
+    uint64_t contended = moonlet_rpc_client_contended_waits(c) - before;
+    moonlet_rpc_client_close(c);
+    atomic_store(&g_hogs_stop, true);
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&g_hogs_started);
+    moonlet_rpc_server_destroy(s);
+    assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
+    /* a reply that was there at the first look needs no wait at all */
+    assert_true(contended >= calls / 2);
+}
+
+/* opts.yield_after_us: a loop that serves for longer than that without a
+ * break yields its core once; one that rests between requests never does.
+ * A burst is 8 pipelined M_BURN requests of 100 us each (800 us of CPU,
+ * served without a wait between them). */
+static void test_loop_yields_after_a_long_hold(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.threads = 1;
+    o.yield_after_us = 300;
+    moonlet_rpc_server *s = start_opts(&o);
+    moonlet_rpc_client *c = connect_ok(s, NULL, 5000);
+    /* short calls with a rest between them: no hold reaches 300 us */
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(call_add(c, i, 1), i + 1);
+        poll(NULL, 0, 1);
+    }
+    assert_int_equal(moonlet_rpc_server_yields(s), 0);
+    /* bursts: the hold passes 300 us (a burst the loop was preempted in
+     * does not count, so a few are tried) */
+    for (int burst = 0; burst < 10 && moonlet_rpc_server_yields(s) == 0; burst++) {
+        for (int i = 0; i < 8; i++) {
+            msgpack_packer *pk = moonlet_rpc_client_begin(c, M_BURN, 2);
+            msgpack_pack_uint64(pk, 100);
+            msgpack_pack_int64(pk, i);
+            uint64_t id;
+            assert_int_equal(moonlet_rpc_client_send(c, &id), 0);
+        }
+        for (int i = 0; i < 8; i++) {
+            moonlet_reply rep;
+            assert_int_equal(moonlet_rpc_client_recv(c, &rep), 0);
+            assert_int_equal(rep.code, 0);
+            assert_int_equal(rep.result->via.i64, i);
+            moonlet_reply_destroy(&rep);
+        }
+    }
+    assert_true(moonlet_rpc_server_yields(s) >= 1);
+    moonlet_rpc_client_close(c);
+    moonlet_rpc_server_destroy(s);
+}
+
 static void test_unknown_method_keeps_connection(void **state)
 {
     moonlet_rpc_server *s = start_server();
@@ -1347,6 +1449,8 @@ int main(void)
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_busy_poll),
         cmocka_unit_test(test_callers_outnumber_cores),
+        cmocka_unit_test(test_spin_leaves_a_busy_host),
+        cmocka_unit_test(test_loop_yields_after_a_long_hold),
         cmocka_unit_test(test_connect_failures),
         cmocka_unit_test(test_rpc_error_helper),
         cmocka_unit_test(test_pre_auth_frame_limit),
