@@ -34,7 +34,7 @@ long moonlet_loadavg_runnable(const char *text)
     return end != p && *end == '/' && n >= 0 ? n : -1;
 }
 
-bool moonlet_core_to_spare(void)
+bool moonlet_core_to_spare(int slack)
 {
     pthread_once(&g_once, open_loadavg);
     if (g_fd < 0 || g_cores < 1)
@@ -45,5 +45,5 @@ bool moonlet_core_to_spare(void)
         return true;
     buf[n] = '\0';
     long running = moonlet_loadavg_runnable(buf);
-    return running < 0 || running <= g_cores;
+    return running < 0 || running <= g_cores + slack;
 }

@@ -6,8 +6,10 @@
  * microseconds on a VM), but only while the spinner takes a core nobody
  * else wants.  The kernel's count of runnable threads (the fourth field of
  * /proc/loadavg, "running/total", the caller included) against the online
- * cores says whether that holds at this moment: every runnable thread has
- * a core when there are no more of them than cores.
+ * cores says whether that holds at this moment.  A caller may allow a
+ * slack: a spinner yields every round, so one runnable thread more than
+ * there are cores can run through its yields (rpc_client.c allows it to a
+ * lone caller).
  *
  * Owns a descriptor of /proc/loadavg, opened once and kept; a read is one
  * pread() (about 0.4 us).  Takes no lock (pthread_once at the first call).
@@ -17,10 +19,10 @@
 
 #include <stdbool.h>
 
-/* True when the host's runnable threads, the caller included, are no more
- * than its online cores, or when that cannot be read (no /proc): a caller
- * then relies on its other checks. */
-bool moonlet_core_to_spare(void);
+/* True when the host's runnable threads, the caller included, are at most
+ * its online cores + slack, or when that cannot be read (no /proc): a
+ * caller then relies on its other checks. */
+bool moonlet_core_to_spare(int slack);
 
 /* The runnable count from the text of /proc/loadavg ("0.15 0.18 0.08 2/79
  * 1127"), or -1 when the text has no such field.  For tests. */

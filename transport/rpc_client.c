@@ -23,6 +23,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,8 +108,13 @@ static int wait_fd(int fd, short ev, int64_t deadline)
  *    common/spare_core.h), asked before the spin and every SPIN_RECHECK
  *    rounds.  This catches a server thread waiting on another core's run
  *    queue, which the caller's own yields never see: with 8 callers of one
- *    process on 2 cores it took the master's BatchExistKey p99 from about
- *    4 ms to under 1;
+ *    process on 2 cores it took the master's BatchExistKey p99 from about 4
+ *    ms to under 1.  A lone caller (no other thread of its process
+ *    waiting for a reply) is allowed one runnable thread more than cores:
+ *    that one is most likely the server or relay it waits for, which its
+ *    yields let run (the DummyClient's caller -> RealClient -> master keeps
+ *    three threads runnable on two cores, and lost 33-50 us a call without
+ *    the slack);
  *  - a yield did switch to another thread (the thread's involuntary
  *    context switches went up, getrusage(RUSAGE_THREAD)): the caller's own
  *    core is wanted.
@@ -139,6 +145,10 @@ static int64_t spin_budget_ns(const moonlet_rpc_client *c)
 
 enum { SPIN_INPUT, SPIN_BUDGET_OUT, SPIN_CONTENDED };
 
+/* Threads of this process waiting for a reply (spinning or asleep), on any
+ * connection. */
+static atomic_int g_waiting;
+
 /* This thread's involuntary context switches so far (a sched_yield() that
  * ran another thread counts as one), or -1 when unknown. */
 static long involuntary_switches(void)
@@ -160,7 +170,7 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
             return SPIN_INPUT;
         if (now_ns() - t0 > budget_ns)
             return SPIN_BUDGET_OUT;
-        if (round % SPIN_RECHECK == 0 && !moonlet_core_to_spare())
+        if (round % SPIN_RECHECK == 0 && !moonlet_core_to_spare(atomic_load(&g_waiting) == 1))
             return SPIN_CONTENDED;
         sched_yield();
         long now_switches = involuntary_switches();
@@ -174,10 +184,12 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 static int wait_input(moonlet_rpc_client *c, int64_t deadline)
 {
     int64_t t0 = now_ns();
+    atomic_fetch_add_explicit(&g_waiting, 1, memory_order_relaxed);
     int spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
     if (spun == SPIN_CONTENDED)
         c->contended_waits++;
     int rc = spun == SPIN_INPUT ? 0 : wait_fd(c->fd, POLLIN, deadline);
+    atomic_fetch_sub_explicit(&g_waiting, 1, memory_order_relaxed);
     if (rc == 0)
         c->wait_ewma_ns += (now_ns() - t0 - c->wait_ewma_ns) / (1 << WAIT_EWMA_SHIFT);
     return rc;
