@@ -589,19 +589,6 @@ static void test_callers_outnumber_cores(void **state)
     assert_true(contended > 0);
 }
 
-#define MAX_HOGS 64
-static atomic_bool g_hogs_stop;
-static pthread_barrier_t g_hogs_started;
-
-static void *hog_main(void *arg)
-{
-    (void)arg;
-    pthread_barrier_wait(&g_hogs_started);
-    while (!atomic_load_explicit(&g_hogs_stop, memory_order_relaxed))
-        ;
-    return NULL;
-}
-
 /* A host with no core to spare, seen from a caller whose own core is free:
  * one more CPU-bound thread than cores, and the server, run on another core
  * than the caller's.  The caller's yields never run another thread there,
@@ -617,7 +604,7 @@ static void test_spin_leaves_a_busy_host(void **state)
     for (int i = 0; i < CPU_SETSIZE && b < 0; i++)
         if (CPU_ISSET(i, &saved))
             *(a < 0 ? &a : &b) = i;
-    if (b < 0 || cores + 2 > MAX_HOGS || access("/proc/loadavg", R_OK) != 0)
+    if (b < 0 || cores + 1 > TEST_MAX_THREADS || access("/proc/loadavg", R_OK) != 0)
         skip(); /* one core only, or no runnable count to read */
     CPU_ZERO(&mine);
     CPU_SET(a, &mine);
@@ -626,13 +613,8 @@ static void test_spin_leaves_a_busy_host(void **state)
     /* the server's threads and the hogs inherit core b */
     assert_int_equal(sched_setaffinity(0, sizeof(other), &other), 0);
     moonlet_rpc_server *s = start_server();
-    int n = (int)cores + 1;
-    pthread_t t[MAX_HOGS];
-    atomic_store(&g_hogs_stop, false);
-    assert_int_equal(pthread_barrier_init(&g_hogs_started, NULL, (unsigned)n + 1), 0);
-    for (int i = 0; i < n; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, hog_main, NULL), 0);
-    pthread_barrier_wait(&g_hogs_started);
+    test_hogs h;
+    test_hogs_start(&h, (int)cores + 1);
     assert_int_equal(sched_setaffinity(0, sizeof(mine), &mine), 0);
     moonlet_rpc_client *c = connect_ok(s, NULL, 20000);
     const int calls = 20;
@@ -641,10 +623,7 @@ static void test_spin_leaves_a_busy_host(void **state)
         assert_int_equal(call_add(c, i, 1000), i + 1000);
     uint64_t contended = moonlet_rpc_client_contended_waits(c) - before;
     moonlet_rpc_client_close(c);
-    atomic_store(&g_hogs_stop, true);
-    for (int i = 0; i < n; i++)
-        pthread_join(t[i], NULL);
-    pthread_barrier_destroy(&g_hogs_started);
+    test_hogs_stop(&h);
     moonlet_rpc_server_destroy(s);
     assert_int_equal(sched_setaffinity(0, sizeof(saved), &saved), 0);
     /* a reply that was there at the first look needs no wait at all */
