@@ -208,8 +208,8 @@ static const char *r_cstr(struct rbuf *r, char *dst, size_t cap, bool opt)
 int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *out)
 {
     struct rbuf r = {buf, 0, len, false};
-    memset(&out->rec, 0, sizeof(out->rec));
-    memset(&out->seg, 0, sizeof(out->seg));
+    out->rec = (moonlet_repl_rec){0};
+    out->seg = (moonlet_segment_desc){0};
     moonlet_repl_rec *rec = &out->rec;
     rec->type = r_u8(&r);
     rec->flags = r_u8(&r);
