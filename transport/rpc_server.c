@@ -871,6 +871,8 @@ static void *loop_main(void *arg)
     loop *l = arg;
     struct epoll_event evs[MAX_EVENTS];
     int64_t busy_until = 0;
+    if (l->s->yield_after_ns > 0)
+        held_restart(l, now_ns()); /* the hold starts now, not at time 0 */
     while (!atomic_load(&l->s->loops_stopping)) {
         int64_t waited = now_ns();
         int n = loop_wait(l, evs, busy_until);
