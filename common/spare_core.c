@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -46,4 +47,10 @@ bool moonlet_core_to_spare(int slack)
     buf[n] = '\0';
     long running = moonlet_loadavg_runnable(buf);
     return running < 0 || running <= g_cores + slack;
+}
+
+long moonlet_thread_preemptions(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
 }

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -149,20 +148,12 @@ enum { SPIN_INPUT, SPIN_BUDGET_OUT, SPIN_CONTENDED };
  * connection. */
 static atomic_int g_waiting;
 
-/* This thread's involuntary context switches so far (a sched_yield() that
- * ran another thread counts as one), or -1 when unknown. */
-static long involuntary_switches(void)
-{
-    struct rusage ru;
-    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
-}
-
 /* Polls fd without sleeping until input (or EOF/error) is there, the
  * budget has run out, or the core is wanted: the host has none to spare, or
  * a yield ran another thread. */
 static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
 {
-    long switches = involuntary_switches();
+    long switches = moonlet_thread_preemptions();
     for (unsigned round = 0;; round++) {
         char b;
         ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -173,7 +164,7 @@ static int spin_for_input(int fd, int64_t t0, int64_t budget_ns)
         if (round % SPIN_RECHECK == 0 && !moonlet_core_to_spare(atomic_load(&g_waiting) == 1))
             return SPIN_CONTENDED;
         sched_yield();
-        long now_switches = involuntary_switches();
+        long now_switches = moonlet_thread_preemptions();
         if (now_switches != switches)
             return SPIN_CONTENDED;
     }

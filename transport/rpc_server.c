@@ -76,7 +76,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/queue.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -93,6 +92,7 @@
 #include "monotime.h"
 #include "thread.h"
 #include "net.h"
+#include "spare_core.h"
 
 #define MOD "rpc"
 
@@ -834,13 +834,6 @@ static int loop_wait(loop *l, struct epoll_event *evs, int64_t busy_until)
     return epoll_wait(l->epfd, evs, MAX_EVENTS, LOOP_TICK_MS);
 }
 
-/* This thread's involuntary context switches so far (-1: unknown). */
-static long thread_preemptions(void)
-{
-    struct rusage ru;
-    return getrusage(RUSAGE_THREAD, &ru) == 0 ? ru.ru_nivcsw : -1;
-}
-
 /* Yielding (opts.yield_after_us).  A wait for events that took more than
  * HELD_BREAK_NS slept (or was preempted): the loop's hold of its core
  * starts again after it.  After a round of events, a loop that has held its
@@ -850,7 +843,7 @@ static long thread_preemptions(void)
 static void held_restart(loop *l, int64_t now)
 {
     l->held_since_ns = now;
-    l->preempted = thread_preemptions();
+    l->preempted = moonlet_thread_preemptions();
 }
 
 static void maybe_yield(loop *l)
@@ -858,7 +851,7 @@ static void maybe_yield(loop *l)
     int64_t now = now_ns();
     if (now - l->held_since_ns < l->s->yield_after_ns)
         return;
-    if (thread_preemptions() == l->preempted) {
+    if (moonlet_thread_preemptions() == l->preempted) {
         sched_yield();
         atomic_fetch_add_explicit(&l->s->yields, 1, memory_order_relaxed);
         now = now_ns();
