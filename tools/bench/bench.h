@@ -64,6 +64,9 @@ void bench_tool_path(const char *name, char *out, size_t cap);
 int bench_run_plot(const char *bench, const char *script, const char *data, const char *out);
 /* Resident set size of a process in bytes (0 when unknown). */
 uint64_t bench_rss_bytes(pid_t pid);
+/* CPU time (user + system, all threads) a process has used so far, in
+ * seconds at the kernel's tick resolution (/proc/PID/stat); -1 when unknown. */
+double bench_cpu_seconds(pid_t pid);
 
 typedef struct bench_samples {
     double *v;

@@ -14,9 +14,11 @@
  *                   a get of it (a moonlet_client per thread);
  *   redis_setget  - SET then GET of a 4 KiB value.
  * Reported per N and system: keys/s (exist) or operations/s (put+get: every
- * put and every get is one operation), and the p50/p99 of each call; per N
- * also the host's 1-minute load average, since other work on the host sets
- * both systems' tails.
+ * put and every get is one operation), the p50/p99 of each call, and the
+ * CPU time per call of the bench's callers and of the servers (the master,
+ * plus the store node for put+get, or redis-server; /proc/PID/stat, read
+ * around each phase); per N also the host's 1-minute load average, since
+ * other work on the host sets both systems' tails.
  * --plot runs tools/bench/plot_load.py with /usr/bin/python3.
  *
  * Redis speaks RESP; the few commands here need no client library, so a
@@ -232,6 +234,7 @@ typedef struct load_cfg {
     const char *master_addr;
     uint16_t redis_port;
     uint64_t phase_ns;
+    pid_t master_pid, store_pid, redis_pid; /* the servers, for their CPU time */
 } load_cfg;
 
 typedef struct worker {
@@ -365,8 +368,21 @@ static void *worker_main(void *arg)
 
 typedef struct phase_result {
     double units, seconds, errors;
+    double client_cpu_s, server_cpu_s; /* CPU time of the bench and of the servers */
     bench_samples lat_us;
 } phase_result;
+
+/* CPU seconds used so far by the servers a phase calls: the master (and for
+ * put+get the store node), or redis-server. */
+static double servers_cpu(const load_cfg *cfg, int phase)
+{
+    if (phase == PH_REDIS_EXISTS || phase == PH_REDIS_SETGET)
+        return bench_cpu_seconds(cfg->redis_pid);
+    double c = bench_cpu_seconds(cfg->master_pid);
+    if (phase == PH_MOON_PUTGET)
+        c += bench_cpu_seconds(cfg->store_pid);
+    return c;
+}
 
 /* Runs one phase with n workers; appends their samples and totals to pr. */
 static int run_phase(const load_cfg *cfg, int phase, int n, int round, phase_result *pr,
@@ -393,6 +409,9 @@ static int run_phase(const load_cfg *cfg, int phase, int n, int round, phase_res
         fprintf(stderr, "moonlet-bench load: cannot start thread %d\n", started);
         abort();
     }
+    /* CPU is read around the whole phase: the workers wait at the barrier
+     * until the last one is created, and the main thread sleeps in join */
+    double cpu0 = bench_cpu_seconds(getpid()), srv0 = servers_cpu(cfg, phase);
     uint64_t t0 = UINT64_MAX, t1 = 0;
     for (int i = 0; i < started; i++) {
         pthread_join(th[i], NULL);
@@ -403,8 +422,11 @@ static int run_phase(const load_cfg *cfg, int phase, int n, int round, phase_res
         for (size_t k = 0; k < w[i].lat_us.n; k++)
             bench_samples_add(&pr->lat_us, w[i].lat_us.v[k]);
     }
-    if (started)
+    if (started) {
         pr->seconds += (double)(t1 - t0) / 1e9;
+        pr->client_cpu_s += bench_cpu_seconds(getpid()) - cpu0;
+        pr->server_cpu_s += servers_cpu(cfg, phase) - srv0;
+    }
     for (int i = 0; i < n; i++) {
         bench_samples_free(&w[i].lat_us);
         worker_close(&w[i]);
@@ -535,7 +557,8 @@ int bench_load_main(int argc, char **argv)
         goto out;
     }
     load_cfg cfg = {.master_addr = bm.addr, .redis_port = rport,
-                    .phase_ns = (uint64_t)phase_ms * 1000000ull};
+                    .phase_ns = (uint64_t)phase_ms * 1000000ull, .master_pid = bm.pid,
+                    .store_pid = bs.pid, .redis_pid = rs.pid};
     root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "workload", "BatchExistKey / EXISTS of 640 of 10,000 keys; "
                                               "4 KiB put+get / SET+GET of fresh keys");
@@ -564,6 +587,9 @@ int bench_load_main(int argc, char **argv)
             cJSON_AddNumberToObject(p, "p99_us", bench_percentile(&pr[ph].lat_us, 99));
             cJSON_AddNumberToObject(p, "calls", (double)pr[ph].lat_us.n);
             cJSON_AddNumberToObject(p, "errors", pr[ph].errors);
+            double calls = pr[ph].lat_us.n ? (double)pr[ph].lat_us.n : 1;
+            cJSON_AddNumberToObject(p, "client_cpu_us_per_call", pr[ph].client_cpu_s * 1e6 / calls);
+            cJSON_AddNumberToObject(p, "server_cpu_us_per_call", pr[ph].server_cpu_s * 1e6 / calls);
             bench_samples_free(&pr[ph].lat_us);
         }
         cJSON_AddItemToArray(rows, row);

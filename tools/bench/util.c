@@ -225,6 +225,25 @@ uint64_t bench_rss_bytes(pid_t pid)
     return kb * 1024;
 }
 
+double bench_cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    /* fields 14 and 15 (utime, stime) follow the command, which may hold
+     * spaces and parentheses: count from its last ')' */
+    char *p = strrchr(buf, ')');
+    unsigned long ut, st;
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return -1;
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 void bench_samples_add(bench_samples *s, double x)
 {
     if (s->n == s->cap) {
