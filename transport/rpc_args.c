@@ -303,13 +303,7 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
             break;
         case MOONLET_ARG_STR_ARRAY: {
             const moonlet_strv *v = CFIELD(st, a, moonlet_strv);
-            msgpack_pack_array(pk, v->n);
-            for (uint32_t k = 0; k < v->n; k++) {
-                if (v->v)
-                    moonlet_pack_str(pk, v->v[k].ptr, v->v[k].len);
-                else
-                    moonlet_pack_cstr(pk, v->cv[k]); /* NULL: nil */
-            }
+            moonlet_pack_str_array(pk, v->v, v->cv, v->n); /* NULL: nil */
             break;
         }
         case MOONLET_ARG_U64_ARRAY: {
@@ -321,9 +315,7 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
         }
         case MOONLET_ARG_CSTR_ARRAY: {
             const moonlet_cstrv *v = CFIELD(st, a, moonlet_cstrv);
-            msgpack_pack_array(pk, v->n);
-            for (uint32_t k = 0; k < v->n; k++)
-                moonlet_pack_cstr(pk, v->v[k]); /* NULL: nil */
+            moonlet_pack_str_array(pk, NULL, v->v, v->n); /* NULL: nil */
             break;
         }
         case MOONLET_ARG_TUPLE_ARRAY: {

@@ -165,3 +165,60 @@ void moonlet_pack_cstr(msgpack_packer *pk, const char *s)
     else
         moonlet_pack_str(pk, s, strlen(s));
 }
+
+/* Writes a msgpack str header for len at p (at most 5 bytes); returns its size. */
+static size_t str_header(uint8_t *p, size_t len)
+{
+    if (len < 32) {
+        p[0] = (uint8_t)(0xa0 | len);
+        return 1;
+    }
+    if (len < 256) {
+        p[0] = 0xd9;
+        p[1] = (uint8_t)len;
+        return 2;
+    }
+    if (len < 65536) {
+        p[0] = 0xda;
+        p[1] = (uint8_t)(len >> 8);
+        p[2] = (uint8_t)len;
+        return 3;
+    }
+    p[0] = 0xdb;
+    for (int i = 0; i < 4; i++)
+        p[1 + i] = (uint8_t)(len >> (24 - 8 * i));
+    return 5;
+}
+
+void moonlet_pack_str_array(msgpack_packer *pk, const moonlet_str *v, const char *const *cv,
+                            uint32_t n)
+{
+    enum { CHUNK = 4096 };
+    uint8_t buf[CHUNK];
+    size_t used = 0;
+    msgpack_pack_array(pk, n);
+    for (uint32_t k = 0; k < n; k++) {
+        const char *ptr = v ? v[k].ptr : cv[k];
+        size_t len = ptr ? (v ? v[k].len : strlen(ptr)) : 0;
+        if (used + 5 + len > CHUNK) { /* flush; an element larger than a chunk goes alone */
+            if (used)
+                pk->callback(pk->data, (const char *)buf, used);
+            used = 0;
+        }
+        if (!ptr) {
+            buf[used++] = 0xc0; /* nil */
+            continue;
+        }
+        used += str_header(buf + used, len);
+        if (len > CHUNK - 5) {
+            pk->callback(pk->data, (const char *)buf, used);
+            pk->callback(pk->data, ptr, len);
+            used = 0;
+            continue;
+        }
+        memcpy(buf + used, ptr, len);
+        used += len;
+    }
+    if (used)
+        pk->callback(pk->data, (const char *)buf, used);
+}

@@ -751,6 +751,53 @@ static void test_pack_helpers(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* moonlet_pack_str_array writes the bytes msgpack_pack_array + one
+ * moonlet_pack_str (or nil) per element would: every header width (fixstr,
+ * str8, str16, str32), nils, empty strings, elements that straddle a
+ * 4 KiB chunk and elements larger than one; both its inputs. */
+static void test_pack_str_array(void **state)
+{
+    static const size_t lens[] = {0,   1,    31,   32,   255,   256,   4000, 4091,
+                                  17,  4096, 5000, 65535, 65536, 70000, 3,   0};
+    enum { N = sizeof(lens) / sizeof(lens[0]) + 2 };
+    char *bodies[N];
+    moonlet_str v[N];
+    const char *cv[N];
+    for (size_t k = 0; k < N; k++) {
+        size_t len = k < N - 2 ? lens[k] : 0;
+        bodies[k] = malloc(len + 1);
+        assert_non_null(bodies[k]);
+        for (size_t i = 0; i < len; i++)
+            bodies[k][i] = (char)('a' + (k + i) % 26);
+        bodies[k][len] = 0;
+        bool nil = k >= N - 2 || k == 5;
+        v[k] = (moonlet_str){nil ? NULL : bodies[k], nil ? 0 : (uint32_t)len};
+        cv[k] = nil ? NULL : bodies[k];
+    }
+    for (int form = 0; form < 2; form++) {
+        msgpack_sbuffer want, got;
+        msgpack_packer pw, pg;
+        msgpack_sbuffer_init(&want);
+        msgpack_sbuffer_init(&got);
+        msgpack_packer_init(&pw, &want, msgpack_sbuffer_write);
+        msgpack_packer_init(&pg, &got, msgpack_sbuffer_write);
+        msgpack_pack_array(&pw, N);
+        for (size_t k = 0; k < N; k++) {
+            if (form == 0)
+                v[k].ptr ? moonlet_pack_str(&pw, v[k].ptr, v[k].len) : msgpack_pack_nil(&pw);
+            else
+                moonlet_pack_cstr(&pw, cv[k]);
+        }
+        moonlet_pack_str_array(&pg, form == 0 ? v : NULL, cv, N);
+        assert_int_equal(got.size, want.size);
+        assert_memory_equal(got.data, want.data, want.size);
+        msgpack_sbuffer_destroy(&want);
+        msgpack_sbuffer_destroy(&got);
+    }
+    for (size_t k = 0; k < N; k++)
+        free(bodies[k]);
+}
+
 MOONLET_TEST_MAIN("frame", NULL, NULL,
                   cmocka_unit_test(test_header_encode_decode),
                   cmocka_unit_test(test_request_roundtrip),
@@ -768,4 +815,5 @@ MOONLET_TEST_MAIN("frame", NULL, NULL,
                   cmocka_unit_test(test_builder_pipelined),
                   cmocka_unit_test(test_wire_getters),
                   cmocka_unit_test(test_wire_empty_strings),
-                  cmocka_unit_test(test_pack_helpers))
+                  cmocka_unit_test(test_pack_helpers),
+                  cmocka_unit_test(test_pack_str_array))
