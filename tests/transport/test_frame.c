@@ -798,6 +798,120 @@ static void test_pack_str_array(void **state)
         free(bodies[k]);
 }
 
+/* Decodes body, a reply [id, code, result], with moonlet_reply_decode and
+ * with msgpack_unpack (the reference) and asserts they agree: both refuse
+ * it, or both accept it with equal results (msgpack_object_equal compares
+ * types too, recursively). */
+static void assert_decodes_like_msgpack(const char *body, size_t len)
+{
+    msgpack_zone *z = msgpack_zone_new(1024);
+    assert_non_null(z);
+    msgpack_object ref;
+    size_t off = 0;
+    bool ref_ok = msgpack_unpack(body, len, &off, z, &ref) == MSGPACK_UNPACK_SUCCESS &&
+                  off == len && ref.type == MSGPACK_OBJECT_ARRAY && ref.via.array.size == 3;
+    moonlet_reply rep;
+    int rc = moonlet_reply_decode(body, len, &rep);
+    assert_int_equal(rc == 0, ref_ok);
+    if (rc == 0) {
+        assert_true(msgpack_object_equal(*rep.result, ref.via.array.ptr[2]));
+        moonlet_reply_destroy(&rep);
+    }
+    msgpack_zone_free(z);
+}
+
+/* Packs a random object of at most `depth` levels: every type the packer
+ * writes, strings and bins of every header width, maps and arrays. */
+static void pack_random(msgpack_packer *pk, unsigned *seed, int depth)
+{
+    static char blob[70000];
+    int kind = rand_r(seed) % (depth > 0 ? 13 : 11);
+    uint64_t big = ((uint64_t)rand_r(seed) << 33) ^ ((uint64_t)rand_r(seed) << 7) ^ (uint64_t)rand_r(seed);
+    static const size_t widths[] = {0, 5, 31, 32, 200, 255, 256, 1000, 65535, 65536};
+    size_t w = widths[rand_r(seed) % 10];
+    switch (kind) {
+    case 0: msgpack_pack_nil(pk); break;
+    case 1: rand_r(seed) & 1 ? msgpack_pack_true(pk) : msgpack_pack_false(pk); break;
+    case 2: msgpack_pack_uint64(pk, big >> (rand_r(seed) % 64)); break;
+    case 3: msgpack_pack_int64(pk, -(int64_t)(big >> (1 + rand_r(seed) % 63)) - 1); break;
+    case 4: msgpack_pack_float(pk, (float)rand_r(seed) / 7.0f); break;
+    case 5: msgpack_pack_double(pk, (double)big / 3.0); break;
+    case 6: msgpack_pack_str(pk, w); msgpack_pack_str_body(pk, blob, w); break;
+    case 7: msgpack_pack_bin(pk, w); msgpack_pack_bin_body(pk, blob, w); break;
+    case 8: {
+        static const size_t ext[] = {1, 2, 4, 8, 16, 0, 3, 300, 70000};
+        size_t e = ext[rand_r(seed) % 9];
+        msgpack_pack_ext(pk, e, (int8_t)(rand_r(seed) % 256 - 128));
+        msgpack_pack_ext_body(pk, blob, e);
+        break;
+    }
+    case 9: msgpack_pack_int8(pk, (int8_t)(rand_r(seed) % 256 - 128)); break;
+    case 10: msgpack_pack_array(pk, 0); break;
+    case 11: {
+        uint32_t n = (uint32_t)(rand_r(seed) % 20);
+        msgpack_pack_array(pk, n);
+        for (uint32_t i = 0; i < n; i++)
+            pack_random(pk, seed, depth - 1);
+        break;
+    }
+    default: {
+        uint32_t n = (uint32_t)(rand_r(seed) % 20);
+        msgpack_pack_map(pk, n);
+        for (uint32_t i = 0; i < 2 * n; i++)
+            pack_random(pk, seed, depth - 1);
+        break;
+    }
+    }
+}
+
+/* The decoder builds what msgpack-c's unpacker builds, for random objects
+ * and for encodings the packer never chooses (wide headers of small values,
+ * signed types holding positive values, fixext, float32); it refuses what
+ * msgpack-c refuses (33 nested non-empty containers; 32 are accepted). */
+static void test_decode_matches_msgpack(void **state)
+{
+    static const char *const odd[] = {
+        "93 01 00 d0 05",          "93 01 00 d3 00 00 00 00 00 00 00 07",
+        "93 01 00 d1 ff 00",       "93 01 00 d2 80 00 00 00",
+        "93 01 00 cc ff",          "93 01 00 cf ff ff ff ff ff ff ff ff",
+        "93 01 00 d9 01 61",       "93 01 00 da 00 01 61",
+        "93 01 00 db 00 00 00 01 61", "93 01 00 c6 00 00 00 00",
+        "93 01 00 dc 00 01 c0",    "93 01 00 dd 00 00 00 01 c3",
+        "93 01 00 de 00 01 a1 6b c2", "93 01 00 df 00 00 00 00",
+        "93 01 00 d4 05 aa",       "93 01 00 d8 7f 00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f",
+        "93 01 00 c7 00 09",       "93 01 00 ca 3f c0 00 00",
+        "93 01 00 cb 7f f0 00 00 00 00 00 00", "93 01 00 92 90 80",
+    };
+    char body[64];
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++)
+        assert_decodes_like_msgpack(body, unhex(odd[i], body, sizeof(body)));
+    for (int depth = 30; depth <= 33; depth++) { /* the reply's array is one level */
+        char deep[64];
+        size_t n = unhex("93 01 00", deep, sizeof(deep));
+        memset(deep + n, 0x91, (size_t)depth - 1);
+        n += (size_t)depth - 1;
+        deep[n++] = (char)0xc0;
+        assert_decodes_like_msgpack(deep, n);
+        moonlet_reply rep;
+        assert_int_equal(moonlet_reply_decode(deep, n, &rep) == 0, depth <= 32);
+        if (depth <= 32)
+            moonlet_reply_destroy(&rep);
+    }
+    unsigned seed = 42;
+    for (int i = 0; i < 300; i++) {
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_array(&pk, 3);
+        msgpack_pack_uint64(&pk, (uint64_t)i);
+        msgpack_pack_int32(&pk, -(i % 3));
+        pack_random(&pk, &seed, 3);
+        assert_decodes_like_msgpack(sb.data, sb.size);
+        msgpack_sbuffer_destroy(&sb);
+    }
+}
+
 MOONLET_TEST_MAIN("frame", NULL, NULL,
                   cmocka_unit_test(test_header_encode_decode),
                   cmocka_unit_test(test_request_roundtrip),
@@ -816,4 +930,5 @@ MOONLET_TEST_MAIN("frame", NULL, NULL,
                   cmocka_unit_test(test_wire_getters),
                   cmocka_unit_test(test_wire_empty_strings),
                   cmocka_unit_test(test_pack_helpers),
-                  cmocka_unit_test(test_pack_str_array))
+                  cmocka_unit_test(test_pack_str_array),
+                  cmocka_unit_test(test_decode_matches_msgpack))
