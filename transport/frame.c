@@ -6,10 +6,12 @@
  *  - Every body is first walked by body_check(), a small allocation-free
  *    msgpack scanner.  It proves the body is exactly one complete object and
  *    that every declared array/map size fits in the bytes that remain.  Only
- *    then does msgpack-c unpack it.  msgpack-c allocates room for a container
- *    as soon as it reads the container's header, so without this check a
- *    6-byte body declaring a 4-billion-element array would make it ask for
- *    ~100 GB.  With it, zone memory is bounded by ~24 bytes per body byte.
+ *    then is it decoded into msgpack-c's object tree (by mp_decode below,
+ *    which builds what msgpack_unpack() would, faster).  A decoder allocates
+ *    room for a container as soon as it reads the container's header, so
+ *    without this check a 6-byte body declaring a 4-billion-element array
+ *    would ask for ~100 GB.  With it, zone memory is bounded by ~24 bytes
+ *    per body byte.
  *  - The server decodes with moonlet_request_decode_ref(): objects live in a
  *    zone the caller recycles and strings point into the caller's buffer, so
  *    the hot path neither copies nor mallocs.  The public decoders copy the
