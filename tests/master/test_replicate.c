@@ -898,6 +898,21 @@ static int silent_listener(uint16_t *port)
     return fd;
 }
 
+/* A follower (standby of epoch 7) whose leader is a listener of the
+ * test's own, which the test then plays by hand. */
+static moonlet_repl_follower *follower_of_listener(int *lfd, uint16_t *port, moonlet_role **role)
+{
+    *lfd = silent_listener(port);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", *port);
+    assert_int_equal(moonlet_role_create("127.0.0.1:1", role), MOONLET_OK);
+    moonlet_role_set_leader(*role, addr, 7);
+    moonlet_repl_follower_opts fo = {.role = *role, .advertise = "127.0.0.1:1"};
+    moonlet_repl_follower *f;
+    assert_int_equal(moonlet_repl_follower_start(&fo, &f), MOONLET_OK);
+    return f;
+}
+
 /* Waits (bounded) until fd is readable. */
 static void wait_readable(int fd, int ms)
 {
@@ -916,15 +931,9 @@ static void test_follower_stop_does_not_wait_for_the_leader(void **state)
 {
     (void)state;
     uint16_t port;
-    int lfd = silent_listener(&port);
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", port);
     moonlet_role *role;
-    assert_int_equal(moonlet_role_create("127.0.0.1:1", &role), MOONLET_OK);
-    moonlet_role_set_leader(role, addr, 7);
-    moonlet_repl_follower_opts fo = {.role = role, .advertise = "127.0.0.1:1"};
-    moonlet_repl_follower *f;
-    assert_int_equal(moonlet_repl_follower_start(&fo, &f), MOONLET_OK);
+    int lfd;
+    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
     /* the follower connected and sent its first call (ReplPort): it now
      * waits for a reply that never comes */
     wait_readable(lfd, 5000);
@@ -947,6 +956,164 @@ static void test_follower_stop_does_not_wait_for_the_leader(void **state)
     moonlet_role_destroy(role);
 }
 
+/* ---- a scripted leader, for the follower's handling of what it is sent ---- */
+
+/* The next request frame on fd (bounded wait): its method and id; the args
+ * are not needed here. */
+static uint32_t fake_request(int fd, uint64_t *id)
+{
+    uint8_t hdr[MOONLET_FRAME_HEADER_BYTES];
+    uint32_t len;
+    assert_true(peer_read(fd, hdr, sizeof(hdr), 5000));
+    assert_int_equal(moonlet_frame_header_decode(hdr, MOONLET_DEFAULT_MAX_FRAME, &len), 0);
+    char *body = malloc(len);
+    assert_non_null(body);
+    assert_true(peer_read(fd, body, len, 5000));
+    moonlet_request req;
+    assert_int_equal(moonlet_request_decode(body, len, &req, id), 0);
+    uint32_t method = req.method;
+    moonlet_request_destroy(&req);
+    free(body);
+    return method;
+}
+
+typedef void (*fake_pack_fn)(msgpack_packer *pk, const void *arg);
+
+static void fake_reply(int fd, uint64_t id, fake_pack_fn fn, const void *arg)
+{
+    moonlet_frame_builder b;
+    moonlet_frame_builder_init(&b);
+    fn(moonlet_reply_begin(&b, id, 0), arg);
+    assert_int_equal(moonlet_frame_finish(&b, MOONLET_DEFAULT_MAX_FRAME), 0);
+    assert_int_equal(write(fd, b.buf.data, b.buf.size), (ssize_t)b.buf.size);
+    moonlet_frame_builder_destroy(&b);
+}
+
+static void pack_port(msgpack_packer *pk, const void *arg)
+{
+    msgpack_pack_uint64(pk, *(const uint16_t *)arg);
+}
+
+/* ReplSnapshot's reply: epoch 7, an empty snapshot, the stream from 0. */
+static void pack_empty_snapshot(msgpack_packer *pk, const void *arg)
+{
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_uint64(pk, 7);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_bin(pk, 0);
+    msgpack_pack_uint64(pk, 0);
+}
+
+static void pack_stream_open(msgpack_packer *pk, const void *arg)
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 7);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_false(pk);
+}
+
+/* A push: [epoch, first, records, leader_ms, next], or something else. */
+typedef struct fake_push {
+    uint64_t epoch, first;
+    const char *records; /* bin contents; NULL: a string where the bin goes */
+    uint32_t records_len;
+    bool not_array;
+} fake_push;
+
+static void pack_push(msgpack_packer *pk, const void *arg)
+{
+    const fake_push *f = arg;
+    if (f->not_array) {
+        msgpack_pack_uint64(pk, f->first);
+        return;
+    }
+    msgpack_pack_array(pk, 5);
+    msgpack_pack_uint64(pk, f->epoch);
+    msgpack_pack_uint64(pk, f->first);
+    if (f->records) {
+        msgpack_pack_bin(pk, f->records_len);
+        msgpack_pack_bin_body(pk, f->records, f->records_len);
+    } else {
+        moonlet_pack_cstr(pk, "records");
+    }
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, f->first);
+}
+
+/* Serves the follower's way in: ReplPort on one connection, then
+ * ReplSnapshot and ReplStream on the replication connection, which it
+ * returns (the same listener serves both ports). */
+static int fake_leader_accept(int lfd, uint16_t port)
+{
+    wait_readable(lfd, 5000);
+    int main_fd = accept(lfd, NULL, NULL);
+    assert_true(main_fd >= 0);
+    uint64_t id;
+    assert_int_equal(fake_request(main_fd, &id), MOONLET_M_REPL_PORT);
+    fake_reply(main_fd, id, pack_port, &port);
+    wait_readable(lfd, 5000);
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    close(main_fd);
+    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_SNAPSHOT);
+    fake_reply(fd, id, pack_empty_snapshot, NULL);
+    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_STREAM);
+    fake_reply(fd, id, pack_stream_open, NULL);
+    return fd;
+}
+
+/* The follower acknowledges a push in order, and drops the stream on any
+ * push that is not the next one of its term: another epoch, a first
+ * record other than where it stands, a result that is not the push's
+ * array, records that are not a bin, or records that do not decode.  Each
+ * time it connects again and starts over with a snapshot (a stream it
+ * cannot follow must never leave it "consistent" on a state it did not
+ * get in order). */
+static void test_follower_refuses_bad_pushes(void **state)
+{
+    (void)state;
+    uint16_t port;
+    moonlet_role *role;
+    int lfd;
+    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
+    static const char junk[] = {3, 0, 0, 0, 'x', 'y', 'z'}; /* one 3-byte record */
+    const fake_push bad[] = {
+        {.epoch = 8, .first = 0, .records = ""},        /* another term */
+        {.epoch = 7, .first = 5, .records = ""},        /* not where it stands */
+        {.epoch = 7, .first = 0, .not_array = true},    /* not a push */
+        {.epoch = 7, .first = 0, .records = NULL},      /* records not a bin */
+        {.epoch = 7, .first = 0, .records = junk, .records_len = sizeof(junk)}, /* undecodable */
+    };
+    const size_t nbad = sizeof(bad) / sizeof(bad[0]);
+    for (size_t i = 0; i < nbad; i++) {
+        int fd = fake_leader_accept(lfd, port);
+        /* a heartbeat in order is acknowledged at position 0 */
+        fake_push hb = {.epoch = 7, .first = 0, .records = ""};
+        fake_reply(fd, 100 + i, pack_push, &hb);
+        uint64_t id;
+        assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_ACK);
+        fake_reply(fd, 200 + i, pack_push, &bad[i]);
+        /* the follower closes the stream, unacknowledged */
+        char byte;
+        assert_false(peer_read(fd, &byte, 1, 5000));
+        close(fd);
+    }
+    /* and starts over once more, with a snapshot */
+    int fd = fake_leader_accept(lfd, port);
+    moonlet_repl_follower_status st;
+    moonlet_repl_follower_get_status(f, &st);
+    assert_int_equal(st.snapshots, nbad + 1);
+    assert_int_equal(st.records, 0);
+    bool consistent = true;
+    uint64_t epoch = 0;
+    moonlet_repl_state_destroy(moonlet_repl_follower_stop(f, &consistent, &epoch));
+    close(fd);
+    moonlet_repl_follower_destroy(f);
+    close(lfd);
+    moonlet_role_destroy(role);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -960,4 +1127,5 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_failed_mark_is_not_retried_at_once),
                   cmocka_unit_test(test_stream_end_marks_out_at_once),
                   cmocka_unit_test(test_snapshot_in_parts),
-                  cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader))
+                  cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
+                  cmocka_unit_test(test_follower_refuses_bad_pushes))
