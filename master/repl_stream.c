@@ -397,30 +397,6 @@ void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd
     pthread_mutex_unlock(&l->mu);
 }
 
-/* Writes all of p, waiting for room until the deadline: 0 or -1. */
-static int send_all(int fd, const char *p, size_t len, int64_t deadline_ms)
-{
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n > 0) {
-            p += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int64_t left = deadline_ms - (int64_t)moonlet_mono_ms();
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            if (left <= 0 || poll(&pf, 1, (int)left) < 0)
-                return -1;
-            continue;
-        }
-        return -1;
-    }
-    return 0;
-}
-
 /* Sends the records the standby does not have yet, up to PUSH_MAX_BYTES
  * and, with born_before (the pusher's), only those emitted before that
  * time (none: a heartbeat), as one frame: a reply frame [id = first seq, 0,
@@ -467,7 +443,8 @@ static void push_locked(moonlet_repl_log *l, struct rstream *s, uint64_t born_be
     s->sending = true;
     s->refs++;
     pthread_mutex_unlock(&l->mu);
-    int rc = send_all(s->fd, s->out.buf.data, s->out.buf.size, deadline_ms);
+    int rc = moonlet_net_io_by(s->fd, true, s->out.buf.data, s->out.buf.size,
+                               deadline_ms > 0 ? (uint64_t)deadline_ms : 0);
     pthread_mutex_lock(&l->mu);
     s->sending = false;
     if (rc && s == l->st)
@@ -477,10 +454,12 @@ static void push_locked(moonlet_repl_log *l, struct rstream *s, uint64_t born_be
 }
 
 /* Parses the acks in s->in: request frames [id, ReplAck, [next]], `next`
- * being the standby's position (it applied every record below).  false: the
- * stream is bad.  mu held. */
+ * being the standby's position (it applied every record below), its
+ * arguments checked against the method table's ReplAck.  false: the stream
+ * is bad.  mu held. */
 static bool take_acks_locked(moonlet_repl_log *l, struct rstream *s)
 {
+    const moonlet_rpc_method_decl *ack = moonlet_master_method(MOONLET_M_REPL_ACK);
     size_t off = 0;
     bool ok = true;
     while (ok && s->in_len - off >= MOONLET_FRAME_HEADER_BYTES) {
@@ -493,14 +472,18 @@ static bool take_acks_locked(moonlet_repl_log *l, struct rstream *s)
         if (s->in_len - off - MOONLET_FRAME_HEADER_BYTES < len)
             break;
         moonlet_request req;
-        uint64_t id, next = 0;
+        moonlet_args_repl_ack a = {0};
+        uint64_t id;
+        char why[1]; /* the stream ends either way; the reason is not kept */
         ok = moonlet_request_decode_ref(s->in + off + MOONLET_FRAME_HEADER_BYTES, len, &l->zone,
                                         &req, &id) == 0 &&
-             req.method == MOONLET_M_REPL_ACK && moonlet_wire_len(req.args) == 1 &&
-             moonlet_wire_u64(req.args, 0, &next) == 0 && next >= l->acked && next <= s->sent;
+             req.method == MOONLET_M_REPL_ACK &&
+             moonlet_rpc_args_decode(ack->name, ack->spec, req.args, &l->zone, 0, &a, why,
+                                     sizeof(why)) == 0 &&
+             a.next >= l->acked && a.next <= s->sent;
         msgpack_zone_clear(&l->zone);
         if (ok) {
-            l->acked = next;
+            l->acked = a.next;
             s->last_ack_ms = l->last_ack_ms = moonlet_mono_ms();
         }
         off += MOONLET_FRAME_HEADER_BYTES + len;

@@ -141,6 +141,24 @@ int moonlet_net_wait(int fd, short events, uint64_t deadline_ms)
     }
 }
 
+int moonlet_net_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            return -1;
+        if (errno != EINTR && moonlet_net_wait(fd, out ? POLLOUT : POLLIN, deadline_ms))
+            return -1;
+    }
+    return 0;
+}
+
 /* One non-blocking connect bounded by the deadline: the fd or a code. */
 static int connect_one(const struct addrinfo *ai, uint64_t deadline_ms, int sockbuf_bytes)
 {

@@ -58,6 +58,12 @@ int moonlet_net_connect_tcp(const char *host, uint16_t port, uint64_t deadline_m
  * Returns 0, MOONLET_NET_ETIMEDOUT or MOONLET_NET_ESYS. */
 int moonlet_net_wait(int fd, short events, uint64_t deadline_ms);
 
+/* Sends (out) or receives exactly n bytes on the non-blocking fd, waiting
+ * for it until deadline_ms (moonlet_mono_ms).  Returns 0, or -1 when the
+ * peer closed, the socket failed or the deadline passed (the stream's
+ * position is then unknown). */
+int moonlet_net_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms);
+
 /* The port of a bound socket, or 0. */
 uint16_t moonlet_net_local_port(int fd);
 

@@ -59,26 +59,6 @@ typedef struct tcp_cconn {
     char endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
 } tcp_cconn;
 
-/* Waits until fd is ready for `events` or the deadline passes. */
-
-/* Non-blocking exchange of exactly n bytes in one direction, by deadline. */
-static int tcp_io_by(int fd, bool out, void *buf, size_t n, uint64_t deadline_ms)
-{
-    uint8_t *p = buf;
-    while (n) {
-        ssize_t r = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0 || (errno != EAGAIN && errno != EINTR))
-            return -1;
-        if (moonlet_net_wait(fd, out ? POLLOUT : POLLIN, deadline_ms))
-            return -1;
-    }
-    return 0;
-}
 
 /* Sends AUTH and waits for its reply. */
 static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
@@ -87,9 +67,9 @@ static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
                               .length = x->token_len};
     uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
     moonlet_xfer_tcp_hdr_encode(&h, buf);
-    if (tcp_io_by(c->fd, true, buf, sizeof(buf), deadline_ms) ||
-        tcp_io_by(c->fd, true, x->token, x->token_len, deadline_ms) ||
-        tcp_io_by(c->fd, false, buf, sizeof(buf), deadline_ms))
+    if (moonlet_net_io_by(c->fd, true, buf, sizeof(buf), deadline_ms) ||
+        moonlet_net_io_by(c->fd, true, x->token, x->token_len, deadline_ms) ||
+        moonlet_net_io_by(c->fd, false, buf, sizeof(buf), deadline_ms))
         return MOONLET_ERR_TRANSFER_FAIL;
     moonlet_xfer_tcp_hdr r;
     if (moonlet_xfer_tcp_hdr_decode(buf, &r) ||

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "moonlet/error.h"
@@ -186,8 +187,46 @@ static void test_token_equal(void **state)
     assert_false(moonlet_token_equal(a, 4, b, 4));
 }
 
+/* moonlet_net_io_by moves exactly n bytes across a socket whose buffer
+ * takes less at a time (a 1 MiB message through a socketpair), and gives up
+ * with -1 at the deadline (nobody reads, or nothing comes) and at EOF. */
+static void test_io_by(void **state)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+    enum { N = 1 << 20 };
+    static char out[N], in[N];
+    for (size_t i = 0; i < N; i++)
+        out[i] = (char)(i * 7);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the reader, while the parent is still sending */
+        int ok = moonlet_net_io_by(sv[1], false, in, N, moonlet_mono_ms() + 10000) == 0 &&
+                 memcmp(in, out, N) == 0;
+        _exit(ok ? 0 : 1);
+    }
+    assert_int_equal(moonlet_net_io_by(sv[0], true, out, N, moonlet_mono_ms() + 10000), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* nothing to read: the deadline ends the wait */
+    uint64_t t0 = moonlet_mono_ms();
+    assert_int_equal(moonlet_net_io_by(sv[1], false, in, 1, t0 + 50), -1);
+    assert_true(moonlet_mono_ms() - t0 >= 50);
+    /* nobody reads: the send fills the buffer, then the deadline ends it */
+    assert_int_equal(moonlet_net_io_by(sv[0], true, out, N, moonlet_mono_ms() + 50), -1);
+    /* the peer is gone: what the send above left is read, then EOF ends the
+     * read of N bytes at once, long before its deadline */
+    close(sv[0]);
+    t0 = moonlet_mono_ms();
+    assert_int_equal(moonlet_net_io_by(sv[1], false, in, N, t0 + 5000), -1);
+    assert_true(moonlet_mono_ms() - t0 < 4000);
+    close(sv[1]);
+}
+
 MOONLET_TEST_MAIN("net", NULL, NULL,
                   cmocka_unit_test(test_split_accepts),
+                  cmocka_unit_test(test_io_by),
                   cmocka_unit_test(test_split_refuses),
                   cmocka_unit_test(test_listen_connect_loopback),
                   cmocka_unit_test(test_bad_addresses),
