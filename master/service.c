@@ -958,19 +958,14 @@ static bool is_write(uint32_t id)
  * marked out of sync in etcd); otherwise the caller gets an error. */
 static int semi_sync(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    int rc = g_handlers[ctx->method](ctx, args, &pk);
+    size_t mark = moonlet_rpc_result_mark(ctx);
+    int rc = g_handlers[ctx->method](ctx, args, out);
     int w = moonlet_repl_log_wait(SVC(ctx)->repl);
-    if (w) {
-        msgpack_sbuffer_destroy(&sb);
+    if (w) { /* not acknowledged: the handler's result gives way to the error */
+        moonlet_rpc_result_rewind(ctx, mark);
         return moonlet_rpc_error(out, w, "the standby did not acknowledge and cannot be marked "
                                          "out of sync");
     }
-    out->callback(out->data, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
     return rc;
 }
 

@@ -506,6 +506,20 @@ int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx)
     return fd;
 }
 
+size_t moonlet_rpc_result_mark(const moonlet_rpc_ctx *ctx)
+{
+    const conn *c = ctx->conn;
+    return c->out.buf.size;
+}
+
+void moonlet_rpc_result_rewind(moonlet_rpc_ctx *ctx, size_t mark)
+{
+    conn *c = ctx->conn;
+    /* the reply's header, reserved before the handler ran, stays */
+    if (mark >= c->out.frame_start + MOONLET_FRAME_HEADER_BYTES && mark <= c->out.buf.size)
+        c->out.buf.size = mark;
+}
+
 int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
                            void *arg, uint64_t tag)
 {

@@ -56,7 +56,7 @@ typedef struct moonlet_rpc_ctx {
     void **conn_data;  /* per-connection slot, NULL at accept; the handler may set it */
     uint64_t id;       /* request id */
     uint32_t method;   /* method id */
-    void *conn;        /* the server's connection; only for moonlet_rpc_ctx_take_fd() */
+    void *conn;        /* the server's connection (moonlet_rpc_ctx_take_fd, _result_mark) */
     /* The request's arena: memory from it lives until the reply is queued
      * (moonlet_rpc_alloc), so handlers free nothing they take from it. */
     msgpack_zone *zone;
@@ -194,6 +194,16 @@ int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx);
  */
 int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
                            void *arg, uint64_t tag);
+
+/*
+ * A handler that packed its result and then has to answer something else
+ * (a write the standby did not acknowledge, service.c) rewinds it:
+ * moonlet_rpc_result_mark() before packing, moonlet_rpc_result_rewind() to
+ * drop what was packed since, then packs the other result.  Within one
+ * handler call only; loop thread only.
+ */
+size_t moonlet_rpc_result_mark(const moonlet_rpc_ctx *ctx);
+void moonlet_rpc_result_rewind(moonlet_rpc_ctx *ctx, size_t mark);
 
 /* Packs a formatted error message as the result and returns `code`. */
 int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)

@@ -47,6 +47,7 @@
 #define M_BAD 105
 #define M_BURN 106
 #define M_DETACH 107
+#define M_REWIND 108
 #define M_UNKNOWN 999
 #define TOKEN "s3cret-token-xyz"
 #define RAW_TIMEOUT_MS 3000
@@ -184,12 +185,31 @@ static int h_detach(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pa
     return 0;
 }
 
+/* rewind [n, give_up]: packs n integers, then, with give_up, rewinds them
+ * and answers an error instead. */
+static int h_rewind(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
+{
+    uint64_t n = 0;
+    bool give_up = false;
+    if (moonlet_wire_u64(args, 0, &n) || moonlet_wire_bool(args, 1, &give_up) || n > 100000)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "rewind wants [n, give_up]");
+    size_t mark = moonlet_rpc_result_mark(ctx);
+    msgpack_pack_array(out, (uint32_t)n);
+    for (uint64_t i = 0; i < n; i++)
+        msgpack_pack_uint64(out, i);
+    if (!give_up)
+        return 0;
+    moonlet_rpc_result_rewind(ctx, mark);
+    return moonlet_rpc_error(out, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, "gave up after %llu",
+                             (unsigned long long)n);
+}
+
 static const moonlet_rpc_method g_methods[] = {
     {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
     {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
     {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
     {M_BAD, "bad", h_bad, NULL},                {M_BURN, "burn", h_burn, NULL},
-    {M_DETACH, "detach", h_detach, NULL},
+    {M_DETACH, "detach", h_detach, NULL},       {M_REWIND, "rewind", h_rewind, NULL},
 };
 
 /* ------------------------------------------------------------------ */
@@ -668,6 +688,39 @@ static void test_loop_yields_after_a_long_hold(void **state)
     assert_true(moonlet_rpc_server_yields(s) >= 1);
     moonlet_rpc_client_close(c);
     moonlet_rpc_server_destroy(s);
+}
+
+/* A handler that packed a result and rewinds it answers only what it packs
+ * after the rewind (the replicated write a standby did not acknowledge);
+ * the connection goes on, in order. */
+static void test_result_rewind(void **state)
+{
+    moonlet_rpc_server *s = start_server();
+    moonlet_rpc_client *c = connect_ok(s, NULL, 2000);
+    static const uint64_t sizes[] = {0, 3, 5000};
+    for (size_t i = 0; i < 3; i++)
+        for (int give_up = 0; give_up < 2; give_up++) {
+            msgpack_packer *pk = moonlet_rpc_client_begin(c, M_REWIND, 2);
+            msgpack_pack_uint64(pk, sizes[i]);
+            give_up ? msgpack_pack_true(pk) : msgpack_pack_false(pk);
+            moonlet_reply rep;
+            assert_int_equal(moonlet_rpc_client_call(c, &rep), 0);
+            if (give_up) {
+                char want[64];
+                snprintf(want, sizeof(want), "gave up after %llu", (unsigned long long)sizes[i]);
+                assert_int_equal(rep.code, MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
+                assert_int_equal(rep.result->type, MSGPACK_OBJECT_STR);
+                assert_int_equal(rep.result->via.str.size, strlen(want));
+                assert_memory_equal(rep.result->via.str.ptr, want, strlen(want));
+            } else {
+                assert_int_equal(rep.code, 0);
+                assert_int_equal(moonlet_wire_len(rep.result), sizes[i]);
+            }
+            moonlet_reply_destroy(&rep);
+        }
+    assert_int_equal(call_add(c, 40, 2), 42);
+    moonlet_rpc_client_close(c);
+    stop_when_idle(s);
 }
 
 static void test_unknown_method_keeps_connection(void **state)
@@ -1414,6 +1467,7 @@ int main(void)
         cmocka_unit_test(test_detach),
         cmocka_unit_test(test_pipelining),
         cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_result_rewind),
         cmocka_unit_test(test_unknown_method_keeps_connection),
         cmocka_unit_test(test_malformed_input),
         cmocka_unit_test(test_conn_data_and_on_close),
