@@ -269,9 +269,9 @@ static uint64_t peek_id(const uint8_t *p, size_t len)
  * a reply of 640 booleans cost its caller about 5 us in msgpack_unpack().
  * The body was scanned first (scan_body_max), so every declared child and
  * payload is present and the zone was sized for every element; the bounds
- * are still checked as the bytes are read.  Like msgpack-c, it refuses more
- * than MP_MAX_DEPTH nested non-empty containers (msgpack-c's
- * MSGPACK_EMBED_STACK_SIZE, its unpacker's stack).
+ * are still checked as the bytes are read.  Like msgpack-c, it refuses a
+ * container opened inside MP_MAX_DEPTH open ones (msgpack-c's
+ * MSGPACK_EMBED_STACK_SIZE, its unpacker's stack), an empty one too.
  */
 #define MP_MAX_DEPTH 32
 typedef struct mp_reader {
@@ -292,7 +292,9 @@ static int mp_decode(mp_reader *r, msgpack_object *o, unsigned depth);
 
 static int mp_container(mp_reader *r, msgpack_object *o, uint64_t n, bool map, unsigned depth)
 {
-    if (n > UINT32_MAX)
+    /* msgpack-c's stack: a container, even an empty one, opened inside
+     * MP_MAX_DEPTH open ones is refused */
+    if (n > UINT32_MAX || depth >= MP_MAX_DEPTH)
         return INVALID;
     size_t each = map ? sizeof(msgpack_object_kv) : sizeof(msgpack_object);
     void *els = msgpack_zone_malloc(r->zone, (size_t)n * each);
@@ -306,10 +308,6 @@ static int mp_container(mp_reader *r, msgpack_object *o, uint64_t n, bool map, u
         o->via.array.size = (uint32_t)n;
         o->via.array.ptr = els;
     }
-    if (n == 0)
-        return 0;
-    if (depth >= MP_MAX_DEPTH)
-        return INVALID; /* msgpack-c's stack: nesting too deep */
     for (uint64_t i = 0; i < n; i++) {
         int rc = map ? mp_decode(r, &((msgpack_object_kv *)els)[i].key, depth + 1) ||
                            mp_decode(r, &((msgpack_object_kv *)els)[i].val, depth + 1)
