@@ -256,21 +256,20 @@ static uint64_t peek_id(const uint8_t *p, size_t len)
 /* Decoding                                                             */
 /* ------------------------------------------------------------------ */
 
-/* Unpacks a body that scan_body() accepted. */
 /*
  * Decoding a scanned body into msgpack-c's object tree.
  *
  * It builds what msgpack_unpack() builds (types, values, strings and bins
- * pointing into the body, containers' elements in the zone; a test compares
- * the two), in one pass without msgpack-c's generic state machine.  One
- * difference: an empty string, bin or ext points into the body here, where
- * msgpack-c's pointer is NULL or left over from an earlier field (the wire
- * getters never pass either on: an empty string reads as ""):
- * a reply of 640 booleans cost its caller about 5 us in msgpack_unpack().
- * The body was scanned first (scan_body_max), so every declared child and
- * payload is present and the zone was sized for every element; the bounds
- * are still checked as the bytes are read.  Like msgpack-c, it refuses a
- * container opened inside MP_MAX_DEPTH open ones (msgpack-c's
+ * pointing into the body, containers' elements in the zone; a test and the
+ * fuzz target compare the two), in one pass without msgpack-c's generic
+ * state machine: a reply of 640 booleans cost its caller about 5 us in
+ * msgpack_unpack().  One difference: an empty string, bin or ext points into
+ * the body here, where msgpack-c's pointer is NULL or left over from an
+ * earlier field (the wire getters pass neither on: an empty string reads as
+ * "").  The body was scanned first (scan_body_max), so every declared child
+ * and payload is present and the zone was sized for every element; the
+ * bounds are still checked as the bytes are read.  Like msgpack-c, it
+ * refuses a container opened inside MP_MAX_DEPTH open ones (msgpack-c's
  * MSGPACK_EMBED_STACK_SIZE, its unpacker's stack), an empty one too.
  */
 #define MP_MAX_DEPTH 32
@@ -422,6 +421,7 @@ static int mp_decode(mp_reader *r, msgpack_object *o, unsigned depth)
     }
 }
 
+/* Unpacks a body that scan_body() accepted. */
 static int unpack_scanned(const char *body, size_t len, msgpack_zone *zone, msgpack_object *out)
 {
     mp_reader r = {(const uint8_t *)body, (const uint8_t *)body + len, zone};

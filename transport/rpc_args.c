@@ -303,7 +303,7 @@ void moonlet_rpc_args_pack(const moonlet_rpc_args_spec *spec, const void *st, ui
             break;
         case MOONLET_ARG_STR_ARRAY: {
             const moonlet_strv *v = CFIELD(st, a, moonlet_strv);
-            moonlet_pack_str_array(pk, v->v, v->cv, v->n); /* NULL: nil */
+            moonlet_pack_str_array(pk, v->v, v->cv, v->n); /* a NULL C string: nil */
             break;
         }
         case MOONLET_ARG_U64_ARRAY: {

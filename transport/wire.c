@@ -198,15 +198,18 @@ void moonlet_pack_str_array(msgpack_packer *pk, const moonlet_str *v, const char
     size_t used = 0;
     msgpack_pack_array(pk, n);
     for (uint32_t k = 0; k < n; k++) {
+        /* as moonlet_pack_str and moonlet_pack_cstr: {NULL, 0} is "", a
+         * NULL C string is nil */
         const char *ptr = v ? v[k].ptr : cv[k];
-        size_t len = ptr ? (v ? v[k].len : strlen(ptr)) : 0;
+        bool nil = !v && !ptr;
+        size_t len = v ? v[k].len : ptr ? strlen(ptr) : 0;
         if (used + 5 + len > CHUNK) { /* flush; an element larger than a chunk goes alone */
             if (used)
                 pk->callback(pk->data, (const char *)buf, used);
             used = 0;
         }
-        if (!ptr) {
-            buf[used++] = 0xc0; /* nil */
+        if (nil) {
+            buf[used++] = 0xc0;
             continue;
         }
         used += str_header(buf + used, len);
@@ -216,7 +219,8 @@ void moonlet_pack_str_array(msgpack_packer *pk, const moonlet_str *v, const char
             used = 0;
             continue;
         }
-        memcpy(buf + used, ptr, len);
+        if (len)
+            memcpy(buf + used, ptr, len);
         used += len;
     }
     if (used)

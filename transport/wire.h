@@ -43,8 +43,8 @@ const msgpack_object *moonlet_wire_map_get(const msgpack_object *map, const char
 /* Packing helpers. */
 void moonlet_pack_str(msgpack_packer *pk, const char *s, size_t len);
 void moonlet_pack_cstr(msgpack_packer *pk, const char *s); /* NULL packs nil */
-/* An array of n strings: v[k] (ptr NULL packs nil) or, with v NULL, the
- * C strings cv[k] (NULL packs nil).  The same bytes as msgpack_pack_array +
+/* An array of n strings: v[k] (as moonlet_pack_str: {NULL, 0} packs "") or,
+ * with v NULL, the C strings cv[k] (as moonlet_pack_cstr: NULL packs nil).  The same bytes as msgpack_pack_array +
  * moonlet_pack_str per element, handed to the packer a few KiB at a time
  * rather than two writes per element (a BatchExistKey of 640 keys). */
 void moonlet_pack_str_array(msgpack_packer *pk, const moonlet_str *v, const char *const *cv,

@@ -753,9 +753,10 @@ static void test_pack_helpers(void **state)
 }
 
 /* moonlet_pack_str_array writes the bytes msgpack_pack_array + one
- * moonlet_pack_str (or nil) per element would: every header width (fixstr,
- * str8, str16, str32), nils, empty strings, elements that straddle a
- * 4 KiB chunk and elements larger than one; both its inputs. */
+ * moonlet_pack_str (moonlet_str input) or moonlet_pack_cstr (C strings) per
+ * element would: every header width (fixstr, str8, str16, str32), a {NULL,
+ * 0} moonlet_str ("") and a NULL C string (nil), empty strings, elements
+ * that straddle a 4 KiB chunk and elements larger than one. */
 static void test_pack_str_array(void **state)
 {
     static const size_t lens[] = {0,   1,    31,   32,   255,   256,   4000, 4091,
@@ -785,7 +786,7 @@ static void test_pack_str_array(void **state)
         msgpack_pack_array(&pw, N);
         for (size_t k = 0; k < N; k++) {
             if (form == 0)
-                v[k].ptr ? moonlet_pack_str(&pw, v[k].ptr, v[k].len) : msgpack_pack_nil(&pw);
+                moonlet_pack_str(&pw, v[k].ptr, v[k].len);
             else
                 moonlet_pack_cstr(&pw, cv[k]);
         }
