@@ -76,7 +76,7 @@ static void poke_map(const msgpack_object *map)
         char name[32];
         if (key->type != MSGPACK_OBJECT_STR || n >= sizeof(name))
             continue;
-        if (n > 0) { /* msgpack-c leaves ptr NULL for an empty string */
+        if (n > 0) { /* an empty string's ptr may be anything (frame.c) */
             if (memchr(key->via.str.ptr, 0, n) != NULL)
                 continue;
             memcpy(name, key->via.str.ptr, n);
