@@ -14,7 +14,7 @@
  *                   a get of it (a moonlet_client per thread);
  *   redis_setget  - SET then GET of a 4 KiB value.
  * Reported per N and system: keys/s (exist) or operations/s (put+get: every
- * put and every get is one operation), the p50/p99 of each call, and the
+ * put and every get is one operation), the p50/p90/p99/p99.9 of each call, and the
  * CPU time per call of the bench's callers and of the servers (the master,
  * plus the store node for put+get, or redis-server; /proc/PID/stat, read
  * around each phase); per N also the host's 1-minute load average, since
@@ -584,7 +584,9 @@ int bench_load_main(int argc, char **argv)
             cJSON_AddNumberToObject(p, exist ? "keys_per_s" : "ops_per_s",
                                     pr[ph].seconds > 0 ? pr[ph].units / pr[ph].seconds : 0);
             cJSON_AddNumberToObject(p, "p50_us", bench_percentile(&pr[ph].lat_us, 50));
+            cJSON_AddNumberToObject(p, "p90_us", bench_percentile(&pr[ph].lat_us, 90));
             cJSON_AddNumberToObject(p, "p99_us", bench_percentile(&pr[ph].lat_us, 99));
+            cJSON_AddNumberToObject(p, "p999_us", bench_percentile(&pr[ph].lat_us, 99.9));
             cJSON_AddNumberToObject(p, "calls", (double)pr[ph].lat_us.n);
             cJSON_AddNumberToObject(p, "errors", pr[ph].errors);
             double calls = pr[ph].lat_us.n ? (double)pr[ph].lat_us.n : 1;
