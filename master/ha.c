@@ -208,6 +208,7 @@ int moonlet_ha_init(const moonlet_ha_opts *opts, moonlet_master_config *cfg,
     snprintf(g_ha.leader_key, sizeof(g_ha.leader_key), "/moonlet/%s/leader", opts->cluster_id);
     snprintf(g_ha.insync_key, sizeof(g_ha.insync_key), "/moonlet/%s/insync", opts->cluster_id);
     cfg->repl_emit = moonlet_repl_log_emit;
+    cfg->repl_pos = moonlet_repl_log_pos;
     cfg->repl_arg = g_ha.log;
     so->repl = g_ha.log;
     so->follower_status = follower_status;

@@ -376,6 +376,7 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->objects = atomic_load(&s->objects);
     st->bytes = atomic_load(&s->bytes);
     st->put_starts = atomic_load(&s->put_starts);
+    st->put_starts_reserved = atomic_load(&s->put_starts_reserved);
     st->put_ends = atomic_load(&s->put_ends);
     st->put_revokes = atomic_load(&s->put_revokes);
     st->put_timeouts = atomic_load(&s->put_timeouts);

@@ -47,6 +47,14 @@ typedef struct moonlet_master moonlet_master;
  *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
  *            free_ms: how long its ranges stay unusable (0: at once)
  *   QUAR     (snapshots) a quarantined range and the ms it stays so
+ *   RESV     a range the leader set aside for PutStarts to come (its
+ *            segment's pool, segment.c): rep_seg[0] / rep_off[0], size
+ *            bytes.  A PutStart placed there is answered without waiting for
+ *            the standby (the standby already holds the range as reserved);
+ *            a promoted standby holds every reserved range no PLACE took
+ *            back for a put timeout + grace, as a put in progress there
+ *            might still write
+ *   UNRESV   a reserved range the leader gave back (before it is freed)
  * An object is named by (tenant_id, key): the leader's tenant id is unique
  * while the object lives.  Times travel as ms left, never as clock values
  * (the two masters' clocks are unrelated).  Records that take space are
@@ -61,6 +69,8 @@ enum {
     MOONLET_REPL_SEAL = 4,
     MOONLET_REPL_DROP = 5,
     MOONLET_REPL_QUAR = 6, /* snapshots only: rep_seg[0] / rep_off[0], size bytes, free_ms */
+    MOONLET_REPL_RESV = 7, /* rep_seg[0] / rep_off[0], size bytes */
+    MOONLET_REPL_UNRESV = 8,
 };
 #define MOONLET_REPL_FLAG_SOFT_PIN 1u
 #define MOONLET_REPL_FLAG_HARD_PIN 2u
@@ -109,6 +119,14 @@ typedef struct moonlet_master_config {
      * NULL: no replication. */
     void (*repl_emit)(void *arg, const struct moonlet_repl_rec *rec);
     void *repl_arg;
+    /* With repl_emit: the stream's positions (arg: repl_arg).  *next: the
+     * number the next record gets; *acked: the standby applied every record
+     * below it (0: none, or no standby in sync).  Called under registry.mu;
+     * it may take only a leaf lock.  Set, PutStarts of small objects are
+     * placed in ranges reserved ahead (RESV) once the standby applied their
+     * reservation, and need no wait of their own (put_opts.covered).  NULL:
+     * no reservations; every write waits. */
+    void (*repl_pos)(void *arg, uint64_t *next, uint64_t *acked);
     /* Re-replication (repair.c): bytes per second handed to repair copies
      * (256 MiB/s), copies in flight at once (16), how long a node has to
      * finish one (30000 ms) and how many attempts an object gets (5). */
@@ -219,6 +237,10 @@ typedef struct moonlet_master_put_opts {
     uint64_t soft_pin_ttl_ms;       /* with soft_pin: this object's pin TTL; 0: cfg.soft_pin_ttl_ms */
     const moonlet_str *preferred;   /* segment names tried first, in order (may be NULL) */
     uint32_t npreferred;            /* at most MOONLET_MAX_PREFERRED */
+    /* Out (optional): set true when every replica went to a range the
+     * in-sync standby already holds reserved (cfg.repl_pos): the reply need
+     * not wait for the standby's ack of this put's PLACE. */
+    bool *covered;
 } moonlet_master_put_opts;
 #define MOONLET_MAX_PREFERRED 64u
 
@@ -350,6 +372,11 @@ int moonlet_master_restore_client_secret(moonlet_master *m, moonlet_str client_i
  * leader had quarantined).  Errors as above. */
 int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
                                       uint64_t len, uint64_t ttl_ms);
+/* Holds [offset, +len) back for a put timeout + the quarantine grace: a
+ * range the leader had reserved for PutStarts (RESV), where a put this
+ * master never heard of may be writing until its deadline.  Errors as above. */
+int moonlet_master_restore_reserved(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
+                                    uint64_t len);
 
 /* No client misses its liveness deadline for the next `ms` (unmounts
  * already begun go on).  A master promoted with state calls it: the nodes
@@ -358,7 +385,7 @@ int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id,
  * the promotion. */
 void moonlet_master_hold_liveness(moonlet_master *m, uint64_t ms);
 
-/* The whole metadata as records (master/snapshot.c): MOUNT and QUAR per
+/* The whole metadata as records (master/snapshot.c): MOUNT, QUAR and RESV per
  * segment, then PLACE (+ SEAL when sealed) per object.  Fuzzy: the master
  * keeps serving; emit runs under the master's locks (it must only copy). */
 void moonlet_master_snapshot(moonlet_master *m,
@@ -488,6 +515,7 @@ typedef struct moonlet_master_stats {
     uint64_t clients;
     uint64_t tenants;           /* live tenants (each holds objects or a PutStart in flight) */
     uint64_t put_starts, put_ends, put_revokes, put_timeouts;
+    uint64_t put_starts_reserved; /* placed in reserved ranges (no standby wait) */
     uint64_t removes;
     uint64_t evictions;
     uint64_t eviction_passes;

@@ -45,6 +45,7 @@
  * without the registry lock while mounts add chunks.  SEG_DIR chunks bound
  * the slots at 4M (memory runs out long before). */
 #define SEG_CHUNK 1024u
+#define POOL_DEPTH 8u
 #define SEG_DIR 4096u
 #define MOONLET_MAX_REPLICAS 8u
 #define MOONLET_MAX_TENANTS 65536u
@@ -171,6 +172,16 @@ struct mseg {
     /* Draining (moonlet_master_drain): placement skips it, and its replicas
      * count as leaving, so repair copies its objects elsewhere. */
     _Atomic bool draining;
+    /* registry.mu: the reservation pool (with cfg.repl_pos, segment.c): up
+     * to POOL_DEPTH ranges of pool_len bytes, allocated and announced to the
+     * standby (RESV) ahead of the PutStarts that take them; pool_ready[i]:
+     * the stream position the standby must have acknowledged first.  The
+     * last len that missed the pool and how often in a row (a new size). */
+    uint64_t pool_len;
+    uint64_t pool_off[POOL_DEPTH], pool_ready[POOL_DEPTH];
+    uint32_t npool;
+    uint32_t pool_misses;
+    uint64_t pool_miss_len;
 };
 
 /* A range held back from the allocator until `until_ns`. */
@@ -264,6 +275,7 @@ struct mstats {
     _Atomic uint64_t objects, bytes;
     _Atomic uint64_t pending;
     _Atomic uint64_t put_starts, put_ends, put_revokes, put_timeouts, removes;
+    _Atomic uint64_t put_starts_reserved;
     _Atomic uint64_t put_replacements; /* PutReplaceReplica grants */
     _Atomic uint64_t evictions, eviction_passes;
     _Atomic uint64_t leases_get, leases_exist, leases_probe;
@@ -410,7 +422,31 @@ int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint3
  * not mounted or without room are skipped), then round-robin. */
 int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                                     const moonlet_str *preferred, uint32_t npreferred,
-                                    struct mrep *reps);
+                                    struct mrep *reps, bool *covered);
+/* The mounted slot named `name` (mount name, else endpoint), or SLOT_NONE.
+ * registry.mu held. */
+uint32_t registry_slot_by_name_locked(const struct registry *r, moonlet_str name);
+/* Puts a slot back on the placement ring (space was freed).  registry.mu held. */
+void registry_avail_add_locked(struct registry *r, uint32_t slot);
+
+/* ---- pool.c: reservation pools for a hot standby (all under registry.mu) --- */
+/* cfg.repl_emit and cfg.repl_pos are both set. */
+bool pool_enabled(const moonlet_master *m);
+/* Places nrep replicas of rounded length len in pooled ranges the standby
+ * acknowledged, on distinct segments (usable preferred names first, then
+ * round-robin); false (nothing taken) when the pools cannot serve it. */
+bool pool_place(moonlet_master *m, uint64_t len, const moonlet_str *preferred,
+                uint32_t npreferred, uint32_t nrep, struct mrep *reps);
+/* A put of rounded length len was placed on `slot` without the pool: the
+ * pool may switch to that size, and refills. */
+void pool_note(moonlet_master *m, uint32_t slot, uint64_t len);
+/* A slot (re)mounted or retired: an empty pool (its ranges go with the
+ * allocator). */
+void pool_reset(struct mseg *s);
+/* RESV records of the pool's ranges (snapshot.c). */
+void pool_snapshot(const struct mseg *s, void (*emit)(void *arg, const moonlet_repl_rec *rec),
+                   void *arg);
+
 /* PutReplaceReplica's placement: reserves one range of `size` on a mounted
  * segment that holds none of reps[0..nrep) and is none of the segments
  * named in excluded[] (ids; unknown ones are skipped), into *out, and

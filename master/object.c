@@ -219,7 +219,7 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
         }
     }
     rc = registry_place_preferred_locked(m, ref->hash, size, nrep, po->preferred, po->npreferred,
-                                         mobj_reps(o));
+                                         mobj_reps(o), po->covered);
     if (rc) {
         if (po->hard_pin)
             atomic_fetch_sub(&m->st.hard_pinned_bytes, pin_bytes);
@@ -249,6 +249,8 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
     atomic_fetch_add(&m->st.pending, 1);
     atomic_fetch_add(&m->st.bytes, size);
     atomic_fetch_add(&m->st.put_starts, 1);
+    if (po->covered && *po->covered)
+        atomic_fetch_add(&m->st.put_starts_reserved, 1);
     if (repl_on(m)) {
         moonlet_repl_rec rec;
         repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
@@ -683,6 +685,16 @@ out:
     pthread_rwlock_unlock(&m->guard);
     tenant_release(m, ref.tenant);
     return rc;
+}
+
+int moonlet_master_restore_reserved(moonlet_master *m, moonlet_str segment_id, uint64_t offset,
+                                    uint64_t len)
+{
+    if (!segment_id.len || len == 0)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return registry_quarantine_at(m, segment_id, offset, len,
+                                  moonlet_clock_now_ns() + m->put_timeout_ns +
+                                      m->quarantine_grace_ns);
 }
 
 int moonlet_master_restore_quarantine(moonlet_master *m, moonlet_str segment_id, uint64_t offset,

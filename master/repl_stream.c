@@ -235,6 +235,15 @@ uint64_t moonlet_repl_log_next(moonlet_repl_log *l)
     return moonlet_locked_u64(&l->mu, &l->next);
 }
 
+void moonlet_repl_log_pos(void *log, uint64_t *next, uint64_t *acked)
+{
+    moonlet_repl_log *l = log;
+    pthread_mutex_lock(&l->mu);
+    *next = l->next;
+    *acked = l->acked;
+    pthread_mutex_unlock(&l->mu);
+}
+
 /* A record lost: the standby's state can no longer be trusted.  mu held. */
 static void lose_records_locked(moonlet_repl_log *l)
 {

@@ -68,6 +68,9 @@ int moonlet_repl_log_create(const moonlet_repl_log_opts *opts, moonlet_repl_log 
 void moonlet_repl_log_destroy(moonlet_repl_log *l);
 /* cfg.repl_emit of the leader's master (arg: the log). */
 void moonlet_repl_log_emit(void *log, const moonlet_repl_rec *rec);
+/* cfg.repl_pos of the leader's master (arg: the log): the next record's
+ * number, and the position below which the standby applied every record. */
+void moonlet_repl_log_pos(void *log, uint64_t *next, uint64_t *acked);
 /* A new term or a new master: records and the standby are forgotten (the
  * standby is out of sync; etcd's mark is the election's business). */
 void moonlet_repl_log_reset(moonlet_repl_log *l);

@@ -11,11 +11,13 @@
  *                    str endpoint, str protocol, u8 has_key [16 key],
  *                    str alt_segment, str alt_endpoint, str alt_protocol
  *   UNMOUNT:         str client, str segment
+ *   QUAR/RESV/UNRESV: as PLACE, with an empty key and one replica
  *
  * The state: segments in an array of slots (an object's replica names its
  * slot; a slot is reused only after UNMOUNT stripped every replica naming
  * it), objects in a chained hash table on (tenant_id, key), quarantined
- * ranges in an array pruned as they expire.  UNMOUNT scans the objects
+ * ranges in an array pruned as they expire, reserved ranges (RESV) in an
+ * array indexed by (slot, offset).  UNMOUNT scans the objects
  * (O(objects)); the standby has nothing else to do meanwhile.
  */
 #include "replicate.h"
@@ -93,6 +95,8 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP:
     case MOONLET_REPL_QUAR:
+    case MOONLET_REPL_RESV:
+    case MOONLET_REPL_UNRESV:
         if (rec->nrep > MOONLET_REPL_MAX_REPS)
             return 0;
         w_u32(&w, rec->tenant_id);
@@ -218,6 +222,10 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP:
     case MOONLET_REPL_QUAR:
+    case MOONLET_REPL_RESV:
+    case MOONLET_REPL_UNRESV: {
+        bool range = rec->type == MOONLET_REPL_QUAR || rec->type == MOONLET_REPL_RESV ||
+                     rec->type == MOONLET_REPL_UNRESV;
         rec->tenant_id = r_u32(&r);
         rec->tenant = r_str(&r, MOONLET_MAX_ID_BYTES);
         rec->key = r_str(&r, MOONLET_MAX_KEY_BYTES);
@@ -227,9 +235,8 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         rec->free_ms = r_u64(&r);
         rec->checksum = r_u64(&r);
         rec->nrep = r_u8(&r);
-        if (rec->nrep > MOONLET_REPL_MAX_REPS ||
-            (rec->key.len == 0) != (rec->type == MOONLET_REPL_QUAR) ||
-            (rec->type == MOONLET_REPL_QUAR && rec->nrep != 1))
+        if (rec->nrep > MOONLET_REPL_MAX_REPS || (rec->key.len == 0) != range ||
+            (range && rec->nrep != 1))
             return MOONLET_ERR_INVALID_PARAMS;
         for (uint32_t k = 0; k < rec->nrep; k++) {
             rec->rep_seg[k] = r_str(&r, MOONLET_MAX_ID_BYTES);
@@ -238,6 +245,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
                 return MOONLET_ERR_INVALID_PARAMS;
         }
         break;
+    }
     case MOONLET_REPL_MOUNT: {
         moonlet_segment_desc *d = &out->seg;
         d->client_id = r_cstr(&r, out->client_id, sizeof(out->client_id), false);
@@ -321,7 +329,16 @@ struct rquar {
     uint64_t off, len, until_ns;
 };
 
+/* A range the leader reserved for PutStarts (RESV) that no PLACE took. */
+struct rresv {
+    uint32_t seg;
+    uint64_t off, len;
+};
+
 struct moonlet_repl_state {
+    struct rresv *resv;
+    uint32_t nresv, resv_cap;
+    struct hmap resv_ix; /* (slot, offset) -> index in resv */
     struct rseg *segs;
     uint32_t nsegs, segs_cap;
     struct robj **buckets;
@@ -372,6 +389,8 @@ void moonlet_repl_state_clear(moonlet_repl_state *st)
     st->nobjs = 0;
     st->nsegs = 0;
     st->nquar = 0;
+    st->nresv = 0;
+    hmap_free(&st->resv_ix);
     st->has_leader_clock = false;
 }
 
@@ -383,6 +402,7 @@ void moonlet_repl_state_destroy(moonlet_repl_state *st)
     free(st->buckets);
     free(st->segs);
     free(st->quar);
+    free(st->resv);
     free(st);
 }
 
@@ -468,6 +488,63 @@ static void obj_quarantine(moonlet_repl_state *st, const struct robj *o, uint32_
     quar_add(st, o->seg[k], o->off[k], o->size ? o->size : 1, until_ns);
 }
 
+static uint64_t resv_hash(uint32_t seg, uint64_t off)
+{
+    return off ^ ((uint64_t)(seg + 1) * 0x9E3779B97F4A7C15ull);
+}
+
+struct resv_key {
+    const moonlet_repl_state *st;
+    uint32_t seg;
+    uint64_t off;
+};
+
+static bool resv_eq(const void *ctx, uint32_t v)
+{
+    const struct resv_key *k = ctx;
+    return k->st->resv[v].seg == k->seg && k->st->resv[v].off == k->off;
+}
+
+static struct hent *resv_find(moonlet_repl_state *st, uint32_t seg, uint64_t off)
+{
+    struct resv_key k = {st, seg, off};
+    return hmap_find(&st->resv_ix, resv_hash(seg, off), resv_eq, &k);
+}
+
+/* Holds [off, +len) of slot seg as reserved (again: a replayed RESV). */
+static int resv_add(moonlet_repl_state *st, uint32_t seg, uint64_t off, uint64_t len)
+{
+    struct hent *e = resv_find(st, seg, off);
+    if (e) {
+        st->resv[e->v].len = len;
+        return MOONLET_OK;
+    }
+    struct rresv *n = moonlet_grow(st->resv, st->nresv, &st->resv_cap, 64, sizeof(*n));
+    if (!n)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    st->resv = n;
+    if (!hmap_insert(&st->resv_ix, resv_hash(seg, off), st->nresv))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    st->resv[st->nresv++] = (struct rresv){seg, off, len};
+    return MOONLET_OK;
+}
+
+/* The reservation at (seg, off) ends (taken by a PLACE, or UNRESV); none: no-op. */
+static void resv_del(moonlet_repl_state *st, uint32_t seg, uint64_t off)
+{
+    struct hent *e = resv_find(st, seg, off);
+    if (!e)
+        return;
+    uint32_t i = e->v, last = st->nresv - 1;
+    hmap_remove(&st->resv_ix, e);
+    if (i != last) { /* the last entry fills the hole; its index entry follows */
+        st->resv[i] = st->resv[last];
+        struct hent *moved = resv_find(st, st->resv[i].seg, st->resv[i].off);
+        moved->v = i;
+    }
+    st->nresv = last;
+}
+
 static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, moonlet_str secret,
                        int64_t clock_offset_ms)
 {
@@ -547,6 +624,9 @@ static int apply_unmount(moonlet_repl_state *st, moonlet_str id)
         if (st->quar[i].seg != slot)
             st->quar[keep++] = st->quar[i];
     st->nquar = keep;
+    for (uint32_t i = st->nresv; i-- > 0;)
+        if (st->resv[i].seg == slot)
+            resv_del(st, slot, st->resv[i].off);
     st->segs[slot].used = false;
     return MOONLET_OK;
 }
@@ -562,6 +642,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
         if (rc)
             return rc;
     }
+    for (uint32_t k = 0; k < rec->nrep; k++) /* a put placed in a reserved range */
+        resv_del(st, seg[k], rec->rep_off[k]);
     uint64_t h = obj_hash(rec->tenant_id, rec->key);
     struct robj **pp = obj_find(st, rec->tenant_id, rec->key, h);
     struct robj *o = *pp;
@@ -630,6 +712,23 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
         quar_add(st, slot, rec->rep_off[0], rec->size, now + rec->free_ms * MOONLET_NS_PER_MS);
         return MOONLET_OK;
     }
+    case MOONLET_REPL_RESV:
+    case MOONLET_REPL_UNRESV: {
+        uint32_t slot;
+        if (rec->nrep != 1 || rec->size == 0)
+            return MOONLET_ERR_INVALID_PARAMS;
+        int rc = seg_find(st, rec->rep_seg[0], &slot);
+        if (rc)
+            return rc;
+        if (rec->type == MOONLET_REPL_UNRESV) {
+            resv_del(st, slot, rec->rep_off[0]);
+            return MOONLET_OK;
+        }
+        if (rec->rep_off[0] >= st->segs[slot].size ||
+            rec->size > st->segs[slot].size - rec->rep_off[0])
+            return MOONLET_ERR_INVALID_PARAMS;
+        return resv_add(st, slot, rec->rep_off[0], rec->size);
+    }
     case MOONLET_REPL_SEAL:
     case MOONLET_REPL_DROP: {
         if (rec->key.len == 0)
@@ -669,6 +768,7 @@ void moonlet_repl_state_counts(const moonlet_repl_state *st, moonlet_repl_counts
     uint64_t now = moonlet_clock_now_ns();
     for (uint32_t i = 0; i < st->nquar; i++)
         out->quarantined += st->quar[i].until_ns > now;
+    out->reserved = st->nresv;
 }
 
 /* ---- promotion with state --------------------------------------------------- */
@@ -742,6 +842,16 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
                 ML_ERR(MOD, "promotion: object %.*s not restored (%d)", (int)o->klen, o->key, rc);
             }
         }
+    /* After the objects, which a reservation never overlaps (a PLACE ended
+     * the one it took): a put this standby never heard of may be writing in
+     * any of these until its deadline. */
+    for (uint32_t i = 0; i < st->nresv; i++) {
+        const struct rresv *v = &st->resv[i];
+        if (moonlet_master_restore_reserved(m, MOONLET_STR(st->segs[v->seg].id), v->off,
+                                            v->len) != MOONLET_OK)
+            ML_ERR(MOD, "promotion: reserved range [%" PRIu64 ", +%" PRIu64
+                   ") of segment %s not held back", v->off, v->len, st->segs[v->seg].id);
+    }
     if (restored)
         *restored = ok;
     if (skipped)

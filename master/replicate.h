@@ -13,7 +13,9 @@
  *  - promotion with state: moonlet_repl_state_restore rebuilds a (fresh)
  *    master from the state: segments mounted with their write keys, every
  *    object on its exact ranges, sealed ones with a fresh read lease,
- *    pending ones until their put deadline, quarantined ranges held back.
+ *    pending ones until their put deadline, quarantined ranges held back,
+ *    and ranges reserved for PutStarts (RESV) held back for a put timeout
+ *    + grace (a put of the old leader may be writing there).
  *
  * Times: records carry ms left; the state converts them to deadlines on the
  * lease clock (lease/clock.h) when applied, so tests freeze the clock.
@@ -75,6 +77,7 @@ void moonlet_repl_state_note_leader_clock(moonlet_repl_state *st, int64_t lb);
 
 typedef struct moonlet_repl_counts {
     uint64_t segments, objects, sealed, pending, quarantined;
+    uint64_t reserved; /* ranges reserved for PutStarts (RESV) no PLACE took */
 } moonlet_repl_counts;
 void moonlet_repl_state_counts(const moonlet_repl_state *st, moonlet_repl_counts *out);
 

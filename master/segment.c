@@ -452,7 +452,7 @@ static uint32_t slot_alloc_locked(struct registry *r)
 
 /* ---- the ring of segments placement tries (registry.mu) ---------------------------- */
 
-static void avail_add_locked(struct registry *r, uint32_t slot)
+void registry_avail_add_locked(struct registry *r, uint32_t slot)
 {
     struct mseg *s = reg_seg(r, slot);
     if (s->avail_pos != SLOT_NONE || atomic_load(&s->state) != SEG_MOUNTED ||
@@ -583,6 +583,7 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
         memcpy(s->write_key, d->write_key, sizeof(s->write_key));
     atomic_store(&s->clock_offset_ms, s->has_key ? clock_offset_bound(d->node_clock_ms) : 0);
     s->nquar = 0;
+    pool_reset(s);
     s->gen = ++r->next_gen;
     atomic_store(&s->draining, false);
     s->client = cidx;
@@ -597,7 +598,7 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     atomic_fetch_add(&r->capacity, s->size);
     s->avail_pos = SLOT_NONE;
     atomic_store(&s->state, SEG_MOUNTED);
-    avail_add_locked(r, slot);
+    registry_avail_add_locked(r, slot);
     if (repl_on(m)) { /* under registry.mu: ordered with the UNMOUNT of the same id */
         moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d,
                                 .secret = {(const char *)c->secret, c->secret_len},
@@ -712,6 +713,7 @@ void registry_retire(moonlet_master *m, uint32_t slot)
     for (uint32_t q = 0; q < s->nquar; q++) /* gone with the segment's id and key */
         atomic_fetch_sub(&r->quarantined, s->quar[q].len);
     s->nquar = 0;
+    pool_reset(s); /* its ranges go with the allocator, counted in its used */
     moonlet_alloc_destroy(s->alloc);
     s->alloc = NULL;
     s->objects = 0;
@@ -742,7 +744,7 @@ static void quarantine_release_due_locked(struct registry *r, uint32_t slot, uin
     }
     s->nquar = keep;
     if (keep < before)
-        avail_add_locked(r, slot);
+        registry_avail_add_locked(r, slot);
 }
 
 /* Holds [offset, +len) back until until_ns; false when out of memory. */
@@ -820,7 +822,7 @@ static uint32_t place_walk_locked(struct registry *r, uint64_t len, uint64_t now
         uint32_t slot = (start + k) % r->nslots;
         if (place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK) {
             placed++;
-            avail_add_locked(r, slot);
+            registry_avail_add_locked(r, slot);
         }
     }
     return placed;
@@ -829,14 +831,15 @@ static uint32_t place_walk_locked(struct registry *r, uint64_t len, uint64_t now
 /* The n replicas reserved for object `hash` are its now: count and index
  * them.  Caller holds registry.mu. */
 static void placed_commit_locked(struct registry *r, uint64_t hash, const struct mrep *reps,
-                                 uint32_t n, uint64_t len)
+                                 uint32_t n, uint64_t len, bool counted)
 {
     for (uint32_t k = 0; k < n; k++) {
         struct mseg *s = reg_seg(r, reps[k].seg);
         s->objects++;
         ix_add_locked(s, hash);
     }
-    atomic_fetch_add(&r->used, len * n);
+    if (!counted) /* pooled ranges were counted when the pool took them */
+        atomic_fetch_add(&r->used, len * n);
 }
 
 /* The placement failed: give the n reserved ranges back.  Caller holds
@@ -851,7 +854,7 @@ static void placed_release_locked(struct registry *r, const struct mrep *reps, u
 /* A mounted slot whose name is `name`, else one whose endpoint ("host:port",
  * what Mooncake calls a segment name) is (hash maps; among several with the
  * same name, any); SLOT_NONE when none.  Caller holds registry.mu. */
-static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
+uint32_t registry_slot_by_name_locked(const struct registry *r, moonlet_str name)
 {
     struct id_ctx ctx = {r, name};
     uint64_t h = hmap_str_hash(name.ptr, name.len);
@@ -863,27 +866,39 @@ static uint32_t slot_by_name_locked(const struct registry *r, moonlet_str name)
 
 int registry_place_preferred_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                                     const moonlet_str *preferred, uint32_t npreferred,
-                                    struct mrep *reps)
+                                    struct mrep *reps, bool *covered)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
     uint64_t now = moonlet_clock_now_ns();
+    bool pools = pool_enabled(m);
+    if (covered)
+        *covered = false;
     pthread_mutex_lock(&r->mu);
     if (r->nmounted < nrep) {
         pthread_mutex_unlock(&r->mu);
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
+    if (pools && pool_place(m, len, preferred, npreferred, nrep, reps)) {
+        placed_commit_locked(r, hash, reps, nrep, len, true);
+        pthread_mutex_unlock(&r->mu);
+        if (covered)
+            *covered = true;
+        return MOONLET_OK;
+    }
     uint32_t placed = 0;
     /* Preferred names first; duplicates fall out of place_on_locked. */
     for (uint32_t p = 0; p < npreferred && placed < nrep; p++) {
-        uint32_t slot = slot_by_name_locked(r, preferred[p]);
+        uint32_t slot = registry_slot_by_name_locked(r, preferred[p]);
         if (slot != SLOT_NONE && place_on_locked(r, slot, len, now, reps, placed) == PLACE_OK)
             placed++;
     }
     placed = place_walk_locked(r, len, now, reps, placed, nrep);
-    if (placed == nrep)
-        placed_commit_locked(r, hash, reps, nrep, len);
-    else
+    if (placed == nrep) {
+        placed_commit_locked(r, hash, reps, nrep, len, false);
+        for (uint32_t k = 0; pools && k < nrep; k++)
+            pool_note(m, reps[k].seg, len);
+    } else
         placed_release_locked(r, reps, placed, len);
     pthread_mutex_unlock(&r->mu);
     return placed == nrep ? MOONLET_OK : MOONLET_ERR_NO_AVAILABLE_HANDLE;
@@ -916,7 +931,7 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
     }
     bool placed = place_walk_locked(r, len, now, avoid, n, n + 1) == n + 1;
     if (placed) {
-        placed_commit_locked(r, hash, &avoid[n], 1, len);
+        placed_commit_locked(r, hash, &avoid[n], 1, len, false);
         *out = avoid[n];
     }
     pthread_mutex_unlock(&r->mu);
@@ -951,7 +966,7 @@ int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
                                      .status = MOONLET_REPLICA_INITIALIZED};
     }
     if (rc == MOONLET_OK)
-        placed_commit_locked(r, hash, reps, nrep, len);
+        placed_commit_locked(r, hash, reps, nrep, len, false);
     else
         placed_release_locked(r, reps, placed, len);
     pthread_mutex_unlock(&r->mu);
@@ -988,7 +1003,7 @@ bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id)
 int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t nrep,
                           struct mrep *reps)
 {
-    return registry_place_preferred_locked(m, hash, size, nrep, NULL, 0, reps);
+    return registry_place_preferred_locked(m, hash, size, nrep, NULL, 0, reps, NULL);
 }
 
 /* One range back (or into quarantine until until_ns).  registry.mu held. */
@@ -1009,7 +1024,7 @@ static void release_one_locked(struct registry *r, uint64_t hash, uint64_t len,
                "); it stays allocated", s->id, rp->offset, len);
     else if (moonlet_alloc_release(s->alloc, rp->offset, len) == MOONLET_OK) {
         atomic_fetch_sub(&r->used, len);
-        avail_add_locked(r, slot);
+        registry_avail_add_locked(r, slot);
     } else
         ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
                s->id, rp->offset, len);
@@ -1122,7 +1137,7 @@ int registry_place_extra_locked(moonlet_master *m, uint64_t hash, uint64_t size,
         return MOONLET_ERR_NO_AVAILABLE_HANDLE;
     }
     *out = (struct mrep){.offset = off, .seg = found, .status = MOONLET_REPLICA_INITIALIZED};
-    placed_commit_locked(r, hash, out, 1, len);
+    placed_commit_locked(r, hash, out, 1, len, false);
     *gen = reg_seg(r, found)->gen;
     pthread_mutex_unlock(&r->mu);
     return MOONLET_OK;
@@ -1185,7 +1200,7 @@ int registry_drain(moonlet_master *m, moonlet_str target, bool on, uint64_t **ha
                 if (s->ix.e[i].used)
                     h[(*nhashes)++] = s->ix.e[i].h;
         } else {
-            avail_add_locked(r, slot);
+            registry_avail_add_locked(r, slot);
         }
     }
     pthread_mutex_unlock(&r->mu);

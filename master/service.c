@@ -388,12 +388,17 @@ HANDLER(h_unmount, moonlet_args_unmount)
                                                         session));
 }
 
+/* Set by h_put_start when the put went to ranges the standby already holds
+ * reserved (pool.c), read by semi_sync() right after on the same thread:
+ * such a PutStart is answered without a standby round trip. */
+static __thread bool t_put_covered;
+
 HANDLER(h_put_start, moonlet_args_put_start)
 {
     moonlet_master_put_opts po = {.replica_num = (uint32_t)a->replica_num, .soft_pin = a->soft_pin,
                                   .preferred = a->preferred_segments.v,
                                   .npreferred = a->preferred_segments.n, .hard_pin = a->hard_pin,
-                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms};
+                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms, .covered = &t_put_covered};
     struct replica_pack rp;
     replica_pack_init(&rp, false, true);
     int rc = moonlet_master_put_start_opts(M(ctx), a->tenant, a->key, a->size, &po,
@@ -678,6 +683,7 @@ static const map_field stats_fields[] = {
     STAT(F_U64, "used", used),
     STAT(F_U64, "clients", clients),
     STAT(F_U64, "put_starts", put_starts),
+    STAT(F_U64, "put_starts_reserved", put_starts_reserved),
     STAT(F_U64, "put_ends", put_ends),
     STAT(F_U64, "put_revokes", put_revokes),
     STAT(F_U64, "put_timeouts", put_timeouts),
@@ -806,7 +812,9 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         moonlet_repl_log_status rs;
         moonlet_repl_log_get_status(svc->repl, &rs);
         moonlet_pack_key(out, "replication");
-        msgpack_pack_map(out, 12);
+        moonlet_master_stats ms;
+        moonlet_master_get_stats(M(ctx), &ms);
+        msgpack_pack_map(out, 13);
         pack_str_kv(out, "standby", rs.standby);
         moonlet_pack_key(out, "in_sync");
         rs.in_sync ? msgpack_pack_true(out) : msgpack_pack_false(out);
@@ -821,6 +829,7 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
         pack_u64_kv(out, "sync_wait_us", rs.sync_wait_us);
         pack_u64_kv(out, "writer_pushes", rs.writer_pushes);
         pack_u64_kv(out, "pusher_pushes", rs.pusher_pushes);
+        pack_u64_kv(out, "put_starts_reserved", ms.put_starts_reserved);
     }
     if (following) { /* this standby's progress */
         moonlet_pack_key(out, "following");
@@ -955,11 +964,15 @@ static bool is_write(uint32_t id)
 
 /* Semi-synchronous writes: the handler packs its reply aside; it goes out
  * only once the in-sync standby acknowledged every record so far (or was
- * marked out of sync in etcd); otherwise the caller gets an error. */
+ * marked out of sync in etcd); otherwise the caller gets an error.  A
+ * PutStart placed in reserved ranges (pool.c) goes out at once. */
 static int semi_sync(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packer *out)
 {
     size_t mark = moonlet_rpc_result_mark(ctx);
+    t_put_covered = false;
     int rc = g_handlers[ctx->method](ctx, args, out);
+    if (rc == MOONLET_OK && ctx->method == MOONLET_M_PUT_START && t_put_covered)
+        return rc; /* its ranges were reserved on the standby: nothing to wait for */
     int w = moonlet_repl_log_wait(SVC(ctx)->repl);
     if (w) { /* not acknowledged: the handler's result gives way to the error */
         moonlet_rpc_result_rewind(ctx, mark);

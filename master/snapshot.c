@@ -114,6 +114,7 @@ int moonlet_master_snapshot_part(moonlet_master *m, uint64_t cursor,
                 qr.rep_off[0] = s->quar[q].offset;
                 emit(arg, &qr);
             }
+            pool_snapshot(s, emit, arg);
         }
         pthread_mutex_unlock(&r->mu);
         repair_snapshot_targets(m, emit, arg);

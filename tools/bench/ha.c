@@ -135,6 +135,7 @@ typedef struct hello_view {
     char standby[64];
     uint64_t lag_ms, acked, next;
     uint64_t sync_waits, sync_acked_on_entry, sync_wait_us, writer_pushes, pusher_pushes;
+    uint64_t put_starts_reserved;
 } hello_view;
 
 static int hello(ha_cluster *c, int i, hello_view *v)
@@ -165,6 +166,8 @@ static int hello(ha_cluster *c, int i, hello_view *v)
         v->sync_wait_us = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "sync_wait_us"));
         v->writer_pushes = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "writer_pushes"));
         v->pusher_pushes = (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "pusher_pushes"));
+        v->put_starts_reserved =
+            (uint64_t)cJSON_GetNumberValue(cJSON_GetObjectItem(r, "put_starts_reserved"));
     }
     cJSON_Delete(h);
     return 0;
@@ -346,6 +349,7 @@ int bench_ha_main(int argc, char **argv)
     bench_samples put[2] = {{0}};
     sampler smp = {.c = &cl[0]};
     uint64_t sync_waits = 0, sync_on_entry = 0, sync_us = 0, writer_pushes = 0, pusher_pushes = 0;
+    uint64_t reserved = 0;
     double fo[100];
     int nfo = 0;
     if (!value || !buf)
@@ -397,6 +401,7 @@ int bench_ha_main(int argc, char **argv)
             sync_us += h1.sync_wait_us - h0.sync_wait_us;
             writer_pushes += h1.writer_pushes - h0.writer_pushes;
             pusher_pushes += h1.pusher_pushes - h0.pusher_pushes;
+            reserved += h1.put_starts_reserved - h0.put_starts_reserved;
         }
         if (failed) {
             fprintf(stderr, "moonlet-bench ha: %d puts failed\n", failed);
@@ -438,6 +443,7 @@ int bench_ha_main(int argc, char **argv)
     cJSON_AddNumberToObject(ss, "mean_wait_us", sync_waits ? (double)sync_us / (double)sync_waits : 0);
     cJSON_AddNumberToObject(ss, "writer_pushes", (double)writer_pushes);
     cJSON_AddNumberToObject(ss, "pusher_pushes", (double)pusher_pushes);
+    cJSON_AddNumberToObject(ss, "put_starts_reserved", (double)reserved);
     cJSON *f = cJSON_AddObjectToObject(root, "failover");
     cJSON *all = cJSON_AddArrayToObject(f, "failover_ms");
     for (int n = 0; n < nfo; n++)
