@@ -128,6 +128,9 @@ static void write_stats(FILE *f, const void *arg)
     sample(f, "moonlet_probe_calls_total", "{mode=\"last_hit_only\"}", st->probe_calls_last_hit);
 
     counter(f, "moonlet_evictions_total", "Objects evicted.", st->evictions);
+    counter(f, "moonlet_put_starts_reserved_total",
+            "PutStarts placed in ranges reserved on the hot standby (no standby wait).",
+            st->put_starts_reserved);
     counter(f, "moonlet_put_replacements_total",
             "Replicas of puts in progress replaced after a failed write (PutReplaceReplica).",
             st->put_replacements);

@@ -41,6 +41,7 @@ static void test_render(void **state)
     st.probe_calls_none = 21;
     st.probe_calls_last_hit = 22;
     st.evictions = 31;
+    st.put_starts_reserved = 32;
     st.probe_recheck_fallbacks = 41;
     for (unsigned i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++)
         st.probe_lock_hold_hist[i] = i + 1; /* 1, 2, ... 12 */
@@ -68,6 +69,7 @@ static void test_render(void **state)
     assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"none\"} 21"));
     assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"last_hit_only\"} 22"));
     assert_true(has_line(text, "moonlet_evictions_total 31"));
+    assert_true(has_line(text, "moonlet_put_starts_reserved_total 32"));
     assert_true(has_line(text, "moonlet_probe_recheck_fallbacks_total 41"));
     assert_true(has_line(text, "# TYPE moonlet_probe_lock_hold_seconds histogram"));
     /* cumulative: bucket i (< 2^i us) holds 1 + 2 + ... + (i + 1) */

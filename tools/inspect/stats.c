@@ -26,7 +26,7 @@ static const char *const STAT_FIELDS[] = {
     "probe_recheck_fallbacks", "probe_lock_hold_max_ns", "unmounts_by_liveness",
     "resume_calls", "resume_candidates_examined", "resume_recheck_fallbacks",
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
-    "hard_pinned", "hard_pinned_bytes", "put_replacements",
+    "hard_pinned", "hard_pinned_bytes", "put_replacements", "put_starts_reserved",
     "under_replicated", "repairs_queued", "repairs_running", "repairs_done", "repairs_failed",
     "repairs_retried", "repairs_dropped", "repair_bytes",
 };
