@@ -337,6 +337,15 @@ static inline uint32_t shard_of(const moonlet_master *m, uint64_t hash)
 }
 struct mobj *shard_find_locked(struct shard *s, uint64_t hash, uint32_t tenant, const char *key,
                                uint32_t len);
+/* Lookups in two passes, so the cache misses of many keys overlap: the
+ * bucket slot prefetched without any lock (a prefetch of a stale address is
+ * harmless; shard_grow_locked stores the array and mask atomically for it),
+ * then under the lock the chain's head with its header and key lines
+ * prefetched, then the walk from that head. */
+void shard_prefetch_slot(const moonlet_master *m, uint64_t hash);
+struct mobj *shard_head_locked(const struct shard *s, uint64_t hash, uint32_t key_len);
+struct mobj *shard_chain_find(struct mobj *o, uint64_t hash, uint32_t tenant, const char *key,
+                              uint32_t len);
 int shard_insert_locked(struct shard *s, struct mobj *o);
 void shard_unlink_locked(struct shard *s, struct mobj *o);
 struct mobj *mobj_new(moonlet_master *m, uint32_t tenant, uint64_t hash, const char *key,

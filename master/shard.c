@@ -113,14 +113,33 @@ struct mobj *mobj_new(moonlet_master *m, uint32_t tenant, uint64_t hash, const c
     return o;
 }
 
-struct mobj *shard_find_locked(struct shard *s, uint64_t hash, uint32_t tenant, const char *key,
-                               uint32_t len)
+struct mobj *shard_chain_find(struct mobj *o, uint64_t hash, uint32_t tenant, const char *key,
+                              uint32_t len)
 {
-    for (struct mobj *o = s->buckets[hash & s->mask]; o; o = o->next)
+    for (; o; o = o->next)
         if (o->hash == hash && o->tenant == tenant && o->key_len == len &&
             memcmp(mobj_key(o), key, len) == 0)
             return o;
     return NULL;
+}
+
+struct mobj *shard_find_locked(struct shard *s, uint64_t hash, uint32_t tenant, const char *key,
+                               uint32_t len)
+{
+    return shard_chain_find(s->buckets[hash & s->mask], hash, tenant, key, len);
+}
+
+struct mobj *shard_head_locked(const struct shard *s, uint64_t hash, uint32_t key_len)
+{
+    struct mobj *o = s->buckets[hash & s->mask];
+    if (o) { /* the header and the key: every line a compare will read */
+        const char *p = (const char *)o;
+        const char *last = p + sizeof(struct mobj) + key_len - 1;
+        for (; p <= last; p += 64)
+            __builtin_prefetch(p);
+        __builtin_prefetch(last);
+    }
+    return o;
 }
 
 static void shard_grow_locked(struct shard *s)
@@ -227,8 +246,9 @@ struct batch_slot {
  * only: a concurrent grow may pair a new array with an old mask or the
  * reverse, and a prefetch of a wrong address does no harm (it never
  * faults).  shard_grow_locked stores both atomically for this reader. */
-static void prefetch_slot_unlocked(const struct shard *s, uint64_t hash)
+void shard_prefetch_slot(const moonlet_master *m, uint64_t hash)
 {
+    const struct shard *s = &m->shards[shard_of(m, hash)];
     struct mobj **b = __atomic_load_n(&s->buckets, __ATOMIC_RELAXED);
     uint32_t mask = __atomic_load_n(&s->mask, __ATOMIC_RELAXED);
     __builtin_prefetch(&b[hash & mask]);
@@ -242,25 +262,11 @@ static void lookup_group(moonlet_master *m, uint32_t tenant, const moonlet_str *
     for (size_t k = 0; k < cnt; k++)
         if (k == 0 || g[k].shard != g[k - 1].shard)
             pthread_mutex_lock(&m->shards[g[k].shard].mu);
-    for (size_t k = 0; k < cnt; k++) {
-        struct shard *s = &m->shards[g[k].shard];
-        heads[k] = s->buckets[g[k].hash & s->mask];
-        if (heads[k]) {
-            /* the header and the key: every line the compare will read */
-            const char *p = (const char *)heads[k];
-            const char *last = p + sizeof(struct mobj) + keys[g[k].index].len - 1;
-            for (; p <= last; p += 64)
-                __builtin_prefetch(p);
-            __builtin_prefetch(last);
-        }
-    }
+    for (size_t k = 0; k < cnt; k++)
+        heads[k] = shard_head_locked(&m->shards[g[k].shard], g[k].hash, keys[g[k].index].len);
     for (size_t k = 0; k < cnt; k++) {
         const moonlet_str *key = &keys[g[k].index];
-        struct mobj *o = heads[k];
-        while (o && !(o->hash == g[k].hash && o->tenant == tenant && o->key_len == key->len &&
-                      memcmp(mobj_key(o), key->ptr, key->len) == 0))
-            o = o->next;
-        fn(arg, g[k].index, o);
+        fn(arg, g[k].index, shard_chain_find(heads[k], g[k].hash, tenant, key->ptr, key->len));
     }
     for (size_t k = cnt; k-- > 0;)
         if (k == 0 || g[k].shard != g[k - 1].shard)
@@ -291,7 +297,7 @@ void shard_batch_lookup(moonlet_master *m, uint32_t tenant, const moonlet_str *k
             g[pos] = sl;
         }
         for (size_t k = 0; k < cnt; k++)
-            prefetch_slot_unlocked(&m->shards[g[k].shard], g[k].hash);
+            shard_prefetch_slot(m, g[k].hash);
         for (size_t k = 0; k < cnt; k += LOCK_GROUP)
             lookup_group(m, tenant, keys, g + k, cnt - k < LOCK_GROUP ? cnt - k : LOCK_GROUP, fn,
                          arg);
