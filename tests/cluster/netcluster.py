@@ -566,8 +566,16 @@ class Cluster:
             self._set_nft(f"store{i}", "loss", None, None)
         else:
             self._set_nft(f"store{i}", "loss",
-                          f'iifname "eth0" tcp dport {port} numgen random mod 100 < {percent} drop',
-                          f'oifname "eth0" tcp sport {port} numgen random mod 100 < {percent} drop')
+                          f'iifname "eth0" tcp dport {port} numgen random mod 100 < {percent} '
+                          'counter drop',
+                          f'oifname "eth0" tcp sport {port} numgen random mod 100 < {percent} '
+                          'counter drop')
+
+    def loss_drops(self, i):
+        """Packets store i's loss rules (set_loss) dropped since they were set."""
+        out = self.exec(f"store{i}", [NFT, "list", "table", "inet", "moonlet_fault"],
+                        timeout=10).stdout
+        return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
 
     def _set_nft(self, host, what, rule_in, rule_out):
         rules = self._nft.setdefault(host, {})
