@@ -17,6 +17,7 @@ PKGS=(
   etcd-server libcurl4-openssl-dev
   qemu-system-x86 busybox-static cpio kmod xz-utils
   ibverbs-providers ibverbs-utils rdmacm-utils perftest
+  redis-server
 )
 
 missing=()
@@ -42,6 +43,14 @@ else
   echo "setup: installing ${missing[*]}"
   apt_retry update -qq
   apt_retry install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# redis-server is moonlet-bench load's baseline; the bench starts its own on
+# an ephemeral port.  The package also enables a system service on port 6379,
+# which nothing here uses: when this run installed it, that service is
+# stopped and disabled (a Redis that was already installed is left alone).
+if [[ " ${missing[*]:-} " == *" redis-server "* ]] && [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi
 
 if [ "${MOONLET_NO_SOFTROCE:-0}" != 1 ]; then
