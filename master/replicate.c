@@ -692,6 +692,14 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
     return MOONLET_OK;
 }
 
+/* The slot of a range record's (QUAR, RESV, UNRESV) one replica. */
+static int range_slot(const moonlet_repl_state *st, const moonlet_repl_rec *rec, uint32_t *slot)
+{
+    if (rec->nrep != 1 || rec->size == 0)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return seg_find(st, rec->rep_seg[0], slot);
+}
+
 int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec)
 {
     uint64_t now = moonlet_clock_now_ns();
@@ -704,9 +712,7 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
         return apply_place(st, rec, now);
     case MOONLET_REPL_QUAR: {
         uint32_t slot;
-        if (rec->nrep != 1 || rec->size == 0)
-            return MOONLET_ERR_INVALID_PARAMS;
-        int rc = seg_find(st, rec->rep_seg[0], &slot);
+        int rc = range_slot(st, rec, &slot);
         if (rc)
             return rc;
         quar_add(st, slot, rec->rep_off[0], rec->size, now + rec->free_ms * MOONLET_NS_PER_MS);
@@ -715,9 +721,7 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
     case MOONLET_REPL_RESV:
     case MOONLET_REPL_UNRESV: {
         uint32_t slot;
-        if (rec->nrep != 1 || rec->size == 0)
-            return MOONLET_ERR_INVALID_PARAMS;
-        int rc = seg_find(st, rec->rep_seg[0], &slot);
+        int rc = range_slot(st, rec, &slot);
         if (rc)
             return rc;
         if (rec->type == MOONLET_REPL_UNRESV) {

@@ -83,6 +83,20 @@ static int put_start(moonlet_master *m, const char *key, uint64_t size, uint64_t
     return rc;
 }
 
+/* A leader whose pool is filled and acknowledged: one uncovered PutStart
+ * ("a", OBJ) filled it, then the standby acknowledged everything. */
+static moonlet_master *warm_leader(struct stream *s)
+{
+    memset(s, 0, sizeof(*s));
+    moonlet_master *m = leader(s);
+    uint64_t off;
+    bool covered = true;
+    assert_int_equal(put_start(m, "a", OBJ, &off, &covered), MOONLET_OK);
+    assert_false(covered);
+    s->acked = s->n + 1;
+    return m;
+}
+
 static int count_type(const struct stream *s, uint64_t from, uint8_t type)
 {
     int n = 0;
@@ -180,12 +194,9 @@ static void test_failover_holds_unannounced_put(void **state)
 {
     (void)state;
     static struct stream s;
-    memset(&s, 0, sizeof(s));
-    moonlet_master *a = leader(&s);
+    moonlet_master *a = warm_leader(&s);
     uint64_t off;
     bool covered = false;
-    assert_int_equal(put_start(a, "warm", OBJ, &off, &covered), MOONLET_OK);
-    s.acked = s.n + 1;
     uint64_t known = s.n; /* what the standby got */
     uint64_t lost_off;
     assert_int_equal(put_start(a, "lost", OBJ, &lost_off, &covered), MOONLET_OK);
@@ -248,12 +259,9 @@ static void test_standby_reservations(void **state)
 {
     (void)state;
     static struct stream s;
-    memset(&s, 0, sizeof(s));
-    moonlet_master *a = leader(&s);
+    moonlet_master *a = warm_leader(&s);
     uint64_t off;
     bool covered;
-    assert_int_equal(put_start(a, "a", OBJ, &off, &covered), MOONLET_OK);
-    s.acked = s.n + 1;
     assert_int_equal(put_start(a, "b", OBJ, &off, &covered), MOONLET_OK);
     assert_true(covered);
     assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("b"), NULL), MOONLET_OK);
@@ -304,12 +312,9 @@ static void test_new_size_drains_pool(void **state)
 {
     (void)state;
     static struct stream s;
-    memset(&s, 0, sizeof(s));
-    moonlet_master *a = leader(&s);
+    moonlet_master *a = warm_leader(&s);
     uint64_t off;
     bool covered;
-    assert_int_equal(put_start(a, "a", OBJ, &off, &covered), MOONLET_OK);
-    s.acked = s.n + 1;
     for (int i = 0; i < 3; i++) {
         char key[8];
         snprintf(key, sizeof(key), "b%d", i);
