@@ -890,6 +890,13 @@ static int snapshot_part(moonlet_repl_follower *f, uint64_t cursor, uint64_t *ep
     else if (!rc) {
         if (cursor == 0)
             moonlet_repl_state_clear(f->st);
+        /* the leader's clock (a 6th element; a leader without it sends 5):
+         * noted like a push's, so a promotion before the first push
+         * restores the nodes' clock offsets instead of the lowest bound */
+        uint64_t leader_ms = 0;
+        if (!moonlet_wire_u64(rep.result, 5, &leader_ms) && leader_ms)
+            moonlet_repl_state_note_leader_clock(
+                f->st, (int64_t)leader_ms - (int64_t)(moonlet_clock_now_ns() / MOONLET_NS_PER_MS) - 1);
         uint64_t n;
         rc = apply_blob(f, (const uint8_t *)b->via.bin.ptr, b->via.bin.size, 0,
                         cursor == 0 ? BLOB_SNAP_FIRST : BLOB_SNAP_LATER, &n);

@@ -357,6 +357,12 @@ void moonlet_repl_state_note_leader_clock(moonlet_repl_state *st, int64_t lb)
     st->has_leader_clock = true;
 }
 
+bool moonlet_repl_state_leader_clock(const moonlet_repl_state *st, int64_t *lb)
+{
+    *lb = st->has_leader_clock ? st->leader_clock_lb : 0;
+    return st->has_leader_clock;
+}
+
 int moonlet_repl_state_create(moonlet_repl_state **out)
 {
     moonlet_repl_state *st = calloc(1, sizeof(*st));

@@ -74,6 +74,8 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
  * the follower (the leader's clock in a reply minus this clock on receipt);
  * restore turns the leader's node clock offsets into this master's with it. */
 void moonlet_repl_state_note_leader_clock(moonlet_repl_state *st, int64_t lb);
+/* Whether a bound was noted since the state was last cleared; *lb gets it. */
+bool moonlet_repl_state_leader_clock(const moonlet_repl_state *st, int64_t *lb);
 
 typedef struct moonlet_repl_counts {
     uint64_t segments, objects, sealed, pending, quarantined;

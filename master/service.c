@@ -920,7 +920,7 @@ HANDLER(h_repl_snapshot, moonlet_args_repl_snapshot)
         return moonlet_rpc_error(out, rc, "snapshot failed");
     uint64_t epoch = 0;
     moonlet_role_gate(SVC(ctx)->role, moonlet_mono_ms(), &epoch);
-    msgpack_pack_array(out, 5);
+    msgpack_pack_array(out, 6);
     msgpack_pack_uint64(out, epoch);
     msgpack_pack_uint64(out, start);
     msgpack_pack_uint64(out, cons);
@@ -928,6 +928,9 @@ HANDLER(h_repl_snapshot, moonlet_args_repl_snapshot)
     if (len)
         msgpack_pack_bin_body(out, buf, len);
     msgpack_pack_uint64(out, next_cursor);
+    /* the leader's clock, as in a push: a standby promoted before its first
+     * push still knows its node clock offsets (restored capabilities) */
+    msgpack_pack_uint64(out, moonlet_clock_now_ns() / MOONLET_NS_PER_MS);
     free(buf);
     return MOONLET_OK;
 }

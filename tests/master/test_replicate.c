@@ -1114,6 +1114,62 @@ static void test_follower_refuses_bad_pushes(void **state)
     moonlet_role_destroy(role);
 }
 
+/* ReplSnapshot's reply with the leader's clock (6th element): the leader's
+ * clock runs 3 s ahead of this one. */
+static void pack_snapshot_with_clock(msgpack_packer *pk, const void *arg)
+{
+    (void)arg;
+    msgpack_pack_array(pk, 6);
+    msgpack_pack_uint64(pk, 7);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_bin(pk, 0);
+    msgpack_pack_uint64(pk, 0);
+    msgpack_pack_uint64(pk, moonlet_clock_now_ns() / MOONLET_NS_PER_MS + 3000);
+}
+
+/* A standby whose state came from a snapshot and that is promoted before
+ * the leader's first push still knows the leader's clock: the snapshot's
+ * reply carries it.  Before, only pushes did, and such a standby restored
+ * every node clock offset as the lowest bound, so the capabilities of its
+ * first puts had expired before they were issued (INVALID_WRITE from the
+ * store node until it pinged the new leader: moonlet-bench ha). */
+static void test_snapshot_carries_leader_clock(void **state)
+{
+    (void)state;
+    uint16_t port;
+    moonlet_role *role;
+    int lfd;
+    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
+    wait_readable(lfd, 5000);
+    int main_fd = accept(lfd, NULL, NULL);
+    assert_true(main_fd >= 0);
+    uint64_t id;
+    assert_int_equal(fake_request(main_fd, &id), MOONLET_M_REPL_PORT);
+    fake_reply(main_fd, id, pack_port, &port);
+    wait_readable(lfd, 5000);
+    int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    close(main_fd);
+    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_SNAPSHOT);
+    fake_reply(fd, id, pack_snapshot_with_clock, NULL);
+    /* ReplStream comes once the snapshot is applied */
+    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_STREAM);
+    fake_reply(fd, id, pack_stream_open, NULL);
+    bool consistent = false;
+    uint64_t epoch = 0;
+    moonlet_repl_state *st = moonlet_repl_follower_stop(f, &consistent, &epoch);
+    assert_non_null(st);
+    int64_t lb = 0;
+    assert_true(moonlet_repl_state_leader_clock(st, &lb));
+    assert_true(lb > 2900 && lb <= 3000);
+    moonlet_repl_state_destroy(st);
+    close(fd);
+    moonlet_repl_follower_destroy(f);
+    close(lfd);
+    moonlet_role_destroy(role);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1128,4 +1184,5 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_stream_end_marks_out_at_once),
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
-                  cmocka_unit_test(test_follower_refuses_bad_pushes))
+                  cmocka_unit_test(test_follower_refuses_bad_pushes),
+                  cmocka_unit_test(test_snapshot_carries_leader_clock))
