@@ -164,6 +164,9 @@ void moonlet_role_get(const moonlet_role *r, uint64_t now_ms, moonlet_role_info 
     pthread_mutex_lock(&w->mu);
     out->state = (moonlet_role_state)atomic_load(&r->state);
     out->serving = moonlet_role_gate(r, now_ms, &out->epoch);
+    uint64_t from = atomic_load(&r->serve_from);
+    if (out->state == MOONLET_ROLE_LEADER && atomic_load(&r->serve_until) && from > now_ms)
+        out->serve_in_ms = from - now_ms;
     out->terms = atomic_load(&r->terms);
     snprintf(out->leader, sizeof(out->leader), "%s", r->leader);
     snprintf(out->advertise, sizeof(out->advertise), "%s", r->advertise);

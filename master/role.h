@@ -72,6 +72,7 @@ typedef struct moonlet_role_info {
     bool serving;              /* at the snapshot's time */
     uint64_t epoch;            /* own epoch while leader, else the known leader's */
     uint64_t terms;            /* times elected */
+    uint64_t serve_in_ms;      /* LEADER in its grace period: ms until it serves (else 0) */
     char leader[MOONLET_ROLE_ADDR_MAX];    /* "" when unknown */
     char advertise[MOONLET_ROLE_ADDR_MAX];
 } moonlet_role_info;

@@ -807,7 +807,7 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     moonlet_master_service *svc = SVC(ctx);
     moonlet_repl_follower_status fs;
     bool following = svc->follower_status && svc->follower_status(&fs);
-    msgpack_pack_map(out, 6 + (svc->repl != NULL) + following);
+    msgpack_pack_map(out, 6 + (svc->repl != NULL) + following + (ri.serve_in_ms > 0));
     if (svc->repl) { /* the leader's view of its hot standby */
         moonlet_repl_log_status rs;
         moonlet_repl_log_get_status(svc->repl, &rs);
@@ -847,6 +847,8 @@ static int h_hello(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     ri.serving ? msgpack_pack_true(out) : msgpack_pack_false(out);
     pack_u64_kv(out, "epoch", ri.epoch);
     pack_u64_kv(out, "terms", ri.terms);
+    if (ri.serve_in_ms > 0) /* elected, in its grace period: when it will serve */
+        pack_u64_kv(out, "serve_in_ms", ri.serve_in_ms);
     pack_str_kv(out, "leader", ri.leader);
     pack_str_kv(out, "advertise", ri.advertise);
     return MOONLET_OK;

@@ -8,7 +8,10 @@
  * request whose reply was lost, and only the caller knows whether repeating
  * it is safe.  The next call after a failure reconnects, pacing its
  * attempts with a capped exponential backoff (master_client.h) so that a
- * master that is down is not hammered by every caller of every client.
+ * master that is down is not hammered by every caller of every client; a
+ * master that answers NOT_LEADER is tried again sooner (an elected leader
+ * in its grace period exactly when it begins to serve, which its Hello
+ * says: moonlet_mc_retry_ms).
  *
  * HA (master_client.h): the address may be a list.  With several masters
  * (or once one answered NOT_LEADER) a new connection sends Hello and is
@@ -65,6 +68,7 @@ struct moonlet_master_client {
     uint32_t backoff_base_ms, backoff_cap_ms;
     uint32_t failures;         /* failed connects in a row */
     uint64_t next_connect_ms;  /* CLOCK_MONOTONIC; no attempt before it while failures > 0 */
+    uint64_t serve_in_ms;      /* this round: an elected leader's Hello said it serves in (0: none) */
     char *ident_id, *ident_secret; /* moonlet_mc_bind_client: re-sent on every new connection */
     bool bound;                /* the current connection holds ident_id */
     uint64_t conns;            /* connections made so far */
@@ -81,6 +85,17 @@ uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failu
     for (unsigned i = 1; i < failures && ms < cap_ms; i++)
         ms *= 2;
     return ms < cap_ms ? (uint32_t)ms : cap_ms;
+}
+
+uint32_t moonlet_mc_retry_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures, int rc,
+                             uint64_t serve_in_ms)
+{
+    if (rc == MOONLET_ERR_NOT_LEADER && serve_in_ms > 0) /* at most a put timeout's grace */
+        return serve_in_ms < 600000 ? (uint32_t)serve_in_ms + 1 : 600000;
+    uint32_t ms = moonlet_mc_backoff_ms(base_ms, cap_ms, failures);
+    if (rc == MOONLET_ERR_NOT_LEADER && ms > MOONLET_MC_NOT_LEADER_CAP_MS)
+        ms = base_ms > MOONLET_MC_NOT_LEADER_CAP_MS ? base_ms : MOONLET_MC_NOT_LEADER_CAP_MS;
+    return ms;
 }
 
 void moonlet_replica_list_free(moonlet_replica_list *l)
@@ -156,6 +171,11 @@ static int mc_hello_locked(moonlet_master_client *mc)
             if (!serving) {
                 verdict = HELLO_NOT_LEADER;
                 take_leader_hint(mc, ld);
+                /* an elected leader in its grace period says when it serves */
+                const msgpack_object *si = moonlet_wire_map_get(rep.result, "serve_in_ms");
+                if (si && si->type == MSGPACK_OBJECT_POSITIVE_INTEGER && si->via.u64 &&
+                    (!mc->serve_in_ms || si->via.u64 < mc->serve_in_ms))
+                    mc->serve_in_ms = si->via.u64;
             }
         }
     }
@@ -258,14 +278,20 @@ static int mc_connect_locked(moonlet_master_client *mc)
             poll(NULL, 0, (int)wait);
         }
     }
+    mc->serve_in_ms = 0;
     int rc = mc_connect_round_locked(mc);
     mc->bound = false;
     if (rc) {
         mc->rpc = NULL;
         if (mc->failures < 64)
             mc->failures++;
-        mc->next_connect_ms =
-            moonlet_mono_ms() + moonlet_mc_backoff_ms(mc->backoff_base_ms, mc->backoff_cap_ms, mc->failures);
+        uint64_t wait = moonlet_mc_retry_ms(mc->backoff_base_ms, mc->backoff_cap_ms,
+                                            mc->failures, rc, mc->serve_in_ms);
+        /* a grace longer than a call: the next call waits what it can
+         * (a backoff longer than a call is not waited: see mc_connect) */
+        if (rc == MOONLET_ERR_NOT_LEADER && mc->serve_in_ms && wait > (uint64_t)mc->timeout_ms)
+            wait = (uint64_t)mc->timeout_ms;
+        mc->next_connect_ms = moonlet_mono_ms() + wait;
     } else {
         mc->failures = 0;
         mc->conns++;

@@ -44,6 +44,20 @@ typedef struct moonlet_master_client_opts {
  * row: 0 for none, else min(cap, base * 2^(failures-1)).  Pure. */
 uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures);
 
+/* A master answered (NOT_LEADER) but none serves yet: an election, then a
+ * grace period.  The next connect goes no later than this after the last
+ * failure, the backoff notwithstanding (a live master is not hammered by
+ * connects: one Hello per attempt). */
+#define MOONLET_MC_NOT_LEADER_CAP_MS 250u
+
+/* The wait before the next connect attempt after `failures` failed ones in a
+ * row, the last of which ended `rc`: moonlet_mc_backoff_ms, capped at
+ * MOONLET_MC_NOT_LEADER_CAP_MS when a master answered NOT_LEADER; and when
+ * an elected leader said it serves in serve_in_ms (> 0, its grace period),
+ * exactly that (+1 ms), so the call reaches it as it begins to serve.  Pure. */
+uint32_t moonlet_mc_retry_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures, int rc,
+                             uint64_t serve_in_ms);
+
 /* Failed connects in a row so far (0 once one succeeds).  Thread safe. */
 unsigned moonlet_mc_connect_failures(moonlet_master_client *mc);
 

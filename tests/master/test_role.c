@@ -45,8 +45,16 @@ static void test_window(void **state)
     assert_false(moonlet_role_gate(r, 1000, &ep));
     assert_false(moonlet_role_gate(r, 5999, &ep));
     assert_int_equal(ep, 9);
+    moonlet_role_get(r, 1000, &ri); /* Hello tells clients when it serves */
+    assert_false(ri.serving);
+    assert_int_equal(ri.serve_in_ms, 5000);
     moonlet_role_renewed(r, 8000);
     assert_false(moonlet_role_gate(r, 5999, &ep)); /* still in the grace period */
+    moonlet_role_get(r, 5999, &ri);
+    assert_int_equal(ri.serve_in_ms, 1);
+    moonlet_role_get(r, 6000, &ri);
+    assert_true(ri.serving);
+    assert_int_equal(ri.serve_in_ms, 0);
     assert_true(moonlet_role_gate(r, 6000, &ep));
     assert_true(moonlet_role_gate(r, 7999, &ep));
     assert_false(moonlet_role_gate(r, 8000, &ep)); /* fenced by the clock alone */
@@ -66,6 +74,7 @@ static void test_window(void **state)
     moonlet_role_get(r, 9000, &ri);
     assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
     assert_string_equal(ri.leader, "");
+    assert_int_equal(ri.serve_in_ms, 0);
     moonlet_role_set_leader(r, "10.0.0.2:50051", 5); /* an older epoch never lowers it */
     assert_false(moonlet_role_gate(r, 9000, &ep));
     assert_int_equal(ep, 9);

@@ -421,6 +421,30 @@ static void test_backoff_schedule(void **state)
     assert_int_equal(moonlet_mc_backoff_ms(300, 100, 3), 300); /* cap below base: base */
 }
 
+/* After NOT_LEADER: the backoff, capped at MOONLET_MC_NOT_LEADER_CAP_MS
+ * (an election: a master is up), or exactly the grace an elected leader
+ * said was left (+1 ms).  Before, every NOT_LEADER round counted as a
+ * failed connect under the full backoff, so a client had been asleep for
+ * up to 1 s when the new leader began serving (moonlet-bench ha). */
+static void test_retry_after_not_leader(void **state)
+{
+    (void)state;
+    const int NL = MOONLET_ERR_NOT_LEADER, FAIL = MOONLET_ERR_RPC_FAIL;
+    /* unreachable masters: the backoff as it was */
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 6, FAIL, 0), 1000);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 6, FAIL, 700), 1000);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 2, FAIL, 0), 100);
+    /* NOT_LEADER, no leader in sight: the backoff, at most the cap */
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 2, NL, 0), 100);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 6, NL, 0), MOONLET_MC_NOT_LEADER_CAP_MS);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 64, NL, 0), MOONLET_MC_NOT_LEADER_CAP_MS);
+    assert_int_equal(moonlet_mc_retry_ms(400, 1000, 3, NL, 0), 400); /* base above the cap */
+    /* an elected leader in its grace period: when it serves */
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 6, NL, 1234), 1235);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 1, NL, 3), 4);
+    assert_int_equal(moonlet_mc_retry_ms(50, 1000, 1, NL, 10000000), 600000);
+}
+
 static int start_own_master(test_proc *p, const char *port)
 {
     char *argv[] = {"tools/moonlet-master", "--rpc-port", (char *)port, "--shards", "8",
@@ -496,4 +520,5 @@ MOONLET_TEST_MAIN("master_rpc", start_master, stop_master,
                   cmocka_unit_test(test_bad_arguments),
                   cmocka_unit_test(test_auth_token),
                   cmocka_unit_test(test_backoff_schedule),
+                  cmocka_unit_test(test_retry_after_not_leader),
                   cmocka_unit_test(test_reconnect_with_backoff))
