@@ -9,8 +9,10 @@
  *                     etcd no longer knows deposes a leader
  *   leader         -> the key must still be ours (create revision == epoch);
  *                     the window must not have closed
- *   standby        -> campaign (create-if-absent, bound to the lease); on
- *                     failure learn the leader from the key it read
+ *   standby        -> (every poll_ms) read the key: absent (or ours) ->
+ *                     campaign (create-if-absent, bound to the lease); else
+ *                     tell the role who leads, and take over a leader whose
+ *                     address refuses connections (election.h)
  * Why the terms cannot overlap: etcd expires our lease no earlier than TTL
  * after it received our last keepalive, which is after we sent it, so our
  * window (send time + TTL - margin) closes at least `margin` before the key
@@ -21,14 +23,17 @@
  */
 #include "election.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "etcd.h"
 #include "log.h"
+#include "net.h"
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "sync.h"
@@ -41,7 +46,8 @@ struct moonlet_election {
     moonlet_role *role;
     char key[320];
     char advertise[MOONLET_ROLE_ADDR_MAX];
-    uint64_t ttl_ms, margin_ms, tick_ms;
+    uint64_t ttl_ms, margin_ms, tick_ms, poll_ms;
+    bool takeover;
     void (*on_deposed)(void *arg);
     int (*on_elected)(void *arg, uint64_t epoch);
     void *arg;
@@ -55,7 +61,31 @@ struct moonlet_election {
     uint64_t next_ka_ms;
     bool leader;
     uint64_t epoch;
+    uint64_t alive_rev;  /* the leader term (create revision) whose address accepted a probe */
 };
+
+uint64_t moonlet_election_poll_ms(uint64_t ttl_ms)
+{
+    uint64_t poll = ttl_ms / 20, tick = ttl_ms / 3;
+    if (poll < 50)
+        poll = 50;
+    return poll < tick ? poll : tick;
+}
+
+int moonlet_election_probe(const char *addr, uint32_t timeout_ms)
+{
+    char host[MOONLET_ROLE_ADDR_MAX];
+    uint16_t port = 0;
+    if (!addr || moonlet_net_split_hostport(addr, host, sizeof(host), &port) || !port)
+        return -1;
+    errno = 0;
+    int fd = moonlet_net_connect_tcp(host, port, moonlet_mono_ms() + timeout_ms, 0);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    return fd == MOONLET_NET_ESYS && errno == ECONNREFUSED ? 0 : -1;
+}
 
 static void depose(moonlet_election *el, const char *why)
 {
@@ -205,6 +235,39 @@ static void campaign(moonlet_election *el)
     moonlet_etcd_kv_free(&cur);
 }
 
+/* A standby's poll: campaign when the key is gone (or ours: a campaign
+ * whose reply was lost); else tell the role who leads and take over a
+ * leader that is gone (election.h, "Fast takeover"). */
+static void standby_poll(moonlet_election *el)
+{
+    moonlet_etcd_kv kv;
+    if (moonlet_etcd_get(el->etcd, el->key, &kv, NULL) != MOONLET_OK)
+        return;
+    if (!kv.found || kv.lease == el->lease) {
+        moonlet_etcd_kv_free(&kv);
+        campaign(el);
+        return;
+    }
+    moonlet_role_set_leader(el->role, kv.value, (uint64_t)kv.create_revision);
+    if (el->takeover && kv.lease && kv.value) {
+        int pr = moonlet_election_probe(kv.value, (uint32_t)(el->poll_ms < 200 ? el->poll_ms : 200));
+        if (pr > 0) {
+            el->alive_rev = (uint64_t)kv.create_revision;
+        } else if (pr == 0 && el->alive_rev == (uint64_t)kv.create_revision) {
+            /* it accepted our probe in this term and now nothing listens there */
+            ML_WARN(MOD, "leader %s (epoch %lld) refuses connections: revoking its lease %lld",
+                    kv.value, (long long)kv.create_revision, (long long)kv.lease);
+            el->alive_rev = 0;
+            int rc = moonlet_etcd_lease_revoke(el->etcd, kv.lease);
+            moonlet_etcd_kv_free(&kv);
+            if (rc == MOONLET_OK)
+                campaign(el);
+            return;
+        }
+    }
+    moonlet_etcd_kv_free(&kv);
+}
+
 /* The leader's check that the key still names it. */
 static void check_key(moonlet_election *el)
 {
@@ -244,7 +307,7 @@ static void *election_main(void *arg)
         else if (el->leader && el->lease)
             check_key(el);
         else if (!el->leader && el->lease && !need_reset)
-            campaign(el);
+            standby_poll(el);
         moonlet_role_tick(el->role, moonlet_mono_ms());
 
         /* sleep until the next keepalive, or the window's edge for the log */
@@ -261,6 +324,8 @@ static void *election_main(void *arg)
         moonlet_role_get(el->role, now, &info);
         if (el->leader && !info.serving && wait > 50)
             wait = 50; /* in the grace period: log the begin close to its time */
+        if (!el->leader && el->lease && !need_reset && wait > el->poll_ms)
+            wait = el->poll_ms; /* a standby: the next read of the key */
         pthread_mutex_lock(&el->mu);
         struct timespec ts = moonlet_mono_deadline_ts(wait ? wait : 1);
         if (!el->stop)
@@ -286,6 +351,8 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
     if (el->margin_ms >= el->ttl_ms / 2)
         el->margin_ms = el->ttl_ms / 4;
     el->tick_ms = el->ttl_ms / 3;
+    el->poll_ms = moonlet_election_poll_ms(el->ttl_ms);
+    el->takeover = !o->no_takeover;
     el->role = role;
     el->on_deposed = o->on_deposed;
     el->on_elected = o->on_elected;

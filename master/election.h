@@ -14,9 +14,21 @@
  * lease (best effort; otherwise it lapses since keepalives stop), asks the
  * owner to reset the metadata (on_deposed: a master that served must not
  * serve its old state again) and campaigns again only after
- * moonlet_election_reset_done().  A standby polls the key (its campaign
- * transaction reads it when it fails) every TTL/3 and tells the role who
- * the leader is.
+ * moonlet_election_reset_done().  A standby reads the key every
+ * moonlet_election_poll_ms (TTL/20, 50 ms to TTL/3: a plain read, not a
+ * transaction), tells the role who the leader is, and campaigns as soon
+ * as the key is gone.
+ *
+ * Fast takeover: a standby that finds the leader's HOST:PORT refusing
+ * connections (ECONNREFUSED: nothing listens there, the leader process is
+ * gone) after that address had accepted its probe in the same term revokes
+ * the leader's lease instead of waiting for etcd to expire it (up to TTL +
+ * etcd's 500 ms expiry tick), then campaigns.  Safe whatever the probe
+ * says: a keepalive etcd applied before the revoke was sent before the
+ * campaign, so the old leader's window (that send + TTL - margin) closes
+ * before the new leader's grace (campaign + TTL) ends; later keepalives
+ * fail (lease gone) and depose it.  A partition (no answer, or unreachable)
+ * is not a refusal: the lease runs out as before.
  *
  * Threads and locks: its own thread, and while on_elected runs a second
  * one that keeps the lease alive (a slow promotion cannot lose it); el->mu
@@ -27,6 +39,7 @@
 #ifndef MOONLET_ELECTION_H
 #define MOONLET_ELECTION_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "role.h"
@@ -49,9 +62,19 @@ typedef struct moonlet_election_opts {
      * takes.  Nonzero: this master must not lead (it steps down
      * as a deposed leader does, then campaigns again).  NULL: none. */
     int (*on_elected)(void *arg, uint64_t epoch);
+    bool no_takeover;       /* no fast takeover: a dead leader's lease expires by itself */
 } moonlet_election_opts;
 
 #define MOONLET_ELECTION_DEFAULT_TTL_S 5u
+
+/* How often a standby reads the leader key: TTL/20, at least 50 ms, at
+ * most the keepalive tick (TTL/3).  Pure. */
+uint64_t moonlet_election_poll_ms(uint64_t ttl_ms);
+
+/* One TCP connect to HOST:PORT bounded by timeout_ms: 1 it accepted, 0 it
+ * was refused (ECONNREFUSED), -1 neither (a timeout, unreachable, a bad
+ * address). */
+int moonlet_election_probe(const char *addr, uint32_t timeout_ms);
 
 int moonlet_election_start(const moonlet_election_opts *opts, moonlet_role *role,
                            moonlet_election **out);

@@ -11,8 +11,15 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "election.h"
 #include "etcd_fixture.h"
+#include "monotime.h"
+#include "net.h"
 #include "role.h"
 #include "moonlet/error.h"
 
@@ -258,6 +265,140 @@ static void test_slow_promotion_keeps_the_lease(void **state)
     moonlet_role_destroy(role);
 }
 
+/* The standby's read interval: TTL/20, 50 ms at least, the tick at most. */
+static void test_poll_interval(void **state)
+{
+    assert_int_equal(moonlet_election_poll_ms(2000), 100);
+    assert_int_equal(moonlet_election_poll_ms(5000), 250);
+    assert_int_equal(moonlet_election_poll_ms(600), 50);
+    assert_int_equal(moonlet_election_poll_ms(90), 30); /* never past the tick */
+}
+
+/* A listener on an ephemeral loopback port; *addr gets "127.0.0.1:PORT". */
+static int listener(char *addr, size_t cap)
+{
+    uint16_t port = 0;
+    int fd = moonlet_net_listen_tcp("127.0.0.1", 0, 4, &port);
+    assert_true(fd >= 0);
+    snprintf(addr, cap, "127.0.0.1:%u", port);
+    return fd;
+}
+
+/* Waits (bounded) until fd is readable. */
+static void wait_readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, ms), 1);
+}
+
+static void test_probe(void **state)
+{
+    char addr[64];
+    int fd = listener(addr, sizeof(addr));
+    assert_int_equal(moonlet_election_probe(addr, 1000), 1);
+    close(fd); /* nothing listens there any more */
+    assert_int_equal(moonlet_election_probe(addr, 1000), 0);
+    assert_int_equal(moonlet_election_probe("no-port", 1000), -1);
+}
+
+/* A leader key held by a "leader" on a 60 s lease that nobody renews or
+ * revokes.  *lfd: a listener on the leader's address (-1: a closed port). */
+static int64_t fake_leader(moonlet_etcd *e, const char *cluster, bool listening, int *lfd,
+                           char *addr, size_t cap)
+{
+    *lfd = listener(addr, cap);
+    if (!listening) {
+        close(*lfd);
+        *lfd = -1;
+    }
+    int64_t lease = 0;
+    assert_int_equal(moonlet_etcd_lease_grant(e, 60, &lease, NULL), MOONLET_OK);
+    char key[128];
+    snprintf(key, sizeof(key), "/moonlet/%s/leader", cluster);
+    bool won = false;
+    assert_int_equal(moonlet_etcd_txn_put(e, key, MOONLET_ETCD_CREATE_REVISION, 0, addr,
+                                          strlen(addr), lease, &won, NULL, NULL),
+                     MOONLET_OK);
+    assert_true(won);
+    return lease;
+}
+
+/* Fast takeover: the leader's address accepted the standby's probe, then
+ * refuses connections (its process is gone): the standby revokes its lease
+ * and serves one grace later - not after the 60 s the lease had left.
+ * Before, a standby waited for etcd to expire the lease: up to TTL plus
+ * etcd's 500 ms expiry tick after the kill (moonlet-bench ha). */
+static void test_takeover_of_a_gone_leader(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    char addr[64];
+    int lfd;
+    int64_t lease = fake_leader(e, "takeover", true, &lfd, addr, sizeof(addr));
+    moonlet_role *role = NULL;
+    assert_int_equal(moonlet_role_create("127.0.0.1:2", &role), MOONLET_OK);
+    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "takeover",
+                               .advertise = "127.0.0.1:2", .ttl_s = 2};
+    moonlet_election *el = NULL;
+    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
+    /* the standby's probe reaches the leader: it is alive */
+    wait_readable(lfd, 5000);
+    int c = accept(lfd, NULL, NULL);
+    assert_true(c >= 0);
+    close(c);
+    moonlet_role_info ri = {0};
+    moonlet_role_get(role, moonlet_mono_ms(), &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    assert_string_equal(ri.leader, addr);
+    uint64_t gone = moonlet_mono_ms();
+    close(lfd); /* the leader's process is gone */
+    /* serving within a poll, the grace and slack: far less than 60 s */
+    uint64_t deadline = gone + 2000 + 5000;
+    while (moonlet_mono_ms() < deadline) {
+        moonlet_role_get(role, moonlet_mono_ms(), &ri);
+        if (ri.serving)
+            break;
+        usleep(20 * 1000); /* the role has no event to wait on */
+    }
+    assert_true(ri.serving);
+    assert_true(moonlet_mono_ms() - gone >= 2000); /* the grace was kept */
+    int64_t left = -1;
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
+    assert_int_equal(left, 0); /* revoked */
+    moonlet_election_stop(el);
+    moonlet_role_destroy(role);
+    moonlet_etcd_destroy(e);
+}
+
+/* No takeover of an address the standby never reached: a leader whose
+ * advertised address is wrong (or that no probe reached yet) is left to
+ * its lease. */
+static void test_no_takeover_without_a_live_probe(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    char addr[64];
+    int lfd;
+    int64_t lease = fake_leader(e, "notakeover", false, &lfd, addr, sizeof(addr));
+    moonlet_role *role = NULL;
+    assert_int_equal(moonlet_role_create("127.0.0.1:3", &role), MOONLET_OK);
+    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "notakeover",
+                               .advertise = "127.0.0.1:3", .ttl_s = 2};
+    moonlet_election *el = NULL;
+    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
+    /* twenty polls' worth (100 ms each): nothing to wait on for an absence */
+    usleep(2000 * 1000);
+    moonlet_role_info ri = {0};
+    moonlet_role_get(role, moonlet_mono_ms(), &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    assert_string_equal(ri.leader, addr);
+    int64_t left = 0;
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
+    assert_true(left > 0); /* not revoked */
+    moonlet_election_stop(el);
+    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
+    moonlet_role_destroy(role);
+    moonlet_etcd_destroy(e);
+}
+
 int main(void)
 {
     int rc = etcd_fixture_start(&g_etcd);
@@ -277,6 +418,10 @@ int main(void)
         cmocka_unit_test(test_endpoint_failover),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_slow_promotion_keeps_the_lease),
+        cmocka_unit_test(test_poll_interval),
+        cmocka_unit_test(test_probe),
+        cmocka_unit_test(test_takeover_of_a_gone_leader),
+        cmocka_unit_test(test_no_takeover_without_a_live_probe),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     etcd_fixture_stop(&g_etcd);
