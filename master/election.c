@@ -257,11 +257,12 @@ static void standby_poll(moonlet_election *el)
             /* it accepted our probe in this term and now nothing listens there */
             ML_WARN(MOD, "leader %s (epoch %lld) refuses connections: revoking its lease %lld",
                     kv.value, (long long)kv.create_revision, (long long)kv.lease);
-            el->alive_rev = 0;
             int rc = moonlet_etcd_lease_revoke(el->etcd, kv.lease);
             moonlet_etcd_kv_free(&kv);
-            if (rc == MOONLET_OK)
+            if (rc == MOONLET_OK) { /* else the next poll tries again */
+                el->alive_rev = 0;
                 campaign(el);
+            }
             return;
         }
     }
