@@ -16,8 +16,8 @@
  * (0, false, empty) are omitted, so an absent field reads as 0.
  *
  * Watch: not used.  Over the gateway a watch is a long-lived streamed HTTP
- * response; the election polls the leader key instead, every TTL/3 (its
- * bound), which costs one small request per poll.
+ * response; a standby reads the leader key instead, every TTL/20 (100 ms
+ * at a 2 s TTL: moonlet_election_poll_ms), one small read per poll.
  *
  * Threads and locks: one mutex per handle serialises calls (libcurl easy
  * handles are single-threaded); it is a leaf, held for the whole HTTP round
