@@ -48,6 +48,7 @@ struct moonlet_election {
     char advertise[MOONLET_ROLE_ADDR_MAX];
     uint64_t ttl_ms, margin_ms, tick_ms, poll_ms;
     bool takeover;
+    bool (*may_take_over)(void *arg, uint64_t leader_epoch);
     void (*on_deposed)(void *arg);
     int (*on_elected)(void *arg, uint64_t epoch);
     void *arg;
@@ -253,7 +254,9 @@ static void standby_poll(moonlet_election *el)
         int pr = moonlet_election_probe(kv.value, (uint32_t)(el->poll_ms < 200 ? el->poll_ms : 200));
         if (pr > 0) {
             el->alive_rev = (uint64_t)kv.create_revision;
-        } else if (pr == 0 && el->alive_rev == (uint64_t)kv.create_revision) {
+        } else if (pr == 0 && el->alive_rev == (uint64_t)kv.create_revision &&
+                   (!el->may_take_over ||
+                    el->may_take_over(el->arg, (uint64_t)kv.create_revision))) {
             /* it accepted our probe in this term and now nothing listens there */
             ML_WARN(MOD, "leader %s (epoch %lld) refuses connections: revoking its lease %lld",
                     kv.value, (long long)kv.create_revision, (long long)kv.lease);
@@ -354,6 +357,7 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
     el->tick_ms = el->ttl_ms / 3;
     el->poll_ms = moonlet_election_poll_ms(el->ttl_ms);
     el->takeover = !o->no_takeover;
+    el->may_take_over = o->may_take_over;
     el->role = role;
     el->on_deposed = o->on_deposed;
     el->on_elected = o->on_elected;

@@ -28,7 +28,9 @@
  * campaign, so the old leader's window (that send + TTL - margin) closes
  * before the new leader's grace (campaign + TTL) ends; later keepalives
  * fail (lease gone) and depose it.  A partition (no answer, or unreachable)
- * is not a refusal: the lease runs out as before.
+ * is not a refusal: the lease runs out as before.  The owner may refuse a
+ * takeover (opts.may_take_over): the master takes over only when it would
+ * promote with its state (master/ha.c).
  *
  * Threads and locks: its own thread, and while on_elected runs a second
  * one that keeps the lease alive (a slow promotion cannot lose it); el->mu
@@ -63,6 +65,12 @@ typedef struct moonlet_election_opts {
      * as a deposed leader does, then campaigns again).  NULL: none. */
     int (*on_elected)(void *arg, uint64_t epoch);
     bool no_takeover;       /* no fast takeover: a dead leader's lease expires by itself */
+    /* Asked before a fast takeover of the leader of term leader_epoch (the
+     * election's thread): false leaves that leader to its lease.  A
+     * takeover is safe whatever the answer; this keeps a standby that would
+     * promote empty from replacing a leader that only looks gone to it (a
+     * firewall rejecting this standby alone).  NULL: always. */
+    bool (*may_take_over)(void *arg, uint64_t leader_epoch);
 } moonlet_election_opts;
 
 #define MOONLET_ELECTION_DEFAULT_TTL_S 5u

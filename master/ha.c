@@ -139,6 +139,32 @@ static void follower_start(void)
     pthread_mutex_unlock(&g_follower_mu);
 }
 
+/* The election's question before a fast takeover (election.h): only a
+ * standby that would promote with its state - following that leader's
+ * term, consistent, and named in sync for it in etcd - replaces a leader
+ * that refuses its connections, so a leader that merely looks gone to this
+ * standby is never replaced by an empty one.  The election's thread, like
+ * on_elected (the only other user of promo_etcd). */
+static bool may_take_over(void *arg, uint64_t leader_epoch)
+{
+    (void)arg;
+    uint64_t followed = 0;
+    pthread_mutex_lock(&g_follower_mu);
+    bool whole = g_ha.follower && moonlet_repl_follower_restorable(g_ha.follower, &followed);
+    pthread_mutex_unlock(&g_follower_mu);
+    if (!whole || followed != leader_epoch)
+        return false;
+    char want[sizeof(g_ha.advertise) + 32];
+    snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)leader_epoch);
+    moonlet_etcd_kv kv;
+    bool named = false;
+    if (moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
+        named = kv.found && strcmp(kv.value, want) == 0;
+        moonlet_etcd_kv_free(&kv);
+    }
+    return named;
+}
+
 static int on_elected(void *arg, uint64_t epoch)
 {
     (void)arg;
@@ -237,7 +263,10 @@ int moonlet_ha_start(const char *advertise)
                                 .cluster_id = g_ha.opts.cluster_id, .advertise = advertise,
                                 .ttl_s = g_ha.opts.etcd_ttl_s,
                                 .on_deposed = g_ha.opts.on_deposed, .arg = g_ha.opts.arg,
-                                .on_elected = g_ha.log ? on_elected : NULL};
+                                .on_elected = g_ha.log ? on_elected : NULL,
+                                /* without replication a standby promotes
+                                 * empty: it waits for the lease */
+                                .may_take_over = may_take_over};
     int rc = moonlet_election_start(&eo, g_ha.role, &g_ha.el);
     if (rc)
         ML_ERR("master", "cannot start the election on %s: %s", g_ha.opts.etcd_endpoints,

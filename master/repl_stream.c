@@ -1149,6 +1149,23 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     return MOONLET_OK;
 }
 
+/* The state is whole and in step: it replayed past its snapshot's end and
+ * applied without divergence since (a connection dropped since does not
+ * change that).  smu held. */
+static bool restorable_locked(const moonlet_repl_follower *f)
+{
+    return !f->handed && !f->diverged && f->from >= f->consistent_at && f->consistent_at > 0;
+}
+
+bool moonlet_repl_follower_restorable(moonlet_repl_follower *f, uint64_t *epoch)
+{
+    pthread_mutex_lock(&f->smu);
+    bool ok = restorable_locked(f);
+    *epoch = ok ? f->st_epoch : 0;
+    pthread_mutex_unlock(&f->smu);
+    return ok;
+}
+
 moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *consistent,
                                                uint64_t *epoch)
 {
@@ -1158,8 +1175,8 @@ moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *c
      * once handed, the thread leaves it alone and ends at its next check. */
     pthread_mutex_lock(&f->smu);
     bool was = f->handed;
+    *consistent = restorable_locked(f);
     f->handed = true;
-    *consistent = !was && !f->diverged && f->from >= f->consistent_at && f->consistent_at > 0;
     *epoch = was ? 0 : f->st_epoch;
     moonlet_repl_state *st = f->st;
     f->st = NULL;

@@ -152,6 +152,10 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
 moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *consistent,
                                                uint64_t *epoch);
 void moonlet_repl_follower_destroy(moonlet_repl_follower *f);
+/* What a stop now would report as consistent, without stopping: true (and
+ * *epoch, the leader epoch of its snapshot) when the state could be
+ * restored.  A fast takeover asks it (master/ha.c). */
+bool moonlet_repl_follower_restorable(moonlet_repl_follower *f, uint64_t *epoch);
 
 typedef struct moonlet_repl_follower_status {
     char leader[MOONLET_ROLE_ADDR_MAX];

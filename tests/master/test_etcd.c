@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include <poll.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -399,6 +400,64 @@ static void test_no_takeover_without_a_live_probe(void **state)
     moonlet_etcd_destroy(e);
 }
 
+/* The owner's veto (opts.may_take_over: the master's "would I promote with
+ * my state"): asked with the leader's epoch once its address refuses
+ * connections, and while it says no, the lease is left alone. */
+struct veto {
+    atomic_int asked;
+    atomic_ullong epoch;
+};
+
+static bool veto_takeover(void *arg, uint64_t leader_epoch)
+{
+    struct veto *v = arg;
+    atomic_store(&v->epoch, leader_epoch);
+    atomic_fetch_add(&v->asked, 1);
+    return false;
+}
+
+static void test_takeover_vetoed(void **state)
+{
+    moonlet_etcd *e = client(g_etcd.url);
+    char addr[64];
+    int lfd;
+    int64_t lease = fake_leader(e, "veto", true, &lfd, addr, sizeof(addr));
+    moonlet_role *role = NULL;
+    assert_int_equal(moonlet_role_create("127.0.0.1:4", &role), MOONLET_OK);
+    struct veto v = {0};
+    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "veto",
+                               .advertise = "127.0.0.1:4", .ttl_s = 2,
+                               .may_take_over = veto_takeover, .arg = &v};
+    moonlet_election *el = NULL;
+    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
+    wait_readable(lfd, 5000); /* its probe: the leader is alive */
+    int c = accept(lfd, NULL, NULL);
+    assert_true(c >= 0);
+    close(c);
+    close(lfd); /* gone */
+    /* three refused probes, each vetoed (bounded: 100 polls) */
+    for (int i = 0; i < 100 && atomic_load(&v.asked) < 3; i++)
+        usleep(100 * 1000); /* the veto's count is the event; no fd to wait on */
+    assert_true(atomic_load(&v.asked) >= 3);
+    moonlet_etcd_kv kv;
+    char key[64];
+    snprintf(key, sizeof(key), "/moonlet/veto/leader");
+    assert_int_equal(moonlet_etcd_get(e, key, &kv, NULL), MOONLET_OK);
+    assert_true(kv.found);
+    assert_int_equal(atomic_load(&v.epoch), (uint64_t)kv.create_revision);
+    moonlet_etcd_kv_free(&kv);
+    int64_t left = 0;
+    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
+    assert_true(left > 0); /* not revoked */
+    moonlet_role_info ri = {0};
+    moonlet_role_get(role, moonlet_mono_ms(), &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    moonlet_election_stop(el);
+    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
+    moonlet_role_destroy(role);
+    moonlet_etcd_destroy(e);
+}
+
 int main(void)
 {
     int rc = etcd_fixture_start(&g_etcd);
@@ -422,6 +481,7 @@ int main(void)
         cmocka_unit_test(test_probe),
         cmocka_unit_test(test_takeover_of_a_gone_leader),
         cmocka_unit_test(test_no_takeover_without_a_live_probe),
+        cmocka_unit_test(test_takeover_vetoed),
     };
     rc = cmocka_run_group_tests(tests, NULL, NULL);
     etcd_fixture_stop(&g_etcd);
