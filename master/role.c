@@ -26,6 +26,11 @@ struct moonlet_role {
     char advertise[MOONLET_ROLE_ADDR_MAX];
     bool logged_begin;            /* the current term's begin line was written */
     uint64_t logged_epoch;
+    /* the window (epoch, serve_from) whose end line was written, and the end
+     * written: a later tick logs its begin again only if a renewal moved
+     * the end past it (a keepalive sent before the end whose reply came
+     * after it), and then from that end */
+    uint64_t ended_epoch, ended_from, ended_until;
 };
 
 int moonlet_role_create(const char *advertise, moonlet_role **out)
@@ -74,16 +79,21 @@ static void tick_locked(moonlet_role *r, uint64_t now_ms)
     uint64_t until = atomic_load(&r->serve_until);
     uint64_t from = atomic_load(&r->serve_from);
     uint64_t epoch = atomic_load(&r->epoch);
-    if (!r->logged_begin && until && from <= now_ms && from < until) {
+    bool ended = epoch == r->ended_epoch && from == r->ended_from;
+    if (!r->logged_begin && until && from <= now_ms && from < until &&
+        !(ended && until <= r->ended_until)) {
         r->logged_begin = true;
         r->logged_epoch = epoch;
         ML_INFO("ha", "serving begin epoch=%llu mono_ms=%llu", (unsigned long long)epoch,
-                (unsigned long long)from);
+                (unsigned long long)(ended ? r->ended_until : from));
     }
     if (r->logged_begin && (!until || until <= now_ms)) {
         /* the window's end: no reply was served at or after it */
         uint64_t end = until ? until : now_ms;
         r->logged_begin = false;
+        r->ended_epoch = r->logged_epoch;
+        r->ended_from = from;
+        r->ended_until = end;
         ML_INFO("ha", "serving end epoch=%llu mono_ms=%llu", (unsigned long long)r->logged_epoch,
                 (unsigned long long)end);
     }
