@@ -324,6 +324,28 @@ static int64_t fake_leader(moonlet_etcd *e, const char *cluster, bool listening,
     return lease;
 }
 
+/* The fake leader's side of one standby probe: a connection accepted and
+ * closed (bounded wait). */
+static void answer_probe(int lfd)
+{
+    wait_readable(lfd, 5000);
+    int c = accept(lfd, NULL, NULL);
+    assert_true(c >= 0);
+    close(c);
+}
+
+/* A standby on etcd for the fake leader's cluster: its role (advertising
+ * o.advertise) and its election, started with o (TTL 2 s). */
+static moonlet_election *standby_of(moonlet_election_opts o, moonlet_role **role)
+{
+    o.endpoints = g_etcd.url;
+    o.ttl_s = 2;
+    assert_int_equal(moonlet_role_create(o.advertise, role), MOONLET_OK);
+    moonlet_election *el = NULL;
+    assert_int_equal(moonlet_election_start(&o, *role, &el), MOONLET_OK);
+    return el;
+}
+
 /* Fast takeover: the leader's address accepted the standby's probe, then
  * refuses connections (its process is gone): the standby revokes its lease
  * and serves one grace later - not after the 60 s the lease had left.
@@ -336,16 +358,9 @@ static void test_takeover_of_a_gone_leader(void **state)
     int lfd;
     int64_t lease = fake_leader(e, "takeover", true, &lfd, addr, sizeof(addr));
     moonlet_role *role = NULL;
-    assert_int_equal(moonlet_role_create("127.0.0.1:2", &role), MOONLET_OK);
-    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "takeover",
-                               .advertise = "127.0.0.1:2", .ttl_s = 2};
-    moonlet_election *el = NULL;
-    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
-    /* the standby's probe reaches the leader: it is alive */
-    wait_readable(lfd, 5000);
-    int c = accept(lfd, NULL, NULL);
-    assert_true(c >= 0);
-    close(c);
+    moonlet_election *el = standby_of(
+        (moonlet_election_opts){.cluster_id = "takeover", .advertise = "127.0.0.1:2"}, &role);
+    answer_probe(lfd); /* the standby's probe reaches the leader: it is alive */
     moonlet_role_info ri = {0};
     moonlet_role_get(role, moonlet_mono_ms(), &ri);
     assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
@@ -380,11 +395,8 @@ static void test_no_takeover_without_a_live_probe(void **state)
     int lfd;
     int64_t lease = fake_leader(e, "notakeover", false, &lfd, addr, sizeof(addr));
     moonlet_role *role = NULL;
-    assert_int_equal(moonlet_role_create("127.0.0.1:3", &role), MOONLET_OK);
-    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "notakeover",
-                               .advertise = "127.0.0.1:3", .ttl_s = 2};
-    moonlet_election *el = NULL;
-    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
+    moonlet_election *el = standby_of(
+        (moonlet_election_opts){.cluster_id = "notakeover", .advertise = "127.0.0.1:3"}, &role);
     /* twenty polls' worth (100 ms each): nothing to wait on for an absence */
     usleep(2000 * 1000);
     moonlet_role_info ri = {0};
@@ -423,17 +435,12 @@ static void test_takeover_vetoed(void **state)
     int lfd;
     int64_t lease = fake_leader(e, "veto", true, &lfd, addr, sizeof(addr));
     moonlet_role *role = NULL;
-    assert_int_equal(moonlet_role_create("127.0.0.1:4", &role), MOONLET_OK);
     struct veto v = {0};
-    moonlet_election_opts o = {.endpoints = g_etcd.url, .cluster_id = "veto",
-                               .advertise = "127.0.0.1:4", .ttl_s = 2,
-                               .may_take_over = veto_takeover, .arg = &v};
-    moonlet_election *el = NULL;
-    assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
-    wait_readable(lfd, 5000); /* its probe: the leader is alive */
-    int c = accept(lfd, NULL, NULL);
-    assert_true(c >= 0);
-    close(c);
+    moonlet_election *el = standby_of(
+        (moonlet_election_opts){.cluster_id = "veto", .advertise = "127.0.0.1:4",
+                                .may_take_over = veto_takeover, .arg = &v},
+        &role);
+    answer_probe(lfd); /* its probe: the leader is alive */
     close(lfd); /* gone */
     /* three refused probes, each vetoed (bounded: 100 polls) */
     for (int i = 0; i < 100 && atomic_load(&v.asked) < 3; i++)

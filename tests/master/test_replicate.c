@@ -1044,7 +1044,8 @@ static void pack_push(msgpack_packer *pk, const void *arg)
 /* Serves the follower's way in: ReplPort on one connection, then
  * ReplSnapshot and ReplStream on the replication connection, which it
  * returns (the same listener serves both ports). */
-static int fake_leader_accept(int lfd, uint16_t port)
+static int fake_leader_accept_with(int lfd, uint16_t port,
+                                   void (*snapshot)(msgpack_packer *, const void *))
 {
     wait_readable(lfd, 5000);
     int main_fd = accept(lfd, NULL, NULL);
@@ -1057,10 +1058,16 @@ static int fake_leader_accept(int lfd, uint16_t port)
     assert_true(fd >= 0);
     close(main_fd);
     assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_SNAPSHOT);
-    fake_reply(fd, id, pack_empty_snapshot, NULL);
+    fake_reply(fd, id, snapshot, NULL);
+    /* ReplStream comes once the snapshot is applied */
     assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_STREAM);
     fake_reply(fd, id, pack_stream_open, NULL);
     return fd;
+}
+
+static int fake_leader_accept(int lfd, uint16_t port)
+{
+    return fake_leader_accept_with(lfd, port, pack_empty_snapshot);
 }
 
 /* The follower acknowledges a push in order, and drops the stream on any
@@ -1141,21 +1148,7 @@ static void test_snapshot_carries_leader_clock(void **state)
     moonlet_role *role;
     int lfd;
     moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
-    wait_readable(lfd, 5000);
-    int main_fd = accept(lfd, NULL, NULL);
-    assert_true(main_fd >= 0);
-    uint64_t id;
-    assert_int_equal(fake_request(main_fd, &id), MOONLET_M_REPL_PORT);
-    fake_reply(main_fd, id, pack_port, &port);
-    wait_readable(lfd, 5000);
-    int fd = accept(lfd, NULL, NULL);
-    assert_true(fd >= 0);
-    close(main_fd);
-    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_SNAPSHOT);
-    fake_reply(fd, id, pack_snapshot_with_clock, NULL);
-    /* ReplStream comes once the snapshot is applied */
-    assert_int_equal(fake_request(fd, &id), MOONLET_M_REPL_STREAM);
-    fake_reply(fd, id, pack_stream_open, NULL);
+    int fd = fake_leader_accept_with(lfd, port, pack_snapshot_with_clock);
     bool consistent = false;
     uint64_t epoch = 0;
     moonlet_repl_state *st = moonlet_repl_follower_stop(f, &consistent, &epoch);
