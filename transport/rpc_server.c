@@ -187,6 +187,7 @@ struct moonlet_rpc_server {
     char *token;
     size_t token_len;
     const moonlet_rpc_method **table; /* indexed by method id */
+    _Atomic uint64_t *calls;          /* requests served per method id (table_len) */
     uint32_t table_len;
     moonlet_rpc_method *methods;
     void *ctx;
@@ -391,6 +392,7 @@ static void serve_request(conn *c, const moonlet_request *req)
         reply_error(c, req->id, MOONLET_ERR_INVALID_PARAMS, "unknown method %u", req->method);
         return;
     }
+    atomic_fetch_add_explicit(&s->calls[req->method], 1, memory_order_relaxed);
     call_handler(c, m, req);
 }
 
@@ -1141,8 +1143,9 @@ static int build_method_table(moonlet_rpc_server *s, const moonlet_rpc_server_op
     }
     s->table_len = max_id + 1;
     s->table = calloc(s->table_len, sizeof(*s->table));
+    s->calls = calloc(s->table_len, sizeof(*s->calls));
     s->methods = calloc(o->nmethods ? o->nmethods : 1, sizeof(*s->methods));
-    if (s->table == NULL || s->methods == NULL)
+    if (s->table == NULL || s->calls == NULL || s->methods == NULL)
         return MOONLET_ERR_INTERNAL_ERROR;
     for (size_t i = 0; i < o->nmethods; i++) {
         s->methods[i] = o->methods[i];
@@ -1243,6 +1246,13 @@ size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s)
     return atomic_load(&((moonlet_rpc_server *)s)->nconns);
 }
 
+uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method)
+{
+    if (method >= s->table_len)
+        return 0;
+    return atomic_load_explicit(&((moonlet_rpc_server *)s)->calls[method], memory_order_relaxed);
+}
+
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s)
 {
     return atomic_load(&((moonlet_rpc_server *)s)->yields);
@@ -1306,6 +1316,7 @@ void moonlet_rpc_server_destroy(moonlet_rpc_server *s)
     close_fd(&s->reserve_fd);
     free(s->loops);
     free(s->table);
+    free(s->calls);
     free(s->methods);
     if (s->token)
         memset(s->token, 0, s->token_len);

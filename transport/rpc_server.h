@@ -164,6 +164,9 @@ void moonlet_rpc_server_stop(moonlet_rpc_server *s);
 void moonlet_rpc_server_destroy(moonlet_rpc_server *s);
 /* Number of currently open connections. */
 size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
+/* Requests of `method` handed to its handler so far (decoded, authenticated,
+ * known method; whatever the handler answered).  0 for an unknown id. */
+uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method);
 /* How many times the loops yielded their core (opts.yield_after_us). */
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s);
 
