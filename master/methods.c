@@ -104,6 +104,24 @@ static const moonlet_rpc_arg batch_probe_args[] = {
     {ARG(moonlet_args_batch_probe, keys, STRS, BATCH)},
 };
 
+static const moonlet_rpc_arg batch_put_start_args[] = {
+    {ARG(moonlet_args_batch_put_start, tenant, STR, 0)},
+    {ARG(moonlet_args_batch_put_start, keys, STRS, BATCH)},
+    {ARG(moonlet_args_batch_put_start, sizes, U64S, BATCH)},
+    {ARG(moonlet_args_batch_put_start, replica_num, U64, 0), .max = UINT32_MAX},
+    {ARG(moonlet_args_batch_put_start, soft_pin, BOOL, 0)},
+    {ARG(moonlet_args_batch_put_start, preferred_segments, STRS, OPT),
+     .max = MOONLET_MAX_PREFERRED, .elem_max = ID_MAX},
+    {ARG(moonlet_args_batch_put_start, hard_pin, BOOL, OPT)},
+    {ARG(moonlet_args_batch_put_start, soft_pin_ttl_ms, U64, OPT)},
+};
+
+static const moonlet_rpc_arg batch_put_end_args[] = {
+    {ARG(moonlet_args_batch_put_end, tenant, STR, 0)},
+    {ARG(moonlet_args_batch_put_end, keys, STRS, BATCH)},
+    {ARG(moonlet_args_batch_put_end, checksums, U64S, OPT | BATCH)},
+};
+
 static const moonlet_rpc_arg list_keys_args[] = {
     {ARG(moonlet_args_list_keys, tenant, STR, 0)},
     {ARG(moonlet_args_list_keys, prefix, STR, 0)},
@@ -175,6 +193,8 @@ SPEC(s_remove, moonlet_args_remove, remove_args);
 SPEC(s_remove_all, moonlet_args_remove_all, remove_all_args);
 SPEC(s_batch_exist, moonlet_args_batch_exist, batch_exist_args);
 SPEC(s_batch_probe, moonlet_args_batch_probe, batch_probe_args);
+SPEC(s_batch_put_start, moonlet_args_batch_put_start, batch_put_start_args);
+SPEC(s_batch_put_end, moonlet_args_batch_put_end, batch_put_end_args);
 SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
@@ -220,6 +240,10 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_REPL_PORT, "ReplPort", &s_none},
     {MOONLET_M_REPL_STREAM, "ReplStream", &s_repl_stream},
     {MOONLET_M_REPL_ACK, "ReplAck", &s_repl_ack},
+    {MOONLET_M_BATCH_PUT_START, "BatchPutStart", &s_batch_put_start},
+    {MOONLET_M_BATCH_PUT_END, "BatchPutEnd", &s_batch_put_end},
+    {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_exist},
+    {MOONLET_M_BATCH_GET_REPLICA_LIST, "BatchGetReplicaList", &s_batch_exist},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

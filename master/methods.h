@@ -54,6 +54,11 @@ enum moonlet_method {
     MOONLET_M_REPL_PORT = 31,     /* where the leader serves ReplSnapshot / ReplStream */
     MOONLET_M_REPL_STREAM = 32,   /* a standby turns its connection into the record stream */
     MOONLET_M_REPL_ACK = 33,      /* on the stream only: the standby's position */
+    /* The per-key calls of a batch in one request each, per-key results. */
+    MOONLET_M_BATCH_PUT_START = 34,
+    MOONLET_M_BATCH_PUT_END = 35,
+    MOONLET_M_BATCH_PUT_REVOKE = 36,
+    MOONLET_M_BATCH_GET_REPLICA_LIST = 37,
     MOONLET_M__COUNT
 };
 
@@ -132,6 +137,27 @@ typedef struct {
     uint64_t lease_mode, candidate_size;
     moonlet_strv keys;
 } moonlet_args_batch_probe;
+
+/* BatchPutStart: PutStart of every key, with one set of options. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str tenant;
+    moonlet_strv keys;
+    moonlet_u64v sizes; /* one per key */
+    uint64_t replica_num;
+    bool soft_pin;
+    moonlet_strv preferred_segments; /* optional */
+    bool hard_pin;                   /* optional */
+    uint64_t soft_pin_ttl_ms;        /* optional; 0: the master's default */
+} moonlet_args_batch_put_start;
+
+/* BatchPutEnd: PutEnd of every key; checksums (optional): one per key. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str tenant;
+    moonlet_strv keys;
+    moonlet_u64v checksums;
+} moonlet_args_batch_put_end;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

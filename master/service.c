@@ -246,12 +246,21 @@ static void side_array_init(struct side_array *sa)
     sa->count = 0;
 }
 
-/* Packs array(count) followed by the side buffer's bytes into out. */
-static void side_array_flush(struct side_array *sa, msgpack_packer *out)
+/* Packs array(count) followed by the side buffer's bytes into out, and
+ * empties the side array for the next visit (a batch's next key). */
+static void side_array_emit(struct side_array *sa, msgpack_packer *out)
 {
     msgpack_pack_array(out, sa->count);
     if (sa->buf.size)
         out->callback(out->data, sa->buf.data, sa->buf.size);
+    sa->buf.size = 0;
+    sa->count = 0;
+}
+
+/* side_array_emit, then frees the side buffer. */
+static void side_array_flush(struct side_array *sa, msgpack_packer *out)
+{
+    side_array_emit(sa, out);
     msgpack_sbuffer_destroy(&sa->buf);
 }
 
@@ -459,6 +468,110 @@ HANDLER(h_get_replicas, moonlet_args_key)
     msgpack_pack_uint64(out, ttl);
     side_array_flush(&rp.a, out);
     has_ck ? msgpack_pack_uint64(out, checksum) : msgpack_pack_nil(out); /* XXH3-64, nil: none */
+    return MOONLET_OK;
+}
+
+/* ---- batches of the put and get calls ------------------------------------------- */
+
+/* The per-key calls of a batch, each as its single call does it, one
+ * request for all: one bad key gets its own code and never fails the batch.
+ * Results are an array of one entry per key, in order: the single call's
+ * result, or its error code (a negative integer).  Under HA the batch is one
+ * write (semi_sync): one standby wait for all its records. */
+
+/* Per-key codes: 0 or a negative error code. */
+static void pack_codes(msgpack_packer *out, const int32_t *r, size_t n)
+{
+    msgpack_pack_array(out, (uint32_t)n);
+    for (size_t i = 0; i < n; i++)
+        msgpack_pack_int32(out, r[i]);
+}
+
+HANDLER(h_batch_put_start, moonlet_args_batch_put_start)
+{
+    uint32_t n = a->keys.n;
+    if (a->sizes.n != n)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutStart: %u sizes for "
+                                 "%u keys (one size per key)", a->sizes.n, n);
+    bool covered = false, all_covered = n > 0;
+    moonlet_master_put_opts po = {.replica_num = (uint32_t)a->replica_num, .soft_pin = a->soft_pin,
+                                  .preferred = a->preferred_segments.v,
+                                  .npreferred = a->preferred_segments.n, .hard_pin = a->hard_pin,
+                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms, .covered = &covered};
+    struct replica_pack rp;
+    replica_pack_init(&rp, false, true);
+    msgpack_pack_array(out, n);
+    for (uint32_t i = 0; i < n; i++) {
+        covered = false;
+        int rc = moonlet_master_put_start_opts(M(ctx), a->tenant, a->keys.v[i], a->sizes.v[i], &po,
+                                               replica_pack_visit, &rp);
+        all_covered &= rc == MOONLET_OK && covered;
+        if (rc) {
+            rp.a.buf.size = 0; /* what a failed call visited, if anything */
+            rp.a.count = 0;
+            msgpack_pack_int32(out, rc);
+        } else {
+            side_array_emit(&rp.a, out); /* [replica...], as PutStart's */
+        }
+    }
+    msgpack_sbuffer_destroy(&rp.a.buf);
+    t_put_covered = all_covered; /* every put in reserved ranges: no standby wait */
+    return MOONLET_OK;
+}
+
+HANDLER(h_batch_put_end, moonlet_args_batch_put_end)
+{
+    uint32_t n = a->keys.n;
+    bool with_ck = a->nargs > 2;
+    if (with_ck && a->checksums.n != n)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutEnd: %u checksums for "
+                                 "%u keys (one per key, or none)", a->checksums.n, n);
+    int32_t *r = results_alloc(ctx, n);
+    if (!r)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    for (uint32_t i = 0; i < n; i++)
+        r[i] = moonlet_master_put_end(M(ctx), a->tenant, a->keys.v[i],
+                                      with_ck ? &a->checksums.v[i] : NULL);
+    pack_codes(out, r, n);
+    return MOONLET_OK;
+}
+
+HANDLER(h_batch_put_revoke, moonlet_args_batch_exist)
+{
+    int32_t *r = results_alloc(ctx, a->keys.n);
+    if (!r)
+        return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
+    for (uint32_t i = 0; i < a->keys.n; i++)
+        r[i] = moonlet_master_put_revoke(M(ctx), a->tenant, a->keys.v[i]);
+    pack_codes(out, r, a->keys.n);
+    return MOONLET_OK;
+}
+
+/* Per key: GetReplicaList's result (a lease granted, as it grants one) or
+ * its error code. */
+HANDLER(h_batch_get_replicas, moonlet_args_batch_exist)
+{
+    struct replica_pack rp;
+    replica_pack_init(&rp, false, false);
+    msgpack_pack_array(out, a->keys.n);
+    for (uint32_t i = 0; i < a->keys.n; i++) {
+        uint64_t size = 0, ttl = 0, checksum = 0;
+        bool has_ck = false;
+        int rc = moonlet_master_get_replica_list_ck(M(ctx), a->tenant, a->keys.v[i], &size, &ttl,
+                                                    &has_ck, &checksum, replica_pack_visit, &rp);
+        if (rc) {
+            rp.a.buf.size = 0;
+            rp.a.count = 0;
+            msgpack_pack_int32(out, rc);
+            continue;
+        }
+        msgpack_pack_array(out, 4);
+        msgpack_pack_uint64(out, size);
+        msgpack_pack_uint64(out, ttl);
+        side_array_emit(&rp.a, out);
+        has_ck ? msgpack_pack_uint64(out, checksum) : msgpack_pack_nil(out);
+    }
+    msgpack_sbuffer_destroy(&rp.a.buf);
     return MOONLET_OK;
 }
 
@@ -726,8 +839,20 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, NFIELDS(stats_fields));
+    msgpack_pack_map(out, NFIELDS(stats_fields) + 1);
     pack_fields(out, &st, stats_fields, NFIELDS(stats_fields));
+    /* "calls": {method name: requests served}, the methods called so far */
+    uint64_t calls[MOONLET_M__COUNT]; /* one snapshot: the map's size and entries agree */
+    uint32_t ncalled = 0;
+    for (size_t i = 0; i < moonlet_master_nmethods; i++) {
+        calls[i] = moonlet_rpc_server_calls(SVC(ctx)->rpc, moonlet_master_methods[i].id);
+        ncalled += calls[i] != 0;
+    }
+    moonlet_pack_key(out, "calls");
+    msgpack_pack_map(out, ncalled);
+    for (size_t i = 0; i < moonlet_master_nmethods; i++)
+        if (calls[i])
+            pack_u64_kv(out, moonlet_master_methods[i].name, calls[i]);
     return MOONLET_OK;
 }
 
@@ -961,6 +1086,9 @@ static bool is_write(uint32_t id)
     case MOONLET_M_REMOVE_ALL:
     case MOONLET_M_PUT_REPLACE_REPLICA:
     case MOONLET_M_REPAIR_FETCH: /* the targets' QUAR records (repair.c) */
+    case MOONLET_M_BATCH_PUT_START:
+    case MOONLET_M_BATCH_PUT_END:
+    case MOONLET_M_BATCH_PUT_REVOKE:
         return true;
     default:
         return false;
@@ -976,7 +1104,8 @@ static int semi_sync(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_p
     size_t mark = moonlet_rpc_result_mark(ctx);
     t_put_covered = false;
     int rc = g_handlers[ctx->method](ctx, args, out);
-    if (rc == MOONLET_OK && ctx->method == MOONLET_M_PUT_START && t_put_covered)
+    if (rc == MOONLET_OK && t_put_covered &&
+        (ctx->method == MOONLET_M_PUT_START || ctx->method == MOONLET_M_BATCH_PUT_START))
         return rc; /* its ranges were reserved on the standby: nothing to wait for */
     int w = moonlet_repl_log_wait(SVC(ctx)->repl);
     if (w) { /* not acknowledged: the handler's result gives way to the error */
@@ -1042,7 +1171,34 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_UNDRAIN] = h_undrain,
     [MOONLET_M_HELLO] = h_hello,
     [MOONLET_M_REPL_PORT] = h_repl_port,
+    [MOONLET_M_BATCH_PUT_START] = h_batch_put_start,
+    [MOONLET_M_BATCH_PUT_END] = h_batch_put_end,
+    [MOONLET_M_BATCH_PUT_REVOKE] = h_batch_put_revoke,
+    [MOONLET_M_BATCH_GET_REPLICA_LIST] = h_batch_get_replicas,
 };
+
+/* Whether `name` is an item of the comma-separated `list` (NULL: none). */
+static bool name_listed(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == len && memcmp(p, name, len) == 0)
+            return true;
+        p = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
+/* Items of a comma-separated list (NULL: 0). */
+static size_t names_in(const char *list)
+{
+    size_t n = list ? 1 : 0;
+    for (const char *p = list; p && *p; p++)
+        n += *p == ',';
+    return n;
+}
 
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
                                  moonlet_master_service **out)
@@ -1056,16 +1212,15 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     s->follower_status = opts->follower_status;
     s->max_batch_keys = opts->max_batch_keys ? opts->max_batch_keys : MOONLET_DEFAULT_MAX_BATCH_KEYS;
     s->max_frame = opts->max_frame ? opts->max_frame : MOONLET_DEFAULT_MAX_FRAME;
-    /* the server's table: the declared methods with a handler, but the disabled one */
+    /* the server's table: the declared methods with a handler, but the disabled ones */
     s->methods = calloc(moonlet_master_nmethods, sizeof(*s->methods));
-    size_t ntable = 0;
-    bool disabled_found = false;
+    size_t ntable = 0, ndisabled = 0;
     for (size_t i = 0; s->methods && i < moonlet_master_nmethods; i++) {
         const moonlet_rpc_method_decl *d = &moonlet_master_methods[i];
         if (!g_handlers[d->id])
             continue;
-        if (opts->disabled_method && strcmp(d->name, opts->disabled_method) == 0) {
-            disabled_found = true;
+        if (name_listed(opts->disabled_method, d->name)) {
+            ndisabled++;
             continue;
         }
         /* with HA, everything but Echo and Hello passes the leader gate */
@@ -1073,7 +1228,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         s->methods[ntable++] =
             (moonlet_rpc_method){d->id, d->name, gate ? gated : g_handlers[d->id], d->spec};
     }
-    if (!s->methods || (opts->disabled_method && !disabled_found)) {
+    if (!s->methods || ndisabled != names_in(opts->disabled_method)) {
         int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
         free(s->methods);
         free(s);

@@ -29,8 +29,9 @@ typedef struct moonlet_service_opts {
     uint32_t auth_timeout_ms;
     uint32_t frame_timeout_ms;
     uint32_t idle_timeout_ms;
-    /* A method name (as in the method table, e.g. "ProbeResume") answered as
-     * an unknown method, as a master that predates it would: for
+    /* Method names, comma-separated (as in the method table, e.g.
+     * "ProbeResume" or "BatchPutStart,BatchGetReplicaList") answered as
+     * unknown methods, as a master that predates them would: for
      * compatibility tests and benchmarks.  NULL: none.  INVALID_PARAMS for
      * a name the table does not hold. */
     const char *disabled_method;

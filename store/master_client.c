@@ -73,7 +73,18 @@ struct moonlet_master_client {
     bool bound;                /* the current connection holds ident_id */
     uint64_t conns;            /* connections made so far */
     uint64_t no_resume_conn;   /* that connection's master lacks ProbeResume (0: none seen) */
+    uint64_t no_batch_conn;    /* that connection's master lacks the batch put/get methods */
 };
+
+/* The methods a master older than them may not know (the batch put/get
+ * calls): such a master answers "unknown method", which becomes
+ * INVALID_VERSION and is remembered for the connection, so later calls on
+ * it fail at once without a round trip and the caller makes the single
+ * calls instead (a new connection asks again). */
+static bool mc_optional_method(uint32_t method)
+{
+    return method >= MOONLET_M_BATCH_PUT_START && method <= MOONLET_M_BATCH_GET_REPLICA_LIST;
+}
 
 uint32_t moonlet_mc_backoff_ms(uint32_t base_ms, uint32_t cap_ms, unsigned failures)
 {
@@ -510,6 +521,8 @@ static msgpack_packer *mc_begin_args_(moonlet_master_client *mc, uint32_t method
 #define mc_begin_args(mc, method, st, min_nargs, rc)                                           \
     mc_begin_args_(mc, method, st, sizeof(*(st)), min_nargs, rc)
 
+static bool unknown_method(const moonlet_reply *rep);
+
 /* Reads a successful call's result into arg: 0 or RPC_FAIL (or INTERNAL_ERROR). */
 typedef int (*mc_decode_fn)(const msgpack_object *result, void *arg);
 
@@ -523,12 +536,21 @@ static int mc_call_(moonlet_master_client *mc, uint32_t method, const void *st, 
         int rc;
         bool sent = false;
         if (mc_begin_args_(mc, method, st, st_size, min_nargs, &rc)) {
+            if (mc_optional_method(method) && mc->no_batch_conn == mc->conns) {
+                pthread_mutex_unlock(&mc->mu); /* the request begun is discarded by the next begin */
+                return MOONLET_ERR_INVALID_VERSION;
+            }
             moonlet_reply rep;
             bool have;
             sent = true;
             rc = mc_finish(mc, &rep, &have);
-            if (rc == 0 && decode)
+            if (rc == 0 && decode) {
                 rc = decode(rep.result, arg);
+            } else if (rc == MOONLET_ERR_INVALID_PARAMS && have && mc_optional_method(method) &&
+                       unknown_method(&rep)) {
+                mc->no_batch_conn = mc->conns;
+                rc = MOONLET_ERR_INVALID_VERSION;
+            }
             mc_end(mc, &rep, have);
         }
         /* Repeat only what no serving master did: NOT_LEADER (or a stale
@@ -838,6 +860,130 @@ int moonlet_mc_batch_probe_key(moonlet_master_client *mc, const char *tenant,
                                   .keys = mstrv(keys, n)};
     mc_results res = {n, results};
     return mc_call(mc, MOONLET_M_BATCH_PROBE_KEY, &a, 0, decode_batch, &res);
+}
+
+/* ---- batches of the put and get calls ------------------------------------------ */
+
+/* Key i's entry of a batch reply: a negative code, or its result decoded by
+ * `one` into *item.  RPC_FAIL for anything else. */
+static int decode_entry(const msgpack_object *e, int32_t *result,
+                        int (*one)(const msgpack_object *, void *), void *item)
+{
+    if (e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && e->via.i64 >= INT32_MIN) {
+        *result = (int32_t)e->via.i64;
+        return MOONLET_OK;
+    }
+    if (e->type != MSGPACK_OBJECT_ARRAY)
+        return MOONLET_ERR_RPC_FAIL;
+    *result = MOONLET_OK;
+    return one(e, item);
+}
+
+/* A batch's replica lists and per-key results, as decoded. */
+typedef struct mc_batch_lists {
+    size_t n;
+    const uint64_t *sizes; /* BatchPutStart: each put's size (the reply does not repeat it) */
+    bool with_meta;        /* BatchGetReplicaList: [size, lease_ttl_ms, [replica...], checksum] */
+    moonlet_replica_list *lists;
+    int32_t *results;
+} mc_batch_lists;
+
+static int decode_replica_list(const msgpack_object *r, void *list);
+
+static int decode_batch_lists(const msgpack_object *arr, void *arg)
+{
+    mc_batch_lists *b = arg;
+    if (arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != b->n)
+        return MOONLET_ERR_RPC_FAIL;
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->sizes)
+            b->lists[i].size = b->sizes[i];
+        int rc = decode_entry(&arr->via.array.ptr[i], &b->results[i],
+                              b->with_meta ? decode_replica_list : decode_replicas, &b->lists[i]);
+        if (rc) { /* a malformed reply: nothing of it is kept */
+            for (size_t k = 0; k <= i; k++)
+                moonlet_replica_list_free(&b->lists[k]);
+            return rc;
+        }
+    }
+    return MOONLET_OK;
+}
+
+/* Per-key codes: 0 or negative. */
+static int decode_codes(const msgpack_object *arr, void *arg)
+{
+    mc_results *res = arg;
+    if (arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != res->n)
+        return MOONLET_ERR_RPC_FAIL;
+    for (size_t i = 0; i < res->n; i++) {
+        const msgpack_object *o = &arr->via.array.ptr[i];
+        if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER && o->via.u64 == 0)
+            res->r[i] = MOONLET_OK;
+        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && o->via.i64 >= INT32_MIN)
+            res->r[i] = (int32_t)o->via.i64;
+        else
+            return MOONLET_ERR_RPC_FAIL;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_mc_batch_put_start(moonlet_master_client *mc, const char *tenant,
+                               const char *const *keys, const uint64_t *sizes, size_t n,
+                               uint32_t replica_num, bool soft_pin, const moonlet_mc_put_extra *x,
+                               moonlet_replica_list *lists, int32_t *results)
+{
+    if (n && (!keys || !sizes || !lists || !results))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memset(lists, 0, n * sizeof(*lists));
+    if (n > UINT32_MAX || (x && ((x->npreferred && !x->preferred) || x->npreferred > UINT32_MAX)))
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_put_start a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n),
+                                      .sizes = {sizes, (uint32_t)n}, .replica_num = replica_num,
+                                      .soft_pin = soft_pin};
+    if (x) {
+        a.preferred_segments = (moonlet_strv){NULL, x->preferred, (uint32_t)x->npreferred};
+        a.hard_pin = x->hard_pin;
+        a.soft_pin_ttl_ms = x->soft_pin_ttl_ms;
+    }
+    mc_batch_lists b = {.n = n, .sizes = sizes, .lists = lists, .results = results};
+    return mc_call(mc, MOONLET_M_BATCH_PUT_START, &a, 0, decode_batch_lists, &b);
+}
+
+int moonlet_mc_batch_put_end(moonlet_master_client *mc, const char *tenant,
+                             const char *const *keys, const uint64_t *checksums, size_t n,
+                             int32_t *results)
+{
+    if ((n && (!keys || !results)) || n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_put_end a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n),
+                                    .checksums = {checksums, checksums ? (uint32_t)n : 0}};
+    mc_results res = {n, results};
+    /* with checksums: all three arguments, even for an empty batch */
+    return mc_call(mc, MOONLET_M_BATCH_PUT_END, &a, checksums ? 3 : 0, decode_codes, &res);
+}
+
+int moonlet_mc_batch_put_revoke(moonlet_master_client *mc, const char *tenant,
+                                const char *const *keys, size_t n, int32_t *results)
+{
+    if ((n && (!keys || !results)) || n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_exist a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n)};
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_BATCH_PUT_REVOKE, &a, 0, decode_codes, &res);
+}
+
+int moonlet_mc_batch_get_replica_list(moonlet_master_client *mc, const char *tenant,
+                                      const char *const *keys, size_t n,
+                                      moonlet_replica_list *lists, int32_t *results)
+{
+    if (n && (!keys || !lists || !results))
+        return MOONLET_ERR_INVALID_PARAMS;
+    memset(lists, 0, n * sizeof(*lists));
+    if (n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_batch_exist a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n)};
+    mc_batch_lists b = {.n = n, .with_meta = true, .lists = lists, .results = results};
+    return mc_call(mc, MOONLET_M_BATCH_GET_REPLICA_LIST, &a, 0, decode_batch_lists, &b);
 }
 
 /* True when a refused call's message says the master does not know the method. */

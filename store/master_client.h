@@ -117,6 +117,33 @@ int moonlet_mc_put_end_checksum(moonlet_master_client *mc, const char *tenant, c
 int moonlet_mc_put_revoke(moonlet_master_client *mc, const char *tenant, const char *key);
 int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, const char *key,
                                 moonlet_replica_list *out);
+/*
+ * The batches of the put and get calls, one round trip each (BatchPutStart,
+ * BatchPutEnd, BatchPutRevoke, BatchGetReplicaList): key i's outcome is
+ * results[i] (0 or its error code, as the single call would return it), and
+ * lists[i] its single call's list (PutStart's with capabilities, size
+ * sizes[i]; GetReplicaList's with a lease) when results[i] is 0, zeroed
+ * otherwise: the caller frees each with moonlet_replica_list_free.  One bad
+ * key never fails the others.  The call's own return is 0 when the master
+ * answered the batch (every results[i] set), else the batch's error and
+ * nothing was set: INVALID_VERSION when the master predates the batch
+ * methods (remembered for the connection; the caller makes the single calls
+ * instead), INVALID_PARAMS when it refused the batch (more keys than its
+ * --max-batch-keys).  checksums (BatchPutEnd): one per key, or NULL for none.
+ */
+int moonlet_mc_batch_put_start(moonlet_master_client *mc, const char *tenant,
+                               const char *const *keys, const uint64_t *sizes, size_t n,
+                               uint32_t replica_num, bool soft_pin,
+                               const moonlet_mc_put_extra *extra, moonlet_replica_list *lists,
+                               int32_t *results);
+int moonlet_mc_batch_put_end(moonlet_master_client *mc, const char *tenant,
+                             const char *const *keys, const uint64_t *checksums, size_t n,
+                             int32_t *results);
+int moonlet_mc_batch_put_revoke(moonlet_master_client *mc, const char *tenant,
+                                const char *const *keys, size_t n, int32_t *results);
+int moonlet_mc_batch_get_replica_list(moonlet_master_client *mc, const char *tenant,
+                                      const char *const *keys, size_t n,
+                                      moonlet_replica_list *lists, int32_t *results);
 /* PutReplaceReplica: one replacement for the replica of a put in progress
  * on segment_id whose write failed, avoiding excluded[] (segment ids seen
  * failing for this put), as a list of one descriptor with its capability

@@ -73,7 +73,7 @@ static void usage(FILE *f)
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
             "                                     (default 65536)\n"
-            "  --disable-method NAME              answer NAME (e.g. ProbeResume) as an unknown method,\n"
+            "  --disable-method NAME[,NAME...]    answer NAME (e.g. ProbeResume) as an unknown method,\n"
             "                                     as an older master would (compatibility tests)\n"
             "  --max-connections N                open RPC connections (default 8192)\n"
             "  --auth-timeout-ms MS               with a token: AUTH due within (default 5000)\n"
