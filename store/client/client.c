@@ -943,73 +943,249 @@ static int direct_get_size(client_direct *c, const char *key, uint64_t *size,
 
 /* ---- batches ---------------------------------------------------------------------- */
 
+/*
+ * A batch runs in windows of at most CLIENT_BATCH_WINDOW keys, one after the
+ * other, so its descriptors stay bounded however many keys it has.  A
+ * window makes one master call for its metadata (BatchPutStart, or
+ * BatchGetReplicaList), then every transfer of the window goes in one
+ * transport batch (pipelined on each node's connections), then a put window
+ * makes one BatchPutEnd for the keys written and at most one BatchPutRevoke
+ * for the rest.  A master that predates the batch methods, or refuses a
+ * window as a whole with INVALID_PARAMS (a --max-batch-keys below the
+ * window), gets the single calls instead, key by key, with the same
+ * per-key results.
+ */
+#define CLIENT_BATCH_WINDOW 4096u
+
+/* Whether a window's batch call should be made as single calls instead. */
+static bool client_batch_fallback(int rc)
+{
+    return rc == MOONLET_ERR_INVALID_VERSION || rc == MOONLET_ERR_INVALID_PARAMS;
+}
+
+/* One window of a batch put, on its way. */
+typedef struct client_bput {
+    const client_put_args *a;
+    size_t n, m;            /* keys in the window; of them, those sent to PutStart */
+    size_t *idx;            /* idx[j]: the window's key of PutStart's j-th key */
+    const char **keys;      /* the m keys, in PutStart order */
+    uint64_t *sizes, *cks;  /* their sizes and checksums */
+    moonlet_replica_list *lists;
+    bool *started;          /* PutStart succeeded: the put must be sealed or revoked */
+    int32_t *res;           /* PutStart's, then the writes', then PutEnd's per-key results */
+} client_bput;
+
+static void client_bput_free(client_bput *b)
+{
+    for (size_t j = 0; b->lists && j < b->m; j++)
+        moonlet_replica_list_free(&b->lists[j]);
+    free(b->idx);
+    free(b->keys);
+    free(b->sizes);
+    free(b->cks);
+    free(b->lists);
+    free(b->started);
+    free(b->res);
+}
+
+/* PutStart of every key whose buffer is registered, one call (single
+ * calls against an older master); the others' results are set now. */
+static int client_bput_start(client_direct *c, client_bput *b, const char *const *keys,
+                             const void *const *bufs, const size_t *lens, int32_t *results)
+{
+    size_t n = b->n ? b->n : 1;
+    b->idx = malloc(n * sizeof(*b->idx));
+    b->keys = malloc(n * sizeof(*b->keys));
+    b->sizes = malloc(n * sizeof(*b->sizes));
+    b->cks = calloc(n, sizeof(*b->cks));
+    b->lists = calloc(n, sizeof(*b->lists));
+    b->started = calloc(n, sizeof(*b->started));
+    b->res = calloc(n, sizeof(*b->res));
+    if (!b->idx || !b->keys || !b->sizes || !b->cks || !b->lists || !b->started || !b->res)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t i = 0; i < b->n; i++) {
+        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i])) {
+            results[i] = MOONLET_ERR_INVALID_PARAMS;
+            continue;
+        }
+        b->idx[b->m] = i;
+        b->keys[b->m] = keys[i];
+        b->sizes[b->m++] = lens[i];
+    }
+    const client_put_args *a = b->a;
+    int rc = moonlet_mc_batch_put_start(c->mc, a->tenant, b->keys, b->sizes, b->m, a->replica_num,
+                                        a->soft_pin, &a->extra, b->lists, b->res);
+    if (client_batch_fallback(rc)) {
+        for (size_t j = 0; j < b->m; j++)
+            b->res[j] = moonlet_mc_put_start_ex(c->mc, a->tenant, b->keys[j], b->sizes[j],
+                                                a->replica_num, a->soft_pin, &a->extra,
+                                                &b->lists[j]);
+        rc = MOONLET_OK;
+    }
+    for (size_t j = 0; j < b->m; j++) {
+        if (rc)
+            b->res[j] = rc;
+        b->started[j] = b->res[j] == MOONLET_OK;
+    }
+    return MOONLET_OK;
+}
+
+/* The writes of every started put, one transport batch; each key whose
+ * replicas failed is then replaced key by key (client_put_retry).
+ * b->res[j] becomes the outcome of key j's writes. */
+static void client_bput_write(client_direct *c, client_bput *b, const void *const *bufs,
+                              uint64_t sent_ms)
+{
+    size_t nops = 0;
+    size_t *first = malloc((b->m ? b->m : 1) * sizeof(*first)); /* each key's first op */
+    for (size_t j = 0; first && j < b->m; j++) {
+        first[j] = nops;
+        if (b->res[j] == MOONLET_OK)
+            nops += b->lists[j].count;
+    }
+    moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
+    moonlet_xfer_cap *caps = calloc(nops ? nops : 1, sizeof(*caps));
+    moonlet_xfer **xf = calloc(nops ? nops : 1, sizeof(*xf));
+    if (!first || !ops || !caps || !xf) {
+        for (size_t j = 0; j < b->m; j++)
+            if (b->res[j] == MOONLET_OK)
+                b->res[j] = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+    for (size_t j = 0; j < b->m; j++) {
+        if (b->res[j] != MOONLET_OK)
+            continue;
+        const void *src = bufs[b->idx[j]];
+        client_put_ops(c, &b->lists[j], src, b->sizes[j], sent_ms, &ops[first[j]],
+                       &caps[first[j]], &xf[first[j]]);
+        if (b->a->checksum)
+            b->cks[j] = moonlet_client_checksum(src, b->sizes[j]);
+    }
+    client_submit(c, ops, xf, nops);
+    for (size_t j = 0; j < b->m; j++) {
+        if (b->res[j] != MOONLET_OK)
+            continue;
+        moonlet_replica_list *l = &b->lists[j];
+        int rc = MOONLET_OK;
+        for (uint32_t k = 0; k < l->count && !rc; k++)
+            rc = ops[first[j] + k].status;
+        if (rc) /* this key's failed replicas: replaced one key at a time */
+            rc = client_put_retry(c, b->a->tenant, b->keys[j], l, bufs[b->idx[j]], b->sizes[j],
+                                  l->put_ttl_ms ? sent_ms + l->put_ttl_ms : 0, &ops[first[j]],
+                                  &caps[first[j]], &xf[first[j]]);
+        b->res[j] = rc;
+    }
+out:
+    free(first);
+    free(ops);
+    free(caps);
+    free(xf);
+}
+
+/* Seals every put written (one BatchPutEnd) and revokes the others (one
+ * BatchPutRevoke), as client_put_finish does for one put. */
+static void client_bput_finish(client_direct *c, client_bput *b)
+{
+    const client_put_args *a = b->a;
+    size_t nend = 0, nrev = 0, n = b->m ? b->m : 1;
+    size_t *end = malloc(n * sizeof(*end));
+    const char **ekeys = malloc(n * sizeof(*ekeys)), **rkeys = malloc(n * sizeof(*rkeys));
+    uint64_t *eck = malloc(n * sizeof(*eck));
+    int32_t *er = malloc(n * sizeof(*er));
+    if (!end || !ekeys || !rkeys || !eck || !er) { /* one key at a time, as put does */
+        for (size_t j = 0; j < b->m; j++)
+            if (b->started[j])
+                b->res[j] = client_put_finish(c, a->tenant, b->keys[j], b->res[j],
+                                              a->checksum ? &b->cks[j] : NULL);
+        goto out;
+    }
+    for (size_t j = 0; j < b->m; j++) {
+        if (b->res[j] == MOONLET_OK) {
+            end[nend] = j;
+            eck[nend] = b->cks[j];
+            ekeys[nend++] = b->keys[j];
+        } else if (b->started[j]) {
+            rkeys[nrev++] = b->keys[j]; /* started, not written */
+        }
+    }
+    int rc = moonlet_mc_batch_put_end(c->mc, a->tenant, ekeys, a->checksum ? eck : NULL, nend, er);
+    if (client_batch_fallback(rc)) {
+        for (size_t e = 0; e < nend; e++)
+            er[e] = moonlet_mc_put_end_checksum(c->mc, a->tenant, ekeys[e],
+                                                a->checksum ? &eck[e] : NULL);
+        rc = MOONLET_OK;
+    }
+    for (size_t e = 0; e < nend; e++) {
+        int r = rc ? rc : er[e];
+        if (r) {
+            ML_WARN(MOD, "PutEnd of '%s' failed: %s", ekeys[e], moonlet_strerror(r));
+            rkeys[nrev++] = ekeys[e];
+        }
+        b->res[end[e]] = r;
+    }
+    if (nrev) {
+        rc = moonlet_mc_batch_put_revoke(c->mc, a->tenant, rkeys, nrev, er);
+        if (client_batch_fallback(rc)) {
+            for (size_t r = 0; r < nrev; r++)
+                er[r] = moonlet_mc_put_revoke(c->mc, a->tenant, rkeys[r]);
+            rc = MOONLET_OK;
+        }
+        /* NOT_FOUND: the master already dropped it; INVALID_WRITE: a PutEnd
+         * whose reply was lost did land. */
+        for (size_t r = 0; r < nrev; r++) {
+            int rv = rc ? rc : er[r];
+            if (rv && rv != MOONLET_ERR_OBJECT_NOT_FOUND && rv != MOONLET_ERR_INVALID_WRITE)
+                ML_WARN(MOD, "PutRevoke of '%s' failed (%s); the master reaps it after its put "
+                        "timeout", rkeys[r], moonlet_strerror(rv));
+        }
+    }
+out:
+    free(end);
+    free(ekeys);
+    free(rkeys);
+    free(eck);
+    free(er);
+}
+
+/* One window of a batch put: results[0..n) set. */
+static void client_bput_window(client_direct *c, const client_put_args *a,
+                               const char *const *keys, const void *const *bufs,
+                               const size_t *lens, size_t n, int32_t *results)
+{
+    client_bput b = {.a = a, .n = n};
+    uint64_t sent_ms = moonlet_xfer_now_ms();
+    int rc = client_bput_start(c, &b, keys, bufs, lens, results);
+    if (rc == MOONLET_OK) {
+        client_bput_write(c, &b, bufs, sent_ms);
+        client_bput_finish(c, &b);
+        for (size_t j = 0; j < b.m; j++)
+            results[b.idx[j]] = b.res[j];
+    } else {
+        for (size_t i = 0; i < n; i++)
+            results[i] = rc;
+    }
+    client_bput_free(&b);
+}
+
+/* The first nonzero result in order (a batch call's return). */
+static int client_first_error(const int32_t *results, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (results[i])
+            return results[i];
+    return MOONLET_OK;
+}
+
 static int direct_batch_put_from(client_direct *c, const char *const *keys,
                                  const void *const *bufs, const size_t *lens, size_t n,
                                  const moonlet_put_options *opt, int32_t *results)
 {
     client_put_args a = client_put_resolve(c, opt);
-    moonlet_replica_list *lists = calloc(n ? n : 1, sizeof(*lists));
-    size_t *first = calloc(n ? n : 1, sizeof(*first)); /* each key's first op */
-    if (!lists || !first) {
-        free(lists);
-        free(first);
-        return MOONLET_ERR_INTERNAL_ERROR;
+    for (size_t at = 0; at < n; at += CLIENT_BATCH_WINDOW) {
+        size_t w = n - at < CLIENT_BATCH_WINDOW ? n - at : CLIENT_BATCH_WINDOW;
+        client_bput_window(c, &a, keys + at, bufs + at, lens + at, w, results + at);
     }
-    size_t nops = 0;
-    uint64_t *sent = calloc(n ? n : 1, sizeof(*sent));
-    uint64_t *cks = calloc(n ? n : 1, sizeof(*cks));
-    for (size_t i = 0; i < n; i++) {
-        sent[i] = moonlet_xfer_now_ms();
-        if ((!bufs[i] && lens[i]) || !client_buf_covers(c, bufs[i], lens[i]) || !sent || !cks)
-            results[i] = !sent || !cks ? MOONLET_ERR_INTERNAL_ERROR : MOONLET_ERR_INVALID_PARAMS;
-        else
-            results[i] = moonlet_mc_put_start_ex(c->mc, a.tenant, keys[i], lens[i],
-                                                 a.replica_num, a.soft_pin, &a.extra, &lists[i]);
-        first[i] = nops;
-        if (results[i] == MOONLET_OK)
-            nops += lists[i].count;
-    }
-    moonlet_xfer_op *ops = calloc(nops ? nops : 1, sizeof(*ops));
-    moonlet_xfer_cap *caps = calloc(nops ? nops : 1, sizeof(*caps));
-    moonlet_xfer **xf = calloc(nops ? nops : 1, sizeof(*xf));
-    if (!caps || !xf) {
-        free(ops);
-        ops = NULL;
-    }
-    for (size_t i = 0; ops && i < n; i++) {
-        if (results[i] != MOONLET_OK)
-            continue;
-        client_put_ops(c, &lists[i], bufs[i], lens[i], sent[i], &ops[first[i]], &caps[first[i]],
-                       &xf[first[i]]);
-        if (a.checksum)
-            cks[i] = moonlet_client_checksum(bufs[i], lens[i]);
-    }
-    if (ops)
-        client_submit(c, ops, xf, nops);
-    int ret = MOONLET_OK;
-    for (size_t i = 0; i < n; i++) {
-        if (results[i] == MOONLET_OK) {
-            int rc = ops ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
-            for (uint32_t k = 0; ops && k < lists[i].count && !rc; k++)
-                rc = ops[first[i] + k].status;
-            if (rc && ops) /* this key's failed replicas: replaced one key at a time */
-                rc = client_put_retry(c, a.tenant, keys[i], &lists[i], bufs[i], lens[i],
-                                      lists[i].put_ttl_ms ? sent[i] + lists[i].put_ttl_ms : 0,
-                                      &ops[first[i]], &caps[first[i]], &xf[first[i]]);
-            results[i] = client_put_finish(c, a.tenant, keys[i], rc, a.checksum ? &cks[i] : NULL);
-        }
-        moonlet_replica_list_free(&lists[i]);
-        if (!ret)
-            ret = results[i];
-    }
-    free(ops);
-    free(caps);
-    free(xf);
-    free(sent);
-    free(cks);
-    free(first);
-    free(lists);
-    return ret;
+    return client_first_error(results, n);
 }
 
 /* One key of a batch get while it runs. */
@@ -1021,18 +1197,59 @@ typedef struct client_bget {
     bool pending;
 } client_bget;
 
+/* GetReplicaList of every key whose buffer is registered, one call (single
+ * calls against an older master); the others' results are set now. */
+static void client_bget_meta(client_direct *c, const char *const *keys, void *const *bufs,
+                             const size_t *caps, size_t n, int32_t *results, const char *tenant,
+                             client_bget *g)
+{
+    size_t m = 0, *idx = malloc((n ? n : 1) * sizeof(*idx));
+    const char **mkeys = malloc((n ? n : 1) * sizeof(*mkeys));
+    moonlet_replica_list *lists = calloc(n ? n : 1, sizeof(*lists));
+    int32_t *res = calloc(n ? n : 1, sizeof(*res));
+    if (!idx || !mkeys || !lists || !res) {
+        for (size_t i = 0; i < n; i++)
+            results[i] = MOONLET_ERR_INTERNAL_ERROR;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if ((!bufs[i] && caps[i]) || !client_buf_covers(c, bufs[i], caps[i])) {
+            results[i] = MOONLET_ERR_INVALID_PARAMS;
+            continue;
+        }
+        idx[m] = i;
+        mkeys[m++] = keys[i];
+    }
+    tenant = client_tenant(c, tenant);
+    uint64_t asked = moonlet_mono_ns();
+    int rc = moonlet_mc_batch_get_replica_list(c->mc, tenant, mkeys, m, lists, res);
+    bool single = client_batch_fallback(rc);
+    for (size_t j = 0; j < m; j++) {
+        client_bget *e = &g[idx[j]];
+        if (single) {
+            results[idx[j]] = client_lookup(c, mkeys[j], tenant, &e->l, &e->asked_ns);
+        } else {
+            results[idx[j]] = rc ? rc : res[j];
+            e->l = lists[j]; /* taken: freed with the key */
+            e->asked_ns = asked;
+        }
+    }
+out:
+    free(idx);
+    free(mkeys);
+    free(lists);
+    free(res);
+}
+
 /* Lookups and size checks; leaves the keys that need a read pending. */
 static void client_bget_lookup(client_direct *c, const char *const *keys, void *const *bufs,
                                const size_t *caps, size_t n, size_t *lens, int32_t *results,
                                const char *tenant, client_bget *g)
 {
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         lens[i] = 0;
-        if ((!bufs[i] && caps[i]) || !client_buf_covers(c, bufs[i], caps[i])) {
-            results[i] = MOONLET_ERR_INVALID_PARAMS;
-            continue;
-        }
-        results[i] = client_lookup(c, keys[i], tenant, &g[i].l, &g[i].asked_ns);
+    client_bget_meta(c, keys, bufs, caps, n, results, tenant, g);
+    for (size_t i = 0; i < n; i++) {
         if (results[i])
             continue;
         lens[i] = g[i].l.size > SIZE_MAX ? SIZE_MAX : (size_t)g[i].l.size;
@@ -1090,36 +1307,45 @@ static size_t client_bget_round(client_direct *c, void *const *bufs, size_t n, i
     return left;
 }
 
-static int direct_batch_get_into(client_direct *c, const char *const *keys,
-                                 void *const *bufs, const size_t *caps, size_t n,
-                                 size_t *lens, int32_t *results, const char *tenant)
+/* One window of a batch get: lookups in one call, then reads in rounds
+ * (each pending key's next replica after a failure). */
+static void client_bget_window(client_direct *c, const char *const *keys, void *const *bufs,
+                               const size_t *caps, size_t n, size_t *lens, int32_t *results,
+                               const char *tenant)
 {
     client_bget *g = calloc(n ? n : 1, sizeof(*g));
     moonlet_xfer_op *ops = calloc(n ? n : 1, sizeof(*ops));
     size_t *owner = calloc(n ? n : 1, sizeof(*owner));
     moonlet_xfer **xf = calloc(n ? n : 1, sizeof(*xf));
     if (!g || !ops || !owner || !xf) {
-        free(g);
-        free(ops);
-        free(owner);
-        free(xf);
-        return MOONLET_ERR_INTERNAL_ERROR;
+        for (size_t i = 0; i < n; i++) {
+            lens[i] = 0;
+            results[i] = MOONLET_ERR_INTERNAL_ERROR;
+        }
+    } else {
+        client_bget_lookup(c, keys, bufs, caps, n, lens, results, tenant, g);
+        while (client_bget_round(c, bufs, n, results, g, ops, xf, owner) > 0)
+            ;
     }
-    client_bget_lookup(c, keys, bufs, caps, n, lens, results, tenant, g);
-    while (client_bget_round(c, bufs, n, results, g, ops, xf, owner) > 0)
-        ;
-    int ret = MOONLET_OK;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; g && i < n; i++) {
         moonlet_replica_list_free(&g[i].l);
         free(g[i].order);
-        if (!ret)
-            ret = results[i];
     }
     free(owner);
     free(ops);
     free(xf);
     free(g);
-    return ret;
+}
+
+static int direct_batch_get_into(client_direct *c, const char *const *keys,
+                                 void *const *bufs, const size_t *caps, size_t n,
+                                 size_t *lens, int32_t *results, const char *tenant)
+{
+    for (size_t at = 0; at < n; at += CLIENT_BATCH_WINDOW) {
+        size_t w = n - at < CLIENT_BATCH_WINDOW ? n - at : CLIENT_BATCH_WINDOW;
+        client_bget_window(c, keys + at, bufs + at, caps + at, w, lens + at, results + at, tenant);
+    }
+    return client_first_error(results, n);
 }
 
 /* ---- metadata-only calls ------------------------------------------------------------ */

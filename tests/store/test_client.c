@@ -393,6 +393,101 @@ static void test_registered_buffers(void **state)
     free(dst);
 }
 
+/* ---- a batch is one master round trip ----------------------------------------------- */
+
+/* Requests of `method` the master served so far (Stats' "calls"). */
+static double calls_of(const char *method)
+{
+    cJSON *j = NULL;
+    assert_int_equal(moonlet_mc_stats(g_mc, &j), MOONLET_OK);
+    const cJSON *n = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "calls"), method);
+    double v = n ? n->valuedouble : 0;
+    cJSON_Delete(j);
+    return v;
+}
+
+#define RT_KEYS 2048u
+#define RT_VAL 256u
+
+/* 2,048 keys put and read in one batch each: one master call for all the
+ * puts' PutStarts, one for their PutEnds, one for the reads' lookups, and
+ * none per key; a key over the key limit (put) and a missing key and one
+ * too big for its buffer (get) get their own codes while the others
+ * succeed with their own bytes. */
+static void test_batch_one_round_trip(void **state)
+{
+    (void)state;
+    static const char *const per_key[] = {"PutStart", "PutEnd", "PutRevoke", "GetReplicaList"};
+    unsigned char *src = cl_random_bytes(RT_KEYS * RT_VAL, 77);
+    unsigned char *dst = calloc(RT_KEYS, RT_VAL);
+    char **names = calloc(RT_KEYS, sizeof(*names));
+    const char **keys = calloc(RT_KEYS, sizeof(*keys));
+    const void **pb = calloc(RT_KEYS, sizeof(*pb));
+    void **gb = calloc(RT_KEYS, sizeof(*gb));
+    size_t *lens = calloc(RT_KEYS, sizeof(*lens)), *got = calloc(RT_KEYS, sizeof(*got));
+    int32_t *res = calloc(RT_KEYS, sizeof(*res));
+    char *long_key = malloc(MOONLET_MAX_KEY_BYTES + 2);
+    assert_true(dst && names && keys && pb && gb && lens && got && res && long_key);
+    memset(long_key, 'k', MOONLET_MAX_KEY_BYTES + 1);
+    long_key[MOONLET_MAX_KEY_BYTES + 1] = 0;
+    for (size_t i = 0; i < RT_KEYS; i++) {
+        names[i] = malloc(32);
+        snprintf(names[i], 32, "one-rtt/%zu", i);
+        keys[i] = names[i];
+        pb[i] = src + i * RT_VAL;
+        gb[i] = dst + i * RT_VAL;
+        lens[i] = RT_VAL;
+    }
+    keys[7] = long_key;
+    assert_int_equal(moonlet_client_register_buffer(g_cli, src, RT_KEYS * RT_VAL), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, dst, RT_KEYS * RT_VAL), MOONLET_OK);
+    double single[4], bs = calls_of("BatchPutStart"), be = calls_of("BatchPutEnd"),
+                      bg = calls_of("BatchGetReplicaList"), br = calls_of("BatchPutRevoke");
+    for (int k = 0; k < 4; k++)
+        single[k] = calls_of(per_key[k]);
+
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, RT_KEYS, pb, lens, NULL, res),
+                     MOONLET_ERR_INVALID_KEY);
+    for (size_t i = 0; i < RT_KEYS; i++)
+        assert_int_equal(res[i], i == 7 ? MOONLET_ERR_INVALID_KEY : MOONLET_OK);
+    assert_int_equal(calls_of("BatchPutStart"), bs + 1);
+    assert_int_equal(calls_of("BatchPutEnd"), be + 1);
+    assert_int_equal(calls_of("BatchPutRevoke"), br); /* nothing started was left unwritten */
+
+    keys[7] = "one-rtt/none"; /* never put */
+    lens[9] = RT_VAL - 1; /* a buffer one byte short */
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, keys, RT_KEYS, gb, lens, NULL, got, res),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(calls_of("BatchGetReplicaList"), bg + 1);
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(calls_of(per_key[k]), single[k]); /* no single call for any key */
+    for (size_t i = 0; i < RT_KEYS; i++) {
+        int want = i == 7 ? MOONLET_ERR_OBJECT_NOT_FOUND
+                   : i == 9 ? MOONLET_ERR_BUFFER_OVERFLOW : MOONLET_OK;
+        assert_int_equal(res[i], want);
+        if (want == MOONLET_OK) {
+            assert_int_equal(got[i], RT_VAL);
+            assert_memory_equal(dst + i * RT_VAL, src + i * RT_VAL, RT_VAL);
+        }
+    }
+    assert_int_equal(got[9], RT_VAL); /* the size it needed */
+
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_OK);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, dst), MOONLET_OK);
+    for (size_t i = 0; i < RT_KEYS; i++)
+        free(names[i]);
+    free(long_key);
+    free(names);
+    free(keys);
+    free(pb);
+    free(gb);
+    free(lens);
+    free(got);
+    free(res);
+    free(src);
+    free(dst);
+}
+
 /* ---- copying batches ------------------------------------------------------------------- */
 
 static void test_copying_batches(void **state)
@@ -867,6 +962,54 @@ static void test_checksum_corrupted_replica(void **state)
     moonlet_client_destroy(c);
 }
 
+/* ---- a master without the batch methods -------------------------------------------------- */
+
+/* A master that predates the batch methods (they answer "unknown method"):
+ * the client makes the single calls instead, with the same per-key results. */
+static void test_batch_older_master(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {
+        "--disable-method", "BatchPutStart,BatchPutEnd,BatchPutRevoke,BatchGetReplicaList", NULL};
+    test_proc m, st;
+    assert_int_equal(cl_start_master(&m, flags), 0);
+    assert_int_equal(cl_start_store(&st, m.addr, "32MiB", NULL), 0);
+    moonlet_client_config cfg = cl_client_config(m.addr);
+    moonlet_client *c = cl_client_of(&cfg);
+    moonlet_master_client *mc;
+    assert_int_equal(moonlet_mc_create(m.addr, NULL, &mc), MOONLET_OK);
+    unsigned char *data = cl_random_bytes(3 * 1000, 5), got[3 * 1000];
+    assert_int_equal(moonlet_client_register_buffer(c, data, 3 * 1000), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(c, got, sizeof(got)), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(c, "old/taken", "x", 1, NULL), MOONLET_OK);
+    const char *keys[] = {"old/0", "old/taken", "old/2"};
+    const void *bufs[] = {data, data + 1000, data + 2000};
+    const size_t lens[] = {1000, 1000, 1000};
+    int32_t res[3];
+    CL_ASSERT_BATCH(moonlet_client_batch_put_from(c, keys, 3, bufs, lens, NULL, res), res,
+                    MOONLET_OK, MOONLET_ERR_OBJECT_ALREADY_EXISTS, MOONLET_OK);
+    const char *gk[] = {"old/0", "old/none", "old/2"};
+    void *gb[] = {got, got + 1000, got + 2000};
+    size_t sizes[3];
+    CL_ASSERT_BATCH(moonlet_client_batch_get_into(c, gk, 3, gb, lens, NULL, sizes, res), res,
+                    MOONLET_OK, MOONLET_ERR_OBJECT_NOT_FOUND, MOONLET_OK);
+    assert_memory_equal(got, data, 1000);
+    assert_memory_equal(got + 2000, data + 2000, 1000);
+    cJSON *j = NULL;
+    assert_int_equal(moonlet_mc_stats(mc, &j), MOONLET_OK);
+    const cJSON *calls = cJSON_GetObjectItem(j, "calls");
+    assert_int_equal(cJSON_GetObjectItem(calls, "PutStart")->valueint, 4); /* taken, then 3 */
+    assert_int_equal(cJSON_GetObjectItem(calls, "PutEnd")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItem(calls, "GetReplicaList")->valueint, 3);
+    assert_null(cJSON_GetObjectItem(calls, "BatchPutStart"));
+    cJSON_Delete(j);
+    moonlet_client_destroy(c);
+    moonlet_mc_destroy(mc);
+    free(data);
+    proc_stop(&st);
+    proc_stop(&m);
+}
+
 int main(int argc, char **argv)
 {
     /* `test_client dummy`: the backend-neutral group on a DummyClient. */
@@ -877,6 +1020,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upsert),
         cmocka_unit_test(test_registered_buffers),
         cmocka_unit_test(test_copying_batches),
+        cmocka_unit_test(test_batch_one_round_trip),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_concurrent_use),
     };
@@ -892,6 +1036,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_staging_path),
         cmocka_unit_test(test_local_segment),
+        cmocka_unit_test(test_batch_older_master),
         cmocka_unit_test(test_put_revoked_when_write_fails), /* last: kills a store */
     };
     const struct CMUnitTest lease[] = {
