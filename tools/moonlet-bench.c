@@ -19,6 +19,7 @@ static const struct subcommand g_cmds[] = {
     {"rpc", bench_rpc_main, "control-plane latency (Echo, BatchExistKey) and master memory per object"},
     {"probe", bench_probe_main, "K3 lookup: BatchExistKey on everything vs. KV + BatchProbeKey(LastHitOnly)"},
     {"client", bench_client_main, "batch_probe_key latency from the C client, Python direct and Python via a DummyClient"},
+    {"batch", bench_batch_main, "zero-copy batch put/get (4 KiB, 64 KiB, 1 MiB, 8 ranges a key) against a plain socket: batch, per-key and DummyClient paths"},
     {"transfer", moonlet_bench_transfer, "TCP data-plane read/write bandwidth vs. a plain loopback socket stream"},
     {"load", bench_load_main, "many clients: BatchExistKey keys/s and 4 KiB put+get ops/s against one master, and Redis"},
     {"scale", bench_scale_main, "the master at cluster scale: simulated store nodes mounting and pinging, client latency, a tenth going silent"},

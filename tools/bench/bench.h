@@ -95,6 +95,7 @@ void bench_print_json(cJSON *root);
 int bench_rpc_main(int argc, char **argv);
 int bench_probe_main(int argc, char **argv);
 int bench_client_main(int argc, char **argv);
+int bench_batch_main(int argc, char **argv);
 int bench_trace_main(int argc, char **argv);
 int bench_load_main(int argc, char **argv);
 int bench_scale_main(int argc, char **argv);

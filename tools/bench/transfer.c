@@ -287,7 +287,7 @@ static int plain_pair(int *tx, int *rx)
 
 /* One round: the sender streams `bytes` in chunks of `size` from its own
  * buffer, the receiver reads each chunk into another; GB/s at the receiver. */
-static double plain_round(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t bytes)
+double moonlet_bench_plain_gbps(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t bytes)
 {
     int tx, rx;
     if (plain_pair(&tx, &rx))
@@ -329,7 +329,7 @@ static int bench_point_measure(bench_ctx *b, int k, uint8_t *plain_dst, bench_po
         wrc[r] = bench_xfer_round(b, MOONLET_XFER_WRITE, size, bytes, true);
         pl[r] = b->cfg.protocol == MOONLET_XFER_RDMA
                     ? 0 /* the baseline is perftest's, measured beside */
-                    : plain_round(b->local.base, plain_dst, size, bytes);
+                    : moonlet_bench_plain_gbps(b->local.base, plain_dst, size, bytes);
         if (rd[r] < 0 || wr[r] < 0 || pl[r] < 0 || rdc[r] < 0 || wrc[r] < 0)
             return -1;
     }

@@ -13,4 +13,12 @@
  * Returns 0, 1 on a failed transfer, 2 on bad flags. */
 int moonlet_bench_transfer(int argc, char **argv);
 
+#include <stdint.h>
+
+/* The plain-socket baseline: one loopback TCP connection, a sender thread
+ * streaming `bytes` from src in chunks of `size`, the receiver reading each
+ * chunk into dst (room for `size`); GB/s at the receiver, -1 on a socket
+ * error.  A round is cut short after two seconds. */
+double moonlet_bench_plain_gbps(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t bytes);
+
 #endif
