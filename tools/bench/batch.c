@@ -90,6 +90,11 @@ typedef struct b_bench {
     bench_samples plain[B_NWORK];
 } b_bench;
 
+static bool b_selected(const b_bench *b, size_t w)
+{
+    return !b->only || strcmp(b->only, g_work[w].name) == 0;
+}
+
 static int b_parse(int argc, char **argv, b_bench *b)
 {
     static const struct option opts[] = {
@@ -112,18 +117,14 @@ static int b_parse(int argc, char **argv, b_bench *b)
             goto usage;
         }
     }
-    if (optind == argc)
-        return 0;
+    for (size_t w = 0; optind == argc && w < B_NWORK; w++)
+        if (b_selected(b, w))
+            return 0;
 usage:
     fprintf(o == 'h' ? stdout : stderr,
             "usage: moonlet-bench batch [--json] [--rounds N (1..%d, default 7)] [--only WORKLOAD]\n"
             "  workloads: 4KiB, 64KiB, 1MiB, multi_8x8KiB (default: all)\n", B_MAX_ROUNDS);
     return o == 'h' ? 1 : -1;
-}
-
-static bool b_selected(const b_bench *b, size_t w)
-{
-    return !b->only || strcmp(b->only, g_work[w].name) == 0;
 }
 
 static int b_alloc(b_bench *b)
@@ -272,6 +273,7 @@ static void b_report(b_bench *b)
         return;
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "workloads");
+    cJSON_AddStringToObject(root, "bench", "batch");
     cJSON_AddNumberToObject(root, "rounds", b->rounds);
     for (size_t w = 0; w < B_NWORK; w++) {
         if (!b_selected(b, w))
@@ -302,8 +304,7 @@ static void b_report(b_bench *b)
                                                                   med[w][P_PER_KEY][OP_PUT]);
         cJSON_AddItemToArray(arr, o);
     }
-    bench_print_json(root);
-    cJSON_Delete(root);
+    bench_print_json(root); /* and frees it */
 }
 
 /* Each path's buffers, while its client is still there. */
