@@ -1270,6 +1270,55 @@ static void client_bget_lookup(client_direct *c, const char *const *keys, void *
     }
 }
 
+/* Reads of adjacent bytes into adjacent memory are merged up to this size:
+ * small objects a batch put side by side come back in a few large reads. */
+#define CLIENT_COALESCE_MAX (1u << 20)
+
+/* Whether read b continues read a: the same transport, node and segment,
+ * the next bytes there, the next bytes here, inside one registered buffer,
+ * and the merged read no longer than CLIENT_COALESCE_MAX. */
+static bool client_read_continues(client_direct *c, const moonlet_xfer_op *a, moonlet_xfer *xa,
+                                  const moonlet_xfer_op *b, moonlet_xfer *xb)
+{
+    return xa && xa == xb && !a->status && !b->status && a->len + b->len <= CLIENT_COALESCE_MAX &&
+           a->offset + a->len == b->offset && (char *)a->local + a->len == (char *)b->local &&
+           strcmp(a->segment_id, b->segment_id) == 0 && strcmp(a->endpoint, b->endpoint) == 0 &&
+           client_buf_covers(c, a->local, a->len + b->len);
+}
+
+/* client_submit of n reads, each run of reads that continue one another
+ * (client_read_continues) sent as one; each read gets its run's status. */
+static void client_submit_reads(client_direct *c, moonlet_xfer_op *ops, moonlet_xfer **xf,
+                                size_t n)
+{
+    moonlet_xfer_op *m = malloc((n ? n : 1) * sizeof(*m));
+    moonlet_xfer **mxf = malloc((n ? n : 1) * sizeof(*mxf));
+    size_t *first = malloc((n + 1) * sizeof(*first)); /* run j: ops[first[j] .. first[j+1]) */
+    if (!m || !mxf || !first) {
+        client_submit(c, ops, xf, n);
+        goto out;
+    }
+    size_t runs = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (runs && client_read_continues(c, &m[runs - 1], mxf[runs - 1], &ops[k], xf[k])) {
+            m[runs - 1].len += ops[k].len;
+            continue;
+        }
+        first[runs] = k;
+        m[runs] = ops[k];
+        mxf[runs++] = xf[k];
+    }
+    first[runs] = n;
+    client_submit(c, m, mxf, runs);
+    for (size_t j = 0; j < runs; j++)
+        for (size_t k = first[j]; k < first[j + 1]; k++)
+            ops[k].status = m[j].status;
+out:
+    free(m);
+    free(mxf);
+    free(first);
+}
+
 /* One round: every pending key reads its current replica, all in one batch.
  * Returns how many keys are still pending (to retry on their next replica). */
 static size_t client_bget_round(client_direct *c, void *const *bufs, size_t n, int32_t *results,
@@ -1287,7 +1336,7 @@ static size_t client_bget_round(client_direct *c, void *const *bufs, size_t n, i
         client_op_route(c, r, &ops[nops], &xf[nops]);
         owner[nops++] = i;
     }
-    client_submit(c, ops, xf, nops);
+    client_submit_reads(c, ops, xf, nops);
     uint64_t done = moonlet_mono_ns();
     for (size_t k = 0; k < nops; k++) {
         client_bget *e = &g[owner[k]];
