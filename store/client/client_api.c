@@ -25,6 +25,8 @@ int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
         return MOONLET_ERR_INTERNAL_ERROR;
     c->ops = ops;
     c->be = be;
+    c->staging = (moonlet_client_staging){.base = NULL};
+    pthread_mutex_init(&c->staging.mu, NULL);
     *out = c;
     return MOONLET_OK;
 }
@@ -33,6 +35,8 @@ void moonlet_client_destroy(moonlet_client *c)
 {
     if (!c)
         return;
+    moonlet_client_staging_release(c);
+    pthread_mutex_destroy(&c->staging.mu);
     c->ops->destroy(c->be);
     free(c);
 }

@@ -16,6 +16,7 @@
 #ifndef MOONLET_CLIENT_BACKEND_H
 #define MOONLET_CLIENT_BACKEND_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -25,6 +26,10 @@
 /* A backend's state; each backend completes it privately (the direct
  * client's in store/client/client.c; the DummyClient's is a moonlet_dummy). */
 typedef struct moonlet_client_be moonlet_client_be;
+
+/* batch_put_ranges / batch_get_ranges: not every range is registered, stage
+ * instead (never a moonlet code). */
+#define MOONLET_CLIENT_STAGE 1
 
 typedef struct moonlet_client_ops {
     const char *name; /* "direct" or "dummy" */
@@ -53,6 +58,17 @@ typedef struct moonlet_client_ops {
     int (*batch_get_into)(moonlet_client_be *b, const char *const *keys, void *const *bufs,
                           const size_t *caps, size_t n, size_t *lens, int32_t *results,
                           const char *tenant);
+    /* Optional (NULL: the copying batches always stage): moonlet_client_batch_put
+     * / batch_get (client_copy.c) from and into the caller's scattered ranges
+     * in place, when every range lies in registered memory; otherwise
+     * MOONLET_CLIENT_STAGE and nothing done.  lens[i] (put) / caps[i] (get):
+     * key i's ranges' total, as client_copy.c computed it. */
+    int (*batch_put_ranges)(moonlet_client_be *b, const char *const *keys, size_t n,
+                            const struct iovec *iov, const size_t *iovcnt, const size_t *lens,
+                            const moonlet_put_options *opt, int32_t *results);
+    int (*batch_get_ranges)(moonlet_client_be *b, const char *const *keys, size_t n,
+                            const struct iovec *iov, const size_t *iovcnt, const size_t *caps,
+                            const char *tenant, size_t *sizes, int32_t *results);
     int (*remove)(moonlet_client_be *b, const char *key, const char *tenant, bool force);
     int (*remove_all)(moonlet_client_be *b, uint64_t *removed, const char *tenant, bool force);
     int (*inspect_key)(moonlet_client_be *b, const char *key, const char *tenant,
@@ -77,10 +93,27 @@ typedef struct moonlet_client_ops {
     int (*local_endpoint)(const moonlet_client_be *b, char *buf, size_t cap);
 } moonlet_client_ops;
 
+/* The staging region client_copy.c keeps for the next call: the largest
+ * one a call used, up to MOONLET_CLIENT_KEEP_STAGING bytes, so a steady
+ * stream of staged batches neither maps nor faults in fresh memory each
+ * time.  One call at a time uses it (busy); a call that finds it busy or too
+ * small takes a region of its own. */
+#define MOONLET_CLIENT_KEEP_STAGING (128u << 20)
+typedef struct moonlet_client_staging {
+    pthread_mutex_t mu;
+    void *base; /* NULL: none kept */
+    size_t len;
+    bool busy;
+} moonlet_client_staging;
+
 struct moonlet_client {
     const moonlet_client_ops *ops;
     moonlet_client_be *be;
+    moonlet_client_staging staging;
 };
+
+/* Gives back the kept staging region (before the backend goes). */
+void moonlet_client_staging_release(moonlet_client *c);
 
 extern const moonlet_client_ops moonlet_client_direct_ops;
 extern const moonlet_client_ops moonlet_client_dummy_ops;

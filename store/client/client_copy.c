@@ -2,7 +2,10 @@
  * client_copy.c - the copying batch calls (moonlet_client_batch_put /
  * moonlet_client_batch_get, include/moonlet/client.h): any caller memory,
  * in scattered ranges, staged through one region per call around the
- * zero-copy batches (batch_put_from / batch_get_into).
+ * zero-copy batches (batch_put_from / batch_get_into).  When every range
+ * lies in registered memory and the backend moves ranges in place (the
+ * direct client's batch_put_ranges / batch_get_ranges: one transfer per
+ * range, nothing staged), the call goes there instead.
  *
  * The region comes from the client's backend (client_backend.h,
  * shared_staging): on a DummyClient, memory of alloc_shared, which the
@@ -16,6 +19,7 @@
  *
  * Locks: none of its own; the region is private to the call.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +33,9 @@ static const unsigned char copy_empty[1];
 
 typedef struct {
     void *base; /* NULL: no region (nothing to stage) */
+    size_t len;
     bool shared;
+    bool kept; /* the client's kept region (moonlet_client_staging) */
 } copy_region;
 
 /* Adds a slot of len bytes (rounded up to COPY_ALIGN) to *total; -1 on overflow. */
@@ -47,12 +53,8 @@ static int copy_add_slot(size_t *total, size_t len)
     return 0;
 }
 
-static int copy_region_begin(moonlet_client *c, size_t len, copy_region *r)
+static int copy_region_alloc(moonlet_client *c, size_t len, copy_region *r)
 {
-    r->base = NULL;
-    r->shared = c->ops->shared_staging;
-    if (len == 0)
-        return MOONLET_OK;
     if (r->shared)
         return moonlet_client_alloc_shared(c, len, &r->base);
     void *p = malloc(len);
@@ -67,17 +69,70 @@ static int copy_region_begin(moonlet_client *c, size_t len, copy_region *r)
     return MOONLET_OK;
 }
 
+static void copy_region_free(moonlet_client *c, void *base, bool shared)
+{
+    if (shared) {
+        moonlet_client_free_shared(c, base);
+    } else {
+        moonlet_client_unregister_buffer(c, base);
+        free(base);
+    }
+}
+
+/* A region of at least len bytes: the kept one when it is free and large
+ * enough, else a new one. */
+static int copy_region_begin(moonlet_client *c, size_t len, copy_region *r)
+{
+    *r = (copy_region){.shared = c->ops->shared_staging};
+    if (len == 0)
+        return MOONLET_OK;
+    moonlet_client_staging *k = &c->staging;
+    pthread_mutex_lock(&k->mu);
+    if (k->base && !k->busy && k->len >= len) {
+        k->busy = true;
+        *r = (copy_region){.base = k->base, .len = k->len, .shared = r->shared, .kept = true};
+    }
+    pthread_mutex_unlock(&k->mu);
+    if (r->kept)
+        return MOONLET_OK;
+    r->len = len;
+    return copy_region_alloc(c, len, r);
+}
+
+/* Gives the region back: the kept one becomes free again; a new one is kept
+ * instead of a smaller free kept one when it is not over the limit, else
+ * released. */
 static void copy_region_end(moonlet_client *c, copy_region *r)
 {
     if (!r->base)
         return;
-    if (r->shared) {
-        moonlet_client_free_shared(c, r->base);
-    } else {
-        moonlet_client_unregister_buffer(c, r->base);
-        free(r->base);
+    moonlet_client_staging *k = &c->staging;
+    void *drop = r->base;
+    pthread_mutex_lock(&k->mu);
+    if (r->kept) {
+        k->busy = false;
+        drop = NULL;
+    } else if (r->len <= MOONLET_CLIENT_KEEP_STAGING && !k->busy && (!k->base || k->len < r->len)) {
+        drop = k->base; /* the smaller one goes */
+        k->base = r->base;
+        k->len = r->len;
     }
+    pthread_mutex_unlock(&k->mu);
+    if (drop)
+        copy_region_free(c, drop, r->shared);
     r->base = NULL;
+}
+
+void moonlet_client_staging_release(moonlet_client *c)
+{
+    moonlet_client_staging *k = &c->staging;
+    pthread_mutex_lock(&k->mu);
+    void *base = k->busy ? NULL : k->base; /* a call still using it: a bug of the caller's */
+    k->base = NULL;
+    k->len = 0;
+    pthread_mutex_unlock(&k->mu);
+    if (base)
+        copy_region_free(c, base, c->ops->shared_staging);
 }
 
 /* Each key's total length (lens[i]) and the region's size (*total), after
@@ -116,21 +171,65 @@ static void copy_fill_unset(int32_t *results, size_t n, int rc)
 }
 
 /* Plans the call (lens[i]: key i's bytes; NULL lens: out of memory) and
- * takes its region.  Every results[i] (when results is not NULL) becomes
- * COPY_UNSET, or the code of a call that fails here as a whole. */
+ * takes its region, unless `in_place` (the backend's ranged batch) did the
+ * whole call: then *done and its return.  Every results[i] (when results is
+ * not NULL) becomes COPY_UNSET, or the code of a call that fails here as a
+ * whole. */
+typedef int (*copy_in_place)(moonlet_client *c, const size_t *lens, void *arg);
+
 static int copy_begin(moonlet_client *c, const char *const *keys, size_t n,
                       const struct iovec *iov, const size_t *iovcnt, int32_t *results,
-                      size_t *lens, copy_region *r)
+                      size_t *lens, copy_region *r, copy_in_place in_place, void *arg,
+                      bool *done)
 {
     size_t total = 0;
     r->base = NULL;
+    *done = false;
     int rc = lens ? copy_plan(keys, n, iov, iovcnt, results, lens, &total)
                   : MOONLET_ERR_INTERNAL_ERROR;
+    if (rc == MOONLET_OK && in_place) {
+        rc = in_place(c, lens, arg);
+        if (rc != MOONLET_CLIENT_STAGE) {
+            *done = true;
+            return rc;
+        }
+        rc = MOONLET_OK;
+    }
     if (rc == MOONLET_OK)
         rc = copy_region_begin(c, total, r);
     for (size_t i = 0; results && i < n; i++)
         results[i] = rc ? rc : COPY_UNSET;
     return rc;
+}
+
+/* The call's arguments, for the backend's ranged batches. */
+typedef struct copy_call {
+    const char *const *keys;
+    size_t n;
+    const struct iovec *iov;
+    const size_t *iovcnt;
+    const moonlet_put_options *opt;
+    const char *tenant;
+    size_t *sizes;
+    int32_t *results;
+} copy_call;
+
+static int put_in_place(moonlet_client *c, const size_t *lens, void *arg)
+{
+    const copy_call *k = arg;
+    if (!c->ops->batch_put_ranges)
+        return MOONLET_CLIENT_STAGE;
+    return c->ops->batch_put_ranges(c->be, k->keys, k->n, k->iov, k->iovcnt, lens, k->opt,
+                                    k->results);
+}
+
+static int get_in_place(moonlet_client *c, const size_t *caps, void *arg)
+{
+    const copy_call *k = arg;
+    if (!c->ops->batch_get_ranges)
+        return MOONLET_CLIENT_STAGE;
+    return c->ops->batch_get_ranges(c->be, k->keys, k->n, k->iov, k->iovcnt, caps, k->tenant,
+                                    k->sizes, k->results);
 }
 
 int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,
@@ -142,8 +241,12 @@ int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t 
     size_t *lens = calloc(n ? n : 1, sizeof(*lens));
     const void **bufs = calloc(n ? n : 1, sizeof(*bufs));
     copy_region r;
-    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? lens : NULL, &r);
-    if (rc == MOONLET_OK) {
+    copy_call call = {.keys = keys, .n = n, .iov = iov, .iovcnt = iovcnt, .opt = opt,
+                      .results = results};
+    bool in_place;
+    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? lens : NULL, &r, put_in_place,
+                        &call, &in_place);
+    if (rc == MOONLET_OK && !in_place) {
         size_t off = 0, at = 0;
         for (size_t i = 0; i < n; i++) {
             /* no arithmetic on a NULL region (every value empty) */
@@ -175,8 +278,12 @@ int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t 
     size_t *caps = calloc(n ? n : 1, sizeof(*caps));
     void **bufs = calloc(n ? n : 1, sizeof(*bufs));
     copy_region r;
-    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? caps : NULL, &r);
-    if (rc == MOONLET_OK) {
+    copy_call call = {.keys = keys, .n = n, .iov = iov, .iovcnt = iovcnt, .tenant = tenant,
+                      .sizes = sizes, .results = results};
+    bool in_place;
+    int rc = copy_begin(c, keys, n, iov, iovcnt, results, bufs ? caps : NULL, &r, get_in_place,
+                        &call, &in_place);
+    if (rc == MOONLET_OK && !in_place) {
         size_t off = 0;
         for (size_t i = 0; i < n; i++) {
             sizes[i] = 0;

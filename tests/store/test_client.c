@@ -393,6 +393,104 @@ static void test_registered_buffers(void **state)
     free(dst);
 }
 
+/* ---- ranged batches in place -------------------------------------------------------------- */
+
+/* batch_put / batch_get over ranges of 160 KiB on average that all lie in
+ * registered memory (the direct client moves them in place, one transfer
+ * per range; a DummyClient stages them): the bytes of each key are its
+ * ranges in order, whatever their sizes; a key with no range is an empty
+ * value; per-key codes as the staged path gives them.  The same call with
+ * one range outside the registrations is staged and gives the same
+ * results. */
+static void test_ranged_batches_in_place(void **state)
+{
+    (void)state;
+    enum { LAYERS = 3, KEYS = 4, CHUNK = 160 << 10 };
+    unsigned char *src = cl_random_bytes(LAYERS * KEYS * CHUNK, 31);
+    unsigned char *dst = calloc(LAYERS * KEYS, CHUNK), *loose = malloc(CHUNK);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, src, LAYERS * KEYS * CHUNK), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(g_cli, dst, LAYERS * KEYS * CHUNK), MOONLET_OK);
+    for (int staged = 0; staged < 2; staged++) {
+        char names[KEYS + 1][32];
+        const char *keys[KEYS + 1];
+        for (int i = 0; i < KEYS; i++) {
+            snprintf(names[i], sizeof(names[i]), "rng/%d/%d", staged, i);
+            keys[i] = names[i];
+        }
+        keys[KEYS] = "rng/taken";
+        /* key i: its chunk of every layer (layer-major, as per-layer KV
+         * tensors), key 1 with a short middle range and an empty one, key 3
+         * none at all; in the second pass key 2's last range is unregistered */
+        struct iovec iov[LAYERS * KEYS + 1];
+        size_t cnt[KEYS + 1], at = 0;
+        for (int i = 0; i < KEYS; i++) {
+            cnt[i] = i == 3 ? 0 : LAYERS + (i == 1);
+            for (int l = 0; l < LAYERS && i != 3; l++)
+                iov[at++] = (struct iovec){src + (l * KEYS + i) * CHUNK, i == 1 && l == 1 ? 10 : CHUNK};
+            if (i == 1)
+                iov[at++] = (struct iovec){src, 0};
+        }
+        if (staged) {
+            memcpy(loose, src + (2 * KEYS + 2) * CHUNK, CHUNK);
+            iov[at - 1] = (struct iovec){loose, CHUNK}; /* key 2's last range */
+        }
+        cnt[KEYS] = 1;
+        iov[at++] = (struct iovec){src, 1};
+        if (staged == 0)
+            assert_int_equal(moonlet_client_put(g_cli, "rng/taken", "t", 1, NULL), MOONLET_OK);
+        int32_t r[KEYS + 1];
+        CL_ASSERT_BATCH(moonlet_client_batch_put(g_cli, keys, KEYS + 1, iov, cnt, NULL, r), r,
+                        MOONLET_OK, MOONLET_OK, MOONLET_OK, MOONLET_OK,
+                        MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+        unsigned char want[LAYERS * CHUNK];
+        for (int i = 0; i < KEYS; i++) { /* each key's value is its ranges, concatenated */
+            size_t len = 0;
+            for (int l = 0; l < LAYERS && i != 3; l++) {
+                size_t n = i == 1 && l == 1 ? 10 : CHUNK;
+                memcpy(want + len, src + (l * KEYS + i) * CHUNK, n);
+                len += n;
+            }
+            cl_assert_get_equals(g_cli, keys[i], NULL, want, len);
+        }
+        /* read back layer-major into dst (registered), key 2 one range short */
+        const char *gk[] = {keys[0], keys[1], keys[2], keys[3], "rng/none"};
+        struct iovec giov[LAYERS * KEYS];
+        size_t gcnt[KEYS + 1], sizes[KEYS + 1];
+        at = 0;
+        memset(dst, 0, LAYERS * KEYS * CHUNK);
+        for (int i = 0; i < KEYS; i++) {
+            gcnt[i] = i == 2 ? LAYERS - 1 : LAYERS;
+            for (size_t l = 0; l < gcnt[i]; l++)
+                giov[at++] = (struct iovec){dst + (l * KEYS + i) * CHUNK, CHUNK};
+        }
+        gcnt[KEYS] = 0;
+        CL_ASSERT_BATCH(moonlet_client_batch_get(g_cli, gk, KEYS + 1, giov, gcnt, NULL, sizes, r),
+                        r, MOONLET_OK, MOONLET_OK, MOONLET_ERR_BUFFER_OVERFLOW, MOONLET_OK,
+                        MOONLET_ERR_OBJECT_NOT_FOUND);
+        assert_int_equal(sizes[0], LAYERS * CHUNK);
+        assert_int_equal(sizes[1], 2 * CHUNK + 10);
+        assert_int_equal(sizes[2], LAYERS * CHUNK);
+        assert_int_equal(sizes[3], 0);
+        for (int l = 0; l < LAYERS; l++) /* key 0 lands where it came from */
+            assert_memory_equal(dst + l * KEYS * CHUNK, src + l * KEYS * CHUNK, CHUNK);
+        /* key 1: 2 x CHUNK + 10 bytes over ranges of CHUNK: its third range holds the last 10 */
+        assert_memory_equal(dst + (0 * KEYS + 1) * CHUNK, src + (0 * KEYS + 1) * CHUNK, CHUNK);
+        assert_memory_equal(dst + (1 * KEYS + 1) * CHUNK, src + (1 * KEYS + 1) * CHUNK, 10);
+        assert_memory_equal(dst + (1 * KEYS + 1) * CHUNK + 10, src + (2 * KEYS + 1) * CHUNK,
+                            CHUNK - 10);
+        assert_memory_equal(dst + (2 * KEYS + 1) * CHUNK, src + (2 * KEYS + 1) * CHUNK + CHUNK - 10,
+                            10);
+        for (int l = 0; l < LAYERS; l++) /* key 2 (too small): nothing written */
+            assert_true(dst[(l * KEYS + 2) * CHUNK] == 0 &&
+                        dst[(l * KEYS + 2) * CHUNK + CHUNK - 1] == 0);
+    }
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_OK);
+    assert_int_equal(moonlet_client_unregister_buffer(g_cli, dst), MOONLET_OK);
+    free(loose);
+    free(src);
+    free(dst);
+}
+
 /* ---- a batch is one master round trip ----------------------------------------------- */
 
 /* Requests of `method` the master served so far (Stats' "calls"). */
@@ -1021,6 +1119,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registered_buffers),
         cmocka_unit_test(test_copying_batches),
         cmocka_unit_test(test_batch_one_round_trip),
+        cmocka_unit_test(test_ranged_batches_in_place),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_concurrent_use),
     };
