@@ -338,6 +338,21 @@ MOONLET_API int moonlet_client_upsert(moonlet_client *c, const char *key, const 
 MOONLET_API int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *tenant,
                                            char **json_out);
 
+/*
+ * The readable replicas of many keys, one master call for the batch
+ * (BatchGetReplicaList; like a get's lookup, it leases each object found):
+ * *json_out gets a NUL-terminated JSON array the library allocated (release
+ * with moonlet_free()), one entry per key in order:
+ *   {"size", "replicas": [{"segment_id", "endpoint", "protocol", "offset",
+ *                          "length", "status"}...]}
+ * or {"error": code} (OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY, INVALID_KEY...).
+ * Returns 0 (every entry set), or the batch's error (INVALID_PARAMS for NULL
+ * arrays or json_out, RPC_FAIL...); on error *json_out is NULL.  Blocks;
+ * thread safe.
+ */
+MOONLET_API int moonlet_client_batch_replicas(moonlet_client *c, const char *const *keys, size_t n,
+                                              const char *tenant, char **json_out);
+
 /* Releases memory the library allocated for a result (moonlet_client_get_alloc's
  * buffer, moonlet_client_inspect_key's JSON), with the allocator that made it,
  * so a program linked with another C runtime or allocator stays correct.

@@ -220,6 +220,19 @@ class Store(_moonlet.Client):
         doc["soft_pinned"] = doc.get("soft_pin_remaining_ms", 0) > 0
         return doc
 
+    def batch_replicas(self, keys, *, tenant_id=None):
+        """The readable replicas of many keys, one master call for all of
+        them (BatchGetReplicaList; each object found is leased, as a get's
+        lookup leases it): a list with one entry per key, in order, either
+        {"size", "replicas": [{segment, endpoint, protocol, offset, length,
+        status}...]} or {"error": code} (OBJECT_NOT_FOUND -704, ...).
+        """
+        out = json.loads(self._batch_replicas_json(list(keys), tenant_id=tenant_id))
+        for e in out:
+            for r in e.get("replicas", []):
+                r["segment"] = r.pop("segment_id", None)
+        return out
+
     def __enter__(self):
         return self
 

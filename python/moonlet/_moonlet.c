@@ -969,6 +969,34 @@ static PyObject *ml_exist_batch(ClientObject *self, PyObject *args, PyObject *kw
     return out;
 }
 
+PyDoc_STRVAR(Client_batch_replicas_json_doc,
+             "_batch_replicas_json(keys, *, tenant_id=None) -> str\n--\n\n"
+             "The readable replicas of every key, one master call for the batch, as JSON "
+             "(moonlet_client_batch_replicas: an entry per key, {size, replicas} or {error}); "
+             "each object found is leased.  moonlet.Store.batch_replicas() parses it.");
+
+static PyObject *Client_batch_replicas_json(ClientObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwl[] = {"keys", "tenant_id", NULL};
+    PyObject *keys_obj;
+    const char *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:_batch_replicas_json", kwl, &keys_obj,
+                                     conv_tenant, &tenant))
+        return NULL;
+    ml_keys k;
+    if (ml_keys_init(&k, keys_obj))
+        return NULL;
+    char *json = NULL;
+    int rc;
+    ML_CALL(self, rc, moonlet_client_batch_replicas(c, k.keys, k.n, tenant, &json));
+    ml_keys_free(&k);
+    if (rc)
+        return ml_raise(rc, "batch_replicas", NULL);
+    PyObject *out = PyUnicode_FromString(json);
+    moonlet_free(json);
+    return out;
+}
+
 PyDoc_STRVAR(Client_batch_is_exist_doc,
              "batch_is_exist(keys, *, tenant_id=None) -> list[bool]\n--\n\n"
              "is_exist for many keys in one round trip; every hit is leased.  A per-key error "
@@ -1412,8 +1440,9 @@ static PyObject *Client_put_parts(ClientObject *self, PyObject *args, PyObject *
 PyDoc_STRVAR(Client_batch_get_doc,
              "batch_get(keys, *, tenant_id=None) -> list[bytes]\n--\n\n"
              "get for many keys, every read in one transfer batch; leases each object read.  It "
-             "asks the master twice per key: once for the size, once for the read.  Any failed key "
-             "raises StoreError with .results (the bytes, or the negative code, per key).");
+             "asks the master twice per batch (BatchGetReplicaList): once for the sizes, once for "
+             "the reads.  Any failed key raises StoreError with .results (the bytes, or the "
+             "negative code, per key).");
 
 /*
  * batch_get: the first round asks with capacity 0, which reads nothing and
@@ -1755,6 +1784,8 @@ static PyMethodDef Client_methods[] = {
     {"is_exist", ML_KW(Client_is_exist), METH_VARARGS | METH_KEYWORDS, Client_is_exist_doc},
     {"probe_key", ML_KW(Client_probe_key), METH_VARARGS | METH_KEYWORDS, Client_probe_key_doc},
     {"batch_is_exist", ML_KW(Client_batch_is_exist), METH_VARARGS | METH_KEYWORDS, Client_batch_is_exist_doc},
+    {"_batch_replicas_json", ML_KW(Client_batch_replicas_json), METH_VARARGS | METH_KEYWORDS,
+     Client_batch_replicas_json_doc},
     {"batch_probe_key", ML_KW(Client_batch_probe_key), METH_VARARGS | METH_KEYWORDS, Client_batch_probe_key_doc},
     {"probe_resume", ML_KW(Client_probe_resume), METH_VARARGS | METH_KEYWORDS, Client_probe_resume_doc},
     {"alloc_buffer", ML_KW(ml_alloc_buffer), METH_VARARGS | METH_KEYWORDS, ml_alloc_buffer_doc},

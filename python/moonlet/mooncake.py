@@ -1095,38 +1095,35 @@ class MooncakeDistributedStore:
 
     # ---- replicas --------------------------------------------------------------------
 
-    def _replica_desc(self, key):
-        info = self._store.inspect(key)
-        out = []
-        for r in info["replicas"]:
-            status = (ReplicaStatus.COMPLETE if r.get("status") == "COMPLETE"
-                      else ReplicaStatus.INITIALIZED)
-            desc = Descriptor(r.get("length", 0), r.get("offset", 0), r.get("endpoint", ""))
-            out.append(ReplicaDescriptor(status, MemoryDescriptor(desc),
-                                         r.get("segment_name", "")))
-        return out
+    @staticmethod
+    def _replica_descs(entry):
+        """ReplicaDescriptors of one entry of Store.batch_replicas()."""
+        return [ReplicaDescriptor(ReplicaStatus.COMPLETE if r.get("status") == "COMPLETE"
+                                  else ReplicaStatus.INITIALIZED,
+                                  MemoryDescriptor(Descriptor(r.get("length", 0),
+                                                              r.get("offset", 0),
+                                                              r.get("endpoint", ""))),
+                                  r.get("segment", ""))
+                for r in entry.get("replicas", [])]
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [ReplicaDescriptor, ...]} for the keys that exist, one
+        master call for all of them (BatchGetReplicaList, as Mooncake's
+        BatchQuery): the readable replicas, each object found leased, as
+        Mooncake's lookup leases it.  segment_name is the segment's id."""
+        keys = _key_list(keys)
+        if self._store is None or not keys:
+            return {}
+        try:
+            entries = self._store.batch_replicas(keys)
+        except StoreError:
+            return {}
+        return {k: self._replica_descs(e) for k, e in zip(keys, entries) if "error" not in e}
 
     def get_replica_desc(self, key):
         """The object's replicas: a list of ReplicaDescriptor ([] when it is
-        missing or before setup).  Grants no lease."""
-        if self._store is None:
-            return []
-        try:
-            return self._replica_desc(key)
-        except StoreError:
-            return []
-
-    def batch_get_replica_desc(self, keys):
-        """{key: [ReplicaDescriptor, ...]} for the keys that exist."""
-        out = {}
-        for k in _key_list(keys):
-            if self._store is None:
-                break
-            try:
-                out[k] = self._replica_desc(k)
-            except StoreError:
-                pass
-        return out
+        missing or before setup); batch_get_replica_desc of one key."""
+        return self.batch_get_replica_desc([key]).get(key, [])
 
     def __repr__(self):
         if self._store is None:

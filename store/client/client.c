@@ -1714,6 +1714,75 @@ static int direct_inspect_key(client_direct *c, const char *key, const char *ten
     return *json_out ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
 }
 
+/* One key's entry of moonlet_client_batch_replicas' array. */
+static cJSON *client_replicas_json(const moonlet_replica_list *l, int rc)
+{
+    cJSON *e = cJSON_CreateObject();
+    if (!e || rc) {
+        if (e && !cJSON_AddNumberToObject(e, "error", rc)) {
+            cJSON_Delete(e);
+            e = NULL;
+        }
+        return e;
+    }
+    cJSON *reps = cJSON_CreateArray();
+    bool ok = reps && cJSON_AddNumberToObject(e, "size", (double)l->size) &&
+              cJSON_AddItemToObject(e, "replicas", reps);
+    if (!ok)
+        cJSON_Delete(reps);
+    for (uint32_t k = 0; ok && k < l->count; k++) {
+        const moonlet_replica_desc *r = &l->replicas[k];
+        cJSON *o = cJSON_CreateObject();
+        ok = o && cJSON_AddItemToArray(reps, o) &&
+             cJSON_AddStringToObject(o, "segment_id", r->segment_id) &&
+             cJSON_AddStringToObject(o, "endpoint", r->endpoint) &&
+             cJSON_AddStringToObject(o, "protocol", r->protocol) &&
+             cJSON_AddNumberToObject(o, "offset", (double)r->offset) &&
+             cJSON_AddNumberToObject(o, "length", (double)r->size) &&
+             cJSON_AddStringToObject(o, "status", r->status == MOONLET_REPLICA_COMPLETE
+                                                      ? "COMPLETE" : "INITIALIZED");
+    }
+    if (!ok) {
+        cJSON_Delete(e);
+        return NULL;
+    }
+    return e;
+}
+
+static int direct_batch_replicas(client_direct *c, const char *const *keys, size_t n,
+                                 const char *tenant, char **json_out)
+{
+    moonlet_replica_list *lists = calloc(n ? n : 1, sizeof(*lists));
+    int32_t *res = calloc(n ? n : 1, sizeof(*res));
+    cJSON *arr = cJSON_CreateArray();
+    int rc = lists && res && arr ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
+    tenant = client_tenant(c, tenant);
+    if (!rc)
+        rc = moonlet_mc_batch_get_replica_list(c->mc, tenant, keys, n, lists, res);
+    if (client_batch_fallback(rc)) { /* an older master: one lookup per key */
+        for (size_t i = 0; i < n; i++)
+            res[i] = moonlet_mc_get_replica_list(c->mc, tenant, keys[i], &lists[i]);
+        rc = MOONLET_OK;
+    }
+    for (size_t i = 0; i < n && !rc; i++) {
+        cJSON *e = client_replicas_json(&lists[i], res[i]);
+        if (!e || !cJSON_AddItemToArray(arr, e)) {
+            cJSON_Delete(e);
+            rc = MOONLET_ERR_INTERNAL_ERROR;
+        }
+    }
+    if (!rc) {
+        *json_out = cJSON_PrintUnformatted(arr);
+        rc = *json_out ? MOONLET_OK : MOONLET_ERR_INTERNAL_ERROR;
+    }
+    for (size_t i = 0; lists && i < n; i++)
+        moonlet_replica_list_free(&lists[i]);
+    free(lists);
+    free(res);
+    cJSON_Delete(arr);
+    return rc;
+}
+
 /* ---- create / destroy ------------------------------------------------------------------ */
 
 /* The opts_size pattern (client.h): init writes only the caller's bytes;
@@ -1916,6 +1985,7 @@ const moonlet_client_ops moonlet_client_direct_ops = {
     .remove = direct_remove,
     .remove_all = direct_remove_all,
     .inspect_key = direct_inspect_key,
+    .batch_replicas = direct_batch_replicas,
     .exist_key = direct_exist_key,
     .probe_key = direct_probe_key,
     .batch_exist_key = direct_batch_exist_key,

@@ -155,6 +155,16 @@ int moonlet_client_inspect_key(moonlet_client *c, const char *key, const char *t
     return c->ops->inspect_key(c->be, key, tenant, json_out);
 }
 
+int moonlet_client_batch_replicas(moonlet_client *c, const char *const *keys, size_t n,
+                                  const char *tenant, char **json_out)
+{
+    if (json_out)
+        *json_out = NULL;
+    if (!c || !json_out || (n && !keys_ok(keys, n)))
+        return BAD;
+    return c->ops->batch_replicas(c->be, keys, n, tenant, json_out);
+}
+
 /* ---- existence and probes ---------------------------------------------------------- */
 
 int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *tenant,

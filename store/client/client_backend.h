@@ -73,6 +73,8 @@ typedef struct moonlet_client_ops {
     int (*remove_all)(moonlet_client_be *b, uint64_t *removed, const char *tenant, bool force);
     int (*inspect_key)(moonlet_client_be *b, const char *key, const char *tenant,
                        char **json_out);
+    int (*batch_replicas)(moonlet_client_be *b, const char *const *keys, size_t n,
+                          const char *tenant, char **json_out);
     int (*exist_key)(moonlet_client_be *b, const char *key, bool *exists, const char *tenant);
     int (*probe_key)(moonlet_client_be *b, const char *key, bool *exists, const char *tenant);
     int (*batch_exist_key)(moonlet_client_be *b, const char *const *keys, size_t n,

@@ -99,6 +99,12 @@ static int dm_inspect_key(moonlet_client_be *b, const char *key, const char *ten
     return moonlet_dummy_inspect_key(D(b), key, tenant, json_out);
 }
 
+static int dm_batch_replicas(moonlet_client_be *b, const char *const *keys, size_t n,
+                             const char *tenant, char **json_out)
+{
+    return moonlet_dummy_batch_replicas(D(b), keys, n, tenant, json_out);
+}
+
 static int dm_exist_key(moonlet_client_be *b, const char *key, bool *exists,
                         const char *tenant)
 {
@@ -180,6 +186,7 @@ const moonlet_client_ops moonlet_client_dummy_ops = {
     .remove = dm_remove,
     .remove_all = dm_remove_all,
     .inspect_key = dm_inspect_key,
+    .batch_replicas = dm_batch_replicas,
     .exist_key = dm_exist_key,
     .probe_key = dm_probe_key,
     .batch_exist_key = dm_batch_exist_key,

@@ -851,6 +851,15 @@ static int dummy_batch_keys(moonlet_dummy *d, const moonlet_grant_lease_policy *
                        take_results, &r);
 }
 
+int moonlet_dummy_batch_replicas(moonlet_dummy *d, const char *const *keys, size_t n,
+                                 const char *tenant, char **json_out)
+{
+    if (n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_dm_batch_keys_args a = {.tenant = tenant_of(d, tenant), .keys = {keys, (uint32_t)n}};
+    return pooled_call(d, MOONLET_DM_BATCH_REPLICAS, &a, take_str, json_out);
+}
+
 int moonlet_dummy_batch_exist_key(moonlet_dummy *d, const char *const *keys, size_t n,
                                   int32_t *results, const char *tenant)
 {

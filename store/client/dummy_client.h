@@ -47,6 +47,9 @@ int moonlet_dummy_remove_all_ex(moonlet_dummy *d, uint64_t *removed, const char 
                                 bool force);
 int moonlet_dummy_inspect_key(moonlet_dummy *d, const char *key, const char *tenant,
                               char **json_out);
+/* moonlet_client_batch_replicas through the RealClient (MOONLET_DM_BATCH_REPLICAS). */
+int moonlet_dummy_batch_replicas(moonlet_dummy *d, const char *const *keys, size_t n,
+                                 const char *tenant, char **json_out);
 int moonlet_dummy_exist_key(moonlet_dummy *d, const char *key, bool *exists,
                             const char *tenant);
 int moonlet_dummy_probe_key(moonlet_dummy *d, const char *key, bool *exists,

@@ -148,16 +148,17 @@ const moonlet_rpc_method_decl moonlet_dummy_methods[] = {
     {MOONLET_DM_BATCH_GET, "BatchGet", &s_batch_get},
     {MOONLET_DM_INSPECT_KEY, "InspectKey", &s_key},
     {MOONLET_DM_PROBE_RESUME, "ProbeResume", &s_probe_resume},
+    {MOONLET_DM_BATCH_REPLICAS, "BatchReplicas", &s_batch_exist},
 };
 const size_t moonlet_dummy_nmethods = sizeof(moonlet_dummy_methods) / sizeof(moonlet_dummy_methods[0]);
 
 _Static_assert(sizeof(moonlet_dummy_methods) / sizeof(moonlet_dummy_methods[0]) ==
-                   MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH + 1,
+                   MOONLET_DM_LAST - MOONLET_DM_ATTACH + 1,
                "one row per method id");
 
 const moonlet_rpc_method_decl *moonlet_dummy_method(uint32_t id)
 {
-    return id >= MOONLET_DM_ATTACH && id <= MOONLET_DM_PROBE_RESUME
+    return id >= MOONLET_DM_ATTACH && id <= MOONLET_DM_LAST
                ? &moonlet_dummy_methods[id - MOONLET_DM_ATTACH]
                : NULL;
 }

@@ -81,6 +81,10 @@ enum moonlet_dummy_method {
      *   moonlet_client_probe_resume, passed to the master unchanged; a
      *   RealClient without it answers "unknown method" */
     MOONLET_DM_PROBE_RESUME = 116,
+    /* [tenant, [keys...]] -> [rc, json str or nil]: moonlet_client_batch_replicas
+     * (one BatchGetReplicaList); a RealClient without it answers "unknown method" */
+    MOONLET_DM_BATCH_REPLICAS = 117,
+    MOONLET_DM_LAST = MOONLET_DM_BATCH_REPLICAS,
 };
 
 typedef struct {

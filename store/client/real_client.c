@@ -355,6 +355,18 @@ HANDLER(h_remove_all, moonlet_dm_remove_all_args)
     return MOONLET_OK;
 }
 
+/* BATCH_REPLICAS -> [rc, json str or nil] */
+HANDLER(h_batch_replicas, moonlet_dm_batch_keys_args)
+{
+    char *json = NULL;
+    int rc = moonlet_client_batch_replicas(RC(ctx)->client, a->keys.v, a->keys.n, a->tenant, &json);
+    msgpack_pack_array(out, 2);
+    pack_int(out, rc);
+    moonlet_pack_cstr(out, json); /* NULL: nil */
+    moonlet_free(json);
+    return MOONLET_OK;
+}
+
 /* BATCH_EXIST_KEY and BATCH_PROBE_KEY -> [rc, [result...] or nil] */
 HANDLER(h_batch_keys, moonlet_dm_batch_keys_args)
 {
@@ -492,9 +504,10 @@ static const moonlet_rpc_handler g_handlers[] = {
     [MOONLET_DM_BATCH_GET - MOONLET_DM_ATTACH] = h_batch_get,
     [MOONLET_DM_INSPECT_KEY - MOONLET_DM_ATTACH] = h_key,
     [MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH] = h_probe_resume,
+    [MOONLET_DM_BATCH_REPLICAS - MOONLET_DM_ATTACH] = h_batch_replicas,
 };
 _Static_assert(sizeof(g_handlers) / sizeof(g_handlers[0]) ==
-                   MOONLET_DM_PROBE_RESUME - MOONLET_DM_ATTACH + 1,
+                   MOONLET_DM_LAST - MOONLET_DM_ATTACH + 1,
                "a handler per method");
 
 /* Every call but ATTACH needs an attached connection: checked here, once,

@@ -34,7 +34,7 @@ static void test_docs_match_table(void **state)
     FILE *f = fopen(g_doc_path, "r");
     assert_non_null(f);
     char line[4096];
-    bool seen[MOONLET_DM_PROBE_RESUME + 1] = {false};
+    bool seen[MOONLET_DM_LAST + 1] = {false};
     size_t rows = 0;
     while (fgets(line, sizeof(line), f)) {
         unsigned id;

@@ -476,7 +476,13 @@ def test_replica_desc(mc):
     d = r.get_memory_descriptor().buffer_descriptor
     assert d.size == 300 and d.transport_endpoint.startswith("127.0.0.1:")
     assert mc.get_replica_desc("rd/none") == []
-    assert mc._store.inspect("rd/1")["lease_remaining_ms"] == 0  # no lease taken
+    assert len(mc.get_replica_desc("rd/1")) == 1
+    assert mc._store.inspect("rd/1")["lease_remaining_ms"] > 0  # leased, as Mooncake's lookup
+    # one master call for the batch, an entry per key in order (Store.batch_replicas)
+    entries = mc._store.batch_replicas(["rd/none", "rd/1"])
+    assert entries[0] == {"error": -704}
+    assert entries[1]["size"] == 300 and entries[1]["replicas"][0]["status"] == "COMPLETE"
+    assert mc._store.batch_replicas([]) == []
 
 
 def test_device_memory_is_refused(mc):

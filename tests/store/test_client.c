@@ -586,6 +586,41 @@ static void test_batch_one_round_trip(void **state)
     free(dst);
 }
 
+/* moonlet_client_batch_replicas: one BatchGetReplicaList for every key,
+ * an entry per key in order, a missing key's entry its code. */
+static void test_batch_replicas(void **state)
+{
+    (void)state;
+    assert_int_equal(moonlet_client_put(g_cli, "br/a", "aaaa", 4, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_put(g_cli, "br/b", "bbbbbbbb", 8, NULL), MOONLET_OK);
+    const char *keys[] = {"br/a", "br/none", "br/b"};
+    double calls = calls_of("BatchGetReplicaList"), single = calls_of("GetReplicaList");
+    char *json = (char *)1;
+    assert_int_equal(moonlet_client_batch_replicas(g_cli, keys, 3, NULL, NULL),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_replicas(g_cli, keys, 3, NULL, &json), MOONLET_OK);
+    assert_int_equal(calls_of("BatchGetReplicaList"), calls + 1);
+    assert_int_equal(calls_of("GetReplicaList"), single);
+    cJSON *j = cJSON_Parse(json);
+    moonlet_free(json);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(j), 3);
+    const cJSON *a = cJSON_GetArrayItem(j, 0), *none = cJSON_GetArrayItem(j, 1),
+                *b = cJSON_GetArrayItem(j, 2);
+    assert_int_equal(cJSON_GetObjectItem(a, "size")->valueint, 4);
+    assert_int_equal(cJSON_GetObjectItem(b, "size")->valueint, 8);
+    assert_int_equal(cJSON_GetObjectItem(none, "error")->valueint, MOONLET_ERR_OBJECT_NOT_FOUND);
+    const cJSON *r = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "replicas"), 0);
+    assert_int_equal(cJSON_GetObjectItem(r, "length")->valueint, 8);
+    assert_string_equal(cJSON_GetObjectItem(r, "status")->valuestring, "COMPLETE");
+    assert_string_equal(cJSON_GetObjectItem(r, "protocol")->valuestring, "tcp");
+    assert_non_null(cJSON_GetObjectItem(r, "segment_id"));
+    cJSON_Delete(j);
+    assert_int_equal(moonlet_client_batch_replicas(g_cli, NULL, 0, NULL, &json), MOONLET_OK);
+    assert_string_equal(json, "[]");
+    moonlet_free(json);
+}
+
 /* ---- copying batches ------------------------------------------------------------------- */
 
 static void test_copying_batches(void **state)
@@ -1119,6 +1154,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_registered_buffers),
         cmocka_unit_test(test_copying_batches),
         cmocka_unit_test(test_batch_one_round_trip),
+        cmocka_unit_test(test_batch_replicas),
         cmocka_unit_test(test_ranged_batches_in_place),
         cmocka_unit_test(test_batch_probe_policy),
         cmocka_unit_test(test_concurrent_use),
