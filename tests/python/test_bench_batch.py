@@ -12,7 +12,8 @@ import pytest
 
 import daemons
 
-WORKLOADS = {"4KiB": (4096, 1024, 1), "64KiB": (65536, 1024, 1), "1MiB": (1 << 20, 128, 1),
+WORKLOADS = {"4KiB": (4096, 1024, 1), "4KiB_scattered": (4096, 1024, 1),
+             "64KiB": (65536, 1024, 1), "1MiB": (1 << 20, 128, 1),
              "multi_8x8KiB": (65536, 1024, 8)}
 PATHS = ("batch", "per_key", "dummy")
 
