@@ -134,6 +134,10 @@ typedef struct moonlet_master_config {
     uint32_t repair_concurrency;
     uint64_t repair_timeout_ms;
     uint32_t repair_max_attempts;
+    /* Index entries a liveness check strips per call (unmount.c), so a mass
+     * failure is spread over ticks (0: 65536).  The simulator (tests/sim)
+     * sets it low, so that an unmount is in progress across other calls. */
+    uint32_t unmount_tick_budget;
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, and by ProbeResume before each candidate's
      * validation, with no master lock held. */

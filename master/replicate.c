@@ -764,6 +764,19 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
     }
 }
 
+int moonlet_repl_state_apply_snapshot(moonlet_repl_state *st, const moonlet_repl_rec *rec,
+                                      bool first_part)
+{
+    int rc = moonlet_repl_state_apply(st, rec);
+    if (rc != MOONLET_ERR_SEGMENT_NOT_FOUND || first_part)
+        return rc;
+    ML_INFO(MOD, "snapshot: the record of %.*s (%u replicas, the first on %.*s) names a segment "
+            "mounted since the first part: skipped (the replay brings it)", (int)rec->key.len,
+            rec->key.ptr, rec->nrep, (int)(rec->nrep ? rec->rep_seg[0].len : 0),
+            rec->nrep ? rec->rep_seg[0].ptr : "");
+    return MOONLET_OK;
+}
+
 void moonlet_repl_state_counts(const moonlet_repl_state *st, moonlet_repl_counts *out)
 {
     memset(out, 0, sizeof(*out));
