@@ -18,7 +18,9 @@
  * it), objects in a chained hash table on (tenant_id, key), quarantined
  * ranges in an array pruned as they expire, reserved ranges (RESV) in an
  * array indexed by (slot, offset).  UNMOUNT scans the objects
- * (O(objects)); the standby has nothing else to do meanwhile.
+ * (O(objects)); the standby has nothing else to do meanwhile.  A PLACE
+ * ends the quarantined and reserved ranges it overlaps (O(those ranges)):
+ * the leader allocated them, whatever the standby's deadlines say.
  */
 #include "replicate.h"
 
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "clock.h"
 #include "grow.h"
 #include "hmap.h"
@@ -637,6 +640,32 @@ static int apply_unmount(moonlet_repl_state *st, moonlet_str id)
     return MOONLET_OK;
 }
 
+/* A PLACE names [off, +size) of slot seg as an object's: the leader took
+ * it from its allocator, so no quarantine or reservation of the leader
+ * covers it any more.  The standby's may (issue 31, finding 2): its
+ * deadlines count from when it applied a record, later than the leader's
+ * by the stream's lag or by a whole snapshot's replay, and a repair target
+ * the leader attached to an object (RepairDone sends no record) stays
+ * quarantined here until the job's deadline.  Restored first at a
+ * promotion, such a range refused the object the leader had put there.
+ * So a PLACE ends every quarantined or reserved range it overlaps. */
+static void ranges_taken(moonlet_repl_state *st, uint32_t seg, uint64_t off, uint64_t size)
+{
+    uint64_t end = off + moonlet_alloc_rounded(size ? size : 1);
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < st->nquar; i++) {
+        const struct rquar *q = &st->quar[i];
+        if (!(q->seg == seg && q->off < end && off < q->off + q->len))
+            st->quar[keep++] = *q;
+    }
+    st->nquar = keep;
+    for (uint32_t i = st->nresv; i-- > 0;) {
+        const struct rresv *v = &st->resv[i];
+        if (v->seg == seg && v->off < end && off < v->off + v->len)
+            resv_del(st, seg, v->off);
+    }
+}
+
 static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint64_t now)
 {
     if (rec->nrep == 0 || rec->nrep > MOONLET_REPL_MAX_REPS || rec->key.len == 0 ||
@@ -648,8 +677,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
         if (rc)
             return rc;
     }
-    for (uint32_t k = 0; k < rec->nrep; k++) /* a put placed in a reserved range */
-        resv_del(st, seg[k], rec->rep_off[k]);
+    for (uint32_t k = 0; k < rec->nrep; k++) /* a put placed in a reserved range, ... */
+        ranges_taken(st, seg[k], rec->rep_off[k], rec->size);
     uint64_t h = obj_hash(rec->tenant_id, rec->key);
     struct robj **pp = obj_find(st, rec->tenant_id, rec->key, h);
     struct robj *o = *pp;

@@ -1163,6 +1163,130 @@ static void test_snapshot_carries_leader_clock(void **state)
     moonlet_role_destroy(role);
 }
 
+/* ---- issue 31: holes the simulation found (tests/sim, docs/sim-findings.md) ---- */
+
+/* A repair job of the leader, as the target node fetched it. */
+struct fetched {
+    uint64_t id, off, size;
+};
+
+static void fetch_one(void *arg, const moonlet_repair_job_view *j)
+{
+    struct fetched *f = arg;
+    f->id = j->job_id;
+    f->off = j->target->offset;
+    f->size = j->size;
+}
+
+/* Node `client` fetches its one repair job and reports it done. */
+static struct fetched repair_one(moonlet_master *a, const char *client)
+{
+    struct fetched f = {0};
+    assert_int_equal(moonlet_master_repair_fetch(a, MOONLET_STR(client), 0, 1, fetch_one, &f),
+                     MOONLET_OK);
+    assert_true(f.id != 0);
+    assert_int_equal(moonlet_master_repair_done(a, MOONLET_STR(client), 0, f.id, MOONLET_OK,
+                                                f.size),
+                     MOONLET_OK);
+    return f;
+}
+
+/* The stream applied to a standby's state, restored into a fresh master:
+ * nothing skipped. */
+static moonlet_master *promote(const struct stream *s)
+{
+    moonlet_repl_state *st = apply_all(s, s->n);
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+    moonlet_repl_state_destroy(st);
+    assert_int_equal(skipped, 0);
+    return b;
+}
+
+/* Finding 2: a repair's target range is quarantined on the standby until
+ * the job's deadline + grace (QUAR); RepairDone attaches it with no
+ * record; the object is removed and the leader puts a new object on that
+ * range.  The standby's quarantine outlived the leader's and, restored
+ * first, refused the new (acknowledged) object at the promotion.  A PLACE
+ * now ends the quarantine it overlaps. */
+static void test_standby_quarantine_ends_at_place(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "old", 5000, 2), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
+                     MOONLET_OK);
+    mount(a, "n2", "s2", 1 << 20);
+    moonlet_master_tick(a); /* the repair starts: its target on s2 (QUAR on the standby) */
+    struct fetched f = repair_one(a, "n2");
+    assert_int_equal(moonlet_master_remove(a, MOONLET_STR(""), MOONLET_STR("old")), MOONLET_OK);
+    moonlet_str pref = MOONLET_STR("s2");
+    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
+    struct fix_reps r = {0};
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("new"), 5000,
+                                                   &po, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_string_equal(r.segs[0], "s2");
+    assert_int_equal(r.off[0], f.off); /* the attached target's range, reused */
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "new");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
+/* Finding 2, the stream's lag: a revoked put's ranges are quarantined
+ * until its deadline + grace, counted by the standby from when it applies
+ * the DROP (here 1 s late).  The leader reuses the range at its own
+ * deadline; the standby's quarantine must not outlive that PLACE. */
+static void test_standby_quarantine_lag(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 64 * 1024);
+    struct fix_reps r = {0};
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("gone"), 5000, 1,
+                                              false, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("gone")),
+                     MOONLET_OK);
+    moonlet_repl_state *st = apply_all(&s, 1); /* the PLACE at once */
+    moonlet_clock_advance(1000 * MS);          /* the DROP a second late */
+    for (int i = 1; i < s.n; i++) {
+        moonlet_repl_decoded d;
+        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
+        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
+    }
+    int applied = s.n;
+    moonlet_clock_advance(62000 * MS - 1000 * MS); /* the leader's deadline + grace */
+    assert_int_equal(moonlet_master_ping(a, MOONLET_STR("n0"), NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    uint64_t off = r.off[0];
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("new"), 5000, 1,
+                                              false, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_int_equal(r.off[0], off);
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
+                     MOONLET_OK);
+    for (int i = applied; i < s.n; i++) {
+        moonlet_repl_decoded d;
+        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
+        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
+    }
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+    assert_int_equal(skipped, 0);
+    assert_same(a, b, "new");
+    standby_free(b, st);
+    leader_free(a, &s);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1178,4 +1302,6 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
                   cmocka_unit_test(test_follower_refuses_bad_pushes),
-                  cmocka_unit_test(test_snapshot_carries_leader_clock))
+                  cmocka_unit_test(test_snapshot_carries_leader_clock),
+                  cmocka_unit_test(test_standby_quarantine_ends_at_place),
+                  cmocka_unit_test(test_standby_quarantine_lag))
