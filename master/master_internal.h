@@ -576,14 +576,13 @@ void repair_note_locked(moonlet_master *m, const struct mobj *o);
  * Takes repair_mu, then (without it) the guard shared and one shard lock at
  * a time. */
 /* An object as one PLACE record (FLAG_SEALED when sealed), its tenant's
- * name included, without the replica `skip` (NULL: all of them); free_ms:
- * how long a range the standby held for the object and this record no
- * longer names stays unusable.  What a snapshot sends per object, and what
- * repair.c sends when a drain swapped a replica.  Under the object's shard
- * lock; takes tenants.lock (read). */
-void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep *skip,
-                      uint64_t free_ms, void (*emit)(void *arg, const moonlet_repl_rec *rec),
-                      void *arg);
+ * name included (no replica: no record); free_ms: how long a range the
+ * standby held for the object and this record no longer names stays
+ * unusable.  What a snapshot sends per object, and what repair.c sends
+ * when a drain swapped a replica.  Under the object's shard lock; takes
+ * tenants.lock (read). */
+void repl_object_send(moonlet_master *m, const struct mobj *o, uint64_t free_ms,
+                      void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
 /* Snapshot (snapshot.c): a QUAR record for each running job's target range,
  * as repair.c's repl_hold_target emitted it.  Takes repair_mu, then
  * registry.mu (not nested). */

@@ -1287,6 +1287,58 @@ static void test_standby_quarantine_lag(void **state)
     leader_free(a, &s);
 }
 
+/* Finding 1: the documented rolling restart (drain, wait for 0 objects,
+ * stop the node) of a node holding an object's one replica.  The drain's
+ * swap sent the object without the new replica: no record at all, so the
+ * standby kept it on the drained range and dropped it at the unmount. */
+static void test_drained_single_replica_survives(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "one", 3000, 1), MOONLET_OK);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), true, NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    repair_one(a, "n1");
+    struct fix_reps r;
+    moonlet_key_view v;
+    assert_int_equal(inspect(a, "one", &v, &r), 0);
+    assert_int_equal(r.n, 1);
+    assert_string_equal(r.segs[0], "s1"); /* swapped */
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "one");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+    /* Undrained instead, the leader reuses the drained range: the standby
+     * holds the object on its new replica only, and the new object too. */
+    static struct stream s2;
+    a = leader_on_s0(&s2, 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "one", 3000, 1), MOONLET_OK);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), true, NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    repair_one(a, "n1");
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), false, NULL), MOONLET_OK);
+    moonlet_str pref = MOONLET_STR("s0");
+    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("two"), 3000,
+                                                   &po, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_string_equal(r.segs[0], "s0");
+    assert_int_equal(r.off[0], 0); /* where "one" was */
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("two"), NULL),
+                     MOONLET_OK);
+    b = promote(&s2);
+    assert_same(a, b, "one");
+    assert_same(a, b, "two");
+    moonlet_master_destroy(b);
+    leader_free(a, &s2);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1304,4 +1356,5 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_follower_refuses_bad_pushes),
                   cmocka_unit_test(test_snapshot_carries_leader_clock),
                   cmocka_unit_test(test_standby_quarantine_ends_at_place),
-                  cmocka_unit_test(test_standby_quarantine_lag))
+                  cmocka_unit_test(test_standby_quarantine_lag),
+                  cmocka_unit_test(test_drained_single_replica_survives))
