@@ -796,14 +796,29 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
 int moonlet_repl_state_apply_snapshot(moonlet_repl_state *st, const moonlet_repl_rec *rec,
                                       bool first_part)
 {
-    int rc = moonlet_repl_state_apply(st, rec);
-    if (rc != MOONLET_ERR_SEGMENT_NOT_FOUND || first_part)
-        return rc;
-    ML_INFO(MOD, "snapshot: the record of %.*s (%u replicas, the first on %.*s) names a segment "
-            "mounted since the first part: skipped (the replay brings it)", (int)rec->key.len,
-            rec->key.ptr, rec->nrep, (int)(rec->nrep ? rec->rep_seg[0].len : 0),
-            rec->nrep ? rec->rep_seg[0].ptr : "");
-    return MOONLET_OK;
+    if (first_part || rec->type != MOONLET_REPL_PLACE || rec->nrep > MOONLET_REPL_MAX_REPS) {
+        int rc = moonlet_repl_state_apply(st, rec);
+        return rc == MOONLET_ERR_SEGMENT_NOT_FOUND && !first_part ? MOONLET_OK : rc;
+    }
+    /* A later part: the object on the replicas whose segments the state
+     * knows.  One on a segment mounted since the first part came there by
+     * a PLACE the replay brings, or by a repair that sends no record
+     * (repair.c): the object is kept with fewer replicas, never dropped
+     * (issue 31, finding 8: a record skipped whole lost the object). */
+    moonlet_repl_rec r = *rec;
+    uint32_t n = 0, slot;
+    for (uint32_t k = 0; k < rec->nrep; k++) {
+        if (seg_find(st, rec->rep_seg[k], &slot) != MOONLET_OK)
+            continue;
+        r.rep_seg[n] = rec->rep_seg[k];
+        r.rep_off[n++] = rec->rep_off[k];
+    }
+    r.nrep = n;
+    if (n < rec->nrep)
+        ML_INFO(MOD, "snapshot: %u of the %u replicas of %.*s are on segments mounted since the "
+                "first part: %s", rec->nrep - n, rec->nrep, (int)rec->key.len, rec->key.ptr,
+                n ? "kept without them" : "skipped (the replay brings it)");
+    return n ? moonlet_repl_state_apply(st, &r) : MOONLET_OK;
 }
 
 void moonlet_repl_state_counts(const moonlet_repl_state *st, moonlet_repl_counts *out)

@@ -40,6 +40,20 @@ void repl_object_send(moonlet_master *m, const struct mobj *o, uint64_t free_ms,
     rec.free_ms = free_ms;
     if (o->state == OBJ_COMPLETE)
         rec.flags |= MOONLET_REPL_FLAG_SEALED;
+    /* Only replicas on MOUNTED segments: a segment being unmounted was
+     * announced (UNMOUNT) before its replicas are stripped, and a snapshot
+     * lists only mounted ones, so the standby does not know it: a record
+     * naming it failed to apply, and in a snapshot part after the first
+     * that failure is skipped with the whole object, which is never sent
+     * again (issue 31, finding 8). */
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < rec.nrep; k++) {
+        if (atomic_load(&reg_seg(&m->reg, mobj_creps(o)[k].seg)->state) != SEG_MOUNTED)
+            continue;
+        rec.rep_seg[n] = rec.rep_seg[k];
+        rec.rep_off[n++] = rec.rep_off[k];
+    }
+    rec.nrep = n;
     if (rec.nrep == 0)
         return;
     char name[MOONLET_MAX_ID_BYTES + 1];
