@@ -355,6 +355,10 @@ static void snapshot_part(void)
             rc = moonlet_repl_decode(b.bufs[i] + 8, len, &d);
         if (!rc)
             rc = moonlet_repl_state_apply_snapshot(S.st, &d.rec, first);
+        if (g_records)
+            trace("  snapshot rec type %u key %.*s nrep %u seg %s: %d", d.rec.type,
+                  (int)d.rec.key.len, d.rec.key.ptr, d.rec.nrep,
+                  d.rec.type == MOONLET_REPL_MOUNT ? d.rec.seg->segment_id : "", rc);
         free(b.bufs[i]);
     }
     free(b.bufs);
