@@ -1492,6 +1492,29 @@ static void test_replayed_quarantine_yields_to_object(void **state)
     leader_free(a, &s);
 }
 
+/* Finding 1, the repair's copy: an object loses a replica, a repair copies
+ * it to s2 (appended: no record, before), then the node of its one other
+ * replica leaves: the standby, which knew only that one, dropped it. */
+static void test_repaired_copy_survives(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "k", 5000, 2), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
+                     MOONLET_OK);
+    mount(a, "n2", "s2", 1 << 20);
+    moonlet_master_tick(a);
+    repair_one(a, "n2");
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "k");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1513,4 +1536,5 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_drained_single_replica_survives),
                   cmocka_unit_test(test_snapshot_while_unmounting),
                   cmocka_unit_test(test_snapshot_part_names_new_segment),
-                  cmocka_unit_test(test_replayed_quarantine_yields_to_object))
+                  cmocka_unit_test(test_replayed_quarantine_yields_to_object),
+                  cmocka_unit_test(test_repaired_copy_survives))
