@@ -245,6 +245,10 @@ typedef struct moonlet_master_put_opts {
      * in-sync standby already holds reserved (cfg.repl_pos): the reply need
      * not wait for the standby's ack of this put's PLACE. */
     bool *covered;
+    /* Out (optional): this put's id (never 0, below 2^56), for
+     * moonlet_master_put_end_ex / put_revoke_ex.  Kept by a promoted
+     * standby (the PLACE record carries it). */
+    uint64_t *put_id;
 } moonlet_master_put_opts;
 #define MOONLET_MAX_PREFERRED 64u
 
@@ -260,6 +264,18 @@ int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str ke
                            const uint64_t *checksum);
 /* Abandons a put in progress: frees its replicas and forgets the key. */
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* The same, for the put PutStart named *put_id (moonlet_master_put_opts.
+ * put_id) only; put_id NULL: the put in progress under the key, whichever
+ * it is (the calls above).  OBJECT_NOT_FOUND when the key's put in
+ * progress is another one (the named put was reaped at its deadline,
+ * revoked or lost its replicas, and the key was put again since): a late
+ * PutEnd or PutRevoke never seals nor kills another client's put (issue
+ * 31, finding 5).  INVALID_WRITE as before when the key's object is
+ * sealed. */
+int moonlet_master_put_end_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                              const uint64_t *checksum, const uint64_t *put_id);
+int moonlet_master_put_revoke_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                 const uint64_t *put_id);
 
 /*
  * PutReplaceReplica: the writer could not write the replica of a put in

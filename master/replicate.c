@@ -720,6 +720,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
     } else {
         o->deadline_ns = now + rec->ttl_ms * MOONLET_NS_PER_MS;
         o->pin_ns = rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+        o->has_checksum = false;
+        o->checksum = rec->checksum; /* the put's id (restored with it: PutEnd names it) */
     }
     o->nrep = rec->nrep;
     memcpy(o->seg, seg, sizeof(seg[0]) * rec->nrep);

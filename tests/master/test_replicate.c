@@ -1515,6 +1515,32 @@ static void test_repaired_copy_survives(void **state)
     leader_free(a, &s);
 }
 
+/* Finding 5 across a failover: a put in progress keeps its id on the
+ * promoted standby (the PLACE carries it), so its writer's PutEnd, naming
+ * it, still seals it there, and a PutEnd naming another put is refused. */
+static void test_put_id_survives_promotion(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    uint64_t id = 0, other = 0;
+    moonlet_master_put_opts po = {.replica_num = 1, .put_id = &id};
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("p"), 100, &po,
+                                                   NULL, NULL),
+                     MOONLET_OK);
+    po.put_id = &other;
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("q"), 100, &po,
+                                                   NULL, NULL),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_int_equal(moonlet_master_put_end_ex(b, MOONLET_STR(""), MOONLET_STR("p"), NULL, &other),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_put_end_ex(b, MOONLET_STR(""), MOONLET_STR("p"), NULL, &id),
+                     MOONLET_OK);
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1537,4 +1563,5 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_snapshot_while_unmounting),
                   cmocka_unit_test(test_snapshot_part_names_new_segment),
                   cmocka_unit_test(test_replayed_quarantine_yields_to_object),
-                  cmocka_unit_test(test_repaired_copy_survives))
+                  cmocka_unit_test(test_repaired_copy_survives),
+                  cmocka_unit_test(test_put_id_survives_promotion))

@@ -109,7 +109,7 @@ enum put_state { P_WAIT_START, P_OPEN, P_WAIT_END, P_SEALED, P_DONE };
 struct put {
     uint32_t id, key, nrep, epoch;
     uint64_t size, deadline_ns, wait_pos;
-    uint64_t master_put_id;   /* the master's put id (0: none given) */
+    uint64_t master_put_id;   /* PutStart's put id: PutEnd / PutRevoke name it */
     enum put_state st;
     bool replied;             /* PutStart's reply reached the client: it may write */
     bool end_sent;            /* PutEnd sent: every write of it was acknowledged before */
@@ -676,7 +676,8 @@ static void op_put_start(void)
     uint32_t want = 1 + below(MAXREP);
     bool covered = false;
     moonlet_master_put_opts po = {.replica_num = want, .soft_pin = chance(20),
-                                  .hard_pin = chance(5), .covered = &covered};
+                                  .hard_pin = chance(5), .covered = &covered,
+                                  .put_id = &p->master_put_id};
     struct start_ctx c = {p};
     int rc = moonlet_master_put_start_opts(S.m, MOONLET_STR(""), MOONLET_STR(key), p->size, &po,
                                            start_visit, &c);
@@ -735,7 +736,8 @@ static void op_write(void)
     if (!ok && chance(60)) {
         char key[16];
         key_name(key, sizeof(key), p->key);
-        int rc = moonlet_master_put_revoke(S.m, MOONLET_STR(""), MOONLET_STR(key));
+        int rc = moonlet_master_put_revoke_ex(S.m, MOONLET_STR(""), MOONLET_STR(key),
+                                              &p->master_put_id);
         p->st = P_DONE;
         trace("k%u: put %u revoked after a failed write: %d", p->key, p->id, rc);
     }
@@ -767,7 +769,8 @@ static void op_put_end(void)
     p->ck = chance(60);
     p->end_sent = true;
     bool late = moonlet_clock_now_ns() >= p->deadline_ns;
-    int rc = moonlet_master_put_end(S.m, MOONLET_STR(""), MOONLET_STR(key), p->ck ? &ck : NULL);
+    int rc = moonlet_master_put_end_ex(S.m, MOONLET_STR(""), MOONLET_STR(key), p->ck ? &ck : NULL,
+                                       &p->master_put_id);
     S.late_ends += late;
     trace("%s: PutEnd put %u%s%s: %d", key, p->id, p->ck ? " (checksum)" : "",
           late ? " LATE (after its deadline)" : "", rc);
@@ -788,7 +791,8 @@ static void op_put_revoke(void)
         return;
     char key[16];
     key_name(key, sizeof(key), p->key);
-    int rc = moonlet_master_put_revoke(S.m, MOONLET_STR(""), MOONLET_STR(key));
+    int rc = moonlet_master_put_revoke_ex(S.m, MOONLET_STR(""), MOONLET_STR(key),
+                                          &p->master_put_id);
     p->st = P_DONE;
     trace("%s: PutRevoke put %u: %d", key, p->id, rc);
 }
