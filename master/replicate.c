@@ -776,6 +776,20 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
             return MOONLET_ERR_INVALID_PARAMS;
         struct robj **pp = obj_find(st, rec->tenant_id, rec->key, obj_hash(rec->tenant_id, rec->key));
         struct robj *o = *pp;
+        if (!o && rec->type == MOONLET_REPL_DROP && rec->free_ms) {
+            /* An object this state never saw: a snapshot part walked its
+             * shard after it went, and the first part walked the
+             * quarantines before it went.  Its ranges are quarantined on
+             * the leader all the same (a writer may still send there), so
+             * they are here, as the record names them (issue 31). */
+            for (uint32_t k = 0; k < rec->nrep && k < MOONLET_REPL_MAX_REPS; k++) {
+                uint32_t slot;
+                if (seg_find(st, rec->rep_seg[k], &slot) == MOONLET_OK)
+                    quar_add(st, slot, rec->rep_off[k], rec->size ? rec->size : 1,
+                             now + rec->free_ms * MOONLET_NS_PER_MS);
+            }
+            return MOONLET_OK;
+        }
         if (!o)
             return MOONLET_OK;
         if (rec->type == MOONLET_REPL_SEAL) {
