@@ -1107,14 +1107,30 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
     return ok;
 }
 
-/* Seeds that found the findings on the old code (docs/sim-findings.md). */
-static const uint64_t regression_seeds[] = {0};
+/* Runs that failed on the code before the fixes (docs/sim-findings.md):
+ * each must pass now.  The simulation's choices are the same as when they
+ * were found (commit 0b4bc98), so each replays its hole's path. */
+static const struct {
+    uint64_t seed;
+    uint32_t steps;
+    bool polite;
+    const char *finding;
+} regressions[] = {
+    {10, 200, false, "5: a late PutEnd sealed another put of the key"},
+    {2042, 200, true, "1: a drained single-replica object vanished from the standby"},
+    {519, 200, true, "1: the drained range reused, the standby's object refused at restore"},
+    {3223, 400, true, "1: a repaired copy unknown to the standby, the other replica gone"},
+    {3511, 200, true, "2: a repair target's quarantine outlived the leader's"},
+    {15123, 400, true, "2: a replayed quarantine restored before the object on it"},
+    {9699, 400, true, "8: a snapshot part skipped an object on a new segment"},
+    {10495, 300, true, "DROP of a put the standby never saw: its ranges left free"},
+};
 
 int main(int argc, char **argv)
 {
     uint64_t seed = 0, first = 1, nseeds = 2000;
     uint32_t steps = 200, max_fail = 5;
-    bool one = false, print_all = false, regress = true;
+    bool one = false, print_all = false, regress = true, polite = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             seed = strtoull(argv[++i], NULL, 10);
@@ -1131,7 +1147,7 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--records")) {
             g_records = true;
         } else if (!strcmp(argv[i], "--polite")) {
-            g_polite = true;
+            polite = g_polite = true;
         } else if (!strcmp(argv[i], "--trace")) {
             print_all = true;
         } else {
@@ -1148,9 +1164,15 @@ int main(int argc, char **argv)
     uint32_t bad = 0;
     uint64_t failovers = 0, snaps = 0, late = 0, reads = 0;
     if (regress)
-        for (size_t i = 0; i < sizeof(regression_seeds) / sizeof(regression_seeds[0]); i++)
-            if (regression_seeds[i] && !run(regression_seeds[i], steps, false, false))
+        for (size_t i = 0; i < sizeof(regressions) / sizeof(regressions[0]); i++) {
+            g_polite = regressions[i].polite;
+            if (!run(regressions[i].seed, regressions[i].steps, false, false)) {
+                printf("sim: regression seed %" PRIu64 " (finding %s) fails again\n",
+                       regressions[i].seed, regressions[i].finding);
                 bad++;
+            }
+        }
+    g_polite = polite;
     for (uint64_t s = first; s < first + nseeds && bad < max_fail; s++) {
         if (!run(s, steps, false, false))
             bad++;
