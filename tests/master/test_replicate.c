@@ -1191,6 +1191,50 @@ static struct fetched repair_one(moonlet_master *a, const char *client)
     return f;
 }
 
+/* Records [from, s->n) of the stream applied to st (a replay). */
+static void apply_from(moonlet_repl_state *st, const struct stream *s, int from)
+{
+    for (int i = from; i < s->n; i++) {
+        moonlet_repl_decoded d;
+        assert_int_equal(moonlet_repl_decode(s->buf[i], s->len[i], &d), MOONLET_OK);
+        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
+    }
+}
+
+/* st restored into a fresh master with nothing skipped, `key` there as on
+ * a; st and that master freed. */
+static void restore_same(moonlet_repl_state *st, moonlet_master *a, const char *key)
+{
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+    assert_int_equal(skipped, 0);
+    assert_same(a, b, key);
+    standby_free(b, st);
+}
+
+/* A leader (returned) whose object `key` (5000 B) had replicas on s0 and
+ * s1, lost s1's with its unmount, and was repaired onto s2 (mounted then):
+ * the job started (its target's QUAR at stream position *from) and its
+ * copy attached (RepairDone).  *job (optional): the job. */
+static moonlet_master *repaired_onto_s2(struct stream *s, const char *key, int *from,
+                                        struct fetched *job)
+{
+    moonlet_master *a = leader_on_s0(s, 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(a, "", key, 5000, 2), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
+                     MOONLET_OK);
+    mount(a, "n2", "s2", 1 << 20);
+    if (from)
+        *from = s->n;
+    moonlet_master_tick(a); /* the repair starts: its target on s2 (QUAR on the standby) */
+    struct fetched f = repair_one(a, "n2");
+    if (job)
+        *job = f;
+    return a;
+}
+
 /* The stream applied to a standby's state, restored into a fresh master:
  * nothing skipped. */
 static moonlet_master *promote(const struct stream *s)
@@ -1214,14 +1258,8 @@ static void test_standby_quarantine_ends_at_place(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader_on_s0(&s, 1 << 20);
-    mount(a, "n1", "s1", 1 << 20);
-    assert_int_equal(fix_put_t(a, "", "old", 5000, 2), MOONLET_OK);
-    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
-                     MOONLET_OK);
-    mount(a, "n2", "s2", 1 << 20);
-    moonlet_master_tick(a); /* the repair starts: its target on s2 (QUAR on the standby) */
-    struct fetched f = repair_one(a, "n2");
+    struct fetched f;
+    moonlet_master *a = repaired_onto_s2(&s, "old", NULL, &f);
     assert_int_equal(moonlet_master_remove(a, MOONLET_STR(""), MOONLET_STR("old")), MOONLET_OK);
     moonlet_str pref = MOONLET_STR("s2");
     moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
@@ -1256,11 +1294,7 @@ static void test_standby_quarantine_lag(void **state)
                      MOONLET_OK);
     moonlet_repl_state *st = apply_all(&s, 1); /* the PLACE at once */
     moonlet_clock_advance(1000 * MS);          /* the DROP a second late */
-    for (int i = 1; i < s.n; i++) {
-        moonlet_repl_decoded d;
-        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
-        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
-    }
+    apply_from(st, &s, 1);
     int applied = s.n;
     moonlet_clock_advance(62000 * MS - 1000 * MS); /* the leader's deadline + grace */
     assert_int_equal(moonlet_master_ping(a, MOONLET_STR("n0"), NULL), MOONLET_OK);
@@ -1273,17 +1307,8 @@ static void test_standby_quarantine_lag(void **state)
     assert_int_equal(r.off[0], off);
     assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
                      MOONLET_OK);
-    for (int i = applied; i < s.n; i++) {
-        moonlet_repl_decoded d;
-        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
-        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
-    }
-    moonlet_master *b = leader(NULL);
-    uint64_t skipped = 1;
-    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
-    assert_int_equal(skipped, 0);
-    assert_same(a, b, "new");
-    standby_free(b, st);
+    apply_from(st, &s, applied);
+    restore_same(st, a, "new");
     leader_free(a, &s);
 }
 
@@ -1466,29 +1491,13 @@ static void test_replayed_quarantine_yields_to_object(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader_on_s0(&s, 1 << 20);
-    mount(a, "n1", "s1", 1 << 20);
-    assert_int_equal(fix_put_t(a, "", "k", 5000, 2), MOONLET_OK);
-    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
-                     MOONLET_OK);
-    mount(a, "n2", "s2", 1 << 20);
-    int from = s.n;         /* the first part's position */
-    moonlet_master_tick(a); /* the job starts: QUAR of its target */
-    repair_one(a, "n2");    /* attached: no record */
+    int from; /* the first part's position: before the job's QUAR */
+    moonlet_master *a = repaired_onto_s2(&s, "k", &from, NULL);
     moonlet_repl_state *st = NULL;
     assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
     snapshot_parts(a, st, NULL); /* k on s0 and s2 */
-    for (int i = from; i < s.n; i++) { /* the replay */
-        moonlet_repl_decoded d;
-        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
-        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
-    }
-    moonlet_master *b = leader(NULL);
-    uint64_t skipped = 1;
-    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
-    assert_int_equal(skipped, 0);
-    assert_same(a, b, "k");
-    standby_free(b, st);
+    apply_from(st, &s, from); /* the replay */
+    restore_same(st, a, "k");
     leader_free(a, &s);
 }
 
@@ -1499,14 +1508,7 @@ static void test_repaired_copy_survives(void **state)
 {
     (void)state;
     static struct stream s;
-    moonlet_master *a = leader_on_s0(&s, 1 << 20);
-    mount(a, "n1", "s1", 1 << 20);
-    assert_int_equal(fix_put_t(a, "", "k", 5000, 2), MOONLET_OK);
-    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
-                     MOONLET_OK);
-    mount(a, "n2", "s2", 1 << 20);
-    moonlet_master_tick(a);
-    repair_one(a, "n2");
+    moonlet_master *a = repaired_onto_s2(&s, "k", NULL, NULL);
     assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
                      MOONLET_OK);
     moonlet_master *b = promote(&s);
@@ -1571,11 +1573,7 @@ static void test_drop_of_unseen_put_quarantines(void **state)
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.objects, 0); /* its shard came after the revoke (not shard 0) */
     assert_int_equal(c.quarantined, 0);
-    for (int i = from; i < s.n; i++) { /* the replay: the DROP */
-        moonlet_repl_decoded d;
-        assert_int_equal(moonlet_repl_decode(s.buf[i], s.len[i], &d), MOONLET_OK);
-        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
-    }
+    apply_from(st, &s, from); /* the replay: the DROP */
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.quarantined, 1);
     moonlet_master *b = leader(NULL);
