@@ -41,11 +41,13 @@ typedef struct moonlet_master moonlet_master;
  *   PLACE    an object's whole replica set at PutStart and after each
  *            PutReplaceReplica (free_ms: the replaced range's quarantine);
  *            with FLAG_SEALED the object is sealed by the same record (a
- *            snapshot's object, a drain's replica swap: one record, so a
+ *            snapshot's object, a repair copy joining it: one record, so a
  *            standby never holds the object missing or unsealed in between)
  *   SEAL     PutEnd (checksum when FLAG_CHECKSUM)
  *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
- *            free_ms: how long its ranges stay unusable (0: at once)
+ *            free_ms: how long its ranges stay unusable (0: at once),
+ *            named by the record's replicas even when the standby never
+ *            saw the object (a snapshot part walked after it went)
  *   QUAR     (snapshots) a quarantined range and the ms it stays so
  *   RESV     a range the leader set aside for PutStarts to come (its
  *            segment's pool, segment.c): rep_seg[0] / rep_off[0], size
@@ -87,7 +89,8 @@ typedef struct moonlet_repl_rec {
     uint64_t ttl_ms;          /* PLACE: ms left to the put deadline */
     uint64_t pin_ttl_ms;      /* PLACE with FLAG_SOFT_PIN: the pin's TTL */
     uint64_t free_ms;         /* PLACE, DROP: see above */
-    uint64_t checksum;        /* SEAL with FLAG_CHECKSUM */
+    uint64_t checksum;        /* SEAL with FLAG_CHECKSUM; PLACE of a put in progress:
+                               * its put id << 8 | its replacements */
     uint32_t nrep;
     moonlet_str rep_seg[MOONLET_REPL_MAX_REPS]; /* segment ids */
     uint64_t rep_off[MOONLET_REPL_MAX_REPS];
