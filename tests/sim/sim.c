@@ -1090,6 +1090,8 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
             moonlet_master_tick(S.m);
         settle();
         check_all(S.m, false);
+        if (S.failed)
+            break; /* S.step: the step that failed */
     }
     bool ok = !S.failed;
     if (!ok && !quiet) {
