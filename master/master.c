@@ -19,7 +19,9 @@
 #include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "grow.h"
 #include "lease.h"
@@ -301,6 +303,10 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
 
     m->slab = moonlet_objslab_create(sizeof(struct mobj) + mobj_key_span(MOONLET_MAX_KEY_BYTES) +
                                      MOONLET_MAX_REPLICAS * sizeof(struct mrep));
+    uint64_t start = 0;
+    if (getrandom(&start, sizeof(start), 0) != (ssize_t)sizeof(start))
+        start = moonlet_clock_real_ns() ^ ((uint64_t)getpid() << 40); /* no entropy: still unlikely to meet */
+    atomic_store(&m->next_put_id, start);
     if (!m->slab || shards_init(m) != MOONLET_OK || repair_init(m) != MOONLET_OK) {
         moonlet_master_destroy(m);
         return MOONLET_ERR_INTERNAL_ERROR;

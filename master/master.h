@@ -41,11 +41,13 @@ typedef struct moonlet_master moonlet_master;
  *   PLACE    an object's whole replica set at PutStart and after each
  *            PutReplaceReplica (free_ms: the replaced range's quarantine);
  *            with FLAG_SEALED the object is sealed by the same record (a
- *            snapshot's object, a drain's replica swap: one record, so a
+ *            snapshot's object, a repair copy joining it: one record, so a
  *            standby never holds the object missing or unsealed in between)
  *   SEAL     PutEnd (checksum when FLAG_CHECKSUM)
  *   DROP     an object's end (revoke, timeout, remove, eviction, unmount);
- *            free_ms: how long its ranges stay unusable (0: at once)
+ *            free_ms: how long its ranges stay unusable (0: at once),
+ *            named by the record's replicas even when the standby never
+ *            saw the object (a snapshot part walked after it went)
  *   QUAR     (snapshots) a quarantined range and the ms it stays so
  *   RESV     a range the leader set aside for PutStarts to come (its
  *            segment's pool, segment.c): rep_seg[0] / rep_off[0], size
@@ -87,7 +89,8 @@ typedef struct moonlet_repl_rec {
     uint64_t ttl_ms;          /* PLACE: ms left to the put deadline */
     uint64_t pin_ttl_ms;      /* PLACE with FLAG_SOFT_PIN: the pin's TTL */
     uint64_t free_ms;         /* PLACE, DROP: see above */
-    uint64_t checksum;        /* SEAL with FLAG_CHECKSUM */
+    uint64_t checksum;        /* SEAL with FLAG_CHECKSUM; PLACE of a put in progress:
+                               * its put id << 8 | its replacements */
     uint32_t nrep;
     moonlet_str rep_seg[MOONLET_REPL_MAX_REPS]; /* segment ids */
     uint64_t rep_off[MOONLET_REPL_MAX_REPS];
@@ -134,6 +137,10 @@ typedef struct moonlet_master_config {
     uint32_t repair_concurrency;
     uint64_t repair_timeout_ms;
     uint32_t repair_max_attempts;
+    /* Index entries a liveness check strips per call (unmount.c), so a mass
+     * failure is spread over ticks (0: 65536).  The simulator (tests/sim)
+     * sets it low, so that an unmount is in progress across other calls. */
+    uint32_t unmount_tick_budget;
     /* Test hook: called by BatchProbeKey(LAST_HIT_ONLY) between the scan and
      * the validation phase, and by ProbeResume before each candidate's
      * validation, with no master lock held. */
@@ -241,6 +248,10 @@ typedef struct moonlet_master_put_opts {
      * in-sync standby already holds reserved (cfg.repl_pos): the reply need
      * not wait for the standby's ack of this put's PLACE. */
     bool *covered;
+    /* Out (optional): this put's id (never 0, below 2^56), for
+     * moonlet_master_put_end_ex / put_revoke_ex.  Kept by a promoted
+     * standby (the PLACE record carries it). */
+    uint64_t *put_id;
 } moonlet_master_put_opts;
 #define MOONLET_MAX_PREFERRED 64u
 
@@ -256,6 +267,18 @@ int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str ke
                            const uint64_t *checksum);
 /* Abandons a put in progress: frees its replicas and forgets the key. */
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key);
+/* The same, for the put PutStart named *put_id (moonlet_master_put_opts.
+ * put_id) only; put_id NULL: the put in progress under the key, whichever
+ * it is (the calls above).  OBJECT_NOT_FOUND when the key's put in
+ * progress is another one (the named put was reaped at its deadline,
+ * revoked or lost its replicas, and the key was put again since): a late
+ * PutEnd or PutRevoke never seals nor kills another client's put (issue
+ * 31, finding 5).  INVALID_WRITE as before when the key's object is
+ * sealed. */
+int moonlet_master_put_end_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                              const uint64_t *checksum, const uint64_t *put_id);
+int moonlet_master_put_revoke_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                 const uint64_t *put_id);
 
 /*
  * PutReplaceReplica: the writer could not write the replica of a put in

@@ -85,8 +85,9 @@ struct mobj {
     uint8_t nrep_cap : 4;       /* replicas allocated (nrep shrinks on unmount) */
     uint8_t has_checksum : 1;   /* PutEnd recorded `checksum` */
     uint64_t checksum;          /* the writer's XXH3-64 of the bytes (end-to-end check);
-                                 * while PENDING: the replacements granted
-                                 * (PutReplaceReplica), bounded per put */
+                                 * while PENDING: (put id << 8) | the
+                                 * replacements granted (PutReplaceReplica,
+                                 * bounded per put): see mobj_put_id */
     char key[];
 };
 
@@ -106,6 +107,17 @@ static inline bool mobj_hard_pinned(const struct mobj *o)
 static inline uint64_t mobj_pinned_bytes(const struct mobj *o)
 {
     return o->size * o->nrep_cap;
+}
+
+/* A pending put's id (PutStart's, moonlet_master_put_opts.put_id) and the
+ * replacements it was granted, both in the header's checksum field until
+ * PutEnd (issue 31, finding 5: PutEnd / PutRevoke name the put, not only
+ * its key).  56 bits of id. */
+#define MOBJ_PUT_ID_MASK ((UINT64_C(1) << 56) - 1)
+static inline uint64_t mobj_put_id(const struct mobj *o) { return o->checksum >> 8; }
+static inline uint32_t mobj_replacements(const struct mobj *o)
+{
+    return (uint32_t)(o->checksum & 0xFFu);
 }
 
 static inline char *mobj_key(struct mobj *o) { return o->key; }
@@ -295,6 +307,10 @@ struct moonlet_master {
     moonlet_master_config cfg;
     uint64_t lease_ttl_ns, soft_pin_ttl_ns, client_ttl_ns, put_timeout_ns, quarantine_grace_ns;
     _Atomic uint64_t liveness_hold_ns; /* no liveness expiry before (moonlet_master_hold_liveness) */
+    /* The next put id (object.c): from a random start, so that two masters
+     * (a promoted standby, a restarted leader) hand out ids that do not
+     * meet; a restored pending put keeps its id (replicated in PLACE). */
+    _Atomic uint64_t next_put_id;
 
     pthread_mutex_t evict_mu;
     pthread_mutex_t unmount_mu;     /* unmount.c: one drain at a time */
@@ -576,14 +592,13 @@ void repair_note_locked(moonlet_master *m, const struct mobj *o);
  * Takes repair_mu, then (without it) the guard shared and one shard lock at
  * a time. */
 /* An object as one PLACE record (FLAG_SEALED when sealed), its tenant's
- * name included, without the replica `skip` (NULL: all of them); free_ms:
- * how long a range the standby held for the object and this record no
- * longer names stays unusable.  What a snapshot sends per object, and what
- * repair.c sends when a drain swapped a replica.  Under the object's shard
- * lock; takes tenants.lock (read). */
-void repl_object_send(moonlet_master *m, const struct mobj *o, const struct mrep *skip,
-                      uint64_t free_ms, void (*emit)(void *arg, const moonlet_repl_rec *rec),
-                      void *arg);
+ * name included (no replica: no record); free_ms: how long a range the
+ * standby held for the object and this record no longer names stays
+ * unusable.  What a snapshot sends per object, and what repair.c sends
+ * when a drain swapped a replica.  Under the object's shard lock; takes
+ * tenants.lock (read). */
+void repl_object_send(moonlet_master *m, const struct mobj *o, uint64_t free_ms,
+                      void (*emit)(void *arg, const moonlet_repl_rec *rec), void *arg);
 /* Snapshot (snapshot.c): a QUAR record for each running job's target range,
  * as repair.c's repl_hold_target emitted it.  Takes repair_mu, then
  * registry.mu (not nested). */

@@ -101,6 +101,7 @@ void repl_object_rec(const moonlet_master *m, const struct mobj *o, uint8_t type
                            (mobj_hard_pinned(o) ? MOONLET_REPL_FLAG_HARD_PIN : 0));
     uint64_t now = moonlet_clock_now_ns();
     if (o->state == OBJ_PENDING) {
+        rec->checksum = o->checksum; /* the put's id and replacements (mobj_put_id) */
         rec->ttl_ms = o->lease_deadline > now ? (o->lease_deadline - now) / MOONLET_NS_PER_MS : 0;
         if (rec->flags & MOONLET_REPL_FLAG_SOFT_PIN)
             rec->pin_ttl_ms = o->soft_pin_deadline / MOONLET_NS_PER_MS;
@@ -241,7 +242,13 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
         o->soft_pin_deadline = 0;
     }
     o->has_checksum = 0;
-    o->checksum = 0;
+    uint64_t put_id;
+    do /* never 0 (bounded: 0 comes once in 2^56 ids) */
+        put_id = atomic_fetch_add(&m->next_put_id, 1) & MOBJ_PUT_ID_MASK;
+    while (put_id == 0);
+    o->checksum = put_id << 8; /* and no replacement yet */
+    if (po->put_id)
+        *po->put_id = put_id;
     o->lease_deadline = now + m->put_timeout_ns; /* put deadline */
     shard_insert_locked(ref->shard, o);
     tenant_ref(m, ref->tenant); /* the object's own reference */
@@ -318,12 +325,30 @@ int moonlet_master_put_start(moonlet_master *m, moonlet_str tenant, moonlet_str 
     return moonlet_master_put_start_opts(m, tenant, key, size, &po, visit, arg);
 }
 
+struct end_args {
+    const uint64_t *checksum;
+    const uint64_t *put_id; /* NULL: whichever put holds the key */
+};
+
+/* The put named by PutEnd / PutRevoke is o's: no id named, or o's id.  A
+ * put reaped, revoked or unmounted and then started again under the same
+ * key by another client is another put: its id differs (issue 31, finding
+ * 5: a late PutEnd sealed the new put's half-written object with the old
+ * writer's checksum, a late PutRevoke killed it). */
+static bool put_is(const struct mobj *o, const uint64_t *put_id)
+{
+    return !put_id || mobj_put_id(o) == (*put_id & MOBJ_PUT_ID_MASK);
+}
+
 static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
-    const uint64_t *checksum = arg;
+    const struct end_args *ea = arg;
+    const uint64_t *checksum = ea->checksum;
     if (o->state != OBJ_PENDING)
         return MOONLET_ERR_INVALID_WRITE;
-    /* While PENDING, checksum counted the put's replacements. */
+    if (!put_is(o, ea->put_id))
+        return MOONLET_ERR_OBJECT_NOT_FOUND;
+    /* While PENDING, checksum held the put's id and replacements. */
     o->checksum = checksum ? *checksum : 0;
     o->has_checksum = checksum != NULL;
     for (uint32_t k = 0; k < o->nrep; k++)
@@ -352,24 +377,39 @@ static int put_end_op(moonlet_master *m, struct shard *s, struct mobj *o, void *
     return MOONLET_OK;
 }
 
+int moonlet_master_put_end_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                              const uint64_t *checksum, const uint64_t *put_id)
+{
+    struct end_args ea = {checksum, put_id};
+    return with_object(m, tenant, key, put_end_op, &ea);
+}
+
 int moonlet_master_put_end(moonlet_master *m, moonlet_str tenant, moonlet_str key,
                            const uint64_t *checksum)
 {
-    return with_object(m, tenant, key, put_end_op, (void *)checksum);
+    return moonlet_master_put_end_ex(m, tenant, key, checksum, NULL);
 }
 
 static int put_revoke_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
 {
     if (o->state != OBJ_PENDING)
         return MOONLET_ERR_INVALID_WRITE;
+    if (!put_is(o, arg))
+        return MOONLET_ERR_OBJECT_NOT_FOUND;
     object_destroy_locked(m, s, o);
     atomic_fetch_add(&m->st.put_revokes, 1);
     return MOONLET_OK;
 }
 
+int moonlet_master_put_revoke_ex(moonlet_master *m, moonlet_str tenant, moonlet_str key,
+                                 const uint64_t *put_id)
+{
+    return with_object(m, tenant, key, put_revoke_op, (void *)put_id);
+}
+
 int moonlet_master_put_revoke(moonlet_master *m, moonlet_str tenant, moonlet_str key)
 {
-    return with_object(m, tenant, key, put_revoke_op, NULL);
+    return moonlet_master_put_revoke_ex(m, tenant, key, NULL);
 }
 
 struct replace_args {
@@ -397,7 +437,7 @@ static int put_replace_op(moonlet_master *m, struct shard *s, struct mobj *o, vo
         k++;
     if (k == o->nrep && o->nrep >= o->nrep_cap)
         return MOONLET_ERR_INVALID_PARAMS; /* no such replica, and none is missing */
-    if (o->checksum >= MOONLET_MAX_PUT_REPLACEMENTS)
+    if (mobj_replacements(o) >= MOONLET_MAX_PUT_REPLACEMENTS)
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     /* The failed segment is avoided even when its replica is gone already. */
     moonlet_str avoid[MOONLET_MAX_EXCLUDED + 1];
@@ -415,7 +455,7 @@ static int put_replace_op(moonlet_master *m, struct shard *s, struct mobj *o, vo
     else
         o->nrep++;
     reps[k] = fresh;
-    o->checksum++;
+    o->checksum++; /* one more replacement (the low byte) */
     atomic_fetch_add(&m->st.put_replacements, 1);
     if (repl_on(m)) { /* the replaced range waits as long as the leader's quarantine */
         moonlet_repl_rec rec;
@@ -670,7 +710,7 @@ int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec
     } else {
         o->state = OBJ_PENDING;
         o->has_checksum = 0;
-        o->checksum = 0;
+        o->checksum = checksum; /* the put's id and replacements, as the leader had them */
         o->lease_deadline = now + rec->ttl_ms * MOONLET_NS_PER_MS; /* the put deadline */
         if (soft)
             o->soft_pin_deadline = rec->pin_ttl_ms * MOONLET_NS_PER_MS;

@@ -244,12 +244,12 @@ static void release_target(moonlet_master *m, const struct rjob *j)
                          j->deadline_ns + m->quarantine_grace_ns);
 }
 
-/* A hot standby learns only that the job's target range is taken: a QUAR
+/* A hot standby learns that the job's target range is taken: a QUAR
  * record holding it until the job's deadline plus the quarantine grace (the
- * longest the leader keeps it for a job that fails).  The copied replica
- * itself is not replicated, so after a failover the object has the replicas
- * the standby knew (fewer, never wrong ones), and the new leader cannot
- * place a put where a copy of the old leader's may still be writing.
+ * longest the leader keeps it for a job that fails), so the new leader
+ * cannot place a put where a copy of the old leader's may still be
+ * writing.  A copy that joins its object is replicated (repl_swap: the
+ * object's PLACE, which ends that QUAR on the standby).
  * RepairFetch waits for the standby's ack (service.c, is_write), so no node
  * writes before the standby holds the range.  Under the shard lock, after
  * the allocator took the range (master.h: the records' order). */
@@ -265,20 +265,24 @@ static void repl_hold_target(moonlet_master *m, const struct rjob *j, uint64_t n
     repl_emit(m, &rec);
 }
 
-/* A drain swapped a replica of sealed o for the job's `nr` (already in o):
- * the standby, which knows o with the old replica and holds `nr` as QUAR, is
- * told before the old range is freed (master.h: the records' order), in one
- * record, so that no failover can find it between two: o sealed, without
- * `nr`, the old range held while a reader may still read it (until; 0:
- * freed at once).  So it never keeps a replica on a range the leader may
- * reuse.  Under o's shard lock. */
-static void repl_swap(moonlet_master *m, const struct mobj *o, const struct mrep *nr,
-                      uint64_t until, uint64_t now)
+/* A repair's copy `nr` joined sealed o (already in o), appended or in
+ * place of a replica on a draining segment: the standby, which knows o
+ * without `nr` and holds `nr` as QUAR, is told in one record naming o's
+ * replicas, `nr` among them (its bytes were verified: it is o's), and a
+ * swapped-out range held while a reader may still read it (until; 0:
+ * freed at once), before that range is freed (master.h: the records'
+ * order).  So it never keeps a replica on a range the leader may reuse,
+ * and keeps the object while the leader does: before, `nr` was left out,
+ * and an object whose one replica was drained (or whose one surviving
+ * replica's node left after the copy) vanished from the standby at the
+ * node's unmount (issue 31, finding 1).  Its PLACE ends the QUAR of `nr`
+ * (replicate.c).  Under o's shard lock. */
+static void repl_swap(moonlet_master *m, const struct mobj *o, uint64_t until, uint64_t now)
 {
     if (!repl_on(m))
         return;
     uint64_t free_ms = until > now ? (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS : 0;
-    repl_object_send(m, o, nr, free_ms, m->cfg.repl_emit, m->cfg.repl_arg);
+    repl_object_send(m, o, free_ms, m->cfg.repl_emit, m->cfg.repl_arg);
 }
 
 enum { START_OK, START_DROP, START_RETRY };
@@ -668,6 +672,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
         res = NO_ROOM;
         if (o->nrep < o->nrep_cap) {
             reps[o->nrep++] = nr;
+            repl_swap(m, o, 0, me.now); /* the standby learns the copy */
             res = ATTACHED;
         } else {
             for (uint32_t k = 0; k < o->nrep; k++) {
@@ -679,7 +684,7 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
                  * its lease holds, as a forced Remove does. */
                 uint64_t until =
                     moonlet_lease_active(o->lease_deadline, me.now) ? o->lease_deadline : 0;
-                repl_swap(m, o, &nr, until, me.now);
+                repl_swap(m, o, until, me.now);
                 registry_release(m, o->hash, o->size, &old, 1, until);
                 res = ATTACHED;
                 break;

@@ -846,9 +846,8 @@ static int apply_blob(moonlet_repl_follower *f, const uint8_t *p, size_t len, ui
         int rc = moonlet_repl_decode(p + off, n, &d);
         if (rc)
             return rc;
-        rc = moonlet_repl_state_apply(f->st, &d.rec);
-        if (rc == MOONLET_ERR_SEGMENT_NOT_FOUND && kind == BLOB_SNAP_LATER)
-            rc = MOONLET_OK;
+        rc = snapshot ? moonlet_repl_state_apply_snapshot(f->st, &d.rec, kind == BLOB_SNAP_FIRST)
+                      : moonlet_repl_state_apply(f->st, &d.rec);
         if (rc && (snapshot || seq >= f->consistent_at)) {
             ML_WARN(MOD, "record %llu does not apply (%d): taking a new snapshot",
                     (unsigned long long)seq, rc);

@@ -18,7 +18,9 @@
  * it), objects in a chained hash table on (tenant_id, key), quarantined
  * ranges in an array pruned as they expire, reserved ranges (RESV) in an
  * array indexed by (slot, offset).  UNMOUNT scans the objects
- * (O(objects)); the standby has nothing else to do meanwhile.
+ * (O(objects)); the standby has nothing else to do meanwhile.  A PLACE
+ * ends the quarantined and reserved ranges it overlaps (O(those ranges)):
+ * the leader allocated them, whatever the standby's deadlines say.
  */
 #include "replicate.h"
 
@@ -27,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "clock.h"
 #include "grow.h"
 #include "hmap.h"
@@ -637,6 +640,32 @@ static int apply_unmount(moonlet_repl_state *st, moonlet_str id)
     return MOONLET_OK;
 }
 
+/* A PLACE names [off, +size) of slot seg as an object's: the leader took
+ * it from its allocator, so no quarantine or reservation of the leader
+ * covers it any more.  The standby's may (issue 31, finding 2): its
+ * deadlines count from when it applied a record, later than the leader's
+ * by the stream's lag or by a whole snapshot's replay, and a repair target
+ * the leader attached to an object (RepairDone sends no record) stays
+ * quarantined here until the job's deadline.  Restored first at a
+ * promotion, such a range refused the object the leader had put there.
+ * So a PLACE ends every quarantined or reserved range it overlaps. */
+static void ranges_taken(moonlet_repl_state *st, uint32_t seg, uint64_t off, uint64_t size)
+{
+    uint64_t end = off + moonlet_alloc_rounded(size ? size : 1);
+    uint32_t keep = 0;
+    for (uint32_t i = 0; i < st->nquar; i++) {
+        const struct rquar *q = &st->quar[i];
+        if (!(q->seg == seg && q->off < end && off < q->off + q->len))
+            st->quar[keep++] = *q;
+    }
+    st->nquar = keep;
+    for (uint32_t i = st->nresv; i-- > 0;) {
+        const struct rresv *v = &st->resv[i];
+        if (v->seg == seg && v->off < end && off < v->off + v->len)
+            resv_del(st, seg, v->off);
+    }
+}
+
 static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint64_t now)
 {
     if (rec->nrep == 0 || rec->nrep > MOONLET_REPL_MAX_REPS || rec->key.len == 0 ||
@@ -648,8 +677,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
         if (rc)
             return rc;
     }
-    for (uint32_t k = 0; k < rec->nrep; k++) /* a put placed in a reserved range */
-        resv_del(st, seg[k], rec->rep_off[k]);
+    for (uint32_t k = 0; k < rec->nrep; k++) /* a put placed in a reserved range, ... */
+        ranges_taken(st, seg[k], rec->rep_off[k], rec->size);
     uint64_t h = obj_hash(rec->tenant_id, rec->key);
     struct robj **pp = obj_find(st, rec->tenant_id, rec->key, h);
     struct robj *o = *pp;
@@ -691,6 +720,8 @@ static int apply_place(moonlet_repl_state *st, const moonlet_repl_rec *rec, uint
     } else {
         o->deadline_ns = now + rec->ttl_ms * MOONLET_NS_PER_MS;
         o->pin_ns = rec->pin_ttl_ms * MOONLET_NS_PER_MS;
+        o->has_checksum = false;
+        o->checksum = rec->checksum; /* the put's id (restored with it: PutEnd names it) */
     }
     o->nrep = rec->nrep;
     memcpy(o->seg, seg, sizeof(seg[0]) * rec->nrep);
@@ -745,6 +776,20 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
             return MOONLET_ERR_INVALID_PARAMS;
         struct robj **pp = obj_find(st, rec->tenant_id, rec->key, obj_hash(rec->tenant_id, rec->key));
         struct robj *o = *pp;
+        if (!o && rec->type == MOONLET_REPL_DROP && rec->free_ms) {
+            /* An object this state never saw: a snapshot part walked its
+             * shard after it went, and the first part walked the
+             * quarantines before it went.  Its ranges are quarantined on
+             * the leader all the same (a writer may still send there), so
+             * they are here, as the record names them (issue 31). */
+            for (uint32_t k = 0; k < rec->nrep && k < MOONLET_REPL_MAX_REPS; k++) {
+                uint32_t slot;
+                if (seg_find(st, rec->rep_seg[k], &slot) == MOONLET_OK)
+                    quar_add(st, slot, rec->rep_off[k], rec->size ? rec->size : 1,
+                             now + rec->free_ms * MOONLET_NS_PER_MS);
+            }
+            return MOONLET_OK;
+        }
         if (!o)
             return MOONLET_OK;
         if (rec->type == MOONLET_REPL_SEAL) {
@@ -762,6 +807,34 @@ int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec
     default:
         return MOONLET_ERR_INVALID_PARAMS;
     }
+}
+
+int moonlet_repl_state_apply_snapshot(moonlet_repl_state *st, const moonlet_repl_rec *rec,
+                                      bool first_part)
+{
+    if (first_part || rec->type != MOONLET_REPL_PLACE || rec->nrep > MOONLET_REPL_MAX_REPS) {
+        int rc = moonlet_repl_state_apply(st, rec);
+        return rc == MOONLET_ERR_SEGMENT_NOT_FOUND && !first_part ? MOONLET_OK : rc;
+    }
+    /* A later part: the object on the replicas whose segments the state
+     * knows.  One on a segment mounted since the first part came there by
+     * a PLACE the replay brings, or by a repair that sends no record
+     * (repair.c): the object is kept with fewer replicas, never dropped
+     * (issue 31, finding 8: a record skipped whole lost the object). */
+    moonlet_repl_rec r = *rec;
+    uint32_t n = 0, slot;
+    for (uint32_t k = 0; k < rec->nrep; k++) {
+        if (seg_find(st, rec->rep_seg[k], &slot) != MOONLET_OK)
+            continue;
+        r.rep_seg[n] = rec->rep_seg[k];
+        r.rep_off[n++] = rec->rep_off[k];
+    }
+    r.nrep = n;
+    if (n < rec->nrep)
+        ML_INFO(MOD, "snapshot: %u of the %u replicas of %.*s are on segments mounted since the "
+                "first part: %s", rec->nrep - n, rec->nrep, (int)rec->key.len, rec->key.ptr,
+                n ? "kept without them" : "skipped (the replay brings it)");
+    return n ? moonlet_repl_state_apply(st, &r) : MOONLET_OK;
 }
 
 void moonlet_repl_state_counts(const moonlet_repl_state *st, moonlet_repl_counts *out)
@@ -818,16 +891,6 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
             return rc;
         }
     }
-    for (uint32_t i = 0; i < st->nquar; i++) {
-        const struct rquar *q = &st->quar[i];
-        if (q->until_ns <= now)
-            continue;
-        uint64_t ms = (q->until_ns - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS;
-        if (moonlet_master_restore_quarantine(m, MOONLET_STR(st->segs[q->seg].id), q->off, q->len,
-                                              ms) != MOONLET_OK)
-            ML_WARN(MOD, "promotion: quarantined range of segment %s not restored",
-                    st->segs[q->seg].id);
-    }
     for (uint32_t b = 0; b <= st->mask; b++)
         for (const struct robj *o = st->buckets[b]; o; o = o->next) {
             moonlet_repl_rec rec = {.type = MOONLET_REPL_PLACE, .flags = o->flags,
@@ -852,6 +915,22 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
                 ML_ERR(MOD, "promotion: object %.*s not restored (%d)", (int)o->klen, o->key, rc);
             }
         }
+    /* Quarantined ranges after the objects: one an object holds is the
+     * leader's object's (the leader allocated it, so its own quarantine
+     * there had ended); the standby's outlived it (a record replayed
+     * after the snapshot that superseded it, a deadline counted from a
+     * late record).  Restored first, it refused that object (issue 31,
+     * finding 2); now it is the range that is not held back. */
+    for (uint32_t i = 0; i < st->nquar; i++) {
+        const struct rquar *q = &st->quar[i];
+        if (q->until_ns <= now)
+            continue;
+        uint64_t ms = (q->until_ns - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS;
+        if (moonlet_master_restore_quarantine(m, MOONLET_STR(st->segs[q->seg].id), q->off, q->len,
+                                              ms) != MOONLET_OK)
+            ML_INFO(MOD, "promotion: quarantined range [%" PRIu64 ", +%" PRIu64 ") of segment %s "
+                    "holds an object: not held back", q->off, q->len, st->segs[q->seg].id);
+    }
     /* After the objects, which a reservation never overlaps (a PLACE ended
      * the one it took): a put this standby never heard of may be writing in
      * any of these until its deadline. */

@@ -70,6 +70,15 @@ void moonlet_repl_state_clear(moonlet_repl_state *st);
  * (an unmount already took it). */
 int moonlet_repl_state_apply(moonlet_repl_state *st, const moonlet_repl_rec *rec);
 
+/* Applies one record of a snapshot part, as the follower does
+ * (repl_stream.c): a part other than the first (first_part false) may name
+ * a segment mounted after the first part's walk (its MOUNT comes in the
+ * replay from the first part's position): an object's replicas there are
+ * left out, and an object with none left is skipped (MOONLET_OK); a range
+ * record there is skipped.  Other errors as moonlet_repl_state_apply. */
+int moonlet_repl_state_apply_snapshot(moonlet_repl_state *st, const moonlet_repl_rec *rec,
+                                      bool first_part);
+
 /* A lower bound of (leader clock - this master's clock) in ms, measured by
  * the follower (the leader's clock in a reply minus this clock on receipt);
  * restore turns the leader's node clock offsets into this master's with it. */

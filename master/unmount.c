@@ -43,7 +43,7 @@
 #include "sync.h"
 
 #define UNMOUNT_BATCH 256u         /* index entries per hold of the guard */
-#define UNMOUNT_TICK_BUDGET 65536u /* index entries per liveness check */
+#define UNMOUNT_TICK_BUDGET 65536u /* index entries per liveness check (cfg 0) */
 
 struct unmount_job {
     uint32_t slot;
@@ -186,7 +186,7 @@ void liveness_check(moonlet_master *m)
     uint64_t now = moonlet_clock_now_ns();
     if (now >= atomic_load(&m->liveness_hold_ns))
         registry_collect_expired(m, now, take_job, m);
-    uint32_t budget = UNMOUNT_TICK_BUDGET;
+    uint32_t budget = m->cfg.unmount_tick_budget ? m->cfg.unmount_tick_budget : UNMOUNT_TICK_BUDGET;
     for (uint32_t i = 0; i < m->nunmounts && budget; i++)
         budget -= strip_some(m, &m->unmounts[i], budget);
     uint32_t keep = 0, done = 0;

@@ -470,6 +470,50 @@ static void test_list_keys_paging(void **state)
     moonlet_master_destroy(m);
 }
 
+/* Issue 31, finding 5: PutEnd and PutRevoke name their put.  Put A is
+ * reaped at its deadline and the key is put again (B, another client):
+ * A's late PutEnd sealed B's half-written object with A's checksum, and
+ * A's late PutRevoke killed B.  Named by A's id, both are refused
+ * (OBJECT_NOT_FOUND) and B goes on; a call without an id keeps the old
+ * meaning (whichever put holds the key). */
+static void test_put_end_names_its_put(void **state)
+{
+    (void)state;
+    moonlet_master_config cfg = fix_config(16);
+    cfg.put_timeout_ms = 1000;
+    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
+    fix_mount(m, "n0", "s0", 1 << 20);
+    moonlet_str t = MOONLET_STR(""), k = MOONLET_STR("k");
+    uint64_t a = 0, b = 0;
+    moonlet_master_put_opts po = {.replica_num = 1, .put_id = &a};
+    assert_int_equal(moonlet_master_put_start_opts(m, t, k, 100, &po, NULL, NULL), MOONLET_OK);
+    assert_true(a != 0);
+    moonlet_clock_advance(1001 * MOONLET_NS_PER_MS);
+    moonlet_master_tick(m); /* A is reaped */
+    po.put_id = &b;
+    assert_int_equal(moonlet_master_put_start_opts(m, t, k, 100, &po, NULL, NULL), MOONLET_OK);
+    assert_true(b != 0 && b != a);
+    uint64_t ck = 42;
+    assert_int_equal(moonlet_master_put_end_ex(m, t, k, &ck, &a), MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_put_revoke_ex(m, t, k, &a), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_key_view v;
+    assert_int_equal(moonlet_master_inspect_key(m, t, k, &v, NULL, NULL), MOONLET_OK);
+    assert_false(v.complete); /* B still in progress, not sealed by A */
+    assert_int_equal(moonlet_master_put_end_ex(m, t, k, NULL, &b), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end_ex(m, t, k, NULL, &b), MOONLET_ERR_INVALID_WRITE);
+    /* A revoke by id, and the calls without one. */
+    po.put_id = &a;
+    assert_int_equal(moonlet_master_put_start_opts(m, t, MOONLET_STR("k2"), 100, &po, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke_ex(m, t, MOONLET_STR("k2"), &b),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_put_revoke_ex(m, t, MOONLET_STR("k2"), &a), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_start(m, t, MOONLET_STR("k3"), 100, 1, false, NULL, NULL),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, t, MOONLET_STR("k3"), NULL), MOONLET_OK);
+    moonlet_master_destroy(m);
+}
+
 MOONLET_TEST_MAIN("master_object", NULL, NULL,
                   FIX_TEST(test_lifecycle),
                   FIX_TEST(test_force_remove),
@@ -482,4 +526,5 @@ MOONLET_TEST_MAIN("master_object", NULL, NULL,
                   FIX_TEST(test_unmount_removes_objects),
                   FIX_TEST(test_liveness),
                   FIX_TEST(test_put_timeout),
-                  cmocka_unit_test(test_list_keys_paging))
+                  cmocka_unit_test(test_list_keys_paging),
+                  cmocka_unit_test(test_put_end_names_its_put))

@@ -1163,6 +1163,430 @@ static void test_snapshot_carries_leader_clock(void **state)
     moonlet_role_destroy(role);
 }
 
+/* ---- issue 31: holes the simulation found (tests/sim, docs/sim-findings.md) ---- */
+
+/* A repair job of the leader, as the target node fetched it. */
+struct fetched {
+    uint64_t id, off, size;
+};
+
+static void fetch_one(void *arg, const moonlet_repair_job_view *j)
+{
+    struct fetched *f = arg;
+    f->id = j->job_id;
+    f->off = j->target->offset;
+    f->size = j->size;
+}
+
+/* Node `client` fetches its one repair job and reports it done. */
+static struct fetched repair_one(moonlet_master *a, const char *client)
+{
+    struct fetched f = {0};
+    assert_int_equal(moonlet_master_repair_fetch(a, MOONLET_STR(client), 0, 1, fetch_one, &f),
+                     MOONLET_OK);
+    assert_true(f.id != 0);
+    assert_int_equal(moonlet_master_repair_done(a, MOONLET_STR(client), 0, f.id, MOONLET_OK,
+                                                f.size),
+                     MOONLET_OK);
+    return f;
+}
+
+/* Records [from, s->n) of the stream applied to st (a replay). */
+static void apply_from(moonlet_repl_state *st, const struct stream *s, int from)
+{
+    for (int i = from; i < s->n; i++) {
+        moonlet_repl_decoded d;
+        assert_int_equal(moonlet_repl_decode(s->buf[i], s->len[i], &d), MOONLET_OK);
+        assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
+    }
+}
+
+/* st restored into a fresh master with nothing skipped, `key` there as on
+ * a; st and that master freed. */
+static void restore_same(moonlet_repl_state *st, moonlet_master *a, const char *key)
+{
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+    assert_int_equal(skipped, 0);
+    assert_same(a, b, key);
+    standby_free(b, st);
+}
+
+/* A leader (returned) whose object `key` (5000 B) had replicas on s0 and
+ * s1, lost s1's with its unmount, and was repaired onto s2 (mounted then):
+ * the job started (its target's QUAR at stream position *from) and its
+ * copy attached (RepairDone).  *job (optional): the job. */
+static moonlet_master *repaired_onto_s2(struct stream *s, const char *key, int *from,
+                                        struct fetched *job)
+{
+    moonlet_master *a = leader_on_s0(s, 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(a, "", key, 5000, 2), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
+                     MOONLET_OK);
+    mount(a, "n2", "s2", 1 << 20);
+    if (from)
+        *from = s->n;
+    moonlet_master_tick(a); /* the repair starts: its target on s2 (QUAR on the standby) */
+    struct fetched f = repair_one(a, "n2");
+    if (job)
+        *job = f;
+    return a;
+}
+
+/* The stream applied to a standby's state, restored into a fresh master:
+ * nothing skipped. */
+static moonlet_master *promote(const struct stream *s)
+{
+    moonlet_repl_state *st = apply_all(s, s->n);
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1;
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, &skipped), MOONLET_OK);
+    moonlet_repl_state_destroy(st);
+    assert_int_equal(skipped, 0);
+    return b;
+}
+
+/* Finding 2: a repair's target range is quarantined on the standby until
+ * the job's deadline + grace (QUAR); RepairDone attaches it with no
+ * record; the object is removed and the leader puts a new object on that
+ * range.  The standby's quarantine outlived the leader's and, restored
+ * first, refused the new (acknowledged) object at the promotion.  A PLACE
+ * now ends the quarantine it overlaps. */
+static void test_standby_quarantine_ends_at_place(void **state)
+{
+    (void)state;
+    static struct stream s;
+    struct fetched f;
+    moonlet_master *a = repaired_onto_s2(&s, "old", NULL, &f);
+    assert_int_equal(moonlet_master_remove(a, MOONLET_STR(""), MOONLET_STR("old")), MOONLET_OK);
+    moonlet_str pref = MOONLET_STR("s2");
+    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
+    struct fix_reps r = {0};
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("new"), 5000,
+                                                   &po, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_string_equal(r.segs[0], "s2");
+    assert_int_equal(r.off[0], f.off); /* the attached target's range, reused */
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "new");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
+/* Finding 2, the stream's lag: a revoked put's ranges are quarantined
+ * until its deadline + grace, counted by the standby from when it applies
+ * the DROP (here 1 s late).  The leader reuses the range at its own
+ * deadline; the standby's quarantine must not outlive that PLACE. */
+static void test_standby_quarantine_lag(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 64 * 1024);
+    struct fix_reps r = {0};
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("gone"), 5000, 1,
+                                              false, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("gone")),
+                     MOONLET_OK);
+    moonlet_repl_state *st = apply_all(&s, 1); /* the PLACE at once */
+    moonlet_clock_advance(1000 * MS);          /* the DROP a second late */
+    apply_from(st, &s, 1);
+    int applied = s.n;
+    moonlet_clock_advance(62000 * MS - 1000 * MS); /* the leader's deadline + grace */
+    assert_int_equal(moonlet_master_ping(a, MOONLET_STR("n0"), NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    uint64_t off = r.off[0];
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("new"), 5000, 1,
+                                              false, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_int_equal(r.off[0], off);
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
+                     MOONLET_OK);
+    apply_from(st, &s, applied);
+    restore_same(st, a, "new");
+    leader_free(a, &s);
+}
+
+/* Finding 1: the documented rolling restart (drain, wait for 0 objects,
+ * stop the node) of a node holding an object's one replica.  The drain's
+ * swap sent the object without the new replica: no record at all, so the
+ * standby kept it on the drained range and dropped it at the unmount. */
+static void test_drained_single_replica_survives(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "one", 3000, 1), MOONLET_OK);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), true, NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    repair_one(a, "n1");
+    struct fix_reps r;
+    moonlet_key_view v;
+    assert_int_equal(inspect(a, "one", &v, &r), 0);
+    assert_int_equal(r.n, 1);
+    assert_string_equal(r.segs[0], "s1"); /* swapped */
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "one");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+    /* Undrained instead, the leader reuses the drained range: the standby
+     * holds the object on its new replica only, and the new object too. */
+    static struct stream s2;
+    a = leader_on_s0(&s2, 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "one", 3000, 1), MOONLET_OK);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), true, NULL), MOONLET_OK);
+    moonlet_master_tick(a);
+    repair_one(a, "n1");
+    assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), false, NULL), MOONLET_OK);
+    moonlet_str pref = MOONLET_STR("s0");
+    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
+    memset(&r, 0, sizeof(r));
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("two"), 3000,
+                                                   &po, fix_reps_visit, &r),
+                     MOONLET_OK);
+    assert_string_equal(r.segs[0], "s0");
+    assert_int_equal(r.off[0], 0); /* where "one" was */
+    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("two"), NULL),
+                     MOONLET_OK);
+    b = promote(&s2);
+    assert_same(a, b, "one");
+    assert_same(a, b, "two");
+    moonlet_master_destroy(b);
+    leader_free(a, &s2);
+}
+
+/* Snapshot parts of one shard each, applied to st as the follower does
+ * (the first clears it); returns the stream position of the first part. */
+static bool one_shard(void *arg)
+{
+    (void)arg;
+    return true;
+}
+
+static void snapshot_parts(moonlet_master *a, moonlet_repl_state *st,
+                           void (*between)(moonlet_master *a, int part))
+{
+    uint64_t cursor = 0;
+    moonlet_repl_state_clear(st);
+    for (int part = 0; part < 64; part++) {
+        struct stream p = {0};
+        uint64_t next = 0;
+        assert_int_equal(moonlet_master_snapshot_part(a, cursor, one_shard, emit, &p, &next),
+                         MOONLET_OK);
+        for (int i = 0; i < p.n; i++) {
+            moonlet_repl_decoded d;
+            assert_int_equal(moonlet_repl_decode(p.buf[i], p.len[i], &d), MOONLET_OK);
+            assert_int_equal(moonlet_repl_state_apply_snapshot(st, &d.rec, cursor == 0),
+                             MOONLET_OK);
+        }
+        stream_free(&p);
+        if (!next)
+            return;
+        cursor = next;
+        if (between)
+            between(a, part);
+    }
+    fail_msg("the snapshot did not end");
+}
+
+static moonlet_master *leader_budget(struct stream *s, uint32_t unmount_tick_budget)
+{
+    moonlet_master_config cfg = fix_config(16);
+    cfg.client_live_ttl_ms = 1000;
+    cfg.unmount_tick_budget = unmount_tick_budget;
+    cfg.repl_emit = emit;
+    cfg.repl_arg = s;
+    return fix_master_of(&cfg, FIX_T0);
+}
+
+/* Finding 8: a snapshot taken while a dead node's segment is being
+ * unmounted (a liveness unmount strips its objects over several ticks).
+ * The UNMOUNT went before the snapshot, which lists mounted segments only;
+ * an object still naming the segment in a later part was skipped whole,
+ * and never sent again: lost at the next promotion, though its other
+ * replica lives.  The snapshot now names only replicas on mounted
+ * segments. */
+static void test_snapshot_while_unmounting(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_budget(&s, 1);
+    mount(a, "n0", "s0", 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    char key[32];
+    for (int i = 0; i < 32; i++) {
+        snprintf(key, sizeof(key), "two-%d", i);
+        assert_int_equal(fix_put_t(a, "", key, 1000, 2), MOONLET_OK);
+    }
+    moonlet_clock_advance(1500 * MS); /* n1 stops pinging */
+    assert_int_equal(moonlet_master_ping(a, MOONLET_STR("n0"), NULL), MOONLET_OK);
+    moonlet_master_tick(a); /* s1's unmount begins (UNMOUNT), one object stripped */
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    snapshot_parts(a, st, NULL);
+    moonlet_repl_counts c;
+    moonlet_repl_state_counts(st, &c);
+    assert_int_equal(c.objects, 32);
+    moonlet_master *b = leader(NULL);
+    uint64_t skipped = 1, restored = 0;
+    assert_int_equal(moonlet_repl_state_restore(st, b, &restored, &skipped), MOONLET_OK);
+    assert_int_equal(restored, 32);
+    assert_int_equal(skipped, 0);
+    standby_free(b, st);
+    leader_free(a, &s);
+}
+
+/* Finding 8, the same skip by the standby: a later part names a segment
+ * mounted since the first part, which a repair copy reached with no record
+ * (the replay does not bring it): the object is kept on its other
+ * replicas. */
+static void mount_and_repair(moonlet_master *a, int part)
+{
+    if (part != 0)
+        return;
+    mount(a, "n2", "s2", 1 << 20);
+    moonlet_master_tick(a);
+    repair_one(a, "n2");
+}
+
+static void test_snapshot_part_names_new_segment(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_budget(&s, 0);
+    mount(a, "n0", "s0", 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    assert_int_equal(fix_put_t(a, "", "lost-one", 1000, 2), MOONLET_OK);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
+                     MOONLET_OK); /* under-replicated: the repair waits for a segment */
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    snapshot_parts(a, st, mount_and_repair);
+    struct fix_reps r;
+    moonlet_key_view v;
+    assert_int_equal(inspect(a, "lost-one", &v, &r), 0);
+    assert_int_equal(r.n, 2); /* s0 and the copy on s2 */
+    moonlet_repl_counts c;
+    moonlet_repl_state_counts(st, &c);
+    assert_int_equal(c.objects, 1);
+    standby_free(NULL, st);
+    leader_free(a, &s);
+}
+
+/* Finding 2, the replay: a follower replays the stream from its snapshot's
+ * first part, so a repair target's QUAR (emitted when the job started)
+ * comes again after the snapshot's object that the copy joined since
+ * (RepairDone sends no record).  Restored before the objects, that
+ * quarantine refused the object; objects now come first. */
+static void test_replayed_quarantine_yields_to_object(void **state)
+{
+    (void)state;
+    static struct stream s;
+    int from; /* the first part's position: before the job's QUAR */
+    moonlet_master *a = repaired_onto_s2(&s, "k", &from, NULL);
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    snapshot_parts(a, st, NULL); /* k on s0 and s2 */
+    apply_from(st, &s, from); /* the replay */
+    restore_same(st, a, "k");
+    leader_free(a, &s);
+}
+
+/* Finding 1, the repair's copy: an object loses a replica, a repair copies
+ * it to s2 (appended: no record, before), then the node of its one other
+ * replica leaves: the standby, which knew only that one, dropped it. */
+static void test_repaired_copy_survives(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = repaired_onto_s2(&s, "k", NULL, NULL);
+    assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_same(a, b, "k");
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
+/* Finding 5 across a failover: a put in progress keeps its id on the
+ * promoted standby (the PLACE carries it), so its writer's PutEnd, naming
+ * it, still seals it there, and a PutEnd naming another put is refused. */
+static void test_put_id_survives_promotion(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    uint64_t id = 0, other = 0;
+    moonlet_master_put_opts po = {.replica_num = 1, .put_id = &id};
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("p"), 100, &po,
+                                                   NULL, NULL),
+                     MOONLET_OK);
+    po.put_id = &other;
+    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("q"), 100, &po,
+                                                   NULL, NULL),
+                     MOONLET_OK);
+    moonlet_master *b = promote(&s);
+    assert_int_equal(moonlet_master_put_end_ex(b, MOONLET_STR(""), MOONLET_STR("p"), NULL, &other),
+                     MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_master_put_end_ex(b, MOONLET_STR(""), MOONLET_STR("p"), NULL, &id),
+                     MOONLET_OK);
+    moonlet_master_destroy(b);
+    leader_free(a, &s);
+}
+
+/* Found by the simulation after the issue's four: a put revoked between
+ * a snapshot's first part (which walked the quarantines) and its own
+ * shard's part (which no longer has it).  Its DROP, replayed, named an
+ * object the standby never saw and was a no-op: the revoked put's ranges,
+ * where its writer may still write until the deadline, were free on a
+ * promoted standby.  The DROP's ranges are now quarantined all the same. */
+static void revoke_gone(moonlet_master *a, int part)
+{
+    if (part == 0)
+        assert_int_equal(moonlet_master_put_revoke(a, MOONLET_STR(""), MOONLET_STR("gone")),
+                         MOONLET_OK);
+}
+
+static void test_drop_of_unseen_put_quarantines(void **state)
+{
+    (void)state;
+    static struct stream s;
+    moonlet_master *a = leader_on_s0(&s, 1 << 20);
+    struct fix_reps r = {0};
+    assert_int_equal(moonlet_master_put_start(a, MOONLET_STR(""), MOONLET_STR("gone"), 5000, 1,
+                                              false, fix_reps_visit, &r),
+                     MOONLET_OK);
+    int from = s.n; /* the first part's position */
+    moonlet_repl_state *st = NULL;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    snapshot_parts(a, st, revoke_gone);
+    moonlet_repl_counts c;
+    moonlet_repl_state_counts(st, &c);
+    assert_int_equal(c.objects, 0); /* its shard came after the revoke (not shard 0) */
+    assert_int_equal(c.quarantined, 0);
+    apply_from(st, &s, from); /* the replay: the DROP */
+    moonlet_repl_state_counts(st, &c);
+    assert_int_equal(c.quarantined, 1);
+    moonlet_master *b = leader(NULL);
+    assert_int_equal(moonlet_repl_state_restore(st, b, NULL, NULL), MOONLET_OK);
+    struct fix_reps r2 = {0};
+    assert_int_equal(moonlet_master_put_start(b, MOONLET_STR(""), MOONLET_STR("new"), 5000, 1,
+                                              false, fix_reps_visit, &r2),
+                     MOONLET_OK);
+    assert_true(r2.off[0] >= r.off[0] + moonlet_alloc_rounded(5000)); /* not on the held range */
+    standby_free(b, st);
+    leader_free(a, &s);
+}
+
 MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_codec_roundtrip_and_truncation),
                   cmocka_unit_test(test_restore_matches_leader),
@@ -1178,4 +1602,13 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),
                   cmocka_unit_test(test_follower_refuses_bad_pushes),
-                  cmocka_unit_test(test_snapshot_carries_leader_clock))
+                  cmocka_unit_test(test_snapshot_carries_leader_clock),
+                  cmocka_unit_test(test_standby_quarantine_ends_at_place),
+                  cmocka_unit_test(test_standby_quarantine_lag),
+                  cmocka_unit_test(test_drained_single_replica_survives),
+                  cmocka_unit_test(test_snapshot_while_unmounting),
+                  cmocka_unit_test(test_snapshot_part_names_new_segment),
+                  cmocka_unit_test(test_replayed_quarantine_yields_to_object),
+                  cmocka_unit_test(test_repaired_copy_survives),
+                  cmocka_unit_test(test_put_id_survives_promotion),
+                  cmocka_unit_test(test_drop_of_unseen_put_quarantines))
