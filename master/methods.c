@@ -120,6 +120,13 @@ static const moonlet_rpc_arg batch_put_end_args[] = {
     {ARG(moonlet_args_batch_put_end, tenant, STR, 0)},
     {ARG(moonlet_args_batch_put_end, keys, STRS, BATCH)},
     {ARG(moonlet_args_batch_put_end, checksums, U64S, OPT | BATCH)},
+    {ARG(moonlet_args_batch_put_end, put_ids, U64S, OPT | BATCH)},
+};
+
+static const moonlet_rpc_arg batch_put_revoke_args[] = {
+    {ARG(moonlet_args_batch_put_revoke, tenant, STR, 0)},
+    {ARG(moonlet_args_batch_put_revoke, keys, STRS, BATCH)},
+    {ARG(moonlet_args_batch_put_revoke, put_ids, U64S, OPT | BATCH)},
 };
 
 static const moonlet_rpc_arg list_keys_args[] = {
@@ -195,6 +202,7 @@ SPEC(s_batch_exist, moonlet_args_batch_exist, batch_exist_args);
 SPEC(s_batch_probe, moonlet_args_batch_probe, batch_probe_args);
 SPEC(s_batch_put_start, moonlet_args_batch_put_start, batch_put_start_args);
 SPEC(s_batch_put_end, moonlet_args_batch_put_end, batch_put_end_args);
+SPEC(s_batch_put_revoke, moonlet_args_batch_put_revoke, batch_put_revoke_args);
 SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
@@ -242,7 +250,7 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_REPL_ACK, "ReplAck", &s_repl_ack},
     {MOONLET_M_BATCH_PUT_START, "BatchPutStart", &s_batch_put_start},
     {MOONLET_M_BATCH_PUT_END, "BatchPutEnd", &s_batch_put_end},
-    {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_exist},
+    {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_put_revoke},
     {MOONLET_M_BATCH_GET_REPLICA_LIST, "BatchGetReplicaList", &s_batch_exist},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);

@@ -151,13 +151,24 @@ typedef struct {
     uint64_t soft_pin_ttl_ms;        /* optional; 0: the master's default */
 } moonlet_args_batch_put_start;
 
-/* BatchPutEnd: PutEnd of every key; checksums (optional): one per key. */
+/* BatchPutEnd: PutEnd of every key; checksums (optional): one per key;
+ * put_ids (optional): one per key, the put BatchPutStart named (0: the
+ * key's put in progress, whichever it is). */
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;
     moonlet_str tenant;
     moonlet_strv keys;
     moonlet_u64v checksums;
+    moonlet_u64v put_ids;
 } moonlet_args_batch_put_end;
+
+/* BatchPutRevoke: PutRevoke of every key; put_ids as BatchPutEnd's. */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str tenant;
+    moonlet_strv keys;
+    moonlet_u64v put_ids;
+} moonlet_args_batch_put_revoke;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

@@ -494,10 +494,12 @@ HANDLER(h_batch_put_start, moonlet_args_batch_put_start)
         return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutStart: %u sizes for "
                                  "%u keys (one size per key)", a->sizes.n, n);
     bool covered = false, all_covered = n > 0;
+    uint64_t put_id = 0;
     moonlet_master_put_opts po = {.replica_num = (uint32_t)a->replica_num, .soft_pin = a->soft_pin,
                                   .preferred = a->preferred_segments.v,
                                   .npreferred = a->preferred_segments.n, .hard_pin = a->hard_pin,
-                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms, .covered = &covered};
+                                  .soft_pin_ttl_ms = a->soft_pin_ttl_ms, .covered = &covered,
+                                  .put_id = &put_id};
     struct replica_pack rp;
     replica_pack_init(&rp, false, true);
     msgpack_pack_array(out, n);
@@ -510,8 +512,10 @@ HANDLER(h_batch_put_start, moonlet_args_batch_put_start)
             rp.a.buf.size = 0; /* what a failed call visited, if anything */
             rp.a.count = 0;
             msgpack_pack_int32(out, rc);
-        } else {
-            side_array_emit(&rp.a, out); /* [replica...], as PutStart's */
+        } else { /* [put_id, [replica...]]: PutStart's replicas, and the put's id */
+            msgpack_pack_array(out, 2);
+            msgpack_pack_uint64(out, put_id);
+            side_array_emit(&rp.a, out);
         }
     }
     msgpack_sbuffer_destroy(&rp.a.buf);
@@ -522,28 +526,36 @@ HANDLER(h_batch_put_start, moonlet_args_batch_put_start)
 HANDLER(h_batch_put_end, moonlet_args_batch_put_end)
 {
     uint32_t n = a->keys.n;
-    bool with_ck = a->nargs > 2;
-    if (with_ck && a->checksums.n != n)
-        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutEnd: %u checksums for "
-                                 "%u keys (one per key, or none)", a->checksums.n, n);
+    bool with_ck = a->nargs > 2 && a->checksums.n, with_ids = a->nargs > 3 && a->put_ids.n;
+    if ((with_ck && a->checksums.n != n) || (with_ids && a->put_ids.n != n))
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutEnd: %u checksums and "
+                                 "%u put ids for %u keys (one per key, or none)", a->checksums.n,
+                                 a->put_ids.n, n);
     int32_t *r = results_alloc(ctx, n);
     if (!r)
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
     for (uint32_t i = 0; i < n; i++)
-        r[i] = moonlet_master_put_end(M(ctx), a->tenant, a->keys.v[i],
-                                      with_ck ? &a->checksums.v[i] : NULL);
+        r[i] = moonlet_master_put_end_ex(M(ctx), a->tenant, a->keys.v[i],
+                                         with_ck ? &a->checksums.v[i] : NULL,
+                                         with_ids && a->put_ids.v[i] ? &a->put_ids.v[i] : NULL);
     pack_codes(out, r, n);
     return MOONLET_OK;
 }
 
-HANDLER(h_batch_put_revoke, moonlet_args_batch_exist)
+HANDLER(h_batch_put_revoke, moonlet_args_batch_put_revoke)
 {
-    int32_t *r = results_alloc(ctx, a->keys.n);
+    uint32_t n = a->keys.n;
+    bool with_ids = a->nargs > 2 && a->put_ids.n;
+    if (with_ids && a->put_ids.n != n)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS, "BatchPutRevoke: %u put ids for "
+                                 "%u keys (one per key, or none)", a->put_ids.n, n);
+    int32_t *r = results_alloc(ctx, n);
     if (!r)
         return moonlet_rpc_error(out, MOONLET_ERR_INTERNAL_ERROR, "out of memory");
-    for (uint32_t i = 0; i < a->keys.n; i++)
-        r[i] = moonlet_master_put_revoke(M(ctx), a->tenant, a->keys.v[i]);
-    pack_codes(out, r, a->keys.n);
+    for (uint32_t i = 0; i < n; i++)
+        r[i] = moonlet_master_put_revoke_ex(M(ctx), a->tenant, a->keys.v[i],
+                                            with_ids && a->put_ids.v[i] ? &a->put_ids.v[i] : NULL);
+    pack_codes(out, r, n);
     return MOONLET_OK;
 }
 

@@ -885,10 +885,29 @@ typedef struct mc_batch_lists {
     const uint64_t *sizes; /* BatchPutStart: each put's size (the reply does not repeat it) */
     bool with_meta;        /* BatchGetReplicaList: [size, lease_ttl_ms, [replica...], checksum] */
     moonlet_replica_list *lists;
+    uint64_t *put_ids;     /* BatchPutStart (may be NULL): each put's id */
     int32_t *results;
 } mc_batch_lists;
 
 static int decode_replica_list(const msgpack_object *r, void *list);
+
+/* A BatchPutStart entry's [put_id, [replica...]] (into b's lists / put_ids). */
+struct mc_put_item {
+    moonlet_replica_list *list;
+    uint64_t *put_id;
+};
+
+static int decode_put_entry(const msgpack_object *e, void *arg)
+{
+    struct mc_put_item *it = arg;
+    const msgpack_object *reps;
+    uint64_t id;
+    if (moonlet_wire_len(e) != 2 || moonlet_wire_u64(e, 0, &id) || moonlet_wire_array(e, 1, &reps))
+        return MOONLET_ERR_RPC_FAIL;
+    if (it->put_id)
+        *it->put_id = id;
+    return decode_replicas(reps, it->list);
+}
 
 static int decode_batch_lists(const msgpack_object *arr, void *arg)
 {
@@ -896,10 +915,15 @@ static int decode_batch_lists(const msgpack_object *arr, void *arg)
     if (arr->type != MSGPACK_OBJECT_ARRAY || arr->via.array.size != b->n)
         return MOONLET_ERR_RPC_FAIL;
     for (size_t i = 0; i < b->n; i++) {
+        struct mc_put_item put = {&b->lists[i], b->put_ids ? &b->put_ids[i] : NULL};
         if (b->sizes)
             b->lists[i].size = b->sizes[i];
-        int rc = decode_entry(&arr->via.array.ptr[i], &b->results[i],
-                              b->with_meta ? decode_replica_list : decode_replicas, &b->lists[i]);
+        if (b->put_ids)
+            b->put_ids[i] = 0;
+        int rc = b->with_meta
+                     ? decode_entry(&arr->via.array.ptr[i], &b->results[i], decode_replica_list,
+                                    &b->lists[i])
+                     : decode_entry(&arr->via.array.ptr[i], &b->results[i], decode_put_entry, &put);
         if (rc) { /* a malformed reply: nothing of it is kept */
             for (size_t k = 0; k <= i; k++)
                 moonlet_replica_list_free(&b->lists[k]);
@@ -930,7 +954,7 @@ static int decode_codes(const msgpack_object *arr, void *arg)
 int moonlet_mc_batch_put_start(moonlet_master_client *mc, const char *tenant,
                                const char *const *keys, const uint64_t *sizes, size_t n,
                                uint32_t replica_num, bool soft_pin, const moonlet_mc_put_extra *x,
-                               moonlet_replica_list *lists, int32_t *results)
+                               moonlet_replica_list *lists, uint64_t *put_ids, int32_t *results)
 {
     if (n && (!keys || !sizes || !lists || !results))
         return MOONLET_ERR_INVALID_PARAMS;
@@ -945,31 +969,36 @@ int moonlet_mc_batch_put_start(moonlet_master_client *mc, const char *tenant,
         a.hard_pin = x->hard_pin;
         a.soft_pin_ttl_ms = x->soft_pin_ttl_ms;
     }
-    mc_batch_lists b = {.n = n, .sizes = sizes, .lists = lists, .results = results};
+    mc_batch_lists b = {.n = n, .sizes = sizes, .lists = lists, .put_ids = put_ids,
+                        .results = results};
     return mc_call(mc, MOONLET_M_BATCH_PUT_START, &a, 0, decode_batch_lists, &b);
 }
 
 int moonlet_mc_batch_put_end(moonlet_master_client *mc, const char *tenant,
-                             const char *const *keys, const uint64_t *checksums, size_t n,
-                             int32_t *results)
+                             const char *const *keys, const uint64_t *checksums,
+                             const uint64_t *put_ids, size_t n, int32_t *results)
 {
     if ((n && (!keys || !results)) || n > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
     moonlet_args_batch_put_end a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n),
-                                    .checksums = {checksums, checksums ? (uint32_t)n : 0}};
+                                    .checksums = {checksums, checksums ? (uint32_t)n : 0},
+                                    .put_ids = {put_ids, put_ids ? (uint32_t)n : 0}};
     mc_results res = {n, results};
-    /* with checksums: all three arguments, even for an empty batch */
-    return mc_call(mc, MOONLET_M_BATCH_PUT_END, &a, checksums ? 3 : 0, decode_codes, &res);
+    /* with checksums or put ids: those arguments, even for an empty batch */
+    return mc_call(mc, MOONLET_M_BATCH_PUT_END, &a, put_ids ? 4 : checksums ? 3 : 0, decode_codes,
+                   &res);
 }
 
 int moonlet_mc_batch_put_revoke(moonlet_master_client *mc, const char *tenant,
-                                const char *const *keys, size_t n, int32_t *results)
+                                const char *const *keys, const uint64_t *put_ids, size_t n,
+                                int32_t *results)
 {
     if ((n && (!keys || !results)) || n > UINT32_MAX)
         return MOONLET_ERR_INVALID_PARAMS;
-    moonlet_args_batch_exist a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n)};
+    moonlet_args_batch_put_revoke a = {.tenant = mstr0(tenant), .keys = mstrv(keys, n),
+                                       .put_ids = {put_ids, put_ids ? (uint32_t)n : 0}};
     mc_results res = {n, results};
-    return mc_call(mc, MOONLET_M_BATCH_PUT_REVOKE, &a, 0, decode_codes, &res);
+    return mc_call(mc, MOONLET_M_BATCH_PUT_REVOKE, &a, put_ids ? 3 : 0, decode_codes, &res);
 }
 
 int moonlet_mc_batch_get_replica_list(moonlet_master_client *mc, const char *tenant,

@@ -130,17 +130,23 @@ int moonlet_mc_get_replica_list(moonlet_master_client *mc, const char *tenant, c
  * methods (remembered for the connection; the caller makes the single calls
  * instead), INVALID_PARAMS when it refused the batch (more keys than its
  * --max-batch-keys).  checksums (BatchPutEnd): one per key, or NULL for none.
+ * put_ids: BatchPutStart's id of each put started (put_ids[i] for key i,
+ * may be NULL); given back to BatchPutEnd / BatchPutRevoke (one per key, 0
+ * for a key without one; NULL: none), they bind each to its own put: a
+ * late one whose put was reaped and started again by another writer gets
+ * OBJECT_NOT_FOUND instead of sealing or revoking the other's.
  */
 int moonlet_mc_batch_put_start(moonlet_master_client *mc, const char *tenant,
                                const char *const *keys, const uint64_t *sizes, size_t n,
                                uint32_t replica_num, bool soft_pin,
                                const moonlet_mc_put_extra *extra, moonlet_replica_list *lists,
-                               int32_t *results);
+                               uint64_t *put_ids, int32_t *results);
 int moonlet_mc_batch_put_end(moonlet_master_client *mc, const char *tenant,
-                             const char *const *keys, const uint64_t *checksums, size_t n,
-                             int32_t *results);
+                             const char *const *keys, const uint64_t *checksums,
+                             const uint64_t *put_ids, size_t n, int32_t *results);
 int moonlet_mc_batch_put_revoke(moonlet_master_client *mc, const char *tenant,
-                                const char *const *keys, size_t n, int32_t *results);
+                                const char *const *keys, const uint64_t *put_ids, size_t n,
+                                int32_t *results);
 int moonlet_mc_batch_get_replica_list(moonlet_master_client *mc, const char *tenant,
                                       const char *const *keys, size_t n,
                                       moonlet_replica_list *lists, int32_t *results);

@@ -790,36 +790,23 @@ static int client_put_retry(client_direct *c, const char *tenant, const char *ke
     return rc;
 }
 
+static void client_bput_window(client_direct *c, const client_put_args *a,
+                               const char *const *keys, const client_src *srcs, size_t n,
+                               int32_t *results);
+
+/* A put is a batch of one (BatchPutStart, the writes, BatchPutEnd): the
+ * same round trips as PutStart and PutEnd, and its PutEnd or PutRevoke
+ * names its put (a late one never seals or revokes another writer's put of
+ * the key); the single calls against an older master. */
 static int client_put_core(client_direct *c, const char *key, const void *src, size_t len,
                            const moonlet_put_options *opt)
 {
     client_put_args a = client_put_resolve(c, opt);
-    moonlet_replica_list l;
-    uint64_t sent_ms = moonlet_xfer_now_ms();
-    int rc = moonlet_mc_put_start_ex(c->mc, a.tenant, key, len, a.replica_num, a.soft_pin,
-                                     &a.extra, &l);
-    if (rc)
-        return rc;
-    uint64_t ck = a.checksum ? moonlet_client_checksum(src, len) : 0;
     struct iovec one = {(void *)src, len};
     client_src cs = {&one, 1, len};
-    moonlet_xfer_op *ops = calloc(l.count ? l.count : 1, sizeof(*ops));
-    moonlet_xfer_cap *caps = calloc(l.count ? l.count : 1, sizeof(*caps));
-    moonlet_xfer **xf = calloc(l.count ? l.count : 1, sizeof(*xf));
-    if (ops && caps && xf) {
-        client_put_ops(c, &l, &cs, sent_ms, ops, caps, xf);
-        rc = client_submit(c, ops, xf, l.count);
-        if (rc)
-            rc = client_put_retry(c, a.tenant, key, &l, &cs,
-                                  l.put_ttl_ms ? sent_ms + l.put_ttl_ms : 0, ops, caps, xf);
-    } else {
-        rc = MOONLET_ERR_INTERNAL_ERROR;
-    }
-    free(ops);
-    free(caps);
-    free(xf);
-    moonlet_replica_list_free(&l);
-    return client_put_finish(c, a.tenant, key, rc, a.checksum ? &ck : NULL);
+    int32_t rc = MOONLET_OK;
+    client_bput_window(c, &a, &key, &cs, 1, &rc);
+    return rc;
 }
 
 static int direct_put(client_direct *c, const char *key, const void *buf, size_t len,
@@ -1027,6 +1014,7 @@ typedef struct client_bput {
     size_t *idx;            /* idx[j]: the window's key of PutStart's j-th key */
     const char **keys;      /* the m keys, in PutStart order */
     uint64_t *sizes, *cks;  /* their sizes and checksums */
+    uint64_t *put_ids;      /* BatchPutStart's id of each put (0: none, an older master) */
     moonlet_replica_list *lists;
     bool *started;          /* PutStart succeeded: the put must be sealed or revoked */
     int32_t *res;           /* PutStart's, then the writes', then PutEnd's per-key results */
@@ -1040,6 +1028,7 @@ static void client_bput_free(client_bput *b)
     free(b->keys);
     free(b->sizes);
     free(b->cks);
+    free(b->put_ids);
     free(b->lists);
     free(b->started);
     free(b->res);
@@ -1055,10 +1044,12 @@ static int client_bput_start(client_direct *c, client_bput *b, const char *const
     b->keys = malloc(n * sizeof(*b->keys));
     b->sizes = malloc(n * sizeof(*b->sizes));
     b->cks = calloc(n, sizeof(*b->cks));
+    b->put_ids = calloc(n, sizeof(*b->put_ids));
     b->lists = calloc(n, sizeof(*b->lists));
     b->started = calloc(n, sizeof(*b->started));
     b->res = calloc(n, sizeof(*b->res));
-    if (!b->idx || !b->keys || !b->sizes || !b->cks || !b->lists || !b->started || !b->res)
+    if (!b->idx || !b->keys || !b->sizes || !b->cks || !b->put_ids || !b->lists || !b->started ||
+        !b->res)
         return MOONLET_ERR_INTERNAL_ERROR;
     for (size_t i = 0; i < b->n; i++) {
         if (results[i])
@@ -1069,7 +1060,7 @@ static int client_bput_start(client_direct *c, client_bput *b, const char *const
     }
     const client_put_args *a = b->a;
     int rc = moonlet_mc_batch_put_start(c->mc, a->tenant, b->keys, b->sizes, b->m, a->replica_num,
-                                        a->soft_pin, &a->extra, b->lists, b->res);
+                                        a->soft_pin, &a->extra, b->lists, b->put_ids, b->res);
     if (client_batch_fallback(rc)) {
         for (size_t j = 0; j < b->m; j++)
             b->res[j] = moonlet_mc_put_start_ex(c->mc, a->tenant, b->keys[j], b->sizes[j],
@@ -1152,8 +1143,9 @@ static void client_bput_finish(client_direct *c, client_bput *b)
     size_t *end = malloc(n * sizeof(*end));
     const char **ekeys = malloc(n * sizeof(*ekeys)), **rkeys = malloc(n * sizeof(*rkeys));
     uint64_t *eck = malloc(n * sizeof(*eck));
+    uint64_t *eid = malloc(n * sizeof(*eid)), *rid = malloc(n * sizeof(*rid));
     int32_t *er = malloc(n * sizeof(*er));
-    if (!end || !ekeys || !rkeys || !eck || !er) { /* one key at a time, as put does */
+    if (!end || !ekeys || !rkeys || !eck || !eid || !rid || !er) { /* one key at a time */
         for (size_t j = 0; j < b->m; j++)
             if (b->started[j])
                 b->res[j] = client_put_finish(c, a->tenant, b->keys[j], b->res[j],
@@ -1164,12 +1156,16 @@ static void client_bput_finish(client_direct *c, client_bput *b)
         if (b->res[j] == MOONLET_OK) {
             end[nend] = j;
             eck[nend] = b->cks[j];
+            eid[nend] = b->put_ids[j];
             ekeys[nend++] = b->keys[j];
         } else if (b->started[j]) {
+            rid[nrev] = b->put_ids[j];
             rkeys[nrev++] = b->keys[j]; /* started, not written */
         }
     }
-    int rc = moonlet_mc_batch_put_end(c->mc, a->tenant, ekeys, a->checksum ? eck : NULL, nend, er);
+    /* each put named by its id: a late one never seals or revokes another's */
+    int rc = moonlet_mc_batch_put_end(c->mc, a->tenant, ekeys, a->checksum ? eck : NULL, eid, nend,
+                                      er);
     if (client_batch_fallback(rc)) {
         for (size_t e = 0; e < nend; e++)
             er[e] = moonlet_mc_put_end_checksum(c->mc, a->tenant, ekeys[e],
@@ -1180,12 +1176,13 @@ static void client_bput_finish(client_direct *c, client_bput *b)
         int r = rc ? rc : er[e];
         if (r) {
             ML_WARN(MOD, "PutEnd of '%s' failed: %s", ekeys[e], moonlet_strerror(r));
+            rid[nrev] = eid[e];
             rkeys[nrev++] = ekeys[e];
         }
         b->res[end[e]] = r;
     }
     if (nrev) {
-        rc = moonlet_mc_batch_put_revoke(c->mc, a->tenant, rkeys, nrev, er);
+        rc = moonlet_mc_batch_put_revoke(c->mc, a->tenant, rkeys, rid, nrev, er);
         if (client_batch_fallback(rc)) {
             for (size_t r = 0; r < nrev; r++)
                 er[r] = moonlet_mc_put_revoke(c->mc, a->tenant, rkeys[r]);
@@ -1205,6 +1202,8 @@ out:
     free(ekeys);
     free(rkeys);
     free(eck);
+    free(eid);
+    free(rid);
     free(er);
 }
 

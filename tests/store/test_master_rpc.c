@@ -512,6 +512,87 @@ static void test_reconnect_with_backoff(void **state)
     moonlet_mc_destroy(mc);
 }
 
+/* The batch put calls bind PutEnd and PutRevoke to their put: a put reaped
+ * at its deadline and started again by another writer is neither sealed
+ * nor revoked by the first writer's late BatchPutEnd / BatchPutRevoke
+ * (OBJECT_NOT_FOUND), and the second writer's own calls still work.  A
+ * batch whose arrays do not match its keys is refused whole. */
+static void test_batch_put_names_its_put(void **state)
+{
+    (void)state;
+    char *argv[] = {"tools/moonlet-master", "--rpc-port", "0", "--put_timeout_ms", "100",
+                    "--log-level", "error", NULL};
+    test_proc m;
+    assert_int_equal(proc_start(&m, argv, 5000), 0);
+    moonlet_master_client *mc;
+    assert_int_equal(moonlet_mc_create(m.addr, NULL, &mc), MOONLET_OK);
+    moonlet_segment_desc d = {.client_id = "node-1", .segment_id = "seg-1", .name = "seg-1",
+                              .size = 64 << 20, .endpoint = "127.0.0.1:7001", .protocol = "tcp"};
+    assert_int_equal(moonlet_mc_mount_segment(mc, &d), MOONLET_OK);
+    const char *keys[] = {"late/k"};
+    const uint64_t size[] = {4096};
+    moonlet_replica_list l;
+    uint64_t first = 0, second = 0;
+    int32_t r[1];
+    assert_int_equal(moonlet_mc_batch_put_start(mc, NULL, keys, size, 1, 1, false, NULL, &l,
+                                                &first, r), MOONLET_OK);
+    assert_int_equal(r[0], MOONLET_OK);
+    assert_true(first != 0);
+    moonlet_replica_list_free(&l);
+    /* the first put is reaped at its deadline; then another writer's starts */
+    long long deadline = proc_now_ms() + 10000;
+    do {
+        assert_true(proc_now_ms() < deadline);
+        assert_int_equal(moonlet_mc_batch_put_start(mc, NULL, keys, size, 1, 1, false, NULL, &l,
+                                                    &second, r), MOONLET_OK);
+        moonlet_replica_list_free(&l);
+        if (r[0] == MOONLET_ERR_OBJECT_ALREADY_EXISTS)
+            usleep(20000); /* the master reaps on its own tick, which no call exposes */
+    } while (r[0] == MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(r[0], MOONLET_OK);
+    assert_true(second != 0 && second != first);
+    uint64_t ck = 42;
+    assert_int_equal(moonlet_mc_batch_put_end(mc, NULL, keys, &ck, &first, 1, r), MOONLET_OK);
+    assert_int_equal(r[0], MOONLET_ERR_OBJECT_NOT_FOUND); /* not the second's */
+    assert_int_equal(moonlet_mc_batch_put_revoke(mc, NULL, keys, &first, 1, r), MOONLET_OK);
+    assert_int_equal(r[0], MOONLET_ERR_OBJECT_NOT_FOUND);
+    assert_int_equal(moonlet_mc_get_replica_list(mc, NULL, "late/k", &l),
+                     MOONLET_ERR_REPLICA_IS_NOT_READY); /* still the second's, in progress */
+    assert_int_equal(moonlet_mc_batch_put_end(mc, NULL, keys, NULL, &second, 1, r), MOONLET_OK);
+    assert_int_equal(r[0], MOONLET_OK);
+    assert_int_equal(moonlet_mc_get_replica_list(mc, NULL, "late/k", &l), MOONLET_OK);
+    assert_false(l.has_checksum); /* the late writer's checksum never landed */
+    moonlet_replica_list_free(&l);
+
+    /* arrays that do not match the keys: the whole batch refused */
+    moonlet_rpc_client *rc;
+    assert_int_equal(moonlet_rpc_client_connect("127.0.0.1", (uint16_t)m.port, NULL, &rc),
+                     MOONLET_OK);
+    msgpack_packer *pk = moonlet_rpc_client_begin(rc, MOONLET_M_BATCH_PUT_START, 5);
+    moonlet_pack_cstr(pk, "");
+    msgpack_pack_array(pk, 2);
+    moonlet_pack_cstr(pk, "x/1");
+    moonlet_pack_cstr(pk, "x/2");
+    msgpack_pack_array(pk, 1); /* one size for two keys */
+    msgpack_pack_uint64(pk, 10);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_false(pk);
+    assert_reply(rc, MOONLET_ERR_INVALID_PARAMS);
+    pk = moonlet_rpc_client_begin(rc, MOONLET_M_BATCH_PUT_END, 4);
+    moonlet_pack_cstr(pk, "");
+    msgpack_pack_array(pk, 2);
+    moonlet_pack_cstr(pk, "x/1");
+    moonlet_pack_cstr(pk, "x/2");
+    msgpack_pack_array(pk, 0);
+    msgpack_pack_array(pk, 3); /* three put ids for two keys */
+    for (int i = 1; i <= 3; i++)
+        msgpack_pack_uint64(pk, (uint64_t)i);
+    assert_reply(rc, MOONLET_ERR_INVALID_PARAMS);
+    moonlet_rpc_client_close(rc);
+    moonlet_mc_destroy(mc);
+    proc_stop(&m);
+}
+
 MOONLET_TEST_MAIN("master_rpc", start_master, stop_master,
                   cmocka_unit_test(test_lifecycle),
                   cmocka_unit_test(test_probe_through_rpc),
@@ -521,4 +602,5 @@ MOONLET_TEST_MAIN("master_rpc", start_master, stop_master,
                   cmocka_unit_test(test_auth_token),
                   cmocka_unit_test(test_backoff_schedule),
                   cmocka_unit_test(test_retry_after_not_leader),
-                  cmocka_unit_test(test_reconnect_with_backoff))
+                  cmocka_unit_test(test_reconnect_with_backoff),
+                  cmocka_unit_test(test_batch_put_names_its_put))
