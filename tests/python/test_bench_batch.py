@@ -19,7 +19,9 @@ PATHS = ("batch", "per_key", "dummy")
 
 
 def test_short_run():
-    p, out, err = daemons.run_bench("batch", "--rounds", "1", "--json", timeout=150)
+    # a long lease: one round's reads may take seconds in a sanitizer build
+    p, out, err = daemons.run_bench("batch", "--rounds", "1", "--lease-ms", "60000", "--json",
+                                    timeout=200)
     assert p.returncode == 0, err.decode()
     assert not daemons.child_pids(p.pid)
     d = json.loads(out)
@@ -42,10 +44,10 @@ def test_short_run():
 
 
 def test_one_workload_and_bad_flags():
-    p, out, err = daemons.run_bench("batch", "--rounds", "1", "--only", "4KiB", "--json",
-                                    timeout=120)
+    p, out, err = daemons.run_bench("batch", "--rounds", "1", "--only", "4KiB", "--lease-ms",
+                                    "60000", "--json", timeout=120)
     assert p.returncode == 0, err.decode()
     assert [w["workload"] for w in json.loads(out)["workloads"]] == ["4KiB"]
-    for bad in (["--only", "8KiB"], ["--rounds", "0"], ["--frobnicate"]):
+    for bad in (["--only", "8KiB"], ["--rounds", "0"], ["--lease-ms", "5"], ["--frobnicate"]):
         p, _, err = daemons.run_bench("batch", *bad, timeout=30)
         assert p.returncode == 2 and b"usage: moonlet-bench batch" in err

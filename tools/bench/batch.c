@@ -83,6 +83,7 @@ typedef struct b_bench {
     int rounds;
     bool json;
     const char *only; /* one workload's name; NULL: all */
+    char lease_ms[16]; /* the masters' read lease (--default_kv_lease_ttl) */
     b_path p[B_NPATHS];
     char **names;
     const char **keys;
@@ -104,14 +105,22 @@ static int b_parse(int argc, char **argv, b_bench *b)
 {
     static const struct option opts[] = {
         {"json", no_argument, 0, 'j'}, {"rounds", required_argument, 0, 'r'},
-        {"only", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"only", required_argument, 0, 'o'}, {"lease-ms", required_argument, 0, 'l'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     b->rounds = 7;
+    snprintf(b->lease_ms, sizeof(b->lease_ms), "1000");
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         if (o == 'j') {
             b->json = true;
         } else if (o == 'o') {
             b->only = optarg;
+        } else if (o == 'l') {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 100 || v > 600000)
+                goto usage;
+            snprintf(b->lease_ms, sizeof(b->lease_ms), "%ld", v);
         } else if (o == 'r') {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -128,6 +137,7 @@ static int b_parse(int argc, char **argv, b_bench *b)
 usage:
     fprintf(o == 'h' ? stdout : stderr,
             "usage: moonlet-bench batch [--json] [--rounds N (1..%d, default 7)] [--only WORKLOAD]\n"
+            "                           [--lease-ms MS (100..600000, default 1000)]\n"
             "  workloads: 4KiB, 4KiB_scattered, 64KiB, 1MiB, multi_8x8KiB (default: all)\n", B_MAX_ROUNDS);
     return o == 'h' ? 1 : -1;
 }
@@ -391,10 +401,12 @@ int bench_batch_main(int argc, char **argv)
     step = "start the masters";
     /* A round's keys are removed (forced) right after its reads, whose
      * leases keep their ranges quarantined until they expire: a short lease
-     * (1 s, ten times the slowest read) gives the space back between rounds. */
-    static const char *const new_master[] = {"--default_kv_lease_ttl", "1000", NULL};
-    static const char *const old_master[] = {
-        "--default_kv_lease_ttl", "1000", "--disable-method",
+     * (1 s by default, ten times the slowest read of a release build) gives
+     * the space back between rounds; a slower build (sanitizers) needs a
+     * longer one, and fewer rounds. */
+    const char *const new_master[] = {"--default_kv_lease_ttl", b.lease_ms, NULL};
+    const char *const old_master[] = {
+        "--default_kv_lease_ttl", b.lease_ms, "--disable-method",
         "BatchPutStart,BatchPutEnd,BatchPutRevoke,BatchGetReplicaList", NULL};
     if (bench_master_start(&ma, new_master) || bench_master_start(&mb, old_master))
         goto out;
