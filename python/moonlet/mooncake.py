@@ -462,11 +462,13 @@ class MooncakeDistributedStore:
         every copying put fail with INVALID_PARAMS, as Mooncake's has no
         buffer to stage through; otherwise it is not used.
 
-        The keywords engines add are accepted: enable_ssd_offload and
-        enable_client_http_server (True: INVALID_PARAMS, moonlet has neither
-        an SSD tier nor a client HTTP server), ssd_offload_path and
-        client_http_port (used by those only).  Unknown keywords are logged
-        and ignored; engine (a TransferEngine) must be None.
+        The keywords engines add are accepted: enable_client_http_server=True
+        serves this client's GET /metrics (Prometheus text) and GET /health
+        on client_http_port (every IPv4 address; without a port, a free one:
+        self._store.http_port); enable_ssd_offload=True is INVALID_PARAMS
+        (moonlet has no SSD tier), ssd_offload_path goes with it.  A config's
+        enable_offload (vLLM's) is logged as ignored.  Unknown keywords are
+        logged and ignored; engine (a TransferEngine) must be None.
         """
         if local_hostname is None:
             try:
@@ -482,19 +484,35 @@ class MooncakeDistributedStore:
             master_server_address = master_server_addr
         if self._refuse_options(options):
             return _INVALID_PARAMS
+        try:
+            http_port = self._http_port(options)
+        except (TypeError, ValueError) as e:
+            _log.error("setup(): %s", e)
+            return _INVALID_PARAMS
         return self._setup(local_hostname, global_segment_size, local_buffer_size, protocol,
-                           device_name, master_server_address, tenant_id, engine)
+                           device_name, master_server_address, tenant_id, engine, http_port)
 
     def _refuse_options(self, options):
         """True when an engine option asks for what moonlet lacks."""
         for name in options:
             if name not in self._SETUP_OPTIONS:
                 _log.warning("setup(): ignoring unknown option %s", name)
-        for name in ("enable_ssd_offload", "enable_client_http_server"):
-            if _flag(options.get(name, False)):
-                _log.error("setup(): %s is not supported by moonlet", name)
-                return True
+        if _flag(options.get("enable_ssd_offload", False)):
+            _log.error("setup(): enable_ssd_offload is not supported by moonlet")
+            return True
         return False
+
+    @staticmethod
+    def _http_port(options):
+        """The client HTTP endpoint's port the options ask for (0: a free
+        one), or None for none.  A bad port raises ValueError."""
+        if not _flag(options.get("enable_client_http_server", False)):
+            return None
+        port = options.get("client_http_port")
+        port = int(port) if port not in (None, "") else 0
+        if not 0 <= port <= 65535:
+            raise ValueError(f"client_http_port {port} is not a port")
+        return port
 
     def _setup_dict(self, config):
         def get(*names, default=None):
@@ -503,8 +521,15 @@ class MooncakeDistributedStore:
                     return config[n]
             return default
 
-        if self._refuse_options({k: v for k, v in config.items()
-                                 if k in self._SETUP_OPTIONS}):
+        options = {k: v for k, v in config.items() if k in self._SETUP_OPTIONS}
+        if self._refuse_options(options):
+            return _INVALID_PARAMS
+        if _flag(config.get("enable_offload", False)):
+            _log.warning("setup(): enable_offload is ignored: moonlet has no offload tier yet")
+        try:
+            http_port = self._http_port(options)
+        except (TypeError, ValueError) as e:
+            _log.error("setup(): %s", e)
             return _INVALID_PARAMS
         return self._setup(str(get("local_hostname", default="")),
                            get("global_segment_size", default=DEFAULT_GLOBAL_SEGMENT_SIZE),
@@ -513,10 +538,10 @@ class MooncakeDistributedStore:
                            str(get("rdma_devices", "device_name", default="")),
                            str(get("master_server_addr", "master_server_address",
                                    default=DEFAULT_MASTER_SERVER_ADDR)),
-                           str(get("tenant_id", default="default")), None)
+                           str(get("tenant_id", default="default")), None, http_port)
 
     def _setup(self, local_hostname, global_segment_size, local_buffer_size, protocol,
-               device_name, master_addr, tenant_id, engine):
+               device_name, master_addr, tenant_id, engine, http_port=None):
         if self._store is not None or engine is not None or not local_hostname:
             return _INVALID_PARAMS
         try:
@@ -539,7 +564,7 @@ class MooncakeDistributedStore:
         try:
             self._store = Store.connect(master_addr, protocol=protocol, segment_size=segment,
                                         device=device_name or None, default_tenant=tenant_id,
-                                        local_listen_addr=listen)
+                                        local_listen_addr=listen, http_port=http_port)
         except StoreError as e:
             return e.code
         except (TypeError, ValueError):

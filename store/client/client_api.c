@@ -6,14 +6,17 @@
  * (client_backend.h): the direct client (client.c) or the DummyClient
  * (client_dummy.c).  No backend repeats these checks, and every backend
  * answers a malformed call with the same INVALID_PARAMS, before any request
- * leaves the process.
+ * leaves the process.  With the client's HTTP endpoint on (config
+ * http_server), every put, get, existence check and removal is also counted
+ * here (client_metrics.c: keys, bytes, hits, misses, latency, errors).
  *
- * Locks: none; a backend takes its own.
+ * Locks: none; a backend takes its own, the metrics their own.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "client_backend.h"
+#include "client_metrics.h"
 
 #define BAD MOONLET_ERR_INVALID_PARAMS
 
@@ -25,16 +28,51 @@ int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
         return MOONLET_ERR_INTERNAL_ERROR;
     c->ops = ops;
     c->be = be;
+    c->metrics = NULL;
     *out = c;
     return MOONLET_OK;
+}
+
+int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg)
+{
+    return moonlet_client_metrics_start(cfg, &c->metrics);
 }
 
 void moonlet_client_destroy(moonlet_client *c)
 {
     if (!c)
         return;
+    moonlet_client_metrics_stop(c->metrics);
     c->ops->destroy(c->be);
     free(c);
+}
+
+int moonlet_client_http_port(const moonlet_client *c)
+{
+    return c ? moonlet_client_metrics_port(c->metrics) : 0;
+}
+
+/* A single-key call's outcome and latency (nothing without metrics). */
+static int counted(moonlet_client *c, moonlet_cm_op op, uint64_t t0, int rc, uint64_t bytes,
+                   int found)
+{
+    if (c->metrics) {
+        moonlet_cm_key(c->metrics, op, rc, bytes, found);
+        moonlet_cm_call(c->metrics, op, t0);
+    }
+    return rc;
+}
+
+/* A batch's: each key's result (bytes: lens[i], or sizes[i] of a put). */
+static int counted_batch(moonlet_client *c, moonlet_cm_op op, uint64_t t0, int rc, size_t n,
+                         const int32_t *results, const size_t *bytes)
+{
+    if (c->metrics) {
+        for (size_t i = 0; i < n; i++)
+            moonlet_cm_key(c->metrics, op, results[i], results[i] ? 0 : bytes[i], 1);
+        moonlet_cm_call(c->metrics, op, t0);
+    }
+    return rc;
 }
 
 void moonlet_free(void *p)
@@ -60,7 +98,9 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->put(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->put(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -68,7 +108,9 @@ int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf,
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->put_from(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->put_from(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -76,7 +118,9 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->upsert(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->upsert(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
@@ -84,7 +128,9 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
-    return c->ops->get(c->be, key, buf, cap, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get(c->be, key, buf, cap, len, tenant);
+    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
@@ -92,7 +138,9 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
-    return c->ops->get_into(c->be, key, buf, cap, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get_into(c->be, key, buf, cap, len, tenant);
+    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant, void **buf,
@@ -102,7 +150,9 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *ten
         *buf = NULL;
     if (!c || !key || !buf || !len)
         return BAD;
-    return c->ops->get_alloc(c->be, key, buf, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get_alloc(c->be, key, buf, len, tenant);
+    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tenant,
@@ -117,14 +167,16 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
 {
     if (!c || !key)
         return BAD;
-    return c->ops->remove(c->be, key, tenant, false);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    return counted(c, MOONLET_CM_REMOVE, t0, c->ops->remove(c->be, key, tenant, false), 0, 1);
 }
 
 int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
 {
     if (!c || !key)
         return BAD;
-    return c->ops->remove(c->be, key, tenant, true);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    return counted(c, MOONLET_CM_REMOVE, t0, c->ops->remove(c->be, key, tenant, true), 0, 1);
 }
 
 int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)
@@ -158,7 +210,9 @@ int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *ten
 {
     if (!c || !key || !exists)
         return BAD;
-    return c->ops->exist_key(c->be, key, exists, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->exist_key(c->be, key, exists, tenant);
+    return counted(c, MOONLET_CM_EXIST, t0, rc, 0, !rc && *exists);
 }
 
 int moonlet_client_probe_key(moonlet_client *c, const char *key, const char *tenant,
@@ -174,7 +228,15 @@ int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, s
 {
     if (!c || (n && (!results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_exist_key(c->be, keys, n, results, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_exist_key(c->be, keys, n, results, tenant);
+    if (c->metrics) { /* results: 1 there, 0 not, or the key's error */
+        for (size_t i = 0; i < n; i++)
+            moonlet_cm_key(c->metrics, MOONLET_CM_EXIST, rc ? rc : results[i] < 0 ? results[i] : 0,
+                           0, !rc && results[i] > 0);
+        moonlet_cm_call(c->metrics, MOONLET_CM_EXIST, t0);
+    }
+    return rc;
 }
 
 int moonlet_client_batch_probe_key(moonlet_client *c, const char *const *keys, size_t n,
@@ -239,7 +301,9 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !lens || !results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
+    return counted_batch(c, MOONLET_CM_PUT, t0, rc, n, results, lens);
 }
 
 int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
@@ -248,7 +312,9 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !caps || !lens || !results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
+    return counted_batch(c, MOONLET_CM_GET, t0, rc, n, results, lens);
 }
 
 /* ---- accessors ------------------------------------------------------------------------ */

@@ -80,6 +80,7 @@ typedef struct moonlet_client_ops {
 struct moonlet_client {
     const moonlet_client_ops *ops;
     moonlet_client_be *be;
+    struct moonlet_client_metrics *metrics; /* NULL unless config http_server (client_metrics.c) */
 };
 
 extern const moonlet_client_ops moonlet_client_direct_ops;
@@ -89,5 +90,8 @@ extern const moonlet_client_ops moonlet_client_dummy_ops;
  * failure, INTERNAL_ERROR, the caller still owns it). */
 int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
                         moonlet_client **out);
+/* Starts the HTTP endpoint cfg asks for (http_server; client_metrics.h), if
+ * any; the handle owns it from then on.  0 or the endpoint's error. */
+int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg);
 
 #endif

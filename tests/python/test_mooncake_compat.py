@@ -7,6 +7,10 @@ get_batch / put_parts on either setup.
 """
 import array
 import ctypes
+import re
+import shutil
+import socket
+import subprocess
 
 import pytest
 
@@ -506,7 +510,7 @@ def test_setup_forms_engines_use(cluster, tenant, tmp_path, monkeypatch):
     base = ("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "", cluster.addr)
     s = MooncakeDistributedStore()
     assert s.setup(*base, enable_ssd_offload=True, ssd_offload_path="/tmp/x") == -600
-    assert s.setup(*base, enable_client_http_server=True, client_http_port=9300) == -600
+    assert s.setup(*base, enable_client_http_server=True, client_http_port=70000) == -600
     assert s.setup(*base[:4], protocol="tcp", device_name="mlx5_0,mlx5_1",
                    master_server_address=cluster.addr, enable_ssd_offload=False,
                    enable_client_http_server=False, client_http_port=9300,
@@ -691,3 +695,96 @@ def test_force_remove(mcs):
     assert mcs.remove_all(force=True) == 1           # fr/b, under its lease
     assert mcs.batch_is_exist(["fr/a", "fr/b", "fr/c"]) == [0, 0, 0]
     assert mcs.remove_all(True) == 0
+
+
+# ---- the client HTTP server (SGLang's storage metrics) -----------------------------------------
+
+
+def _free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def _curl(port, path="/metrics"):
+    """(HTTP status, body) of curl on the client's endpoint."""
+    assert shutil.which("curl"), "curl is needed (scripts/setup.sh installs it)"
+    r = subprocess.run(["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}",
+                        f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    body, _, code = r.stdout.rpartition("\n")
+    return int(code), body
+
+
+def _samples(text):
+    """{"name{labels}": value} of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_client_http_server_metrics_move_with_puts_and_gets(cluster, tenant):
+    """SGLang's setup(..., enable_client_http_server=True, client_http_port=P)
+    returns 0, and curl http://127.0.0.1:P/metrics shows this client's
+    counters move with its puts, gets and errors; /health answers."""
+    port = _free_port()
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "", cluster.addr,
+                   tenant_id=tenant, enable_client_http_server=True, client_http_port=port) == 0
+    assert s._store.http_port == port
+    code, text = _curl(port)
+    assert code == 200
+    m0 = _samples(text)
+    assert m0["moonlet_client_puts_total"] == 0 and m0["moonlet_client_gets_total"] == 0
+    assert "# TYPE moonlet_client_latency_seconds histogram" in text
+
+    assert s.put("hm/1", b"x" * 1000) == 0 and s.put("hm/2", b"y" * 24) == 0
+    assert s.get("hm/1") == b"x" * 1000
+    assert s.get("hm/missing") == b""
+    assert s.get_batch(["hm/2", "hm/nope"]) == [b"y" * 24, b""]
+    assert s.is_exist("hm/1") == 1 and s.is_exist("hm/none") == 0
+    assert s.remove("hm/none") == -704
+    code, text = _curl(port)
+    m1 = _samples(text)
+    assert code == 200
+    assert m1["moonlet_client_puts_total"] == 2
+    assert m1["moonlet_client_put_bytes_total"] == 1024
+    assert m1["moonlet_client_gets_total"] == 4
+    assert m1["moonlet_client_get_bytes_total"] == 1024
+    assert m1['moonlet_client_hits_total{op="get"}'] == 2
+    assert m1['moonlet_client_misses_total{op="get"}'] == 2
+    assert m1['moonlet_client_hits_total{op="exist"}'] == 1
+    assert m1['moonlet_client_misses_total{op="exist"}'] == 1
+    assert m1['moonlet_client_errors_total{op="remove",code="-704",name="OBJECT_NOT_FOUND"}'] == 1
+    assert m1['moonlet_client_latency_seconds_count{op="put"}'] >= 2
+    assert m1['moonlet_client_latency_seconds_bucket{op="get",le="+Inf"}'] == \
+        m1['moonlet_client_latency_seconds_count{op="get"}'] >= 2
+    assert m1['moonlet_client_latency_seconds_sum{op="put"}'] > 0
+    buckets = [v for k, v in m1.items()
+               if re.match(r'moonlet_client_latency_seconds_bucket\{op="put"', k)]
+    assert buckets == sorted(buckets)  # cumulative
+
+    assert _curl(port, "/health") == (200, "OK\n")
+    assert _curl(port, "/nope")[0] == 404
+    # the port is this client's: a second one cannot take it, and it is
+    # released with close()
+    s2 = MooncakeDistributedStore()
+    assert s2.setup("127.0.0.1", "", 0, 16 * MIB, "tcp", "", cluster.addr, tenant_id=tenant,
+                    enable_client_http_server=True, client_http_port=port) == -1
+    assert s.close() == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    # off by default, and in a config dict with no port: a free one
+    assert s2.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                     "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
+    assert s2._store.http_port is None
+    s2.close()
+    assert s2.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                     "master_server_address": cluster.addr, "tenant_id": tenant,
+                     "enable_client_http_server": "true", "enable_offload": True}) == 0
+    assert s2._store.http_port and _curl(s2._store.http_port, "/health")[0] == 200
+    s2.close()
