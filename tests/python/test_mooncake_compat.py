@@ -16,6 +16,7 @@ import pytest
 
 import moonlet
 from conftest import K3, MIB
+from daemons import start_store
 from moonlet.mooncake import (MooncakeDistributedStore, ReplicateConfig, SoftPinAction,
                               parse_size)
 
@@ -788,3 +789,27 @@ def test_client_http_server_metrics_move_with_puts_and_gets(cluster, tenant):
                      "enable_client_http_server": "true", "enable_offload": True}) == 0
     assert s2._store.http_port and _curl(s2._store.http_port, "/health")[0] == 200
     s2.close()
+
+
+def test_realclient_serves_the_dummy_clients_metrics(cluster, tmp_path, tenant):
+    """moonlet-store --serve-dummy --client-http-port N: the RealClient's
+    /metrics counts what its DummyClients (setup_dummy) do."""
+    rc = start_store(cluster.addr, "64MiB", "--serve-dummy", str(tmp_path / "rc.sock"),
+                     "--client-http-port", "0",
+                     ready=[r"serving dummy clients on (.+)$",
+                            r"client metrics on 0\.0\.0\.0:(\d+)$"])
+    try:
+        port = int(rc.matches[r"client metrics on 0\.0\.0\.0:(\d+)$"].group(1))
+        s = MooncakeDistributedStore()
+        assert s.setup_dummy(0, 0, str(tmp_path / "rc.sock"), tenant_id=tenant) == 0
+        before = _samples(_curl(port)[1])
+        assert s.put("rcm/1", b"z" * 300) == 0 and s.get("rcm/1") == b"z" * 300
+        after = _samples(_curl(port)[1])
+        assert after["moonlet_client_puts_total"] == before["moonlet_client_puts_total"] + 1
+        assert after["moonlet_client_put_bytes_total"] >= before["moonlet_client_put_bytes_total"] + 300
+        assert after['moonlet_client_hits_total{op="get"}'] == \
+            before['moonlet_client_hits_total{op="get"}'] + 1
+        assert _curl(port, "/health") == (200, "OK\n")
+        s.close()
+    finally:
+        rc.stop()
