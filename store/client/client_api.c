@@ -53,23 +53,23 @@ int moonlet_client_http_port(const moonlet_client *c)
 }
 
 /* A single-key call's outcome and latency (nothing without metrics). */
-static int counted(moonlet_client *c, moonlet_cm_op op, uint64_t t0, int rc, uint64_t bytes,
-                   int found)
+static int counted(moonlet_client *c, moonlet_cm_op op, const char *tenant, uint64_t t0, int rc,
+                   uint64_t bytes, int found)
 {
     if (c->metrics) {
-        moonlet_cm_key(c->metrics, op, rc, bytes, found);
+        moonlet_cm_key(c->metrics, op, tenant, rc, bytes, found);
         moonlet_cm_call(c->metrics, op, t0);
     }
     return rc;
 }
 
 /* A batch's: each key's result (bytes: lens[i], or sizes[i] of a put). */
-static int counted_batch(moonlet_client *c, moonlet_cm_op op, uint64_t t0, int rc, size_t n,
-                         const int32_t *results, const size_t *bytes)
+static int counted_batch(moonlet_client *c, moonlet_cm_op op, const char *tenant, uint64_t t0,
+                         int rc, size_t n, const int32_t *results, const size_t *bytes)
 {
     if (c->metrics) {
         for (size_t i = 0; i < n; i++)
-            moonlet_cm_key(c->metrics, op, results[i], results[i] ? 0 : bytes[i], 1);
+            moonlet_cm_key(c->metrics, op, tenant, results[i], results[i] ? 0 : bytes[i], 1);
         moonlet_cm_call(c->metrics, op, t0);
     }
     return rc;
@@ -100,7 +100,7 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->put(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -110,7 +110,7 @@ int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf,
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->put_from(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -120,7 +120,7 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->upsert(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, t0, rc, rc ? 0 : len, 1);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
@@ -130,7 +130,7 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->get(c->be, key, buf, cap, len, tenant);
-    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
@@ -140,7 +140,7 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->get_into(c->be, key, buf, cap, len, tenant);
-    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant, void **buf,
@@ -152,7 +152,7 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *ten
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->get_alloc(c->be, key, buf, len, tenant);
-    return counted(c, MOONLET_CM_GET, t0, rc, rc ? 0 : *len, 1);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tenant,
@@ -168,7 +168,8 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
     if (!c || !key)
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    return counted(c, MOONLET_CM_REMOVE, t0, c->ops->remove(c->be, key, tenant, false), 0, 1);
+    int rc = c->ops->remove(c->be, key, tenant, false);
+    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
 }
 
 int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
@@ -176,7 +177,8 @@ int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *
     if (!c || !key)
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    return counted(c, MOONLET_CM_REMOVE, t0, c->ops->remove(c->be, key, tenant, true), 0, 1);
+    int rc = c->ops->remove(c->be, key, tenant, true);
+    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
 }
 
 int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)
@@ -212,7 +214,7 @@ int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *ten
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->exist_key(c->be, key, exists, tenant);
-    return counted(c, MOONLET_CM_EXIST, t0, rc, 0, !rc && *exists);
+    return counted(c, MOONLET_CM_EXIST, tenant, t0, rc, 0, !rc && *exists);
 }
 
 int moonlet_client_probe_key(moonlet_client *c, const char *key, const char *tenant,
@@ -232,8 +234,8 @@ int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, s
     int rc = c->ops->batch_exist_key(c->be, keys, n, results, tenant);
     if (c->metrics) { /* results: 1 there, 0 not, or the key's error */
         for (size_t i = 0; i < n; i++)
-            moonlet_cm_key(c->metrics, MOONLET_CM_EXIST, rc ? rc : results[i] < 0 ? results[i] : 0,
-                           0, !rc && results[i] > 0);
+            moonlet_cm_key(c->metrics, MOONLET_CM_EXIST, tenant,
+                           rc ? rc : results[i] < 0 ? results[i] : 0, 0, !rc && results[i] > 0);
         moonlet_cm_call(c->metrics, MOONLET_CM_EXIST, t0);
     }
     return rc;
@@ -303,7 +305,7 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
-    return counted_batch(c, MOONLET_CM_PUT, t0, rc, n, results, lens);
+    return counted_batch(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, n, results, lens);
 }
 
 int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
@@ -314,7 +316,7 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
-    return counted_batch(c, MOONLET_CM_GET, t0, rc, n, results, lens);
+    return counted_batch(c, MOONLET_CM_GET, tenant, t0, rc, n, results, lens);
 }
 
 /* ---- accessors ------------------------------------------------------------------------ */

@@ -5,13 +5,14 @@
  * GET /health, served by common/http_server.c (Mooncake's client HTTP
  * server, enable_client_http_server / client_http_port).
  *
- * Owns: the counters (atomics), the error-code table and the endpoint.
+ * Owns: the counters (atomics), the error-code and tenant tables and the
+ * endpoint.
  * store/client/client_api.c records every call of the public API here; a
  * client without the endpoint has no metrics object and pays nothing.
  *
- * Locks: errs_mu guards the error-code table (a leaf, held for a lookup and
- * an increment, or while a scrape copies the table); everything else is
- * atomic.
+ * Locks: errs_mu guards the error-code table and the tenant table (a leaf,
+ * held for a lookup and an increment, or while a scrape prints them);
+ * everything else is atomic.
  */
 #ifndef MOONLET_CLIENT_METRICS_H
 #define MOONLET_CLIENT_METRICS_H
@@ -53,9 +54,10 @@ void moonlet_cm_call(moonlet_client_metrics *m, moonlet_cm_op op, uint64_t t0);
 /* One key's outcome: rc 0 with `bytes` moved (a get: a hit; an exist:
  * `found` says hit or miss), OBJECT_NOT_FOUND (a get or exist: a miss), any
  * other code an error of op, but a get's BUFFER_OVERFLOW (the size learned,
- * the read retried) is not counted.  NULL m: nothing. */
-void moonlet_cm_key(moonlet_client_metrics *m, moonlet_cm_op op, int rc, uint64_t bytes,
-                    int found);
+ * the read retried) is not counted.  Also counted for its tenant (NULL or
+ * "": the client's default tenant).  NULL m: nothing. */
+void moonlet_cm_key(moonlet_client_metrics *m, moonlet_cm_op op, const char *tenant, int rc,
+                    uint64_t bytes, int found);
 
 /* The /metrics text of m (malloc'd, NUL-terminated; length in *len), NULL
  * when out of memory.  For tests and the endpoint. */

@@ -765,6 +765,8 @@ def test_client_http_server_metrics_move_with_puts_and_gets(cluster, tenant):
     assert m1['moonlet_client_latency_seconds_bucket{op="get",le="+Inf"}'] == \
         m1['moonlet_client_latency_seconds_count{op="get"}'] >= 2
     assert m1['moonlet_client_latency_seconds_sum{op="put"}'] > 0
+    assert m1[f'moonlet_client_tenant_keys_total{{tenant="{tenant}",op="put",outcome="ok"}}'] == 2
+    assert m1[f'moonlet_client_tenant_bytes_total{{tenant="{tenant}",op="get"}}'] == 1024
     buckets = [v for k, v in m1.items()
                if re.match(r'moonlet_client_latency_seconds_bucket\{op="put"', k)]
     assert buckets == sorted(buckets)  # cumulative

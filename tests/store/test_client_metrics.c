@@ -31,6 +31,7 @@ static int start_on(const char *token, uint16_t port, moonlet_client_metrics **m
 {
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
+    cfg.default_tenant = "my-default";
     cfg.http_server = true;
     cfg.http_address = "127.0.0.1";
     cfg.http_port = port;
@@ -58,7 +59,7 @@ static void test_off_unless_asked(void **state)
     assert_int_equal(moonlet_client_metrics_start(&cfg, &m), MOONLET_OK);
     assert_null(m);
     assert_int_equal(moonlet_cm_begin(NULL), 0);
-    moonlet_cm_key(NULL, MOONLET_CM_PUT, 0, 1, 1); /* no-ops */
+    moonlet_cm_key(NULL, MOONLET_CM_PUT, NULL, 0, 1, 1); /* no-ops */
     moonlet_cm_call(NULL, MOONLET_CM_PUT, 0);
     assert_int_equal(moonlet_client_metrics_port(NULL), 0);
     moonlet_client_metrics_stop(NULL);
@@ -74,17 +75,17 @@ static void test_counts_render(void **state)
     moonlet_client_metrics *m = start(NULL, &port);
     uint64_t t0 = moonlet_cm_begin(m);
     assert_true(t0 > 0);
-    moonlet_cm_key(m, MOONLET_CM_PUT, MOONLET_OK, 1000, 1);
-    moonlet_cm_key(m, MOONLET_CM_PUT, MOONLET_ERR_NO_AVAILABLE_HANDLE, 0, 1);
+    moonlet_cm_key(m, MOONLET_CM_PUT, NULL, MOONLET_OK, 1000, 1);
+    moonlet_cm_key(m, MOONLET_CM_PUT, NULL, MOONLET_ERR_NO_AVAILABLE_HANDLE, 0, 1);
     moonlet_cm_call(m, MOONLET_CM_PUT, t0);
-    moonlet_cm_key(m, MOONLET_CM_GET, MOONLET_OK, 24, 1);
-    moonlet_cm_key(m, MOONLET_CM_GET, MOONLET_ERR_OBJECT_NOT_FOUND, 0, 1);
-    moonlet_cm_key(m, MOONLET_CM_GET, MOONLET_ERR_BUFFER_OVERFLOW, 0, 1); /* size learned only */
-    moonlet_cm_key(m, MOONLET_CM_GET, MOONLET_ERR_INVALID_READ, 0, 1);
+    moonlet_cm_key(m, MOONLET_CM_GET, "t1", MOONLET_OK, 24, 1);
+    moonlet_cm_key(m, MOONLET_CM_GET, "t1", MOONLET_ERR_OBJECT_NOT_FOUND, 0, 1);
+    moonlet_cm_key(m, MOONLET_CM_GET, "t1", MOONLET_ERR_BUFFER_OVERFLOW, 0, 1); /* size learned only */
+    moonlet_cm_key(m, MOONLET_CM_GET, "t1", MOONLET_ERR_INVALID_READ, 0, 1);
     moonlet_cm_call(m, MOONLET_CM_GET, t0 - 30 * 1000000ull); /* 30 ms */
-    moonlet_cm_key(m, MOONLET_CM_EXIST, MOONLET_OK, 0, 1);
-    moonlet_cm_key(m, MOONLET_CM_EXIST, MOONLET_OK, 0, 0);
-    moonlet_cm_key(m, MOONLET_CM_REMOVE, MOONLET_ERR_OBJECT_NOT_FOUND, 0, 1);
+    moonlet_cm_key(m, MOONLET_CM_EXIST, "", MOONLET_OK, 0, 1);
+    moonlet_cm_key(m, MOONLET_CM_EXIST, "", MOONLET_OK, 0, 0);
+    moonlet_cm_key(m, MOONLET_CM_REMOVE, "a\"b\\c", MOONLET_ERR_OBJECT_NOT_FOUND, 0, 1);
     size_t len = 0;
     char *text = moonlet_client_metrics_render(m, &len);
     assert_non_null(text);
@@ -112,6 +113,21 @@ static void test_counts_render(void **state)
     assert_true(has_line(text, "moonlet_client_latency_seconds_count{op=\"get\"} 1"));
     assert_true(has_line(text, "moonlet_client_latency_seconds_count{op=\"exist\"} 0"));
     assert_non_null(strstr(text, "# TYPE moonlet_client_latency_seconds histogram\n"));
+    /* per tenant: NULL and "" are the client's default tenant; names escaped */
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\","
+                               "outcome=\"ok\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\","
+                               "outcome=\"error\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\","
+                               "outcome=\"ok\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\","
+                               "outcome=\"miss\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"exist\","
+                               "outcome=\"miss\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"a\\\"b\\\\c\",op=\"remove\","
+                               "outcome=\"error\"} 1"));
+    assert_true(has_line(text, "moonlet_client_tenant_bytes_total{tenant=\"my-default\",op=\"put\"} 1000"));
+    assert_true(has_line(text, "moonlet_client_tenant_bytes_total{tenant=\"t1\",op=\"get\"} 24"));
     free(text);
 
     char *r = http_get(port, "GET /metrics HTTP/1.0\r\n\r\n");
@@ -129,6 +145,33 @@ static void test_counts_render(void **state)
     assert_true(http_answers(port, "POST /metrics HTTP/1.0\r\n\r\n", " 405 ", NULL));
     moonlet_client_metrics_stop(m);
     assert_null(http_get(port, "GET /health HTTP/1.0\r\n\r\n")); /* closed with the client */
+}
+
+/* The tenant table is bounded: past its 32 tenants, keys count under "other". */
+static void test_tenants_bounded(void **state)
+{
+    (void)state;
+    uint16_t port;
+    moonlet_client_metrics *m = start(NULL, &port);
+    char name[16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(name, sizeof(name), "tenant-%02d", i);
+        moonlet_cm_key(m, MOONLET_CM_PUT, name, MOONLET_OK, 10, 1);
+    }
+    moonlet_cm_key(m, MOONLET_CM_PUT, "tenant-00", MOONLET_OK, 10, 1); /* known: its own */
+    char *text = moonlet_client_metrics_render(m, NULL);
+    assert_non_null(text);
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"tenant-00\",op=\"put\","
+                               "outcome=\"ok\"} 2"));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"tenant-31\",op=\"put\","
+                               "outcome=\"ok\"} 1"));
+    assert_null(strstr(text, "tenant=\"tenant-32\""));
+    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"other\",op=\"put\","
+                               "outcome=\"ok\"} 8"));
+    assert_true(has_line(text, "moonlet_client_tenant_bytes_total{tenant=\"other\",op=\"put\"} 80"));
+    assert_true(has_line(text, "moonlet_client_puts_total 41"));
+    free(text);
+    moonlet_client_metrics_stop(m);
 }
 
 /* With the cluster token set, /metrics and /health need it as a Bearer token. */
@@ -155,4 +198,5 @@ static void test_token(void **state)
 MOONLET_TEST_MAIN("client_metrics", NULL, NULL,
                   cmocka_unit_test(test_off_unless_asked),
                   cmocka_unit_test(test_counts_render),
+                  cmocka_unit_test(test_tenants_bounded),
                   cmocka_unit_test(test_token))
