@@ -16,7 +16,7 @@ import pytest
 
 import moonlet
 from conftest import K3, MIB
-from daemons import start_store
+from daemons import child_env, start_store
 from moonlet.mooncake import (MooncakeDistributedStore, ReplicateConfig, SoftPinAction,
                               parse_size)
 
@@ -712,7 +712,7 @@ def _curl(port, path="/metrics"):
     assert shutil.which("curl"), "curl is needed (scripts/setup.sh installs it)"
     r = subprocess.run(["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}",
                         f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True,
-                       timeout=30)
+                       timeout=30, env=child_env())  # not under the test's LD_PRELOAD
     assert r.returncode == 0, r.stderr
     body, _, code = r.stdout.rpartition("\n")
     return int(code), body
