@@ -10,8 +10,12 @@
  * growth, inserts and removals (keys added behind the cursor are simply not
  * seen by this listing).
  *
- * Locks: guard shared -> one shard lock at a time.  Visitors run under the
- * shard lock.
+ * The tenant listing (ListTenants) counts every shard's objects by tenant,
+ * then names the tenants that hold any, in name order.
+ *
+ * Locks: guard shared -> one shard lock at a time.  Visitors of keys run
+ * under the shard lock.  The tenant listing takes tenants.lock (read) alone,
+ * before and after the shard walk, and visits under no lock.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -162,5 +166,91 @@ int moonlet_master_inspect_key(moonlet_master *m, moonlet_str tenant, moonlet_st
     }
     pthread_mutex_unlock(&s->mu);
     pthread_rwlock_unlock(&m->guard);
+    return rc;
+}
+
+/* ---- tenants ----------------------------------------------------------------- */
+
+struct tenant_count {
+    uint32_t id; /* the tenant id counted in this slot (while keys > 0) */
+    uint64_t keys, bytes;
+    char *name;
+    uint32_t name_len;
+};
+
+static int cmp_tenant_name(const void *a, const void *b)
+{
+    const struct tenant_count *x = a, *y = b;
+    uint32_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(x->name, y->name, n);
+    return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+int moonlet_master_list_tenants(moonlet_master *m, uint32_t limit,
+                                void (*visit)(void *arg, const moonlet_tenant_view *t), void *arg,
+                                uint32_t *total)
+{
+    *total = 0;
+    if (limit == 0 || limit > MOONLET_LIST_TENANTS_MAX_LIMIT)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    uint32_t nslots = m->tenants.n;
+    pthread_rwlock_unlock(&m->tenants.lock);
+    if (nslots == 0)
+        return MOONLET_OK;
+    struct tenant_count *c = calloc(nslots, sizeof(*c));
+    if (!c)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    /* Count by slot.  A tenant made after nslots was read is not listed; a
+     * slot's tenant cannot change while it holds objects (each holds a
+     * reference), so one slot counts one id. */
+    pthread_rwlock_rdlock(&m->guard);
+    for (uint32_t sh = 0; sh < m->nshards; sh++) {
+        struct shard *s = &m->shards[sh];
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t b = 0; b <= s->mask; b++)
+            for (const struct mobj *o = s->buckets[b]; o; o = o->next) {
+                uint32_t slot = o->tenant & 0xffffu;
+                if (slot >= nslots || (c[slot].keys && c[slot].id != o->tenant))
+                    continue;
+                c[slot].id = o->tenant;
+                c[slot].keys++;
+                c[slot].bytes += o->size;
+            }
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_rwlock_unlock(&m->guard);
+    /* Names, copied under the lock (a slot freed since the walk is skipped). */
+    uint32_t n = 0;
+    int rc = MOONLET_OK;
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    for (uint32_t i = 0; i < nslots && !rc; i++) {
+        const struct tenant_slot *t = &m->tenants.slots[i];
+        if (!c[i].keys || !t->name || t->id != c[i].id)
+            continue;
+        char *name = malloc(t->len ? t->len : 1);
+        if (!name) {
+            rc = MOONLET_ERR_INTERNAL_ERROR;
+            break;
+        }
+        memcpy(name, t->name, t->len);
+        c[n] = c[i];
+        c[n].name = name;
+        c[n].name_len = t->len;
+        n++;
+    }
+    pthread_rwlock_unlock(&m->tenants.lock);
+    if (!rc) {
+        qsort(c, n, sizeof(*c), cmp_tenant_name);
+        *total = n;
+        for (uint32_t i = 0; i < n && i < limit; i++) {
+            moonlet_tenant_view v = {.name = c[i].name, .name_len = c[i].name_len,
+                                     .keys = c[i].keys, .bytes = c[i].bytes};
+            visit(arg, &v);
+        }
+    }
+    for (uint32_t i = 0; i < n; i++)
+        free(c[i].name);
+    free(c);
     return rc;
 }

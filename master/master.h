@@ -522,6 +522,25 @@ int moonlet_master_list_keys(moonlet_master *m, moonlet_str tenant, moonlet_str 
                              void (*visit)(void *arg, const moonlet_key_view *k), void *arg,
                              char next_cursor[MOONLET_CURSOR_BYTES]);
 
+/* A tenant holding objects: its name, its objects (complete or being put)
+ * and their bytes (object sizes, one replica each). */
+typedef struct moonlet_tenant_view {
+    const char *name;
+    uint32_t name_len;
+    uint64_t keys;
+    uint64_t bytes;
+} moonlet_tenant_view;
+
+/* ListTenants: every tenant that holds objects, in name order, the first
+ * `limit` (1..MOONLET_LIST_TENANTS_MAX_LIMIT) visited; *total: how many hold
+ * objects.  Walks every shard (guard shared, one shard lock at a time), then
+ * names the tenants under tenants.lock; visit runs under no lock. */
+#define MOONLET_LIST_TENANTS_DEFAULT_LIMIT 1000u
+#define MOONLET_LIST_TENANTS_MAX_LIMIT 65536u
+int moonlet_master_list_tenants(moonlet_master *m, uint32_t limit,
+                                void (*visit)(void *arg, const moonlet_tenant_view *t), void *arg,
+                                uint32_t *total);
+
 /* One key: its summary, then each replica (all statuses). OBJECT_NOT_FOUND. */
 int moonlet_master_inspect_key(moonlet_master *m, moonlet_str tenant, moonlet_str key,
                                moonlet_key_view *summary, moonlet_replica_visitor visit,

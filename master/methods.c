@@ -142,6 +142,10 @@ static const moonlet_rpc_arg list_segments_args[] = {
     {ARG(moonlet_args_list_segments, client_id, CSTR, OPT), .max = ID_MAX},
 };
 
+static const moonlet_rpc_arg list_tenants_args[] = {
+    {ARG(moonlet_args_list_tenants, limit, U64, OPT), .max = MOONLET_LIST_TENANTS_MAX_LIMIT},
+};
+
 static const moonlet_rpc_arg probe_resume_args[] = {
     {ARG(moonlet_args_probe_resume, tenant, STR, 0)},
     {ARG(moonlet_args_probe_resume, kv_keys, STRS, BATCH)},
@@ -205,6 +209,7 @@ SPEC(s_batch_put_end, moonlet_args_batch_put_end, batch_put_end_args);
 SPEC(s_batch_put_revoke, moonlet_args_batch_put_revoke, batch_put_revoke_args);
 SPEC(s_list_keys, moonlet_args_list_keys, list_keys_args);
 SPEC(s_list_segments, moonlet_args_list_segments, list_segments_args);
+SPEC(s_list_tenants, moonlet_args_list_tenants, list_tenants_args);
 SPEC(s_probe_resume, moonlet_args_probe_resume, probe_resume_args);
 SPEC(s_put_replace, moonlet_args_put_replace, put_replace_args);
 SPEC(s_repl_stream, moonlet_args_repl_stream, repl_stream_args);
@@ -243,6 +248,7 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_REPAIR_DONE, "RepairDone", &s_repair_done},
     {MOONLET_M_DRAIN, "Drain", &s_drain},
     {MOONLET_M_UNDRAIN, "Undrain", &s_drain},
+    {MOONLET_M_LIST_TENANTS, "ListTenants", &s_list_tenants},
     {MOONLET_M_HELLO, "Hello", &s_any},
     {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_repl_snapshot},
     {MOONLET_M_REPL_PORT, "ReplPort", &s_none},

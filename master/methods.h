@@ -48,6 +48,7 @@ enum moonlet_method {
     MOONLET_M_REPAIR_DONE = 24,
     MOONLET_M_DRAIN = 25,
     MOONLET_M_UNDRAIN = 26,
+    MOONLET_M_LIST_TENANTS = 27, /* tenants holding keys, with counts and bytes */
     MOONLET_M_HELLO = 28, /* HA role and epoch; opts the connection into epoch-tagged replies */
     /* 29 was ReplFetch, the long poll the stream replaced */
     MOONLET_M_REPL_SNAPSHOT = 30, /* a standby's starting point */
@@ -182,6 +183,11 @@ typedef struct {
     uint64_t limit;        /* optional; 0: the default page */
     const char *client_id; /* optional; NULL or "": every client's segments */
 } moonlet_args_list_segments;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    uint64_t limit; /* optional; 0: MOONLET_LIST_TENANTS_DEFAULT_LIMIT */
+} moonlet_args_list_tenants;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

@@ -2,9 +2,10 @@
  * metrics.h - the master's statistics over HTTP in the Prometheus text
  * exposition format (version 0.0.4), for scraping.
  *
- * Owns the HTTP server (libmicrohttpd, one internal polling thread).  GET or
- * HEAD /metrics answers with the current moonlet_master_stats; any other path
- * is 404 and any other method 405.  With a cluster token, a scrape must carry
+ * Owns its HTTP endpoint (common/http_server.c: libmicrohttpd, one internal
+ * polling thread, bounded connections).  GET or HEAD /metrics answers with
+ * the current moonlet_master_stats; any other path is 404 and any other
+ * method 405.  With a cluster token, a scrape must carry
  * it as "Authorization: Bearer <token>" (Prometheus: `authorization:
  * credentials_file`); anything else is 401, so the statistics are no more
  * open than the RPC port they describe.  Nothing here is needed by the client

@@ -271,6 +271,19 @@ static int side_array_fail(struct side_array *sa, msgpack_packer *out, int rc)
     return reply(out, rc);
 }
 
+/* A listing's reply: rc when the visits failed, else a map of two pairs, the
+ * first `name`: the side array; the caller packs the second when 0 returns. */
+static int side_array_listing(struct side_array *sa, msgpack_packer *out, int rc,
+                              const char *name)
+{
+    if (rc)
+        return side_array_fail(sa, out, rc);
+    msgpack_pack_map(out, 2);
+    moonlet_pack_key(out, name);
+    side_array_flush(sa, out);
+    return MOONLET_OK;
+}
+
 struct replica_pack {
     struct side_array a;
     bool as_map; /* inspection: a map per replica; data path: a compact array */
@@ -774,11 +787,8 @@ HANDLER(h_list_keys, moonlet_args_list_keys)
     char next[MOONLET_CURSOR_BYTES];
     int rc = moonlet_master_list_keys(M(ctx), a->tenant, a->prefix, a->cursor, (uint32_t)a->limit,
                                       key_visit, &sa, next);
-    if (rc)
-        return side_array_fail(&sa, out, rc);
-    msgpack_pack_map(out, 2);
-    moonlet_pack_key(out, "keys");
-    side_array_flush(&sa, out);
+    if (side_array_listing(&sa, out, rc, "keys"))
+        return rc;
     pack_str_kv(out, "next_cursor", next);
     return MOONLET_OK;
 }
@@ -795,6 +805,31 @@ HANDLER(h_inspect_key, moonlet_args_key)
     pack_key_view(out, &v, 1);
     moonlet_pack_key(out, "replicas");
     side_array_flush(&rp.a, out);
+    return MOONLET_OK;
+}
+
+static void tenant_visit(void *arg, const moonlet_tenant_view *t)
+{
+    struct side_array *sa = arg;
+    sa->count++;
+    msgpack_pack_map(&sa->pk, 3);
+    moonlet_pack_key(&sa->pk, "tenant");
+    moonlet_pack_str(&sa->pk, t->name, t->name_len);
+    pack_u64_kv(&sa->pk, "keys", t->keys);
+    pack_u64_kv(&sa->pk, "bytes", t->bytes);
+}
+
+HANDLER(h_list_tenants, moonlet_args_list_tenants)
+{
+    struct side_array sa;
+    side_array_init(&sa);
+    uint32_t total = 0;
+    int rc = moonlet_master_list_tenants(M(ctx), a->limit ? (uint32_t)a->limit
+                                                          : MOONLET_LIST_TENANTS_DEFAULT_LIMIT,
+                                         tenant_visit, &sa, &total);
+    if (side_array_listing(&sa, out, rc, "tenants"))
+        return rc;
+    pack_u64_kv(out, "total", total);
     return MOONLET_OK;
 }
 
@@ -1181,6 +1216,7 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_REPAIR_DONE] = h_repair_done,
     [MOONLET_M_DRAIN] = h_drain,
     [MOONLET_M_UNDRAIN] = h_undrain,
+    [MOONLET_M_LIST_TENANTS] = h_list_tenants,
     [MOONLET_M_HELLO] = h_hello,
     [MOONLET_M_REPL_PORT] = h_repl_port,
     [MOONLET_M_BATCH_PUT_START] = h_batch_put_start,

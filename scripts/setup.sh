@@ -13,6 +13,8 @@ PKGS=(
   libibverbs-dev librdmacm-dev libmsgpack-dev libcmocka-dev libnuma-dev
   libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev libsodium-dev
   python3 python3-dev python3-pytest python3-matplotlib
+  python3-mesonpy python3-venv patchelf
+  debhelper dh-python lintian
   iproute2 nftables procps
   etcd-server libcurl4-openssl-dev
   qemu-system-x86 busybox-static cpio kmod xz-utils

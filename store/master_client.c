@@ -1216,6 +1216,12 @@ int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const ch
     return mc_call(mc, MOONLET_M_LIST_KEYS, &a, 0, decode_json, out);
 }
 
+int moonlet_mc_list_tenants(moonlet_master_client *mc, uint32_t limit, struct cJSON **out)
+{
+    moonlet_args_list_tenants a = {.limit = limit};
+    return mc_call(mc, MOONLET_M_LIST_TENANTS, &a, 1, decode_json, out);
+}
+
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out)
 {

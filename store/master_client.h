@@ -206,6 +206,9 @@ int moonlet_mc_list_segments_page(moonlet_master_client *mc, uint64_t cursor, ui
                                   const char *client_id, struct cJSON **out);
 int moonlet_mc_list_keys(moonlet_master_client *mc, const char *tenant, const char *prefix,
                          const char *cursor, uint32_t limit, struct cJSON **out);
+/* ListTenants [limit]: *out = {tenants: [{tenant, keys, bytes}...] in name
+ * order, the first `limit` (0: the master's default), total}. */
+int moonlet_mc_list_tenants(moonlet_master_client *mc, uint32_t limit, struct cJSON **out);
 int moonlet_mc_inspect_key(moonlet_master_client *mc, const char *tenant, const char *key,
                            struct cJSON **out);
 /* One numeric field of a key's inspection ("lease_remaining_ms",

@@ -51,6 +51,12 @@ static const struct command g_cmds[] = {
      "  --prefix P          only keys that start with P\n"
      "  --limit N           print at most N keys (default: all)\n",
      0, 0, F(O_PREFIX) | F(O_LIMIT), inspect_cmd_keys},
+    {"tenants", "tenants [--limit N]", "tenants holding keys, with key counts and bytes",
+     "Lists every tenant that holds keys, in name order, with its key count (puts\n"
+     "in progress included) and bytes (the objects' sizes, one replica each).\n"
+     "`keys` names these tenants when the one asked holds no keys.\n",
+     "  --limit N           print at most N tenants (default: all, up to 65536)\n",
+     0, 0, F(O_LIMIT), inspect_cmd_tenants},
     {"key", "key KEY...", "each key's replicas, lease and soft pin",
      "Shows each key's size, every replica (segment, node endpoint, offset,\n"
      "length, status), the lease remaining in ms and the soft pin.  A key that\n"

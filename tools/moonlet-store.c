@@ -87,6 +87,9 @@ static void usage(FILE *f)
             "  --socket-group NAME       with --serve-dummy: give the socket group NAME, mode 0660\n"
             "  --busy-poll-us N          with --serve-dummy: after a request, poll for the next one\n"
             "                            this long before sleeping (default 200; 0 = off)\n"
+            "  --client-http-port N      with --serve-dummy: serve the RealClient's /metrics\n"
+            "                            (Prometheus: every dummy client's puts, gets, hits, ...)\n"
+            "                            and /health on every IPv4 address, port N (0: a free one)\n"
             "  --log-level LEVEL         error|warn|info|debug (default info)\n"
             "  --check                   self-test of the RDMA NIC that --listen's host is on\n"
             "                            (device, port, GIDs, MTU, limits, one RDMA WRITE and READ\n"
@@ -176,7 +179,7 @@ enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
     O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK,
-    O_KEEPALIVE
+    O_KEEPALIVE, O_CLIENT_HTTP
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
@@ -209,6 +212,7 @@ static const struct option g_opts[] = {
     {"max-connections-per-peer", required_argument, 0, O_MAXCONN_PEER},
     {"idle-timeout-ms", required_argument, 0, O_IDLE_TO},
     {"log-level", required_argument, 0, O_LOG},
+    {"client-http-port", required_argument, 0, O_CLIENT_HTTP},
     {"serve-dummy", required_argument, 0, O_SERVE_DUMMY},
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
     {"busy-poll-us", required_argument, 0, O_BUSY_POLL},
@@ -262,6 +266,8 @@ typedef struct serve_flags {
     uint32_t busy_poll_us;
     bool busy_poll_set;
     bool check;        /* --check: the RDMA self-test, then exit */
+    bool http;         /* --client-http-port given */
+    uint16_t http_port;
 } serve_flags;
 
 /* Returns 0 to run, 2 on bad flags, -1 after --help / --version (exit 0). */
@@ -327,6 +333,11 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
             sv->busy_poll_us = (uint32_t)v;
             sv->busy_poll_set = true;
             break;
+        case O_CLIENT_HTTP:
+            bad = parse_uint("--client-http-port", optarg, 0, 65535, &v);
+            sv->http_port = (uint16_t)v;
+            sv->http = true;
+            break;
         case O_SOCKET_GROUP:
             sv->group = optarg;
             bad = !*optarg && bad_flag("--socket-group", "expected a group name", optarg);
@@ -366,9 +377,9 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         snprintf(tcp_listen, sizeof(tcp_listen), "%.*s:0", (int)(colon ? colon - l : 0), l);
         cfg->tcp_listen_addr = tcp_listen;
     }
-    if (!bad && (sv->group || sv->busy_poll_set) && !sv->path) {
+    if (!bad && (sv->group || sv->busy_poll_set || sv->http) && !sv->path) {
         fprintf(stderr, PROG ": %s needs --serve-dummy\n",
-                sv->group ? "--socket-group" : "--busy-poll-us");
+                sv->group ? "--socket-group" : sv->http ? "--client-http-port" : "--busy-poll-us");
         bad = 1;
     }
     if (bad) {
@@ -405,6 +416,8 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
                                                         : MOONLET_PROTOCOL_AUTO;
     cc.device = node->device;
     cc.auth_token = node->auth_token;
+    cc.http_server = sv->http;
+    cc.http_port = sv->http_port;
     moonlet_real_client *rc;
     int r = moonlet_real_client_create_with_node(&cc, node, sv->path, sv->group, sv->busy_poll_us,
                                                  &rc);
@@ -416,6 +429,8 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
     char ep[MOONLET_MAX_ENDPOINT_BYTES + 1];
     moonlet_client_local_endpoint(moonlet_real_client_client(rc), ep, sizeof(ep));
     printf("listening on %s\nserving dummy clients on %s\n", ep, sv->path);
+    if (sv->http)
+        printf("client metrics on 0.0.0.0:%d\n", moonlet_client_http_port(moonlet_real_client_client(rc)));
     fflush(stdout);
     int sig = 0;
     sigwait(sigs, &sig);
@@ -449,7 +464,7 @@ int main(int argc, char **argv)
     cfg.segment_size = UINT64_C(1) << 30;
     cfg.idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS;
     const char *token_file = NULL;
-    serve_flags sv = {NULL, NULL, MOONLET_REAL_CLIENT_BUSY_POLL_US, false, false};
+    serve_flags sv = {.busy_poll_us = MOONLET_REAL_CLIENT_BUSY_POLL_US};
     int rc = parse_flags(argc, argv, &cfg, &token_file, &sv);
     if (rc)
         return rc < 0 ? 0 : rc;

@@ -119,10 +119,11 @@ typedef struct moonlet_xfer_opts {
      * while more than that many are in use at once. */
     unsigned max_pooled_conns;
     /* rdma serving side: every served connection is probed (a zero-length
-     * RDMA WRITE) every keepalive_ms, and one whose probe fails or is not
-     * acknowledged within keepalive_ms is torn down - a client that vanished
-     * without a disconnect (power loss, cable) is reaped within about
-     * 2 x keepalive_ms.  0: MOONLET_XFER_DEFAULT_KEEPALIVE_MS.  Ignored by TCP. */
+     * RDMA WRITE) every keepalive_ms, and one whose probe fails, or whose
+     * probes go unacknowledged for 4 consecutive keepalive_ms / 4 intervals
+     * (another probe each; transport/keepalive.c), is torn down - a client
+     * that vanished without a disconnect (power loss, cable) is reaped within
+     * about 2 x keepalive_ms.  0: MOONLET_XFER_DEFAULT_KEEPALIVE_MS.  Ignored by TCP. */
     uint32_t keepalive_ms;
 } moonlet_xfer_opts;
 

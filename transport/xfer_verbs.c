@@ -26,8 +26,9 @@
  *               the peer's initiator depth (as rdma_cm reports it on the
  *               passive side), capped by the device.
  *               Peers use one-sided operations, so the only WRs a served
- *               QP posts are keepalive probes (verbs_keepalive): a client
- *               that vanished without a disconnect is reaped.
+ *               QP posts are keepalive probes (verbs_keepalive, counting
+ *               misses by keepalive.c): a client that vanished without a
+ *               disconnect is reaped.
  *   client      per connection: event channel, rdma_resolve_addr (bound to
  *               source_addr; 200 ms attempts) -> TOS -> rdma_resolve_route ->
  *               completion channel, CQ, QP -> rdma_connect -> ESTABLISHED,
@@ -99,6 +100,7 @@
 #include "monotime.h"
 #include "moonlet/error.h"
 #include "xfer_internal.h"
+#include "keepalive.h"
 #include "thread.h"
 
 #define MOD "xfer-rdma"
@@ -171,9 +173,8 @@ typedef struct verbs_reap {
 /* A connection this instance accepted. */
 typedef struct verbs_sconn {
     struct rdma_cm_id *id;
-    struct ibv_cq *cq;        /* its own CQ (2 entries): only keepalive probes complete */
-    bool probing;             /* a probe is posted and not yet completed */
-    uint64_t probe_at_ms;     /* when the outstanding probe was posted, or the next is due */
+    struct ibv_cq *cq;        /* its own CQ: only keepalive probes complete */
+    moonlet_keepalive ka;     /* probes outstanding, misses, next deadline (keepalive.c) */
     struct verbs_sconn *next;
 } verbs_sconn;
 
@@ -516,12 +517,15 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         return;
     }
     verbs_sconn *sc = calloc(1, sizeof(*sc));
-    /* Its own CQ: the only WRs this QP ever posts are keepalive probes, one
-     * at a time (max_send_wr 1), so 2 entries can never overrun, whatever
+    /* Its own CQ: the only WRs this QP ever posts are keepalive probes, at
+     * most MOONLET_KEEPALIVE_MISSES at a time (max_send_wr), and it never
+     * posts a receive, so MISSES + 1 entries can never overrun, whatever
      * happens to other connections. */
-    struct ibv_cq *cq = sc && id->verbs == v->ctx ? ibv_create_cq(v->ctx, 2, NULL, NULL, 0) : NULL;
+    struct ibv_cq *cq = sc && id->verbs == v->ctx
+                            ? ibv_create_cq(v->ctx, MOONLET_KEEPALIVE_MISSES + 1, NULL, NULL, 0)
+                            : NULL;
     struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq,
-                                  .cap = {.max_send_wr = 1, .max_recv_wr = 1,
+                                  .cap = {.max_send_wr = MOONLET_KEEPALIVE_MISSES, .max_recv_wr = 1,
                                           .max_send_sge = 1, .max_recv_sge = 1},
                                   .qp_type = IBV_QPT_RC, .sq_sig_all = 1};
     if (!sc || id->verbs != v->ctx || !cq || rdma_create_qp(id, v->pd, &qa)) {
@@ -552,7 +556,7 @@ static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdm
         cp.responder_resources = v->max_rd_atom ? 1 : 0;
     sc->id = id;
     sc->cq = cq;
-    sc->probe_at_ms = moonlet_xfer_now_ms() + x->keepalive_ms;
+    moonlet_keepalive_init(&sc->ka, moonlet_xfer_now_ms(), x->keepalive_ms);
     id->context = sc;
     if (rdma_accept(id, &cp)) {
         ML_WARN(MOD, "rdma_accept: %s", strerror(errno));
@@ -720,14 +724,60 @@ static int verbs_health(moonlet_xfer *x)
  * C9-88, has the responder skip the R_Key and VA checks of a zero-length
  * operation - rxe and mlx5 do - and the client's QP allows remote writes,
  * as rdma_cm sets up every RC QP).  It costs one packet and its ACK and
- * consumes nothing at the client.  A probe that completes with an error
- * (retries exhausted, the QP in error) or is not acknowledged within
- * keepalive_ms tears the connection down (the reaper frees it): a vanished
- * client is reaped within about 2 x keepalive_ms.  The bound is this
+ * consumes nothing at the client.  While a probe is unacknowledged, every
+ * keepalive_ms / MOONLET_KEEPALIVE_MISSES without an acknowledgement is a
+ * miss and another probe follows (its packet makes the client's side NAK a
+ * lost earlier one, so a lost probe or ACK costs one interval, not the QP's
+ * ~1 s ack timeout); MOONLET_KEEPALIVE_MISSES consecutive misses
+ * (keepalive_ms after the first unacknowledged probe), or a probe that
+ * completes with an error (retries exhausted, the QP in error), tear the
+ * connection down (the reaper frees it).  One late or lost probe no longer
+ * ends a healthy connection (keepalive.c has the counting); a vanished
+ * client is still reaped within about 2 x keepalive_ms.  The bound is this
  * deadline, not the QP's retry_count x ack timeout (rdma_cm's default for
- * RoCE is ~1 s x 7 retries), so it holds on any fabric.
+ * RoCE is ~1 s x 7 retries), so it holds on any fabric.  The pass runs every
+ * VERBS_KEEPALIVE_TICK_MS, or every miss interval when that is shorter.
  */
 #define VERBS_KEEPALIVE_TICK_MS 50u
+
+static uint64_t verbs_keepalive_tick_ms(const moonlet_xfer *x)
+{
+    uint64_t iv = moonlet_keepalive_interval(x->keepalive_ms);
+    return iv < VERBS_KEEPALIVE_TICK_MS ? iv : VERBS_KEEPALIVE_TICK_MS;
+}
+
+/* One served QP's pass: drains its probes' completions, then asks
+ * keepalive.c what is due.  Returns NULL, or why the connection is gone. */
+static const char *verbs_keepalive_one(moonlet_xfer *x, verbs_sconn *sc, uint64_t now)
+{
+    struct ibv_wc wc[MOONLET_KEEPALIVE_MISSES + 1];
+    int n = ibv_poll_cq(sc->cq, (int)(MOONLET_KEEPALIVE_MISSES + 1), wc);
+    if (n < 0)
+        return "ibv_poll_cq failed";
+    for (int i = 0; i < n; i++) {
+        if (wc[i].status != IBV_WC_SUCCESS)
+            return ibv_wc_status_str(wc[i].status);
+        moonlet_keepalive_acked(&sc->ka, now, x->keepalive_ms);
+    }
+    switch (moonlet_keepalive_tick(&sc->ka, now, x->keepalive_ms)) {
+    case MOONLET_KEEPALIVE_WAIT:
+        return NULL;
+    case MOONLET_KEEPALIVE_GONE:
+        return "no acknowledgement of its probes within keepalive_ms";
+    case MOONLET_KEEPALIVE_PROBE:
+        break;
+    }
+    if (sc->ka.misses)
+        ML_DEBUG(MOD, "keepalive: %u consecutive misses, probing again", sc->ka.misses);
+    struct ibv_send_wr wr = {.wr_id = 1, .sg_list = NULL, .num_sge = 0,
+                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+    struct ibv_send_wr *bad = NULL;
+    int err = ibv_post_send(sc->id->qp, &wr, &bad);
+    if (err)
+        return strerror(err);
+    moonlet_keepalive_posted(&sc->ka, now, x->keepalive_ms);
+    return NULL;
+}
 
 static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
 {
@@ -736,33 +786,7 @@ static void verbs_keepalive(moonlet_xfer *x, verbs_state *v, uint64_t now)
     verbs_sconn **pp = &v->sconns;
     while (*pp) {
         verbs_sconn *sc = *pp;
-        const char *why = NULL;
-        struct ibv_wc wc;
-        if (sc->probing) {
-            int n = ibv_poll_cq(sc->cq, 1, &wc);
-            if (n > 0 && wc.status == IBV_WC_SUCCESS) {
-                sc->probing = false;
-                sc->probe_at_ms = now + x->keepalive_ms;
-            } else if (n > 0) {
-                why = ibv_wc_status_str(wc.status);
-            } else if (n < 0) {
-                why = "ibv_poll_cq failed";
-            } else if (now - sc->probe_at_ms >= x->keepalive_ms) {
-                why = "no acknowledgement within keepalive_ms";
-            }
-        } else if (now >= sc->probe_at_ms) {
-            struct ibv_send_wr wr = {.wr_id = 1, .sg_list = NULL, .num_sge = 0,
-                                     .opcode = IBV_WR_RDMA_WRITE,
-                                     .send_flags = IBV_SEND_SIGNALED};
-            struct ibv_send_wr *bad = NULL;
-            int err = ibv_post_send(sc->id->qp, &wr, &bad);
-            if (err) {
-                why = strerror(err);
-            } else {
-                sc->probing = true;
-                sc->probe_at_ms = now;
-            }
-        }
+        const char *why = verbs_keepalive_one(x, sc, now);
         if (!why) {
             pp = &sc->next;
             continue;
@@ -794,10 +818,14 @@ static void *verbs_cm_main(void *arg)
     while (!atomic_load(&v->stopping)) {
         struct pollfd p[2] = {{.fd = v->ec->fd, .events = POLLIN},
                               {.fd = v->ctx->async_fd, .events = POLLIN}};
-        int np = poll(p, 2, 100);
+        /* wake for the next keepalive pass at the latest (and every 100 ms
+         * at the latest, to notice `stopping`) */
+        uint64_t due = v->next_keepalive_ms, t = moonlet_xfer_now_ms();
+        int wait_ms = due <= t ? 0 : due - t < 100 ? (int)(due - t) : 100;
+        int np = poll(p, 2, wait_ms);
         uint64_t now = moonlet_xfer_now_ms();
         if (now >= v->next_keepalive_ms) {
-            v->next_keepalive_ms = now + VERBS_KEEPALIVE_TICK_MS;
+            v->next_keepalive_ms = now + verbs_keepalive_tick_ms(x);
             verbs_keepalive(x, v, now);
         }
         if (np <= 0)

@@ -113,6 +113,15 @@ typedef struct moonlet_client_config {
      * (INVALID_READ when none matches).  true: this client neither computes
      * nor verifies them (its puts' objects then read without a check). */
     bool skip_checksum;
+    /* The client's HTTP endpoint (Mooncake's enable_client_http_server /
+     * client_http_port): GET /metrics, this client's counters in the
+     * Prometheus text format (puts, gets, bytes, hits, misses, latency
+     * histograms, errors by code), and GET /health.  With auth_token, a
+     * request must carry "Authorization: Bearer <token>".  At most 64
+     * connections at once.  false: none. */
+    bool http_server;
+    uint16_t http_port;        /* 0: a free port (moonlet_client_http_port()) */
+    const char *http_address;  /* NULL: "0.0.0.0", every IPv4 address */
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */
@@ -151,7 +160,8 @@ MOONLET_API void moonlet_client_config_init(moonlet_client_config *cfg, size_t c
  *   RPC_FAIL / RPC_TIMEOUT  the master cannot be reached
  *   ILLEGAL_CLIENT   the master refused the auth token
  *   UNAVAILABLE_IN_CURRENT_STATUS  protocol RDMA but no usable RDMA device
- *   INTERNAL_ERROR   out of memory, threads or sockets
+ *   INTERNAL_ERROR   out of memory, threads or sockets; the HTTP endpoint
+ *                    (http_server) cannot listen on its port
  * Blocks for the connection.  Thread safe (creates an independent client).
  */
 MOONLET_API int moonlet_client_create(const moonlet_client_config *cfg, moonlet_client **out);
@@ -529,6 +539,10 @@ MOONLET_API int moonlet_client_batch_get(moonlet_client *c, const char *const *k
 /* "tcp" or "rdma": the transport this client runs (a DummyClient: its
  * RealClient's). */
 MOONLET_API const char *moonlet_client_protocol(const moonlet_client *c);
+
+/* The port of the client's HTTP endpoint (config http_server), or 0 when it
+ * has none (a NULL client, a DummyClient). */
+MOONLET_API int moonlet_client_http_port(const moonlet_client *c);
 
 /* Copies the data endpoint of the client's local segment ("127.0.0.1:41234").
  * UNAVAILABLE_IN_CURRENT_STATUS for a pure client and a DummyClient;

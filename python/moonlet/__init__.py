@@ -138,7 +138,8 @@ class Store(_moonlet.Client):
     @classmethod
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
-                transfer_timeout_ms=0, local_listen_addr=None, checksum=True):
+                transfer_timeout_ms=0, local_listen_addr=None, checksum=True, http_port=None,
+                http_address=None):
         """Connects to the master at master_addr ("HOST:PORT").  With HA,
         master_addr lists every master: "HOST:PORT,HOST:PORT" or a list of
         "HOST:PORT" strings; the client follows the leader.
@@ -158,16 +159,25 @@ class Store(_moonlet.Client):
                         next replica on a mismatch (StoreError INVALID_READ
                         when none matches).  False skips both (one pass over
                         the bytes less per call).
+        http_port:      None (default): no HTTP endpoint.  A port (0: a free
+                        one): this client serves GET /metrics (Prometheus
+                        text: puts, gets, bytes, hits, misses, latency
+                        histograms, errors by code) and GET /health there,
+                        on http_address (None: every IPv4 address), with
+                        auth_token required as a Bearer token when set;
+                        Store.http_port is the port bound.
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
-        ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600).
+        ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600),
+        INTERNAL_ERROR (-1) when the HTTP endpoint cannot listen.
         """
         self = cls.__new__(cls)
         if isinstance(master_addr, (list, tuple)):
             master_addr = ",".join(master_addr)
         self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
                       replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
-                      checksum=checksum)
+                      checksum=checksum, http_server=http_port is not None,
+                      http_port=http_port or 0, http_address=http_address)
         return self
 
     @classmethod

@@ -180,6 +180,7 @@ static int ml_uint(PyObject *o, uint64_t max, const char *what, uint64_t *out)
 ML_CONV_UINT(conv_size, size_t, SIZE_MAX, "size")
 static ML_CONV_UINT(conv_u32, uint32_t, UINT32_MAX, "value")
 static ML_CONV_UINT(conv_u64, uint64_t, UINT64_MAX, "value")
+static ML_CONV_UINT(conv_port, uint16_t, UINT16_MAX, "port")
 
 /* O& converter: a memory address. */
 static int conv_addr(PyObject *o, void *out)
@@ -629,7 +630,7 @@ static int ml_protocol(PyObject *o, void *out)
 PyDoc_STRVAR(connect_doc,
 "_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
 "         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,\n"
-"         checksum=True)\n"
+"         checksum=True, http_server=False, http_port=0, http_address=None)\n"
 "--\n\n"
 "Connects this unconnected object to a master (moonlet_client_create).\n"
 "Use moonlet.Store.connect() instead.");
@@ -638,20 +639,23 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
 {
     static char *kwl[] = {"master_addr", "protocol", "segment_size", "device", "auth_token",
                           "default_tenant", "replica_num", "rpc_timeout_ms",
-                          "transfer_timeout_ms", "local_listen_addr", "checksum", NULL};
+                          "transfer_timeout_ms", "local_listen_addr", "checksum",
+                          "http_server", "http_port", "http_address", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
-    int checksum = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|p:_connect", kwl, &addr_obj,
+    int checksum = 1, http_server = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|ppO&O&:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
                                      conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
                                      conv_opt_str, &cfg.default_tenant, conv_u32, &cfg.replica_num,
                                      conv_u32, &cfg.rpc_timeout_ms, conv_u32,
                                      &cfg.transfer_timeout_ms, conv_opt_str,
-                                     &cfg.local_listen_addr, &checksum))
+                                     &cfg.local_listen_addr, &checksum, &http_server, conv_port,
+                                     &cfg.http_port, conv_opt_str, &cfg.http_address))
         return NULL;
     cfg.skip_checksum = !checksum;
+    cfg.http_server = http_server;
     if (!ml_can_connect(self, addr_obj, &cfg.master_addr))
         return NULL;
     moonlet_client *c = NULL;
@@ -1738,6 +1742,15 @@ static PyObject *Client_get_local_endpoint(ClientObject *self, void *closure)
     return PyUnicode_FromString(buf);
 }
 
+static PyObject *Client_get_http_port(ClientObject *self, void *closure)
+{
+    int port;
+    ML_CALL(self, port, moonlet_client_http_port(c));
+    if (port <= 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLong(port);
+}
+
 static PyObject *Client_get_closed(ClientObject *self, void *closure)
 {
     return PyBool_FromLong(self->client == NULL);
@@ -1811,6 +1824,9 @@ static PyGetSetDef Client_getset[] = {
     {"local_endpoint", (getter)Client_get_local_endpoint, NULL,
      "Data endpoint of the memory this process contributes ('127.0.0.1:41234'); None "
      "for a pure client.", NULL},
+    {"http_port", (getter)Client_get_http_port, NULL,
+     "Port of this client's HTTP endpoint (/metrics, /health; connect(http_port=...)); "
+     "None when it has none.", NULL},
     {"closed", (getter)Client_get_closed, NULL, "True once closed (or never connected).", NULL},
     {"kind", (getter)Client_get_kind, NULL,
      "'direct' (connected to a master), 'dummy' (through a RealClient) or 'none'.", NULL},

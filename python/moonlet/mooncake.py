@@ -34,7 +34,9 @@ import json
 import logging
 import mmap
 import os
+import random
 import re
+import socket
 import threading
 import weakref
 
@@ -85,8 +87,10 @@ class ReplicateConfig:
     with_hard_pin:      never evicted (Remove still removes it).  The master
                         refuses (NO_AVAILABLE_HANDLE) a hard pin that would
                         take hard-pinned bytes above half its capacity.
-    soft_pin_ttl_ms:    with a soft pin, this object's pin TTL (0: the
-                        master's --default_kv_soft_pin_ttl).
+    soft_pin_ttl_ms:    this object's soft-pin TTL instead of the master's
+                        --default_kv_soft_pin_ttl; None (the default): unset.
+                        As in Mooncake, set only with soft_pin_action ENABLE:
+                        otherwise a put with this config is INVALID_PARAMS.
     group_ids:          accepted, not used (moonlet has no object groups).
     """
 
@@ -97,7 +101,7 @@ class ReplicateConfig:
     def __init__(self, replica_num=1, with_soft_pin=False,
                  soft_pin_action=SoftPinAction.PRESERVE, preferred_segment="", *,
                  preferred_segments=None, prefer_alloc_in_same_node=False,
-                 with_hard_pin=False, group_ids=None, soft_pin_ttl_ms=0):
+                 with_hard_pin=False, group_ids=None, soft_pin_ttl_ms=None):
         self.replica_num = replica_num
         self.with_soft_pin = with_soft_pin
         self.soft_pin_action = soft_pin_action
@@ -177,6 +181,27 @@ def _split_host(hostname):
 
 def _join_host(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# Where Mooncake picks the port of a client whose local_hostname names none.
+HOSTNAME_PORT_RANGE = (12300, 14300)
+
+
+def _pick_port():
+    """A port in HOSTNAME_PORT_RANGE that TCP can bind now (on every
+    address), from a random start; None when none of them is free."""
+    lo, hi = HOSTNAME_PORT_RANGE
+    n = hi - lo + 1
+    start = random.randrange(n)
+    for i in range(n):
+        port = lo + (start + i) % n
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
+    return None
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -437,11 +462,13 @@ class MooncakeDistributedStore:
         every copying put fail with INVALID_PARAMS, as Mooncake's has no
         buffer to stage through; otherwise it is not used.
 
-        The keywords engines add are accepted: enable_ssd_offload and
-        enable_client_http_server (True: INVALID_PARAMS, moonlet has neither
-        an SSD tier nor a client HTTP server), ssd_offload_path and
-        client_http_port (used by those only).  Unknown keywords are logged
-        and ignored; engine (a TransferEngine) must be None.
+        The keywords engines add are accepted: enable_client_http_server=True
+        serves this client's GET /metrics (Prometheus text) and GET /health
+        on client_http_port (every IPv4 address; without a port, a free one:
+        self._store.http_port); enable_ssd_offload=True is INVALID_PARAMS
+        (moonlet has no SSD tier), ssd_offload_path goes with it.  A config's
+        enable_offload (vLLM's) is logged as ignored.  Unknown keywords are
+        logged and ignored; engine (a TransferEngine) must be None.
         """
         if local_hostname is None:
             try:
@@ -457,19 +484,35 @@ class MooncakeDistributedStore:
             master_server_address = master_server_addr
         if self._refuse_options(options):
             return _INVALID_PARAMS
+        try:
+            http_port = self._http_port(options)
+        except (TypeError, ValueError) as e:
+            _log.error("setup(): %s", e)
+            return _INVALID_PARAMS
         return self._setup(local_hostname, global_segment_size, local_buffer_size, protocol,
-                           device_name, master_server_address, tenant_id, engine)
+                           device_name, master_server_address, tenant_id, engine, http_port)
 
     def _refuse_options(self, options):
         """True when an engine option asks for what moonlet lacks."""
         for name in options:
             if name not in self._SETUP_OPTIONS:
                 _log.warning("setup(): ignoring unknown option %s", name)
-        for name in ("enable_ssd_offload", "enable_client_http_server"):
-            if _flag(options.get(name, False)):
-                _log.error("setup(): %s is not supported by moonlet", name)
-                return True
+        if _flag(options.get("enable_ssd_offload", False)):
+            _log.error("setup(): enable_ssd_offload is not supported by moonlet")
+            return True
         return False
+
+    @staticmethod
+    def _http_port(options):
+        """The client HTTP endpoint's port the options ask for (0: a free
+        one), or None for none.  A bad port raises ValueError."""
+        if not _flag(options.get("enable_client_http_server", False)):
+            return None
+        port = options.get("client_http_port")
+        port = int(port) if port not in (None, "") else 0
+        if not 0 <= port <= 65535:
+            raise ValueError(f"client_http_port {port} is not a port")
+        return port
 
     def _setup_dict(self, config):
         def get(*names, default=None):
@@ -478,8 +521,15 @@ class MooncakeDistributedStore:
                     return config[n]
             return default
 
-        if self._refuse_options({k: v for k, v in config.items()
-                                 if k in self._SETUP_OPTIONS}):
+        options = {k: v for k, v in config.items() if k in self._SETUP_OPTIONS}
+        if self._refuse_options(options):
+            return _INVALID_PARAMS
+        if _flag(config.get("enable_offload", False)):
+            _log.warning("setup(): enable_offload is ignored: moonlet has no offload tier yet")
+        try:
+            http_port = self._http_port(options)
+        except (TypeError, ValueError) as e:
+            _log.error("setup(): %s", e)
             return _INVALID_PARAMS
         return self._setup(str(get("local_hostname", default="")),
                            get("global_segment_size", default=DEFAULT_GLOBAL_SEGMENT_SIZE),
@@ -488,10 +538,10 @@ class MooncakeDistributedStore:
                            str(get("rdma_devices", "device_name", default="")),
                            str(get("master_server_addr", "master_server_address",
                                    default=DEFAULT_MASTER_SERVER_ADDR)),
-                           str(get("tenant_id", default="default")), None)
+                           str(get("tenant_id", default="default")), None, http_port)
 
     def _setup(self, local_hostname, global_segment_size, local_buffer_size, protocol,
-               device_name, master_addr, tenant_id, engine):
+               device_name, master_addr, tenant_id, engine, http_port=None):
         if self._store is not None or engine is not None or not local_hostname:
             return _INVALID_PARAMS
         try:
@@ -504,13 +554,17 @@ class MooncakeDistributedStore:
         devices = [d.strip() for d in str(device_name or "").split(",") if d.strip()]
         device_name = devices[0] if protocol == "rdma" and devices else ""
         host, port = _split_host(local_hostname)
-        listen = None
-        if segment:
-            listen = f"[{host}]:{port or 0}" if ":" in host else f"{host}:{port or 0}"
+        if not port or port == "0":
+            # none configured: one in Mooncake's range, as Mooncake picks it
+            port = _pick_port()
+            if port is None:
+                _log.error("setup(): no free port in %d-%d for %s", *HOSTNAME_PORT_RANGE, host)
+                return _INVALID_PARAMS
+        listen = _join_host(host, port) if segment else None
         try:
             self._store = Store.connect(master_addr, protocol=protocol, segment_size=segment,
                                         device=device_name or None, default_tenant=tenant_id,
-                                        local_listen_addr=listen)
+                                        local_listen_addr=listen, http_port=http_port)
         except StoreError as e:
             return e.code
         except (TypeError, ValueError):
@@ -519,8 +573,9 @@ class MooncakeDistributedStore:
         if endpoint:
             self._hostname = _join_host(host, endpoint.rsplit(':', 1)[1])
         else:
-            # a pure client serves nothing: the port local_hostname gave, else 0
-            self._hostname = _join_host(host, port or 0)
+            # a pure client serves nothing: the port local_hostname gave, else
+            # the one picked in Mooncake's range
+            self._hostname = _join_host(host, port)
         self._local_buffer = local_buffer
         self._memory = _Memory(self._store)
         return 0
@@ -593,11 +648,12 @@ class MooncakeDistributedStore:
         return 0
 
     def get_hostname(self):
-        """"host:port" of this client: local_hostname with the port its
-        contributed memory is served on (a pure client: the port
-        local_hostname gave, else 0); after setup_dummy() the RealClient's
-        "host:port" as given ("localhost:0" for a socket path).  "" before
-        setup."""
+        """"host:port" of this client: local_hostname with its port, or,
+        when it names none (or 0), a port picked as Mooncake picks one: free
+        now, in 12300-14300 (HOSTNAME_PORT_RANGE).  The contributed memory is
+        served on that port (a pure client serves nothing there).  After
+        setup_dummy() the RealClient's "host:port" as given ("localhost:0"
+        for a socket path).  "" before setup."""
         return self._hostname
 
     # ---- helpers ----------------------------------------------------------------
@@ -622,7 +678,7 @@ class MooncakeDistributedStore:
             kw["preferred_segments"] = names
         if config.with_hard_pin:
             kw["hard_pin"] = True
-        if config.soft_pin_ttl_ms:
+        if config.soft_pin_ttl_ms:  # None: unset; 0: the master's default
             kw["soft_pin_ttl_ms"] = int(config.soft_pin_ttl_ms)
         return kw
 
@@ -643,14 +699,24 @@ class MooncakeDistributedStore:
     @staticmethod
     def _config_refused(config):
         """INVALID_PARAMS for a ReplicateConfig moonlet cannot send (names
-        that are not str, more than 64 of them, a negative TTL), else 0."""
+        that are not str, more than 64 of them, a negative TTL, an unknown
+        soft_pin_action) or Mooncake refuses (soft_pin_ttl_ms set without
+        soft_pin_action ENABLE), else 0."""
         if config is None:
             return 0
         names = [config.preferred_segment] + list(config.preferred_segments)
         ttl = config.soft_pin_ttl_ms
         if (not all(isinstance(n, str) for n in names) or len(names) > 65
-                or not isinstance(ttl, int) or ttl < 0):
+                or (ttl is not None and (not isinstance(ttl, int) or ttl < 0))):
             _log.error("ReplicateConfig: bad preferred segments or soft_pin_ttl_ms")
+            return _INVALID_PARAMS
+        try:
+            action = SoftPinAction(config.soft_pin_action)
+        except ValueError:
+            _log.error("ReplicateConfig: unknown soft_pin_action %r", config.soft_pin_action)
+            return _INVALID_PARAMS
+        if ttl is not None and action != SoftPinAction.ENABLE:
+            _log.error("ReplicateConfig: soft_pin_ttl_ms needs soft_pin_action ENABLE")
             return _INVALID_PARAMS
         return 0
 
@@ -1019,24 +1085,41 @@ class MooncakeDistributedStore:
         all_src_offsets[i][j][k] of object all_keys[i][j] to buffer_ptrs[i] +
         all_dst_offsets[i][j][k].  Returns, in the same nesting, the bytes
         copied or a negative code per range.  Each object is read once, whole
-        (or taken from an open get session), then its ranges are copied."""
+        (or taken from an open get session), then its ranges are copied.
+
+        Mooncake's shape whatever the input: one list per buffer, and in it
+        one list per key of that buffer (all_keys[i]); a key whose offsets
+        and sizes are missing or of different lengths gets [INVALID_PARAMS]
+        (-600), a key asked no range gets [].  Buffers whose lists are not
+        as many as buffer_ptrs get [] each."""
         n = len(buffer_ptrs)
         if not self._same_lengths(buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
                                   all_sizes):
             return [[] for _ in range(n)]
-        objs = self._objects([k for keys in all_keys for k in keys])
+
+        def ranges(dsts, srcs, sizes, j):
+            """Key j's (dst, src, size) lists, or None when they do not match."""
+            if j >= min(len(dsts), len(srcs), len(sizes)):
+                return None
+            d, s_, z = dsts[j], srcs[j], sizes[j]
+            return (d, s_, z) if len(d) == len(s_) == len(z) else None
+
+        wanted = [k for keys, dsts, srcs, sizes in zip(all_keys, all_dst_offsets,
+                                                        all_src_offsets, all_sizes)
+                  for j, k in enumerate(keys) if (r := ranges(dsts, srcs, sizes, j)) and r[2]]
+        objs = self._objects(wanted) if wanted else {}
         out = []
         for ptr, keys, dsts, srcs, sizes in zip(buffer_ptrs, all_keys, all_dst_offsets,
                                                 all_src_offsets, all_sizes):
             per_key = []
-            if not self._same_lengths(keys, dsts, srcs, sizes):
-                out.append([[_INVALID_PARAMS] * len(s) for s in sizes])
-                continue
-            for key, d, s_, z in zip(keys, dsts, srcs, sizes):
-                if not (len(d) == len(s_) == len(z)):
-                    per_key.append([_INVALID_PARAMS] * len(z))
+            for j, key in enumerate(keys):
+                r = ranges(dsts, srcs, sizes, j)
+                if r is None:
+                    per_key.append([_INVALID_PARAMS])
+                elif not r[2]:
+                    per_key.append([])
                 else:
-                    per_key.append(self._copy_ranges(objs[key], [ptr] * len(z), d, s_, z))
+                    per_key.append(self._copy_ranges(objs[key], [ptr] * len(r[2]), *r))
             out.append(per_key)
         return out
 

@@ -1905,8 +1905,12 @@ int moonlet_client_create_with_node(const moonlet_client_config *user_cfg,
         rc = client_connect(c, cfg, proto, node);
     if (!rc)
         rc = moonlet_client_wrap(&moonlet_client_direct_ops, c, out);
-    if (rc)
+    if (rc) {
         direct_destroy(c);
+    } else if ((rc = moonlet_client_start_metrics(*out, cfg)) != MOONLET_OK) {
+        moonlet_client_destroy(*out); /* the handle owns c now */
+        *out = NULL;
+    }
     return rc;
 }
 

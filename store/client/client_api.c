@@ -6,14 +6,17 @@
  * (client_backend.h): the direct client (client.c) or the DummyClient
  * (client_dummy.c).  No backend repeats these checks, and every backend
  * answers a malformed call with the same INVALID_PARAMS, before any request
- * leaves the process.
+ * leaves the process.  With the client's HTTP endpoint on (config
+ * http_server), every put, get, existence check and removal is also counted
+ * here (client_metrics.c: keys, bytes, hits, misses, latency, errors).
  *
- * Locks: none; a backend takes its own.
+ * Locks: none; a backend takes its own, the metrics their own.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "client_backend.h"
+#include "client_metrics.h"
 
 #define BAD MOONLET_ERR_INVALID_PARAMS
 
@@ -27,8 +30,14 @@ int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
     c->be = be;
     c->staging = (moonlet_client_staging){.base = NULL};
     pthread_mutex_init(&c->staging.mu, NULL);
+    c->metrics = NULL;
     *out = c;
     return MOONLET_OK;
+}
+
+int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg)
+{
+    return moonlet_client_metrics_start(cfg, &c->metrics);
 }
 
 void moonlet_client_destroy(moonlet_client *c)
@@ -37,8 +46,37 @@ void moonlet_client_destroy(moonlet_client *c)
         return;
     moonlet_client_staging_release(c);
     pthread_mutex_destroy(&c->staging.mu);
+    moonlet_client_metrics_stop(c->metrics);
     c->ops->destroy(c->be);
     free(c);
+}
+
+int moonlet_client_http_port(const moonlet_client *c)
+{
+    return c ? moonlet_client_metrics_port(c->metrics) : 0;
+}
+
+/* A single-key call's outcome and latency (nothing without metrics). */
+static int counted(moonlet_client *c, moonlet_cm_op op, const char *tenant, uint64_t t0, int rc,
+                   uint64_t bytes, int found)
+{
+    if (c->metrics) {
+        moonlet_cm_key(c->metrics, op, tenant, rc, bytes, found);
+        moonlet_cm_call(c->metrics, op, t0);
+    }
+    return rc;
+}
+
+/* A batch's: each key's result (bytes: lens[i], or sizes[i] of a put). */
+static int counted_batch(moonlet_client *c, moonlet_cm_op op, const char *tenant, uint64_t t0,
+                         int rc, size_t n, const int32_t *results, const size_t *bytes)
+{
+    if (c->metrics) {
+        for (size_t i = 0; i < n; i++)
+            moonlet_cm_key(c->metrics, op, tenant, results[i], results[i] ? 0 : bytes[i], 1);
+        moonlet_cm_call(c->metrics, op, t0);
+    }
+    return rc;
 }
 
 void moonlet_free(void *p)
@@ -64,7 +102,9 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->put(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->put(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -72,7 +112,9 @@ int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf,
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->put_from(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->put_from(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -80,7 +122,9 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
 {
     if (!c || !key || (!buf && len))
         return BAD;
-    return c->ops->upsert(c->be, key, buf, len, opt);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->upsert(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
@@ -88,7 +132,9 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
-    return c->ops->get(c->be, key, buf, cap, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get(c->be, key, buf, cap, len, tenant);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
@@ -96,7 +142,9 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
 {
     if (!c || !key || !len || (!buf && cap))
         return BAD;
-    return c->ops->get_into(c->be, key, buf, cap, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get_into(c->be, key, buf, cap, len, tenant);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant, void **buf,
@@ -106,7 +154,9 @@ int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *ten
         *buf = NULL;
     if (!c || !key || !buf || !len)
         return BAD;
-    return c->ops->get_alloc(c->be, key, buf, len, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->get_alloc(c->be, key, buf, len, tenant);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
 int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tenant,
@@ -121,14 +171,18 @@ int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant
 {
     if (!c || !key)
         return BAD;
-    return c->ops->remove(c->be, key, tenant, false);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->remove(c->be, key, tenant, false);
+    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
 }
 
 int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
 {
     if (!c || !key)
         return BAD;
-    return c->ops->remove(c->be, key, tenant, true);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->remove(c->be, key, tenant, true);
+    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
 }
 
 int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)
@@ -172,7 +226,9 @@ int moonlet_client_exist_key(moonlet_client *c, const char *key, const char *ten
 {
     if (!c || !key || !exists)
         return BAD;
-    return c->ops->exist_key(c->be, key, exists, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->exist_key(c->be, key, exists, tenant);
+    return counted(c, MOONLET_CM_EXIST, tenant, t0, rc, 0, !rc && *exists);
 }
 
 int moonlet_client_probe_key(moonlet_client *c, const char *key, const char *tenant,
@@ -188,7 +244,15 @@ int moonlet_client_batch_exist_key(moonlet_client *c, const char *const *keys, s
 {
     if (!c || (n && (!results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_exist_key(c->be, keys, n, results, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_exist_key(c->be, keys, n, results, tenant);
+    if (c->metrics) { /* results: 1 there, 0 not, or the key's error */
+        for (size_t i = 0; i < n; i++)
+            moonlet_cm_key(c->metrics, MOONLET_CM_EXIST, tenant,
+                           rc ? rc : results[i] < 0 ? results[i] : 0, 0, !rc && results[i] > 0);
+        moonlet_cm_call(c->metrics, MOONLET_CM_EXIST, t0);
+    }
+    return rc;
 }
 
 int moonlet_client_batch_probe_key(moonlet_client *c, const char *const *keys, size_t n,
@@ -253,7 +317,9 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !lens || !results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
+    return counted_batch(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, n, results, lens);
 }
 
 int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
@@ -262,7 +328,38 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !caps || !lens || !results || !keys_ok(keys, n))))
         return BAD;
-    return c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
+    return counted_batch(c, MOONLET_CM_GET, tenant, t0, rc, n, results, lens);
+}
+
+/* The ranged batches in place (client_copy.c), counted as the batches they
+ * stand for; MOONLET_CLIENT_STAGE (nothing done, nothing counted) when the
+ * backend cannot. */
+int moonlet_client_put_ranges(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const size_t *lens,
+                              const moonlet_put_options *opt, int32_t *results)
+{
+    if (!c->ops->batch_put_ranges)
+        return MOONLET_CLIENT_STAGE;
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_put_ranges(c->be, keys, n, iov, iovcnt, lens, opt, results);
+    if (rc == MOONLET_CLIENT_STAGE)
+        return rc;
+    return counted_batch(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, n, results, lens);
+}
+
+int moonlet_client_get_ranges(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const size_t *caps,
+                              const char *tenant, size_t *sizes, int32_t *results)
+{
+    if (!c->ops->batch_get_ranges)
+        return MOONLET_CLIENT_STAGE;
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = c->ops->batch_get_ranges(c->be, keys, n, iov, iovcnt, caps, tenant, sizes, results);
+    if (rc == MOONLET_CLIENT_STAGE)
+        return rc;
+    return counted_batch(c, MOONLET_CM_GET, tenant, t0, rc, n, results, sizes);
 }
 
 /* ---- accessors ------------------------------------------------------------------------ */

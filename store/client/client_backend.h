@@ -112,10 +112,20 @@ struct moonlet_client {
     const moonlet_client_ops *ops;
     moonlet_client_be *be;
     moonlet_client_staging staging;
+    struct moonlet_client_metrics *metrics; /* NULL unless config http_server (client_metrics.c) */
 };
 
 /* Gives back the kept staging region (before the backend goes). */
 void moonlet_client_staging_release(moonlet_client *c);
+
+/* The backend's ranged batches (batch_put_ranges / batch_get_ranges), with
+ * the client's metrics; MOONLET_CLIENT_STAGE when it has none or cannot. */
+int moonlet_client_put_ranges(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const size_t *lens,
+                              const moonlet_put_options *opt, int32_t *results);
+int moonlet_client_get_ranges(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const size_t *caps,
+                              const char *tenant, size_t *sizes, int32_t *results);
 
 extern const moonlet_client_ops moonlet_client_direct_ops;
 extern const moonlet_client_ops moonlet_client_dummy_ops;
@@ -124,5 +134,8 @@ extern const moonlet_client_ops moonlet_client_dummy_ops;
  * failure, INTERNAL_ERROR, the caller still owns it). */
 int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
                         moonlet_client **out);
+/* Starts the HTTP endpoint cfg asks for (http_server; client_metrics.h), if
+ * any; the handle owns it from then on.  0 or the endpoint's error. */
+int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg);
 
 #endif

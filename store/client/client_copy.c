@@ -217,19 +217,15 @@ typedef struct copy_call {
 static int put_in_place(moonlet_client *c, const size_t *lens, void *arg)
 {
     const copy_call *k = arg;
-    if (!c->ops->batch_put_ranges)
-        return MOONLET_CLIENT_STAGE;
-    return c->ops->batch_put_ranges(c->be, k->keys, k->n, k->iov, k->iovcnt, lens, k->opt,
-                                    k->results);
+    return moonlet_client_put_ranges(c, k->keys, k->n, k->iov, k->iovcnt, lens, k->opt,
+                                     k->results);
 }
 
 static int get_in_place(moonlet_client *c, const size_t *caps, void *arg)
 {
     const copy_call *k = arg;
-    if (!c->ops->batch_get_ranges)
-        return MOONLET_CLIENT_STAGE;
-    return c->ops->batch_get_ranges(c->be, k->keys, k->n, k->iov, k->iovcnt, caps, k->tenant,
-                                    k->sizes, k->results);
+    return moonlet_client_get_ranges(c, k->keys, k->n, k->iov, k->iovcnt, caps, k->tenant,
+                                     k->sizes, k->results);
 }
 
 int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,

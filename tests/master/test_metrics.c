@@ -6,14 +6,9 @@
  */
 #include "../common/master_fixture.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include "metrics.h"
 #include "repl_peer.h"
+#include "../common/http_get.h"
 #include "../common/test_main.h"
 
 static bool has_line(const char *text, const char *line)
@@ -90,38 +85,6 @@ static void test_render(void **state)
     assert_true(has_line(text, "moonlet_resume_lock_hold_max_seconds 0.002500000"));
     assert_null(strstr(text, "_sum"));
     free(text);
-}
-
-/* One HTTP/1.0 request over a fresh connection; returns the response (malloc'd). */
-static char *http(uint16_t port, const char *request)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return NULL;
-    }
-    size_t want = strlen(request);
-    if (write(fd, request, want) != (ssize_t)want) {
-        close(fd);
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (int spins = 0; buf && spins < 100 && len < cap - 1; spins++) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 100) <= 0)
-            continue;
-        ssize_t n = read(fd, buf + len, cap - 1 - len);
-        if (n <= 0)
-            break;
-        len += (size_t)n;
-    }
-    close(fd);
-    if (buf)
-        buf[len] = 0;
-    return buf;
 }
 
 /* A rendered section: its length is the one reported, and it holds every one
@@ -212,7 +175,7 @@ static void test_http_server(void **state)
     fix_mount(m, "c", "s", 1 << 20);
     assert_int_equal(fix_put(m, "k", 100), MOONLET_OK);
 
-    char *r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+    char *r = http_get(port, "GET /metrics HTTP/1.0\r\n\r\n");
     assert_non_null(r);
     assert_non_null(strstr(r, "HTTP/1.0 200") ? r : strstr(r, "HTTP/1.1 200"));
     assert_non_null(strstr(r, "text/plain; version=0.0.4"));
@@ -224,11 +187,11 @@ static void test_http_server(void **state)
             fail_msg("no line '%s'", live[i]);
     free(r);
 
-    r = http(port, "GET /other HTTP/1.0\r\n\r\n");
+    r = http_get(port, "GET /other HTTP/1.0\r\n\r\n");
     assert_non_null(r);
     assert_non_null(strstr(r, " 404 "));
     free(r);
-    r = http(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    r = http_get(port, "POST /metrics HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
     assert_non_null(r);
     assert_non_null(strstr(r, " 405 "));
     free(r);
@@ -257,14 +220,9 @@ static void test_http_token(void **state)
         "GET /metrics HTTP/1.0\r\nAuthorization: Basic s3cret\r\n\r\n",
         "GET /other HTTP/1.0\r\n\r\n",
     };
-    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
-        char *r = http(port, refused[i]);
-        assert_non_null(r);
-        assert_non_null(strstr(r, " 401 "));
-        assert_null(strstr(r, "moonlet_objects"));
-        free(r);
-    }
-    char *r = http(port, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret\r\n\r\n");
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+        assert_true(http_answers(port, refused[i], " 401 ", "moonlet_objects"));
+    char *r = http_get(port, "GET /metrics HTTP/1.0\r\nAuthorization: Bearer s3cret\r\n\r\n");
     assert_non_null(r);
     assert_non_null(strstr(r, " 200 "));
     assert_true(has_line(r, "moonlet_objects 0"));

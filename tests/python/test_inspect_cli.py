@@ -314,6 +314,71 @@ def test_key_missing_exits_1_and_still_prints_the_others(master):
 # ---- probe -------------------------------------------------------------------
 
 
+def test_tenants_lists_counts_and_bytes_in_name_order(master):
+    mount_two(master)
+    put(master, "put", "t1", "a/1", "4096", "2", "put", "t1", "a/2", str(MIB), "1",
+        "pending", "t1", "p/1", "64", "put", "other", "a/9", "10", "1",
+        "put", "demo", "x", "100", "1")
+    doc = inspect_json(master, "tenants")
+    assert [t["tenant"] for t in doc["tenants"]] == ["demo", "other", "t1"]
+    by = {t["tenant"]: t for t in doc["tenants"]}
+    # a put in progress counts; bytes are object sizes (one replica each)
+    assert by["t1"]["keys"] == 3 and by["t1"]["bytes"] == 4096 + MIB + 64
+    assert by["other"]["keys"] == 1 and by["other"]["bytes"] == 10
+    assert doc["total"] == 3 and doc["truncated"] is False
+    doc = inspect_json(master, "tenants", "--limit", "1")
+    assert [t["tenant"] for t in doc["tenants"]] == ["demo"]
+    assert doc["total"] == 3 and doc["truncated"] is True
+
+    r = inspect(master, "tenants")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["TENANT", "KEYS", "BYTES"]
+    assert re.match(r"t1\s+3\s+1\.0 MiB$", lines[3]), lines
+    assert lines[-1] == "3 tenants hold keys: 5 keys, 1.0 MiB"
+
+
+def test_tenants_on_an_empty_master(master):
+    doc = inspect_json(master, "tenants")
+    assert doc["tenants"] == [] and doc["total"] == 0
+    r = inspect(master, "tenants")
+    assert r.returncode == 0 and r.stdout.splitlines() == ["0 tenants hold keys"]
+    r = inspect(master, "keys")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == ["0 keys in tenant default",
+                                          "tenant default holds no keys, and no other tenant does"]
+
+
+def test_keys_of_an_empty_tenant_names_the_tenants_that_hold_keys(master):
+    """The quick start's objects sit in tenant demo: `keys` without --tenant
+    says where they are instead of only "0 keys in tenant default"."""
+    mount_two(master)
+    put(master, "put", "demo", "kv/1", "4096", "1", "put", "demo", "kv/2", "4096", "1",
+        "put", "other", "a", "10", "1")
+    r = inspect(master, "keys")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-2:] == [
+        "0 keys in tenant default",
+        "tenant default holds no keys; 2 tenants do: demo (2 keys, 8.0 KiB), "
+        "other (1 key, 10 B); use --tenant NAME"]
+    doc = inspect_json(master, "keys")
+    assert doc["count"] == 0 and doc["other_tenants_total"] == 2
+    assert doc["other_tenants"] == [{"tenant": "demo", "keys": 2, "bytes": 8192},
+                                    {"tenant": "other", "keys": 1, "bytes": 10}]
+    # an unknown tenant gets the same hint, the tenants that hold keys
+    r = inspect(master, "--tenant", "nosuch", "keys")
+    assert "tenant nosuch holds no keys; 2 tenants do: demo" in r.stdout
+    # a tenant that holds keys, none with the prefix: no hint (it is not empty)
+    r = inspect(master, "--tenant", "demo", "keys", "--prefix", "zz/")
+    assert r.stdout.splitlines()[-1] == "0 keys in tenant demo with prefix zz/"
+    assert "holds no keys" not in r.stdout
+    doc = inspect_json(master, "--tenant", "demo", "keys", "--prefix", "zz/")
+    assert "other_tenants" not in doc
+    # and a tenant with keys lists them, no hint
+    r = inspect(master, "--tenant", "demo", "keys")
+    assert r.stdout.splitlines()[-1] == "2 keys in tenant demo"
+
+
 def put_k3(master, tenant):
     # checkpoint 256 lacks rank 0, 384 lacks rank 1
     put(master, *[x for k in (K3[0], K3[1], K3[3], K3[4]) for x in ("put", tenant, k, "64", "1")])
@@ -478,7 +543,7 @@ def test_connection_refused_is_one_line_and_exit_1():
 
 
 def test_help_on_every_command():
-    for cmd in ("segments", "keys", "key", "probe", "stats", "watch"):
+    for cmd in ("segments", "keys", "tenants", "key", "probe", "stats", "watch"):
         r = subprocess.run([INSPECT_BIN, cmd, "--help"], capture_output=True, text=True,
                            timeout=30)
         assert r.returncode == 0 and r.stdout.startswith("usage: moonlet-inspect"), cmd

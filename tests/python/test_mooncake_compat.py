@@ -7,11 +7,16 @@ get_batch / put_parts on either setup.
 """
 import array
 import ctypes
+import re
+import shutil
+import socket
+import subprocess
 
 import pytest
 
 import moonlet
 from conftest import K3, MIB
+from daemons import child_env, start_store
 from moonlet.mooncake import (MooncakeDistributedStore, ReplicateConfig, SoftPinAction,
                               parse_size)
 
@@ -33,7 +38,8 @@ def test_setup_with_the_seven_positional_arguments(cluster):
                  cluster.addr)
     assert rc == 0
     host, port = s.get_hostname().rsplit(":", 1)
-    assert host == "127.0.0.1" and int(port) > 0  # it contributes memory, served there
+    # no port given: one picked in Mooncake's range, where its memory is served
+    assert host == "127.0.0.1" and 12300 <= int(port) <= 14300
     assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.addr) == -600  # already set up
     key = "mc/pos/" + port
     assert s.put(key, b"positional") == 0
@@ -58,7 +64,8 @@ def test_setup_with_a_config_dict_and_readable_sizes(cluster, tenant):
     s = MooncakeDistributedStore()
     assert s.setup({"local_hostname": "localhost", "global_segment_size": 0,
                     "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
-    assert s.get_hostname() == "localhost:0"  # always host:port; a pure client serves nothing
+    host, port = s.get_hostname().rsplit(":", 1)  # always host:port, as Mooncake picks it
+    assert host == "localhost" and 12300 <= int(port) <= 14300
     assert s.put("d2", b"pure client") == 0 and s.get("d2") == b"pure client"
     s.close()
 
@@ -510,12 +517,12 @@ def test_setup_forms_engines_use(cluster, tenant, tmp_path, monkeypatch):
     base = ("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "", cluster.addr)
     s = MooncakeDistributedStore()
     assert s.setup(*base, enable_ssd_offload=True, ssd_offload_path="/tmp/x") == -600
-    assert s.setup(*base, enable_client_http_server=True, client_http_port=9300) == -600
+    assert s.setup(*base, enable_client_http_server=True, client_http_port=70000) == -600
     assert s.setup(*base[:4], protocol="tcp", device_name="mlx5_0,mlx5_1",
                    master_server_address=cluster.addr, enable_ssd_offload=False,
                    enable_client_http_server=False, client_http_port=9300,
                    some_future_option=1, tenant_id=tenant) == 0
-    assert s.get_hostname() == "127.0.0.1:0" and s.put("sf/k", b"v") == 0
+    assert s.get_hostname().startswith("127.0.0.1:1") and s.put("sf/k", b"v") == 0
     s.close()
     assert s.setup({"local_hostname": "127.0.0.1", "master_server_address": cluster.addr,
                     "enable_ssd_offload": "true"}) == -600
@@ -576,14 +583,114 @@ def test_replicate_config_placement_and_pins(mcs, direct, cluster):
     assert direct.inspect("pl/0/0")["hard_pinned"] is False
     assert mcs.remove("pl/hard") == 0 and mcs.is_exist("pl/hard") == 0
     # a soft pin with its own TTL instead of the master's 30 minutes
-    cfg = ReplicateConfig(with_soft_pin=True, soft_pin_ttl_ms=60000)
+    cfg = ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=60000)
     assert mcs.put("pl/soft", b"s", cfg) == 0
     assert 50000 < direct.inspect("pl/soft")["soft_pin_remaining_ms"] <= 60000
     assert mcs.put("pl/soft2", b"s", ReplicateConfig(with_soft_pin=True)) == 0
     assert direct.inspect("pl/soft2")["soft_pin_remaining_ms"] > 60000
     # what cannot be sent is a code, not an exception
     assert mcs.put("pl/bad", b"x", ReplicateConfig(preferred_segments=[1])) == -600
-    assert mcs.put("pl/bad", b"x", ReplicateConfig(soft_pin_ttl_ms=-1)) == -600
+    assert mcs.put("pl/bad", b"x", ReplicateConfig(soft_pin_action=SoftPinAction.ENABLE,
+                                                   soft_pin_ttl_ms=-1)) == -600
+
+
+# ---- Mooncake's own rules (store_py.cpp and its tests) ------------------------------------------
+
+
+def test_fresh_replicate_config_has_no_soft_pin_ttl():
+    """Mooncake's ReplicateConfig() leaves soft_pin_ttl_ms unset (None), not 0."""
+    cfg = ReplicateConfig()
+    assert cfg.soft_pin_ttl_ms is None
+    assert "soft_pin_ttl_ms=None" in repr(cfg)
+    assert SoftPinAction(cfg.soft_pin_action) == SoftPinAction.PRESERVE
+    assert ReplicateConfig(soft_pin_ttl_ms=5).soft_pin_ttl_ms == 5
+
+
+def test_soft_pin_ttl_needs_soft_pin_action_enable(mcs, direct):
+    """A soft_pin_ttl_ms without soft_pin_action ENABLE is INVALID_PARAMS
+    (-600) in put and upsert (and every other put), and nothing is stored."""
+    for action in (SoftPinAction.PRESERVE, SoftPinAction.DISABLE):
+        for pinned in (False, True):
+            cfg = ReplicateConfig(with_soft_pin=pinned, soft_pin_action=action,
+                                  soft_pin_ttl_ms=60000)
+            assert mcs.put("sp/k", b"v", cfg) == -600
+            assert mcs.upsert("sp/k", b"v", cfg) == -600
+            assert mcs.put_batch(["sp/k"], [b"v"], cfg) == -600
+    # 0 is set too (Mooncake's Some(0)): still needs ENABLE
+    assert mcs.upsert("sp/k", b"v", ReplicateConfig(soft_pin_ttl_ms=0)) == -600
+    assert mcs.is_exist("sp/k") == 0
+    # an unknown action is a code as well, not an exception
+    assert mcs.put("sp/k", b"v", ReplicateConfig(soft_pin_action=7)) == -600
+    # with ENABLE: stored, pinned for that TTL; unset TTL: the master's
+    enable = SoftPinAction.ENABLE
+    assert mcs.put("sp/k", b"v", ReplicateConfig(soft_pin_action=enable,
+                                                 soft_pin_ttl_ms=60000)) == 0
+    assert 50000 < direct.inspect("sp/k")["soft_pin_remaining_ms"] <= 60000
+    assert mcs.upsert("sp/k", b"w", ReplicateConfig(soft_pin_action=enable,
+                                                    soft_pin_ttl_ms=40000)) == 0
+    assert 30000 < direct.inspect("sp/k")["soft_pin_remaining_ms"] <= 40000
+    assert mcs.upsert("sp/k", b"x", ReplicateConfig(with_soft_pin=True)) == 0
+    assert direct.inspect("sp/k")["soft_pin_remaining_ms"] > 60000
+    assert mcs.get("sp/k") == b"x"
+
+
+def test_get_hostname_is_host_and_port(cluster, tenant):
+    """get_hostname() is "host:port": the port local_hostname gives, else
+    one Mooncake would pick, free, in 12300-14300; a client contributing
+    memory serves it there (the segment's endpoint is that name)."""
+    s = MooncakeDistributedStore()
+    assert s.get_hostname() == ""  # before setup
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "", cluster.addr,
+                   tenant_id=tenant) == 0
+    name = s.get_hostname()
+    host, port = name.rsplit(":", 1)
+    assert host == "127.0.0.1" and 12300 <= int(port) <= 14300
+    assert s.put("hn/k", b"here", ReplicateConfig(preferred_segment=name)) == 0
+    assert s._store.inspect("hn/k")["replicas"][0]["endpoint"] == name
+    s2 = MooncakeDistributedStore()  # another client picks another free port
+    assert s2.setup("127.0.0.1", "", 16 * MIB, 16 * MIB, "tcp", "", cluster.addr,
+                    tenant_id=tenant) == 0
+    assert s2.get_hostname() != name
+    assert 12300 <= int(s2.get_hostname().rsplit(":", 1)[1]) <= 14300
+    s2.close()
+    s.close()
+    # a port given is kept, for a pure client as well
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost:15555", "", 0, 16 * MIB, "tcp", "", cluster.addr,
+                   tenant_id=tenant) == 0
+    assert s.get_hostname() == "localhost:15555"
+    s.close()
+    s = MooncakeDistributedStore()
+    assert s.setup("[::1]", "", 0, 16 * MIB, "tcp", "", cluster.addr, tenant_id=tenant) == 0
+    assert s.get_hostname().startswith("[::1]:1")
+    s.close()
+
+
+def test_get_into_ranges_mismatched_shapes(mc):
+    """Whatever the nesting, one result list per key of each buffer: -600
+    alone for a key whose offsets and sizes are missing or differ in
+    length, [] for a key asked no range; the other keys are served."""
+    obj = bytes(range(100))
+    assert mc.put("rm/1", obj) == 0 and mc.put("rm/2", obj[::-1]) == 0
+    dst, dp = _buf(256)
+    assert mc.register_buffer(dp, 256) == 0
+    # buffer 0: rm/1 fine; rm/2's dst has 2 offsets, its sizes 1
+    # buffer 1: three keys, sizes for two only (the third gets -600); a key with no ranges
+    res = mc.get_into_ranges(
+        [dp, dp + 128],
+        [["rm/1", "rm/2"], ["rm/2", "rm/1", "rm/1"]],
+        [[[0], [10, 20]], [[0], [], [50]]],
+        [[[1], [0, 1]], [[0], [], [0]]],
+        [[[3], [4]], [[5], []]])
+    assert res == [[[3], [-600]], [[5], [], [-600]]]
+    assert ctypes.string_at(dp, 3) == obj[1:4]
+    assert ctypes.string_at(dp + 128, 5) == obj[::-1][:5]
+    # a buffer with no keys: no results; keys but no range lists at all: -600 each
+    assert mc.get_into_ranges([dp, dp], [[], ["rm/1", "rm/2"]], [[], []], [[], []],
+                              [[], []]) == [[], [[-600], [-600]]]
+    # the outer lists disagree: [] per buffer (nothing to match them by)
+    assert mc.get_into_ranges([dp, dp], [["rm/1"]], [[[0]]], [[[0]]], [[[1]]]) == [[], []]
+    assert mc.unregister_buffer(dp) == 0
 
 
 def test_force_remove(mcs):
@@ -595,3 +702,122 @@ def test_force_remove(mcs):
     assert mcs.remove_all(force=True) == 1           # fr/b, under its lease
     assert mcs.batch_is_exist(["fr/a", "fr/b", "fr/c"]) == [0, 0, 0]
     assert mcs.remove_all(True) == 0
+
+
+# ---- the client HTTP server (SGLang's storage metrics) -----------------------------------------
+
+
+def _free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def _curl(port, path="/metrics"):
+    """(HTTP status, body) of curl on the client's endpoint."""
+    assert shutil.which("curl"), "curl is needed (scripts/setup.sh installs it)"
+    r = subprocess.run(["curl", "-s", "-m", "10", "-o", "-", "-w", "\n%{http_code}",
+                        f"http://127.0.0.1:{port}{path}"], capture_output=True, text=True,
+                       timeout=30, env=child_env())  # not under the test's LD_PRELOAD
+    assert r.returncode == 0, r.stderr
+    body, _, code = r.stdout.rpartition("\n")
+    return int(code), body
+
+
+def _samples(text):
+    """{"name{labels}": value} of a Prometheus text page."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_client_http_server_metrics_move_with_puts_and_gets(cluster, tenant):
+    """SGLang's setup(..., enable_client_http_server=True, client_http_port=P)
+    returns 0, and curl http://127.0.0.1:P/metrics shows this client's
+    counters move with its puts, gets and errors; /health answers."""
+    port = _free_port()
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "", cluster.addr,
+                   tenant_id=tenant, enable_client_http_server=True, client_http_port=port) == 0
+    assert s._store.http_port == port
+    code, text = _curl(port)
+    assert code == 200
+    m0 = _samples(text)
+    assert m0["moonlet_client_puts_total"] == 0 and m0["moonlet_client_gets_total"] == 0
+    assert "# TYPE moonlet_client_latency_seconds histogram" in text
+
+    assert s.put("hm/1", b"x" * 1000) == 0 and s.put("hm/2", b"y" * 24) == 0
+    assert s.get("hm/1") == b"x" * 1000
+    assert s.get("hm/missing") == b""
+    assert s.get_batch(["hm/2", "hm/nope"]) == [b"y" * 24, b""]
+    assert s.is_exist("hm/1") == 1 and s.is_exist("hm/none") == 0
+    assert s.remove("hm/none") == -704
+    code, text = _curl(port)
+    m1 = _samples(text)
+    assert code == 200
+    assert m1["moonlet_client_puts_total"] == 2
+    assert m1["moonlet_client_put_bytes_total"] == 1024
+    assert m1["moonlet_client_gets_total"] == 4
+    assert m1["moonlet_client_get_bytes_total"] == 1024
+    assert m1['moonlet_client_hits_total{op="get"}'] == 2
+    assert m1['moonlet_client_misses_total{op="get"}'] == 2
+    assert m1['moonlet_client_hits_total{op="exist"}'] == 1
+    assert m1['moonlet_client_misses_total{op="exist"}'] == 1
+    assert m1['moonlet_client_errors_total{op="remove",code="-704",name="OBJECT_NOT_FOUND"}'] == 1
+    assert m1['moonlet_client_latency_seconds_count{op="put"}'] >= 2
+    assert m1['moonlet_client_latency_seconds_bucket{op="get",le="+Inf"}'] == \
+        m1['moonlet_client_latency_seconds_count{op="get"}'] >= 2
+    assert m1['moonlet_client_latency_seconds_sum{op="put"}'] > 0
+    assert m1[f'moonlet_client_tenant_keys_total{{tenant="{tenant}",op="put",outcome="ok"}}'] == 2
+    assert m1[f'moonlet_client_tenant_bytes_total{{tenant="{tenant}",op="get"}}'] == 1024
+    buckets = [v for k, v in m1.items()
+               if re.match(r'moonlet_client_latency_seconds_bucket\{op="put"', k)]
+    assert buckets == sorted(buckets)  # cumulative
+
+    assert _curl(port, "/health") == (200, "OK\n")
+    assert _curl(port, "/nope")[0] == 404
+    # the port is this client's: a second one cannot take it, and it is
+    # released with close()
+    s2 = MooncakeDistributedStore()
+    assert s2.setup("127.0.0.1", "", 0, 16 * MIB, "tcp", "", cluster.addr, tenant_id=tenant,
+                    enable_client_http_server=True, client_http_port=port) == -1
+    assert s.close() == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    # off by default, and in a config dict with no port: a free one
+    assert s2.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                     "master_server_address": cluster.addr, "tenant_id": tenant}) == 0
+    assert s2._store.http_port is None
+    s2.close()
+    assert s2.setup({"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                     "master_server_address": cluster.addr, "tenant_id": tenant,
+                     "enable_client_http_server": "true", "enable_offload": True}) == 0
+    assert s2._store.http_port and _curl(s2._store.http_port, "/health")[0] == 200
+    s2.close()
+
+
+def test_realclient_serves_the_dummy_clients_metrics(cluster, tmp_path, tenant):
+    """moonlet-store --serve-dummy --client-http-port N: the RealClient's
+    /metrics counts what its DummyClients (setup_dummy) do."""
+    rc = start_store(cluster.addr, "64MiB", "--serve-dummy", str(tmp_path / "rc.sock"),
+                     "--client-http-port", "0",
+                     ready=[r"serving dummy clients on (.+)$",
+                            r"client metrics on 0\.0\.0\.0:(\d+)$"])
+    try:
+        port = int(rc.matches[r"client metrics on 0\.0\.0\.0:(\d+)$"].group(1))
+        s = MooncakeDistributedStore()
+        assert s.setup_dummy(0, 0, str(tmp_path / "rc.sock"), tenant_id=tenant) == 0
+        before = _samples(_curl(port)[1])
+        assert s.put("rcm/1", b"z" * 300) == 0 and s.get("rcm/1") == b"z" * 300
+        after = _samples(_curl(port)[1])
+        assert after["moonlet_client_puts_total"] == before["moonlet_client_puts_total"] + 1
+        assert after["moonlet_client_put_bytes_total"] >= before["moonlet_client_put_bytes_total"] + 300
+        assert after['moonlet_client_hits_total{op="get"}'] == \
+            before['moonlet_client_hits_total{op="get"}'] + 1
+        assert _curl(port, "/health") == (200, "OK\n")
+        s.close()
+    finally:
+        rc.stop()

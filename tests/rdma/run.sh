@@ -7,6 +7,11 @@
 # per-test logs to BUILD_ROOT/tests/rdma/out/.
 # Reports "1..0 # SKIP <reason>" (TAP skip) when it cannot run here: not root,
 # no qemu, no kernel unpacked (scripts/setup.sh installs both), no busybox.
+# The guest sees the host's root read-only but mounts its own tmpfs over /tmp,
+# /var/tmp, /root and /run; so the source and build trees (wherever they are:
+# a clone under /tmp works as one under /srv) are shared by their real paths
+# as their own read-only 9p shares (runvm.sh RO_DIRS), with MOONLET_RDMA_RO_DIRS
+# (colon-separated) for anything else a test needs; only $OUT is writable.
 # Env: SOFTROCE_DIR (default /var/tmp/softroce), MOONLET_RDMA_TESTS (space-
 # separated subset of the guest's test names), MOONLET_VERBS_CASE (a cmocka
 # filter for test_xfer_verbs), RDMA_TIMEOUT (s, default 1500).
@@ -23,6 +28,19 @@ ls "$RXE"/kern/lib/modules/*/modules.dep >/dev/null 2>&1 ||
 [ -x /bin/busybox ] || skip "busybox-static missing (run scripts/setup.sh)"
 command -v cpio >/dev/null || command -v busybox >/dev/null || skip "cpio missing"
 
+# The shares' paths travel on the guest's kernel command line.
+for d in "$B" "$S"; do
+    case "$d" in *[[:space:]:]*) echo "Bail out! path with a blank or colon cannot be shared with the guest: $d"; exit 1 ;; esac
+done
+# Read-only shares at their real paths: the source tree, the build tree (unless
+# it lies inside the source tree, whose share shows it), extra ones; a parent
+# share comes before what lies inside it.
+RO=$S
+case "$B/" in "$S"/*) ;; *) RO=$RO:$B ;; esac
+for d in $(echo "${MOONLET_RDMA_RO_DIRS:-}" | tr ':' ' '); do
+    d=$(readlink -f "$d") && [ -d "$d" ] || { echo "Bail out! MOONLET_RDMA_RO_DIRS: no directory $d"; exit 1; }
+    RO=$RO:$d
+done
 OUT=$B/tests/rdma/out
 rm -rf "$OUT" && mkdir -p "$OUT" || { echo "Bail out! cannot create $OUT"; exit 1; }
 # The initramfs lives in the build tree: rebuilt when init or the script change.
@@ -41,7 +59,7 @@ fi
 
 t0=$(date +%s)
 set -o pipefail
-INITRD="$INITRD" RW_DIRS="$OUT" GUEST_APPEND="moonlet_out=$OUT" SOFTROCE_DIR="$RXE" \
+INITRD="$INITRD" RO_DIRS="$RO" RW_DIRS="$OUT" GUEST_APPEND="moonlet_out=$OUT" SOFTROCE_DIR="$RXE" \
 TIMEOUT=${RDMA_TIMEOUT:-1500} LOG=/dev/stdout \
     bash "$S/scripts/softroce/runvm.sh" "$S/tests/rdma/guest.sh" |
     tr -d '\r' | while IFS= read -r line; do

@@ -9,6 +9,8 @@
  *               JSON helpers (exact integers)
  *   segments.c  `segments`
  *   keys.c      `keys` (paged listing) and `key` (one key's replicas)
+ *   tenants.c   `tenants` (the tenants holding keys) and the hint `keys`
+ *               prints for a tenant that holds none
  *   probe.c     `probe` (BatchProbeKey with a GrantLeasePolicy)
  *   stats.c     `stats`
  *   watch.c     `watch` (periodic redraw of `stats` or `segments`)
@@ -160,5 +162,20 @@ int inspect_cmd_watch(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_drain(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_undrain(const inspect_opts *o, int argc, char **argv);
 int inspect_cmd_status(const inspect_opts *o, int argc, char **argv);
+int inspect_cmd_tenants(const inspect_opts *o, int argc, char **argv);
+
+/* ---- tenants.c ------------------------------------------------------------ */
+/* ListTenants: *out = {tenants: [{tenant, keys, bytes}...] in name order,
+ * total}; limit 0 (or above the master's most): the most the master gives. */
+int inspect_list_tenants(moonlet_master_client *mc, uint64_t limit, struct cJSON **out);
+/* The tenants other than `tenant` that hold keys (a cJSON array the caller
+ * frees), *total how many there are, *asked_holds whether `tenant` holds
+ * keys; NULL when the master cannot say (no ListTenants). */
+struct cJSON *inspect_other_tenants(moonlet_master_client *mc, const char *tenant,
+                                    uint64_t *total, bool *asked_holds);
+/* "tenant T holds no keys; 2 tenants do: a (7 keys, 28.0 MiB), b (...); use
+ * --tenant NAME" (at most 8 named), or that no tenant holds keys. */
+void inspect_print_other_tenants(FILE *out, const char *tenant, const struct cJSON *others,
+                                 uint64_t total);
 
 #endif

@@ -11,6 +11,10 @@
  * line), and is closed properly (with "complete": false and the error) when
  * the listing fails half way.
  *
+ * When the tenant holds no keys at all, `keys` names the tenants that do
+ * (ListTenants; tenants.c): an operator who forgot --tenant sees where the
+ * keys are.
+ *
  * `key` asks InspectKey for each key in turn.  A key that does not exist is
  * reported on stderr and in the JSON document, the remaining keys are still
  * printed, and the exit code is 1.
@@ -159,6 +163,17 @@ int inspect_cmd_keys(const inspect_opts *o, int argc, char **argv)
             break;
         }
     }
+    /* nothing listed: if the tenant holds no keys at all, which tenants do */
+    cJSON *others = NULL;
+    uint64_t others_total = 0;
+    bool holds = true;
+    if (!rc && l.emitted == 0) {
+        others = inspect_other_tenants(l.mc, inspect_tenant(o), &others_total, &holds);
+        if (holds) {
+            cJSON_Delete(others);
+            others = NULL;
+        }
+    }
     if (o->json) {
         printf("%s],\"count\":%" PRIu64 ",\"truncated\":%s,\"complete\":%s",
                l.emitted ? "\n" : "", l.emitted, more ? "true" : "false", rc ? "false" : "true");
@@ -166,12 +181,21 @@ int inspect_cmd_keys(const inspect_opts *o, int argc, char **argv)
             fputs(",\"error\":", stdout);
             put_json_string(stdout, moonlet_strerror(rc));
         }
+        if (others) {
+            char *text = cJSON_PrintUnformatted(others);
+            printf(",\"other_tenants\":%s,\"other_tenants_total\":%" PRIu64, text ? text : "[]",
+                   others_total);
+            free(text);
+        }
         fputs("}\n", stdout);
     } else if (!rc) {
         printf("%" PRIu64 " key%s in tenant %s%s%s%s\n", l.emitted, l.emitted == 1 ? "" : "s",
                inspect_tenant(o), o->prefix && o->prefix[0] ? " with prefix " : "",
                o->prefix ? o->prefix : "", more ? " (--limit reached; more keys exist)" : "");
+        if (others)
+            inspect_print_other_tenants(stdout, inspect_tenant(o), others, others_total);
     }
+    cJSON_Delete(others);
     inspect_table_free(l.table);
     moonlet_mc_destroy(l.mc);
     return rc ? inspect_rpc_failed("ListKeys", rc) : INSPECT_EXIT_OK;

@@ -1,0 +1,191 @@
+/*
+ * http_server.c - the scraping endpoint and the Prometheus text helpers.
+ * See http_server.h.  No locks of its own.
+ */
+#include "http_server.h"
+
+#include <inttypes.h>
+#include <microhttpd.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "moonlet/error.h"
+#include "net.h"
+#include "token.h"
+
+#define MOD "http"
+#define PROM_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+struct moonlet_http_server {
+    struct MHD_Daemon *d;
+    uint16_t port;
+    char *token; /* NULL: requests need no credentials */
+    moonlet_http_page_fn page;
+    void *arg;
+};
+
+/* ---- Prometheus text ------------------------------------------------------------ */
+
+void moonlet_prom_family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void moonlet_prom_sample(FILE *f, const char *name, const char *labels, uint64_t v)
+{
+    fprintf(f, "%s%s %" PRIu64 "\n", name, labels, v);
+}
+
+void moonlet_prom_gauge(FILE *f, const char *name, const char *help, uint64_t v)
+{
+    moonlet_prom_family(f, name, "gauge", help);
+    moonlet_prom_sample(f, name, "", v);
+}
+
+void moonlet_prom_counter(FILE *f, const char *name, const char *help, uint64_t v)
+{
+    moonlet_prom_family(f, name, "counter", help);
+    moonlet_prom_sample(f, name, "", v);
+}
+
+char *moonlet_prom_render(void (*write)(FILE *f, const void *arg), const void *arg, size_t *len)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f)
+        return NULL;
+    write(f, arg);
+    if (fclose(f) != 0) { /* buf and n are final only after fclose */
+        free(buf);
+        return NULL;
+    }
+    if (len)
+        *len = n;
+    return buf;
+}
+
+/* ---- HTTP ------------------------------------------------------------------------- */
+
+/* Queues a text response; `extra_header` (NULL: none) is a "Name", value pair. */
+static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status, char *body,
+                                    size_t len, enum MHD_ResponseMemoryMode mode,
+                                    const char *type, const char *const *extra_header)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (extra_header)
+        MHD_add_response_header(r, extra_header[0], extra_header[1]);
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* With a token: "Authorization: Bearer <token>", compared in constant time. */
+static bool authorized(const moonlet_http_server *s, struct MHD_Connection *conn)
+{
+    if (!s->token)
+        return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                MHD_HTTP_HEADER_AUTHORIZATION);
+    static const char bearer[] = "Bearer ";
+    if (!h || strncmp(h, bearer, sizeof(bearer) - 1) != 0)
+        return false;
+    h += sizeof(bearer) - 1;
+    return moonlet_token_equal(h, strlen(h), s->token, strlen(s->token));
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **req_cls)
+{
+    (void)version;
+    (void)upload_data;
+    (void)upload_data_size;
+    (void)req_cls;
+    moonlet_http_server *s = cls;
+    static char not_found[] = "not found\n";
+    static char not_allowed[] = "method not allowed\n";
+    static char unauthorized[] =
+        "unauthorized: send the cluster token as \"Authorization: Bearer <token>\"\n";
+    static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+                                            "Bearer realm=\"moonlet\""};
+    static const char plain[] = "text/plain; charset=utf-8";
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed,
+                            sizeof(not_allowed) - 1, MHD_RESPMEM_PERSISTENT, plain, NULL);
+    if (!authorized(s, conn))
+        return respond_text(conn, MHD_HTTP_UNAUTHORIZED, unauthorized, sizeof(unauthorized) - 1,
+                            MHD_RESPMEM_PERSISTENT, plain, challenge);
+    unsigned status = MHD_HTTP_OK;
+    const char *type = NULL;
+    size_t len = 0;
+    char *body = s->page(s->arg, url, &status, &type, &len);
+    if (!body && status == MHD_HTTP_NOT_FOUND)
+        return respond_text(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof(not_found) - 1,
+                            MHD_RESPMEM_PERSISTENT, plain, NULL);
+    if (!body)
+        return MHD_NO;
+    return respond_text(conn, status, body, len, MHD_RESPMEM_MUST_FREE,
+                        type ? type : status == MHD_HTTP_OK ? PROM_TYPE : plain, NULL);
+}
+
+int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
+                       unsigned max_conns, moonlet_http_page_fn page, void *arg,
+                       moonlet_http_server **out)
+{
+    struct sockaddr_storage sa;
+    socklen_t sa_len;
+    if (!max_conns || !page || moonlet_net_resolve(address, port, true, &sa, &sa_len))
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_http_server *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->page = page;
+    s->arg = arg;
+    if (token && *token && !(s->token = strdup(token))) {
+        free(s);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    unsigned per_ip = max_conns / 4 ? max_conns / 4 : 1;
+    unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_LIMIT, max_conns,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
+                            MHD_OPTION_CONNECTION_TIMEOUT, MOONLET_HTTP_IDLE_S,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        ML_ERR(MOD, "cannot serve %s on %s:%u (port in use?)", what, address, port);
+        moonlet_token_free(s->token);
+        free(s);
+        return MOONLET_ERR_INTERNAL_ERROR;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = info ? info->port : port;
+    *out = s;
+    return MOONLET_OK;
+}
+
+uint16_t moonlet_http_port(const moonlet_http_server *s)
+{
+    return s->port;
+}
+
+void moonlet_http_stop(moonlet_http_server *s)
+{
+    if (!s)
+        return;
+    MHD_stop_daemon(s->d);
+    moonlet_token_free(s->token);
+    free(s);
+}
