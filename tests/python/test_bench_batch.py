@@ -48,6 +48,7 @@ def test_one_workload_and_bad_flags():
                                     "60000", "--json", timeout=120)
     assert p.returncode == 0, err.decode()
     assert [w["workload"] for w in json.loads(out)["workloads"]] == ["4KiB"]
-    for bad in (["--only", "8KiB"], ["--rounds", "0"], ["--lease-ms", "5"], ["--frobnicate"]):
+    for bad in (["--only", "8KiB"], ["--rounds", "0"], ["--lease-ms", "5"], ["--scale", "3"],
+                ["--protocol", "ib"], ["--frobnicate"]):
         p, _, err = daemons.run_bench("batch", *bad, timeout=30)
         assert p.returncode == 2 and b"usage: moonlet-bench batch" in err

@@ -83,3 +83,50 @@ bad = [k for k in rows if out[k]["ratio"] < out["floor"]]
 sys.exit(1 if bad else 0)
 PY
 }
+
+# moonlet-bench batch --protocol rdma (the client's batch calls: one master
+# call per window, every transfer of it in one transport batch) beside
+# perftest's bandwidth at the same object sizes, in the same boot.  The
+# workloads are scaled down 16 times for emulation (64 keys of 4 KiB and of
+# 64 KiB, 8 of 1 MiB, 64 of 8 x 8 KiB); the ratios get / ib_read_bw and put
+# / ib_write_bw at 4 KiB, 64 KiB and 1 MiB are the figures, written to
+# $OUT/bench-batch.json.  Fails when a tool fails (every key must move and
+# read back its own bytes); the ratios are reported, not enforced (see above).
+t_batch_bench() {
+    local out sz n rd wr perf=""
+    for sz in 4096 65536 1048576; do
+        n=$(( sz == 1048576 ? 40 : sz == 65536 ? 100 : 300 ))
+        out=$(perf_pair ib_read_bw -s "$sz" -n "$n") || return 1; rd=$(echo "$out" | bw_of "$sz")
+        out=$(perf_pair ib_write_bw -s "$sz" -n "$n") || return 1; wr=$(echo "$out" | bw_of "$sz")
+        echo "perftest $sz B: read $rd MB/s, write $wr MB/s"
+        perf="$perf $sz:$rd:$wr"
+    done
+    timeout 600 "$B/tools/moonlet-bench" batch --protocol rdma --listen-addr "$IP_A" \
+        --source-addr "$IP_B" --scale 16 --rounds 3 --lease-ms 60000 --json \
+        > "$OUT/bench-batch-moonlet.json" || return 1
+    PERF="$perf" python3 - "$OUT/bench-batch-moonlet.json" "$OUT/bench-batch.json" <<'PY'
+import json, os, sys
+m = json.load(open(sys.argv[1]))
+perf = {int(s): (float(r), float(w)) for s, r, w in
+        (x.split(":") for x in os.environ["PERF"].split())}
+out = {"unit": "MB/s (1e6 bytes/s)", "scale": m["scale"], "rows": {}}
+for wl in m["workloads"]:
+    size = wl["object_bytes"]
+    if wl["ranges_per_key"] != 1 or size not in perf:
+        continue
+    rd, wr = perf[size]
+    row = {"keys": wl["keys"], "ib_read_bw": rd, "ib_write_bw": wr}
+    for path in ("batch", "per_key"):
+        get, put = wl[path]["get_gbps"] * 1000.0, wl[path]["put_gbps"] * 1000.0
+        row[path] = {"get": round(get, 1), "put": round(put, 1),
+                     "get_over_ib_read_bw": round(get / rd, 3),
+                     "put_over_ib_write_bw": round(put / wr, 3)}
+    out["rows"][wl["workload"]] = row
+    print(f"{wl['workload']}: batch get {row['batch']['get']} MB/s "
+          f"({row['batch']['get_over_ib_read_bw']} of ib_read_bw), put {row['batch']['put']} MB/s "
+          f"({row['batch']['put_over_ib_write_bw']} of ib_write_bw); per key get "
+          f"{row['per_key']['get_over_ib_read_bw']}, put {row['per_key']['put_over_ib_write_bw']}")
+out["moonlet_bench"] = m
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PY
+}

@@ -87,7 +87,7 @@ t_rdma_check() {
 # moonlet-bench transfer --protocol rdma beside perftest (tests/rdma/bench.sh)
 . "$S/tests/rdma/bench.sh"
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench rdma_mixed rdma_cluster"
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench batch_bench rdma_mixed rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {

@@ -66,7 +66,6 @@ static const b_work g_work[] = {
     {"multi_8x8KiB", 64u << 10, 1024, B_RANGES, false},
 };
 #define B_NWORK (sizeof(g_work) / sizeof(g_work[0]))
-#define B_MAX_BYTES (128u << 20) /* the largest workload's bytes */
 
 enum { P_BATCH, P_PER_KEY, P_DUMMY, B_NPATHS };
 static const char *const g_path[B_NPATHS] = {"batch", "per_key", "dummy"};
@@ -75,7 +74,7 @@ enum { OP_PUT, OP_GET, B_NOPS };
 
 typedef struct b_path {
     moonlet_client *c;
-    unsigned char *src, *dst; /* B_MAX_BYTES each: registered, or shared with the RealClient */
+    unsigned char *src, *dst; /* max_bytes each: registered, or shared with the RealClient */
     bool shared;
 } b_path;
 
@@ -84,6 +83,11 @@ typedef struct b_bench {
     bool json;
     const char *only; /* one workload's name; NULL: all */
     char lease_ms[16]; /* the masters' read lease (--default_kv_lease_ttl) */
+    bool rdma;          /* --protocol rdma: the store nodes and clients over verbs */
+    const char *listen_host, *source_addr; /* rdma: the nodes' address, the clients' */
+    unsigned scale;     /* --scale: every workload's keys divided by it */
+    b_work work[B_NWORK]; /* the workloads, scaled */
+    size_t max_bytes;   /* the largest workload's bytes: each path's buffers */
     b_path p[B_NPATHS];
     char **names;
     const char **keys;
@@ -101,13 +105,24 @@ static bool b_selected(const b_bench *b, size_t w)
     return !b->only || strcmp(b->only, g_work[w].name) == 0;
 }
 
+/* Whether path p runs: over RDMA, the DummyClient path does not (its
+ * RealClient would read its own segment through its own device). */
+static bool b_path_on(const b_bench *b, int p)
+{
+    return !(b->rdma && p == P_DUMMY);
+}
+
 static int b_parse(int argc, char **argv, b_bench *b)
 {
     static const struct option opts[] = {
         {"json", no_argument, 0, 'j'}, {"rounds", required_argument, 0, 'r'},
         {"only", required_argument, 0, 'o'}, {"lease-ms", required_argument, 0, 'l'},
+        {"protocol", required_argument, 0, 'p'}, {"listen-addr", required_argument, 0, 'L'},
+        {"source-addr", required_argument, 0, 'S'}, {"scale", required_argument, 0, 's'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     b->rounds = 7;
+    b->scale = 1;
+    b->listen_host = "127.0.0.1";
     snprintf(b->lease_ms, sizeof(b->lease_ms), "1000");
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -115,6 +130,20 @@ static int b_parse(int argc, char **argv, b_bench *b)
             b->json = true;
         } else if (o == 'o') {
             b->only = optarg;
+        } else if (o == 'p') {
+            if (strcmp(optarg, "rdma") != 0 && strcmp(optarg, "tcp") != 0)
+                goto usage;
+            b->rdma = strcmp(optarg, "rdma") == 0;
+        } else if (o == 'L') {
+            b->listen_host = optarg;
+        } else if (o == 'S') {
+            b->source_addr = optarg;
+        } else if (o == 's') {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 64 || (v & (v - 1)))
+                goto usage;
+            b->scale = (unsigned)v;
         } else if (o == 'l') {
             char *end;
             long v = strtol(optarg, &end, 10);
@@ -131,6 +160,13 @@ static int b_parse(int argc, char **argv, b_bench *b)
             goto usage;
         }
     }
+    b->max_bytes = 0;
+    for (size_t w = 0; w < B_NWORK; w++) {
+        b->work[w] = g_work[w];
+        b->work[w].keys /= b->scale;
+        uint64_t bytes = b->work[w].size * b->work[w].keys;
+        b->max_bytes = bytes > b->max_bytes ? (size_t)bytes : b->max_bytes;
+    }
     for (size_t w = 0; optind == argc && w < B_NWORK; w++)
         if (b_selected(b, w))
             return 0;
@@ -138,6 +174,8 @@ usage:
     fprintf(o == 'h' ? stdout : stderr,
             "usage: moonlet-bench batch [--json] [--rounds N (1..%d, default 7)] [--only WORKLOAD]\n"
             "                           [--lease-ms MS (100..600000, default 1000)]\n"
+            "                           [--protocol tcp|rdma] [--listen-addr IP] [--source-addr IP]\n"
+            "                           [--scale N (1, 2, 4 .. 64: keys divided by N)]\n"
             "  workloads: 4KiB, 4KiB_scattered, 64KiB, 1MiB, multi_8x8KiB (default: all)\n", B_MAX_ROUNDS);
     return o == 'h' ? 1 : -1;
 }
@@ -166,24 +204,24 @@ static int b_alloc(b_bench *b)
 }
 
 /* Path p's buffers: shared memory of the RealClient, or registered memory. */
-static int b_buffers(b_path *p, bool shared)
+static int b_buffers(b_path *p, bool shared, size_t max_bytes)
 {
     p->shared = shared;
     if (shared) {
         void *s, *d;
-        if (moonlet_client_alloc_shared(p->c, B_MAX_BYTES, &s) ||
-            moonlet_client_alloc_shared(p->c, B_MAX_BYTES, &d))
+        if (moonlet_client_alloc_shared(p->c, max_bytes, &s) ||
+            moonlet_client_alloc_shared(p->c, max_bytes, &d))
             return -1;
         p->src = s;
         p->dst = d;
     } else {
-        p->src = malloc(B_MAX_BYTES);
-        p->dst = malloc(B_MAX_BYTES);
-        if (!p->src || !p->dst || moonlet_client_register_buffer(p->c, p->src, B_MAX_BYTES) ||
-            moonlet_client_register_buffer(p->c, p->dst, B_MAX_BYTES))
+        p->src = malloc(max_bytes);
+        p->dst = malloc(max_bytes);
+        if (!p->src || !p->dst || moonlet_client_register_buffer(p->c, p->src, max_bytes) ||
+            moonlet_client_register_buffer(p->c, p->dst, max_bytes))
             return -1;
     }
-    for (size_t i = 0; i < B_MAX_BYTES; i++)
+    for (size_t i = 0; i < max_bytes; i++)
         p->src[i] = (unsigned char)(i * 2654435761u >> 13);
     return 0;
 }
@@ -273,10 +311,20 @@ static void b_report(b_bench *b)
     for (size_t w = 0; w < B_NWORK; w++) {
         if (!b_selected(b, w))
             continue;
-        plain[w] = b_median(&b->plain[w]);
+        plain[w] = b->rdma ? 0 : b_median(&b->plain[w]);
         for (int p = 0; p < B_NPATHS; p++)
             for (int o = 0; o < B_NOPS; o++)
-                med[w][p][o] = b_median(&b->s[w][p][o]);
+                med[w][p][o] = b_path_on(b, p) ? b_median(&b->s[w][p][o]) : 0;
+    }
+    if (!b->json && b->rdma) { /* no socket beside it: perftest is the baseline (bench.sh) */
+        printf("%-15s | %-21s | %-21s\n", "workload", "batch put/get", "per_key put/get");
+        for (size_t w = 0; w < B_NWORK; w++)
+            if (b_selected(b, w))
+                printf("%-15s | %9.3f %9.3f   | %9.3f %9.3f\n", g_work[w].name,
+                       med[w][P_BATCH][OP_PUT], med[w][P_BATCH][OP_GET],
+                       med[w][P_PER_KEY][OP_PUT], med[w][P_PER_KEY][OP_GET]);
+        printf("GB/s of object bytes over RDMA, medians of %d rounds\n", b->rounds);
+        return;
     }
     if (!b->json) {
         printf("%-15s %8s | %-21s | %-21s | %-21s | %s\n", "workload", "plain", "batch put/get",
@@ -284,41 +332,51 @@ static void b_report(b_bench *b)
         for (size_t w = 0; w < B_NWORK; w++)
             if (b_selected(b, w))
                 printf("%-15s %8.2f | %9.2f %9.2f   | %9.2f %9.2f   | %9.2f %9.2f   | %.2f %.2f "
-                   "%.2f %.2f\n", g_work[w].name, plain[w], med[w][P_BATCH][OP_PUT],
-                   med[w][P_BATCH][OP_GET], med[w][P_PER_KEY][OP_PUT], med[w][P_PER_KEY][OP_GET],
-                   med[w][P_DUMMY][OP_PUT], med[w][P_DUMMY][OP_GET],
-                   med[w][P_BATCH][OP_GET] / plain[w], med[w][P_BATCH][OP_PUT] / plain[w],
-                   med[w][P_DUMMY][OP_GET] / med[w][P_BATCH][OP_GET],
-                   med[w][P_DUMMY][OP_PUT] / med[w][P_BATCH][OP_PUT]);
+                       "%.2f %.2f\n", g_work[w].name, plain[w], med[w][P_BATCH][OP_PUT],
+                       med[w][P_BATCH][OP_GET], med[w][P_PER_KEY][OP_PUT],
+                       med[w][P_PER_KEY][OP_GET], med[w][P_DUMMY][OP_PUT],
+                       med[w][P_DUMMY][OP_GET], med[w][P_BATCH][OP_GET] / plain[w],
+                       med[w][P_BATCH][OP_PUT] / plain[w],
+                       med[w][P_DUMMY][OP_GET] / med[w][P_BATCH][OP_GET],
+                       med[w][P_DUMMY][OP_PUT] / med[w][P_BATCH][OP_PUT]);
         printf("GB/s of object bytes, medians of %d rounds\n", b->rounds);
         return;
     }
     cJSON *root = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(root, "workloads");
     cJSON_AddStringToObject(root, "bench", "batch");
+    cJSON_AddStringToObject(root, "protocol", b->rdma ? "rdma" : "tcp");
     cJSON_AddNumberToObject(root, "rounds", b->rounds);
+    cJSON_AddNumberToObject(root, "scale", b->scale);
     for (size_t w = 0; w < B_NWORK; w++) {
         if (!b_selected(b, w))
             continue;
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "workload", g_work[w].name);
-        cJSON_AddNumberToObject(o, "object_bytes", (double)g_work[w].size);
-        cJSON_AddNumberToObject(o, "keys", (double)g_work[w].keys);
-        cJSON_AddNumberToObject(o, "ranges_per_key", g_work[w].ranges);
-        cJSON_AddNumberToObject(o, "plain_socket_gbps", plain[w]);
+        cJSON_AddNumberToObject(o, "object_bytes", (double)b->work[w].size);
+        cJSON_AddNumberToObject(o, "keys", (double)b->work[w].keys);
+        cJSON_AddNumberToObject(o, "ranges_per_key", b->work[w].ranges);
+        if (!b->rdma)
+            cJSON_AddNumberToObject(o, "plain_socket_gbps", plain[w]);
         for (int p = 0; p < B_NPATHS; p++) {
+            if (!b_path_on(b, p))
+                continue;
             cJSON *po = cJSON_AddObjectToObject(o, g_path[p]);
             cJSON_AddNumberToObject(po, "put_gbps", med[w][p][OP_PUT]);
             cJSON_AddNumberToObject(po, "get_gbps", med[w][p][OP_GET]);
-            cJSON_AddNumberToObject(po, "put_over_plain", med[w][p][OP_PUT] / plain[w]);
-            cJSON_AddNumberToObject(po, "get_over_plain", med[w][p][OP_GET] / plain[w]);
+            if (!b->rdma) {
+                cJSON_AddNumberToObject(po, "put_over_plain", med[w][p][OP_PUT] / plain[w]);
+                cJSON_AddNumberToObject(po, "get_over_plain", med[w][p][OP_GET] / plain[w]);
+            }
             cJSON_AddNumberToObject(po, "get_us_per_key",
-                                    (double)g_work[w].size / med[w][p][OP_GET] / 1e3);
+                                    (double)b->work[w].size / med[w][p][OP_GET] / 1e3);
         }
         cJSON *r = cJSON_AddObjectToObject(o, "ratios");
-        cJSON_AddNumberToObject(r, "dummy_over_batch_get", med[w][P_DUMMY][OP_GET] /
-                                                                med[w][P_BATCH][OP_GET]);
-        cJSON_AddNumberToObject(r, "dummy_over_batch_put", med[w][P_DUMMY][OP_PUT] /
-                                                                med[w][P_BATCH][OP_PUT]);
+        if (b_path_on(b, P_DUMMY)) {
+            cJSON_AddNumberToObject(r, "dummy_over_batch_get", med[w][P_DUMMY][OP_GET] /
+                                                                    med[w][P_BATCH][OP_GET]);
+            cJSON_AddNumberToObject(r, "dummy_over_batch_put", med[w][P_DUMMY][OP_PUT] /
+                                                                    med[w][P_BATCH][OP_PUT]);
+        }
         cJSON_AddNumberToObject(r, "batch_over_per_key_get", med[w][P_BATCH][OP_GET] /
                                                                   med[w][P_PER_KEY][OP_GET]);
         cJSON_AddNumberToObject(r, "batch_over_per_key_put", med[w][P_BATCH][OP_PUT] /
@@ -372,12 +430,13 @@ static void b_free(b_bench *b)
     free(b->res);
 }
 
-static moonlet_client *b_client(const char *master)
+static moonlet_client *b_client(const b_bench *b, const char *master)
 {
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = master;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    cfg.protocol = b->rdma ? MOONLET_PROTOCOL_RDMA : MOONLET_PROTOCOL_TCP;
+    cfg.source_addr = b->rdma ? b->source_addr : NULL;
     moonlet_client *c = NULL;
     return moonlet_client_create(&cfg, &c) ? NULL : c;
 }
@@ -411,25 +470,33 @@ int bench_batch_main(int argc, char **argv)
     if (bench_master_start(&ma, new_master) || bench_master_start(&mb, old_master))
         goto out;
     step = "start the store nodes";
-    /* the batch master's node is also the RealClient the DummyClient uses */
-    const char *real_args[] = {"--master", ma.addr, "--segment-size", "2GiB", "--protocol", "tcp",
-                               "--listen", "127.0.0.1:0", "--client-id", g_node[P_BATCH],
-                               "--serve-dummy", sock, "--log-level", "warn", NULL};
-    const char *b_args[] = {"--master", mb.addr, "--segment-size", "1GiB", "--protocol", "tcp",
-                            "--listen", "127.0.0.1:0", "--client-id", g_node[P_PER_KEY],
+    /* the batch master's node is also the RealClient the DummyClient uses
+     * (over TCP); its segment holds a round of two paths and what the
+     * round before left quarantined under its leases */
+    char listen[300], seg_a[32], seg_b[32];
+    snprintf(listen, sizeof(listen), "%s:0", b.listen_host);
+    snprintf(seg_a, sizeof(seg_a), "%zu", 16 * b.max_bytes);
+    snprintf(seg_b, sizeof(seg_b), "%zu", (b.rdma ? 16 : 8) * b.max_bytes);
+    const char *proto = b.rdma ? "rdma" : "tcp";
+    const char *real_args[] = {"--master", ma.addr, "--segment-size", seg_a, "--protocol", proto,
+                               "--listen", listen, "--client-id", g_node[P_BATCH],
+                               "--log-level", "warn", b.rdma ? NULL : "--serve-dummy", sock, NULL};
+    const char *b_args[] = {"--master", mb.addr, "--segment-size", seg_b, "--protocol", proto,
+                            "--listen", listen, "--client-id", g_node[P_PER_KEY],
                             "--log-level", "warn", NULL};
-    if (bench_child_start(&real, "moonlet-store", real_args, "serving dummy clients on ") ||
+    if (bench_child_start(&real, "moonlet-store", real_args,
+                          b.rdma ? "listening on " : "serving dummy clients on ") ||
         bench_child_start(&sb, "moonlet-store", b_args, "listening on "))
         goto out;
     step = "connect the clients";
-    b.p[P_BATCH].c = b_client(ma.addr);
-    b.p[P_PER_KEY].c = b_client(mb.addr);
+    b.p[P_BATCH].c = b_client(&b, ma.addr);
+    b.p[P_PER_KEY].c = b_client(&b, mb.addr);
     if (!b.p[P_BATCH].c || !b.p[P_PER_KEY].c ||
-        moonlet_client_create_dummy(sock, NULL, &b.p[P_DUMMY].c))
+        (b_path_on(&b, P_DUMMY) && moonlet_client_create_dummy(sock, NULL, &b.p[P_DUMMY].c)))
         goto out;
     step = "buffers";
     for (int p = 0; p < B_NPATHS; p++)
-        if (b_buffers(&b.p[p], p == P_DUMMY))
+        if (b_path_on(&b, p) && b_buffers(&b.p[p], p == P_DUMMY, b.max_bytes))
             goto out;
     step = "measure";
     for (int round = -1; round < b.rounds; round++) { /* round -1 warms up */
@@ -439,13 +506,17 @@ int bench_batch_main(int argc, char **argv)
             for (int k = 0; k < B_NPATHS; k++) {
                 int p = (int)((round + 1 + k + (int)w) % B_NPATHS);
                 double g[B_NOPS];
-                if (b_measure(&b, &g_work[w], p, round, g))
+                if (!b_path_on(&b, p))
+                    continue;
+                if (b_measure(&b, &b.work[w], p, round, g))
                     goto out;
                 for (int o = 0; round >= 0 && o < B_NOPS; o++)
                     bench_samples_add(&b.s[w][p][o], g[o]);
             }
-            double pg = moonlet_bench_plain_gbps(b.p[P_BATCH].src, plain_dst, g_work[w].size,
-                                                 g_work[w].size * g_work[w].keys);
+            if (b.rdma)
+                continue; /* perftest is the baseline there */
+            double pg = moonlet_bench_plain_gbps(b.p[P_BATCH].src, plain_dst, b.work[w].size,
+                                                 b.work[w].size * b.work[w].keys);
             if (pg <= 0)
                 goto out;
             if (round >= 0)
