@@ -244,7 +244,8 @@ static int put_start_once(moonlet_master *m, const struct keyref *ref, moonlet_s
     o->has_checksum = 0;
     uint64_t put_id;
     do /* never 0 (bounded: 0 comes once in 2^56 ids) */
-        put_id = atomic_fetch_add(&m->next_put_id, 1) & MOBJ_PUT_ID_MASK;
+        put_id = atomic_fetch_add_explicit(&m->next_put_id, 1, memory_order_relaxed) &
+                 MOBJ_PUT_ID_MASK; /* unique is all an id needs: no ordering */
     while (put_id == 0);
     o->checksum = put_id << 8; /* and no replacement yet */
     if (po->put_id)
