@@ -1059,8 +1059,10 @@ static int client_bput_start(client_direct *c, client_bput *b, const char *const
         b->sizes[b->m++] = srcs[i].len;
     }
     const client_put_args *a = b->a;
-    int rc = moonlet_mc_batch_put_start(c->mc, a->tenant, b->keys, b->sizes, b->m, a->replica_num,
-                                        a->soft_pin, &a->extra, b->lists, b->put_ids, b->res);
+    int rc = b->m ? moonlet_mc_batch_put_start(c->mc, a->tenant, b->keys, b->sizes, b->m,
+                                               a->replica_num, a->soft_pin, &a->extra, b->lists,
+                                               b->put_ids, b->res)
+                  : MOONLET_OK; /* no key to start: no round trip */
     if (client_batch_fallback(rc)) {
         for (size_t j = 0; j < b->m; j++)
             b->res[j] = moonlet_mc_put_start_ex(c->mc, a->tenant, b->keys[j], b->sizes[j],
@@ -1164,8 +1166,9 @@ static void client_bput_finish(client_direct *c, client_bput *b)
         }
     }
     /* each put named by its id: a late one never seals or revokes another's */
-    int rc = moonlet_mc_batch_put_end(c->mc, a->tenant, ekeys, a->checksum ? eck : NULL, eid, nend,
-                                      er);
+    int rc = nend ? moonlet_mc_batch_put_end(c->mc, a->tenant, ekeys, a->checksum ? eck : NULL,
+                                             eid, nend, er)
+                  : MOONLET_OK; /* nothing written: no round trip */
     if (client_batch_fallback(rc)) {
         for (size_t e = 0; e < nend; e++)
             er[e] = moonlet_mc_put_end_checksum(c->mc, a->tenant, ekeys[e],
@@ -1327,7 +1330,8 @@ static void client_bget_meta(client_direct *c, const char *const *keys, size_t n
     }
     tenant = client_tenant(c, tenant);
     uint64_t asked = moonlet_mono_ns();
-    int rc = moonlet_mc_batch_get_replica_list(c->mc, tenant, mkeys, m, lists, res);
+    int rc = m ? moonlet_mc_batch_get_replica_list(c->mc, tenant, mkeys, m, lists, res)
+               : MOONLET_OK; /* no key to look up: no round trip */
     bool single = client_batch_fallback(rc);
     for (size_t j = 0; j < m; j++) {
         client_bget *e = &g[idx[j]];

@@ -572,6 +572,18 @@ static void test_batch_one_round_trip(void **state)
 
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, src), MOONLET_OK);
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, dst), MOONLET_OK);
+    /* a batch none of whose keys can go (no registered memory any more)
+     * makes no master call at all */
+    bs = calls_of("BatchPutStart");
+    be = calls_of("BatchPutEnd");
+    bg = calls_of("BatchGetReplicaList");
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, 2, pb, lens, NULL, res),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(moonlet_client_batch_get_into(g_cli, keys, 2, gb, lens, NULL, got, res),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(calls_of("BatchPutStart"), bs);
+    assert_int_equal(calls_of("BatchPutEnd"), be);
+    assert_int_equal(calls_of("BatchGetReplicaList"), bg);
     for (size_t i = 0; i < RT_KEYS; i++)
         free(names[i]);
     free(long_key);
