@@ -394,6 +394,32 @@ int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
     return MOONLET_OK;
 }
 
+int moonlet_xfer_register_device(moonlet_xfer *x, void *base, size_t len, int dmabuf_fd,
+                                 uint64_t dmabuf_off, const char **how)
+{
+    *how = NULL;
+    if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (!x->be->buf_add_device) {
+        *how = "the transport moves host memory only";
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    xfer_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    b->base = base;
+    b->len = len;
+    int rc = x->be->buf_add_device(x, base, len, dmabuf_fd, dmabuf_off, &b->handle, &b->lkey, how);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    pthread_rwlock_wrlock(&x->buf_lock);
+    LIST_INSERT_HEAD(&x->bufs, b, link);
+    pthread_rwlock_unlock(&x->buf_lock);
+    return MOONLET_OK;
+}
+
 int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)
 {
     if (!x || !base)

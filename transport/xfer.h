@@ -200,6 +200,15 @@ int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id);
  */
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len);
 int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base);
+/* Registers device (GPU) memory so transfers move it in place (GPUDirect
+ * RDMA): through the dma-buf dmabuf_fd (>= 0, not kept: duplicated) at
+ * offset dmabuf_off, else (dmabuf_fd < 0, or the NIC refused it) as peer
+ * memory (ibv_reg_mr on the device address: nvidia-peermem).  0 and *how
+ * ("dma-buf", "peer memory"); UNAVAILABLE_IN_CURRENT_STATUS on a transport
+ * without it (TCP) or TRANSFER_FAIL, with *how saying why.  Released by
+ * moonlet_xfer_unregister_buffer. */
+int moonlet_xfer_register_device(moonlet_xfer *x, void *base, size_t len, int dmabuf_fd,
+                                 uint64_t dmabuf_off, const char **how);
 
 /* Opens the connections to a peer endpoint now (they are otherwise opened on
  * first use) and caches them.  TRANSFER_FAIL when the peer cannot be reached,

@@ -67,6 +67,11 @@ typedef struct xfer_backend {
     /* Local buffer registration (verbs: an MR); *handle is passed back. */
     int (*buf_add)(moonlet_xfer *x, void *base, size_t len, void **handle, uint32_t *lkey);
     void (*buf_remove)(moonlet_xfer *x, void *handle);
+    /* Optional (NULL: host memory only): registers device memory with the
+     * NIC, through the dma-buf fd (>= 0; duplicated) at dmabuf_off, else as
+     * peer memory; *how says which, or why neither worked. */
+    int (*buf_add_device)(moonlet_xfer *x, void *base, size_t len, int dmabuf_fd,
+                          uint64_t dmabuf_off, void **handle, uint32_t *lkey, const char **how);
     /* Parses op->segment_id into *it and checks what can be checked locally;
      * returns the op's status (0 = send it). */
     int (*prepare)(moonlet_xfer *x, xfer_item *it);

@@ -160,8 +160,19 @@ typedef struct verbs_dev {
 typedef struct verbs_buf {
     void *base;
     size_t len;
+    int dmabuf_fd; /* device memory registered through a dma-buf (ours); -1: none */
+    uint64_t dmabuf_off;
     struct ibv_mr *_Atomic mr[VERBS_MAX_DEVS];
 } verbs_buf;
+
+/* The buffer's memory region on protection domain pd. */
+static struct ibv_mr *verbs_buf_reg(struct ibv_pd *pd, const verbs_buf *b)
+{
+    if (b->dmabuf_fd >= 0)
+        return ibv_reg_dmabuf_mr(pd, b->dmabuf_off, b->len, (uint64_t)(uintptr_t)b->base,
+                                 b->dmabuf_fd, IBV_ACCESS_LOCAL_WRITE);
+    return ibv_reg_mr(pd, b->base, b->len, IBV_ACCESS_LOCAL_WRITE);
+}
 
 /* An id (with its QP, if any) waiting for the reaper. */
 typedef struct verbs_reap {
@@ -1120,14 +1131,58 @@ static int verbs_buf_add(moonlet_xfer *x, void *base, size_t len, void **handle,
     verbs_buf *b = calloc(1, sizeof(*b));
     if (!b)
         return MOONLET_ERR_INTERNAL_ERROR;
-    struct ibv_mr *mr = ibv_reg_mr(v->pd, base, len, IBV_ACCESS_LOCAL_WRITE);
+    b->base = base;
+    b->len = len;
+    b->dmabuf_fd = -1;
+    struct ibv_mr *mr = verbs_buf_reg(v->pd, b);
     if (!mr) {
         verbs_reg_failed("a buffer", len, errno);
         free(b);
         return MOONLET_ERR_TRANSFER_FAIL;
     }
+    atomic_store(&b->mr[0], mr);
+    *handle = b;
+    *lkey = mr->lkey;
+    return MOONLET_OK;
+}
+
+/* Device memory: the dma-buf first, then the device address as peer memory
+ * (each failure's errno kept for the reason). */
+static int verbs_buf_add_device(moonlet_xfer *x, void *base, size_t len, int dmabuf_fd,
+                                uint64_t dmabuf_off, void **handle, uint32_t *lkey,
+                                const char **how)
+{
+    verbs_state *v = x->be_state;
+    verbs_buf *b = calloc(1, sizeof(*b));
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
     b->base = base;
     b->len = len;
+    b->dmabuf_off = dmabuf_off;
+    b->dmabuf_fd = dmabuf_fd >= 0 ? fcntl(dmabuf_fd, F_DUPFD_CLOEXEC, 0) : -1;
+    struct ibv_mr *mr = b->dmabuf_fd >= 0 ? verbs_buf_reg(v->pd, b) : NULL;
+    int dmabuf_err = dmabuf_fd < 0 ? 0 : b->dmabuf_fd < 0 ? errno : mr ? 0 : errno;
+    if (mr) {
+        *how = "dma-buf";
+    } else {
+        if (b->dmabuf_fd >= 0)
+            close(b->dmabuf_fd);
+        b->dmabuf_fd = -1;
+        mr = verbs_buf_reg(v->pd, b); /* nvidia-peermem resolves the device address */
+        if (mr)
+            *how = "peer memory";
+        else if (dmabuf_fd < 0)
+            *how = "the driver gives no dma-buf and the NIC refuses the device address "
+                   "(no nvidia-peermem)";
+        else
+            *how = dmabuf_err == EOPNOTSUPP || dmabuf_err == ENOSYS
+                       ? "the NIC does not take dma-buf memory and refuses the device address"
+                       : "the NIC refused the dma-buf and the device address";
+    }
+    if (!mr) {
+        free(b);
+        return MOONLET_ERR_TRANSFER_FAIL;
+    }
     atomic_store(&b->mr[0], mr);
     *handle = b;
     *lkey = mr->lkey;
@@ -1142,6 +1197,8 @@ static void verbs_buf_remove(moonlet_xfer *x, void *handle)
         if (mr)
             ibv_dereg_mr(mr);
     }
+    if (b->dmabuf_fd >= 0)
+        close(b->dmabuf_fd);
     free(b);
 }
 
@@ -1154,7 +1211,7 @@ static int verbs_buf_lkey(verbs_state *v, verbs_buf *b, size_t dev, uint32_t *lk
         pthread_mutex_lock(&v->dev_lock);
         mr = atomic_load(&b->mr[dev]);
         if (!mr) {
-            mr = ibv_reg_mr(v->devs[dev].pd, b->base, b->len, IBV_ACCESS_LOCAL_WRITE);
+            mr = verbs_buf_reg(v->devs[dev].pd, b);
             if (mr)
                 atomic_store(&b->mr[dev], mr);
             else
@@ -1908,6 +1965,7 @@ const xfer_backend moonlet_xfer_verbs_backend = {
     .seg_add = verbs_seg_add,
     .seg_remove = verbs_seg_remove,
     .buf_add = verbs_buf_add,
+    .buf_add_device = verbs_buf_add_device,
     .buf_remove = verbs_buf_remove,
     .prepare = verbs_prepare,
     .conn_open = verbs_conn_open,

@@ -122,6 +122,11 @@ typedef struct moonlet_client_config {
     bool http_server;
     uint16_t http_port;        /* 0: a free port (moonlet_client_http_port()) */
     const char *http_address;  /* NULL: "0.0.0.0", every IPv4 address */
+    /* Device (GPU) memory that the NIC cannot reach in place is staged
+     * through pinned host memory of this client: at most this many bytes
+     * (two halves, copy and network overlapped); 0: 64 MiB; at least 2 MiB.
+     * Allocated at the first call that needs it.  See "Device memory". */
+    uint64_t gpu_staging_size;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */
@@ -199,6 +204,9 @@ typedef struct moonlet_dummy_config {
     uint32_t peer_uid;
     bool peer_gid_set;
     uint32_t peer_gid;
+    /* As moonlet_client_config.gpu_staging_size: device memory is staged in
+     * this process, into shared memory the RealClient reads in place. */
+    uint64_t gpu_staging_size;
 } moonlet_dummy_config;
 
 /* Fills the first cfg_size bytes of *cfg with the defaults (all zero /
@@ -440,6 +448,22 @@ MOONLET_API int moonlet_client_probe_resume(moonlet_client *c, const char *const
  * TRANSFER_FAIL when the NIC refuses the registration.  Thread safe.
  * On a DummyClient it only records the range: put_from / get_into copy it
  * through shared memory (moonlet_client_alloc_shared() avoids the copy).
+ *
+ * Device memory.  A range in CUDA device memory (cuMemAlloc / cudaMalloc
+ * memory) is recognised by the driver's pointer attributes: the CUDA driver
+ * is loaded at run time (libcuda.so.1, or $MOONLET_CUDA_DRIVER; "none":
+ * never) the first time a buffer is registered; without one every range is
+ * host memory, as before.  Device memory is registered in place with the
+ * NIC when the client speaks RDMA and the NIC takes it (GPUDirect RDMA:
+ * dma-buf, else the peer-memory module), and is otherwise staged: every
+ * call on it (put, get, put_from, get_into, their batches, the copying
+ * batches, upsert) copies through the client's pinned host memory
+ * (config gpu_staging_size), copy and network overlapped, and a get's bytes
+ * reach the device only after their checksum was verified on the host.  The
+ * copies run on a stream of the device that holds the memory, in its
+ * primary context; buffers on several devices may be mixed in one call.
+ * A range that starts in a device allocation and runs past its end:
+ * INVALID_PARAMS.  Docs: api-c.md, "Device (GPU) memory".
  */
 MOONLET_API int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len);
 

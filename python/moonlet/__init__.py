@@ -139,7 +139,7 @@ class Store(_moonlet.Client):
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
                 transfer_timeout_ms=0, local_listen_addr=None, checksum=True, http_port=None,
-                http_address=None):
+                http_address=None, gpu_staging_size=0):
         """Connects to the master at master_addr ("HOST:PORT").  With HA,
         master_addr lists every master: "HOST:PORT,HOST:PORT" or a list of
         "HOST:PORT" strings; the client follows the leader.
@@ -166,6 +166,9 @@ class Store(_moonlet.Client):
                         on http_address (None: every IPv4 address), with
                         auth_token required as a Bearer token when set;
                         Store.http_port is the port bound.
+        gpu_staging_size: bytes of pinned host memory through which device
+                        (GPU) buffers are staged (0: 64 MiB); see
+                        docs/python.md, "GPU memory".
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
         ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600),
@@ -177,12 +180,14 @@ class Store(_moonlet.Client):
         self._connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,
                       replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
                       checksum=checksum, http_server=http_port is not None,
-                      http_port=http_port or 0, http_address=http_address)
+                      http_port=http_port or 0, http_address=http_address,
+                      gpu_staging_size=gpu_staging_size)
         return self
 
     @classmethod
     def connect_dummy(cls, socket_path, *, default_tenant=None, rpc_timeout_ms=0,
-                      staging_bytes=0, max_connections=0, peer_uid=None, peer_gid=None):
+                      staging_bytes=0, max_connections=0, peer_uid=None, peer_gid=None,
+                      gpu_staging_size=0):
         """Connects through the RealClient serving on socket_path (a DummyClient).
 
         A RealClient is a moonlet-store started with --serve-dummy PATH; it
@@ -199,6 +204,9 @@ class Store(_moonlet.Client):
         peer_uid:        the uid the RealClient must run as (None: this
                          process's); root is always accepted.
         peer_gid:        also accept a RealClient running with this group.
+        gpu_staging_size: as for connect(): device buffers are staged in
+                         this process, into shared memory the RealClient
+                         reads in place.
 
         Raises StoreError: RPC_FAIL (-900) when nothing listens on the path,
         INVALID_PARAMS (-600) for a path too long for a unix socket,
@@ -207,7 +215,7 @@ class Store(_moonlet.Client):
         """
         self = cls.__new__(cls)
         self._connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes,
-                            max_connections, peer_uid, peer_gid)
+                            max_connections, peer_uid, peer_gid, gpu_staging_size)
         return self
 
     def inspect(self, key, *, tenant_id=None):

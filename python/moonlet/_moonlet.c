@@ -46,6 +46,8 @@
 #include "moonlet/policy.h"
 
 #include "_moonlet.h"
+#include "client_gpu.h"
+#include "cuda_driver.h"
 
 /* A PyCFunction-compatible pointer to a METH_VARARGS | METH_KEYWORDS method
  * (the cast through void (*)(void) is what CPython itself does). */
@@ -630,7 +632,8 @@ static int ml_protocol(PyObject *o, void *out)
 PyDoc_STRVAR(connect_doc,
 "_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
 "         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,\n"
-"         checksum=True, http_server=False, http_port=0, http_address=None)\n"
+"         checksum=True, http_server=False, http_port=0, http_address=None,\n"
+"         gpu_staging_size=0)\n"
 "--\n\n"
 "Connects this unconnected object to a master (moonlet_client_create).\n"
 "Use moonlet.Store.connect() instead.");
@@ -640,19 +643,20 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
     static char *kwl[] = {"master_addr", "protocol", "segment_size", "device", "auth_token",
                           "default_tenant", "replica_num", "rpc_timeout_ms",
                           "transfer_timeout_ms", "local_listen_addr", "checksum",
-                          "http_server", "http_port", "http_address", NULL};
+                          "http_server", "http_port", "http_address", "gpu_staging_size", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     int checksum = 1, http_server = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|ppO&O&:_connect", kwl, &addr_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|ppO&O&O&:_connect", kwl, &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
                                      conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
                                      conv_opt_str, &cfg.default_tenant, conv_u32, &cfg.replica_num,
                                      conv_u32, &cfg.rpc_timeout_ms, conv_u32,
                                      &cfg.transfer_timeout_ms, conv_opt_str,
                                      &cfg.local_listen_addr, &checksum, &http_server, conv_port,
-                                     &cfg.http_port, conv_opt_str, &cfg.http_address))
+                                     &cfg.http_port, conv_opt_str, &cfg.http_address, conv_u64,
+                                     &cfg.gpu_staging_size))
         return NULL;
     cfg.skip_checksum = !checksum;
     cfg.http_server = http_server;
@@ -668,7 +672,7 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
 
 PyDoc_STRVAR(connect_dummy_doc,
 "_connect_dummy(socket_path, default_tenant, rpc_timeout_ms, staging_bytes, max_connections,\n"
-"               peer_uid=None, peer_gid=None)\n"
+"               peer_uid=None, peer_gid=None, gpu_staging_size=0)\n"
 "--\n\n"
 "Connects this unconnected object to a RealClient (moonlet_client_create_dummy).\n"
 "Use moonlet.Store.connect_dummy() instead.");
@@ -676,15 +680,16 @@ PyDoc_STRVAR(connect_dummy_doc,
 static PyObject *Client_connect_dummy(ClientObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwl[] = {"socket_path", "default_tenant", "rpc_timeout_ms", "staging_bytes",
-                          "max_connections", "peer_uid", "peer_gid", NULL};
+                          "max_connections", "peer_uid", "peer_gid", "gpu_staging_size", NULL};
     PyObject *path_obj, *uid_obj = Py_None, *gid_obj = Py_None;
     const char *path;
     moonlet_dummy_config cfg;
     moonlet_dummy_config_init(&cfg, sizeof cfg);
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&|OO:_connect_dummy", kwl, &path_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&|OOO&:_connect_dummy", kwl, &path_obj,
                                      conv_opt_str, &cfg.default_tenant, conv_u32,
                                      &cfg.rpc_timeout_ms, conv_u64, &cfg.staging_bytes, conv_u32,
-                                     &cfg.max_connections, &uid_obj, &gid_obj))
+                                     &cfg.max_connections, &uid_obj, &gid_obj, conv_u64,
+                                     &cfg.gpu_staging_size))
         return NULL;
     if (uid_obj != Py_None) {
         if (!conv_u32(uid_obj, &cfg.peer_uid))
@@ -1742,6 +1747,32 @@ static PyObject *Client_get_local_endpoint(ClientObject *self, void *closure)
     return PyUnicode_FromString(buf);
 }
 
+PyDoc_STRVAR(Client_gpu_stats_doc,
+"gpu_stats() -> dict\n--\n\n"
+"How this client serves device (GPU) memory: buffers (device buffers\n"
+"registered), in_place (of which the NIC moves in place: GPUDirect RDMA),\n"
+"staged_calls and staged_bytes (through pinned host memory), pinned_bytes\n"
+"(pinned staging held now) and pinned_bound (its limit, gpu_staging_size).");
+
+static int ml_gpu_stats(moonlet_client *c, moonlet_client_gpu_stats *st)
+{
+    moonlet_client_gpu_get_stats(c, st);
+    return 0;
+}
+
+static PyObject *Client_gpu_stats(ClientObject *self, PyObject *unused)
+{
+    moonlet_client_gpu_stats st;
+    int rc;
+    ML_CALL(self, rc, ml_gpu_stats(c, &st));
+    if (rc)
+        return ml_raise(rc, "gpu_stats", NULL);
+    return Py_BuildValue("{s:I,s:I,s:K,s:K,s:n,s:n}", "buffers", st.buffers, "in_place",
+                         st.in_place, "staged_calls", (unsigned long long)st.staged_calls,
+                         "staged_bytes", (unsigned long long)st.staged_bytes, "pinned_bytes",
+                         (Py_ssize_t)st.pinned_bytes, "pinned_bound", (Py_ssize_t)st.pinned_bound);
+}
+
 static PyObject *Client_get_http_port(ClientObject *self, void *closure)
 {
     int port;
@@ -1786,6 +1817,7 @@ PyDoc_STRVAR(ml_alloc_buffer_doc,
 static PyMethodDef Client_methods[] = {
     {"_connect", ML_KW(Client_connect), METH_VARARGS | METH_KEYWORDS, connect_doc},
     {"_connect_dummy", ML_KW(Client_connect_dummy), METH_VARARGS | METH_KEYWORDS, connect_dummy_doc},
+    {"gpu_stats", (PyCFunction)Client_gpu_stats, METH_NOARGS, Client_gpu_stats_doc},
     {"_inspect_json", ML_KW(Client_inspect_json), METH_VARARGS | METH_KEYWORDS, Client_inspect_json_doc},
     {"close", (PyCFunction)Client_close, METH_NOARGS, Client_close_doc},
     {"put", ML_KW(Client_put), METH_VARARGS | METH_KEYWORDS, Client_put_doc},
@@ -1866,7 +1898,27 @@ static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
                                                                   : moonlet_strerror((int)code));
 }
 
+static PyObject *mod_device_memory(PyObject *mod, PyObject *args)
+{
+    unsigned long long ptr, size;
+    if (!PyArg_ParseTuple(args, "KK:device_memory", &ptr, &size))
+        return NULL;
+    moonlet_cuda_range r;
+    int kind;
+    Py_BEGIN_ALLOW_THREADS
+    kind = moonlet_cuda_classify((const void *)(uintptr_t)ptr, (size_t)size, &r);
+    Py_END_ALLOW_THREADS
+    if (kind < 0)
+        return ml_raise(kind, "device_memory: the range runs past its device allocation", NULL);
+    return PyLong_FromLong(kind ? r.device : -1);
+}
+
 static PyMethodDef module_methods[] = {
+    {"device_memory", mod_device_memory, METH_VARARGS,
+     "device_memory(ptr, size) -> int\n--\n\nThe CUDA device ordinal holding [ptr, ptr + size), "
+     "or -1 when it is not device memory (host memory, or no CUDA driver: libcuda.so.1 or "
+     "$MOONLET_CUDA_DRIVER).  StoreError INVALID_PARAMS when the range starts in a device "
+     "allocation and runs past its end."},
     {"strerror", mod_strerror, METH_O,
      "strerror(code) -> str\n--\n\nName of a moonlet / Mooncake error code "
      "('OBJECT_NOT_FOUND'); 'UNKNOWN_ERROR' for others."},

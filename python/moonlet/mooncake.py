@@ -25,7 +25,9 @@ calls vLLM's, SGLang's and LMCache's Mooncake backends make (multi-buffer
 batches, get_buffer, ranged reads and get sessions, replica descriptors,
 MooncakeHostMemAllocator); docs/python.md has the table of Mooncake's whole
 surface: supported, supported with a difference, not supported and why.
-Device (GPU) memory is refused: register_buffer takes host memory only.
+Device (GPU) memory: register_buffer and every call that takes addresses
+accept CUDA device pointers (recognised by the driver, loaded at run time);
+see docs/python.md, "GPU memory".
 """
 import ctypes
 import enum
@@ -256,6 +258,15 @@ def _is_host_memory(ptr, size):
                 return True
             ptr = hi  # continues into the next mapping, if adjacent
     return False
+
+
+def _device_of(ptr, size):
+    """The CUDA device holding [ptr, ptr + size), or -1 (not device memory,
+    or a range that runs past its device allocation)."""
+    try:
+        return _moonlet.device_memory(ptr, size)
+    except (StoreError, OverflowError):
+        return -1
 
 
 class BufferHandle:
@@ -840,18 +851,19 @@ class MooncakeDistributedStore:
 
     def register_buffer(self, buffer_ptr, size):
         """Registers [buffer_ptr, buffer_ptr + size) for the zero-copy calls:
-        0 or a negative code.  Host memory only: an address range that is not
-        readable and writable memory of this process (a GPU device pointer,
-        an unmapped address) is INVALID_PARAMS (-600), checked before the
+        0 or a negative code.  Host memory of this process (readable and
+        writable) or CUDA device memory (the driver's pointer attributes say
+        so); anything else (an unmapped address, a range running past its
+        device allocation) is INVALID_PARAMS (-600), checked before the
         store sees it."""
         if self._store is None:
             return _UNAVAILABLE
         if (isinstance(buffer_ptr, bool) or not isinstance(buffer_ptr, int)
                 or not isinstance(size, int) or buffer_ptr <= 0 or size <= 0):
             return _INVALID_PARAMS
-        if not _is_host_memory(buffer_ptr, size):
-            _log.error("register_buffer(%#x, %d): not host memory of this process "
-                       "(device memory is not supported)", buffer_ptr, size)
+        if not _is_host_memory(buffer_ptr, size) and _device_of(buffer_ptr, size) < 0:
+            _log.error("register_buffer(%#x, %d): neither host memory of this process "
+                       "nor CUDA device memory", buffer_ptr, size)
             return _INVALID_PARAMS
         _, rc = self._call(lambda: self._store.register_buffer(buffer_ptr, size))
         if rc == 0:

@@ -74,6 +74,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 /* inline: XXH3_state_t on the stack for the ranged checksums, no ABI tie */
@@ -82,6 +83,7 @@
 
 #include "client_internal.h"
 #include "client_backend.h"
+#include "cuda_driver.h"
 #include "log.h"
 #include "master_client.h"
 #include "store_node.h"
@@ -254,7 +256,11 @@ static client_buf *client_buf_unlink(client_direct *c, void *base, bool ready_on
     return b;
 }
 
-static int direct_register_buffer(client_direct *c, void *base, size_t len)
+/* Registers [base, base + len) with the transport: host memory, or with
+ * `device` device memory in place (dmabuf_fd / dmabuf_off: as
+ * moonlet_xfer_register_device; *how). */
+static int client_buf_add(client_direct *c, void *base, size_t len, bool device, int dmabuf_fd,
+                          uint64_t dmabuf_off, const char **how)
 {
     client_buf *b = calloc(1, sizeof(*b));
     if (!b)
@@ -273,7 +279,8 @@ static int direct_register_buffer(client_direct *c, void *base, size_t len)
     b->next = c->bufs;
     c->bufs = b;
     pthread_mutex_unlock(&c->buf_mu);
-    int rc = moonlet_xfer_register_buffer(c->xfer, base, len);
+    int rc = device ? moonlet_xfer_register_device(c->xfer, base, len, dmabuf_fd, dmabuf_off, how)
+                    : moonlet_xfer_register_buffer(c->xfer, base, len);
     if (rc) {
         free(client_buf_unlink(c, base, false, false));
         return rc;
@@ -282,6 +289,40 @@ static int direct_register_buffer(client_direct *c, void *base, size_t len)
     b->ready = true;
     pthread_mutex_unlock(&c->buf_mu);
     return MOONLET_OK;
+}
+
+static int direct_register_buffer(client_direct *c, void *base, size_t len)
+{
+    return client_buf_add(c, base, len, false, -1, 0, NULL);
+}
+
+/* GPUDirect RDMA (client_backend.h, register_device): device memory the NIC
+ * moves in place.  Only without checksums: a checksum is computed and
+ * verified on the host, which must not touch device memory, so with them
+ * on (the default) device memory is staged (client_gpu.c) and every get is
+ * verified on its host copy. */
+static int direct_register_device(client_direct *c, void *base, size_t len, uintptr_t alloc,
+                                  size_t alloc_len, const char **how)
+{
+    if (strcmp(moonlet_xfer_protocol_name(c->xfer), "rdma") != 0) {
+        *how = "the client's transport is TCP, which moves host memory only";
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    if (c->checksum) {
+        *how = "end-to-end checksums are on, and they are computed and verified on host "
+               "memory (skip_checksum lets the NIC move device memory in place)";
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    }
+    const moonlet_cuda *cu = moonlet_cuda_loaded();
+    int fd = -1;
+    if (cu && cu->cuMemGetHandleForAddressRange &&
+        cu->cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)alloc, alloc_len,
+                                          CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_SUCCESS)
+        fd = -1;
+    int rc = client_buf_add(c, base, len, true, fd, (uintptr_t)base - alloc, how);
+    if (fd >= 0)
+        close(fd); /* the transport keeps its own */
+    return rc;
 }
 
 /* Unregisters the ready buffer at base of the kind `shared` and forgets it;
@@ -1909,6 +1950,8 @@ int moonlet_client_create_with_node(const moonlet_client_config *user_cfg,
         rc = client_connect(c, cfg, proto, node);
     if (!rc)
         rc = moonlet_client_wrap(&moonlet_client_direct_ops, c, out);
+    if (!rc)
+        moonlet_client_set_gpu_staging(*out, cfg->gpu_staging_size);
     if (rc) {
         direct_destroy(c);
     } else if ((rc = moonlet_client_start_metrics(*out, cfg)) != MOONLET_OK) {
@@ -1999,6 +2042,7 @@ const moonlet_client_ops moonlet_client_direct_ops = {
     .batch_probe_key = direct_batch_probe_key,
     .probe_resume = direct_probe_resume,
     .register_buffer = direct_register_buffer,
+    .register_device = direct_register_device,
     .unregister_buffer = direct_unregister_buffer,
     .alloc_shared = direct_alloc_shared,
     .free_shared = direct_free_shared,

@@ -9,6 +9,8 @@
  * leaves the process.  With the client's HTTP endpoint on (config
  * http_server), every put, get, existence check and removal is also counted
  * here (client_metrics.c: keys, bytes, hits, misses, latency, errors).
+ * A call with a buffer in device (GPU) memory that the NIC cannot reach in
+ * place takes client_gpu.c's staged path instead of the backend's call.
  *
  * Locks: none; a backend takes its own, the metrics their own.
  */
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 
 #include "client_backend.h"
+#include "client_gpu.h"
 #include "client_metrics.h"
 
 #define BAD MOONLET_ERR_INVALID_PARAMS
@@ -31,8 +34,15 @@ int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
     c->staging = (moonlet_client_staging){.base = NULL};
     pthread_mutex_init(&c->staging.mu, NULL);
     c->metrics = NULL;
+    atomic_init(&c->gpu, NULL);
+    c->gpu_staging = 0;
     *out = c;
     return MOONLET_OK;
+}
+
+void moonlet_client_set_gpu_staging(moonlet_client *c, uint64_t bytes)
+{
+    c->gpu_staging = bytes;
 }
 
 int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg)
@@ -45,6 +55,7 @@ void moonlet_client_destroy(moonlet_client *c)
     if (!c)
         return;
     moonlet_client_staging_release(c);
+    moonlet_client_gpu_destroy(c);
     pthread_mutex_destroy(&c->staging.mu);
     moonlet_client_metrics_stop(c->metrics);
     c->ops->destroy(c->be);
@@ -95,6 +106,92 @@ static bool keys_ok(const char *const *keys, size_t n)
     return true;
 }
 
+/* ---- device memory (client_gpu.c) ------------------------------------------------- */
+
+/* Whether one buffer is device memory to stage (false at once for a client
+ * that never registered device memory). */
+static bool on_device(moonlet_client *c, const void *buf, size_t len)
+{
+    return moonlet_client_gpu_bufs(c, &buf, &len, 1);
+}
+
+static int device_put1(moonlet_client *c, const char *key, const void *buf, size_t len,
+                       const moonlet_put_options *opt)
+{
+    struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+    size_t one = 1;
+    int32_t res;
+    return moonlet_client_gpu_put(c, &key, 1, &v, &one, opt, &res);
+}
+
+static int device_get1(moonlet_client *c, const char *key, void *buf, size_t cap,
+                       const char *tenant, size_t *len)
+{
+    struct iovec v = {.iov_base = buf, .iov_len = cap};
+    size_t one = 1;
+    int32_t res;
+    return moonlet_client_gpu_get(c, &key, 1, &v, &one, tenant, len, &res);
+}
+
+/* Each key's bytes in its ranges (for the metrics); NULL when out of memory. */
+static size_t *range_lens(size_t n, const struct iovec *iov, const size_t *iovcnt)
+{
+    size_t *lens = calloc(n ? n : 1, sizeof(*lens));
+    for (size_t i = 0, at = 0; lens && iov && i < n; i++)
+        for (size_t p = 0; p < iovcnt[i]; p++)
+            lens[i] += iov[at++].iov_len;
+    return lens;
+}
+
+int moonlet_client_device_put(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt,
+                              const moonlet_put_options *opt, int32_t *results)
+{
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = moonlet_client_gpu_put(c, keys, n, iov, iovcnt, opt, results);
+    size_t *lens = c->metrics && results ? range_lens(n, iov, iovcnt) : NULL;
+    if (lens)
+        counted_batch(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, n, results, lens);
+    free(lens);
+    return rc;
+}
+
+int moonlet_client_device_get(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const char *tenant,
+                              size_t *sizes, int32_t *results)
+{
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = moonlet_client_gpu_get(c, keys, n, iov, iovcnt, tenant, sizes, results);
+    if (results && sizes)
+        counted_batch(c, MOONLET_CM_GET, tenant, t0, rc, n, results, sizes);
+    return rc;
+}
+
+/* A zero-copy batch as ranges, one per key, for the staged path. */
+static int device_batch(moonlet_client *c, const char *const *keys, size_t n,
+                        const void *const *bufs, const size_t *lens,
+                        const moonlet_put_options *opt, const char *tenant, size_t *sizes,
+                        int32_t *results)
+{
+    struct iovec *iov = calloc(n ? n : 1, sizeof(*iov));
+    size_t *ones = calloc(n ? n : 1, sizeof(*ones));
+    int rc = MOONLET_ERR_INTERNAL_ERROR;
+    if (iov && ones) {
+        for (size_t i = 0; i < n; i++) {
+            iov[i] = (struct iovec){.iov_base = (void *)bufs[i], .iov_len = lens[i]};
+            ones[i] = 1;
+        }
+        rc = sizes ? moonlet_client_device_get(c, keys, n, iov, ones, tenant, sizes, results)
+                   : moonlet_client_device_put(c, keys, n, iov, ones, opt, results);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            results[i] = rc;
+    }
+    free(iov);
+    free(ones);
+    return rc;
+}
+
 /* ---- objects ---------------------------------------------------------------------- */
 
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -103,7 +200,8 @@ int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size
     if (!c || !key || (!buf && len))
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->put(c->be, key, buf, len, opt);
+    int rc = on_device(c, buf, len) ? device_put1(c, key, buf, len, opt)
+                                    : c->ops->put(c->be, key, buf, len, opt);
     return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
@@ -113,7 +211,8 @@ int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf,
     if (!c || !key || (!buf && len))
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->put_from(c->be, key, buf, len, opt);
+    int rc = on_device(c, buf, len) ? device_put1(c, key, buf, len, opt)
+                                    : c->ops->put_from(c->be, key, buf, len, opt);
     return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
@@ -123,7 +222,8 @@ int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, s
     if (!c || !key || (!buf && len))
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->upsert(c->be, key, buf, len, opt);
+    int rc = on_device(c, buf, len) ? moonlet_client_gpu_upsert(c, key, buf, len, opt)
+                                    : c->ops->upsert(c->be, key, buf, len, opt);
     return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
 }
 
@@ -133,7 +233,8 @@ int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap
     if (!c || !key || !len || (!buf && cap))
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->get(c->be, key, buf, cap, len, tenant);
+    int rc = on_device(c, buf, cap) ? device_get1(c, key, buf, cap, tenant, len)
+                                    : c->ops->get(c->be, key, buf, cap, len, tenant);
     return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
@@ -143,7 +244,8 @@ int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_
     if (!c || !key || !len || (!buf && cap))
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->get_into(c->be, key, buf, cap, len, tenant);
+    int rc = on_device(c, buf, cap) ? device_get1(c, key, buf, cap, tenant, len)
+                                    : c->ops->get_into(c->be, key, buf, cap, len, tenant);
     return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
 }
 
@@ -287,14 +389,16 @@ int moonlet_client_register_buffer(moonlet_client *c, void *base, size_t len)
 {
     if (!c || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
         return BAD;
-    return c->ops->register_buffer(c->be, base, len);
+    int rc = moonlet_client_gpu_register(c, base, len);
+    return rc == MOONLET_CLIENT_GPU_HOST ? c->ops->register_buffer(c->be, base, len) : rc;
 }
 
 int moonlet_client_unregister_buffer(moonlet_client *c, void *base)
 {
     if (!c || !base)
         return BAD;
-    return c->ops->unregister_buffer(c->be, base);
+    int rc = moonlet_client_gpu_unregister(c, base);
+    return rc == MOONLET_CLIENT_GPU_HOST ? c->ops->unregister_buffer(c->be, base) : rc;
 }
 
 int moonlet_client_alloc_shared(moonlet_client *c, size_t len, void **out)
@@ -317,6 +421,8 @@ int moonlet_client_batch_put_from(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !lens || !results || !keys_ok(keys, n))))
         return BAD;
+    if (moonlet_client_gpu_bufs(c, bufs, lens, n))
+        return device_batch(c, keys, n, bufs, lens, opt, NULL, NULL, results);
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->batch_put_from(c->be, keys, bufs, lens, n, opt, results);
     return counted_batch(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, n, results, lens);
@@ -328,6 +434,9 @@ int moonlet_client_batch_get_into(moonlet_client *c, const char *const *keys,
 {
     if (!c || (n && (!bufs || !caps || !lens || !results || !keys_ok(keys, n))))
         return BAD;
+    if (moonlet_client_gpu_bufs(c, (const void *const *)bufs, caps, n))
+        return device_batch(c, keys, n, (const void *const *)bufs, caps, NULL, tenant, lens,
+                            results);
     uint64_t t0 = moonlet_cm_begin(c->metrics);
     int rc = c->ops->batch_get_into(c->be, keys, bufs, caps, n, lens, results, tenant);
     return counted_batch(c, MOONLET_CM_GET, tenant, t0, rc, n, results, lens);

@@ -17,6 +17,7 @@
 #define MOONLET_CLIENT_BACKEND_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -88,6 +89,14 @@ typedef struct moonlet_client_ops {
                         const uint64_t *boundaries, size_t n_boundaries,
                         moonlet_probe_resume_result *out, int32_t *mask, const char *tenant);
     int (*register_buffer)(moonlet_client_be *b, void *base, size_t len);
+    /* Optional (NULL: device memory is always staged, client_gpu.c):
+     * registers device memory [base, base + len), inside the device
+     * allocation [alloc, alloc + alloc_len), with the NIC, so that
+     * transfers move it in place (GPUDirect RDMA); unregister_buffer
+     * releases it.  0 and *how ("dma-buf", "peer memory"), or a code and
+     * *how saying why not. */
+    int (*register_device)(moonlet_client_be *b, void *base, size_t len, uintptr_t alloc,
+                           size_t alloc_len, const char **how);
     int (*unregister_buffer)(moonlet_client_be *b, void *base);
     int (*alloc_shared)(moonlet_client_be *b, size_t len, void **out);
     int (*free_shared)(moonlet_client_be *b, void *p);
@@ -112,6 +121,10 @@ struct moonlet_client {
     const moonlet_client_ops *ops;
     moonlet_client_be *be;
     moonlet_client_staging staging;
+    /* Device memory (client_gpu.c): NULL until the first device buffer;
+     * gpu_staging, the bound on its pinned staging (0: the default). */
+    struct moonlet_client_gpu *_Atomic gpu;
+    uint64_t gpu_staging;
     struct moonlet_client_metrics *metrics; /* NULL unless config http_server (client_metrics.c) */
 };
 
@@ -127,6 +140,15 @@ int moonlet_client_get_ranges(moonlet_client *c, const char *const *keys, size_t
                               const struct iovec *iov, const size_t *iovcnt, const size_t *caps,
                               const char *tenant, size_t *sizes, int32_t *results);
 
+/* The copying batches (client_copy.c) when a range is device memory to
+ * stage: client_gpu.c's staged path, with the client's metrics. */
+int moonlet_client_device_put(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt,
+                              const moonlet_put_options *opt, int32_t *results);
+int moonlet_client_device_get(moonlet_client *c, const char *const *keys, size_t n,
+                              const struct iovec *iov, const size_t *iovcnt, const char *tenant,
+                              size_t *sizes, int32_t *results);
+
 extern const moonlet_client_ops moonlet_client_direct_ops;
 extern const moonlet_client_ops moonlet_client_dummy_ops;
 
@@ -134,6 +156,9 @@ extern const moonlet_client_ops moonlet_client_dummy_ops;
  * failure, INTERNAL_ERROR, the caller still owns it). */
 int moonlet_client_wrap(const moonlet_client_ops *ops, moonlet_client_be *be,
                         moonlet_client **out);
+/* The bound on the handle's pinned memory for device buffers (config
+ * gpu_staging_size; 0: the default). */
+void moonlet_client_set_gpu_staging(moonlet_client *c, uint64_t bytes);
 /* Starts the HTTP endpoint cfg asks for (http_server; client_metrics.h), if
  * any; the handle owns it from then on.  0 or the endpoint's error. */
 int moonlet_client_start_metrics(moonlet_client *c, const moonlet_client_config *cfg);

@@ -17,6 +17,10 @@
  * RealClient).  The Python binding's batch_put, put_parts, batch_get and
  * Mooncake's multi-buffer batches are these two calls.
  *
+ * A call with a range in device (GPU) memory goes to client_gpu.c's staged
+ * path instead (moonlet_client_device_put / _get): no memcpy here ever
+ * touches device memory.
+ *
  * Locks: none of its own; the region is private to the call.
  */
 #include <pthread.h>
@@ -24,6 +28,7 @@
 #include <string.h>
 
 #include "client_backend.h"
+#include "client_gpu.h"
 
 #define COPY_ALIGN 64u /* each key's slot in a region starts on a cache line */
 #define COPY_UNSET 1   /* a result the batch call did not set (never a moonlet code) */
@@ -228,12 +233,30 @@ static int get_in_place(moonlet_client *c, const size_t *caps, void *arg)
                                      k->sizes, k->results);
 }
 
+/* Whether a range of the call is device memory to stage (client_gpu.c);
+ * false at once for a client that never registered device memory. */
+static bool copy_on_device(moonlet_client *c, size_t n, const struct iovec *iov,
+                           const size_t *iovcnt)
+{
+    if (!atomic_load_explicit(&c->gpu, memory_order_relaxed) || !iov || !iovcnt)
+        return false;
+    size_t niov = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (iovcnt[i] > SIZE_MAX - niov)
+            return false; /* copy_plan refuses it */
+        niov += iovcnt[i];
+    }
+    return moonlet_client_gpu_ranges(c, iov, niov);
+}
+
 int moonlet_client_batch_put(moonlet_client *c, const char *const *keys, size_t n,
                              const struct iovec *iov, const size_t *iovcnt,
                              const moonlet_put_options *opt, int32_t *results)
 {
     if (!c)
         return MOONLET_ERR_INVALID_PARAMS;
+    if (copy_on_device(c, n, iov, iovcnt))
+        return moonlet_client_device_put(c, keys, n, iov, iovcnt, opt, results);
     size_t *lens = calloc(n ? n : 1, sizeof(*lens));
     const void **bufs = calloc(n ? n : 1, sizeof(*bufs));
     copy_region r;
@@ -271,6 +294,8 @@ int moonlet_client_batch_get(moonlet_client *c, const char *const *keys, size_t 
 {
     if (!c || (n && !sizes))
         return MOONLET_ERR_INVALID_PARAMS;
+    if (copy_on_device(c, n, iov, iovcnt))
+        return moonlet_client_device_get(c, keys, n, iov, iovcnt, tenant, sizes, results);
     size_t *caps = calloc(n ? n : 1, sizeof(*caps));
     void **bufs = calloc(n ? n : 1, sizeof(*bufs));
     copy_region r;

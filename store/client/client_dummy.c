@@ -232,5 +232,7 @@ int moonlet_client_create_dummy(const char *socket_path, const moonlet_dummy_con
     rc = moonlet_client_wrap(&moonlet_client_dummy_ops, (moonlet_client_be *)(void *)d, out);
     if (rc)
         moonlet_dummy_destroy(d);
+    else if (cfg)
+        moonlet_client_set_gpu_staging(*out, cfg->gpu_staging_size);
     return rc;
 }
