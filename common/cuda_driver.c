@@ -112,3 +112,30 @@ int moonlet_cuda_classify(const void *p, size_t len, moonlet_cuda_range *out)
         *out = (moonlet_cuda_range){.device = ordinal, .base = (uintptr_t)start, .size = size};
     return 1;
 }
+
+int moonlet_cuda_copy_to(void *dst, const void *src, size_t n)
+{
+    moonlet_cuda_range r;
+    int kind = n && moonlet_cuda_loaded() ? moonlet_cuda_classify(dst, n, &r) : 0;
+    if (kind <= 0) {
+        if (kind == 0 && n)
+            memcpy(dst, src, n);
+        return kind;
+    }
+    const moonlet_cuda *cu = moonlet_cuda_loaded();
+    CUdevice dev;
+    CUcontext ctx, popped;
+    CUresult e = cu->cuDeviceGet(&dev, r.device);
+    if (e == CUDA_SUCCESS && (e = cu->cuDevicePrimaryCtxRetain(&ctx, dev)) == CUDA_SUCCESS) {
+        if ((e = cu->cuCtxPushCurrent(ctx)) == CUDA_SUCCESS) {
+            e = cu->cuMemcpyHtoD((CUdeviceptr)(uintptr_t)dst, src, n);
+            cu->cuCtxPopCurrent(&popped);
+        }
+        cu->cuDevicePrimaryCtxRelease(dev);
+    }
+    if (e == CUDA_SUCCESS)
+        return MOONLET_OK;
+    ML_ERR(MOD, "copy of %zu bytes to device %d at %p: %s", n, r.device, dst,
+           moonlet_cuda_strerror(cu, e));
+    return MOONLET_ERR_INTERNAL_ERROR;
+}

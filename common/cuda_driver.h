@@ -57,4 +57,12 @@ typedef struct moonlet_cuda_range {
  * driver (moonlet_cuda_get).  Thread safe. */
 int moonlet_cuda_classify(const void *p, size_t len, moonlet_cuda_range *out);
 
+/* Copies n bytes from host memory src to dst, which may be device memory
+ * (a synchronous copy in the primary context of its device) or host memory
+ * (memcpy).  Never loads the driver: with none loaded dst is host memory.
+ * 0, INVALID_PARAMS (dst runs past its device allocation) or
+ * INTERNAL_ERROR (the driver failed; logged).  For the Python binding's
+ * ranged reads; the client's own paths use their streams (client_gpu.c). */
+int moonlet_cuda_copy_to(void *dst, const void *src, size_t n);
+
 #endif

@@ -1913,7 +1913,33 @@ static PyObject *mod_device_memory(PyObject *mod, PyObject *args)
     return PyLong_FromLong(kind ? r.device : -1);
 }
 
+static PyObject *mod_copy_into(PyObject *mod, PyObject *args)
+{
+    unsigned long long dst;
+    Py_buffer src;
+    Py_ssize_t off, n;
+    if (!PyArg_ParseTuple(args, "Ky*nn:copy_into", &dst, &src, &off, &n))
+        return NULL;
+    if (off < 0 || n < 0 || off > src.len || n > src.len - off) {
+        PyBuffer_Release(&src);
+        PyErr_SetString(PyExc_ValueError, "copy_into: the range is outside the source");
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = moonlet_cuda_copy_to((void *)(uintptr_t)dst, (const char *)src.buf + off, (size_t)n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    if (rc)
+        return ml_raise(rc, "copy_into", NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"copy_into", mod_copy_into, METH_VARARGS,
+     "copy_into(dst_ptr, src, offset, n)\n--\n\nCopies src[offset:offset + n] (a bytes-like "
+     "object) to the address dst_ptr: host memory, or CUDA device memory (a driver copy).  "
+     "The caller vouches for dst_ptr (registered memory)."},
     {"device_memory", mod_device_memory, METH_VARARGS,
      "device_memory(ptr, size) -> int\n--\n\nThe CUDA device ordinal holding [ptr, ptr + size), "
      "or -1 when it is not device memory (host memory, or no CUDA driver: libcuda.so.1 or "

@@ -1078,15 +1078,14 @@ class MooncakeDistributedStore:
         the object or outside registered memory)."""
         if isinstance(obj, int):
             return [obj] * len(sizes)
-        base = ctypes.cast(ctypes.c_char_p(obj), ctypes.c_void_p).value if obj else 0
         out = []
         for ptr, dst, src, n in zip(ptrs, dst_offsets, src_offsets, sizes):
             if (not all(isinstance(v, int) and v >= 0 for v in (dst, src, n))
                     or src + n > len(obj) or not self._registered(ptr + dst, n)):
                 out.append(_INVALID_PARAMS)
                 continue
-            if n:
-                ctypes.memmove(ptr + dst, base + src, n)
+            if n:  # host or device memory (a driver copy for the latter)
+                _moonlet.copy_into(ptr + dst, obj, src, n)
             out.append(n)
         return out
 

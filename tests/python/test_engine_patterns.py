@@ -12,6 +12,14 @@ here); what each step stands for is said beside it.
 This module starts its own cluster (conftest.Cluster) in its own pytest
 process (meson test `engine_patterns`), so the engines' default tenant is
 its alone and `remove_all()` touches nothing else.
+
+The engines that hand moonlet addresses (vLLM's KV caches, SGLang's pools)
+run once with host memory and once with device memory (`mem`): CUDA device
+memory of the driver MOONLET_CUDA_DRIVER names, in CI the fake driver
+(tests/gpu/fakecuda.c), which the host cannot touch, so a path that reads
+or writes device memory from the host kills the test.  Such memory is
+filled and checked by driver copies only.  LMCache's connector hands
+moonlet Python bytes and reads into the store's memory: host only.
 """
 import ctypes
 import json
@@ -67,34 +75,73 @@ def engine_store(request, cluster, tmp_path, monkeypatch):
         assert s.close() == 0
 
 
-def _fill(buf, seed):
-    n = len(buf)
+def _pattern(n, seed):
     pattern = bytes((seed * 131 + i * 7) & 0xFF for i in range(251))
-    ctypes.memmove(buf, (pattern * (n // 251 + 1))[:n], n)
+    return (pattern * (n // 251 + 1))[:n]
+
+
+class HostMem:
+    """Host memory, as the engines' CPU tensors and pools."""
+
+    def __init__(self):
+        self._bufs = {}
+
+    def alloc(self, n, device=0):
+        b = (ctypes.c_ubyte * n)()
+        self._bufs[ctypes.addressof(b)] = b
+        return ctypes.addressof(b)
+
+    def free(self, p):
+        del self._bufs[p]
+
+    @staticmethod
+    def write(p, data):
+        ctypes.memmove(p, bytes(data), len(data))
+
+    @staticmethod
+    def read(p, n):
+        return ctypes.string_at(p, n)
+
+    @staticmethod
+    def memset(p, n):
+        ctypes.memset(p, 0, n)
+
+
+@pytest.fixture(params=["host", "device"])
+def mem(request):
+    """Where the engine keeps its KV cache: host memory, or device memory
+    (two devices; tensors alternate between them)."""
+    if request.param == "host":
+        return HostMem()
+    from fakegpu import FakeGPU
+    if not FakeGPU.available():
+        pytest.fail("MOONLET_CUDA_DRIVER is not set: run through meson test (engine_patterns)")
+    return FakeGPU()
 
 
 # ---- vLLM: the Mooncake store connector ------------------------------------------------------
 
 
-def test_vllm_store_connector(engine_store):
+def test_vllm_store_connector(engine_store, mem):
     """Every block of every layer: one key per block, its bytes spread over
     the per-layer KV cache tensors (batch_put_from_multi_buffers /
     batch_get_into_multi_buffers), lookup by batch_is_exist."""
     layers, blocks, block_bytes = 4, 8, 4096
+    tensor_bytes = blocks * block_bytes
     prefix = "vllm/" + uuid.uuid4().hex[:8]
     saver, loader = engine_store(), engine_store()
 
     # register_kv_caches: every layer's tensor, on both instances
-    src = [(ctypes.c_ubyte * (blocks * block_bytes))() for _ in range(layers)]
-    dst = [(ctypes.c_ubyte * (blocks * block_bytes))() for _ in range(layers)]
+    src = [mem.alloc(tensor_bytes, device=i % 2) for i in range(layers)]
+    dst = [mem.alloc(tensor_bytes, device=i % 2) for i in range(layers)]
     for i, t in enumerate(src):
-        _fill(t, i)
+        mem.write(t, _pattern(tensor_bytes, i))
     for s, tensors in ((saver, src), (loader, dst)):
         for t in tensors:
-            assert s.register_buffer(ctypes.addressof(t), ctypes.sizeof(t)) == 0
+            assert s.register_buffer(t, tensor_bytes) == 0
 
     def layout(tensors, block_ids):
-        ptrs = [[ctypes.addressof(t) + b * block_bytes for t in tensors] for b in block_ids]
+        ptrs = [[t + b * block_bytes for t in tensors] for b in block_ids]
         return ptrs, [[block_bytes] * layers for _ in block_ids]
 
     keys = [f"{prefix}/{b}" for b in range(blocks)]
@@ -116,22 +163,30 @@ def test_vllm_store_connector(engine_store):
     res = loader.batch_get_into_multi_buffers(keys[:n_hit], ptrs, sizes)
     assert res == [layers * block_bytes] * n_hit
     for t_src, t_dst in zip(src, dst):
+        got, want = mem.read(t_dst, tensor_bytes), mem.read(t_src, tensor_bytes)
         for b in range(n_hit):
-            assert bytes(t_dst)[(b + 1) * block_bytes:(b + 2) * block_bytes] == \
-                bytes(t_src)[b * block_bytes:(b + 1) * block_bytes]
+            assert got[(b + 1) * block_bytes:(b + 2) * block_bytes] == \
+                want[b * block_bytes:(b + 1) * block_bytes]
     # a missing block is its own code; the others still load
     res = loader.batch_get_into_multi_buffers([keys[0], keys[7]], ptrs[:2], sizes[:2])
     assert res == [layers * block_bytes, -704]
+    if not isinstance(mem, HostMem):  # the device tensors went through the staged path
+        for s in (saver, loader):
+            st = s._store.gpu_stats()
+            assert st["buffers"] == layers and st["in_place"] == 0
+            assert st["staged_calls"] > 0 and 0 < st["pinned_bytes"] <= st["pinned_bound"]
     # reset: unregister, close (the fixture closes)
     for s, tensors in ((saver, src), (loader, dst)):
         for t in tensors:
-            assert s.unregister_buffer(ctypes.addressof(t)) == 0
+            assert s.unregister_buffer(t) == 0
+    for t in src + dst:
+        mem.free(t)
 
 
 # ---- SGLang: HiCache's mooncake_store backend ------------------------------------------------
 
 
-def test_sglang_hicache(engine_store):
+def test_sglang_hicache(engine_store, mem):
     """Warm-up put/is_exist/get, the host KV pool registered (from
     MooncakeHostMemAllocator, as standalone storage allocates it), pages
     stored k/v-split with batch_put_from and layer-first with
@@ -149,11 +204,13 @@ def test_sglang_hicache(engine_store):
     alloc = MooncakeHostMemAllocator()
     pages, page_bytes = 4, 8192
     pool_bytes = 2 * pages * page_bytes
-    host = alloc.alloc(2 * pool_bytes)  # the kv pool, and the pages the loader fills
+    # the kv pool, and the pages the loader fills: the host pool the
+    # standalone storage allocates, or the device pool the direct linker has
+    host = alloc.alloc(2 * pool_bytes) if isinstance(mem, HostMem) else mem.alloc(2 * pool_bytes)
     assert host != 0
     assert store.register_buffer(host, 2 * pool_bytes) == 0
-    pool = (ctypes.c_ubyte * pool_bytes).from_address(host)
-    _fill(pool, 3)
+    pool = _pattern(pool_bytes, 3)
+    mem.write(host, pool)
     load = host + pool_bytes
 
     # page-first layout: key "<hash>_k" / "<hash>_v" per page
@@ -169,7 +226,7 @@ def test_sglang_hicache(engine_store):
     res = store.batch_get_into(keys, [load + i * page_bytes for i in range(len(keys))],
                                [page_bytes] * len(keys))
     assert res == [page_bytes] * len(keys)
-    assert ctypes.string_at(load, pool_bytes) == bytes(pool)
+    assert mem.read(load, pool_bytes) == pool
     # mismatched lengths: -600 per key, as Mooncake's binding
     assert store.batch_put_from(keys[:2], ptrs[:1], [page_bytes]) == [-600, -600]
     assert store.batch_get_into(keys[:2], [load], [page_bytes, page_bytes]) == [-600, -600]
@@ -181,7 +238,7 @@ def test_sglang_hicache(engine_store):
     assert store.batch_put_from_multi_buffers(lf_keys, lf_ptrs, [[half, half]] * 2) == [0, 0]
 
     # the direct loader: a get session, one ranged read per layer, session end
-    ctypes.memset(load, 0, pool_bytes)
+    mem.memset(load, pool_bytes)
     assert store.batch_get_session_start(lf_keys) == [0, 0]
     for layer in range(2):
         got = store.batch_get_into_multi_buffer_ranges(
@@ -192,7 +249,7 @@ def test_sglang_hicache(engine_store):
     for i in range(2):
         for layer in range(2):
             off = layer * pool_bytes // 2 + i * half
-            assert ctypes.string_at(load + off, half) == bytes(pool)[off:off + half]
+            assert mem.read(load + off, half) == pool[off:off + half]
     # a missing key in a session: its code, the others open
     assert store.batch_get_session_start([lf_keys[0], f"{prefix}/none"]) == [0, -704]
     assert store.batch_get_session_end([lf_keys[0]]) == 0
@@ -201,7 +258,10 @@ def test_sglang_hicache(engine_store):
     removed = store.remove_all()
     assert removed >= 0
     assert store.unregister_buffer(host) == 0
-    assert alloc.free(host) == 0 and alloc.free(host) == -600
+    if isinstance(mem, HostMem):
+        assert alloc.free(host) == 0 and alloc.free(host) == -600
+    else:
+        mem.free(host)
 
 
 # ---- LMCache: the Mooncake remote connector ----------------------------------------------------
