@@ -124,7 +124,7 @@ typedef struct moonlet_client_config {
     const char *http_address;  /* NULL: "0.0.0.0", every IPv4 address */
     /* Device (GPU) memory that the NIC cannot reach in place is staged
      * through pinned host memory of this client: at most this many bytes
-     * (two halves, copy and network overlapped); 0: 64 MiB; at least 2 MiB.
+     * (two halves, copy and network overlapped); 0: 128 MiB; at least 2 MiB.
      * Allocated at the first call that needs it.  See "Device memory". */
     uint64_t gpu_staging_size;
 } moonlet_client_config;

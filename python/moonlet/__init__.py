@@ -167,7 +167,7 @@ class Store(_moonlet.Client):
                         auth_token required as a Bearer token when set;
                         Store.http_port is the port bound.
         gpu_staging_size: bytes of pinned host memory through which device
-                        (GPU) buffers are staged (0: 64 MiB); see
+                        (GPU) buffers are staged (0: 128 MiB); see
                         docs/python.md, "GPU memory".
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,

@@ -406,6 +406,7 @@ typedef struct gpu_call {
     int *dev;      /* per range: -1 host, else the device to copy with */
     int32_t *res;
     size_t half;           /* bytes of each half of the region */
+    size_t chunk;          /* bytes per chunk: at most half */
     int cur;               /* the device whose context is pushed; -1 none */
     bool used[2][GPU_MAX_DEVICES]; /* devices with copies pending per half */
     /* one chunk's backend batch */
@@ -571,11 +572,31 @@ static size_t gpu_chunk_end(const gpu_call *k, size_t from)
         size_t s = gpu_slot(k->lens[i]);
         if (s > k->half)
             continue; /* big: done alone */
-        if (sum + s > k->half)
+        if (sum + s > k->chunk && sum)
             break;
         sum += s;
     }
     return i;
+}
+
+/* Chunks of a quarter of the call (at least GPU_CHUNK_MIN, at most half
+ * the region): the first chunk's copy (put) and the last one's (get) are
+ * the only ones nothing overlaps, so chunks are kept small, but each chunk
+ * is a batch of its own (a master round trip, and the transport's lanes
+ * filled and drained), which costs about a millisecond: measured with
+ * moonlet-bench transfer --device-buffers, quarters beat eighths and halves. */
+#define GPU_CHUNK_MIN ((size_t)8 << 20)
+static size_t gpu_chunk_size(const gpu_call *k)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < k->n; i++) {
+        size_t s = gpu_slot(k->lens[i]);
+        if (s <= k->half)
+            total += s;
+    }
+    size_t c = total / 4;
+    c = c < GPU_CHUNK_MIN ? GPU_CHUNK_MIN : c;
+    return c > k->half ? k->half : c;
 }
 
 static bool gpu_big(const gpu_call *k, size_t i)
@@ -746,8 +767,10 @@ static int gpu_call_begin(gpu_call *k, moonlet_client *c, const char *const *key
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (!rc)
         rc = gpu_plan(k);
-    if (!rc && !(rc = gpu_stage_take(c, k->g)))
+    if (!rc && !(rc = gpu_stage_take(c, k->g))) {
         k->half = k->g->stage_len / 2 / GPU_ALIGN * GPU_ALIGN;
+        k->chunk = gpu_chunk_size(k);
+    }
     for (size_t i = 0; results && i < n; i++)
         results[i] = rc ? rc : GPU_UNSET;
     if (rc)

@@ -18,7 +18,7 @@
 #include "moonlet/client.h"
 
 /* Default bound on a client's pinned staging memory (config gpu_staging_size). */
-#define MOONLET_GPU_STAGING_DEFAULT ((uint64_t)64 << 20)
+#define MOONLET_GPU_STAGING_DEFAULT ((uint64_t)128 << 20)
 #define MOONLET_GPU_STAGING_MIN ((uint64_t)2 << 20)
 
 typedef struct moonlet_client_gpu moonlet_client_gpu;

@@ -425,6 +425,9 @@ static void bench_print_json(bench_ctx *b, const bench_point *pts, double secs, 
 
 int moonlet_bench_transfer(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--device-buffers") == 0)
+            return bench_device_main(argc, argv); /* tools/bench/device.c */
     bench_ctx b;
     memset(&b, 0, sizeof(b));
     if (bench_parse(argc, argv, &b.cfg))

@@ -21,4 +21,9 @@ int moonlet_bench_transfer(int argc, char **argv);
  * error.  A round is cut short after two seconds. */
 double moonlet_bench_plain_gbps(uint8_t *src, uint8_t *dst, uint64_t size, uint64_t bytes);
 
+/* `moonlet-bench transfer --device-buffers` (tools/bench/device.c): the
+ * client's puts and gets from and into CUDA device memory beside host
+ * memory, one run.  Exit status: 0, 1 (failed), 2 (bad flags). */
+int bench_device_main(int argc, char **argv);
+
 #endif
