@@ -95,7 +95,7 @@ static int d_parse(int argc, char **argv, d_bench *b)
     b->sizes[1] = 16u << 20;
     b->nsizes = 2;
     b->round_bytes = 128u << 20;
-    b->lease_ms = "200";
+    b->lease_ms = "1000";
     optind = 1;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -406,7 +406,7 @@ int bench_device_main(int argc, char **argv)
         seg = n > seg ? n : seg;
     }
     char seg_s[32];
-    snprintf(seg_s, sizeof seg_s, "%llu", (unsigned long long)(8 * seg)); /* a round, and rounds quarantined by leases */
+    snprintf(seg_s, sizeof seg_s, "%llu", (unsigned long long)(12 * seg)); /* a round, and rounds quarantined by leases */
     const char *const margs[] = {"--default_kv_lease_ttl", b.lease_ms, NULL};
     const char *const sargs[] = {"--segment-size", seg_s, "--protocol", "tcp", "--listen",
                                  "127.0.0.1:0", "--log-level", "warn", NULL};
