@@ -27,6 +27,7 @@
 
 #include "client_gpu.h"
 #include "client_internal.h"
+#include "../common/capture.h"
 #include "../common/cluster.h"
 #include "cuda_driver.h"
 #include "moonlet/client.h"
@@ -400,6 +401,44 @@ static void test_get_verified_before_device(void **state)
     dev_free(0, dst);
 }
 
+/* GPUDirect is refused with a reason, once per client: two device buffers
+ * registered on a fresh (TCP) client log one WARN line naming why. */
+typedef struct reg_two {
+    moonlet_client *c;
+    void *a, *b;
+    int rc_a, rc_b;
+} reg_two;
+
+static void register_two(void *arg)
+{
+    reg_two *r = arg;
+    r->rc_a = moonlet_client_register_buffer(r->c, r->a, 4096);
+    r->rc_b = moonlet_client_register_buffer(r->c, r->b, 4096);
+}
+
+static void test_gpudirect_refused_once(void **state)
+{
+    (void)state;
+    CUdeviceptr a = dev_alloc(0, 4096), b = dev_alloc(1, 4096);
+    reg_two r = {.c = new_client(STAGING, false), .a = (void *)(uintptr_t)a,
+                 .b = (void *)(uintptr_t)b};
+    char *log = capture_stderr(register_two, &r);
+    assert_int_equal(r.rc_a, MOONLET_OK);
+    assert_int_equal(r.rc_b, MOONLET_OK);
+    const char *first = strstr(log, "GPUDirect RDMA is not available (");
+    if (g_dummy) {
+        assert_null(first); /* a DummyClient stages in this process: nothing to refuse */
+    } else {
+        assert_non_null(first);
+        assert_non_null(strstr(first, "TCP, which moves host memory only"));
+        assert_null(strstr(first + 1, "GPUDirect RDMA is not available"));
+    }
+    free(log);
+    moonlet_client_destroy(r.c); /* releases the registrations */
+    dev_free(0, a);
+    dev_free(1, b);
+}
+
 int main(int argc, char **argv)
 {
     g_dummy = argc > 1 && strcmp(argv[1], "dummy") == 0;
@@ -408,6 +447,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_batch_round_trip_two_devices),
         cmocka_unit_test(test_single_calls_and_big_keys),
         cmocka_unit_test(test_ranged_batches),
+        cmocka_unit_test(test_gpudirect_refused_once),
     };
     const struct CMUnitTest direct[] = {
         cmocka_unit_test(test_get_verified_before_device),
