@@ -1,7 +1,7 @@
 /*
  * client_gpu.c - device (GPU) memory in a moonlet_client's calls
  * (client_gpu.h): it owns the client's list of registered device buffers,
- * one stream and two events per device used, and the pinned staging region.
+ * two streams and two events per device used, and the pinned staging region.
  *
  * Recognising device memory.  register_buffer asks the CUDA driver (loaded
  * at run time, common/cuda_driver.c) for the range's pointer attributes:
@@ -19,15 +19,18 @@
  * a pinned host region of the client's: memory of cuMemHostAlloc registered
  * with the direct backend, or on a DummyClient memory of alloc_shared (the
  * RealClient reads it in place) pinned with cuMemHostRegister.  Its size is
- * the bound (config gpu_staging_size, default 64 MiB); one staged call uses
- * it at a time.  A call's keys are cut into chunks of at most half the
- * region, and the halves alternate:
- *   put: the device-to-host copies of chunk k+1 (asynchronous, on each
- *        device's stream) run while chunk k goes out through the backend's
- *        zero-copy batch (batch_put_from);
- *   get: chunk k comes in through batch_get_into, which verifies each
+ * the bound (config gpu_staging_size, default 128 MiB); one staged call
+ * uses it at a time.  A call's keys are cut into chunks (a quarter of the
+ * call, at least 8 MiB, at most half the region) and each half has a lane:
+ * the calling thread runs chunks 0, 2, ... through the first half, a second
+ * thread chunks 1, 3, ... through the second, each with its own stream per
+ * device, so that one lane's copies and master round trips overlap the
+ * other's transfers:
+ *   put: a chunk's device-to-host copies are waited for, then the chunk
+ *        goes out through the backend's zero-copy batch (batch_put_from);
+ *   get: a chunk comes in through batch_get_into, which verifies each
  *        object's checksum on the host copy, and only then are its bytes
- *        copied to the device, asynchronously, while chunk k+1 comes in.
+ *        copied to the device; the half is reused once they are done.
  * A key larger than half the region goes alone, through host memory of its
  * own size (not pinned: the bound holds), with synchronous copies.  Host
  * memory never touches device memory: every device byte moves by a driver
@@ -36,7 +39,9 @@
  * Locks: mu guards the buffer list, the devices' setup and the warning
  * flag, and is never held across a driver copy or a backend call;
  * stage_mu/stage_cv hand the staging region to one call at a time (the
- * owner uses it without a lock).  mu and stage_mu are never held together.
+ * owner's two lanes use it without a lock: each its own half, its own
+ * streams and events, its own keys' results).  mu and stage_mu are never
+ * held together.
  */
 #include "client_gpu.h"
 
@@ -66,9 +71,9 @@ typedef struct gpu_buf {
 typedef struct gpu_dev {
     bool ready;
     CUdevice dev;
-    CUcontext ctx; /* the device's primary context, retained */
-    CUstream stream;
-    CUevent ev[2]; /* the last copies of each half of the region */
+    CUcontext ctx;     /* the device's primary context, retained */
+    CUstream stream[2]; /* one per half of the region (each half's lane) */
+    CUevent ev[2];      /* the last copies of each half */
 } gpu_dev;
 
 struct moonlet_client_gpu {
@@ -141,25 +146,30 @@ static gpu_dev *gpu_dev_ready(moonlet_client_gpu *g, int ordinal)
         ML_ERR(MOD, "device %d: no context (%s)", ordinal, moonlet_cuda_strerror(cu, r));
         return NULL;
     }
-    int made = 0;
+    /* per half: a stream and an event (made[h] & 1: stream, & 2: event) */
+    int made[2] = {0, 0};
     r = cu->cuCtxPushCurrent(d->ctx);
-    if (r == CUDA_SUCCESS) {
-        if ((r = cu->cuStreamCreate(&d->stream, CU_STREAM_NON_BLOCKING)) == CUDA_SUCCESS)
-            made = 1;
-        for (int h = 0; h < 2 && r == CUDA_SUCCESS; h++)
-            if ((r = cu->cuEventCreate(&d->ev[h], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
-                made++;
+    bool pushed = r == CUDA_SUCCESS;
+    for (int h = 0; h < 2 && r == CUDA_SUCCESS; h++) {
+        if ((r = cu->cuStreamCreate(&d->stream[h], CU_STREAM_NON_BLOCKING)) == CUDA_SUCCESS)
+            made[h] |= 1;
+        if (r == CUDA_SUCCESS &&
+            (r = cu->cuEventCreate(&d->ev[h], CU_EVENT_DISABLE_TIMING)) == CUDA_SUCCESS)
+            made[h] |= 2;
+    }
+    if (r != CUDA_SUCCESS)
+        ML_ERR(MOD, "device %d: no stream (%s)", ordinal, moonlet_cuda_strerror(cu, r));
+    for (int h = 0; h < 2 && r != CUDA_SUCCESS; h++) {
+        if (made[h] & 2)
+            cu->cuEventDestroy(d->ev[h]);
+        if (made[h] & 1)
+            cu->cuStreamDestroy(d->stream[h]);
+    }
+    if (pushed) {
         CUcontext popped;
         cu->cuCtxPopCurrent(&popped);
     }
     if (r != CUDA_SUCCESS) {
-        ML_ERR(MOD, "device %d: no stream (%s)", ordinal, moonlet_cuda_strerror(cu, r));
-        if (made > 2)
-            cu->cuEventDestroy(d->ev[1]);
-        if (made > 1)
-            cu->cuEventDestroy(d->ev[0]);
-        if (made > 0)
-            cu->cuStreamDestroy(d->stream);
         cu->cuDevicePrimaryCtxRelease(d->dev);
         memset(d, 0, sizeof(*d));
         return NULL;
@@ -404,18 +414,29 @@ typedef struct gpu_call {
     size_t *first; /* key i's ranges: iov[first[i] .. first[i] + iovcnt[i]) */
     size_t *lens;  /* key i's bytes (put) or room (get) */
     int *dev;      /* per range: -1 host, else the device to copy with */
-    int32_t *res;
-    size_t half;           /* bytes of each half of the region */
-    size_t chunk;          /* bytes per chunk: at most half */
-    int cur;               /* the device whose context is pushed; -1 none */
-    bool used[2][GPU_MAX_DEVICES]; /* devices with copies pending per half */
+    int32_t *res;  /* per key; each key belongs to one lane */
+    size_t *sizes; /* get: per key */
+    const moonlet_put_options *opt;
+    const char *tenant;
+    size_t half;   /* bytes of each half of the region */
+    size_t chunk;  /* bytes per chunk: at most half */
+    size_t *cuts;  /* chunk j is keys [cuts[j], cuts[j + 1]) */
+    size_t nchunks;
+} gpu_call;
+
+/* One half of the region and the thread that uses it: chunks h, h + 2, ... */
+typedef struct gpu_lane {
+    gpu_call *k;
+    int h;                         /* its half; -1: synchronous copies, no half */
+    int cur;                       /* the device whose context this thread pushed; -1 none */
+    bool used[GPU_MAX_DEVICES];    /* devices with copies pending in its half */
     /* one chunk's backend batch */
     const char **ck;
     void **cb;
     size_t *cl, *csz;
     int32_t *cr;
     size_t *cidx;
-} gpu_call;
+} gpu_lane;
 
 static size_t gpu_slot(size_t len)
 {
@@ -451,41 +472,42 @@ static int gpu_plan(gpu_call *k)
     return MOONLET_OK;
 }
 
-/* Makes device d's context current for the copies that follow (one push
- * for a run of copies on the same device). */
-static gpu_dev *gpu_use(gpu_call *k, int d)
+/* Makes device d's context current on the lane's thread for the copies
+ * that follow (one push for a run of copies on the same device). */
+static gpu_dev *gpu_use(gpu_lane *l, int d)
 {
-    const moonlet_cuda *cu = k->g->cu;
-    gpu_dev *gd = &k->g->devs[d];
-    if (k->cur == d)
+    moonlet_client_gpu *g = l->k->g;
+    gpu_dev *gd = &g->devs[d];
+    if (l->cur == d)
         return gd;
     CUcontext popped;
-    if (k->cur >= 0)
-        cu->cuCtxPopCurrent(&popped);
-    k->cur = -1;
-    pthread_mutex_lock(&k->g->mu);
-    bool ok = gpu_dev_ready(k->g, d) != NULL;
-    pthread_mutex_unlock(&k->g->mu);
-    if (!ok || cu->cuCtxPushCurrent(gd->ctx) != CUDA_SUCCESS)
+    if (l->cur >= 0)
+        g->cu->cuCtxPopCurrent(&popped);
+    l->cur = -1;
+    pthread_mutex_lock(&g->mu);
+    bool ok = gpu_dev_ready(g, d) != NULL;
+    pthread_mutex_unlock(&g->mu);
+    if (!ok || g->cu->cuCtxPushCurrent(gd->ctx) != CUDA_SUCCESS)
         return NULL;
-    k->cur = d;
+    l->cur = d;
     return gd;
 }
 
-static void gpu_unuse(gpu_call *k)
+static void gpu_unuse(gpu_lane *l)
 {
     CUcontext popped;
-    if (k->cur >= 0)
-        k->g->cu->cuCtxPopCurrent(&popped);
-    k->cur = -1;
+    if (l->cur >= 0)
+        l->k->g->cu->cuCtxPopCurrent(&popped);
+    l->cur = -1;
 }
 
 /* The first len bytes of range p's copy between host memory `host` and the
- * range: to_host (put) or to the range (get); h, the half of the region
- * the copy belongs to (queued on the device's stream), or -1 for a
- * synchronous copy.  0 or INTERNAL_ERROR (logged). */
-static int gpu_copy(gpu_call *k, size_t p, unsigned char *host, size_t len, bool to_host, int h)
+ * range: to_host (put) or to the range (get); queued on the device's
+ * stream for the lane's half, or synchronous for a lane without one.  0 or
+ * INTERNAL_ERROR (logged). */
+static int gpu_copy(gpu_lane *l, size_t p, unsigned char *host, size_t len, bool to_host)
 {
+    gpu_call *k = l->k;
     void *at = k->iov[p].iov_base;
     if (k->dev[p] < 0) {
         if (to_host)
@@ -495,15 +517,15 @@ static int gpu_copy(gpu_call *k, size_t p, unsigned char *host, size_t len, bool
         return MOONLET_OK;
     }
     const moonlet_cuda *cu = k->g->cu;
-    gpu_dev *gd = gpu_use(k, k->dev[p]);
+    gpu_dev *gd = gpu_use(l, k->dev[p]);
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)at;
     CUresult r;
     if (!gd) {
         r = CUDA_ERROR_INVALID_CONTEXT;
-    } else if (h >= 0 && k->g->stage_pinned) {
-        r = to_host ? cu->cuMemcpyDtoHAsync(host, d, len, gd->stream)
-                    : cu->cuMemcpyHtoDAsync(d, host, len, gd->stream);
-        k->used[h][k->dev[p]] |= r == CUDA_SUCCESS;
+    } else if (l->h >= 0 && k->g->stage_pinned) {
+        r = to_host ? cu->cuMemcpyDtoHAsync(host, d, len, gd->stream[l->h])
+                    : cu->cuMemcpyHtoDAsync(d, host, len, gd->stream[l->h]);
+        l->used[k->dev[p]] |= r == CUDA_SUCCESS;
     } else {
         r = to_host ? cu->cuMemcpyDtoH(host, d, len) : cu->cuMemcpyHtoD(d, host, len);
     }
@@ -516,92 +538,94 @@ static int gpu_copy(gpu_call *k, size_t p, unsigned char *host, size_t len, bool
 
 /* Key i's ranges to (to_host) or from `host`, contiguous there; at most
  * `room` bytes (a get of an object shorter than its ranges fills a prefix). */
-static int gpu_copy_key(gpu_call *k, size_t i, unsigned char *host, size_t room, bool to_host,
-                        int h)
+static int gpu_copy_key(gpu_lane *l, size_t i, unsigned char *host, size_t room, bool to_host)
 {
+    const gpu_call *k = l->k;
     int rc = MOONLET_OK;
     for (size_t p = k->first[i]; p < k->first[i] + k->iovcnt[i] && room && !rc; p++) {
         size_t len = k->iov[p].iov_len < room ? k->iov[p].iov_len : room;
-        rc = gpu_copy(k, p, host, len, to_host, h);
+        rc = gpu_copy(l, p, host, len, to_host);
         host += len;
         room -= len;
     }
     return rc;
 }
 
-/* Records the end of half h's copies on every device that has some. */
-static int gpu_mark(gpu_call *k, int h)
+/* Records the end of the lane's queued copies on every device it used. */
+static int gpu_mark(gpu_lane *l)
 {
     int rc = MOONLET_OK;
     for (int d = 0; d < GPU_MAX_DEVICES; d++) {
-        if (!k->used[h][d])
+        if (!l->used[d])
             continue;
-        gpu_dev *gd = gpu_use(k, d);
-        if (!gd || k->g->cu->cuEventRecord(gd->ev[h], gd->stream) != CUDA_SUCCESS)
+        gpu_dev *gd = gpu_use(l, d);
+        if (!gd || l->k->g->cu->cuEventRecord(gd->ev[l->h], gd->stream[l->h]) != CUDA_SUCCESS)
             rc = MOONLET_ERR_INTERNAL_ERROR;
     }
-    gpu_unuse(k);
+    gpu_unuse(l);
     return rc;
 }
 
-/* Waits for half h's copies; INTERNAL_ERROR when one failed. */
-static int gpu_wait(gpu_call *k, int h)
+/* Waits for the lane's copies; INTERNAL_ERROR when one failed. */
+static int gpu_wait(gpu_lane *l)
 {
+    moonlet_client_gpu *g = l->k->g;
     int rc = MOONLET_OK;
     for (int d = 0; d < GPU_MAX_DEVICES; d++) {
-        if (!k->used[h][d])
+        if (!l->used[d])
             continue;
-        k->used[h][d] = false;
-        CUresult r = k->g->cu->cuEventSynchronize(k->g->devs[d].ev[h]);
+        l->used[d] = false;
+        CUresult r = g->cu->cuEventSynchronize(g->devs[d].ev[l->h]);
         if (r != CUDA_SUCCESS) {
-            ML_ERR(MOD, "device %d: copies failed (%s)", d, moonlet_cuda_strerror(k->g->cu, r));
+            ML_ERR(MOD, "device %d: copies failed (%s)", d, moonlet_cuda_strerror(g->cu, r));
             rc = MOONLET_ERR_INTERNAL_ERROR;
         }
     }
     return rc;
 }
 
-/* The keys of the call, in order, cut into chunks of at most `half` bytes;
- * a key larger than half is left out (big) and done alone.  Returns the
- * end of the chunk starting at key `from` (skipping big keys: their
- * results are already set or handled later). */
-static size_t gpu_chunk_end(const gpu_call *k, size_t from)
+static bool gpu_big(const gpu_call *k, size_t i)
 {
-    size_t sum = 0, i = from;
-    for (; i < k->n; i++) {
-        size_t s = gpu_slot(k->lens[i]);
-        if (s > k->half)
-            continue; /* big: done alone */
-        if (sum + s > k->chunk && sum)
-            break;
-        sum += s;
-    }
-    return i;
+    return gpu_slot(k->lens[i]) > k->half;
 }
 
 /* Chunks of a quarter of the call (at least GPU_CHUNK_MIN, at most half
  * the region): the first chunk's copy (put) and the last one's (get) are
  * the only ones nothing overlaps, so chunks are kept small, but each chunk
  * is a batch of its own (a master round trip, and the transport's lanes
- * filled and drained), which costs about a millisecond: measured with
- * moonlet-bench transfer --device-buffers, quarters beat eighths and halves. */
+ * filled and drained), which costs about a millisecond; the two lanes
+ * hide most of that behind each other's transfers.  Measured with
+ * moonlet-bench transfer --device-buffers. */
 #define GPU_CHUNK_MIN ((size_t)8 << 20)
 static size_t gpu_chunk_size(const gpu_call *k)
 {
     size_t total = 0;
-    for (size_t i = 0; i < k->n; i++) {
-        size_t s = gpu_slot(k->lens[i]);
-        if (s <= k->half)
-            total += s;
-    }
+    for (size_t i = 0; i < k->n; i++)
+        if (!gpu_big(k, i))
+            total += gpu_slot(k->lens[i]);
     size_t c = total / 4;
     c = c < GPU_CHUNK_MIN ? GPU_CHUNK_MIN : c;
     return c > k->half ? k->half : c;
 }
 
-static bool gpu_big(const gpu_call *k, size_t i)
+/* Cuts the keys, in order, into chunks of at most k->chunk bytes (big keys,
+ * done alone later, take no room).  INTERNAL_ERROR when out of memory. */
+static int gpu_cut(gpu_call *k)
 {
-    return gpu_slot(k->lens[i]) > k->half;
+    if (!(k->cuts = calloc(k->n + 2, sizeof(*k->cuts))))
+        return MOONLET_ERR_INTERNAL_ERROR;
+    size_t sum = 0;
+    k->nchunks = 0;
+    for (size_t i = 0; i < k->n; i++) {
+        size_t s = gpu_big(k, i) ? 0 : gpu_slot(k->lens[i]);
+        if (i == 0 || (sum + s > k->chunk && sum)) {
+            k->cuts[k->nchunks++] = i;
+            sum = 0;
+        }
+        sum += s;
+    }
+    k->cuts[k->nchunks] = k->n;
+    return MOONLET_OK;
 }
 
 /* Results the backend left unset (its call failed as a whole) get its code. */
@@ -612,128 +636,172 @@ static void gpu_fill(int32_t *r, size_t m, int rc)
             r[j] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
 }
 
-/* put: chunk [lo, hi) into half h: its bytes copied (device copies queued). */
-static void gpu_put_fill(gpu_call *k, size_t lo, size_t hi, int h)
+/* put, chunk j on lane l: its bytes copied into the lane's half (device
+ * copies queued and waited for), then the backend's zero-copy batch. */
+static void gpu_put_chunk(gpu_lane *l, size_t j)
 {
-    unsigned char *base = (unsigned char *)k->g->stage + (size_t)h * k->half;
+    gpu_call *k = l->k;
+    size_t lo = k->cuts[j], hi = k->cuts[j + 1];
+    unsigned char *base = k->g->stage + (size_t)l->h * k->half;
     size_t off = 0;
     for (size_t i = lo; i < hi; i++) {
         if (gpu_big(k, i))
             continue;
-        if (gpu_copy_key(k, i, base + off, k->lens[i], true, h))
+        if (gpu_copy_key(l, i, base + off, k->lens[i], true))
             k->res[i] = MOONLET_ERR_INTERNAL_ERROR;
         off += gpu_slot(k->lens[i]);
     }
-    if (gpu_mark(k, h))
+    int rc = gpu_mark(l);
+    if (gpu_wait(l) || rc)
         for (size_t i = lo; i < hi; i++)
             if (!gpu_big(k, i) && k->res[i] == GPU_UNSET)
                 k->res[i] = MOONLET_ERR_INTERNAL_ERROR;
-}
-
-/* put: the backend's batch of chunk [lo, hi) from half h. */
-static void gpu_put_send(gpu_call *k, size_t lo, size_t hi, int h,
-                         const moonlet_put_options *opt)
-{
-    unsigned char *base = (unsigned char *)k->g->stage + (size_t)h * k->half;
-    size_t m = 0, off = 0;
+    size_t m = 0;
+    off = 0;
     for (size_t i = lo; i < hi; i++) {
         if (gpu_big(k, i))
             continue;
         if (k->res[i] == GPU_UNSET) {
-            k->ck[m] = k->keys[i];
-            k->cb[m] = base + off;
-            k->cl[m] = k->lens[i];
-            k->cr[m] = GPU_UNSET;
-            k->cidx[m++] = i;
+            l->ck[m] = k->keys[i];
+            l->cb[m] = base + off;
+            l->cl[m] = k->lens[i];
+            l->cr[m] = GPU_UNSET;
+            l->cidx[m++] = i;
         }
         off += gpu_slot(k->lens[i]);
     }
     if (!m)
         return;
-    int rc = k->c->ops->batch_put_from(k->c->be, k->ck, (const void *const *)k->cb, k->cl, m,
-                                       opt, k->cr);
-    gpu_fill(k->cr, m, rc);
-    for (size_t j = 0; j < m; j++) {
-        k->res[k->cidx[j]] = k->cr[j];
-        if (!k->cr[j])
-            atomic_fetch_add(&k->g->staged_bytes, k->cl[j]);
+    rc = k->c->ops->batch_put_from(k->c->be, l->ck, (const void *const *)l->cb, l->cl, m, k->opt,
+                                   l->cr);
+    gpu_fill(l->cr, m, rc);
+    for (size_t x = 0; x < m; x++) {
+        k->res[l->cidx[x]] = l->cr[x];
+        if (!l->cr[x])
+            atomic_fetch_add(&k->g->staged_bytes, l->cl[x]);
     }
 }
 
-/* A big key: through host memory of its own, synchronous copies. */
-static void gpu_put_big(gpu_call *k, size_t i, const moonlet_put_options *opt)
+/* get, chunk j on lane l: the backend's batch into the lane's half (it
+ * verifies each object's checksum there), then each object's bytes queued
+ * for its ranges; the copies are waited for before the half is reused. */
+static void gpu_get_chunk(gpu_lane *l, size_t j)
 {
-    unsigned char *tmp = malloc(k->lens[i]);
-    if (!tmp) {
-        k->res[i] = MOONLET_ERR_INTERNAL_ERROR;
-        return;
+    gpu_call *k = l->k;
+    size_t lo = k->cuts[j], hi = k->cuts[j + 1];
+    unsigned char *base = k->g->stage + (size_t)l->h * k->half;
+    size_t m = 0, off = 0;
+    for (size_t i = lo; i < hi; i++) {
+        if (gpu_big(k, i))
+            continue;
+        l->ck[m] = k->keys[i];
+        l->cb[m] = base + off;
+        l->cl[m] = k->lens[i];
+        l->csz[m] = 0;
+        l->cr[m] = GPU_UNSET;
+        l->cidx[m++] = i;
+        off += gpu_slot(k->lens[i]);
     }
-    int rc = gpu_copy_key(k, i, tmp, k->lens[i], true, -1);
-    gpu_unuse(k);
+    if (!m)
+        return;
+    int rc = k->c->ops->batch_get_into(k->c->be, l->ck, l->cb, l->cl, m, l->csz, l->cr, k->tenant);
+    gpu_fill(l->cr, m, rc);
+    for (size_t x = 0; x < m; x++) {
+        size_t i = l->cidx[x];
+        k->res[i] = l->cr[x];
+        k->sizes[i] = l->cr[x] == MOONLET_OK || l->cr[x] == MOONLET_ERR_BUFFER_OVERFLOW ? l->csz[x]
+                                                                                      : 0;
+        if (l->cr[x] || l->csz[x] > l->cl[x])
+            continue;
+        /* verified on the host by the backend: now to the ranges */
+        if (gpu_copy_key(l, i, l->cb[x], l->csz[x], false))
+            k->res[i] = MOONLET_ERR_INTERNAL_ERROR;
+    }
+    rc = gpu_mark(l);
+    if (gpu_wait(l) || rc) {
+        for (size_t x = 0; x < m; x++)
+            if (k->res[l->cidx[x]] == MOONLET_OK)
+                k->res[l->cidx[x]] = MOONLET_ERR_INTERNAL_ERROR;
+    }
+    for (size_t x = 0; x < m; x++)
+        if (k->res[l->cidx[x]] == MOONLET_OK)
+            atomic_fetch_add(&k->g->staged_bytes, l->csz[x]);
+}
+
+/* A big key: through host memory of its own, synchronous copies. */
+static void gpu_put_big(gpu_lane *l, size_t i)
+{
+    gpu_call *k = l->k;
+    unsigned char *tmp = malloc(k->lens[i]);
+    int rc = tmp ? gpu_copy_key(l, i, tmp, k->lens[i], true) : MOONLET_ERR_INTERNAL_ERROR;
+    gpu_unuse(l);
     if (!rc)
-        rc = k->c->ops->put(k->c->be, k->keys[i], tmp, k->lens[i], opt);
+        rc = k->c->ops->put(k->c->be, k->keys[i], tmp, k->lens[i], k->opt);
     if (!rc)
         atomic_fetch_add(&k->g->staged_bytes, k->lens[i]);
     k->res[i] = rc;
     free(tmp);
 }
 
-static void gpu_get_big(gpu_call *k, size_t i, const char *tenant, size_t *sizes)
+static void gpu_get_big(gpu_lane *l, size_t i)
 {
+    gpu_call *k = l->k;
     unsigned char *tmp = malloc(k->lens[i]);
     size_t got = 0;
-    int rc = tmp ? k->c->ops->get(k->c->be, k->keys[i], tmp, k->lens[i], &got, tenant)
+    int rc = tmp ? k->c->ops->get(k->c->be, k->keys[i], tmp, k->lens[i], &got, k->tenant)
                  : MOONLET_ERR_INTERNAL_ERROR;
     if (!rc && got <= k->lens[i]) {
-        rc = gpu_copy_key(k, i, tmp, got, false, -1);
-        gpu_unuse(k);
+        rc = gpu_copy_key(l, i, tmp, got, false);
+        gpu_unuse(l);
     }
     if (!rc)
         atomic_fetch_add(&k->g->staged_bytes, got);
     k->res[i] = rc;
-    sizes[i] = rc == MOONLET_OK || rc == MOONLET_ERR_BUFFER_OVERFLOW ? got : 0;
+    k->sizes[i] = rc == MOONLET_OK || rc == MOONLET_ERR_BUFFER_OVERFLOW ? got : 0;
     free(tmp);
 }
 
-/* get: the backend's batch of chunk [lo, hi) into half h, then each read
- * object's bytes to its ranges (device copies queued). */
-static void gpu_get_chunk(gpu_call *k, size_t lo, size_t hi, int h, const char *tenant,
-                          size_t *sizes)
+static void gpu_lane_free(gpu_lane *l)
 {
-    unsigned char *base = (unsigned char *)k->g->stage + (size_t)h * k->half;
-    size_t m = 0, off = 0;
-    for (size_t i = lo; i < hi; i++) {
-        if (gpu_big(k, i))
-            continue;
-        k->ck[m] = k->keys[i];
-        k->cb[m] = base + off;
-        k->cl[m] = k->lens[i];
-        k->csz[m] = 0;
-        k->cr[m] = GPU_UNSET;
-        k->cidx[m++] = i;
-        off += gpu_slot(k->lens[i]);
+    free(l->ck);
+    free(l->cb);
+    free(l->cl);
+    free(l->csz);
+    free(l->cr);
+    free(l->cidx);
+}
+
+static int gpu_lane_init(gpu_lane *l, gpu_call *k, int h)
+{
+    size_t m = k->n ? k->n : 1;
+    *l = (gpu_lane){.k = k, .h = h, .cur = -1};
+    if (!(l->ck = calloc(m, sizeof(*l->ck))) || !(l->cb = calloc(m, sizeof(*l->cb))) ||
+        !(l->cl = calloc(m, sizeof(size_t))) || !(l->csz = calloc(m, sizeof(size_t))) ||
+        !(l->cr = calloc(m, sizeof(int32_t))) || !(l->cidx = calloc(m, sizeof(size_t)))) {
+        gpu_lane_free(l);
+        return MOONLET_ERR_INTERNAL_ERROR;
     }
-    if (!m)
-        return;
-    int rc = k->c->ops->batch_get_into(k->c->be, k->ck, k->cb, k->cl, m, k->csz, k->cr, tenant);
-    gpu_fill(k->cr, m, rc);
-    for (size_t j = 0; j < m; j++) {
-        size_t i = k->cidx[j];
-        k->res[i] = k->cr[j];
-        sizes[i] = k->cr[j] == MOONLET_OK || k->cr[j] == MOONLET_ERR_BUFFER_OVERFLOW ? k->csz[j]
-                                                                                    : 0;
-        if (k->cr[j] || k->csz[j] > k->cl[j])
-            continue;
-        /* verified on the host by the backend: now to the ranges */
-        if (gpu_copy_key(k, i, k->cb[j], k->csz[j], false, h))
-            k->res[i] = MOONLET_ERR_INTERNAL_ERROR;
+    return MOONLET_OK;
+}
+
+/* A lane's chunks: h, h + 2, ... (put or get), then its context popped. */
+typedef struct gpu_lane_job {
+    gpu_lane *l;
+    bool put;
+} gpu_lane_job;
+
+static void *gpu_lane_run(void *arg)
+{
+    gpu_lane_job *job = arg;
+    gpu_lane *l = job->l;
+    for (size_t j = (size_t)l->h; j < l->k->nchunks; j += 2) {
+        if (job->put)
+            gpu_put_chunk(l, j);
         else
-            atomic_fetch_add(&k->g->staged_bytes, k->csz[j]);
+            gpu_get_chunk(l, j);
     }
-    if (gpu_mark(k, h))
-        for (size_t j = 0; j < m; j++)
-            if (k->res[k->cidx[j]] == MOONLET_OK)
-                k->res[k->cidx[j]] = MOONLET_ERR_INTERNAL_ERROR;
+    gpu_unuse(l);
+    return NULL;
 }
 
 static void gpu_call_free(gpu_call *k)
@@ -741,35 +809,34 @@ static void gpu_call_free(gpu_call *k)
     free(k->first);
     free(k->lens);
     free(k->dev);
-    free(k->ck);
-    free(k->cb);
-    free(k->cl);
-    free(k->csz);
-    free(k->cr);
-    free(k->cidx);
+    free(k->cuts);
 }
 
-/* Sets up the call: plan, arrays, the region.  On failure every result is
+/* Sets up the call: plan, chunks, the region.  On failure every result is
  * the code. */
 static int gpu_call_begin(gpu_call *k, moonlet_client *c, const char *const *keys, size_t n,
                           const struct iovec *iov, const size_t *iovcnt, int32_t *results)
 {
-    *k = (gpu_call){.c = c, .g = gpu_of(c), .keys = keys, .n = n, .iov = iov, .iovcnt = iovcnt,
-                    .res = results, .cur = -1};
+    k->c = c;
+    k->g = gpu_of(c);
+    k->keys = keys;
+    k->n = n;
+    k->iov = iov;
+    k->iovcnt = iovcnt;
+    k->res = results;
     size_t m = n ? n : 1;
     int rc = MOONLET_OK;
     if (!k->g || (n && (!keys || !iovcnt || !results)))
         rc = MOONLET_ERR_INVALID_PARAMS;
-    else if (!(k->first = calloc(m, sizeof(size_t))) || !(k->lens = calloc(m, sizeof(size_t))) ||
-             !(k->ck = calloc(m, sizeof(*k->ck))) || !(k->cb = calloc(m, sizeof(*k->cb))) ||
-             !(k->cl = calloc(m, sizeof(size_t))) || !(k->csz = calloc(m, sizeof(size_t))) ||
-             !(k->cr = calloc(m, sizeof(int32_t))) || !(k->cidx = calloc(m, sizeof(size_t))))
+    else if (!(k->first = calloc(m, sizeof(size_t))) || !(k->lens = calloc(m, sizeof(size_t))))
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (!rc)
         rc = gpu_plan(k);
     if (!rc && !(rc = gpu_stage_take(c, k->g))) {
         k->half = k->g->stage_len / 2 / GPU_ALIGN * GPU_ALIGN;
         k->chunk = gpu_chunk_size(k);
+        if ((rc = gpu_cut(k)))
+            gpu_stage_give(k->g);
     }
     for (size_t i = 0; results && i < n; i++)
         results[i] = rc ? rc : GPU_UNSET;
@@ -780,12 +847,43 @@ static int gpu_call_begin(gpu_call *k, moonlet_client *c, const char *const *key
     return rc;
 }
 
-/* The call's result: 0 when every key succeeded, else the first key's error. */
-static int gpu_call_end(gpu_call *k)
+/* Runs the call's chunks on two lanes, the second on a thread of its own
+ * when there are two chunks or more (on this thread after the first when
+ * the thread cannot start), then its big keys; gives the region back.
+ * Returns 0 when every key succeeded, else the first key's error. */
+static int gpu_call_run(gpu_call *k, bool put)
 {
-    gpu_unuse(k);
+    gpu_lane lane[2];
+    int rc = gpu_lane_init(&lane[0], k, 0);
+    if (!rc && (rc = gpu_lane_init(&lane[1], k, 1)))
+        gpu_lane_free(&lane[0]);
+    if (!rc) {
+        gpu_lane_job job[2] = {{&lane[0], put}, {&lane[1], put}};
+        pthread_t t;
+        bool threaded = k->nchunks > 1 && pthread_create(&t, NULL, gpu_lane_run, &job[1]) == 0;
+        gpu_lane_run(&job[0]);
+        if (threaded)
+            pthread_join(t, NULL);
+        else
+            gpu_lane_run(&job[1]);
+        lane[0].h = -1; /* big keys: synchronous copies */
+        for (size_t i = 0; i < k->n; i++) {
+            if (!gpu_big(k, i))
+                continue;
+            if (put)
+                gpu_put_big(&lane[0], i);
+            else
+                gpu_get_big(&lane[0], i);
+        }
+        gpu_unuse(&lane[0]);
+        gpu_lane_free(&lane[0]);
+        gpu_lane_free(&lane[1]);
+    }
     gpu_stage_give(k->g);
-    int rc = MOONLET_OK;
+    for (size_t i = 0; i < k->n; i++)
+        if (k->res[i] == GPU_UNSET)
+            k->res[i] = rc ? rc : MOONLET_ERR_INTERNAL_ERROR;
+    rc = MOONLET_OK;
     for (size_t i = 0; i < k->n && !rc; i++)
         rc = k->res[i];
     gpu_call_free(k);
@@ -796,31 +894,9 @@ int moonlet_client_gpu_put(moonlet_client *c, const char *const *keys, size_t n,
                            const struct iovec *iov, const size_t *iovcnt,
                            const moonlet_put_options *opt, int32_t *results)
 {
-    gpu_call k;
+    gpu_call k = {.opt = opt};
     int rc = gpu_call_begin(&k, c, keys, n, iov, iovcnt, results);
-    if (rc)
-        return rc;
-    /* chunk k+1's copies run while chunk k is on the wire */
-    size_t lo = 0, hi = gpu_chunk_end(&k, 0);
-    int h = 0;
-    gpu_put_fill(&k, lo, hi, h);
-    while (lo < n) {
-        size_t nhi = hi < n ? gpu_chunk_end(&k, hi) : n;
-        if (hi < n)
-            gpu_put_fill(&k, hi, nhi, h ^ 1);
-        if (gpu_wait(&k, h))
-            for (size_t i = lo; i < hi; i++)
-                if (!gpu_big(&k, i) && k.res[i] == GPU_UNSET)
-                    k.res[i] = MOONLET_ERR_INTERNAL_ERROR;
-        gpu_put_send(&k, lo, hi, h, opt);
-        lo = hi;
-        hi = nhi;
-        h ^= 1;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (gpu_big(&k, i))
-            gpu_put_big(&k, i, opt);
-    return gpu_call_end(&k);
+    return rc ? rc : gpu_call_run(&k, true);
 }
 
 int moonlet_client_gpu_get(moonlet_client *c, const char *const *keys, size_t n,
@@ -829,35 +905,11 @@ int moonlet_client_gpu_get(moonlet_client *c, const char *const *keys, size_t n,
 {
     if (n && !sizes)
         return MOONLET_ERR_INVALID_PARAMS;
-    gpu_call k;
-    int rc = gpu_call_begin(&k, c, keys, n, iov, iovcnt, results);
     for (size_t i = 0; i < n; i++)
         sizes[i] = 0;
-    if (rc)
-        return rc;
-    /* chunk k's copies to the device run while chunk k+1 is on the wire */
-    size_t lo = 0;
-    size_t chunk_of[2][2] = {{0, 0}, {0, 0}}; /* each half's last chunk, for its failure */
-    for (int h = 0; lo < n; h ^= 1) {
-        if (gpu_wait(&k, h))
-            for (size_t i = chunk_of[h][0]; i < chunk_of[h][1]; i++)
-                if (!gpu_big(&k, i) && k.res[i] == MOONLET_OK)
-                    k.res[i] = MOONLET_ERR_INTERNAL_ERROR;
-        size_t hi = gpu_chunk_end(&k, lo);
-        gpu_get_chunk(&k, lo, hi, h, tenant, sizes);
-        chunk_of[h][0] = lo;
-        chunk_of[h][1] = hi;
-        lo = hi;
-    }
-    for (int h = 0; h < 2; h++)
-        if (gpu_wait(&k, h))
-            for (size_t i = chunk_of[h][0]; i < chunk_of[h][1]; i++)
-                if (!gpu_big(&k, i) && k.res[i] == MOONLET_OK)
-                    k.res[i] = MOONLET_ERR_INTERNAL_ERROR;
-    for (size_t i = 0; i < n; i++)
-        if (gpu_big(&k, i))
-            gpu_get_big(&k, i, tenant, sizes);
-    return gpu_call_end(&k);
+    gpu_call k = {.tenant = tenant, .sizes = sizes};
+    int rc = gpu_call_begin(&k, c, keys, n, iov, iovcnt, results);
+    return rc ? rc : gpu_call_run(&k, false);
 }
 
 int moonlet_client_gpu_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
@@ -865,20 +917,18 @@ int moonlet_client_gpu_upsert(moonlet_client *c, const char *key, const void *bu
 {
     moonlet_client_gpu *g = gpu_of(c);
     struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
-    size_t one = 1;
+    size_t one = 1, first = 0, lens = 0;
     int32_t res;
     gpu_call k = {.c = c, .g = g, .keys = &key, .n = 1, .iov = &v, .iovcnt = &one, .res = &res,
-                  .cur = -1};
-    size_t first = 0, lens = 0;
-    k.first = &first;
-    k.lens = &lens;
+                  .first = &first, .lens = &lens};
+    gpu_lane l = {.k = &k, .h = -1, .cur = -1};
     int rc = g ? gpu_plan(&k) : MOONLET_ERR_INVALID_PARAMS;
     unsigned char *tmp = rc ? NULL : malloc(len ? len : 1);
     if (!rc && !tmp)
         rc = MOONLET_ERR_INTERNAL_ERROR;
     if (!rc)
-        rc = gpu_copy_key(&k, 0, tmp, len, true, -1);
-    gpu_unuse(&k);
+        rc = gpu_copy_key(&l, 0, tmp, len, true);
+    gpu_unuse(&l);
     if (!rc)
         rc = c->ops->upsert(c->be, key, tmp, len, opt);
     free(tmp);
@@ -927,9 +977,10 @@ void moonlet_client_gpu_destroy(moonlet_client *c)
             continue;
         CUcontext popped;
         if (cu->cuCtxPushCurrent(gd->ctx) == CUDA_SUCCESS) {
-            cu->cuEventDestroy(gd->ev[0]);
-            cu->cuEventDestroy(gd->ev[1]);
-            cu->cuStreamDestroy(gd->stream);
+            for (int h = 0; h < 2; h++) {
+                cu->cuEventDestroy(gd->ev[h]);
+                cu->cuStreamDestroy(gd->stream[h]);
+            }
             cu->cuCtxPopCurrent(&popped);
         }
         cu->cuDevicePrimaryCtxRelease(gd->dev);

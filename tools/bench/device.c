@@ -10,7 +10,8 @@
  * moonlet_client_batch_put_from and gets them back with one
  * moonlet_client_batch_get_into, the two paths in alternating order so
  * machine noise hits them alike; the round's keys are then removed
- * (untimed).  Every get is compared with what was put (device bytes by a
+ * (untimed; puts are soft-pinned, so that eviction never takes a round's
+ * objects: a store too small fails the bench instead).  Every get is compared with what was put (device bytes by a
  * driver copy back to the host, untimed): a mismatch fails the bench.
  * Figures are medians over the rounds, in GB/s of object bytes; the ratio
  * device/host is of medians (target >= 0.8 at 1 MiB and 16 MiB).  The same
@@ -95,7 +96,7 @@ static int d_parse(int argc, char **argv, d_bench *b)
     b->sizes[1] = 16u << 20;
     b->nsizes = 2;
     b->round_bytes = 128u << 20;
-    b->lease_ms = "1000";
+    b->lease_ms = "500";
     optind = 1;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -231,8 +232,11 @@ static int d_measure(d_bench *b, int k, int p, int round, double out[D_NOPS])
     }
     double bytes = (double)n * (double)size;
     double t0 = moonlet_mono_s();
+    /* soft-pinned: under pressure a put fails (NO_AVAILABLE_HANDLE) rather
+     * than evict what the round just put */
+    moonlet_put_options opt = {.soft_pin = true};
     int rc = moonlet_client_batch_put_from(b->c, (const char *const *)b->keys, n, b->pb, b->lens,
-                                           NULL, b->res);
+                                           &opt, b->res);
     double t1 = moonlet_mono_s();
     if (rc) {
         fprintf(stderr, "device bench: put on %s: %s\n", d_path[p], moonlet_strerror(rc));
@@ -243,6 +247,12 @@ static int d_measure(d_bench *b, int k, int p, int round, double out[D_NOPS])
                                        b->got, b->res);
     double t3 = moonlet_mono_s();
     if (rc) {
+        for (size_t i = 0; i < n; i++)
+            if (b->res[i]) {
+                fprintf(stderr, "device bench: get of %s: %s\n", b->keys[i],
+                        moonlet_strerror(b->res[i]));
+                break;
+            }
         fprintf(stderr, "device bench: get on %s: %s\n", d_path[p], moonlet_strerror(rc));
         return -1;
     }
@@ -406,7 +416,7 @@ int bench_device_main(int argc, char **argv)
         seg = n > seg ? n : seg;
     }
     char seg_s[32];
-    snprintf(seg_s, sizeof seg_s, "%llu", (unsigned long long)(12 * seg)); /* a round, and rounds quarantined by leases */
+    snprintf(seg_s, sizeof seg_s, "%llu", (unsigned long long)(16 * seg)); /* a round, and rounds quarantined by leases */
     const char *const margs[] = {"--default_kv_lease_ttl", b.lease_ms, NULL};
     const char *const sargs[] = {"--segment-size", seg_s, "--protocol", "tcp", "--listen",
                                  "127.0.0.1:0", "--log-level", "warn", NULL};
