@@ -77,6 +77,13 @@ seeds = {
     "req_batch_probe_key": pack([15, 13, ["t", 1, 2, ["a", "b"]]]),
     "req_remove_force": pack([16, 14, ["t", "k", True]]),
     "req_put_replace_replica": pack([19, 22, ["t", "k", "seg-1", ["seg-1", "seg-2"]]]),
+    # the batch methods (34-37): keys with sizes, ids and checksums per key
+    "req_batch_put_start": pack([20, 34, ["t", ["k0", "k1", "k2"], [4096, 1 << 20, 0], 1, False,
+                                          ["node-a"], True, 5000]]),
+    "req_batch_put_end": pack([21, 35, ["t", ["k0", "k1"], [0x1234, 1 << 63], [7, 8]]]),
+    "req_batch_put_revoke": pack([22, 36, ["t", ["k0"], [7]]]),
+    "req_batch_get_replica_list": pack([23, 37, ["t", ["k%d" % i for i in range(8)]]]),
+    "rep_batch_put_start": pack([24, I32(0), [[7, [replica]], -704, [8, [replica, replica]]]]),
     # the DummyClient protocol (store/client/dummy_proto.c): nil tenant, tuple items
     "req_dm_batch_put": pack([17, 113, [None, 1, False, [["k0", 1, 0, 10], ["k1", 2, 64, 5]],
                                         False, ["node-a"], True, 0]]),

@@ -13,6 +13,13 @@
  * against a DummyClient served by a RealClient in this process (device
  * memory staged in the engine's process, the RealClient never sees it).
  * A master and a store node (64 MiB) are processes on loopback.
+ *
+ * `test_client_gpu rdma` (the rdma suite's guest step gpu_rdma) runs the
+ * same group over RDMA: the store node serves on $MOONLET_GPU_RDMA_ADDR
+ * (rxe0), the clients bind $MOONLET_GPU_RDMA_SRC (rxe1); the staging region
+ * is then registered with the NIC, and a client without checksums tries
+ * GPUDirect first, which rxe refuses for the fake's device memory (no
+ * dma-buf, and pinning a PROT_NONE range fails): staged, with the reason.
  */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -38,6 +45,7 @@
 static test_proc g_master, g_store;
 static moonlet_client *g_cli;
 static bool g_dummy;
+static const char *g_rdma_addr, *g_rdma_src; /* `rdma` mode */
 static moonlet_real_client *g_real;
 static char g_sock[108];
 static const moonlet_cuda *g_cu;
@@ -63,6 +71,10 @@ static moonlet_client *new_client(uint64_t staging, bool local_segment)
     moonlet_client_config cfg = cl_client_config(g_master.addr);
     cfg.gpu_staging_size = staging;
     cfg.transfer_timeout_ms = 3000;
+    if (g_rdma_addr) {
+        cfg.protocol = MOONLET_PROTOCOL_RDMA;
+        cfg.source_addr = g_rdma_src;
+    }
     if (local_segment)
         cfg.local_segment_size = 16u << 20;
     return cl_client_of(&cfg);
@@ -71,8 +83,19 @@ static moonlet_client *new_client(uint64_t staging, bool local_segment)
 static int setup(void **state)
 {
     (void)state;
-    if (cl_start_master(&g_master, NULL) || cl_start_store(&g_store, g_master.addr, "64MiB", NULL))
+    if (cl_start_master(&g_master, NULL))
         return -1;
+    if (g_rdma_addr) {
+        char listen[96];
+        snprintf(listen, sizeof listen, "%s:0", g_rdma_addr);
+        char *argv[] = {"tools/moonlet-store", "--master", g_master.addr, "--segment-size",
+                        "64MiB", "--protocol", "rdma", "--listen", listen, "--ping-interval-ms",
+                        "100", "--log-level", "warn", NULL};
+        if (proc_start(&g_store, argv, 20000))
+            return -1;
+    } else if (cl_start_store(&g_store, g_master.addr, "64MiB", NULL)) {
+        return -1;
+    }
     g_cu = moonlet_cuda_get();
     if (!g_cu || !g_cu->cuMemAlloc || !g_cu->cuCtxSetCurrent) {
         fprintf(stderr, "no (fake) CUDA driver: MOONLET_CUDA_DRIVER=%s\n",
@@ -195,7 +218,7 @@ static void test_register_device_memory(void **state)
     moonlet_client_gpu_stats st;
     moonlet_client_gpu_get_stats(g_cli, &st);
     assert_int_equal(st.buffers, 1);
-    assert_int_equal(st.in_place, 0); /* TCP: staged */
+    assert_int_equal(st.in_place, 0); /* TCP, or RDMA with checksums on: staged */
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, p), MOONLET_OK);
     assert_int_equal(moonlet_client_unregister_buffer(g_cli, p), MOONLET_ERR_INVALID_PARAMS);
     /* host memory still registers as host memory */
@@ -406,14 +429,15 @@ static void test_get_verified_before_device(void **state)
 typedef struct reg_two {
     moonlet_client *c;
     void *a, *b;
+    size_t len; /* of each */
     int rc_a, rc_b;
 } reg_two;
 
 static void register_two(void *arg)
 {
     reg_two *r = arg;
-    r->rc_a = moonlet_client_register_buffer(r->c, r->a, 4096);
-    r->rc_b = moonlet_client_register_buffer(r->c, r->b, 4096);
+    r->rc_a = moonlet_client_register_buffer(r->c, r->a, r->len);
+    r->rc_b = moonlet_client_register_buffer(r->c, r->b, r->len);
 }
 
 static void test_gpudirect_refused_once(void **state)
@@ -421,7 +445,7 @@ static void test_gpudirect_refused_once(void **state)
     (void)state;
     CUdeviceptr a = dev_alloc(0, 4096), b = dev_alloc(1, 4096);
     reg_two r = {.c = new_client(STAGING, false), .a = (void *)(uintptr_t)a,
-                 .b = (void *)(uintptr_t)b};
+                 .b = (void *)(uintptr_t)b, .len = 4096};
     char *log = capture_stderr(register_two, &r);
     assert_int_equal(r.rc_a, MOONLET_OK);
     assert_int_equal(r.rc_b, MOONLET_OK);
@@ -430,7 +454,9 @@ static void test_gpudirect_refused_once(void **state)
         assert_null(first); /* a DummyClient stages in this process: nothing to refuse */
     } else {
         assert_non_null(first);
-        assert_non_null(strstr(first, "TCP, which moves host memory only"));
+        /* RDMA with checksums on: refused for the checksum, before any NIC call */
+        assert_non_null(strstr(first, g_rdma_addr ? "checksums are on"
+                                                  : "TCP, which moves host memory only"));
         assert_null(strstr(first + 1, "GPUDirect RDMA is not available"));
     }
     free(log);
@@ -439,9 +465,64 @@ static void test_gpudirect_refused_once(void **state)
     dev_free(1, b);
 }
 
+/* RDMA without checksums: GPUDirect is tried and rxe refuses the fake's
+ * device memory (no dma-buf; a PROT_NONE range cannot be pinned), so the
+ * buffer is staged, with the NIC's refusal as the reason; a round trip
+ * still moves the right bytes. */
+static void test_gpudirect_refused_by_nic(void **state)
+{
+    (void)state;
+    moonlet_client_config cfg = cl_client_config(g_master.addr);
+    cfg.protocol = MOONLET_PROTOCOL_RDMA;
+    cfg.source_addr = g_rdma_src;
+    cfg.skip_checksum = true;
+    cfg.gpu_staging_size = STAGING;
+    const size_t n = 256 << 10;
+    CUdeviceptr a = dev_alloc(0, n), b = dev_alloc(0, n);
+    dev_fill(a, n, 55);
+    reg_two r = {.c = cl_client_of(&cfg), .a = (void *)(uintptr_t)a, .b = (void *)(uintptr_t)b,
+                 .len = n};
+    char *log = capture_stderr(register_two, &r);
+    assert_int_equal(r.rc_a, MOONLET_OK);
+    assert_int_equal(r.rc_b, MOONLET_OK);
+    const char *why = strstr(log, "GPUDirect RDMA is not available (");
+    assert_non_null(why);
+    assert_non_null(strstr(why, "NIC"));
+    free(log);
+    moonlet_client_gpu_stats st;
+    moonlet_client_gpu_get_stats(r.c, &st);
+    assert_int_equal(st.buffers, 2);
+    assert_int_equal(st.in_place, 0);
+    size_t len = 0;
+    assert_int_equal(moonlet_client_put_from(r.c, "gpu-rdma-nic", r.a, n, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_client_get_into(r.c, "gpu-rdma-nic", r.b, n, NULL, &len), MOONLET_OK);
+    assert_int_equal(len, n);
+    assert_true(dev_is(b, n, 55, 0));
+    moonlet_client_destroy(r.c);
+    dev_free(0, a);
+    dev_free(0, b);
+}
+
 int main(int argc, char **argv)
 {
     g_dummy = argc > 1 && strcmp(argv[1], "dummy") == 0;
+    if (argc > 1 && strcmp(argv[1], "rdma") == 0) {
+        g_rdma_addr = getenv("MOONLET_GPU_RDMA_ADDR");
+        g_rdma_src = getenv("MOONLET_GPU_RDMA_SRC");
+        if (!g_rdma_addr || !g_rdma_src) {
+            fprintf(stderr, "rdma: set MOONLET_GPU_RDMA_ADDR and MOONLET_GPU_RDMA_SRC\n");
+            return 1;
+        }
+        const struct CMUnitTest rdma[] = {
+            cmocka_unit_test(test_register_device_memory),
+            cmocka_unit_test(test_batch_round_trip_two_devices),
+            cmocka_unit_test(test_single_calls_and_big_keys),
+            cmocka_unit_test(test_ranged_batches),
+            cmocka_unit_test(test_gpudirect_refused_once),
+            cmocka_unit_test(test_gpudirect_refused_by_nic),
+        };
+        return cmocka_run_group_tests_name("client_gpu_rdma", rdma, setup, teardown);
+    }
     const struct CMUnitTest neutral[] = {
         cmocka_unit_test(test_register_device_memory),
         cmocka_unit_test(test_batch_round_trip_two_devices),

@@ -84,10 +84,20 @@ t_rdma_check() {
     [ $rc -eq 1 ] && echo "$out" | tail -1 | grep -q "^check: FAIL .*no RDMA device"
 }
 
+# Device (GPU) memory over RDMA under the fake CUDA driver
+# (tests/gpu/test_client_gpu.c, `rdma` mode): the staged path with the
+# staging region registered with rxe, and GPUDirect refused by rxe for the
+# fake's device memory (a client without checksums), then staged.
+t_gpu_rdma() {
+    MOONLET_CUDA_DRIVER=$B/tests/gpu/libfakecuda.so FAKECUDA_DEVICES=2 \
+    MOONLET_GPU_RDMA_ADDR=$IP_A MOONLET_GPU_RDMA_SRC=$IP_B \
+        timeout 300 "$B/tests/gpu/test_client_gpu" rdma
+}
+
 # moonlet-bench transfer --protocol rdma beside perftest (tests/rdma/bench.sh)
 . "$S/tests/rdma/bench.sh"
 
-ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench batch_bench rdma_mixed rdma_cluster"
+ALL="rxe_setup xfer_contract_rdma traffic_crossed_wire xfer_verbs rdma_check bench batch_bench gpu_rdma rdma_mixed rdma_cluster"
 # ----------------------------------------------------------------------------
 
 main() {
