@@ -260,6 +260,13 @@ def _is_host_memory(ptr, size):
     return False
 
 
+def _gpu_staging(local_buffer_size):
+    """The client's pinned staging for device memory from Mooncake's
+    local_buffer_size (its registered transfer buffer): that size when it
+    is at least 2 MiB (moonlet's least), else moonlet's default (0)."""
+    return local_buffer_size if local_buffer_size >= (2 << 20) else 0
+
+
 def _device_of(ptr, size):
     """The CUDA device holding [ptr, ptr + size), or -1 (not device memory,
     or a range that runs past its device allocation)."""
@@ -471,7 +478,9 @@ class MooncakeDistributedStore:
         ("mlx5_0,mlx5_1"): RDMA uses the first; TCP none.
         metadata_server is accepted and not used.  local_buffer_size 0 makes
         every copying put fail with INVALID_PARAMS, as Mooncake's has no
-        buffer to stage through; otherwise it is not used.
+        buffer to stage through; from 2 MiB up it bounds the pinned host
+        memory through which device (GPU) buffers are staged (below 2 MiB:
+        moonlet's default, 128 MiB).
 
         The keywords engines add are accepted: enable_client_http_server=True
         serves this client's GET /metrics (Prometheus text) and GET /health
@@ -575,7 +584,8 @@ class MooncakeDistributedStore:
         try:
             self._store = Store.connect(master_addr, protocol=protocol, segment_size=segment,
                                         device=device_name or None, default_tenant=tenant_id,
-                                        local_listen_addr=listen, http_port=http_port)
+                                        local_listen_addr=listen, http_port=http_port,
+                                        gpu_staging_size=_gpu_staging(local_buffer))
         except StoreError as e:
             return e.code
         except (TypeError, ValueError):
@@ -604,7 +614,9 @@ class MooncakeDistributedStore:
         local_buffer_size: the DummyClient's shared staging memory per
             connection, through which put / get copy bytes (0: 64 MiB;
             pages are only used as bytes are written).  A larger call uses
-            a one-off area of its size, so this bounds no value.
+            a one-off area of its size, so this bounds no value.  From 2 MiB
+            up it also bounds the pinned memory through which device (GPU)
+            buffers are staged in this process.
         mem_pool_size: accepted, not used (moonlet has no memory pool to
             allocate from; Store.alloc_buffer() is the zero-copy memory).
         Sizes may be ints or strings such as "512MB", as setup() takes them.
@@ -636,7 +648,8 @@ class MooncakeDistributedStore:
             return _INVALID_PARAMS
         try:
             self._store = Store.connect_dummy(server_address, default_tenant=tenant_id,
-                                              staging_bytes=staging)
+                                              staging_bytes=staging,
+                                              gpu_staging_size=_gpu_staging(staging))
         except StoreError as e:
             return e.code
         except (TypeError, ValueError):  # a NUL in the path, a size past 2**64
