@@ -256,7 +256,8 @@ int moonlet_ha_start(const char *advertise)
     if (g_ha.log) {
         snprintf(g_ha.advertise, sizeof(g_ha.advertise), "%s", advertise);
         g_ha.fo = (moonlet_repl_follower_opts){.role = g_ha.role, .advertise = g_ha.advertise,
-                                               .auth_token = g_ha.opts.auth_token};
+                                               .auth_token = g_ha.opts.auth_token,
+                                               .peer_token = g_ha.opts.peer_token};
         follower_start();
     }
     moonlet_election_opts eo = {.endpoints = g_ha.opts.etcd_endpoints,

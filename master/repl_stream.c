@@ -770,7 +770,8 @@ void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *s
 struct moonlet_repl_follower {
     moonlet_repl_follower_opts o;
     char advertise[MOONLET_ROLE_ADDR_MAX];
-    char token[256];
+    char token[1024 + 1];
+    char peer_token[1024 + 1]; /* "": the replication server takes `token` */
     pthread_t thread;
     pthread_mutex_t mu;
     bool stop;
@@ -1052,6 +1053,11 @@ static void *follow(void *arg)
             moonlet_rpc_client_opts co = {.timeout_ms = MOONLET_REPL_STREAM_TIMEOUT_MS,
                                           .auth_token = f->token[0] ? f->token : NULL,
                                           .auth_token_len = strlen(f->token)};
+            moonlet_rpc_client_opts cp = co; /* the replication server: the peer token */
+            if (f->peer_token[0]) {
+                cp.auth_token = f->peer_token;
+                cp.auth_token_len = strlen(f->peer_token);
+            }
             /* ReplPort on the leader's address, then its replication server */
             moonlet_rpc_client *main_c = NULL;
             uint64_t rport = 0;
@@ -1069,7 +1075,7 @@ static void *follow(void *arg)
                 }
             }
             moonlet_rpc_client_close(main_c);
-            if (!rport || moonlet_rpc_client_connect(host, (uint16_t)rport, &co, &f->c)) {
+            if (!rport || moonlet_rpc_client_connect(host, (uint16_t)rport, &cp, &f->c)) {
                 f->c = NULL;
                 struct timespec ts = {0, 100 * 1000000L};
                 nanosleep(&ts, NULL);
@@ -1132,6 +1138,7 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     f->o = *opts;
     snprintf(f->advertise, sizeof(f->advertise), "%s", opts->advertise ? opts->advertise : "");
     snprintf(f->token, sizeof(f->token), "%s", opts->auth_token ? opts->auth_token : "");
+    snprintf(f->peer_token, sizeof(f->peer_token), "%s", opts->peer_token ? opts->peer_token : "");
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->smu, NULL);
     int rc = moonlet_repl_state_create(&f->st);

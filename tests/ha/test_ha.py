@@ -17,6 +17,9 @@ a store node and a client given both masters.  Checks:
   - the leader cut off from etcd only (a relay that stops forwarding): it
     serves its clients until its fencing deadline, then NOT_LEADER; the
     standby takes over; healed, it is a standby; intervals never overlap.
+  - with --peer-token-file the replication server takes only the masters'
+    token: the clients' token gets ILLEGAL_CLIENT for ReplSnapshot and
+    ReplStream, the standby still follows (issue 31 finding 3).
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
@@ -200,9 +203,10 @@ def intervals(d):
     return out
 
 
-def status(addrs):
-    r = subprocess.run([daemons.tool("moonlet-inspect"), "--master", ",".join(addrs), "status",
-                        "--json"], capture_output=True, text=True, timeout=30,
+def status(addrs, token_file=None):
+    tok = ["--auth-token-file", token_file] if token_file else []
+    r = subprocess.run([daemons.tool("moonlet-inspect"), "--master", ",".join(addrs), *tok,
+                        "status", "--json"], capture_output=True, text=True, timeout=30,
                        env=daemons.child_env())
     return json.loads(r.stdout) if r.stdout.strip() else {"masters": [], "leader": ""}
 
@@ -212,11 +216,11 @@ def hello(addr):
     return ms[0] if ms else {}
 
 
-def wait_leader(addrs, timeout, exclude=()):
+def wait_leader(addrs, timeout, exclude=(), token_file=None):
     """The serving leader among addrs (bounded wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for m in status(addrs)["masters"]:
+        for m in status(addrs, token_file)["masters"]:
             if m.get("role") == "leader" and m.get("serving") and m["master"] not in exclude:
                 return m["master"]
         time.sleep(0.1)
@@ -289,6 +293,120 @@ def wait_in_sync(ha, standby, timeout=15):
             return v
         time.sleep(0.05)
     raise AssertionError(f"{standby} not in sync within {timeout} s: {insync(ha['etcd'], ha['cluster'])}")
+
+
+def mp_str(b):
+    """msgpack str of bytes b (up to 255 bytes)."""
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else bytes([0xd9, len(b)])) + b
+
+
+def mp_int(data, i):
+    """(value, next index) of the msgpack integer at data[i]."""
+    t = data[i]
+    if t <= 0x7f:
+        return t, i + 1
+    if t >= 0xe0:
+        return t - 0x100, i + 1
+    fmt = {0xcc: ">B", 0xcd: ">H", 0xce: ">I", 0xcf: ">Q",
+           0xd0: ">b", 0xd1: ">h", 0xd2: ">i", 0xd3: ">q"}[t]
+    n = struct.calcsize(fmt)
+    return struct.unpack(fmt, data[i + 1:i + 1 + n])[0], i + 1 + n
+
+
+def rpc(sock, rid, method, args=b"\x90"):
+    """One request [rid, method, args (msgpack)] on sock: (code, result
+    bytes).  method < 128."""
+    body = bytes([0x93, rid, method]) + args
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    n = struct.unpack(">I", recv_exact(sock, 4))[0]
+    data = recv_exact(sock, n)
+    _, i = mp_int(data, 1)
+    code, i = mp_int(data, i)
+    return code, data[i:]
+
+
+AUTH, REPL_SNAPSHOT, REPL_PORT, REPL_STREAM = 1, 30, 31, 32
+ILLEGAL_CLIENT = -601
+
+
+def repl_port(leader, token):
+    host, port = leader.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        assert rpc(s, 1, AUTH, b"\x91" + mp_str(token))[0] == 0
+        code, res = rpc(s, 2, REPL_PORT)
+        assert code == 0, code
+        return mp_int(res, 0)[0]
+
+
+def repl_try(host, port, token, method, args):
+    """AUTH with token on the replication server, then one call: the codes."""
+    with socket.create_connection((host, port), timeout=5) as s:
+        codes = []
+        if token is not None:
+            codes.append(rpc(s, 1, AUTH, b"\x91" + mp_str(token))[0])
+            if codes[-1] != 0:
+                return codes
+        try:
+            codes.append(rpc(s, 2, method, args)[0])
+        except (ConnectionResetError, BrokenPipeError):
+            codes.append("closed")
+        return codes
+
+
+def test_peer_token_guards_replication():
+    """Issue 31 finding 3 / section 3: with --peer-token-file the masters
+    replicate with a credential of their own; a holder of the clients'
+    token (which Hello and ReplPort answer) gets ILLEGAL_CLIENT from the
+    replication server for ReplSnapshot and ReplStream, and so never sees a
+    record (the segments' write keys, the nodes' bind secrets) nor moves the
+    standby's acknowledged position.  The standby, with the peer token,
+    follows and is marked in sync.  A master given the clients' token as its
+    peer token refuses to start."""
+    etcd = Etcd()
+    cluster = "t" + uuid.uuid4().hex[:8]
+    tdir = tempfile.mkdtemp(prefix="moonlet-ha-tok-")
+    ctok, ptok = b"client-" + uuid.uuid4().hex.encode(), b"peer-" + uuid.uuid4().hex.encode()
+    cfile, pfile = os.path.join(tdir, "client"), os.path.join(tdir, "peer")
+    for f, t in ((cfile, ctok), (pfile, ptok)):
+        with open(f, "wb") as fh:
+            fh.write(t + b"\n")
+        os.chmod(f, 0o600)
+    started = []
+    try:
+        r = subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", etcd.url,
+                            "--cluster-id", cluster, "--advertise", "127.0.0.1:0",
+                            "--auth-token-file", cfile, "--peer-token-file", cfile],
+                           capture_output=True, text=True, timeout=30, env=daemons.child_env())
+        assert r.returncode == 2 and "of its own" in r.stderr, r.stderr
+        extra = ("--auth-token-file", cfile, "--peer-token-file", pfile,
+                 "--rpc-address", "127.0.0.1")
+        m1 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m1)
+        m2 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m2)
+        addrs = [m1.addr, m2.addr]
+        leader = wait_leader(addrs, 4 * TTL_S + 5, token_file=cfile)
+        standby = m2.addr if leader == m1.addr else m1.addr
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        host = leader.rsplit(":", 1)[0]
+        rport = repl_port(leader, ctok)  # the clients' token learns the port
+        snap_args = b"\x90"
+        stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
+        # the clients' token: refused at AUTH, the connection closed
+        assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [ILLEGAL_CLIENT]
+        assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [ILLEGAL_CLIENT]
+        # no token: the calls themselves refused
+        assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
+        assert repl_try(host, rport, None, REPL_STREAM, stream_args)[0] == ILLEGAL_CLIENT
+        # the peer token: a snapshot is served
+        assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
+        # and the real standby is still the one in sync, its stream untouched
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+    finally:
+        for d in reversed(started):
+            d.stop()
+        etcd.stop()
+        shutil.rmtree(tdir, ignore_errors=True)
 
 
 @pytest.fixture
