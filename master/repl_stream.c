@@ -103,6 +103,7 @@ struct moonlet_repl_log {
      * is where in_sync began) */
     bool in_sync, named, marking;
     uint64_t sync_from;
+    uint64_t mark_in_after_ms; /* no in-mark before (after a failed one) */
     uint64_t out_marks, in_marks;
     uint64_t sync_waits, sync_acked_on_entry, sync_wait_ns; /* moonlet_repl_log_status */
     uint64_t writer_pushes, pusher_pushes;
@@ -562,16 +563,29 @@ static int pusher_round(moonlet_repl_log *l)
         l->in_sync = true;
         l->sync_from = l->next;
     }
-    if (!l->marking && l->in_sync && !l->named && l->acked >= l->sync_from) {
+    if (!l->marking && l->in_sync && !l->named && l->acked >= l->sync_from &&
+        now >= l->mark_in_after_ms) {
         /* ... and once it has everything the writes that did not wait
          * had, etcd names it: a promotion may then keep its state. */
         int rc = mark_locked(l, true);
         if (!l->in_sync) {
             /* marked out meanwhile: that mark's result stands */
-        } else if (rc) {
+        } else if (rc == MOONLET_ERR_NOT_LEADER) {
+            /* refused (the fence failed, or not leading): not named */
             l->in_sync = false;
+            l->mark_in_after_ms = moonlet_mono_ms() + MARK_RETRY_MS;
             ML_WARN(MOD, "cannot mark standby %s in sync: %s (again in %d ms)", l->standby,
                     moonlet_strerror(rc), MARK_RETRY_MS);
+        } else if (rc) {
+            /* Outcome unknown (a timeout: etcd may have applied it): maybe
+             * named (issue 31 finding 4).  It stays in sync for the writes,
+             * which keep waiting for its acks; only a successful
+             * out-of-sync mark lets them go on alone.  Named once a later
+             * mark succeeds. */
+            l->mark_in_after_ms = moonlet_mono_ms() + MARK_RETRY_MS;
+            ML_WARN(MOD, "cannot mark standby %s in sync: %s; it may be named: writes keep "
+                    "waiting for it (again in %d ms)", l->standby, moonlet_strerror(rc),
+                    MARK_RETRY_MS);
         } else {
             l->named = true;
             l->in_marks++;
