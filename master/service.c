@@ -1189,6 +1189,8 @@ static int gated(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "%s",
                                  ri.state == MOONLET_ROLE_LEADER ? "" : ri.leader);
     }
+    /* the capabilities it issues carry the epoch it serves in */
+    moonlet_master_set_epoch(M(ctx), epoch);
     if (SVC(ctx)->repl && is_write(ctx->method))
         return semi_sync(ctx, args, out);
     return g_handlers[ctx->method](ctx, args, out);

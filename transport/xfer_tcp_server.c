@@ -147,6 +147,7 @@ typedef struct tcp_peer {
 #define TCP_PEER_BUCKETS 256
 
 typedef struct tcp_server {
+    moonlet_xfer *x; /* its instance: the newest leader epoch seen (x->epoch) */
     int listen_fd;
     int epfd;
     int stop_fd; /* eventfd, level-triggered in epfd: wakes every worker */
@@ -439,7 +440,18 @@ static int tcp_write_cap_check(tcp_server *s, tcp_segment *g, const moonlet_xfer
                                    : "no capability");
         return MOONLET_ERR_INVALID_WRITE;
     }
-    *expiry_ms = cap->expiry_ms;
+    /* Fencing at the resource: a capability of a leader older than the
+     * newest this node has seen is stale (that leader may be frozen past its
+     * term); a genuine one of a newer epoch tells the node of it. */
+    uint64_t epoch = moonlet_writecap_epoch(cap), seen = moonlet_xfer_epoch(s->x);
+    if (epoch < seen) {
+        ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") to segment %s refused: capability of "
+                "leader epoch %" PRIu64 ", older than epoch %" PRIu64 " seen", h->offset, h->length,
+                id, epoch, seen);
+        return MOONLET_ERR_INVALID_WRITE;
+    }
+    moonlet_xfer_note_epoch(s->x, epoch);
+    *expiry_ms = moonlet_writecap_expiry(cap);
     return MOONLET_OK;
 }
 
@@ -1079,6 +1091,7 @@ int moonlet_xfer_tcp_server_start(moonlet_xfer *x)
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->listen_fd = -1;
+    s->x = x;
     s->timeout_ms = x->timeout_ms;
     s->idle_timeout_ms = x->server_idle_timeout_ms;
     s->max_conns = x->server_max_conns;

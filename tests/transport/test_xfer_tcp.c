@@ -921,6 +921,63 @@ static void assert_seg_original(const server_fx *s, uint64_t off, uint64_t len)
         assert_int_equal(s->seg[i], (uint8_t)(i * 7));
 }
 
+/* A capability of epoch e for [off, off + len) until expiry. */
+static moonlet_xfer_cap cap_epoch(const server_fx *s, uint64_t off, uint64_t len, uint64_t expiry,
+                                  uint64_t e)
+{
+    moonlet_writecap w = {.offset = off, .len = len, .expiry_ms = expiry};
+    moonlet_writecap_set_epoch(&w, e);
+    return (moonlet_xfer_cap){.offset = off, .len = w.len, .expiry_ms = w.expiry_ms,
+                              .tag = moonlet_writecap_tag(CAP_KEY, s->info.segment_id, off, w.len,
+                                                          w.expiry_ms)};
+}
+
+/* Issue 31 section 3: the leader's epoch rides in the capability (under the
+ * tag); a node that has seen epoch E refuses genuine capabilities of older
+ * epochs with INVALID_WRITE, and learns newer ones from genuine
+ * capabilities.  Epoch 0 (no HA) is the capability as it always was. */
+static void test_capability_epochs(void **state)
+{
+    server_fx *s = *state;
+    moonlet_xfer *c = tcp_client(1, 3000);
+    uint8_t data[64];
+    memset(data, 0x3C, sizeof(data));
+    assert_int_equal(moonlet_xfer_set_segment_key(s->x, s->info.segment_id, CAP_KEY), MOONLET_OK);
+    uint64_t later = moonlet_mono_ms() + 60000;
+    /* the packing: epoch 0 changes nothing; the fields come back */
+    moonlet_writecap w = {.offset = 1, .len = 4096, .expiry_ms = later};
+    moonlet_writecap_set_epoch(&w, 0);
+    assert_int_equal(w.len, 4096);
+    assert_int_equal(w.expiry_ms, later);
+    moonlet_writecap_set_epoch(&w, MOONLET_WRITECAP_EPOCH_MAX - 5);
+    assert_int_equal(moonlet_writecap_epoch(&w), MOONLET_WRITECAP_EPOCH_MAX - 5);
+    assert_int_equal(moonlet_writecap_len(&w), 4096);
+    assert_int_equal(moonlet_writecap_expiry(&w), later);
+    /* a tag covers the epoch: another epoch claimed under it is forged */
+    moonlet_xfer_cap e7 = cap_epoch(s, 0, 64, later, 7), claimed = e7;
+    moonlet_writecap cw = {.offset = 0, .len = 64, .expiry_ms = later};
+    moonlet_writecap_set_epoch(&cw, 9);
+    claimed.len = cw.len;
+    claimed.expiry_ms = cw.expiry_ms;
+    assert_int_equal(cap_write(c, s, 0, data, 64, &claimed), MOONLET_ERR_INVALID_WRITE);
+
+    assert_int_equal(moonlet_xfer_epoch(s->x), 0);
+    moonlet_xfer_note_epoch(s->x, 5); /* what Mount / Ping told the node */
+    moonlet_xfer_note_epoch(s->x, 3); /* never lowered */
+    assert_int_equal(moonlet_xfer_epoch(s->x), 5);
+    moonlet_xfer_cap e4 = cap_epoch(s, 0, 64, later, 4), e5 = cap_epoch(s, 0, 64, later, 5);
+    moonlet_xfer_cap e0 = cap_for(s, 0, 64, later);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e4), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e0), MOONLET_ERR_INVALID_WRITE);
+    assert_seg_original(s, 0, 64);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e5), MOONLET_OK);
+    /* a genuine capability of a newer epoch: taken, and the node knows it now */
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e7), MOONLET_OK);
+    assert_int_equal(moonlet_xfer_epoch(s->x), 7);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e5), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_destroy(c);
+}
+
 /* A keyed segment takes a write only with a genuine, covering, unexpired
  * capability; everything else is INVALID_WRITE and leaves memory alone, and
  * the connection stays usable. */
@@ -1091,6 +1148,7 @@ int main(void)
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
         cmocka_unit_test(test_pool_cap_evicts_lru),
         cmocka_unit_test_setup_teardown(test_write_capabilities, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_capability_epochs, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_write_capability_expires_mid_payload, server_setup, server_teardown),
         FAKE_TEST(test_client_write_deadline, FAKE_STALL, 3000),
     };
