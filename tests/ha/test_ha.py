@@ -17,6 +17,8 @@ a store node and a client given both masters.  Checks:
   - the leader cut off from etcd only (a relay that stops forwarding): it
     serves its clients until its fencing deadline, then NOT_LEADER; the
     standby takes over; healed, it is a standby; intervals never overlap.
+  - three masters: while the standby named in sync is alive, the third
+    one does not win an election (issue 31 section 3);
   - with --peer-token-file the replication server takes only the masters'
     token: the clients' token gets ILLEGAL_CLIENT for ReplSnapshot and
     ReplStream, the standby still follows (issue 31 finding 3).
@@ -890,6 +892,79 @@ def test_leader_cut_off_from_etcd(ha_relay):
     assert old_ivs and all(iv[2] is not None for iv in old_ivs), old_ivs
     assert served_after_cut  # it kept serving until fenced, not at the first failed keepalive
     s.close()
+
+
+def wait_log(d, pattern, timeout):
+    """Until d's stderr matches pattern (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, stderr_text(d)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_third_master_defers_to_the_one_in_sync():
+    """Issue 31 section 3: three masters; the leader freezes (SIGSTOP) while
+    the hot standby, named in sync in etcd, is cut off from etcd.  The third
+    master, out of sync, sees the leader key vacant but defers its campaign
+    while the one named in sync is alive (its address accepts connections);
+    healed, the named standby wins and promotes with its state, and an
+    acknowledged object put before is read back.  Before, the third master
+    won and started empty."""
+    import moonlet  # noqa: F401
+    etcd = Etcd()
+    relay = Relay(etcd.url)
+    cluster = "d" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        m1 = start_ha_master(etcd, cluster)
+        started.append(m1)
+        wait_leader([m1.addr], 4 * TTL_S + 5)
+        m2 = start_ha_master(etcd, cluster, endpoints=relay.url)
+        started.append(m2)
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, m2.addr)
+        m3 = start_ha_master(etcd, cluster)
+        started.append(m3)
+        addrs = [m1.addr, m2.addr, m3.addr]
+        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
+                                    "--rpc-timeout-ms", "1000")
+        started.append(store)
+        s = client(addrs)
+        put_until_ok(s, "kept", b"k" * 4096, 10)
+        # the third one is a standby that follows the leader, not the named one
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and hello(m3.addr).get("role") != "standby":
+            time.sleep(0.1)
+        assert insync(etcd, cluster).rsplit("@", 1)[0] == m2.addr
+        relay.cut()
+        os.kill(m1.pid, signal.SIGSTOP)
+        # m1's lease runs out; m3 finds the key vacant and defers to m2
+        deferred = wait_log(m3, r"campaign deferred to the master named in sync", 4 * TTL_S + 5)
+        relay.heal()
+        new = wait_leader([m2.addr, m3.addr], 4 * TTL_S + 10)
+        assert new == m2.addr, f"{new} won, not the standby named in sync ({m2.addr})"
+        assert deferred, stderr_text(m3)[-2000:]
+        assert wait_log(m2, r"ha: promoted with state", 5), stderr_text(m2)[-2000:]
+        deadline = time.monotonic() + 20
+        got = None
+        while time.monotonic() < deadline:
+            try:
+                got = s.get("kept")
+                break
+            except moonlet.StoreError:
+                time.sleep(0.1)
+        assert got == b"k" * 4096
+        s.close()
+    finally:
+        for d in reversed(started):
+            try:
+                os.kill(d.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            d.stop()
+        relay.stop()
+        etcd.stop()
 
 
 @pytest.fixture
