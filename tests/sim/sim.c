@@ -632,8 +632,10 @@ static void check_caps(moonlet_master *m)
             uint64_t a0 = r.off[i], a1 = a0 + moonlet_alloc_rounded(v.size ? v.size : 1);
             for (uint32_t q = 0; q < S.nputs + S.nfputs; q++) {
                 struct put *p = q < S.nputs ? &S.puts[q] : &S.fputs[q - S.nputs];
-                if (q >= S.nputs && !g_nofence && S.nodes[node].seen_epoch > p->epoch)
-                    continue; /* a frozen leader's capability the node refuses */
+                if (q >= S.nputs && ((!g_nofence && S.nodes[node].seen_epoch > p->epoch) ||
+                                     !bytes_at(node, gen, a0)))
+                    continue; /* a frozen leader's capability no node takes: refused by
+                               * its epoch, or its node dead (a restart is a new segment) */
                 if (p->key == k || now >= p->deadline_ns || !p->replied || p->end_sent)
                     continue;
                 for (uint32_t j = 0; j < p->nrep; j++) {
