@@ -363,7 +363,9 @@ def test_peer_token_guards_replication():
     record (the segments' write keys, the nodes' bind secrets) nor moves the
     standby's acknowledged position.  The standby, with the peer token,
     follows and is marked in sync.  A master given the clients' token as its
-    peer token refuses to start."""
+    peer token refuses to start.  Without --peer-token-file the shared token
+    still opens the replication server (compatible: it is then the peer
+    credential)."""
     etcd = Etcd()
     cluster = "t" + uuid.uuid4().hex[:8]
     tdir = tempfile.mkdtemp(prefix="moonlet-ha-tok-")
@@ -404,6 +406,22 @@ def test_peer_token_guards_replication():
         assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
         # and the real standby is still the one in sync, its stream untouched
         wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        # without --peer-token-file, as before: the shared token is the peer
+        # credential (a second pair, in a cluster of its own)
+        for d in reversed(started):
+            d.stop()
+        started.clear()
+        cluster2 = cluster + "b"
+        shared = ("--auth-token-file", cfile, "--rpc-address", "127.0.0.1")
+        m3 = start_ha_master(etcd, cluster2, extra=shared)
+        started.append(m3)
+        m4 = start_ha_master(etcd, cluster2, extra=shared)
+        started.append(m4)
+        leader2 = wait_leader([m3.addr, m4.addr], 4 * TTL_S + 5, token_file=cfile)
+        standby2 = m4.addr if leader2 == m3.addr else m3.addr
+        wait_in_sync({"etcd": etcd, "cluster": cluster2}, standby2)
+        rport2 = repl_port(leader2, ctok)
+        assert repl_try(leader2.rsplit(":", 1)[0], rport2, ctok, REPL_SNAPSHOT, snap_args) == [0, 0]
     finally:
         for d in reversed(started):
             d.stop()
