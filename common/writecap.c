@@ -36,14 +36,43 @@ uint64_t moonlet_writecap_tag(const uint8_t key[MOONLET_WRITECAP_KEY_BYTES],
     return tag;
 }
 
+#define LEN_MASK ((UINT64_C(1) << MOONLET_WRITECAP_LEN_BITS) - 1)
+#define EXPIRY_MASK ((UINT64_C(1) << MOONLET_WRITECAP_EXPIRY_BITS) - 1)
+#define EPOCH_LO_BITS (64u - MOONLET_WRITECAP_EXPIRY_BITS) /* 22, in expiry */
+
+void moonlet_writecap_set_epoch(moonlet_writecap *cap, uint64_t epoch)
+{
+    epoch &= MOONLET_WRITECAP_EPOCH_MAX;
+    cap->len = (cap->len & LEN_MASK) | (epoch >> EPOCH_LO_BITS) << MOONLET_WRITECAP_LEN_BITS;
+    cap->expiry_ms = (cap->expiry_ms & EXPIRY_MASK) |
+                     (epoch & ((UINT64_C(1) << EPOCH_LO_BITS) - 1)) << MOONLET_WRITECAP_EXPIRY_BITS;
+}
+
+uint64_t moonlet_writecap_epoch(const moonlet_writecap *cap)
+{
+    return (cap->len >> MOONLET_WRITECAP_LEN_BITS) << EPOCH_LO_BITS |
+           cap->expiry_ms >> MOONLET_WRITECAP_EXPIRY_BITS;
+}
+
+uint64_t moonlet_writecap_len(const moonlet_writecap *cap)
+{
+    return cap->len & LEN_MASK;
+}
+
+uint64_t moonlet_writecap_expiry(const moonlet_writecap *cap)
+{
+    return cap->expiry_ms & EXPIRY_MASK;
+}
+
 bool moonlet_writecap_valid(const uint8_t key[MOONLET_WRITECAP_KEY_BYTES], const char *segment_id,
                             const moonlet_writecap *cap, uint64_t offset, uint64_t len,
                             uint64_t now_ms)
 {
     uint64_t want = moonlet_writecap_tag(key, segment_id, cap->offset, cap->len, cap->expiry_ms);
     bool genuine = sodium_memcmp(&want, &cap->tag, sizeof(want)) == 0;
-    bool covers = offset >= cap->offset && len <= cap->len && offset - cap->offset <= cap->len - len;
-    return genuine && covers && now_ms < cap->expiry_ms;
+    uint64_t clen = moonlet_writecap_len(cap);
+    bool covers = offset >= cap->offset && len <= clen && offset - cap->offset <= clen - len;
+    return genuine && covers && now_ms < moonlet_writecap_expiry(cap);
 }
 
 int moonlet_writecap_new_key(uint8_t key[MOONLET_WRITECAP_KEY_BYTES])

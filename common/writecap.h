@@ -12,6 +12,16 @@
  * receives a write and refuses one whose capability is missing, forged, does
  * not cover the write's range or has expired.
  *
+ * The leader's epoch (issue 31 section 3).  An HA leader puts its epoch
+ * into each capability it issues, in the upper bits of len (bits 40-63:
+ * the epoch's bits 22-45) and of expiry (bits 42-63: its bits 0-21), so
+ * the tag covers it and the wire and every client stay as they were
+ * (clients pass capabilities on untouched); a lone master's epoch is 0,
+ * which leaves both fields as before.  A node refuses a genuine
+ * capability of an epoch older than the newest it has seen (at Mount, at
+ * Ping, or in a genuine capability): a leader frozen past its term cannot
+ * have its old capabilities honoured once the node knows the next one.
+ *
  * Pure: no locks, no I/O (moonlet_writecap_new_key reads getrandom).
  */
 #ifndef MOONLET_WRITECAP_H
@@ -29,13 +39,27 @@ typedef struct moonlet_writecap {
     uint64_t tag;
 } moonlet_writecap;
 
-/* The tag of (segment_id, offset, len, expiry_ms) under key. */
+#define MOONLET_WRITECAP_LEN_BITS 40u    /* a capability's range is shorter than 2^40 */
+#define MOONLET_WRITECAP_EXPIRY_BITS 42u /* a node's clock reads below 2^42 ms */
+#define MOONLET_WRITECAP_EPOCH_MAX ((UINT64_C(1) << 46) - 1)
+
+/* Puts epoch (at most MOONLET_WRITECAP_EPOCH_MAX) into cap->len and
+ * cap->expiry_ms, which must hold plain values; before the tag is computed. */
+void moonlet_writecap_set_epoch(moonlet_writecap *cap, uint64_t epoch);
+/* The epoch, range length and expiry a capability carries. */
+uint64_t moonlet_writecap_epoch(const moonlet_writecap *cap);
+uint64_t moonlet_writecap_len(const moonlet_writecap *cap);
+uint64_t moonlet_writecap_expiry(const moonlet_writecap *cap);
+
+/* The tag of (segment_id, offset, len, expiry_ms) under key (len and
+ * expiry_ms as sent: with the epoch in them). */
 uint64_t moonlet_writecap_tag(const uint8_t key[MOONLET_WRITECAP_KEY_BYTES],
                               const char *segment_id, uint64_t offset, uint64_t len,
                               uint64_t expiry_ms);
 
 /* Whether cap is genuine for segment_id, covers [offset, offset + len) and has
- * not expired at now_ms.  Constant-time tag comparison. */
+ * not expired at now_ms (whatever its epoch: the caller compares that).
+ * Constant-time tag comparison. */
 bool moonlet_writecap_valid(const uint8_t key[MOONLET_WRITECAP_KEY_BYTES], const char *segment_id,
                             const moonlet_writecap *cap, uint64_t offset, uint64_t len,
                             uint64_t now_ms);

@@ -10,7 +10,9 @@
  *   leader         -> the key must still be ours (create revision == epoch);
  *                     the window must not have closed
  *   standby        -> (every poll_ms) read the key: absent (or ours) ->
- *                     campaign (create-if-absent, bound to the lease); else
+ *                     campaign (create-if-absent, bound to the lease),
+ *                     unless the owner defers it to the master named in
+ *                     sync (bounded: MOONLET_ELECTION_DEFER_TTLS); else
  *                     tell the role who leads, and take over a leader whose
  *                     address refuses connections (election.h)
  * Why the terms cannot overlap: etcd expires our lease no earlier than TTL
@@ -49,6 +51,7 @@ struct moonlet_election {
     uint64_t ttl_ms, margin_ms, tick_ms, poll_ms;
     bool takeover;
     bool (*may_take_over)(void *arg, uint64_t leader_epoch);
+    bool (*defer_campaign)(void *arg);
     void (*on_deposed)(void *arg);
     int (*on_elected)(void *arg, uint64_t epoch);
     void *arg;
@@ -63,6 +66,7 @@ struct moonlet_election {
     bool leader;
     uint64_t epoch;
     uint64_t alive_rev;  /* the leader term (create revision) whose address accepted a probe */
+    uint64_t defer_since_ms; /* campaigns deferred since (0: none deferred) */
 };
 
 uint64_t moonlet_election_poll_ms(uint64_t ttl_ms)
@@ -246,9 +250,25 @@ static void standby_poll(moonlet_election *el)
         return;
     if (!kv.found || kv.lease == el->lease) {
         moonlet_etcd_kv_free(&kv);
+        /* A vacant key: the master etcd names in sync, if alive, goes first
+         * (issue 31 section 3); for a bounded time. */
+        uint64_t now = moonlet_mono_ms();
+        if (!kv.found && el->defer_campaign &&
+            (!el->defer_since_ms ||
+             now - el->defer_since_ms < MOONLET_ELECTION_DEFER_TTLS * el->ttl_ms) &&
+            el->defer_campaign(el->arg)) {
+            if (!el->defer_since_ms) {
+                el->defer_since_ms = now ? now : 1;
+                ML_INFO(MOD, "the leader key is vacant: campaign deferred to the master named in "
+                        "sync (at most %llu ms)",
+                        (unsigned long long)(MOONLET_ELECTION_DEFER_TTLS * el->ttl_ms));
+            }
+            return;
+        }
         campaign(el);
         return;
     }
+    el->defer_since_ms = 0;
     moonlet_role_set_leader(el->role, kv.value, (uint64_t)kv.create_revision);
     if (el->takeover && kv.lease && kv.value) {
         int pr = moonlet_election_probe(kv.value, (uint32_t)(el->poll_ms < 200 ? el->poll_ms : 200));
@@ -358,6 +378,7 @@ int moonlet_election_start(const moonlet_election_opts *o, moonlet_role *role,
     el->poll_ms = moonlet_election_poll_ms(el->ttl_ms);
     el->takeover = !o->no_takeover;
     el->may_take_over = o->may_take_over;
+    el->defer_campaign = o->defer_campaign;
     el->role = role;
     el->on_deposed = o->on_deposed;
     el->on_elected = o->on_elected;

@@ -71,7 +71,16 @@ typedef struct moonlet_election_opts {
      * promote empty from replacing a leader that only looks gone to it (a
      * firewall rejecting this standby alone).  NULL: always. */
     bool (*may_take_over)(void *arg, uint64_t leader_epoch);
+    /* Asked before each campaign for a vacant key (the election's thread):
+     * true defers it to the next poll, so that another master, the one etcd
+     * names in sync and that is alive, wins and keeps its state; deferred
+     * for at most MOONLET_ELECTION_DEFER_TTLS lease TTLs in a row (the one
+     * named may be cut off from etcd: then this one leads, empty, rather
+     * than nobody).  NULL: never deferred. */
+    bool (*defer_campaign)(void *arg);
 } moonlet_election_opts;
+
+#define MOONLET_ELECTION_DEFER_TTLS 2u
 
 #define MOONLET_ELECTION_DEFAULT_TTL_S 5u
 

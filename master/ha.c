@@ -165,6 +165,36 @@ static bool may_take_over(void *arg, uint64_t leader_epoch)
     return named;
 }
 
+/* The election's question before a campaign for a vacant key: defer it
+ * while etcd names another master in sync and that master's address accepts
+ * connections (it is alive and will campaign, and promote with its state);
+ * a master out of sync, or a third one, winning instead would start empty
+ * (issue 31 section 3).  The election bounds how long.  The election's
+ * thread (promo_etcd). */
+static bool defer_campaign(void *arg)
+{
+    (void)arg;
+    moonlet_etcd_kv kv;
+    if (moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) != MOONLET_OK)
+        return false;
+    char named[MOONLET_ROLE_ADDR_MAX] = "";
+    if (kv.found && kv.value) {
+        const char *at = strrchr(kv.value, '@');
+        size_t n = at ? (size_t)(at - kv.value) : strlen(kv.value);
+        if (n < sizeof(named)) {
+            memcpy(named, kv.value, n);
+            named[n] = 0;
+        }
+    }
+    moonlet_etcd_kv_free(&kv);
+    if (!named[0] || strcmp(named, g_ha.advertise) == 0)
+        return false; /* nobody named, or this master: campaign */
+    bool alive = moonlet_election_probe(named, 200) > 0;
+    if (alive)
+        ML_DEBUG("master", "ha: %s is named in sync and alive: not campaigning", named);
+    return alive;
+}
+
 static int on_elected(void *arg, uint64_t epoch)
 {
     (void)arg;
@@ -256,7 +286,8 @@ int moonlet_ha_start(const char *advertise)
     if (g_ha.log) {
         snprintf(g_ha.advertise, sizeof(g_ha.advertise), "%s", advertise);
         g_ha.fo = (moonlet_repl_follower_opts){.role = g_ha.role, .advertise = g_ha.advertise,
-                                               .auth_token = g_ha.opts.auth_token};
+                                               .auth_token = g_ha.opts.auth_token,
+                                               .peer_token = g_ha.opts.peer_token};
         follower_start();
     }
     moonlet_election_opts eo = {.endpoints = g_ha.opts.etcd_endpoints,
@@ -264,6 +295,7 @@ int moonlet_ha_start(const char *advertise)
                                 .ttl_s = g_ha.opts.etcd_ttl_s,
                                 .on_deposed = g_ha.opts.on_deposed, .arg = g_ha.opts.arg,
                                 .on_elected = g_ha.log ? on_elected : NULL,
+                                .defer_campaign = g_ha.log ? defer_campaign : NULL,
                                 /* without replication a standby promotes
                                  * empty: it waits for the lease */
                                 .may_take_over = may_take_over};

@@ -53,7 +53,9 @@ typedef struct moonlet_ha_opts {
     uint64_t client_live_ttl_ms;  /* the master's liveness TTL (cfg.client_live_ttl_ms) */
     bool replication;             /* a hot standby (false: a failover starts empty) */
     uint64_t repl_max_lag_ms;     /* replication: the log's lag bound */
-    const char *auth_token;       /* the masters' token (NULL: none); outlives the module */
+    const char *auth_token;       /* the clients' token (NULL: none); outlives the module */
+    const char *peer_token;       /* the masters' own (--peer-token-file; NULL: auth_token
+                                   * is the peer credential too); outlives the module */
     /* The election's notice that this master was deposed (its thread): the
      * owner drops the master and calls moonlet_ha_reset, then moonlet_ha_resume. */
     void (*on_deposed)(void *arg);

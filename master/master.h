@@ -165,6 +165,11 @@ int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segm
  * it sent the Ping.  Refreshes the clock offset bound of the client's segments
  * (node clock - master clock, a lower bound; see docs/reliability.md). */
 void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, uint64_t node_ms);
+/* The leader epoch this master serves in (HA; the service sets it on every
+ * call it lets through): every write capability issued from now on carries
+ * it (common/writecap.h), so a node that has seen a newer one refuses it.
+ * Raises only. */
+void moonlet_master_set_epoch(moonlet_master *m, uint64_t epoch);
 
 /* Largest segment a node may mount: 1 PiB.  With at most 4096 segments the
  * capacity total stays far from 2^64, and base + size never wraps. */

@@ -311,6 +311,9 @@ struct moonlet_master {
      * (a promoted standby, a restarted leader) hand out ids that do not
      * meet; a restored pending put keeps its id (replicated in PLACE). */
     _Atomic uint64_t next_put_id;
+    /* The leader epoch its write capabilities carry (common/writecap.h);
+     * 0 without HA.  Raised by moonlet_master_set_epoch. */
+    _Atomic uint64_t epoch;
 
     pthread_mutex_t evict_mu;
     pthread_mutex_t unmount_mu;     /* unmount.c: one drain at a time */

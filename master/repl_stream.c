@@ -103,6 +103,7 @@ struct moonlet_repl_log {
      * is where in_sync began) */
     bool in_sync, named, marking;
     uint64_t sync_from;
+    uint64_t mark_in_after_ms; /* no in-mark before (after a failed one) */
     uint64_t out_marks, in_marks;
     uint64_t sync_waits, sync_acked_on_entry, sync_wait_ns; /* moonlet_repl_log_status */
     uint64_t writer_pushes, pusher_pushes;
@@ -562,16 +563,29 @@ static int pusher_round(moonlet_repl_log *l)
         l->in_sync = true;
         l->sync_from = l->next;
     }
-    if (!l->marking && l->in_sync && !l->named && l->acked >= l->sync_from) {
+    if (!l->marking && l->in_sync && !l->named && l->acked >= l->sync_from &&
+        now >= l->mark_in_after_ms) {
         /* ... and once it has everything the writes that did not wait
          * had, etcd names it: a promotion may then keep its state. */
         int rc = mark_locked(l, true);
         if (!l->in_sync) {
             /* marked out meanwhile: that mark's result stands */
-        } else if (rc) {
+        } else if (rc == MOONLET_ERR_NOT_LEADER) {
+            /* refused (the fence failed, or not leading): not named */
             l->in_sync = false;
+            l->mark_in_after_ms = moonlet_mono_ms() + MARK_RETRY_MS;
             ML_WARN(MOD, "cannot mark standby %s in sync: %s (again in %d ms)", l->standby,
                     moonlet_strerror(rc), MARK_RETRY_MS);
+        } else if (rc) {
+            /* Outcome unknown (a timeout: etcd may have applied it): maybe
+             * named (issue 31 finding 4).  It stays in sync for the writes,
+             * which keep waiting for its acks; only a successful
+             * out-of-sync mark lets them go on alone.  Named once a later
+             * mark succeeds. */
+            l->mark_in_after_ms = moonlet_mono_ms() + MARK_RETRY_MS;
+            ML_WARN(MOD, "cannot mark standby %s in sync: %s; it may be named: writes keep "
+                    "waiting for it (again in %d ms)", l->standby, moonlet_strerror(rc),
+                    MARK_RETRY_MS);
         } else {
             l->named = true;
             l->in_marks++;
@@ -770,7 +784,8 @@ void moonlet_repl_log_get_status(moonlet_repl_log *l, moonlet_repl_log_status *s
 struct moonlet_repl_follower {
     moonlet_repl_follower_opts o;
     char advertise[MOONLET_ROLE_ADDR_MAX];
-    char token[256];
+    char token[1024 + 1];
+    char peer_token[1024 + 1]; /* "": the replication server takes `token` */
     pthread_t thread;
     pthread_mutex_t mu;
     bool stop;
@@ -1052,6 +1067,11 @@ static void *follow(void *arg)
             moonlet_rpc_client_opts co = {.timeout_ms = MOONLET_REPL_STREAM_TIMEOUT_MS,
                                           .auth_token = f->token[0] ? f->token : NULL,
                                           .auth_token_len = strlen(f->token)};
+            moonlet_rpc_client_opts cp = co; /* the replication server: the peer token */
+            if (f->peer_token[0]) {
+                cp.auth_token = f->peer_token;
+                cp.auth_token_len = strlen(f->peer_token);
+            }
             /* ReplPort on the leader's address, then its replication server */
             moonlet_rpc_client *main_c = NULL;
             uint64_t rport = 0;
@@ -1069,7 +1089,7 @@ static void *follow(void *arg)
                 }
             }
             moonlet_rpc_client_close(main_c);
-            if (!rport || moonlet_rpc_client_connect(host, (uint16_t)rport, &co, &f->c)) {
+            if (!rport || moonlet_rpc_client_connect(host, (uint16_t)rport, &cp, &f->c)) {
                 f->c = NULL;
                 struct timespec ts = {0, 100 * 1000000L};
                 nanosleep(&ts, NULL);
@@ -1132,6 +1152,7 @@ int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,
     f->o = *opts;
     snprintf(f->advertise, sizeof(f->advertise), "%s", opts->advertise ? opts->advertise : "");
     snprintf(f->token, sizeof(f->token), "%s", opts->auth_token ? opts->auth_token : "");
+    snprintf(f->peer_token, sizeof(f->peer_token), "%s", opts->peer_token ? opts->peer_token : "");
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->smu, NULL);
     int rc = moonlet_repl_state_create(&f->st);

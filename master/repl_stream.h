@@ -134,7 +134,8 @@ typedef struct moonlet_repl_follower moonlet_repl_follower;
 typedef struct moonlet_repl_follower_opts {
     const moonlet_role *role; /* whom to follow (the leader it names) */
     const char *advertise;    /* this standby's name for the leader */
-    const char *auth_token;   /* the masters' token; NULL: none */
+    const char *auth_token;   /* the leader's client token (ReplPort); NULL: none */
+    const char *peer_token;   /* the replication server's (service.h); NULL: auth_token */
 } moonlet_repl_follower_opts;
 
 int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,

@@ -404,6 +404,13 @@ static int64_t clock_offset_bound(uint64_t node_ms)
     return (int64_t)node_ms - (int64_t)master_ms;
 }
 
+void moonlet_master_set_epoch(moonlet_master *m, uint64_t epoch)
+{
+    uint64_t cur = atomic_load_explicit(&m->epoch, memory_order_relaxed);
+    while (cur < epoch && !atomic_compare_exchange_weak(&m->epoch, &cur, epoch))
+        ;
+}
+
 void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, uint64_t node_ms)
 {
     if (id_check(client_id) || node_ms == 0 || node_ms > INT64_MAX)
@@ -1218,8 +1225,12 @@ void replica_cap_fill(const moonlet_master *m, const struct mrep *rp, uint64_t s
     /* The put deadline on the node's clock, rounded down: any write the node
      * accepts happens before the deadline in real time. */
     int64_t e = (int64_t)(deadline_ns / MOONLET_NS_PER_MS) + atomic_load(&s->clock_offset_ms);
-    v->cap_len = moonlet_alloc_rounded(size ? size : 1);
-    v->cap_expiry_ms = e > 0 ? (uint64_t)e : 1;
+    moonlet_writecap cap = {.offset = rp->offset, .len = moonlet_alloc_rounded(size ? size : 1),
+                            .expiry_ms = e > 0 ? (uint64_t)e : 1};
+    /* the leader's epoch in the capability: a node that saw a newer one refuses it */
+    moonlet_writecap_set_epoch(&cap, atomic_load_explicit(&m->epoch, memory_order_relaxed));
+    v->cap_len = cap.len;
+    v->cap_expiry_ms = cap.expiry_ms;
     /* Only TCP checks capabilities: the tag names the TCP registration. */
     const char *cap_id = s->alt_id[0] && strcmp(s->alt_protocol, "tcp") == 0 ? s->alt_id : s->id;
     v->cap_tag = moonlet_writecap_tag(s->write_key, cap_id, rp->offset, v->cap_len,

@@ -18,6 +18,11 @@
  * connection's session (a number kept in its conn_data slot, never reused)
  * to the master, which binds client ids to it; on_close unbinds them.
  *
+ * Replication: ReplSnapshot and ReplStream are served on a server of their
+ * own that authenticates with the masters' peer token when one is given
+ * (opts->peer_token), so a holder of the clients' token cannot take the
+ * stream nor read the snapshot's secrets.
+ *
  * HA: with a role (role.h) every method but Echo and Hello goes through
  * one gate (gated() below) that answers NOT_LEADER with the leader's
  * address while this master may not serve; Hello tells the role and epoch
@@ -1184,6 +1189,8 @@ static int gated(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_packe
         return moonlet_rpc_error(out, MOONLET_ERR_NOT_LEADER, "%s",
                                  ri.state == MOONLET_ROLE_LEADER ? "" : ri.leader);
     }
+    /* the capabilities it issues carry the epoch it serves in */
+    moonlet_master_set_epoch(M(ctx), epoch);
     if (SVC(ctx)->repl && is_write(ctx->method))
         return semi_sync(ctx, args, out);
     return g_handlers[ctx->method](ctx, args, out);
@@ -1325,6 +1332,10 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         rr.reply_epoch = NULL;
         rr.max_connections = 16;
         rr.idle_timeout_ms = 0;
+        if (opts->peer_token) { /* issue 31 finding 3: the stream is the masters' alone */
+            rr.auth_token = opts->peer_token;
+            rr.auth_token_len = strlen(opts->peer_token);
+        }
         s->repl_methods[0] = repl_methods[0];
         s->repl_methods[1] = repl_methods[1];
         s->repl_methods[0].spec = moonlet_master_method(MOONLET_M_REPL_STREAM)->spec;

@@ -23,6 +23,13 @@ typedef struct moonlet_service_opts {
     int threads;            /* RPC threads; <= 0: cores */
     size_t max_frame;       /* 0: default (64 MiB) */
     const char *auth_token; /* NULL: no authentication */
+    /* The masters' own credential (--peer-token-file): with it, the
+     * replication server (ReplSnapshot, ReplStream: every record, the
+     * segments' write keys and the nodes' bind secrets) takes only this
+     * token, and a client's token gets ILLEGAL_CLIENT there.  NULL: the
+     * replication server takes auth_token (the shared token is then the
+     * peer credential too). */
+    const char *peer_token;
     size_t max_batch_keys;  /* keys per batch call; 0: MOONLET_DEFAULT_MAX_BATCH_KEYS */
     /* Connection limits, passed to the RPC server (rpc_server.h; 0: its default). */
     uint32_t max_connections;

@@ -494,6 +494,14 @@ static bool mc_ha(moonlet_master_client *mc)
     return ha;
 }
 
+uint64_t moonlet_mc_epoch(moonlet_master_client *mc)
+{
+    pthread_mutex_lock(&mc->mu);
+    uint64_t e = mc->max_epoch;
+    pthread_mutex_unlock(&mc->mu);
+    return e;
+}
+
 bool moonlet_mc_is_ha(moonlet_master_client *mc)
 {
     return mc_ha(mc);

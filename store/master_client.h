@@ -78,6 +78,8 @@ void moonlet_mc_destroy(moonlet_master_client *mc);
 /* Whether failover is possible: several masters given, or one answered
  * NOT_LEADER.  Thread safe. */
 bool moonlet_mc_is_ha(moonlet_master_client *mc);
+/* The newest leader epoch a reply carried (0: none, no HA). */
+uint64_t moonlet_mc_epoch(moonlet_master_client *mc);
 
 int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
 /* Records that client_id is alive (and sends this host's CLOCK_MONOTONIC, for

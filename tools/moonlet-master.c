@@ -82,6 +82,9 @@ static void usage(FILE *f)
             "  --idle-timeout-ms MS               close connections idle this long (default\n"
             "                                     300000; 0 never)\n"
             "  --auth-token-file PATH             require this shared token from every client\n"
+            "  --peer-token-file PATH             with HA: the masters' own token; only it opens\n"
+            "                                     the replication stream and snapshot (default:\n"
+            "                                     the --auth-token-file token); must differ from it\n"
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
@@ -181,7 +184,7 @@ enum {
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
     O_REPAIR_BW, O_REPAIR_CONC,
-    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL
+    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -215,6 +218,7 @@ int main(int argc, char **argv)
         {"repair-bandwidth", required_argument, 0, O_REPAIR_BW},
         {"repair-concurrency", required_argument, 0, O_REPAIR_CONC},
         {"auth-token-file", required_argument, 0, O_TOKEN},
+        {"peer-token-file", required_argument, 0, O_PEER_TOKEN},
         {"metrics-port", required_argument, 0, O_METRICS},
         {"max-batch-keys", required_argument, 0, O_BATCH},
         {"max-connections", required_argument, 0, O_MAXCONN},
@@ -264,7 +268,7 @@ int main(int argc, char **argv)
     moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051,
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
-    const char *token_file = NULL;
+    const char *token_file = NULL, *peer_token_file = NULL;
     const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
     uint32_t etcd_ttl_s = 0;
     uint64_t repl_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
@@ -311,6 +315,7 @@ int main(int argc, char **argv)
             break;
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
+        case O_PEER_TOKEN: peer_token_file = optarg; break;
         case O_REPAIR_BW:
             bad = moonlet_bytesize_parse(optarg, &v) != 0 || v == 0;
             if (bad)
@@ -388,6 +393,15 @@ int main(int argc, char **argv)
     if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
         return 2;
     so.auth_token = token;
+    char *peer_token = NULL;
+    if (peer_token_file && moonlet_token_read(peer_token_file, &peer_token) != MOONLET_OK)
+        return 2;
+    if (peer_token && token && strcmp(peer_token, token) == 0) {
+        fprintf(stderr, "moonlet-master: --peer-token-file holds the clients' token: the masters' "
+                        "credential must be a token of its own\n");
+        return 2;
+    }
+    so.peer_token = peer_token;
     /* Only an authenticated master listens beyond loopback unless told where. */
     if (!address_given && token)
         so.address = "0.0.0.0";
@@ -411,7 +425,8 @@ int main(int argc, char **argv)
                               .etcd_ttl_s = etcd_ttl_s,
                               .client_live_ttl_ms = cfg.client_live_ttl_ms,
                               .replication = !no_repl, .repl_max_lag_ms = repl_lag_ms,
-                              .auth_token = token, .on_deposed = on_deposed, .arg = NULL};
+                              .auth_token = token, .peer_token = peer_token,
+                              .on_deposed = on_deposed, .arg = NULL};
         if (moonlet_ha_init(&ho, &cfg, &so) != MOONLET_OK)
             return 1;
     }
@@ -421,6 +436,7 @@ int main(int argc, char **argv)
     if (rc) {
         ML_ERR("master", "cannot create the master: %s", moonlet_strerror(rc));
         moonlet_token_free(token);
+        moonlet_token_free(peer_token);
         return 1;
     }
     moonlet_master_service *svc;
@@ -429,6 +445,7 @@ int main(int argc, char **argv)
         ML_ERR("master", "cannot listen on %s:%u: %s", so.address, so.port, moonlet_strerror(rc));
         moonlet_master_destroy(m);
         moonlet_token_free(token);
+        moonlet_token_free(peer_token);
         return 1;
     }
     moonlet_metrics *metrics = NULL;
@@ -437,6 +454,7 @@ int main(int argc, char **argv)
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);
+        moonlet_token_free(peer_token);
         return 1;
     }
     moonlet_metrics_set_role(metrics, role);
@@ -507,5 +525,6 @@ int main(int argc, char **argv)
     moonlet_ha_fini();
     moonlet_role_destroy(role);
     moonlet_token_free(token);
+    moonlet_token_free(peer_token);
     return exit_code;
 }

@@ -50,7 +50,10 @@
  *    unauthenticated peer never makes the server buffer more than that; each
  *    loop sweeps its connections every SWEEP_MS and closes those past their
  *    deadline (authentication, a frame begun but not complete, replies not
- *    taken, idle).  The acceptor enforces the connection cap and, at the
+ *    taken, idle).  Replies are under a deadline, not a progress timer:
+ *    what was queued must have left within frame_timeout_ms (the deadline
+ *    moves on only when all it covered has gone), so a reader taking a byte
+ *    now and then cannot pin a reply and its buffers.  The acceptor enforces the connection cap and, at the
  *    descriptor limit, sheds the waiting connection with a reserved
  *    descriptor instead of spinning, with a rate-limited log line.
  *
@@ -142,7 +145,10 @@ typedef struct conn {
     size_t linger_discarded;
     int64_t accepted_ms;    /* authentication deadline base */
     int64_t frame_start_ms; /* when the partial frame in `in` began */
-    int64_t sent_ms;        /* last send progress (or when output was queued) */
+    int64_t sent_ms;        /* reply deadline base: when the replies up to
+                             * reply_mark were queued (or, once those have
+                             * left, when the last of them did) */
+    size_t reply_mark;      /* out.buf offset the sent_ms deadline covers */
     int64_t active_ms;      /* last request served (idle deadline base) */
     void (*detach_fn)(void *arg, uint64_t tag, int fd); /* ST_DETACH: who takes the socket */
     void *detach_arg;
@@ -196,6 +202,7 @@ struct moonlet_rpc_server {
     int64_t busy_poll_ns;
     int64_t yield_after_ns; /* 0: never */
     _Atomic uint64_t yields;
+    _Atomic uint64_t reply_deadline_closes; /* replies not taken in time */
     char name[8]; /* opts.name, cut to fit its threads' names */
     loop *loops;
     int nloops;
@@ -610,7 +617,13 @@ static void flush_output(conn *c)
         ssize_t n = send(c->fd, c->out.buf.data + c->out_off, out_pending(c), MSG_NOSIGNAL);
         if (n > 0) {
             c->out_off += (size_t)n;
-            c->sent_ms = now_ms();
+            /* Not a progress timer (issue 31 finding 7): the deadline moves
+             * only once every reply it covered has left, so a reader taking
+             * a few bytes at a time is still cut at frame_timeout_ms. */
+            if (c->out_off >= c->reply_mark && out_pending(c) > 0) {
+                c->sent_ms = now_ms();
+                c->reply_mark = c->out.buf.size;
+            }
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else {
@@ -709,6 +722,7 @@ static void conn_close(loop *l, conn *c)
 
 static void conn_on_event(loop *l, conn *c, uint32_t ev)
 {
+    size_t queued = out_pending(c);
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         if (c->state == ST_LINGER)
             discard_input(c);
@@ -717,11 +731,12 @@ static void conn_on_event(loop *l, conn *c, uint32_t ev)
     }
     if (!c->dead && c->paused && out_pending(c) == 0)
         c->paused = false;
-    size_t queued = out_pending(c);
     if (!c->dead && c->state == ST_OPEN && !c->paused)
         process_input(c);
-    if (queued == 0 && out_pending(c) > 0)
-        c->sent_ms = now_ms(); /* the drain deadline counts from when replies were queued */
+    if (queued == 0 && out_pending(c) > 0) {
+        c->sent_ms = now_ms(); /* the reply deadline counts from when replies were queued */
+        c->reply_mark = c->out.buf.size;
+    }
     if (!c->dead)
         flush_output(c);
     if ((ev & (EPOLLHUP | EPOLLERR)) && (c->state == ST_DRAIN_OUT || c->state == ST_DETACH) &&
@@ -828,6 +843,15 @@ static void expire_deadlines(loop *l, int64_t now)
                      l->s->token_len && !c->authed ? "authentication"
                      : c->in_len ? "frame incomplete"
                      : out_pending(c) ? "replies not taken" : "idle");
+            if (out_pending(c) > 0) {
+                /* Reset, not a graceful close: what the kernel already holds
+                 * of the replies is discarded too, not fed to the slow reader
+                 * for as long as it likes. */
+                struct linger lg = {.l_onoff = 1, .l_linger = 0};
+                setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+                if (now >= c->sent_ms + l->s->frame_timeout_ms)
+                    atomic_fetch_add(&l->s->reply_deadline_closes, 1);
+            }
             conn_close(l, c);
             closed++;
         }
@@ -1251,6 +1275,11 @@ uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method)
     if (method >= s->table_len)
         return 0;
     return atomic_load_explicit(&((moonlet_rpc_server *)s)->calls[method], memory_order_relaxed);
+}
+
+uint64_t moonlet_rpc_server_reply_deadline_closes(const moonlet_rpc_server *s)
+{
+    return atomic_load(&((moonlet_rpc_server *)s)->reply_deadline_closes);
 }
 
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s)

@@ -29,8 +29,9 @@
  * Limits on what a peer can hold (each closes only the offending
  * connection): at most max_connections open connections (more are accepted
  * and closed at once, so the listen queue never backs up); a frame whose
- * first byte arrived must be complete within frame_timeout_ms, and replies a
- * peer does not read must drain within it too; a connection without a
+ * first byte arrived must be complete within frame_timeout_ms, and replies
+ * must be taken within it of being queued (a deadline, not a progress timer:
+ * a peer reading a few bytes at a time is cut there too); a connection without a
  * request for idle_timeout_ms is closed.  At the process's descriptor limit
  * (EMFILE/ENFILE) the acceptor closes the oldest waiting connection with a
  * reserved descriptor, backs off, and logs at most one line every few
@@ -169,6 +170,9 @@ size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
 uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method);
 /* How many times the loops yielded their core (opts.yield_after_us). */
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s);
+/* Connections closed because replies queued on them were not all taken
+ * within frame_timeout_ms of being queued (their buffers freed with them). */
+uint64_t moonlet_rpc_server_reply_deadline_closes(const moonlet_rpc_server *s);
 
 /*
  * File descriptors passed over a unix-socket connection (SCM_RIGHTS).  The

@@ -59,6 +59,7 @@
 #include <stddef.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -372,6 +373,20 @@ int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const 
     if (!x || !segment_id || !key)
         return MOONLET_ERR_INVALID_PARAMS;
     return x->be->seg_set_key ? x->be->seg_set_key(x, segment_id, key) : MOONLET_OK;
+}
+
+void moonlet_xfer_note_epoch(moonlet_xfer *x, uint64_t epoch)
+{
+    if (!x)
+        return;
+    uint64_t cur = atomic_load(&x->epoch);
+    while (cur < epoch && !atomic_compare_exchange_weak(&x->epoch, &cur, epoch))
+        ;
+}
+
+uint64_t moonlet_xfer_epoch(const moonlet_xfer *x)
+{
+    return x ? atomic_load(&((moonlet_xfer *)x)->epoch) : 0;
 }
 
 int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)

@@ -184,6 +184,16 @@ int moonlet_xfer_register_segment(moonlet_xfer *x, void *base, uint64_t len,
  */
 int moonlet_xfer_set_segment_key(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
 
+/*
+ * The newest leader epoch this node has seen (issue 31 section 3; the
+ * store node tells it what its Mount and Ping replies carried): raises it,
+ * never lowers it.  A TCP write whose genuine capability carries an older
+ * epoch (common/writecap.h) is refused with INVALID_WRITE; a genuine one of
+ * a newer epoch raises it.  0 (no HA) refuses nothing.
+ */
+void moonlet_xfer_note_epoch(moonlet_xfer *x, uint64_t epoch);
+uint64_t moonlet_xfer_epoch(const moonlet_xfer *x);
+
 /* Milliseconds on CLOCK_MONOTONIC: the clock of capability expiries and deadlines. */
 uint64_t moonlet_xfer_now_ms(void);
 

@@ -18,6 +18,7 @@
 #define MOONLET_XFER_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
@@ -95,6 +96,7 @@ struct xfer_buffer;
 struct moonlet_xfer {
     const xfer_backend *be;
     void *be_state;
+    _Atomic uint64_t epoch; /* moonlet_xfer_note_epoch: the newest leader epoch seen */
 
     /* options, copied at create */
     char *device;

@@ -21,7 +21,9 @@
  * READ  request: no payload, `length` = bytes wanted.  reply: status 0 and
  *       exactly `length` payload bytes, or an error status and no payload.
  * WRITE request: with F_CAP, a 32-byte write capability follows the header
- *       (u64 offset, u64 len, u64 expiry_ms, u64 tag: common/writecap.h);
+ *       (u64 offset, u64 len, u64 expiry_ms, u64 tag: common/writecap.h; an
+ *       HA leader's epoch rides in the upper bits of len and expiry_ms,
+ *       under the tag, and a node refuses an epoch older than it has seen);
  *       then `length` payload bytes.  reply: status, no payload.  A refused
  *       write's payload is read and discarded, so the stream stays in step
  *       and the connection stays usable.  A segment with a write key refuses

@@ -31,6 +31,14 @@ int moonlet_xfer_tcp_parse_seg_id(const char *s, uint64_t *id);
 /* Connections the server has closed for idling past server_idle_timeout_ms
  * since it started (0 for a client-only instance): tests wait on it. */
 uint64_t moonlet_xfer_tcp_idle_closed(moonlet_xfer *x);
+/* Connections the server has closed for not authenticating within
+ * timeout_ms of their accept (a server with a token; 0 otherwise). */
+uint64_t moonlet_xfer_tcp_auth_closed(moonlet_xfer *x);
+struct sockaddr_storage;
+/* The address bytes the per-peer connection cap counts a peer by, into out:
+ * an IPv4 address (IPv4-mapped IPv6 as IPv4), the /64 prefix of an IPv6
+ * one.  Returns their length (0 for another family). */
+uint8_t moonlet_xfer_tcp_peer_key(const struct sockaddr_storage *ss, uint8_t out[16]);
 
 /* ---- client side (xfer_tcp_client.c) ---- */
 

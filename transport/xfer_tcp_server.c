@@ -18,11 +18,15 @@
  * lands in the segment.
  *
  * Limits.  Each request has an overall deadline from its first header byte
- * (timeout_ms, plus time for its payload at 16 MB/s); connections idle
- * between requests for server_idle_timeout_ms are closed (and counted:
- * moonlet_xfer_tcp_idle_closed); the acceptor refuses connections beyond
- * server_max_conns in all or server_max_conns_per_peer from one address
- * (accepted and closed at once).  The acceptor thread also reaps: every
+ * (timeout_ms, plus time for its payload at 16 MB/s - only once the header
+ * has been checked against its segment, so a declared length alone buys no
+ * time); with a token, a connection not authenticated within timeout_ms of
+ * its accept is closed whatever the idle timeout (moonlet_xfer_tcp_auth_closed);
+ * connections idle between requests for server_idle_timeout_ms are closed
+ * (and counted: moonlet_xfer_tcp_idle_closed); the acceptor refuses
+ * connections beyond server_max_conns in all or server_max_conns_per_peer
+ * from one peer - an IPv4 address, or an IPv6 /64 (accepted and closed at
+ * once).  The acceptor thread also reaps: every
  * 200 ms it shuts down connections past a deadline, and the worker that gets
  * the connection next closes it.  At the descriptor limit the acceptor sheds
  * the oldest waiting connection with a reserved descriptor and backs off,
@@ -107,7 +111,9 @@ enum tcp_phase {
  * reaper (the acceptor thread) reads the atomics only, under conn_lock. */
 typedef struct tcp_sconn {
     int fd;
-    bool authed;
+    atomic_bool authed;       /* the reaper reads it */
+    uint64_t auth_deadline_ms; /* with a token: closed unless authed by then (set
+                                * before the connection is listed, then read only) */
     bool close_after_reply; /* refused AUTH or request before AUTH */
     struct tcp_peer *peer;  /* per-peer count (conn_lock) */
     LIST_ENTRY(tcp_sconn) link; /* in tcp_server.conns (conn_lock) */
@@ -141,6 +147,7 @@ typedef struct tcp_peer {
 #define TCP_PEER_BUCKETS 256
 
 typedef struct tcp_server {
+    moonlet_xfer *x; /* its instance: the newest leader epoch seen (x->epoch) */
     int listen_fd;
     int epfd;
     int stop_fd; /* eventfd, level-triggered in epfd: wakes every worker */
@@ -165,6 +172,7 @@ typedef struct tcp_server {
     unsigned nconns;
     tcp_peer *peers[TCP_PEER_BUCKETS];
     atomic_uint_fast64_t idle_closed; /* connections the reaper shut for idling */
+    atomic_uint_fast64_t auth_closed; /* ... for not authenticating in time */
 } tcp_server;
 
 /* The segment `id` not being removed, or NULL.  seg_lock held. */
@@ -343,6 +351,10 @@ static tcp_step_rc tcp_recv_fill(int fd, uint8_t *buf, size_t n, size_t *got)
     return STEP_NEXT;
 }
 
+/* The request's deadline: timeout_ms from now, plus time for `payload` bytes
+ * at TCP_MIN_RATE_BYTES_PER_MS.  Callers pass a payload length only once the
+ * request has been checked against its segment (tcp_request_in_bounds), so
+ * a declared length never buys time by itself. */
 static void tcp_set_deadline(tcp_server *s, tcp_sconn *c, uint64_t payload)
 {
     uint64_t start = moonlet_xfer_now_ms();
@@ -381,6 +393,17 @@ static tcp_segment *tcp_check_request(tcp_server *s, const moonlet_xfer_tcp_hdr 
     return g;
 }
 
+/* Whether a READ or WRITE header names a served segment and a range inside
+ * it (checked again when the request is served: the segment may go). */
+static bool tcp_request_in_bounds(tcp_server *s, const moonlet_xfer_tcp_hdr *h)
+{
+    pthread_mutex_lock(&s->seg_lock);
+    tcp_segment *g = tcp_seg_find_locked(s, h->segment);
+    bool ok = g && h->offset <= g->size && h->length <= g->size - h->offset;
+    pthread_mutex_unlock(&s->seg_lock);
+    return ok;
+}
+
 static void tcp_drop_segment(tcp_server *s, tcp_sconn *c)
 {
     tcp_segment *g = atomic_exchange(&c->seg, NULL);
@@ -417,7 +440,18 @@ static int tcp_write_cap_check(tcp_server *s, tcp_segment *g, const moonlet_xfer
                                    : "no capability");
         return MOONLET_ERR_INVALID_WRITE;
     }
-    *expiry_ms = cap->expiry_ms;
+    /* Fencing at the resource: a capability of a leader older than the
+     * newest this node has seen is stale (that leader may be frozen past its
+     * term); a genuine one of a newer epoch tells the node of it. */
+    uint64_t epoch = moonlet_writecap_epoch(cap), seen = moonlet_xfer_epoch(s->x);
+    if (epoch < seen) {
+        ML_WARN(MOD, "write of [%" PRIu64 ", +%" PRIu64 ") to segment %s refused: capability of "
+                "leader epoch %" PRIu64 ", older than epoch %" PRIu64 " seen", h->offset, h->length,
+                id, epoch, seen);
+        return MOONLET_ERR_INVALID_WRITE;
+    }
+    moonlet_xfer_note_epoch(s->x, epoch);
+    *expiry_ms = moonlet_writecap_expiry(cap);
     return MOONLET_OK;
 }
 
@@ -485,11 +519,16 @@ static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
         ML_WARN(MOD, "malformed request header, closing connection");
         return STEP_CLOSE;
     }
-    tcp_set_deadline(s, c, c->h.length);
+    /* Payload time only for a range the server serves: a refused WRITE's
+     * payload is drained within timeout_ms, or its connection closed. */
+    bool data_op = c->h.op == MOONLET_XFER_TCP_READ || c->h.op == MOONLET_XFER_TCP_WRITE;
+    bool served = data_op && (!s->token || atomic_load(&c->authed)) &&
+                  tcp_request_in_bounds(s, &c->h);
+    tcp_set_deadline(s, c, served ? c->h.length : 0);
     c->done = 0;
     if (c->h.op == MOONLET_XFER_TCP_AUTH) {
         c->phase = PH_AUTH;
-    } else if (s->token && !c->authed) {
+    } else if (s->token && !atomic_load(&c->authed)) {
         ML_WARN(MOD, "request before authentication, closing connection");
         c->close_after_reply = true;
         tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
@@ -537,7 +576,7 @@ static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
         c->close_after_reply = true;
         tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
     } else {
-        c->authed = true;
+        atomic_store(&c->authed, true);
         tcp_queue_reply(c, MOONLET_OK, NULL, 0);
     }
     return STEP_NEXT;
@@ -791,8 +830,9 @@ static void tcp_peer_put_locked(tcp_server *s, tcp_peer *p)
     free(p);
 }
 
-/* The address bytes that identify a peer (IPv4-mapped IPv6 as IPv4). */
-static uint8_t tcp_peer_key(const struct sockaddr_storage *ss, uint8_t out[16])
+/* The address bytes that identify a peer for the per-peer cap: an IPv4
+ * address (IPv4-mapped IPv6 as IPv4), an IPv6 address's /64. */
+uint8_t moonlet_xfer_tcp_peer_key(const struct sockaddr_storage *ss, uint8_t out[16])
 {
     if (ss->ss_family == AF_INET) {
         memcpy(out, &((const struct sockaddr_in *)ss)->sin_addr, 4);
@@ -805,8 +845,8 @@ static uint8_t tcp_peer_key(const struct sockaddr_storage *ss, uint8_t out[16])
             memcpy(out, a + 12, 4);
             return 4;
         }
-        memcpy(out, a, 16);
-        return 16;
+        memcpy(out, a, 8); /* the /64: one host may use any address of it */
+        return 8;
     }
     return 0;
 }
@@ -853,7 +893,7 @@ static bool tcp_accept_one(tcp_server *s)
         return true;
     }
     uint8_t key[16];
-    uint8_t klen = tcp_peer_key(&ss, key);
+    uint8_t klen = moonlet_xfer_tcp_peer_key(&ss, key);
     tcp_sconn *c = calloc(1, sizeof(*c));
     if (!c) {
         close(fd);
@@ -865,6 +905,7 @@ static bool tcp_accept_one(tcp_server *s)
     if (p) {
         c->fd = fd;
         c->peer = p;
+        c->auth_deadline_ms = s->token ? moonlet_xfer_now_ms() + s->timeout_ms : 0;
         atomic_store(&c->idle_since_ms, moonlet_xfer_now_ms());
         LIST_INSERT_HEAD(&s->conns, c, link);
         s->nconns++;
@@ -889,12 +930,16 @@ static bool tcp_accept_one(tcp_server *s)
 static void tcp_reap(tcp_server *s)
 {
     uint64_t now = moonlet_xfer_now_ms();
-    unsigned late = 0, idle = 0;
+    unsigned late = 0, idle = 0, unauthed = 0;
     pthread_mutex_lock(&s->conn_lock);
     tcp_sconn *c;
     LIST_FOREACH(c, &s->conns, link) {
         uint64_t d = atomic_load(&c->deadline_ms);
-        if (d) {
+        if (c->auth_deadline_ms && now > c->auth_deadline_ms && !atomic_load(&c->authed)) {
+            atomic_fetch_add(&s->auth_closed, 1); /* counted first: tests wait on the close */
+            shutdown(c->fd, SHUT_RDWR); /* even with no idle timeout (issue 31 finding 6) */
+            unauthed++;
+        } else if (d) {
             if (now > d) {
                 shutdown(c->fd, SHUT_RDWR);
                 late++;
@@ -908,6 +953,8 @@ static void tcp_reap(tcp_server *s)
     pthread_mutex_unlock(&s->conn_lock);
     if (late)
         ML_DEBUG(MOD, "%u connections past their request deadline closed", late);
+    if (unauthed)
+        ML_DEBUG(MOD, "%u connections not authenticated in time closed", unauthed);
     if (idle) {
         atomic_fetch_add(&s->idle_closed, idle);
         ML_DEBUG(MOD, "%u idle connections closed", idle);
@@ -1044,6 +1091,7 @@ int moonlet_xfer_tcp_server_start(moonlet_xfer *x)
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->listen_fd = -1;
+    s->x = x;
     s->timeout_ms = x->timeout_ms;
     s->idle_timeout_ms = x->server_idle_timeout_ms;
     s->max_conns = x->server_max_conns;
@@ -1084,4 +1132,10 @@ uint64_t moonlet_xfer_tcp_idle_closed(moonlet_xfer *x)
 {
     tcp_server *s = x->be_state;
     return s ? atomic_load(&s->idle_closed) : 0;
+}
+
+uint64_t moonlet_xfer_tcp_auth_closed(moonlet_xfer *x)
+{
+    tcp_server *s = x->be_state;
+    return s ? atomic_load(&s->auth_closed) : 0;
 }

@@ -13,7 +13,10 @@
  * Every registration gets a fresh random write key (common/writecap.h): the
  * transport refuses writes without a capability under it, and MountSegment
  * hands it to the master with this host's clock, so only writes the master
- * granted, and only until their put deadline, land in the segment.
+ * granted, and only until their put deadline, land in the segment.  The
+ * leader epoch the master's Mount and Ping replies carry goes to the
+ * transport (moonlet_xfer_note_epoch): a capability of an older leader is
+ * refused from then on, as is a repair target's (issue 31 section 3).
  *
  * A Ping that fails changes nothing: the master may just be slow or
  * restarting, and only its answer tells whether it forgot the node.  Waits
@@ -293,6 +296,16 @@ static int node_reregister(moonlet_store_node *n)
     return node_register(n);
 }
 
+/* The leader epoch the master's replies carried (Mount, Ping) goes to the
+ * data plane: capabilities of older epochs are refused from now on. */
+static void node_note_epoch(moonlet_store_node *n)
+{
+    uint64_t e = moonlet_mc_epoch(n->mc);
+    moonlet_xfer_note_epoch(n->xfer, e);
+    if (n->xfer_tcp)
+        moonlet_xfer_note_epoch(n->xfer_tcp, e);
+}
+
 static int node_mount(moonlet_store_node *n)
 {
     pthread_mutex_lock(&n->mu);
@@ -319,6 +332,7 @@ static int node_mount(moonlet_store_node *n)
         rc = MOONLET_OK; /* an earlier attempt landed but its reply was lost */
     if (rc)
         return rc;
+    node_note_epoch(n);
     pthread_mutex_lock(&n->mu);
     n->mounted = true;
     n->mounts++;
@@ -390,6 +404,8 @@ static int node_heartbeat(moonlet_store_node *n)
     uint32_t segs = 0;
     int rc = moonlet_mc_ping(n->mc, n->client_id, &segs);
     node_note_ping(n, rc);
+    if (!rc)
+        node_note_epoch(n);
     if (rc || segs > 0)
         return rc;
     ML_WARN(MOD, "the master holds no segment for client %s (it restarted, or declared this "
@@ -485,8 +501,9 @@ static int repair_one(moonlet_store_node *n, const moonlet_mc_repair_job *j)
         if (strcmp(t->segment_id, n->seg_id) != 0)
             rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
         else if (!moonlet_writecap_valid(n->pub_key, n->cap_id, &cap, t->offset, j->size,
-                                         moonlet_xfer_now_ms()))
-            rc = MOONLET_ERR_INVALID_WRITE;
+                                         moonlet_xfer_now_ms()) ||
+                 moonlet_writecap_epoch(&cap) < moonlet_xfer_epoch(n->xfer))
+            rc = MOONLET_ERR_INVALID_WRITE; /* forged, expired, or of an older leader */
         else
             memcpy((char *)n->mem.base + t->offset, buf, j->size);
         pthread_mutex_unlock(&n->mu);
@@ -786,6 +803,11 @@ int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap)
         memcpy(buf, n->seg_id, len + 1);
     pthread_mutex_unlock(&n->mu);
     return rc;
+}
+
+uint64_t moonlet_store_node_epoch(moonlet_store_node *n)
+{
+    return moonlet_xfer_epoch(n->xfer);
 }
 
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n)

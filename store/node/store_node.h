@@ -144,6 +144,11 @@ int moonlet_store_node_segment_id(moonlet_store_node *n, char *buf, size_t cap);
 /* The segment's memory (tests: corrupt a replica in place). */
 void *moonlet_store_node_segment_base(moonlet_store_node *n);
 
+/* The newest leader epoch the node has seen (its Mount and Ping replies, or
+ * a genuine write capability): capabilities of older epochs are refused
+ * (common/writecap.h).  0 without HA. */
+uint64_t moonlet_store_node_epoch(moonlet_store_node *n);
+
 /* Times the segment was mounted (1 after create; +1 per re-mount). */
 uint64_t moonlet_store_node_mounts(moonlet_store_node *n);
 /* Repair jobs this node finished (copied and reported), failed, and bytes copied. */

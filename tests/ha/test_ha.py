@@ -17,6 +17,11 @@ a store node and a client given both masters.  Checks:
   - the leader cut off from etcd only (a relay that stops forwarding): it
     serves its clients until its fencing deadline, then NOT_LEADER; the
     standby takes over; healed, it is a standby; intervals never overlap.
+  - three masters: while the standby named in sync is alive, the third
+    one does not win an election (issue 31 section 3);
+  - with --peer-token-file the replication server takes only the masters'
+    token: the clients' token gets ILLEGAL_CLIENT for ReplSnapshot and
+    ReplStream, the standby still follows (issue 31 finding 3).
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
@@ -200,9 +205,10 @@ def intervals(d):
     return out
 
 
-def status(addrs):
-    r = subprocess.run([daemons.tool("moonlet-inspect"), "--master", ",".join(addrs), "status",
-                        "--json"], capture_output=True, text=True, timeout=30,
+def status(addrs, token_file=None):
+    tok = ["--auth-token-file", token_file] if token_file else []
+    r = subprocess.run([daemons.tool("moonlet-inspect"), "--master", ",".join(addrs), *tok,
+                        "status", "--json"], capture_output=True, text=True, timeout=30,
                        env=daemons.child_env())
     return json.loads(r.stdout) if r.stdout.strip() else {"masters": [], "leader": ""}
 
@@ -212,11 +218,11 @@ def hello(addr):
     return ms[0] if ms else {}
 
 
-def wait_leader(addrs, timeout, exclude=()):
+def wait_leader(addrs, timeout, exclude=(), token_file=None):
     """The serving leader among addrs (bounded wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for m in status(addrs)["masters"]:
+        for m in status(addrs, token_file)["masters"]:
             if m.get("role") == "leader" and m.get("serving") and m["master"] not in exclude:
                 return m["master"]
         time.sleep(0.1)
@@ -289,6 +295,138 @@ def wait_in_sync(ha, standby, timeout=15):
             return v
         time.sleep(0.05)
     raise AssertionError(f"{standby} not in sync within {timeout} s: {insync(ha['etcd'], ha['cluster'])}")
+
+
+def mp_str(b):
+    """msgpack str of bytes b (up to 255 bytes)."""
+    return (bytes([0xa0 | len(b)]) if len(b) < 32 else bytes([0xd9, len(b)])) + b
+
+
+def mp_int(data, i):
+    """(value, next index) of the msgpack integer at data[i]."""
+    t = data[i]
+    if t <= 0x7f:
+        return t, i + 1
+    if t >= 0xe0:
+        return t - 0x100, i + 1
+    fmt = {0xcc: ">B", 0xcd: ">H", 0xce: ">I", 0xcf: ">Q",
+           0xd0: ">b", 0xd1: ">h", 0xd2: ">i", 0xd3: ">q"}[t]
+    n = struct.calcsize(fmt)
+    return struct.unpack(fmt, data[i + 1:i + 1 + n])[0], i + 1 + n
+
+
+def rpc(sock, rid, method, args=b"\x90"):
+    """One request [rid, method, args (msgpack)] on sock: (code, result
+    bytes).  method < 128."""
+    body = bytes([0x93, rid, method]) + args
+    sock.sendall(struct.pack(">I", len(body)) + body)
+    n = struct.unpack(">I", recv_exact(sock, 4))[0]
+    data = recv_exact(sock, n)
+    _, i = mp_int(data, 1)
+    code, i = mp_int(data, i)
+    return code, data[i:]
+
+
+AUTH, REPL_SNAPSHOT, REPL_PORT, REPL_STREAM = 1, 30, 31, 32
+ILLEGAL_CLIENT = -601
+
+
+def repl_port(leader, token):
+    host, port = leader.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        assert rpc(s, 1, AUTH, b"\x91" + mp_str(token))[0] == 0
+        code, res = rpc(s, 2, REPL_PORT)
+        assert code == 0, code
+        return mp_int(res, 0)[0]
+
+
+def repl_try(host, port, token, method, args):
+    """AUTH with token on the replication server, then one call: the codes."""
+    with socket.create_connection((host, port), timeout=5) as s:
+        codes = []
+        if token is not None:
+            codes.append(rpc(s, 1, AUTH, b"\x91" + mp_str(token))[0])
+            if codes[-1] != 0:
+                return codes
+        try:
+            codes.append(rpc(s, 2, method, args)[0])
+        except (ConnectionResetError, BrokenPipeError):
+            codes.append("closed")
+        return codes
+
+
+def test_peer_token_guards_replication():
+    """Issue 31 finding 3 / section 3: with --peer-token-file the masters
+    replicate with a credential of their own; a holder of the clients'
+    token (which Hello and ReplPort answer) gets ILLEGAL_CLIENT from the
+    replication server for ReplSnapshot and ReplStream, and so never sees a
+    record (the segments' write keys, the nodes' bind secrets) nor moves the
+    standby's acknowledged position.  The standby, with the peer token,
+    follows and is marked in sync.  A master given the clients' token as its
+    peer token refuses to start.  Without --peer-token-file the shared token
+    still opens the replication server (compatible: it is then the peer
+    credential)."""
+    etcd = Etcd()
+    cluster = "t" + uuid.uuid4().hex[:8]
+    tdir = tempfile.mkdtemp(prefix="moonlet-ha-tok-")
+    ctok, ptok = b"client-" + uuid.uuid4().hex.encode(), b"peer-" + uuid.uuid4().hex.encode()
+    cfile, pfile = os.path.join(tdir, "client"), os.path.join(tdir, "peer")
+    for f, t in ((cfile, ctok), (pfile, ptok)):
+        with open(f, "wb") as fh:
+            fh.write(t + b"\n")
+        os.chmod(f, 0o600)
+    started = []
+    try:
+        r = subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", etcd.url,
+                            "--cluster-id", cluster, "--advertise", "127.0.0.1:0",
+                            "--auth-token-file", cfile, "--peer-token-file", cfile],
+                           capture_output=True, text=True, timeout=30, env=daemons.child_env())
+        assert r.returncode == 2 and "of its own" in r.stderr, r.stderr
+        extra = ("--auth-token-file", cfile, "--peer-token-file", pfile,
+                 "--rpc-address", "127.0.0.1")
+        m1 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m1)
+        m2 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m2)
+        addrs = [m1.addr, m2.addr]
+        leader = wait_leader(addrs, 4 * TTL_S + 5, token_file=cfile)
+        standby = m2.addr if leader == m1.addr else m1.addr
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        host = leader.rsplit(":", 1)[0]
+        rport = repl_port(leader, ctok)  # the clients' token learns the port
+        snap_args = b"\x90"
+        stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
+        # the clients' token: refused at AUTH, the connection closed
+        assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [ILLEGAL_CLIENT]
+        assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [ILLEGAL_CLIENT]
+        # no token: the calls themselves refused
+        assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
+        assert repl_try(host, rport, None, REPL_STREAM, stream_args)[0] == ILLEGAL_CLIENT
+        # the peer token: a snapshot is served
+        assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
+        # and the real standby is still the one in sync, its stream untouched
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        # without --peer-token-file, as before: the shared token is the peer
+        # credential (a second pair, in a cluster of its own)
+        for d in reversed(started):
+            d.stop()
+        started.clear()
+        cluster2 = cluster + "b"
+        shared = ("--auth-token-file", cfile, "--rpc-address", "127.0.0.1")
+        m3 = start_ha_master(etcd, cluster2, extra=shared)
+        started.append(m3)
+        m4 = start_ha_master(etcd, cluster2, extra=shared)
+        started.append(m4)
+        leader2 = wait_leader([m3.addr, m4.addr], 4 * TTL_S + 5, token_file=cfile)
+        standby2 = m4.addr if leader2 == m3.addr else m3.addr
+        wait_in_sync({"etcd": etcd, "cluster": cluster2}, standby2)
+        rport2 = repl_port(leader2, ctok)
+        assert repl_try(leader2.rsplit(":", 1)[0], rport2, ctok, REPL_SNAPSHOT, snap_args) == [0, 0]
+    finally:
+        for d in reversed(started):
+            d.stop()
+        etcd.stop()
+        shutil.rmtree(tdir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -772,6 +910,79 @@ def test_leader_cut_off_from_etcd(ha_relay):
     assert old_ivs and all(iv[2] is not None for iv in old_ivs), old_ivs
     assert served_after_cut  # it kept serving until fenced, not at the first failed keepalive
     s.close()
+
+
+def wait_log(d, pattern, timeout):
+    """Until d's stderr matches pattern (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, stderr_text(d)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_third_master_defers_to_the_one_in_sync():
+    """Issue 31 section 3: three masters; the leader freezes (SIGSTOP) while
+    the hot standby, named in sync in etcd, is cut off from etcd.  The third
+    master, out of sync, sees the leader key vacant but defers its campaign
+    while the one named in sync is alive (its address accepts connections);
+    healed, the named standby wins and promotes with its state, and an
+    acknowledged object put before is read back.  Before, the third master
+    won and started empty."""
+    import moonlet  # noqa: F401
+    etcd = Etcd()
+    relay = Relay(etcd.url)
+    cluster = "d" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        m1 = start_ha_master(etcd, cluster)
+        started.append(m1)
+        wait_leader([m1.addr], 4 * TTL_S + 5)
+        m2 = start_ha_master(etcd, cluster, endpoints=relay.url)
+        started.append(m2)
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, m2.addr)
+        m3 = start_ha_master(etcd, cluster)
+        started.append(m3)
+        addrs = [m1.addr, m2.addr, m3.addr]
+        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
+                                    "--rpc-timeout-ms", "1000")
+        started.append(store)
+        s = client(addrs)
+        put_until_ok(s, "kept", b"k" * 4096, 10)
+        # the third one is a standby that follows the leader, not the named one
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and hello(m3.addr).get("role") != "standby":
+            time.sleep(0.1)
+        assert insync(etcd, cluster).rsplit("@", 1)[0] == m2.addr
+        relay.cut()
+        os.kill(m1.pid, signal.SIGSTOP)
+        # m1's lease runs out; m3 finds the key vacant and defers to m2
+        deferred = wait_log(m3, r"campaign deferred to the master named in sync", 4 * TTL_S + 5)
+        relay.heal()
+        new = wait_leader([m2.addr, m3.addr], 4 * TTL_S + 10)
+        assert new == m2.addr, f"{new} won, not the standby named in sync ({m2.addr})"
+        assert deferred, stderr_text(m3)[-2000:]
+        assert wait_log(m2, r"ha: promoted with state", 5), stderr_text(m2)[-2000:]
+        deadline = time.monotonic() + 20
+        got = None
+        while time.monotonic() < deadline:
+            try:
+                got = s.get("kept")
+                break
+            except moonlet.StoreError:
+                time.sleep(0.1)
+        assert got == b"k" * 4096
+        s.close()
+    finally:
+        for d in reversed(started):
+            try:
+                os.kill(d.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            d.stop()
+        relay.stop()
+        etcd.stop()
 
 
 @pytest.fixture

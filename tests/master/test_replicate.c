@@ -528,6 +528,7 @@ static void test_restored_clock_offset(void **state)
 
 struct marks {
     int in, out, fail;
+    _Atomic int fail_rc; /* nonzero: every mark returns it (an outcome unknown, e.g. a timeout) */
     atomic_int calls;
     char last[64];
 };
@@ -538,6 +539,8 @@ static int mark_cb(void *arg, bool in_sync, const char *standby)
     atomic_fetch_add(&mk->calls, 1);
     if (mk->fail)
         return MOONLET_ERR_NOT_LEADER;
+    if (atomic_load(&mk->fail_rc))
+        return atomic_load(&mk->fail_rc);
     in_sync ? mk->in++ : mk->out++;
     snprintf(mk->last, sizeof(mk->last), "%s", standby);
     return MOONLET_OK;
@@ -724,6 +727,59 @@ static void test_failed_mark_is_not_retried_at_once(void **state)
     moonlet_repl_log_status st;
     moonlet_repl_log_get_status(l, &st);
     assert_false(st.in_sync);
+    close(fd);
+    moonlet_repl_log_destroy(l);
+}
+
+/* Issue 31 finding 4: an in-sync mark whose outcome is unknown (the etcd
+ * call timed out; etcd may have applied it) is taken as "maybe named": the
+ * standby stays in sync for the writes, which keep waiting for its acks
+ * (the leader must not acknowledge what it may not have while etcd may name
+ * it), and only a successful out-of-sync mark lets them go on alone; the
+ * in-mark is tried again later.  Before, the failed mark dropped the
+ * standby from the waits at once. */
+static void test_unknown_mark_outcome_keeps_waiting(void **state)
+{
+    (void)state;
+    struct marks mk = {0};
+    atomic_store(&mk.fail_rc, MOONLET_ERR_RPC_TIMEOUT);
+    /* only writers push (push_after_ms a minute) and the bound is a minute:
+     * a write that does not wait sends nothing */
+    moonlet_repl_log_opts o = {.max_lag_ms = 60000, .push_after_ms = 60000, .mark = mark_cb,
+                               .mark_arg = &mk};
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
+                            .segment_id = MOONLET_STR("s")};
+    bool lost;
+    int fd = peer_open(l, "a:1", 1, &lost); /* caught up at once: the in-mark is tried */
+    assert_true(fd >= 0);
+    for (int i = 0; i < 5000 && atomic_load(&mk.calls) == 0; i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&mk.calls), 1);
+    assert_int_equal(mk.in, 0);
+    moonlet_repl_log_status st0, st1;
+    moonlet_repl_log_get_status(l, &st0);
+    assert_false(st0.in_sync); /* not known to be named */
+    /* a write waits for the standby's ack: it pushes its record itself */
+    struct waiter w;
+    wait_begin(&w, l, &rec);
+    uint64_t first, count;
+    assert_true(peer_records(fd, &first, &count, 5000));
+    assert_int_equal(first, 1);
+    assert_int_equal(count, 1);
+    peer_ack(fd, first + count);
+    assert_int_equal(wait_end(&w), MOONLET_OK);
+    moonlet_repl_log_get_status(l, &st1);
+    assert_int_equal(st1.sync_waits - st0.sync_waits, 1);
+    assert_int_equal(st1.writer_pushes - st0.writer_pushes, 1);
+    assert_int_equal(mk.out, 0);
+    /* etcd answers again: the in-mark is retried (after MARK_RETRY_MS) */
+    atomic_store(&mk.fail_rc, 0);
+    PEER_WAIT_STATUS(l, st.in_sync);
+    assert_int_equal(mk.in, 1);
     close(fd);
     moonlet_repl_log_destroy(l);
 }
@@ -1598,6 +1654,7 @@ MOONLET_TEST_MAIN("master_replicate", NULL, NULL,
                   cmocka_unit_test(test_semi_sync_log),
                   cmocka_unit_test(test_writers_push_their_own),
                   cmocka_unit_test(test_failed_mark_is_not_retried_at_once),
+                  cmocka_unit_test(test_unknown_mark_outcome_keeps_waiting),
                   cmocka_unit_test(test_stream_end_marks_out_at_once),
                   cmocka_unit_test(test_snapshot_in_parts),
                   cmocka_unit_test(test_follower_stop_does_not_wait_for_the_leader),

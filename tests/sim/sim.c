@@ -29,6 +29,17 @@
  *      write (its capability unexpired);
  *   I3 a Get of a key returns the bytes of a put of that key that was
  *      sealed, or an error (a checksum mismatch, a dead node).
+ * A frozen leader (issue 31 section 3): a leader that crashed at a failover
+ * may instead be frozen (a paused VM) and wake inside its old window: it
+ * then hands out capabilities of its old epoch for ranges of its old state
+ * (the worst case: its replies go out), and their writers write.  Store
+ * nodes learn the newest epoch at Mount and Ping and refuse a capability of
+ * an older one (what transport/xfer_tcp_server.c does; --no-fence turns the
+ * refusal off, to see the hole).  Its writes are in the byte model, under
+ * put ids from FROZEN_ID on, so I1-I3 see any that land; I2 counts its
+ * unfenced capabilities as ranges a writer may still write.  It draws from
+ * a random stream of its own: with the fence, the main stream, and so every
+ * regression seed's path, is as before.
  * The standby's acknowledgements are modelled as the semi-synchronous
  * stream does them: a write's reply (PutStart, PutEnd, RepairFetch) goes
  * out once the standby applied its records, or at once while the standby
@@ -36,7 +47,7 @@
  * only while the standby is in sync (etcd names it), as ha.c decides.
  *
  * Usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite]
- *           [--max-fail N] [--trace] [--records]
+ *           [--max-fail N] [--trace] [--records] [--no-fence]
  *   default: the regression seeds, then 2000 seeds of 200 steps, stopping
  *   after --max-fail (5) failed seeds.  A failing seed prints its last
  *   steps and `--seed N` replays it alone; --trace prints every step (and
@@ -77,6 +88,8 @@
 #define REPAIR_TIMEOUT_MS 1500u
 #define SHARDS 8u
 #define TRACE_KEEP 60
+#define FROZEN_ID 0x40000000u /* put ids of a frozen leader's puts (S.fputs) */
+#define NFROZEN 64u
 
 /* ---- deterministic randomness ------------------------------------------------ */
 
@@ -94,12 +107,25 @@ static uint64_t rnd(void)
 static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
 static bool chance(uint32_t pct) { return below(100) < pct; }
 
+/* The frozen leader's own stream (see above). */
+static uint64_t g_frng;
+static uint32_t fbelow(uint32_t n)
+{
+    uint64_t z = (g_frng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return n ? (uint32_t)(z % n) : 0;
+}
+static bool g_nofence; /* --no-fence: nodes take capabilities of any epoch */
+
 /* ---- the model --------------------------------------------------------------- */
 
 struct node {
     bool alive;      /* the process runs (pings, serves its bytes) */
     bool mounted;    /* it mounted its segment and did not unmount it */
     uint32_t gen;    /* incarnation: a restart is a new client and segment */
+    uint32_t seen_epoch; /* the newest leader epoch its Mount / Ping replies carried */
     char client[24], seg[24];
     uint32_t owner[NUNITS];
 };
@@ -161,6 +187,13 @@ struct sim {
     bool failed;
     char why[512];
     uint32_t failovers, snapshots, late_ends, reads;
+    /* a leader frozen at a failover (NULL: none), its epoch, and until when
+     * it believes its window open; the puts it started since it woke */
+    moonlet_master *frozen;
+    uint32_t frozen_epoch;
+    uint64_t frozen_until_ns;
+    struct put fputs[NFROZEN];
+    uint32_t nfputs, frozen_writes, fenced_writes;
 };
 
 static struct sim S;
@@ -257,6 +290,13 @@ static void emit(void *arg, const moonlet_repl_rec *rec)
     S.log[S.nlog].len = len;
     S.log[S.nlog].at_ns = at;
     S.nlog++;
+}
+
+/* A frozen leader's records: its standby was promoted, nobody follows it. */
+static void emit_nowhere(void *arg, const moonlet_repl_rec *rec)
+{
+    (void)arg;
+    (void)rec;
 }
 
 static void repl_pos(void *arg, uint64_t *next, uint64_t *acked)
@@ -416,7 +456,15 @@ static moonlet_master *master_new(void)
         fprintf(stderr, "sim: cannot create a master\n");
         exit(2);
     }
+    moonlet_master_set_epoch(m, S.epoch); /* its capabilities carry it */
     return m;
+}
+
+/* A reply of the leader's reached node i: it knows the leader's epoch. */
+static void node_learns(uint32_t i)
+{
+    if (S.nodes[i].seen_epoch < S.epoch)
+        S.nodes[i].seen_epoch = S.epoch;
 }
 
 static int node_mount(uint32_t i)
@@ -425,7 +473,9 @@ static int node_mount(uint32_t i)
     moonlet_segment_desc d = {.client_id = n->client, .segment_id = n->seg, .name = n->seg,
                               .base = 0, .size = SEG_BYTES, .endpoint = n->seg,
                               .protocol = "tcp"};
-    return moonlet_master_mount_segment(S.m, &d);
+    int rc = moonlet_master_mount_segment(S.m, &d);
+    node_learns(i);
+    return rc;
 }
 
 static void node_start(uint32_t i)
@@ -580,8 +630,12 @@ static void check_caps(moonlet_master *m)
             if (!seg_node(r.seg[i], &node, &gen))
                 continue;
             uint64_t a0 = r.off[i], a1 = a0 + moonlet_alloc_rounded(v.size ? v.size : 1);
-            for (uint32_t q = 0; q < S.nputs; q++) {
-                struct put *p = &S.puts[q];
+            for (uint32_t q = 0; q < S.nputs + S.nfputs; q++) {
+                struct put *p = q < S.nputs ? &S.puts[q] : &S.fputs[q - S.nputs];
+                if (q >= S.nputs && ((!g_nofence && S.nodes[node].seen_epoch > p->epoch) ||
+                                     !bytes_at(node, gen, a0)))
+                    continue; /* a frozen leader's capability no node takes: refused by
+                               * its epoch, or its node dead (a restart is a new segment) */
                 if (p->key == k || now >= p->deadline_ns || !p->replied || p->end_sent)
                     continue;
                 for (uint32_t j = 0; j < p->nrep; j++) {
@@ -822,7 +876,7 @@ static void op_get(void)
         uint32_t o = owner_of(u, size);
         if (has_ck && (!o || put_ck(o) != ck))
             continue; /* the checksum refuses it: an error, no wrong bytes */
-        const struct put *q = o ? &S.puts[o - 1] : NULL;
+        const struct put *q = o && o < FROZEN_ID ? &S.puts[o - 1] : NULL;
         if (!q || q->key != k || !q->end_ok) {
             fail("I3: Get %s read replica %s@%" PRIu64 " holding %s%u%s%s", key, r.seg[i],
                  r.off[i], o ? "the bytes of put " : "no put's bytes", o,
@@ -977,7 +1031,18 @@ static void op_failover(void)
     uint64_t restored = 0;
     bool with_state = moonlet_ha_promote(S.m, st, &pr, &restored);
     moonlet_repl_state_destroy(st);
-    moonlet_master_destroy(old);
+    if (S.frozen)
+        moonlet_master_destroy(S.frozen);
+    S.frozen = NULL;
+    if (fbelow(2)) { /* not crashed: frozen, it wakes inside its window */
+        S.frozen = old;
+        old->cfg.repl_emit = emit_nowhere; /* its stream went with its term */
+        S.frozen_epoch = S.epoch - 1;
+        S.frozen_until_ns = moonlet_clock_now_ns() + 2ull * PUT_TIMEOUT_MS * MS;
+        trace("  (the old leader is frozen, not dead: it wakes within its window)");
+    } else {
+        moonlet_master_destroy(old);
+    }
     S.failovers++;
     trace("promoted with state: %d, %" PRIu64 " objects restored", with_state, restored);
     /* Replies the old leader had not sent are errors to their clients. */
@@ -988,6 +1053,7 @@ static void op_failover(void)
         if (S.nodes[i].alive) {
             uint32_t segs = 0;
             moonlet_master_ping(S.m, MOONLET_STR(S.nodes[i].client), &segs);
+            node_learns(i);
             if (!segs && S.nodes[i].mounted)
                 trace("node %u: remount on the new leader: %d", i, node_mount(i));
         }
@@ -1012,11 +1078,66 @@ static void pings(void)
             continue;
         uint32_t segs = 0;
         moonlet_master_ping(S.m, MOONLET_STR(n->client), &segs);
+        node_learns(i);
         if (segs == 0) { /* the master forgot it (declared it dead): mounts again */
             int rc = node_mount(i);
             trace("node %u: the master forgot %s: mount again %d", i, n->seg, rc);
         }
     }
+}
+
+/* ---- the frozen leader ------------------------------------------------------------ */
+
+static void frozen_visit(void *arg, const moonlet_replica_view *v)
+{
+    start_visit(arg, v);
+}
+
+/* The frozen leader, awake inside its old window: a PutStart on its old
+ * state (its reply reaches the client), or a write with one of its
+ * capabilities, which a node takes only if it has seen no newer epoch. */
+static void frozen_step(void)
+{
+    if (!S.frozen || moonlet_clock_now_ns() >= S.frozen_until_ns || fbelow(100) >= 30)
+        return;
+    if (S.nfputs < NFROZEN && (S.nfputs == 0 || fbelow(2))) {
+        struct put *p = &S.fputs[S.nfputs];
+        memset(p, 0, sizeof(*p));
+        p->id = FROZEN_ID + S.nfputs;
+        p->key = fbelow(NKEYS);
+        p->size = 1 + fbelow(2048);
+        p->epoch = S.frozen_epoch;
+        char key[16];
+        key_name(key, sizeof(key), p->key);
+        moonlet_master_put_opts po = {.replica_num = 1 + fbelow(MAXREP), .put_id = &p->master_put_id};
+        struct start_ctx c = {p};
+        int rc = moonlet_master_put_start_opts(S.frozen, MOONLET_STR(""), MOONLET_STR(key), p->size,
+                                               &po, frozen_visit, &c);
+        if (rc || !p->nrep)
+            return;
+        p->st = P_OPEN;
+        p->replied = true;
+        S.nfputs++;
+        trace("frozen leader (epoch %u): PutStart %s put %u -> s%ug%u@%" PRIu64, p->epoch, key,
+              p->id, p->node[0], p->gen[0], p->off[0]);
+        return;
+    }
+    if (!S.nfputs)
+        return;
+    struct put *p = &S.fputs[fbelow(S.nfputs)];
+    uint32_t j = fbelow(p->nrep);
+    struct node *n = &S.nodes[p->node[j]];
+    bool fenced = !g_nofence && n->seen_epoch > p->epoch;
+    uint32_t *u = fenced ? NULL : bytes_at(p->node[j], p->gen[j], p->off[j]);
+    if (u && moonlet_clock_now_ns() < p->deadline_ns) {
+        for (uint64_t i = 0; i < units(p->size) && p->off[j] / UNIT + i < NUNITS; i++)
+            u[i] = p->id;
+        S.frozen_writes++;
+    }
+    S.fenced_writes += fenced;
+    trace("frozen leader's put %u (epoch %u) writes s%ug%u@%" PRIu64 ": %s", p->id, p->epoch,
+          p->node[j], p->gen[j], p->off[j],
+          fenced ? "refused (the node has seen a newer epoch)" : u ? "landed" : "refused");
 }
 
 /* ---- a run --------------------------------------------------------------------- */
@@ -1038,6 +1159,7 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
     S.steps = steps;
     S.print_all = print_all;
     g_rng = seed * 0xD1B54A32D192ED03ull + 1;
+    g_frng = seed * 0x9FB21C651E98DF25ull + 7;
     moonlet_clock_set_fake(T0);
     S.epoch = 1;
     S.m = master_new();
@@ -1086,6 +1208,7 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
             trace("nothing");
         if (S.failed)
             break;
+        frozen_step();
         if (chance(60)) /* the background thread's tick */
             moonlet_master_tick(S.m);
         settle();
@@ -1102,6 +1225,8 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
         printf("sim: replay with: sim --seed %" PRIu64 " --steps %u --trace\n", seed, steps);
     }
     moonlet_master_destroy(S.m);
+    moonlet_master_destroy(S.frozen);
+    S.frozen = NULL;
     moonlet_repl_state_destroy(S.st);
     log_free();
     S.m = NULL;
@@ -1126,6 +1251,7 @@ static const struct {
     {15123, 400, true, "2: a replayed quarantine restored before the object on it"},
     {9699, 400, true, "8: a snapshot part skipped an object on a new segment"},
     {10495, 300, true, "DROP of a put the standby never saw: its ranges left free"},
+    {87, 200, false, "section 3: a frozen leader's capabilities (fail with --no-fence)"},
 };
 
 int main(int argc, char **argv)
@@ -1152,9 +1278,11 @@ int main(int argc, char **argv)
             polite = g_polite = true;
         } else if (!strcmp(argv[i], "--trace")) {
             print_all = true;
+        } else if (!strcmp(argv[i], "--no-fence")) {
+            g_nofence = true;
         } else {
             fprintf(stderr, "usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite] "
-                            "[--max-fail N] [--trace] [--records]\n");
+                            "[--max-fail N] [--trace] [--records] [--no-fence]\n");
             return 2;
         }
     }
@@ -1164,7 +1292,7 @@ int main(int argc, char **argv)
     if (one)
         return run(seed, steps, print_all, false) ? 0 : 1;
     uint32_t bad = 0;
-    uint64_t failovers = 0, snaps = 0, late = 0, reads = 0;
+    uint64_t failovers = 0, snaps = 0, late = 0, reads = 0, fwrites = 0, fenced = 0;
     if (regress)
         for (size_t i = 0; i < sizeof(regressions) / sizeof(regressions[0]); i++) {
             g_polite = regressions[i].polite;
@@ -1182,9 +1310,12 @@ int main(int argc, char **argv)
         snaps += S.snapshots;
         late += S.late_ends;
         reads += S.reads;
+        fwrites += S.frozen_writes;
+        fenced += S.fenced_writes;
     }
     printf("sim: %" PRIu64 " seeds x %u steps from %" PRIu64 ": %u failed; %" PRIu64
-           " failovers, %" PRIu64 " snapshots, %" PRIu64 " late PutEnds, %" PRIu64 " reads\n",
-           nseeds, steps, first, bad, failovers, snaps, late, reads);
+           " failovers, %" PRIu64 " snapshots, %" PRIu64 " late PutEnds, %" PRIu64 " reads, %"
+           PRIu64 " frozen-leader writes fenced, %" PRIu64 " landed\n",
+           nseeds, steps, first, bad, failovers, snaps, late, reads, fenced, fwrites);
     return bad ? 1 : 0;
 }

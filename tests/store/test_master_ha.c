@@ -9,7 +9,11 @@
  *   - a client given both follows a failover;
  *   - a reply or Hello from an epoch older than one seen is refused;
  *   - a leader past its window end is refused by the clock alone;
- *   - without a role (no HA) replies carry no epoch and Hello says single.
+ *   - without a role (no HA) replies carry no epoch and Hello says single;
+ *   - an in-process store node learns the leader's epoch at Mount and Ping,
+ *     and refuses a capability the leader issued in an older epoch (a
+ *     leader frozen past its term) once it knows the newer one (issue 31
+ *     section 3).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +21,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <cjson/cJSON.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -28,6 +35,10 @@
 #include "role.h"
 #include "rpc_client.h"
 #include "service.h"
+#include "store_node.h"
+#include "writecap.h"
+#include "xfer.h"
+#include "../common/cluster.h"
 #include "../common/test_main.h"
 
 typedef struct node {
@@ -204,8 +215,91 @@ static void test_single_master_unchanged(void **state)
     node_stop(&a);
 }
 
+static void *store_run(void *arg)
+{
+    return (void *)(intptr_t)moonlet_store_node_run(arg);
+}
+
+static bool wait_node_epoch(moonlet_store_node *n, uint64_t want)
+{
+    for (int i = 0; i < 500 && moonlet_store_node_epoch(n) != want; i++)
+        poll(NULL, 0, 10);
+    return moonlet_store_node_epoch(n) == want;
+}
+
+/* A write of len bytes of pattern through the capability of replica r. */
+static int write_with(moonlet_xfer *x, const moonlet_replica_desc *r, const void *src, uint64_t len)
+{
+    moonlet_xfer_cap cap = {.offset = r->offset, .len = r->cap_len, .expiry_ms = r->cap_expiry_ms,
+                            .tag = r->cap_tag};
+    moonlet_xfer_op op = {.opcode = MOONLET_XFER_WRITE, .endpoint = r->endpoint,
+                          .segment_id = r->segment_id, .offset = r->offset, .local = (void *)src,
+                          .len = len, .cap = &cap};
+    return moonlet_xfer_submit(x, &op, 1);
+}
+
+/* Issue 31 section 3, fencing at the resource: the leader's epoch is in its
+ * write capabilities and in what the node learns at Mount and Ping.  A
+ * capability the leader issued in epoch 20 is refused once the node has
+ * seen epoch 25 (the master re-elected with its state, as a promoted
+ * standby is), although it is genuine and unexpired; one of epoch 25
+ * writes. */
+static void test_node_refuses_older_epoch_capability(void **state)
+{
+    node a, b;
+    leader_and_standby(&a, &b, 20);
+    char list[160];
+    snprintf(list, sizeof(list), "%s,%s", a.addr, b.addr);
+    moonlet_store_node_config cfg;
+    cl_node_config(&cfg, list, 4u << 20);
+    cfg.client_id = "epoch-node";
+    cfg.ping_interval_ms = 50;
+    moonlet_store_node *n;
+    assert_int_equal(moonlet_store_node_create(&cfg, &n), MOONLET_OK);
+    assert_int_equal(moonlet_store_node_epoch(n), 20); /* learned at Mount */
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, store_run, n), 0);
+
+    moonlet_master_client *mc;
+    moonlet_master_client_opts o = {.timeout_ms = 2000};
+    assert_int_equal(moonlet_mc_create(list, &o, &mc), MOONLET_OK);
+    moonlet_replica_list old;
+    assert_int_equal(moonlet_mc_put_start(mc, NULL, "k-old", 4096, 1, false, &old), MOONLET_OK);
+    assert_int_equal(old.count, 1);
+    moonlet_writecap w = {.len = old.replicas[0].cap_len, .expiry_ms = old.replicas[0].cap_expiry_ms};
+    assert_int_equal(moonlet_writecap_epoch(&w), 20);
+
+    /* a new term for the same state; the node learns it at its next Ping */
+    moonlet_role_deposed(a.role, moonlet_mono_ms());
+    elect(&a, 25, 60000);
+    assert_true(wait_node_epoch(n, 25));
+    assert_int_equal(moonlet_store_node_mounts(n), 1); /* same segment, same key */
+
+    moonlet_xfer *x;
+    moonlet_xfer_opts xo = {.protocol = MOONLET_XFER_TCP, .timeout_ms = 3000};
+    assert_int_equal(moonlet_xfer_create(&xo, &x), MOONLET_OK);
+    unsigned char buf[4096];
+    memset(buf, 0xAB, sizeof(buf));
+    /* the old term's capability: genuine, unexpired, refused */
+    assert_int_equal(write_with(x, &old.replicas[0], buf, sizeof(buf)), MOONLET_ERR_INVALID_WRITE);
+    moonlet_replica_list cur;
+    assert_int_equal(moonlet_mc_put_start(mc, NULL, "k-new", 4096, 1, false, &cur), MOONLET_OK);
+    assert_int_equal(write_with(x, &cur.replicas[0], buf, sizeof(buf)), MOONLET_OK);
+    moonlet_replica_list_free(&old);
+    moonlet_replica_list_free(&cur);
+    moonlet_xfer_destroy(x);
+    moonlet_mc_destroy(mc);
+    moonlet_store_node_stop(n);
+    void *ret;
+    pthread_join(th, &ret);
+    moonlet_store_node_destroy(n);
+    node_stop(&a);
+    node_stop(&b);
+}
+
 MOONLET_TEST_MAIN("master_ha", NULL, NULL,
                   cmocka_unit_test(test_standby_answers_not_leader),
                   cmocka_unit_test(test_client_follows_failover_and_refuses_old_epochs),
                   cmocka_unit_test(test_window_end_fences_by_the_clock),
-                  cmocka_unit_test(test_single_master_unchanged))
+                  cmocka_unit_test(test_single_master_unchanged),
+                  cmocka_unit_test(test_node_refuses_older_epoch_capability))

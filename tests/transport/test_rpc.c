@@ -1357,6 +1357,65 @@ static void test_deadlines(void **state)
     stop_when_idle(s);
 }
 
+static void body_big_8m(msgpack_packer *pk) /* [1, BIG, [8 MiB]] */
+{
+    msgpack_pack_array(pk, 3);
+    msgpack_pack_uint64(pk, 1);
+    msgpack_pack_uint32(pk, M_BIG);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_uint64(pk, 8u << 20);
+}
+
+/* Issue 31 finding 7: replies must be taken within frame_timeout_ms of being
+ * queued - a deadline, not a progress timer.  A reader that keeps taking a
+ * few bytes of an 8 MiB reply (progress every 20 ms) far slower than the
+ * deadline allows is disconnected there, and the server frees the reply
+ * (counted; the connection's on_close ran). */
+static void test_slow_reader_deadline(void **state)
+{
+    moonlet_rpc_server_opts o = base_opts();
+    o.frame_timeout_ms = 400;
+    moonlet_rpc_server *s = start_opts(&o);
+    int closes0 = atomic_load(&g_ctx.closes);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(moonlet_rpc_server_port(s)),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    raw_send_packed(fd, body_big_8m);
+    int64_t t0 = now_ms();
+    size_t got = 0;
+    bool closed = false;
+    /* the slow reader: 1 KiB every 20 ms (50 KiB/s; 8 MiB would take 160 s);
+     * bounded by 4 s and 400 reads */
+    for (int i = 0; i < 400 && now_ms() - t0 < 4000 && !closed; i++) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) < 0)
+            break;
+        char b[1024];
+        ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+        if (r > 0)
+            got += (size_t)r;
+        else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            closed = true;
+        if (r > 0)
+            poll(NULL, 0, 20); /* the pace of the slow reader itself */
+    }
+    int64_t took = now_ms() - t0;
+    close(fd);
+    assert_true(got > 0);           /* it did make progress */
+    assert_true(got < (8u << 20));  /* and never got the whole reply */
+    assert_true(closed);            /* yet it was disconnected */
+    assert_true(took < 2500);       /* near the 400 ms deadline (+ the 200 ms sweep) */
+    assert_int_equal(moonlet_rpc_server_reply_deadline_closes(s), 1);
+    assert_true(wait_int(&g_ctx.closes, closes0 + 1)); /* the connection and its reply freed */
+    assert_true(wait_conns(s, 0));
+    assert_serving(s);
+    moonlet_rpc_server_destroy(s);
+}
+
 /* The connection cap: a connection beyond it is closed at once; the others
  * are served, and a slot freed is usable again. */
 static void test_connection_cap(void **state)
@@ -1488,6 +1547,7 @@ int main(void)
         cmocka_unit_test(test_rpc_error_helper),
         cmocka_unit_test(test_pre_auth_frame_limit),
         cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_slow_reader_deadline),
         cmocka_unit_test(test_connection_cap),
         cmocka_unit_test(test_request_element_cap),
     };

@@ -5,7 +5,10 @@
  * Server side: the header codec; every request checked against bounds and
  * segment id on the server itself (not only by the client library); refused
  * writes drained so the connection stays in step; malformed headers close
- * only their own connection; authentication before any request.
+ * only their own connection; authentication before any request; the
+ * data-plane bounds of issue 31 finding 6 (a header buys payload time only
+ * for a range the server serves, a pre-authentication deadline, the
+ * per-peer cap by IPv4 address or IPv6 /64).
  * Client side: a peer that closes after reading the request, one that
  * stalls, and one that answers nonsense are reported as TRANSFER_FAIL within
  * a bounded time.  Loopback only; every wait and loop is bounded.
@@ -17,6 +20,7 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -313,6 +317,182 @@ static void test_raw_auth(void **state)
     assert_int_equal(byte, 14);
     close(fd);
     server_down(&s);
+}
+
+/* ---- data-plane bounds (issue 31 finding 6) ----------------------------- */
+
+/* A server with the given token and timeout_ms (and no idle timeout). */
+static void server_up_timeout(server_fx *s, const char *token, uint32_t timeout_ms)
+{
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                           .auth_token = token, .server_threads = 2, .timeout_ms = timeout_ms};
+    assert_int_equal(moonlet_xfer_create(&o, &s->x), 0);
+    s->map = mmap(NULL, SEG + 2 * GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                  -1, 0);
+    assert_true(s->map != MAP_FAILED);
+    memset(s->map, 0xA5, SEG + 2 * GUARD);
+    s->seg = s->map + GUARD;
+    for (uint32_t i = 0; i < SEG; i++)
+        s->seg[i] = (uint8_t)(i * 7);
+    assert_int_equal(moonlet_xfer_register_segment(s->x, s->seg, SEG, &s->info), 0);
+    s->seg_id = strtoull(s->info.segment_id, NULL, 16);
+    s->port = (uint16_t)atoi(strrchr(s->info.endpoint, ':') + 1);
+}
+
+/* True when the server closes fd (EOF or reset) within ms; data that
+ * arrives first is read and skipped.  Bounded by ms and by 64 reads. */
+static bool closed_within(int fd, int ms)
+{
+    uint64_t until = moonlet_mono_ms() + (uint64_t)ms;
+    for (int i = 0; i < 64; i++) {
+        uint64_t now = moonlet_mono_ms();
+        if (now >= until)
+            return false;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(until - now)) <= 0)
+            return false;
+        uint8_t b[256];
+        ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            return true;
+    }
+    return false;
+}
+
+/* A header declaring a huge length for a range the server does not serve is
+ * checked before its deadline is computed: the deadline is timeout_ms, not
+ * hours of payload at 16 MB/s, so the connection is closed within it. */
+static void test_bogus_header_gets_no_payload_time(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up_timeout(&s, NULL, 300);
+    uint64_t huge = MOONLET_XFER_MAX_OP_BYTES; /* the protocol's limit: 18 h at 16 MB/s */
+    int bogus_seg = raw_connect(s.port);
+    raw_request(bogus_seg, MOONLET_XFER_TCP_WRITE, 1, s.seg_id ^ 1, 0, huge);
+    int past_end = raw_connect(s.port);
+    raw_request(past_end, MOONLET_XFER_TCP_WRITE, 1, s.seg_id, 0, huge);
+    int bad_read = raw_connect(s.port); /* a read has no payload to wait for: refused now */
+    raw_request(bad_read, MOONLET_XFER_TCP_READ, 1, s.seg_id, 16, huge);
+    assert_int_equal(raw_reply(bad_read).status, MOONLET_ERR_INVALID_PARAMS);
+    uint64_t t0 = moonlet_mono_ms();
+    assert_true(closed_within(bogus_seg, 3000));
+    assert_true(closed_within(past_end, 3000));
+    assert_true(moonlet_mono_ms() - t0 < 3000);
+    close(bogus_seg);
+    close(past_end);
+    close(bad_read);
+    server_down(&s);
+}
+
+/* With a token, a connection that has not authenticated within timeout_ms
+ * is closed, although the idle timeout is 0 (never): silent ones, and ones
+ * that trickle a partial AUTH. */
+static void test_preauth_deadline(void **state)
+{
+    (void)state;
+    server_fx s;
+    server_up_timeout(&s, "t0ken", 300);
+    int silent = raw_connect(s.port);
+    int trickle = raw_connect(s.port);
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_AUTH, .req_id = 1, .length = 5};
+    uint8_t b[HDR];
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    raw_send(trickle, b, HDR);
+    raw_send(trickle, "t0", 2); /* the rest of the token never comes */
+    int authed = raw_connect(s.port);
+    raw_request(authed, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 5);
+    raw_send(authed, "t0ken", 5);
+    assert_int_equal(raw_reply(authed).status, 0);
+    assert_true(closed_within(silent, 3000));
+    assert_true(closed_within(trickle, 3000));
+    assert_int_equal(moonlet_xfer_tcp_auth_closed(s.x), 2);
+    /* the authenticated one is not subject to it (no idle timeout either) */
+    raw_request(authed, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2, 1);
+    assert_int_equal(raw_reply(authed).status, 0);
+    uint8_t byte;
+    raw_recv(authed, &byte, 1);
+    assert_int_equal(byte, 14);
+    close(silent);
+    close(trickle);
+    close(authed);
+    server_down(&s);
+}
+
+static struct sockaddr_storage ss6(const char *a)
+{
+    struct sockaddr_storage ss = {0};
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    s6->sin6_family = AF_INET6;
+    assert_int_equal(inet_pton(AF_INET6, a, &s6->sin6_addr), 1);
+    return ss;
+}
+
+static struct sockaddr_storage ss4(const char *a)
+{
+    struct sockaddr_storage ss = {0};
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    s4->sin_family = AF_INET;
+    assert_int_equal(inet_pton(AF_INET, a, &s4->sin_addr), 1);
+    return ss;
+}
+
+static bool same_peer(struct sockaddr_storage a, struct sockaddr_storage b)
+{
+    uint8_t ka[16], kb[16];
+    uint8_t la = moonlet_xfer_tcp_peer_key(&a, ka), lb = moonlet_xfer_tcp_peer_key(&b, kb);
+    assert_true(la > 0 && lb > 0);
+    return la == lb && memcmp(ka, kb, la) == 0;
+}
+
+/* The per-peer connection cap counts an IPv6 peer by its /64 (one host
+ * picks any address of its /64 at will), an IPv4 peer by its address. */
+static void test_peer_key_ipv6_64(void **state)
+{
+    (void)state;
+    assert_true(same_peer(ss6("2001:db8:1:2::1"), ss6("2001:db8:1:2:ffff:1:2:3")));
+    assert_false(same_peer(ss6("2001:db8:1:2::1"), ss6("2001:db8:1:3::1")));
+    assert_true(same_peer(ss4("10.0.0.1"), ss4("10.0.0.1")));
+    assert_false(same_peer(ss4("10.0.0.1"), ss4("10.0.0.2")));
+    /* an IPv4-mapped IPv6 address is its IPv4 address, not a /64 */
+    assert_true(same_peer(ss6("::ffff:10.0.0.1"), ss4("10.0.0.1")));
+    assert_false(same_peer(ss6("::ffff:10.0.0.1"), ss6("::ffff:10.0.0.2")));
+}
+
+/* The cap itself, over loopback: 127.0.0.1 at its cap does not keep
+ * 127.0.0.2 out (IPv4 peers are whole addresses). */
+static void test_peer_cap_ipv4(void **state)
+{
+    (void)state;
+    moonlet_xfer *x;
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                           .server_threads = 1, .timeout_ms = 2000,
+                           .server_max_conns_per_peer = 2};
+    assert_int_equal(moonlet_xfer_create(&o, &x), 0);
+    uint8_t seg[64] = {0};
+    moonlet_xfer_segment_info info;
+    assert_int_equal(moonlet_xfer_register_segment(x, seg, sizeof(seg), &info), 0);
+    uint16_t port = (uint16_t)atoi(strrchr(info.endpoint, ':') + 1);
+    uint64_t id = strtoull(info.segment_id, NULL, 16);
+    int fds[3];
+    for (int i = 0; i < 3; i++)
+        fds[i] = raw_connect(port);
+    assert_true(closed_within(fds[2], 3000)); /* the third from 127.0.0.1: closed */
+    int other = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in src = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.2", &src.sin_addr);
+    assert_int_equal(bind(other, (struct sockaddr *)&src, sizeof(src)), 0);
+    struct sockaddr_in dst = {.sin_family = AF_INET, .sin_port = htons(port)};
+    dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(other, (struct sockaddr *)&dst, sizeof(dst)), 0);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(other, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    raw_request(other, MOONLET_XFER_TCP_READ, 1, id, 0, 8);
+    assert_int_equal(raw_reply(other).status, 0);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    close(other);
+    moonlet_xfer_destroy(x);
 }
 
 /* ---- the client against fake servers ------------------------------------ */
@@ -741,6 +921,63 @@ static void assert_seg_original(const server_fx *s, uint64_t off, uint64_t len)
         assert_int_equal(s->seg[i], (uint8_t)(i * 7));
 }
 
+/* A capability of epoch e for [off, off + len) until expiry. */
+static moonlet_xfer_cap cap_epoch(const server_fx *s, uint64_t off, uint64_t len, uint64_t expiry,
+                                  uint64_t e)
+{
+    moonlet_writecap w = {.offset = off, .len = len, .expiry_ms = expiry};
+    moonlet_writecap_set_epoch(&w, e);
+    return (moonlet_xfer_cap){.offset = off, .len = w.len, .expiry_ms = w.expiry_ms,
+                              .tag = moonlet_writecap_tag(CAP_KEY, s->info.segment_id, off, w.len,
+                                                          w.expiry_ms)};
+}
+
+/* Issue 31 section 3: the leader's epoch rides in the capability (under the
+ * tag); a node that has seen epoch E refuses genuine capabilities of older
+ * epochs with INVALID_WRITE, and learns newer ones from genuine
+ * capabilities.  Epoch 0 (no HA) is the capability as it always was. */
+static void test_capability_epochs(void **state)
+{
+    server_fx *s = *state;
+    moonlet_xfer *c = tcp_client(1, 3000);
+    uint8_t data[64];
+    memset(data, 0x3C, sizeof(data));
+    assert_int_equal(moonlet_xfer_set_segment_key(s->x, s->info.segment_id, CAP_KEY), MOONLET_OK);
+    uint64_t later = moonlet_mono_ms() + 60000;
+    /* the packing: epoch 0 changes nothing; the fields come back */
+    moonlet_writecap w = {.offset = 1, .len = 4096, .expiry_ms = later};
+    moonlet_writecap_set_epoch(&w, 0);
+    assert_int_equal(w.len, 4096);
+    assert_int_equal(w.expiry_ms, later);
+    moonlet_writecap_set_epoch(&w, MOONLET_WRITECAP_EPOCH_MAX - 5);
+    assert_int_equal(moonlet_writecap_epoch(&w), MOONLET_WRITECAP_EPOCH_MAX - 5);
+    assert_int_equal(moonlet_writecap_len(&w), 4096);
+    assert_int_equal(moonlet_writecap_expiry(&w), later);
+    /* a tag covers the epoch: another epoch claimed under it is forged */
+    moonlet_xfer_cap e7 = cap_epoch(s, 0, 64, later, 7), claimed = e7;
+    moonlet_writecap cw = {.offset = 0, .len = 64, .expiry_ms = later};
+    moonlet_writecap_set_epoch(&cw, 9);
+    claimed.len = cw.len;
+    claimed.expiry_ms = cw.expiry_ms;
+    assert_int_equal(cap_write(c, s, 0, data, 64, &claimed), MOONLET_ERR_INVALID_WRITE);
+
+    assert_int_equal(moonlet_xfer_epoch(s->x), 0);
+    moonlet_xfer_note_epoch(s->x, 5); /* what Mount / Ping told the node */
+    moonlet_xfer_note_epoch(s->x, 3); /* never lowered */
+    assert_int_equal(moonlet_xfer_epoch(s->x), 5);
+    moonlet_xfer_cap e4 = cap_epoch(s, 0, 64, later, 4), e5 = cap_epoch(s, 0, 64, later, 5);
+    moonlet_xfer_cap e0 = cap_for(s, 0, 64, later);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e4), MOONLET_ERR_INVALID_WRITE);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e0), MOONLET_ERR_INVALID_WRITE);
+    assert_seg_original(s, 0, 64);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e5), MOONLET_OK);
+    /* a genuine capability of a newer epoch: taken, and the node knows it now */
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e7), MOONLET_OK);
+    assert_int_equal(moonlet_xfer_epoch(s->x), 7);
+    assert_int_equal(cap_write(c, s, 0, data, 64, &e5), MOONLET_ERR_INVALID_WRITE);
+    moonlet_xfer_destroy(c);
+}
+
 /* A keyed segment takes a write only with a genuine, covering, unexpired
  * capability; everything else is INVALID_WRITE and leaves memory alone, and
  * the connection stays usable. */
@@ -897,6 +1134,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_checks, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_closes_only_its_connection, server_setup, server_teardown),
         cmocka_unit_test(test_raw_auth),
+        cmocka_unit_test(test_bogus_header_gets_no_payload_time),
+        cmocka_unit_test(test_preauth_deadline),
+        cmocka_unit_test(test_peer_key_ipv6_64),
+        cmocka_unit_test(test_peer_cap_ipv4),
         cmocka_unit_test(test_peer_closes_mid_transfer),
         cmocka_unit_test(test_peer_stalls),
         cmocka_unit_test(test_peer_answers_nonsense),
@@ -907,6 +1148,7 @@ int main(void)
         cmocka_unit_test(test_idle_close_is_invisible_to_clients),
         cmocka_unit_test(test_pool_cap_evicts_lru),
         cmocka_unit_test_setup_teardown(test_write_capabilities, server_setup, server_teardown),
+        cmocka_unit_test_setup_teardown(test_capability_epochs, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_write_capability_expires_mid_payload, server_setup, server_teardown),
         FAKE_TEST(test_client_write_deadline, FAKE_STALL, 3000),
     };
