@@ -28,7 +28,21 @@
  *      no sealed object's replica overlaps a range another put may still
  *      write (its capability unexpired);
  *   I3 a Get of a key returns the bytes of a put of that key that was
- *      sealed, or an error (a checksum mismatch, a dead node).
+ *      sealed, or an error (a checksum mismatch, a dead node);
+ *   I4 at most one master serves at a time: at each failover the election
+ *      is modelled on the lease (election.c's TTL, margin and grace, the
+ *      windows computed by master/role.c): the old leader's last keepalive,
+ *      etcd's delay in taking it, the lease's expiry on etcd, the new
+ *      leader's campaign and grace, and the old leader's clock running up
+ *      to 2% slow (a crashed, or partitioned, leader); both roles' gates
+ *      are asked every millisecond from the failover until the new
+ *      leader's first renewal, and never both serve.  A frozen leader's
+ *      clock stops, so it may serve again (that is what the epoch fence
+ *      answers, I2/I3), and it is left out of I4.  The modelled times come
+ *      from a random stream of their own (the paths of the other streams,
+ *      and of every regression seed, are unchanged); --no-margin drops the
+ *      old leader's fencing margin and the new leader's grace, to see I4
+ *      fail.
  * A frozen leader (issue 31 section 3): a leader that crashed at a failover
  * may instead be frozen (a paused VM) and wake inside its old window: it
  * then hands out capabilities of its old epoch for ranges of its old state
@@ -47,7 +61,7 @@
  * only while the standby is in sync (etcd names it), as ha.c decides.
  *
  * Usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite]
- *           [--max-fail N] [--trace] [--records] [--no-fence]
+ *           [--max-fail N] [--trace] [--records] [--no-fence] [--no-margin]
  *   default: the regression seeds, then 2000 seeds of 200 steps, stopping
  *   after --max-fail (5) failed seeds.  A failing seed prints its last
  *   steps and `--seed N` replays it alone; --trace prints every step (and
@@ -67,12 +81,14 @@
 #include <string.h>
 
 #include "clock.h"
+#include "election.h"
 #include "ha.h"
 #include "log.h"
 #include "master.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
 #include "replicate.h"
+#include "role.h"
 
 #define NNODES 4
 #define SEG_BYTES (32u * 1024u)
@@ -118,6 +134,18 @@ static uint32_t fbelow(uint32_t n)
     return n ? (uint32_t)(z % n) : 0;
 }
 static bool g_nofence; /* --no-fence: nodes take capabilities of any epoch */
+
+/* The election's own stream (I4). */
+static uint64_t g_erng;
+static uint32_t ebelow(uint32_t n)
+{
+    uint64_t z = (g_erng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return n ? (uint32_t)(z % n) : 0;
+}
+static bool g_nomargin; /* --no-margin: no fencing margin, no grace (I4's hole) */
 
 /* ---- the model --------------------------------------------------------------- */
 
@@ -1010,6 +1038,50 @@ static void op_repair_done(void)
           j.off, code, rc);
 }
 
+/* I4: the election of the failover, on the lease as election.c runs it and
+ * with the windows role.c computes.  Times in ms on the new leader's (and
+ * etcd's) clock; the old leader's runs up to 2% slow. */
+#define ELECT_TTL_MS 2000u
+static void check_election(bool frozen)
+{
+    if (frozen)
+        return; /* its clock stopped: the epoch fence answers it (I2, I3) */
+    uint64_t ttl = ELECT_TTL_MS, margin = g_nomargin ? 0 : ttl / 4; /* election.c's default */
+    uint64_t grace = g_nomargin ? 0 : ttl, tick = ttl / 3;
+    uint64_t poll = moonlet_election_poll_ms(ttl);
+    uint64_t now = moonlet_clock_now_ns() / MS;
+    uint64_t sent = now - ebelow((uint32_t)tick);  /* its last keepalive etcd took */
+    uint64_t received = sent + ebelow(200);       /* when etcd took it */
+    uint64_t expiry = received + ttl;             /* the lease on etcd */
+    uint64_t t0 = expiry + ebelow((uint32_t)poll) + ebelow(100); /* poll, then the campaign */
+    uint32_t slow_ppm = ebelow(20001);             /* the old leader's clock: up to 2% slow */
+    moonlet_role *old = NULL, *nw = NULL;
+    if (moonlet_role_create("old:1", &old) || moonlet_role_create("new:1", &nw)) {
+        fail("I4: no role");
+        goto out;
+    }
+    moonlet_role_elected(old, S.epoch, now > ttl ? now - ttl : 0, sent + ttl - margin);
+    moonlet_role_renewed(old, sent + ttl - margin);
+    moonlet_role_elected(nw, S.epoch + 1, t0 + grace, t0 + ttl - margin);
+    uint64_t e;
+    for (uint64_t t = now; t < t0 + grace + ttl; t++) {
+        uint64_t old_t = now + (t - now) * (1000000 - slow_ppm) / 1000000;
+        if (moonlet_role_gate(old, old_t, &e) && moonlet_role_gate(nw, t, &e)) {
+            fail("I4: two masters serve at %" PRIu64 " ms: epoch %u (its last keepalive sent "
+                 "at %" PRIu64 ", its clock %u ppm slow) and epoch %u (elected at %" PRIu64
+                 ", lease expired at %" PRIu64 ")", t, S.epoch, sent, slow_ppm, S.epoch + 1, t0,
+                 expiry);
+            break;
+        }
+    }
+    trace("  election: old window ends %" PRIu64 " (its clock), lease expires %" PRIu64
+          ", new leader elected %" PRIu64 ", serves from %" PRIu64, sent + ttl - margin, expiry,
+          t0, t0 + grace);
+out:
+    moonlet_role_destroy(old);
+    moonlet_role_destroy(nw);
+}
+
 static void op_failover(void)
 {
     if (!in_sync()) {
@@ -1043,6 +1115,7 @@ static void op_failover(void)
     } else {
         moonlet_master_destroy(old);
     }
+    check_election(S.frozen != NULL);
     S.failovers++;
     trace("promoted with state: %d, %" PRIu64 " objects restored", with_state, restored);
     /* Replies the old leader had not sent are errors to their clients. */
@@ -1160,6 +1233,7 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
     S.print_all = print_all;
     g_rng = seed * 0xD1B54A32D192ED03ull + 1;
     g_frng = seed * 0x9FB21C651E98DF25ull + 7;
+    g_erng = seed * 0xE7037ED1A0B428DBull + 11;
     moonlet_clock_set_fake(T0);
     S.epoch = 1;
     S.m = master_new();
@@ -1280,9 +1354,11 @@ int main(int argc, char **argv)
             print_all = true;
         } else if (!strcmp(argv[i], "--no-fence")) {
             g_nofence = true;
+        } else if (!strcmp(argv[i], "--no-margin")) {
+            g_nomargin = true;
         } else {
             fprintf(stderr, "usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite] "
-                            "[--max-fail N] [--trace] [--records] [--no-fence]\n");
+                            "[--max-fail N] [--trace] [--records] [--no-fence] [--no-margin]\n");
             return 2;
         }
     }
