@@ -26,6 +26,7 @@
 #include "http_server.h"
 #include "monotime.h"
 #include "moonlet/error.h"
+#include "rpc_server.h"
 
 #define METRICS_MAX_CONNS 1024u /* a quarter of them from one address (http_server.c) */
 
@@ -34,6 +35,7 @@ struct moonlet_metrics {
     moonlet_http_server *http; /* common/http_server.c: the endpoint, token and bounds */
     _Atomic(const moonlet_role *) role; /* NULL: no HA gauges */
     _Atomic(moonlet_repl_log *) repl;   /* NULL: no replication gauges */
+    _Atomic(const moonlet_rpc_server *) rpc; /* NULL: no RPC server counters */
 };
 
 /* ---- rendering -------------------------------------------------------------- */
@@ -177,6 +179,24 @@ char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len
     return moonlet_prom_render(write_repl, st, len);
 }
 
+static void write_rpc(FILE *f, const void *arg)
+{
+    moonlet_prom_counter(f, "moonlet_rpc_reply_deadline_closes_total", "Connections reset because a "
+          "reply was not taken within its deadline (a slow or stalled reader).",
+          *(const uint64_t *)arg);
+}
+
+char *moonlet_metrics_render_rpc(uint64_t reply_deadline_closes, size_t *len)
+{
+    return moonlet_prom_render(write_rpc, &reply_deadline_closes, len);
+}
+
+void moonlet_metrics_set_rpc(moonlet_metrics *s, const moonlet_rpc_server *rpc)
+{
+    if (s)
+        atomic_store(&s->rpc, rpc);
+}
+
 void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log)
 {
     if (s)
@@ -207,7 +227,8 @@ static char *append_section(char *body, size_t *len, char *rb, size_t rlen)
     return all;
 }
 
-/* The only page: /metrics (the stats, then the role's and the stream's). */
+/* The only page: /metrics (the stats, then the role's, the stream's and
+ * the RPC server's). */
 static char *metrics_page(void *arg, const char *path, unsigned *status, const char **type,
                           size_t *len)
 {
@@ -237,6 +258,13 @@ static char *metrics_page(void *arg, const char *path, unsigned *status, const c
         moonlet_repl_log_get_status(repl, &rs);
         size_t rlen = 0;
         char *rb = moonlet_metrics_render_repl(&rs, &rlen);
+        if (!(body = append_section(body, len, rb, rlen)))
+            return NULL;
+    }
+    const moonlet_rpc_server *rpc = atomic_load(&s->rpc);
+    if (rpc) {
+        size_t rlen = 0;
+        char *rb = moonlet_metrics_render_rpc(moonlet_rpc_server_reply_deadline_closes(rpc), &rlen);
         if (!(body = append_section(body, len, rb, rlen)))
             return NULL;
     }

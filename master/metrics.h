@@ -48,6 +48,13 @@ char *moonlet_metrics_render_role(const moonlet_role_info *ri, size_t *len);
  * outlive the server; NULL: none. */
 void moonlet_metrics_set_repl(moonlet_metrics *s, moonlet_repl_log *log);
 char *moonlet_metrics_render_repl(const moonlet_repl_log_status *st, size_t *len);
+struct moonlet_rpc_server;
+/* The control plane's RPC server (transport/rpc_server.h): also export
+ * moonlet_rpc_reply_deadline_closes_total, the connections reset because a
+ * reply was not taken within its deadline (a slow or stalled reader).
+ * `rpc` must outlive the server; NULL: none. */
+void moonlet_metrics_set_rpc(moonlet_metrics *s, const struct moonlet_rpc_server *rpc);
+char *moonlet_metrics_render_rpc(uint64_t reply_deadline_closes, size_t *len);
 /* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */
 void moonlet_metrics_stop(moonlet_metrics *s);
 

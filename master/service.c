@@ -1372,6 +1372,11 @@ uint16_t moonlet_master_service_port(const moonlet_master_service *s)
     return moonlet_rpc_server_port(s->rpc);
 }
 
+const moonlet_rpc_server *moonlet_master_service_rpc(const moonlet_master_service *s)
+{
+    return s->rpc;
+}
+
 void moonlet_master_service_stop(moonlet_master_service *s)
 {
     if (!s)

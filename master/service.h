@@ -65,6 +65,9 @@ typedef struct moonlet_service_opts {
 int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *opts,
                                  moonlet_master_service **out);
 uint16_t moonlet_master_service_port(const moonlet_master_service *s);
+struct moonlet_rpc_server;
+/* Its RPC server (for its counters on /metrics); valid until the service stops. */
+const struct moonlet_rpc_server *moonlet_master_service_rpc(const moonlet_master_service *s);
 /* Stops serving and frees the service (not the master). */
 void moonlet_master_service_stop(moonlet_master_service *s);
 

@@ -459,6 +459,7 @@ int main(int argc, char **argv)
     }
     moonlet_metrics_set_role(metrics, role);
     moonlet_metrics_set_repl(metrics, moonlet_ha_log());
+    moonlet_metrics_set_rpc(metrics, moonlet_master_service_rpc(svc));
     moonlet_ha_set_master(m);
     so.port = moonlet_master_service_port(svc); /* a reset listens on the same port */
     printf("listening on %s:%u\n", so.address, so.port);
@@ -508,6 +509,7 @@ int main(int argc, char **argv)
         if (!rc) {
             moonlet_metrics_set_role(metrics, role);
             moonlet_metrics_set_repl(metrics, moonlet_ha_log());
+            moonlet_metrics_set_rpc(metrics, moonlet_master_service_rpc(svc));
         }
         if (rc) {
             ML_ERR("master", "cannot restart after being deposed: %s", moonlet_strerror(rc));

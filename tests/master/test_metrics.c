@@ -121,6 +121,19 @@ static void test_render_role(void **state)
     moonlet_role_destroy(r);
 }
 
+/* The RPC server's counter (appended to /metrics by moonlet-master). */
+static void test_render_rpc(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    char *text = moonlet_metrics_render_rpc(3, &len);
+    assert_section(text, len,
+                   (const char *[]){"# TYPE moonlet_rpc_reply_deadline_closes_total counter\n"
+                                    "moonlet_rpc_reply_deadline_closes_total 3\n",
+                                    NULL});
+    free(text);
+}
+
 /* The hot standby's gauges, from a leader's log: a standby that acknowledged
  * everything is in sync; records it has not acknowledged age into the lag. */
 static void test_render_repl(void **state)
@@ -234,6 +247,7 @@ static void test_http_token(void **state)
 MOONLET_TEST_MAIN("metrics", NULL, NULL,
                   cmocka_unit_test(test_render),
                   cmocka_unit_test(test_render_role),
+                  cmocka_unit_test(test_render_rpc),
                   cmocka_unit_test(test_render_repl),
                   cmocka_unit_test(test_http_server),
                   cmocka_unit_test(test_http_token))
