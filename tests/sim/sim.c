@@ -109,42 +109,27 @@
 
 /* ---- deterministic randomness ------------------------------------------------ */
 
-static uint64_t g_rng;
 static bool g_records; /* --records: trace every record the standby applies */
 
-static uint64_t rnd(void)
+/* One splitmix64 step of the stream *state. */
+static uint64_t mix_next(uint64_t *state)
 {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+/* Three streams: the main one, the frozen leader's and the election's (see
+ * above), so that drawing from one never moves another's path. */
+static uint64_t g_rng, g_frng, g_erng;
+static uint32_t draw(uint64_t *state, uint32_t n) { return n ? (uint32_t)(mix_next(state) % n) : 0; }
+static uint32_t below(uint32_t n) { return draw(&g_rng, n); }
 static bool chance(uint32_t pct) { return below(100) < pct; }
+static uint32_t fbelow(uint32_t n) { return draw(&g_frng, n); }
+static uint32_t ebelow(uint32_t n) { return draw(&g_erng, n); }
 
-/* The frozen leader's own stream (see above). */
-static uint64_t g_frng;
-static uint32_t fbelow(uint32_t n)
-{
-    uint64_t z = (g_frng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return n ? (uint32_t)(z % n) : 0;
-}
 static bool g_nofence; /* --no-fence: nodes take capabilities of any epoch */
-
-/* The election's own stream (I4). */
-static uint64_t g_erng;
-static uint32_t ebelow(uint32_t n)
-{
-    uint64_t z = (g_erng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return n ? (uint32_t)(z % n) : 0;
-}
 static bool g_nomargin; /* --no-margin: no fencing margin, no grace (I4's hole) */
 
 /* ---- the model --------------------------------------------------------------- */
