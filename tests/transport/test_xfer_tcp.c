@@ -107,10 +107,11 @@ typedef struct server_fx {
     uint16_t port;
 } server_fx;
 
-static void server_up(server_fx *s, const char *token)
+/* A server with the given token and timeout_ms (and no idle timeout). */
+static void server_up_timeout(server_fx *s, const char *token, uint32_t timeout_ms)
 {
     moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
-                           .auth_token = token, .server_threads = 2, .timeout_ms = 2000};
+                           .auth_token = token, .server_threads = 2, .timeout_ms = timeout_ms};
     assert_int_equal(moonlet_xfer_create(&o, &s->x), 0);
     s->map = mmap(NULL, SEG + 2 * GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                   -1, 0);
@@ -122,6 +123,11 @@ static void server_up(server_fx *s, const char *token)
     assert_int_equal(moonlet_xfer_register_segment(s->x, s->seg, SEG, &s->info), 0);
     s->seg_id = strtoull(s->info.segment_id, NULL, 16);
     s->port = (uint16_t)atoi(strrchr(s->info.endpoint, ':') + 1);
+}
+
+static void server_up(server_fx *s, const char *token)
+{
+    server_up_timeout(s, token, 2000);
 }
 
 static void server_down(server_fx *s)
@@ -320,24 +326,6 @@ static void test_raw_auth(void **state)
 }
 
 /* ---- data-plane bounds (issue 31 finding 6) ----------------------------- */
-
-/* A server with the given token and timeout_ms (and no idle timeout). */
-static void server_up_timeout(server_fx *s, const char *token, uint32_t timeout_ms)
-{
-    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
-                           .auth_token = token, .server_threads = 2, .timeout_ms = timeout_ms};
-    assert_int_equal(moonlet_xfer_create(&o, &s->x), 0);
-    s->map = mmap(NULL, SEG + 2 * GUARD, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                  -1, 0);
-    assert_true(s->map != MAP_FAILED);
-    memset(s->map, 0xA5, SEG + 2 * GUARD);
-    s->seg = s->map + GUARD;
-    for (uint32_t i = 0; i < SEG; i++)
-        s->seg[i] = (uint8_t)(i * 7);
-    assert_int_equal(moonlet_xfer_register_segment(s->x, s->seg, SEG, &s->info), 0);
-    s->seg_id = strtoull(s->info.segment_id, NULL, 16);
-    s->port = (uint16_t)atoi(strrchr(s->info.endpoint, ':') + 1);
-}
 
 /* True when the server closes fd (EOF or reset) within ms; data that
  * arrives first is read and skipped.  Bounded by ms and by 64 reads. */
