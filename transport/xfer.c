@@ -389,16 +389,20 @@ uint64_t moonlet_xfer_epoch(const moonlet_xfer *x)
     return x ? atomic_load(&((moonlet_xfer *)x)->epoch) : 0;
 }
 
-int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
+/* Registers [base, base + len) with the backend (host memory, or with
+ * `device` device memory: dmabuf_fd, dmabuf_off and *how as
+ * moonlet_xfer_register_device) and lists it. */
+static int xfer_buffer_add(moonlet_xfer *x, void *base, size_t len, bool device, int dmabuf_fd,
+                           uint64_t dmabuf_off, const char **how)
 {
-    if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
-        return MOONLET_ERR_INVALID_PARAMS;
     xfer_buffer *b = calloc(1, sizeof(*b));
     if (!b)
         return MOONLET_ERR_INTERNAL_ERROR;
     b->base = base;
     b->len = len;
-    int rc = x->be->buf_add(x, base, len, &b->handle, &b->lkey);
+    int rc = device ? x->be->buf_add_device(x, base, len, dmabuf_fd, dmabuf_off, &b->handle,
+                                            &b->lkey, how)
+                    : x->be->buf_add(x, base, len, &b->handle, &b->lkey);
     if (rc) {
         free(b);
         return rc;
@@ -407,6 +411,13 @@ int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
     LIST_INSERT_HEAD(&x->bufs, b, link);
     pthread_rwlock_unlock(&x->buf_lock);
     return MOONLET_OK;
+}
+
+int moonlet_xfer_register_buffer(moonlet_xfer *x, void *base, size_t len)
+{
+    if (!x || !base || !len || (uintptr_t)base > UINTPTR_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return xfer_buffer_add(x, base, len, false, -1, 0, NULL);
 }
 
 int moonlet_xfer_register_device(moonlet_xfer *x, void *base, size_t len, int dmabuf_fd,
@@ -419,20 +430,7 @@ int moonlet_xfer_register_device(moonlet_xfer *x, void *base, size_t len, int dm
         *how = "the transport moves host memory only";
         return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
     }
-    xfer_buffer *b = calloc(1, sizeof(*b));
-    if (!b)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    b->base = base;
-    b->len = len;
-    int rc = x->be->buf_add_device(x, base, len, dmabuf_fd, dmabuf_off, &b->handle, &b->lkey, how);
-    if (rc) {
-        free(b);
-        return rc;
-    }
-    pthread_rwlock_wrlock(&x->buf_lock);
-    LIST_INSERT_HEAD(&x->bufs, b, link);
-    pthread_rwlock_unlock(&x->buf_lock);
-    return MOONLET_OK;
+    return xfer_buffer_add(x, base, len, true, dmabuf_fd, dmabuf_off, how);
 }
 
 int moonlet_xfer_unregister_buffer(moonlet_xfer *x, void *base)

@@ -448,13 +448,19 @@ def ha():
         yield {"etcd": etcd, "masters": {m1.addr: m1, m2.addr: m2}, "addrs": addrs,
                "leader": leader, "store": store, "cluster": cluster, "started": started}
     finally:
-        for d in reversed(started):
-            try:
-                os.kill(d.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            d.stop()
+        stop_all(started)
         etcd.stop()
+
+
+def stop_all(started):
+    """Stops the daemons in `started`, last first, each resumed first (a
+    test may have frozen it with SIGSTOP)."""
+    for d in reversed(started):
+        try:
+            os.kill(d.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        d.stop()
 
 
 def client(addrs, timeout_ms=10000):
@@ -975,12 +981,7 @@ def test_third_master_defers_to_the_one_in_sync():
         assert got == b"k" * 4096
         s.close()
     finally:
-        for d in reversed(started):
-            try:
-                os.kill(d.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-            d.stop()
+        stop_all(started)
         relay.stop()
         etcd.stop()
 
