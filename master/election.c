@@ -204,8 +204,27 @@ static const char *promote(moonlet_election *el)
     return rc ? "the promotion failed" : NULL;
 }
 
+/* A campaign binds the leader key to our lease, and the term it wins ends
+ * TTL - margin after the lease's last renewal (the window above): campaign
+ * only on a lease whose window has a tick left at least, renewing it first
+ * when its last renewal is a tick old.
+ * A standby cut off from etcd keeps a lease no keepalive renews, which etcd
+ * may still hold for a moment after the cut heals (it revokes expired leases
+ * in its own time); a term won on it ended before its grace did, and the
+ * deposition dropped the state the standby had just promoted with, so an
+ * acknowledged object was lost (CI on 4fe6c06, test_ha.py). */
+static bool lease_fresh(moonlet_election *el)
+{
+    if (el->lease && moonlet_mono_ms() - el->last_ok_ms >= el->tick_ms)
+        keepalive(el);
+    /* at least a tick of the window left (margin <= TTL/2: see create) */
+    return el->lease && el->last_ok_ms + el->ttl_ms - el->margin_ms > moonlet_mono_ms() + el->tick_ms;
+}
+
 static void campaign(moonlet_election *el)
 {
+    if (!lease_fresh(el))
+        return; /* the next tick grants a lease, or renews this one */
     uint64_t t0 = moonlet_mono_ms();
     bool won = false;
     int64_t rev = 0;
@@ -278,6 +297,10 @@ static void standby_poll(moonlet_election *el)
                    (!el->may_take_over ||
                     el->may_take_over(el->arg, (uint64_t)kv.create_revision))) {
             /* it accepted our probe in this term and now nothing listens there */
+            if (!lease_fresh(el)) {
+                moonlet_etcd_kv_free(&kv);
+                return; /* not while we could not win it (campaign) */
+            }
             ML_WARN(MOD, "leader %s (epoch %lld) refuses connections: revoking its lease %lld",
                     kv.value, (long long)kv.create_revision, (long long)kv.lease);
             int rc = moonlet_etcd_lease_revoke(el->etcd, kv.lease);

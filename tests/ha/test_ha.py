@@ -106,8 +106,12 @@ class Etcd:
 class Relay:
     """A TCP relay to etcd that the test can cut (a blackhole: bytes stop
     flowing both ways, connections stay open and new ones are accepted but
-    go nowhere, as behind a partition) and heal.  Threads, bounded by the
-    sockets' timeouts; stopped by stop()."""
+    go nowhere, as behind a partition; or, with refuse=True, every
+    connection is closed and new ones are closed at once, so that nothing
+    sent meanwhile reaches etcd later) and heal; and that can refuse one
+    kind of request (block(path): a connection that sends a request for that
+    path is closed, as a request lost to a partition would fail).  Threads,
+    bounded by the sockets' timeouts; stopped by stop()."""
 
     def __init__(self, target_url):
         host, port = target_url.rsplit("//", 1)[1].rsplit(":", 1)
@@ -120,6 +124,8 @@ class Relay:
         self.url = f"http://127.0.0.1:{self.lsock.getsockname()[1]}"
         self.open = threading.Event()
         self.open.set()
+        self.refusing = False
+        self.blocked = None
         self.done = threading.Event()
         self.conns = []
         self.thread = threading.Thread(target=self._accept, daemon=True)
@@ -131,16 +137,19 @@ class Relay:
                 c, _ = self.lsock.accept()
             except OSError:
                 continue
+            if self.refusing:
+                c.close()
+                continue
             try:
                 t = socket.create_connection(self.target, timeout=2)
             except OSError:
                 c.close()
                 continue
             self.conns += [c, t]
-            for a, b in ((c, t), (t, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, out in ((c, t, True), (t, c, False)):
+                threading.Thread(target=self._pump, args=(a, b, out), daemon=True).start()
 
-    def _pump(self, a, b):
+    def _pump(self, a, b, out):
         a.settimeout(0.2)
         while not self.done.is_set():
             try:
@@ -153,6 +162,9 @@ class Relay:
                 break
             while not self.open.is_set() and not self.done.is_set():
                 self.open.wait(0.2)  # cut: hold the bytes (dropped when stopped)
+            blocked = self.blocked
+            if out and blocked and blocked in data:
+                break
             try:
                 b.sendall(data)
             except OSError:
@@ -163,11 +175,25 @@ class Relay:
             except OSError:
                 pass
 
-    def cut(self):
+    def cut(self, refuse=False):
         self.open.clear()
+        if refuse:
+            self.refusing = True
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def heal(self):
+        self.refusing = False
         self.open.set()
+
+    def block(self, path):
+        self.blocked = path
+
+    def unblock(self):
+        self.blocked = None
 
     def stop(self):
         self.done.set()
@@ -972,13 +998,99 @@ def test_third_master_defers_to_the_one_in_sync():
         assert wait_log(m2, r"ha: promoted with state", 5), stderr_text(m2)[-2000:]
         deadline = time.monotonic() + 20
         got = None
+        errors = []
         while time.monotonic() < deadline:
             try:
                 got = s.get("kept")
                 break
-            except moonlet.StoreError:
+            except moonlet.StoreError as e:
+                errors.append(str(e))
                 time.sleep(0.1)
-        assert got == b"k" * 4096
+        assert got == b"k" * 4096, (errors[-3:], stderr_text(m2)[-3000:])
+        s.close()
+    finally:
+        stop_all(started)
+        relay.stop()
+        etcd.stop()
+
+
+def etcd_post(etcd, path, body):
+    req = urllib.request.Request(etcd.url + path, data=json.dumps(body).encode())
+    return json.loads(urllib.request.urlopen(req, timeout=5).read())
+
+
+def lease_ttl(etcd, lease):
+    """The seconds etcd says are left on `lease` (whole, rounded down; the
+    gateway leaves a 0 out); -1 once it is gone."""
+    return int(etcd_post(etcd, "/v3/lease/timetolive", {"ID": lease}).get("TTL", 0))
+
+
+def test_standby_campaigns_only_on_a_renewed_lease():
+    """A hot standby cut off from etcd keeps a lease that no keepalive has
+    renewed since.  When it finds the leader key vacant, it must renew (or
+    replace) that lease before it campaigns: a term won on a lease that then
+    lapses ends in its grace period, the deposition drops the state the
+    standby promoted with, and it comes back EMPTY - an acknowledged object
+    lost (CI on 4fe6c06 lost one this way in
+    test_third_master_defers_to_the_one_in_sync, where the heal came just
+    before the lease ran out).  Here etcd is reachable again with about a
+    second left on the lease, but keepalives still fail until the lease is
+    gone: the standby must not campaign until it holds a lease it renewed."""
+    import moonlet
+    etcd = Etcd()
+    relay = Relay(etcd.url)
+    cluster = "l" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        m1 = start_ha_master(etcd, cluster)
+        started.append(m1)
+        wait_leader([m1.addr], 4 * TTL_S + 5)
+        m2 = start_ha_master(etcd, cluster, endpoints=relay.url)
+        started.append(m2)
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, m2.addr)
+        store = daemons.start_store(f"{m1.addr},{m2.addr}", 64 * MIB, "--ping-interval-ms",
+                                    "200", "--rpc-timeout-ms", "1000")
+        started.append(store)
+        s = client([m1.addr, m2.addr])
+        put_until_ok(s, "kept", b"k" * 4096, 10)
+        import base64
+        key = base64.b64encode(f"/moonlet/{cluster}/leader".encode()).decode()
+        kvs = etcd_post(etcd, "/v3/kv/range", {"key": key})["kvs"]
+        leader_lease = kvs[0]["lease"]
+        leases = [x["ID"] for x in etcd_post(etcd, "/v3/lease/leases", {}).get("leases", [])]
+        others = [x for x in leases if x != leader_lease]
+        assert len(others) == 1, leases  # the standby's own
+        relay.cut(refuse=True)
+        os.kill(m1.pid, signal.SIGSTOP)
+        etcd_post(etcd, "/v3/lease/revoke", {"ID": leader_lease})  # the key is vacant now
+        # the standby's lease runs down; etcd shows the time left in whole
+        # seconds: heal when it shows 0 (a second left at most), keepalives
+        # refused until the lease is gone
+        deadline = time.monotonic() + 2 * TTL_S + 5
+        while time.monotonic() < deadline and lease_ttl(etcd, others[0]) > 0:
+            time.sleep(0.02)
+        assert lease_ttl(etcd, others[0]) == 0
+        relay.block(b"/v3/lease/keepalive")
+        relay.heal()
+        deadline = time.monotonic() + 2 * TTL_S + 5
+        while time.monotonic() < deadline and lease_ttl(etcd, others[0]) >= 0:
+            time.sleep(0.02)
+        assert lease_ttl(etcd, others[0]) == -1
+        relay.unblock()
+        assert wait_log(m2, r"ha: promoted with state", 4 * TTL_S + 5), stderr_text(m2)[-2000:]
+        assert wait_leader([m2.addr], 4 * TTL_S + 5) == m2.addr
+        deadline = time.monotonic() + 20
+        got, errors = None, []
+        while time.monotonic() < deadline:
+            try:
+                got = s.get("kept")
+                break
+            except moonlet.StoreError as e:
+                errors.append(str(e))
+                time.sleep(0.1)
+        log = stderr_text(m2)
+        assert got == b"k" * 4096, (errors[-3:], log[-3000:])
+        assert "promoted EMPTY" not in log, log[-3000:]
         s.close()
     finally:
         stop_all(started)
