@@ -57,6 +57,7 @@ static uint64_t (*fake_pageable)(void);
 static uint64_t (*fake_wrong_ctx)(void);
 static size_t (*fake_pinned_peak)(void);
 static void (*fake_reset)(void);
+static uint64_t (*fake_async)(void);
 
 static moonlet_client *new_client(uint64_t staging, bool local_segment)
 {
@@ -110,13 +111,15 @@ static int setup(void **state)
         *(void **)&fake_wrong_ctx = dlsym(h, "fakecuda_wrong_context");
         *(void **)&fake_pinned_peak = dlsym(h, "fakecuda_pinned_peak");
         *(void **)&fake_reset = dlsym(h, "fakecuda_reset_counters");
+        *(void **)&fake_async = dlsym(h, "fakecuda_async_copies");
     }
-    if (!fake_pageable || !fake_wrong_ctx || !fake_pinned_peak || !fake_reset) {
+    if (!fake_pageable || !fake_wrong_ctx || !fake_pinned_peak || !fake_reset || !fake_async) {
         if (lib && strstr(lib, "fakecuda"))
             return -1; /* the fake must be checked in full */
         fake_pageable = fake_wrong_ctx = NULL;
         fake_pinned_peak = NULL;
         fake_reset = NULL;
+        fake_async = NULL;
     }
     g_ndev = g_cu->devices >= 2 ? 2 : 1;
     for (int d = 0; d < g_ndev; d++) {
@@ -424,6 +427,131 @@ static void test_get_verified_before_device(void **state)
     dev_free(0, dst);
 }
 
+/* Keys wider than a slot of a lane's half but within the half (9 MiB keys,
+ * a 32 MiB staging: halves of 16 MiB, slots of 8; two chunks per lane):
+ * each lane keeps to one slot, and every key comes back exact. */
+static void test_keys_wider_than_a_slot(void **state)
+{
+    (void)state;
+    moonlet_client *c = new_client(32u << 20, false);
+    enum { N = 4 };
+    const size_t block = 9u << 20, n = N * block;
+    CUdeviceptr src = dev_alloc(0, n), dst = dev_alloc(0, n);
+    dev_fill(src, n, 71);
+    dev_fill(dst, n, 72);
+    void *ps = (void *)(uintptr_t)src, *pd = (void *)(uintptr_t)dst;
+    assert_int_equal(moonlet_client_register_buffer(c, ps, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(c, pd, n), MOONLET_OK);
+    char names[N][64];
+    const char *keys[N];
+    const void *bufs[N];
+    void *out[N];
+    size_t lens[N], got[N];
+    int32_t res[N];
+    for (size_t i = 0; i < N; i++) {
+        key_of(names[i], sizeof(names[i]), "wide", i);
+        keys[i] = names[i];
+        bufs[i] = (const void *)(uintptr_t)(src + i * block);
+        out[i] = (void *)(uintptr_t)(dst + i * block);
+        lens[i] = block;
+    }
+    assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, NULL, res), MOONLET_OK);
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, N, out, lens, NULL, got, res),
+                     MOONLET_OK);
+    for (size_t i = 0; i < N; i++) {
+        assert_int_equal(res[i], MOONLET_OK);
+        assert_int_equal(got[i], block);
+    }
+    assert_true(dev_is(dst, n, 71, 0));
+    moonlet_client_gpu_stats st;
+    moonlet_client_gpu_get_stats(c, &st);
+    assert_true(st.pinned_bytes <= st.pinned_bound);
+    for (size_t i = 0; i < N; i++) /* room in the store for the next tests (leased) */
+        assert_int_equal(moonlet_client_remove_force(c, keys[i], NULL), MOONLET_OK);
+    moonlet_client_unregister_buffer(c, ps);
+    moonlet_client_unregister_buffer(c, pd);
+    moonlet_client_destroy(c);
+    dev_free(0, src);
+    dev_free(0, dst);
+}
+
+/* A get that fills both slots of each lane's half (a 32 MiB staging: 8 MiB
+ * chunks, then the two small last ones) from keys laid back to back on one
+ * device: the copies to the device are gathered (far fewer driver copies
+ * than keys), and a key whose replica is corrupt in the middle of a
+ * gathered run fails alone - its range untouched, its neighbours exact. */
+static void test_get_two_slots_gathered(void **state)
+{
+    (void)state;
+    moonlet_client *c = new_client(32u << 20, true);
+    enum { N = 48, BLOCK = 256 << 10, BAD = 5 }; /* 12 MiB */
+    const size_t n = (size_t)N * BLOCK;
+    CUdeviceptr src = dev_alloc(0, n), dst = dev_alloc(0, n);
+    dev_fill(src, n, 61);
+    dev_fill(dst, n, 62);
+    void *ps = (void *)(uintptr_t)src, *pd = (void *)(uintptr_t)dst;
+    assert_int_equal(moonlet_client_register_buffer(c, ps, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(c, pd, n), MOONLET_OK);
+    char own[128];
+    assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof own), MOONLET_OK);
+    const char *pref[] = {own};
+    moonlet_put_options opt = {.preferred_segments = pref, .preferred_segments_count = 1};
+    char names[N][64];
+    const char *keys[N];
+    const void *bufs[N];
+    void *out[N];
+    size_t lens[N], got[N];
+    int32_t res[N];
+    for (size_t i = 0; i < N; i++) {
+        key_of(names[i], sizeof(names[i]), "slots", i);
+        keys[i] = names[i];
+        bufs[i] = (const void *)(uintptr_t)(src + i * BLOCK);
+        out[i] = (void *)(uintptr_t)(dst + i * BLOCK);
+        lens[i] = BLOCK;
+    }
+    assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, &opt, res), MOONLET_OK);
+    unsigned char *seg = moonlet_client_local_segment_base(c);
+    assert_non_null(seg);
+    /* the whole object as the needle: short windows of the pattern recur */
+    unsigned char *whole = malloc(BLOCK);
+    assert_non_null(whole);
+    for (size_t i = 0; i < BLOCK; i++)
+        whole[i] = pat(61, (size_t)BAD * BLOCK + i);
+    unsigned char *hit = memmem(seg, 16u << 20, whole, BLOCK);
+    free(whole);
+    assert_non_null(hit);
+    hit[100] ^= 0xff;
+    if (fake_reset)
+        fake_reset();
+    assert_int_equal(moonlet_client_batch_get_into(c, keys, N, out, lens, NULL, got, res),
+                     MOONLET_ERR_INVALID_READ);
+    /* the pattern repeats every 2 MiB: the object hit is one of the keys
+     * BAD + 8j (the same bytes), whichever the segment holds first */
+    size_t failed = 0;
+    for (size_t i = 0; i < N; i++) {
+        if (res[i] != MOONLET_OK) {
+            failed++;
+            assert_int_equal(res[i], MOONLET_ERR_INVALID_READ);
+            assert_int_equal(i % 8, BAD);
+            assert_true(dev_is(dst + i * BLOCK, BLOCK, 62, i * BLOCK)); /* untouched */
+            continue;
+        }
+        assert_int_equal(got[i], BLOCK);
+        assert_true(dev_is(dst + i * BLOCK, BLOCK, 61, i * BLOCK));
+    }
+    assert_int_equal(failed, 1);
+    if (fake_async) {
+        assert_true(fake_async() <= 8); /* a run per chunk, one more around the bad key */
+        assert_int_equal(fake_pageable(), 0);
+        assert_int_equal(fake_wrong_ctx(), 0);
+    }
+    moonlet_client_unregister_buffer(c, ps);
+    moonlet_client_unregister_buffer(c, pd);
+    moonlet_client_destroy(c);
+    dev_free(0, src);
+    dev_free(0, dst);
+}
+
 /* GPUDirect is refused with a reason, once per client: two device buffers
  * registered on a fresh (TCP) client log one WARN line naming why. */
 typedef struct reg_two {
@@ -528,10 +656,12 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_batch_round_trip_two_devices),
         cmocka_unit_test(test_single_calls_and_big_keys),
         cmocka_unit_test(test_ranged_batches),
+        cmocka_unit_test(test_keys_wider_than_a_slot),
         cmocka_unit_test(test_gpudirect_refused_once),
     };
     const struct CMUnitTest direct[] = {
         cmocka_unit_test(test_get_verified_before_device),
+        cmocka_unit_test(test_get_two_slots_gathered),
     };
     int failed = cmocka_run_group_tests_name(g_dummy ? "client_gpu_dummy" : "client_gpu",
                                              neutral, setup, teardown);
