@@ -4,16 +4,25 @@
  *
  * The hot standby (master/repl_stream.h).  The leader's records go to
  * g_ha.log; a standby's follower thread applies the leader's to its state.
- * In etcd, /moonlet/<cluster>/insync names the standby in sync as
- * "HOST:PORT@EPOCH" (written and deleted by the leader of EPOCH, fenced on
- * its leader key's create revision).  At election (on_elected, before the
+ * In etcd, /moonlet/<cluster>/insync names, as "HOST:PORT@EPOCH", a master
+ * that holds every acknowledged record of term EPOCH: the standby in sync,
+ * or else the leader of EPOCH itself (written by that leader, fenced on its
+ * leader key's create revision).  At election (on_elected, before the
  * window opens) the follower stops; its state is restored into the (empty)
  * master only if that key names this master for the epoch it followed;
- * then the new leader deletes the key (fenced on its own epoch), so a mark
- * is never older than the newest term.
+ * then the new leader names itself for its own epoch (fenced), so a mark is
+ * never older than the newest term.
  *
- * Locks: g_follower_mu only, a leaf guarding g_ha.follower and
- * g_ha.retired (the follower's lifetime); never held across an etcd call or
+ * A deposed leader keeps a copy of its metadata (moonlet_ha_keep) before
+ * its master is dropped: when it wins again while the mark still names it
+ * for the term it led (no other leader has served since: each writes its
+ * own mark before it serves), it restores that copy as a standby restores
+ * its state.  Without it, a leader deposed by an etcd outage while its
+ * standby was out of sync (or absent) came back EMPTY, losing every
+ * acknowledged object whose other copy was on a master that had failed.
+ *
+ * Locks: g_follower_mu only, a leaf guarding g_ha.follower, g_ha.retired
+ * (the follower's lifetime) and g_ha.kept; never held across an etcd call or
  * a join (moonlet_repl_follower_destroy runs after it is released).  The
  * served master is an atomic pointer: the main thread replaces it while the
  * election's thread may promote into it (never at once: the election waits
@@ -47,6 +56,10 @@ static struct {
     char leader_key[320], insync_key[320];
     char advertise[320];
     uint64_t liveness_hold_ms; /* moonlet_ha_liveness_hold_ms */
+    uint64_t led;              /* the epoch of this master's last promotion (0: none) */
+    moonlet_repl_state *kept;  /* a deposed leader's metadata (moonlet_ha_keep) */
+    uint64_t kept_epoch;       /* the term it was kept from */
+    moonlet_repl_state *kept_build; /* moonlet_ha_keep's state while it is filled */
 } g_ha;
 
 static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
@@ -108,11 +121,13 @@ static int repl_mark(void *arg, bool in_sync, const char *standby)
     moonlet_role_get(g_ha.role, moonlet_mono_ms(), &ri);
     if (ri.state != MOONLET_ROLE_LEADER || !ri.epoch)
         return MOONLET_ERR_NOT_LEADER;
+    /* out of sync: the leader alone holds the term's records */
     char val[MOONLET_ROLE_ADDR_MAX + 32];
-    int n = snprintf(val, sizeof(val), "%s@%llu", standby, (unsigned long long)ri.epoch);
+    int n = snprintf(val, sizeof(val), "%s@%llu", in_sync ? standby : g_ha.advertise,
+                     (unsigned long long)ri.epoch);
     bool ok = false;
     int rc = moonlet_etcd_txn_fenced(g_ha.mark_etcd, g_ha.leader_key, (int64_t)ri.epoch,
-                                     g_ha.insync_key, in_sync ? val : NULL, (size_t)n, &ok);
+                                     g_ha.insync_key, val, (size_t)n, &ok);
     if (!rc && !ok)
         rc = MOONLET_ERR_NOT_LEADER;
     return rc;
@@ -220,25 +235,56 @@ static int on_elected(void *arg, uint64_t epoch)
         named = kv.found && strcmp(kv.value, want) == 0;
         moonlet_etcd_kv_free(&kv);
     }
+    pthread_mutex_lock(&g_follower_mu);
+    moonlet_repl_state *kept = g_ha.kept;
+    uint64_t kept_epoch = g_ha.kept_epoch;
+    g_ha.kept = NULL;
+    pthread_mutex_unlock(&g_follower_mu);
+    if (!(st && named && consistent) && kept) {
+        /* the metadata this master kept when it was deposed, if no other
+         * leader has served since (the mark still names it for that term) */
+        snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)kept_epoch);
+        bool own = false;
+        if (moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
+            own = kv.found && strcmp(kv.value, want) == 0;
+            moonlet_etcd_kv_free(&kv);
+        }
+        if (own) {
+            ML_INFO("master", "ha: the in-sync mark names this master for epoch %llu, which it "
+                    "led: restoring what it kept when deposed", (unsigned long long)kept_epoch);
+            moonlet_repl_state_destroy(st);
+            st = kept;
+            kept = NULL;
+            followed = kept_epoch;
+            named = consistent = true;
+        }
+    }
+    moonlet_repl_state_destroy(kept);
     moonlet_ha_promotion p = {.epoch = epoch, .followed = followed, .named = named,
                               .consistent = consistent,
                               .liveness_hold_ms = g_ha.liveness_hold_ms};
     moonlet_ha_promote(g_ha.m, st, &p, NULL);
     moonlet_repl_state_destroy(st);
     moonlet_repl_log_reset(g_ha.log);
-    /* The in-sync mark of the previous leader goes before this one serves:
-     * a later election must never read a mark older than the newest term. */
+    /* This leader names itself in sync for its term before it serves: a
+     * later election never reads a mark older than the newest term, and one
+     * after a deposition of this leader finds who holds the term's records
+     * (moonlet_ha_keep). */
+    char self[sizeof(g_ha.advertise) + 32];
+    int n = snprintf(self, sizeof(self), "%s@%llu", g_ha.advertise, (unsigned long long)epoch);
     int rc = MOONLET_ERR_RPC_FAIL;
     for (int i = 0; i < 3 && rc; i++) {
         bool ok = false;
         rc = moonlet_etcd_txn_fenced(g_ha.promo_etcd, g_ha.leader_key, (int64_t)epoch,
-                                     g_ha.insync_key, NULL, 0, &ok);
+                                     g_ha.insync_key, self, (size_t)n, &ok);
         if (!rc && !ok)
             rc = MOONLET_ERR_NOT_LEADER;
     }
     if (rc)
-        ML_ERR("master", "ha: cannot clear the previous in-sync mark (%s): not leading",
+        ML_ERR("master", "ha: cannot write the in-sync mark (%s): not leading",
                moonlet_strerror(rc));
+    else
+        g_ha.led = epoch;
     ML_INFO("master", "ha: promotion for epoch %llu took %llu ms", (unsigned long long)epoch,
             (unsigned long long)(moonlet_mono_ms() - t0));
     return rc;
@@ -306,6 +352,48 @@ int moonlet_ha_start(const char *advertise)
     return rc;
 }
 
+/* moonlet_master_snapshot's records into the kept state. */
+static void keep_rec(void *arg, const moonlet_repl_rec *rec)
+{
+    int *rc = arg;
+    if (!*rc)
+        *rc = moonlet_repl_state_apply_snapshot(g_ha.kept_build, rec, true);
+}
+
+void moonlet_ha_keep(moonlet_master *m)
+{
+    if (!g_ha.log || !g_ha.led || !m)
+        return;
+    moonlet_repl_state *st = NULL;
+    if (moonlet_repl_state_create(&st) != MOONLET_OK) {
+        ML_ERR("master", "ha: out of memory: the deposed term's metadata is not kept");
+        return;
+    }
+    g_ha.kept_build = st;
+    int rc = MOONLET_OK;
+    moonlet_master_snapshot(m, keep_rec, &rc);
+    g_ha.kept_build = NULL;
+    if (rc) {
+        ML_ERR("master", "ha: the deposed term's metadata could not be kept (%s)",
+               moonlet_strerror(rc));
+        moonlet_repl_state_destroy(st);
+        return;
+    }
+    moonlet_repl_state_note_leader_clock(st, 0); /* the same clock */
+    moonlet_repl_counts c;
+    moonlet_repl_state_counts(st, &c);
+    ML_WARN("master", "ha: deposed from epoch %llu: keeping its %llu segments and %llu objects "
+            "for a re-election", (unsigned long long)g_ha.led, (unsigned long long)c.segments,
+            (unsigned long long)c.objects);
+    pthread_mutex_lock(&g_follower_mu);
+    moonlet_repl_state *old = g_ha.kept;
+    g_ha.kept = st;
+    g_ha.kept_epoch = g_ha.led;
+    pthread_mutex_unlock(&g_follower_mu);
+    g_ha.led = 0;
+    moonlet_repl_state_destroy(old);
+}
+
 void moonlet_ha_reset(void)
 {
     g_ha.m = NULL;
@@ -327,7 +415,10 @@ void moonlet_ha_stop(void)
     pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_follower_destroy(g_ha.follower);
     g_ha.follower = NULL;
+    moonlet_repl_state *kept = g_ha.kept;
+    g_ha.kept = NULL;
     pthread_mutex_unlock(&g_follower_mu);
+    moonlet_repl_state_destroy(kept);
 }
 
 void moonlet_ha_fini(void)

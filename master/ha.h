@@ -20,9 +20,12 @@
  * the follower stops and hands over its state; the state is restored into
  * the (empty) master only if etcd's /moonlet/<cluster>/insync names this
  * master for the epoch it followed and the follower was consistent
- * (moonlet_ha_promote: the pure part, no etcd); then the new leader deletes
- * the previous mark, fenced on its own epoch, so a mark is never older than
- * the newest term.
+ * (moonlet_ha_promote: the pure part, no etcd); then the new leader names
+ * itself in the mark for its own epoch (fenced), so a mark is never older
+ * than the newest term, and says who holds the term's records: the leader,
+ * until a standby is in sync.  A leader deposed keeps a copy of its
+ * metadata (moonlet_ha_keep) and restores it if it wins again while the
+ * mark still names it for the term it led.
  *
  * Threads and locks: follower_mu (a leaf) guards the follower pointers; it
  * is never held across an etcd call or a join.  The election's callbacks
@@ -101,6 +104,10 @@ void moonlet_ha_set_master(moonlet_master *m);
  * (HOST:PORT, the bound port).  An error when the election cannot start
  * (logged). */
 int moonlet_ha_start(const char *advertise);
+/* Deposed, before the owner destroys the master it served (no handler runs
+ * on it any more): keeps a copy of its metadata for a re-election (ha.c);
+ * nothing without replication or before a first promotion. */
+void moonlet_ha_keep(moonlet_master *m);
 /* Deposed: the owner has destroyed the master it served; the log forgets
  * its records.  Then the owner creates a new master (moonlet_ha_set_master)
  * and calls moonlet_ha_resume. */

@@ -20,10 +20,12 @@
  * only while it is the leader (master/role.h); a standby answers
  * NOT_LEADER.  The election, the hot standby and the promotion are
  * master/ha.h's; this file creates the role and hands it the flags.  A
- * leader that is deposed drops its metadata before it may campaign again:
- * the election thread raises SIGUSR1 and this main thread restarts the
- * service on a new, empty master (same port), then lets the election resume
- * (moonlet_ha_reset, moonlet_ha_resume).
+ * leader that is deposed drops its master before it may campaign again:
+ * the election thread raises SIGUSR1 and this main thread hands a copy of
+ * the metadata to master/ha.c (moonlet_ha_keep: restored if it wins again
+ * and nobody else has led since), restarts the service on a new, empty
+ * master (same port), then lets the election resume (moonlet_ha_reset,
+ * moonlet_ha_resume).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -492,11 +494,12 @@ int main(int argc, char **argv)
         }
         /* deposed: no handler may run on the old metadata any more (the
          * role already refuses every call); restart on an empty master */
-        ML_WARN("master", "deposed: dropping every object and segment before campaigning again");
+        ML_WARN("master", "deposed: restarting on an empty master before campaigning again");
         moonlet_metrics_stop(metrics);
         metrics = NULL;
         moonlet_master_service_stop(svc);
         svc = NULL;
+        moonlet_ha_keep(m); /* restored if this master wins again, nobody else having led */
         moonlet_master_destroy(m);
         m = NULL;
         moonlet_ha_reset();

@@ -560,9 +560,9 @@ def test_kill_leader(ha):
     assert s.get("before") == b"b" * 4096
     assert "ha: promoted with state" in stderr_text(ha["masters"][new])
     assert hello(new)["epoch"] > 0
-    # the new leader cleared the old term's in-sync mark (no later election can read it)
+    # the new leader replaced the old term's in-sync mark (no later election can read it)
     v = insync(ha["etcd"], ha["cluster"])
-    assert v is None or int(v.rsplit("@", 1)[1]) == hello(new)["epoch"], v
+    assert v is not None and int(v.rsplit("@", 1)[1]) == hello(new)["epoch"], v
     assert_no_overlap(ha["masters"], {old: killed_ms})
     s.close()
 
@@ -844,7 +844,8 @@ def test_standby_cut_off_comes_up_empty(ha):
         took = time.monotonic() - t0
         s.remove("synced")
         assert "marked out of sync" in stderr_text(ha["masters"][old])
-        assert insync(ha["etcd"], ha["cluster"]) is None
+        # the leader alone holds the term's records: the mark names it
+        assert insync(ha["etcd"], ha["cluster"]) == f"{old}@{hello(old)['epoch']}"
     finally:
         ha["masters"][old].proc.kill()
         os.kill(sb.pid, signal.SIGCONT)
@@ -1023,6 +1024,46 @@ def lease_ttl(etcd, lease):
     """The seconds etcd says are left on `lease` (whole, rounded down; the
     gateway leaves a 0 out); -1 once it is gone."""
     return int(etcd_post(etcd, "/v3/lease/timetolive", {"ID": lease}).get("TTL", 0))
+
+
+def test_deposed_leader_keeps_its_term():
+    """A lone leader (no standby) cut off from etcd past its lease is deposed
+    and restarts on an empty master; healed, it wins again.  The in-sync mark
+    still names it for the term it led (no other master led since), so it
+    restores the metadata it kept when deposed: an acknowledged object reads
+    back.  Before, it came back EMPTY and the object was lost, though the
+    store node still held its bytes."""
+    import moonlet  # noqa: F401
+    etcd = Etcd()
+    relay = Relay(etcd.url)
+    cluster = "k" + uuid.uuid4().hex[:8]
+    started = []
+    try:
+        m1 = start_ha_master(etcd, cluster, endpoints=relay.url)
+        started.append(m1)
+        wait_leader([m1.addr], 4 * TTL_S + 5)
+        store = daemons.start_store(m1.addr, 64 * MIB, "--ping-interval-ms", "200",
+                                    "--rpc-timeout-ms", "1000")
+        started.append(store)
+        s = client([m1.addr])
+        put_until_ok(s, "kept", b"k" * 4096, 10)
+        term = hello(m1.addr)["epoch"]
+        mark = insync(etcd, cluster)
+        relay.cut(refuse=True)
+        assert wait_log(m1, r"master: deposed: ", 4 * TTL_S + 5), stderr_text(m1)[-2000:]
+        relay.heal()
+        assert wait_log(m1, r"ha: promoted with state", 4 * TTL_S + 5), stderr_text(m1)[-2000:]
+        assert wait_leader([m1.addr], 4 * TTL_S + 5) == m1.addr
+        assert hello(m1.addr)["epoch"] > term
+        assert s.get("kept") == b"k" * 4096
+        # the leader names itself while no standby is in sync, term by term
+        assert mark == f"{m1.addr}@{term}"
+        assert insync(etcd, cluster) == f"{m1.addr}@{hello(m1.addr)['epoch']}"
+        s.close()
+    finally:
+        stop_all(started)
+        relay.stop()
+        etcd.stop()
 
 
 def test_standby_campaigns_only_on_a_renewed_lease():
