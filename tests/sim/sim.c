@@ -54,6 +54,13 @@
  * unfenced capabilities as ranges a writer may still write.  It draws from
  * a random stream of its own: with the fence, the main stream, and so every
  * regression seed's path, is as before.
+ * A deposed leader (--deposals): the leader loses etcd, is deposed, and
+ * wins again with nobody else having led; it restores the copy of its
+ * metadata it kept (master/ha.c, moonlet_ha_keep: moonlet_master_snapshot
+ * into a state, restored as a promotion with state), and I1-I3 hold on the
+ * restored master as after a failover.  Drawn from a stream of its own in
+ * the steps that do nothing else, and off by default, so every regression
+ * seed's path is unchanged.
  * The standby's acknowledgements are modelled as the semi-synchronous
  * stream does them: a write's reply (PutStart, PutEnd, RepairFetch) goes
  * out once the standby applied its records, or at once while the standby
@@ -62,6 +69,7 @@
  *
  * Usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite]
  *           [--max-fail N] [--trace] [--records] [--no-fence] [--no-margin]
+ *           [--deposals]
  *   default: the regression seeds, then 2000 seeds of 200 steps, stopping
  *   after --max-fail (5) failed seeds.  A failing seed prints its last
  *   steps and `--seed N` replays it alone; --trace prints every step (and
@@ -122,15 +130,17 @@ static uint64_t mix_next(uint64_t *state)
 
 /* Three streams: the main one, the frozen leader's and the election's (see
  * above), so that drawing from one never moves another's path. */
-static uint64_t g_rng, g_frng, g_erng;
+static uint64_t g_rng, g_frng, g_erng, g_drng;
 static uint32_t draw(uint64_t *state, uint32_t n) { return n ? (uint32_t)(mix_next(state) % n) : 0; }
 static uint32_t below(uint32_t n) { return draw(&g_rng, n); }
 static bool chance(uint32_t pct) { return below(100) < pct; }
 static uint32_t fbelow(uint32_t n) { return draw(&g_frng, n); }
 static uint32_t ebelow(uint32_t n) { return draw(&g_erng, n); }
+static uint32_t dbelow(uint32_t n) { return draw(&g_drng, n); }
 
 static bool g_nofence; /* --no-fence: nodes take capabilities of any epoch */
 static bool g_nomargin; /* --no-margin: no fencing margin, no grace (I4's hole) */
+static bool g_deposals; /* --deposals: the leader is deposed and wins again */
 
 /* ---- the model --------------------------------------------------------------- */
 
@@ -199,7 +209,7 @@ struct sim {
     bool polite;                  /* clients never end or revoke past their deadline */
     bool failed;
     char why[512];
-    uint32_t failovers, snapshots, late_ends, reads;
+    uint32_t failovers, snapshots, late_ends, reads, deposals;
     /* a leader frozen at a failover (NULL: none), its epoch, and until when
      * it believes its window open; the puts it started since it woke */
     moonlet_master *frozen;
@@ -1120,6 +1130,55 @@ static void op_failover(void)
     standby_resync("a new leader");
 }
 
+/* moonlet_master_snapshot's records into the kept state (as ha.c's keep_rec). */
+static void keep_emit(void *arg, const moonlet_repl_rec *rec)
+{
+    moonlet_repl_state *st = arg;
+    if (!S.failed && moonlet_repl_state_apply_snapshot(st, rec, true))
+        fail("the deposed leader's snapshot did not apply to its kept state");
+}
+
+/* The leader is deposed (it lost etcd) and wins again, nobody else having
+ * led: a new master restores the copy of the metadata the old one kept
+ * (ha.c: moonlet_ha_keep, then on_elected).  Replies it had not sent are
+ * errors to their clients; its stream ends with its term. */
+static void op_deposed(void)
+{
+    trace("DEPOSED: the leader of epoch %u loses etcd and wins again", S.epoch);
+    moonlet_repl_state *kept = NULL;
+    moonlet_repl_state_create(&kept);
+    moonlet_master_snapshot(S.m, keep_emit, kept);
+    moonlet_repl_state_note_leader_clock(kept, 0);
+    moonlet_master *old = S.m;
+    log_free();
+    S.epoch++;
+    S.applied = 0;
+    S.m = master_new();
+    moonlet_ha_promotion pr = {.epoch = S.epoch, .followed = S.epoch - 1, .named = true,
+                               .consistent = true, .liveness_hold_ms = LIVE_MS};
+    uint64_t restored = 0;
+    bool with_state = moonlet_ha_promote(S.m, kept, &pr, &restored);
+    moonlet_repl_state_destroy(kept);
+    moonlet_master_destroy(old);
+    S.deposals++;
+    trace("restored what it kept: %d, %" PRIu64 " objects", with_state, restored);
+    for (uint32_t i = 0; i < S.nputs; i++)
+        if (S.puts[i].st == P_WAIT_START || S.puts[i].st == P_WAIT_END)
+            S.puts[i].st = P_DONE;
+    for (uint32_t i = 0; i < NNODES; i++) /* nodes learn the new term */
+        if (S.nodes[i].alive) {
+            uint32_t segs = 0;
+            moonlet_master_ping(S.m, MOONLET_STR(S.nodes[i].client), &segs);
+            node_learns(i);
+            if (!segs && S.nodes[i].mounted)
+                trace("node %u: remount on the new term: %d", i, node_mount(i));
+        }
+    check_all(S.m, true);
+    moonlet_repl_state_destroy(S.st);
+    moonlet_repl_state_create(&S.st);
+    standby_resync("a new term");
+}
+
 static void op_standby(void)
 {
     if (below(2))
@@ -1219,6 +1278,7 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
     g_rng = seed * 0xD1B54A32D192ED03ull + 1;
     g_frng = seed * 0x9FB21C651E98DF25ull + 7;
     g_erng = seed * 0xE7037ED1A0B428DBull + 11;
+    g_drng = seed * 0x8CB92BA72F3D8DD7ull + 13;
     moonlet_clock_set_fake(T0);
     S.epoch = 1;
     S.m = master_new();
@@ -1263,6 +1323,8 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
             op_standby();
         else if (w < 86)
             op_failover();
+        else if (g_deposals && dbelow(4) == 0)
+            op_deposed();
         else
             trace("nothing");
         if (S.failed)
@@ -1341,9 +1403,12 @@ int main(int argc, char **argv)
             g_nofence = true;
         } else if (!strcmp(argv[i], "--no-margin")) {
             g_nomargin = true;
+        } else if (!strcmp(argv[i], "--deposals")) {
+            g_deposals = true;
         } else {
             fprintf(stderr, "usage: sim [--seed N | --seeds N [--first S]] [--steps M] [--polite] "
-                            "[--max-fail N] [--trace] [--records] [--no-fence] [--no-margin]\n");
+                            "[--max-fail N] [--trace] [--records] [--no-fence] [--no-margin] "
+                            "[--deposals]\n");
             return 2;
         }
     }
@@ -1353,7 +1418,7 @@ int main(int argc, char **argv)
     if (one)
         return run(seed, steps, print_all, false) ? 0 : 1;
     uint32_t bad = 0;
-    uint64_t failovers = 0, snaps = 0, late = 0, reads = 0, fwrites = 0, fenced = 0;
+    uint64_t failovers = 0, snaps = 0, late = 0, reads = 0, fwrites = 0, fenced = 0, deposals = 0;
     if (regress)
         for (size_t i = 0; i < sizeof(regressions) / sizeof(regressions[0]); i++) {
             g_polite = regressions[i].polite;
@@ -1368,6 +1433,7 @@ int main(int argc, char **argv)
         if (!run(s, steps, false, false))
             bad++;
         failovers += S.failovers;
+        deposals += S.deposals;
         snaps += S.snapshots;
         late += S.late_ends;
         reads += S.reads;
@@ -1375,8 +1441,8 @@ int main(int argc, char **argv)
         fenced += S.fenced_writes;
     }
     printf("sim: %" PRIu64 " seeds x %u steps from %" PRIu64 ": %u failed; %" PRIu64
-           " failovers, %" PRIu64 " snapshots, %" PRIu64 " late PutEnds, %" PRIu64 " reads, %"
-           PRIu64 " frozen-leader writes fenced, %" PRIu64 " landed\n",
-           nseeds, steps, first, bad, failovers, snaps, late, reads, fenced, fwrites);
+           " failovers, %" PRIu64 " deposals, %" PRIu64 " snapshots, %" PRIu64 " late PutEnds, %"
+           PRIu64 " reads, %" PRIu64 " frozen-leader writes fenced, %" PRIu64 " landed\n",
+           nseeds, steps, first, bad, failovers, deposals, snaps, late, reads, fenced, fwrites);
     return bad ? 1 : 0;
 }
