@@ -200,6 +200,49 @@ static bool dev_is(CUdeviceptr p, size_t len, uint32_t seed, size_t from)
     return same;
 }
 
+/* A source and a destination of n bytes on device 0, filled with the
+ * patterns `a` and `b`, registered with c (a client of its own). */
+typedef struct dev_pair {
+    moonlet_client *c;
+    size_t n;
+    CUdeviceptr src, dst;
+} dev_pair;
+
+static dev_pair dev_pair_new(moonlet_client *c, size_t n, uint32_t a, uint32_t b)
+{
+    dev_pair d = {.c = c, .n = n, .src = dev_alloc(0, n), .dst = dev_alloc(0, n)};
+    dev_fill(d.src, n, a);
+    dev_fill(d.dst, n, b);
+    assert_int_equal(moonlet_client_register_buffer(c, (void *)(uintptr_t)d.src, n), MOONLET_OK);
+    assert_int_equal(moonlet_client_register_buffer(c, (void *)(uintptr_t)d.dst, n), MOONLET_OK);
+    return d;
+}
+
+/* n keys of `block` bytes each, back to back in the pair's source (put)
+ * and destination (get). */
+static void back_to_back(const char *what, size_t n, size_t block, const dev_pair *d,
+                         char (*names)[64], const char **keys, const void **bufs, void **out,
+                         size_t *lens)
+{
+    for (size_t i = 0; i < n; i++) {
+        snprintf(names[i], 64, "gpu-%s-%s-%zu", g_dummy ? "dummy" : "direct", what, i);
+        keys[i] = names[i];
+        bufs[i] = (const void *)(uintptr_t)(d->src + i * block);
+        out[i] = (void *)(uintptr_t)(d->dst + i * block);
+        lens[i] = block;
+    }
+}
+
+/* Unregisters both, destroys the client, frees both. */
+static void dev_pair_free(dev_pair *d)
+{
+    moonlet_client_unregister_buffer(d->c, (void *)(uintptr_t)d->src);
+    moonlet_client_unregister_buffer(d->c, (void *)(uintptr_t)d->dst);
+    moonlet_client_destroy(d->c);
+    dev_free(0, d->src);
+    dev_free(0, d->dst);
+}
+
 static void key_of(char *buf, size_t cap, const char *what, size_t i)
 {
     snprintf(buf, cap, "gpu-%s-%s-%zu", g_dummy ? "dummy" : "direct", what, i);
@@ -396,12 +439,9 @@ static void test_get_verified_before_device(void **state)
     (void)state;
     moonlet_client *c = new_client(STAGING, true);
     const size_t n = 64 << 10;
-    CUdeviceptr src = dev_alloc(0, n), dst = dev_alloc(0, n);
-    dev_fill(src, n, 33);
-    dev_fill(dst, n, 44);
+    dev_pair dp = dev_pair_new(c, n, 33, 44);
+    CUdeviceptr src = dp.src, dst = dp.dst;
     void *ps = (void *)(uintptr_t)src, *pd = (void *)(uintptr_t)dst;
-    assert_int_equal(moonlet_client_register_buffer(c, ps, n), MOONLET_OK);
-    assert_int_equal(moonlet_client_register_buffer(c, pd, n), MOONLET_OK);
     /* the replica on our own segment (preferred segment: its endpoint) */
     char own[128];
     assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof own), MOONLET_OK);
@@ -420,11 +460,7 @@ static void test_get_verified_before_device(void **state)
     size_t len = 0;
     assert_int_equal(moonlet_client_get_into(c, key, pd, n, NULL, &len), MOONLET_ERR_INVALID_READ);
     assert_true(dev_is(dst, n, 44, 0)); /* untouched */
-    moonlet_client_unregister_buffer(c, ps);
-    moonlet_client_unregister_buffer(c, pd);
-    moonlet_client_destroy(c);
-    dev_free(0, src);
-    dev_free(0, dst);
+    dev_pair_free(&dp);
 }
 
 /* Keys wider than a slot of a lane's half but within the half (9 MiB keys,
@@ -436,25 +472,15 @@ static void test_keys_wider_than_a_slot(void **state)
     moonlet_client *c = new_client(32u << 20, false);
     enum { N = 4 };
     const size_t block = 9u << 20, n = N * block;
-    CUdeviceptr src = dev_alloc(0, n), dst = dev_alloc(0, n);
-    dev_fill(src, n, 71);
-    dev_fill(dst, n, 72);
-    void *ps = (void *)(uintptr_t)src, *pd = (void *)(uintptr_t)dst;
-    assert_int_equal(moonlet_client_register_buffer(c, ps, n), MOONLET_OK);
-    assert_int_equal(moonlet_client_register_buffer(c, pd, n), MOONLET_OK);
+    dev_pair dp = dev_pair_new(c, n, 71, 72);
+    CUdeviceptr dst = dp.dst;
     char names[N][64];
     const char *keys[N];
     const void *bufs[N];
     void *out[N];
     size_t lens[N], got[N];
     int32_t res[N];
-    for (size_t i = 0; i < N; i++) {
-        key_of(names[i], sizeof(names[i]), "wide", i);
-        keys[i] = names[i];
-        bufs[i] = (const void *)(uintptr_t)(src + i * block);
-        out[i] = (void *)(uintptr_t)(dst + i * block);
-        lens[i] = block;
-    }
+    back_to_back("wide", N, block, &dp, names, keys, bufs, out, lens);
     assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, NULL, res), MOONLET_OK);
     assert_int_equal(moonlet_client_batch_get_into(c, keys, N, out, lens, NULL, got, res),
                      MOONLET_OK);
@@ -468,11 +494,7 @@ static void test_keys_wider_than_a_slot(void **state)
     assert_true(st.pinned_bytes <= st.pinned_bound);
     for (size_t i = 0; i < N; i++) /* room in the store for the next tests (leased) */
         assert_int_equal(moonlet_client_remove_force(c, keys[i], NULL), MOONLET_OK);
-    moonlet_client_unregister_buffer(c, ps);
-    moonlet_client_unregister_buffer(c, pd);
-    moonlet_client_destroy(c);
-    dev_free(0, src);
-    dev_free(0, dst);
+    dev_pair_free(&dp);
 }
 
 /* A get that fills both slots of each lane's half (a 32 MiB staging: 8 MiB
@@ -486,12 +508,8 @@ static void test_get_two_slots_gathered(void **state)
     moonlet_client *c = new_client(32u << 20, true);
     enum { N = 48, BLOCK = 256 << 10, BAD = 5 }; /* 12 MiB */
     const size_t n = (size_t)N * BLOCK;
-    CUdeviceptr src = dev_alloc(0, n), dst = dev_alloc(0, n);
-    dev_fill(src, n, 61);
-    dev_fill(dst, n, 62);
-    void *ps = (void *)(uintptr_t)src, *pd = (void *)(uintptr_t)dst;
-    assert_int_equal(moonlet_client_register_buffer(c, ps, n), MOONLET_OK);
-    assert_int_equal(moonlet_client_register_buffer(c, pd, n), MOONLET_OK);
+    dev_pair dp = dev_pair_new(c, n, 61, 62);
+    CUdeviceptr dst = dp.dst;
     char own[128];
     assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof own), MOONLET_OK);
     const char *pref[] = {own};
@@ -502,13 +520,7 @@ static void test_get_two_slots_gathered(void **state)
     void *out[N];
     size_t lens[N], got[N];
     int32_t res[N];
-    for (size_t i = 0; i < N; i++) {
-        key_of(names[i], sizeof(names[i]), "slots", i);
-        keys[i] = names[i];
-        bufs[i] = (const void *)(uintptr_t)(src + i * BLOCK);
-        out[i] = (void *)(uintptr_t)(dst + i * BLOCK);
-        lens[i] = BLOCK;
-    }
+    back_to_back("slots", N, BLOCK, &dp, names, keys, bufs, out, lens);
     assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, &opt, res), MOONLET_OK);
     unsigned char *seg = moonlet_client_local_segment_base(c);
     assert_non_null(seg);
@@ -545,11 +557,7 @@ static void test_get_two_slots_gathered(void **state)
         assert_int_equal(fake_pageable(), 0);
         assert_int_equal(fake_wrong_ctx(), 0);
     }
-    moonlet_client_unregister_buffer(c, ps);
-    moonlet_client_unregister_buffer(c, pd);
-    moonlet_client_destroy(c);
-    dev_free(0, src);
-    dev_free(0, dst);
+    dev_pair_free(&dp);
 }
 
 /* GPUDirect is refused with a reason, once per client: two device buffers

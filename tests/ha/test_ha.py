@@ -945,6 +945,21 @@ def test_leader_cut_off_from_etcd(ha_relay):
     s.close()
 
 
+def get_until(s, key, timeout):
+    """(bytes, errors): s.get(key) retried on StoreError until it answers
+    (bounded; the errors seen, for the assertion's message)."""
+    import moonlet
+    deadline = time.monotonic() + timeout
+    errors = []
+    while time.monotonic() < deadline:
+        try:
+            return s.get(key), errors
+        except moonlet.StoreError as e:
+            errors.append(str(e))
+            time.sleep(0.1)
+    return None, errors
+
+
 def wait_log(d, pattern, timeout):
     """Until d's stderr matches pattern (bounded)."""
     deadline = time.monotonic() + timeout
@@ -997,16 +1012,7 @@ def test_third_master_defers_to_the_one_in_sync():
         assert new == m2.addr, f"{new} won, not the standby named in sync ({m2.addr})"
         assert deferred, stderr_text(m3)[-2000:]
         assert wait_log(m2, r"ha: promoted with state", 5), stderr_text(m2)[-2000:]
-        deadline = time.monotonic() + 20
-        got = None
-        errors = []
-        while time.monotonic() < deadline:
-            try:
-                got = s.get("kept")
-                break
-            except moonlet.StoreError as e:
-                errors.append(str(e))
-                time.sleep(0.1)
+        got, errors = get_until(s, "kept", 20)
         assert got == b"k" * 4096, (errors[-3:], stderr_text(m2)[-3000:])
         s.close()
     finally:
@@ -1077,7 +1083,7 @@ def test_standby_campaigns_only_on_a_renewed_lease():
     before the lease ran out).  Here etcd is reachable again with about a
     second left on the lease, but keepalives still fail until the lease is
     gone: the standby must not campaign until it holds a lease it renewed."""
-    import moonlet
+    import moonlet  # noqa: F401
     etcd = Etcd()
     relay = Relay(etcd.url)
     cluster = "l" + uuid.uuid4().hex[:8]
@@ -1120,15 +1126,7 @@ def test_standby_campaigns_only_on_a_renewed_lease():
         relay.unblock()
         assert wait_log(m2, r"ha: promoted with state", 4 * TTL_S + 5), stderr_text(m2)[-2000:]
         assert wait_leader([m2.addr], 4 * TTL_S + 5) == m2.addr
-        deadline = time.monotonic() + 20
-        got, errors = None, []
-        while time.monotonic() < deadline:
-            try:
-                got = s.get("kept")
-                break
-            except moonlet.StoreError as e:
-                errors.append(str(e))
-                time.sleep(0.1)
+        got, errors = get_until(s, "kept", 20)
         log = stderr_text(m2)
         assert got == b"k" * 4096, (errors[-3:], log[-3000:])
         assert "promoted EMPTY" not in log, log[-3000:]

@@ -1077,6 +1077,39 @@ out:
     moonlet_role_destroy(nw);
 }
 
+/* The next term: the old term's records go, and a fresh master is promoted
+ * with `st` (named in sync, consistent) as ha.c's on_elected does. */
+static bool promote_new(const moonlet_repl_state *st, uint64_t *restored)
+{
+    log_free();
+    S.epoch++;
+    S.applied = 0;
+    S.m = master_new();
+    moonlet_ha_promotion pr = {.epoch = S.epoch, .followed = S.epoch - 1, .named = true,
+                               .consistent = true, .liveness_hold_ms = LIVE_MS};
+    return moonlet_ha_promote(S.m, st, &pr, restored);
+}
+
+/* After a promotion: replies the old term had not sent are errors to their
+ * clients, the nodes learn the new leader (remounting what it lacks), the
+ * invariants hold on it, and a new standby starts from a snapshot. */
+static void new_term(void)
+{
+    for (uint32_t i = 0; i < S.nputs; i++)
+        if (S.puts[i].st == P_WAIT_START || S.puts[i].st == P_WAIT_END)
+            S.puts[i].st = P_DONE;
+    for (uint32_t i = 0; i < NNODES; i++)
+        if (S.nodes[i].alive) {
+            uint32_t segs = 0;
+            moonlet_master_ping(S.m, MOONLET_STR(S.nodes[i].client), &segs);
+            node_learns(i);
+            if (!segs && S.nodes[i].mounted)
+                trace("node %u: remount on the new leader: %d", i, node_mount(i));
+        }
+    check_all(S.m, true);
+    standby_resync("a new leader");
+}
+
 static void op_failover(void)
 {
     if (!in_sync()) {
@@ -1089,14 +1122,8 @@ static void op_failover(void)
     moonlet_master *old = S.m;
     moonlet_repl_state *st = S.st;
     S.st = NULL;
-    log_free();
-    S.epoch++;
-    S.applied = 0;
-    S.m = master_new();
-    moonlet_ha_promotion pr = {.epoch = S.epoch, .followed = S.epoch - 1, .named = true,
-                               .consistent = true, .liveness_hold_ms = LIVE_MS};
     uint64_t restored = 0;
-    bool with_state = moonlet_ha_promote(S.m, st, &pr, &restored);
+    bool with_state = promote_new(st, &restored);
     moonlet_repl_state_destroy(st);
     if (S.frozen)
         moonlet_master_destroy(S.frozen);
@@ -1113,21 +1140,8 @@ static void op_failover(void)
     check_election(S.frozen != NULL);
     S.failovers++;
     trace("promoted with state: %d, %" PRIu64 " objects restored", with_state, restored);
-    /* Replies the old leader had not sent are errors to their clients. */
-    for (uint32_t i = 0; i < S.nputs; i++)
-        if (S.puts[i].st == P_WAIT_START || S.puts[i].st == P_WAIT_END)
-            S.puts[i].st = P_DONE;
-    for (uint32_t i = 0; i < NNODES; i++) /* nodes learn the new leader */
-        if (S.nodes[i].alive) {
-            uint32_t segs = 0;
-            moonlet_master_ping(S.m, MOONLET_STR(S.nodes[i].client), &segs);
-            node_learns(i);
-            if (!segs && S.nodes[i].mounted)
-                trace("node %u: remount on the new leader: %d", i, node_mount(i));
-        }
-    check_all(S.m, true);
     moonlet_repl_state_create(&S.st);
-    standby_resync("a new leader");
+    new_term();
 }
 
 /* moonlet_master_snapshot's records into the kept state (as ha.c's keep_rec). */
@@ -1150,33 +1164,15 @@ static void op_deposed(void)
     moonlet_master_snapshot(S.m, keep_emit, kept);
     moonlet_repl_state_note_leader_clock(kept, 0);
     moonlet_master *old = S.m;
-    log_free();
-    S.epoch++;
-    S.applied = 0;
-    S.m = master_new();
-    moonlet_ha_promotion pr = {.epoch = S.epoch, .followed = S.epoch - 1, .named = true,
-                               .consistent = true, .liveness_hold_ms = LIVE_MS};
     uint64_t restored = 0;
-    bool with_state = moonlet_ha_promote(S.m, kept, &pr, &restored);
+    bool with_state = promote_new(kept, &restored);
     moonlet_repl_state_destroy(kept);
     moonlet_master_destroy(old);
     S.deposals++;
     trace("restored what it kept: %d, %" PRIu64 " objects", with_state, restored);
-    for (uint32_t i = 0; i < S.nputs; i++)
-        if (S.puts[i].st == P_WAIT_START || S.puts[i].st == P_WAIT_END)
-            S.puts[i].st = P_DONE;
-    for (uint32_t i = 0; i < NNODES; i++) /* nodes learn the new term */
-        if (S.nodes[i].alive) {
-            uint32_t segs = 0;
-            moonlet_master_ping(S.m, MOONLET_STR(S.nodes[i].client), &segs);
-            node_learns(i);
-            if (!segs && S.nodes[i].mounted)
-                trace("node %u: remount on the new term: %d", i, node_mount(i));
-        }
-    check_all(S.m, true);
     moonlet_repl_state_destroy(S.st);
     moonlet_repl_state_create(&S.st);
-    standby_resync("a new term");
+    new_term();
 }
 
 static void op_standby(void)
