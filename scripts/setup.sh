@@ -11,7 +11,7 @@ set -euo pipefail
 PKGS=(
   build-essential pkg-config meson ninja-build clang libclang-rt-dev
   libibverbs-dev librdmacm-dev libmsgpack-dev libcmocka-dev libnuma-dev
-  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev libsodium-dev
+  libxxhash-dev libcjson-dev libbsd-dev libmicrohttpd-dev libsodium-dev liburing-dev fio
   python3 python3-dev python3-pytest python3-matplotlib
   python3-mesonpy python3-venv patchelf
   debhelper dh-python lintian
