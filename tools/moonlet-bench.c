@@ -25,6 +25,7 @@ static const struct subcommand g_cmds[] = {
     {"scale", bench_scale_main, "the master at cluster scale: simulated store nodes mounting and pinging, client latency, a tenth going silent"},
     {"ha", bench_ha_main, "high availability: leader SIGKILL -> put+get failover time, put p50 with a hot standby vs none"},
     {"trace", bench_trace_main, "replay of a Mooncake trace: lease-all vs. selective K3 lookup under eviction"},
+    {"disk", bench_disk_main, "a store node's disk tier (durable writes, verified reads) against fio on the same file system"},
 };
 
 static void usage(FILE *f)

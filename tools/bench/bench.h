@@ -100,5 +100,6 @@ int bench_trace_main(int argc, char **argv);
 int bench_load_main(int argc, char **argv);
 int bench_scale_main(int argc, char **argv);
 int bench_ha_main(int argc, char **argv);
+int bench_disk_main(int argc, char **argv);
 
 #endif
