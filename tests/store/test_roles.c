@@ -348,6 +348,52 @@ static void test_refusals_on_metrics(void **state)
     free(page);
 }
 
+/* The whole chain with roles: a store node presents its node token to the
+ * master and serves its data port to the file's credentials (hashes only);
+ * a client with a client credential puts and gets bytes in its tenant
+ * through it (challenge-response on the data port), and is refused
+ * another tenant's key. */
+static void test_end_to_end_with_a_store_node(void **state)
+{
+    (void)state;
+    char node_tok[] = "/tmp/moonlet-node-token-XXXXXX";
+    assert_int_equal(cl_token_file(node_tok, T_NODE), 0);
+    const char *extra[] = {"--auth-token-file", node_tok, "--credentials", g_path,
+                           "--client-id", "store-e2e", NULL};
+    test_proc st;
+    assert_int_equal(cl_start_store(&st, g_master.addr, "16777216", extra), 0);
+    moonlet_master_client *o = as(T_OPER); /* the fake segment takes no puts meanwhile */
+    uint32_t n = 0;
+    assert_int_equal(moonlet_mc_drain(o, "seg-1", true, &n), MOONLET_OK);
+    moonlet_client_config cfg = cl_client_config(g_master.addr);
+    cfg.auth_token = T_CLIENT_AB;
+    cfg.default_tenant = "tenant-a";
+    moonlet_client *c = cl_client_of(&cfg);
+    unsigned char *data = cl_random_bytes(100000, 7);
+    assert_int_equal(moonlet_client_put(c, "e2e", data, 100000, NULL), MOONLET_OK);
+    cl_assert_get_equals(c, "e2e", NULL, data, 100000);
+    moonlet_client_destroy(c);
+    /* a client limited to tenant-a does not read tenant-b's copy */
+    moonlet_put_options po = {.tenant = "tenant-b"};
+    cfg.auth_token = T_CLIENT_AB;
+    c = cl_client_of(&cfg);
+    assert_int_equal(moonlet_client_put(c, "e2e-b", data, 1000, &po), MOONLET_OK);
+    moonlet_client_destroy(c);
+    cfg.auth_token = T_CLIENT_A;
+    c = cl_client_of(&cfg);
+    cl_assert_get_equals(c, "e2e", NULL, data, 100000);
+    unsigned char buf[1000];
+    size_t len = 0;
+    assert_int_equal(moonlet_client_get(c, "e2e-b", buf, sizeof(buf), "tenant-b", &len),
+                     MOONLET_ERR_PERMISSION_DENIED);
+    moonlet_client_destroy(c);
+    assert_int_equal(moonlet_mc_drain(o, "seg-1", false, &n), MOONLET_OK);
+    moonlet_mc_destroy(o);
+    free(data);
+    assert_int_equal(proc_stop(&st), 0);
+    unlink(node_tok);
+}
+
 MOONLET_TEST_MAIN("roles", start, stop,
                   cmocka_unit_test(test_unknown_token),
                   cmocka_unit_test(test_client_cannot_administer),
@@ -356,4 +402,5 @@ MOONLET_TEST_MAIN("roles", start, stop,
                   cmocka_unit_test(test_node_cannot_put_or_get),
                   cmocka_unit_test(test_reader_cannot_change_anything),
                   cmocka_unit_test(test_operator),
-                  cmocka_unit_test(test_refusals_on_metrics))
+                  cmocka_unit_test(test_refusals_on_metrics),
+                  cmocka_unit_test(test_end_to_end_with_a_store_node))
