@@ -95,6 +95,24 @@ static void test_codec(void **state)
     moonlet_xfer_tcp_hdr_encode(&h, b);
     assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
     assert_int_equal(d.op, 0x82);
+    /* CHALLENGE decodes; F_MAC belongs to AUTH requests only, F_CAP to WRITE */
+    h = (moonlet_xfer_tcp_hdr){.op = MOONLET_XFER_TCP_CHALLENGE, .req_id = 3};
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.op, MOONLET_XFER_TCP_CHALLENGE);
+    h = (moonlet_xfer_tcp_hdr){.op = MOONLET_XFER_TCP_AUTH, .flags = MOONLET_XFER_TCP_F_MAC,
+                               .length = MOONLET_XFER_TCP_MAC_AUTH_BYTES};
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.flags, MOONLET_XFER_TCP_F_MAC);
+    static const uint8_t bad_flagged[] = {MOONLET_XFER_TCP_READ, MOONLET_XFER_TCP_WRITE,
+                                          MOONLET_XFER_TCP_CHALLENGE,
+                                          MOONLET_XFER_TCP_AUTH | MOONLET_XFER_TCP_REPLY};
+    for (size_t i = 0; i < sizeof(bad_flagged); i++) {
+        h.op = bad_flagged[i];
+        moonlet_xfer_tcp_hdr_encode(&h, b);
+        assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), MOONLET_ERR_INVALID_PARAMS);
+    }
 }
 
 /* ---- a real server seen through raw sockets ----------------------------- */
@@ -350,6 +368,24 @@ static void test_raw_auth(void **state)
     moonlet_xfer_tcp_hdr_encode(&h, hb);
     raw_send(fd, hb, HDR);
     raw_send(fd, zeros, sizeof(zeros));
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a CHALLENGE with a payload: malformed, closed */
+    raw_request(fd, MOONLET_XFER_TCP_CHALLENGE, 1, 0, 0, 5);
+    raw_send(fd, "xxxxx", 5);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a proof of the wrong length after a CHALLENGE */
+    raw_request(fd, MOONLET_XFER_TCP_CHALLENGE, 1, 0, 0, 0);
+    moonlet_xfer_tcp_hdr cr = raw_reply(fd);
+    assert_int_equal(cr.length, MOONLET_XFER_TCP_NONCE_BYTES);
+    uint8_t skip[MOONLET_XFER_TCP_NONCE_BYTES];
+    raw_recv(fd, skip, sizeof(skip));
+    h.length = 10;
+    moonlet_xfer_tcp_hdr_encode(&h, hb);
+    raw_send(fd, hb, HDR);
+    raw_send(fd, zeros, 10);
     assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
     assert_closed(fd);
     close(fd);
