@@ -29,6 +29,7 @@ const char *moonlet_strerror(int code)
     case MOONLET_ERR_RPC_TIMEOUT: return "RPC_TIMEOUT";
     case MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS: return "UNAVAILABLE_IN_CURRENT_STATUS";
     case MOONLET_ERR_NOT_LEADER: return "NOT_LEADER";
+    case MOONLET_ERR_PERMISSION_DENIED: return "PERMISSION_DENIED";
     default: return "UNKNOWN_ERROR";
     }
 }

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "net.h"
+#include "cred.h"
 #include "token.h"
 
 #define MOD "http"
@@ -23,6 +24,8 @@ struct moonlet_http_server {
     struct MHD_Daemon *d;
     uint16_t port;
     char *token; /* NULL: requests need no credentials */
+    const moonlet_cred_set *creds; /* instead of token: a credential with one of `roles` */
+    uint32_t roles;
     moonlet_http_page_fn page;
     void *arg;
 };
@@ -92,7 +95,7 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
 /* With a token: "Authorization: Bearer <token>", compared in constant time. */
 static bool authorized(const moonlet_http_server *s, struct MHD_Connection *conn)
 {
-    if (!s->token)
+    if (!s->token && !s->creds)
         return true;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                 MHD_HTTP_HEADER_AUTHORIZATION);
@@ -100,6 +103,10 @@ static bool authorized(const moonlet_http_server *s, struct MHD_Connection *conn
     if (!h || strncmp(h, bearer, sizeof(bearer) - 1) != 0)
         return false;
     h += sizeof(bearer) - 1;
+    if (s->creds) {
+        const moonlet_cred *c = moonlet_cred_find(s->creds, h, strlen(h));
+        return c && (c->roles & s->roles);
+    }
     return moonlet_token_equal(h, strlen(h), s->token, strlen(s->token));
 }
 
@@ -139,9 +146,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         type ? type : status == MHD_HTTP_OK ? PROM_TYPE : plain, NULL);
 }
 
-int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
-                       unsigned max_conns, moonlet_http_page_fn page, void *arg,
-                       moonlet_http_server **out)
+static int http_start(const char *what, const char *address, uint16_t port, const char *token,
+                      const moonlet_cred_set *creds, uint32_t roles, unsigned max_conns,
+                      moonlet_http_page_fn page, void *arg, moonlet_http_server **out)
 {
     struct sockaddr_storage sa;
     socklen_t sa_len;
@@ -152,6 +159,8 @@ int moonlet_http_start(const char *what, const char *address, uint16_t port, con
         return MOONLET_ERR_INTERNAL_ERROR;
     s->page = page;
     s->arg = arg;
+    s->creds = creds;
+    s->roles = roles;
     if (token && *token && !(s->token = strdup(token))) {
         free(s);
         return MOONLET_ERR_INTERNAL_ERROR;
@@ -174,6 +183,22 @@ int moonlet_http_start(const char *what, const char *address, uint16_t port, con
     s->port = info ? info->port : port;
     *out = s;
     return MOONLET_OK;
+}
+
+int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
+                       unsigned max_conns, moonlet_http_page_fn page, void *arg,
+                       moonlet_http_server **out)
+{
+    return http_start(what, address, port, token, NULL, 0, max_conns, page, arg, out);
+}
+
+int moonlet_http_start_creds(const char *what, const char *address, uint16_t port,
+                             const moonlet_cred_set *creds, uint32_t roles, unsigned max_conns,
+                             moonlet_http_page_fn page, void *arg, moonlet_http_server **out)
+{
+    if (!creds || !roles)
+        return MOONLET_ERR_INVALID_PARAMS;
+    return http_start(what, address, port, NULL, creds, roles, max_conns, page, arg, out);
 }
 
 uint16_t moonlet_http_port(const moonlet_http_server *s)

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 
+#include "cred.h"
 #include "master.h"
 #include "moonlet/types.h"
 
@@ -221,43 +222,53 @@ SPEC(s_drain, moonlet_args_drain, drain_args);
 static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
 static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
 
+/* Who may call each method (common/cred.h; 0: anyone who authenticated) and
+ * whether its arguments name a tenant (then a credential limited to some
+ * tenants may name only those).  Remove with force=true needs OPER on top
+ * (service.c).  docs/deployment.md's role table is this column. */
+#define CLI MOONLET_ROLE_CLIENT
+#define NODE MOONLET_ROLE_NODE
+#define PEER MOONLET_ROLE_PEER
+#define OPER MOONLET_ROLE_OPERATOR
+#define READ MOONLET_ROLE_READER
+
 const moonlet_rpc_method_decl moonlet_master_methods[] = {
-    {MOONLET_M_AUTH, "AUTH", &s_auth},
-    {MOONLET_M_ECHO, "Echo", &s_any},
-    {MOONLET_M_PING, "Ping", &s_ping},
-    {MOONLET_M_MOUNT_SEGMENT, "MountSegment", &s_mount},
-    {MOONLET_M_UNMOUNT_SEGMENT, "UnmountSegment", &s_unmount},
-    {MOONLET_M_PUT_START, "PutStart", &s_put_start},
-    {MOONLET_M_PUT_END, "PutEnd", &s_put_end},
-    {MOONLET_M_PUT_REVOKE, "PutRevoke", &s_key},
-    {MOONLET_M_GET_REPLICA_LIST, "GetReplicaList", &s_key},
-    {MOONLET_M_EXIST_KEY, "ExistKey", &s_key},
-    {MOONLET_M_BATCH_EXIST_KEY, "BatchExistKey", &s_batch_exist},
-    {MOONLET_M_PROBE_KEY, "ProbeKey", &s_key},
-    {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", &s_batch_probe},
-    {MOONLET_M_REMOVE, "Remove", &s_remove},
-    {MOONLET_M_REMOVE_ALL, "RemoveAll", &s_remove_all},
-    {MOONLET_M_LIST_SEGMENTS, "ListSegments", &s_list_segments},
-    {MOONLET_M_LIST_KEYS, "ListKeys", &s_list_keys},
-    {MOONLET_M_INSPECT_KEY, "InspectKey", &s_key},
-    {MOONLET_M_STATS, "Stats", &s_none},
-    {MOONLET_M_BIND_CLIENT, "BindClient", &s_bind},
-    {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume},
-    {MOONLET_M_PUT_REPLACE_REPLICA, "PutReplaceReplica", &s_put_replace},
-    {MOONLET_M_REPAIR_FETCH, "RepairFetch", &s_repair_fetch},
-    {MOONLET_M_REPAIR_DONE, "RepairDone", &s_repair_done},
-    {MOONLET_M_DRAIN, "Drain", &s_drain},
-    {MOONLET_M_UNDRAIN, "Undrain", &s_drain},
-    {MOONLET_M_LIST_TENANTS, "ListTenants", &s_list_tenants},
-    {MOONLET_M_HELLO, "Hello", &s_any},
-    {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_repl_snapshot},
-    {MOONLET_M_REPL_PORT, "ReplPort", &s_none},
-    {MOONLET_M_REPL_STREAM, "ReplStream", &s_repl_stream},
-    {MOONLET_M_REPL_ACK, "ReplAck", &s_repl_ack},
-    {MOONLET_M_BATCH_PUT_START, "BatchPutStart", &s_batch_put_start},
-    {MOONLET_M_BATCH_PUT_END, "BatchPutEnd", &s_batch_put_end},
-    {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_put_revoke},
-    {MOONLET_M_BATCH_GET_REPLICA_LIST, "BatchGetReplicaList", &s_batch_exist},
+    {MOONLET_M_AUTH, "AUTH", &s_auth, 0, false},
+    {MOONLET_M_ECHO, "Echo", &s_any, 0, false},
+    {MOONLET_M_PING, "Ping", &s_ping, NODE, false},
+    {MOONLET_M_MOUNT_SEGMENT, "MountSegment", &s_mount, NODE, false},
+    {MOONLET_M_UNMOUNT_SEGMENT, "UnmountSegment", &s_unmount, NODE | OPER, false},
+    {MOONLET_M_PUT_START, "PutStart", &s_put_start, CLI, true},
+    {MOONLET_M_PUT_END, "PutEnd", &s_put_end, CLI, true},
+    {MOONLET_M_PUT_REVOKE, "PutRevoke", &s_key, CLI, true},
+    {MOONLET_M_GET_REPLICA_LIST, "GetReplicaList", &s_key, CLI, true},
+    {MOONLET_M_EXIST_KEY, "ExistKey", &s_key, CLI, true},
+    {MOONLET_M_BATCH_EXIST_KEY, "BatchExistKey", &s_batch_exist, CLI, true},
+    {MOONLET_M_PROBE_KEY, "ProbeKey", &s_key, CLI, true},
+    {MOONLET_M_BATCH_PROBE_KEY, "BatchProbeKey", &s_batch_probe, CLI, true},
+    {MOONLET_M_REMOVE, "Remove", &s_remove, CLI | OPER, true},
+    {MOONLET_M_REMOVE_ALL, "RemoveAll", &s_remove_all, OPER, true},
+    {MOONLET_M_LIST_SEGMENTS, "ListSegments", &s_list_segments, NODE | OPER | READ, false},
+    {MOONLET_M_LIST_KEYS, "ListKeys", &s_list_keys, OPER | READ, true},
+    {MOONLET_M_INSPECT_KEY, "InspectKey", &s_key, CLI | OPER | READ, true},
+    {MOONLET_M_STATS, "Stats", &s_none, OPER | READ, false},
+    {MOONLET_M_BIND_CLIENT, "BindClient", &s_bind, NODE, false},
+    {MOONLET_M_PROBE_RESUME, "ProbeResume", &s_probe_resume, CLI, true},
+    {MOONLET_M_PUT_REPLACE_REPLICA, "PutReplaceReplica", &s_put_replace, CLI, true},
+    {MOONLET_M_REPAIR_FETCH, "RepairFetch", &s_repair_fetch, NODE, false},
+    {MOONLET_M_REPAIR_DONE, "RepairDone", &s_repair_done, NODE, false},
+    {MOONLET_M_DRAIN, "Drain", &s_drain, OPER, false},
+    {MOONLET_M_UNDRAIN, "Undrain", &s_drain, OPER, false},
+    {MOONLET_M_LIST_TENANTS, "ListTenants", &s_list_tenants, OPER | READ, false},
+    {MOONLET_M_HELLO, "Hello", &s_any, 0, false},
+    {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", &s_repl_snapshot, PEER, false},
+    {MOONLET_M_REPL_PORT, "ReplPort", &s_none, PEER, false},
+    {MOONLET_M_REPL_STREAM, "ReplStream", &s_repl_stream, PEER, false},
+    {MOONLET_M_REPL_ACK, "ReplAck", &s_repl_ack, PEER, false},
+    {MOONLET_M_BATCH_PUT_START, "BatchPutStart", &s_batch_put_start, CLI, true},
+    {MOONLET_M_BATCH_PUT_END, "BatchPutEnd", &s_batch_put_end, CLI, true},
+    {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_put_revoke, CLI, true},
+    {MOONLET_M_BATCH_GET_REPLICA_LIST, "BatchGetReplicaList", &s_batch_exist, CLI, true},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

@@ -96,7 +96,13 @@ typedef struct {
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;
     moonlet_str tenant, key;
-} moonlet_args_key; /* PutRevoke, GetReplicaList, ExistKey, ProbeKey, InspectKey */
+} moonlet_args_key;
+
+/* The leading part every tenant_scoped method's struct shares (methods.c). */
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str tenant;
+} moonlet_args_tenant; /* PutRevoke, GetReplicaList, ExistKey, ProbeKey, InspectKey */
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

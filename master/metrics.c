@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cred.h"
 #include "http_server.h"
 #include "monotime.h"
 #include "moonlet/error.h"
@@ -191,6 +192,18 @@ char *moonlet_metrics_render_rpc(uint64_t reply_deadline_closes, size_t *len)
     return moonlet_prom_render(write_rpc, &reply_deadline_closes, len);
 }
 
+static void write_refused(FILE *f, const void *arg)
+{
+    moonlet_prom_counter(f, "moonlet_rpc_permission_denied_total", "Calls refused with "
+          "PERMISSION_DENIED: the credential's roles or tenants do not allow them.",
+          *(const uint64_t *)arg);
+}
+
+char *moonlet_metrics_render_refused(uint64_t refused, size_t *len)
+{
+    return moonlet_prom_render(write_refused, &refused, len);
+}
+
 void moonlet_metrics_set_rpc(moonlet_metrics *s, const moonlet_rpc_server *rpc)
 {
     if (s)
@@ -267,6 +280,9 @@ static char *metrics_page(void *arg, const char *path, unsigned *status, const c
         char *rb = moonlet_metrics_render_rpc(moonlet_rpc_server_reply_deadline_closes(rpc), &rlen);
         if (!(body = append_section(body, len, rb, rlen)))
             return NULL;
+        rb = moonlet_metrics_render_refused(moonlet_rpc_server_refused(rpc), &rlen);
+        if (!(body = append_section(body, len, rb, rlen)))
+            return NULL;
     }
     return body;
 }
@@ -280,6 +296,24 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
     s->m = m;
     int rc = moonlet_http_start("metrics", address, port, token, METRICS_MAX_CONNS, metrics_page,
                                 s, &s->http);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return MOONLET_OK;
+}
+
+int moonlet_metrics_start_creds(moonlet_master *m, const char *address, uint16_t port,
+                                const struct moonlet_cred_set *creds, moonlet_metrics **out)
+{
+    moonlet_metrics *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    s->m = m;
+    int rc = moonlet_http_start_creds("metrics", address, port, creds,
+                                      MOONLET_ROLE_READER | MOONLET_ROLE_OPERATOR,
+                                      METRICS_MAX_CONNS, metrics_page, s, &s->http);
     if (rc) {
         free(s);
         return rc;

@@ -33,6 +33,11 @@ typedef struct moonlet_metrics moonlet_metrics;
  * (port in use, for example; the reason is logged). */
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
                           const char *token, moonlet_metrics **out);
+/* As moonlet_metrics_start, but a scrape must carry the token of a credential
+ * of `creds` (common/cred.h) with the reader or operator role. */
+struct moonlet_cred_set;
+int moonlet_metrics_start_creds(moonlet_master *m, const char *address, uint16_t port,
+                                const struct moonlet_cred_set *creds, moonlet_metrics **out);
 /* The port the server listens on. */
 uint16_t moonlet_metrics_port(const moonlet_metrics *s);
 /* With HA: also export the role (moonlet_ha_role 0 single / 1 standby /
@@ -55,6 +60,9 @@ struct moonlet_rpc_server;
  * `rpc` must outlive the server; NULL: none. */
 void moonlet_metrics_set_rpc(moonlet_metrics *s, const struct moonlet_rpc_server *rpc);
 char *moonlet_metrics_render_rpc(uint64_t reply_deadline_closes, size_t *len);
+/* moonlet_rpc_permission_denied_total: calls refused for their credential's
+ * roles or tenants (rpc_server.h, Roles), shown with the RPC server's section. */
+char *moonlet_metrics_render_refused(uint64_t refused, size_t *len);
 /* Stops the server (waits for a scrape in progress) and frees it; NULL is a no-op. */
 void moonlet_metrics_stop(moonlet_metrics *s);
 

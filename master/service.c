@@ -23,6 +23,12 @@
  * (opts->peer_token), so a holder of the clients' token cannot take the
  * stream nor read the snapshot's secrets.
  *
+ * Roles (issue 33): with credentials (opts->creds) the RPC server checks
+ * each method's roles (methods.c) before it decodes the arguments; then
+ * authorize() below refuses a tenant the credential does not cover and a
+ * forced Remove without the operator role, before the handler (and the HA
+ * gate) runs.  Refusals are PERMISSION_DENIED, counted on /metrics.
+ *
  * HA: with a role (role.h) every method but Echo and Hello goes through
  * one gate (gated() below) that answers NOT_LEADER with the leader's
  * address while this master may not serve; Hello tells the role and epoch
@@ -38,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cred.h"
 #include "log.h"
 #include "methods.h"
 #include "monotime.h"
@@ -1232,6 +1239,28 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_BATCH_GET_REPLICA_LIST] = h_batch_get_replicas,
 };
 
+/* The argument-level half of the role check (rpc_server.h, opts.authorize):
+ * the tenant a call names, and Remove's force. */
+static int authorize(void *server_ctx, const moonlet_cred *cred, uint32_t method,
+                     const void *argv, char *msg, size_t cap)
+{
+    (void)server_ctx;
+    const moonlet_rpc_method_decl *d = moonlet_master_method(method);
+    if (d && d->tenant_scoped && argv && cred->tenants) {
+        const moonlet_args_tenant *a = argv;
+        if (!moonlet_cred_tenant_ok(cred, a->tenant.ptr, a->tenant.len)) {
+            snprintf(msg, cap, "%s: this credential may not name that tenant", d->name);
+            return MOONLET_ERR_PERMISSION_DENIED;
+        }
+    }
+    if (method == MOONLET_M_REMOVE && argv && ((const moonlet_args_remove *)argv)->force &&
+        !(cred->roles & MOONLET_ROLE_OPERATOR)) {
+        snprintf(msg, cap, "Remove with force needs the role operator");
+        return MOONLET_ERR_PERMISSION_DENIED;
+    }
+    return MOONLET_OK;
+}
+
 /* Whether `name` is an item of the comma-separated `list` (NULL: none). */
 static bool name_listed(const char *list, const char *name)
 {
@@ -1281,7 +1310,8 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         /* with HA, everything but Echo and Hello passes the leader gate */
         bool gate = s->role && d->id != MOONLET_M_ECHO && d->id != MOONLET_M_HELLO;
         s->methods[ntable++] =
-            (moonlet_rpc_method){d->id, d->name, gate ? gated : g_handlers[d->id], d->spec};
+            (moonlet_rpc_method){d->id, d->name, gate ? gated : g_handlers[d->id], d->spec,
+                                 d->roles};
     }
     if (!s->methods || ndisabled != names_in(opts->disabled_method)) {
         int rc = s->methods ? MOONLET_ERR_INVALID_PARAMS : MOONLET_ERR_INTERNAL_ERROR;
@@ -1292,7 +1322,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     const char *addr = opts->address ? opts->address : "127.0.0.1";
     bool loopback = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 ||
                     strcmp(addr, "::1") == 0;
-    if (!loopback && !opts->auth_token)
+    if (!loopback && !opts->auth_token && !opts->creds)
         ML_WARN("master", "listening on %s without --auth-token-file: any host that reaches this "
                 "port can read and change the cache's metadata", addr);
     moonlet_rpc_server_opts ro = {
@@ -1303,6 +1333,8 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
+        .creds = opts->creds,
+        .authorize = opts->creds ? authorize : NULL,
         .methods = s->methods,
         .nmethods = ntable,
         .ctx = s,
@@ -1320,8 +1352,8 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
     };
     if (s->repl) {
         static const moonlet_rpc_method repl_methods[2] = {
-            {MOONLET_M_REPL_STREAM, "ReplStream", h_repl_stream, NULL},
-            {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", h_repl_snapshot, NULL},
+            {MOONLET_M_REPL_STREAM, "ReplStream", h_repl_stream, NULL, 0},
+            {MOONLET_M_REPL_SNAPSHOT, "ReplSnapshot", h_repl_snapshot, NULL, 0},
         };
         moonlet_rpc_server_opts rr = ro;
         rr.port = opts->repl_port;
@@ -1340,6 +1372,9 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         s->repl_methods[1] = repl_methods[1];
         s->repl_methods[0].spec = moonlet_master_method(MOONLET_M_REPL_STREAM)->spec;
         s->repl_methods[1].spec = moonlet_master_method(MOONLET_M_REPL_SNAPSHOT)->spec;
+        /* with credentials: peer credentials only (the table's PEER rows) */
+        s->repl_methods[0].roles = moonlet_master_method(MOONLET_M_REPL_STREAM)->roles;
+        s->repl_methods[1].roles = moonlet_master_method(MOONLET_M_REPL_SNAPSHOT)->roles;
         int rrc = moonlet_rpc_server_create(&rr, &s->repl_rpc);
         if (!rrc)
             rrc = moonlet_rpc_server_start(s->repl_rpc);

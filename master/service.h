@@ -30,6 +30,14 @@ typedef struct moonlet_service_opts {
      * replication server takes auth_token (the shared token is then the
      * peer credential too). */
     const char *peer_token;
+    /* Credentials with roles (common/cred.h, --credentials): when set,
+     * auth_token and peer_token are ignored here (moonlet-master adds the
+     * peer token to the set as a peer credential); each method serves the
+     * roles its row of the method table (methods.c) names, a credential
+     * limited to tenants may name only those, Remove with force needs the
+     * operator role, and the replication server takes peer credentials only.
+     * Must outlive the service.  NULL: as before roles (one token, or none). */
+    const struct moonlet_cred_set *creds;
     size_t max_batch_keys;  /* keys per batch call; 0: MOONLET_DEFAULT_MAX_BATCH_KEYS */
     /* Connection limits, passed to the RPC server (rpc_server.h; 0: its default). */
     uint32_t max_connections;

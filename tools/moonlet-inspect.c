@@ -113,6 +113,8 @@ static const char GLOBAL_HELP[] =
     "  --tenant T              tenant of keys, key and probe (default: \"default\")\n"
     "  --json                  print one JSON document (exact integers, stable field names)\n"
     "  --auth-token-file PATH  the cluster's shared token, when the master requires one\n"
+    "                          (with --credentials on the master: a reader credential\n"
+    "                          reads, an operator's drains)\n"
     "  --help                  this help; 'moonlet-inspect COMMAND --help' for a command\n"
     "  --version\n";
 

@@ -46,6 +46,7 @@
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "service.h"
+#include "cred.h"
 #include "token.h"
 
 static void usage(FILE *f)
@@ -87,6 +88,11 @@ static void usage(FILE *f)
             "  --peer-token-file PATH             with HA: the masters' own token; only it opens\n"
             "                                     the replication stream and snapshot (default:\n"
             "                                     the --auth-token-file token); must differ from it\n"
+            "  --credentials PATH                 roles instead of one token: a line per credential,\n"
+            "                                     TOKEN-or-sha256:HEX ROLES [TENANTS] (roles client,\n"
+            "                                     node, peer, operator, reader); with HA the\n"
+            "                                     --peer-token-file token is a peer credential\n"
+            "                                     (required then); not with --auth-token-file\n"
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
@@ -186,7 +192,8 @@ enum {
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
     O_REPAIR_BW, O_REPAIR_CONC,
-    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN
+    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN,
+    O_CREDS
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -221,6 +228,7 @@ int main(int argc, char **argv)
         {"repair-concurrency", required_argument, 0, O_REPAIR_CONC},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"peer-token-file", required_argument, 0, O_PEER_TOKEN},
+        {"credentials", required_argument, 0, O_CREDS},
         {"metrics-port", required_argument, 0, O_METRICS},
         {"max-batch-keys", required_argument, 0, O_BATCH},
         {"max-connections", required_argument, 0, O_MAXCONN},
@@ -270,7 +278,7 @@ int main(int argc, char **argv)
     moonlet_service_opts so = {.address = "127.0.0.1", .port = 50051,
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
-    const char *token_file = NULL, *peer_token_file = NULL;
+    const char *token_file = NULL, *peer_token_file = NULL, *creds_file = NULL;
     const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
     uint32_t etcd_ttl_s = 0;
     uint64_t repl_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
@@ -318,6 +326,7 @@ int main(int argc, char **argv)
         case O_FRAME: bad = parse_u64("--max-frame-bytes", optarg, &v) || v < 1024 || v > (1u << 30); so.max_frame = v; break;
         case O_TOKEN: token_file = optarg; break;
         case O_PEER_TOKEN: peer_token_file = optarg; break;
+        case O_CREDS: creds_file = optarg; break;
         case O_REPAIR_BW:
             bad = moonlet_bytesize_parse(optarg, &v) != 0 || v == 0;
             if (bad)
@@ -404,8 +413,26 @@ int main(int argc, char **argv)
         return 2;
     }
     so.peer_token = peer_token;
+    moonlet_cred_set *creds = NULL;
+    if (creds_file) {
+        if (token) {
+            fprintf(stderr, "moonlet-master: --credentials and --auth-token-file exclude each "
+                            "other: give the shared token a line of the credentials file\n");
+            return 2;
+        }
+        if (etcd && !peer_token) {
+            fprintf(stderr, "moonlet-master: with --credentials and --etcd-endpoints, "
+                            "--peer-token-file names the masters' own credential\n");
+            return 2;
+        }
+        if (moonlet_cred_load(creds_file, &creds) != MOONLET_OK ||
+            (peer_token &&
+             moonlet_cred_add_token(creds, peer_token, strlen(peer_token), MOONLET_ROLE_PEER)))
+            return 2;
+        so.creds = creds;
+    }
     /* Only an authenticated master listens beyond loopback unless told where. */
-    if (!address_given && token)
+    if (!address_given && (token || creds))
         so.address = "0.0.0.0";
 
     /* Signals are taken synchronously by this thread; workers never see them. */
@@ -427,7 +454,8 @@ int main(int argc, char **argv)
                               .etcd_ttl_s = etcd_ttl_s,
                               .client_live_ttl_ms = cfg.client_live_ttl_ms,
                               .replication = !no_repl, .repl_max_lag_ms = repl_lag_ms,
-                              .auth_token = token, .peer_token = peer_token,
+                              .auth_token = creds ? peer_token : token,
+                              .peer_token = peer_token,
                               .on_deposed = on_deposed, .arg = NULL};
         if (moonlet_ha_init(&ho, &cfg, &so) != MOONLET_OK)
             return 1;
@@ -452,7 +480,9 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics) != MOONLET_OK) {
+        (creds ? moonlet_metrics_start_creds(m, so.address, (uint16_t)metrics_port, creds, &metrics)
+               : moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics)) !=
+            MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);
@@ -508,7 +538,9 @@ int main(int argc, char **argv)
         if (!rc)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
-            rc = moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
+            rc = creds ? moonlet_metrics_start_creds(m, so.address, metrics_port_bound, creds,
+                                                     &metrics)
+                       : moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
         if (!rc) {
             moonlet_metrics_set_role(metrics, role);
             moonlet_metrics_set_repl(metrics, moonlet_ha_log());
@@ -531,5 +563,6 @@ int main(int argc, char **argv)
     moonlet_role_destroy(role);
     moonlet_token_free(token);
     moonlet_token_free(peer_token);
+    moonlet_cred_set_free(creds);
     return exit_code;
 }

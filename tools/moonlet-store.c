@@ -41,6 +41,7 @@
 #include "rpc_server.h"
 #include "segment_mem.h"
 #include "store_node.h"
+#include "cred.h"
 #include "token.h"
 #include "verbs_check.h"
 
@@ -74,6 +75,10 @@ static void usage(FILE *f)
             "  --client-id-wait-ms N     when a live node holds the id, wait this long for it to\n"
             "                            expire before refusing to start (default 15000)\n"
             "  --auth-token-file PATH    shared token for the master and the data endpoint\n"
+            "                            (with roles: this node's own, a node credential)\n"
+            "  --credentials PATH        the master's credentials file: its client and node\n"
+            "                            credentials may also open the data endpoint\n"
+            "                            (challenge-response; needs --auth-token-file)\n"
             "  --ping-interval-ms N      heartbeat period (default 1000)\n"
             "  --rpc-timeout-ms N        deadline of each master call (default 400)\n"
             "  --transfer-timeout-ms N   deadline of each served request, header to reply, plus\n"
@@ -181,7 +186,7 @@ enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
     O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK,
-    O_KEEPALIVE, O_CLIENT_HTTP
+    O_KEEPALIVE, O_CLIENT_HTTP, O_CREDS
 };
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
@@ -205,6 +210,7 @@ static const struct option g_opts[] = {
     {"numa-node", required_argument, 0, O_NUMA},
     {"client-id", required_argument, 0, O_CLIENT},
     {"auth-token-file", required_argument, 0, O_TOKEN},
+    {"credentials", required_argument, 0, O_CREDS},
     {"ping-interval-ms", required_argument, 0, O_PING},
     {"advertise", required_argument, 0, O_ADVERTISE},
     {"rpc-timeout-ms", required_argument, 0, O_RPC_TIMEOUT},
@@ -264,6 +270,7 @@ static int parse_uint_flag(int c, moonlet_store_node_config *cfg)
 /* The RealClient flags. */
 typedef struct serve_flags {
     const char *path;  /* --serve-dummy; NULL: a plain store node */
+    const char *creds_file; /* --credentials: more data-plane keys */
     const char *group; /* --socket-group */
     uint32_t busy_poll_us;
     bool busy_poll_set;
@@ -321,6 +328,7 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
                   bad_flag("--client-id", "must be 1..255 bytes", optarg);
             break;
         case O_TOKEN: *token_file = optarg; break;
+        case O_CREDS: sv->creds_file = optarg; break;
         case O_ADVERTISE:
             cfg->advertise_addr = optarg;
             bad = check_hostport("--advertise", optarg, 1);
@@ -485,6 +493,27 @@ int main(int argc, char **argv)
     if (token_file && moonlet_token_read(token_file, &token) != MOONLET_OK)
         return 2;
     cfg.auth_token = token;
+    uint8_t (*keys)[32] = NULL;
+    if (sv.creds_file) {
+        moonlet_cred_set *creds = NULL;
+        if (!token) {
+            fprintf(stderr, "moonlet-store: --credentials needs --auth-token-file (this node's "
+                            "own credential)\n");
+            return 2;
+        }
+        if (moonlet_cred_load(sv.creds_file, &creds) != MOONLET_OK)
+            return 2;
+        keys = calloc(creds->n ? creds->n : 1, sizeof(*keys));
+        if (!keys) {
+            moonlet_cred_set_free(creds);
+            return 1;
+        }
+        for (size_t i = 0; i < creds->n; i++) /* who reads and writes segment bytes */
+            if (creds->v[i].roles & (MOONLET_ROLE_CLIENT | MOONLET_ROLE_NODE))
+                memcpy(keys[cfg.ndata_keys++], creds->v[i].hash, 32);
+        moonlet_cred_set_free(creds);
+        cfg.data_keys = (const uint8_t(*)[32])keys;
+    }
 
     /* Blocked before any thread exists, so every thread inherits the mask. */
     sigset_t set;
@@ -525,5 +554,6 @@ int main(int argc, char **argv)
     pthread_join(sig_th, NULL);
     moonlet_store_node_destroy(node);
     moonlet_token_free(token);
+    free(keys);
     return rc ? 1 : 0;
 }

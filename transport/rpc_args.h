@@ -105,6 +105,11 @@ typedef struct moonlet_rpc_method_decl {
     uint32_t id;
     const char *name;
     const moonlet_rpc_args_spec *spec;
+    uint32_t roles; /* MOONLET_ROLE_* bits (common/cred.h) of its callers; 0: any */
+    /* Its decoded arguments begin with `moonlet_str tenant` (right after
+     * MOONLET_RPC_ARGS_HEAD): a credential limited to some tenants may only
+     * name those (master/service.c). */
+    bool tenant_scoped;
 } moonlet_rpc_method_decl;
 
 #define MOONLET_RPC_ARGS_HEAD uint32_t nargs

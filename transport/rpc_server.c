@@ -86,6 +86,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cred.h"
 #include "fdlimit.h"
 #include "frame.h"
 #include "log.h"
@@ -129,6 +130,7 @@ typedef struct conn {
     int fd;
     enum conn_state state;
     bool authed;
+    const moonlet_cred *cred; /* what it authenticated with (&moonlet_cred_everything: all) */
     bool paused;   /* output above high water: input not read nor parsed */
     bool peer_eof; /* read returned 0 */
     bool dead;     /* close at the end of this event */
@@ -192,6 +194,11 @@ struct moonlet_rpc_server {
     moonlet_ratelimit accept_log;
     char *token;
     size_t token_len;
+    const moonlet_cred_set *creds; /* roles (cred.h); NULL: token (or nothing) opens all */
+    int (*authorize)(void *ctx, const moonlet_cred *cred, uint32_t method, const void *argv,
+                     char *msg, size_t cap);
+    _Atomic uint64_t refused;  /* calls refused for their roles or tenants */
+    moonlet_ratelimit refuse_log;
     const moonlet_rpc_method **table; /* indexed by method id */
     _Atomic uint64_t *calls;          /* requests served per method id (table_len) */
     uint32_t table_len;
@@ -278,11 +285,34 @@ int moonlet_rpc_error(msgpack_packer *out, int code, const char *fmt, ...)
 
 static size_t out_pending(const conn *c) { return c->out.buf.size - c->out_off; }
 
+/* Whether connections must authenticate first. */
+static bool needs_auth(const moonlet_rpc_server *s)
+{
+    return s->token_len != 0 || s->creds != NULL;
+}
+
+/* Counts a refused call and logs it at most once every LOG_EVERY_MS: the
+ * credential's line in its file, never its token. */
+static void note_refusal(conn *c, const moonlet_rpc_method *m, uint32_t method, const char *why)
+{
+    moonlet_rpc_server *s = c->loop->s;
+    atomic_fetch_add_explicit(&s->refused, 1, memory_order_relaxed);
+    uint64_t held = 0;
+    if (moonlet_ratelimit_allow(&s->refuse_log, LOG_EVERY_MS, &held)) {
+        char roles[64];
+        ML_WARN(MOD, "refused %s (%u) on fd %d: %s (credential of line %u, roles %s); %llu "
+                "more refusals not logged", m && m->name ? m->name : "?", method, c->fd, why,
+                c->cred ? c->cred->line : 0,
+                moonlet_cred_roles_str(c->cred ? c->cred->roles : 0, roles, sizeof(roles)),
+                (unsigned long long)held);
+    }
+}
+
 /* The largest frame this connection may send now. */
 static size_t frame_limit(const conn *c)
 {
     const moonlet_rpc_server *s = c->loop->s;
-    return s->token_len != 0 && !c->authed ? MOONLET_RPC_PRE_AUTH_MAX_FRAME : s->max_frame;
+    return needs_auth(s) && !c->authed ? MOONLET_RPC_PRE_AUTH_MAX_FRAME : s->max_frame;
 }
 
 __attribute__((format(printf, 4, 5)))
@@ -313,7 +343,8 @@ static void fail_conn(conn *c, uint64_t id, int code, const char *what)
 static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
-    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c, &c->loop->zone, NULL};
+    moonlet_rpc_ctx ctx = {s->ctx, &c->conn_data, req->id, req->method, c, &c->loop->zone, NULL,
+                           c->cred ? c->cred : &moonlet_cred_everything};
     /* the service's epoch for this connection's replies (0: none, 3 elements) */
     uint64_t epoch = s->reply_epoch ? s->reply_epoch(s->ctx, c->conn_data) : 0;
     if (m->spec) { /* the declared arguments, decoded before the handler runs */
@@ -336,6 +367,25 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
             return;
         }
         ctx.argv = argv;
+    }
+    if (s->authorize && s->creds) { /* what the arguments name: a tenant, force */
+        char why[ERR_MSG_MAX];
+        why[0] = '\0';
+        int rc = s->authorize(s->ctx, ctx.cred, req->method, ctx.argv, why, sizeof(why));
+        if (rc) {
+            if (m->spec && m->spec->takes_fd) {
+                int fd = moonlet_rpc_ctx_take_fd(&ctx);
+                if (fd >= 0)
+                    close(fd);
+            }
+            note_refusal(c, m, req->method, why);
+            msgpack_packer *epk = moonlet_reply_begin_ex(&c->out, req->id, rc, epoch != 0);
+            moonlet_pack_cstr(epk, why);
+            if (epoch)
+                msgpack_pack_uint64(epk, epoch);
+            moonlet_frame_finish(&c->out, s->max_frame);
+            return;
+        }
     }
     moonlet_frame_builder *b = &c->out;
     msgpack_packer *pk = moonlet_reply_begin_ex(b, req->id, 0, epoch != 0);
@@ -362,18 +412,28 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
     moonlet_frame_finish(b, s->max_frame);
 }
 
-/* Handles MOONLET_RPC_AUTH; with no token configured any AUTH is accepted. */
+/* Handles MOONLET_RPC_AUTH; with no token configured any AUTH is accepted.
+ * With credentials, the token's credential is the connection's from then on
+ * (a second AUTH may change it, never to one it does not hold the token of). */
 static void serve_auth(conn *c, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
     const char *tok;
     uint32_t len;
-    if (s->token_len == 0) {
+    if (!needs_auth(s)) {
         reply_nil(c, req->id);
         return;
     }
-    if (moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0 &&
-        moonlet_token_equal(tok, len, s->token, s->token_len)) {
+    bool one = moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0;
+    if (one && s->creds) {
+        const moonlet_cred *cr = moonlet_cred_find(s->creds, tok, len);
+        if (cr) {
+            c->authed = true;
+            c->cred = cr;
+            reply_nil(c, req->id);
+            return;
+        }
+    } else if (one && moonlet_token_equal(tok, len, s->token, s->token_len)) {
         c->authed = true;
         reply_nil(c, req->id);
         return;
@@ -389,7 +449,7 @@ static void serve_request(conn *c, const moonlet_request *req)
         serve_auth(c, req);
         return;
     }
-    if (s->token_len != 0 && !c->authed) {
+    if (needs_auth(s) && !c->authed) {
         ML_WARN(MOD, "connection fd %d sent method %u before authenticating", c->fd, req->method);
         fail_conn(c, req->id, MOONLET_ERR_ILLEGAL_CLIENT, "authentication required");
         return;
@@ -397,6 +457,27 @@ static void serve_request(conn *c, const moonlet_request *req)
     const moonlet_rpc_method *m = req->method < s->table_len ? s->table[req->method] : NULL;
     if (m == NULL) {
         reply_error(c, req->id, MOONLET_ERR_INVALID_PARAMS, "unknown method %u", req->method);
+        return;
+    }
+    const moonlet_cred *cr = c->cred ? c->cred : &moonlet_cred_everything;
+    if (m->roles && !(m->roles & cr->roles)) {
+        char want[64], why[160];
+        snprintf(why, sizeof(why), "%s needs the role %s", m->name ? m->name : "this method",
+                 moonlet_cred_roles_str(m->roles, want, sizeof(want)));
+        note_refusal(c, m, req->method, why);
+        if (m->spec && m->spec->takes_fd) {
+            moonlet_rpc_ctx fctx = {.conn = c};
+            int fd = moonlet_rpc_ctx_take_fd(&fctx);
+            if (fd >= 0)
+                close(fd);
+        }
+        uint64_t epoch = s->reply_epoch ? s->reply_epoch(s->ctx, c->conn_data) : 0;
+        msgpack_packer *epk = moonlet_reply_begin_ex(&c->out, req->id,
+                                                     MOONLET_ERR_PERMISSION_DENIED, epoch != 0);
+        moonlet_pack_cstr(epk, why);
+        if (epoch)
+            msgpack_pack_uint64(epk, epoch);
+        moonlet_frame_finish(&c->out, s->max_frame);
         return;
     }
     atomic_fetch_add_explicit(&s->calls[req->method], 1, memory_order_relaxed);
@@ -819,7 +900,7 @@ static int64_t conn_deadline(const moonlet_rpc_server *s, const conn *c)
     int64_t d = INT64_MAX;
     if (c->state == ST_LINGER)
         return d; /* expire_lingering() */
-    if (s->token_len != 0 && !c->authed)
+    if (needs_auth(s) && !c->authed)
         d = c->accepted_ms + s->auth_timeout_ms;
     if (c->in_len > 0 && c->frame_start_ms + s->frame_timeout_ms < d)
         d = c->frame_start_ms + s->frame_timeout_ms;
@@ -840,7 +921,7 @@ static void expire_deadlines(loop *l, int64_t now)
         conn *next = LIST_NEXT(c, link);
         if (now >= conn_deadline(l->s, c)) {
             ML_DEBUG(MOD, "fd %d: deadline passed (%s), closing", c->fd,
-                     l->s->token_len && !c->authed ? "authentication"
+                     needs_auth(l->s) && !c->authed ? "authentication"
                      : c->in_len ? "frame incomplete"
                      : out_pending(c) ? "replies not taken" : "idle");
             if (out_pending(c) > 0) {
@@ -1203,7 +1284,9 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     s->ctx = o->ctx;
     s->on_close = o->on_close;
     s->reply_epoch = o->reply_epoch;
-    if (o->auth_token != NULL) {
+    s->creds = o->creds;
+    s->authorize = o->authorize;
+    if (o->auth_token != NULL && o->creds == NULL) {
         s->token_len = o->auth_token_len ? o->auth_token_len : strlen(o->auth_token);
         s->token = malloc(s->token_len + 1);
         if (s->token == NULL)
@@ -1280,6 +1363,11 @@ uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method)
 uint64_t moonlet_rpc_server_reply_deadline_closes(const moonlet_rpc_server *s)
 {
     return atomic_load(&((moonlet_rpc_server *)s)->reply_deadline_closes);
+}
+
+uint64_t moonlet_rpc_server_refused(const moonlet_rpc_server *s)
+{
+    return atomic_load(&((moonlet_rpc_server *)s)->refused);
 }
 
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s)

@@ -26,6 +26,19 @@
  * length gets ILLEGAL_CLIENT before any of the body is buffered) and must
  * authenticate within auth_timeout_ms of being accepted.
  *
+ * Roles (issue 33, common/cred.h): with a credential set (opts.creds) instead
+ * of one token, AUTH looks the presented token up in the set and the
+ * connection acts under that credential from then on.  Every method declares
+ * the roles that may call it (moonlet_rpc_method.roles; 0: any caller); a
+ * call whose credential holds none of them is answered PERMISSION_DENIED
+ * before its arguments are decoded, and then opts.authorize (when set) may
+ * refuse a call by its decoded arguments (a tenant the credential does not
+ * cover) before the handler runs.  Refusals keep the connection open, are
+ * counted (moonlet_rpc_server_refused) and logged at most once a few seconds
+ * (the credential's line in its file and the method, never the token).
+ * With one token, or none, every connection holds every role: behaviour as
+ * before roles existed.
+ *
  * Limits on what a peer can hold (each closes only the offending
  * connection): at most max_connections open connections (more are accepted
  * and closed at once, so the listen queue never backs up); a frame whose
@@ -64,6 +77,9 @@ typedef struct moonlet_rpc_ctx {
     /* The method's decoded arguments (its spec's args struct), or NULL for a
      * method without a spec. */
     const void *argv;
+    /* The credential the connection authenticated with (cred.h);
+     * &moonlet_cred_everything without a credential set. */
+    const struct moonlet_cred *cred;
 } moonlet_rpc_ctx;
 
 /* Request-lifetime memory (NULL when out of memory). */
@@ -104,6 +120,8 @@ typedef struct moonlet_rpc_method {
      * answered INVALID_PARAMS with a message from the table, and fn is not
      * called); fn finds the decoded struct in ctx->argv. */
     const moonlet_rpc_args_spec *spec;
+    /* MOONLET_ROLE_* bits (cred.h) of the callers it serves; 0: any. */
+    uint32_t roles;
 } moonlet_rpc_method;
 
 #define MOONLET_RPC_MAX_BUSY_POLL_US 100000
@@ -117,6 +135,14 @@ typedef struct moonlet_rpc_server_opts {
     size_t max_frame;         /* 0 means MOONLET_DEFAULT_MAX_FRAME */
     const char *auth_token;   /* NULL or "" disables authentication */
     size_t auth_token_len;
+    /* Credentials with roles (cred.h); when set, auth_token is ignored and
+     * AUTH takes any token of the set.  Must outlive the server. */
+    const struct moonlet_cred_set *creds;
+    /* Optional, with creds: called after the arguments are decoded and
+     * before the handler; 0 lets the call through, a nonzero code refuses
+     * it with msg (written into msg[cap]) as the error message. */
+    int (*authorize)(void *ctx, const struct moonlet_cred *cred, uint32_t method,
+                     const void *argv, char *msg, size_t cap);
     const moonlet_rpc_method *methods;
     size_t nmethods;
     void *ctx;                /* handed to handlers as server_ctx */
@@ -168,6 +194,8 @@ size_t moonlet_rpc_server_connections(const moonlet_rpc_server *s);
 /* Requests of `method` handed to its handler so far (decoded, authenticated,
  * known method; whatever the handler answered).  0 for an unknown id. */
 uint64_t moonlet_rpc_server_calls(const moonlet_rpc_server *s, uint32_t method);
+/* Calls refused for their credential's roles or tenants (see Roles above). */
+uint64_t moonlet_rpc_server_refused(const moonlet_rpc_server *s);
 /* How many times the loops yielded their core (opts.yield_after_us). */
 uint64_t moonlet_rpc_server_yields(const moonlet_rpc_server *s);
 /* Connections closed because replies queued on them were not all taken

@@ -66,6 +66,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cred.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "monotime.h"
@@ -213,6 +214,11 @@ static void xfer_free_opts(moonlet_xfer *x)
         explicit_bzero(x->token, x->token_len);
         free(x->token);
     }
+    explicit_bzero(x->auth_key, sizeof(x->auth_key));
+    if (x->auth_keys) {
+        explicit_bzero(x->auth_keys, x->nauth_keys * sizeof(*x->auth_keys));
+        free(x->auth_keys);
+    }
 }
 
 static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
@@ -231,6 +237,17 @@ static int xfer_copy_opts(moonlet_xfer *x, const moonlet_xfer_opts *o)
     x->rdma_tos = o->rdma_tos;
     x->token = xfer_strdup_opt(o->auth_token, &oom);
     x->token_len = x->token ? strlen(x->token) : 0;
+    if (x->token)
+        moonlet_cred_key(x->token, x->token_len, x->auth_key);
+    if (o->nauth_keys && o->auth_keys) {
+        if (!x->token)
+            return MOONLET_ERR_INVALID_PARAMS; /* keys without a token of its own */
+        x->auth_keys = malloc(o->nauth_keys * sizeof(*x->auth_keys));
+        if (!x->auth_keys)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        memcpy(x->auth_keys, o->auth_keys, o->nauth_keys * sizeof(*x->auth_keys));
+        x->nauth_keys = o->nauth_keys;
+    }
     x->conns_per_peer = o->conns_per_peer > 0 ? o->conns_per_peer
                                               : MOONLET_XFER_DEFAULT_CONNS_PER_PEER;
     x->server_threads = o->server_threads > 0 ? o->server_threads

@@ -98,7 +98,15 @@ typedef struct moonlet_xfer_opts {
     const char *device;       /* RDMA device name (e.g. "mlx5_0"); NULL = first ACTIVE */
     const char *listen_addr;  /* "host:port" to serve segments on; port 0 = ephemeral;
                                * NULL = client only (registering segments then fails) */
-    const char *auth_token;   /* shared cluster token; NULL or "" = none.  Never logged. */
+    const char *auth_token;   /* shared cluster token; NULL or "" = none.  Never logged.
+                               * It never travels either: TCP proves it by
+                               * challenge-response (xfer_tcp.h, AUTH). */
+    /* Serving side, with auth_token: more keys a client may prove (the
+     * SHA-256 of each token: common/cred.h, moonlet_cred_key), e.g. the
+     * client and node credentials of a store node's --credentials file.
+     * Copied at create.  NULL / 0: only auth_token's. */
+    const uint8_t (*auth_keys)[32];
+    size_t nauth_keys;
     int conns_per_peer;       /* <= 0: MOONLET_XFER_DEFAULT_CONNS_PER_PEER */
     int server_threads;       /* TCP serving pool; <= 0: MOONLET_XFER_DEFAULT_SERVER_THREADS */
     uint32_t timeout_ms;      /* max wait without progress; 0: MOONLET_XFER_DEFAULT_TIMEOUT_MS */

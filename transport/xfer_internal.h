@@ -105,6 +105,9 @@ struct moonlet_xfer {
     int rdma_tos;       /* rdma: TOS of every connection; 0 = default */
     char *token;        /* NULL when no token */
     size_t token_len;
+    uint8_t auth_key[32];     /* with a token: its SHA-256, the challenge-response key */
+    uint8_t (*auth_keys)[32]; /* serving: more keys a client may prove (opts) */
+    size_t nauth_keys;
     int conns_per_peer;
     int server_threads;
     uint32_t timeout_ms;

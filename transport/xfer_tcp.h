@@ -6,8 +6,9 @@
  *
  *   0  u32 magic    'MLXF' (0x4d4c5846)
  *   4  u8  version  1
- *   5  u8  op       AUTH 1, READ 2, WRITE 3; a reply sets bit 0x80
- *   6  u8  flags    WRITE requests: 0, or F_CAP (0x01); otherwise 0
+ *   5  u8  op       AUTH 1, READ 2, WRITE 3, CHALLENGE 4; a reply sets bit 0x80
+ *   6  u8  flags    WRITE requests: 0, or F_CAP (0x01); AUTH requests: F_MAC
+ *                   (0x02); otherwise 0
  *   7  u8  reserved must be 0
  *   8  i32 status   replies: 0 or a moonlet error code; requests: 0
  *  12  u32 reserved must be 0
@@ -16,8 +17,18 @@
  *  32  u64 offset
  *  40  u64 length   payload bytes that follow THIS message
  *
- * AUTH  request: payload = the token (<= MOONLET_XFER_MAX_TOKEN_BYTES).
- *       reply: status 0, or ILLEGAL_CLIENT and the server closes.
+ * CHALLENGE request: no payload.  reply: status 0 and 32 payload bytes, a
+ *       nonce the server drew for this connection (common/cred.h).
+ * AUTH  request (F_MAC): payload = a 32-byte client nonce, then
+ *       HMAC-SHA-256 under SHA-256(token) of the label, "tcp", the server's
+ *       nonce and the client nonce (moonlet_cred_mac), 64 bytes in all.
+ *       reply: status 0, or ILLEGAL_CLIENT and the server closes.  The
+ *       server's nonce is good for one AUTH: a refused or accepted AUTH uses
+ *       it up, so a captured CHALLENGE / AUTH exchange replayed on another
+ *       connection meets another nonce and is refused (issue 33).  The token
+ *       itself never travels.  A server with a token refuses an AUTH without
+ *       F_MAC (the token in clear, as moonlet sent it before: replayable).
+ *       A server without a token answers any AUTH with status 0.
  * READ  request: no payload, `length` = bytes wanted.  reply: status 0 and
  *       exactly `length` payload bytes, or an error status and no payload.
  * WRITE request: with F_CAP, a 32-byte write capability follows the header
@@ -52,11 +63,15 @@
 #define MOONLET_XFER_TCP_HDR_BYTES 48u
 #define MOONLET_XFER_TCP_CAP_BYTES 32u
 #define MOONLET_XFER_TCP_F_CAP 0x01u
+#define MOONLET_XFER_TCP_F_MAC 0x02u
+#define MOONLET_XFER_TCP_NONCE_BYTES 32u
+#define MOONLET_XFER_TCP_MAC_AUTH_BYTES 64u /* client nonce + HMAC-SHA-256 */
 
 enum moonlet_xfer_tcp_op {
     MOONLET_XFER_TCP_AUTH = 1,
     MOONLET_XFER_TCP_READ = 2,
     MOONLET_XFER_TCP_WRITE = 3,
+    MOONLET_XFER_TCP_CHALLENGE = 4,
     MOONLET_XFER_TCP_REPLY = 0x80,
 };
 

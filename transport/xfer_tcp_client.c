@@ -40,6 +40,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "cred.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "net.h"
@@ -60,21 +61,48 @@ typedef struct tcp_cconn {
 } tcp_cconn;
 
 
-/* Sends AUTH and waits for its reply. */
-static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
+/* Sends a request header (and its payload) and reads the reply header for
+ * it: 0, or TRANSFER_FAIL when the exchange fails or the reply is not for it. */
+static int tcp_exchange(tcp_cconn *c, const moonlet_xfer_tcp_hdr *h, const void *payload,
+                        uint64_t deadline_ms, moonlet_xfer_tcp_hdr *r)
 {
-    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_AUTH, .req_id = c->next_req++,
-                              .length = x->token_len};
     uint8_t buf[MOONLET_XFER_TCP_HDR_BYTES];
-    moonlet_xfer_tcp_hdr_encode(&h, buf);
+    moonlet_xfer_tcp_hdr_encode(h, buf);
     if (moonlet_net_io_by(c->fd, true, buf, sizeof(buf), deadline_ms) ||
-        moonlet_net_io_by(c->fd, true, x->token, x->token_len, deadline_ms) ||
+        (h->length && moonlet_net_io_by(c->fd, true, (void *)payload, (size_t)h->length,
+                                        deadline_ms)) ||
         moonlet_net_io_by(c->fd, false, buf, sizeof(buf), deadline_ms))
         return MOONLET_ERR_TRANSFER_FAIL;
-    moonlet_xfer_tcp_hdr r;
-    if (moonlet_xfer_tcp_hdr_decode(buf, &r) ||
-        r.op != (MOONLET_XFER_TCP_AUTH | MOONLET_XFER_TCP_REPLY) || r.req_id != h.req_id)
+    if (moonlet_xfer_tcp_hdr_decode(buf, r) || r->op != (h->op | MOONLET_XFER_TCP_REPLY) ||
+        r->req_id != h->req_id)
         return MOONLET_ERR_TRANSFER_FAIL;
+    return MOONLET_OK;
+}
+
+/* Authenticates by challenge-response (xfer_tcp.h): CHALLENGE for the
+ * server's nonce, then AUTH with a nonce of ours and the MAC of both under
+ * our token's key.  The token itself is never sent. */
+static int tcp_authenticate(moonlet_xfer *x, tcp_cconn *c, uint64_t deadline_ms)
+{
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_CHALLENGE, .req_id = c->next_req++}, r;
+    uint8_t snonce[MOONLET_XFER_TCP_NONCE_BYTES];
+    int rc = tcp_exchange(c, &h, NULL, deadline_ms, &r);
+    if (rc)
+        return rc;
+    if (r.status)
+        return r.status == MOONLET_ERR_ILLEGAL_CLIENT ? r.status : MOONLET_ERR_TRANSFER_FAIL;
+    if (r.length != sizeof(snonce) ||
+        moonlet_net_io_by(c->fd, false, snonce, sizeof(snonce), deadline_ms))
+        return MOONLET_ERR_TRANSFER_FAIL;
+    uint8_t proof[MOONLET_XFER_TCP_MAC_AUTH_BYTES]; /* our nonce, then the MAC */
+    moonlet_cred_nonce(proof);
+    moonlet_cred_mac(x->auth_key, "tcp", snonce, proof, proof + MOONLET_XFER_TCP_NONCE_BYTES);
+    h = (moonlet_xfer_tcp_hdr){.op = MOONLET_XFER_TCP_AUTH, .flags = MOONLET_XFER_TCP_F_MAC,
+                               .req_id = c->next_req++, .length = sizeof(proof)};
+    rc = tcp_exchange(c, &h, proof, deadline_ms, &r);
+    explicit_bzero(proof, sizeof(proof));
+    if (rc)
+        return rc;
     return r.status == MOONLET_OK ? MOONLET_OK : MOONLET_ERR_ILLEGAL_CLIENT;
 }
 

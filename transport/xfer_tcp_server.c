@@ -17,6 +17,12 @@
  * (tcp_write_cap_check), whose expiry is checked again before each chunk
  * lands in the segment.
  *
+ * Authentication (issue 33): with a token, a connection first asks for a
+ * CHALLENGE (a nonce drawn for it), then proves a key by AUTH with an
+ * HMAC of that nonce (xfer_tcp.h, common/cred.h).  A nonce serves one AUTH;
+ * the token itself never crosses the wire, and a captured exchange replayed
+ * on another connection meets another nonce.
+ *
  * Limits.  Each request has an overall deadline from its first header byte
  * (timeout_ms, plus time for its payload at 16 MB/s - only once the header
  * has been checked against its segment, so a declared length alone buys no
@@ -60,6 +66,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "cred.h"
 #include "fdlimit.h"
 #include "log.h"
 #include "moonlet/error.h"
@@ -129,6 +136,8 @@ typedef struct tcp_sconn {
     size_t capgot;
     uint64_t cap_expiry_ms;      /* no payload byte lands at or after it; UINT64_MAX: none */
     uint8_t tok[MOONLET_XFER_MAX_TOKEN_BYTES];
+    uint8_t nonce[MOONLET_XFER_TCP_NONCE_BYTES]; /* the CHALLENGE's, for one AUTH */
+    bool nonce_out;                              /* a CHALLENGE drew it; no AUTH used it yet */
     uint8_t rbuf[MOONLET_XFER_TCP_HDR_BYTES]; /* the encoded reply header */
     const uint8_t *rpayload;
     uint64_t rlen, rsent;        /* reply bytes (header + payload) and sent */
@@ -159,8 +168,11 @@ typedef struct tcp_server {
     uint32_t timeout_ms;
     uint32_t idle_timeout_ms; /* 0: never */
     unsigned max_conns, max_conns_per_peer;
-    const char *token; /* the instance's copy */
+    const char *token; /* the instance's copy; NULL: no authentication */
     size_t token_len;
+    const uint8_t *key; /* SHA-256 of token: the challenge-response key (x->auth_key) */
+    const uint8_t (*keys)[32]; /* more keys a client may prove (x->auth_keys) */
+    size_t nkeys;
     moonlet_ratelimit accept_log;
 
     pthread_mutex_t seg_lock;
@@ -526,7 +538,15 @@ static tcp_step_rc tcp_parse_request_header(tcp_server *s, tcp_sconn *c)
                   tcp_request_in_bounds(s, &c->h);
     tcp_set_deadline(s, c, served ? c->h.length : 0);
     c->done = 0;
-    if (c->h.op == MOONLET_XFER_TCP_AUTH) {
+    if (c->h.op == MOONLET_XFER_TCP_CHALLENGE) {
+        if (c->h.length != 0) {
+            ML_WARN(MOD, "CHALLENGE with a payload, closing connection");
+            return STEP_CLOSE;
+        }
+        moonlet_cred_nonce(c->nonce); /* a fresh one: an earlier, unused one is gone */
+        c->nonce_out = true;
+        tcp_queue_reply(c, MOONLET_OK, c->nonce, sizeof(c->nonce));
+    } else if (c->h.op == MOONLET_XFER_TCP_AUTH) {
         c->phase = PH_AUTH;
     } else if (s->token && !atomic_load(&c->authed)) {
         ML_WARN(MOD, "request before authentication, closing connection");
@@ -568,11 +588,23 @@ static tcp_step_rc tcp_auth_step(tcp_server *s, tcp_sconn *c)
         if (c->done < c->h.length)
             return STEP_NEXT;
     }
-    bool ok = !s->token || moonlet_token_equal(c->tok, (size_t)c->h.length, s->token,
-                                               s->token_len);
+    /* Challenge-response only (xfer_tcp.h): the token in clear would open
+     * any connection to whoever captured it once. */
+    bool mac = (c->h.flags & MOONLET_XFER_TCP_F_MAC) &&
+               c->h.length == MOONLET_XFER_TCP_MAC_AUTH_BYTES;
+    bool ok = !s->token ||
+              (mac && c->nonce_out &&
+               moonlet_cred_mac_check(s->keys, s->nkeys, s->key, "tcp", c->nonce, c->tok,
+                                      c->tok + MOONLET_XFER_TCP_NONCE_BYTES));
+    bool had_nonce = c->nonce_out;
     explicit_bzero(c->tok, sizeof(c->tok));
+    explicit_bzero(c->nonce, sizeof(c->nonce)); /* one AUTH per CHALLENGE */
+    c->nonce_out = false;
     if (!ok) {
-        ML_WARN(MOD, "connection refused: wrong auth token");
+        ML_WARN(MOD, "connection refused: %s",
+                !mac ? "AUTH without challenge-response (a token in clear, or an older client)"
+                : !had_nonce ? "AUTH without a CHALLENGE before it (a replay?)"
+                             : "wrong auth proof (wrong token, or a replayed exchange)");
         c->close_after_reply = true;
         tcp_queue_reply(c, MOONLET_ERR_ILLEGAL_CLIENT, NULL, 0);
     } else {
@@ -1099,6 +1131,9 @@ int moonlet_xfer_tcp_server_start(moonlet_xfer *x)
     s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     s->token = x->token;
     s->token_len = x->token_len;
+    s->key = x->auth_key;
+    s->keys = (const uint8_t(*)[32])x->auth_keys;
+    s->nkeys = x->nauth_keys;
     pthread_mutex_init(&s->seg_lock, NULL);
     pthread_cond_init(&s->seg_cond, NULL);
     pthread_mutex_init(&s->conn_lock, NULL);

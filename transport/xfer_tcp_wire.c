@@ -55,9 +55,10 @@ int moonlet_xfer_tcp_hdr_decode(const uint8_t in[MOONLET_XFER_TCP_HDR_BYTES],
         in[7] || get_be32(in + 12))
         return MOONLET_ERR_INVALID_PARAMS;
     uint8_t base = in[5] & (uint8_t)~MOONLET_XFER_TCP_REPLY;
-    if (base < MOONLET_XFER_TCP_AUTH || base > MOONLET_XFER_TCP_WRITE)
+    if (base < MOONLET_XFER_TCP_AUTH || base > MOONLET_XFER_TCP_CHALLENGE)
         return MOONLET_ERR_INVALID_PARAMS;
-    if (in[6] && (in[5] != MOONLET_XFER_TCP_WRITE || in[6] != MOONLET_XFER_TCP_F_CAP))
+    if (in[6] && !(in[5] == MOONLET_XFER_TCP_WRITE && in[6] == MOONLET_XFER_TCP_F_CAP) &&
+        !(in[5] == MOONLET_XFER_TCP_AUTH && in[6] == MOONLET_XFER_TCP_F_MAC))
         return MOONLET_ERR_INVALID_PARAMS;
     h->op = in[5];
     h->flags = in[6];

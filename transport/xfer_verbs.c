@@ -21,7 +21,8 @@
  *               registration, another device's at first use there).
  *   server      rdma_create_event_channel / rdma_create_id / rdma_bind_addr /
  *               rdma_listen; a CM thread accepts each CONNECT_REQUEST whose
- *               private data carries the right token digest, creating an RC
+ *               private data carries a valid proof of a token (challenge-
+ *               response, see VERBS_AUTH_* below), creating an RC
  *               QP (and a 2-entry CQ) for it, with responder_resources =
  *               the peer's initiator depth (as rdma_cm reports it on the
  *               passive side), capped by the device.
@@ -96,6 +97,7 @@
 #include <rdma/rdma_cma.h>
 #include <xxhash.h>
 
+#include "cred.h"
 #include "log.h"
 #include "monotime.h"
 #include "moonlet/error.h"
@@ -106,7 +108,8 @@
 #define MOD "xfer-rdma"
 
 #define VERBS_CONN_MAGIC 0x4d4c5856u /* 'MLXV' */
-#define VERBS_CONN_VERSION 1u
+#define VERBS_RC_CHALLENGE 1 /* verbs_expect: the node answered with a challenge */
+#define VERBS_CONN_VERSION 2u /* 2: challenge-response (1 sent a digest of the token) */
 #define VERBS_SEND_DEPTH 128u        /* max_send_wr per client QP */
 #define VERBS_POLL_BATCH 32
 #define VERBS_SIGNAL_EVERY 16u       /* signal every Nth WR (and the last of a chain) */
@@ -120,20 +123,57 @@
  * veth drops packets and then crawls through go-back-N retransmissions). */
 #define VERBS_LANE_INFLIGHT_BYTES (2u << 20)
 
-/* Private data of a connect request (fits the 56 bytes RC allows). */
+/*
+ * Authentication (issue 33): a challenge-response in two connect requests.
+ * The first asks (auth VERBS_AUTH_ASK); a node with a token rejects it with
+ * a challenge: a nonce it drew, kept in a slot of its table (VERBS_CHAL_SLOTS,
+ * the CM thread's alone) for one use within the transfer timeout.  The
+ * client connects again with a proof (VERBS_AUTH_PROOF): the slot, its
+ * generation, a client nonce and the HMAC-SHA-256 under the SHA-256 of its
+ * token of the label, "rdma" and both nonces (common/cred.h).  The node
+ * frees the slot whatever the proof, so a captured connect request replayed
+ * finds its slot used (or reused under another generation) and is rejected
+ * ILLEGAL_CLIENT.  The token never travels.
+ */
+#define VERBS_AUTH_NONE 0u  /* no token: a node without one accepts it */
+#define VERBS_AUTH_ASK 1u   /* send me a challenge */
+#define VERBS_AUTH_PROOF 2u /* the proof for a challenge */
+#define VERBS_CHAL_SLOTS 256u
+#define VERBS_CNONCE_BYTES 12u
+#define VERBS_REJ_CHALLENGE 1 /* verbs_conn_rej.status of a challenge (not an error code) */
+
+/* Private data of a connect request (exactly the 56 bytes RC allows). */
 typedef struct verbs_conn_req {
     uint32_t magic;
     uint8_t version;
-    uint8_t has_token;
-    uint16_t reserved;
-    uint8_t digest[16]; /* XXH3-128 of the token: the token itself never travels */
+    uint8_t auth;   /* VERBS_AUTH_* */
+    uint16_t slot;  /* PROOF: the challenge's slot */
+    uint32_t gen;   /* PROOF: its generation */
+    uint8_t cnonce[VERBS_CNONCE_BYTES];
+    uint8_t mac[MOONLET_CRED_MAC_BYTES];
 } verbs_conn_req;
+_Static_assert(sizeof(verbs_conn_req) == 56, "RC connect private data is 56 bytes");
 
-/* Private data of a reject. */
+/* Private data of a reject; a challenge adds its slot, generation and nonce. */
 typedef struct verbs_conn_rej {
     uint32_t magic;
-    int32_t status;
+    int32_t status; /* a moonlet error code, or VERBS_REJ_CHALLENGE */
 } verbs_conn_rej;
+
+typedef struct verbs_conn_chal {
+    verbs_conn_rej rej;
+    uint16_t slot;
+    uint16_t reserved;
+    uint32_t gen;
+    uint8_t nonce[MOONLET_CRED_NONCE_BYTES];
+} verbs_conn_chal;
+
+/* A challenge a node issued (the CM thread's table). */
+typedef struct verbs_chal {
+    uint8_t nonce[MOONLET_CRED_NONCE_BYTES];
+    uint32_t gen;
+    uint64_t expiry_ms; /* 0: free or used */
+} verbs_chal;
 
 typedef struct verbs_seg {
     uint64_t id;
@@ -198,7 +238,8 @@ typedef struct verbs_state {
     uint8_t max_rd_atom;          /* device max_qp_rd_atom */
     uint8_t max_init_rd_atom;     /* device max_qp_init_rd_atom */
     struct ibv_pd *pd;
-    uint8_t digest[16];           /* of our token (client side) */
+    verbs_chal chal[VERBS_CHAL_SLOTS]; /* serving: challenges issued (CM thread only) */
+    uint32_t chal_next, chal_gen;      /* CM thread only */
 
     struct rdma_event_channel *ec; /* server */
     struct rdma_cm_id *listen_id;
@@ -246,6 +287,8 @@ typedef struct verbs_cconn {
     uint32_t max_inline;      /* max_inline_data the device granted */
     uint64_t next_seq;        /* wr_id of its next WR */
     uint64_t established_ms;  /* when the peer's process accepted it (moonlet_xfer_now_ms) */
+    bool chal_got;            /* the node rejected us with a challenge: */
+    verbs_conn_chal chal;     /* that challenge */
     /* counters for qp_info (written by the batch that owns it, read under lock) */
     _Atomic uint64_t wrs, post_calls, cqes;
     struct verbs_cconn *next; /* in verbs_state.cconns, under lock */
@@ -498,17 +541,36 @@ static int verbs_dev_get(verbs_state *v, struct ibv_context *ctx, uint8_t port)
 
 /* ---- serving side ------------------------------------------------------- */
 
-static bool verbs_auth_ok(moonlet_xfer *x, verbs_state *v, const void *pdata, uint8_t len)
+enum verbs_auth_verdict { AUTH_OK, AUTH_REFUSED, AUTH_CHALLENGE };
+
+/* Whether a connect request may be accepted (CM thread; see VERBS_AUTH_*):
+ * a PROOF uses its challenge up, whatever it proves. */
+static enum verbs_auth_verdict verbs_auth(moonlet_xfer *x, verbs_state *v, const void *pdata,
+                                          uint8_t len)
 {
     if (!x->token)
-        return true;
+        return AUTH_OK;
     verbs_conn_req req;
     if (!pdata || len < sizeof(req))
-        return false;
+        return AUTH_REFUSED;
     memcpy(&req, pdata, sizeof(req));
-    if (req.magic != VERBS_CONN_MAGIC || req.version != VERBS_CONN_VERSION || !req.has_token)
-        return false;
-    return moonlet_token_equal(req.digest, sizeof(req.digest), v->digest, sizeof(v->digest));
+    if (req.magic != VERBS_CONN_MAGIC || req.version != VERBS_CONN_VERSION)
+        return AUTH_REFUSED;
+    if (req.auth == VERBS_AUTH_ASK)
+        return AUTH_CHALLENGE;
+    if (req.auth != VERBS_AUTH_PROOF || req.slot >= VERBS_CHAL_SLOTS)
+        return AUTH_REFUSED;
+    verbs_chal *ch = &v->chal[req.slot];
+    bool live = ch->expiry_ms && ch->gen == req.gen && moonlet_xfer_now_ms() < ch->expiry_ms;
+    uint8_t cn[MOONLET_CRED_NONCE_BYTES] = {0};
+    memcpy(cn, req.cnonce, sizeof(req.cnonce));
+    bool ok = live && moonlet_cred_mac_check((const uint8_t(*)[32])x->auth_keys, x->nauth_keys,
+                                             x->auth_key, "rdma", ch->nonce, cn, req.mac);
+    if (ch->gen == req.gen) { /* one use */
+        ch->expiry_ms = 0;
+        explicit_bzero(ch->nonce, sizeof(ch->nonce));
+    }
+    return ok ? AUTH_OK : AUTH_REFUSED;
 }
 
 static void verbs_reject(struct rdma_cm_id *id, int status)
@@ -517,12 +579,34 @@ static void verbs_reject(struct rdma_cm_id *id, int status)
     rdma_reject(id, &rej, (uint8_t)sizeof(rej));
 }
 
-/* CONNECT_REQUEST: checks the token digest, creates the QP, accepts. */
+/* Rejects a request that asked for a challenge with a fresh one (CM thread). */
+static void verbs_challenge(moonlet_xfer *x, verbs_state *v, struct rdma_cm_id *id)
+{
+    uint32_t slot = v->chal_next++ % VERBS_CHAL_SLOTS; /* the oldest: reused */
+    verbs_chal *ch = &v->chal[slot];
+    moonlet_cred_nonce(ch->nonce);
+    ch->gen = ++v->chal_gen;
+    ch->expiry_ms = moonlet_xfer_now_ms() + x->timeout_ms;
+    verbs_conn_chal c = {.rej = {.magic = VERBS_CONN_MAGIC, .status = VERBS_REJ_CHALLENGE},
+                         .slot = (uint16_t)slot, .gen = ch->gen};
+    memcpy(c.nonce, ch->nonce, sizeof(c.nonce));
+    rdma_reject(id, &c, (uint8_t)sizeof(c));
+}
+
+/* CONNECT_REQUEST: checks the proof (or sends a challenge), creates the QP, accepts. */
 static void verbs_on_connect_request(moonlet_xfer *x, verbs_state *v, struct rdma_cm_event *ev)
 {
     struct rdma_cm_id *id = ev->id;
-    if (!verbs_auth_ok(x, v, ev->param.conn.private_data, ev->param.conn.private_data_len)) {
-        ML_WARN(MOD, "connection refused: wrong auth token");
+    enum verbs_auth_verdict a =
+        verbs_auth(x, v, ev->param.conn.private_data, ev->param.conn.private_data_len);
+    if (a == AUTH_CHALLENGE) {
+        verbs_challenge(x, v, id);
+        id->context = NULL; /* destroyed after the event is acked */
+        return;
+    }
+    if (a != AUTH_OK) {
+        ML_WARN(MOD, "connection refused: no valid auth proof (a wrong token, an older "
+                "client, or a replayed connect request)");
         verbs_reject(id, MOONLET_ERR_ILLEGAL_CLIENT);
         id->context = NULL; /* destroyed after the event is acked */
         return;
@@ -1002,11 +1086,6 @@ static int verbs_start(moonlet_xfer *x)
         verbs_free(v);
         return rc;
     }
-    if (x->token) {
-        XXH128_hash_t h = XXH3_128bits(x->token, x->token_len);
-        memcpy(v->digest, &h.high64, 8);
-        memcpy(v->digest + 8, &h.low64, 8);
-    }
     x->be_state = v;
     rc = verbs_open_pd(v);
     if (rc == MOONLET_OK && x->listen_addr)
@@ -1253,12 +1332,17 @@ static int verbs_wait_event(verbs_cconn *c, uint64_t deadline_ms, int *status, i
             int type = (int)ev->event;
             *status = ev->status;
             *reject = 0;
-            if (type == RDMA_CM_EVENT_REJECTED &&
+            if (type == RDMA_CM_EVENT_REJECTED && ev->param.conn.private_data &&
                 ev->param.conn.private_data_len >= sizeof(verbs_conn_rej)) {
                 verbs_conn_rej rej;
                 memcpy(&rej, ev->param.conn.private_data, sizeof(rej));
                 if (rej.magic == VERBS_CONN_MAGIC)
                     *reject = rej.status;
+                if (rej.magic == VERBS_CONN_MAGIC && rej.status == VERBS_REJ_CHALLENGE &&
+                    ev->param.conn.private_data_len >= sizeof(verbs_conn_chal)) {
+                    memcpy(&c->chal, ev->param.conn.private_data, sizeof(c->chal));
+                    c->chal_got = true;
+                }
             }
             rdma_ack_cm_event(ev);
             return type;
@@ -1280,6 +1364,8 @@ static int verbs_expect(verbs_cconn *c, int want, uint64_t deadline_ms, const ch
     int got = verbs_wait_event(c, deadline_ms, &status, &reject);
     if (got == want)
         return MOONLET_OK;
+    if (got == RDMA_CM_EVENT_REJECTED && reject == VERBS_REJ_CHALLENGE && c->chal_got)
+        return VERBS_RC_CHALLENGE;
     if (got == RDMA_CM_EVENT_REJECTED && reject == MOONLET_ERR_ILLEGAL_CLIENT) {
         ML_WARN(MOD, "%s refused our auth token", c->endpoint);
         return MOONLET_ERR_ILLEGAL_CLIENT;
@@ -1412,8 +1498,11 @@ static int verbs_resolve_addr(verbs_cconn *c, struct sockaddr *src, struct socka
     return MOONLET_ERR_TRANSFER_FAIL;
 }
 
+/* Connects c; with `chal` (a challenge an earlier attempt got) the request
+ * carries the proof for it, else (with a token) it asks for one:
+ * VERBS_RC_CHALLENGE then, with the challenge in c->chal. */
 static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c,
-                               uint64_t deadline_ms)
+                               uint64_t deadline_ms, const verbs_conn_chal *chal)
 {
     struct sockaddr_storage dst;
     uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms;
@@ -1448,8 +1537,18 @@ static int verbs_connect_steps(moonlet_xfer *x, verbs_state *v, verbs_cconn *c,
     if (rc)
         return rc;
     verbs_conn_req req = {.magic = VERBS_CONN_MAGIC, .version = VERBS_CONN_VERSION,
-                          .has_token = x->token != NULL};
-    memcpy(req.digest, v->digest, sizeof(req.digest));
+                          .auth = !x->token ? VERBS_AUTH_NONE
+                                  : chal    ? VERBS_AUTH_PROOF
+                                            : VERBS_AUTH_ASK};
+    if (x->token && chal) {
+        uint8_t cn[MOONLET_CRED_NONCE_BYTES] = {0};
+        moonlet_cred_nonce(cn);
+        memset(cn + VERBS_CNONCE_BYTES, 0, sizeof(cn) - VERBS_CNONCE_BYTES);
+        memcpy(req.cnonce, cn, VERBS_CNONCE_BYTES);
+        req.slot = chal->slot;
+        req.gen = chal->gen;
+        moonlet_cred_mac(x->auth_key, "rdma", chal->nonce, cn, req.mac);
+    }
     struct rdma_conn_param cp = {.private_data = &req, .private_data_len = sizeof(req),
                                  .initiator_depth = v->devs[c->dev].max_init_rd_atom < 16
                                                         ? v->devs[c->dev].max_init_rd_atom
@@ -1469,7 +1568,22 @@ static int verbs_conn_open(moonlet_xfer *x, const char *endpoint, uint64_t deadl
     if (!c)
         return MOONLET_ERR_INTERNAL_ERROR;
     snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
-    int rc = verbs_connect_steps(x, v, c, deadline_ms);
+    uint64_t deadline = moonlet_xfer_now_ms() + x->timeout_ms; /* both attempts within it */
+    if (deadline_ms && deadline_ms < deadline)
+        deadline = deadline_ms;
+    int rc = verbs_connect_steps(x, v, c, deadline, NULL);
+    if (rc == VERBS_RC_CHALLENGE) { /* a node with a token: connect again with the proof */
+        verbs_conn_chal chal = c->chal;
+        verbs_conn_close(x, c);
+        c = calloc(1, sizeof(*c));
+        if (!c)
+            return MOONLET_ERR_INTERNAL_ERROR;
+        snprintf(c->endpoint, sizeof(c->endpoint), "%s", endpoint);
+        rc = verbs_connect_steps(x, v, c, deadline, &chal);
+        explicit_bzero(&chal, sizeof(chal));
+        if (rc == VERBS_RC_CHALLENGE) /* challenged again: our proof was not taken */
+            rc = MOONLET_ERR_ILLEGAL_CLIENT;
+    }
     if (rc) {
         verbs_conn_close(x, c);
         return rc;

@@ -6,10 +6,14 @@
  * already speaks Mooncake reads them the same way.  moonlet_strerror() names
  * a code; it never returns NULL.
  *
- * One code is moonlet's own, outside Mooncake's set: NOT_LEADER (-2000), the
+ * Two codes are moonlet's own, outside Mooncake's set: NOT_LEADER (-2000), the
  * answer of a standby master (HA on etcd, docs/reliability.md).  The client
  * library follows it to the leader by itself; a caller sees it only when no
- * leader could be reached within the call's deadline.
+ * leader could be reached within the call's deadline.  PERMISSION_DENIED
+ * (-2001): the master knows the caller's credential, but its roles or
+ * tenants do not allow this call (docs/deployment.md, roles); the
+ * connection stays usable.  A token the master does not know at all is
+ * ILLEGAL_CLIENT (-601), as before.
  */
 #ifndef MOONLET_ERROR_H
 #define MOONLET_ERROR_H
@@ -46,6 +50,7 @@ enum moonlet_error {
     MOONLET_ERR_RPC_TIMEOUT = -901,
     MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS = -1010,
     MOONLET_ERR_NOT_LEADER = -2000, /* moonlet's own: this master is not the leader */
+    MOONLET_ERR_PERMISSION_DENIED = -2001, /* moonlet's own: the credential may not do this */
 };
 
 /* Name of an error code ("OBJECT_NOT_FOUND"); "UNKNOWN_ERROR" for others. */

@@ -2011,6 +2011,7 @@ PyMODINIT_FUNC PyInit__moonlet(void)
         {"RPC_TIMEOUT", MOONLET_ERR_RPC_TIMEOUT},
         {"UNAVAILABLE_IN_CURRENT_STATUS", MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS},
         {"NOT_LEADER", MOONLET_ERR_NOT_LEADER},
+        {"PERMISSION_DENIED", MOONLET_ERR_PERMISSION_DENIED},
     };
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         if (PyModule_AddIntConstant(m, codes[i].name, codes[i].code) < 0) {

@@ -530,7 +530,7 @@ static void methods_init(void)
     for (size_t i = 0; i < moonlet_dummy_nmethods; i++) {
         const moonlet_rpc_method_decl *d = &moonlet_dummy_methods[i];
         moonlet_rpc_handler fn = d->id == MOONLET_DM_ATTACH ? h_attach : h_attached;
-        g_methods[i] = (moonlet_rpc_method){d->id, d->name, fn, d->spec};
+        g_methods[i] = (moonlet_rpc_method){d->id, d->name, fn, d->spec, d->roles};
     }
 }
 

@@ -637,7 +637,8 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
                             .server_max_conns = c->max_connections,
                             .server_max_conns_per_peer = c->max_connections_per_peer,
                             .server_idle_timeout_ms = c->idle_timeout_ms,
-                            .rdma_tos = c->rdma_tos, .keepalive_ms = c->rdma_keepalive_ms};
+                            .rdma_tos = c->rdma_tos, .keepalive_ms = c->rdma_keepalive_ms,
+                            .auth_keys = c->data_keys, .nauth_keys = c->ndata_keys};
     int rc = moonlet_xfer_create(&xo, &n->xfer);
     if (rc) {
         ML_ERR(MOD, "cannot serve on %s: %s", xo.listen_addr, moonlet_strerror(rc));

@@ -67,6 +67,11 @@ typedef struct moonlet_store_node_config {
     int numa_node;                  /* MOONLET_SEGMENT_MEM_NODE_AUTO: follow the NIC */
     const char *client_id;          /* NULL: "store-<hostname>-<random>" */
     const char *auth_token;         /* for the master and the transport; NULL: none */
+    /* With auth_token: more keys the data port accepts from clients and
+     * other nodes (the SHA-256 of their tokens, common/cred.h; moonlet-store
+     * --credentials).  NULL / 0: only auth_token's.  Copied at create. */
+    const uint8_t (*data_keys)[32];
+    size_t ndata_keys;
     uint32_t ping_interval_ms;      /* 0: MOONLET_STORE_NODE_PING_MS */
     uint32_t rpc_timeout_ms;        /* 0: MOONLET_STORE_NODE_RPC_TIMEOUT_MS; keeps stop prompt */
     uint32_t transfer_timeout_ms;   /* serving: longest wait on a stalled peer; 0: transport default */

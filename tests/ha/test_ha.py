@@ -455,6 +455,63 @@ def test_peer_token_guards_replication():
         shutil.rmtree(tdir, ignore_errors=True)
 
 
+PERMISSION_DENIED = -2001
+
+
+def test_credentials_guard_replication():
+    """Issue 33: with --credentials the masters' own token (--peer-token-file)
+    is the one peer credential.  A client credential gets PERMISSION_DENIED
+    for ReplPort on the main port and, on the replication server, for
+    ReplSnapshot and ReplStream (its AUTH succeeds: it is a credential of the
+    file; the role is what it lacks).  The standby follows the leader with
+    its peer token and is marked in sync; the peer token is served a
+    snapshot.  --credentials with --etcd-endpoints but no --peer-token-file
+    refuses to start."""
+    etcd = Etcd()
+    cluster = "t" + uuid.uuid4().hex[:8]
+    tdir = tempfile.mkdtemp(prefix="moonlet-ha-cred-")
+    ctok, ptok = b"client-" + uuid.uuid4().hex.encode(), b"peer-" + uuid.uuid4().hex.encode()
+    rtok = b"reader-" + uuid.uuid4().hex.encode()
+    creds, pfile, rfile = (os.path.join(tdir, n) for n in ("credentials", "peer", "reader"))
+    files = ((creds, ctok + b" client tenant-a\n" + rtok + b" reader\n"),
+             (pfile, ptok + b"\n"), (rfile, rtok + b"\n"))
+    for f, t in files:
+        with open(f, "wb") as fh:
+            fh.write(t)
+        os.chmod(f, 0o600)
+    started = []
+    try:
+        r = subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", etcd.url,
+                            "--cluster-id", cluster, "--advertise", "127.0.0.1:0",
+                            "--credentials", creds],
+                           capture_output=True, text=True, timeout=30, env=daemons.child_env())
+        assert r.returncode == 2 and "--peer-token-file" in r.stderr, r.stderr
+        extra = ("--credentials", creds, "--peer-token-file", pfile, "--rpc-address", "127.0.0.1")
+        m1 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m1)
+        m2 = start_ha_master(etcd, cluster, extra=extra)
+        started.append(m2)
+        leader = wait_leader([m1.addr, m2.addr], 4 * TTL_S + 5, token_file=rfile)
+        standby = m2.addr if leader == m1.addr else m1.addr
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        host, port = leader.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            assert rpc(s, 1, AUTH, b"\x91" + mp_str(ctok))[0] == 0
+            assert rpc(s, 2, REPL_PORT)[0] == PERMISSION_DENIED
+        rport = repl_port(leader, ptok)  # the masters' token learns the port
+        snap_args = b"\x90"
+        stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
+        assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [0, PERMISSION_DENIED]
+        assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [0, PERMISSION_DENIED]
+        assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
+        assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
+        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+    finally:
+        for d in reversed(started):
+            d.stop()
+        etcd.stop()
+        shutil.rmtree(tdir, ignore_errors=True)
+
 @pytest.fixture
 def ha():
     import moonlet  # noqa: F401  (the binding must import before any daemon starts)

@@ -76,9 +76,9 @@ static int h_batch_get(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack
 }
 
 static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_DM_ATTACH, "Attach", h_attach, NULL},
-    {MOONLET_DM_GET, "Get", h_get, NULL},
-    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get, NULL},
+    {MOONLET_DM_ATTACH, "Attach", h_attach, NULL, 0},
+    {MOONLET_DM_GET, "Get", h_get, NULL, 0},
+    {MOONLET_DM_BATCH_GET, "BatchGet", h_batch_get, NULL, 0},
 };
 
 /* Forks a fake RealClient on `path`, run as uid/gid `as` (-1: unchanged). */

@@ -205,11 +205,11 @@ static int h_rewind(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pa
 }
 
 static const moonlet_rpc_method g_methods[] = {
-    {MOONLET_M_ECHO, "echo", h_echo, NULL},     {M_ADD, "add", h_add, NULL},
-    {M_SET_DATA, "set_data", h_set_data, NULL}, {M_GET_DATA, "get_data", h_get_data, NULL},
-    {M_SLEEP, "sleep", h_sleep, NULL},          {M_BIG, "big", h_big, NULL},
-    {M_BAD, "bad", h_bad, NULL},                {M_BURN, "burn", h_burn, NULL},
-    {M_DETACH, "detach", h_detach, NULL},       {M_REWIND, "rewind", h_rewind, NULL},
+    {MOONLET_M_ECHO, "echo", h_echo, NULL, 0},     {M_ADD, "add", h_add, NULL, 0},
+    {M_SET_DATA, "set_data", h_set_data, NULL, 0}, {M_GET_DATA, "get_data", h_get_data, NULL, 0},
+    {M_SLEEP, "sleep", h_sleep, NULL, 0},          {M_BIG, "big", h_big, NULL, 0},
+    {M_BAD, "bad", h_bad, NULL, 0},                {M_BURN, "burn", h_burn, NULL, 0},
+    {M_DETACH, "detach", h_detach, NULL, 0},       {M_REWIND, "rewind", h_rewind, NULL, 0},
 };
 
 /* ------------------------------------------------------------------ */
@@ -1159,9 +1159,9 @@ static void test_bad_options(void **state)
 {
     moonlet_rpc_server *s = NULL;
     moonlet_rpc_server_opts o = base_opts();
-    moonlet_rpc_method dup[] = {{M_ADD, "a", h_add, NULL}, {M_ADD, "b", h_echo, NULL}};
-    moonlet_rpc_method auth[] = {{MOONLET_M_AUTH, "auth", h_echo, NULL}};
-    moonlet_rpc_method nofn[] = {{M_ADD, "add", NULL, NULL}};
+    moonlet_rpc_method dup[] = {{M_ADD, "a", h_add, NULL, 0}, {M_ADD, "b", h_echo, NULL, 0}};
+    moonlet_rpc_method auth[] = {{MOONLET_M_AUTH, "auth", h_echo, NULL, 0}};
+    moonlet_rpc_method nofn[] = {{M_ADD, "add", NULL, NULL, 0}};
 
     assert_int_equal(moonlet_rpc_server_create(NULL, &s), MOONLET_ERR_INVALID_PARAMS);
     o.methods = dup;

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "../common/fake_listener.h"
+#include "cred.h"
 #include "log.h"
 #include "../common/tsan_loopback.h"
 #include "moonlet/error.h"
@@ -75,7 +76,7 @@ static void test_codec(void **state)
         c[bad_bytes[i]] ^= 0x40;
         assert_int_equal(moonlet_xfer_tcp_hdr_decode(c, &d), MOONLET_ERR_INVALID_PARAMS);
     }
-    static const uint8_t bad_ops[] = {0, 4, 0x80, 0x84, 0xff};
+    static const uint8_t bad_ops[] = {0, 5, 0x80, 0x85, 0xff};
     for (size_t i = 0; i < sizeof(bad_ops); i++) {
         h.op = bad_ops[i];
         moonlet_xfer_tcp_hdr_encode(&h, b);
@@ -94,6 +95,24 @@ static void test_codec(void **state)
     moonlet_xfer_tcp_hdr_encode(&h, b);
     assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
     assert_int_equal(d.op, 0x82);
+    /* CHALLENGE decodes; F_MAC belongs to AUTH requests only, F_CAP to WRITE */
+    h = (moonlet_xfer_tcp_hdr){.op = MOONLET_XFER_TCP_CHALLENGE, .req_id = 3};
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.op, MOONLET_XFER_TCP_CHALLENGE);
+    h = (moonlet_xfer_tcp_hdr){.op = MOONLET_XFER_TCP_AUTH, .flags = MOONLET_XFER_TCP_F_MAC,
+                               .length = MOONLET_XFER_TCP_MAC_AUTH_BYTES};
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), 0);
+    assert_int_equal(d.flags, MOONLET_XFER_TCP_F_MAC);
+    static const uint8_t bad_flagged[] = {MOONLET_XFER_TCP_READ, MOONLET_XFER_TCP_WRITE,
+                                          MOONLET_XFER_TCP_CHALLENGE,
+                                          MOONLET_XFER_TCP_AUTH | MOONLET_XFER_TCP_REPLY};
+    for (size_t i = 0; i < sizeof(bad_flagged); i++) {
+        h.op = bad_flagged[i];
+        moonlet_xfer_tcp_hdr_encode(&h, b);
+        assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &d), MOONLET_ERR_INVALID_PARAMS);
+    }
 }
 
 /* ---- a real server seen through raw sockets ----------------------------- */
@@ -197,6 +216,30 @@ static moonlet_xfer_tcp_hdr raw_reply(int fd)
     raw_recv(fd, b, HDR);
     assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &h), 0);
     return h;
+}
+
+/* CHALLENGE, then AUTH with the proof of `token` for the nonce it got
+ * (xfer_tcp.h): the AUTH reply's status. */
+static int raw_challenge_auth(int fd, const char *token)
+{
+    raw_request(fd, MOONLET_XFER_TCP_CHALLENGE, 1, 0, 0, 0);
+    moonlet_xfer_tcp_hdr r = raw_reply(fd);
+    assert_int_equal(r.op, MOONLET_XFER_TCP_CHALLENGE | MOONLET_XFER_TCP_REPLY);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(r.length, MOONLET_XFER_TCP_NONCE_BYTES);
+    uint8_t nonce[MOONLET_XFER_TCP_NONCE_BYTES], key[MOONLET_CRED_HASH_BYTES];
+    raw_recv(fd, nonce, sizeof(nonce));
+    moonlet_cred_key(token, strlen(token), key);
+    uint8_t proof[MOONLET_XFER_TCP_MAC_AUTH_BYTES];
+    memset(proof, 0x5a, MOONLET_XFER_TCP_NONCE_BYTES);
+    moonlet_cred_mac(key, "tcp", nonce, proof, proof + MOONLET_XFER_TCP_NONCE_BYTES);
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_AUTH, .flags = MOONLET_XFER_TCP_F_MAC,
+                              .req_id = 2, .length = sizeof(proof)};
+    uint8_t b[HDR];
+    moonlet_xfer_tcp_hdr_encode(&h, b);
+    raw_send(fd, b, HDR);
+    raw_send(fd, proof, sizeof(proof));
+    return raw_reply(fd).status;
 }
 
 /* The peer closed: recv sees EOF (or a reset) within the bound. */
@@ -312,10 +355,46 @@ static void test_raw_auth(void **state)
     raw_send(fd, "t0ke", 4);
     assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
     close(fd);
-    fd = raw_connect(s.port); /* right token */
+    fd = raw_connect(s.port); /* the right token, in clear: replayable, refused (issue 33) */
     raw_request(fd, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 5);
     raw_send(fd, tok, 5);
-    assert_int_equal(raw_reply(fd).status, 0);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a proof without a CHALLENGE first */
+    moonlet_xfer_tcp_hdr h = {.op = MOONLET_XFER_TCP_AUTH, .flags = MOONLET_XFER_TCP_F_MAC,
+                              .req_id = 1, .length = MOONLET_XFER_TCP_MAC_AUTH_BYTES};
+    uint8_t hb[HDR], zeros[MOONLET_XFER_TCP_MAC_AUTH_BYTES] = {0};
+    moonlet_xfer_tcp_hdr_encode(&h, hb);
+    raw_send(fd, hb, HDR);
+    raw_send(fd, zeros, sizeof(zeros));
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a CHALLENGE with a payload: malformed, closed */
+    raw_request(fd, MOONLET_XFER_TCP_CHALLENGE, 1, 0, 0, 5);
+    raw_send(fd, "xxxxx", 5);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* a proof of the wrong length after a CHALLENGE */
+    raw_request(fd, MOONLET_XFER_TCP_CHALLENGE, 1, 0, 0, 0);
+    moonlet_xfer_tcp_hdr cr = raw_reply(fd);
+    assert_int_equal(cr.length, MOONLET_XFER_TCP_NONCE_BYTES);
+    uint8_t skip[MOONLET_XFER_TCP_NONCE_BYTES];
+    raw_recv(fd, skip, sizeof(skip));
+    h.length = 10;
+    moonlet_xfer_tcp_hdr_encode(&h, hb);
+    raw_send(fd, hb, HDR);
+    raw_send(fd, zeros, 10);
+    assert_int_equal(raw_reply(fd).status, MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* the proof of another token */
+    assert_int_equal(raw_challenge_auth(fd, "t0keN"), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_closed(fd);
+    close(fd);
+    fd = raw_connect(s.port); /* challenge-response with the right token */
+    assert_int_equal(raw_challenge_auth(fd, tok), 0);
     raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2, 1);
     assert_int_equal(raw_reply(fd).status, 0);
     uint8_t byte;
@@ -323,6 +402,183 @@ static void test_raw_auth(void **state)
     assert_int_equal(byte, 14);
     close(fd);
     server_down(&s);
+}
+
+/* ---- a captured authentication replayed (issue 33) ---------------------- */
+
+#define RELAY_CAP 8192
+
+/* A man in the middle on loopback: accepts one connection, forwards it to
+ * the server both ways and records what the client sent (up to RELAY_CAP
+ * bytes).  Ends when either side closes, or after 10 s. */
+typedef struct relay {
+    int lfd;
+    uint16_t port, target;
+    uint8_t cap[RELAY_CAP];
+    size_t ncap;
+    pthread_t th;
+} relay;
+
+static bool relay_pump(int from, int to, relay *r, bool record)
+{
+    uint8_t b[4096];
+    ssize_t n = recv(from, b, sizeof(b), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+        return false;
+    if (n < 0)
+        return true;
+    if (record) {
+        size_t k = (size_t)n < RELAY_CAP - r->ncap ? (size_t)n : RELAY_CAP - r->ncap;
+        memcpy(r->cap + r->ncap, b, k);
+        r->ncap += k;
+    }
+    return send(to, b, (size_t)n, MSG_NOSIGNAL) == n;
+}
+
+static void *relay_run(void *arg)
+{
+    relay *r = arg;
+    uint64_t until = moonlet_mono_ms() + 10000;
+    struct pollfd lp = {.fd = r->lfd, .events = POLLIN};
+    if (poll(&lp, 1, 5000) != 1)
+        return NULL;
+    int cfd = accept(r->lfd, NULL, NULL);
+    int sfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(r->target)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (cfd >= 0 && sfd >= 0 && connect(sfd, (struct sockaddr *)&a, sizeof(a)) == 0) {
+        for (int i = 0; i < 100000 && moonlet_mono_ms() < until; i++) {
+            struct pollfd p[2] = {{.fd = cfd, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+            if (poll(p, 2, 50) < 0)
+                break;
+            if ((p[0].revents && !relay_pump(cfd, sfd, r, true)) ||
+                (p[1].revents && !relay_pump(sfd, cfd, r, false)))
+                break;
+        }
+    }
+    if (cfd >= 0)
+        close(cfd);
+    if (sfd >= 0)
+        close(sfd);
+    return NULL;
+}
+
+static void relay_start(relay *r, uint16_t target)
+{
+    memset(r, 0, sizeof(*r));
+    r->target = target;
+    r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(r->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(r->lfd, 4), 0);
+    assert_int_equal(getsockname(r->lfd, (struct sockaddr *)&a, &len), 0);
+    r->port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&r->th, NULL, relay_run, r), 0);
+}
+
+/* A client library authenticates through the relay and reads; the bytes it
+ * sent (its whole authentication, then its READ) are then replayed on a new
+ * connection to the server: the replay must not read anything, and the
+ * token must not have crossed the wire.  (With the token sent in clear, the
+ * replay authenticates and reads the segment.) */
+static void test_replayed_auth_refused(void **state)
+{
+    (void)state;
+    const char *tok = "replay-me-token";
+    server_fx s;
+    server_up(&s, tok);
+    relay r;
+    relay_start(&r, s.port);
+    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .conns_per_peer = 1,
+                            .timeout_ms = 3000, .auth_token = tok};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    char ep[64];
+    snprintf(ep, sizeof(ep), "127.0.0.1:%u", r.port);
+    uint8_t buf[16];
+    assert_int_equal(moonlet_xfer_read(c, ep, s.info.segment_id, 32, buf, sizeof(buf)), 0);
+    for (uint32_t i = 0; i < sizeof(buf); i++)
+        assert_int_equal(buf[i], (uint8_t)((32 + i) * 7));
+    moonlet_xfer_destroy(c); /* closes the relayed connection: the relay ends */
+    pthread_join(r.th, NULL);
+    close(r.lfd);
+    assert_true(r.ncap > HDR);
+    assert_null(memmem(r.cap, r.ncap, tok, strlen(tok))); /* the token never travelled */
+
+    /* the replay, on connections of its own (twice: a nonce is not reused) */
+    for (int round = 0; round < 2; round++) {
+        int fd = raw_connect(s.port);
+        raw_send(fd, r.cap, r.ncap);
+        bool auth_refused = false, read_served = false;
+        for (int i = 0; i < 8; i++) { /* every reply until the server closes */
+            uint8_t b[HDR];
+            if (recv(fd, b, HDR, MSG_WAITALL) != (ssize_t)HDR)
+                break;
+            moonlet_xfer_tcp_hdr h;
+            assert_int_equal(moonlet_xfer_tcp_hdr_decode(b, &h), 0);
+            if (h.op == (MOONLET_XFER_TCP_AUTH | MOONLET_XFER_TCP_REPLY))
+                auth_refused = h.status == MOONLET_ERR_ILLEGAL_CLIENT;
+            if (h.op == (MOONLET_XFER_TCP_READ | MOONLET_XFER_TCP_REPLY) && h.status == 0)
+                read_served = true;
+            for (uint64_t left = h.length; left;) { /* skip a payload */
+                uint8_t sink[256];
+                size_t k = left < sizeof(sink) ? (size_t)left : sizeof(sink);
+                if (recv(fd, sink, k, MSG_WAITALL) != (ssize_t)k)
+                    break;
+                left -= k;
+            }
+        }
+        assert_true(auth_refused);
+        assert_false(read_served);
+        close(fd);
+    }
+    server_down(&s);
+}
+
+/* A serving side with more keys (a store node's --credentials): a client
+ * proving any of them is served, its own token's included; others are not. */
+static void test_extra_auth_keys(void **state)
+{
+    (void)state;
+    uint8_t keys[2][32];
+    moonlet_cred_key("client-one", 10, keys[0]);
+    moonlet_cred_key("client-two", 10, keys[1]);
+    moonlet_xfer_opts o = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                           .auth_token = "node-own", .server_threads = 2, .timeout_ms = 2000,
+                           .auth_keys = (const uint8_t(*)[32])keys, .nauth_keys = 2};
+    server_fx s;
+    assert_int_equal(moonlet_xfer_create(&o, &s.x), 0);
+    uint8_t *seg = calloc(1, 4096);
+    assert_non_null(seg);
+    seg[5] = 0x42;
+    assert_int_equal(moonlet_xfer_register_segment(s.x, seg, 4096, &s.info), 0);
+    s.port = (uint16_t)atoi(strrchr(s.info.endpoint, ':') + 1);
+    const char *good[] = {"client-one", "client-two", "node-own"};
+    for (int i = 0; i < 3; i++) {
+        int fd = raw_connect(s.port);
+        assert_int_equal(raw_challenge_auth(fd, good[i]), 0);
+        close(fd);
+    }
+    int fd = raw_connect(s.port);
+    assert_int_equal(raw_challenge_auth(fd, "client-three"), MOONLET_ERR_ILLEGAL_CLIENT);
+    close(fd);
+    /* the client library with one of them */
+    moonlet_xfer_opts co = {.protocol = MOONLET_XFER_TCP, .timeout_ms = 2000,
+                            .auth_token = "client-two"};
+    moonlet_xfer *c;
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    uint8_t b = 0;
+    assert_int_equal(moonlet_xfer_read(c, s.info.endpoint, s.info.segment_id, 5, &b, 1), 0);
+    assert_int_equal(b, 0x42);
+    moonlet_xfer_destroy(c);
+    co.auth_token = "client-three";
+    assert_int_equal(moonlet_xfer_create(&co, &c), 0);
+    assert_int_not_equal(moonlet_xfer_read(c, s.info.endpoint, s.info.segment_id, 5, &b, 1), 0);
+    moonlet_xfer_destroy(c);
+    moonlet_xfer_destroy(s.x);
+    free(seg);
 }
 
 /* ---- data-plane bounds (issue 31 finding 6) ----------------------------- */
@@ -389,9 +645,7 @@ static void test_preauth_deadline(void **state)
     raw_send(trickle, b, HDR);
     raw_send(trickle, "t0", 2); /* the rest of the token never comes */
     int authed = raw_connect(s.port);
-    raw_request(authed, MOONLET_XFER_TCP_AUTH, 1, 0, 0, 5);
-    raw_send(authed, "t0ken", 5);
-    assert_int_equal(raw_reply(authed).status, 0);
+    assert_int_equal(raw_challenge_auth(authed, "t0ken"), 0);
     assert_true(closed_within(silent, 3000));
     assert_true(closed_within(trickle, 3000));
     assert_int_equal(moonlet_xfer_tcp_auth_closed(s.x), 2);
@@ -1122,6 +1376,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_checks, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_closes_only_its_connection, server_setup, server_teardown),
         cmocka_unit_test(test_raw_auth),
+        cmocka_unit_test(test_replayed_auth_refused),
+        cmocka_unit_test(test_extra_auth_keys),
         cmocka_unit_test(test_bogus_header_gets_no_payload_time),
         cmocka_unit_test(test_preauth_deadline),
         cmocka_unit_test(test_peer_key_ipv6_64),
