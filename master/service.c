@@ -1046,9 +1046,9 @@ static bool repl_serving(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *rc)
     return true;
 }
 
-static void stream_taker(void *log, uint64_t ticket, int fd)
+static void stream_taker(void *log, uint64_t ticket, int fd, moonlet_tls *tls)
 {
-    moonlet_repl_log_stream_attach(log, ticket, fd);
+    moonlet_repl_log_stream_attach(log, ticket, fd, tls);
 }
 
 /* ReplStream: [epoch, next, lost]; unless lost, the connection then carries
@@ -1303,6 +1303,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .max_frame = opts->max_frame,
         .auth_token = opts->auth_token,
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
+        .tls = opts->tls,
         .methods = s->methods,
         .nmethods = ntable,
         .ctx = s,
