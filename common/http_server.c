@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -18,11 +19,13 @@
 
 #define MOD "http"
 #define PROM_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define MAX_PEM (256u << 10) /* a certificate chain or key file */
 
 struct moonlet_http_server {
     struct MHD_Daemon *d;
     uint16_t port;
     char *token; /* NULL: requests need no credentials */
+    char *cert_pem, *key_pem; /* HTTPS: what the daemon serves with; NULL: HTTP */
     moonlet_http_page_fn page;
     void *arg;
 };
@@ -139,35 +142,88 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         type ? type : status == MHD_HTTP_OK ? PROM_TYPE : plain, NULL);
 }
 
+/* A whole (small) file, NUL-terminated, or NULL (logged). */
+static char *read_pem(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *buf = NULL;
+    size_t n = 0;
+    if (f) {
+        buf = malloc(MAX_PEM + 1);
+        n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
+        fclose(f);
+    }
+    if (!buf || n == 0 || n > MAX_PEM) {
+        ML_ERR(MOD, "cannot read %s (or larger than %u bytes)", path, MAX_PEM);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+static void free_server(moonlet_http_server *s)
+{
+    moonlet_token_free(s->token);
+    if (s->key_pem)
+        memset(s->key_pem, 0, strlen(s->key_pem));
+    free(s->key_pem);
+    free(s->cert_pem);
+    free(s);
+}
+
 int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
                        unsigned max_conns, moonlet_http_page_fn page, void *arg,
                        moonlet_http_server **out)
 {
+    return moonlet_http_start_tls(what, address, port, token, max_conns, page, arg, NULL, NULL,
+                                  out);
+}
+
+int moonlet_http_start_tls(const char *what, const char *address, uint16_t port,
+                           const char *token, unsigned max_conns, moonlet_http_page_fn page,
+                           void *arg, const char *cert_file, const char *key_file,
+                           moonlet_http_server **out)
+{
     struct sockaddr_storage sa;
     socklen_t sa_len;
-    if (!max_conns || !page || moonlet_net_resolve(address, port, true, &sa, &sa_len))
+    if (!max_conns || !page || moonlet_net_resolve(address, port, true, &sa, &sa_len) ||
+        (cert_file && !key_file))
         return MOONLET_ERR_INVALID_PARAMS;
+    if (cert_file && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+        ML_ERR(MOD, "this libmicrohttpd has no TLS: cannot serve %s over HTTPS", what);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     moonlet_http_server *s = calloc(1, sizeof(*s));
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
+    if (cert_file && (!(s->cert_pem = read_pem(cert_file)) || !(s->key_pem = read_pem(key_file)))) {
+        free_server(s);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     s->page = page;
     s->arg = arg;
     if (token && *token && !(s->token = strdup(token))) {
-        free(s);
+        free_server(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     unsigned per_ip = max_conns / 4 ? max_conns / 4 : 1;
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    if (s->cert_pem)
+        flags |= MHD_USE_TLS;
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, max_conns,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, MOONLET_HTTP_IDLE_S,
+                            /* the TLS options only with MHD_USE_TLS, else the list ends */
+                            s->cert_pem ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+                            s->cert_pem, MHD_OPTION_HTTPS_MEM_KEY, s->key_pem,
                             MHD_OPTION_END);
     if (!s->d) {
-        ML_ERR(MOD, "cannot serve %s on %s:%u (port in use?)", what, address, port);
-        moonlet_token_free(s->token);
-        free(s);
+        ML_ERR(MOD, "cannot serve %s on %s:%u (port in use%s?)", what, address, port,
+               s->cert_pem ? ", or a certificate libmicrohttpd cannot load" : "");
+        free_server(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -186,6 +242,5 @@ void moonlet_http_stop(moonlet_http_server *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
-    moonlet_token_free(s->token);
-    free(s);
+    free_server(s);
 }

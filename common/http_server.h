@@ -42,6 +42,15 @@ typedef char *(*moonlet_http_page_fn)(void *arg, const char *path, unsigned *sta
 int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
                        unsigned max_conns, moonlet_http_page_fn page, void *arg,
                        moonlet_http_server **out);
+/* As moonlet_http_start, over HTTPS when cert_file is set: its PEM
+ * certificate chain and key_file's key are read now (a certificate renewed
+ * later is taken by starting the server again: the master does on SIGHUP).
+ * Clients authenticate with the token, as over HTTP.  INVALID_PARAMS also
+ * for a file that cannot be read or a libmicrohttpd built without TLS. */
+int moonlet_http_start_tls(const char *what, const char *address, uint16_t port,
+                           const char *token, unsigned max_conns, moonlet_http_page_fn page,
+                           void *arg, const char *cert_file, const char *key_file,
+                           moonlet_http_server **out);
 /* The port the server listens on. */
 uint16_t moonlet_http_port(const moonlet_http_server *s);
 /* Stops the server (waits for a request in progress) and frees it; NULL is a no-op. */

@@ -24,6 +24,13 @@
  * the election thread raises SIGUSR1 and this main thread restarts the
  * service on a new, empty master (same port), then lets the election resume
  * (moonlet_ha_reset, moonlet_ha_resume).
+ *
+ * TLS: with --tls-cert and --tls-key the RPC server, the replication server
+ * and /metrics speak TLS (transport/tls.h); --tls-ca makes the RPC servers
+ * require client certificates signed by it and is the CA a standby checks
+ * the leader against.  --etcd-ca/--etcd-cert/--etcd-key: etcd over TLS.
+ * SIGHUP reads the certificate files again: new connections use them
+ * (/metrics restarts on the same port to take them).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -44,6 +51,8 @@
 #include "moonlet/error.h"
 #include "moonlet_config.h"
 #include "service.h"
+#include "etcd.h"
+#include "tls.h"
 #include "token.h"
 
 static void usage(FILE *f)
@@ -88,6 +97,16 @@ static void usage(FILE *f)
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
+            "\n"
+            "TLS (docs/deployment.md; SIGHUP reloads the files for new connections):\n"
+            "  --tls-cert FILE --tls-key FILE     serve RPC, replication and /metrics over TLS\n"
+            "                                     with this PEM certificate chain and key\n"
+            "  --tls-ca FILE                      require client certificates signed by this CA\n"
+            "                                     (mutual TLS); with HA also the CA the leader's\n"
+            "                                     certificate is checked against\n"
+            "  --etcd-ca FILE                     etcd over https: the CA of etcd's certificate\n"
+            "  --etcd-cert FILE --etcd-key FILE   the client certificate etcd's\n"
+            "                                     --client-cert-auth asks for\n"
             "\n"
             "High availability (leader election on etcd; docs/deployment.md):\n"
             "  --etcd-endpoints URL[,URL...]      etcd v3 endpoints (e.g. http://10.0.0.1:2379);\n"
@@ -184,7 +203,8 @@ enum {
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
     O_REPAIR_BW, O_REPAIR_CONC,
-    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN
+    O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN,
+    O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_ETCD_CA, O_ETCD_CERT, O_ETCD_KEY
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
@@ -232,6 +252,12 @@ int main(int argc, char **argv)
         {"etcd-lease-ttl", required_argument, 0, O_ETCD_TTL},
         {"repl-max-lag-ms", required_argument, 0, O_REPL_LAG},
         {"no-replication", no_argument, 0, O_NO_REPL},
+        {"tls-cert", required_argument, 0, O_TLS_CERT},
+        {"tls-key", required_argument, 0, O_TLS_KEY},
+        {"tls-ca", required_argument, 0, O_TLS_CA},
+        {"etcd-ca", required_argument, 0, O_ETCD_CA},
+        {"etcd-cert", required_argument, 0, O_ETCD_CERT},
+        {"etcd-key", required_argument, 0, O_ETCD_KEY},
         {"etcd_endpoints", required_argument, 0, O_ETCD},
         {"cluster_id", required_argument, 0, O_CLUSTER},
         {"enable_ha", optional_argument, 0, O_ENABLE_HA},
@@ -269,6 +295,7 @@ int main(int argc, char **argv)
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
     const char *token_file = NULL, *peer_token_file = NULL;
+    moonlet_tls_files tls_files = {0}, etcd_files = {0};
     const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
     uint32_t etcd_ttl_s = 0;
     uint64_t repl_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
@@ -354,6 +381,12 @@ int main(int argc, char **argv)
             repl_lag_ms = v;
             break;
         case O_NO_REPL: no_repl = true; break;
+        case O_TLS_CERT: tls_files.cert = optarg; break;
+        case O_TLS_KEY: tls_files.key = optarg; break;
+        case O_TLS_CA: tls_files.ca = optarg; break;
+        case O_ETCD_CA: etcd_files.ca = optarg; break;
+        case O_ETCD_CERT: etcd_files.cert = optarg; break;
+        case O_ETCD_KEY: etcd_files.key = optarg; break;
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
@@ -372,6 +405,16 @@ int main(int argc, char **argv)
     if (!bad && etcd && (!advertise || !*advertise || !*cluster)) {
         fprintf(stderr, "moonlet-master: --etcd-endpoints needs --advertise HOST:PORT and a "
                         "non-empty --cluster-id\n");
+        bad = 1;
+    }
+    if (!bad && (tls_files.cert || tls_files.key || tls_files.ca) &&
+        (!tls_files.cert || !tls_files.key || (etcd && !no_repl && !tls_files.ca))) {
+        fprintf(stderr, "moonlet-master: TLS needs --tls-cert and --tls-key (and, with "
+                        "--etcd-endpoints, --tls-ca: a standby checks the leader with it)\n");
+        bad = 1;
+    }
+    if (!bad && (!etcd_files.cert != !etcd_files.key)) {
+        fprintf(stderr, "moonlet-master: --etcd-cert and --etcd-key go together\n");
         bad = 1;
     }
     if (bad || optind < argc) {
@@ -402,8 +445,18 @@ int main(int argc, char **argv)
         return 2;
     }
     so.peer_token = peer_token;
-    /* Only an authenticated master listens beyond loopback unless told where. */
-    if (!address_given && token)
+    moonlet_tls_ctx *tls_srv = NULL, *tls_cli = NULL;
+    if (tls_files.cert && moonlet_tls_ctx_create(true, &tls_files, &tls_srv) != MOONLET_OK)
+        return 2;
+    if (tls_srv && etcd && !no_repl && moonlet_tls_ctx_create(false, &tls_files, &tls_cli))
+        return 2;
+    so.tls = tls_srv;
+    if ((etcd_files.ca || etcd_files.cert) &&
+        moonlet_etcd_set_tls(etcd_files.ca, etcd_files.cert, etcd_files.key) != MOONLET_OK)
+        return 2;
+    /* Only an authenticated master (a token, or client certificates)
+     * listens beyond loopback unless told where. */
+    if (!address_given && (token || (tls_srv && tls_files.ca)))
         so.address = "0.0.0.0";
 
     /* Signals are taken synchronously by this thread; workers never see them. */
@@ -412,6 +465,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGUSR1); /* the election: deposed, reset the metadata */
+    sigaddset(&set, SIGHUP);  /* reload the TLS certificates */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -425,7 +479,7 @@ int main(int argc, char **argv)
                               .etcd_ttl_s = etcd_ttl_s,
                               .client_live_ttl_ms = cfg.client_live_ttl_ms,
                               .replication = !no_repl, .repl_max_lag_ms = repl_lag_ms,
-                              .auth_token = token, .peer_token = peer_token,
+                              .auth_token = token, .peer_token = peer_token, .tls = tls_cli,
                               .on_deposed = on_deposed, .arg = NULL};
         if (moonlet_ha_init(&ho, &cfg, &so) != MOONLET_OK)
             return 1;
@@ -450,7 +504,8 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics) != MOONLET_OK) {
+        moonlet_metrics_start_tls(m, so.address, (uint16_t)metrics_port, token, tls_files.cert,
+                                  tls_files.key, &metrics) != MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);
@@ -486,6 +541,29 @@ int main(int argc, char **argv)
     while (!sig) {
         int got = 0;
         sigwait(&set, &got);
+        if (got == SIGHUP) {
+            if (!tls_srv) {
+                ML_INFO("master", "SIGHUP: no TLS certificates to reload");
+                continue;
+            }
+            int r1 = moonlet_tls_ctx_reload(tls_srv);
+            int r2 = tls_cli ? moonlet_tls_ctx_reload(tls_cli) : MOONLET_OK;
+            if (metrics && !r1) { /* libmicrohttpd keeps what it started with */
+                moonlet_metrics_stop(metrics);
+                metrics = NULL;
+                if (moonlet_metrics_start_tls(m, so.address, metrics_port_bound, token,
+                                              tls_files.cert, tls_files.key, &metrics) == 0) {
+                    moonlet_metrics_set_role(metrics, role);
+                    moonlet_metrics_set_repl(metrics, moonlet_ha_log());
+                    moonlet_metrics_set_rpc(metrics, moonlet_master_service_rpc(svc));
+                } else {
+                    ML_ERR("master", "SIGHUP: /metrics did not restart");
+                }
+            }
+            ML_INFO("master", "SIGHUP: TLS certificates %s", !r1 && !r2 ? "reloaded: new "
+                    "connections use them" : "NOT reloaded (see above): the old ones stay");
+            continue;
+        }
         if (got != SIGUSR1) {
             sig = got;
             break;
@@ -505,7 +583,8 @@ int main(int argc, char **argv)
         if (!rc)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
-            rc = moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
+            rc = moonlet_metrics_start_tls(m, so.address, metrics_port_bound, token,
+                                           tls_files.cert, tls_files.key, &metrics);
         if (!rc) {
             moonlet_metrics_set_role(metrics, role);
             moonlet_metrics_set_repl(metrics, moonlet_ha_log());
@@ -526,6 +605,8 @@ int main(int argc, char **argv)
     moonlet_master_destroy(m);
     moonlet_ha_fini();
     moonlet_role_destroy(role);
+    moonlet_tls_ctx_unref(tls_srv);
+    moonlet_tls_ctx_unref(tls_cli);
     moonlet_token_free(token);
     moonlet_token_free(peer_token);
     return exit_code;
