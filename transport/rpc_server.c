@@ -121,6 +121,7 @@
 #define MAX_THREADS 256
 #define ERR_MSG_MAX 256
 #define TLS_PENDING_ROUNDS 64          /* reads of decrypted bytes per event */
+#define TLS_READ_ROUNDS 8              /* TLS records read per readiness event */
 
 enum conn_state {
     ST_OPEN,      /* reading and serving requests */
@@ -653,24 +654,34 @@ static bool tls_handshaking(const conn *c)
 
 static void read_requests(conn *c)
 {
-    if (!ensure_input_room(c)) {
-        c->dead = true;
-        return;
-    }
-    ssize_t n = c->tls               ? moonlet_tls_read(c->tls, c->in + c->in_len,
-                                                        c->in_cap - c->in_len)
-                : c->loop->s->unix_path
-                    ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
-                    : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
-    if (n > 0) {
-        if (c->in_len == 0)
-            c->frame_start_ms = now_ms();
-        c->in_len += (size_t)n;
-    } else if (n == 0) {
-        c->peer_eof = true;
-        c->state = ST_DRAIN_OUT; /* a partial frame left in the buffer is dropped */
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        c->dead = true;
+    /* One read per readiness event; with TLS, up to TLS_READ_ROUNDS: each
+     * read returns one record (16 KiB at most), and a request larger than
+     * that would otherwise take one loop round trip per record. */
+    int rounds = c->tls ? TLS_READ_ROUNDS : 1;
+    for (int round = 0; round < rounds; round++) {
+        if (round > 0 && c->in_len == c->in_cap)
+            return; /* full: served first (the buffer grows only for a frame) */
+        if (!ensure_input_room(c)) {
+            c->dead = true;
+            return;
+        }
+        ssize_t n = c->tls ? moonlet_tls_read(c->tls, c->in + c->in_len, c->in_cap - c->in_len)
+                    : c->loop->s->unix_path
+                        ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
+                        : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        if (n > 0) {
+            if (c->in_len == 0)
+                c->frame_start_ms = now_ms();
+            c->in_len += (size_t)n;
+        } else if (n == 0) {
+            c->peer_eof = true;
+            c->state = ST_DRAIN_OUT; /* a partial frame left in the buffer is dropped */
+            return;
+        } else {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                c->dead = true;
+            return;
+        }
     }
 }
 
