@@ -8,6 +8,7 @@
     another CA with ILLEGAL_CLIENT, a store node without a certificate does
     not start; a TLS client of a plaintext master fails with RPC_FAIL; none
     of them hangs;
+  - a RealClient with --tls-* serves DummyClients against that master;
   - SIGHUP: the master reads its certificate files again; a new connection
     sees the new certificate (RPC and /metrics), a client connected before
     keeps working.
@@ -120,6 +121,31 @@ def test_cluster_over_mutual_tls(certs):
         if s:
             s.stop()
         m.stop()
+
+
+def test_realclient_reaches_a_tls_master(certs):
+    """A RealClient (moonlet-store --serve-dummy) with --tls-* serves
+    DummyClients (and so the Mooncake-compatible class, whose signatures
+    have no TLS arguments) against a master that requires client
+    certificates."""
+    m = start_tls_master(certs)
+    real = None
+    sock_dir = tempfile.mkdtemp(prefix="moonlet-tls-dummy-")
+    try:
+        path = os.path.join(sock_dir, "real.sock")
+        real = daemons.start_store(m.addr, "64MiB", "--serve-dummy", path, *certs.flags("store"),
+                                   ready=r"serving dummy clients on (.+)$")
+        st = moonlet.Store.connect_dummy(path)
+        try:
+            st.put("dummy/one", b"z" * 5000)
+            assert st.get("dummy/one") == b"z" * 5000
+        finally:
+            st.close()
+    finally:
+        if real:
+            real.stop()
+        m.stop()
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def test_refusals_are_clear_and_quick(certs):
