@@ -7,18 +7,20 @@
 #include <inttypes.h>
 #include <microhttpd.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "cred.h"
 #include "log.h"
 #include "moonlet/error.h"
 #include "net.h"
-#include "cred.h"
 #include "token.h"
 
 #define MOD "http"
 #define PROM_TYPE "text/plain; version=0.0.4; charset=utf-8"
+#define MAX_PEM (256u << 10) /* a certificate chain or key file */
 
 struct moonlet_http_server {
     struct MHD_Daemon *d;
@@ -26,6 +28,7 @@ struct moonlet_http_server {
     char *token; /* NULL: requests need no credentials */
     const moonlet_cred_set *creds; /* instead of token: a credential with one of `roles` */
     uint32_t roles;
+    char *cert_pem, *key_pem; /* HTTPS: what the daemon serves with; NULL: HTTP */
     moonlet_http_page_fn page;
     void *arg;
 };
@@ -146,37 +149,84 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                         type ? type : status == MHD_HTTP_OK ? PROM_TYPE : plain, NULL);
 }
 
+/* A whole (small) file, NUL-terminated, or NULL (logged). */
+static char *read_pem(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char *buf = NULL;
+    size_t n = 0;
+    if (f) {
+        buf = malloc(MAX_PEM + 1);
+        n = buf ? fread(buf, 1, MAX_PEM + 1, f) : 0;
+        fclose(f);
+    }
+    if (!buf || n == 0 || n > MAX_PEM) {
+        ML_ERR(MOD, "cannot read %s (or larger than %u bytes)", path, MAX_PEM);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+static void free_server(moonlet_http_server *s)
+{
+    moonlet_token_free(s->token);
+    if (s->key_pem)
+        memset(s->key_pem, 0, strlen(s->key_pem));
+    free(s->key_pem);
+    free(s->cert_pem);
+    free(s);
+}
+
+/* A token, or credentials with roles (or neither); over HTTPS with
+ * cert_file and key_file. */
 static int http_start(const char *what, const char *address, uint16_t port, const char *token,
                       const moonlet_cred_set *creds, uint32_t roles, unsigned max_conns,
-                      moonlet_http_page_fn page, void *arg, moonlet_http_server **out)
+                      moonlet_http_page_fn page, void *arg, const char *cert_file,
+                      const char *key_file, moonlet_http_server **out)
 {
     struct sockaddr_storage sa;
     socklen_t sa_len;
-    if (!max_conns || !page || moonlet_net_resolve(address, port, true, &sa, &sa_len))
+    if (!max_conns || !page || moonlet_net_resolve(address, port, true, &sa, &sa_len) ||
+        (cert_file && !key_file))
         return MOONLET_ERR_INVALID_PARAMS;
+    if (cert_file && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+        ML_ERR(MOD, "this libmicrohttpd has no TLS: cannot serve %s over HTTPS", what);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     moonlet_http_server *s = calloc(1, sizeof(*s));
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
+    if (cert_file && (!(s->cert_pem = read_pem(cert_file)) || !(s->key_pem = read_pem(key_file)))) {
+        free_server(s);
+        return MOONLET_ERR_INVALID_PARAMS;
+    }
     s->page = page;
     s->arg = arg;
     s->creds = creds;
     s->roles = roles;
     if (token && *token && !(s->token = strdup(token))) {
-        free(s);
+        free_server(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     unsigned per_ip = max_conns / 4 ? max_conns / 4 : 1;
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | (sa.ss_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    if (s->cert_pem)
+        flags |= MHD_USE_TLS;
     s->d = MHD_start_daemon(flags, port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, max_conns,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip,
                             MHD_OPTION_CONNECTION_TIMEOUT, MOONLET_HTTP_IDLE_S,
+                            /* the TLS options only with MHD_USE_TLS, else the list ends */
+                            s->cert_pem ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END,
+                            s->cert_pem, MHD_OPTION_HTTPS_MEM_KEY, s->key_pem,
                             MHD_OPTION_END);
     if (!s->d) {
-        ML_ERR(MOD, "cannot serve %s on %s:%u (port in use?)", what, address, port);
-        moonlet_token_free(s->token);
-        free(s);
+        ML_ERR(MOD, "cannot serve %s on %s:%u (port in use%s?)", what, address, port,
+               s->cert_pem ? ", or a certificate libmicrohttpd cannot load" : "");
+        free_server(s);
         return MOONLET_ERR_INTERNAL_ERROR;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -189,16 +239,27 @@ int moonlet_http_start(const char *what, const char *address, uint16_t port, con
                        unsigned max_conns, moonlet_http_page_fn page, void *arg,
                        moonlet_http_server **out)
 {
-    return http_start(what, address, port, token, NULL, 0, max_conns, page, arg, out);
+    return http_start(what, address, port, token, NULL, 0, max_conns, page, arg, NULL, NULL, out);
+}
+
+int moonlet_http_start_tls(const char *what, const char *address, uint16_t port,
+                           const char *token, unsigned max_conns, moonlet_http_page_fn page,
+                           void *arg, const char *cert_file, const char *key_file,
+                           moonlet_http_server **out)
+{
+    return http_start(what, address, port, token, NULL, 0, max_conns, page, arg, cert_file,
+                      key_file, out);
 }
 
 int moonlet_http_start_creds(const char *what, const char *address, uint16_t port,
                              const moonlet_cred_set *creds, uint32_t roles, unsigned max_conns,
-                             moonlet_http_page_fn page, void *arg, moonlet_http_server **out)
+                             moonlet_http_page_fn page, void *arg, const char *cert_file,
+                             const char *key_file, moonlet_http_server **out)
 {
     if (!creds || !roles)
         return MOONLET_ERR_INVALID_PARAMS;
-    return http_start(what, address, port, NULL, creds, roles, max_conns, page, arg, out);
+    return http_start(what, address, port, NULL, creds, roles, max_conns, page, arg, cert_file,
+                      key_file, out);
 }
 
 uint16_t moonlet_http_port(const moonlet_http_server *s)
@@ -211,6 +272,5 @@ void moonlet_http_stop(moonlet_http_server *s)
     if (!s)
         return;
     MHD_stop_daemon(s->d);
-    moonlet_token_free(s->token);
-    free(s);
+    free_server(s);
 }

@@ -42,13 +42,24 @@ typedef char *(*moonlet_http_page_fn)(void *arg, const char *path, unsigned *sta
 int moonlet_http_start(const char *what, const char *address, uint16_t port, const char *token,
                        unsigned max_conns, moonlet_http_page_fn page, void *arg,
                        moonlet_http_server **out);
-/* As moonlet_http_start, but a request must carry the token of a credential
- * of `creds` (cred.h) that holds one of `roles` (the master's /metrics:
- * reader or operator); creds must outlive the server. */
+/* As moonlet_http_start, over HTTPS when cert_file is set: its PEM
+ * certificate chain and key_file's key are read now (a certificate renewed
+ * later is taken by starting the server again: the master does on SIGHUP).
+ * Clients authenticate with the token, as over HTTP.  INVALID_PARAMS also
+ * for a file that cannot be read or a libmicrohttpd built without TLS. */
+int moonlet_http_start_tls(const char *what, const char *address, uint16_t port,
+                           const char *token, unsigned max_conns, moonlet_http_page_fn page,
+                           void *arg, const char *cert_file, const char *key_file,
+                           moonlet_http_server **out);
+/* As moonlet_http_start_tls (cert_file NULL: HTTP), but a request must
+ * carry the token of a credential of `creds` (cred.h) that holds one of
+ * `roles` (the master's /metrics: reader or operator); creds must outlive
+ * the server. */
 struct moonlet_cred_set;
 int moonlet_http_start_creds(const char *what, const char *address, uint16_t port,
                              const struct moonlet_cred_set *creds, uint32_t roles,
                              unsigned max_conns, moonlet_http_page_fn page, void *arg,
+                             const char *cert_file, const char *key_file,
                              moonlet_http_server **out);
 /* The port the server listens on. */
 uint16_t moonlet_http_port(const moonlet_http_server *s);

@@ -32,6 +32,24 @@ struct moonlet_etcd {
     int timeout_ms;
 };
 
+/* moonlet_etcd_set_tls: set at startup, before any handle, then read only */
+static char *g_tls_ca, *g_tls_cert, *g_tls_key;
+
+int moonlet_etcd_set_tls(const char *ca, const char *cert, const char *key)
+{
+    if ((cert && *cert) != (key && *key))
+        return MOONLET_ERR_INVALID_PARAMS;
+    free(g_tls_ca);
+    free(g_tls_cert);
+    free(g_tls_key);
+    g_tls_ca = ca && *ca ? strdup(ca) : NULL;
+    g_tls_cert = cert && *cert ? strdup(cert) : NULL;
+    g_tls_key = key && *key ? strdup(key) : NULL;
+    return MOONLET_OK;
+}
+
+static bool tls_set(void) { return g_tls_ca || g_tls_cert; }
+
 static pthread_once_t g_curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void)
 {
@@ -73,7 +91,8 @@ int moonlet_etcd_create(const char *endpoints, int timeout_ms, moonlet_etcd **ou
             rc = MOONLET_ERR_INTERNAL_ERROR;
             break;
         }
-        snprintf(e->ep[e->nep++], cap, "%s%s", scheme ? "" : "http://", t);
+        snprintf(e->ep[e->nep++], cap, "%s%s", scheme ? "" : tls_set() ? "https://" : "http://",
+                 t);
     }
     free(list);
     e->timeout_ms = timeout_ms > 0 ? timeout_ms : 2000;
@@ -165,6 +184,12 @@ static int post(moonlet_etcd *e, const char *path, cJSON *req, cJSON **resp)
         curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)e->timeout_ms);
         curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
         curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        if (g_tls_ca)
+            curl_easy_setopt(c, CURLOPT_CAINFO, g_tls_ca);
+        if (g_tls_cert) {
+            curl_easy_setopt(c, CURLOPT_SSLCERT, g_tls_cert);
+            curl_easy_setopt(c, CURLOPT_SSLKEY, g_tls_key);
+        }
         curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, body_write);
         curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
         CURLcode cc = curl_easy_perform(c);

@@ -37,8 +37,19 @@
 
 typedef struct moonlet_etcd moonlet_etcd;
 
+/* etcd over TLS (the master's --etcd-ca, --etcd-cert, --etcd-key): the CA
+ * that signed etcd's certificate and, for etcd's --client-cert-auth, this
+ * master's client certificate and key (PEM files, NULL: none).  Handles
+ * created afterwards use them (libcurl reads the files at each new
+ * connection, so a renewed certificate is taken without a restart); a
+ * missing scheme then means https://.  Call once, before the first
+ * moonlet_etcd_create (a process setting: every handle of the master talks
+ * to the same etcd).  INVALID_PARAMS for a cert without a key. */
+int moonlet_etcd_set_tls(const char *ca, const char *cert, const char *key);
+
 /* endpoints: "http://host:port[,http://host:port...]" (a missing scheme
- * means http://).  timeout_ms bounds each HTTP request (connect included). */
+ * means http://, or https:// after moonlet_etcd_set_tls).  timeout_ms
+ * bounds each HTTP request (connect included). */
 int moonlet_etcd_create(const char *endpoints, int timeout_ms, moonlet_etcd **out);
 void moonlet_etcd_destroy(moonlet_etcd *e);
 /* The endpoint that answered last (for logs). */

@@ -333,7 +333,8 @@ int moonlet_ha_start(const char *advertise)
         snprintf(g_ha.advertise, sizeof(g_ha.advertise), "%s", advertise);
         g_ha.fo = (moonlet_repl_follower_opts){.role = g_ha.role, .advertise = g_ha.advertise,
                                                .auth_token = g_ha.opts.auth_token,
-                                               .peer_token = g_ha.opts.peer_token};
+                                               .peer_token = g_ha.opts.peer_token,
+                                               .tls = g_ha.opts.tls};
         follower_start();
     }
     moonlet_election_opts eo = {.endpoints = g_ha.opts.etcd_endpoints,

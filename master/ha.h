@@ -59,6 +59,8 @@ typedef struct moonlet_ha_opts {
     const char *auth_token;       /* the clients' token (NULL: none); outlives the module */
     const char *peer_token;       /* the masters' own (--peer-token-file; NULL: auth_token
                                    * is the peer credential too); outlives the module */
+    struct moonlet_tls_ctx *tls;  /* client TLS to the leader's RPC and replication
+                                   * servers (tls.h); NULL: plaintext; outlives the module */
     /* The election's notice that this master was deposed (its thread): the
      * owner drops the master and calls moonlet_ha_reset, then moonlet_ha_resume. */
     void (*on_deposed)(void *arg);

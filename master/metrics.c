@@ -290,12 +290,19 @@ static char *metrics_page(void *arg, const char *path, unsigned *status, const c
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
                           const char *token, moonlet_metrics **out)
 {
+    return moonlet_metrics_start_tls(m, address, port, token, NULL, NULL, out);
+}
+
+int moonlet_metrics_start_tls(moonlet_master *m, const char *address, uint16_t port,
+                              const char *token, const char *cert_file, const char *key_file,
+                              moonlet_metrics **out)
+{
     moonlet_metrics *s = calloc(1, sizeof(*s));
     if (!s)
         return MOONLET_ERR_INTERNAL_ERROR;
     s->m = m;
-    int rc = moonlet_http_start("metrics", address, port, token, METRICS_MAX_CONNS, metrics_page,
-                                s, &s->http);
+    int rc = moonlet_http_start_tls("metrics", address, port, token, METRICS_MAX_CONNS,
+                                    metrics_page, s, cert_file, key_file, &s->http);
     if (rc) {
         free(s);
         return rc;
@@ -305,7 +312,8 @@ int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
 }
 
 int moonlet_metrics_start_creds(moonlet_master *m, const char *address, uint16_t port,
-                                const struct moonlet_cred_set *creds, moonlet_metrics **out)
+                                const struct moonlet_cred_set *creds, const char *cert_file,
+                                const char *key_file, moonlet_metrics **out)
 {
     moonlet_metrics *s = calloc(1, sizeof(*s));
     if (!s)
@@ -313,7 +321,8 @@ int moonlet_metrics_start_creds(moonlet_master *m, const char *address, uint16_t
     s->m = m;
     int rc = moonlet_http_start_creds("metrics", address, port, creds,
                                       MOONLET_ROLE_READER | MOONLET_ROLE_OPERATOR,
-                                      METRICS_MAX_CONNS, metrics_page, s, &s->http);
+                                      METRICS_MAX_CONNS, metrics_page, s, cert_file, key_file,
+                                      &s->http);
     if (rc) {
         free(s);
         return rc;

@@ -33,11 +33,17 @@ typedef struct moonlet_metrics moonlet_metrics;
  * (port in use, for example; the reason is logged). */
 int moonlet_metrics_start(moonlet_master *m, const char *address, uint16_t port,
                           const char *token, moonlet_metrics **out);
-/* As moonlet_metrics_start, but a scrape must carry the token of a credential
- * of `creds` (common/cred.h) with the reader or operator role. */
+/* As moonlet_metrics_start, over HTTPS with cert_file and key_file (PEM;
+ * NULL: HTTP) - moonlet-master's --tls-cert and --tls-key. */
+int moonlet_metrics_start_tls(moonlet_master *m, const char *address, uint16_t port,
+                              const char *token, const char *cert_file, const char *key_file,
+                              moonlet_metrics **out);
+/* As moonlet_metrics_start_tls, but a scrape must carry the token of a
+ * credential of `creds` (common/cred.h) with the reader or operator role. */
 struct moonlet_cred_set;
 int moonlet_metrics_start_creds(moonlet_master *m, const char *address, uint16_t port,
-                                const struct moonlet_cred_set *creds, moonlet_metrics **out);
+                                const struct moonlet_cred_set *creds, const char *cert_file,
+                                const char *key_file, moonlet_metrics **out);
 /* The port the server listens on. */
 uint16_t moonlet_metrics_port(const moonlet_metrics *s);
 /* With HA: also export the role (moonlet_ha_role 0 single / 1 standby /

@@ -43,6 +43,7 @@
 #include "wire.h"
 #include "sync.h"
 #include "thread.h"
+#include "tls.h"
 
 #define MOD "repl"
 
@@ -77,6 +78,7 @@ struct lrec {
  * `sending`, read by the holder of `reading`, both without the log's mu. */
 struct rstream {
     int fd;
+    moonlet_tls *tls;   /* its TLS session (serialises its own calls), or NULL */
     unsigned refs;      /* the log's while current, plus one per role holder */
     bool sending, reading;
     uint64_t sent;      /* every record below it was written */
@@ -175,6 +177,7 @@ static void stream_put(struct rstream *s)
 {
     if (--s->refs)
         return;
+    moonlet_tls_free(s->tls);
     close(s->fd);
     moonlet_frame_builder_destroy(&s->out);
     free(s);
@@ -379,7 +382,8 @@ int moonlet_repl_log_stream_open(moonlet_repl_log *l, const char *standby, uint6
     return MOONLET_OK;
 }
 
-void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd)
+void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd,
+                                    moonlet_tls *tls)
 {
     struct rstream *s = calloc(1, sizeof(*s));
     pthread_mutex_lock(&l->mu);
@@ -387,12 +391,14 @@ void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd
     if (!s || !ticket || ticket != l->pending || from < ring_first(l) || from > l->next) {
         pthread_mutex_unlock(&l->mu);
         free(s);
+        moonlet_tls_free(tls);
         close(fd); /* the standby connects again */
         return;
     }
     l->pending = 0;
     stream_end_locked(l, l->st ? "the standby opened a new one" : NULL);
     s->fd = fd;
+    s->tls = tls;
     s->refs = 1;
     s->sent = from;
     s->last_push_ms = s->last_ack_ms = l->last_ack_ms = moonlet_mono_ms();
@@ -453,8 +459,9 @@ static void push_locked(moonlet_repl_log *l, struct rstream *s, uint64_t born_be
     s->sending = true;
     s->refs++;
     pthread_mutex_unlock(&l->mu);
-    int rc = moonlet_net_io_by(s->fd, true, s->out.buf.data, s->out.buf.size,
-                               deadline_ms > 0 ? (uint64_t)deadline_ms : 0);
+    uint64_t by = deadline_ms > 0 ? (uint64_t)deadline_ms : 0;
+    int rc = s->tls ? moonlet_tls_io_by(s->tls, true, s->out.buf.data, s->out.buf.size, by)
+                    : moonlet_net_io_by(s->fd, true, s->out.buf.data, s->out.buf.size, by);
     pthread_mutex_lock(&l->mu);
     s->sending = false;
     if (rc && s == l->st)
@@ -515,8 +522,10 @@ static void read_acks_locked(moonlet_repl_log *l, struct rstream *s, int64_t dea
     struct pollfd pf = {.fd = s->fd, .events = POLLIN};
     ssize_t n = -1;
     int err = 0;
-    if (poll(&pf, 1, left > 0 ? (int)left : 0) > 0) {
-        n = recv(s->fd, s->in + s->in_len, sizeof(s->in) - s->in_len, 0);
+    bool decrypted = s->tls && moonlet_tls_pending(s->tls) > 0; /* poll would not see it */
+    if (decrypted || poll(&pf, 1, left > 0 ? (int)left : 0) > 0) {
+        n = s->tls ? moonlet_tls_read(s->tls, s->in + s->in_len, sizeof(s->in) - s->in_len)
+                   : recv(s->fd, s->in + s->in_len, sizeof(s->in) - s->in_len, 0);
         err = n == 0 ? -1 : n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
     }
     pthread_mutex_lock(&l->mu);
@@ -1066,7 +1075,8 @@ static void *follow(void *arg)
             uint16_t port;
             moonlet_rpc_client_opts co = {.timeout_ms = MOONLET_REPL_STREAM_TIMEOUT_MS,
                                           .auth_token = f->token[0] ? f->token : NULL,
-                                          .auth_token_len = strlen(f->token)};
+                                          .auth_token_len = strlen(f->token),
+                                          .tls = f->o.tls};
             moonlet_rpc_client_opts cp = co; /* the replication server: the peer token */
             if (f->peer_token[0]) {
                 cp.auth_token = f->peer_token;

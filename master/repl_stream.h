@@ -85,9 +85,12 @@ uint64_t moonlet_repl_log_next(moonlet_repl_log *l);
 int moonlet_repl_log_stream_open(moonlet_repl_log *l, const char *standby, uint64_t from,
                                  uint64_t epoch, bool *lost, uint64_t *next, uint64_t *ticket);
 /* The connection of ReplStream's reply becomes the stream (the log owns
- * fd); a ticket that is not the last one opened (a reset, a newer open)
- * closes fd instead. */
-void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd);
+ * fd, and tls, its TLS session on a TLS replication server, else NULL); a
+ * ticket that is not the last one opened (a reset, a newer open) closes fd
+ * (and frees tls) instead. */
+struct moonlet_tls;
+void moonlet_repl_log_stream_attach(moonlet_repl_log *l, uint64_t ticket, int fd,
+                                    struct moonlet_tls *tls);
 /* How long the standby waits for the next push (heartbeats come every
  * 200 ms) before it drops the connection. */
 #define MOONLET_REPL_STREAM_TIMEOUT_MS 2200
@@ -136,6 +139,7 @@ typedef struct moonlet_repl_follower_opts {
     const char *advertise;    /* this standby's name for the leader */
     const char *auth_token;   /* the leader's client token (ReplPort); NULL: none */
     const char *peer_token;   /* the replication server's (service.h); NULL: auth_token */
+    struct moonlet_tls_ctx *tls; /* client TLS to the leader (tls.h); NULL: plaintext */
 } moonlet_repl_follower_opts;
 
 int moonlet_repl_follower_start(const moonlet_repl_follower_opts *opts,

@@ -1053,9 +1053,9 @@ static bool repl_serving(moonlet_rpc_ctx *ctx, msgpack_packer *out, int *rc)
     return true;
 }
 
-static void stream_taker(void *log, uint64_t ticket, int fd)
+static void stream_taker(void *log, uint64_t ticket, int fd, moonlet_tls *tls)
 {
-    moonlet_repl_log_stream_attach(log, ticket, fd);
+    moonlet_repl_log_stream_attach(log, ticket, fd, tls);
 }
 
 /* ReplStream: [epoch, next, lost]; unless lost, the connection then carries
@@ -1335,6 +1335,7 @@ int moonlet_master_service_start(moonlet_master *m, const moonlet_service_opts *
         .auth_token_len = opts->auth_token ? strlen(opts->auth_token) : 0,
         .creds = opts->creds,
         .authorize = opts->creds ? authorize : NULL,
+        .tls = opts->tls,
         .methods = s->methods,
         .nmethods = ntable,
         .ctx = s,

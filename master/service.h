@@ -38,6 +38,10 @@ typedef struct moonlet_service_opts {
      * operator role, and the replication server takes peer credentials only.
      * Must outlive the service.  NULL: as before roles (one token, or none). */
     const struct moonlet_cred_set *creds;
+    /* TLS (transport/tls.h): a server context for the RPC and replication
+     * servers (mutual TLS when it has a CA); NULL: plaintext.  The servers
+     * take references; moonlet_tls_ctx_reload on it (SIGHUP) reaches both. */
+    struct moonlet_tls_ctx *tls;
     size_t max_batch_keys;  /* keys per batch call; 0: MOONLET_DEFAULT_MAX_BATCH_KEYS */
     /* Connection limits, passed to the RPC server (rpc_server.h; 0: its default). */
     uint32_t max_connections;

@@ -16,7 +16,7 @@ PKGS=(
   python3-mesonpy python3-venv patchelf
   debhelper dh-python lintian
   iproute2 nftables procps
-  etcd-server libcurl4-openssl-dev
+  etcd-server libcurl4-openssl-dev libssl-dev openssl
   qemu-system-x86 busybox-static cpio kmod xz-utils
   ibverbs-providers ibverbs-utils rdmacm-utils perftest
   redis-server

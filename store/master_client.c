@@ -39,6 +39,7 @@
 #include "methods.h"
 #include "moonlet/error.h"
 #include "rpc_client.h"
+#include "tls.h"
 #include "wire.h"
 #include "monotime.h"
 #include "net.h"
@@ -64,6 +65,7 @@ struct moonlet_master_client {
     uint16_t port;
     int timeout_ms;
     char *token;
+    moonlet_tls_ctx *tls;     /* NULL: plaintext */
     moonlet_rpc_client *rpc;
     uint32_t backoff_base_ms, backoff_cap_ms;
     uint32_t failures;         /* failed connects in a row */
@@ -202,7 +204,8 @@ static int mc_try_locked(moonlet_master_client *mc, const struct mc_addr *a)
      * whole call's timeout: connect and Hello get a shorter one */
     int quick = mc->timeout_ms < MC_HELLO_TIMEOUT_MS ? mc->timeout_ms : MC_HELLO_TIMEOUT_MS;
     moonlet_rpc_client_opts o = {.timeout_ms = quick, .auth_token = mc->token,
-                                 .auth_token_len = mc->token ? strlen(mc->token) : 0};
+                                 .auth_token_len = mc->token ? strlen(mc->token) : 0,
+                                 .tls = mc->tls};
     int rc = moonlet_rpc_client_connect(a->host, a->port, &o, &mc->rpc);
     if (rc) {
         mc->rpc = NULL;
@@ -349,6 +352,10 @@ int moonlet_mc_create(const char *addr, const moonlet_master_client_opts *opts,
                                                       : MOONLET_MC_BACKOFF_CAP_MS;
     if (opts && opts->auth_token && opts->auth_token[0])
         mc->token = strdup(opts->auth_token);
+    if (opts && opts->tls) {
+        moonlet_tls_ctx_ref(opts->tls);
+        mc->tls = opts->tls;
+    }
     pthread_mutex_init(&mc->mu, NULL);
     rc = mc_connect_locked(mc);
     if (!rc) /* a round trip now, so a refused token or a wrong peer shows here */
@@ -392,6 +399,7 @@ void moonlet_mc_destroy(moonlet_master_client *mc)
     free(mc->ident_id);
     free(mc->ident_secret);
     free(mc->token);
+    moonlet_tls_ctx_unref(mc->tls);
     free(mc);
 }
 
@@ -1359,7 +1367,8 @@ int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts
     const char *tok = opts && opts->auth_token && opts->auth_token[0] ? opts->auth_token : NULL;
     moonlet_rpc_client_opts o = {.timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms
                                                                               : 10000,
-                                 .auth_token = tok, .auth_token_len = tok ? strlen(tok) : 0};
+                                 .auth_token = tok, .auth_token_len = tok ? strlen(tok) : 0,
+                                 .tls = opts ? opts->tls : NULL};
     moonlet_rpc_client *c;
     rc = moonlet_rpc_client_connect(host, port, &o, &c);
     if (rc)

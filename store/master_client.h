@@ -38,6 +38,9 @@ typedef struct moonlet_master_client_opts {
     const char *auth_token;    /* NULL: none */
     uint32_t backoff_base_ms;  /* 0: MOONLET_MC_BACKOFF_BASE_MS */
     uint32_t backoff_cap_ms;   /* 0: MOONLET_MC_BACKOFF_CAP_MS (raised to base when below) */
+    /* A client TLS context (transport/tls.h; the client takes a reference):
+     * every connection to a master speaks TLS.  NULL: plaintext. */
+    struct moonlet_tls_ctx *tls;
 } moonlet_master_client_opts;
 
 /* The wait before the next connect attempt after `failures` failed ones in a

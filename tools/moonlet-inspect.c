@@ -21,6 +21,7 @@
 
 enum {
     O_MASTER = 1000, O_TENANT, O_JSON, O_TOKEN, O_HELP, O_VERSION,
+    O_TLS_CA, O_TLS_CERT, O_TLS_KEY, /* global options end here */
     O_PREFIX, O_LIMIT, O_MODE, O_CSIZE, O_YES, O_INTERVAL, O_COUNT,
 };
 
@@ -115,6 +116,8 @@ static const char GLOBAL_HELP[] =
     "  --auth-token-file PATH  the cluster's shared token, when the master requires one\n"
     "                          (with --credentials on the master: a reader credential\n"
     "                          reads, an operator's drains)\n"
+    "  --tls-ca FILE           TLS: the master's certificate must be signed by this CA\n"
+    "  --tls-cert FILE --tls-key FILE  a client certificate, for a master that requires one\n"
     "  --help                  this help; 'moonlet-inspect COMMAND --help' for a command\n"
     "  --version\n";
 
@@ -139,6 +142,9 @@ static const struct option g_opts[] = {
     {"tenant", required_argument, 0, O_TENANT},
     {"json", no_argument, 0, O_JSON},
     {"auth-token-file", required_argument, 0, O_TOKEN},
+    {"tls-ca", required_argument, 0, O_TLS_CA},
+    {"tls-cert", required_argument, 0, O_TLS_CERT},
+    {"tls-key", required_argument, 0, O_TLS_KEY},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {"prefix", required_argument, 0, O_PREFIX},
@@ -175,6 +181,9 @@ static int apply(int c, const char *arg, inspect_opts *o)
     case O_TENANT: o->tenant = arg; return 0;
     case O_JSON: o->json = true; return 0;
     case O_TOKEN: o->token_file = arg; return 0;
+    case O_TLS_CA: o->tls_ca = arg; return 0;
+    case O_TLS_CERT: o->tls_cert = arg; return 0;
+    case O_TLS_KEY: o->tls_key = arg; return 0;
     case O_PREFIX: o->prefix = arg; return 0;
     case O_LIMIT: return parse_u64("--limit", arg, 1, &o->limit);
     case O_CSIZE: return parse_u64("--candidate-size", arg, 1, &o->candidate_size);

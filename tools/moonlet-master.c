@@ -26,6 +26,13 @@
  * and nobody else has led since), restarts the service on a new, empty
  * master (same port), then lets the election resume (moonlet_ha_reset,
  * moonlet_ha_resume).
+ *
+ * TLS: with --tls-cert and --tls-key the RPC server, the replication server
+ * and /metrics speak TLS (transport/tls.h); --tls-ca makes the RPC servers
+ * require client certificates signed by it and is the CA a standby checks
+ * the leader against.  --etcd-ca/--etcd-cert/--etcd-key: etcd over TLS.
+ * SIGHUP reads the certificate files again: new connections use them
+ * (/metrics restarts on the same port to take them).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -47,6 +54,8 @@
 #include "moonlet_config.h"
 #include "service.h"
 #include "cred.h"
+#include "etcd.h"
+#include "tls.h"
 #include "token.h"
 
 static void usage(FILE *f)
@@ -96,6 +105,16 @@ static void usage(FILE *f)
             "  --metrics-port PORT                serve Prometheus /metrics on --rpc-address:PORT\n"
             "                                     (default: off; 0 picks a free port)\n"
             "  --log-level LEVEL                  error|warn|info|debug (default info)\n"
+            "\n"
+            "TLS (docs/deployment.md; SIGHUP reloads the files for new connections):\n"
+            "  --tls-cert FILE --tls-key FILE     serve RPC, replication and /metrics over TLS\n"
+            "                                     with this PEM certificate chain and key\n"
+            "  --tls-ca FILE                      require client certificates signed by this CA\n"
+            "                                     (mutual TLS); with HA also the CA the leader's\n"
+            "                                     certificate is checked against\n"
+            "  --etcd-ca FILE                     etcd over https: the CA of etcd's certificate\n"
+            "  --etcd-cert FILE --etcd-key FILE   the client certificate etcd's\n"
+            "                                     --client-cert-auth asks for\n"
             "\n"
             "High availability (leader election on etcd; docs/deployment.md):\n"
             "  --etcd-endpoints URL[,URL...]      etcd v3 endpoints (e.g. http://10.0.0.1:2379);\n"
@@ -193,12 +212,23 @@ enum {
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
     O_REPAIR_BW, O_REPAIR_CONC,
     O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN,
-    O_CREDS
+    O_CREDS,
+    O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_ETCD_CA, O_ETCD_CERT, O_ETCD_KEY
 };
 
 #define DEFAULT_MAX_CONNECTIONS 8192u
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
 #define FD_RESERVE 1280u /* beyond the RPC connections: metrics (up to 1024), files, ... */
+
+/* /metrics: a reader's or operator's credential when there are
+ * credentials, else the token; over HTTPS with the TLS files. */
+static int start_metrics(moonlet_master *m, const char *address, uint16_t port,
+                         const moonlet_cred_set *creds, const char *token,
+                         const moonlet_tls_files *tf, moonlet_metrics **out)
+{
+    return creds ? moonlet_metrics_start_creds(m, address, port, creds, tf->cert, tf->key, out)
+                 : moonlet_metrics_start_tls(m, address, port, token, tf->cert, tf->key, out);
+}
 
 /* The election thread's notice that this master was deposed: the main
  * thread, in sigwait, resets the metadata. */
@@ -242,6 +272,12 @@ int main(int argc, char **argv)
         {"etcd-lease-ttl", required_argument, 0, O_ETCD_TTL},
         {"repl-max-lag-ms", required_argument, 0, O_REPL_LAG},
         {"no-replication", no_argument, 0, O_NO_REPL},
+        {"tls-cert", required_argument, 0, O_TLS_CERT},
+        {"tls-key", required_argument, 0, O_TLS_KEY},
+        {"tls-ca", required_argument, 0, O_TLS_CA},
+        {"etcd-ca", required_argument, 0, O_ETCD_CA},
+        {"etcd-cert", required_argument, 0, O_ETCD_CERT},
+        {"etcd-key", required_argument, 0, O_ETCD_KEY},
         {"etcd_endpoints", required_argument, 0, O_ETCD},
         {"cluster_id", required_argument, 0, O_CLUSTER},
         {"enable_ha", optional_argument, 0, O_ENABLE_HA},
@@ -279,6 +315,7 @@ int main(int argc, char **argv)
                                .max_connections = DEFAULT_MAX_CONNECTIONS,
                                .idle_timeout_ms = DEFAULT_IDLE_TIMEOUT_MS};
     const char *token_file = NULL, *peer_token_file = NULL, *creds_file = NULL;
+    moonlet_tls_files tls_files = {0}, etcd_files = {0};
     const char *etcd = NULL, *cluster = "moonlet", *advertise = NULL;
     uint32_t etcd_ttl_s = 0;
     uint64_t repl_lag_ms = MOONLET_REPL_DEFAULT_MAX_LAG_MS;
@@ -365,6 +402,12 @@ int main(int argc, char **argv)
             repl_lag_ms = v;
             break;
         case O_NO_REPL: no_repl = true; break;
+        case O_TLS_CERT: tls_files.cert = optarg; break;
+        case O_TLS_KEY: tls_files.key = optarg; break;
+        case O_TLS_CA: tls_files.ca = optarg; break;
+        case O_ETCD_CA: etcd_files.ca = optarg; break;
+        case O_ETCD_CERT: etcd_files.cert = optarg; break;
+        case O_ETCD_KEY: etcd_files.key = optarg; break;
         case O_METRICS: bad = parse_u64("--metrics-port", optarg, &v) || v > 65535; metrics_port = (int)v; break;
         case O_LOG: {
             int lvl = moonlet_log_parse_level(optarg);
@@ -383,6 +426,16 @@ int main(int argc, char **argv)
     if (!bad && etcd && (!advertise || !*advertise || !*cluster)) {
         fprintf(stderr, "moonlet-master: --etcd-endpoints needs --advertise HOST:PORT and a "
                         "non-empty --cluster-id\n");
+        bad = 1;
+    }
+    if (!bad && (tls_files.cert || tls_files.key || tls_files.ca) &&
+        (!tls_files.cert || !tls_files.key || (etcd && !no_repl && !tls_files.ca))) {
+        fprintf(stderr, "moonlet-master: TLS needs --tls-cert and --tls-key (and, with "
+                        "--etcd-endpoints, --tls-ca: a standby checks the leader with it)\n");
+        bad = 1;
+    }
+    if (!bad && (!etcd_files.cert != !etcd_files.key)) {
+        fprintf(stderr, "moonlet-master: --etcd-cert and --etcd-key go together\n");
         bad = 1;
     }
     if (bad || optind < argc) {
@@ -431,8 +484,18 @@ int main(int argc, char **argv)
             return 2;
         so.creds = creds;
     }
-    /* Only an authenticated master listens beyond loopback unless told where. */
-    if (!address_given && (token || creds))
+    moonlet_tls_ctx *tls_srv = NULL, *tls_cli = NULL;
+    if (tls_files.cert && moonlet_tls_ctx_create(true, &tls_files, &tls_srv) != MOONLET_OK)
+        return 2;
+    if (tls_srv && etcd && !no_repl && moonlet_tls_ctx_create(false, &tls_files, &tls_cli))
+        return 2;
+    so.tls = tls_srv;
+    if ((etcd_files.ca || etcd_files.cert) &&
+        moonlet_etcd_set_tls(etcd_files.ca, etcd_files.cert, etcd_files.key) != MOONLET_OK)
+        return 2;
+    /* Only an authenticated master (a token, credentials, or client
+     * certificates) listens beyond loopback unless told where. */
+    if (!address_given && (token || creds || (tls_srv && tls_files.ca)))
         so.address = "0.0.0.0";
 
     /* Signals are taken synchronously by this thread; workers never see them. */
@@ -441,6 +504,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGUSR1); /* the election: deposed, reset the metadata */
+    sigaddset(&set, SIGHUP);  /* reload the TLS certificates */
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -455,7 +519,7 @@ int main(int argc, char **argv)
                               .client_live_ttl_ms = cfg.client_live_ttl_ms,
                               .replication = !no_repl, .repl_max_lag_ms = repl_lag_ms,
                               .auth_token = creds ? peer_token : token,
-                              .peer_token = peer_token,
+                              .peer_token = peer_token, .tls = tls_cli,
                               .on_deposed = on_deposed, .arg = NULL};
         if (moonlet_ha_init(&ho, &cfg, &so) != MOONLET_OK)
             return 1;
@@ -480,9 +544,8 @@ int main(int argc, char **argv)
     }
     moonlet_metrics *metrics = NULL;
     if (metrics_port >= 0 &&
-        (creds ? moonlet_metrics_start_creds(m, so.address, (uint16_t)metrics_port, creds, &metrics)
-               : moonlet_metrics_start(m, so.address, (uint16_t)metrics_port, token, &metrics)) !=
-            MOONLET_OK) {
+        start_metrics(m, so.address, (uint16_t)metrics_port, creds, token, &tls_files,
+                      &metrics) != MOONLET_OK) {
         moonlet_master_service_stop(svc);
         moonlet_master_destroy(m);
         moonlet_token_free(token);
@@ -518,6 +581,29 @@ int main(int argc, char **argv)
     while (!sig) {
         int got = 0;
         sigwait(&set, &got);
+        if (got == SIGHUP) {
+            if (!tls_srv) {
+                ML_INFO("master", "SIGHUP: no TLS certificates to reload");
+                continue;
+            }
+            int r1 = moonlet_tls_ctx_reload(tls_srv);
+            int r2 = tls_cli ? moonlet_tls_ctx_reload(tls_cli) : MOONLET_OK;
+            if (metrics && !r1) { /* libmicrohttpd keeps what it started with */
+                moonlet_metrics_stop(metrics);
+                metrics = NULL;
+                if (start_metrics(m, so.address, metrics_port_bound, creds, token, &tls_files,
+                                  &metrics) == 0) {
+                    moonlet_metrics_set_role(metrics, role);
+                    moonlet_metrics_set_repl(metrics, moonlet_ha_log());
+                    moonlet_metrics_set_rpc(metrics, moonlet_master_service_rpc(svc));
+                } else {
+                    ML_ERR("master", "SIGHUP: /metrics did not restart");
+                }
+            }
+            ML_INFO("master", "SIGHUP: TLS certificates %s", !r1 && !r2 ? "reloaded: new "
+                    "connections use them" : "NOT reloaded (see above): the old ones stay");
+            continue;
+        }
         if (got != SIGUSR1) {
             sig = got;
             break;
@@ -538,9 +624,8 @@ int main(int argc, char **argv)
         if (!rc)
             rc = moonlet_master_service_start(m, &so, &svc);
         if (!rc && metrics_port >= 0)
-            rc = creds ? moonlet_metrics_start_creds(m, so.address, metrics_port_bound, creds,
-                                                     &metrics)
-                       : moonlet_metrics_start(m, so.address, metrics_port_bound, token, &metrics);
+            rc = start_metrics(m, so.address, metrics_port_bound, creds, token, &tls_files,
+                               &metrics);
         if (!rc) {
             moonlet_metrics_set_role(metrics, role);
             moonlet_metrics_set_repl(metrics, moonlet_ha_log());
@@ -561,6 +646,8 @@ int main(int argc, char **argv)
     moonlet_master_destroy(m);
     moonlet_ha_fini();
     moonlet_role_destroy(role);
+    moonlet_tls_ctx_unref(tls_srv);
+    moonlet_tls_ctx_unref(tls_cli);
     moonlet_token_free(token);
     moonlet_token_free(peer_token);
     moonlet_cred_set_free(creds);

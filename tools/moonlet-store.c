@@ -21,6 +21,11 @@
  * (mode 0600, or 0660 with --socket-group).  It prints "listening on
  * HOST:PORT" and then "serving dummy clients on PATH"; on SIGTERM it stops
  * serving, removes the socket, unmounts and exits 0.
+ *
+ * TLS to the master: --tls-ca (the master's certificate must be signed by
+ * it) and, for a master that requires client certificates, --tls-cert and
+ * --tls-key.  SIGHUP reads them again: the next connection to the master
+ * uses the new certificate.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -42,6 +47,7 @@
 #include "segment_mem.h"
 #include "store_node.h"
 #include "cred.h"
+#include "tls.h"
 #include "token.h"
 #include "verbs_check.h"
 
@@ -97,6 +103,10 @@ static void usage(FILE *f)
             "  --client-http-port N      with --serve-dummy: serve the RealClient's /metrics\n"
             "                            (Prometheus: every dummy client's puts, gets, hits, ...)\n"
             "                            and /health on every IPv4 address, port N (0: a free one)\n"
+            "  --tls-ca FILE             TLS to the master: its certificate must be signed by\n"
+            "                            this CA (PEM); SIGHUP reloads the TLS files\n"
+            "  --tls-cert FILE --tls-key FILE  this node's certificate and key, for a master\n"
+            "                            that requires client certificates (mutual TLS)\n"
             "  --log-level LEVEL         error|warn|info|debug (default info)\n"
             "  --check                   self-test of the RDMA NIC that --listen's host is on\n"
             "                            (device, port, GIDs, MTU, limits, one RDMA WRITE and READ\n"
@@ -186,8 +196,12 @@ enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
     O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK,
-    O_KEEPALIVE, O_CLIENT_HTTP, O_CREDS
+    O_KEEPALIVE, O_CLIENT_HTTP, O_CREDS, O_TLS_CA, O_TLS_CERT, O_TLS_KEY
 };
+
+/* --tls-*: the master connection's TLS context (NULL: plaintext); reloaded on SIGHUP. */
+static moonlet_tls_files g_tls_files;
+static moonlet_tls_ctx *g_tls;
 
 #define DEFAULT_IDLE_TIMEOUT_MS 300000u
 /* --rdma-keepalive-ms: below 100 ms the probes outrun the verbs backend's
@@ -225,6 +239,9 @@ static const struct option g_opts[] = {
     {"socket-group", required_argument, 0, O_SOCKET_GROUP},
     {"busy-poll-us", required_argument, 0, O_BUSY_POLL},
     {"check", no_argument, 0, O_CHECK},
+    {"tls-ca", required_argument, 0, O_TLS_CA},
+    {"tls-cert", required_argument, 0, O_TLS_CERT},
+    {"tls-key", required_argument, 0, O_TLS_KEY},
     {"help", no_argument, 0, O_HELP},
     {"version", no_argument, 0, O_VERSION},
     {0, 0, 0, 0},
@@ -355,6 +372,9 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_HELP: usage(stdout); return -1;
         case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
         case O_CHECK: sv->check = true; break;
+        case O_TLS_CA: g_tls_files.ca = optarg; break;
+        case O_TLS_CERT: g_tls_files.cert = optarg; break;
+        case O_TLS_KEY: g_tls_files.key = optarg; break;
         default:
             if ((bad = parse_uint_flag(c, cfg)) >= 0)
                 break;
@@ -387,6 +407,11 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         snprintf(tcp_listen, sizeof(tcp_listen), "%.*s:0", (int)(colon ? colon - l : 0), l);
         cfg->tcp_listen_addr = tcp_listen;
     }
+    if (!bad && (g_tls_files.cert || g_tls_files.key) &&
+        (!g_tls_files.ca || !g_tls_files.cert || !g_tls_files.key)) {
+        fprintf(stderr, PROG ": --tls-cert and --tls-key go together, and need --tls-ca\n");
+        bad = 1;
+    }
     if (!bad && (sv->group || sv->busy_poll_set || sv->http) && !sv->path) {
         fprintf(stderr, PROG ": %s needs --serve-dummy\n",
                 sv->group ? "--socket-group" : sv->http ? "--client-http-port" : "--busy-poll-us");
@@ -399,6 +424,24 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
     return 0;
 }
 
+/* Waits for a signal of `set` other than SIGHUP, which reloads the TLS
+ * files meanwhile. */
+static int wait_stop_signal(const sigset_t *set)
+{
+    for (;;) {
+        int sig = 0;
+        sigwait(set, &sig);
+        if (sig != SIGHUP)
+            return sig;
+        if (!g_tls)
+            ML_INFO("store", "SIGHUP: no TLS certificates to reload");
+        else if (moonlet_tls_ctx_reload(g_tls) == MOONLET_OK)
+            ML_INFO("store", "SIGHUP: TLS certificates reloaded: new connections use them");
+        else
+            ML_ERR("store", "SIGHUP: TLS certificates NOT reloaded (see above): the old ones stay");
+    }
+}
+
 static void *signal_thread(void *arg)
 {
     moonlet_store_node *n = arg;
@@ -406,8 +449,8 @@ static void *signal_thread(void *arg)
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    int sig = 0;
-    sigwait(&set, &sig);
+    sigaddset(&set, SIGHUP);
+    int sig = wait_stop_signal(&set);
     ML_INFO("store", "signal %d: unmounting and shutting down", sig);
     moonlet_store_node_stop(n);
     return NULL;
@@ -442,8 +485,7 @@ static int serve_dummies(const moonlet_store_node_config *node, const serve_flag
     if (sv->http)
         printf("client metrics on 0.0.0.0:%d\n", moonlet_client_http_port(moonlet_real_client_client(rc)));
     fflush(stdout);
-    int sig = 0;
-    sigwait(sigs, &sig);
+    int sig = wait_stop_signal(sigs);
     ML_INFO("store", "signal %d: closing the dummy socket, unmounting and shutting down", sig);
     moonlet_real_client_destroy(rc);
     return 0;
@@ -514,12 +556,18 @@ int main(int argc, char **argv)
         moonlet_cred_set_free(creds);
         cfg.data_keys = (const uint8_t(*)[32])keys;
     }
+    if (g_tls_files.ca && moonlet_tls_ctx_create(false, &g_tls_files, &g_tls) != MOONLET_OK) {
+        moonlet_token_free(token);
+        return 2;
+    }
+    cfg.tls = g_tls;
 
     /* Blocked before any thread exists, so every thread inherits the mask. */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -553,6 +601,7 @@ int main(int argc, char **argv)
         pthread_cancel(sig_th);
     pthread_join(sig_th, NULL);
     moonlet_store_node_destroy(node);
+    moonlet_tls_ctx_unref(g_tls);
     moonlet_token_free(token);
     free(keys);
     return rc ? 1 : 0;

@@ -39,6 +39,7 @@
 #include "monotime.h"
 #include "net.h"
 #include "spare_core.h"
+#include "tls.h"
 
 #define MOD "rpc-client"
 #define DEFAULT_TIMEOUT_MS 10000
@@ -48,6 +49,7 @@
 
 struct moonlet_rpc_client {
     int fd;
+    moonlet_tls *tls; /* NULL: plaintext */
     int timeout_ms;
     size_t max_frame;
     bool broken;
@@ -176,6 +178,8 @@ static int wait_input(moonlet_rpc_client *c, int64_t deadline)
 {
     int64_t t0 = now_ns();
     atomic_fetch_add_explicit(&g_waiting, 1, memory_order_relaxed);
+    if (c->tls && moonlet_tls_pending(c->tls) > 0)
+        return 0; /* decrypted already: poll would not see it */
     int spun = spin_for_input(c->fd, t0, spin_budget_ns(c));
     if (spun == SPIN_CONTENDED)
         c->contended_waits++;
@@ -190,6 +194,17 @@ static int fail(moonlet_rpc_client *c, int rc)
 {
     c->broken = true;
     return rc;
+}
+
+/* The code for an I/O failure (errno set by the failed call): a TLS peer
+ * that refused this client's certificate is ILLEGAL_CLIENT, said once. */
+static int tls_failure(moonlet_rpc_client *c)
+{
+    if (c->tls == NULL || (errno != EACCES && errno != EPROTO))
+        return MOONLET_ERR_RPC_FAIL;
+    bool refused = errno == EACCES;
+    ML_WARN(MOD, "TLS: %s", moonlet_tls_error(c->tls));
+    return refused ? MOONLET_ERR_ILLEGAL_CLIENT : MOONLET_ERR_RPC_FAIL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -256,7 +271,25 @@ static int authenticate(moonlet_rpc_client *c, const char *token, size_t len)
     return moonlet_rpc_client_call_code(c);
 }
 
-static int client_open(int fd, const moonlet_rpc_client_opts *opts, moonlet_rpc_client **out)
+/* The TLS handshake on a new connection to host: 0 or the error to return. */
+static int start_tls(moonlet_rpc_client *c, const moonlet_rpc_client_opts *opts,
+                     const char *host, int64_t deadline)
+{
+    const char *name = opts->tls_name ? opts->tls_name : host;
+    if (moonlet_tls_new(opts->tls, c->fd, name, &c->tls) != 0)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    if (moonlet_tls_handshake_by(c->tls, deadline > 0 ? (uint64_t)deadline : 0) == 0)
+        return 0;
+    int err = errno;
+    ML_WARN(MOD, "TLS with %s failed: %s%s", host, moonlet_tls_error(c->tls),
+            err == EPROTO ? " (does the server speak TLS?)" : "");
+    return err == ETIMEDOUT ? MOONLET_ERR_RPC_TIMEOUT
+           : err == EACCES  ? MOONLET_ERR_ILLEGAL_CLIENT
+                            : MOONLET_ERR_RPC_FAIL;
+}
+
+static int client_open(int fd, const moonlet_rpc_client_opts *opts, const char *tls_host,
+                       int64_t deadline, moonlet_rpc_client **out)
 {
     moonlet_rpc_client *c = calloc(1, sizeof(*c));
     if (c == NULL) {
@@ -272,8 +305,16 @@ static int client_open(int fd, const moonlet_rpc_client_opts *opts, moonlet_rpc_
     moonlet_frame_builder_init(&c->out);
     const char *tok = opts ? opts->auth_token : NULL;
     size_t tok_len = tok ? (opts->auth_token_len ? opts->auth_token_len : strlen(tok)) : 0;
-    if (tok_len > 0) {
-        int rc = authenticate(c, tok, tok_len);
+    bool tls = opts && opts->tls && tls_host;
+    if (tls) {
+        int rc = start_tls(c, opts, tls_host, deadline);
+        if (rc != 0) {
+            moonlet_rpc_client_close(c);
+            return rc;
+        }
+    }
+    if (tok_len > 0 || tls) {
+        int rc = authenticate(c, tok ? tok : "", tok_len);
         if (rc != 0) {
             moonlet_rpc_client_close(c);
             return rc;
@@ -294,8 +335,9 @@ int moonlet_rpc_client_connect(const char *host, uint16_t port, const moonlet_rp
     if (host == NULL || out == NULL)
         return MOONLET_ERR_INVALID_PARAMS;
     *out = NULL;
-    int fd = connect_tcp(host, port, connect_deadline(opts));
-    return fd < 0 ? fd : client_open(fd, opts, out);
+    int64_t deadline = connect_deadline(opts);
+    int fd = connect_tcp(host, port, deadline);
+    return fd < 0 ? fd : client_open(fd, opts, host, deadline, out);
 }
 
 int moonlet_rpc_client_connect_unix(const char *path, const moonlet_rpc_client_opts *opts,
@@ -305,13 +347,16 @@ int moonlet_rpc_client_connect_unix(const char *path, const moonlet_rpc_client_o
         return MOONLET_ERR_INVALID_PARAMS;
     *out = NULL;
     int fd = connect_unix(path, connect_deadline(opts));
-    return fd < 0 ? fd : client_open(fd, opts, out);
+    return fd < 0 ? fd : client_open(fd, opts, NULL, 0, out);
 }
 
 void moonlet_rpc_client_close(moonlet_rpc_client *c)
 {
     if (c == NULL)
         return;
+    if (c->tls && !c->broken)
+        moonlet_tls_shutdown(c->tls);
+    moonlet_tls_free(c->tls);
     close(c->fd);
     moonlet_frame_builder_destroy(&c->out);
     free(c->in);
@@ -356,7 +401,8 @@ static int send_all(moonlet_rpc_client *c, const char *p, size_t len, int pass_f
 {
     size_t off = 0;
     while (off < len) {
-        ssize_t n = send_chunk(c->fd, p + off, len - off, pass_fd);
+        ssize_t n = c->tls ? moonlet_tls_write(c->tls, p + off, len - off)
+                           : send_chunk(c->fd, p + off, len - off, pass_fd);
         if (n > 0) {
             off += (size_t)n;
             pass_fd = -1; /* the kernel delivers it with the first byte */
@@ -365,8 +411,8 @@ static int send_all(moonlet_rpc_client *c, const char *p, size_t len, int pass_f
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            return fail(c, MOONLET_ERR_RPC_FAIL);
-        int rc = wait_fd(c->fd, POLLOUT, deadline);
+            return fail(c, tls_failure(c));
+        int rc = wait_fd(c->fd, c->tls ? moonlet_tls_want(c->tls) : POLLOUT, deadline);
         if (rc != 0)
             return fail(c, rc);
     }
@@ -481,14 +527,19 @@ static int recv_reply(moonlet_rpc_client *c, moonlet_reply *rep, int64_t deadlin
             return 0;
         if (!reserve_input(c, need))
             return fail(c, MOONLET_ERR_RPC_FAIL);
-        int rc = wait_input(c, deadline);
+        int rc = c->tls && moonlet_tls_want(c->tls) == POLLOUT
+                     ? wait_fd(c->fd, POLLOUT, deadline)
+                     : wait_input(c, deadline);
         if (rc != 0)
             return fail(c, rc);
-        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        ssize_t n = c->tls ? moonlet_tls_read(c->tls, c->in + c->in_len, c->in_cap - c->in_len)
+                           : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
         if (n > 0)
             c->in_len += (size_t)n;
-        else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        else if (n == 0)
             return fail(c, MOONLET_ERR_RPC_FAIL);
+        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return fail(c, tls_failure(c));
     }
 }
 
@@ -541,6 +592,11 @@ uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c)
 }
 
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c) { return c->fd; }
+
+const char *moonlet_rpc_client_tls_peer(const moonlet_rpc_client *c)
+{
+    return c->tls ? moonlet_tls_peer_name(c->tls) : NULL;
+}
 
 void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms)
 {

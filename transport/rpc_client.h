@@ -39,11 +39,25 @@ typedef struct moonlet_rpc_client_opts {
     size_t max_frame;        /* 0 means MOONLET_DEFAULT_MAX_FRAME */
     const char *auth_token;  /* sent as the first frame when non-empty */
     size_t auth_token_len;
+    /* A client TLS context (tls.h): the TCP connection speaks TLS, the
+     * server's certificate checked against its CA and against tls_name.
+     * NULL: plaintext, as always.  Not used on unix sockets. */
+    struct moonlet_tls_ctx *tls;
+    /* The name (or IP) the server's certificate must carry; NULL: the host
+     * connected to. */
+    const char *tls_name;
 } moonlet_rpc_client_opts;
 
 /* Connects (TCP_NODELAY) and authenticates when a token is given.  Returns 0,
  * MOONLET_ERR_RPC_FAIL (cannot connect), MOONLET_ERR_RPC_TIMEOUT, or the
- * server's code for a refused token (MOONLET_ERR_ILLEGAL_CLIENT). opts may be NULL. */
+ * server's code for a refused token (MOONLET_ERR_ILLEGAL_CLIENT). opts may be NULL.
+ * With opts->tls: the TLS handshake, then one AUTH round trip even without
+ * a token (under TLS 1.3 a server refuses a client certificate only after
+ * the client's handshake is over), so a refusal shows here: ILLEGAL_CLIENT
+ * (this client's certificate missing or refused, or the server's
+ * certificate not signed by the CA or not naming tls_name), RPC_FAIL (the
+ * server does not speak TLS); each logged with the reason.  A plaintext
+ * client of a TLS server gets ILLEGAL_CLIENT "this server requires TLS". */
 int moonlet_rpc_client_connect(const char *host, uint16_t port, const moonlet_rpc_client_opts *opts,
                                moonlet_rpc_client **out);
 int moonlet_rpc_client_connect_unix(const char *path, const moonlet_rpc_client_opts *opts,
@@ -87,5 +101,7 @@ void moonlet_rpc_client_set_timeout(moonlet_rpc_client *c, int timeout_ms);
  * a yield ran another thread) and slept instead. */
 uint64_t moonlet_rpc_client_contended_waits(const moonlet_rpc_client *c);
 int moonlet_rpc_client_fd(const moonlet_rpc_client *c);
+/* With TLS: the server certificate's subject common name; NULL without TLS. */
+const char *moonlet_rpc_client_tls_peer(const moonlet_rpc_client *c);
 
 #endif

@@ -56,6 +56,11 @@
  *    now and then cannot pin a reply and its buffers.  The acceptor enforces the connection cap and, at the
  *    descriptor limit, sheds the waiting connection with a reserved
  *    descriptor instead of spinning, with a rate-limited log line.
+ *  - TLS (opts.tls) is a layer under the same loop: a connection's reads
+ *    and writes go through its session (transport/tls.h), the handshake is
+ *    driven by the events it asks for, and bytes the session already
+ *    decrypted (invisible to epoll) are served before the loop waits again.
+ *    The first byte tells a plaintext peer, which is answered in plaintext.
  *
  * Locks: each loop's `lock` guards only its queue of newly accepted sockets
  * (taken by the acceptor and by that loop, never while calling a handler or
@@ -116,6 +121,8 @@
 #define MAX_METHOD_ID 4096u
 #define MAX_THREADS 256
 #define ERR_MSG_MAX 256
+#define TLS_PENDING_ROUNDS 64          /* reads of decrypted bytes per event */
+#define TLS_READ_ROUNDS 8              /* TLS records read per readiness event */
 
 enum conn_state {
     ST_OPEN,      /* reading and serving requests */
@@ -134,6 +141,9 @@ typedef struct conn {
     bool paused;   /* output above high water: input not read nor parsed */
     bool peer_eof; /* read returned 0 */
     bool dead;     /* close at the end of this event */
+    bool tls_sniffed;  /* the first byte was looked at (TLS servers) */
+    bool tls_refused;  /* a plaintext peer of a TLS server: answered and closed */
+    moonlet_tls *tls;  /* the session (TLS servers), NULL otherwise */
     uint32_t events;
     struct loop *loop;
     void *conn_data;
@@ -152,7 +162,7 @@ typedef struct conn {
                              * left, when the last of them did) */
     size_t reply_mark;      /* out.buf offset the sent_ms deadline covers */
     int64_t active_ms;      /* last request served (idle deadline base) */
-    void (*detach_fn)(void *arg, uint64_t tag, int fd); /* ST_DETACH: who takes the socket */
+    void (*detach_fn)(void *arg, uint64_t tag, int fd, moonlet_tls *tls); /* ST_DETACH: taker */
     void *detach_arg;
     uint64_t detach_tag;
     LIST_ENTRY(conn) link; /* in loop.conns */
@@ -192,6 +202,8 @@ struct moonlet_rpc_server {
     uint64_t max_batch;    /* BATCH arrays of declared arguments; 0: no cap */
     int64_t auth_timeout_ms, frame_timeout_ms, idle_timeout_ms; /* idle 0: never */
     moonlet_ratelimit accept_log;
+    moonlet_ratelimit tls_log; /* failed handshakes, plaintext peers */
+    moonlet_tls_ctx *tls;      /* NULL: plaintext */
     char *token;
     size_t token_len;
     const moonlet_cred_set *creds; /* roles (cred.h); NULL: token (or nothing) opens all */
@@ -312,7 +324,8 @@ static void note_refusal(conn *c, const moonlet_rpc_method *m, uint32_t method, 
 static size_t frame_limit(const conn *c)
 {
     const moonlet_rpc_server *s = c->loop->s;
-    return needs_auth(s) && !c->authed ? MOONLET_RPC_PRE_AUTH_MAX_FRAME : s->max_frame;
+    return (needs_auth(s) && !c->authed) || c->tls_refused ? MOONLET_RPC_PRE_AUTH_MAX_FRAME
+                                                            : s->max_frame;
 }
 
 __attribute__((format(printf, 4, 5)))
@@ -445,6 +458,12 @@ static void serve_auth(conn *c, const moonlet_request *req)
 static void serve_request(conn *c, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
+    if (c->tls_refused) {
+        fail_conn(c, req->id, MOONLET_ERR_ILLEGAL_CLIENT,
+                  "this server requires TLS: connect with TLS (a CA file, and a client "
+                  "certificate where the server asks for one)");
+        return;
+    }
     if (req->method == MOONLET_RPC_AUTH) {
         serve_auth(c, req);
         return;
@@ -519,7 +538,9 @@ static void process_input(conn *c)
         uint32_t len;
         size_t max_frame = frame_limit(c);
         if (moonlet_frame_header_decode((const uint8_t *)c->in + off, max_frame, &len) != 0) {
-            if (max_frame < c->loop->s->max_frame) {
+            if (c->tls_refused) {
+                fail_conn(c, 0, MOONLET_ERR_ILLEGAL_CLIENT, "this server requires TLS");
+            } else if (max_frame < c->loop->s->max_frame) {
                 ML_WARN(MOD, "fd %d announced a frame above %zu bytes before authenticating",
                         c->fd, max_frame);
                 fail_conn(c, 0, MOONLET_ERR_ILLEGAL_CLIENT,
@@ -610,7 +631,14 @@ void moonlet_rpc_result_rewind(moonlet_rpc_ctx *ctx, size_t mark)
         c->out.buf.size = mark;
 }
 
-int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
+const char *moonlet_rpc_ctx_peer_name(const moonlet_rpc_ctx *ctx)
+{
+    const conn *c = ctx ? ctx->conn : NULL;
+    return c && c->tls ? moonlet_tls_peer_name(c->tls) : NULL;
+}
+
+int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx,
+                           void (*fn)(void *arg, uint64_t tag, int fd, moonlet_tls *tls),
                            void *arg, uint64_t tag)
 {
     conn *c = ctx ? ctx->conn : NULL;
@@ -658,31 +686,91 @@ static ssize_t recv_keep_fds(conn *c, char *buf, size_t len)
     return n;
 }
 
+static void start_linger(conn *c);
+
+/* A TLS server's connection before its handshake is done: looks at the
+ * first byte (a plaintext peer is served in plaintext, only to be told),
+ * then advances the handshake. */
+static void tls_advance(conn *c)
+{
+    moonlet_rpc_server *s = c->loop->s;
+    uint64_t held;
+    if (!c->tls_sniffed) {
+        uint8_t b;
+        ssize_t n = recv(c->fd, &b, 1, MSG_PEEK);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            c->dead = true;
+        if (n <= 0)
+            return;
+        c->tls_sniffed = true;
+        if (!moonlet_tls_is_hello(b)) {
+            if (moonlet_ratelimit_allow(&s->tls_log, LOG_EVERY_MS, &held))
+                ML_WARN(MOD, "fd %d speaks plaintext to this TLS server: refused (%llu more "
+                        "TLS refusals not logged)", c->fd, (unsigned long long)held);
+            moonlet_tls_free(c->tls);
+            c->tls = NULL;
+            c->tls_refused = true; /* its bytes are read as frames from now on */
+            return;
+        }
+    }
+    if (moonlet_tls_handshake(c->tls) == 0 || errno == EAGAIN)
+        return;
+    if (moonlet_ratelimit_allow(&s->tls_log, LOG_EVERY_MS, &held))
+        ML_WARN(MOD, "fd %d: %s; closed (%llu more TLS refusals not logged)", c->fd,
+                moonlet_tls_error(c->tls), (unsigned long long)held);
+    /* The alert OpenSSL sent must reach the peer before the connection
+     * ends: a close with the peer's bytes unread would reset it and the
+     * peer could lose the alert (a refused client certificate would read
+     * as a mere reset).  Linger, discarding its input, as after an error
+     * reply. */
+    moonlet_tls_free(c->tls);
+    c->tls = NULL;
+    start_linger(c);
+}
+
+static bool tls_handshaking(const conn *c)
+{
+    return c->tls != NULL && !moonlet_tls_handshake_done(c->tls);
+}
+
 static void read_requests(conn *c)
 {
-    if (!ensure_input_room(c)) {
-        c->dead = true;
-        return;
-    }
-    ssize_t n = c->loop->s->unix_path
-                    ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
-                    : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
-    if (n > 0) {
-        if (c->in_len == 0)
-            c->frame_start_ms = now_ms();
-        c->in_len += (size_t)n;
-    } else if (n == 0) {
-        c->peer_eof = true;
-        c->state = ST_DRAIN_OUT; /* a partial frame left in the buffer is dropped */
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        c->dead = true;
+    /* One read per readiness event; with TLS, up to TLS_READ_ROUNDS: each
+     * read returns one record (16 KiB at most), and a request larger than
+     * that would otherwise take one loop round trip per record. */
+    int rounds = c->tls ? TLS_READ_ROUNDS : 1;
+    for (int round = 0; round < rounds; round++) {
+        if (round > 0 && c->in_len == c->in_cap)
+            return; /* full: served first (the buffer grows only for a frame) */
+        if (!ensure_input_room(c)) {
+            c->dead = true;
+            return;
+        }
+        ssize_t n = c->tls ? moonlet_tls_read(c->tls, c->in + c->in_len, c->in_cap - c->in_len)
+                    : c->loop->s->unix_path
+                        ? recv_keep_fds(c, c->in + c->in_len, c->in_cap - c->in_len)
+                        : recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        if (n > 0) {
+            if (c->in_len == 0)
+                c->frame_start_ms = now_ms();
+            c->in_len += (size_t)n;
+        } else if (n == 0) {
+            c->peer_eof = true;
+            c->state = ST_DRAIN_OUT; /* a partial frame left in the buffer is dropped */
+            return;
+        } else {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                c->dead = true;
+            return;
+        }
     }
 }
 
 static void discard_input(conn *c)
 {
     char scratch[4096];
-    ssize_t n = recv(c->fd, scratch, sizeof(scratch), 0);
+    ssize_t n = c->tls ? moonlet_tls_read(c->tls, scratch, sizeof(scratch))
+                       : recv(c->fd, scratch, sizeof(scratch), 0);
     if (n > 0) {
         c->linger_discarded += (size_t)n;
         if (c->linger_discarded > LINGER_DISCARD_MAX)
@@ -695,7 +783,10 @@ static void discard_input(conn *c)
 static void flush_output(conn *c)
 {
     while (out_pending(c) > 0) {
-        ssize_t n = send(c->fd, c->out.buf.data + c->out_off, out_pending(c), MSG_NOSIGNAL);
+        ssize_t n = c->tls ? moonlet_tls_write(c->tls, c->out.buf.data + c->out_off,
+                                               out_pending(c))
+                           : send(c->fd, c->out.buf.data + c->out_off, out_pending(c),
+                                  MSG_NOSIGNAL);
         if (n > 0) {
             c->out_off += (size_t)n;
             /* Not a progress timer (issue 31 finding 7): the deadline moves
@@ -732,6 +823,8 @@ static void set_events(conn *c, uint32_t ev)
 
 static void start_linger(conn *c)
 {
+    if (c->tls)
+        moonlet_tls_shutdown(c->tls);
     shutdown(c->fd, SHUT_WR);
     c->state = ST_LINGER;
     c->linger_deadline_ms = now_ms() + LINGER_MS;
@@ -743,6 +836,10 @@ static void settle(conn *c)
 {
     if (c->dead)
         return;
+    if (c->state == ST_OPEN && tls_handshaking(c)) {
+        set_events(c, moonlet_tls_want(c->tls) == POLLOUT ? EPOLLOUT : EPOLLIN);
+        return;
+    }
     if (c->state == ST_DRAIN_OUT && out_pending(c) == 0) {
         if (c->peer_eof) {
             c->dead = true;
@@ -771,15 +868,16 @@ static void conn_detach(loop *l, conn *c)
         close(c->fds[i]);
     if (s->on_close)
         s->on_close(s->ctx, c->conn_data);
-    void (*fn)(void *, uint64_t, int) = c->detach_fn;
+    void (*fn)(void *, uint64_t, int, moonlet_tls *) = c->detach_fn;
     void *arg = c->detach_arg;
     uint64_t tag = c->detach_tag;
+    moonlet_tls *tls = c->tls; /* the taker's now */
     LIST_REMOVE(c, link);
     moonlet_frame_builder_destroy(&c->out);
     free(c->in);
     free(c);
     atomic_fetch_sub(&s->nconns, 1);
-    fn(arg, tag, fd);
+    fn(arg, tag, fd, tls);
 }
 
 static void conn_close(loop *l, conn *c)
@@ -787,6 +885,7 @@ static void conn_close(loop *l, conn *c)
     moonlet_rpc_server *s = l->s;
     epoll_ctl(l->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    moonlet_tls_free(c->tls);
     for (unsigned i = 0; i < c->nfds; i++)
         close(c->fds[i]);
     if (s->on_close)
@@ -804,6 +903,17 @@ static void conn_close(loop *l, conn *c)
 static void conn_on_event(loop *l, conn *c, uint32_t ev)
 {
     size_t queued = out_pending(c);
+    if (c->state == ST_OPEN && tls_handshaking(c)) {
+        tls_advance(c);
+        if (c->dead || tls_handshaking(c)) {
+            settle(c);
+            if (c->dead)
+                conn_close(l, c);
+            return;
+        }
+        /* done (or a plaintext peer): what is waiting is read below */
+        ev |= EPOLLIN;
+    }
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
         if (c->state == ST_LINGER)
             discard_input(c);
@@ -820,6 +930,21 @@ static void conn_on_event(loop *l, conn *c, uint32_t ev)
     }
     if (!c->dead)
         flush_output(c);
+    /* bytes the session decrypted already: epoll will not report them */
+    for (int round = 0; round < TLS_PENDING_ROUNDS && c->tls && !c->dead &&
+                        c->state == ST_OPEN && !c->paused && moonlet_tls_pending(c->tls) > 0;
+         round++) {
+        size_t before = out_pending(c);
+        read_requests(c);
+        if (!c->dead && c->state == ST_OPEN)
+            process_input(c);
+        if (before == 0 && out_pending(c) > 0) {
+            c->sent_ms = now_ms();
+            c->reply_mark = c->out.buf.size;
+        }
+        if (!c->dead)
+            flush_output(c);
+    }
     if ((ev & (EPOLLHUP | EPOLLERR)) && (c->state == ST_DRAIN_OUT || c->state == ST_DETACH) &&
         out_pending(c) > 0)
         c->dead = true; /* the peer is gone: nobody will read the rest */
@@ -850,6 +975,11 @@ static void adopt(loop *l, int fd)
     c->in_cap = IN_BUF_INITIAL;
     c->events = EPOLLIN;
     moonlet_frame_builder_init(&c->out);
+    if (l->s->tls && moonlet_tls_new(l->s->tls, fd, NULL, &c->tls) != 0) {
+        ML_ERR(MOD, "cannot start a TLS session");
+        moonlet_frame_builder_destroy(&c->out);
+        goto fail;
+    }
     e.data.ptr = c;
     if (epoll_ctl(l->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
         ML_ERR(MOD, "epoll_ctl(ADD) failed: %s", strerror(errno));
@@ -900,7 +1030,7 @@ static int64_t conn_deadline(const moonlet_rpc_server *s, const conn *c)
     int64_t d = INT64_MAX;
     if (c->state == ST_LINGER)
         return d; /* expire_lingering() */
-    if (needs_auth(s) && !c->authed)
+    if ((needs_auth(s) && !c->authed) || tls_handshaking(c) || c->tls_refused)
         d = c->accepted_ms + s->auth_timeout_ms;
     if (c->in_len > 0 && c->frame_start_ms + s->frame_timeout_ms < d)
         d = c->frame_start_ms + s->frame_timeout_ms;
@@ -1286,6 +1416,12 @@ static int copy_options(moonlet_rpc_server *s, const moonlet_rpc_server_opts *o)
     s->reply_epoch = o->reply_epoch;
     s->creds = o->creds;
     s->authorize = o->authorize;
+    if (o->tls != NULL && o->unix_path == NULL) {
+        if (!moonlet_tls_ctx_is_server(o->tls))
+            return MOONLET_ERR_INVALID_PARAMS;
+        moonlet_tls_ctx_ref(o->tls);
+        s->tls = o->tls;
+    }
     if (o->auth_token != NULL && o->creds == NULL) {
         s->token_len = o->auth_token_len ? o->auth_token_len : strlen(o->auth_token);
         s->token = malloc(s->token_len + 1);
@@ -1435,6 +1571,7 @@ void moonlet_rpc_server_destroy(moonlet_rpc_server *s)
     free(s->table);
     free(s->calls);
     free(s->methods);
+    moonlet_tls_ctx_unref(s->tls);
     if (s->token)
         memset(s->token, 0, s->token_len);
     free(s->token);

@@ -50,6 +50,17 @@
  * reserved descriptor, backs off, and logs at most one line every few
  * seconds.
  *
+ * TLS (opts.tls, transport/tls.h): every TCP connection is a TLS session;
+ * the handshake runs on the connection's loop like any other I/O and must
+ * finish within auth_timeout_ms of the accept (a deadline whatever the
+ * token).  A peer whose first byte does not open a TLS handshake is a
+ * plaintext client: its first request is answered, in plaintext,
+ * ILLEGAL_CLIENT "this server requires TLS" and the connection closed.  A
+ * handshake that fails (a client certificate missing or not signed by the
+ * CA) closes the connection, with a rate-limited log line.  The token, when
+ * set, is still required inside TLS.  moonlet_rpc_ctx_peer_name() gives a
+ * handler the client certificate's common name.
+ *
  * Locks: the server takes only its own internal locks and never holds one
  * while calling a handler.
  */
@@ -61,6 +72,7 @@
 #include <stdint.h>
 
 #include "rpc_args.h"
+#include "tls.h"
 
 typedef struct moonlet_rpc_server moonlet_rpc_server;
 
@@ -171,6 +183,10 @@ typedef struct moonlet_rpc_server_opts {
     uint64_t max_request_elements;
     /* Elements a BATCH argument (rpc_args.h) may hold; 0: no cap. */
     uint64_t max_batch;
+    /* A server TLS context (tls.h; the server takes a reference): every TCP
+     * connection speaks TLS.  NULL: plaintext, as always.  Ignored with
+     * unix_path. */
+    moonlet_tls_ctx *tls;
 } moonlet_rpc_server_opts;
 
 #define MOONLET_RPC_PRE_AUTH_MAX_FRAME 8192u /* fits AUTH with the longest token file */
@@ -218,8 +234,9 @@ int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx);
 
 /*
  * Takes the connection over: once this request's reply is sent, the server
- * stops serving the connection and calls fn(arg, tag, fd) on the loop thread with
- * its socket (non-blocking, open; fn owns it from then on).  on_close runs
+ * stops serving the connection and calls fn(arg, tag, fd, tls) on the loop
+ * thread with its socket (non-blocking, open; fn owns it from then on) and,
+ * on a TLS server, its session (fn owns it too; NULL without TLS).  on_close runs
  * first, as for a close.  The peer must send nothing behind this request
  * until it has read the reply: data already received behind it closes the
  * connection instead, and a connection whose reply is not taken within
@@ -227,8 +244,15 @@ int moonlet_rpc_ctx_take_fd(moonlet_rpc_ctx *ctx);
  * called then.  Loop thread only.  0, or INVALID_PARAMS (twice, or on a
  * connection that is closing).
  */
-int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx, void (*fn)(void *arg, uint64_t tag, int fd),
+int moonlet_rpc_ctx_detach(moonlet_rpc_ctx *ctx,
+                           void (*fn)(void *arg, uint64_t tag, int fd, moonlet_tls *tls),
                            void *arg, uint64_t tag);
+
+/* The connection's TLS peer: the client certificate's subject common name
+ * ("" when it presented none), or NULL on a connection without TLS.  Valid
+ * during the handler call.  The hook by which a certificate will map to a
+ * role. */
+const char *moonlet_rpc_ctx_peer_name(const moonlet_rpc_ctx *ctx);
 
 /*
  * A handler that packed its result and then has to answer something else

@@ -127,6 +127,15 @@ typedef struct moonlet_client_config {
      * (two halves, copy and network overlapped); 0: 128 MiB; at least 2 MiB.
      * Allocated at the first call that needs it.  See "Device memory". */
     uint64_t gpu_staging_size;
+    /* TLS to the master (docs/deployment.md, "TLS"): PEM files.  tls_ca set
+     * turns TLS on: the master's certificate must be signed by it and name
+     * the address connected to; tls_cert and tls_key are this client's
+     * certificate for a master that requires one (mutual TLS).  NULL: a
+     * plaintext connection, as always.  A file that does not load makes
+     * create fail with INVALID_PARAMS. */
+    const char *tls_ca;
+    const char *tls_cert;
+    const char *tls_key;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */

@@ -139,7 +139,8 @@ class Store(_moonlet.Client):
     def connect(cls, master_addr, protocol="auto", segment_size=0, *, device=None,
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
                 transfer_timeout_ms=0, local_listen_addr=None, checksum=True, http_port=None,
-                http_address=None, gpu_staging_size=0):
+                http_address=None, gpu_staging_size=0, tls_ca=None, tls_cert=None,
+                tls_key=None):
         """Connects to the master at master_addr ("HOST:PORT").  With HA,
         master_addr lists every master: "HOST:PORT,HOST:PORT" or a list of
         "HOST:PORT" strings; the client follows the leader.
@@ -159,6 +160,10 @@ class Store(_moonlet.Client):
                         next replica on a mismatch (StoreError INVALID_READ
                         when none matches).  False skips both (one pass over
                         the bytes less per call).
+        tls_ca:         TLS to the master (None: plaintext): the PEM CA file
+                        the master's certificate must be signed by.
+        tls_cert, tls_key: this client's PEM certificate and key, for a
+                        master that requires client certificates.
         http_port:      None (default): no HTTP endpoint.  A port (0: a free
                         one): this client serves GET /metrics (Prometheus
                         text: puts, gets, bytes, hits, misses, latency
@@ -181,7 +186,8 @@ class Store(_moonlet.Client):
                       replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,
                       checksum=checksum, http_server=http_port is not None,
                       http_port=http_port or 0, http_address=http_address,
-                      gpu_staging_size=gpu_staging_size)
+                      gpu_staging_size=gpu_staging_size, tls_ca=tls_ca, tls_cert=tls_cert,
+                      tls_key=tls_key)
         return self
 
     @classmethod

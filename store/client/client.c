@@ -91,6 +91,7 @@
 #include "monotime.h"
 #include "span.h"
 #include "thread.h"
+#include "tls.h"
 
 #define MOD "client"
 
@@ -126,6 +127,7 @@ struct moonlet_client_be {
     bool tcp_failed;           /* tcp_mu: its creation failed once (logged once) */
     moonlet_xfer_opts tcp_opts; /* strings point into tcp_token */
     char *tcp_token;
+    moonlet_tls_ctx *tls;  /* TLS to the master (config tls_*); NULL: plaintext */
     char *tenant;          /* default tenant; NULL: the master's "default" */
     uint32_t replica_num;
     atomic_bool stage;     /* copying calls use a registered bounce buffer */
@@ -1879,6 +1881,7 @@ static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
     nc.device = cfg->device;
     nc.rdma_tos = cfg->rdma_tos;
     nc.auth_token = cfg->auth_token;
+    nc.tls = c->tls;
     if (cfg->local_listen_addr)
         nc.listen_addr = cfg->local_listen_addr;
     if (node)
@@ -1898,9 +1901,18 @@ static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
 static int client_connect(client_direct *c, const moonlet_client_config *cfg,
                           moonlet_xfer_protocol proto, const moonlet_store_node_config *node)
 {
+    if (node && node->tls) {
+        moonlet_tls_ctx_ref(node->tls);
+        c->tls = node->tls;
+    } else if (cfg->tls_ca || cfg->tls_cert || cfg->tls_key) {
+        moonlet_tls_files tf = {.cert = cfg->tls_cert, .key = cfg->tls_key, .ca = cfg->tls_ca};
+        int trc = moonlet_tls_ctx_create(false, &tf, &c->tls);
+        if (trc)
+            return trc;
+    }
     moonlet_master_client_opts mo = {.timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
                                                          : MOONLET_CLIENT_DEFAULT_TIMEOUT_MS),
-                                     .auth_token = cfg->auth_token};
+                                     .auth_token = cfg->auth_token, .tls = c->tls};
     int rc = moonlet_mc_create(cfg->master_addr, &mo, &c->mc);
     if (rc)
         return rc;
@@ -1980,6 +1992,7 @@ static void direct_destroy(client_direct *c)
     pthread_mutex_destroy(&c->tcp_mu);
     free(c->tcp_token);
     moonlet_mc_destroy(c->mc);
+    moonlet_tls_ctx_unref(c->tls);
     while (c->idle) {
         client_bounce *b = c->idle;
         c->idle = b->next;

@@ -709,7 +709,7 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
     moonlet_master_client_opts mo = {
         .timeout_ms = (int)(cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms
                                                 : MOONLET_STORE_NODE_RPC_TIMEOUT_MS),
-        .auth_token = cfg->auth_token};
+        .auth_token = cfg->auth_token, .tls = cfg->tls};
     rc = moonlet_mc_create(cfg->master_addr, &mo, &n->mc);
     if (rc)
         ML_ERR(MOD, "cannot reach the master at %s: %s", cfg->master_addr, moonlet_strerror(rc));

@@ -91,6 +91,9 @@ typedef struct moonlet_store_node_config {
      * targeting this node while there are none; 0: the default,
      * UINT32_MAX: never (this node takes no repair job). */
     uint32_t repair_poll_ms;
+    /* A client TLS context for the master connection (transport/tls.h; the
+     * node takes a reference); NULL: plaintext. */
+    struct moonlet_tls_ctx *tls;
 } moonlet_store_node_config;
 
 #define MOONLET_STORE_NODE_REPAIR_POLL_MS 200u

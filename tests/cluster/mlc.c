@@ -66,6 +66,7 @@
 
 typedef struct mlc_opts {
     const char *master, *tenant, *prefix, *peer_prefix, *command, *mode, *source_addr;
+    const char *tls_ca, *tls_cert, *tls_key; /* --tls-*: TLS to the master */
     moonlet_protocol protocol;
     uint32_t rpc_timeout_ms, transfer_timeout_ms, replicas, threads, candidate_size;
     uint64_t seed, min_size, max_size, count, start, live_max, lease_ms;
@@ -777,7 +778,7 @@ static void usage(FILE *f)
 enum {
     O_MASTER = 1000, O_TENANT, O_RPC, O_XFER, O_PREFIX, O_COUNT, O_START, O_SEED, O_MIN, O_MAX,
     O_REPL, O_THREADS, O_VERIFY, O_PERKEY, O_MODE, O_CAND, O_SECONDS, O_PEER, O_LIVEMAX, O_LEASE, O_RATE, O_LOG,
-    O_PROTO, O_SRC, O_HELP
+    O_PROTO, O_SRC, O_HELP, O_TLS_CA, O_TLS_CERT, O_TLS_KEY
 };
 
 static int parse_num(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -822,6 +823,9 @@ static int parse_flags(int argc, char **argv)
         {"log-level", required_argument, 0, O_LOG}, {"help", no_argument, 0, O_HELP},
         {"protocol", required_argument, 0, O_PROTO},
         {"source-addr", required_argument, 0, O_SRC},
+        {"tls-ca", required_argument, 0, O_TLS_CA},
+        {"tls-cert", required_argument, 0, O_TLS_CERT},
+        {"tls-key", required_argument, 0, O_TLS_KEY},
         {0, 0, 0, 0},
     };
     g_o = (mlc_opts){.rpc_timeout_ms = 2000, .transfer_timeout_ms = 2000, .replicas = 1,
@@ -836,6 +840,9 @@ static int parse_flags(int argc, char **argv)
         switch (c) {
         case O_MASTER: g_o.master = optarg; break;
         case O_SRC: g_o.source_addr = optarg; break;
+        case O_TLS_CA: g_o.tls_ca = optarg; break;
+        case O_TLS_CERT: g_o.tls_cert = optarg; break;
+        case O_TLS_KEY: g_o.tls_key = optarg; break;
         case O_PROTO:
             if (strcmp(optarg, "tcp") == 0)
                 g_o.protocol = MOONLET_PROTOCOL_TCP;
@@ -945,6 +952,9 @@ int main(int argc, char **argv)
     cfg.master_addr = g_o.master;
     cfg.protocol = g_o.protocol;
     cfg.source_addr = g_o.source_addr;
+    cfg.tls_ca = g_o.tls_ca;
+    cfg.tls_cert = g_o.tls_cert;
+    cfg.tls_key = g_o.tls_key;
     cfg.default_tenant = g_o.tenant;
     cfg.rpc_timeout_ms = g_o.rpc_timeout_ms;
     cfg.transfer_timeout_ms = g_o.transfer_timeout_ms;

@@ -283,7 +283,7 @@ class Cluster:
 
     def __init__(self, build, logdir, stores=3, clients=2, ttl_sec=2, segment_size="256MiB",
                  relay_stores=(), master_args=(), rpc_timeout_ms=1000, transfer_timeout_ms=800,
-                 store_transfer_timeout_ms=2000, log=print):
+                 store_transfer_timeout_ms=2000, log=print, tls=False):
         self.build = build
         self.tag = f"{PREFIX}{os.getpid()}-{random.randrange(16**4):04x}"
         self.logdir = os.path.join(logdir, self.tag)
@@ -310,6 +310,19 @@ class Cluster:
         self._nft = {}            # host -> {"loss": ..., "partition": ...}
         self._torn = False
         self.unclean = {}         # process name -> exit code, filled by teardown()
+        # tls: TLS everywhere on the control plane (mutual): the master, every
+        # store, mlc and moonlet-inspect each with a certificate of a CA made
+        # for this run (tests/python/tlscerts.py) in the run's log dir
+        self.certs = None
+        if tls:
+            import sys
+            sys.path.insert(0, os.path.join(HERE, "..", "python"))
+            import tlscerts
+            self.certs = tlscerts.CertDir(os.path.join(self.logdir, "tls"))
+            self.certs.ca()
+            self.certs.issue("master", "master", [f"IP:{self.ip('master')}"])
+            for name in ("store", "client", "operator"):
+                self.certs.issue(name, name)
 
     # -- names and addresses
     def ns(self, host):
@@ -440,7 +453,8 @@ class Cluster:
     def start_master(self):
         argv = [self.bin("tools/moonlet-master"), "--rpc-address", self.ip("master"),
                 "--rpc-port", str(MASTER_PORT), "--client_live_ttl_sec", str(self.ttl_sec),
-                "--shards", "64", "--log-level", "info", *self.master_args]
+                "--shards", "64", "--log-level", "info", *self.master_args,
+                *(self.certs.flags("master") if self.certs else [])]
         self.master = self.spawn("master", "master", argv)
         self.master.wait_line(r"^listening on ", 10)
         return self.master
@@ -457,7 +471,8 @@ class Cluster:
                 "--client-id", f"store-{i}", "--ping-interval-ms", "200",
                 "--rpc-timeout-ms", "400",
                 "--transfer-timeout-ms", str(self.store_transfer_timeout_ms),
-                "--log-level", "info", *extra]
+                "--log-level", "info", *extra,
+                *(self.certs.flags("store") if self.certs else [])]
         if i in self.relay_stores:
             self._start_relay(i)
             argv += ["--advertise", self.store_endpoint(i)]
@@ -475,8 +490,9 @@ class Cluster:
 
     # -- questions to the master
     def inspect(self, *args, timeout=30.0, check=True):
+        tls = self.certs.flags("operator") if self.certs else []
         p = self.exec("master", [self.bin("tools/moonlet-inspect"), "--master", self.master_addr,
-                                 "--json", *args], timeout=timeout, check=False)
+                                 *tls, "--json", *args], timeout=timeout, check=False)
         if check and p.returncode not in (0, 1):
             raise HarnessError(f"moonlet-inspect {' '.join(args[:3])}: exit {p.returncode}: "
                                f"{p.stderr.strip()}")
@@ -528,6 +544,7 @@ class Cluster:
     # -- clients
     def mlc_argv(self, *args):
         return [self.bin("tests/cluster/mlc"), "--master", self.master_addr,
+                *(self.certs.flags("client") if self.certs else []),
                 "--rpc-timeout-ms", str(self.rpc_timeout_ms),
                 "--transfer-timeout-ms", str(self.transfer_timeout_ms), *map(str, args)]
 

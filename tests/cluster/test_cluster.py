@@ -8,6 +8,8 @@ three store hosts and two client hosts.
   4. slow and lossy links     a delaying relay and nftables loss in front of a store
   5. master restart           the master killed and restarted under load
   6. probe policy             the K3 example with the last candidate's host killed
+  1t. spread over TLS          scenario 1 with TLS on everywhere (mutual TLS:
+                               master, stores, clients and moonlet-inspect)
 
 The master runs with a 2 s liveness TTL; stores ping every 200 ms; clients
 (tests/cluster/mlc) use a 1000 ms RPC and an 800 ms transfer timeout.  Each
@@ -104,7 +106,22 @@ def test_spread_and_replicas(make_cluster):
     """Two client hosts put 1,000 objects each (1 KiB - 4 MiB, two replicas) and
     read every one of the other host's back; each object's replicas sit on two
     different store hosts, and every store host holds a share."""
-    cl = make_cluster(segment_size="1GiB")
+    spread(make_cluster(segment_size="1GiB"), "spread")
+
+
+def test_tls_spread(make_cluster):
+    """Scenario 1 with TLS on everywhere: the master requires client
+    certificates of the run's CA; every store, client and the inspection CLI
+    present one (issue 33)."""
+    cl = make_cluster(segment_size="1GiB", tls=True)
+    # TLS really is on: a plaintext inspection is refused
+    p = cl.exec("master", [cl.bin("tools/moonlet-inspect"), "--master", cl.master_addr,
+                           "segments"], check=False)
+    assert p.returncode == 1 and "requires TLS" in p.stderr, p.stderr
+    spread(cl, "spread_tls")
+
+
+def spread(cl, scenario):
     sizes = ["--min-size", "1KiB", "--max-size", "4MiB", "--seed", "101", "--threads", "4"]
     t0 = time.monotonic()
     puts = [cl.mlc_bg(c, "put", "--prefix", f"spread/c{c}/", "--count", 1000, "--replicas", 2,
@@ -139,7 +156,7 @@ def test_spread_and_replicas(make_cluster):
     assert min(sz) >= 1024 and max(sz) <= 4 << 20
     assert min(sz) < 4096 and max(sz) > 2 << 20  # the whole range is exercised
     total = sum(sz)
-    result("spread", objects=2000, bytes=total, put_s=round(put_s, 2), get_s=round(get_s, 2),
+    result(scenario, objects=2000, bytes=total, put_s=round(put_s, 2), get_s=round(get_s, 2),
            replicas_per_store=[per_store[i] for i in range(3)],
            store_pairs={f"{a}+{b}": n for (a, b), n in sorted(pairs.items())},
            get_p99_ms=[round(r["latency_ms"]["p99"], 1) for r in get_reports])

@@ -33,7 +33,7 @@ static inline int peer_open(moonlet_repl_log *l, const char *who, uint64_t from,
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK); /* as the server hands it over */
-    moonlet_repl_log_stream_attach(l, ticket, sv[0]);
+    moonlet_repl_log_stream_attach(l, ticket, sv[0], NULL);
     return sv[1];
 }
 

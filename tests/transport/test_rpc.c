@@ -163,9 +163,10 @@ static int h_burn(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pack
 static atomic_int g_taken_fd = -1, g_takes;
 static atomic_ullong g_taken_tag;
 
-static void taker(void *arg, uint64_t tag, int fd)
+static void taker(void *arg, uint64_t tag, int fd, moonlet_tls *tls)
 {
     assert_ptr_equal(arg, &g_ctx);
+    assert_null(tls); /* a plaintext server */
     atomic_store(&g_taken_tag, tag);
     atomic_store(&g_taken_fd, fd);
     atomic_fetch_add(&g_takes, 1);

@@ -11,6 +11,13 @@
  *   - the master's RSS growth per stored object (64-byte keys), and that
  *     figure minus the key itself.
  * The table is filled with pipelined PutStart/PutEnd requests.
+ *
+ * --tls measures instead what TLS costs the control plane: two masters of
+ * --small objects side by side, one plaintext and one with mutual TLS
+ * (--tls-cert/--tls-key/--tls-ca; throwaway certificates made in a temp
+ * dir), the calls alternating between them: Echo, BatchExistKey(640), and
+ * a new connection (connect, handshake and one Echo: what a client pays
+ * per connection).  p50/p99 of each and the TLS/plain ratio of the p50s.
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -24,7 +31,10 @@
 #include "methods.h"
 #include "moonlet/error.h"
 #include "rpc_client.h"
+#include "tls.h"
+#include "tls_certs.h"
 #include "wire.h"
+#include <unistd.h>
 
 #define KEY_BYTES 64
 
@@ -72,31 +82,154 @@ static int exist_once(moonlet_master_client *mc, uint64_t nobjects, unsigned *se
 }
 
 /* A master of its own, with a segment mounted; connections in *mc and *c. */
-static int side_start(bench_master *bm, uint64_t objects, moonlet_master_client **mc,
-                      moonlet_rpc_client **c)
+static int side_start(bench_master *bm, const char *const *args, moonlet_tls_ctx *tls,
+                      uint64_t objects, moonlet_master_client **mc, moonlet_rpc_client **c)
 {
-    if (bench_master_start(bm, NULL)) {
+    if (bench_master_start(bm, args)) {
         fprintf(stderr, "moonlet-bench: cannot start moonlet-master\n");
         return -1;
     }
     moonlet_segment_desc seg = {.client_id = "bench", .segment_id = "bench-seg", .name = "bench",
                                 .size = (objects * 64) * 2 + (1u << 20),
                                 .endpoint = "127.0.0.1:1", .protocol = "tcp"};
-    if (moonlet_mc_create(bm->addr, NULL, mc) ||
-        moonlet_rpc_client_connect("127.0.0.1", bm->port, NULL, c) ||
+    moonlet_master_client_opts mo = {.tls = tls};
+    moonlet_rpc_client_opts ro = {.tls = tls};
+    if (moonlet_mc_create(bm->addr, &mo, mc) ||
+        moonlet_rpc_client_connect("127.0.0.1", bm->port, &ro, c) ||
         moonlet_mc_mount_segment(*mc, &seg))
         return -1;
     return 0;
 }
 
+/* One Echo on c; its latency (us) into s. */
+static int echo_once(moonlet_rpc_client *c, bench_samples *s)
+{
+    uint64_t t0 = bench_now_ns();
+    moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+    int rc = moonlet_rpc_client_call_code(c);
+    bench_samples_add(s, (double)(bench_now_ns() - t0) / 1000.0);
+    return rc;
+}
+
+/* A new connection and one Echo on it, then closed; latency (us) into s. */
+static int connect_once(uint16_t port, moonlet_tls_ctx *tls, bench_samples *s)
+{
+    uint64_t t0 = bench_now_ns();
+    moonlet_rpc_client_opts ro = {.tls = tls};
+    moonlet_rpc_client *c = NULL;
+    int rc = moonlet_rpc_client_connect("127.0.0.1", port, &ro, &c);
+    if (!rc) {
+        moonlet_rpc_client_begin(c, MOONLET_M_ECHO, 0);
+        rc = moonlet_rpc_client_call_code(c);
+    }
+    moonlet_rpc_client_close(c);
+    bench_samples_add(s, (double)(bench_now_ns() - t0) / 1000.0);
+    return rc;
+}
+
+static void add_pair(cJSON *root, const char *name, bench_samples *plain, bench_samples *tls)
+{
+    char n[96];
+    snprintf(n, sizeof(n), "%s_plain", name);
+    bench_json_latency(root, n, plain);
+    snprintf(n, sizeof(n), "%s_tls", name);
+    bench_json_latency(root, n, tls);
+    snprintf(n, sizeof(n), "%s_p50_ratio_tls_over_plain", name);
+    cJSON_AddNumberToObject(root, n, bench_percentile(tls, 50) / bench_percentile(plain, 50));
+}
+
+/* --tls: plaintext and mutual-TLS masters side by side. */
+static int rpc_tls_main(uint64_t small, int calls, int json)
+{
+    char dir[] = "/tmp/moonlet-bench-tls-XXXXXX";
+    char ca[96], cert[96], key[96], ccert[96], ckey[96], cakey[96];
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+    snprintf(cakey, sizeof(cakey), "%s/ca.key", dir);
+    snprintf(cert, sizeof(cert), "%s/server.pem", dir);
+    snprintf(key, sizeof(key), "%s/server.key", dir);
+    snprintf(ccert, sizeof(ccert), "%s/client.pem", dir);
+    snprintf(ckey, sizeof(ckey), "%s/client.key", dir);
+    bench_master plain_m = {0}, tls_m = {0};
+    moonlet_master_client *mc_p = NULL, *mc_t = NULL;
+    moonlet_rpc_client *c_p = NULL, *c_t = NULL;
+    moonlet_tls_ctx *cx = NULL;
+    bench_samples e_p = {0}, e_t = {0}, x_p = {0}, x_t = {0}, k_p = {0}, k_t = {0};
+    int rc = 1;
+    const char *tls_args[] = {"--rpc-address", "127.0.0.1", "--tls-cert", cert, "--tls-key", key,
+                              "--tls-ca", ca, NULL};
+    moonlet_tls_files cf = {.cert = ccert, .key = ckey, .ca = ca};
+    if (tls_certs_ca(dir, "ca", "moonlet bench CA") ||
+        tls_certs_issue(dir, "ca", "server", "bench-master", "IP:127.0.0.1") ||
+        tls_certs_issue(dir, "ca", "client", "bench-client", NULL) ||
+        moonlet_tls_ctx_create(false, &cf, &cx)) {
+        fprintf(stderr, "moonlet-bench rpc: cannot make the TLS certificates\n");
+        goto out;
+    }
+    if (side_start(&plain_m, NULL, NULL, small, &mc_p, &c_p) ||
+        side_start(&tls_m, tls_args, cx, small, &mc_t, &c_t) || fill(c_p, 0, small) ||
+        fill(c_t, 0, small))
+        goto out;
+    unsigned seed_p = 1, seed_t = 1;
+    for (int i = 0; i < calls * 2; i++) /* alternating, so drift hits both alike */
+        if (echo_once(c_p, &e_p) || echo_once(c_t, &e_t))
+            goto out;
+    for (int i = 0; i < calls; i++)
+        if (exist_once(mc_p, small, &seed_p, &x_p) || exist_once(mc_t, small, &seed_t, &x_t))
+            goto out;
+    for (int i = 0; i < calls / 4 + 10; i++)
+        if (connect_once(plain_m.port, NULL, &k_p) || connect_once(tls_m.port, cx, &k_t))
+            goto out;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "tls", "TLS 1.3, mutual, EC P-256 certificates (OpenSSL)");
+    cJSON_AddNumberToObject(root, "objects", (double)small);
+    add_pair(root, "echo", &e_p, &e_t);
+    add_pair(root, "batch_exist_640", &x_p, &x_t);
+    add_pair(root, "connect_and_echo", &k_p, &k_t);
+    if (json) {
+        bench_print_json(root);
+    } else {
+        printf("p50 plain / TLS: echo %.1f / %.1f us; BatchExistKey(640) %.1f / %.1f us; "
+               "connect+echo %.1f / %.1f us\n",
+               bench_percentile(&e_p, 50), bench_percentile(&e_t, 50),
+               bench_percentile(&x_p, 50), bench_percentile(&x_t, 50),
+               bench_percentile(&k_p, 50), bench_percentile(&k_t, 50));
+        cJSON_Delete(root);
+    }
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "moonlet-bench rpc --tls: failed\n");
+    bench_samples_free(&e_p);
+    bench_samples_free(&e_t);
+    bench_samples_free(&x_p);
+    bench_samples_free(&x_t);
+    bench_samples_free(&k_p);
+    bench_samples_free(&k_t);
+    moonlet_rpc_client_close(c_p);
+    moonlet_rpc_client_close(c_t);
+    moonlet_mc_destroy(mc_p);
+    moonlet_mc_destroy(mc_t);
+    moonlet_tls_ctx_unref(cx);
+    bench_master_stop(&plain_m);
+    bench_master_stop(&tls_m);
+    const char *const files[] = {ca, cakey, cert, key, ccert, ckey};
+    for (int i = 0; i < 6; i++)
+        unlink(files[i]);
+    rmdir(dir);
+    return rc;
+}
+
 int bench_rpc_main(int argc, char **argv)
 {
     uint64_t objects = 1000000, small = 10000;
-    int calls = 1000, json = 0;
+    int calls = 1000, json = 0, tls = 0;
     static const struct option opts[] = {
         {"objects", required_argument, 0, 'n'}, {"small", required_argument, 0, 's'},
         {"calls", required_argument, 0, 'c'},   {"json", no_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0},
+        {"help", no_argument, 0, 'h'},          {"tls", no_argument, 0, 't'},
+        {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -105,8 +238,10 @@ int bench_rpc_main(int argc, char **argv)
         case 's': small = strtoull(optarg, NULL, 10); break;
         case 'c': calls = atoi(optarg); break;
         case 'j': json = 1; break;
+        case 't': tls = 1; break;
         case 'h':
-            printf("usage: moonlet-bench rpc [--objects N] [--small N] [--calls N] [--json]\n");
+            printf("usage: moonlet-bench rpc [--objects N] [--small N] [--calls N] [--json] "
+                   "[--tls]\n");
             return 0;
         default: return 2;
         }
@@ -115,13 +250,16 @@ int bench_rpc_main(int argc, char **argv)
         fprintf(stderr, "moonlet-bench rpc: need 640 <= --small <= --objects and --calls >= 10\n");
         return 2;
     }
+    if (tls)
+        return rpc_tls_main(small, calls, json);
 
     bench_master small_m = {0}, large_m = {0};
     int rc = 1;
     moonlet_master_client *mc_s = NULL, *mc_l = NULL;
     moonlet_rpc_client *c_s = NULL, *c_l = NULL;
     bench_samples echo = {0}, ex_small = {0}, ex_large = {0};
-    if (side_start(&small_m, small, &mc_s, &c_s) || side_start(&large_m, objects, &mc_l, &c_l))
+    if (side_start(&small_m, NULL, NULL, small, &mc_s, &c_s) ||
+        side_start(&large_m, NULL, NULL, objects, &mc_l, &c_l))
         goto out;
 
     for (int i = 0; i < calls * 2; i++) {

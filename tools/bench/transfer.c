@@ -13,7 +13,11 @@
  * >= 0.70).  The same rounds also run with the client's end-to-end checksum
  * (an XXH3-64 pass over the bytes before a write, after a read, as
  * store/client/client.c does by default), side by side, so its cost is read off
- * one run.
+ * one run.  With --tls the rounds also stream the same chunks through a
+ * TLS session (transport/tls.c over a loopback socket, mutual TLS with
+ * certificates made at start in a temp dir), beside the plain stream: the
+ * cost TLS would add to a TCP byte stream (the data plane itself has no TLS;
+ * docs/deployment.md says when that matters).
  *
  * --protocol rdma serves on --listen-addr (an RDMA interface's address) and
  * binds the client to --source-addr; there is no plain-socket stream then
@@ -41,6 +45,8 @@
 #include "writecap.h"
 #include "xfer.h"
 #include "monotime.h"
+#include "tls.h"
+#include "tls_certs.h"
 
 #include <xxhash.h>
 
@@ -62,6 +68,7 @@ typedef struct bench_cfg {
     int rounds;
     uint64_t segment_bytes;
     int server_threads;
+    bool tls;                /* --tls: a TLS stream beside the plain one */
 } bench_cfg;
 
 typedef struct bench_ctx {
@@ -72,6 +79,7 @@ typedef struct bench_ctx {
     moonlet_segment_mem local;
     moonlet_xfer_segment_info info;
     moonlet_xfer_cap cap; /* every write carries it: the node checks it, as a store node does */
+    moonlet_tls_ctx *tls_server, *tls_client; /* --tls */
 } bench_ctx;
 
 /* Defeats dead-code elimination of the checksum passes. */
@@ -80,6 +88,7 @@ static volatile uint64_t bench_ck_sink;
 typedef struct bench_point {
     double read_gbps, write_gbps, plain_gbps;
     double read_ck_gbps, write_ck_gbps; /* with the end-to-end checksum pass */
+    double tls_gbps;                    /* --tls: the TLS stream */
 } bench_point;
 
 static int bench_cmp_double(const void *a, const void *b)
@@ -133,6 +142,8 @@ static int bench_parse(int argc, char **argv, bench_cfg *c)
         } else if (strcmp(argv[i], "--source-addr") == 0 && next) {
             c->source_addr = next;
             i++;
+        } else if (strcmp(argv[i], "--tls") == 0) {
+            c->tls = true;
         } else if (strcmp(argv[i], "--server-threads") == 0 &&
                    bench_parse_int(next, 1, 256, &v) == 0) {
             c->server_threads = v;
@@ -140,7 +151,7 @@ static int bench_parse(int argc, char **argv, bench_cfg *c)
         } else {
             fprintf(stderr, "usage: %s [--json] [--rounds N<=%d] [--segment-mib N>=32] "
                     "[--server-threads N] [--protocol tcp|rdma] [--listen-addr IP] "
-                    "[--source-addr IP]\n", argv[0], BENCH_MAX_ROUNDS);
+                    "[--source-addr IP] [--tls]\n", argv[0], BENCH_MAX_ROUNDS);
             return -1;
         }
     }
@@ -315,12 +326,95 @@ double moonlet_bench_plain_gbps(uint8_t *src, uint8_t *dst, uint64_t size, uint6
     return (double)moved / (t - t0) / 1e9;
 }
 
+/* ---- TLS socket stream -------------------------------------------------- */
+
+typedef struct tls_sender {
+    plain_sender p;
+    moonlet_tls_ctx *ctx;
+} tls_sender;
+
+static void *tls_sender_main(void *arg)
+{
+    tls_sender *s = arg;
+    moonlet_tls *t = NULL;
+    uint64_t by = moonlet_mono_ms() + 10000;
+    if (moonlet_tls_new(s->ctx, s->p.fd, NULL, &t) == 0 && moonlet_tls_handshake_by(t, by) == 0)
+        for (uint64_t c = 0; c < s->p.chunks; c++)
+            if (moonlet_tls_io_by(t, true, (void *)s->p.buf, s->p.size,
+                                  moonlet_mono_ms() + 10000))
+                break;
+    moonlet_tls_free(t);
+    return NULL;
+}
+
+/* As moonlet_bench_plain_gbps, through a TLS session (server side sending). */
+static double bench_tls_gbps(bench_ctx *b, uint8_t *src, uint8_t *dst, uint64_t size,
+                             uint64_t bytes)
+{
+    int tx, rx;
+    if (plain_pair(&tx, &rx))
+        return -1;
+    tls_sender s = {.p = {.fd = tx, .buf = src, .size = size, .chunks = bytes / size},
+                    .ctx = b->tls_server};
+    pthread_t th;
+    if (pthread_create(&th, NULL, tls_sender_main, &s)) {
+        close(tx);
+        close(rx);
+        return -1;
+    }
+    moonlet_tls *t = NULL;
+    double rate = -1;
+    if (moonlet_tls_new(b->tls_client, rx, "127.0.0.1", &t) == 0 &&
+        moonlet_tls_handshake_by(t, moonlet_mono_ms() + 10000) == 0) {
+        double t0 = moonlet_mono_s(), now = t0;
+        uint64_t moved = 0;
+        while (moved < bytes && now - t0 < BENCH_ROUND_CAP_S &&
+               moonlet_tls_io_by(t, false, dst, (size_t)size, moonlet_mono_ms() + 10000) == 0) {
+            moved += size;
+            now = moonlet_mono_s();
+        }
+        rate = (double)moved / (now - t0) / 1e9;
+    }
+    shutdown(rx, SHUT_RDWR);
+    shutdown(tx, SHUT_RDWR); /* a sender blocked in send() (a round cut short) */
+    pthread_join(th, NULL);
+    moonlet_tls_free(t);
+    close(tx);
+    close(rx);
+    return rate;
+}
+
+/* Throwaway certificates in a temp dir (removed once loaded). */
+static int bench_tls_setup(bench_ctx *b)
+{
+    char dir[] = "/tmp/moonlet-bench-tls-XXXXXX";
+    if (!mkdtemp(dir))
+        return -1;
+    char p[8][96];
+    static const char *const f[] = {"ca.pem", "ca.key", "server.pem", "server.key", "client.pem",
+                                    "client.key"};
+    for (int i = 0; i < 6; i++)
+        snprintf(p[i], sizeof(p[i]), "%s/%s", dir, f[i]);
+    int rc = tls_certs_ca(dir, "ca", "moonlet bench CA") ||
+             tls_certs_issue(dir, "ca", "server", "bench-server", "IP:127.0.0.1") ||
+             tls_certs_issue(dir, "ca", "client", "bench-client", NULL);
+    moonlet_tls_files sf = {.cert = p[2], .key = p[3], .ca = p[0]};
+    moonlet_tls_files cf = {.cert = p[4], .key = p[5], .ca = p[0]};
+    if (!rc)
+        rc = moonlet_tls_ctx_create(true, &sf, &b->tls_server) ||
+             moonlet_tls_ctx_create(false, &cf, &b->tls_client);
+    for (int i = 0; i < 6; i++)
+        unlink(p[i]);
+    rmdir(dir);
+    return rc ? -1 : 0;
+}
+
 /* ---- measuring ---------------------------------------------------------- */
 
 static int bench_point_measure(bench_ctx *b, int k, uint8_t *plain_dst, bench_point *p)
 {
     double rd[BENCH_MAX_ROUNDS], wr[BENCH_MAX_ROUNDS], pl[BENCH_MAX_ROUNDS];
-    double rdc[BENCH_MAX_ROUNDS], wrc[BENCH_MAX_ROUNDS];
+    double rdc[BENCH_MAX_ROUNDS], wrc[BENCH_MAX_ROUNDS], tl[BENCH_MAX_ROUNDS];
     uint64_t size = bench_sizes[k], bytes = bench_round_bytes[k];
     for (int r = 0; r < b->cfg.rounds; r++) { /* interleaved so drift hits all of them */
         rd[r] = bench_xfer_round(b, MOONLET_XFER_READ, size, bytes, false);
@@ -330,7 +424,8 @@ static int bench_point_measure(bench_ctx *b, int k, uint8_t *plain_dst, bench_po
         pl[r] = b->cfg.protocol == MOONLET_XFER_RDMA
                     ? 0 /* the baseline is perftest's, measured beside */
                     : moonlet_bench_plain_gbps(b->local.base, plain_dst, size, bytes);
-        if (rd[r] < 0 || wr[r] < 0 || pl[r] < 0 || rdc[r] < 0 || wrc[r] < 0)
+        tl[r] = b->cfg.tls ? bench_tls_gbps(b, b->local.base, plain_dst, size, bytes) : 0;
+        if (rd[r] < 0 || wr[r] < 0 || pl[r] < 0 || rdc[r] < 0 || wrc[r] < 0 || tl[r] < 0)
             return -1;
     }
     p->read_gbps = bench_median(rd, b->cfg.rounds);
@@ -338,6 +433,7 @@ static int bench_point_measure(bench_ctx *b, int k, uint8_t *plain_dst, bench_po
     p->read_ck_gbps = bench_median(rdc, b->cfg.rounds);
     p->write_ck_gbps = bench_median(wrc, b->cfg.rounds);
     p->plain_gbps = bench_median(pl, b->cfg.rounds);
+    p->tls_gbps = bench_median(tl, b->cfg.rounds);
     return 0;
 }
 
@@ -370,8 +466,14 @@ static double bench_xxh3_gbps(bench_ctx *b, int rounds)
     return bench_median(v, rounds);
 }
 
-static void bench_print_table(const bench_point *pts, double secs)
+static void bench_print_table(const bench_point *pts, double secs, bool tls)
 {
+    if (tls) {
+        printf("%10s %12s %12s %8s\n", "size", "plain GB/s", "tls GB/s", "tls/pl");
+        for (int k = 0; k < BENCH_NSIZES; k++)
+            printf("%10llu %12.3f %12.3f %8.2f\n", (unsigned long long)bench_sizes[k],
+                   pts[k].plain_gbps, pts[k].tls_gbps, pts[k].tls_gbps / pts[k].plain_gbps);
+    }
     printf("%10s %12s %12s %12s %8s %8s %12s %12s\n", "size", "read GB/s", "write GB/s",
            "plain GB/s", "rd/pl", "wr/pl", "read+ck", "write+ck");
     for (int k = 0; k < BENCH_NSIZES; k++)
@@ -400,6 +502,8 @@ static void bench_print_json(bench_ctx *b, const bench_point *pts, double secs, 
         cJSON_AddNumberToObject(r, "plain_socket_gbps", pts[k].plain_gbps);
         cJSON_AddNumberToObject(r, "read_checksum_gbps", pts[k].read_ck_gbps);
         cJSON_AddNumberToObject(r, "write_checksum_gbps", pts[k].write_ck_gbps);
+        if (b->cfg.tls)
+            cJSON_AddNumberToObject(r, "tls_socket_gbps", pts[k].tls_gbps);
         cJSON_AddItemToArray(arr, r);
     }
     const bench_point *big = &pts[BENCH_NSIZES - 1];
@@ -436,6 +540,10 @@ int moonlet_bench_transfer(int argc, char **argv)
         moonlet_log_set_level(MOONLET_LOG_WARN);
     double t0 = moonlet_mono_s();
     int rc = bench_setup(&b);
+    if (rc == 0 && b.cfg.tls && bench_tls_setup(&b)) {
+        fprintf(stderr, "moonlet-bench transfer: cannot set up TLS\n");
+        rc = MOONLET_ERR_INTERNAL_ERROR;
+    }
     uint8_t *plain_dst = malloc(bench_sizes[BENCH_NSIZES - 1]);
     bench_point pts[BENCH_NSIZES];
     if (!plain_dst)
@@ -451,9 +559,11 @@ int moonlet_bench_transfer(int argc, char **argv)
         if (b.cfg.json)
             bench_print_json(&b, pts, moonlet_mono_s() - t0, lat_us);
         else
-            bench_print_table(pts, moonlet_mono_s() - t0);
+            bench_print_table(pts, moonlet_mono_s() - t0, b.cfg.tls);
     }
     free(plain_dst);
+    moonlet_tls_ctx_unref(b.tls_server);
+    moonlet_tls_ctx_unref(b.tls_client);
     bench_teardown(&b);
     return rc ? 1 : 0;
 }

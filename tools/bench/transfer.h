@@ -10,6 +10,9 @@
  *   --rounds N         rounds per measurement (median reported; default 5)
  *   --segment-mib N    served segment size (default 1024)
  *   --server-threads N serving pool size (default 4)
+ *   --tls              also a TLS socket stream (transport/tls.c, mutual TLS
+ *                      with throwaway certificates) beside the plain one: what
+ *                      TLS costs a TCP byte stream at each size
  * Returns 0, 1 on a failed transfer, 2 on bad flags. */
 int moonlet_bench_transfer(int argc, char **argv);
 

@@ -8,6 +8,7 @@
  * wrong port or a refused token all show here, before any command runs.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "log.h"
 #include "moonlet/error.h"
 #include "moonlet/types.h"
+#include "tls.h"
 #include "token.h"
 
 void inspect_error(const char *fmt, ...)
@@ -40,13 +42,35 @@ int inspect_rpc_failed(const char *what, int rc)
     return INSPECT_EXIT_RUNTIME;
 }
 
+int inspect_tls(const inspect_opts *o, moonlet_tls_ctx **out)
+{
+    *out = NULL;
+    if (!o->tls_ca && !o->tls_cert && !o->tls_key)
+        return INSPECT_EXIT_OK;
+    if (!o->tls_ca || !o->tls_cert != !o->tls_key) {
+        inspect_error("--tls-ca is required with TLS, and --tls-cert and --tls-key go together");
+        return INSPECT_EXIT_USAGE;
+    }
+    moonlet_tls_files f = {.cert = o->tls_cert, .key = o->tls_key, .ca = o->tls_ca};
+    if (moonlet_tls_ctx_create(false, &f, out) != MOONLET_OK) {
+        inspect_error("--tls-ca/--tls-cert/--tls-key: the files do not load (see above)");
+        return INSPECT_EXIT_USAGE;
+    }
+    return INSPECT_EXIT_OK;
+}
+
 int inspect_connect(const inspect_opts *o, moonlet_master_client **out)
 {
     char *token = NULL;
+    moonlet_tls_ctx *tls = NULL;
+    int tex = inspect_tls(o, &tls);
+    if (tex)
+        return tex;
     if (o->token_file) {
         FILE *f = fopen(o->token_file, "r");
         if (!f) {
             inspect_error("--auth-token-file %s: %s", o->token_file, strerror(errno));
+            moonlet_tls_ctx_unref(tls);
             return INSPECT_EXIT_USAGE;
         }
         fclose(f);
@@ -57,12 +81,15 @@ int inspect_connect(const inspect_opts *o, moonlet_master_client **out)
         moonlet_log_set_level(level);
         if (rc != MOONLET_OK) {
             inspect_error("--auth-token-file %s: no token in its first line", o->token_file);
+            moonlet_tls_ctx_unref(tls);
             return INSPECT_EXIT_USAGE;
         }
     }
-    moonlet_master_client_opts mo = {.timeout_ms = 10000, .auth_token = token};
+    moonlet_master_client_opts mo = {.timeout_ms = 10000, .auth_token = token, .tls = tls};
     int rc = moonlet_mc_create(o->master, &mo, out);
     moonlet_token_free(token);
+    bool used_tls = tls != NULL;
+    moonlet_tls_ctx_unref(tls); /* the client holds its own reference */
     switch (rc) {
     case MOONLET_OK:
         return INSPECT_EXIT_OK;
@@ -71,7 +98,9 @@ int inspect_connect(const inspect_opts *o, moonlet_master_client **out)
         return INSPECT_EXIT_USAGE;
     case MOONLET_ERR_ILLEGAL_CLIENT:
         inspect_error("the master at %s refused the connection: %s (wrong or missing "
-                      "--auth-token-file?)", o->master, moonlet_strerror(rc));
+                      "--auth-token-file%s?)", o->master, moonlet_strerror(rc),
+                      used_tls ? ", or a client certificate it does not accept"
+                          : ", or a master that requires TLS (--tls-ca)");
         return INSPECT_EXIT_RUNTIME;
     default:
         inspect_error("cannot connect to the master at %s: %s (%d)", o->master,

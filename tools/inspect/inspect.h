@@ -50,6 +50,7 @@ typedef struct inspect_opts {
     const char *master;       /* "HOST:PORT" */
     const char *tenant;       /* NULL: the default tenant */
     const char *token_file;   /* NULL: no authentication */
+    const char *tls_ca, *tls_cert, *tls_key; /* TLS to the master (--tls-*); NULL: plaintext */
     bool json;                /* one JSON document per command */
     /* keys */
     const char *prefix;       /* NULL: every key */
@@ -73,6 +74,10 @@ const char *inspect_tenant(const inspect_opts *o);
  * exit code after printing one line: RUNTIME when the master cannot be
  * reached or refuses the token, USAGE for a bad address or token file. */
 int inspect_connect(const inspect_opts *o, moonlet_master_client **out);
+/* The TLS context of --tls-ca/--tls-cert/--tls-key (*out NULL without
+ * them).  Returns 0, or USAGE after printing one line. */
+struct moonlet_tls_ctx;
+int inspect_tls(const inspect_opts *o, struct moonlet_tls_ctx **out);
 /* Reports a failed RPC ("<what>: <ERROR_NAME> (code)") and returns RUNTIME. */
 int inspect_rpc_failed(const char *what, int rc);
 

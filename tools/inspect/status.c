@@ -15,6 +15,7 @@
 #include "inspect.h"
 #include "log.h"
 #include "moonlet/error.h"
+#include "tls.h"
 #include "token.h"
 
 static const inspect_col STATUS_COLS[] = {
@@ -32,6 +33,12 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
         inspect_error("--auth-token-file %s: no token in its first line", o->token_file);
         return INSPECT_EXIT_USAGE;
     }
+    moonlet_tls_ctx *tls = NULL;
+    int tex = inspect_tls(o, &tls);
+    if (tex) {
+        moonlet_token_free(token);
+        return tex;
+    }
     char *list = strdup(o->master), *save = NULL;
     cJSON *doc = cJSON_CreateObject();
     cJSON *arr = doc ? cJSON_AddArrayToObject(doc, "masters") : NULL;
@@ -42,10 +49,11 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
         cJSON_Delete(doc);
         inspect_table_free(t);
         moonlet_token_free(token);
+        moonlet_tls_ctx_unref(tls);
         inspect_error("out of memory");
         return INSPECT_EXIT_RUNTIME;
     }
-    moonlet_master_client_opts mo = {.timeout_ms = 3000, .auth_token = token};
+    moonlet_master_client_opts mo = {.timeout_ms = 3000, .auth_token = token, .tls = tls};
     unsigned answered = 0;
     uint64_t leader_epoch = 0;
     char leader[256] = "";
@@ -111,6 +119,7 @@ int inspect_cmd_status(const inspect_opts *o, int argc, char **argv)
     }
     free(list);
     moonlet_token_free(token);
+    moonlet_tls_ctx_unref(tls);
     cJSON_AddStringToObject(doc, "leader", leader);
     inspect_json_add_u64(doc, "epoch", leader_epoch);
     int ret = answered ? INSPECT_EXIT_OK : INSPECT_EXIT_RUNTIME;
