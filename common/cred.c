@@ -39,6 +39,7 @@ void moonlet_cred_set_free(moonlet_cred_set *s)
         for (size_t t = 0; t < s->v[i].ntenants; t++)
             free(s->v[i].tenants[t]);
         free(s->v[i].tenants);
+        free(s->v[i].cn);
         sodium_memzero(s->v[i].hash, sizeof(s->v[i].hash));
     }
     free(s->v);
@@ -185,7 +186,12 @@ int moonlet_cred_parse_line(moonlet_cred_set *s, const char *text, unsigned line
         return MOONLET_ERR_INTERNAL_ERROR;
     c->roles = mask;
     c->line = line;
-    if (tok_len == 7 + 2 * MOONLET_CRED_HASH_BYTES && strncmp(tok, "sha256:", 7) == 0) {
+    if (tok_len > 3 && strncmp(tok, "cn:", 3) == 0) { /* a client certificate's name */
+        if (!(c->cn = strndup(tok + 3, tok_len - 3))) {
+            s->n--;
+            return MOONLET_ERR_INTERNAL_ERROR;
+        }
+    } else if (tok_len == 7 + 2 * MOONLET_CRED_HASH_BYTES && strncmp(tok, "sha256:", 7) == 0) {
         for (size_t i = 0; i < MOONLET_CRED_HASH_BYTES; i++) {
             int hi = hexval(tok[7 + 2 * i]), lo = hexval(tok[8 + 2 * i]);
             if (hi < 0 || lo < 0) {
@@ -271,11 +277,21 @@ const moonlet_cred *moonlet_cred_find(const moonlet_cred_set *s, const void *tok
     const moonlet_cred *found = NULL;
     for (size_t i = 0; i < s->n; i++) { /* every one, whatever matched */
         bool eq = sodium_memcmp(h, s->v[i].hash, sizeof(h)) == 0;
-        if (eq && !found)
+        if (eq && !found && !s->v[i].cn)
             found = &s->v[i];
     }
     sodium_memzero(h, sizeof(h));
     return found;
+}
+
+const moonlet_cred *moonlet_cred_find_cn(const moonlet_cred_set *s, const char *cn)
+{
+    if (!s || !cn || !*cn)
+        return NULL;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->v[i].cn && strcmp(s->v[i].cn, cn) == 0)
+            return &s->v[i];
+    return NULL;
 }
 
 bool moonlet_cred_tenant_ok(const moonlet_cred *c, const char *tenant, size_t len)

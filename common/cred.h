@@ -9,13 +9,17 @@
  *   sha256:5e884898da28047151d0e56f...  client           tenant-a,tenant-b
  *   node-secret-1                       node
  *   sha256:...                          operator,reader
+ *   cn:search-engines                   client           search
  *
  * The first field is the token itself or "sha256:" and the 64 hex digits of
  * its SHA-256 (`printf %s "$TOKEN" | sha256sum`), so the file need not hold
  * any secret the master does not have to know.  ROLES is a comma-separated
  * list of client, node, peer, operator, reader (or "all").  TENANTS, when
  * present, limits the credential to those tenants ("default" is the tenant
- * of calls that name none; "*" means any).  Blank lines and '#' comments are
+ * of calls that name none; "*" means any).  "cn:NAME" instead of a token is
+ * the TLS client certificate whose common name is NAME, once the server
+ * verified it against its CA (a connection over TLS that presents no token
+ * acts under it; moonlet_cred_find_cn).  Blank lines and '#' comments are
  * skipped; anything else that does not parse is an error naming the line
  * (never its token).
  *
@@ -51,7 +55,9 @@
 #define MOONLET_CRED_MAC_BYTES 32u   /* HMAC-SHA-256 */
 
 typedef struct moonlet_cred {
-    uint8_t hash[MOONLET_CRED_HASH_BYTES]; /* SHA-256 of the token */
+    uint8_t hash[MOONLET_CRED_HASH_BYTES]; /* SHA-256 of the token (zero for a cn: one) */
+    char *cn; /* "cn:NAME" lines: the common name of a TLS client certificate the
+               * server verified against its CA; NULL: a token's credential */
     uint32_t roles;                        /* MOONLET_ROLE_* bits */
     unsigned line;                         /* its line in the file (0: added in code) */
     char **tenants;                        /* the tenants it may name; NULL: any */
@@ -88,6 +94,10 @@ int moonlet_cred_add_token(moonlet_cred_set *s, const void *token, size_t len, u
 /* The credential of a presented token, or NULL.  Compares with every
  * credential, whatever matched, in time that depends on the set's size only. */
 const moonlet_cred *moonlet_cred_find(const moonlet_cred_set *s, const void *token, size_t len);
+
+/* The credential of a verified TLS client certificate whose common name is
+ * cn (a "cn:NAME" line), or NULL.  Names are not secrets: a plain compare. */
+const moonlet_cred *moonlet_cred_find_cn(const moonlet_cred_set *s, const char *cn);
 
 /* Whether credential c may name `tenant` (len bytes; empty means "default"). */
 bool moonlet_cred_tenant_ok(const moonlet_cred *c, const char *tenant, size_t len);

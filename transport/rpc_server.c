@@ -427,7 +427,9 @@ static void call_handler(conn *c, const moonlet_rpc_method *m, const moonlet_req
 
 /* Handles MOONLET_RPC_AUTH; with no token configured any AUTH is accepted.
  * With credentials, the token's credential is the connection's from then on
- * (a second AUTH may change it, never to one it does not hold the token of). */
+ * (a second AUTH may change it, never to one it does not hold the token of);
+ * an empty token over TLS takes the credential of the client certificate
+ * the handshake verified ("cn:NAME" lines), if there is one. */
 static void serve_auth(conn *c, const moonlet_request *req)
 {
     moonlet_rpc_server *s = c->loop->s;
@@ -440,6 +442,9 @@ static void serve_auth(conn *c, const moonlet_request *req)
     bool one = moonlet_wire_len(req->args) == 1 && moonlet_wire_str(req->args, 0, &tok, &len) == 0;
     if (one && s->creds) {
         const moonlet_cred *cr = moonlet_cred_find(s->creds, tok, len);
+        /* no token: the credential of the client certificate TLS verified */
+        if (!cr && len == 0 && c->tls)
+            cr = moonlet_cred_find_cn(s->creds, moonlet_tls_peer_name(c->tls));
         if (cr) {
             c->authed = true;
             c->cred = cr;

@@ -56,6 +56,32 @@ static void test_lines(void **state)
     moonlet_cred_set_free(s);
 }
 
+/* "cn:NAME" lines: a verified TLS client certificate's common name; never
+ * found by a token (not even by "cn:NAME" sent as one). */
+static void test_certificate_names(void **state)
+{
+    (void)state;
+    moonlet_cred_set *s = moonlet_cred_set_new();
+    assert_int_equal(moonlet_cred_parse_line(s, "cn:engine-1 client tenant-a", 1), 0);
+    assert_int_equal(moonlet_cred_parse_line(s, "cn:ops operator,reader", 2), 0);
+    assert_int_equal(moonlet_cred_parse_line(s, "tok client", 3), 0);
+    const moonlet_cred *c = moonlet_cred_find_cn(s, "engine-1");
+    assert_non_null(c);
+    assert_int_equal(c->roles, MOONLET_ROLE_CLIENT);
+    assert_true(moonlet_cred_tenant_ok(c, "tenant-a", 8));
+    assert_false(moonlet_cred_tenant_ok(c, "tenant-b", 8));
+    assert_int_equal(moonlet_cred_find_cn(s, "ops")->roles,
+                     MOONLET_ROLE_OPERATOR | MOONLET_ROLE_READER);
+    assert_null(moonlet_cred_find_cn(s, "engine"));
+    assert_null(moonlet_cred_find_cn(s, ""));
+    assert_null(moonlet_cred_find_cn(s, NULL));
+    assert_null(moonlet_cred_find_cn(s, "tok")); /* a token's line has no name */
+    assert_null(moonlet_cred_find(s, "cn:engine-1", 11));
+    assert_null(moonlet_cred_find(s, "", 0));
+    assert_non_null(moonlet_cred_find(s, "tok", 3));
+    moonlet_cred_set_free(s);
+}
+
 static void test_bad_lines(void **state)
 {
     (void)state;
@@ -103,4 +129,5 @@ static void test_mac(void **state)
 }
 
 MOONLET_TEST_MAIN("common_cred", NULL, NULL, cmocka_unit_test(test_lines),
-                  cmocka_unit_test(test_bad_lines), cmocka_unit_test(test_mac))
+                  cmocka_unit_test(test_certificate_names), cmocka_unit_test(test_bad_lines),
+                  cmocka_unit_test(test_mac))

@@ -184,6 +184,53 @@ def test_refusals_are_clear_and_quick(certs):
         m.stop()
 
 
+PERMISSION_DENIED = -2001
+
+
+def test_certificate_carries_a_role(certs):
+    """With --credentials and mutual TLS, a "cn:NAME" line gives the client
+    certificate of that common name its roles and tenants: no token needed.
+    The engine's certificate (client, tenant-a) puts and gets in tenant-a
+    and is refused another tenant and an operator's call; the operator's
+    certificate inspects; the store node's is a node's."""
+    d = tempfile.mkdtemp(prefix="moonlet-tls-creds-")
+    try:
+        path = os.path.join(d, "credentials")
+        with open(path, "w") as f:
+            f.write("cn:client-1 client tenant-a\n"
+                    "cn:operator-1 operator,reader\n"
+                    "cn:store-1 node\n")
+        os.chmod(path, 0o600)
+        m = start_tls_master(certs, "master", "--credentials", path)
+        s = None
+        try:
+            s = daemons.start_store(m.addr, "64MiB", "--ping-interval-ms", "200",
+                                    *certs.flags("store"))
+            st = moonlet.Store.connect(m.addr, protocol="tcp", default_tenant="tenant-a",
+                                       **certs.kwargs("client"))
+            try:
+                st.put("mine", b"m" * 5000)
+                assert st.get("mine") == b"m" * 5000
+                with pytest.raises(moonlet.StoreError) as ei:
+                    st.get("mine", tenant_id="tenant-b")
+                assert ei.value.code == PERMISSION_DENIED, ei.value
+                with pytest.raises(moonlet.StoreError) as ei:
+                    st._remove_force("mine")
+                assert ei.value.code == PERMISSION_DENIED, ei.value
+            finally:
+                st.close()
+            r = inspect(m.addr, "segments", tls=certs.flags("operator"))
+            assert r.returncode == 0 and s.addr in r.stdout, r.stderr
+            r = inspect(m.addr, "segments", tls=certs.flags("client"))
+            assert r.returncode != 0 and "PERMISSION_DENIED" in r.stderr, r.stderr
+        finally:
+            if s:
+                s.stop()
+            m.stop()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_sighup_reloads_certificate(certs):
     """After SIGHUP a new connection gets the new certificate (RPC and
     /metrics); a client connected before keeps working."""
