@@ -25,7 +25,6 @@ a store node and a client given both masters.  Checks:
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
-import http.client
 import json
 import os
 import re
@@ -55,52 +54,8 @@ pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK),
                                 reason="no etcd binary (scripts/setup.sh installs etcd-server)")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Etcd:
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="moonlet-ha-etcd-")
-        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
-        # A port free_port() picked may be taken before etcd binds it (by a
-        # daemon of this or another test): etcd then exits, or the probe
-        # reaches that other server; then again on other ports, at most 3 times.
-        for attempt in range(3):
-            if self._start(attempt):
-                return
-            daemons.terminate(self.proc)
-        self.stop()
-        raise RuntimeError("etcd did not come up")
-
-    def _start(self, attempt):
-        cport, pport = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{cport}"
-        peer = f"http://127.0.0.1:{pport}"
-        self.proc = subprocess.Popen(
-            [ETCD, "--name", "ha", "--data-dir", os.path.join(self.dir, f"data{attempt}"),
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"ha={peer}"],
-            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=daemons.child_env())
-        deadline = time.monotonic() + 20
-        while True:  # etcd announces readiness on no channel we can wait on: bounded poll
-            try:
-                req = urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}')
-                if "header" in json.loads(urllib.request.urlopen(req, timeout=1).read()):
-                    return True  # etcd's own answer
-            except (OSError, http.client.HTTPException, ValueError):
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                return False
-            time.sleep(0.05)
-
-    def stop(self):
-        daemons.terminate(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+free_port = daemons.free_port
+Etcd = daemons.Etcd
 
 
 class Relay:

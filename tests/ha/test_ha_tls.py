@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -34,53 +33,8 @@ pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK) or not tlscerts.ava
                                 reason="no etcd or openssl binary (scripts/setup.sh installs both)")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TlsEtcd:
+class TlsEtcd(daemons.Etcd):
     """One etcd serving clients over https with --client-cert-auth."""
-
-    def __init__(self, certs):
-        self.dir = tempfile.mkdtemp(prefix="moonlet-etcd-tls-")
-        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
-        self.certs = certs
-        for attempt in range(3):  # a port picked free may be taken before etcd binds it
-            if self._start(attempt):
-                return
-            daemons.terminate(self.proc)
-        self.stop()
-        raise RuntimeError("etcd did not come up")
-
-    def _start(self, attempt):
-        cport, pport = free_port(), free_port()
-        self.url = f"https://127.0.0.1:{cport}"
-        peer = f"http://127.0.0.1:{pport}"
-        c = self.certs
-        self.proc = subprocess.Popen(
-            [ETCD, "--name", "ha", "--data-dir", os.path.join(self.dir, f"data{attempt}"),
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"ha={peer}",
-             "--cert-file", c.path("etcd.pem"), "--key-file", c.path("etcd.key"),
-             "--trusted-ca-file", c.path("ca.pem"), "--client-cert-auth"],
-            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=daemons.child_env())
-        ctx = ssl.create_default_context(cafile=c.path("ca.pem"))
-        ctx.load_cert_chain(c.path("master.pem"), c.path("master.key"))
-        deadline = time.monotonic() + 20
-        while True:  # etcd announces readiness on no channel we can wait on: bounded poll
-            try:
-                req = urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}')
-                body = urllib.request.urlopen(req, timeout=1, context=ctx).read()
-                if "header" in json.loads(body):
-                    return True
-            except (OSError, ValueError):
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                return False
-            time.sleep(0.05)
 
     def refuses_without_client_cert(self):
         ctx = ssl.create_default_context(cafile=self.certs.path("ca.pem"))
@@ -90,11 +44,6 @@ class TlsEtcd:
             return False
         except (OSError, ssl.SSLError):
             return True
-
-    def stop(self):
-        daemons.terminate(self.proc)
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def status(addrs, certs):

@@ -202,3 +202,76 @@ def start_store(master_addr, size, *extra, ready=LISTENING, listen="127.0.0.1:0"
                 *extra], ready, timeout=timeout)
     d.addr = d.match.group(1)
     return d
+
+
+def free_port():
+    """A loopback port free now (it may be taken before the caller binds it)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ETCD = "/usr/bin/etcd"
+
+
+class Etcd:
+    """One etcd member on loopback, started and stopped by the test.  With
+    `certs` (tests/python/tlscerts.py, holding etcd.pem and master.pem) it
+    serves clients over https with --client-cert-auth."""
+
+    def __init__(self, certs=None):
+        import shutil as _shutil
+        self.bin = _shutil.which("etcd") or ETCD
+        self.certs = certs
+        self.dir = tempfile.mkdtemp(prefix="moonlet-etcd-")
+        self.log = open(os.path.join(self.dir, "etcd.log"), "wb")
+        # A port free_port() picked may be taken before etcd binds it (by a
+        # daemon of this or another test): etcd then exits, or the probe
+        # reaches that other server; then again on other ports, at most 3 times.
+        for attempt in range(3):
+            if self._start(attempt):
+                return
+            terminate(self.proc)
+        self.stop()
+        raise RuntimeError("etcd did not come up")
+
+    def _start(self, attempt):
+        import http.client
+        import json
+        import ssl
+        import urllib.request
+        cport, pport = free_port(), free_port()
+        c = self.certs
+        self.url = f"{'https' if c else 'http'}://127.0.0.1:{cport}"
+        peer = f"http://127.0.0.1:{pport}"
+        tls = ["--cert-file", c.path("etcd.pem"), "--key-file", c.path("etcd.key"),
+               "--trusted-ca-file", c.path("ca.pem"), "--client-cert-auth"] if c else []
+        self.proc = subprocess.Popen(
+            [self.bin, "--name", "ha", "--data-dir", os.path.join(self.dir, f"data{attempt}"),
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"ha={peer}", *tls],
+            stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=child_env())
+        ctx = None
+        if c:
+            ctx = ssl.create_default_context(cafile=c.path("ca.pem"))
+            ctx.load_cert_chain(c.path("master.pem"), c.path("master.key"))
+        deadline = time.monotonic() + 20
+        while True:  # etcd announces readiness on no channel we can wait on: bounded poll
+            try:
+                req = urllib.request.Request(self.url + "/v3/kv/range", data=b'{"key":"eA=="}')
+                if "header" in json.loads(urllib.request.urlopen(req, timeout=1,
+                                                                 context=ctx).read()):
+                    return True  # etcd's own answer
+            except (OSError, http.client.HTTPException, ValueError):
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+
+    def stop(self):
+        import shutil as _shutil
+        terminate(self.proc)
+        self.log.close()
+        _shutil.rmtree(self.dir, ignore_errors=True)
