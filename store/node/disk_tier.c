@@ -209,11 +209,13 @@ static int io_sync(moonlet_disk *d, uint32_t p)
 }
 
 /* Copies `len` bytes of the ranges from *at (ranges consumed as they go)
- * to dst. */
+ * to dst, hashing them on the way (the write's check of its checksum, in
+ * the same pass as the copy into the staging buffers). */
 typedef struct iov_cursor {
     const struct iovec *iov;
     int left;
     size_t off;
+    XXH3_state_t hash;
 } iov_cursor;
 
 static void iov_take(iov_cursor *c, unsigned char *dst, size_t len)
@@ -223,6 +225,7 @@ static void iov_take(iov_cursor *c, unsigned char *dst, size_t len)
         if (n > len)
             n = len;
         memcpy(dst, (const unsigned char *)c->iov->iov_base + c->off, n);
+        XXH3_64bits_update(&c->hash, dst, n);
         dst += n;
         len -= n;
         c->off += n;
@@ -240,19 +243,17 @@ static int io_one(moonlet_disk *d, bool write, uint32_t p, uint64_t off, unsigne
     return io_prep(d, write, p, off, b, len) ? io_wave(d, 1) : MOONLET_ERR_INTERNAL_ERROR;
 }
 
-/* The object's bytes from the ranges to [base, base + size) of path p, in
- * waves of up to queue_depth I/Os (one staging buffer each). */
-static int write_bytes(moonlet_disk *d, uint32_t p, uint64_t base, const struct iovec *iov,
-                       int iovcnt, uint64_t size)
+/* The object's bytes from the cursor's ranges to [base, base + size) of
+ * path p, in waves of up to queue_depth I/Os (one staging buffer each). */
+static int write_bytes(moonlet_disk *d, uint32_t p, uint64_t base, iov_cursor *c, uint64_t size)
 {
-    iov_cursor c = {iov, iovcnt, 0};
     int rc = MOONLET_OK;
     for (uint64_t done = 0; done < size && !rc;) {
         unsigned n = 0;
         for (; n < d->qd && done < size; n++) {
             size_t len = size - done < d->io_bytes ? (size_t)(size - done) : d->io_bytes;
             size_t padded = (size_t)round_up(len, MOONLET_DISK_BLOCK);
-            iov_take(&c, d->stage[n], len);
+            iov_take(c, d->stage[n], len);
             memset(d->stage[n] + len, 0, padded - len);
             if (!io_prep(d, true, p, base + done, n, padded)) {
                 rc = MOONLET_ERR_INTERNAL_ERROR;
@@ -333,16 +334,12 @@ static bool hdr_parse(const unsigned char *b, size_t have, struct disk_hdr *h)
 
 /* ---- the calls ---------------------------------------------------------------------------- */
 
-static uint64_t iov_hash(const struct iovec *iov, int iovcnt, uint64_t *size)
+static uint64_t iov_size(const struct iovec *iov, int iovcnt)
 {
-    XXH3_state_t s;
-    XXH3_64bits_reset(&s);
-    *size = 0;
-    for (int i = 0; i < iovcnt; i++) {
-        XXH3_64bits_update(&s, iov[i].iov_base, iov[i].iov_len);
-        *size += iov[i].iov_len;
-    }
-    return XXH3_64bits_digest(&s);
+    uint64_t size = 0;
+    for (int i = 0; i < iovcnt; i++)
+        size += iov[i].iov_len;
+    return size;
 }
 
 /* Reserves `total` bytes on some path (round robin from the last one). */
@@ -381,23 +378,28 @@ int moonlet_disk_write(moonlet_disk *d, const char *key, const struct iovec *iov
     if (!d || !loc || !key_len || key_len > MOONLET_DISK_MAX_KEY || iovcnt < 0 ||
         (iovcnt && !iov))
         return MOONLET_ERR_INVALID_PARAMS;
-    uint64_t size = 0;
-    if (iov_hash(iov, iovcnt, &size) != checksum)
-        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t size = iov_size(iov, iovcnt);
     uint64_t total = obj_total((uint32_t)key_len, size);
     pthread_mutex_lock(&d->ring_mu);
     int rc = space_take(d, total, loc);
     if (!rc) {
         loc->size = size;
         uint64_t h = hdr_len((uint32_t)key_len);
+        /* the bytes are hashed as they are staged: a checksum that does not
+         * match them is refused before any header names them */
+        iov_cursor c = {.iov = iov, .left = iovcnt};
+        XXH3_64bits_reset(&c.hash);
         if (total <= d->io_bytes) { /* header and bytes in one I/O */
             hdr_fill(d, key, (uint32_t)key_len, size, checksum, ++d->seq);
-            iov_cursor c = {iov, iovcnt, 0};
             iov_take(&c, d->stage[0] + h, (size_t)size);
             memset(d->stage[0] + h + size, 0, (size_t)(total - h - size));
-            rc = io_one(d, true, loc->path, loc->offset, 0, (size_t)total);
+            rc = XXH3_64bits_digest(&c.hash) != checksum
+                     ? MOONLET_ERR_INVALID_PARAMS
+                     : io_one(d, true, loc->path, loc->offset, 0, (size_t)total);
         } else {
-            rc = write_bytes(d, loc->path, loc->offset + h, iov, iovcnt, size);
+            rc = write_bytes(d, loc->path, loc->offset + h, &c, size);
+            if (!rc && XXH3_64bits_digest(&c.hash) != checksum)
+                rc = MOONLET_ERR_INVALID_PARAMS; /* bytes without a header: free space */
             if (!rc) {
                 hdr_fill(d, key, (uint32_t)key_len, size, checksum, ++d->seq);
                 rc = io_one(d, true, loc->path, loc->offset, 0, (size_t)h);

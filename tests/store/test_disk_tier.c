@@ -312,6 +312,16 @@ static void test_bad_arguments(void **state)
     assert_int_equal(moonlet_disk_write(d, "", &iov, 1, XXH3_64bits(b, sizeof b), &loc),
                      MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_disk_write(d, "k", &iov, 1, 12345, &loc), MOONLET_ERR_INVALID_PARAMS);
+    /* the same over several I/Os: refused, its space given back */
+    unsigned char *big = pattern(2u << 20, 6);
+    struct iovec biov = {big, 2u << 20};
+    assert_int_equal(moonlet_disk_write(d, "big", &biov, 1, 12345, &loc),
+                     MOONLET_ERR_INVALID_PARAMS);
+    free(big);
+    moonlet_disk_stats bst;
+    moonlet_disk_get_stats(d, &bst);
+    assert_int_equal(bst.used, 0);
+    assert_int_equal(bst.objects, 0);
     char *huge = malloc(MOONLET_DISK_MAX_KEY + 2);
     memset(huge, 'k', MOONLET_DISK_MAX_KEY + 1);
     huge[MOONLET_DISK_MAX_KEY + 1] = 0;
