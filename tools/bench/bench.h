@@ -85,6 +85,13 @@ uint64_t bench_now_ns(void);
  * range, a character that is neither digit nor comma). */
 int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n);
 
+/* Parses a flag's comma-separated byte sizes ("64KiB,1MiB") into
+ * out[0..cap): each from min to max and a multiple of align (1: any).
+ * Returns 0 with *n set, or -1 (empty, too many, one that does not parse or
+ * is out of range). */
+int bench_parse_sizes(const char *s, uint64_t min, uint64_t max, uint64_t align, uint64_t *out,
+                      int cap, int *n);
+
 /* Adds {"p50_us": .., "p99_us": .., "samples": n} under `name`. */
 void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);
 

@@ -114,24 +114,12 @@ static int d_parse(int argc, char **argv, d_bench *b)
                 return -1;
             }
             break;
-        case O_SIZES: {
-            b->nsizes = 0;
-            char *list = strdup(optarg), *save = NULL;
-            for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                uint64_t v;
-                if (b->nsizes == D_MAX_SIZES || moonlet_bytesize_parse(t, &v) || !v ||
-                    v > (1u << 30)) {
-                    fprintf(stderr, "--sizes: up to %d sizes of 1 B..1 GiB\n", D_MAX_SIZES);
-                    free(list);
-                    return -1;
-                }
-                b->sizes[b->nsizes++] = v;
-            }
-            free(list);
-            if (!b->nsizes)
+        case O_SIZES:
+            if (bench_parse_sizes(optarg, 1, 1u << 30, 1, b->sizes, D_MAX_SIZES, &b->nsizes)) {
+                fprintf(stderr, "--sizes: up to %d sizes of 1 B..1 GiB\n", D_MAX_SIZES);
                 return -1;
+            }
             break;
-        }
         case O_ROUND_BYTES:
         case O_STAGING: {
             uint64_t v;

@@ -94,24 +94,14 @@ static int k_parse(int argc, char **argv, k_bench *b)
                 return -1;
             }
             break;
-        case O_SIZES: {
-            b->nsizes = 0;
-            char *list = strdup(optarg), *save = NULL;
-            for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (b->nsizes == K_MAX_SIZES || moonlet_bytesize_parse(t, &v) || v < 4096 ||
-                    v > (256u << 20) || v % 4096) {
-                    fprintf(stderr, "--sizes: up to %d sizes of 4 KiB..256 MiB, whole 4 KiB\n",
-                            K_MAX_SIZES);
-                    free(list);
-                    return -1;
-                }
-                b->sizes[b->nsizes++] = v;
-            }
-            free(list);
-            if (!b->nsizes)
+        case O_SIZES:
+            if (bench_parse_sizes(optarg, 4096, 256u << 20, 4096, b->sizes, K_MAX_SIZES,
+                                  &b->nsizes)) {
+                fprintf(stderr, "--sizes: up to %d sizes of 4 KiB..256 MiB, whole 4 KiB\n",
+                        K_MAX_SIZES);
                 return -1;
+            }
             break;
-        }
         case O_ROUND_BYTES:
             if (moonlet_bytesize_parse(optarg, &v) || v < (1u << 20) || v > (64ull << 30)) {
                 fprintf(stderr, "--round-bytes: 1 MiB..64 GiB\n");

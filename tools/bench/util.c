@@ -4,6 +4,7 @@
  * directory this binary lives in, latency samples and percentiles, JSON.
  */
 #include "bench.h"
+#include "bytesize.h"
 #include "monotime.h"
 #include "net.h"
 
@@ -23,6 +24,26 @@
 uint64_t bench_now_ns(void)
 {
     return moonlet_mono_ns();
+}
+
+int bench_parse_sizes(const char *s, uint64_t min, uint64_t max, uint64_t align, uint64_t *out,
+                      int cap, int *n)
+{
+    char *list = strdup(s), *save = NULL;
+    int k = 0, rc = list ? 0 : -1;
+    for (char *t = list ? strtok_r(list, ",", &save) : NULL; t && !rc;
+         t = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (k == cap || moonlet_bytesize_parse(t, &v) || v < min || v > max || v % align)
+            rc = -1;
+        else
+            out[k++] = v;
+    }
+    free(list);
+    if (rc || !k)
+        return -1;
+    *n = k;
+    return 0;
 }
 
 int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n)
