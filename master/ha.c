@@ -59,7 +59,6 @@ static struct {
     uint64_t led;              /* the epoch of this master's last promotion (0: none) */
     moonlet_repl_state *kept;  /* a deposed leader's metadata (moonlet_ha_keep) */
     uint64_t kept_epoch;       /* the term it was kept from */
-    moonlet_repl_state *kept_build; /* moonlet_ha_keep's state while it is filled */
 } g_ha;
 
 static pthread_mutex_t g_follower_mu = PTHREAD_MUTEX_INITIALIZER; /* g_ha.follower's lifetime */
@@ -227,29 +226,27 @@ static int on_elected(void *arg, uint64_t epoch)
     pthread_mutex_unlock(&g_follower_mu);
     if (old) /* not expected: a deposition reaps it before the next campaign */
         moonlet_repl_follower_destroy(old);
-    char want[sizeof(g_ha.advertise) + 32];
-    snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
-    moonlet_etcd_kv kv;
-    bool named = false;
-    if (followed && moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
-        named = kv.found && strcmp(kv.value, want) == 0;
-        moonlet_etcd_kv_free(&kv);
-    }
     pthread_mutex_lock(&g_follower_mu);
     moonlet_repl_state *kept = g_ha.kept;
     uint64_t kept_epoch = g_ha.kept_epoch;
     g_ha.kept = NULL;
     pthread_mutex_unlock(&g_follower_mu);
+    /* the mark, read once: does it name this master for the term it
+     * followed, or for the one it led and kept (no other leader since)? */
+    char mark[sizeof(g_ha.advertise) + 32] = "";
+    moonlet_etcd_kv kv;
+    if ((followed || kept) &&
+        moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
+        if (kv.found && kv.value)
+            snprintf(mark, sizeof(mark), "%s", kv.value);
+        moonlet_etcd_kv_free(&kv);
+    }
+    char want[sizeof(g_ha.advertise) + 32];
+    snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)followed);
+    bool named = followed && strcmp(mark, want) == 0;
     if (!(st && named && consistent) && kept) {
-        /* the metadata this master kept when it was deposed, if no other
-         * leader has served since (the mark still names it for that term) */
         snprintf(want, sizeof(want), "%s@%llu", g_ha.advertise, (unsigned long long)kept_epoch);
-        bool own = false;
-        if (moonlet_etcd_get(g_ha.promo_etcd, g_ha.insync_key, &kv, NULL) == MOONLET_OK) {
-            own = kv.found && strcmp(kv.value, want) == 0;
-            moonlet_etcd_kv_free(&kv);
-        }
-        if (own) {
+        if (strcmp(mark, want) == 0) {
             ML_INFO("master", "ha: the in-sync mark names this master for epoch %llu, which it "
                     "led: restoring what it kept when deposed", (unsigned long long)kept_epoch);
             moonlet_repl_state_destroy(st);
@@ -354,11 +351,16 @@ int moonlet_ha_start(const char *advertise)
 }
 
 /* moonlet_master_snapshot's records into the kept state. */
+struct keep_arg {
+    moonlet_repl_state *st;
+    int rc;
+};
+
 static void keep_rec(void *arg, const moonlet_repl_rec *rec)
 {
-    int *rc = arg;
-    if (!*rc)
-        *rc = moonlet_repl_state_apply_snapshot(g_ha.kept_build, rec, true);
+    struct keep_arg *k = arg;
+    if (!k->rc)
+        k->rc = moonlet_repl_state_apply_snapshot(k->st, rec, true);
 }
 
 void moonlet_ha_keep(moonlet_master *m)
@@ -370,10 +372,9 @@ void moonlet_ha_keep(moonlet_master *m)
         ML_ERR("master", "ha: out of memory: the deposed term's metadata is not kept");
         return;
     }
-    g_ha.kept_build = st;
-    int rc = MOONLET_OK;
-    moonlet_master_snapshot(m, keep_rec, &rc);
-    g_ha.kept_build = NULL;
+    struct keep_arg k = {st, MOONLET_OK};
+    moonlet_master_snapshot(m, keep_rec, &k);
+    int rc = k.rc;
     if (rc) {
         ML_ERR("master", "ha: the deposed term's metadata could not be kept (%s)",
                moonlet_strerror(rc));
