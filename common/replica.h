@@ -17,6 +17,10 @@ typedef enum {
     MOONLET_REPLICA_COMPLETE = 2,    /* written and sealed by PutEnd */
 } moonlet_replica_status;
 
+/* On the wire, a replica's status byte with this bit: the replica is on a
+ * store node's disk tier (moonlet_replica_desc.disk). */
+#define MOONLET_REPLICA_ON_DISK 0x10u
+
 /* Where one replica of an object lives. Strings are owned by the containing list. */
 typedef struct moonlet_replica_desc {
     char *segment_id;  /* the store node's segment id */
@@ -26,6 +30,10 @@ typedef struct moonlet_replica_desc {
     uint64_t offset;   /* offset of the replica inside the segment */
     uint64_t size;     /* object size in bytes */
     uint8_t status;    /* moonlet_replica_status */
+    /* On the node's disk tier: [offset, +size) names the object's extent
+     * there, read whole (one read of exactly offset and size) from the
+     * node, which verifies it before it answers; never written to. */
+    bool disk;
     /* PutStart only: the write capability for this replica (cap_tag 0: none;
      * common/writecap.h) covering [offset, offset + cap_len) until cap_expiry_ms
      * on the store node's clock. */
@@ -71,6 +79,12 @@ typedef struct moonlet_segment_desc {
     const char *alt_endpoint;
     const char *alt_segment_id;
     const char *alt_protocol;
+    /* A disk segment: one path of the node's disk tier (moonlet-store
+     * --disk), `size` whole 4 KiB blocks.  Objects come there only by
+     * demotion from DRAM and by the node's announce of what its disk holds;
+     * reads are served by the node (whole objects, verified), never
+     * written through the transport. */
+    bool disk;
 } moonlet_segment_desc;
 
 #endif

@@ -51,6 +51,28 @@ static bool evictable(const struct mobj *o, uint64_t now, bool include_pinned)
     return include_pinned || !moonlet_lease_active(o->soft_pin_deadline, now);
 }
 
+/* Eligible for eviction from DRAM: evictable, and in DRAM. */
+static bool dram_evictable(const struct mobj *o, uint64_t now, bool include_pinned)
+{
+    return evictable(o, now, include_pinned) && !mobj_on_disk(o);
+}
+
+/* Eviction from DRAM: a sealed object in DRAM (not one the disk tier
+ * holds) is demoted when a disk tier is mounted and the demotion queue has
+ * room (repair_demote_locked: its DRAM ranges are freed once the disk copy
+ * is durable), else destroyed.  Returns whether it counts as evicted.
+ * Under its shard lock. */
+static bool evict_locked(moonlet_master *m, struct shard *s, struct mobj *o)
+{
+    int d = repair_demote_locked(m, o);
+    if (d == DEMOTE_QUEUED)
+        return true;
+    if (d == DEMOTE_BUSY) /* a repair of it runs: not now */
+        return false;
+    object_destroy_locked(m, s, o);
+    return true;
+}
+
 struct deadlines {
     uint64_t *v;
     uint32_t n, cap;
@@ -81,7 +103,7 @@ static uint64_t threshold(moonlet_master *m, uint64_t target, uint64_t now, bool
         pthread_mutex_lock(&s->mu);
         for (uint32_t b = 0; b <= s->mask; b++)
             for (struct mobj *o = s->buckets[b]; o; o = o->next)
-                if (evictable(o, now, include_pinned))
+                if (dram_evictable(o, now, include_pinned))
                     deadlines_push(&d, o->lease_deadline);
         pthread_mutex_unlock(&s->mu);
     }
@@ -107,10 +129,9 @@ static uint64_t evict_round(moonlet_master *m, uint64_t target, bool include_pin
             struct mobj *o = s->buckets[b], *next;
             for (; o && evicted < target; o = next) {
                 next = o->next;
-                if (!evictable(o, now, include_pinned) || o->lease_deadline > t)
+                if (!dram_evictable(o, now, include_pinned) || o->lease_deadline > t)
                     continue;
-                object_destroy_locked(m, s, o);
-                evicted++;
+                evicted += evict_locked(m, s, o);
             }
         }
         pthread_mutex_unlock(&s->mu);
@@ -122,7 +143,9 @@ uint64_t evict_pass(moonlet_master *m, double ratio)
 {
     pthread_mutex_lock(&m->evict_mu);
     pthread_rwlock_rdlock(&m->guard);
-    uint64_t objects = atomic_load(&m->st.objects);
+    /* Objects in DRAM: those the disk tier holds are not this pass's. */
+    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
+    objects = objects > on_disk ? objects - on_disk : 0;
     uint64_t target = (uint64_t)((double)objects * ratio + 0.999999);
     if (target == 0 && objects > 0)
         target = 1;
@@ -162,6 +185,7 @@ struct run_items {
     struct run_item *v;
     uint32_t n, cap;
     bool oom;
+    bool disk;          /* the disk tier's segments, else DRAM's */
     uint64_t min_seg;   /* only segments of at least this size matter */
     uint64_t now;
 };
@@ -186,10 +210,13 @@ static bool run_collect_visit(moonlet_master *m, struct shard *s, struct mobj *o
         kind = RUN_EVICT;
     else if (evictable(o, it->now, true))
         kind = RUN_PINNED;
-    uint64_t len = moonlet_alloc_rounded(o->size ? o->size : 1);
-    for (uint32_t k = 0; k < o->nrep; k++)
-        run_push(it, (struct run_item){.off = mobj_reps(o)[k].offset, .len = len, .obj = o,
-                                       .hash = o->hash, .slot = mobj_reps(o)[k].seg, .kind = kind});
+    for (uint32_t k = 0; k < o->nrep; k++) {
+        const struct mrep *rp = &mobj_reps(o)[k];
+        if ((rp->disk_hdr != 0) != it->disk)
+            continue;
+        run_push(it, (struct run_item){.off = rp->offset, .len = mrep_len(rp, o->size), .obj = o,
+                                       .hash = o->hash, .slot = rp->seg, .kind = kind});
+    }
     return !it->oom;
 }
 
@@ -279,15 +306,17 @@ static bool evict_item(moonlet_master *m, const struct run_item *x, uint64_t now
     return done;
 }
 
-uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
+/* The cheapest runs of nrep segments of one kind (disk or DRAM) spanning
+ * len bytes each, their owners evicted. */
+static uint64_t evict_runs(moonlet_master *m, uint64_t len, uint32_t nrep, bool disk)
 {
-    uint64_t len = moonlet_alloc_rounded(size ? size : 1), evicted = 0;
+    uint64_t evicted = 0;
     pthread_mutex_lock(&m->evict_mu);
     pthread_rwlock_rdlock(&m->guard);
-    struct run_items it = {.min_seg = len, .now = moonlet_clock_now_ns()};
+    struct run_items it = {.min_seg = len, .now = moonlet_clock_now_ns(), .disk = disk};
     shards_foreach(m, run_collect_visit, &it);
     if (!it.oom)
-        registry_foreach_free(m, len, run_collect_free, &it);
+        registry_foreach_free(m, len, disk, run_collect_free, &it);
     struct seg_run *runs = NULL;
     if (it.oom || !(runs = calloc(it.n ? it.n : 1, sizeof(*runs))))
         goto out;
@@ -319,6 +348,44 @@ out:
     pthread_mutex_unlock(&m->evict_mu);
     free(runs);
     free(it.v);
+    return evicted;
+}
+
+void evict_without_copy(moonlet_master *m, uint64_t hash, uint32_t tenant)
+{
+    uint64_t now = moonlet_clock_now_ns();
+    bool done = false;
+    pthread_rwlock_rdlock(&m->guard);
+    struct shard *s = &m->shards[shard_of(m, hash)];
+    pthread_mutex_lock(&s->mu);
+    for (struct mobj *o = s->buckets[hash & s->mask]; o; o = o->next)
+        if (o->hash == hash && o->tenant == tenant) {
+            if (dram_evictable(o, now, true)) {
+                object_destroy_locked(m, s, o);
+                done = true;
+            }
+            break;
+        }
+    pthread_mutex_unlock(&s->mu);
+    pthread_rwlock_unlock(&m->guard);
+    if (done)
+        atomic_fetch_add(&m->st.evictions, 1);
+}
+
+uint64_t evict_disk_for_space(moonlet_master *m, uint64_t len)
+{
+    uint64_t evicted = evict_runs(m, len, 1, true);
+    atomic_fetch_add(&m->st.disk_evictions, evicted);
+    if (evicted)
+        ML_DEBUG("master", "disk tier: %" PRIu64 " objects evicted for %" PRIu64 " bytes",
+                 evicted, len);
+    return evicted;
+}
+
+uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep)
+{
+    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    uint64_t evicted = evict_runs(m, len, nrep, false);
     atomic_fetch_add(&m->st.eviction_passes, 1);
     atomic_fetch_add(&m->st.evictions, evicted);
     if (evicted)

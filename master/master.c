@@ -50,14 +50,37 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->repair_bandwidth = 256ull << 20;
     cfg->repair_concurrency = 16;
     cfg->repair_timeout_ms = 30000;
+    cfg->demote_queue = 4096;
+    cfg->demote_concurrency = 64;
     cfg->repair_max_attempts = 5;
 }
 
 /* ---- tenants ---------------------------------------------------------------- */
 
+static inline uint32_t tenant_slot_of(uint32_t id) { return id & 0xffffu; }
+
 static moonlet_str tenant_name(moonlet_str t)
 {
     return t.len ? t : MOONLET_STR(MOONLET_DEFAULT_TENANT);
+}
+
+moonlet_str tenant_canonical(moonlet_str t)
+{
+    return tenant_name(t);
+}
+
+uint32_t tenant_name_of(moonlet_master *m, uint32_t id, char name[MOONLET_MAX_ID_BYTES + 1])
+{
+    uint32_t len = 0;
+    pthread_rwlock_rdlock(&m->tenants.lock);
+    uint32_t slot = tenant_slot_of(id);
+    if (slot < m->tenants.n && m->tenants.slots[slot].name && m->tenants.slots[slot].id == id) {
+        len = m->tenants.slots[slot].len;
+        memcpy(name, m->tenants.slots[slot].name, len);
+    }
+    pthread_rwlock_unlock(&m->tenants.lock);
+    name[len] = 0;
+    return len;
 }
 
 struct tenant_ctx {
@@ -80,7 +103,6 @@ static uint32_t tenant_find_locked(struct tenants *t, moonlet_str name)
     return e ? e->v : UINT32_MAX;
 }
 
-static inline uint32_t tenant_slot_of(uint32_t id) { return id & 0xffffu; }
 
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id)
 {
@@ -273,7 +295,9 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
         !(cfg->hard_pin_max_ratio >= 0 && cfg->hard_pin_max_ratio <= 1) ||
         cfg->repair_bandwidth == 0 || cfg->repair_concurrency == 0 ||
         cfg->repair_concurrency > 4096 || cfg->repair_timeout_ms == 0 ||
-        cfg->repair_timeout_ms > 3600000 || cfg->repair_max_attempts == 0)
+        cfg->repair_timeout_ms > 3600000 || cfg->repair_max_attempts == 0 ||
+        cfg->demote_queue == 0 || cfg->demote_queue > (1u << 24) ||
+        cfg->demote_concurrency == 0 || cfg->demote_concurrency > 4096)
         return MOONLET_ERR_INVALID_PARAMS;
 
     moonlet_master *m = calloc(1, sizeof(*m));
@@ -413,6 +437,12 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->hard_pinned_bytes = atomic_load(&s->hard_pinned_bytes);
     repair_stats(m, st);
     st->capacity = atomic_load(&m->reg.capacity);
+    st->disk_capacity = atomic_load(&m->reg.disk_capacity);
+    st->disk_used = atomic_load(&m->reg.disk_used);
+    st->disk_segments = atomic_load(&m->reg.ndisk);
+    st->disk_objects = registry_disk_objects(m);
+    st->disk_evictions = atomic_load(&m->st.disk_evictions);
+    st->disk_announced = atomic_load(&m->st.disk_announced);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);
     st->segments = m->reg.nmounted;

@@ -137,6 +137,11 @@ typedef struct moonlet_master_config {
     uint32_t repair_concurrency;
     uint64_t repair_timeout_ms;
     uint32_t repair_max_attempts;
+    /* Demotion to the disk tier (repair.c): demotions queued or running at
+     * most (4096; eviction beyond it destroys instead of waiting, counted),
+     * and copies in flight at once (64).  They take no repair bandwidth. */
+    uint32_t demote_queue;
+    uint32_t demote_concurrency;
     /* Index entries a liveness check strips per call (unmount.c), so a mass
      * failure is spread over ticks (0: 65536).  The simulator (tests/sim)
      * sets it low, so that an unmount is in progress across other calls. */
@@ -219,6 +224,10 @@ typedef struct moonlet_replica_view {
     uint64_t offset;
     uint64_t size;
     uint8_t status;
+    /* On a disk segment (the node's disk tier): offset is the object's
+     * extent there, read whole through the node (never written through the
+     * transport). */
+    bool disk;
     /* PutStart only (has_cap): the write capability of this replica and the
      * ms left until the put's deadline. */
     bool has_cap;
@@ -449,6 +458,11 @@ typedef struct moonlet_repair_job_view {
     const moonlet_replica_view *target;
     const moonlet_replica_view *sources; /* readable replicas to copy from */
     uint32_t nsources;
+    /* A demotion (the target is on one of the node's disk segments): the
+     * node writes the bytes to its disk tier at the target's extent, under
+     * this tenant and key (the disk header's; common/disk_layout.h). */
+    bool demote;
+    moonlet_str tenant, key;
 } moonlet_repair_job_view;
 
 /* Hands the jobs whose target is one of client_id's segments (at most max)
@@ -461,6 +475,31 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
  * OBJECT_NOT_FOUND when the job is unknown (timed out, or the object went). */
 int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_t session,
                                uint64_t job_id, int32_t code, uint64_t bytes);
+/* A store node restarted with its disk tier tells what the disk holds
+ * (DiskAnnounce): for each entry, an object of that tenant and key, size
+ * and checksum on disk segment `segment_id` (the caller's) at extent
+ * `offset`.  codes[i]: 0 (it is an object again, sealed, its one replica
+ * there), OBJECT_ALREADY_EXISTS (the key was put again meanwhile: the
+ * node drops its copy), NO_AVAILABLE_HANDLE or INVALID_PARAMS (the extent
+ * is taken or outside the segment: dropped too).  The call fails whole
+ * with ILLEGAL_CLIENT (as Ping), SEGMENT_NOT_FOUND (not the caller's disk
+ * segment) or INVALID_PARAMS. */
+typedef struct moonlet_disk_entry {
+    moonlet_str tenant, key;
+    uint64_t size, checksum, offset;
+} moonlet_disk_entry;
+int moonlet_master_disk_announce(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                                 moonlet_str segment_id, const moonlet_disk_entry *e, uint32_t n,
+                                 int32_t *codes);
+/* DiskTrim: the node of disk segment `segment_id` (the caller's) has
+ * invalidated the extents at done[0..ndone) (offsets it was handed; the
+ * array is sorted in place): they are free now.  Then visit gets up to max
+ * extents freed by the master (a removal, an eviction) that the node must
+ * invalidate next; until it does, the master does not reuse them.  Errors
+ * as DiskAnnounce. */
+int moonlet_master_disk_trim(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                             moonlet_str segment_id, uint64_t *done, uint32_t ndone, uint32_t max,
+                             void (*visit)(void *arg, uint64_t offset, uint64_t len), void *arg);
 /* Drains (drain true) or undrains the segments named `target`: a segment
  * id, a segment name, an endpoint or the client id of the node holding them.  A draining
  * segment takes no new replica and its objects are re-replicated elsewhere.
@@ -593,6 +632,18 @@ typedef struct moonlet_master_stats {
     uint64_t repairs_running;   /* handed to a target node, not done */
     uint64_t repairs_done, repairs_failed, repairs_retried, repairs_dropped;
     uint64_t repair_bytes;      /* bytes copied by finished repairs */
+    /* The disk tier */
+    uint64_t disk_capacity, disk_used; /* bytes of the disk segments */
+    uint64_t disk_segments;            /* mounted */
+    uint64_t disk_objects;             /* objects the disk tier holds */
+    uint64_t demotions_queued;         /* waiting for their copy, or copying */
+    uint64_t demotions;                /* objects moved from DRAM to disk */
+    uint64_t demotion_bytes;
+    uint64_t demotions_dropped;        /* evicted without a copy: the queue was full, or the
+                                        * disk had no room even after its own eviction */
+    uint64_t demotions_failed;         /* copies a node reported failed or let time out */
+    uint64_t disk_evictions;           /* disk-only objects evicted for room */
+    uint64_t disk_announced;           /* objects a restarted node's disk brought back */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

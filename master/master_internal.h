@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "alloc.h"
+#include "disk_layout.h"
 #include "hmap.h"
 #include "objslab.h"
 #include "master.h"
@@ -56,10 +57,23 @@ enum { OBJ_PENDING = 1, OBJ_COMPLETE = 2 };
 /* One replica: 16 bytes. */
 struct mrep {
     uint64_t offset;
-    uint32_t seg;    /* segment slot */
-    uint8_t status;  /* moonlet_replica_status */
-    uint8_t pad[3];
+    uint32_t seg;      /* segment slot */
+    uint8_t status;    /* moonlet_replica_status */
+    uint8_t disk_hdr;  /* 0: a DRAM replica; else a replica on a disk segment,
+                        * its header's 4 KiB blocks (common/disk_layout.h) */
+    uint8_t pad[2];
 };
+
+/* The bytes a replica's range takes: the object's size rounded to the
+ * allocator's alignment in DRAM; on disk its header blocks and its bytes in
+ * whole disk blocks (common/disk_layout.h), the extent the node writes. */
+static inline uint64_t mrep_len(const struct mrep *rp, uint64_t size)
+{
+    if (rp->disk_hdr)
+        return (uint64_t)rp->disk_hdr * MOONLET_DISK_BLOCK +
+               ((size + MOONLET_DISK_BLOCK - 1) & ~(uint64_t)(MOONLET_DISK_BLOCK - 1));
+    return moonlet_alloc_rounded(size ? size : 1);
+}
 
 /*
  * One object, allocated as a single block: a 48-byte header, the key bytes
@@ -130,6 +144,12 @@ static inline const struct mrep *mobj_creps(const struct mobj *o)
 {
     return (const struct mrep *)(o->key + mobj_key_span(o->key_len));
 }
+/* Held by the disk tier: a demoted or announced object has its one
+ * replica on a disk segment (demotion swaps all DRAM replicas for it). */
+static inline bool mobj_on_disk(const struct mobj *o)
+{
+    return o->nrep > 0 && mobj_creps(o)[0].disk_hdr != 0;
+}
 static inline bool mobj_readable(const struct mobj *o)
 {
     return o->state == OBJ_COMPLETE && o->nrep > 0;
@@ -184,6 +204,20 @@ struct mseg {
     /* Draining (moonlet_master_drain): placement skips it, and its replicas
      * count as leaving, so repair copies its objects elsewhere. */
     _Atomic bool draining;
+    /* A disk segment (a store node's disk tier, one per path): set at
+     * mount.  Never in `avail`: puts and repairs do not place there, only
+     * demotions (demote.c) and a node's announce of what its disk holds.
+     * Its capacity and use count in registry.disk_*, not in the DRAM ones
+     * the eviction watermark reads. */
+    bool disk;
+    /* registry.mu, disk segments: extents freed here that the node has not
+     * yet invalidated on its disk (DiskTrim).  They stay allocated (and in
+     * disk_used) until the node says it did, so no demotion is placed over
+     * an object the node still holds, and a restart does not bring back
+     * what was removed; each is handed out only once its until_ns (a
+     * reader's lease) has passed. */
+    struct quarantined *trims;
+    uint32_t ntrim, trim_cap;
     /* registry.mu: the reservation pool (with cfg.repl_pos, segment.c): up
      * to POOL_DEPTH ranges of pool_len bytes, allocated and announced to the
      * standby (RESV) ahead of the PutStarts that take them; pool_ready[i]:
@@ -254,7 +288,17 @@ struct registry {
     _Atomic uint64_t capacity;               /* written under mu, read lock-free */
     _Atomic uint64_t used;                   /* allocated + quarantined bytes */
     _Atomic uint64_t quarantined;            /* bytes in quarantine (part of used) */
+    /* The same for disk segments (mseg.disk), apart: DRAM pressure is what
+     * evicts, disk pressure what the disk tier's own eviction answers. */
+    _Atomic uint64_t disk_capacity, disk_used;
+    _Atomic uint32_t ndisk;                  /* disk segments mounted */
 };
+
+/* The counter of allocated + quarantined bytes a segment's ranges count in. */
+static inline _Atomic uint64_t *reg_used_of(struct registry *r, const struct mseg *s)
+{
+    return s->disk ? &r->disk_used : &r->used;
+}
 
 /*
  * A tenant slot.  A tenant exists only while something holds a reference:
@@ -301,6 +345,8 @@ struct mstats {
     _Atomic uint64_t resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS];
     _Atomic uint64_t resume_lock_hold_max_ns;
     _Atomic uint64_t hard_pinned, hard_pinned_bytes; /* reserved at PutStart, freed at destroy */
+    _Atomic uint64_t disk_evictions;   /* disk-only objects evicted by the disk tier */
+    _Atomic uint64_t disk_announced;   /* objects a restarted node's disk brought back */
 };
 
 struct moonlet_master {
@@ -421,12 +467,21 @@ void repl_object_rec(const moonlet_master *m, const struct mobj *o, uint8_t type
 /* ---- object.c ------------------------------------------------------------- */
 /* Releases the object's space, unlinks and frees it.  Caller holds the guard
  * (shared) and the shard lock; takes registry.mu, then tenants.lock. */
+/* The standby learns object (tenant, key) as it is (a PLACE naming its
+ * replicas), when replication is on.  Takes the guard shared and its
+ * shard lock. */
+void object_replicate(moonlet_master *m, moonlet_str tenant, moonlet_str key);
 void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o);
 
 /* ---- tenant ids (master.c) ----------------------------------------------- */
 /* Looks a tenant up (a hash map); MOONLET_NO_TENANT when unknown.  Returns
  * INVALID_PARAMS for bad names. */
 int tenant_lookup(moonlet_master *m, moonlet_str name, uint32_t *id);
+/* The name a tenant is known by (an empty one: the default tenant's). */
+moonlet_str tenant_canonical(moonlet_str t);
+/* Live tenant id's name into name (NUL-terminated), its length; 0 when the
+ * id names no live tenant.  Takes tenants.lock shared. */
+uint32_t tenant_name_of(moonlet_master *m, uint32_t id, char name[MOONLET_MAX_ID_BYTES + 1]);
 /* Looks up or creates the tenant and takes a reference on it (the caller
  * releases it with tenant_release).  NO_AVAILABLE_HANDLE when the table
  * already holds cfg.max_tenants live tenants. */
@@ -484,11 +539,14 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
                                       const struct mrep *reps, uint32_t nrep,
                                       const moonlet_str *excluded, uint32_t nexcluded,
                                       struct mrep *out);
-/* Promotion with state: reserves exactly the ranges seg_ids[k]/offs[k] of
- * `size` (mounted segments) into reps[], as registry_place_locked does.
- * SEGMENT_NOT_FOUND, NO_AVAILABLE_HANDLE (a range not free: nothing kept).
- * Caller holds the guard shared and a shard lock; takes registry.mu. */
-int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+/* Promotion with state, and a node's announce of its disk: reserves exactly
+ * the ranges seg_ids[k]/offs[k] of `size` (mounted segments; on a disk
+ * segment the extent of a key of key_len bytes) into reps[], as
+ * registry_place_locked does.  SEGMENT_NOT_FOUND, NO_AVAILABLE_HANDLE (a
+ * range not free: nothing kept), INVALID_PARAMS (a range outside, or not
+ * aligned).  Caller holds the guard shared and a shard lock; takes
+ * registry.mu. */
+int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t key_len,
                              const moonlet_str *seg_ids, const uint64_t *offs, uint32_t nrep,
                              struct mrep *reps);
 /* Reserves [offset, +len) of a mounted segment into its quarantine until until_ns. */
@@ -497,6 +555,8 @@ int registry_quarantine_at(moonlet_master *m, moonlet_str seg_id, uint64_t offse
 /* Whether the segment in `slot` (MOUNTED or UNMOUNTING: the caller holds
  * the guard shared) has the id `id` (or it as its second endpoint's id). */
 bool registry_slot_named(const moonlet_master *m, uint32_t slot, moonlet_str id);
+/* Whether the segment in `slot` is a disk segment (same calling rule). */
+bool registry_slot_disk(const moonlet_master *m, uint32_t slot);
 /* Gives the ranges back and drops `hash` from the segments' indexes.  Takes
  * registry.mu.  until_ns 0: to the allocator at once (a sealed object: every
  * write to it was acknowledged before its PutEnd, so no stale byte can
@@ -536,9 +596,21 @@ double registry_usage(moonlet_master *m);
 uint32_t registry_mounted(moonlet_master *m);
 /* Number of mounted segments of at least `len` bytes (takes registry.mu). */
 uint32_t registry_segments_fitting(moonlet_master *m, uint64_t len);
+/* Objects on disk segments (each has its one replica there); takes
+ * registry.mu. */
+uint64_t registry_disk_objects(moonlet_master *m);
+/* A demotion's target: reserves footprint bytes (a disk extent) on a mounted
+ * disk segment, one of the node that holds a replica in reps[0..nrep) when
+ * it has room (the copy stays on that host), else any with room.
+ * NO_AVAILABLE_HANDLE when none has; SEGMENT_NOT_FOUND when no disk segment
+ * is mounted.  Caller holds a shard lock; takes registry.mu. */
+int registry_place_disk_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t disk_key,
+                               const struct mrep *reps, uint32_t nrep, struct mrep *out,
+                               uint64_t *gen);
 /* Calls fn(arg, slot, offset, len) for every free extent of every mounted
- * segment of at least min_size bytes, under registry.mu: fn must not lock. */
-void registry_foreach_free(moonlet_master *m, uint64_t min_size,
+ * segment of at least min_size bytes, disk segments or DRAM ones, under
+ * registry.mu: fn must not lock. */
+void registry_foreach_free(moonlet_master *m, uint64_t min_size, bool disk,
                            void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
                            void *arg);
 
@@ -616,6 +688,14 @@ void repair_object_gone_locked(moonlet_master *m, const struct mobj *o);
 uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o);
 /* The repair counters of moonlet_master_get_stats (takes repair_mu). */
 void repair_stats(moonlet_master *m, moonlet_master_stats *st);
+/* Eviction's demotion (repair.c owns the jobs): queues sealed o, in DRAM,
+ * for a copy to a disk segment; o keeps its DRAM replicas until the copy is
+ * durable and RepairDone swaps them for it.  DEMOTE_QUEUED (now or before),
+ * DEMOTE_BUSY (a repair of o is queued or runs), DEMOTE_NONE (no disk tier
+ * mounted, or the queue is full: counted as dropped; the caller evicts as
+ * without a disk tier).  Under o's shard lock; takes repair_mu. */
+enum { DEMOTE_NONE, DEMOTE_QUEUED, DEMOTE_BUSY };
+int repair_demote_locked(moonlet_master *m, const struct mobj *o);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */
@@ -625,6 +705,15 @@ uint64_t evict_pass(moonlet_master *m, double ratio);
  * that is at least the rounded size.  Evicts nothing when no such runs
  * exist.  Returns objects evicted (takes evict_mu, then the guard shared). */
 uint64_t evict_for_space(moonlet_master *m, uint64_t size, uint32_t nrep);
+/* The disk tier's own eviction: the cheapest run of free and evictable
+ * disk extents spanning len on one disk segment, its owners destroyed
+ * (their extents quarantined while a reader's lease holds).  Returns
+ * objects evicted.  Takes no lock the caller may hold (evict_mu first). */
+uint64_t evict_disk_for_space(moonlet_master *m, uint64_t len);
+/* A demotion that found no disk room: its object (hash, tenant) is
+ * evicted from DRAM as without a disk tier, if still evictable.  Takes the
+ * guard shared and its shard lock. */
+void evict_without_copy(moonlet_master *m, uint64_t hash, uint32_t tenant);
 /* Revokes puts whose PutEnd did not come within the put timeout. */
 void reap_stale_puts(moonlet_master *m);
 

@@ -22,6 +22,7 @@
 #define BOOL MOONLET_ARG_BOOL
 #define STRS MOONLET_ARG_STR_ARRAY
 #define U64S MOONLET_ARG_U64_ARRAY
+#define NULLABLE MOONLET_ARG_NULLABLE
 
 #define ARG MOONLET_RPC_ARG /* rpc_args.h: one row of an argument table */
 #define ID_MAX MOONLET_MAX_ID_BYTES
@@ -48,9 +49,10 @@ static const moonlet_rpc_arg mount_args[] = {
     {ARG(moonlet_args_mount, protocol, CSTR, 0), .max = PROTO_MAX},
     {ARG(moonlet_args_mount, write_key, BIN, OPT), .max = 16},
     {ARG(moonlet_args_mount, node_clock_ms, U64, OPT | WITH_PREV)},
-    {ARG(moonlet_args_mount, alt_endpoint, CSTR, OPT), .max = MOONLET_MAX_ENDPOINT_BYTES},
-    {ARG(moonlet_args_mount, alt_segment_id, CSTR, OPT | WITH_PREV), .max = ID_MAX},
-    {ARG(moonlet_args_mount, alt_protocol, CSTR, OPT | WITH_PREV), .max = PROTO_MAX},
+    {ARG(moonlet_args_mount, alt_endpoint, CSTR, OPT | NULLABLE), .max = MOONLET_MAX_ENDPOINT_BYTES},
+    {ARG(moonlet_args_mount, alt_segment_id, CSTR, OPT | WITH_PREV | NULLABLE), .max = ID_MAX},
+    {ARG(moonlet_args_mount, alt_protocol, CSTR, OPT | WITH_PREV | NULLABLE), .max = PROTO_MAX},
+    {ARG(moonlet_args_mount, disk, BOOL, OPT)},
 };
 
 static const moonlet_rpc_arg unmount_args[] = {
@@ -188,6 +190,23 @@ static const moonlet_rpc_arg repair_done_args[] = {
     {ARG(moonlet_args_repair_done, bytes, U64, OPT)},
 };
 
+static const moonlet_rpc_arg disk_announce_args[] = {
+    {ARG(moonlet_args_disk_announce, client_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_disk_announce, segment_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_disk_announce, tenants, STRS, BATCH), .elem_max = ID_MAX},
+    {ARG(moonlet_args_disk_announce, keys, STRS, BATCH)},
+    {ARG(moonlet_args_disk_announce, sizes, U64S, BATCH)},
+    {ARG(moonlet_args_disk_announce, checksums, U64S, BATCH)},
+    {ARG(moonlet_args_disk_announce, offsets, U64S, BATCH)},
+};
+
+static const moonlet_rpc_arg disk_trim_args[] = {
+    {ARG(moonlet_args_disk_trim, client_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_disk_trim, segment_id, STR, 0), .max = ID_MAX},
+    {ARG(moonlet_args_disk_trim, done, U64S, BATCH)},
+    {ARG(moonlet_args_disk_trim, max, U64, OPT), .max = 4096},
+};
+
 static const moonlet_rpc_arg drain_args[] = {
     {ARG(moonlet_args_drain, target, STR, 0), .max = MOONLET_MAX_ENDPOINT_BYTES},
 };
@@ -219,6 +238,8 @@ SPEC(s_repl_snapshot, moonlet_args_repl_snapshot, repl_snapshot_args);
 SPEC(s_repair_fetch, moonlet_args_repair_fetch, repair_fetch_args);
 SPEC(s_repair_done, moonlet_args_repair_done, repair_done_args);
 SPEC(s_drain, moonlet_args_drain, drain_args);
+SPEC(s_disk_announce, moonlet_args_disk_announce, disk_announce_args);
+SPEC(s_disk_trim, moonlet_args_disk_trim, disk_trim_args);
 static const moonlet_rpc_args_spec s_none = {NULL, 0, sizeof(moonlet_args_none), false, false};
 static const moonlet_rpc_args_spec s_any = {NULL, 0, sizeof(moonlet_args_none), true, false};
 
@@ -269,6 +290,8 @@ const moonlet_rpc_method_decl moonlet_master_methods[] = {
     {MOONLET_M_BATCH_PUT_END, "BatchPutEnd", &s_batch_put_end, CLI, true},
     {MOONLET_M_BATCH_PUT_REVOKE, "BatchPutRevoke", &s_batch_put_revoke, CLI, true},
     {MOONLET_M_BATCH_GET_REPLICA_LIST, "BatchGetReplicaList", &s_batch_exist, CLI, true},
+    {MOONLET_M_DISK_ANNOUNCE, "DiskAnnounce", &s_disk_announce, NODE, false},
+    {MOONLET_M_DISK_TRIM, "DiskTrim", &s_disk_trim, NODE, false},
 };
 const size_t moonlet_master_nmethods = sizeof(moonlet_master_methods) / sizeof(moonlet_master_methods[0]);
 

@@ -60,6 +60,8 @@ enum moonlet_method {
     MOONLET_M_BATCH_PUT_END = 35,
     MOONLET_M_BATCH_PUT_REVOKE = 36,
     MOONLET_M_BATCH_GET_REPLICA_LIST = 37,
+    MOONLET_M_DISK_ANNOUNCE = 38, /* a restarted node's disk tier: what it holds */
+    MOONLET_M_DISK_TRIM = 39,     /* extents a node invalidated; those it must next */
     MOONLET_M__COUNT
 };
 
@@ -80,7 +82,8 @@ typedef struct {
     const char *endpoint, *protocol;
     moonlet_str write_key;  /* optional bin 16, with node_clock_ms */
     uint64_t node_clock_ms;
-    const char *alt_endpoint, *alt_segment_id, *alt_protocol; /* optional, all three */
+    const char *alt_endpoint, *alt_segment_id, *alt_protocol; /* optional, all three (or nil) */
+    bool disk;              /* optional: a disk segment (the node's disk tier) */
 } moonlet_args_mount;
 
 typedef struct {
@@ -241,6 +244,20 @@ typedef struct {
     uint64_t error; /* 0: done; else the failure's moonlet error code, negated (positive) */
     uint64_t bytes; /* optional: bytes written */
 } moonlet_args_repair_done;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str client_id, segment_id;
+    moonlet_strv tenants, keys;         /* one entry per object, in parallel */
+    moonlet_u64v sizes, checksums, offsets;
+} moonlet_args_disk_announce;
+
+typedef struct {
+    MOONLET_RPC_ARGS_HEAD;
+    moonlet_str client_id, segment_id;
+    moonlet_u64v done;  /* offsets invalidated since the last call */
+    uint64_t max;       /* optional: extents to hand out (0: 256) */
+} moonlet_args_disk_trim;
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

@@ -681,7 +681,10 @@ int moonlet_master_restore_object(moonlet_master *m, const moonlet_repl_rec *rec
         rc = MOONLET_ERR_INTERNAL_ERROR;
         goto out;
     }
-    rc = registry_place_at_locked(m, ref.hash, rec->size, rec->rep_seg, rec->rep_off, rec->nrep,
+    uint32_t disk_key = moonlet_disk_key_bytes((uint32_t)tenant_canonical(rec->tenant).len,
+                                               (uint32_t)rec->key.len);
+    rc = registry_place_at_locked(m, ref.hash, rec->size, disk_key, rec->rep_seg,
+                                  rec->rep_off, rec->nrep,
                                   mobj_reps(o));
     if (rc) {
         mobj_free(m, o);
@@ -726,6 +729,51 @@ out:
     pthread_rwlock_unlock(&m->guard);
     tenant_release(m, ref.tenant);
     return rc;
+}
+
+int moonlet_master_disk_announce(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                                 moonlet_str segment_id, const moonlet_disk_entry *e, uint32_t n,
+                                 int32_t *codes)
+{
+    if (n && (!e || !codes))
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint32_t slots[16], ns = 0;
+    int rc = registry_client_slots(m, client_id, session, slots, 16, &ns);
+    if (rc)
+        return rc;
+    bool mine = false;
+    pthread_rwlock_rdlock(&m->guard);
+    for (uint32_t i = 0; i < ns && !mine; i++)
+        mine = registry_slot_named(m, slots[i], segment_id) && registry_slot_disk(m, slots[i]);
+    pthread_rwlock_unlock(&m->guard);
+    if (!mine)
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    for (uint32_t i = 0; i < n; i++) {
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_PLACE, .tenant = e[i].tenant,
+                                .key = e[i].key, .size = e[i].size, .nrep = 1};
+        rec.rep_seg[0] = segment_id;
+        rec.rep_off[0] = e[i].offset;
+        codes[i] = moonlet_master_restore_object(m, &rec, true, true, e[i].checksum);
+        if (codes[i] == MOONLET_OK) {
+            atomic_fetch_add(&m->st.disk_announced, 1);
+            object_replicate(m, e[i].tenant, e[i].key);
+        }
+    }
+    return MOONLET_OK;
+}
+
+static int replicate_op(moonlet_master *m, struct shard *s, struct mobj *o, void *arg)
+{
+    (void)s;
+    (void)arg;
+    repl_object_send(m, o, 0, m->cfg.repl_emit, m->cfg.repl_arg);
+    return MOONLET_OK;
+}
+
+void object_replicate(moonlet_master *m, moonlet_str tenant, moonlet_str key)
+{
+    if (repl_on(m))
+        with_object(m, tenant, key, replicate_op, NULL);
 }
 
 int moonlet_master_restore_reserved(moonlet_master *m, moonlet_str segment_id, uint64_t offset,

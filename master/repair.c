@@ -64,6 +64,7 @@ struct rq_entry {
     uint32_t tenant;
     uint32_t attempts;   /* failed attempts so far */
     uint64_t not_before; /* backoff: not started before this (ns) */
+    bool demote;         /* a demotion to the disk tier, not a repair */
 };
 
 /* A FIFO: entries [head, n) of e. */
@@ -78,11 +79,15 @@ struct rjob {
     struct mrep target;  /* the reserved range (job-owned until attached) */
     bool fetched;
     bool cancelled;      /* its object was destroyed (repair_object_gone_locked) */
+    bool demote;         /* target on a disk segment: swaps for the DRAM replicas */
 };
 
 struct repair_state {
     pthread_mutex_t mu;
     struct rq urgent, normal; /* leased objects first */
+    struct rq demote;         /* demotions (eviction to the disk tier), FIFO */
+    uint32_t ndemote;         /* demotions queued or running (<= cfg.demote_queue) */
+    uint32_t ndemote_run;     /* of which running */
     struct hmap known;        /* (hash -> tenant) of every queued or running object */
     struct rjob *run;
     uint32_t nrun, run_cap;
@@ -91,6 +96,7 @@ struct repair_state {
     double tokens;            /* bandwidth bucket (bytes); may go negative (debt) */
     uint64_t tokens_ns;
     _Atomic uint64_t done, failed, retried, dropped, bytes;
+    _Atomic uint64_t demoted, demote_bytes, demote_dropped, demote_failed;
 };
 
 static bool tenant_eq(const void *ctx, uint32_t v) { return *(const uint32_t *)ctx == v; }
@@ -132,6 +138,7 @@ void repair_destroy(moonlet_master *m)
         return;
     free(r->urgent.e);
     free(r->normal.e);
+    free(r->demote.e);
     free(r->run);
     hmap_free(&r->known);
     pthread_mutex_destroy(&r->mu);
@@ -163,7 +170,8 @@ static void enqueue_locked(struct repair_state *r, uint64_t hash, uint32_t tenan
         if (!hmap_insert(&r->known, hash, tenant))
             goto oom;
     }
-    struct rq_entry e = {hash, tenant, attempts, not_before};
+    struct rq_entry e = {.hash = hash, .tenant = tenant, .attempts = attempts,
+                         .not_before = not_before};
     if (rq_push(urgent ? &r->urgent : &r->normal, e))
         return;
     hmap_remove_hv(&r->known, hash, tenant);
@@ -174,6 +182,44 @@ oom:
 static void forget_locked(struct repair_state *r, uint64_t hash, uint32_t tenant)
 {
     hmap_remove_hv(&r->known, hash, tenant);
+}
+
+/* A demotion ends (its copy joined the object, failed, timed out, or its
+ * object or target went): forgotten, and its room in the queue given back.
+ * A failed one is not retried: the object stays in DRAM, and the next
+ * eviction pass that picks it queues it again.  repair_mu held. */
+static void demote_end_locked(struct repair_state *r, uint64_t hash, uint32_t tenant,
+                              bool was_running)
+{
+    forget_locked(r, hash, tenant);
+    r->ndemote--;
+    if (was_running)
+        r->ndemote_run--;
+}
+
+int repair_demote_locked(moonlet_master *m, const struct mobj *o)
+{
+    struct repair_state *r = m->repair;
+    if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
+        return DEMOTE_NONE;
+    int res = DEMOTE_NONE;
+    pthread_mutex_lock(&r->mu);
+    if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant)) {
+        res = DEMOTE_BUSY;
+    } else if (r->ndemote >= m->cfg.demote_queue) {
+        /* Eviction never waits for a slow disk: this one is destroyed. */
+        atomic_fetch_add(&r->demote_dropped, 1);
+    } else if (hmap_insert(&r->known, o->hash, o->tenant)) {
+        struct rq_entry e = {.hash = o->hash, .tenant = o->tenant, .demote = true};
+        if (rq_push(&r->demote, e)) {
+            r->ndemote++;
+            res = DEMOTE_QUEUED;
+        } else {
+            hmap_remove_hv(&r->known, o->hash, o->tenant);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return res;
 }
 
 void repair_note_locked(moonlet_master *m, const struct mobj *o)
@@ -236,6 +282,21 @@ static void retry_locked(moonlet_master *m, uint64_t hash, uint32_t tenant, uint
     enqueue_locked(r, hash, tenant, false, attempts, now + backoff_ns(attempts), true);
 }
 
+/* A running job failed (its node said so, or it timed out): a repair is
+ * tried again after a backoff, a demotion ends.  repair_mu held. */
+static void job_failed_locked(moonlet_master *m, const struct rjob *j, uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    if (j->demote) {
+        atomic_fetch_add(&r->demote_failed, 1);
+        demote_end_locked(r, j->hash, j->tenant, true);
+    } else if (j->cancelled) {
+        forget_locked(r, j->hash, j->tenant);
+    } else {
+        retry_locked(m, j->hash, j->tenant, j->attempts, now);
+    }
+}
+
 /* Gives a job's target range back: into quarantine until the job's deadline
  * plus the grace, when no write of the node can land any more. */
 static void release_target(moonlet_master *m, const struct rjob *j)
@@ -257,7 +318,9 @@ static void repl_hold_target(moonlet_master *m, const struct rjob *j, uint64_t n
 {
     if (!repl_on(m))
         return;
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = j->size, .nrep = 1};
+    /* A disk target's range is its extent (header and whole blocks). */
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = mrep_len(&j->target, j->size),
+                            .nrep = 1};
     rec.rep_seg[0] = MOONLET_STR(reg_seg(&m->reg, j->target.seg)->id);
     rec.rep_off[0] = j->target.offset;
     uint64_t until = j->deadline_ns + m->quarantine_grace_ns;
@@ -285,13 +348,72 @@ static void repl_swap(moonlet_master *m, const struct mobj *o, uint64_t until, u
     repl_object_send(m, o, free_ms, m->cfg.repl_emit, m->cfg.repl_arg);
 }
 
-enum { START_OK, START_DROP, START_RETRY };
+enum { START_OK, START_DROP, START_RETRY, START_NO_ROOM };
+
+/* Records job j (its target reserved) as running: START_OK, or START_RETRY
+ * (out of memory: the target given back).  Under the object's shard lock;
+ * takes repair_mu. */
+static int job_add(moonlet_master *m, struct rjob *j, uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    int res = START_RETRY;
+    pthread_mutex_lock(&r->mu);
+    struct rjob *nr = moonlet_grow(r->run, r->nrun, &r->run_cap, 16, sizeof(*nr));
+    if (nr)
+        r->run = nr;
+    if (r->nrun < r->run_cap) {
+        j->id = r->next_id++;
+        r->run[r->nrun++] = *j;
+        atomic_store(&r->running, r->nrun);
+        if (j->demote)
+            r->ndemote_run++;
+        else
+            r->tokens -= (double)j->size;
+        res = START_OK;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (res != START_OK)
+        registry_release_gen(m, j->hash, j->size, &j->target, j->gen, 0);
+    else
+        repl_hold_target(m, j, now);
+    return res;
+}
+
+/* Starts the demotion of one queued object: a disk extent reserved for its
+ * copy, on its node's disk when that has room.  START_NO_ROOM (*footprint:
+ * the extent's bytes) when no disk segment has room.  Takes the guard
+ * shared, its shard lock, registry.mu and repair_mu. */
+static int start_demote(moonlet_master *m, const struct rq_entry *e, uint64_t now,
+                        uint64_t *footprint)
+{
+    int res = START_DROP;
+    pthread_rwlock_rdlock(&m->guard);
+    struct shard *s = &m->shards[shard_of(m, e->hash)];
+    pthread_mutex_lock(&s->mu);
+    struct mobj *o = find_locked(m, s, e->hash, e->tenant);
+    if (o && o->state == OBJ_COMPLETE && !mobj_on_disk(o) && o->nrep > 0) {
+        char tn[MOONLET_MAX_ID_BYTES + 1];
+        uint32_t dk = moonlet_disk_key_bytes(tenant_name_of(m, o->tenant, tn), o->key_len);
+        struct rjob j = {.hash = e->hash, .tenant = e->tenant, .size = o->size, .demote = true,
+                         .deadline_ns = now + m->cfg.repair_timeout_ms * MOONLET_NS_PER_MS};
+        int rc = registry_place_disk_locked(m, e->hash, o->size, dk, mobj_creps(o), o->nrep,
+                                            &j.target, &j.gen);
+        if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE) {
+            res = START_NO_ROOM;
+            *footprint = moonlet_disk_footprint(dk, o->size);
+        } else if (rc == MOONLET_OK) {
+            res = job_add(m, &j, now) == START_OK ? START_OK : START_DROP;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    pthread_rwlock_unlock(&m->guard);
+    return res;
+}
 
 /* Starts the repair of one queued object: reserves the target and records
  * the job.  Takes the guard shared, its shard lock, registry.mu and repair_mu. */
 static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
 {
-    struct repair_state *r = m->repair;
     int res = START_DROP;
     pthread_rwlock_rdlock(&m->guard);
     struct shard *s = &m->shards[shard_of(m, e->hash)];
@@ -308,28 +430,10 @@ static int start_one(moonlet_master *m, const struct rq_entry *e, uint64_t now)
                          .attempts = e->attempts,
                          .deadline_ns = now + m->cfg.repair_timeout_ms * MOONLET_NS_PER_MS};
         if (registry_place_extra_locked(m, e->hash, o->size, mobj_creps(o), o->nrep, &j.target,
-                                        &j.gen) != MOONLET_OK) {
+                                        &j.gen) != MOONLET_OK)
             res = START_RETRY;
-        } else {
-            pthread_mutex_lock(&r->mu);
-            struct rjob *nr = moonlet_grow(r->run, r->nrun, &r->run_cap, 16, sizeof(*nr));
-            if (nr)
-                r->run = nr;
-            if (r->nrun < r->run_cap) {
-                j.id = r->next_id++;
-                r->run[r->nrun++] = j;
-                atomic_store(&r->running, r->nrun);
-                r->tokens -= (double)j.size;
-                res = START_OK;
-            } else {
-                res = START_RETRY;
-            }
-            pthread_mutex_unlock(&r->mu);
-            if (res != START_OK)
-                registry_release_gen(m, j.hash, j.size, &j.target, j.gen, 0);
-            else
-                repl_hold_target(m, &j, now);
-        }
+        else
+            res = job_add(m, &j, now);
     }
     pthread_mutex_unlock(&s->mu);
     pthread_rwlock_unlock(&m->guard);
@@ -360,12 +464,46 @@ static uint32_t pop_due_locked(struct repair_state *r, uint64_t now, struct rq_e
     return n;
 }
 
+/* Starts the demotions cfg.demote_concurrency allows (at most
+ * REPAIR_PUMP_BUDGET).  A disk without room evicts its own coldest objects
+ * first (evict_disk_for_space); when that cannot make room either, the
+ * object is evicted from DRAM without a copy (counted dropped): DRAM
+ * pressure never waits for the disk.  Takes no lock the caller holds. */
+static void demote_pump(moonlet_master *m, uint64_t now)
+{
+    struct repair_state *r = m->repair;
+    struct rq_entry batch[REPAIR_PUMP_BUDGET];
+    uint32_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    uint32_t room = m->cfg.demote_concurrency > r->ndemote_run
+                        ? m->cfg.demote_concurrency - r->ndemote_run : 0;
+    while (n < room && n < REPAIR_PUMP_BUDGET && rq_len(&r->demote) > 0)
+        batch[n++] = r->demote.e[r->demote.head++];
+    pthread_mutex_unlock(&r->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t footprint = 0;
+        int res = start_demote(m, &batch[i], now, &footprint);
+        if (res == START_NO_ROOM && evict_disk_for_space(m, footprint) > 0)
+            res = start_demote(m, &batch[i], now, &footprint);
+        if (res == START_OK)
+            continue;
+        if (res == START_NO_ROOM) {
+            evict_without_copy(m, batch[i].hash, batch[i].tenant);
+            atomic_fetch_add(&r->demote_dropped, 1);
+        }
+        pthread_mutex_lock(&r->mu);
+        demote_end_locked(r, batch[i].hash, batch[i].tenant, false);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
 /* Starts what the limits allow, looking at no more than REPAIR_PUMP_BUDGET
  * entries. */
 static void repair_pump(moonlet_master *m, uint64_t now)
 {
     struct repair_state *r = m->repair;
     struct rq_entry batch[REPAIR_PUMP_BUDGET];
+    demote_pump(m, now);
     pthread_mutex_lock(&r->mu);
     double bw = (double)m->cfg.repair_bandwidth;
     if (now > r->tokens_ns) {
@@ -422,13 +560,11 @@ void repair_tick(moonlet_master *m)
     atomic_store(&r->running, r->nrun);
     pthread_mutex_unlock(&r->mu);
     for (uint32_t i = 0; i < k; i++) {
-        ML_WARN("master", "repair job %" PRIu64 " timed out", exp[i].id);
+        ML_WARN("master", "%s job %" PRIu64 " timed out", exp[i].demote ? "demotion" : "repair",
+                exp[i].id);
         release_target(m, &exp[i]);
         pthread_mutex_lock(&r->mu);
-        if (exp[i].cancelled)
-            forget_locked(r, exp[i].hash, exp[i].tenant);
-        else
-            retry_locked(m, exp[i].hash, exp[i].tenant, exp[i].attempts, now);
+        job_failed_locked(m, &exp[i], now);
         pthread_mutex_unlock(&r->mu);
     }
     free(exp);
@@ -499,7 +635,9 @@ static void drop_job(moonlet_master *m, const struct rjob *j, bool object_gone)
     struct repair_state *r = m->repair;
     release_target(m, j);
     pthread_mutex_lock(&r->mu);
-    if (object_gone)
+    if (j->demote)
+        demote_end_locked(r, j->hash, j->tenant, true);
+    else if (object_gone)
         forget_locked(r, j->hash, j->tenant);
     else
         enqueue_locked(r, j->hash, j->tenant, false, j->attempts,
@@ -585,7 +723,13 @@ int moonlet_master_repair_fetch(moonlet_master *m, moonlet_str client_id, uint64
                 moonlet_repair_job_view v = {.job_id = j->id, .size = j->size,
                                              .has_checksum = o->has_checksum,
                                              .checksum = o->checksum, .target = &tv,
-                                             .sources = src, .nsources = ns};
+                                             .sources = src, .nsources = ns,
+                                             .demote = j->demote};
+                char tn[MOONLET_MAX_ID_BYTES + 1];
+                if (j->demote) {
+                    v.tenant = (moonlet_str){tn, tenant_name_of(m, o->tenant, tn)};
+                    v.key = (moonlet_str){mobj_key(o), o->key_len};
+                }
                 visit(arg, &v);
             }
             ok = ns > 0;
@@ -633,14 +777,12 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
         pthread_mutex_unlock(&r->mu);
         if (!had)
             return MOONLET_ERR_OBJECT_NOT_FOUND;
-        ML_WARN("master", "repair job %" PRIu64 " failed on its target: %s", j.id,
+        ML_WARN("master", "%s job %" PRIu64 " failed on its target: %s",
+                j.demote ? "demotion" : "repair", j.id,
                 code ? moonlet_strerror(code) : "reported after its deadline");
         release_target(m, &j);
         pthread_mutex_lock(&r->mu);
-        if (j.cancelled)
-            forget_locked(r, j.hash, j.tenant);
-        else
-            retry_locked(m, j.hash, j.tenant, j.attempts, me.now);
+        job_failed_locked(m, &j, me.now);
         pthread_mutex_unlock(&r->mu);
         return MOONLET_OK;
     }
@@ -665,7 +807,23 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
         !registry_slot_live(m, j.target.seg, j.gen)) {
         res = TARGET_GONE;
-    } else if (o && o->state == OBJ_COMPLETE && o->size == j.size) {
+    } else if (j.demote && o && o->state == OBJ_COMPLETE && o->size == j.size &&
+               !mobj_on_disk(o)) {
+        /* The copy is durable on the node's disk: it takes the place of
+         * every DRAM replica, whose ranges are freed now (quarantined while
+         * a reader's lease holds: that reader still reads them). */
+        struct mrep old[MOONLET_MAX_REPLICAS];
+        uint32_t nold = o->nrep;
+        memcpy(old, mobj_reps(o), nold * sizeof(*old));
+        mobj_reps(o)[0] = j.target;
+        mobj_reps(o)[0].status = MOONLET_REPLICA_COMPLETE;
+        o->nrep = 1;
+        o->nrep_cap = 1;
+        uint64_t until = moonlet_lease_active(o->lease_deadline, me.now) ? o->lease_deadline : 0;
+        repl_swap(m, o, until, me.now);
+        registry_release(m, o->hash, o->size, old, nold, until);
+        res = ATTACHED;
+    } else if (!j.demote && o && o->state == OBJ_COMPLETE && o->size == j.size) {
         struct mrep nr = j.target;
         nr.status = MOONLET_REPLICA_COMPLETE;
         struct mrep *reps = mobj_reps(o);
@@ -694,6 +852,14 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     }
     pthread_mutex_unlock(&s->mu);
     pthread_rwlock_unlock(&m->guard);
+    if (res == ATTACHED && j.demote) {
+        atomic_fetch_add(&r->demoted, 1);
+        atomic_fetch_add(&r->demote_bytes, j.size);
+        pthread_mutex_lock(&r->mu);
+        demote_end_locked(r, j.hash, j.tenant, true);
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_OK;
+    }
     if (res == ATTACHED) {
         atomic_fetch_add(&r->done, 1);
         atomic_fetch_add(&r->bytes, j.size);
@@ -751,7 +917,7 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st)
 {
     struct repair_state *r = m->repair;
     pthread_mutex_lock(&r->mu);
-    st->under_replicated = r->known.n;
+    st->under_replicated = r->known.n - r->ndemote;
     st->repairs_queued = rq_len(&r->urgent) + rq_len(&r->normal);
     st->repairs_running = r->nrun;
     pthread_mutex_unlock(&r->mu);
@@ -760,6 +926,13 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st)
     st->repairs_retried = atomic_load(&r->retried);
     st->repairs_dropped = atomic_load(&r->dropped);
     st->repair_bytes = atomic_load(&r->bytes);
+    pthread_mutex_lock(&r->mu);
+    st->demotions_queued = r->ndemote;
+    pthread_mutex_unlock(&r->mu);
+    st->demotions = atomic_load(&r->demoted);
+    st->demotion_bytes = atomic_load(&r->demote_bytes);
+    st->demotions_dropped = atomic_load(&r->demote_dropped);
+    st->demotions_failed = atomic_load(&r->demote_failed);
 }
 
 void repair_snapshot_targets(moonlet_master *m,
@@ -786,7 +959,8 @@ void repair_snapshot_targets(moonlet_master *m,
         uint64_t until = jobs[i].deadline_ns + m->quarantine_grace_ns;
         if (!sg || atomic_load(&sg->state) != SEG_MOUNTED || until <= now)
             continue;
-        moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = jobs[i].size, .nrep = 1,
+        moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR,
+                                .size = mrep_len(&jobs[i].target, jobs[i].size), .nrep = 1,
                                 .free_ms = (until - now + MOONLET_NS_PER_MS - 1) /
                                            MOONLET_NS_PER_MS};
         rec.rep_seg[0] = MOONLET_STR(sg->id);

@@ -8,7 +8,8 @@
  *                    u64 pin_ttl_ms, u64 free_ms, u64 checksum,
  *                    u8 nrep, nrep x (str segment_id, u64 offset)
  *   MOUNT:           str client, str segment, str name, u64 base, u64 size,
- *                    str endpoint, str protocol, u8 has_key [16 key],
+ *                    str endpoint, str protocol, u8 flags (1: a write key
+ *                    follows, 2: a disk segment) [16 key],
  *                    str alt_segment, str alt_endpoint, str alt_protocol
  *   UNMOUNT:         str client, str segment
  *   QUAR/RESV/UNRESV: as PLACE, with an empty key and one replica
@@ -127,7 +128,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
         w_u64(&w, d->size);
         w_str(&w, cstr(d->endpoint));
         w_str(&w, cstr(d->protocol));
-        w_u8(&w, d->write_key != NULL);
+        w_u8(&w, (uint8_t)((d->write_key != NULL) | (d->disk ? 2u : 0u)));
         if (d->write_key)
             w_bytes(&w, d->write_key, 16);
         w_str(&w, cstr(d->alt_segment_id));
@@ -258,10 +259,11 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         d->size = r_u64(&r);
         d->endpoint = r_cstr(&r, out->endpoint, sizeof(out->endpoint), false);
         d->protocol = r_cstr(&r, out->protocol, sizeof(out->protocol), false);
-        uint8_t has_key = r_u8(&r);
-        if (has_key > 1)
+        uint8_t has_key = r_u8(&r); /* bit 0: a write key follows; bit 1: a disk segment */
+        if (has_key > 3)
             return MOONLET_ERR_INVALID_PARAMS;
-        if (has_key) {
+        d->disk = has_key & 2u;
+        if (has_key & 1u) {
             const uint8_t *k = r_take(&r, 16);
             if (k) {
                 memcpy(out->write_key, k, 16);
@@ -303,7 +305,7 @@ struct rseg {
     char alt_id[MOONLET_MAX_ID_BYTES + 1], alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     char alt_protocol[16];
     uint64_t base, size;
-    bool has_key;
+    bool has_key, disk;
     uint8_t key[16];
     uint8_t secret_len;
     uint8_t secret[64];
@@ -586,6 +588,7 @@ static int apply_mount(moonlet_repl_state *st, const moonlet_segment_desc *d, mo
              d->alt_protocol ? d->alt_protocol : "");
     s->base = d->base;
     s->size = d->size;
+    s->disk = d->disk;
     s->has_key = d->write_key != NULL;
     if (s->has_key)
         memcpy(s->key, d->write_key, 16);
@@ -881,7 +884,7 @@ int moonlet_repl_state_restore(const moonlet_repl_state *st, moonlet_master *m,
             .write_key = s->has_key ? s->key : NULL, .node_clock_ms = s->has_key ? node_ms : 0,
             .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
             .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
-            .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
+            .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL, .disk = s->disk};
         int rc = moonlet_master_mount_segment(m, &d);
         if (!rc) /* only the node that bound the id may take it over, not a restarted one */
             rc = moonlet_master_restore_client_secret(

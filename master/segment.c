@@ -77,6 +77,7 @@ void registry_destroy(struct registry *r)
             moonlet_alloc_destroy(s->alloc);
             hmap_free(&s->ix);
             free(s->quar);
+            free(s->trims);
             free(s);
         }
     }
@@ -463,7 +464,7 @@ void registry_avail_add_locked(struct registry *r, uint32_t slot)
 {
     struct mseg *s = reg_seg(r, slot);
     if (s->avail_pos != SLOT_NONE || atomic_load(&s->state) != SEG_MOUNTED ||
-        atomic_load(&s->draining))
+        atomic_load(&s->draining) || s->disk)
         return;
     if (u32_push(&r->avail, &r->navail, &r->avail_cap, slot))
         s->avail_pos = r->navail - 1;
@@ -515,6 +516,11 @@ static int seg_desc_check(const moonlet_segment_desc *d)
         return MOONLET_ERR_INVALID_PARAMS;
     if (d->size < MOONLET_ALLOC_ALIGN || d->size > MOONLET_MAX_SEGMENT_BYTES ||
         d->base > UINT64_MAX - d->size)
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* A disk segment: whole disk blocks, one endpoint, nothing to write to
+     * through the transport (the node writes its own disk). */
+    if (d->disk && (d->size % MOONLET_DISK_BLOCK || d->alt_endpoint || d->alt_segment_id ||
+                    d->alt_protocol))
         return MOONLET_ERR_INVALID_PARAMS;
     /* A key without the node's clock would give capabilities no expiry. */
     if (d->write_key && (d->node_clock_ms == 0 || d->node_clock_ms > INT64_MAX))
@@ -593,6 +599,7 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     pool_reset(s);
     s->gen = ++r->next_gen;
     atomic_store(&s->draining, false);
+    s->disk = d->disk;
     s->client = cidx;
     s->cprev = SLOT_NONE;
     s->cnext = c->first_seg;
@@ -602,18 +609,23 @@ int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_des
     c->nsegs++;
     client_touch_locked(r, cidx);
     r->nmounted++;
-    atomic_fetch_add(&r->capacity, s->size);
     s->avail_pos = SLOT_NONE;
     atomic_store(&s->state, SEG_MOUNTED);
-    registry_avail_add_locked(r, slot);
+    if (s->disk) {
+        atomic_fetch_add(&r->disk_capacity, s->size);
+        atomic_fetch_add(&r->ndisk, 1);
+    } else {
+        atomic_fetch_add(&r->capacity, s->size);
+        registry_avail_add_locked(r, slot);
+    }
     if (repl_on(m)) { /* under registry.mu: ordered with the UNMOUNT of the same id */
         moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = d,
                                 .secret = {(const char *)c->secret, c->secret_len},
                                 .clock_offset_ms = atomic_load(&s->clock_offset_ms)};
         repl_emit(m, &rec);
     }
-    ML_INFO("master", "mounted segment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",
-            s->id, s->size, c->id, s->protocol, s->endpoint, s->alt_id[0] ? " and " : "",
+    ML_INFO("master", "mounted %ssegment %s (%" PRIu64 " bytes) of client %s at %s://%s%s%s%s%s",
+            s->disk ? "disk " : "", s->id, s->size, c->id, s->protocol, s->endpoint, s->alt_id[0] ? " and " : "",
             s->alt_protocol, s->alt_id[0] ? "://" : "", s->alt_endpoint);
 out:
     pthread_mutex_unlock(&r->mu);
@@ -715,11 +727,17 @@ void registry_retire(moonlet_master *m, uint32_t slot)
     struct registry *r = &m->reg;
     pthread_mutex_lock(&r->mu);
     struct mseg *s = reg_seg(r, slot);
-    atomic_fetch_sub(&r->capacity, s->size);
-    atomic_fetch_sub(&r->used, moonlet_alloc_used(s->alloc));
+    if (s->disk) {
+        atomic_fetch_sub(&r->disk_capacity, s->size);
+        atomic_fetch_sub(&r->ndisk, 1);
+    } else {
+        atomic_fetch_sub(&r->capacity, s->size);
+    }
+    atomic_fetch_sub(reg_used_of(r, s), moonlet_alloc_used(s->alloc));
     for (uint32_t q = 0; q < s->nquar; q++) /* gone with the segment's id and key */
         atomic_fetch_sub(&r->quarantined, s->quar[q].len);
     s->nquar = 0;
+    s->ntrim = 0; /* the node rescans its disk when it comes back */
     pool_reset(s); /* its ranges go with the allocator, counted in its used */
     moonlet_alloc_destroy(s->alloc);
     s->alloc = NULL;
@@ -743,7 +761,7 @@ static void quarantine_release_due_locked(struct registry *r, uint32_t slot, uin
             continue;
         }
         if (moonlet_alloc_release(s->alloc, e->offset, e->len) == MOONLET_OK)
-            atomic_fetch_sub(&r->used, e->len);
+            atomic_fetch_sub(reg_used_of(r, s), e->len);
         else
             ML_ERR("master", "segment %s: release of quarantined [%" PRIu64 ", +%" PRIu64
                    ") refused", s->id, e->offset, e->len);
@@ -788,7 +806,7 @@ static int place_on_locked(struct registry *r, uint32_t slot, uint64_t len, uint
                            struct mrep *reps, uint32_t placed)
 {
     struct mseg *s = reg_seg(r, slot);
-    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
+    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining) || s->disk)
         return PLACE_SKIP;
     for (uint32_t k = 0; k < placed; k++)
         if (reps[k].seg == slot)
@@ -836,7 +854,8 @@ static uint32_t place_walk_locked(struct registry *r, uint64_t len, uint64_t now
 }
 
 /* The n replicas reserved for object `hash` are its now: count and index
- * them.  Caller holds registry.mu. */
+ * them.  len: the object's size (or that rounded: mrep_len gives each
+ * range's length from either).  Caller holds registry.mu. */
 static void placed_commit_locked(struct registry *r, uint64_t hash, const struct mrep *reps,
                                  uint32_t n, uint64_t len, bool counted)
 {
@@ -844,9 +863,9 @@ static void placed_commit_locked(struct registry *r, uint64_t hash, const struct
         struct mseg *s = reg_seg(r, reps[k].seg);
         s->objects++;
         ix_add_locked(s, hash);
+        if (!counted) /* pooled ranges were counted when the pool took them */
+            atomic_fetch_add(reg_used_of(r, s), mrep_len(&reps[k], len));
     }
-    if (!counted) /* pooled ranges were counted when the pool took them */
-        atomic_fetch_add(&r->used, len * n);
 }
 
 /* The placement failed: give the n reserved ranges back.  Caller holds
@@ -855,7 +874,8 @@ static void placed_release_locked(struct registry *r, const struct mrep *reps, u
                                   uint64_t len)
 {
     for (uint32_t k = 0; k < n; k++)
-        moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset, len);
+        moonlet_alloc_release(reg_seg(r, reps[k].seg)->alloc, reps[k].offset,
+                              mrep_len(&reps[k], len));
 }
 
 /* A mounted slot whose name is `name`, else one whose endpoint ("host:port",
@@ -945,12 +965,13 @@ int registry_place_replacement_locked(moonlet_master *m, uint64_t hash, uint64_t
     return placed ? MOONLET_OK : MOONLET_ERR_NO_AVAILABLE_HANDLE;
 }
 
-int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
+int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t key_len,
                              const moonlet_str *seg_ids, const uint64_t *offs, uint32_t nrep,
                              struct mrep *reps)
 {
     struct registry *r = &m->reg;
     uint64_t len = moonlet_alloc_rounded(size ? size : 1);
+    uint8_t hdr = (uint8_t)(moonlet_disk_header_bytes(key_len) / MOONLET_DISK_BLOCK);
     int rc = MOONLET_OK;
     uint32_t placed = 0;
     pthread_mutex_lock(&r->mu);
@@ -964,13 +985,16 @@ int registry_place_at_locked(moonlet_master *m, uint64_t hash, uint64_t size,
         bool dup = false;
         for (uint32_t k = 0; k < placed; k++)
             dup |= reps[k].seg == slot;
-        if (dup || (rc = moonlet_alloc_reserve_at(s->alloc, offs[placed], len)) != MOONLET_OK) {
+        struct mrep rp = {.offset = offs[placed], .seg = slot,
+                          .status = MOONLET_REPLICA_INITIALIZED, .disk_hdr = s->disk ? hdr : 0};
+        if (dup || (s->disk && offs[placed] % MOONLET_DISK_BLOCK) ||
+            (rc = moonlet_alloc_reserve_at(s->alloc, offs[placed], mrep_len(&rp, size))) !=
+                MOONLET_OK) {
             rc = dup || rc == MOONLET_ERR_NO_AVAILABLE_HANDLE ? MOONLET_ERR_NO_AVAILABLE_HANDLE
                                                              : MOONLET_ERR_INVALID_PARAMS;
             break;
         }
-        reps[placed] = (struct mrep){.offset = offs[placed], .seg = slot,
-                                     .status = MOONLET_REPLICA_INITIALIZED};
+        reps[placed] = rp;
     }
     if (rc == MOONLET_OK)
         placed_commit_locked(r, hash, reps, nrep, len, false);
@@ -992,7 +1016,7 @@ int registry_quarantine_at(moonlet_master *m, moonlet_str seg_id, uint64_t offse
     if (!s)
         rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
     else if ((rc = moonlet_alloc_reserve_at(s->alloc, offset, len)) == MOONLET_OK) {
-        atomic_fetch_add(&r->used, len);
+        atomic_fetch_add(reg_used_of(r, s), len);
         if (!quarantine_add_locked(r, s, offset, len, until_ns))
             ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
                    "); it stays allocated", s->id, offset, len);
@@ -1013,16 +1037,88 @@ int registry_place_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint3
     return registry_place_preferred_locked(m, hash, size, nrep, NULL, 0, reps, NULL);
 }
 
-/* One range back (or into quarantine until until_ns).  registry.mu held. */
-static void release_one_locked(struct registry *r, uint64_t hash, uint64_t len,
+/* A disk extent freed: held until its node trims it (mseg.trims).
+ * registry.mu held. */
+static void trim_add_locked(struct mseg *s, uint64_t offset, uint64_t len, uint64_t until_ns)
+{
+    struct quarantined *t = moonlet_grow(s->trims, s->ntrim, &s->trim_cap, 64, sizeof(*t));
+    if (!t) {
+        ML_ERR("master", "disk segment %s: out of memory for a trim: [%" PRIu64 ", +%" PRIu64
+               ") stays allocated", s->id, offset, len);
+        return;
+    }
+    s->trims = t;
+    s->trims[s->ntrim++] = (struct quarantined){offset, len, until_ns};
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int moonlet_master_disk_trim(moonlet_master *m, moonlet_str client_id, uint64_t session,
+                             moonlet_str segment_id, uint64_t *done, uint32_t ndone, uint32_t max,
+                             void (*visit)(void *arg, uint64_t offset, uint64_t len), void *arg)
+{
+    struct registry *r = &m->reg;
+    uint32_t slots[16], ns = 0;
+    int rc = registry_client_slots(m, client_id, session, slots, 16, &ns);
+    if (rc)
+        return rc;
+    if (ndone && !done)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t now = moonlet_clock_now_ns();
+    rc = MOONLET_ERR_SEGMENT_NOT_FOUND;
+    if (ndone)
+        qsort(done, ndone, sizeof(*done), cmp_u64);
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < ns; i++) {
+        struct mseg *s = reg_seg(r, slots[i]);
+        if (!s || !s->disk || atomic_load(&s->state) != SEG_MOUNTED || !str_eq(s->id, segment_id))
+            continue;
+        rc = MOONLET_OK;
+        /* The node invalidated these: free now.  Only due entries (a node
+         * cannot end a reader's hold by naming an offset early). */
+        for (uint32_t k = 0; ndone && k < s->ntrim;) {
+            struct quarantined *t = &s->trims[k];
+            if (t->until_ns > now ||
+                !bsearch(&t->offset, done, ndone, sizeof(*done), cmp_u64)) {
+                k++;
+                continue;
+            }
+            if (moonlet_alloc_release(s->alloc, t->offset, t->len) == MOONLET_OK)
+                atomic_fetch_sub(&r->disk_used, t->len);
+            s->trims[k] = s->trims[--s->ntrim];
+        }
+        for (uint32_t k = 0, n = 0; k < s->ntrim && n < max; k++)
+            if (s->trims[k].until_ns <= now) {
+                if (visit)
+                    visit(arg, s->trims[k].offset, s->trims[k].len);
+                n++;
+            }
+        break;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+/* One range of an object of `size` bytes back (or into quarantine until
+ * until_ns).  registry.mu held. */
+static void release_one_locked(struct registry *r, uint64_t hash, uint64_t size,
                                const struct mrep *rp, uint64_t until_ns)
 {
     uint32_t slot = rp->seg;
     struct mseg *s = reg_seg(r, slot);
     if (!s || !s->alloc)
         return;
+    uint64_t len = mrep_len(rp, size);
     s->objects--;
     ix_del_locked(s, hash);
+    if (s->disk) { /* until the node has invalidated it (DiskTrim) */
+        trim_add_locked(s, rp->offset, len, until_ns);
+        return;
+    }
     /* Quarantined bytes stay in `used`: they are not allocatable. */
     if (until_ns && quarantine_add_locked(r, s, rp->offset, len, until_ns))
         return;
@@ -1030,8 +1126,9 @@ static void release_one_locked(struct registry *r, uint64_t hash, uint64_t len,
         ML_ERR("master", "segment %s: cannot quarantine [%" PRIu64 ", +%" PRIu64
                "); it stays allocated", s->id, rp->offset, len);
     else if (moonlet_alloc_release(s->alloc, rp->offset, len) == MOONLET_OK) {
-        atomic_fetch_sub(&r->used, len);
-        registry_avail_add_locked(r, slot);
+        atomic_fetch_sub(reg_used_of(r, s), len);
+        if (!s->disk)
+            registry_avail_add_locked(r, slot);
     } else
         ML_ERR("master", "segment %s: release of [%" PRIu64 ", +%" PRIu64 ") refused",
                s->id, rp->offset, len);
@@ -1041,10 +1138,9 @@ void registry_release(moonlet_master *m, uint64_t hash, uint64_t size, const str
                       uint32_t nrep, uint64_t until_ns)
 {
     struct registry *r = &m->reg;
-    uint64_t len = moonlet_alloc_rounded(size ? size : 1);
     pthread_mutex_lock(&r->mu);
     for (uint32_t k = 0; k < nrep; k++)
-        release_one_locked(r, hash, len, &reps[k], until_ns);
+        release_one_locked(r, hash, size, &reps[k], until_ns);
     pthread_mutex_unlock(&r->mu);
 }
 
@@ -1055,8 +1151,14 @@ void registry_release_gen(moonlet_master *m, uint64_t hash, uint64_t size, const
     pthread_mutex_lock(&r->mu);
     struct mseg *s = reg_seg(r, rep->seg);
     if (s && atomic_load(&s->state) != SEG_FREE && s->gen == gen)
-        release_one_locked(r, hash, moonlet_alloc_rounded(size ? size : 1), rep, until_ns);
+        release_one_locked(r, hash, size, rep, until_ns);
     pthread_mutex_unlock(&r->mu);
+}
+
+bool registry_slot_disk(const moonlet_master *m, uint32_t slot)
+{
+    const struct mseg *s = reg_seg(&m->reg, slot);
+    return s && s->disk;
 }
 
 bool registry_slot_live(moonlet_master *m, uint32_t slot, uint64_t gen)
@@ -1088,7 +1190,7 @@ static bool extra_ok_locked(const struct registry *r, uint32_t slot, const struc
                             uint32_t nrep, bool other_host)
 {
     const struct mseg *s = reg_seg(r, slot);
-    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
+    if (!s || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining) || s->disk)
         return false;
     for (uint32_t k = 0; k < nrep; k++) {
         const struct mseg *o = reg_seg(r, reps[k].seg);
@@ -1252,6 +1354,7 @@ void replica_view_fill(const moonlet_master *m, const struct mobj *o, const stru
     v->offset = rp->offset;
     v->size = o->size;
     v->status = rp->status;
+    v->disk = rp->disk_hdr != 0;
     v->has_cap = false;
     v->cap_len = v->cap_expiry_ms = v->cap_tag = v->put_ttl_ms = 0;
 }
@@ -1280,7 +1383,7 @@ static void free_visit_one(void *arg, uint64_t offset, uint64_t len)
     v->fn(v->arg, v->slot, offset, len);
 }
 
-void registry_foreach_free(moonlet_master *m, uint64_t min_size,
+void registry_foreach_free(moonlet_master *m, uint64_t min_size, bool disk,
                            void (*fn)(void *arg, uint32_t slot, uint64_t offset, uint64_t len),
                            void *arg)
 {
@@ -1288,7 +1391,7 @@ void registry_foreach_free(moonlet_master *m, uint64_t min_size,
     pthread_mutex_lock(&m->reg.mu);
     for (uint32_t i = 0; i < m->reg.nslots; i++) {
         struct mseg *s = reg_seg(&m->reg, i);
-        if (!s || atomic_load(&s->state) != SEG_MOUNTED || s->size < min_size)
+        if (!s || atomic_load(&s->state) != SEG_MOUNTED || s->size < min_size || s->disk != disk)
             continue;
         v.slot = i;
         moonlet_alloc_foreach_free(s->alloc, free_visit_one, &v);
@@ -1299,6 +1402,78 @@ void registry_foreach_free(moonlet_master *m, uint64_t min_size,
 uint32_t registry_mounted(moonlet_master *m)
 {
     return moonlet_locked_u32(&m->reg.mu, &m->reg.nmounted);
+}
+
+uint64_t registry_disk_objects(moonlet_master *m)
+{
+    struct registry *r = &m->reg;
+    uint64_t n = 0;
+    if (atomic_load(&r->ndisk) == 0)
+        return 0;
+    pthread_mutex_lock(&r->mu);
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        const struct mseg *s = reg_seg(r, i);
+        if (s && s->disk && atomic_load(&s->state) != SEG_FREE)
+            n += s->objects;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+/* Reserves footprint on disk segment slot when it is mounted and has
+ * room.  registry.mu held. */
+static bool disk_reserve_locked(struct registry *r, uint32_t slot, uint64_t footprint,
+                                uint64_t now, uint64_t *off)
+{
+    struct mseg *s = reg_seg(r, slot);
+    if (!s || !s->disk || atomic_load(&s->state) != SEG_MOUNTED || atomic_load(&s->draining))
+        return false;
+    if (s->nquar)
+        quarantine_release_due_locked(r, slot, now);
+    return moonlet_alloc_reserve(s->alloc, footprint, off) == MOONLET_OK;
+}
+
+int registry_place_disk_locked(moonlet_master *m, uint64_t hash, uint64_t size, uint32_t disk_key,
+                               const struct mrep *reps, uint32_t nrep, struct mrep *out,
+                               uint64_t *gen)
+{
+    struct registry *r = &m->reg;
+    if (atomic_load(&r->ndisk) == 0)
+        return MOONLET_ERR_SEGMENT_NOT_FOUND;
+    struct mrep t = {.status = MOONLET_REPLICA_INITIALIZED,
+                     .disk_hdr = (uint8_t)(moonlet_disk_header_bytes(disk_key) / MOONLET_DISK_BLOCK)};
+    uint64_t footprint = mrep_len(&t, size), now = moonlet_clock_now_ns(), off = 0;
+    uint32_t found = SLOT_NONE;
+    pthread_mutex_lock(&r->mu);
+    /* The disk of a node that holds a replica: the copy needs no network. */
+    for (uint32_t k = 0; k < nrep && found == SLOT_NONE; k++) {
+        const struct mseg *src = reg_seg(r, reps[k].seg);
+        if (!src || reps[k].disk_hdr)
+            continue;
+        for (uint32_t slot = r->clients[src->client].first_seg; slot != SLOT_NONE;
+             slot = reg_seg(r, slot)->cnext)
+            if (disk_reserve_locked(r, slot, footprint, now, &off)) {
+                found = slot;
+                break;
+            }
+    }
+    /* Else any disk with room, from a rotating start. */
+    for (uint32_t k = 0; k < r->nslots && found == SLOT_NONE; k++) {
+        uint32_t slot = (r->rr + k) % r->nslots;
+        if (disk_reserve_locked(r, slot, footprint, now, &off))
+            found = slot;
+    }
+    if (found == SLOT_NONE) {
+        pthread_mutex_unlock(&r->mu);
+        return MOONLET_ERR_NO_AVAILABLE_HANDLE;
+    }
+    t.offset = off;
+    t.seg = found;
+    *out = t;
+    placed_commit_locked(r, hash, out, 1, size, false);
+    *gen = reg_seg(r, found)->gen;
+    pthread_mutex_unlock(&r->mu);
+    return MOONLET_OK;
 }
 
 double registry_usage(moonlet_master *m)

@@ -320,9 +320,10 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     rp->a.count++;
     bool alt = r->alt_segment_id != NULL;
     if (rp->as_map) {
-        pack_view_map(pk, r, replica_fields, NFIELDS(replica_fields), 1, r->alt_segment_id,
+        pack_view_map(pk, r, replica_fields, NFIELDS(replica_fields), 2, r->alt_segment_id,
                       r->alt_endpoint, r->alt_protocol);
         pack_str_kv(pk, "status", r->status == MOONLET_REPLICA_COMPLETE ? "COMPLETE" : "INITIALIZED");
+        pack_str_kv(pk, "tier", r->disk ? "disk" : "dram");
         return;
     }
     /* A second endpoint goes after the capability fields (zeros outside
@@ -334,7 +335,9 @@ static void replica_pack_visit(void *arg, const moonlet_replica_view *r)
     msgpack_pack_uint64(pk, r->base);
     msgpack_pack_uint64(pk, r->offset);
     msgpack_pack_uint64(pk, r->size);
-    msgpack_pack_uint8(pk, r->status);
+    /* A disk replica's status carries MOONLET_REPLICA_ON_DISK: the client
+     * reads it whole through its node (common/replica.h). */
+    msgpack_pack_uint8(pk, (uint8_t)(r->status | (r->disk ? MOONLET_REPLICA_ON_DISK : 0)));
     if (rp->with_cap || alt) { /* cap_tag 0: the segment checks no capability */
         bool cap = rp->with_cap && r->has_cap;
         msgpack_pack_uint64(pk, cap ? r->cap_len : 0);
@@ -394,7 +397,7 @@ HANDLER(h_mount, moonlet_args_mount)
                               .write_key = (const uint8_t *)a->write_key.ptr,
                               .node_clock_ms = a->node_clock_ms, .alt_endpoint = a->alt_endpoint,
                               .alt_segment_id = a->alt_segment_id,
-                              .alt_protocol = a->alt_protocol};
+                              .alt_protocol = a->alt_protocol, .disk = a->disk};
     SESSION_OR_FAIL(ctx, out, session);
     int rc = moonlet_master_mount_segment_as(M(ctx), &d, session);
     if (rc == MOONLET_ERR_ILLEGAL_CLIENT)
@@ -917,13 +920,14 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 
 /* ---- re-replication (master/repair.c) ----------------------------------------- */
 
-/* One job: [job_id, size, checksum or nil, target (with capability), [sources...]]. */
+/* One job: [job_id, size, checksum or nil, target (with capability),
+ * [sources...]], and for a demotion three more: true, tenant, key. */
 static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
 {
     struct side_array *jobs = arg;
     msgpack_packer *pk = &jobs->pk;
     jobs->count++;
-    msgpack_pack_array(pk, 5);
+    msgpack_pack_array(pk, j->demote ? 8 : 5);
     msgpack_pack_uint64(pk, j->job_id);
     msgpack_pack_uint64(pk, j->size);
     if (j->has_checksum)
@@ -939,6 +943,11 @@ static void job_pack_visit(void *arg, const moonlet_repair_job_view *j)
     for (uint32_t i = 0; i < j->nsources; i++)
         replica_pack_visit(&rp, &j->sources[i]);
     side_array_flush(&rp.a, pk);
+    if (j->demote) {
+        msgpack_pack_true(pk);
+        moonlet_pack_str(pk, j->tenant.ptr, j->tenant.len);
+        moonlet_pack_str(pk, j->key.ptr, j->key.len);
+    }
 }
 
 HANDLER(h_repair_fetch, moonlet_args_repair_fetch)
@@ -960,6 +969,67 @@ HANDLER(h_repair_done, moonlet_args_repair_done)
     SESSION_OR_FAIL(ctx, out, session);
     return reply(out, moonlet_master_repair_done(M(ctx), a->client_id, session, a->job_id,
                                                  -(int32_t)a->error, a->bytes));
+}
+
+HANDLER(h_disk_announce, moonlet_args_disk_announce)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    uint32_t n = a->keys.n;
+    if (a->tenants.n != n || a->sizes.n != n || a->checksums.n != n || a->offsets.n != n)
+        return moonlet_rpc_error(out, MOONLET_ERR_INVALID_PARAMS,
+                                 "DiskAnnounce: tenants, keys, sizes, checksums and offsets "
+                                 "must have one entry per object");
+    moonlet_disk_entry *e = n ? calloc(n, sizeof(*e)) : NULL;
+    int32_t *codes = n ? calloc(n, sizeof(*codes)) : NULL;
+    if (n && (!e || !codes)) {
+        free(e);
+        free(codes);
+        return reply(out, MOONLET_ERR_INTERNAL_ERROR);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        e[i] = (moonlet_disk_entry){.tenant = a->tenants.v[i], .key = a->keys.v[i],
+                                    .size = a->sizes.v[i], .checksum = a->checksums.v[i],
+                                    .offset = a->offsets.v[i]};
+    int rc = moonlet_master_disk_announce(M(ctx), a->client_id, session, a->segment_id, e, n,
+                                          codes);
+    if (rc == MOONLET_OK) {
+        msgpack_pack_array(out, n);
+        for (uint32_t i = 0; i < n; i++)
+            msgpack_pack_int32(out, codes[i]);
+    }
+    free(e);
+    free(codes);
+    return rc ? reply(out, rc) : MOONLET_OK;
+}
+
+/* DiskTrim's reply: [[offset, length]...]. */
+static void trim_pack_visit(void *arg, uint64_t offset, uint64_t len)
+{
+    struct side_array *sa = arg;
+    sa->count++;
+    msgpack_pack_array(&sa->pk, 2);
+    msgpack_pack_uint64(&sa->pk, offset);
+    msgpack_pack_uint64(&sa->pk, len);
+}
+
+HANDLER(h_disk_trim, moonlet_args_disk_trim)
+{
+    SESSION_OR_FAIL(ctx, out, session);
+    uint64_t *done = a->done.n ? malloc(a->done.n * sizeof(*done)) : NULL;
+    if (a->done.n && !done)
+        return reply(out, MOONLET_ERR_INTERNAL_ERROR);
+    if (a->done.n)
+        memcpy(done, a->done.v, a->done.n * sizeof(*done));
+    struct side_array sa;
+    side_array_init(&sa);
+    int rc = moonlet_master_disk_trim(M(ctx), a->client_id, session, a->segment_id, done,
+                                      a->done.n, a->max ? (uint32_t)a->max : 256,
+                                      trim_pack_visit, &sa);
+    free(done);
+    if (rc)
+        return side_array_fail(&sa, out, rc);
+    side_array_flush(&sa, out);
+    return MOONLET_OK;
 }
 
 static int drain_call(moonlet_rpc_ctx *ctx, const moonlet_args_drain *a, msgpack_packer *out,
@@ -1227,6 +1297,8 @@ static const moonlet_rpc_handler g_handlers[MOONLET_M__COUNT] = {
     [MOONLET_M_PROBE_RESUME] = h_probe_resume,
     [MOONLET_M_PUT_REPLACE_REPLICA] = h_put_replace,
     [MOONLET_M_REPAIR_FETCH] = h_repair_fetch,
+    [MOONLET_M_DISK_ANNOUNCE] = h_disk_announce,
+    [MOONLET_M_DISK_TRIM] = h_disk_trim,
     [MOONLET_M_REPAIR_DONE] = h_repair_done,
     [MOONLET_M_DRAIN] = h_drain,
     [MOONLET_M_UNDRAIN] = h_undrain,

@@ -57,16 +57,7 @@ void repl_object_send(moonlet_master *m, const struct mobj *o, uint64_t free_ms,
     if (rec.nrep == 0)
         return;
     char name[MOONLET_MAX_ID_BYTES + 1];
-    name[0] = 0;
-    uint32_t len = 0;
-    pthread_rwlock_rdlock(&m->tenants.lock);
-    uint32_t slot = o->tenant & 0xFFFFu;
-    if (slot < m->tenants.n && m->tenants.slots[slot].name &&
-        m->tenants.slots[slot].id == o->tenant) {
-        len = m->tenants.slots[slot].len;
-        memcpy(name, m->tenants.slots[slot].name, len);
-    }
-    pthread_rwlock_unlock(&m->tenants.lock);
+    uint32_t len = tenant_name_of(m, o->tenant, name);
     rec.tenant = (moonlet_str){name, len};
     emit(arg, &rec);
 }
@@ -102,7 +93,7 @@ int moonlet_master_snapshot_part(moonlet_master *m, uint64_t cursor,
                 .write_key = s->has_key ? s->write_key : NULL, .node_clock_ms = s->has_key ? 1 : 0,
                 .alt_endpoint = s->alt_id[0] ? s->alt_endpoint : NULL,
                 .alt_segment_id = s->alt_id[0] ? s->alt_id : NULL,
-                .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL};
+                .alt_protocol = s->alt_id[0] ? s->alt_protocol : NULL, .disk = s->disk};
             const struct mclient *c = &r->clients[s->client];
             moonlet_repl_rec rec = {.type = MOONLET_REPL_MOUNT, .seg = &d,
                                     .secret = {(const char *)c->secret, c->secret_len},

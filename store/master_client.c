@@ -627,14 +627,14 @@ int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)
 {
-    if (s->alt_endpoint && !s->write_key)
+    if ((s->alt_endpoint || s->disk) && !s->write_key)
         return MOONLET_ERR_INVALID_PARAMS; /* the trailing args come after the key */
     moonlet_args_mount a = {
         .client_id = s->client_id, .segment_id = s->segment_id,
         .name = s->name ? s->name : s->segment_id, .base = s->base, .size = s->size,
         .endpoint = s->endpoint, .protocol = s->protocol,
         .alt_endpoint = s->alt_endpoint, .alt_segment_id = s->alt_segment_id,
-        .alt_protocol = s->alt_protocol};
+        .alt_protocol = s->alt_protocol, .disk = s->disk};
     if (s->write_key) {
         a.write_key = (moonlet_str){(const char *)s->write_key, 16};
         a.node_clock_ms = s->node_clock_ms ? s->node_clock_ms : moonlet_mono_ms();
@@ -717,7 +717,8 @@ static int decode_replicas(const msgpack_object *arr, void *list)
             moonlet_wire_u64(r, 4, &d->offset) || moonlet_wire_u64(r, 5, &d->size) ||
             moonlet_wire_u64(r, 6, &status))
             return MOONLET_ERR_RPC_FAIL;
-        d->status = (uint8_t)status;
+        d->status = (uint8_t)(status & ~(uint64_t)MOONLET_REPLICA_ON_DISK);
+        d->disk = status & MOONLET_REPLICA_ON_DISK;
         /* PutStart: the write capability and the put's TTL (optional). */
         if (moonlet_wire_len(r) >= 11 &&
             (moonlet_wire_u64(r, 7, &d->cap_len) || moonlet_wire_u64(r, 8, &d->cap_expiry_ms) ||
@@ -1270,6 +1271,8 @@ void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n)
     for (uint32_t i = 0; jobs && i < n; i++) {
         moonlet_replica_list_free(&jobs[i].target);
         moonlet_replica_list_free(&jobs[i].sources);
+        free(jobs[i].tenant);
+        free(jobs[i].key);
     }
     free(jobs);
 }
@@ -1316,6 +1319,15 @@ static int decode_repair_jobs(const msgpack_object *r, void *arg)
         if (rc)
             return rc;
         d->target.size = d->sources.size = d->size;
+        /* A demotion: [..., true, tenant, key] (the disk header's). */
+        if (moonlet_wire_len(j) >= 8) {
+            const msgpack_object *dm = moonlet_wire_at(j, 5);
+            d->demote = dm->type == MSGPACK_OBJECT_BOOLEAN && dm->via.boolean;
+            d->tenant = dup_str(j, 6);
+            d->key = dup_str(j, 7);
+            if (!d->demote || !d->tenant || !d->key)
+                return MOONLET_ERR_RPC_FAIL;
+        }
     }
     return MOONLET_OK;
 }
@@ -1344,6 +1356,60 @@ int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uin
                                   .error = code < 0 ? (uint64_t)-(int64_t)code : (uint64_t)code,
                                   .bytes = bytes};
     return mc_simple_call(mc, MOONLET_M_REPAIR_DONE, &a, 0);
+}
+
+int moonlet_mc_disk_announce(moonlet_master_client *mc, const char *client_id,
+                             const char *segment_id, const char *const *tenants,
+                             const char *const *keys, const uint64_t *sizes,
+                             const uint64_t *checksums, const uint64_t *offsets, size_t n,
+                             int32_t *results)
+{
+    if ((n && (!tenants || !keys || !sizes || !checksums || !offsets || !results)) ||
+        n > UINT32_MAX)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_disk_announce a = {.client_id = mstr(client_id), .segment_id = mstr(segment_id),
+                                    .tenants = mstrv(tenants, n), .keys = mstrv(keys, n),
+                                    .sizes = {sizes, (uint32_t)n},
+                                    .checksums = {checksums, (uint32_t)n},
+                                    .offsets = {offsets, (uint32_t)n}};
+    mc_results res = {n, results};
+    return mc_call(mc, MOONLET_M_DISK_ANNOUNCE, &a, 7, decode_codes, &res);
+}
+
+struct trims_out {
+    uint64_t *off, *len;
+    uint32_t n, cap;
+};
+
+/* [[offset, length]...], at most cap */
+static int decode_trims(const msgpack_object *r, void *arg)
+{
+    struct trims_out *o = arg;
+    if (r->type != MSGPACK_OBJECT_ARRAY || moonlet_wire_len(r) > o->cap)
+        return MOONLET_ERR_RPC_FAIL;
+    for (uint32_t i = 0; i < moonlet_wire_len(r); i++) {
+        const msgpack_object *t = moonlet_wire_at(r, i);
+        if (!t || t->type != MSGPACK_OBJECT_ARRAY || moonlet_wire_u64(t, 0, &o->off[i]) ||
+            moonlet_wire_u64(t, 1, &o->len[i]))
+            return MOONLET_ERR_RPC_FAIL;
+        o->n = i + 1;
+    }
+    return MOONLET_OK;
+}
+
+int moonlet_mc_disk_trim(moonlet_master_client *mc, const char *client_id,
+                         const char *segment_id, const uint64_t *done, size_t ndone,
+                         uint64_t *offsets, uint64_t *lens, uint32_t max, uint32_t *n)
+{
+    *n = 0;
+    if ((ndone && !done) || ndone > UINT32_MAX || max == 0 || max > 4096 || !offsets || !lens)
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_args_disk_trim a = {.client_id = mstr(client_id), .segment_id = mstr(segment_id),
+                                .done = {done, (uint32_t)ndone}, .max = max};
+    struct trims_out o = {offsets, lens, 0, max};
+    int rc = mc_call(mc, MOONLET_M_DISK_TRIM, &a, 4, decode_trims, &o);
+    *n = o.n;
+    return rc;
 }
 
 int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments)

@@ -236,6 +236,10 @@ typedef struct moonlet_mc_repair_job {
     moonlet_replica_list target;  /* one replica: the range to fill, with its capability;
                                    * put_ttl_ms: ms left until the job's deadline */
     moonlet_replica_list sources; /* readable replicas to copy from */
+    /* A demotion: the target is on one of the node's disk segments; the
+     * bytes go to its disk tier under this tenant and key.  NULL: a repair. */
+    bool demote;
+    char *tenant, *key;
 } moonlet_mc_repair_job;
 /* RepairFetch: up to max (1..64) jobs targeting client_id's segments, into
  * *jobs (free with moonlet_mc_repair_jobs_free; NULL when none). */
@@ -245,6 +249,19 @@ void moonlet_mc_repair_jobs_free(moonlet_mc_repair_job *jobs, uint32_t n);
 /* RepairDone: code 0, or the moonlet error code the job failed with. */
 int moonlet_mc_repair_done(moonlet_master_client *mc, const char *client_id, uint64_t job_id,
                            int code, uint64_t bytes);
+/* DiskAnnounce (master.h, moonlet_master_disk_announce): n objects found on
+ * disk segment segment_id after a restart; results[i] per object. */
+int moonlet_mc_disk_announce(moonlet_master_client *mc, const char *client_id,
+                             const char *segment_id, const char *const *tenants,
+                             const char *const *keys, const uint64_t *sizes,
+                             const uint64_t *checksums, const uint64_t *offsets, size_t n,
+                             int32_t *results);
+/* DiskTrim (master.h, moonlet_master_disk_trim): reports done[0..ndone)
+ * invalidated, and gets up to max (1..4096) extents to invalidate next into
+ * offsets[] / lens[], *n of them. */
+int moonlet_mc_disk_trim(moonlet_master_client *mc, const char *client_id,
+                         const char *segment_id, const uint64_t *done, size_t ndone,
+                         uint64_t *offsets, uint64_t *lens, uint32_t max, uint32_t *n);
 /* Drain (on) / Undrain: *segments (optional) gets how many segments changed. */
 int moonlet_mc_drain(moonlet_master_client *mc, const char *target, bool on, uint32_t *segments);
 

@@ -1,0 +1,457 @@
+/* Tests of the disk tier's metadata in the master (repair.c's demotions,
+ * segment.c's disk segments and trims, object.c's announce), on a frozen
+ * clock: puts never land on a disk segment; eviction demotes instead of
+ * destroying, and the DRAM ranges are freed only when the node reports the
+ * copy durable; a failed copy keeps the object in DRAM; a full demotion
+ * queue drops instead of waiting; a full disk evicts its own coldest
+ * objects; a freed disk extent is reused only after the node trimmed it,
+ * and not while a reader's lease holds; a restarted node's announce brings
+ * its objects back, refusing keys put again and taken extents. */
+#include "../common/master_fixture.h"
+#include "../common/test_main.h"
+#include "alloc.h"
+#include "disk_layout.h"
+#include "moonlet/types.h"
+
+#define MS MOONLET_NS_PER_MS
+#define MIB (1ull << 20)
+#define OBJ 1000ull /* bytes of every object here */
+
+static moonlet_master *disk_master(uint32_t demote_queue)
+{
+    moonlet_master_config cfg = fix_config(16);
+    cfg.lease_ttl_ms = 1000;
+    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000; /* no liveness expiry here */
+    cfg.repair_timeout_ms = 5000;
+    if (demote_queue)
+        cfg.demote_queue = demote_queue;
+    return fix_master_of(&cfg, FIX_T0);
+}
+
+static const uint8_t wkey[16] = {1, 2, 3};
+
+/* Client "n" mounts DRAM segment "a" (1 MiB) and, when disk_bytes, disk
+ * segment "d" of that size. */
+static void mount_node(moonlet_master *m, uint64_t disk_bytes)
+{
+    moonlet_segment_desc a = {.client_id = "n", .segment_id = "a", .size = MIB,
+                              .endpoint = "10.0.0.1:1", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &a), MOONLET_OK);
+    if (!disk_bytes)
+        return;
+    moonlet_segment_desc d = {.client_id = "n", .segment_id = "d", .size = disk_bytes,
+                              .endpoint = "10.0.0.1:2", .protocol = "tcp", .disk = true,
+                              .write_key = wkey, .node_clock_ms = 1};
+    assert_int_equal(moonlet_master_mount_segment(m, &d), MOONLET_OK);
+}
+
+static void put(moonlet_master *m, const char *key)
+{
+    moonlet_master_put_opts po = {.replica_num = 1};
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), OBJ, &po,
+                                                   NULL, NULL),
+                     MOONLET_OK);
+    uint64_t ck = 0x1234;
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), &ck), MOONLET_OK);
+}
+
+/* The extent a disk copy of `key` (default tenant) takes. */
+static uint64_t footprint(const char *key)
+{
+    return moonlet_disk_footprint(
+        moonlet_disk_key_bytes((uint32_t)strlen(MOONLET_DEFAULT_TENANT), (uint32_t)strlen(key)),
+        OBJ);
+}
+
+struct rep {
+    char seg[32];
+    uint64_t offset;
+    bool disk;
+};
+
+struct reps {
+    struct rep r[8];
+    uint32_t n;
+};
+
+static void collect_rep(void *arg, const moonlet_replica_view *v)
+{
+    struct reps *rs = arg;
+    struct rep *r = &rs->r[rs->n++];
+    snprintf(r->seg, sizeof(r->seg), "%s", v->segment_id);
+    r->offset = v->offset;
+    r->disk = v->disk;
+}
+
+/* The replicas GetReplicaList hands a reader (rc OBJECT_NOT_FOUND: none). */
+static int replicas(moonlet_master *m, const char *key, struct reps *rs)
+{
+    rs->n = 0;
+    return moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR(key), NULL, NULL,
+                                           collect_rep, rs);
+}
+
+struct job {
+    uint64_t id;
+    bool demote;
+    char tenant[32], key[32], target[32], source[32];
+    uint64_t target_offset;
+    bool target_disk;
+};
+
+struct jobs {
+    struct job j[64];
+    uint32_t n;
+};
+
+static void collect_job(void *arg, const moonlet_repair_job_view *v)
+{
+    struct jobs *js = arg;
+    struct job *j = &js->j[js->n++];
+    memset(j, 0, sizeof(*j));
+    j->id = v->job_id;
+    j->demote = v->demote;
+    snprintf(j->tenant, sizeof(j->tenant), "%.*s", (int)v->tenant.len, v->tenant.ptr);
+    snprintf(j->key, sizeof(j->key), "%.*s", (int)v->key.len, v->key.ptr);
+    snprintf(j->target, sizeof(j->target), "%s", v->target->segment_id);
+    j->target_offset = v->target->offset;
+    j->target_disk = v->target->disk;
+    snprintf(j->source, sizeof(j->source), "%s", v->sources[0].segment_id);
+}
+
+static uint32_t fetch(moonlet_master *m, struct jobs *js)
+{
+    js->n = 0;
+    assert_int_equal(moonlet_master_repair_fetch(m, MOONLET_STR("n"), 0, 64, collect_job, js),
+                     MOONLET_OK);
+    return js->n;
+}
+
+static int done(moonlet_master *m, uint64_t id, int32_t code)
+{
+    return moonlet_master_repair_done(m, MOONLET_STR("n"), 0, id, code, OBJ);
+}
+
+static moonlet_master_stats stats(moonlet_master *m)
+{
+    moonlet_master_stats st;
+    moonlet_master_get_stats(m, &st);
+    return st;
+}
+
+struct trims {
+    uint64_t off[64], len[64];
+    uint32_t n;
+};
+
+static void collect_trim(void *arg, uint64_t off, uint64_t len)
+{
+    struct trims *t = arg;
+    t->off[t->n] = off;
+    t->len[t->n++] = len;
+}
+
+/* DiskTrim of segment d: done[0..ndone) reported, the extents to trim next. */
+static uint32_t trim(moonlet_master *m, uint64_t *done_offs, uint32_t ndone, struct trims *t)
+{
+    t->n = 0;
+    assert_int_equal(moonlet_master_disk_trim(m, MOONLET_STR("n"), 0, MOONLET_STR("d"), done_offs,
+                                              ndone, 64, collect_trim, t),
+                     MOONLET_OK);
+    return t->n;
+}
+
+static void end_test(moonlet_master *m)
+{
+    moonlet_master_destroy(m);
+    moonlet_clock_set_fake(0);
+}
+
+/* Demotes every object eviction picks and completes the copies: returns
+ * how many were demoted. */
+static uint32_t demote_all(moonlet_master *m)
+{
+    moonlet_master_evict_now(m, 1.0);
+    struct jobs js;
+    uint32_t n = fetch(m, &js);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(done(m, js.j[i].id, MOONLET_OK), MOONLET_OK);
+    return n;
+}
+
+/* A disk segment counts apart and takes no put; a disk segment must be
+ * whole blocks. */
+static void test_disk_segment_takes_no_put(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    moonlet_segment_desc odd = {.client_id = "n", .segment_id = "d2", .size = 8 * MIB + 100,
+                                .endpoint = "10.0.0.1:3", .protocol = "tcp", .disk = true,
+                                .write_key = wkey, .node_clock_ms = 1};
+    assert_int_equal(moonlet_master_mount_segment(m, &odd), MOONLET_ERR_INVALID_PARAMS);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.capacity, MIB);
+    assert_int_equal(st.disk_capacity, 8 * MIB);
+    assert_int_equal(st.disk_segments, 1);
+    char k[16];
+    for (int i = 0; i < 200; i++) { /* more than fit in DRAM: evicts, never places on d */
+        snprintf(k, sizeof(k), "k%d", i);
+        put(m, k);
+        struct reps rs;
+        assert_int_equal(replicas(m, k, &rs), MOONLET_OK);
+        assert_string_equal(rs.r[0].seg, "a");
+        assert_false(rs.r[0].disk);
+    }
+    assert_int_equal(stats(m).disk_used, 0);
+    end_test(m);
+}
+
+/* Eviction queues a demotion; the object stays readable from DRAM until
+ * the copy is durable, then only its disk replica is listed and its DRAM
+ * range is free. */
+static void test_eviction_demotes(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    put(m, "k");
+    uint64_t dram_used = stats(m).used;
+    assert_true(dram_used > 0);
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 1);
+    assert_int_equal(stats(m).demotions_queued, 1);
+    struct reps rs;
+    assert_int_equal(replicas(m, "k", &rs), MOONLET_OK);
+    assert_int_equal(rs.n, 1);
+    assert_false(rs.r[0].disk);
+
+    struct jobs js;
+    assert_int_equal(fetch(m, &js), 1);
+    assert_true(js.j[0].demote);
+    assert_true(js.j[0].target_disk);
+    assert_string_equal(js.j[0].target, "d");
+    assert_string_equal(js.j[0].source, "a");
+    assert_string_equal(js.j[0].key, "k");
+    assert_string_equal(js.j[0].tenant, MOONLET_DEFAULT_TENANT);
+    assert_int_equal(js.j[0].target_offset % MOONLET_DISK_BLOCK, 0);
+    assert_int_equal(stats(m).disk_used, footprint("k"));
+    assert_int_equal(replicas(m, "k", &rs), MOONLET_OK); /* still DRAM while copying */
+    assert_false(rs.r[0].disk);
+
+    assert_int_equal(done(m, js.j[0].id, MOONLET_OK), MOONLET_OK);
+    /* The reader above still holds its lease: the DRAM range waits for it. */
+    assert_int_equal(stats(m).used, dram_used);
+    moonlet_clock_set_fake(FIX_T0 + 1001 * MS);
+    moonlet_master_tick(m);
+    assert_int_equal(replicas(m, "k", &rs), MOONLET_OK);
+    assert_int_equal(rs.n, 1);
+    assert_true(rs.r[0].disk);
+    assert_string_equal(rs.r[0].seg, "d");
+    assert_int_equal(rs.r[0].offset, js.j[0].target_offset);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.used, dram_used - moonlet_alloc_rounded(OBJ));
+    assert_int_equal(st.demotions, 1);
+    assert_int_equal(st.demotion_bytes, OBJ);
+    assert_int_equal(st.demotions_queued, 0);
+    assert_int_equal(st.disk_objects, 1);
+    assert_int_equal(st.objects, 1);
+    /* A disk object is not DRAM's to evict: a pass finds nothing. */
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 0);
+    assert_int_equal(fetch(m, &js), 0);
+    end_test(m);
+}
+
+/* A copy the node reports failed (or lets time out) keeps the object in
+ * DRAM, and its disk extent goes back. */
+static void test_failed_demotion_keeps_dram(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    put(m, "k");
+    put(m, "j");
+    moonlet_master_evict_now(m, 1.0);
+    struct jobs js;
+    assert_int_equal(fetch(m, &js), 2);
+    assert_int_equal(done(m, js.j[0].id, MOONLET_ERR_INTERNAL_ERROR), MOONLET_OK);
+    moonlet_clock_set_fake(FIX_T0 + 6000 * MS); /* past the other's deadline */
+    moonlet_master_tick(m);
+    struct reps rs;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(replicas(m, js.j[i].key, &rs), MOONLET_OK);
+        assert_false(rs.r[0].disk);
+    }
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.demotions_failed, 2);
+    assert_int_equal(st.demotions_queued, 0);
+    assert_int_equal(st.demotions, 0);
+    /* The extents wait out the jobs' deadlines and the grace (the node may
+     * still be writing), then the node's trim, then are free. */
+    struct trims t;
+    assert_int_equal(trim(m, NULL, 0, &t), 0);
+    moonlet_clock_set_fake(FIX_T0 + 120000 * MS);
+    assert_int_equal(trim(m, NULL, 0, &t), 2);
+    assert_int_equal(trim(m, t.off, t.n, &t), 0);
+    assert_int_equal(stats(m).disk_used, 0);
+    end_test(m);
+}
+
+/* Eviction never waits for the disk: past demote_queue, objects are
+ * destroyed (counted), the queued ones demoted. */
+static void test_full_queue_drops(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(2);
+    mount_node(m, 8 * MIB);
+    put(m, "k0");
+    put(m, "k1");
+    put(m, "k2");
+    put(m, "k3");
+    assert_int_equal(moonlet_master_evict_now(m, 1.0), 4);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.demotions_queued, 2);
+    assert_int_equal(st.demotions_dropped, 2);
+    assert_int_equal(st.objects, 2);
+    struct jobs js;
+    assert_int_equal(fetch(m, &js), 2);
+    end_test(m);
+}
+
+/* A full disk evicts its coldest objects for a demotion's room; the
+ * victim's extent is reused only after the node trimmed it. */
+static void test_full_disk_evicts_its_own(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 2 * footprint("k0")); /* two extents */
+    put(m, "k0");
+    put(m, "k1");
+    assert_int_equal(demote_all(m), 2);
+    assert_int_equal(stats(m).disk_objects, 2);
+    moonlet_clock_set_fake(FIX_T0 + 10 * MS);
+    put(m, "k2");
+    moonlet_master_evict_now(m, 1.0);
+    struct jobs js;
+    /* No room: the disk evicted one, but its extent waits for the trim. */
+    assert_int_equal(fetch(m, &js), 0);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.disk_evictions, 1);
+    assert_int_equal(st.demotions_dropped, 1); /* k2 evicted without a copy */
+    struct reps rs;
+    assert_int_equal(replicas(m, "k2", &rs), MOONLET_ERR_OBJECT_NOT_FOUND);
+    struct trims t;
+    assert_int_equal(trim(m, NULL, 0, &t), 1);
+    assert_int_equal(t.len[0], footprint("k0"));
+    assert_int_equal(trim(m, t.off, t.n, &t), 0);
+    /* Trimmed: the next demotion takes the extent. */
+    put(m, "k3");
+    moonlet_master_evict_now(m, 1.0);
+    assert_int_equal(fetch(m, &js), 1);
+    assert_string_equal(js.j[0].key, "k3");
+    assert_int_equal(done(m, js.j[0].id, MOONLET_OK), MOONLET_OK);
+    assert_int_equal(stats(m).disk_objects, 2);
+    end_test(m);
+}
+
+/* A disk object removed while a reader holds its lease: its extent is not
+ * handed out for trimming (nor reused) before the lease ends. */
+static void test_trim_waits_for_readers(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    put(m, "k");
+    assert_int_equal(demote_all(m), 1);
+    struct reps rs;
+    assert_int_equal(replicas(m, "k", &rs), MOONLET_OK); /* leases it for 1000 ms */
+    assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
+                     MOONLET_OK);
+    struct trims t;
+    uint64_t early = rs.r[0].offset;
+    assert_int_equal(trim(m, &early, 1, &t), 0); /* naming it early frees nothing */
+    assert_int_equal(stats(m).disk_used, footprint("k"));
+    moonlet_clock_set_fake(FIX_T0 + 1001 * MS);
+    assert_int_equal(trim(m, NULL, 0, &t), 1);
+    assert_int_equal(t.off[0], rs.r[0].offset);
+    assert_int_equal(trim(m, t.off, 1, &t), 0);
+    assert_int_equal(stats(m).disk_used, 0);
+    end_test(m);
+}
+
+/* A restarted node's announce: objects back on their extents, readable
+ * from disk; a key put again meanwhile, an extent taken or outside, and
+ * another node's segment are refused. */
+static void test_announce(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    put(m, "again");
+    moonlet_disk_entry e[4] = {
+        {MOONLET_STR(""), MOONLET_STR("x"), OBJ, 0x77, 0},
+        {MOONLET_STR("t2"), MOONLET_STR("y"), OBJ, 0x78, 64 * 1024},
+        {MOONLET_STR(""), MOONLET_STR("again"), OBJ, 0x79, 128 * 1024},
+        {MOONLET_STR(""), MOONLET_STR("z"), OBJ, 0x7a, 4096}, /* overlaps x's extent */
+    };
+    int32_t codes[4];
+    assert_int_equal(moonlet_master_disk_announce(m, MOONLET_STR("n"), 0, MOONLET_STR("d"), e, 4,
+                                                  codes),
+                     MOONLET_OK);
+    assert_int_equal(codes[0], MOONLET_OK);
+    assert_int_equal(codes[1], MOONLET_OK);
+    assert_int_equal(codes[2], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
+    assert_int_equal(codes[3], MOONLET_ERR_NO_AVAILABLE_HANDLE);
+    struct reps rs;
+    assert_int_equal(replicas(m, "x", &rs), MOONLET_OK);
+    assert_true(rs.r[0].disk);
+    assert_int_equal(rs.r[0].offset, 0);
+    rs.n = 0;
+    assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR("t2"), MOONLET_STR("y"), NULL,
+                                                     NULL, collect_rep, &rs),
+                     MOONLET_OK);
+    assert_true(rs.r[0].disk);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.disk_announced, 2);
+    assert_int_equal(st.disk_objects, 2);
+    /* DRAM segment "a" is not a disk; "d" is not another client's. */
+    assert_int_equal(moonlet_master_disk_announce(m, MOONLET_STR("n"), 0, MOONLET_STR("a"), e, 1,
+                                                  codes),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    moonlet_segment_desc o = {.client_id = "o", .segment_id = "oa", .size = MIB,
+                              .endpoint = "10.0.0.2:1", .protocol = "tcp"};
+    assert_int_equal(moonlet_master_mount_segment(m, &o), MOONLET_OK);
+    assert_int_equal(moonlet_master_disk_announce(m, MOONLET_STR("o"), 0, MOONLET_STR("d"), e, 1,
+                                                  codes),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    end_test(m);
+}
+
+/* The node's death takes its disk objects with its segments (they come back
+ * with its announce); the DRAM watermark ignores the disk. */
+static void test_unmount_takes_disk_objects(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    put(m, "k");
+    assert_int_equal(demote_all(m), 1);
+    assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("n"), MOONLET_STR("d")),
+                     MOONLET_OK);
+    struct reps rs;
+    assert_int_equal(replicas(m, "k", &rs), MOONLET_ERR_OBJECT_NOT_FOUND);
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.disk_capacity, 0);
+    assert_int_equal(st.disk_used, 0);
+    assert_int_equal(st.objects, 0);
+    end_test(m);
+}
+
+MOONLET_TEST_MAIN("disk", NULL, NULL,
+                  cmocka_unit_test(test_disk_segment_takes_no_put),
+                  cmocka_unit_test(test_eviction_demotes),
+                  cmocka_unit_test(test_failed_demotion_keeps_dram),
+                  cmocka_unit_test(test_full_queue_drops),
+                  cmocka_unit_test(test_full_disk_evicts_its_own),
+                  cmocka_unit_test(test_trim_waits_for_readers),
+                  cmocka_unit_test(test_announce),
+                  cmocka_unit_test(test_unmount_takes_disk_objects))
