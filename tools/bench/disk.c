@@ -155,7 +155,7 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
         char key[32];
         snprintf(key, sizeof key, "disk-bench-%zu", i);
         struct iovec iov = {(void *)data, size};
-        if (moonlet_disk_write(d, key, &iov, 1, sum, &loc[i])) {
+        if (moonlet_disk_write(d, 0, key, (uint32_t)strlen(key), &iov, 1, sum, &loc[i])) {
             fprintf(stderr, "disk bench: write %zu of %zu failed\n", i, n);
             rc = -1;
         }
@@ -165,7 +165,8 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
         size_t len = 0;
         char key[32];
         snprintf(key, sizeof key, "disk-bench-%zu", i);
-        if (moonlet_disk_read(d, &loc[i], key, back, size, &len) || len != size) {
+        if (moonlet_disk_read(d, &loc[i], 0, key, (uint32_t)strlen(key), back, size, &len) ||
+            len != size) {
             fprintf(stderr, "disk bench: read %zu of %zu failed\n", i, n);
             rc = -1;
         }
