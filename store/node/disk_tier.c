@@ -62,6 +62,8 @@
 #define DISK_LANES_MAX 8u
 /* a sync's user data: this bit and the path */
 #define DISK_SYNC_TAG ((uint64_t)1 << 63)
+/* the most bytes of one I/O from or into the caller's memory */
+#define DISK_DIRECT_MAX ((size_t)64 << 20)
 
 struct disk_hdr {
     char magic[8];
@@ -96,12 +98,12 @@ typedef struct disk_path {
 /* What a staging buffer carries while its I/O is in flight. */
 typedef struct lane_io {
     size_t req;   /* the batch's request */
-    int kind;     /* IO_ONE, IO_HDR, IO_CHUNK */
+    int kind;     /* IO_ONE, IO_HDR, IO_CHUNK, IO_DIRECT */
     uint64_t at;  /* a chunk: its offset in the object's bytes */
     size_t len;   /* a chunk: the object's bytes in it */
     uint64_t want; /* the I/O's bytes */
 } lane_io;
-enum { IO_ONE, IO_HDR, IO_CHUNK };
+enum { IO_ONE, IO_HDR, IO_CHUNK, IO_DIRECT };
 
 typedef struct disk_lane {
     pthread_mutex_t mu;
@@ -293,6 +295,24 @@ static bool lane_prep(moonlet_disk *d, disk_lane *l, bool write, uint32_t p, uin
     return true;
 }
 
+/* Prepares one I/O of len bytes (a multiple of a block) straight from or
+ * into the caller's memory at addr (block aligned), in slot b (the
+ * buffer's index: it counts against the depth, its memory unused). */
+static bool lane_prep_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t p,
+                             uint64_t off, unsigned b, void *addr, size_t len)
+{
+    struct io_uring_sqe *sqe = lane_sqe(l);
+    if (!sqe)
+        return false;
+    if (write)
+        io_uring_prep_write(sqe, d->paths[p].fd, addr, (unsigned)len, off);
+    else
+        io_uring_prep_read(sqe, d->paths[p].fd, addr, (unsigned)len, off);
+    io_uring_sqe_set_data64(sqe, b);
+    l->io[b].want = len;
+    return true;
+}
+
 /* Submits what is prepared and waits for a completion: 0 and its user data
  * and result, or INTERNAL_ERROR when the ring fails (logged). */
 static int lane_wait(disk_lane *l, uint64_t *data, int *res)
@@ -450,10 +470,16 @@ static uint64_t iov_size(const struct iovec *iov, int iovcnt)
 typedef struct wjob {
     moonlet_disk_loc loc;
     uint64_t size, h, total, seq;
-    uint64_t staged; /* its bytes staged so far (over several I/Os) */
-    bool reserved;
+    uint64_t staged; /* its bytes staged (or, direct, asked for) so far */
+    uint64_t body;   /* direct: the whole blocks written from the caller's memory */
+    bool direct, reserved;
     int rc;
 } wjob;
+
+static bool aligned(const void *p)
+{
+    return ((uintptr_t)p & (MOONLET_DISK_BLOCK - 1)) == 0;
+}
 
 /* Stages the next I/O of job j (request r, the batch's i-th) into buffer
  * b and prepares it; *done when j has no more to stage.  Nothing prepared
@@ -466,7 +492,29 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
     uint64_t off;
     size_t len;
     *done = false;
-    if (j->staged == 0) { /* its first I/O (a header alone comes after bytes) */
+    if (j->direct && j->staged < j->body) { /* whole blocks, no copy (hashed before) */
+        uint64_t left = j->body - j->staged;
+        len = left < DISK_DIRECT_MAX ? (size_t)left : DISK_DIRECT_MAX;
+        l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = j->staged, .len = len};
+        off = j->loc.offset + j->h + j->staged;
+        if (!lane_prep_direct(d, l, true, j->loc.path, off, b,
+                              (unsigned char *)r->iov[0].iov_base + j->staged, len))
+            j->rc = MOONLET_ERR_INTERNAL_ERROR;
+        j->staged += len;
+        return;
+    }
+    if (j->direct && j->staged < j->size) { /* the tail block, staged */
+        size_t n = (size_t)(j->size - j->staged);
+        memcpy(buf, (const unsigned char *)r->iov[0].iov_base + j->staged, n);
+        memset(buf + n, 0, MOONLET_DISK_BLOCK - n);
+        l->io[b] = (lane_io){.req = i, .kind = IO_CHUNK, .at = j->staged, .len = n};
+        off = j->loc.offset + j->h + j->staged;
+        j->staged = j->size;
+        if (!lane_prep(d, l, true, j->loc.path, off, b, MOONLET_DISK_BLOCK))
+            j->rc = MOONLET_ERR_INTERNAL_ERROR;
+        return;
+    }
+    if (j->staged == 0 && !j->direct) { /* its first I/O (a header alone comes after bytes) */
         *c = (iov_cursor){.iov = r->iov, .left = r->iovcnt};
         XXH3_64bits_reset(&c->hash);
     }
@@ -597,6 +645,14 @@ int moonlet_disk_write_batch(moonlet_disk *d, const moonlet_disk_wreq *reqs, siz
         j->total = obj_total(r->key_len, j->size);
         if (r->placed && r->loc->size != j->size)
             j->rc = MOONLET_ERR_INVALID_PARAMS;
+        /* an object of several I/Os in one block-aligned range goes from the
+         * caller's memory: hashed here, outside any lock, before any I/O */
+        if (!j->rc && j->total > d->io_bytes && r->iovcnt == 1 && aligned(r->iov[0].iov_base)) {
+            j->direct = true;
+            j->body = j->size / MOONLET_DISK_BLOCK * MOONLET_DISK_BLOCK;
+            if (XXH3_64bits(r->iov[0].iov_base, (size_t)j->size) != r->checksum)
+                j->rc = MOONLET_ERR_INVALID_PARAMS;
+        }
     }
     pthread_mutex_lock(&d->meta_mu);
     for (size_t i = 0; i < n; i++) {
@@ -676,13 +732,15 @@ typedef struct rjob {
     disk_obj *o; /* pinned */
     uint64_t h, total;
     uint64_t issued; /* its bytes asked for so far */
-    bool one, hdr_issued;
+    uint64_t body;   /* direct: the whole blocks read into the caller's memory */
+    bool one, hdr_issued, direct;
     unsigned inflight;
     int rc;
 } rjob;
 
 /* Prepares the next I/O of job j into buffer b; *done when j has no more. */
-static void read_stage(moonlet_disk *d, disk_lane *l, size_t i, rjob *j, unsigned b, bool *done)
+static void read_stage(moonlet_disk *d, disk_lane *l, size_t i, rjob *j, unsigned char *dst,
+                       unsigned b, bool *done)
 {
     const disk_obj *o = j->o;
     uint64_t off;
@@ -698,6 +756,18 @@ static void read_stage(moonlet_disk *d, disk_lane *l, size_t i, rjob *j, unsigne
         off = o->loc.offset;
         len = (size_t)j->h;
         j->hdr_issued = true;
+    } else if (j->direct && j->issued < j->body) { /* whole blocks, no copy */
+        uint64_t left = j->body - j->issued;
+        len = left < DISK_DIRECT_MAX ? (size_t)left : DISK_DIRECT_MAX;
+        l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = j->issued, .len = len};
+        off = o->loc.offset + j->h + j->issued;
+        j->issued += len;
+        *done = j->issued == o->loc.size;
+        if (lane_prep_direct(d, l, false, o->loc.path, off, b, dst + l->io[b].at, len))
+            j->inflight++;
+        else
+            j->rc = MOONLET_ERR_INTERNAL_ERROR;
+        return;
     } else {
         uint64_t left = o->loc.size - j->issued;
         size_t n = left < d->io_bytes ? (size_t)left : d->io_bytes;
@@ -761,7 +831,7 @@ static void read_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_rreq *reqs
             }
             unsigned b = l->free_buf[--l->nfree];
             bool done;
-            read_stage(d, l, next, j, b, &done);
+            read_stage(d, l, next, j, reqs[next].buf, b, &done);
             if (j->rc) {
                 l->free_buf[l->nfree++] = b;
                 next++;
@@ -815,6 +885,10 @@ int moonlet_disk_read_batch(moonlet_disk *d, const moonlet_disk_rreq *reqs, size
         j->h = hdr_len(o->key_len);
         j->total = obj_total(o->key_len, o->loc.size);
         j->one = j->total <= d->io_bytes; /* header and bytes in one I/O */
+        /* several I/Os into a block-aligned buffer: its whole blocks go
+         * straight there, the tail block through a staging buffer */
+        j->direct = !j->one && aligned(r->buf);
+        j->body = j->direct ? o->loc.size / MOONLET_DISK_BLOCK * MOONLET_DISK_BLOCK : 0;
     }
     pthread_mutex_unlock(&d->meta_mu);
 

@@ -8,7 +8,7 @@
  * the caller's placement (moonlet_disk_write_at: read back, found by a
  * rescan with tenant and key; unaligned, out of range or overlapping ones
  * refused), a read under another tenant refused, a batch with bad requests
- * among good ones.
+ * among good ones, readers beside a writer of batches.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -659,6 +660,123 @@ static void test_threads(void **state)
     moonlet_disk_close(d);
 }
 
+/* Two threads reading a fixed set of objects (single reads and batch
+ * reads) while a third writes batches of new objects, reads them back and
+ * removes them: every read verifies, no I/O error, nothing left over. */
+struct rw_shared {
+    moonlet_disk *d;
+    moonlet_disk_loc loc[4];
+    unsigned char *b[4];
+    size_t sz[4];
+    atomic_int writing;
+    int bad[3];
+};
+
+static void *rw_reader(void *arg)
+{
+    struct rw_shared *s = ((void **)arg)[0];
+    int id = (int)(intptr_t)((void **)arg)[1];
+    unsigned char *got[4];
+    for (int i = 0; i < 4; i++)
+        got[i] = malloc(s->sz[i]);
+    for (int it = 0; it < 400 && (it < 10 || atomic_load(&s->writing)); it++) {
+        if (it % 2) {
+            moonlet_disk_rreq r[4];
+            int res[4];
+            for (int i = 0; i < 4; i++) {
+                r[i] = (moonlet_disk_rreq){.loc = s->loc[i], .tenant = TENANT, .key = NULL,
+                                           .buf = got[i], .cap = s->sz[i]};
+            }
+            if (moonlet_disk_read_batch(s->d, r, 4, res))
+                s->bad[id]++;
+            for (int i = 0; i < 4; i++)
+                if (res[i] || memcmp(got[i], s->b[i], s->sz[i]))
+                    s->bad[id]++;
+        } else {
+            int i = it / 2 % 4;
+            char key[16];
+            snprintf(key, sizeof key, "fixed-%d", i);
+            size_t len = 0;
+            if (rd(s->d, &s->loc[i], key, got[i], s->sz[i], &len) || len != s->sz[i] ||
+                memcmp(got[i], s->b[i], s->sz[i]))
+                s->bad[id]++;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        free(got[i]);
+    return NULL;
+}
+
+static void *rw_writer(void *arg)
+{
+    struct rw_shared *s = arg;
+    enum { B = 6 };
+    for (int round = 0; round < 12; round++) {
+        unsigned char *b[B], *got = NULL;
+        moonlet_disk_loc loc[B];
+        moonlet_disk_wreq r[B];
+        struct iovec iov[B];
+        char key[B][24];
+        int res[B];
+        size_t sz[B];
+        for (int i = 0; i < B; i++) {
+            sz[i] = 1 + (size_t)(round * 7919 + i * 104729) % (700u << 10);
+            b[i] = pattern(sz[i], (uint32_t)(1000 + round * B + i));
+            snprintf(key[i], sizeof key[i], "w%d-%d", round, i);
+            iov[i] = (struct iovec){b[i], sz[i]};
+            r[i] = (moonlet_disk_wreq){.loc = &loc[i], .tenant = TENANT, .key = key[i],
+                                       .key_len = (uint32_t)strlen(key[i]), .iov = &iov[i],
+                                       .iovcnt = 1, .checksum = XXH3_64bits(b[i], sz[i])};
+        }
+        if (moonlet_disk_write_batch(s->d, r, B, res))
+            s->bad[2]++;
+        for (int i = 0; i < B; i++) {
+            size_t len = 0;
+            got = realloc(got, sz[i]);
+            if (res[i] || rd(s->d, &loc[i], key[i], got, sz[i], &len) || len != sz[i] ||
+                memcmp(got, b[i], sz[i]) || moonlet_disk_remove(s->d, &loc[i]))
+                s->bad[2]++;
+            free(b[i]);
+        }
+        free(got);
+    }
+    atomic_store(&s->writing, 0);
+    return NULL;
+}
+
+static void test_readers_and_batches(void **state)
+{
+    (void)state;
+    fresh();
+    struct rw_shared s = {.d = open_tier(2, 32u << 20, 8, 128u << 10)};
+    atomic_init(&s.writing, 1);
+    for (int i = 0; i < 4; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "fixed-%d", i);
+        s.sz[i] = (size_t)(i + 1) * 150001;
+        s.b[i] = pattern(s.sz[i], 900 + (uint32_t)i);
+        assert_int_equal(put(s.d, key, s.b[i], s.sz[i], &s.loc[i]), MOONLET_OK);
+    }
+    pthread_t t[3];
+    void *args[2][2] = {{&s, (void *)(intptr_t)0}, {&s, (void *)(intptr_t)1}};
+    assert_int_equal(pthread_create(&t[0], NULL, rw_reader, args[0]), 0);
+    assert_int_equal(pthread_create(&t[1], NULL, rw_reader, args[1]), 0);
+    assert_int_equal(pthread_create(&t[2], NULL, rw_writer, &s), 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(s.bad[i], 0);
+    moonlet_disk_stats st;
+    moonlet_disk_get_stats(s.d, &st);
+    assert_int_equal(st.objects, 4);
+    assert_int_equal(st.io_errors, 0);
+    assert_int_equal(st.checksum_errors, 0);
+    assert_int_equal(st.writes, 4 + 12 * 6);
+    moonlet_disk_close(s.d);
+    for (int i = 0; i < 4; i++)
+        free(s.b[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -673,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_write_at_refused),
         cmocka_unit_test(test_wrong_tenant),
         cmocka_unit_test(test_batch_one_bad),
+        cmocka_unit_test(test_readers_and_batches),
     };
     return cmocka_run_group_tests_name("disk_tier", tests, setup, teardown);
 }
