@@ -62,8 +62,9 @@
 #define DISK_LANES_MAX 8u
 /* a sync's user data: this bit and the path */
 #define DISK_SYNC_TAG ((uint64_t)1 << 63)
-/* the most bytes of one I/O from or into the caller's memory */
-#define DISK_DIRECT_MAX ((size_t)64 << 20)
+/* the most bytes of one I/O from or into the caller's memory (a write's
+ * are hashed just before it goes: the hashing overlaps the I/Os before) */
+#define DISK_DIRECT_MAX ((size_t)4 << 20)
 
 struct disk_hdr {
     char magic[8];
@@ -492,25 +493,33 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
     uint64_t off;
     size_t len;
     *done = false;
-    if (j->direct && j->staged < j->body) { /* whole blocks, no copy (hashed before) */
-        uint64_t left = j->body - j->staged;
-        len = left < DISK_DIRECT_MAX ? (size_t)left : DISK_DIRECT_MAX;
-        l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = j->staged, .len = len};
+    if (j->direct && j->staged < j->size) {
+        const unsigned char *src = (const unsigned char *)r->iov[0].iov_base + j->staged;
+        bool tail = j->staged >= j->body;
+        if (j->staged == 0)
+            XXH3_64bits_reset(&c->hash);
+        if (tail) { /* the last part block, staged */
+            len = (size_t)(j->size - j->staged);
+            memcpy(buf, src, len);
+            memset(buf + len, 0, MOONLET_DISK_BLOCK - len);
+            l->io[b] = (lane_io){.req = i, .kind = IO_CHUNK, .at = j->staged, .len = len};
+        } else { /* whole blocks, no copy */
+            uint64_t left = j->body - j->staged;
+            len = left < DISK_DIRECT_MAX ? (size_t)left : DISK_DIRECT_MAX;
+            l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = j->staged, .len = len};
+        }
+        XXH3_64bits_update(&c->hash, src, len);
         off = j->loc.offset + j->h + j->staged;
-        if (!lane_prep_direct(d, l, true, j->loc.path, off, b,
-                              (unsigned char *)r->iov[0].iov_base + j->staged, len))
-            j->rc = MOONLET_ERR_INTERNAL_ERROR;
         j->staged += len;
-        return;
-    }
-    if (j->direct && j->staged < j->size) { /* the tail block, staged */
-        size_t n = (size_t)(j->size - j->staged);
-        memcpy(buf, (const unsigned char *)r->iov[0].iov_base + j->staged, n);
-        memset(buf + n, 0, MOONLET_DISK_BLOCK - n);
-        l->io[b] = (lane_io){.req = i, .kind = IO_CHUNK, .at = j->staged, .len = n};
-        off = j->loc.offset + j->h + j->staged;
-        j->staged = j->size;
-        if (!lane_prep(d, l, true, j->loc.path, off, b, MOONLET_DISK_BLOCK))
+        /* the last of the bytes: they match the checksum, or no header will
+         * name them (nor does this I/O go) */
+        if (j->staged == j->size && XXH3_64bits_digest(&c->hash) != r->checksum) {
+            j->rc = MOONLET_ERR_INVALID_PARAMS;
+            *done = true;
+            return;
+        }
+        if (!(tail ? lane_prep(d, l, true, j->loc.path, off, b, MOONLET_DISK_BLOCK)
+                   : lane_prep_direct(d, l, true, j->loc.path, off, b, (void *)src, len)))
             j->rc = MOONLET_ERR_INTERNAL_ERROR;
         return;
     }
@@ -646,12 +655,10 @@ int moonlet_disk_write_batch(moonlet_disk *d, const moonlet_disk_wreq *reqs, siz
         if (r->placed && r->loc->size != j->size)
             j->rc = MOONLET_ERR_INVALID_PARAMS;
         /* an object of several I/Os in one block-aligned range goes from the
-         * caller's memory: hashed here, outside any lock, before any I/O */
+         * caller's memory (write_stage) */
         if (!j->rc && j->total > d->io_bytes && r->iovcnt == 1 && aligned(r->iov[0].iov_base)) {
             j->direct = true;
             j->body = j->size / MOONLET_DISK_BLOCK * MOONLET_DISK_BLOCK;
-            if (XXH3_64bits(r->iov[0].iov_base, (size_t)j->size) != r->checksum)
-                j->rc = MOONLET_ERR_INVALID_PARAMS;
         }
     }
     pthread_mutex_lock(&d->meta_mu);

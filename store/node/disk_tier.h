@@ -21,6 +21,11 @@
  * the exact extent in its own allocator and refuses one that overlaps
  * anything it holds or is writing.
  *
+ * Copies: an object of several I/Os whose bytes are one 4 KiB aligned
+ * range (a write's single iovec, a read's buf) goes straight from or into
+ * that memory (its last part block through a staging buffer); any other
+ * goes through the staging buffers.
+ *
  * Durability: a write returns 0 (a batch: results[i] == 0) once the
  * object's header and bytes are on the device (written O_DIRECT, then a
  * data sync of its path through the ring; a batch makes one sync per path

@@ -12,8 +12,10 @@
  * checksum), and closes the tier (untimed); fio then writes and reads a
  * file of the same bytes with the same block size and queue depth
  * (io_uring engine, O_DIRECT, and on writes --fdatasync=B: a data sync
- * after every B blocks, which fio issues once the writes before it are
- * done, the same contract as a batch).  B is --batch-bytes / size (at
+ * after every B blocks, --end_fsync=1 when the round is not whole batches).
+ * Not quite the batch's contract: fio does not wait for the writes in
+ * flight before it issues the sync, so its later writes overlap it; a
+ * larger --batch-bytes brings the two closer (docs/benchmarks.md).  B is --batch-bytes / size (at
  * least 1; default 32 MiB: 512 objects of 64 KiB, 32 of 1 MiB, 2 of 16
  * MiB).  The two alternate which goes first.  GB/s are medians of the
  * rounds; the ratio is moonlet / fio (issue 32's target: 0.8 at 1 MiB and
@@ -180,6 +182,8 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
     unsigned char *back = NULL;
     if (posix_memalign((void **)&back, MOONLET_DISK_BLOCK, per * size))
         back = NULL;
+    else
+        memset(back, 0, per * size); /* resident, as a node's segments are (untimed) */
     uint64_t sum = XXH3_64bits(data, size);
     struct iovec iov = {(void *)data, size};
     int rc = loc && key && w && r && res && back ? 0 : -1;
