@@ -4,7 +4,12 @@
  * odd sizes written and read back through several waves of I/O, a rescan
  * after a reopen (removed objects stay removed), a corrupt byte and a
  * truncated file (the read refuses, the rescan drops, never other bytes),
- * a full tier, two paths, bad arguments, and threads at once.
+ * a full tier, two paths, bad arguments, and threads at once; objects at
+ * the caller's placement (moonlet_disk_write_at: read back, found by a
+ * rescan with tenant and key; unaligned, out of range or overlapping ones
+ * refused), a read under another tenant refused, a batch with bad requests
+ * among good ones, readers beside a writer of batches, block-aligned
+ * buffers (no staging copy).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +19,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +30,8 @@
 
 #include "disk_tier.h"
 #include "moonlet/error.h"
+
+#define TENANT 7u
 
 static char g_dir[64];
 static char g_path[2][128];
@@ -64,6 +72,20 @@ static moonlet_disk *open_tier(size_t npaths, uint64_t size, unsigned qd, size_t
     return d;
 }
 
+/* moonlet_disk_write and moonlet_disk_read with the tests' tenant and a
+ * terminated key (NULL: read unchecked). */
+static int wr(moonlet_disk *d, const char *key, const struct iovec *iov, int iovcnt,
+              uint64_t checksum, moonlet_disk_loc *loc)
+{
+    return moonlet_disk_write(d, TENANT, key, (uint32_t)strlen(key), iov, iovcnt, checksum, loc);
+}
+
+static int rd(moonlet_disk *d, const moonlet_disk_loc *loc, const char *key, void *buf,
+              size_t cap, size_t *len)
+{
+    return moonlet_disk_read(d, loc, TENANT, key, key ? (uint32_t)strlen(key) : 0, buf, cap, len);
+}
+
 static unsigned char *pattern(size_t n, uint32_t seed)
 {
     unsigned char *b = malloc(n ? n : 1);
@@ -77,7 +99,7 @@ static int put(moonlet_disk *d, const char *key, const unsigned char *b, size_t 
 {
     /* two ranges, as a put's scattered buffers would be */
     struct iovec iov[2] = {{(void *)b, n / 3}, {(void *)(b + n / 3), n - n / 3}};
-    return moonlet_disk_write(d, key, iov, 2, XXH3_64bits(b, n), loc);
+    return wr(d, key, iov, 2, XXH3_64bits(b, n), loc);
 }
 
 static void read_is(moonlet_disk *d, const moonlet_disk_loc *loc, const char *key,
@@ -85,7 +107,7 @@ static void read_is(moonlet_disk *d, const moonlet_disk_loc *loc, const char *ke
 {
     unsigned char *got = malloc(n ? n : 1);
     size_t len = 1;
-    assert_int_equal(moonlet_disk_read(d, loc, key, got, n, &len), MOONLET_OK);
+    assert_int_equal(rd(d, loc, key, got, n, &len), MOONLET_OK);
     assert_int_equal(len, n);
     assert_memory_equal(got, want, n);
     free(got);
@@ -97,16 +119,19 @@ static const size_t sizes[] = {0, 1, 4095, 4096, (1u << 20) + 3, 5u << 20};
 struct seen {
     int n;
     moonlet_disk_loc loc[16];
+    uint32_t tenant[16];
     char key[16][32];
 };
 
-static void see(void *arg, const char *key, const moonlet_disk_loc *loc, uint64_t checksum)
+static void see(void *arg, uint32_t tenant, const char *key, uint32_t key_len,
+                const moonlet_disk_loc *loc, uint64_t checksum)
 {
     (void)checksum;
     struct seen *s = arg;
     if (s->n < 16) {
         s->loc[s->n] = *loc;
-        snprintf(s->key[s->n], sizeof(s->key[0]), "%s", key);
+        s->tenant[s->n] = tenant;
+        snprintf(s->key[s->n], sizeof(s->key[0]), "%.*s", (int)key_len, key);
     }
     s->n++;
 }
@@ -159,7 +184,7 @@ static void test_round_trip_and_rescan(void **state)
     /* the removed object's location is no object's */
     size_t len;
     unsigned char one[4096];
-    assert_int_equal(moonlet_disk_read(d, &loc[2], NULL, one, sizeof one, &len),
+    assert_int_equal(rd(d, &loc[2], NULL, one, sizeof one, &len),
                      MOONLET_ERR_INVALID_PARAMS);
     moonlet_disk_close(d);
     for (size_t i = 0; i < NSIZES; i++)
@@ -187,7 +212,7 @@ static void test_corrupt_byte(void **state)
     close(fd);
     unsigned char *got = malloc(100000);
     size_t len = 7;
-    assert_int_equal(moonlet_disk_read(d, &la, "a", got, 100000, &len), MOONLET_ERR_INVALID_READ);
+    assert_int_equal(rd(d, &la, "a", got, 100000, &len), MOONLET_ERR_INVALID_READ);
     assert_int_equal(len, 0);
     read_is(d, &lb, "b", b, 3000);
     moonlet_disk_stats st;
@@ -200,7 +225,7 @@ static void test_corrupt_byte(void **state)
     assert_int_equal(st.scan_dropped, 1);
     assert_int_equal(st.objects, 1);
     read_is(d, &lb, "b", b, 3000);
-    assert_int_equal(moonlet_disk_read(d, &la, "a", got, 100000, &len), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rd(d, &la, "a", got, 100000, &len), MOONLET_ERR_INVALID_PARAMS);
     moonlet_disk_close(d);
     free(got);
     free(a);
@@ -309,13 +334,13 @@ static void test_bad_arguments(void **state)
     unsigned char b[100] = {1, 2, 3};
     struct iovec iov = {b, sizeof b};
     moonlet_disk_loc loc;
-    assert_int_equal(moonlet_disk_write(d, "", &iov, 1, XXH3_64bits(b, sizeof b), &loc),
+    assert_int_equal(wr(d, "", &iov, 1, XXH3_64bits(b, sizeof b), &loc),
                      MOONLET_ERR_INVALID_PARAMS);
-    assert_int_equal(moonlet_disk_write(d, "k", &iov, 1, 12345, &loc), MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(wr(d, "k", &iov, 1, 12345, &loc), MOONLET_ERR_INVALID_PARAMS);
     /* the same over several I/Os: refused, its space given back */
     unsigned char *big = pattern(2u << 20, 6);
     struct iovec biov = {big, 2u << 20};
-    assert_int_equal(moonlet_disk_write(d, "big", &biov, 1, 12345, &loc),
+    assert_int_equal(wr(d, "big", &biov, 1, 12345, &loc),
                      MOONLET_ERR_INVALID_PARAMS);
     free(big);
     moonlet_disk_stats bst;
@@ -325,22 +350,22 @@ static void test_bad_arguments(void **state)
     char *huge = malloc(MOONLET_DISK_MAX_KEY + 2);
     memset(huge, 'k', MOONLET_DISK_MAX_KEY + 1);
     huge[MOONLET_DISK_MAX_KEY + 1] = 0;
-    assert_int_equal(moonlet_disk_write(d, huge, &iov, 1, XXH3_64bits(b, sizeof b), &loc),
+    assert_int_equal(wr(d, huge, &iov, 1, XXH3_64bits(b, sizeof b), &loc),
                      MOONLET_ERR_INVALID_PARAMS);
     /* the longest key takes a two-block header */
     huge[MOONLET_DISK_MAX_KEY] = 0;
-    assert_int_equal(moonlet_disk_write(d, huge, &iov, 1, XXH3_64bits(b, sizeof b), &loc),
+    assert_int_equal(wr(d, huge, &iov, 1, XXH3_64bits(b, sizeof b), &loc),
                      MOONLET_OK);
     read_is(d, &loc, huge, b, sizeof b);
     unsigned char small[10];
     size_t len;
-    assert_int_equal(moonlet_disk_read(d, &loc, NULL, small, sizeof small, &len),
+    assert_int_equal(rd(d, &loc, NULL, small, sizeof small, &len),
                      MOONLET_ERR_BUFFER_OVERFLOW);
-    assert_int_equal(moonlet_disk_read(d, &loc, "other", b, sizeof b, &len),
+    assert_int_equal(rd(d, &loc, "other", b, sizeof b, &len),
                      MOONLET_ERR_INVALID_PARAMS);
     moonlet_disk_loc wrong = loc;
     wrong.offset += 4096;
-    assert_int_equal(moonlet_disk_read(d, &wrong, NULL, b, sizeof b, &len),
+    assert_int_equal(rd(d, &wrong, NULL, b, sizeof b, &len),
                      MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(moonlet_disk_remove(d, &wrong), MOONLET_ERR_INVALID_PARAMS);
     wrong = loc;
@@ -348,6 +373,242 @@ static void test_bad_arguments(void **state)
     assert_int_equal(moonlet_disk_remove(d, &wrong), MOONLET_ERR_INVALID_PARAMS);
     moonlet_disk_close(d);
     free(huge);
+}
+
+/* The caller places objects (as the master does: one segment per path, of
+ * the path's capacity, offsets from 0): each lands exactly there, reads
+ * back, and a rescan after a reopen finds it with its tenant and key.  An
+ * object the tier places itself goes around them. */
+static void test_write_at(void **state)
+{
+    (void)state;
+    fresh();
+    moonlet_disk *d = open_tier(1, 8u << 20, 4, 64u << 10);
+    assert_int_equal(moonlet_disk_npaths(d), 1);
+    assert_int_equal(moonlet_disk_path_capacity(d, 0), 8u << 20);
+    assert_int_equal(moonlet_disk_path_capacity(d, 1), 0);
+    size_t n1 = 100000, n2 = 3000;
+    unsigned char *b1 = pattern(n1, 21), *b2 = pattern(n2, 22);
+    uint64_t f1 = moonlet_disk_footprint(2, n1);
+    assert_int_equal(f1, 4096 + 102400);
+    moonlet_disk_loc l1 = {.path = 0, .offset = 1u << 20, .size = n1};
+    moonlet_disk_loc l2 = {.path = 0, .offset = l1.offset + f1, .size = n2}; /* adjacent */
+    struct iovec i1 = {b1, n1}, i2 = {b2, n2};
+    assert_int_equal(moonlet_disk_write_at(d, &l1, 42, "k1", 2, &i1, 1, XXH3_64bits(b1, n1)),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_disk_write_at(d, &l2, 43, "k2", 2, &i2, 1, XXH3_64bits(b2, n2)),
+                     MOONLET_OK);
+    moonlet_disk_stats st;
+    moonlet_disk_get_stats(d, &st);
+    assert_int_equal(st.used, f1 + moonlet_disk_footprint(2, n2));
+    unsigned char *got = malloc(n1);
+    size_t len = 0;
+    assert_int_equal(moonlet_disk_read(d, &l1, 42, "k1", 2, got, n1, &len), MOONLET_OK);
+    assert_int_equal(len, n1);
+    assert_memory_equal(got, b1, n1);
+    /* the tier's own placement keeps clear of both */
+    moonlet_disk_loc l3;
+    unsigned char *b3 = pattern(2u << 20, 23);
+    struct iovec i3 = {b3, 2u << 20};
+    for (int k = 0; k < 2; k++) {
+        char key[8];
+        snprintf(key, sizeof key, "k%d", 3 + k);
+        assert_int_equal(wr(d, key, &i3, 1, XXH3_64bits(b3, 2u << 20), &l3), MOONLET_OK);
+        assert_true(l3.offset + moonlet_disk_footprint(2, 2u << 20) <= l1.offset ||
+                    l3.offset >= l2.offset + moonlet_disk_footprint(2, n2));
+    }
+    moonlet_disk_close(d);
+
+    d = open_tier(1, 8u << 20, 4, 64u << 10);
+    moonlet_disk_get_stats(d, &st);
+    assert_int_equal(st.scan_kept, 4);
+    struct seen s = {0};
+    moonlet_disk_scan(d, see, &s);
+    assert_int_equal(s.n, 4);
+    int found = 0;
+    for (int j = 0; j < s.n; j++) {
+        if (!strcmp(s.key[j], "k1")) {
+            found++;
+            assert_int_equal(s.tenant[j], 42);
+            assert_int_equal(s.loc[j].offset, l1.offset);
+            assert_int_equal(s.loc[j].size, n1);
+        } else if (!strcmp(s.key[j], "k2")) {
+            found++;
+            assert_int_equal(s.tenant[j], 43);
+            assert_int_equal(s.loc[j].offset, l2.offset);
+        } else {
+            assert_int_equal(s.tenant[j], TENANT);
+        }
+    }
+    assert_int_equal(found, 2);
+    assert_int_equal(moonlet_disk_read(d, &l2, 43, "k2", 2, got, n1, &len), MOONLET_OK);
+    assert_int_equal(len, n2);
+    assert_memory_equal(got, b2, n2);
+    moonlet_disk_close(d);
+    free(got);
+    free(b1);
+    free(b2);
+    free(b3);
+}
+
+/* A placement that is unaligned, out of range, overlapping an object held
+ * (or one just written), or whose size is not the bytes': refused,
+ * nothing reserved; the exact range once freed is taken again. */
+static void test_write_at_refused(void **state)
+{
+    (void)state;
+    fresh();
+    moonlet_disk *d = open_tier(2, 8u << 20, 0, 0);
+    uint64_t cap = moonlet_disk_path_capacity(d, 1);
+    assert_int_equal(cap, 4u << 20);
+    unsigned char *b = pattern(100000, 31);
+    struct iovec iov = {b, 100000};
+    uint64_t sum = XXH3_64bits(b, 100000), f = moonlet_disk_footprint(1, 100000);
+    moonlet_disk_loc held = {.path = 1, .offset = 1u << 20, .size = 100000};
+    assert_int_equal(moonlet_disk_write_at(d, &held, 1, "h", 1, &iov, 1, sum), MOONLET_OK);
+    moonlet_disk_stats before;
+    moonlet_disk_get_stats(d, &before);
+    const moonlet_disk_loc bad[] = {
+        {.path = 1, .offset = (1u << 20) + 100, .size = 100000}, /* unaligned */
+        {.path = 1, .offset = (1u << 20) + 4096, .size = 100000}, /* inside the held one */
+        {.path = 1, .offset = (1u << 20) - 4096, .size = 100000}, /* runs into it */
+        {.path = 1, .offset = (1u << 20) + f - 4096, .size = 100000}, /* its tail */
+        {.path = 1, .offset = 1u << 20, .size = 100000},          /* exactly it */
+        {.path = 1, .offset = cap - 4096, .size = 100000},        /* past the end */
+        {.path = 1, .offset = cap, .size = 100000},
+        {.path = 1, .offset = UINT64_MAX - 4095, .size = 100000}, /* wraps */
+        {.path = 2, .offset = 0, .size = 100000},                 /* no such path */
+        {.path = 0, .offset = 0, .size = 99999},                  /* not the bytes' size */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(moonlet_disk_write_at(d, &bad[i], 1, "x", 1, &iov, 1, sum),
+                         MOONLET_ERR_INVALID_PARAMS);
+    moonlet_disk_stats after;
+    moonlet_disk_get_stats(d, &after);
+    assert_int_equal(after.used, before.used);
+    assert_int_equal(after.objects, before.objects);
+    assert_int_equal(after.writes, before.writes);
+    /* right after it, and the same path's other end: fine */
+    moonlet_disk_loc ok = {.path = 1, .offset = (1u << 20) + f, .size = 100000};
+    assert_int_equal(moonlet_disk_write_at(d, &ok, 1, "y", 1, &iov, 1, sum), MOONLET_OK);
+    ok.offset = cap - f;
+    assert_int_equal(moonlet_disk_write_at(d, &ok, 1, "z", 1, &iov, 1, sum), MOONLET_OK);
+    assert_int_equal(moonlet_disk_remove(d, &held), MOONLET_OK);
+    assert_int_equal(moonlet_disk_write_at(d, &held, 2, "h2", 2, &iov, 1, sum), MOONLET_OK);
+    unsigned char *got = malloc(100000);
+    size_t len;
+    assert_int_equal(moonlet_disk_read(d, &held, 2, "h2", 2, got, 100000, &len), MOONLET_OK);
+    assert_memory_equal(got, b, 100000);
+    moonlet_disk_close(d);
+    free(got);
+    free(b);
+}
+
+/* A read names the tenant with the key: the same key under another tenant
+ * is not this object. */
+static void test_wrong_tenant(void **state)
+{
+    (void)state;
+    fresh();
+    moonlet_disk *d = open_tier(1, 4u << 20, 0, 0);
+    unsigned char *b = pattern(5000, 41);
+    moonlet_disk_loc loc;
+    assert_int_equal(put(d, "shared", b, 5000, &loc), MOONLET_OK);
+    unsigned char got[5000];
+    size_t len = 9;
+    assert_int_equal(moonlet_disk_read(d, &loc, TENANT + 1, "shared", 6, got, sizeof got, &len),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(len, 0);
+    assert_int_equal(moonlet_disk_read(d, &loc, TENANT, "shared", 6, got, sizeof got, &len),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_disk_read(d, &loc, TENANT, "share", 5, got, sizeof got, &len),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(rd(d, &loc, NULL, got, sizeof got, &len), MOONLET_OK); /* unchecked */
+    assert_memory_equal(got, b, 5000);
+    moonlet_disk_close(d);
+    free(b);
+}
+
+/* A batch of placed and unplaced objects, small (one I/O) and large (many),
+ * two of them with a checksum that does not match their bytes: those two
+ * are refused alone and their space given back; the others are durable
+ * (found after a reopen) and read back, one batch read for all. */
+static void test_batch_one_bad(void **state)
+{
+    (void)state;
+    fresh();
+    moonlet_disk *d = open_tier(2, 32u << 20, 4, 64u << 10);
+    enum { N = 6 };
+    const size_t sz[N] = {3000, 300000, 1u << 20, 70000, 0, 5u << 20};
+    const bool placed[N] = {true, true, false, true, false, false};
+    const int badsum[] = {1, 3}; /* a large placed one, a small placed one */
+    unsigned char *b[N];
+    moonlet_disk_loc loc[N];
+    moonlet_disk_wreq r[N];
+    struct iovec iov[N];
+    char key[N][16];
+    uint64_t off = 0;
+    for (int i = 0; i < N; i++) {
+        b[i] = pattern(sz[i], 50 + (uint32_t)i);
+        snprintf(key[i], sizeof key[i], "batch-%d", i);
+        iov[i] = (struct iovec){b[i], sz[i]};
+        loc[i] = (moonlet_disk_loc){.path = 1, .offset = off, .size = sz[i]};
+        if (placed[i])
+            off += moonlet_disk_footprint((uint32_t)strlen(key[i]), sz[i]);
+        r[i] = (moonlet_disk_wreq){.loc = &loc[i], .placed = placed[i], .tenant = 9,
+                                   .key = key[i], .key_len = (uint32_t)strlen(key[i]),
+                                   .iov = &iov[i], .iovcnt = 1,
+                                   .checksum = XXH3_64bits(b[i], sz[i])};
+    }
+    for (size_t k = 0; k < 2; k++)
+        r[badsum[k]].checksum ^= 1;
+    int res[N];
+    assert_int_equal(moonlet_disk_write_batch(d, r, N, res), MOONLET_OK);
+    uint64_t used = 0;
+    for (int i = 0; i < N; i++) {
+        bool bad = i == badsum[0] || i == badsum[1];
+        assert_int_equal(res[i], bad ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK);
+        if (!bad)
+            used += moonlet_disk_footprint((uint32_t)strlen(key[i]), sz[i]);
+    }
+    moonlet_disk_stats st;
+    moonlet_disk_get_stats(d, &st);
+    assert_int_equal(st.used, used);
+    assert_int_equal(st.objects, N - 2);
+    assert_int_equal(st.writes, N - 2);
+    moonlet_disk_close(d);
+
+    d = open_tier(2, 32u << 20, 4, 64u << 10);
+    moonlet_disk_get_stats(d, &st);
+    assert_int_equal(st.scan_kept, N - 2);
+    assert_int_equal(st.used, used);
+    moonlet_disk_rreq rr[N];
+    unsigned char *got[N];
+    for (int i = 0; i < N; i++) {
+        got[i] = malloc(sz[i] ? sz[i] : 1);
+        rr[i] = (moonlet_disk_rreq){.loc = loc[i], .tenant = 9, .key = key[i],
+                                    .key_len = (uint32_t)strlen(key[i]), .buf = got[i],
+                                    .cap = sz[i]};
+    }
+    assert_int_equal(moonlet_disk_read_batch(d, rr, N, res), MOONLET_OK);
+    for (int i = 0; i < N; i++) {
+        bool bad = i == badsum[0] || i == badsum[1];
+        assert_int_equal(res[i], bad ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK);
+        if (!bad)
+            assert_memory_equal(got[i], b[i], sz[i]);
+    }
+    /* the refused ones' exact places are free */
+    for (size_t k = 0; k < 2; k++) {
+        int i = badsum[k];
+        assert_int_equal(moonlet_disk_write_at(d, &loc[i], 9, key[i], (uint32_t)strlen(key[i]),
+                                               &iov[i], 1, XXH3_64bits(b[i], sz[i])),
+                         MOONLET_OK);
+    }
+    moonlet_disk_close(d);
+    for (int i = 0; i < N; i++) {
+        free(b[i]);
+        free(got[i]);
+    }
 }
 
 /* Threads writing, reading back and removing their own keys at once. */
@@ -368,7 +629,7 @@ static void *work(void *arg)
         unsigned char *got = malloc(n);
         size_t len = 0;
         if (put(w->d, key, b, n, &loc) == MOONLET_OK &&
-            moonlet_disk_read(w->d, &loc, key, got, n, &len) == MOONLET_OK && len == n &&
+            rd(w->d, &loc, key, got, n, &len) == MOONLET_OK && len == n &&
             memcmp(got, b, n) == 0 && moonlet_disk_remove(w->d, &loc) == MOONLET_OK)
             w->ok++;
         free(got);
@@ -400,6 +661,173 @@ static void test_threads(void **state)
     moonlet_disk_close(d);
 }
 
+/* Block-aligned buffers of several I/Os go without a staging copy (whole
+ * blocks from and into the caller's memory, the tail block staged): read
+ * back exact into aligned and unaligned buffers, a checksum that does not
+ * match refused (space given back), a flipped byte refused on the way in. */
+static void test_direct_aligned(void **state)
+{
+    (void)state;
+    fresh();
+    moonlet_disk *d = open_tier(1, 32u << 20, 4, 64u << 10);
+    const size_t sz[] = {(3u << 20) + 123, 2u << 20};
+    unsigned char *b[2], *got[2];
+    moonlet_disk_loc loc[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(posix_memalign((void **)&b[i], 4096, sz[i]), 0);
+        assert_int_equal(posix_memalign((void **)&got[i], 4096, sz[i]), 0);
+        unsigned char *p = pattern(sz[i], 70 + (uint32_t)i);
+        memcpy(b[i], p, sz[i]);
+        free(p);
+        struct iovec iov = {b[i], sz[i]};
+        assert_int_equal(wr(d, "bad", &iov, 1, XXH3_64bits(b[i], sz[i]) ^ 1, &loc[i]),
+                         MOONLET_ERR_INVALID_PARAMS);
+        char key[8];
+        snprintf(key, sizeof key, "d%d", i);
+        assert_int_equal(wr(d, key, &iov, 1, XXH3_64bits(b[i], sz[i]), &loc[i]), MOONLET_OK);
+        size_t len = 0;
+        assert_int_equal(rd(d, &loc[i], key, got[i], sz[i], &len), MOONLET_OK);
+        assert_int_equal(len, sz[i]);
+        assert_memory_equal(got[i], b[i], sz[i]);
+        read_is(d, &loc[i], key, b[i], sz[i]); /* unaligned */
+    }
+    moonlet_disk_stats st;
+    moonlet_disk_get_stats(d, &st);
+    assert_int_equal(st.used, moonlet_disk_footprint(2, sz[0]) + moonlet_disk_footprint(2, sz[1]));
+    int fd = open(g_path[0], O_RDWR);
+    unsigned char x;
+    off_t at = (off_t)(loc[0].offset + 4096 + (2u << 20) + 17);
+    assert_int_equal(pread(fd, &x, 1, at), 1);
+    x ^= 1;
+    assert_int_equal(pwrite(fd, &x, 1, at), 1);
+    close(fd);
+    size_t len = 5;
+    assert_int_equal(rd(d, &loc[0], "d0", got[0], sz[0], &len), MOONLET_ERR_INVALID_READ);
+    assert_int_equal(len, 0);
+    moonlet_disk_close(d);
+    for (int i = 0; i < 2; i++) {
+        free(b[i]);
+        free(got[i]);
+    }
+}
+
+/* Two threads reading a fixed set of objects (single reads and batch
+ * reads) while a third writes batches of new objects, reads them back and
+ * removes them: every read verifies, no I/O error, nothing left over. */
+struct rw_shared {
+    moonlet_disk *d;
+    moonlet_disk_loc loc[4];
+    unsigned char *b[4];
+    size_t sz[4];
+    atomic_int writing;
+    int bad[3];
+};
+
+static void *rw_reader(void *arg)
+{
+    struct rw_shared *s = ((void **)arg)[0];
+    int id = (int)(intptr_t)((void **)arg)[1];
+    unsigned char *got[4];
+    for (int i = 0; i < 4; i++)
+        got[i] = malloc(s->sz[i]);
+    for (int it = 0; it < 400 && (it < 10 || atomic_load(&s->writing)); it++) {
+        if (it % 2) {
+            moonlet_disk_rreq r[4];
+            int res[4];
+            for (int i = 0; i < 4; i++) {
+                r[i] = (moonlet_disk_rreq){.loc = s->loc[i], .tenant = TENANT, .key = NULL,
+                                           .buf = got[i], .cap = s->sz[i]};
+            }
+            if (moonlet_disk_read_batch(s->d, r, 4, res))
+                s->bad[id]++;
+            for (int i = 0; i < 4; i++)
+                if (res[i] || memcmp(got[i], s->b[i], s->sz[i]))
+                    s->bad[id]++;
+        } else {
+            int i = it / 2 % 4;
+            char key[16];
+            snprintf(key, sizeof key, "fixed-%d", i);
+            size_t len = 0;
+            if (rd(s->d, &s->loc[i], key, got[i], s->sz[i], &len) || len != s->sz[i] ||
+                memcmp(got[i], s->b[i], s->sz[i]))
+                s->bad[id]++;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        free(got[i]);
+    return NULL;
+}
+
+static void *rw_writer(void *arg)
+{
+    struct rw_shared *s = arg;
+    enum { B = 6 };
+    for (int round = 0; round < 12; round++) {
+        unsigned char *b[B], *got = NULL;
+        moonlet_disk_loc loc[B];
+        moonlet_disk_wreq r[B];
+        struct iovec iov[B];
+        char key[B][24];
+        int res[B];
+        size_t sz[B];
+        for (int i = 0; i < B; i++) {
+            sz[i] = 1 + (size_t)(round * 7919 + i * 104729) % (700u << 10);
+            b[i] = pattern(sz[i], (uint32_t)(1000 + round * B + i));
+            snprintf(key[i], sizeof key[i], "w%d-%d", round, i);
+            iov[i] = (struct iovec){b[i], sz[i]};
+            r[i] = (moonlet_disk_wreq){.loc = &loc[i], .tenant = TENANT, .key = key[i],
+                                       .key_len = (uint32_t)strlen(key[i]), .iov = &iov[i],
+                                       .iovcnt = 1, .checksum = XXH3_64bits(b[i], sz[i])};
+        }
+        if (moonlet_disk_write_batch(s->d, r, B, res))
+            s->bad[2]++;
+        for (int i = 0; i < B; i++) {
+            size_t len = 0;
+            got = realloc(got, sz[i]);
+            if (res[i] || rd(s->d, &loc[i], key[i], got, sz[i], &len) || len != sz[i] ||
+                memcmp(got, b[i], sz[i]) || moonlet_disk_remove(s->d, &loc[i]))
+                s->bad[2]++;
+            free(b[i]);
+        }
+        free(got);
+    }
+    atomic_store(&s->writing, 0);
+    return NULL;
+}
+
+static void test_readers_and_batches(void **state)
+{
+    (void)state;
+    fresh();
+    struct rw_shared s = {.d = open_tier(2, 32u << 20, 8, 128u << 10)};
+    atomic_init(&s.writing, 1);
+    for (int i = 0; i < 4; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "fixed-%d", i);
+        s.sz[i] = (size_t)(i + 1) * 150001;
+        s.b[i] = pattern(s.sz[i], 900 + (uint32_t)i);
+        assert_int_equal(put(s.d, key, s.b[i], s.sz[i], &s.loc[i]), MOONLET_OK);
+    }
+    pthread_t t[3];
+    void *args[2][2] = {{&s, (void *)(intptr_t)0}, {&s, (void *)(intptr_t)1}};
+    assert_int_equal(pthread_create(&t[0], NULL, rw_reader, args[0]), 0);
+    assert_int_equal(pthread_create(&t[1], NULL, rw_reader, args[1]), 0);
+    assert_int_equal(pthread_create(&t[2], NULL, rw_writer, &s), 0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(t[i], NULL);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(s.bad[i], 0);
+    moonlet_disk_stats st;
+    moonlet_disk_get_stats(s.d, &st);
+    assert_int_equal(st.objects, 4);
+    assert_int_equal(st.io_errors, 0);
+    assert_int_equal(st.checksum_errors, 0);
+    assert_int_equal(st.writes, 4 + 12 * 6);
+    moonlet_disk_close(s.d);
+    for (int i = 0; i < 4; i++)
+        free(s.b[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -410,6 +838,12 @@ int main(void)
         cmocka_unit_test(test_two_paths),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_write_at),
+        cmocka_unit_test(test_write_at_refused),
+        cmocka_unit_test(test_wrong_tenant),
+        cmocka_unit_test(test_batch_one_bad),
+        cmocka_unit_test(test_readers_and_batches),
+        cmocka_unit_test(test_direct_aligned),
     };
     return cmocka_run_group_tests_name("disk_tier", tests, setup, teardown);
 }
