@@ -994,6 +994,40 @@ int moonlet_disk_remove(moonlet_disk *d, const moonlet_disk_loc *loc)
     return rc;
 }
 
+int moonlet_disk_remove_range(moonlet_disk *d, uint32_t path, uint64_t offset, uint64_t len,
+                              bool scan, uint32_t *removed)
+{
+    if (removed)
+        *removed = 0;
+    if (!d || path >= d->npaths || len == 0 || offset > UINT64_MAX - len)
+        return MOONLET_ERR_INVALID_PARAMS;
+    /* The objects to remove: the one that starts at offset (a lookup), or
+     * with scan every one whose extent meets the range (all of the table). */
+    moonlet_disk_loc found[64];
+    uint32_t n = 0;
+    int rc = MOONLET_OK;
+    pthread_mutex_lock(&d->meta_mu);
+    disk_obj *o = *obj_slot(d, path, offset);
+    if (o && !o->removing)
+        found[n++] = o->loc;
+    for (size_t b = 0; scan && b < d->nbuckets; b++)
+        for (o = d->table[b]; o && n < 64; o = o->next) {
+            uint64_t end = o->loc.offset + obj_total(o->key_len, o->loc.size);
+            if (o->loc.path == path && o->loc.offset != offset && !o->removing &&
+                o->loc.offset < offset + len && end > offset)
+                found[n++] = o->loc;
+        }
+    pthread_mutex_unlock(&d->meta_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        int r = moonlet_disk_remove(d, &found[i]);
+        if (r == MOONLET_OK && removed)
+            (*removed)++;
+        else if (r != MOONLET_OK && r != MOONLET_ERR_INVALID_PARAMS) /* gone meanwhile: fine */
+            rc = r;
+    }
+    return rc;
+}
+
 void moonlet_disk_scan(moonlet_disk *d,
                        void (*fn)(void *arg, uint32_t tenant, const char *key, uint32_t key_len,
                                   const moonlet_disk_loc *loc, uint64_t checksum),

@@ -64,7 +64,7 @@
 #include "disk_layout.h" /* MOONLET_DISK_BLOCK, the extent sizes */
 
 #define MOONLET_DISK_MAX_PATHS 16u
-#define MOONLET_DISK_MAX_KEY 4096u
+#define MOONLET_DISK_MAX_KEY (4096u + 256u) /* a tenant (255 bytes), a NUL, a key (4096) */
 
 typedef struct moonlet_disk moonlet_disk;
 
@@ -177,6 +177,15 @@ int moonlet_disk_read_batch(moonlet_disk *d, const moonlet_disk_rreq *reqs, size
  * INVALID_PARAMS for a location no write or scan gave (or one being
  * removed). */
 int moonlet_disk_remove(moonlet_disk *d, const moonlet_disk_loc *loc);
+
+/* Removes (as moonlet_disk_remove) the object whose extent starts at
+ * offset of path, and with scan every object whose extent meets [offset,
+ * +len) (a walk of every object: for the rare case where whoever places
+ * objects forgot some, e.g. a master that took over).  *removed: how many.
+ * 0 when nothing was there; INVALID_PARAMS for a bad path or range;
+ * INTERNAL_ERROR when a header could not be invalidated. */
+int moonlet_disk_remove_range(moonlet_disk *d, uint32_t path, uint64_t offset, uint64_t len,
+                              bool scan, uint32_t *removed);
 
 /* Calls fn for every object the tier holds (those found at open and those
  * written since), in no particular order, under the tier's lock (fn must not
