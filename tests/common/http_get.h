@@ -3,7 +3,9 @@
  * scraping endpoints (master/metrics.c, store/client/client_metrics.c):
  * http_get(port, "GET /metrics HTTP/1.0\r\n\r\n") returns the whole
  * response (status line, headers, body; malloc'd), or NULL when nothing
- * listens.  Bounded: at most 100 waits of 100 ms for the answer.
+ * listens.  Bounded: at most 100 waits of 100 ms for the answer.  And the
+ * checks of what such an endpoint renders: has_line(), assert_lines(),
+ * assert_rendered().
  */
 #ifndef MOONLET_TEST_HTTP_GET_H
 #define MOONLET_TEST_HTTP_GET_H
@@ -11,12 +13,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <setjmp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <cmocka.h>
 
 /* One HTTP/1.0 request over a fresh connection; returns the response (malloc'd). */
 static inline char *http_get(uint16_t port, const char *request)
@@ -60,6 +66,35 @@ static inline bool http_answers(uint16_t port, const char *request, const char *
     bool ok = r && strstr(r, status) && (!absent || !strstr(r, absent));
     free(r);
     return ok;
+}
+
+/* Whether text holds `line` as a whole line. */
+static inline bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+    for (const char *p = strstr(text, line); p; p = strstr(p + 1, line))
+        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == 0))
+            return true;
+    return false;
+}
+
+/* Fails the test, naming the first one missing, unless text holds each of
+ * the n lines as a whole line. */
+static inline void assert_lines(const char *text, const char *const *lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!has_line(text, lines[i]))
+            fail_msg("no line '%s'", lines[i]);
+}
+
+/* A text an endpoint rendered: there, its length the one reported (len),
+ * and each of the n lines in it (assert_lines). */
+static inline void assert_rendered(const char *text, size_t len, const char *const *lines,
+                                   size_t n)
+{
+    assert_non_null(text);
+    assert_int_equal(len, strlen(text));
+    assert_lines(text, lines, n);
 }
 
 #endif

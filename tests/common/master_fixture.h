@@ -174,4 +174,19 @@ static inline void fix_reps_visit(void *arg, const moonlet_replica_view *r)
     c->n++;
 }
 
+/* A whole put of key in the default tenant with the options po, sealed
+ * with the checksum *ck (NULL: none); the replicas put start hands out go
+ * to *r (cleared first) when r is not NULL.  Both steps must succeed. */
+static inline void fix_put_opts(moonlet_master *m, const char *key, uint64_t size,
+                                const moonlet_master_put_opts *po, const uint64_t *ck,
+                                struct fix_reps *r)
+{
+    if (r)
+        memset(r, 0, sizeof(*r));
+    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), size, po,
+                                                   r ? fix_reps_visit : NULL, r),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), ck), MOONLET_OK);
+}
+
 #endif

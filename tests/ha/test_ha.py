@@ -25,6 +25,7 @@ a store node and a client given both masters.  Checks:
 Skips when the etcd binary is absent (scripts/setup.sh installs
 etcd-server).
 """
+import contextlib
 import json
 import os
 import re
@@ -165,6 +166,76 @@ def start_ha_master(etcd, cluster, endpoints=None, port=0, extra=()):
                              "--client_live_ttl_sec", "600", "--shards", "64",
                              "--log-level", "info", "--rpc-port", str(port), *extra)
     return m
+
+
+def start_ha_store(addrs, size=64 * MIB, **kw):
+    """A store node given every master of `addrs`, pinging every 200 ms and
+    with a 1 s RPC timeout (it follows a failover quickly)."""
+    return daemons.start_store(",".join(addrs), size, "--ping-interval-ms", "200",
+                               "--rpc-timeout-ms", "1000", **kw)
+
+
+@contextlib.contextmanager
+def ha_daemons(prefix, relay=False):
+    """One etcd and a fresh cluster id (`prefix` and 8 hex digits), with a
+    Relay to that etcd when relay is true: {"etcd", "cluster", "relay",
+    "started"}.  The daemons a test appends to "started" are stopped on the
+    way out (stop_all), then the relay and etcd."""
+    h = {"etcd": Etcd(), "cluster": prefix + uuid.uuid4().hex[:8], "relay": None, "started": []}
+    try:
+        if relay:
+            h["relay"] = Relay(h["etcd"].url)
+        yield h
+    finally:
+        stop_all(h["started"])
+        if h["relay"]:
+            h["relay"].stop()
+        h["etcd"].stop()
+
+
+def start_in(h, cluster=None, relayed=False, **kw):
+    """An HA master of h's cluster (or of `cluster` on h's etcd), appended to
+    h["started"]; relayed: its etcd is h's relay.  kw: start_ha_master's."""
+    m = start_ha_master(h["etcd"], cluster or h["cluster"],
+                        endpoints=h["relay"].url if relayed else None, **kw)
+    h["started"].append(m)
+    return m
+
+
+def start_pair(h, cluster=None, extra=(), token_file=None):
+    """Two HA masters with `extra` (start_in); (leader, standby) once one
+    leads and etcd names the other in sync."""
+    cluster = cluster or h["cluster"]
+    addrs = [start_in(h, cluster, extra=extra).addr for _ in range(2)]
+    leader = wait_leader(addrs, 4 * TTL_S + 5, token_file=token_file)
+    standby = addrs[1] if leader == addrs[0] else addrs[0]
+    wait_in_sync({"etcd": h["etcd"], "cluster": cluster}, standby)
+    return leader, standby
+
+
+def start_leader_and_relayed_standby(h):
+    """m1 elected, then m2 (its etcd through h's relay) in sync: (m1, m2)."""
+    m1 = start_in(h)
+    wait_leader([m1.addr], 4 * TTL_S + 5)
+    m2 = start_in(h, relayed=True)
+    wait_in_sync(h, m2.addr)
+    return m1, m2
+
+
+def write_secrets(files):
+    """Each {path: bytes} written, readable by its owner only."""
+    for path, data in files.items():
+        with open(path, "wb") as fh:
+            fh.write(data)
+        os.chmod(path, 0o600)
+
+
+def refused_start(h, *flags):
+    """moonlet-master of h's cluster run with `flags`, expected to refuse
+    them: its CompletedProcess (a test checks the status and stderr)."""
+    return subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", h["etcd"].url,
+                           "--cluster-id", h["cluster"], "--advertise", "127.0.0.1:0", *flags],
+                          capture_output=True, text=True, timeout=30, env=daemons.child_env())
 
 
 def stderr_text(d):
@@ -347,66 +418,41 @@ def test_peer_token_guards_replication():
     peer token refuses to start.  Without --peer-token-file the shared token
     still opens the replication server (compatible: it is then the peer
     credential)."""
-    etcd = Etcd()
-    cluster = "t" + uuid.uuid4().hex[:8]
     tdir = tempfile.mkdtemp(prefix="moonlet-ha-tok-")
     ctok, ptok = b"client-" + uuid.uuid4().hex.encode(), b"peer-" + uuid.uuid4().hex.encode()
     cfile, pfile = os.path.join(tdir, "client"), os.path.join(tdir, "peer")
-    for f, t in ((cfile, ctok), (pfile, ptok)):
-        with open(f, "wb") as fh:
-            fh.write(t + b"\n")
-        os.chmod(f, 0o600)
-    started = []
+    write_secrets({cfile: ctok + b"\n", pfile: ptok + b"\n"})
     try:
-        r = subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", etcd.url,
-                            "--cluster-id", cluster, "--advertise", "127.0.0.1:0",
-                            "--auth-token-file", cfile, "--peer-token-file", cfile],
-                           capture_output=True, text=True, timeout=30, env=daemons.child_env())
-        assert r.returncode == 2 and "of its own" in r.stderr, r.stderr
-        extra = ("--auth-token-file", cfile, "--peer-token-file", pfile,
-                 "--rpc-address", "127.0.0.1")
-        m1 = start_ha_master(etcd, cluster, extra=extra)
-        started.append(m1)
-        m2 = start_ha_master(etcd, cluster, extra=extra)
-        started.append(m2)
-        addrs = [m1.addr, m2.addr]
-        leader = wait_leader(addrs, 4 * TTL_S + 5, token_file=cfile)
-        standby = m2.addr if leader == m1.addr else m1.addr
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
-        host = leader.rsplit(":", 1)[0]
-        rport = repl_port(leader, ctok)  # the clients' token learns the port
-        snap_args = b"\x90"
-        stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
-        # the clients' token: refused at AUTH, the connection closed
-        assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [ILLEGAL_CLIENT]
-        assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [ILLEGAL_CLIENT]
-        # no token: the calls themselves refused
-        assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
-        assert repl_try(host, rport, None, REPL_STREAM, stream_args)[0] == ILLEGAL_CLIENT
-        # the peer token: a snapshot is served
-        assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
-        # and the real standby is still the one in sync, its stream untouched
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
-        # without --peer-token-file, as before: the shared token is the peer
-        # credential (a second pair, in a cluster of its own)
-        for d in reversed(started):
-            d.stop()
-        started.clear()
-        cluster2 = cluster + "b"
-        shared = ("--auth-token-file", cfile, "--rpc-address", "127.0.0.1")
-        m3 = start_ha_master(etcd, cluster2, extra=shared)
-        started.append(m3)
-        m4 = start_ha_master(etcd, cluster2, extra=shared)
-        started.append(m4)
-        leader2 = wait_leader([m3.addr, m4.addr], 4 * TTL_S + 5, token_file=cfile)
-        standby2 = m4.addr if leader2 == m3.addr else m3.addr
-        wait_in_sync({"etcd": etcd, "cluster": cluster2}, standby2)
-        rport2 = repl_port(leader2, ctok)
-        assert repl_try(leader2.rsplit(":", 1)[0], rport2, ctok, REPL_SNAPSHOT, snap_args) == [0, 0]
+        with ha_daemons("t") as h:
+            r = refused_start(h, "--auth-token-file", cfile, "--peer-token-file", cfile)
+            assert r.returncode == 2 and "of its own" in r.stderr, r.stderr
+            extra = ("--auth-token-file", cfile, "--peer-token-file", pfile,
+                     "--rpc-address", "127.0.0.1")
+            leader, standby = start_pair(h, extra=extra, token_file=cfile)
+            host = leader.rsplit(":", 1)[0]
+            rport = repl_port(leader, ctok)  # the clients' token learns the port
+            snap_args = b"\x90"
+            stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
+            # the clients' token: refused at AUTH, the connection closed
+            assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [ILLEGAL_CLIENT]
+            assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [ILLEGAL_CLIENT]
+            # no token: the calls themselves refused
+            assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
+            assert repl_try(host, rport, None, REPL_STREAM, stream_args)[0] == ILLEGAL_CLIENT
+            # the peer token: a snapshot is served
+            assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
+            # and the real standby is still the one in sync, its stream untouched
+            wait_in_sync(h, standby)
+            # without --peer-token-file, as before: the shared token is the peer
+            # credential (a second pair, in a cluster of its own)
+            stop_all(h["started"])
+            h["started"].clear()
+            shared = ("--auth-token-file", cfile, "--rpc-address", "127.0.0.1")
+            leader2, _ = start_pair(h, cluster=h["cluster"] + "b", extra=shared, token_file=cfile)
+            rport2 = repl_port(leader2, ctok)
+            host2 = leader2.rsplit(":", 1)[0]
+            assert repl_try(host2, rport2, ctok, REPL_SNAPSHOT, snap_args) == [0, 0]
     finally:
-        for d in reversed(started):
-            d.stop()
-        etcd.stop()
         shutil.rmtree(tdir, ignore_errors=True)
 
 
@@ -422,72 +468,46 @@ def test_credentials_guard_replication():
     its peer token and is marked in sync; the peer token is served a
     snapshot.  --credentials with --etcd-endpoints but no --peer-token-file
     refuses to start."""
-    etcd = Etcd()
-    cluster = "t" + uuid.uuid4().hex[:8]
     tdir = tempfile.mkdtemp(prefix="moonlet-ha-cred-")
     ctok, ptok = b"client-" + uuid.uuid4().hex.encode(), b"peer-" + uuid.uuid4().hex.encode()
     rtok = b"reader-" + uuid.uuid4().hex.encode()
     creds, pfile, rfile = (os.path.join(tdir, n) for n in ("credentials", "peer", "reader"))
-    files = ((creds, ctok + b" client tenant-a\n" + rtok + b" reader\n"),
-             (pfile, ptok + b"\n"), (rfile, rtok + b"\n"))
-    for f, t in files:
-        with open(f, "wb") as fh:
-            fh.write(t)
-        os.chmod(f, 0o600)
-    started = []
+    write_secrets({creds: ctok + b" client tenant-a\n" + rtok + b" reader\n",
+                   pfile: ptok + b"\n", rfile: rtok + b"\n"})
     try:
-        r = subprocess.run([daemons.tool("moonlet-master"), "--etcd-endpoints", etcd.url,
-                            "--cluster-id", cluster, "--advertise", "127.0.0.1:0",
-                            "--credentials", creds],
-                           capture_output=True, text=True, timeout=30, env=daemons.child_env())
-        assert r.returncode == 2 and "--peer-token-file" in r.stderr, r.stderr
-        extra = ("--credentials", creds, "--peer-token-file", pfile, "--rpc-address", "127.0.0.1")
-        m1 = start_ha_master(etcd, cluster, extra=extra)
-        started.append(m1)
-        m2 = start_ha_master(etcd, cluster, extra=extra)
-        started.append(m2)
-        leader = wait_leader([m1.addr, m2.addr], 4 * TTL_S + 5, token_file=rfile)
-        standby = m2.addr if leader == m1.addr else m1.addr
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
-        host, port = leader.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=5) as s:
-            assert rpc(s, 1, AUTH, b"\x91" + mp_str(ctok))[0] == 0
-            assert rpc(s, 2, REPL_PORT)[0] == PERMISSION_DENIED
-        rport = repl_port(leader, ptok)  # the masters' token learns the port
-        snap_args = b"\x90"
-        stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
-        assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [0, PERMISSION_DENIED]
-        assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [0, PERMISSION_DENIED]
-        assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
-        assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, standby)
+        with ha_daemons("t") as h:
+            r = refused_start(h, "--credentials", creds)
+            assert r.returncode == 2 and "--peer-token-file" in r.stderr, r.stderr
+            extra = ("--credentials", creds, "--peer-token-file", pfile,
+                     "--rpc-address", "127.0.0.1")
+            leader, standby = start_pair(h, extra=extra, token_file=rfile)
+            host, port = leader.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                assert rpc(s, 1, AUTH, b"\x91" + mp_str(ctok))[0] == 0
+                assert rpc(s, 2, REPL_PORT)[0] == PERMISSION_DENIED
+            rport = repl_port(leader, ptok)  # the masters' token learns the port
+            snap_args = b"\x90"
+            stream_args = b"\x92" + mp_str(standby.encode()) + b"\x00"
+            assert repl_try(host, rport, ctok, REPL_SNAPSHOT, snap_args) == [0, PERMISSION_DENIED]
+            assert repl_try(host, rport, ctok, REPL_STREAM, stream_args) == [0, PERMISSION_DENIED]
+            assert repl_try(host, rport, None, REPL_SNAPSHOT, snap_args)[0] == ILLEGAL_CLIENT
+            assert repl_try(host, rport, ptok, REPL_SNAPSHOT, snap_args) == [0, 0]
+            wait_in_sync(h, standby)
     finally:
-        for d in reversed(started):
-            d.stop()
-        etcd.stop()
         shutil.rmtree(tdir, ignore_errors=True)
+
 
 @pytest.fixture
 def ha():
     import moonlet  # noqa: F401  (the binding must import before any daemon starts)
-    etcd = Etcd()
-    cluster = "t" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        m1 = start_ha_master(etcd, cluster)
-        started.append(m1)
-        m2 = start_ha_master(etcd, cluster)
-        started.append(m2)
+    with ha_daemons("t") as h:
+        m1, m2 = start_in(h), start_in(h)
         addrs = [m1.addr, m2.addr]
         leader = wait_leader(addrs, 4 * TTL_S + 5)
-        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
-                                    "--rpc-timeout-ms", "1000")
-        started.append(store)
-        yield {"etcd": etcd, "masters": {m1.addr: m1, m2.addr: m2}, "addrs": addrs,
-               "leader": leader, "store": store, "cluster": cluster, "started": started}
-    finally:
-        stop_all(started)
-        etcd.stop()
+        store = start_ha_store(addrs)
+        h["started"].append(store)
+        yield {**h, "masters": {m1.addr: m1, m2.addr: m2}, "addrs": addrs, "leader": leader,
+               "store": store}
 
 
 def stop_all(started):
@@ -586,8 +606,7 @@ def test_stopped_leader_never_serves_again(ha):
     d = ha["masters"][old]
     daemons.freeze(d.pid)
     # a store node starting now (its leader stopped) waits for the new leader
-    late = daemons.start_store(",".join(ha["addrs"]), 16 * MIB, "--ping-interval-ms", "200",
-                               "--rpc-timeout-ms", "1000", timeout=30)
+    late = start_ha_store(ha["addrs"], 16 * MIB, timeout=30)
     ha["started"].append(late)
     other = [a for a in ha["addrs"] if a != old][0]
     new = wait_leader([other], 2 * TTL_S + 4)
@@ -882,28 +901,20 @@ def test_snapshot_larger_than_a_frame():
     frame limit and the standby retried forever, never in sync."""
     import moonlet
     frame = ("--max-frame-bytes", "65536")
-    etcd = Etcd()
-    cluster = "t" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        m1 = start_ha_master(etcd, cluster, extra=frame)
-        started.append(m1)
+    with ha_daemons("t") as h:
+        m1 = start_in(h, extra=frame)
         wait_leader([m1.addr], 4 * TTL_S + 5)
         p2 = free_port()
         addrs = [m1.addr, f"127.0.0.1:{p2}"]
-        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
-                                    "--rpc-timeout-ms", "1000")
-        started.append(store)
+        h["started"].append(start_ha_store(addrs))
         s = client(addrs)
         n = 1500
         keys = [f"snapshot-part-object-{i:05d}" for i in range(n)]
         put_until_ok(s, keys[0], b"x" * 64, 10)
         for i, k in enumerate(keys[1:], 1):
             s.put(k, bytes([i % 251]) * 64)
-        m2 = start_ha_master(etcd, cluster, port=p2, extra=frame)
-        started.append(m2)
-        ha = {"etcd": etcd, "cluster": cluster}
-        wait_in_sync(ha, m2.addr, timeout=30)
+        m2 = start_in(h, port=p2, extra=frame)
+        wait_in_sync(h, m2.addr, timeout=30)
         deadline = time.monotonic() + 15
         while True:
             st = {m["master"]: m for m in status(addrs)["masters"]}
@@ -918,10 +929,6 @@ def test_snapshot_larger_than_a_frame():
             want = b"x" * 64 if i == 0 else bytes([i % 251]) * 64
             assert s.get(k) == want, k
         s.close()
-    finally:
-        for d in reversed(started):
-            d.stop()
-        etcd.stop()
 
 
 def test_leader_cut_off_from_etcd(ha_relay):
@@ -991,23 +998,12 @@ def test_third_master_defers_to_the_one_in_sync():
     acknowledged object put before is read back.  Before, the third master
     won and started empty."""
     import moonlet  # noqa: F401
-    etcd = Etcd()
-    relay = Relay(etcd.url)
-    cluster = "d" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        m1 = start_ha_master(etcd, cluster)
-        started.append(m1)
-        wait_leader([m1.addr], 4 * TTL_S + 5)
-        m2 = start_ha_master(etcd, cluster, endpoints=relay.url)
-        started.append(m2)
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, m2.addr)
-        m3 = start_ha_master(etcd, cluster)
-        started.append(m3)
+    with ha_daemons("d", relay=True) as h:
+        etcd, relay, cluster = h["etcd"], h["relay"], h["cluster"]
+        m1, m2 = start_leader_and_relayed_standby(h)
+        m3 = start_in(h)
         addrs = [m1.addr, m2.addr, m3.addr]
-        store = daemons.start_store(",".join(addrs), 64 * MIB, "--ping-interval-ms", "200",
-                                    "--rpc-timeout-ms", "1000")
-        started.append(store)
+        h["started"].append(start_ha_store(addrs))
         s = client(addrs)
         put_until_ok(s, "kept", b"k" * 4096, 10)
         # the third one is a standby that follows the leader, not the named one
@@ -1027,10 +1023,6 @@ def test_third_master_defers_to_the_one_in_sync():
         got, errors = get_until(s, "kept", 20)
         assert got == b"k" * 4096, (errors[-3:], stderr_text(m2)[-3000:])
         s.close()
-    finally:
-        stop_all(started)
-        relay.stop()
-        etcd.stop()
 
 
 def etcd_post(etcd, path, body):
@@ -1052,17 +1044,11 @@ def test_deposed_leader_keeps_its_term():
     back.  Before, it came back EMPTY and the object was lost, though the
     store node still held its bytes."""
     import moonlet  # noqa: F401
-    etcd = Etcd()
-    relay = Relay(etcd.url)
-    cluster = "k" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        m1 = start_ha_master(etcd, cluster, endpoints=relay.url)
-        started.append(m1)
+    with ha_daemons("k", relay=True) as h:
+        etcd, relay, cluster = h["etcd"], h["relay"], h["cluster"]
+        m1 = start_in(h, relayed=True)
         wait_leader([m1.addr], 4 * TTL_S + 5)
-        store = daemons.start_store(m1.addr, 64 * MIB, "--ping-interval-ms", "200",
-                                    "--rpc-timeout-ms", "1000")
-        started.append(store)
+        h["started"].append(start_ha_store([m1.addr]))
         s = client([m1.addr])
         put_until_ok(s, "kept", b"k" * 4096, 10)
         term = hello(m1.addr)["epoch"]
@@ -1078,10 +1064,6 @@ def test_deposed_leader_keeps_its_term():
         assert mark == f"{m1.addr}@{term}"
         assert insync(etcd, cluster) == f"{m1.addr}@{hello(m1.addr)['epoch']}"
         s.close()
-    finally:
-        stop_all(started)
-        relay.stop()
-        etcd.stop()
 
 
 def test_standby_campaigns_only_on_a_renewed_lease():
@@ -1096,20 +1078,10 @@ def test_standby_campaigns_only_on_a_renewed_lease():
     second left on the lease, but keepalives still fail until the lease is
     gone: the standby must not campaign until it holds a lease it renewed."""
     import moonlet  # noqa: F401
-    etcd = Etcd()
-    relay = Relay(etcd.url)
-    cluster = "l" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        m1 = start_ha_master(etcd, cluster)
-        started.append(m1)
-        wait_leader([m1.addr], 4 * TTL_S + 5)
-        m2 = start_ha_master(etcd, cluster, endpoints=relay.url)
-        started.append(m2)
-        wait_in_sync({"etcd": etcd, "cluster": cluster}, m2.addr)
-        store = daemons.start_store(f"{m1.addr},{m2.addr}", 64 * MIB, "--ping-interval-ms",
-                                    "200", "--rpc-timeout-ms", "1000")
-        started.append(store)
+    with ha_daemons("l", relay=True) as h:
+        etcd, relay, cluster = h["etcd"], h["relay"], h["cluster"]
+        m1, m2 = start_leader_and_relayed_standby(h)
+        h["started"].append(start_ha_store([m1.addr, m2.addr]))
         s = client([m1.addr, m2.addr])
         put_until_ok(s, "kept", b"k" * 4096, 10)
         import base64
@@ -1143,33 +1115,16 @@ def test_standby_campaigns_only_on_a_renewed_lease():
         assert got == b"k" * 4096, (errors[-3:], log[-3000:])
         assert "promoted EMPTY" not in log, log[-3000:]
         s.close()
-    finally:
-        stop_all(started)
-        relay.stop()
-        etcd.stop()
 
 
 @pytest.fixture
 def ha_relay():
     """One etcd; master A through a Relay (elected first), master B direct."""
     import moonlet  # noqa: F401
-    etcd = Etcd()
-    relay = Relay(etcd.url)
-    cluster = "r" + uuid.uuid4().hex[:8]
-    started = []
-    try:
-        a = start_ha_master(etcd, cluster, endpoints=relay.url)
-        started.append(a)
+    with ha_daemons("r", relay=True) as h:
+        a = start_in(h, relayed=True)
         wait_leader([a.addr], 3 * TTL_S + 5)
-        b = start_ha_master(etcd, cluster)
-        started.append(b)
-        store = daemons.start_store(f"{a.addr},{b.addr}", 64 * MIB, "--ping-interval-ms", "200",
-                                    "--rpc-timeout-ms", "1000")
-        started.append(store)
-        yield {"relay": relay, "leader": a.addr, "standby": b.addr,
+        b = start_in(h)
+        h["started"].append(start_ha_store([a.addr, b.addr]))
+        yield {"relay": h["relay"], "leader": a.addr, "standby": b.addr,
                "masters": {a.addr: a, b.addr: b}}
-    finally:
-        for d in reversed(started):
-            d.stop()
-        relay.stop()
-        etcd.stop()

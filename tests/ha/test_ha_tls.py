@@ -15,7 +15,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -72,16 +71,9 @@ def leader_of(addrs, certs):
 
 @pytest.fixture
 def certs():
-    tmp = tempfile.mkdtemp(prefix="moonlet-ha-tls-")
-    d = tlscerts.CertDir(tmp)
-    d.ca()
-    sans = ["IP:127.0.0.1", "DNS:localhost"]
-    d.issue("etcd", "etcd", sans)
-    d.issue("master", "master", sans)
-    for name in ("store", "client", "operator"):
-        d.issue(name, name)
-    yield d
-    shutil.rmtree(tmp, ignore_errors=True)
+    with tlscerts.temp_certs("moonlet-ha-tls-", {"etcd": "etcd", "master": "master"},
+                             {n: n for n in ("store", "client", "operator")}) as d:
+        yield d
 
 
 def test_ha_over_tls(certs):

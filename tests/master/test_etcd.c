@@ -234,6 +234,20 @@ static int slow_on_elected(void *arg, uint64_t epoch)
     return 0;
 }
 
+/* The role's state once it serves, or at the deadline (moonlet_mono_ms)
+ * if it does not by then. */
+static moonlet_role_info wait_serving(moonlet_role *role, uint64_t deadline)
+{
+    moonlet_role_info ri = {0};
+    while (moonlet_mono_ms() < deadline) {
+        moonlet_role_get(role, moonlet_mono_ms(), &ri);
+        if (ri.serving)
+            break;
+        usleep(20 * 1000); /* the role has no event to wait on */
+    }
+    return ri;
+}
+
 static void test_slow_promotion_keeps_the_lease(void **state)
 {
     moonlet_role *role = NULL;
@@ -245,14 +259,7 @@ static void test_slow_promotion_keeps_the_lease(void **state)
     moonlet_election *el = NULL;
     assert_int_equal(moonlet_election_start(&o, role, &el), MOONLET_OK);
     /* serving within the promotion + one grace + slack (bounded) */
-    uint64_t deadline = moonlet_mono_ms() + p.ms + 2000 + 5000;
-    moonlet_role_info ri = {0};
-    while (moonlet_mono_ms() < deadline) {
-        moonlet_role_get(role, moonlet_mono_ms(), &ri);
-        if (ri.serving)
-            break;
-        usleep(20 * 1000); /* the role has no event to wait on */
-    }
+    moonlet_role_info ri = wait_serving(role, moonlet_mono_ms() + p.ms + 2000 + 5000);
     assert_true(ri.serving);
     assert_int_equal(ri.epoch, p.epoch);
     moonlet_etcd *e = client(g_etcd.url);
@@ -334,16 +341,56 @@ static void answer_probe(int lfd)
     close(c);
 }
 
-/* A standby on etcd for the fake leader's cluster: its role (advertising
- * o.advertise) and its election, started with o (TTL 2 s). */
-static moonlet_election *standby_of(moonlet_election_opts o, moonlet_role **role)
+/* A fake leader of a cluster (fake_leader: its lease and listener) and a
+ * standby on etcd for it: the standby's role (advertising o.advertise) and
+ * its election, started with o (TTL 2 s); e: the test's etcd client. */
+struct takeover {
+    moonlet_etcd *e;
+    char addr[64]; /* the leader's */
+    int lfd;
+    int64_t lease;
+    moonlet_role *role;
+    moonlet_election *el;
+};
+
+static void takeover_start(struct takeover *t, bool listening, moonlet_election_opts o)
 {
+    t->e = client(g_etcd.url);
+    t->lease = fake_leader(t->e, o.cluster_id, listening, &t->lfd, t->addr, sizeof(t->addr));
     o.endpoints = g_etcd.url;
     o.ttl_s = 2;
-    assert_int_equal(moonlet_role_create(o.advertise, role), MOONLET_OK);
-    moonlet_election *el = NULL;
-    assert_int_equal(moonlet_election_start(&o, *role, &el), MOONLET_OK);
-    return el;
+    t->role = NULL;
+    assert_int_equal(moonlet_role_create(o.advertise, &t->role), MOONLET_OK);
+    t->el = NULL;
+    assert_int_equal(moonlet_election_start(&o, t->role, &t->el), MOONLET_OK);
+}
+
+/* The standby stopped, then the fake leader's lease revoked (when it was
+ * left alone: lease_alive), then the rest freed. */
+static void takeover_end(struct takeover *t, bool lease_alive)
+{
+    moonlet_election_stop(t->el);
+    if (lease_alive)
+        assert_int_equal(moonlet_etcd_lease_revoke(t->e, t->lease), MOONLET_OK);
+    moonlet_role_destroy(t->role);
+    moonlet_etcd_destroy(t->e);
+}
+
+/* The standby's role: a standby following the leader at addr. */
+static void assert_standby_of(moonlet_role *role, const char *addr)
+{
+    moonlet_role_info ri = {0};
+    moonlet_role_get(role, moonlet_mono_ms(), &ri);
+    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
+    assert_string_equal(ri.leader, addr);
+}
+
+/* The fake leader's lease: still alive (not revoked). */
+static void assert_lease_alive(struct takeover *t)
+{
+    int64_t left = 0;
+    assert_int_equal(moonlet_etcd_lease_keepalive(t->e, t->lease, &left), MOONLET_OK);
+    assert_true(left > 0); /* not revoked */
 }
 
 /* Fast takeover: the leader's address accepted the standby's probe, then
@@ -353,36 +400,20 @@ static moonlet_election *standby_of(moonlet_election_opts o, moonlet_role **role
  * etcd's 500 ms expiry tick after the kill (moonlet-bench ha). */
 static void test_takeover_of_a_gone_leader(void **state)
 {
-    moonlet_etcd *e = client(g_etcd.url);
-    char addr[64];
-    int lfd;
-    int64_t lease = fake_leader(e, "takeover", true, &lfd, addr, sizeof(addr));
-    moonlet_role *role = NULL;
-    moonlet_election *el = standby_of(
-        (moonlet_election_opts){.cluster_id = "takeover", .advertise = "127.0.0.1:2"}, &role);
-    answer_probe(lfd); /* the standby's probe reaches the leader: it is alive */
-    moonlet_role_info ri = {0};
-    moonlet_role_get(role, moonlet_mono_ms(), &ri);
-    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
-    assert_string_equal(ri.leader, addr);
+    struct takeover t;
+    takeover_start(&t, true,
+                   (moonlet_election_opts){.cluster_id = "takeover", .advertise = "127.0.0.1:2"});
+    answer_probe(t.lfd); /* the standby's probe reaches the leader: it is alive */
+    assert_standby_of(t.role, t.addr);
     uint64_t gone = moonlet_mono_ms();
-    close(lfd); /* the leader's process is gone */
+    close(t.lfd); /* the leader's process is gone */
     /* serving within a poll, the grace and slack: far less than 60 s */
-    uint64_t deadline = gone + 2000 + 5000;
-    while (moonlet_mono_ms() < deadline) {
-        moonlet_role_get(role, moonlet_mono_ms(), &ri);
-        if (ri.serving)
-            break;
-        usleep(20 * 1000); /* the role has no event to wait on */
-    }
-    assert_true(ri.serving);
+    assert_true(wait_serving(t.role, gone + 2000 + 5000).serving);
     assert_true(moonlet_mono_ms() - gone >= 2000); /* the grace was kept */
     int64_t left = -1;
-    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
+    assert_int_equal(moonlet_etcd_lease_keepalive(t.e, t.lease, &left), MOONLET_OK);
     assert_int_equal(left, 0); /* revoked */
-    moonlet_election_stop(el);
-    moonlet_role_destroy(role);
-    moonlet_etcd_destroy(e);
+    takeover_end(&t, false);
 }
 
 /* No takeover of an address the standby never reached: a leader whose
@@ -390,26 +421,14 @@ static void test_takeover_of_a_gone_leader(void **state)
  * its lease. */
 static void test_no_takeover_without_a_live_probe(void **state)
 {
-    moonlet_etcd *e = client(g_etcd.url);
-    char addr[64];
-    int lfd;
-    int64_t lease = fake_leader(e, "notakeover", false, &lfd, addr, sizeof(addr));
-    moonlet_role *role = NULL;
-    moonlet_election *el = standby_of(
-        (moonlet_election_opts){.cluster_id = "notakeover", .advertise = "127.0.0.1:3"}, &role);
+    struct takeover t;
+    takeover_start(&t, false,
+                   (moonlet_election_opts){.cluster_id = "notakeover", .advertise = "127.0.0.1:3"});
     /* twenty polls' worth (100 ms each): nothing to wait on for an absence */
     usleep(2000 * 1000);
-    moonlet_role_info ri = {0};
-    moonlet_role_get(role, moonlet_mono_ms(), &ri);
-    assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
-    assert_string_equal(ri.leader, addr);
-    int64_t left = 0;
-    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
-    assert_true(left > 0); /* not revoked */
-    moonlet_election_stop(el);
-    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
-    moonlet_role_destroy(role);
-    moonlet_etcd_destroy(e);
+    assert_standby_of(t.role, t.addr);
+    assert_lease_alive(&t);
+    takeover_end(&t, true);
 }
 
 /* The owner's veto (opts.may_take_over: the master's "would I promote with
@@ -430,18 +449,13 @@ static bool veto_takeover(void *arg, uint64_t leader_epoch)
 
 static void test_takeover_vetoed(void **state)
 {
-    moonlet_etcd *e = client(g_etcd.url);
-    char addr[64];
-    int lfd;
-    int64_t lease = fake_leader(e, "veto", true, &lfd, addr, sizeof(addr));
-    moonlet_role *role = NULL;
+    struct takeover t;
     struct veto v = {0};
-    moonlet_election *el = standby_of(
-        (moonlet_election_opts){.cluster_id = "veto", .advertise = "127.0.0.1:4",
-                                .may_take_over = veto_takeover, .arg = &v},
-        &role);
-    answer_probe(lfd); /* its probe: the leader is alive */
-    close(lfd); /* gone */
+    takeover_start(&t, true,
+                   (moonlet_election_opts){.cluster_id = "veto", .advertise = "127.0.0.1:4",
+                                           .may_take_over = veto_takeover, .arg = &v});
+    answer_probe(t.lfd); /* its probe: the leader is alive */
+    close(t.lfd); /* gone */
     /* three refused probes, each vetoed (bounded: 100 polls) */
     for (int i = 0; i < 100 && atomic_load(&v.asked) < 3; i++)
         usleep(100 * 1000); /* the veto's count is the event; no fd to wait on */
@@ -449,20 +463,15 @@ static void test_takeover_vetoed(void **state)
     moonlet_etcd_kv kv;
     char key[64];
     snprintf(key, sizeof(key), "/moonlet/veto/leader");
-    assert_int_equal(moonlet_etcd_get(e, key, &kv, NULL), MOONLET_OK);
+    assert_int_equal(moonlet_etcd_get(t.e, key, &kv, NULL), MOONLET_OK);
     assert_true(kv.found);
     assert_int_equal(atomic_load(&v.epoch), (uint64_t)kv.create_revision);
     moonlet_etcd_kv_free(&kv);
-    int64_t left = 0;
-    assert_int_equal(moonlet_etcd_lease_keepalive(e, lease, &left), MOONLET_OK);
-    assert_true(left > 0); /* not revoked */
+    assert_lease_alive(&t);
     moonlet_role_info ri = {0};
-    moonlet_role_get(role, moonlet_mono_ms(), &ri);
+    moonlet_role_get(t.role, moonlet_mono_ms(), &ri);
     assert_int_equal(ri.state, MOONLET_ROLE_STANDBY);
-    moonlet_election_stop(el);
-    assert_int_equal(moonlet_etcd_lease_revoke(e, lease), MOONLET_OK);
-    moonlet_role_destroy(role);
-    moonlet_etcd_destroy(e);
+    takeover_end(&t, true);
 }
 
 int main(void)

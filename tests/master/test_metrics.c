@@ -11,15 +11,6 @@
 #include "../common/http_get.h"
 #include "../common/test_main.h"
 
-static bool has_line(const char *text, const char *line)
-{
-    size_t n = strlen(line);
-    for (const char *p = text; (p = strstr(p, line)) != NULL; p += n)
-        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == 0))
-            return true;
-    return false;
-}
-
 static void test_render(void **state)
 {
     (void)state;
@@ -47,42 +38,43 @@ static void test_render(void **state)
     st.resume_lock_hold_hist[2] = 5; /* <4 us */
     st.resume_lock_hold_hist[MOONLET_LOCK_HIST_BUCKETS - 1] = 1;
     st.resume_lock_hold_max_ns = 2500000;
+    static const char *const want[] = {
+        "# TYPE moonlet_objects gauge",
+        "moonlet_objects 7",
+        "moonlet_bytes 123456789012",
+        "moonlet_segments 3",
+        "moonlet_capacity_bytes 1099511627776",
+        "moonlet_used_bytes 4096",
+        "# TYPE moonlet_leases_granted_total counter",
+        "moonlet_leases_granted_total{op=\"get\"} 11",
+        "moonlet_leases_granted_total{op=\"exist\"} 12",
+        "moonlet_leases_granted_total{op=\"probe\"} 13",
+        "moonlet_probe_calls_total{mode=\"none\"} 21",
+        "moonlet_probe_calls_total{mode=\"last_hit_only\"} 22",
+        "moonlet_evictions_total 31",
+        "moonlet_put_starts_reserved_total 32",
+        "moonlet_probe_recheck_fallbacks_total 41",
+        "# TYPE moonlet_probe_lock_hold_seconds histogram",
+        /* cumulative: bucket i (< 2^i us) holds 1 + 2 + ... + (i + 1) */
+        "moonlet_probe_lock_hold_seconds_bucket{le=\"1e-06\"} 1",
+        "moonlet_probe_lock_hold_seconds_bucket{le=\"2e-06\"} 3",
+        "moonlet_probe_lock_hold_seconds_bucket{le=\"1.6e-05\"} 15",
+        "moonlet_probe_lock_hold_seconds_bucket{le=\"0.001024\"} 66",
+        "moonlet_probe_lock_hold_seconds_bucket{le=\"+Inf\"} 78",
+        "moonlet_probe_lock_hold_seconds_count 78",
+        "moonlet_resume_calls_total 51",
+        "moonlet_resume_recheck_fallbacks_total 52",
+        "moonlet_resume_leases_granted_total{kind=\"kda\"} 53",
+        "moonlet_resume_leases_granted_total{kind=\"kv\"} 54",
+        "moonlet_resume_lock_hold_seconds_bucket{le=\"2e-06\"} 0",
+        "moonlet_resume_lock_hold_seconds_bucket{le=\"4e-06\"} 5",
+        "moonlet_resume_lock_hold_seconds_bucket{le=\"0.001024\"} 5",
+        "moonlet_resume_lock_hold_seconds_bucket{le=\"+Inf\"} 6",
+        "moonlet_resume_lock_hold_max_seconds 0.002500000",
+    };
     size_t len = 0;
     char *text = moonlet_metrics_render(&st, &len);
-    assert_non_null(text);
-    assert_int_equal(len, strlen(text));
-    assert_true(has_line(text, "# TYPE moonlet_objects gauge"));
-    assert_true(has_line(text, "moonlet_objects 7"));
-    assert_true(has_line(text, "moonlet_bytes 123456789012"));
-    assert_true(has_line(text, "moonlet_segments 3"));
-    assert_true(has_line(text, "moonlet_capacity_bytes 1099511627776"));
-    assert_true(has_line(text, "moonlet_used_bytes 4096"));
-    assert_true(has_line(text, "# TYPE moonlet_leases_granted_total counter"));
-    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"get\"} 11"));
-    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"exist\"} 12"));
-    assert_true(has_line(text, "moonlet_leases_granted_total{op=\"probe\"} 13"));
-    assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"none\"} 21"));
-    assert_true(has_line(text, "moonlet_probe_calls_total{mode=\"last_hit_only\"} 22"));
-    assert_true(has_line(text, "moonlet_evictions_total 31"));
-    assert_true(has_line(text, "moonlet_put_starts_reserved_total 32"));
-    assert_true(has_line(text, "moonlet_probe_recheck_fallbacks_total 41"));
-    assert_true(has_line(text, "# TYPE moonlet_probe_lock_hold_seconds histogram"));
-    /* cumulative: bucket i (< 2^i us) holds 1 + 2 + ... + (i + 1) */
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"1e-06\"} 1"));
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"2e-06\"} 3"));
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"1.6e-05\"} 15"));
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"0.001024\"} 66"));
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_bucket{le=\"+Inf\"} 78"));
-    assert_true(has_line(text, "moonlet_probe_lock_hold_seconds_count 78"));
-    assert_true(has_line(text, "moonlet_resume_calls_total 51"));
-    assert_true(has_line(text, "moonlet_resume_recheck_fallbacks_total 52"));
-    assert_true(has_line(text, "moonlet_resume_leases_granted_total{kind=\"kda\"} 53"));
-    assert_true(has_line(text, "moonlet_resume_leases_granted_total{kind=\"kv\"} 54"));
-    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"2e-06\"} 0"));
-    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"4e-06\"} 5"));
-    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"0.001024\"} 5"));
-    assert_true(has_line(text, "moonlet_resume_lock_hold_seconds_bucket{le=\"+Inf\"} 6"));
-    assert_true(has_line(text, "moonlet_resume_lock_hold_max_seconds 0.002500000"));
+    assert_rendered(text, len, want, sizeof(want) / sizeof(want[0]));
     assert_null(strstr(text, "_sum"));
     free(text);
 }
@@ -195,9 +187,7 @@ static void test_http_server(void **state)
     /* the master's live counters */
     static const char *const live[] = {"moonlet_objects 1", "moonlet_bytes 100",
                                        "moonlet_segments 1", "moonlet_capacity_bytes 1048576"};
-    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
-        if (!has_line(r, live[i]))
-            fail_msg("no line '%s'", live[i]);
+    assert_lines(r, live, sizeof(live) / sizeof(live[0]));
     free(r);
 
     r = http_get(port, "GET /other HTTP/1.0\r\n\r\n");

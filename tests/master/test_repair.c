@@ -65,11 +65,8 @@ static void put_on(moonlet_master *m, const char *key, const char *s1, const cha
 {
     moonlet_str pref[] = {MOONLET_STR(s1), MOONLET_STR(s2)};
     moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 2};
-    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), 1000,
-                                                   &po, NULL, NULL),
-                     MOONLET_OK);
     uint64_t ck = 0x1234;
-    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), &ck), MOONLET_OK);
+    fix_put_opts(m, key, 1000, &po, &ck, NULL);
 }
 
 /* k removed (forced or not) and put again on b and c, same key and size;
@@ -482,11 +479,7 @@ static void put_sized(moonlet_master *m, const char *key, uint64_t size)
 {
     moonlet_str pref[] = {MOONLET_STR("a"), MOONLET_STR("b")};
     moonlet_master_put_opts po = {.replica_num = 2, .preferred = pref, .npreferred = 2};
-    assert_int_equal(moonlet_master_put_start_opts(m, MOONLET_STR(""), MOONLET_STR(key), size,
-                                                   &po, NULL, NULL),
-                     MOONLET_OK);
-    assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), NULL),
-                     MOONLET_OK);
+    fix_put_opts(m, key, size, &po, NULL, NULL);
 }
 
 /* Objects under a read lease are repaired first. */

@@ -578,6 +578,44 @@ static int wait_end(struct waiter *w)
     return w->rc;
 }
 
+/* A write that waits for its ack (emitting rec first when not NULL) while
+ * the test, as the standby on fd, reads the next records pushed and acks
+ * them: the write returns OK.  *first and *count: the records read. */
+static void acked_write(moonlet_repl_log *l, int fd, const moonlet_repl_rec *rec,
+                        uint64_t *first, uint64_t *count)
+{
+    struct waiter w;
+    wait_begin(&w, l, rec);
+    assert_true(peer_records(fd, first, count, 5000));
+    peer_ack(fd, *first + *count);
+    assert_int_equal(wait_end(&w), MOONLET_OK);
+}
+
+/* A log with the options o whose marks go to mk (mark_cb). */
+static moonlet_repl_log *marked_log(moonlet_repl_log_opts o, struct marks *mk)
+{
+    o.mark = mark_cb;
+    o.mark_arg = mk;
+    moonlet_repl_log *l;
+    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    return l;
+}
+
+/* The record the log tests emit. */
+static const moonlet_repl_rec UNMOUNT = {.type = MOONLET_REPL_UNMOUNT,
+                                         .client_id = {"c", 1},
+                                         .segment_id = {"s", 1}};
+
+/* Waits (bounded, 5 s) for the first mark mk sees; exactly one by then. */
+static void wait_first_mark(struct marks *mk)
+{
+    for (int i = 0; i < 5000 && atomic_load(&mk->calls) == 0; i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(atomic_load(&mk->calls), 1);
+}
+
 /* The leader's log and its push stream: a standby that acknowledged
  * everything is marked in sync, then a write waits for its ack; past the
  * lag bound the leader marks it out of sync first and goes on
@@ -588,13 +626,9 @@ static void test_semi_sync_log(void **state)
 {
     (void)state;
     struct marks mk = {0};
-    moonlet_repl_log_opts o = {.max_bytes = 4096, .max_lag_ms = 30, .mark = mark_cb,
-                               .mark_arg = &mk};
-    moonlet_repl_log *l;
-    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
-                            .segment_id = MOONLET_STR("s")};
-    moonlet_repl_log_emit(l, &rec);
+    moonlet_repl_log *l =
+        marked_log((moonlet_repl_log_opts){.max_bytes = 4096, .max_lag_ms = 30}, &mk);
+    moonlet_repl_log_emit(l, &UNMOUNT);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK); /* no standby: alone */
     bool lost;
     int fd = peer_open(l, "a:1", 1, &lost);
@@ -612,13 +646,9 @@ static void test_semi_sync_log(void **state)
     moonlet_repl_log_status st0, st1;
     moonlet_repl_log_get_status(l, &st0);
     for (int i = 0; i < 20; i++) {
-        struct waiter w;
-        moonlet_repl_log_emit(l, &rec);
-        wait_begin(&w, l, NULL);
-        assert_true(peer_records(fd, &first, &count, 5000));
+        moonlet_repl_log_emit(l, &UNMOUNT);
+        acked_write(l, fd, NULL, &first, &count);
         assert_int_equal(first + count, 3 + (uint64_t)i);
-        peer_ack(fd, first + count);
-        assert_int_equal(wait_end(&w), MOONLET_OK);
     }
     moonlet_repl_log_get_status(l, &st1);
     assert_int_equal(st1.acked, 22);
@@ -629,7 +659,7 @@ static void test_semi_sync_log(void **state)
     assert_int_equal(moonlet_repl_log_stream_open(l, "b:2", 22, 1, &lost, &next, &ticket),
                      MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     /* not acknowledged within the bound: out of sync in etcd, then alone */
-    moonlet_repl_log_emit(l, &rec);
+    moonlet_repl_log_emit(l, &UNMOUNT);
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_OK);
     assert_int_equal(mk.out, 1);
     moonlet_repl_log_status sl;
@@ -647,14 +677,14 @@ static void test_semi_sync_log(void **state)
     peer_ack(fd, 23);
     PEER_WAIT_STATUS(l, st.in_sync);
     assert_int_equal(mk.in, 2);
-    moonlet_repl_log_emit(l, &rec);
+    moonlet_repl_log_emit(l, &UNMOUNT);
     mk.fail = 1;
     assert_int_equal(moonlet_repl_log_wait(l), MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS);
     mk.fail = 0;
     close(fd);
     /* records beyond max_bytes are trimmed: a standby behind them must resync */
     for (int i = 0; i < 1000; i++)
-        moonlet_repl_log_emit(l, &rec);
+        moonlet_repl_log_emit(l, &UNMOUNT);
     assert_int_equal(peer_open(l, "a:1", 5, &lost), -1);
     assert_true(lost);
     assert_int_equal(peer_open(l, "a:1", moonlet_repl_log_next(l) + 1, &lost), -1);
@@ -671,12 +701,8 @@ static void test_writers_push_their_own(void **state)
 {
     (void)state;
     struct marks mk = {0};
-    moonlet_repl_log_opts o = {.max_lag_ms = 60000, .push_after_ms = 60000, .mark = mark_cb,
-                               .mark_arg = &mk};
-    moonlet_repl_log *l;
-    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
-                            .segment_id = MOONLET_STR("s")};
+    moonlet_repl_log *l =
+        marked_log((moonlet_repl_log_opts){.max_lag_ms = 60000, .push_after_ms = 60000}, &mk);
     bool lost;
     int fd = peer_open(l, "a:1", 1, &lost); /* nothing emitted yet: in sync at once */
     assert_true(fd >= 0);
@@ -684,14 +710,10 @@ static void test_writers_push_their_own(void **state)
     moonlet_repl_log_status st0, st1;
     moonlet_repl_log_get_status(l, &st0);
     for (uint64_t i = 0; i < 20; i++) {
-        struct waiter w;
         uint64_t first, count;
-        wait_begin(&w, l, &rec);
-        assert_true(peer_records(fd, &first, &count, 5000));
+        acked_write(l, fd, &UNMOUNT, &first, &count);
         assert_int_equal(first, 1 + i);
         assert_int_equal(count, 1);
-        peer_ack(fd, first + count);
-        assert_int_equal(wait_end(&w), MOONLET_OK);
     }
     moonlet_repl_log_get_status(l, &st1);
     assert_int_equal(st1.sync_waits - st0.sync_waits, 20);
@@ -710,17 +732,11 @@ static void test_failed_mark_is_not_retried_at_once(void **state)
 {
     (void)state;
     struct marks mk = {.fail = 1};
-    moonlet_repl_log_opts o = {.mark = mark_cb, .mark_arg = &mk};
-    moonlet_repl_log *l;
-    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
+    moonlet_repl_log *l = marked_log((moonlet_repl_log_opts){0}, &mk);
     bool lost;
     int fd = peer_open(l, "a:1", 1, &lost); /* caught up at once */
     assert_true(fd >= 0);
-    for (int i = 0; i < 5000 && atomic_load(&mk.calls) == 0; i++) {
-        struct timespec ts = {0, 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    assert_int_equal(atomic_load(&mk.calls), 1);
+    wait_first_mark(&mk);
     struct timespec ts = {0, 300 * 1000000L}; /* a window in which a loop would call thousands of times */
     nanosleep(&ts, NULL);
     assert_true(atomic_load(&mk.calls) <= 2);
@@ -745,33 +761,21 @@ static void test_unknown_mark_outcome_keeps_waiting(void **state)
     atomic_store(&mk.fail_rc, MOONLET_ERR_RPC_TIMEOUT);
     /* only writers push (push_after_ms a minute) and the bound is a minute:
      * a write that does not wait sends nothing */
-    moonlet_repl_log_opts o = {.max_lag_ms = 60000, .push_after_ms = 60000, .mark = mark_cb,
-                               .mark_arg = &mk};
-    moonlet_repl_log *l;
-    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
-                            .segment_id = MOONLET_STR("s")};
+    moonlet_repl_log *l =
+        marked_log((moonlet_repl_log_opts){.max_lag_ms = 60000, .push_after_ms = 60000}, &mk);
     bool lost;
     int fd = peer_open(l, "a:1", 1, &lost); /* caught up at once: the in-mark is tried */
     assert_true(fd >= 0);
-    for (int i = 0; i < 5000 && atomic_load(&mk.calls) == 0; i++) {
-        struct timespec ts = {0, 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    assert_int_equal(atomic_load(&mk.calls), 1);
+    wait_first_mark(&mk);
     assert_int_equal(mk.in, 0);
     moonlet_repl_log_status st0, st1;
     moonlet_repl_log_get_status(l, &st0);
     assert_false(st0.in_sync); /* not known to be named */
     /* a write waits for the standby's ack: it pushes its record itself */
-    struct waiter w;
-    wait_begin(&w, l, &rec);
     uint64_t first, count;
-    assert_true(peer_records(fd, &first, &count, 5000));
+    acked_write(l, fd, &UNMOUNT, &first, &count);
     assert_int_equal(first, 1);
     assert_int_equal(count, 1);
-    peer_ack(fd, first + count);
-    assert_int_equal(wait_end(&w), MOONLET_OK);
     moonlet_repl_log_get_status(l, &st1);
     assert_int_equal(st1.sync_waits - st0.sync_waits, 1);
     assert_int_equal(st1.writer_pushes - st0.writer_pushes, 1);
@@ -792,21 +796,17 @@ static void test_stream_end_marks_out_at_once(void **state)
 {
     (void)state;
     struct marks mk = {0};
-    moonlet_repl_log_opts o = {.max_lag_ms = 60000, .mark = mark_cb, .mark_arg = &mk};
-    moonlet_repl_log *l;
-    assert_int_equal(moonlet_repl_log_create(&o, &l), MOONLET_OK);
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_UNMOUNT, .client_id = MOONLET_STR("c"),
-                            .segment_id = MOONLET_STR("s")};
+    moonlet_repl_log *l = marked_log((moonlet_repl_log_opts){.max_lag_ms = 60000}, &mk);
     for (int round = 0; round < 2; round++) {
         bool lost;
         uint64_t first, count, from = moonlet_repl_log_next(l);
-        moonlet_repl_log_emit(l, &rec);
+        moonlet_repl_log_emit(l, &UNMOUNT);
         int fd = peer_open(l, "a:1", from, &lost);
         assert_true(fd >= 0);
         assert_true(peer_records(fd, &first, &count, 5000));
         peer_ack(fd, first + count);
         PEER_WAIT_STATUS(l, st.in_sync);
-        moonlet_repl_log_emit(l, &rec);
+        moonlet_repl_log_emit(l, &UNMOUNT);
         struct waiter w;
         wait_begin(&w, l, NULL);
         assert_true(peer_records(fd, &first, &count, 5000));
@@ -955,18 +955,33 @@ static int silent_listener(uint16_t *port)
 }
 
 /* A follower (standby of epoch 7) whose leader is a listener of the
- * test's own, which the test then plays by hand. */
-static moonlet_repl_follower *follower_of_listener(int *lfd, uint16_t *port, moonlet_role **role)
-{
-    *lfd = silent_listener(port);
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", *port);
-    assert_int_equal(moonlet_role_create("127.0.0.1:1", role), MOONLET_OK);
-    moonlet_role_set_leader(*role, addr, 7);
-    moonlet_repl_follower_opts fo = {.role = *role, .advertise = "127.0.0.1:1"};
+ * test's own (lfd, on port), which the test then plays by hand. */
+struct scripted {
+    int lfd;
+    uint16_t port;
+    moonlet_role *role;
     moonlet_repl_follower *f;
-    assert_int_equal(moonlet_repl_follower_start(&fo, &f), MOONLET_OK);
-    return f;
+};
+
+static void scripted_start(struct scripted *sc)
+{
+    sc->lfd = silent_listener(&sc->port);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", sc->port);
+    assert_int_equal(moonlet_role_create("127.0.0.1:1", &sc->role), MOONLET_OK);
+    moonlet_role_set_leader(sc->role, addr, 7);
+    moonlet_repl_follower_opts fo = {.role = sc->role, .advertise = "127.0.0.1:1"};
+    assert_int_equal(moonlet_repl_follower_start(&fo, &sc->f), MOONLET_OK);
+}
+
+/* Closes fd (the leader's end of the follower's connection), then frees
+ * the follower, the listener and the role. */
+static void scripted_end(struct scripted *sc, int fd)
+{
+    close(fd);
+    moonlet_repl_follower_destroy(sc->f);
+    close(sc->lfd);
+    moonlet_role_destroy(sc->role);
 }
 
 /* Waits (bounded) until fd is readable. */
@@ -986,30 +1001,26 @@ static void wait_readable(int fd, int ms)
 static void test_follower_stop_does_not_wait_for_the_leader(void **state)
 {
     (void)state;
-    uint16_t port;
-    moonlet_role *role;
-    int lfd;
-    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
+    struct scripted sc;
+    scripted_start(&sc);
     /* the follower connected and sent its first call (ReplPort): it now
      * waits for a reply that never comes */
-    wait_readable(lfd, 5000);
-    int cfd = accept(lfd, NULL, NULL);
+    wait_readable(sc.lfd, 5000);
+    int cfd = accept(sc.lfd, NULL, NULL);
     assert_true(cfd >= 0);
     wait_readable(cfd, 5000);
     uint64_t t0 = moonlet_mono_ms();
     bool consistent = true;
     uint64_t epoch = 1;
-    moonlet_repl_state *st = moonlet_repl_follower_stop(f, &consistent, &epoch);
+    moonlet_repl_state *st = moonlet_repl_follower_stop(sc.f, &consistent, &epoch);
     uint64_t took = moonlet_mono_ms() - t0;
     assert_non_null(st);
     assert_false(consistent); /* it never took a snapshot */
     assert_int_equal(epoch, 0);
     assert_true(took < 500); /* the call's timeout is 2.2 s */
     moonlet_repl_state_destroy(st);
-    close(cfd); /* the call fails now: the thread ends and destroy joins it */
-    moonlet_repl_follower_destroy(f);
-    close(lfd);
-    moonlet_role_destroy(role);
+    /* closing cfd fails the call: the thread ends and destroy joins it */
+    scripted_end(&sc, cfd);
 }
 
 /* ---- a scripted leader, for the follower's handling of what it is sent ---- */
@@ -1050,15 +1061,22 @@ static void pack_port(msgpack_packer *pk, const void *arg)
     msgpack_pack_uint64(pk, *(const uint16_t *)arg);
 }
 
-/* ReplSnapshot's reply: epoch 7, an empty snapshot, the stream from 0. */
-static void pack_empty_snapshot(msgpack_packer *pk, const void *arg)
+/* The first five elements of ReplSnapshot's reply (an array of n): epoch
+ * 7, an empty snapshot, the stream from 0. */
+static void pack_snapshot_head(msgpack_packer *pk, uint32_t n)
 {
-    msgpack_pack_array(pk, 5);
+    msgpack_pack_array(pk, n);
     msgpack_pack_uint64(pk, 7);
     msgpack_pack_uint64(pk, 0);
     msgpack_pack_uint64(pk, 0);
     msgpack_pack_bin(pk, 0);
     msgpack_pack_uint64(pk, 0);
+}
+
+static void pack_empty_snapshot(msgpack_packer *pk, const void *arg)
+{
+    (void)arg;
+    pack_snapshot_head(pk, 5);
 }
 
 static void pack_stream_open(msgpack_packer *pk, const void *arg)
@@ -1136,10 +1154,8 @@ static int fake_leader_accept(int lfd, uint16_t port)
 static void test_follower_refuses_bad_pushes(void **state)
 {
     (void)state;
-    uint16_t port;
-    moonlet_role *role;
-    int lfd;
-    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
+    struct scripted sc;
+    scripted_start(&sc);
     static const char junk[] = {3, 0, 0, 0, 'x', 'y', 'z'}; /* one 3-byte record */
     const fake_push bad[] = {
         {.epoch = 8, .first = 0, .records = ""},        /* another term */
@@ -1150,7 +1166,7 @@ static void test_follower_refuses_bad_pushes(void **state)
     };
     const size_t nbad = sizeof(bad) / sizeof(bad[0]);
     for (size_t i = 0; i < nbad; i++) {
-        int fd = fake_leader_accept(lfd, port);
+        int fd = fake_leader_accept(sc.lfd, sc.port);
         /* a heartbeat in order is acknowledged at position 0 */
         fake_push hb = {.epoch = 7, .first = 0, .records = ""};
         fake_reply(fd, 100 + i, pack_push, &hb);
@@ -1163,18 +1179,15 @@ static void test_follower_refuses_bad_pushes(void **state)
         close(fd);
     }
     /* and starts over once more, with a snapshot */
-    int fd = fake_leader_accept(lfd, port);
+    int fd = fake_leader_accept(sc.lfd, sc.port);
     moonlet_repl_follower_status st;
-    moonlet_repl_follower_get_status(f, &st);
+    moonlet_repl_follower_get_status(sc.f, &st);
     assert_int_equal(st.snapshots, nbad + 1);
     assert_int_equal(st.records, 0);
     bool consistent = true;
     uint64_t epoch = 0;
-    moonlet_repl_state_destroy(moonlet_repl_follower_stop(f, &consistent, &epoch));
-    close(fd);
-    moonlet_repl_follower_destroy(f);
-    close(lfd);
-    moonlet_role_destroy(role);
+    moonlet_repl_state_destroy(moonlet_repl_follower_stop(sc.f, &consistent, &epoch));
+    scripted_end(&sc, fd);
 }
 
 /* ReplSnapshot's reply with the leader's clock (6th element): the leader's
@@ -1182,12 +1195,7 @@ static void test_follower_refuses_bad_pushes(void **state)
 static void pack_snapshot_with_clock(msgpack_packer *pk, const void *arg)
 {
     (void)arg;
-    msgpack_pack_array(pk, 6);
-    msgpack_pack_uint64(pk, 7);
-    msgpack_pack_uint64(pk, 0);
-    msgpack_pack_uint64(pk, 0);
-    msgpack_pack_bin(pk, 0);
-    msgpack_pack_uint64(pk, 0);
+    pack_snapshot_head(pk, 6);
     msgpack_pack_uint64(pk, moonlet_clock_now_ns() / MOONLET_NS_PER_MS + 3000);
 }
 
@@ -1200,23 +1208,18 @@ static void pack_snapshot_with_clock(msgpack_packer *pk, const void *arg)
 static void test_snapshot_carries_leader_clock(void **state)
 {
     (void)state;
-    uint16_t port;
-    moonlet_role *role;
-    int lfd;
-    moonlet_repl_follower *f = follower_of_listener(&lfd, &port, &role);
-    int fd = fake_leader_accept_with(lfd, port, pack_snapshot_with_clock);
+    struct scripted sc;
+    scripted_start(&sc);
+    int fd = fake_leader_accept_with(sc.lfd, sc.port, pack_snapshot_with_clock);
     bool consistent = false;
     uint64_t epoch = 0;
-    moonlet_repl_state *st = moonlet_repl_follower_stop(f, &consistent, &epoch);
+    moonlet_repl_state *st = moonlet_repl_follower_stop(sc.f, &consistent, &epoch);
     assert_non_null(st);
     int64_t lb = 0;
     assert_true(moonlet_repl_state_leader_clock(st, &lb));
     assert_true(lb > 2900 && lb <= 3000);
     moonlet_repl_state_destroy(st);
-    close(fd);
-    moonlet_repl_follower_destroy(f);
-    close(lfd);
-    moonlet_role_destroy(role);
+    scripted_end(&sc, fd);
 }
 
 /* ---- issue 31: holes the simulation found (tests/sim, docs/sim-findings.md) ---- */
@@ -1304,6 +1307,26 @@ static moonlet_master *promote(const struct stream *s)
     return b;
 }
 
+/* The stream promoted (promote), `key` there as on the leader a; both
+ * masters freed. */
+static void promoted_same(moonlet_master *a, struct stream *s, const char *key)
+{
+    moonlet_master *b = promote(s);
+    assert_same(a, b, key);
+    moonlet_master_destroy(b);
+    leader_free(a, s);
+}
+
+/* key (size bytes, one replica) put on the segment seg preferred, and
+ * sealed; its replica in *r. */
+static void put_preferring(moonlet_master *a, const char *key, uint64_t size, const char *seg,
+                           struct fix_reps *r)
+{
+    moonlet_str pref = MOONLET_STR(seg);
+    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
+    fix_put_opts(a, key, size, &po, NULL, r);
+}
+
 /* Finding 2: a repair's target range is quarantined on the standby until
  * the job's deadline + grace (QUAR); RepairDone attaches it with no
  * record; the object is removed and the leader puts a new object on that
@@ -1317,20 +1340,11 @@ static void test_standby_quarantine_ends_at_place(void **state)
     struct fetched f;
     moonlet_master *a = repaired_onto_s2(&s, "old", NULL, &f);
     assert_int_equal(moonlet_master_remove(a, MOONLET_STR(""), MOONLET_STR("old")), MOONLET_OK);
-    moonlet_str pref = MOONLET_STR("s2");
-    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
-    struct fix_reps r = {0};
-    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("new"), 5000,
-                                                   &po, fix_reps_visit, &r),
-                     MOONLET_OK);
+    struct fix_reps r;
+    put_preferring(a, "new", 5000, "s2", &r);
     assert_string_equal(r.segs[0], "s2");
     assert_int_equal(r.off[0], f.off); /* the attached target's range, reused */
-    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("new"), NULL),
-                     MOONLET_OK);
-    moonlet_master *b = promote(&s);
-    assert_same(a, b, "new");
-    moonlet_master_destroy(b);
-    leader_free(a, &s);
+    promoted_same(a, &s, "new");
 }
 
 /* Finding 2, the stream's lag: a revoked put's ranges are quarantined
@@ -1389,10 +1403,7 @@ static void test_drained_single_replica_survives(void **state)
     assert_string_equal(r.segs[0], "s1"); /* swapped */
     assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
                      MOONLET_OK);
-    moonlet_master *b = promote(&s);
-    assert_same(a, b, "one");
-    moonlet_master_destroy(b);
-    leader_free(a, &s);
+    promoted_same(a, &s, "one");
     /* Undrained instead, the leader reuses the drained range: the standby
      * holds the object on its new replica only, and the new object too. */
     static struct stream s2;
@@ -1403,17 +1414,10 @@ static void test_drained_single_replica_survives(void **state)
     moonlet_master_tick(a);
     repair_one(a, "n1");
     assert_int_equal(moonlet_master_drain(a, MOONLET_STR("s0"), false, NULL), MOONLET_OK);
-    moonlet_str pref = MOONLET_STR("s0");
-    moonlet_master_put_opts po = {.replica_num = 1, .preferred = &pref, .npreferred = 1};
-    memset(&r, 0, sizeof(r));
-    assert_int_equal(moonlet_master_put_start_opts(a, MOONLET_STR(""), MOONLET_STR("two"), 3000,
-                                                   &po, fix_reps_visit, &r),
-                     MOONLET_OK);
+    put_preferring(a, "two", 3000, "s0", &r);
     assert_string_equal(r.segs[0], "s0");
     assert_int_equal(r.off[0], 0); /* where "one" was */
-    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("two"), NULL),
-                     MOONLET_OK);
-    b = promote(&s2);
+    moonlet_master *b = promote(&s2);
     assert_same(a, b, "one");
     assert_same(a, b, "two");
     moonlet_master_destroy(b);
@@ -1454,6 +1458,8 @@ static void snapshot_parts(moonlet_master *a, moonlet_repl_state *st,
     fail_msg("the snapshot did not end");
 }
 
+/* A leader of 16 shards streaming to s, with the unmount's tick budget
+ * given, and s0 of n0 and s1 of n1 mounted (1 MiB each). */
 static moonlet_master *leader_budget(struct stream *s, uint32_t unmount_tick_budget)
 {
     moonlet_master_config cfg = fix_config(16);
@@ -1461,7 +1467,10 @@ static moonlet_master *leader_budget(struct stream *s, uint32_t unmount_tick_bud
     cfg.unmount_tick_budget = unmount_tick_budget;
     cfg.repl_emit = emit;
     cfg.repl_arg = s;
-    return fix_master_of(&cfg, FIX_T0);
+    moonlet_master *a = fix_master_of(&cfg, FIX_T0);
+    mount(a, "n0", "s0", 1 << 20);
+    mount(a, "n1", "s1", 1 << 20);
+    return a;
 }
 
 /* Finding 8: a snapshot taken while a dead node's segment is being
@@ -1476,8 +1485,6 @@ static void test_snapshot_while_unmounting(void **state)
     (void)state;
     static struct stream s;
     moonlet_master *a = leader_budget(&s, 1);
-    mount(a, "n0", "s0", 1 << 20);
-    mount(a, "n1", "s1", 1 << 20);
     char key[32];
     for (int i = 0; i < 32; i++) {
         snprintf(key, sizeof(key), "two-%d", i);
@@ -1519,8 +1526,6 @@ static void test_snapshot_part_names_new_segment(void **state)
     (void)state;
     static struct stream s;
     moonlet_master *a = leader_budget(&s, 0);
-    mount(a, "n0", "s0", 1 << 20);
-    mount(a, "n1", "s1", 1 << 20);
     assert_int_equal(fix_put_t(a, "", "lost-one", 1000, 2), MOONLET_OK);
     assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n1"), MOONLET_STR("s1")),
                      MOONLET_OK); /* under-replicated: the repair waits for a segment */
@@ -1534,7 +1539,7 @@ static void test_snapshot_part_names_new_segment(void **state)
     moonlet_repl_counts c;
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.objects, 1);
-    standby_free(NULL, st);
+    moonlet_repl_state_destroy(st);
     leader_free(a, &s);
 }
 
@@ -1567,10 +1572,7 @@ static void test_repaired_copy_survives(void **state)
     moonlet_master *a = repaired_onto_s2(&s, "k", NULL, NULL);
     assert_int_equal(moonlet_master_unmount_segment(a, MOONLET_STR("n0"), MOONLET_STR("s0")),
                      MOONLET_OK);
-    moonlet_master *b = promote(&s);
-    assert_same(a, b, "k");
-    moonlet_master_destroy(b);
-    leader_free(a, &s);
+    promoted_same(a, &s, "k");
 }
 
 /* Finding 5 across a failover: a put in progress keeps its id on the

@@ -45,19 +45,12 @@ QUICK_S = 8  # a refusal comes well within the 10 s call timeout: never a hang
 
 @pytest.fixture(scope="module")
 def certs():
-    tmp = tempfile.mkdtemp(prefix="moonlet-tls-")
-    d = tlscerts.CertDir(tmp)
-    d.ca()
-    sans = ["IP:127.0.0.1", "DNS:localhost"]
-    d.issue("master", "master-1", sans)
-    d.issue("master2", "master-2", sans)
-    d.issue("store", "store-1")
-    d.issue("client", "client-1")
-    d.issue("operator", "operator-1")
-    d.ca("rogue-ca", "another CA")
-    d.issue("rogue", "rogue", ca="rogue-ca")
-    yield d
-    shutil.rmtree(tmp, ignore_errors=True)
+    with tlscerts.temp_certs("moonlet-tls-", {"master": "master-1", "master2": "master-2"},
+                             {"store": "store-1", "client": "client-1",
+                              "operator": "operator-1"}) as d:
+        d.ca("rogue-ca", "another CA")
+        d.issue("rogue", "rogue", ca="rogue-ca")
+        yield d
 
 
 def start_tls_master(certs, name="master", *extra, **kw):

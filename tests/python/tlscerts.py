@@ -11,11 +11,16 @@ directory the caller owns; nothing is checked in.
 EC P-256 keys, valid for a week, extendedKeyUsage serverAuth and clientAuth
 (etcd, written in Go, checks it).  Standard library only.
 """
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 
 OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
+
+
+LOOPBACK = ["IP:127.0.0.1", "DNS:localhost"]  # the SANs of a server on loopback
 
 
 def available():
@@ -65,3 +70,21 @@ class CertDir:
         """tls_ca, tls_cert, tls_key for moonlet.Store.connect."""
         return {"tls_ca": self.path(f"{ca}.pem"), "tls_cert": self.path(f"{name}.pem"),
                 "tls_key": self.path(f"{name}.key")}
+
+
+@contextlib.contextmanager
+def temp_certs(prefix, servers, clients):
+    """A CertDir in a fresh temp directory (`prefix`, removed on the way out)
+    with a CA ("ca"), a certificate for each server {name: cn} valid on
+    loopback (LOOPBACK), and one for each client {name: cn}."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    try:
+        d = CertDir(tmp)
+        d.ca()
+        for name, cn in servers.items():
+            d.issue(name, cn, LOOPBACK)
+        for name, cn in clients.items():
+            d.issue(name, cn)
+        yield d
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -17,15 +17,6 @@
 #include "../common/http_get.h"
 #include "../common/test_main.h"
 
-static bool has_line(const char *text, const char *line)
-{
-    size_t n = strlen(line);
-    for (const char *p = strstr(text, line); p; p = strstr(p + 1, line))
-        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == 0))
-            return true;
-    return false;
-}
-
 /* Starts an endpoint on 127.0.0.1:port (0: a free one) with `token`. */
 static int start_on(const char *token, uint16_t port, moonlet_client_metrics **m)
 {
@@ -86,48 +77,41 @@ static void test_counts_render(void **state)
     moonlet_cm_key(m, MOONLET_CM_EXIST, "", MOONLET_OK, 0, 1);
     moonlet_cm_key(m, MOONLET_CM_EXIST, "", MOONLET_OK, 0, 0);
     moonlet_cm_key(m, MOONLET_CM_REMOVE, "a\"b\\c", MOONLET_ERR_OBJECT_NOT_FOUND, 0, 1);
+    static const char *const want[] = {
+        "moonlet_client_puts_total 1",
+        "moonlet_client_put_bytes_total 1000",
+        "moonlet_client_gets_total 3",
+        "moonlet_client_get_bytes_total 24",
+        "moonlet_client_hits_total{op=\"get\"} 1",
+        "moonlet_client_misses_total{op=\"get\"} 1",
+        "moonlet_client_hits_total{op=\"exist\"} 1",
+        "moonlet_client_misses_total{op=\"exist\"} 1",
+        "moonlet_client_failures_total{op=\"put\"} 1",
+        "moonlet_client_failures_total{op=\"remove\"} 1",
+        "moonlet_client_errors_total{op=\"put\",code=\"-200\",name=\"NO_AVAILABLE_HANDLE\"} 1",
+        "moonlet_client_errors_total{op=\"get\",code=\"-701\",name=\"INVALID_READ\"} 1",
+        "moonlet_client_errors_total{op=\"remove\",code=\"-704\",name=\"OBJECT_NOT_FOUND\"} 1",
+        /* the 30 ms get: not below 25 ms, below 50 ms; cumulative after */
+        "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"0.025\"} 0",
+        "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"0.05\"} 1",
+        "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"+Inf\"} 1",
+        "moonlet_client_latency_seconds_count{op=\"get\"} 1",
+        "moonlet_client_latency_seconds_count{op=\"exist\"} 0",
+        /* per tenant: NULL and "" are the client's default tenant; names escaped */
+        "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\",outcome=\"ok\"} 1",
+        "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\",outcome=\"error\"} 1",
+        "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\",outcome=\"ok\"} 1",
+        "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\",outcome=\"miss\"} 1",
+        "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"exist\",outcome=\"miss\"} 1",
+        "moonlet_client_tenant_keys_total{tenant=\"a\\\"b\\\\c\",op=\"remove\","
+        "outcome=\"error\"} 1",
+        "moonlet_client_tenant_bytes_total{tenant=\"my-default\",op=\"put\"} 1000",
+        "moonlet_client_tenant_bytes_total{tenant=\"t1\",op=\"get\"} 24",
+    };
     size_t len = 0;
     char *text = moonlet_client_metrics_render(m, &len);
-    assert_non_null(text);
-    assert_int_equal(len, strlen(text));
-    assert_true(has_line(text, "moonlet_client_puts_total 1"));
-    assert_true(has_line(text, "moonlet_client_put_bytes_total 1000"));
-    assert_true(has_line(text, "moonlet_client_gets_total 3"));
-    assert_true(has_line(text, "moonlet_client_get_bytes_total 24"));
-    assert_true(has_line(text, "moonlet_client_hits_total{op=\"get\"} 1"));
-    assert_true(has_line(text, "moonlet_client_misses_total{op=\"get\"} 1"));
-    assert_true(has_line(text, "moonlet_client_hits_total{op=\"exist\"} 1"));
-    assert_true(has_line(text, "moonlet_client_misses_total{op=\"exist\"} 1"));
-    assert_true(has_line(text, "moonlet_client_failures_total{op=\"put\"} 1"));
-    assert_true(has_line(text, "moonlet_client_failures_total{op=\"remove\"} 1"));
-    assert_true(has_line(text, "moonlet_client_errors_total{op=\"put\",code=\"-200\","
-                               "name=\"NO_AVAILABLE_HANDLE\"} 1"));
-    assert_true(has_line(text, "moonlet_client_errors_total{op=\"get\",code=\"-701\","
-                               "name=\"INVALID_READ\"} 1"));
-    assert_true(has_line(text, "moonlet_client_errors_total{op=\"remove\",code=\"-704\","
-                               "name=\"OBJECT_NOT_FOUND\"} 1"));
-    /* the 30 ms get: not below 25 ms, below 50 ms; cumulative after */
-    assert_true(has_line(text, "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"0.025\"} 0"));
-    assert_true(has_line(text, "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"0.05\"} 1"));
-    assert_true(has_line(text, "moonlet_client_latency_seconds_bucket{op=\"get\",le=\"+Inf\"} 1"));
-    assert_true(has_line(text, "moonlet_client_latency_seconds_count{op=\"get\"} 1"));
-    assert_true(has_line(text, "moonlet_client_latency_seconds_count{op=\"exist\"} 0"));
+    assert_rendered(text, len, want, sizeof(want) / sizeof(want[0]));
     assert_non_null(strstr(text, "# TYPE moonlet_client_latency_seconds histogram\n"));
-    /* per tenant: NULL and "" are the client's default tenant; names escaped */
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\","
-                               "outcome=\"ok\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"put\","
-                               "outcome=\"error\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\","
-                               "outcome=\"ok\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\","
-                               "outcome=\"miss\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"exist\","
-                               "outcome=\"miss\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_keys_total{tenant=\"a\\\"b\\\\c\",op=\"remove\","
-                               "outcome=\"error\"} 1"));
-    assert_true(has_line(text, "moonlet_client_tenant_bytes_total{tenant=\"my-default\",op=\"put\"} 1000"));
-    assert_true(has_line(text, "moonlet_client_tenant_bytes_total{tenant=\"t1\",op=\"get\"} 24"));
     free(text);
 
     char *r = http_get(port, "GET /metrics HTTP/1.0\r\n\r\n");

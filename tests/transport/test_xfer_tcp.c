@@ -218,6 +218,17 @@ static moonlet_xfer_tcp_hdr raw_reply(int fd)
     return h;
 }
 
+/* fd (authenticated) reads request `id`: the segment's byte at off, as
+ * server_up_timeout wrote it (off * 7). */
+static void assert_reads_byte(int fd, const server_fx *s, uint32_t id, uint64_t off)
+{
+    raw_request(fd, MOONLET_XFER_TCP_READ, id, s->seg_id, off, 1);
+    assert_int_equal(raw_reply(fd).status, 0);
+    uint8_t byte;
+    raw_recv(fd, &byte, 1);
+    assert_int_equal(byte, (uint8_t)(off * 7));
+}
+
 /* CHALLENGE, then AUTH with the proof of `token` for the nonce it got
  * (xfer_tcp.h): the AUTH reply's status. */
 static int raw_challenge_auth(int fd, const char *token)
@@ -324,12 +335,7 @@ static void test_malformed_closes_only_its_connection(void **state)
     raw_request(huge, MOONLET_XFER_TCP_WRITE, 1, s->seg_id, 0, MOONLET_XFER_MAX_OP_BYTES + 1);
     assert_closed(huge);
     close(huge);
-    raw_request(good, MOONLET_XFER_TCP_READ, 9, s->seg_id, 1, 1);
-    moonlet_xfer_tcp_hdr r = raw_reply(good);
-    assert_int_equal(r.status, 0);
-    uint8_t byte;
-    raw_recv(good, &byte, 1);
-    assert_int_equal(byte, 7);
+    assert_reads_byte(good, s, 9, 1);
     close(good);
 }
 
@@ -395,11 +401,7 @@ static void test_raw_auth(void **state)
     close(fd);
     fd = raw_connect(s.port); /* challenge-response with the right token */
     assert_int_equal(raw_challenge_auth(fd, tok), 0);
-    raw_request(fd, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2, 1);
-    assert_int_equal(raw_reply(fd).status, 0);
-    uint8_t byte;
-    raw_recv(fd, &byte, 1);
-    assert_int_equal(byte, 14);
+    assert_reads_byte(fd, &s, 2, 2);
     close(fd);
     server_down(&s);
 }
@@ -650,32 +652,22 @@ static void test_preauth_deadline(void **state)
     assert_true(closed_within(trickle, 3000));
     assert_int_equal(moonlet_xfer_tcp_auth_closed(s.x), 2);
     /* the authenticated one is not subject to it (no idle timeout either) */
-    raw_request(authed, MOONLET_XFER_TCP_READ, 2, s.seg_id, 2, 1);
-    assert_int_equal(raw_reply(authed).status, 0);
-    uint8_t byte;
-    raw_recv(authed, &byte, 1);
-    assert_int_equal(byte, 14);
+    assert_reads_byte(authed, &s, 2, 2);
     close(silent);
     close(trickle);
     close(authed);
     server_down(&s);
 }
 
-static struct sockaddr_storage ss6(const char *a)
+/* The address a as a peer's: IPv6 when it holds a ':', else IPv4. */
+static struct sockaddr_storage ss_of(const char *a)
 {
     struct sockaddr_storage ss = {0};
     struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-    s6->sin6_family = AF_INET6;
-    assert_int_equal(inet_pton(AF_INET6, a, &s6->sin6_addr), 1);
-    return ss;
-}
-
-static struct sockaddr_storage ss4(const char *a)
-{
-    struct sockaddr_storage ss = {0};
     struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-    s4->sin_family = AF_INET;
-    assert_int_equal(inet_pton(AF_INET, a, &s4->sin_addr), 1);
+    bool v6 = strchr(a, ':') != NULL;
+    ss.ss_family = v6 ? AF_INET6 : AF_INET;
+    assert_int_equal(inet_pton(ss.ss_family, a, v6 ? (void *)&s6->sin6_addr : &s4->sin_addr), 1);
     return ss;
 }
 
@@ -692,13 +684,13 @@ static bool same_peer(struct sockaddr_storage a, struct sockaddr_storage b)
 static void test_peer_key_ipv6_64(void **state)
 {
     (void)state;
-    assert_true(same_peer(ss6("2001:db8:1:2::1"), ss6("2001:db8:1:2:ffff:1:2:3")));
-    assert_false(same_peer(ss6("2001:db8:1:2::1"), ss6("2001:db8:1:3::1")));
-    assert_true(same_peer(ss4("10.0.0.1"), ss4("10.0.0.1")));
-    assert_false(same_peer(ss4("10.0.0.1"), ss4("10.0.0.2")));
+    assert_true(same_peer(ss_of("2001:db8:1:2::1"), ss_of("2001:db8:1:2:ffff:1:2:3")));
+    assert_false(same_peer(ss_of("2001:db8:1:2::1"), ss_of("2001:db8:1:3::1")));
+    assert_true(same_peer(ss_of("10.0.0.1"), ss_of("10.0.0.1")));
+    assert_false(same_peer(ss_of("10.0.0.1"), ss_of("10.0.0.2")));
     /* an IPv4-mapped IPv6 address is its IPv4 address, not a /64 */
-    assert_true(same_peer(ss6("::ffff:10.0.0.1"), ss4("10.0.0.1")));
-    assert_false(same_peer(ss6("::ffff:10.0.0.1"), ss6("::ffff:10.0.0.2")));
+    assert_true(same_peer(ss_of("::ffff:10.0.0.1"), ss_of("10.0.0.1")));
+    assert_false(same_peer(ss_of("::ffff:10.0.0.1"), ss_of("::ffff:10.0.0.2")));
 }
 
 /* The cap itself, over loopback: 127.0.0.1 at its cap does not keep

@@ -432,10 +432,9 @@ static void b_free(b_bench *b)
 
 static moonlet_client *b_client(const b_bench *b, const char *master)
 {
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = master;
-    cfg.protocol = b->rdma ? MOONLET_PROTOCOL_RDMA : MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = bench_client_config(master);
+    if (b->rdma)
+        cfg.protocol = MOONLET_PROTOCOL_RDMA;
     cfg.source_addr = b->rdma ? b->source_addr : NULL;
     moonlet_client *c = NULL;
     return moonlet_client_create(&cfg, &c) ? NULL : c;

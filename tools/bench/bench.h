@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "moonlet/client.h"
+
 /* How long a child may take to say it is ready (a store node faults in its
  * whole segment first: a GiB takes seconds on a quiet machine, many more on
  * a loaded one).  A child that exits is noticed at once. */
@@ -97,6 +99,10 @@ void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);
 
 /* Prints the JSON document (pretty unless compact) and frees it. */
 void bench_print_json(cJSON *root);
+
+/* A client's defaults, given the master(s) master_addr, over TCP: what a
+ * bench's client starts from. */
+moonlet_client_config bench_client_config(const char *master_addr);
 
 /* Subcommands. */
 int bench_rpc_main(int argc, char **argv);

@@ -340,10 +340,7 @@ int bench_client_main(int argc, char **argv)
     if (bench_child_start(&real, "moonlet-store", real_args, "serving dummy clients on "))
         goto out;
     step = "connect the C clients";
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = bm.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = bench_client_config(bm.addr);
     if (moonlet_client_create(&cfg, &direct) || moonlet_client_create_dummy(sock, NULL, &dummy))
         goto out;
     step = "put the keys";

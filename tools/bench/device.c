@@ -415,10 +415,7 @@ int bench_device_main(int argc, char **argv)
     if (bench_child_start(&s, "moonlet-store", store_args, "listening on "))
         goto out;
     step = "connect the client";
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = m.addr;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = bench_client_config(m.addr);
     cfg.gpu_staging_size = b.staging;
     if (moonlet_client_create(&cfg, &b.c))
         goto out;

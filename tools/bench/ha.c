@@ -205,10 +205,7 @@ static int cluster_start(ha_cluster *c, const char *etcd_url)
     if (master_start(c, 0) || master_start(c, 1) || wait_ready(c) < 0 ||
         bench_store_start(&c->store, c->addrs, 256ull << 20))
         return -1;
-    moonlet_client_config cfg;
-    moonlet_client_config_init(&cfg, sizeof cfg);
-    cfg.master_addr = c->addrs;
-    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    moonlet_client_config cfg = bench_client_config(c->addrs);
     return moonlet_client_create(&cfg, &c->cli) == MOONLET_OK ? 0 : -1;
 }
 

@@ -260,10 +260,7 @@ static int worker_connect(worker *w)
     case PH_MOON_EXIST:
         return moonlet_mc_create(w->cfg->master_addr, NULL, &w->mc);
     case PH_MOON_PUTGET: {
-        moonlet_client_config cfg;
-        moonlet_client_config_init(&cfg, sizeof cfg);
-        cfg.master_addr = w->cfg->master_addr;
-        cfg.protocol = MOONLET_PROTOCOL_TCP;
+        moonlet_client_config cfg = bench_client_config(w->cfg->master_addr);
         return moonlet_client_create(&cfg, &w->cli);
     }
     default:

@@ -316,3 +316,12 @@ void bench_print_json(cJSON *root)
     }
     cJSON_Delete(root);
 }
+
+moonlet_client_config bench_client_config(const char *master_addr)
+{
+    moonlet_client_config cfg;
+    moonlet_client_config_init(&cfg, sizeof cfg);
+    cfg.master_addr = master_addr;
+    cfg.protocol = MOONLET_PROTOCOL_TCP;
+    return cfg;
+}
