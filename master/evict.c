@@ -65,7 +65,7 @@ static bool dram_evictable(const struct mobj *o, uint64_t now, bool include_pinn
 static bool evict_locked(moonlet_master *m, struct shard *s, struct mobj *o)
 {
     int d = repair_demote_locked(m, o);
-    if (d == DEMOTE_QUEUED)
+    if (d == DEMOTE_QUEUED || d == DEMOTE_SWAPPED)
         return true;
     if (d == DEMOTE_BUSY) /* a repair of it runs: not now */
         return false;
@@ -161,6 +161,41 @@ uint64_t evict_pass(moonlet_master *m, double ratio)
         ML_DEBUG("master", "eviction pass: %" PRIu64 " of %" PRIu64 " objects evicted (target %" PRIu64 ")",
                  evicted, objects, target);
     return evicted;
+}
+
+uint64_t demote_ahead_pass(moonlet_master *m)
+{
+    moonlet_master_stats st;
+    repair_stats(m, &st);
+    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
+    objects = objects > on_disk ? objects - on_disk : 0;
+    uint64_t want = (uint64_t)((double)objects * m->cfg.demote_ahead_ratio);
+    uint64_t have = st.demotions_staged + st.demotions_queued;
+    if (want <= have)
+        return 0;
+    uint64_t queued = 0, now = moonlet_clock_now_ns();
+    pthread_mutex_lock(&m->evict_mu);
+    pthread_rwlock_rdlock(&m->guard);
+    /* The coldest `want` (those with a copy or one queued among them). */
+    uint64_t t = threshold(m, want, now, false);
+    bool full = false; /* the queue or the disk's share for copies ahead */
+    for (uint32_t i = 0; i < m->nshards && !full && have + queued < want; i++) {
+        struct shard *s = &m->shards[i];
+        pthread_mutex_lock(&s->mu);
+        for (uint32_t b = 0; b <= s->mask && !full && have + queued < want; b++)
+            for (struct mobj *o = s->buckets[b]; o && !full && have + queued < want;
+                 o = o->next) {
+                if (!dram_evictable(o, now, false) || o->lease_deadline > t)
+                    continue;
+                int d = repair_demote_ahead_locked(m, o);
+                full = d == DEMOTE_NONE;
+                queued += d == DEMOTE_QUEUED;
+            }
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_rwlock_unlock(&m->guard);
+    pthread_mutex_unlock(&m->evict_mu);
+    return queued;
 }
 
 uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio)
@@ -297,7 +332,9 @@ static bool evict_item(moonlet_master *m, const struct run_item *x, uint64_t now
         for (uint32_t k = 0; k < o->nrep; k++)
             here |= mobj_reps(o)[k].seg == x->slot && mobj_reps(o)[k].offset == x->off;
         if (here && o->hash == x->hash && evictable(o, now, allow_pinned)) {
-            object_destroy_locked(m, s, o);
+            /* copied to disk ahead: its DRAM goes, the object stays */
+            if (!repair_swap_staged_locked(m, o))
+                object_destroy_locked(m, s, o);
             done = true;
         }
         break;

@@ -52,6 +52,7 @@ void moonlet_master_config_default(moonlet_master_config *cfg)
     cfg->repair_timeout_ms = 30000;
     cfg->demote_queue = 4096;
     cfg->demote_concurrency = 64;
+    cfg->demote_ahead_ratio = 0.5;
     cfg->repair_max_attempts = 5;
 }
 
@@ -250,6 +251,12 @@ void moonlet_master_tick(moonlet_master *m)
     }
     if (atomic_load(&m->reg.quarantined) > 0)
         registry_quarantine_sweep(m);
+    /* Copies ahead of eviction: a scan of the objects, at most once a second. */
+    if (m->cfg.demote_ahead_ratio > 0 && atomic_load(&m->reg.ndisk) > 0 &&
+        now - m->last_ahead_ns >= 1000 * MOONLET_NS_PER_MS) {
+        m->last_ahead_ns = now;
+        demote_ahead_pass(m);
+    }
     liveness_check(m);
     repair_tick(m);
     /* After a mass removal, give the allocator's free memory back (the
@@ -297,7 +304,8 @@ int moonlet_master_create(const moonlet_master_config *cfg, moonlet_master **out
         cfg->repair_concurrency > 4096 || cfg->repair_timeout_ms == 0 ||
         cfg->repair_timeout_ms > 3600000 || cfg->repair_max_attempts == 0 ||
         cfg->demote_queue == 0 || cfg->demote_queue > (1u << 24) ||
-        cfg->demote_concurrency == 0 || cfg->demote_concurrency > 4096)
+        cfg->demote_concurrency == 0 || cfg->demote_concurrency > 4096 ||
+        !(cfg->demote_ahead_ratio >= 0 && cfg->demote_ahead_ratio <= 1))
         return MOONLET_ERR_INVALID_PARAMS;
 
     moonlet_master *m = calloc(1, sizeof(*m));

@@ -142,6 +142,10 @@ typedef struct moonlet_master_config {
      * and copies in flight at once (64).  They take no repair bandwidth. */
     uint32_t demote_queue;
     uint32_t demote_concurrency;
+    /* The coldest fraction of the DRAM objects that gets a disk copy ahead
+     * of eviction (0.5; 0: none), so that eviction under a flood of puts
+     * demotes them at once instead of destroying them. */
+    double demote_ahead_ratio;
     /* Index entries a liveness check strips per call (unmount.c), so a mass
      * failure is spread over ticks (0: 65536).  The simulator (tests/sim)
      * sets it low, so that an unmount is in progress across other calls. */
@@ -521,6 +525,7 @@ typedef struct moonlet_segment_view {
     uint64_t objects;
     uint64_t last_ping_age_ms;
     bool draining;               /* moonlet_master_drain: objects leave, no new put lands */
+    bool disk;                   /* a disk segment (a node's disk tier) */
 } moonlet_segment_view;
 
 /* Every mounted segment (in pages internally: the registry lock is never
@@ -637,6 +642,7 @@ typedef struct moonlet_master_stats {
     uint64_t disk_segments;            /* mounted */
     uint64_t disk_objects;             /* objects the disk tier holds */
     uint64_t demotions_queued;         /* waiting for their copy, or copying */
+    uint64_t demotions_staged;         /* copies made ahead of eviction, not yet joined */
     uint64_t demotions;                /* objects moved from DRAM to disk */
     uint64_t demotion_bytes;
     uint64_t demotions_dropped;        /* evicted without a copy: the queue was full, or the

@@ -381,6 +381,7 @@ struct moonlet_master {
     pthread_cond_t bg_cv;
     bool bg_stop;
     uint64_t last_reap_ns;
+    uint64_t last_ahead_ns;         /* the background thread's last demote_ahead_pass */
     uint64_t trim_peak;             /* objects at the last malloc_trim or since (bg thread) */
 };
 
@@ -694,8 +695,20 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st);
  * DEMOTE_BUSY (a repair of o is queued or runs), DEMOTE_NONE (no disk tier
  * mounted, or the queue is full: counted as dropped; the caller evicts as
  * without a disk tier).  Under o's shard lock; takes repair_mu. */
-enum { DEMOTE_NONE, DEMOTE_QUEUED, DEMOTE_BUSY };
-int repair_demote_locked(moonlet_master *m, const struct mobj *o);
+enum { DEMOTE_NONE, DEMOTE_QUEUED, DEMOTE_BUSY, DEMOTE_SWAPPED };
+int repair_demote_locked(moonlet_master *m, struct mobj *o);
+/* A copy ahead of eviction (the disk tier's room allowing: its staged
+ * copies take at most half of it): queues sealed o, in DRAM, for a disk
+ * copy that is staged, not joined; o keeps its DRAM replicas and stays
+ * DRAM's.  When eviction later picks o, repair_demote_locked (or
+ * repair_swap_staged_locked) swaps its DRAM replicas for the copy at once,
+ * with no copy to wait for: eviction under a flood of puts loses nothing
+ * that was copied ahead.  Returns as repair_demote_locked (never
+ * SWAPPED).  Under o's shard lock; takes repair_mu. */
+int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o);
+/* When o has a staged copy (still valid), swaps its DRAM replicas for it:
+ * true.  Under o's shard lock; takes repair_mu, then registry.mu. */
+bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o);
 
 /* ---- evict.c -------------------------------------------------------------- */
 /* One eviction pass (takes evict_mu, then the guard shared). */
@@ -714,6 +727,11 @@ uint64_t evict_disk_for_space(moonlet_master *m, uint64_t len);
  * evicted from DRAM as without a disk tier, if still evictable.  Takes the
  * guard shared and its shard lock. */
 void evict_without_copy(moonlet_master *m, uint64_t hash, uint32_t tenant);
+/* With a disk tier: queues copies ahead of eviction (repair_demote_ahead_locked)
+ * for the coldest DRAM objects, until cfg.demote_ahead_ratio of them have
+ * one (staged or queued).  Returns how many it queued.  Takes evict_mu,
+ * the guard shared, then one shard lock at a time. */
+uint64_t demote_ahead_pass(moonlet_master *m);
 /* Revokes puts whose PutEnd did not come within the put timeout. */
 void reap_stale_puts(moonlet_master *m);
 

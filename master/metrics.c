@@ -119,6 +119,30 @@ static void write_stats(FILE *f, const void *arg)
     moonlet_prom_counter(f, "moonlet_repair_bytes_total", "Bytes copied by finished repairs.",
             st->repair_bytes);
 
+    /* The disk tier (master/repair.c's demotions, the disk segments) */
+    moonlet_prom_gauge(f, "moonlet_disk_capacity_bytes", "Bytes of the store nodes' disk tiers.",
+          st->disk_capacity);
+    moonlet_prom_gauge(f, "moonlet_disk_used_bytes",
+          "Disk tier bytes held by objects, copies ahead and extents not yet trimmed.",
+          st->disk_used);
+    moonlet_prom_gauge(f, "moonlet_disk_objects", "Objects the disk tiers hold.", st->disk_objects);
+    moonlet_prom_gauge(f, "moonlet_demotions_queued",
+          "Demotions waiting for their copy or copying (the queue depth).", st->demotions_queued);
+    moonlet_prom_gauge(f, "moonlet_demotions_staged",
+          "Disk copies made ahead of eviction, waiting for their object's eviction.",
+          st->demotions_staged);
+    moonlet_prom_family(f, "moonlet_demotions_total", "counter", "Demotions by outcome.");
+    moonlet_prom_sample(f, "moonlet_demotions_total", "{outcome=\"done\"}", st->demotions);
+    moonlet_prom_sample(f, "moonlet_demotions_total", "{outcome=\"dropped\"}",
+                        st->demotions_dropped);
+    moonlet_prom_sample(f, "moonlet_demotions_total", "{outcome=\"failed\"}", st->demotions_failed);
+    moonlet_prom_counter(f, "moonlet_demotion_bytes_total", "Bytes moved from DRAM to disk.",
+            st->demotion_bytes);
+    moonlet_prom_counter(f, "moonlet_disk_evictions_total",
+            "Disk-only objects evicted for a demotion's room.", st->disk_evictions);
+    moonlet_prom_counter(f, "moonlet_disk_announced_total",
+            "Objects restarted nodes' disks brought back.", st->disk_announced);
+
     /* ProbeResume (master/probe_resume.c) */
     moonlet_prom_counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
             st->resume_calls);

@@ -65,6 +65,7 @@ struct rq_entry {
     uint32_t attempts;   /* failed attempts so far */
     uint64_t not_before; /* backoff: not started before this (ns) */
     bool demote;         /* a demotion to the disk tier, not a repair */
+    bool ahead;          /* a demotion ahead of eviction: the copy is staged */
 };
 
 /* A FIFO: entries [head, n) of e. */
@@ -80,6 +81,15 @@ struct rjob {
     bool fetched;
     bool cancelled;      /* its object was destroyed (repair_object_gone_locked) */
     bool demote;         /* target on a disk segment: swaps for the DRAM replicas */
+    bool ahead;          /* ahead of eviction: the copy is staged, the DRAM kept */
+};
+
+/* A disk copy made ahead of eviction: durable on its node, joined to its
+ * object (in place of the DRAM replicas) when eviction picks the object. */
+struct staged {
+    uint64_t hash, size, gen;
+    uint32_t tenant;
+    struct mrep target;
 };
 
 struct repair_state {
@@ -88,6 +98,10 @@ struct repair_state {
     struct rq demote;         /* demotions (eviction to the disk tier), FIFO */
     uint32_t ndemote;         /* demotions queued or running (<= cfg.demote_queue) */
     uint32_t ndemote_run;     /* of which running */
+    struct staged *stg;       /* copies made ahead, waiting for their object's eviction */
+    uint32_t nstg, stg_cap;
+    struct hmap stg_ix;       /* hash -> index in stg */
+    uint64_t stg_bytes;       /* their extents' bytes */
     struct hmap known;        /* (hash -> tenant) of every queued or running object */
     struct rjob *run;
     uint32_t nrun, run_cap;
@@ -96,7 +110,7 @@ struct repair_state {
     double tokens;            /* bandwidth bucket (bytes); may go negative (debt) */
     uint64_t tokens_ns;
     _Atomic uint64_t done, failed, retried, dropped, bytes;
-    _Atomic uint64_t demoted, demote_bytes, demote_dropped, demote_failed;
+    _Atomic uint64_t demoted, demote_bytes, demote_dropped, demote_failed, staged_done;
 };
 
 static bool tenant_eq(const void *ctx, uint32_t v) { return *(const uint32_t *)ctx == v; }
@@ -139,6 +153,8 @@ void repair_destroy(moonlet_master *m)
     free(r->urgent.e);
     free(r->normal.e);
     free(r->demote.e);
+    free(r->stg);
+    hmap_free(&r->stg_ix);
     free(r->run);
     hmap_free(&r->known);
     pthread_mutex_destroy(&r->mu);
@@ -155,9 +171,11 @@ uint32_t repair_live_replicas(const moonlet_master *m, const struct mobj *o)
     return live;
 }
 
+/* A disk object has its one replica by design: not under-replicated. */
 static bool needs_repair(const moonlet_master *m, const struct mobj *o)
 {
-    return o->state == OBJ_COMPLETE && o->nrep > 0 && repair_live_replicas(m, o) < o->nrep_cap;
+    return o->state == OBJ_COMPLETE && o->nrep > 0 && !mobj_on_disk(o) &&
+           repair_live_replicas(m, o) < o->nrep_cap;
 }
 
 /* Queues (hash, tenant) unless known.  repair_mu held. */
@@ -197,11 +215,127 @@ static void demote_end_locked(struct repair_state *r, uint64_t hash, uint32_t te
         r->ndemote_run--;
 }
 
-int repair_demote_locked(moonlet_master *m, const struct mobj *o)
+static void repl_swap(moonlet_master *m, const struct mobj *o, uint64_t until, uint64_t now);
+
+/* A durable disk copy `t` takes the place of every DRAM replica of sealed
+ * o, whose ranges are freed now (quarantined while a reader's lease holds:
+ * that reader still reads them).  The block keeps its size (nrep_cap);
+ * repair leaves disk objects alone.  Under o's shard lock. */
+static void demote_swap_locked(moonlet_master *m, struct mobj *o, const struct mrep *t,
+                               uint64_t now)
+{
+    struct mrep old[MOONLET_MAX_REPLICAS];
+    uint32_t nold = o->nrep;
+    memcpy(old, mobj_reps(o), nold * sizeof(*old));
+    mobj_reps(o)[0] = *t;
+    mobj_reps(o)[0].status = MOONLET_REPLICA_COMPLETE;
+    o->nrep = 1;
+    uint64_t until = moonlet_lease_active(o->lease_deadline, now) ? o->lease_deadline : 0;
+    repl_swap(m, o, until, now);
+    registry_release(m, o->hash, o->size, old, nold, until);
+}
+
+struct stg_ctx {
+    const struct staged *v;
+    uint32_t tenant;
+};
+
+static bool stg_eq(const void *ctx, uint32_t i)
+{
+    const struct stg_ctx *c = ctx;
+    return c->v[i].tenant == c->tenant;
+}
+
+/* Takes (hash, tenant)'s staged copy out of the table into *out.  repair_mu
+ * held. */
+static bool staged_take_locked(struct repair_state *r, uint64_t hash, uint32_t tenant,
+                               struct staged *out)
+{
+    struct stg_ctx c = {r->stg, tenant};
+    struct hent *e = r->nstg ? hmap_find(&r->stg_ix, hash, stg_eq, &c) : NULL;
+    if (!e)
+        return false;
+    uint32_t i = e->v;
+    hmap_remove(&r->stg_ix, e);
+    *out = r->stg[i];
+    r->stg_bytes -= mrep_len(&out->target, out->size);
+    uint32_t last = --r->nstg;
+    if (i != last) { /* the last entry moves into i */
+        hmap_remove_hv(&r->stg_ix, r->stg[last].hash, last);
+        r->stg[i] = r->stg[last];
+        if (!hmap_insert(&r->stg_ix, r->stg[i].hash, i))
+            ML_ERR("master", "out of memory re-indexing a staged disk copy");
+    }
+    return true;
+}
+
+static bool staged_add_locked(struct repair_state *r, const struct staged *s)
+{
+    struct staged *v = moonlet_grow(r->stg, r->nstg, &r->stg_cap, 64, sizeof(*v));
+    if (!v)
+        return false;
+    r->stg = v;
+    if (!hmap_insert(&r->stg_ix, s->hash, r->nstg))
+        return false;
+    r->stg[r->nstg++] = *s;
+    r->stg_bytes += mrep_len(&s->target, s->size);
+    return true;
+}
+
+bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o)
+{
+    struct repair_state *r = m->repair;
+    if (!r || o->state != OBJ_COMPLETE || mobj_on_disk(o))
+        return false;
+    pthread_mutex_lock(&r->mu);
+    struct staged s;
+    bool had = r->nstg && staged_take_locked(r, o->hash, o->tenant, &s);
+    pthread_mutex_unlock(&r->mu);
+    if (!had)
+        return false;
+    if (s.size != o->size || !registry_slot_live(m, s.target.seg, s.gen)) {
+        registry_release_gen(m, s.hash, s.size, &s.target, s.gen, 0);
+        return false;
+    }
+    demote_swap_locked(m, o, &s.target, moonlet_clock_now_ns());
+    atomic_fetch_add(&r->demoted, 1);
+    atomic_fetch_add(&r->demote_bytes, s.size);
+    return true;
+}
+
+int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o)
 {
     struct repair_state *r = m->repair;
     if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
         return DEMOTE_NONE;
+    int res = DEMOTE_NONE;
+    struct stg_ctx c = {r->stg, o->tenant};
+    pthread_mutex_lock(&r->mu);
+    if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant) ||
+        (r->nstg && hmap_find(&r->stg_ix, o->hash, stg_eq, &c))) {
+        res = DEMOTE_BUSY;
+    } else if (r->ndemote < m->cfg.demote_queue &&
+               r->stg_bytes < atomic_load(&m->reg.disk_capacity) / 2 &&
+               hmap_insert(&r->known, o->hash, o->tenant)) {
+        struct rq_entry e = {.hash = o->hash, .tenant = o->tenant, .demote = true, .ahead = true};
+        if (rq_push(&r->demote, e)) {
+            r->ndemote++;
+            res = DEMOTE_QUEUED;
+        } else {
+            hmap_remove_hv(&r->known, o->hash, o->tenant);
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return res;
+}
+
+int repair_demote_locked(moonlet_master *m, struct mobj *o)
+{
+    struct repair_state *r = m->repair;
+    if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
+        return DEMOTE_NONE;
+    if (repair_swap_staged_locked(m, o)) /* copied ahead: the DRAM goes at once */
+        return DEMOTE_SWAPPED;
     int res = DEMOTE_NONE;
     pthread_mutex_lock(&r->mu);
     if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant)) {
@@ -305,6 +439,13 @@ static void release_target(moonlet_master *m, const struct rjob *j)
                          j->deadline_ns + m->quarantine_grace_ns);
 }
 
+/* What a QUAR record of a job's target says: the object's size (the
+ * standby rounds it as the allocator does), or a disk target's extent. */
+static uint64_t job_range_bytes(const struct rjob *j)
+{
+    return j->target.disk_hdr ? mrep_len(&j->target, j->size) : j->size;
+}
+
 /* A hot standby learns that the job's target range is taken: a QUAR
  * record holding it until the job's deadline plus the quarantine grace (the
  * longest the leader keeps it for a job that fails), so the new leader
@@ -319,8 +460,7 @@ static void repl_hold_target(moonlet_master *m, const struct rjob *j, uint64_t n
     if (!repl_on(m))
         return;
     /* A disk target's range is its extent (header and whole blocks). */
-    moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = mrep_len(&j->target, j->size),
-                            .nrep = 1};
+    moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR, .size = job_range_bytes(j), .nrep = 1};
     rec.rep_seg[0] = MOONLET_STR(reg_seg(&m->reg, j->target.seg)->id);
     rec.rep_off[0] = j->target.offset;
     uint64_t until = j->deadline_ns + m->quarantine_grace_ns;
@@ -395,7 +535,7 @@ static int start_demote(moonlet_master *m, const struct rq_entry *e, uint64_t no
         char tn[MOONLET_MAX_ID_BYTES + 1];
         uint32_t dk = moonlet_disk_key_bytes(tenant_name_of(m, o->tenant, tn), o->key_len);
         struct rjob j = {.hash = e->hash, .tenant = e->tenant, .size = o->size, .demote = true,
-                         .deadline_ns = now + m->cfg.repair_timeout_ms * MOONLET_NS_PER_MS};
+                         .ahead = e->ahead, .deadline_ns = now + m->cfg.repair_timeout_ms * MOONLET_NS_PER_MS};
         int rc = registry_place_disk_locked(m, e->hash, o->size, dk, mobj_creps(o), o->nrep,
                                             &j.target, &j.gen);
         if (rc == MOONLET_ERR_NO_AVAILABLE_HANDLE) {
@@ -483,11 +623,12 @@ static void demote_pump(moonlet_master *m, uint64_t now)
     for (uint32_t i = 0; i < n; i++) {
         uint64_t footprint = 0;
         int res = start_demote(m, &batch[i], now, &footprint);
-        if (res == START_NO_ROOM && evict_disk_for_space(m, footprint) > 0)
+        /* A copy ahead of eviction takes only free room: nothing is evicted for it. */
+        if (res == START_NO_ROOM && !batch[i].ahead && evict_disk_for_space(m, footprint) > 0)
             res = start_demote(m, &batch[i], now, &footprint);
         if (res == START_OK)
             continue;
-        if (res == START_NO_ROOM) {
+        if (res == START_NO_ROOM && !batch[i].ahead) {
             evict_without_copy(m, batch[i].hash, batch[i].tenant);
             atomic_fetch_add(&r->demote_dropped, 1);
         }
@@ -617,14 +758,19 @@ void repair_object_gone_locked(moonlet_master *m, const struct mobj *o)
 {
     struct repair_state *r = m->repair;
     /* A job starts under the object's shard lock, which the caller holds:
-     * 0 here means no job of this object runs. */
-    if (!r || atomic_load(&r->running) == 0)
+     * 0 here means no job of this object runs; without a disk tier there
+     * is no staged copy either. */
+    if (!r || (atomic_load(&r->running) == 0 && atomic_load(&m->reg.ndisk) == 0))
         return;
+    struct staged s;
     pthread_mutex_lock(&r->mu);
     for (uint32_t i = 0; i < r->nrun; i++)
         if (r->run[i].hash == o->hash && r->run[i].tenant == o->tenant)
             r->run[i].cancelled = true;
+    bool had = r->nstg && staged_take_locked(r, o->hash, o->tenant, &s);
     pthread_mutex_unlock(&r->mu);
+    if (had) /* its copy is nobody's: the node trims it */
+        registry_release_gen(m, s.hash, s.size, &s.target, s.gen, 0);
 }
 
 /* A job that cannot go on: its range back.  The object went: forgotten.
@@ -807,21 +953,23 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     if (o && o->state == OBJ_COMPLETE && o->size == j.size &&
         !registry_slot_live(m, j.target.seg, j.gen)) {
         res = TARGET_GONE;
+    } else if (j.demote && j.ahead && o && o->state == OBJ_COMPLETE && o->size == j.size &&
+               !mobj_on_disk(o)) {
+        /* Copied ahead of eviction: staged until eviction picks o (its
+         * extent stays the copy's; the node keeps it). */
+        struct staged sg = {.hash = j.hash, .size = j.size, .gen = j.gen, .tenant = j.tenant,
+                            .target = j.target};
+        sg.target.status = MOONLET_REPLICA_COMPLETE;
+        pthread_mutex_lock(&r->mu);
+        res = staged_add_locked(r, &sg) ? ATTACHED : GONE;
+        pthread_mutex_unlock(&r->mu);
+        if (res == ATTACHED)
+            atomic_fetch_add(&r->staged_done, 1);
     } else if (j.demote && o && o->state == OBJ_COMPLETE && o->size == j.size &&
                !mobj_on_disk(o)) {
         /* The copy is durable on the node's disk: it takes the place of
-         * every DRAM replica, whose ranges are freed now (quarantined while
-         * a reader's lease holds: that reader still reads them). */
-        struct mrep old[MOONLET_MAX_REPLICAS];
-        uint32_t nold = o->nrep;
-        memcpy(old, mobj_reps(o), nold * sizeof(*old));
-        mobj_reps(o)[0] = j.target;
-        mobj_reps(o)[0].status = MOONLET_REPLICA_COMPLETE;
-        o->nrep = 1;
-        o->nrep_cap = 1;
-        uint64_t until = moonlet_lease_active(o->lease_deadline, me.now) ? o->lease_deadline : 0;
-        repl_swap(m, o, until, me.now);
-        registry_release(m, o->hash, o->size, old, nold, until);
+         * every DRAM replica now. */
+        demote_swap_locked(m, o, &j.target, me.now);
         res = ATTACHED;
     } else if (!j.demote && o && o->state == OBJ_COMPLETE && o->size == j.size) {
         struct mrep nr = j.target;
@@ -853,8 +1001,10 @@ int moonlet_master_repair_done(moonlet_master *m, moonlet_str client_id, uint64_
     pthread_mutex_unlock(&s->mu);
     pthread_rwlock_unlock(&m->guard);
     if (res == ATTACHED && j.demote) {
-        atomic_fetch_add(&r->demoted, 1);
-        atomic_fetch_add(&r->demote_bytes, j.size);
+        if (!j.ahead) {
+            atomic_fetch_add(&r->demoted, 1);
+            atomic_fetch_add(&r->demote_bytes, j.size);
+        }
         pthread_mutex_lock(&r->mu);
         demote_end_locked(r, j.hash, j.tenant, true);
         pthread_mutex_unlock(&r->mu);
@@ -933,6 +1083,9 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st)
     st->demotion_bytes = atomic_load(&r->demote_bytes);
     st->demotions_dropped = atomic_load(&r->demote_dropped);
     st->demotions_failed = atomic_load(&r->demote_failed);
+    pthread_mutex_lock(&r->mu);
+    st->demotions_staged = r->nstg;
+    pthread_mutex_unlock(&r->mu);
 }
 
 void repair_snapshot_targets(moonlet_master *m,
@@ -960,7 +1113,7 @@ void repair_snapshot_targets(moonlet_master *m,
         if (!sg || atomic_load(&sg->state) != SEG_MOUNTED || until <= now)
             continue;
         moonlet_repl_rec rec = {.type = MOONLET_REPL_QUAR,
-                                .size = mrep_len(&jobs[i].target, jobs[i].size), .nrep = 1,
+                                .size = job_range_bytes(&jobs[i]), .nrep = 1,
                                 .free_ms = (until - now + MOONLET_NS_PER_MS - 1) /
                                            MOONLET_NS_PER_MS};
         rec.rep_seg[0] = MOONLET_STR(sg->id);

@@ -1490,7 +1490,7 @@ struct seg_copy {
     char alt_id[MOONLET_MAX_ID_BYTES + 1], alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     char alt_protocol[16];
     uint64_t base, capacity, used, objects, ping_age_ms;
-    bool draining;
+    bool draining, disk;
 };
 
 static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint64_t now,
@@ -1510,6 +1510,7 @@ static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint
     c->used = moonlet_alloc_used(s->alloc);
     c->objects = s->objects;
     c->draining = atomic_load(&s->draining);
+    c->disk = s->disk;
     c->ping_age_ms = now > cl->last_ping_ns ? (now - cl->last_ping_ns) / MOONLET_NS_PER_MS : 0;
 }
 
@@ -1524,7 +1525,7 @@ static void seg_copy_visit(const struct seg_copy *c,
         .alt_endpoint = alt ? c->alt_endpoint : NULL,
         .alt_protocol = alt ? c->alt_protocol : NULL,
         .capacity = c->capacity, .used = c->used, .objects = c->objects,
-        .last_ping_age_ms = c->ping_age_ms, .draining = c->draining,
+        .last_ping_age_ms = c->ping_age_ms, .draining = c->draining, .disk = c->disk,
     };
     visit(arg, &v);
 }

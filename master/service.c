@@ -734,6 +734,7 @@ static const map_field segment_fields[] = {
     FIELD(moonlet_segment_view, F_U64, "objects", objects),
     FIELD(moonlet_segment_view, F_U64, "last_ping_age_ms", last_ping_age_ms),
     FIELD(moonlet_segment_view, F_BOOL, "draining", draining),
+    FIELD(moonlet_segment_view, F_BOOL, "disk", disk),
 };
 
 static void seg_visit(void *arg, const moonlet_segment_view *s)
@@ -886,6 +887,18 @@ static const map_field stats_fields[] = {
     STAT(F_U64, "repairs_retried", repairs_retried),
     STAT(F_U64, "repairs_dropped", repairs_dropped),
     STAT(F_U64, "repair_bytes", repair_bytes),
+    STAT(F_U64, "disk_capacity", disk_capacity),
+    STAT(F_U64, "disk_used", disk_used),
+    STAT(F_U64, "disk_segments", disk_segments),
+    STAT(F_U64, "disk_objects", disk_objects),
+    STAT(F_U64, "demotions_queued", demotions_queued),
+    STAT(F_U64, "demotions_staged", demotions_staged),
+    STAT(F_U64, "demotions", demotions),
+    STAT(F_U64, "demotion_bytes", demotion_bytes),
+    STAT(F_U64, "demotions_dropped", demotions_dropped),
+    STAT(F_U64, "demotions_failed", demotions_failed),
+    STAT(F_U64, "disk_evictions", disk_evictions),
+    STAT(F_U64, "disk_announced", disk_announced),
     STAT(F_HIST, "probe_lock_hold_us_hist", probe_lock_hold_hist),
     STAT(F_U64, "resume_calls", resume_calls),
     STAT(F_U64, "resume_candidates_examined", resume_candidates_examined),

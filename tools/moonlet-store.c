@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "disk_tier.h"
 #include "bytesize.h"
 #include "fdlimit.h"
 #include "log.h"
@@ -61,6 +62,12 @@ static void usage(FILE *f)
             "  --master HOST:PORT[,...]  the master's RPC address (required); with HA, every\n"
             "                            master's: the node follows the leader\n"
             "  --segment-size SIZE       memory contributed, e.g. 1GiB, 64MiB, 1048576 (default 1GiB)\n"
+            "  --disk PATH[,PATH...]     a disk tier behind the segment: files (created and\n"
+            "                            preallocated; not on tmpfs: O_DIRECT) or block devices;\n"
+            "                            evicted objects are demoted there, and a restart with\n"
+            "                            the same paths brings them back\n"
+            "  --disk-size SIZE          with --disk: the tier's bytes, shared by the paths\n"
+            "  --disk-queue-depth N      with --disk: I/Os in flight (default 32)\n"
             "  --protocol P              auto|tcp|rdma|both (default auto: rdma when a device is\n"
             "                            active; both: rdma on --listen and tcp on --tcp-listen,\n"
             "                            one segment with two endpoints, for mixed clusters)\n"
@@ -170,6 +177,28 @@ static int parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
+/* --disk PATH[,PATH...]: the paths stay in argv's copy. */
+static int parse_disk_paths(const char *s, moonlet_store_node_config *cfg)
+{
+    static char buf[8192];
+    static const char *paths[MOONLET_DISK_MAX_PATHS];
+    if (!*s || strlen(s) >= sizeof(buf))
+        return bad_flag("--disk", "expected PATH[,PATH...]", s);
+    snprintf(buf, sizeof(buf), "%s", s);
+    uint32_t n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == MOONLET_DISK_MAX_PATHS)
+            return bad_flag("--disk", "at most 16 paths", s);
+        paths[n++] = t;
+    }
+    if (!n)
+        return bad_flag("--disk", "expected PATH[,PATH...]", s);
+    cfg->disk_paths = paths;
+    cfg->ndisk_paths = n;
+    return 0;
+}
+
 static int parse_numa(const char *s, int *out)
 {
     unsigned long v;
@@ -196,7 +225,8 @@ enum {
     O_MASTER = 1000, O_SIZE, O_PROTO, O_LISTEN, O_DEVICE, O_NUMA, O_CLIENT, O_TOKEN, O_PING,
     O_LOG, O_SERVE_DUMMY, O_SOCKET_GROUP, O_BUSY_POLL, O_HELP, O_VERSION, O_ADVERTISE, O_RPC_TIMEOUT,
     O_XFER_TIMEOUT, O_ID_WAIT, O_MAXCONN, O_MAXCONN_PEER, O_IDLE_TO, O_TOS, O_TCP_LISTEN, O_CHECK,
-    O_KEEPALIVE, O_CLIENT_HTTP, O_CREDS, O_TLS_CA, O_TLS_CERT, O_TLS_KEY
+    O_KEEPALIVE, O_CLIENT_HTTP, O_CREDS, O_TLS_CA, O_TLS_CERT, O_TLS_KEY, O_DISK, O_DISK_SIZE,
+    O_DISK_QD
 };
 
 /* --tls-*: the master connection's TLS context (NULL: plaintext); reloaded on SIGHUP. */
@@ -215,6 +245,9 @@ static moonlet_tls_ctx *g_tls;
 static const struct option g_opts[] = {
     {"master", required_argument, 0, O_MASTER},
     {"segment-size", required_argument, 0, O_SIZE},
+    {"disk", required_argument, 0, O_DISK},
+    {"disk-size", required_argument, 0, O_DISK_SIZE},
+    {"disk-queue-depth", required_argument, 0, O_DISK_QD},
     {"protocol", required_argument, 0, O_PROTO},
     {"listen", required_argument, 0, O_LISTEN},
     {"tcp-listen", required_argument, 0, O_TCP_LISTEN},
@@ -257,6 +290,7 @@ static const struct uint_flag {
 } g_uint_flags[] = {
 #define CFG_FIELD(f) offsetof(moonlet_store_node_config, f)
     {O_PING, "--ping-interval-ms", 1, 600000, CFG_FIELD(ping_interval_ms)},
+    {O_DISK_QD, "--disk-queue-depth", 1, 1024, CFG_FIELD(disk_queue_depth)},
     {O_ID_WAIT, "--client-id-wait-ms", 0, 3600000, CFG_FIELD(client_id_wait_ms)},
     {O_RPC_TIMEOUT, "--rpc-timeout-ms", 1, 600000, CFG_FIELD(rpc_timeout_ms)},
     {O_XFER_TIMEOUT, "--transfer-timeout-ms", 1, 600000, CFG_FIELD(transfer_timeout_ms)},
@@ -372,6 +406,12 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
         case O_HELP: usage(stdout); return -1;
         case O_VERSION: printf(PROG " %s\n", MOONLET_VERSION); return -1;
         case O_CHECK: sv->check = true; break;
+        case O_DISK: bad = parse_disk_paths(optarg, cfg); break;
+        case O_DISK_SIZE:
+            bad = moonlet_bytesize_parse(optarg, &cfg->disk_size) || cfg->disk_size < (1u << 20)
+                      ? bad_flag("--disk-size", "expected a size of at least 1MiB", optarg)
+                      : 0;
+            break;
         case O_TLS_CA: g_tls_files.ca = optarg; break;
         case O_TLS_CERT: g_tls_files.cert = optarg; break;
         case O_TLS_KEY: g_tls_files.key = optarg; break;
@@ -389,6 +429,14 @@ static int parse_flags(int argc, char **argv, moonlet_store_node_config *cfg,
     }
     if (!bad && !cfg->master_addr && !sv->check) {
         fprintf(stderr, PROG ": --master HOST:PORT is required\n");
+        bad = 1;
+    }
+    if (!bad && (cfg->ndisk_paths > 0) != (cfg->disk_size > 0)) {
+        fprintf(stderr, PROG ": --disk and --disk-size go together\n");
+        bad = 1;
+    }
+    if (!bad && cfg->disk_queue_depth && !cfg->ndisk_paths) {
+        fprintf(stderr, PROG ": --disk-queue-depth needs --disk\n");
         bad = 1;
     }
     if (!bad && cfg->tcp_listen_addr && !both) {

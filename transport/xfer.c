@@ -378,6 +378,17 @@ int moonlet_xfer_register_segment(moonlet_xfer *x, void *base, uint64_t len,
     return x->be->seg_add(x, base, len, info);
 }
 
+int moonlet_xfer_register_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
+                                 void *arg, moonlet_xfer_segment_info *info)
+{
+    if (!x || !len || !read || !info)
+        return MOONLET_ERR_INVALID_PARAMS;
+    if (!x->endpoint[0] || !x->be->seg_add_reader)
+        return MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+    memset(info, 0, sizeof(*info));
+    return x->be->seg_add_reader(x, len, read, arg, info);
+}
+
 int moonlet_xfer_unregister_segment(moonlet_xfer *x, const char *segment_id)
 {
     if (!x || !segment_id)

@@ -184,6 +184,20 @@ int moonlet_xfer_register_segment(moonlet_xfer *x, void *base, uint64_t len,
                                   moonlet_xfer_segment_info *info);
 
 /*
+ * A segment whose reads are answered by a function instead of memory (a
+ * store node's disk tier): a READ of [offset, +len) (inside [0, len of the
+ * segment)) calls read(arg, offset, len, &buf) on a serving thread, which
+ * returns 0 and a malloc'd buffer of len bytes (the transport sends it and
+ * frees it), or an error code, which the reader gets as the READ's status.
+ * Writes to it are refused (INVALID_WRITE).  Unregister as any segment.
+ * TCP only: UNAVAILABLE_IN_CURRENT_STATUS from the verbs backend (a node
+ * serving RDMA serves its disk through a TCP instance).
+ */
+typedef int (*moonlet_xfer_reader)(void *arg, uint64_t offset, uint64_t len, void **buf);
+int moonlet_xfer_register_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
+                                 void *arg, moonlet_xfer_segment_info *info);
+
+/*
  * Gives a registered segment a write key (MOONLET_WRITECAP_KEY_BYTES bytes):
  * from then on every TCP write to it must carry a valid capability
  * (moonlet_xfer_cap).  SEGMENT_NOT_FOUND for an unknown id.  The verbs

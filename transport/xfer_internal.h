@@ -63,6 +63,9 @@ typedef struct xfer_backend {
     void (*stop)(moonlet_xfer *x);
     int (*seg_add)(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info);
     int (*seg_remove)(moonlet_xfer *x, const char *segment_id);
+    /* Optional (NULL: not served): a segment of moonlet_xfer_register_reader. */
+    int (*seg_add_reader)(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read, void *arg,
+                          moonlet_xfer_segment_info *info);
     /* Optional (NULL: keys are not checked by this backend). */
     int (*seg_set_key)(moonlet_xfer *x, const char *segment_id, const uint8_t *key);
     /* Local buffer registration (verbs: an MR); *handle is passed back. */

@@ -32,6 +32,7 @@ const xfer_backend moonlet_xfer_tcp_backend = {
     .stop = moonlet_xfer_tcp_server_stop,
     .seg_add = moonlet_xfer_tcp_seg_add,
     .seg_remove = moonlet_xfer_tcp_seg_remove,
+    .seg_add_reader = moonlet_xfer_tcp_seg_add_reader,
     .seg_set_key = moonlet_xfer_tcp_seg_set_key,
     .buf_add = tcp_buf_add,
     .buf_remove = tcp_buf_remove,

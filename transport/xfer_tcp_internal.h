@@ -21,6 +21,8 @@
 int moonlet_xfer_tcp_server_start(moonlet_xfer *x);
 /* Stops the threads, closes every connection, frees the server. */
 void moonlet_xfer_tcp_server_stop(moonlet_xfer *x);
+int moonlet_xfer_tcp_seg_add_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
+                                    void *arg, moonlet_xfer_segment_info *info);
 int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len,
                              moonlet_xfer_segment_info *info);
 int moonlet_xfer_tcp_seg_remove(moonlet_xfer *x, const char *segment_id);

@@ -93,8 +93,10 @@ static void tcp_tune(int fd)
 
 typedef struct tcp_segment {
     uint64_t id;
-    uint8_t *base;
+    uint8_t *base;     /* NULL for a reader segment */
     uint64_t size;
+    moonlet_xfer_reader reader; /* set: reads are answered by it (never written) */
+    void *reader_arg;
     bool keyed;        /* seg_lock: writes need a capability under key */
     uint8_t key[MOONLET_WRITECAP_KEY_BYTES];
     unsigned inflight; /* requests using the memory now */
@@ -140,6 +142,7 @@ typedef struct tcp_sconn {
     bool nonce_out;                              /* a CHALLENGE drew it; no AUTH used it yet */
     uint8_t rbuf[MOONLET_XFER_TCP_HDR_BYTES]; /* the encoded reply header */
     const uint8_t *rpayload;
+    void *rowned;                /* a reader segment's reply payload: freed once sent */
     uint64_t rlen, rsent;        /* reply bytes (header + payload) and sent */
     atomic_uint_fast64_t deadline_ms; /* the request's; 0 while waiting for one */
     atomic_uint_fast64_t idle_since_ms;
@@ -261,6 +264,29 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
     info->base = (uint64_t)(uintptr_t)base;
     info->size = len;
     ML_INFO(MOD, "segment %s registered: %" PRIu64 " bytes at %s", info->segment_id, len,
+            x->endpoint);
+    return MOONLET_OK;
+}
+
+int moonlet_xfer_tcp_seg_add_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
+                                    void *arg, moonlet_xfer_segment_info *info)
+{
+    tcp_server *s = x->be_state;
+    tcp_segment *g = calloc(1, sizeof(*g));
+    if (!g)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    g->id = moonlet_xfer_random_id();
+    g->size = len;
+    g->reader = read;
+    g->reader_arg = arg;
+    pthread_mutex_lock(&s->seg_lock);
+    LIST_INSERT_HEAD(&s->segs, g, link);
+    pthread_mutex_unlock(&s->seg_lock);
+    snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
+    snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
+    snprintf(info->protocol, sizeof(info->protocol), "tcp");
+    info->size = len;
+    ML_INFO(MOD, "reader segment %s registered: %" PRIu64 " bytes at %s", info->segment_id, len,
             x->endpoint);
     return MOONLET_OK;
 }
@@ -418,6 +444,8 @@ static bool tcp_request_in_bounds(tcp_server *s, const moonlet_xfer_tcp_hdr *h)
 
 static void tcp_drop_segment(tcp_server *s, tcp_sconn *c)
 {
+    free(c->rowned);
+    c->rowned = NULL;
     tcp_segment *g = atomic_exchange(&c->seg, NULL);
     if (g)
         tcp_seg_release(s, g);
@@ -476,6 +504,11 @@ static void tcp_begin_write(tcp_server *s, tcp_sconn *c)
     tcp_segment *g = tcp_check_request(s, &c->h, &status);
     c->done = 0;
     c->cap_expiry_ms = UINT64_MAX;
+    if (g && g->reader) { /* a reader segment is never written */
+        tcp_seg_release(s, g);
+        g = NULL;
+        status = MOONLET_ERR_INVALID_WRITE;
+    }
     if (g) {
         moonlet_writecap cap;
         bool has_cap = c->h.flags & MOONLET_XFER_TCP_F_CAP;
@@ -521,6 +554,22 @@ static void tcp_begin_read(tcp_server *s, tcp_sconn *c)
         return;
     }
     atomic_store(&c->seg, g);
+    if (g->reader) { /* its bytes come from the function, on this thread */
+        void *buf = NULL;
+        status = c->h.length ? g->reader(g->reader_arg, c->h.offset, c->h.length, &buf)
+                             : MOONLET_OK;
+        if (status == MOONLET_OK && c->h.length && !buf)
+            status = MOONLET_ERR_INTERNAL_ERROR;
+        if (status) {
+            free(buf);
+            tcp_drop_segment(s, c);
+            tcp_queue_reply(c, status, NULL, 0);
+            return;
+        }
+        c->rowned = buf;
+        tcp_queue_reply(c, MOONLET_OK, buf, c->h.length);
+        return;
+    }
     tcp_queue_reply(c, MOONLET_OK, g->base + c->h.offset, c->h.length);
 }
 

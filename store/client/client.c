@@ -1349,6 +1349,9 @@ typedef struct client_bget {
     uint32_t *order;
     uint32_t norder, next; /* replicas to try, and the one being tried */
     bool pending;
+    /* A disk replica into several ranges: its node serves only whole
+     * objects, so it comes in here in one read and is scattered after. */
+    void *whole;
 } client_bget;
 
 /* GetReplicaList of every key whose results[i] is 0 (its memory is
@@ -1422,6 +1425,17 @@ static void client_bget_lookup(client_direct *c, const char *const *keys, const 
     }
 }
 
+/* Copies len bytes of buf into the ranges of dst, in order. */
+static void client_scatter(const client_src *dst, const void *buf, uint64_t len)
+{
+    uint64_t at = 0;
+    for (size_t k = 0; k < dst->cnt && at < len; k++) {
+        uint64_t take = len - at < dst->iov[k].iov_len ? len - at : dst->iov[k].iov_len;
+        memcpy(dst->iov[k].iov_base, (const char *)buf + at, take);
+        at += take;
+    }
+}
+
 /* Reads of adjacent bytes into adjacent memory are merged up to this size:
  * small objects a batch put side by side come back in a few large reads. */
 #define CLIENT_COALESCE_MAX (1u << 20)
@@ -1485,6 +1499,20 @@ static size_t client_bget_round(client_direct *c, const client_src *dst, size_t 
             continue;
         const moonlet_replica_desc *r = &g[i].l.replicas[g[i].order[g[i].next]];
         uint64_t at = 0;
+        if (r->disk && dst[i].cnt > 1 && g[i].l.size > dst[i].iov[0].iov_len) {
+            free(g[i].whole);
+            g[i].whole = malloc(g[i].l.size);
+            ops[nops] = (moonlet_xfer_op){.opcode = MOONLET_XFER_READ, .endpoint = r->endpoint,
+                                          .segment_id = r->segment_id, .offset = r->offset,
+                                          .local = g[i].whole, .len = g[i].l.size};
+            client_op_route(c, r, &ops[nops], &xf[nops]);
+            if (!g[i].whole) {
+                ops[nops].status = MOONLET_ERR_INTERNAL_ERROR;
+                xf[nops] = NULL; /* not sent */
+            }
+            owner[nops++] = i;
+            continue;
+        }
         for (size_t k = 0; k < dst[i].cnt && at < g[i].l.size; k++) {
             uint64_t take = g[i].l.size - at < dst[i].iov[k].iov_len ? g[i].l.size - at
                                                                       : dst[i].iov[k].iov_len;
@@ -1507,6 +1535,12 @@ static size_t client_bget_round(client_direct *c, const client_src *dst, size_t 
         for (; k < nops && owner[k] == i; k++) /* the key's reads: its first failure */
             if (!rc)
                 rc = ops[k].status;
+        if (e->whole) { /* read whole from disk: into the caller's ranges */
+            if (rc == MOONLET_OK)
+                client_scatter(&dst[i], e->whole, e->l.size);
+            free(e->whole);
+            e->whole = NULL;
+        }
         if (rc == MOONLET_OK)
             rc = client_verify_src(c, &e->l, &dst[i], &e->l.replicas[e->order[e->next]]);
         if (moonlet_client_try_next_replica(rc) && e->next + 1 < e->norder) {

@@ -994,6 +994,19 @@ int moonlet_disk_remove(moonlet_disk *d, const moonlet_disk_loc *loc)
     return rc;
 }
 
+int moonlet_disk_object_size(moonlet_disk *d, uint32_t path, uint64_t offset, uint64_t *size)
+{
+    if (!d || !size || path >= d->npaths)
+        return MOONLET_ERR_INVALID_PARAMS;
+    pthread_mutex_lock(&d->meta_mu);
+    disk_obj *o = *obj_slot(d, path, offset);
+    int rc = o && !o->removing ? MOONLET_OK : MOONLET_ERR_OBJECT_NOT_FOUND;
+    if (!rc)
+        *size = o->loc.size;
+    pthread_mutex_unlock(&d->meta_mu);
+    return rc;
+}
+
 int moonlet_disk_remove_range(moonlet_disk *d, uint32_t path, uint64_t offset, uint64_t len,
                               bool scan, uint32_t *removed)
 {

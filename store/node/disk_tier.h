@@ -178,6 +178,10 @@ int moonlet_disk_read_batch(moonlet_disk *d, const moonlet_disk_rreq *reqs, size
  * removed). */
 int moonlet_disk_remove(moonlet_disk *d, const moonlet_disk_loc *loc);
 
+/* The size of the object whose extent starts at offset of path:
+ * OBJECT_NOT_FOUND when none (or it is being removed). */
+int moonlet_disk_object_size(moonlet_disk *d, uint32_t path, uint64_t offset, uint64_t *size);
+
 /* Removes (as moonlet_disk_remove) the object whose extent starts at
  * offset of path, and with scan every object whose extent meets [offset,
  * +len) (a walk of every object: for the rare case where whoever places

@@ -74,6 +74,8 @@
 #include "log.h"
 #include "master_client.h"
 #include "moonlet/error.h"
+#include "net.h"
+#include "node_disk.h"
 #include "segment_mem.h"
 #include "writecap.h"
 #include "monotime.h"
@@ -82,6 +84,7 @@
 
 #define MOONLET_STORE_NODE_HA_MOUNT_WAIT_MS 60000u /* a failover at start-up */
 #define MOD "store"
+#define REPAIR_FETCH_JOBS 32u /* jobs per RepairFetch (a demotion batch at most) */
 
 struct moonlet_store_node {
     pthread_mutex_t mu;
@@ -114,6 +117,8 @@ struct moonlet_store_node {
     uint8_t write_key[MOONLET_WRITECAP_KEY_BYTES]; /* of the current registration */
     bool registered;
     moonlet_xfer_segment_info info; /* written by the loop thread only */
+    moonlet_node_disk *disk;        /* the disk tier, or NULL */
+    bool disk_mounted;              /* loop thread only */
 };
 
 /* ---- small helpers ---------------------------------------------------------- */
@@ -306,6 +311,19 @@ static void node_note_epoch(moonlet_store_node *n)
         moonlet_xfer_note_epoch(n->xfer_tcp, e);
 }
 
+/* The disk tier's segments, after the segment's mount; a failure is
+ * retried by the next heartbeat. */
+static void node_mount_disk(moonlet_store_node *n)
+{
+    if (!n->disk || n->disk_mounted)
+        return;
+    int rc = moonlet_node_disk_mount(n->disk, n->mc, n->client_id, n->write_key);
+    if (rc)
+        ML_WARN(MOD, "mounting the disk tier failed (%s); retried at the next heartbeat",
+                moonlet_strerror(rc));
+    n->disk_mounted = rc == MOONLET_OK;
+}
+
 static int node_mount(moonlet_store_node *n)
 {
     pthread_mutex_lock(&n->mu);
@@ -337,6 +355,8 @@ static int node_mount(moonlet_store_node *n)
     n->mounted = true;
     n->mounts++;
     pthread_mutex_unlock(&n->mu);
+    n->disk_mounted = false; /* the disk segments go with each mount of the segment */
+    node_mount_disk(n);
     char sz[32];
     ML_INFO(MOD, "mounted segment %s (%s) of client %s at %s://%s%s%s", d.segment_id,
             moonlet_bytesize_format(d.size, sz, sizeof(sz)), n->client_id, d.protocol,
@@ -348,6 +368,9 @@ static void node_unmount(moonlet_store_node *n)
 {
     if (!node_is_mounted(n))
         return;
+    if (n->disk)
+        moonlet_node_disk_unmount(n->disk, n->mc, n->client_id);
+    n->disk_mounted = false;
     int rc = moonlet_mc_unmount_segment(n->mc, n->client_id, n->info.segment_id);
     if (rc == MOONLET_OK || rc == MOONLET_ERR_SEGMENT_NOT_FOUND)
         ML_INFO(MOD, "unmounted segment %s", n->info.segment_id);
@@ -406,6 +429,8 @@ static int node_heartbeat(moonlet_store_node *n)
     node_note_ping(n, rc);
     if (!rc)
         node_note_epoch(n);
+    if (!rc && segs > 0)
+        node_mount_disk(n); /* after a failed attempt */
     if (rc || segs > 0)
         return rc;
     ML_WARN(MOD, "the master holds no segment for client %s (it restarted, or declared this "
@@ -517,16 +542,35 @@ static bool node_stopping(moonlet_store_node *n)
     return moonlet_locked_bool(&n->mu, &n->stopping);
 }
 
+static int repair_source(void *arg, const moonlet_mc_repair_job *j, void *buf)
+{
+    return repair_read(arg, j, buf);
+}
+
 static void *repair_main(void *arg)
 {
     moonlet_store_node *n = arg;
     unsigned failures = 0;
+    int dres[REPAIR_FETCH_JOBS];
     while (!node_stopping(n)) {
         moonlet_mc_repair_job *jobs = NULL;
         uint32_t nj = 0;
-        int rc = node_is_mounted(n) ? moonlet_mc_repair_fetch(n->mc, n->client_id, 8, &jobs, &nj)
-                                    : MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        bool mounted = node_is_mounted(n);
+        int rc = mounted ? moonlet_mc_repair_fetch(n->mc, n->client_id, REPAIR_FETCH_JOBS, &jobs,
+                                                   &nj)
+                         : MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS;
+        if (n->disk && nj > 0) /* demotions: to the disk tier, in batches */
+            moonlet_node_disk_demote(n->disk, n->mc, n->client_id, jobs, nj, repair_source, n,
+                                     dres);
+        if (n->disk && mounted)
+            moonlet_node_disk_trim(n->disk, n->mc, n->client_id);
         for (uint32_t i = 0; i < nj && !node_stopping(n); i++) {
+            if (jobs[i].demote) {
+                if (!n->disk) /* not a node with a disk: say so */
+                    moonlet_mc_repair_done(n->mc, n->client_id, jobs[i].job_id,
+                                           MOONLET_ERR_UNAVAILABLE_IN_CURRENT_STATUS, 0);
+                continue;
+            }
             int jrc = repair_one(n, &jobs[i]);
             if (jrc)
                 ML_WARN(MOD, "repair job %" PRIu64 " failed: %s", jobs[i].job_id,
@@ -559,6 +603,8 @@ static void *repair_main(void *arg)
 int moonlet_store_node_run(moonlet_store_node *n)
 {
     unsigned failures = 0;
+    if (n->disk && !n->repair_poll_ms) /* demotions and trims run on that thread */
+        n->repair_poll_ms = MOONLET_STORE_NODE_REPAIR_POLL_MS;
     if (n->repair_poll_ms &&
         moonlet_thread_create(&n->repair_thread, repair_main, n, "store-repair") == 0)
         n->repair_started = true;
@@ -685,6 +731,34 @@ static int node_serve(moonlet_store_node *n, const moonlet_store_node_config *c)
     return MOONLET_OK;
 }
 
+/* The disk tier, its reads served by the node's TCP transport (or, for a
+ * node serving RDMA only, one of the tier's own on the listen host). */
+static int node_open_disk(moonlet_store_node *n, const moonlet_store_node_config *c)
+{
+    moonlet_xfer *tcp = n->xfer_tcp ? n->xfer_tcp
+                        : strcmp(moonlet_xfer_protocol_name(n->xfer), "tcp") == 0 ? n->xfer
+                                                                                 : NULL;
+    char host[MOONLET_MAX_ENDPOINT_BYTES + 1];
+    uint16_t port;
+    if (moonlet_net_split_hostport(n->listen_ep, host, sizeof(host), &port))
+        return MOONLET_ERR_INVALID_PARAMS;
+    moonlet_xfer_opts xo = {.auth_token = c->auth_token, .server_threads = c->server_threads,
+                            .timeout_ms = c->transfer_timeout_ms,
+                            .server_max_conns = c->max_connections,
+                            .server_max_conns_per_peer = c->max_connections_per_peer,
+                            .server_idle_timeout_ms = c->idle_timeout_ms,
+                            .auth_keys = c->data_keys, .nauth_keys = c->ndata_keys};
+    moonlet_node_disk_config dc = {.paths = c->disk_paths, .npaths = c->ndisk_paths,
+                                   .size = c->disk_size, .queue_depth = c->disk_queue_depth,
+                                   .tcp = tcp, .listen_host = host, .xfer_opts = &xo};
+    return moonlet_node_disk_open(&dc, &n->disk);
+}
+
+void moonlet_store_node_disk_stats(moonlet_store_node *n, moonlet_node_disk_stats *out)
+{
+    moonlet_node_disk_get_stats(n->disk, out);
+}
+
 int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_store_node **out)
 {
     if (!cfg || !out)
@@ -719,6 +793,8 @@ int moonlet_store_node_create(const moonlet_store_node_config *cfg, moonlet_stor
         rc = node_serve(n, cfg);
     if (!rc)
         rc = node_alloc(n, cfg);
+    if (!rc && cfg->ndisk_paths)
+        rc = node_open_disk(n, cfg);
     if (!rc)
         rc = node_register(n);
     if (!rc) {
@@ -750,6 +826,8 @@ void moonlet_store_node_destroy(moonlet_store_node *n)
         return;
     if (n->mc)
         node_unmount(n);
+    /* Its reader segments are on one of the transports below. */
+    moonlet_node_disk_close(n->disk);
     /* Destroying the transport closes every serving connection first, which
      * ends requests stuck on a slow or silent peer, then releases the
      * segment's registration.  Unregistering first would wait for those

@@ -94,6 +94,13 @@ typedef struct moonlet_store_node_config {
     /* A client TLS context for the master connection (transport/tls.h; the
      * node takes a reference); NULL: plaintext. */
     struct moonlet_tls_ctx *tls;
+    /* A disk tier behind the segment (node_disk.h): files or block devices
+     * (moonlet-store --disk), disk_size bytes shared by them (--disk-size),
+     * I/Os in flight (0: the tier's default).  ndisk_paths 0: none. */
+    const char *const *disk_paths;
+    uint32_t ndisk_paths;
+    uint64_t disk_size;
+    unsigned disk_queue_depth;
 } moonlet_store_node_config;
 
 #define MOONLET_STORE_NODE_REPAIR_POLL_MS 200u
@@ -162,6 +169,10 @@ uint64_t moonlet_store_node_mounts(moonlet_store_node *n);
 /* Repair jobs this node finished (copied and reported), failed, and bytes copied. */
 void moonlet_store_node_repairs(moonlet_store_node *n, uint64_t *done, uint64_t *failed,
                                 uint64_t *bytes);
+
+/* The disk tier's counters (zeros without one). */
+struct moonlet_node_disk_stats;
+void moonlet_store_node_disk_stats(moonlet_store_node *n, struct moonlet_node_disk_stats *out);
 
 /* Wait before retry number `failures` (1 = the first retry): 100 ms doubling
  * per failure, capped at 2 s.  Pure. */

@@ -34,6 +34,7 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
             inspect_json_add_u64(j, SEG_NUMBERS[i], inspect_json_u64(s, SEG_NUMBERS[i]));
         inspect_json_copy_alt(j, s);
         cJSON_AddBoolToObject(j, "draining", cJSON_IsTrue(cJSON_GetObjectItem(s, "draining")));
+        cJSON_AddBoolToObject(j, "disk", cJSON_IsTrue(cJSON_GetObjectItem(s, "disk")));
         cap += inspect_json_u64(s, "capacity");
         used += inspect_json_u64(s, "used");
         cJSON_AddItemToArray(arr, j);
@@ -63,9 +64,11 @@ static int render_table(const cJSON *list, FILE *out, int width)
     inspect_table *t = inspect_table_new(SEG_COLS, NSEG_COLS, width);
     if (!t)
         return MOONLET_ERR_INTERNAL_ERROR;
-    uint64_t cap = 0, used = 0, objects = 0;
+    uint64_t cap = 0, used = 0, objects = 0, dcap = 0, dused = 0, dobjects = 0;
+    int ndisk = 0;
     const cJSON *s;
     cJSON_ArrayForEach(s, list) {
+        bool disk = cJSON_IsTrue(cJSON_GetObjectItem(s, "disk"));
         uint64_t c = inspect_json_u64(s, "capacity"), u = inspect_json_u64(s, "used");
         uint64_t n = inspect_json_u64(s, "objects"), age = inspect_json_u64(s, "last_ping_age_ms");
         char capb[32], usedb[32], pctb[16], objb[24], ageb[32];
@@ -77,14 +80,23 @@ static int render_table(const cJSON *list, FILE *out, int width)
             snprintf(ageb, sizeof(ageb), "0 ms");
         else
             inspect_fmt_ms(age, ageb, sizeof(ageb));
-        char proto[40], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
+        char proto[48], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
         inspect_fmt_endpoints(s, proto, sizeof(proto), ep, sizeof(ep));
+        if (disk) /* a disk tier's path, read through its node */
+            snprintf(proto + strlen(proto), sizeof(proto) - strlen(proto), " disk");
         const char *row[] = {inspect_json_str(s, "segment_id"), inspect_json_str(s, "name"),
                              inspect_json_str(s, "client_id"), proto, ep, capb, usedb, pctb,
                              objb, ageb};
         if (inspect_table_add(t, row)) {
             inspect_table_free(t);
             return MOONLET_ERR_INTERNAL_ERROR;
+        }
+        if (disk) {
+            ndisk++;
+            dcap += c;
+            dused += u;
+            dobjects += n;
+            continue;
         }
         cap += c;
         used += u;
@@ -105,8 +117,16 @@ static int render_table(const cJSON *list, FILE *out, int width)
     char capb[32], usedb[32];
     inspect_fmt_size(cap, capb, sizeof(capb));
     inspect_fmt_size(used, usedb, sizeof(usedb));
-    fprintf(out, "%d segment%s, %s capacity, %s used (%.1f%%), %" PRIu64 " replica%s\n", n,
-            n == 1 ? "" : "s", capb, usedb, pct(used, cap), objects, objects == 1 ? "" : "s");
+    fprintf(out, "%d segment%s, %s capacity, %s used (%.1f%%), %" PRIu64 " replica%s\n",
+            n - ndisk, n - ndisk == 1 ? "" : "s", capb, usedb, pct(used, cap), objects,
+            objects == 1 ? "" : "s");
+    if (ndisk) {
+        inspect_fmt_size(dcap, capb, sizeof(capb));
+        inspect_fmt_size(dused, usedb, sizeof(usedb));
+        fprintf(out, "disk tier: %d path%s, %s capacity, %s used (%.1f%%), %" PRIu64 " object%s\n",
+                ndisk, ndisk == 1 ? "" : "s", capb, usedb, pct(dused, dcap), dobjects,
+                dobjects == 1 ? "" : "s");
+    }
     return MOONLET_OK;
 }
 

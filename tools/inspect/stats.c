@@ -138,6 +138,19 @@ static int render_table(const cJSON *st, FILE *out, int width)
               " dropped", U("under_replicated"), U("repairs_queued"), U("repairs_running"),
               U("repairs_done"), rbytes, U("repairs_retried"), U("repairs_failed"),
               U("repairs_dropped"));
+    if (U("disk_segments")) {
+        char dcap[32], dused[32], dbytes[32];
+        inspect_fmt_size(U("disk_capacity"), dcap, sizeof(dcap));
+        inspect_fmt_size(U("disk_used"), dused, sizeof(dused));
+        inspect_fmt_size(U("demotion_bytes"), dbytes, sizeof(dbytes));
+        bad |= kv(t, "disk tier", "%" PRIu64 " segments: %s capacity, %s used, %" PRIu64
+                  " objects", U("disk_segments"), dcap, dused, U("disk_objects"));
+        bad |= kv(t, "demotions", "%" PRIu64 " done (%s), %" PRIu64 " queued, %" PRIu64
+                  " copied ahead, %" PRIu64 " dropped, %" PRIu64 " failed; %" PRIu64
+                  " disk evictions, %" PRIu64 " announced", U("demotions"), dbytes,
+                  U("demotions_queued"), U("demotions_staged"), U("demotions_dropped"),
+                  U("demotions_failed"), U("disk_evictions"), U("disk_announced"));
+    }
     if (bad) {
         inspect_table_free(t);
         return MOONLET_ERR_INTERNAL_ERROR;
