@@ -10,6 +10,7 @@
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <string.h>
 
 #include "inspect.h"
 #include "moonlet/error.h"
