@@ -706,6 +706,10 @@ int repair_demote_locked(moonlet_master *m, struct mobj *o);
  * that was copied ahead.  Returns as repair_demote_locked (never
  * SWAPPED).  Under o's shard lock; takes repair_mu. */
 int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o);
+/* Copies made ahead and staged, and demotions running (each holds a disk
+ * extent that is no object's replica yet). */
+uint32_t repair_staged(const moonlet_master *m);
+uint32_t repair_running_demotions(const moonlet_master *m);
 /* When o has a staged copy (still valid), swaps its DRAM replicas for it:
  * true.  Under o's shard lock; takes repair_mu, then registry.mu. */
 bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o);

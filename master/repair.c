@@ -97,11 +97,12 @@ struct repair_state {
     struct rq urgent, normal; /* leased objects first */
     struct rq demote;         /* demotions (eviction to the disk tier), FIFO */
     uint32_t ndemote;         /* demotions queued or running (<= cfg.demote_queue) */
-    uint32_t ndemote_run;     /* of which running */
+    _Atomic uint32_t ndemote_run; /* of which running (each holds a disk extent) */
     struct staged *stg;       /* copies made ahead, waiting for their object's eviction */
     uint32_t nstg, stg_cap;
     struct hmap stg_ix;       /* hash -> index in stg */
     uint64_t stg_bytes;       /* their extents' bytes */
+    _Atomic uint32_t nstg_pub; /* nstg, read without repair_mu (repair_staged) */
     struct hmap known;        /* (hash -> tenant) of every queued or running object */
     struct rjob *run;
     uint32_t nrun, run_cap;
@@ -260,6 +261,7 @@ static bool staged_take_locked(struct repair_state *r, uint64_t hash, uint32_t t
     *out = r->stg[i];
     r->stg_bytes -= mrep_len(&out->target, out->size);
     uint32_t last = --r->nstg;
+    atomic_store(&r->nstg_pub, r->nstg);
     if (i != last) { /* the last entry moves into i */
         hmap_remove_hv(&r->stg_ix, r->stg[last].hash, last);
         r->stg[i] = r->stg[last];
@@ -278,8 +280,19 @@ static bool staged_add_locked(struct repair_state *r, const struct staged *s)
     if (!hmap_insert(&r->stg_ix, s->hash, r->nstg))
         return false;
     r->stg[r->nstg++] = *s;
+    atomic_store(&r->nstg_pub, r->nstg);
     r->stg_bytes += mrep_len(&s->target, s->size);
     return true;
+}
+
+uint32_t repair_running_demotions(const moonlet_master *m)
+{
+    return m->repair ? atomic_load(&m->repair->ndemote_run) : 0;
+}
+
+uint32_t repair_staged(const moonlet_master *m)
+{
+    return m->repair ? atomic_load(&m->repair->nstg_pub) : 0;
 }
 
 bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o)

@@ -1417,7 +1417,9 @@ uint64_t registry_disk_objects(moonlet_master *m)
             n += s->objects;
     }
     pthread_mutex_unlock(&r->mu);
-    return n;
+    /* extents placed for copies not (yet) joined to their objects */
+    uint64_t other = repair_running_demotions(m) + repair_staged(m);
+    return n > other ? n - other : 0;
 }
 
 /* Reserves footprint on disk segment slot when it is mounted and has

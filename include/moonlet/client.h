@@ -136,6 +136,17 @@ typedef struct moonlet_client_config {
     const char *tls_ca;
     const char *tls_cert;
     const char *tls_key;
+    /* With local_segment_size: a disk tier behind the local segment
+     * (Mooncake's enable_ssd_offload / ssd_offload_path; moonlet-store
+     * --disk): objects evicted from the cluster's DRAM may be demoted to it,
+     * and a restart with the same path brings them back.  local_disk_path: a
+     * file (created and preallocated; not on tmpfs), a block device, or a
+     * directory (the file moonlet-disk.tier in it); comma-separated for
+     * several.  local_disk_size: the tier's bytes (0: 4 x local_segment_size,
+     * at least 64 MiB).  NULL: none.  A path that cannot be used makes
+     * create fail (INVALID_PARAMS, INTERNAL_ERROR). */
+    const char *local_disk_path;
+    uint64_t local_disk_size;
 } moonlet_client_config;
 
 /* Options of one put.  A NULL options pointer means all defaults. */

@@ -140,7 +140,7 @@ class Store(_moonlet.Client):
                 auth_token=None, default_tenant=None, replica_num=1, rpc_timeout_ms=0,
                 transfer_timeout_ms=0, local_listen_addr=None, checksum=True, http_port=None,
                 http_address=None, gpu_staging_size=0, tls_ca=None, tls_cert=None,
-                tls_key=None):
+                tls_key=None, disk_path=None, disk_size=0):
         """Connects to the master at master_addr ("HOST:PORT").  With HA,
         master_addr lists every master: "HOST:PORT,HOST:PORT" or a list of
         "HOST:PORT" strings; the client follows the leader.
@@ -174,6 +174,12 @@ class Store(_moonlet.Client):
         gpu_staging_size: bytes of pinned host memory through which device
                         (GPU) buffers are staged (0: 128 MiB); see
                         docs/python.md, "GPU memory".
+        disk_path:      with segment_size: a disk tier behind this process's
+                        segment (a file, a block device or a directory;
+                        comma-separated for several): objects evicted from
+                        DRAM may be demoted there, and a restart with the
+                        same path brings them back.  disk_size: its bytes
+                        (0: 4 x segment_size, at least 64 MiB).
 
         Raises StoreError: RPC_FAIL (-900) when the master cannot be reached,
         ILLEGAL_CLIENT (-601) for a refused token, INVALID_PARAMS (-600),
@@ -187,7 +193,7 @@ class Store(_moonlet.Client):
                       checksum=checksum, http_server=http_port is not None,
                       http_port=http_port or 0, http_address=http_address,
                       gpu_staging_size=gpu_staging_size, tls_ca=tls_ca, tls_cert=tls_cert,
-                      tls_key=tls_key)
+                      tls_key=tls_key, disk_path=disk_path, disk_size=disk_size)
         return self
 
     @classmethod

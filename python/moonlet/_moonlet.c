@@ -633,7 +633,8 @@ PyDoc_STRVAR(connect_doc,
 "_connect(master_addr, protocol, segment_size, device, auth_token, default_tenant,\n"
 "         replica_num, rpc_timeout_ms, transfer_timeout_ms, local_listen_addr,\n"
 "         checksum=True, http_server=False, http_port=0, http_address=None,\n"
-"         gpu_staging_size=0, tls_ca=None, tls_cert=None, tls_key=None)\n"
+"         gpu_staging_size=0, tls_ca=None, tls_cert=None, tls_key=None,\n"
+"         disk_path=None, disk_size=0)\n"
 "--\n\n"
 "Connects this unconnected object to a master (moonlet_client_create).\n"
 "Use moonlet.Store.connect() instead.");
@@ -644,12 +645,13 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
                           "default_tenant", "replica_num", "rpc_timeout_ms",
                           "transfer_timeout_ms", "local_listen_addr", "checksum",
                           "http_server", "http_port", "http_address", "gpu_staging_size",
-                          "tls_ca", "tls_cert", "tls_key", NULL};
+                          "tls_ca", "tls_cert", "tls_key", "disk_path", "disk_size", NULL};
     PyObject *addr_obj;
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     int checksum = 1, http_server = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|ppO&O&O&O&O&O&:_connect", kwl,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "UO&O&O&O&O&O&O&O&O&|ppO&O&O&O&O&O&O&O&:_connect",
+                                     kwl,
                                      &addr_obj,
                                      ml_protocol, &cfg.protocol, conv_u64, &cfg.local_segment_size,
                                      conv_opt_str, &cfg.device, conv_opt_str, &cfg.auth_token,
@@ -659,7 +661,9 @@ static PyObject *Client_connect(ClientObject *self, PyObject *args, PyObject *kw
                                      &cfg.local_listen_addr, &checksum, &http_server, conv_port,
                                      &cfg.http_port, conv_opt_str, &cfg.http_address, conv_u64,
                                      &cfg.gpu_staging_size, conv_opt_str, &cfg.tls_ca,
-                                     conv_opt_str, &cfg.tls_cert, conv_opt_str, &cfg.tls_key))
+                                     conv_opt_str, &cfg.tls_cert, conv_opt_str, &cfg.tls_key,
+                                     conv_opt_str, &cfg.local_disk_path, conv_u64,
+                                     &cfg.local_disk_size))
         return NULL;
     cfg.skip_checksum = !checksum;
     cfg.http_server = http_server;

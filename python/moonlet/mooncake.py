@@ -455,8 +455,8 @@ class MooncakeDistributedStore:
         self._lock = threading.Lock()
 
     # Keyword arguments engines pass to setup() besides Mooncake's seven.
-    _SETUP_OPTIONS = ("enable_ssd_offload", "ssd_offload_path", "enable_client_http_server",
-                      "client_http_port")
+    _SETUP_OPTIONS = ("enable_ssd_offload", "ssd_offload_path", "ssd_offload_size",
+                      "enable_client_http_server", "client_http_port")
 
     # ---- setup -----------------------------------------------------------------
 
@@ -485,10 +485,16 @@ class MooncakeDistributedStore:
         The keywords engines add are accepted: enable_client_http_server=True
         serves this client's GET /metrics (Prometheus text) and GET /health
         on client_http_port (every IPv4 address; without a port, a free one:
-        self._store.http_port); enable_ssd_offload=True is INVALID_PARAMS
-        (moonlet has no SSD tier), ssd_offload_path goes with it.  A config's
-        enable_offload (vLLM's) is logged as ignored.  Unknown keywords are
-        logged and ignored; engine (a TransferEngine) must be None.
+        self._store.http_port); enable_ssd_offload=True with ssd_offload_path
+        (a directory: the file moonlet-disk.tier in it, or a file) puts a
+        disk tier behind this client's segment (ssd_offload_size bytes,
+        moonlet's addition; default 4 x global_segment_size): objects
+        evicted from DRAM are demoted there and read back in one hop.  It
+        needs global_segment_size > 0 and a path (else INVALID_PARAMS, with
+        the reason logged).  A config's enable_offload (vLLM's) does the same
+        when the config names ssd_offload_path, else it is logged as
+        ignored.  Unknown keywords are logged and ignored; engine (a
+        TransferEngine) must be None.
         """
         if local_hostname is None:
             try:
@@ -502,25 +508,37 @@ class MooncakeDistributedStore:
             device_name = rdma_devices
         if master_server_addr is not None:
             master_server_address = master_server_addr
-        if self._refuse_options(options):
-            return _INVALID_PARAMS
+        self._warn_unknown(options)
         try:
             http_port = self._http_port(options)
+            disk = self._disk(options, global_segment_size)
         except (TypeError, ValueError) as e:
             _log.error("setup(): %s", e)
             return _INVALID_PARAMS
         return self._setup(local_hostname, global_segment_size, local_buffer_size, protocol,
-                           device_name, master_server_address, tenant_id, engine, http_port)
+                           device_name, master_server_address, tenant_id, engine, http_port,
+                           disk)
 
-    def _refuse_options(self, options):
-        """True when an engine option asks for what moonlet lacks."""
+    def _warn_unknown(self, options):
         for name in options:
             if name not in self._SETUP_OPTIONS:
                 _log.warning("setup(): ignoring unknown option %s", name)
-        if _flag(options.get("enable_ssd_offload", False)):
-            _log.error("setup(): enable_ssd_offload is not supported by moonlet")
-            return True
-        return False
+
+    @staticmethod
+    def _disk(options, global_segment_size):
+        """(path, size) of the disk tier the options ask for, or None.  An
+        offload that cannot be honoured raises ValueError (the reason)."""
+        if not _flag(options.get("enable_ssd_offload", False)):
+            return None
+        path = options.get("ssd_offload_path")
+        if not path:
+            raise ValueError("enable_ssd_offload needs ssd_offload_path (a directory or a file "
+                             "on a disk, not tmpfs)")
+        if not parse_size(global_segment_size):
+            raise ValueError("enable_ssd_offload needs global_segment_size > 0: the disk tier "
+                             "sits behind this client's own segment (a client without one "
+                             "reaches the disk tiers of the store nodes: moonlet-store --disk)")
+        return str(path), parse_size(options.get("ssd_offload_size") or 0)
 
     @staticmethod
     def _http_port(options):
@@ -542,12 +560,15 @@ class MooncakeDistributedStore:
             return default
 
         options = {k: v for k, v in config.items() if k in self._SETUP_OPTIONS}
-        if self._refuse_options(options):
-            return _INVALID_PARAMS
         if _flag(config.get("enable_offload", False)):
-            _log.warning("setup(): enable_offload is ignored: moonlet has no offload tier yet")
+            if options.get("ssd_offload_path"):
+                options["enable_ssd_offload"] = True  # vLLM's switch for the same tier
+            else:
+                _log.warning("setup(): enable_offload is ignored: it needs ssd_offload_path")
         try:
             http_port = self._http_port(options)
+            disk = self._disk(options, get("global_segment_size",
+                                           default=DEFAULT_GLOBAL_SEGMENT_SIZE))
         except (TypeError, ValueError) as e:
             _log.error("setup(): %s", e)
             return _INVALID_PARAMS
@@ -558,10 +579,10 @@ class MooncakeDistributedStore:
                            str(get("rdma_devices", "device_name", default="")),
                            str(get("master_server_addr", "master_server_address",
                                    default=DEFAULT_MASTER_SERVER_ADDR)),
-                           str(get("tenant_id", default="default")), None, http_port)
+                           str(get("tenant_id", default="default")), None, http_port, disk)
 
     def _setup(self, local_hostname, global_segment_size, local_buffer_size, protocol,
-               device_name, master_addr, tenant_id, engine, http_port=None):
+               device_name, master_addr, tenant_id, engine, http_port=None, disk=None):
         if self._store is not None or engine is not None or not local_hostname:
             return _INVALID_PARAMS
         try:
@@ -585,7 +606,9 @@ class MooncakeDistributedStore:
             self._store = Store.connect(master_addr, protocol=protocol, segment_size=segment,
                                         device=device_name or None, default_tenant=tenant_id,
                                         local_listen_addr=listen, http_port=http_port,
-                                        gpu_staging_size=_gpu_staging(local_buffer))
+                                        gpu_staging_size=_gpu_staging(local_buffer),
+                                        disk_path=disk[0] if disk else None,
+                                        disk_size=disk[1] if disk else 0)
         except StoreError as e:
             return e.code
         except (TypeError, ValueError):

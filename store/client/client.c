@@ -68,6 +68,7 @@
 
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -84,6 +85,7 @@
 #include "client_internal.h"
 #include "client_backend.h"
 #include "cuda_driver.h"
+#include "disk_tier.h"
 #include "log.h"
 #include "master_client.h"
 #include "store_node.h"
@@ -1902,6 +1904,42 @@ static void *client_node_main(void *arg)
     return NULL;
 }
 
+/* The local segment's disk tier (config local_disk_path): its paths, a
+ * directory standing for the file moonlet-disk.tier in it. */
+typedef struct client_disk_paths {
+    char buf[4096];
+    char files[MOONLET_DISK_MAX_PATHS][4096 + 32];
+    const char *paths[MOONLET_DISK_MAX_PATHS];
+} client_disk_paths;
+
+static int client_disk_config(const moonlet_client_config *cfg, client_disk_paths *d,
+                              moonlet_store_node_config *nc)
+{
+    if (!*cfg->local_disk_path || strlen(cfg->local_disk_path) >= sizeof(d->buf))
+        return MOONLET_ERR_INVALID_PARAMS;
+    snprintf(d->buf, sizeof(d->buf), "%s", cfg->local_disk_path);
+    uint32_t n = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(d->buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == MOONLET_DISK_MAX_PATHS)
+            return MOONLET_ERR_INVALID_PARAMS;
+        struct stat st;
+        if (stat(t, &st) == 0 && S_ISDIR(st.st_mode))
+            snprintf(d->files[n], sizeof(d->files[n]), "%s/moonlet-disk.tier", t);
+        else
+            snprintf(d->files[n], sizeof(d->files[n]), "%s", t);
+        d->paths[n] = d->files[n];
+        n++;
+    }
+    if (!n)
+        return MOONLET_ERR_INVALID_PARAMS;
+    uint64_t size = cfg->local_disk_size ? cfg->local_disk_size : 4 * cfg->local_segment_size;
+    nc->disk_paths = d->paths;
+    nc->ndisk_paths = n;
+    nc->disk_size = size < (64u << 20) ? (64u << 20) : size;
+    return MOONLET_OK;
+}
+
 /* The local segment: a store node on a thread of the client, configured by
  * `node` or, when NULL, from cfg. */
 static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
@@ -1918,6 +1956,12 @@ static int client_start_node(client_direct *c, const moonlet_client_config *cfg,
     nc.tls = c->tls;
     if (cfg->local_listen_addr)
         nc.listen_addr = cfg->local_listen_addr;
+    client_disk_paths disk;
+    if (!node && cfg->local_disk_path) {
+        int drc = client_disk_config(cfg, &disk, &nc);
+        if (drc)
+            return drc;
+    }
     if (node)
         nc = *node;
     int rc = moonlet_store_node_create(&nc, &c->node);

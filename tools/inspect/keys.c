@@ -226,6 +226,8 @@ static cJSON *key_detail_json(const cJSON *k)
         inspect_json_add_u64(x, "offset", inspect_json_u64(r, "offset"));
         inspect_json_add_u64(x, "length", inspect_json_u64(r, "length"));
         cJSON_AddStringToObject(x, "status", inspect_json_str(r, "status"));
+        const char *tier = inspect_json_str(r, "tier");
+        cJSON_AddStringToObject(x, "tier", *tier ? tier : "dram");
         inspect_json_copy_alt(x, r);
         cJSON_AddItemToArray(arr, x);
     }
@@ -271,8 +273,10 @@ static int print_key_detail(const cJSON *k, const char *key, int width)
         char off[24], len[32];
         snprintf(off, sizeof(off), "%" PRIu64, inspect_json_u64(r, "offset"));
         inspect_fmt_size(inspect_json_u64(r, "length"), len, sizeof(len));
-        char proto[40], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
+        char proto[48], ep[2 * MOONLET_MAX_ENDPOINT_BYTES + 8];
         inspect_fmt_endpoints(r, proto, sizeof(proto), ep, sizeof(ep));
+        if (strcmp(inspect_json_str(r, "tier"), "disk") == 0)
+            snprintf(proto + strlen(proto), sizeof(proto) - strlen(proto), " disk");
         const char *row[] = {inspect_json_str(r, "segment_id"), ep, proto, off, len,
                              inspect_json_str(r, "status")};
         if (inspect_table_add(t, row)) {

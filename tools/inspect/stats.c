@@ -28,7 +28,9 @@ static const char *const STAT_FIELDS[] = {
     "leases_resume_kda", "leases_resume_kv", "resume_lock_hold_max_ns",
     "hard_pinned", "hard_pinned_bytes", "put_replacements", "put_starts_reserved",
     "under_replicated", "repairs_queued", "repairs_running", "repairs_done", "repairs_failed",
-    "repairs_retried", "repairs_dropped", "repair_bytes",
+    "repairs_retried", "repairs_dropped", "repair_bytes", "disk_capacity", "disk_used",
+    "disk_segments", "disk_objects", "demotions_queued", "demotions_staged", "demotions",
+    "demotion_bytes", "demotions_dropped", "demotions_failed", "disk_evictions", "disk_announced",
 };
 
 #define HIST_FIELD "probe_lock_hold_us_hist"
