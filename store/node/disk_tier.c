@@ -18,7 +18,13 @@
  * the bytes matched the checksum (a mismatch leaves bytes without a
  * header: free space).  Once every I/O of the batch completed, one data
  * sync per path with an object that went well; only then are the objects
- * in the table (readable, listed).  A batch read issues each object's
+ * in the table (readable, listed).  Before that, sync-behind: each time
+ * DISK_SYNC_BEHIND bytes of a path's writes have completed, a data sync of
+ * it goes while the batch's other I/Os are in flight (one at a time per
+ * path), so that the device flushes the batch as it goes and the last
+ * sync has less to do; these make nothing durable on their own (the last
+ * sync is still waited for after every I/O), and one that fails fails the
+ * path's objects of the batch.  A batch read issues each object's
  * header and bytes at once (a small object: one I/O), copies the bytes to
  * the caller's buffer as they come, then checks the header and the whole
  * checksum.  A remove zeroes the header and syncs before it frees the
@@ -65,6 +71,9 @@
 /* the most bytes of one I/O from or into the caller's memory (a write's
  * are hashed just before it goes: the hashing overlaps the I/Os before) */
 #define DISK_DIRECT_MAX ((size_t)4 << 20)
+/* a batch's bytes written to a path, completed, after which a data sync of
+ * it goes while the rest of the batch is in flight (write_io) */
+#define DISK_SYNC_BEHIND ((uint64_t)8 << 20)
 
 struct disk_hdr {
     char magic[8];
@@ -129,7 +138,7 @@ struct moonlet_disk {
     size_t nbuckets;
     uint64_t seq;
     moonlet_disk_stats st;
-    atomic_uint_fast64_t io_errors;
+    atomic_uint_fast64_t io_errors, syncs_behind;
 };
 
 static uint64_t round_up(uint64_t n, uint64_t a)
@@ -565,8 +574,27 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
         j->rc = MOONLET_ERR_INTERNAL_ERROR;
 }
 
+/* Prepares a data sync of path p, not waited for by itself (its
+ * completion comes to write_io's loop with DISK_SYNC_TAG). */
+static bool lane_prep_sync(moonlet_disk *d, disk_lane *l, uint32_t p)
+{
+    struct io_uring_sqe *sqe = lane_sqe(l);
+    if (!sqe)
+        return false;
+    io_uring_prep_fsync(sqe, d->paths[p].fd, IORING_FSYNC_DATASYNC);
+    io_uring_sqe_set_data64(sqe, DISK_SYNC_TAG | p);
+    return true;
+}
+
 /* The I/O part of a batch write, on lane l: every job's I/Os with up to
- * queue_depth in flight, then the syncs. */
+ * queue_depth in flight, then the syncs.  Sync-behind: once
+ * DISK_SYNC_BEHIND bytes of a path's writes completed since its last
+ * sync went, a data sync of it goes while the batch's other writes are
+ * still in flight (one at a time per path), so that the device flushes
+ * the batch's bytes as they come rather than all at the end; it makes
+ * nothing durable by itself (the batch's last sync, after every I/O
+ * completed, does), but leaves that last sync less to flush.  One that
+ * fails fails the path's objects. */
 static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *reqs, size_t n,
                      wjob *jobs)
 {
@@ -574,6 +602,8 @@ static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *req
     size_t next = 0;
     unsigned inflight = 0;
     bool ring_failed = false;
+    uint64_t dirty[MOONLET_DISK_MAX_PATHS] = {0};
+    bool behind[MOONLET_DISK_MAX_PATHS] = {false}, behind_failed[MOONLET_DISK_MAX_PATHS] = {false};
     for (;;) {
         while (l->nfree && next < n && !ring_failed) {
             wjob *j = &jobs[next];
@@ -603,15 +633,40 @@ static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *req
                 jobs[i].rc = jobs[i].rc ? jobs[i].rc : MOONLET_ERR_INTERNAL_ERROR;
             return;
         }
+        inflight--;
+        if (data & DISK_SYNC_TAG) { /* a sync-behind */
+            uint32_t p = (uint32_t)(data & ~DISK_SYNC_TAG);
+            if (p < d->npaths) {
+                behind[p] = false;
+                if (res < 0) {
+                    behind_failed[p] = true;
+                    atomic_fetch_add_explicit(&d->io_errors, 1, memory_order_relaxed);
+                    ML_ERR(MOD, "data sync of path %u: %s", p, strerror(-res));
+                }
+            }
+            continue;
+        }
         unsigned b = (unsigned)data;
         lane_io *io = &l->io[b];
+        uint32_t p = jobs[io->req].loc.path;
         if (res < 0 || (uint64_t)res != io->want) {
             io_error(d, "write", io->want, res);
             if (!jobs[io->req].rc)
                 jobs[io->req].rc = MOONLET_ERR_INTERNAL_ERROR;
+        } else {
+            dirty[p] += io->want;
         }
         l->free_buf[l->nfree++] = b;
-        inflight--;
+        /* only while the batch has more to write: the last sync covers the rest */
+        if (dirty[p] >= DISK_SYNC_BEHIND && !behind[p] && (inflight || next < n) &&
+            !ring_failed) {
+            if (lane_prep_sync(d, l, p)) {
+                behind[p] = true;
+                dirty[p] = 0;
+                inflight++;
+                atomic_fetch_add_explicit(&d->syncs_behind, 1, memory_order_relaxed);
+            }
+        }
     }
     bool want[MOONLET_DISK_MAX_PATHS] = {false}, failed[MOONLET_DISK_MAX_PATHS];
     bool any = false;
@@ -622,7 +677,7 @@ static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *req
         return;
     lane_sync(d, l, want, failed);
     for (size_t i = 0; i < n; i++)
-        if (!jobs[i].rc && failed[jobs[i].loc.path])
+        if (!jobs[i].rc && (failed[jobs[i].loc.path] || behind_failed[jobs[i].loc.path]))
             jobs[i].rc = MOONLET_ERR_INTERNAL_ERROR;
 }
 
@@ -1061,6 +1116,7 @@ void moonlet_disk_get_stats(moonlet_disk *d, moonlet_disk_stats *out)
     *out = d->st;
     pthread_mutex_unlock(&d->meta_mu);
     out->io_errors = atomic_load_explicit(&d->io_errors, memory_order_relaxed);
+    out->syncs_behind = atomic_load_explicit(&d->syncs_behind, memory_order_relaxed);
 }
 
 uint32_t moonlet_disk_npaths(moonlet_disk *d)
@@ -1295,6 +1351,7 @@ int moonlet_disk_open(const moonlet_disk_opts *o, moonlet_disk **out)
     pthread_cond_init(&d->unpinned, NULL);
     atomic_init(&d->next_lane, 0);
     atomic_init(&d->io_errors, 0);
+    atomic_init(&d->syncs_behind, 0);
     d->qd = o->queue_depth ? o->queue_depth : 32;
     if (d->qd < 2)
         d->qd = 2; /* the rescan keeps a window in buffer 1 */

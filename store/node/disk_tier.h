@@ -29,7 +29,10 @@
  * Durability: a write returns 0 (a batch: results[i] == 0) once the
  * object's header and bytes are on the device (written O_DIRECT, then a
  * data sync of its path through the ring; a batch makes one sync per path
- * it touched, after all its objects' I/Os); moonlet_disk_remove invalidates
+ * it touched, after all its objects' I/Os; a batch of more than 8 MiB to a
+ * path also syncs it early as its writes complete, so that the last sync
+ * has less left to flush: only that last one makes anything durable);
+ * moonlet_disk_remove invalidates
  * the header durably before the space can be reused.  A read verifies the
  * header (key, tenant, size, checksum, sequence) and the bytes' checksum:
  * it returns the bytes written for that location or an error, never other
@@ -94,6 +97,7 @@ typedef struct moonlet_disk_stats {
     uint64_t checksum_errors; /* reads whose bytes or header did not verify */
     uint64_t io_errors;       /* failed or short I/Os */
     uint64_t scan_kept, scan_dropped;
+    uint64_t syncs_behind; /* a batch's early data syncs (disk_tier.c: sync-behind) */
 } moonlet_disk_stats;
 
 /* Opens (creating what is missing) and rescans.  INVALID_PARAMS for bad

@@ -12,9 +12,17 @@
  * checksum), and closes the tier (untimed); fio then writes and reads a
  * file of the same bytes with the same block size and queue depth
  * (io_uring engine, O_DIRECT, and on writes --fdatasync=B: a data sync
- * after every B blocks, --end_fsync=1 when the round is not whole batches).
- * Not quite the batch's contract: fio does not wait for the writes in
- * flight before it issues the sync, so its later writes overlap it; a
+ * issued after every B blocks, and --end_fsync=1: a sync once every write
+ * completed, inside fio's timed run, so that fio's time, as the tier's,
+ * ends with every byte durable).  Both write into fallocated space: the
+ * tier preallocates its file (posix_fallocate), and fio's write job lays
+ * out a new file with fallocate(2) too (strace: fallocate(fd, 0, 0, size));
+ * the reads read what the writes wrote.  Not quite the batch's contract:
+ * fio issues each --fdatasync sync without waiting for the writes in
+ * flight, and goes on writing while it runs, so its syncs overlap its
+ * writes; the tier returns from a batch only once its sync (after every
+ * I/O of the batch) completed, so one batch's flush does not overlap the
+ * next batch's writes (within a batch, sync-behind overlaps them).  A
  * larger --batch-bytes brings the two closer (docs/benchmarks.md).  B is --batch-bytes / size (at
  * least 1; default 32 MiB: 512 objects of 64 KiB, 32 of 1 MiB, 2 of 16
  * MiB).  The two alternate which goes first.  GB/s are medians of the
@@ -245,8 +253,8 @@ static double k_fio_job(k_bench *b, uint64_t size, const char *rw)
 {
     char cmd[2048], sync[64] = "";
     size_t per = k_batch(b, size), n = (size_t)(b->round_bytes / size);
-    if (strcmp(rw, "write") == 0) /* a sync per batch, as the tier makes (and the last one's) */
-        snprintf(sync, sizeof sync, "--fdatasync=%zu%s", per, n % per ? " --end_fsync=1" : "");
+    if (strcmp(rw, "write") == 0) /* a sync per batch, and one once every write completed */
+        snprintf(sync, sizeof sync, "--fdatasync=%zu --end_fsync=1", per);
     snprintf(cmd, sizeof cmd,
              "fio --name=moonlet-bench --filename='%s' --size=%llu --bs=%llu --iodepth=%u "
              "--ioengine=io_uring --direct=1 --rw=%s %s --output-format=json 2>/dev/null",
