@@ -218,18 +218,35 @@ static dev_pair dev_pair_new(moonlet_client *c, size_t n, uint32_t a, uint32_t b
     return d;
 }
 
+/* The arrays of a zero-copy batch (batch_put_from / batch_get_into) of up
+ * to ZB_MAX keys: the keys (and their names), the sources, the
+ * destinations, their lengths, the bytes read and each key's outcome. */
+enum { ZB_MAX = 96 };
+typedef struct zbatch {
+    char names[ZB_MAX][64];
+    const char *keys[ZB_MAX];
+    const void *bufs[ZB_MAX];
+    void *out[ZB_MAX];
+    size_t lens[ZB_MAX], got[ZB_MAX];
+    int32_t res[ZB_MAX];
+} zbatch;
+
+static void key_of(char *buf, size_t cap, const char *what, size_t i)
+{
+    snprintf(buf, cap, "gpu-%s-%s-%zu", g_dummy ? "dummy" : "direct", what, i);
+}
+
 /* n keys of `block` bytes each, back to back in the pair's source (put)
  * and destination (get). */
-static void back_to_back(const char *what, size_t n, size_t block, const dev_pair *d,
-                         char (*names)[64], const char **keys, const void **bufs, void **out,
-                         size_t *lens)
+static void back_to_back(const char *what, size_t n, size_t block, const dev_pair *d, zbatch *b)
 {
+    assert_true(n <= ZB_MAX);
     for (size_t i = 0; i < n; i++) {
-        snprintf(names[i], 64, "gpu-%s-%s-%zu", g_dummy ? "dummy" : "direct", what, i);
-        keys[i] = names[i];
-        bufs[i] = (const void *)(uintptr_t)(d->src + i * block);
-        out[i] = (void *)(uintptr_t)(d->dst + i * block);
-        lens[i] = block;
+        key_of(b->names[i], sizeof(b->names[i]), what, i);
+        b->keys[i] = b->names[i];
+        b->bufs[i] = (const void *)(uintptr_t)(d->src + i * block);
+        b->out[i] = (void *)(uintptr_t)(d->dst + i * block);
+        b->lens[i] = block;
     }
 }
 
@@ -243,9 +260,15 @@ static void dev_pair_free(dev_pair *d)
     dev_free(0, d->dst);
 }
 
-static void key_of(char *buf, size_t cap, const char *what, size_t i)
+/* batch_get_into of b's first n keys, each of which reads `block` bytes. */
+static void get_into_all(moonlet_client *c, zbatch *b, size_t n, size_t block)
 {
-    snprintf(buf, cap, "gpu-%s-%s-%zu", g_dummy ? "dummy" : "direct", what, i);
+    assert_int_equal(moonlet_client_batch_get_into(c, b->keys, n, b->out, b->lens, NULL, b->got,
+                                                   b->res), MOONLET_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(b->res[i], MOONLET_OK);
+        assert_int_equal(b->got[i], block);
+    }
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -295,31 +318,22 @@ static void test_batch_round_trip_two_devices(void **state)
     }
     if (fake_reset)
         fake_reset();
-    char names[N][64];
-    const char *keys[N];
-    const void *bufs[N];
-    void *out[N];
-    size_t lens[N], got[N];
-    int32_t res[N];
+    zbatch b;
+    _Static_assert(N <= ZB_MAX, "the batch fits a zbatch");
     for (size_t i = 0; i < N; i++) {
-        key_of(names[i], sizeof(names[i]), "kv", i);
-        keys[i] = names[i];
+        key_of(b.names[i], sizeof(b.names[i]), "kv", i);
+        b.keys[i] = b.names[i];
         int d = (int)(i % 2); /* alternate devices inside one batch */
         size_t at = i / 2 * BLOCK;
-        bufs[i] = (const void *)(uintptr_t)(src[d] + at);
-        out[i] = (void *)(uintptr_t)(dst[d] + at);
-        lens[i] = BLOCK;
+        b.bufs[i] = (const void *)(uintptr_t)(src[d] + at);
+        b.out[i] = (void *)(uintptr_t)(dst[d] + at);
+        b.lens[i] = BLOCK;
     }
-    assert_int_equal(moonlet_client_batch_put_from(g_cli, keys, N, bufs, lens, NULL, res),
+    assert_int_equal(moonlet_client_batch_put_from(g_cli, b.keys, N, b.bufs, b.lens, NULL, b.res),
                      MOONLET_OK);
     for (size_t i = 0; i < N; i++)
-        assert_int_equal(res[i], MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_get_into(g_cli, keys, N, out, lens, NULL, got, res),
-                     MOONLET_OK);
-    for (size_t i = 0; i < N; i++) {
-        assert_int_equal(res[i], MOONLET_OK);
-        assert_int_equal(got[i], BLOCK);
-    }
+        assert_int_equal(b.res[i], MOONLET_OK);
+    get_into_all(g_cli, &b, N, BLOCK);
     for (int d = 0; d < 2; d++)
         assert_true(dev_is(dst[d], (size_t)N / 2 * BLOCK, 7 + d, 0));
     /* async copies only from pinned memory, each on its own device's stream */
@@ -474,26 +488,17 @@ static void test_keys_wider_than_a_slot(void **state)
     const size_t block = 9u << 20, n = N * block;
     dev_pair dp = dev_pair_new(c, n, 71, 72);
     CUdeviceptr dst = dp.dst;
-    char names[N][64];
-    const char *keys[N];
-    const void *bufs[N];
-    void *out[N];
-    size_t lens[N], got[N];
-    int32_t res[N];
-    back_to_back("wide", N, block, &dp, names, keys, bufs, out, lens);
-    assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, NULL, res), MOONLET_OK);
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, N, out, lens, NULL, got, res),
+    zbatch b;
+    back_to_back("wide", N, block, &dp, &b);
+    assert_int_equal(moonlet_client_batch_put_from(c, b.keys, N, b.bufs, b.lens, NULL, b.res),
                      MOONLET_OK);
-    for (size_t i = 0; i < N; i++) {
-        assert_int_equal(res[i], MOONLET_OK);
-        assert_int_equal(got[i], block);
-    }
+    get_into_all(c, &b, N, block);
     assert_true(dev_is(dst, n, 71, 0));
     moonlet_client_gpu_stats st;
     moonlet_client_gpu_get_stats(c, &st);
     assert_true(st.pinned_bytes <= st.pinned_bound);
     for (size_t i = 0; i < N; i++) /* room in the store for the next tests (leased) */
-        assert_int_equal(moonlet_client_remove_force(c, keys[i], NULL), MOONLET_OK);
+        assert_int_equal(moonlet_client_remove_force(c, b.keys[i], NULL), MOONLET_OK);
     dev_pair_free(&dp);
 }
 
@@ -514,14 +519,10 @@ static void test_get_two_slots_gathered(void **state)
     assert_int_equal(moonlet_client_local_endpoint(c, own, sizeof own), MOONLET_OK);
     const char *pref[] = {own};
     moonlet_put_options opt = {.preferred_segments = pref, .preferred_segments_count = 1};
-    char names[N][64];
-    const char *keys[N];
-    const void *bufs[N];
-    void *out[N];
-    size_t lens[N], got[N];
-    int32_t res[N];
-    back_to_back("slots", N, BLOCK, &dp, names, keys, bufs, out, lens);
-    assert_int_equal(moonlet_client_batch_put_from(c, keys, N, bufs, lens, &opt, res), MOONLET_OK);
+    zbatch b;
+    back_to_back("slots", N, BLOCK, &dp, &b);
+    assert_int_equal(moonlet_client_batch_put_from(c, b.keys, N, b.bufs, b.lens, &opt, b.res),
+                     MOONLET_OK);
     unsigned char *seg = moonlet_client_local_segment_base(c);
     assert_non_null(seg);
     /* the whole object as the needle: short windows of the pattern recur */
@@ -535,20 +536,20 @@ static void test_get_two_slots_gathered(void **state)
     hit[100] ^= 0xff;
     if (fake_reset)
         fake_reset();
-    assert_int_equal(moonlet_client_batch_get_into(c, keys, N, out, lens, NULL, got, res),
-                     MOONLET_ERR_INVALID_READ);
+    assert_int_equal(moonlet_client_batch_get_into(c, b.keys, N, b.out, b.lens, NULL, b.got,
+                                                   b.res), MOONLET_ERR_INVALID_READ);
     /* the pattern repeats every 2 MiB: the object hit is one of the keys
      * BAD + 8j (the same bytes), whichever the segment holds first */
     size_t failed = 0;
     for (size_t i = 0; i < N; i++) {
-        if (res[i] != MOONLET_OK) {
+        if (b.res[i] != MOONLET_OK) {
             failed++;
-            assert_int_equal(res[i], MOONLET_ERR_INVALID_READ);
+            assert_int_equal(b.res[i], MOONLET_ERR_INVALID_READ);
             assert_int_equal(i % 8, BAD);
             assert_true(dev_is(dst + i * BLOCK, BLOCK, 62, i * BLOCK)); /* untouched */
             continue;
         }
-        assert_int_equal(got[i], BLOCK);
+        assert_int_equal(b.got[i], BLOCK);
         assert_true(dev_is(dst + i * BLOCK, BLOCK, 61, i * BLOCK));
     }
     assert_int_equal(failed, 1);

@@ -133,6 +133,29 @@ static moonlet_rpc_server *start(moonlet_tls_ctx *tls, uint32_t auth_timeout_ms)
     return s;
 }
 
+/* A TLS server (certificate `cert`, the authentication deadline given)
+ * and a client context with client.pem, both trusting ca.pem. */
+typedef struct tls_pair {
+    moonlet_tls_ctx *sx, *cx;
+    moonlet_rpc_server *s;
+} tls_pair;
+
+static tls_pair pair_start(const char *cert, uint32_t auth_timeout_ms)
+{
+    tls_pair p;
+    p.sx = ctx_of(true, cert, "ca.pem");
+    p.cx = ctx_of(false, "client", "ca.pem");
+    p.s = start(p.sx, auth_timeout_ms);
+    return p;
+}
+
+static void pair_stop(tls_pair *p)
+{
+    moonlet_rpc_server_destroy(p->s);
+    moonlet_tls_ctx_unref(p->sx);
+    moonlet_tls_ctx_unref(p->cx);
+}
+
 static int dial(moonlet_rpc_server *s, moonlet_tls_ctx *tls, const char *name,
                 moonlet_rpc_client **c)
 {
@@ -173,25 +196,21 @@ static void assert_echo(moonlet_rpc_client *c, int64_t v)
 static void test_mutual_tls_call(void **state)
 {
     (void)state;
-    moonlet_tls_ctx *sx = ctx_of(true, "server", "ca.pem");
-    moonlet_tls_ctx *cx = ctx_of(false, "client", "ca.pem");
-    moonlet_rpc_server *s = start(sx, 0);
+    tls_pair p = pair_start("server", 0);
     moonlet_rpc_client *c = NULL;
-    assert_int_equal(dial(s, cx, NULL, &c), 0);
+    assert_int_equal(dial(p.s, p.cx, NULL, &c), 0);
     assert_string_equal(moonlet_rpc_client_tls_peer(c), "server-1");
     assert_who(c, "client-1");
     for (int i = 0; i < 100; i++)
         assert_echo(c, i * 7919);
     moonlet_rpc_client_close(c);
     /* by name too: the certificate carries DNS:localhost */
-    moonlet_rpc_client_opts o = {.timeout_ms = CALL_TIMEOUT_MS, .tls = cx};
-    assert_int_equal(moonlet_rpc_client_connect("localhost", moonlet_rpc_server_port(s), &o, &c),
+    moonlet_rpc_client_opts o = {.timeout_ms = CALL_TIMEOUT_MS, .tls = p.cx};
+    assert_int_equal(moonlet_rpc_client_connect("localhost", moonlet_rpc_server_port(p.s), &o, &c),
                      0);
     assert_who(c, "client-1");
     moonlet_rpc_client_close(c);
-    moonlet_rpc_server_destroy(s);
-    moonlet_tls_ctx_unref(sx);
-    moonlet_tls_ctx_unref(cx);
+    pair_stop(&p);
 }
 
 /* Mutual TLS: no client certificate, or one the CA did not sign, is
@@ -284,19 +303,15 @@ static void test_tls_client_of_plaintext_server(void **state)
 static void test_server_name_checked(void **state)
 {
     (void)state;
-    moonlet_tls_ctx *sx = ctx_of(true, "server", "ca.pem");
-    moonlet_tls_ctx *cx = ctx_of(false, "client", "ca.pem");
+    tls_pair p = pair_start("server", 0);
     moonlet_tls_ctx *other_ca = ctx_of(false, "client", "rogue-ca.pem");
-    moonlet_rpc_server *s = start(sx, 0);
     moonlet_rpc_client *c = NULL;
-    assert_int_equal(dial(s, cx, "master.example", &c), MOONLET_ERR_ILLEGAL_CLIENT);
-    assert_int_equal(dial(s, cx, "10.9.9.9", &c), MOONLET_ERR_ILLEGAL_CLIENT);
-    assert_int_equal(dial(s, other_ca, NULL, &c), MOONLET_ERR_ILLEGAL_CLIENT);
-    assert_int_equal(dial(s, cx, "localhost", &c), 0);
+    assert_int_equal(dial(p.s, p.cx, "master.example", &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(dial(p.s, p.cx, "10.9.9.9", &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(dial(p.s, other_ca, NULL, &c), MOONLET_ERR_ILLEGAL_CLIENT);
+    assert_int_equal(dial(p.s, p.cx, "localhost", &c), 0);
     moonlet_rpc_client_close(c);
-    moonlet_rpc_server_destroy(s);
-    moonlet_tls_ctx_unref(sx);
-    moonlet_tls_ctx_unref(cx);
+    pair_stop(&p);
     moonlet_tls_ctx_unref(other_ca);
 }
 
@@ -320,18 +335,16 @@ static void test_reload(void **state)
     (void)state;
     copy_file("server.pem", "live.pem");
     copy_file("server.key", "live.key");
-    moonlet_tls_ctx *sx = ctx_of(true, "live", "ca.pem");
-    moonlet_tls_ctx *cx = ctx_of(false, "client", "ca.pem");
-    moonlet_rpc_server *s = start(sx, 0);
+    tls_pair p = pair_start("live", 0);
     moonlet_rpc_client *before = NULL, *after = NULL, *later = NULL;
-    assert_int_equal(dial(s, cx, NULL, &before), 0);
+    assert_int_equal(dial(p.s, p.cx, NULL, &before), 0);
     assert_string_equal(moonlet_rpc_client_tls_peer(before), "server-1");
     copy_file("server2.pem", "live.pem");
     copy_file("server2.key", "live.key");
-    assert_int_equal(moonlet_tls_ctx_generation(sx), 0);
-    assert_int_equal(moonlet_tls_ctx_reload(sx), 0);
-    assert_int_equal(moonlet_tls_ctx_generation(sx), 1);
-    assert_int_equal(dial(s, cx, NULL, &after), 0);
+    assert_int_equal(moonlet_tls_ctx_generation(p.sx), 0);
+    assert_int_equal(moonlet_tls_ctx_reload(p.sx), 0);
+    assert_int_equal(moonlet_tls_ctx_generation(p.sx), 1);
+    assert_int_equal(dial(p.s, p.cx, NULL, &after), 0);
     assert_string_equal(moonlet_rpc_client_tls_peer(after), "server-2");
     assert_echo(before, 1); /* the open connection is untouched */
     assert_echo(after, 2);
@@ -339,16 +352,14 @@ static void test_reload(void **state)
     assert_non_null(f);
     fputs("not a key\n", f);
     fclose(f);
-    assert_int_not_equal(moonlet_tls_ctx_reload(sx), 0);
-    assert_int_equal(moonlet_tls_ctx_generation(sx), 1);
-    assert_int_equal(dial(s, cx, NULL, &later), 0);
+    assert_int_not_equal(moonlet_tls_ctx_reload(p.sx), 0);
+    assert_int_equal(moonlet_tls_ctx_generation(p.sx), 1);
+    assert_int_equal(dial(p.s, p.cx, NULL, &later), 0);
     assert_string_equal(moonlet_rpc_client_tls_peer(later), "server-2");
     moonlet_rpc_client_close(before);
     moonlet_rpc_client_close(after);
     moonlet_rpc_client_close(later);
-    moonlet_rpc_server_destroy(s);
-    moonlet_tls_ctx_unref(sx);
-    moonlet_tls_ctx_unref(cx);
+    pair_stop(&p);
 }
 
 /* Waits until the peer closes fd (EOF or reset), reading what comes; the
@@ -384,10 +395,8 @@ static int raw_connect(moonlet_rpc_server *s)
 static void test_handshake_deadline_and_garbage(void **state)
 {
     (void)state;
-    moonlet_tls_ctx *sx = ctx_of(true, "server", "ca.pem");
-    moonlet_tls_ctx *cx = ctx_of(false, "client", "ca.pem");
-    moonlet_rpc_server *s = start(sx, 300);
-    int silent = raw_connect(s), half = raw_connect(s), junk = raw_connect(s);
+    tls_pair p = pair_start("server", 300);
+    int silent = raw_connect(p.s), half = raw_connect(p.s), junk = raw_connect(p.s);
     assert_int_equal(send(half, "\x16\x03\x01", 3, MSG_NOSIGNAL), 3);
     char garbage[600];
     garbage[0] = 0x16;
@@ -402,16 +411,14 @@ static void test_handshake_deadline_and_garbage(void **state)
     close(silent);
     close(half);
     close(junk);
-    for (int i = 0; i < 300 && moonlet_rpc_server_connections(s) != 0; i++)
+    for (int i = 0; i < 300 && moonlet_rpc_server_connections(p.s) != 0; i++)
         poll(NULL, 0, 10);
-    assert_int_equal(moonlet_rpc_server_connections(s), 0);
+    assert_int_equal(moonlet_rpc_server_connections(p.s), 0);
     moonlet_rpc_client *c = NULL;
-    assert_int_equal(dial(s, cx, NULL, &c), 0);
+    assert_int_equal(dial(p.s, p.cx, NULL, &c), 0);
     assert_echo(c, 7);
     moonlet_rpc_client_close(c);
-    moonlet_rpc_server_destroy(s);
-    moonlet_tls_ctx_unref(sx);
-    moonlet_tls_ctx_unref(cx);
+    pair_stop(&p);
 }
 
 /* Large frames pipelined both ways: TLS records split across reads and
@@ -420,11 +427,9 @@ static void test_large_pipelined(void **state)
 {
     (void)state;
     enum { N = 16, SIZE = 64 * 1024 + 333 }; /* about 1 MiB in flight each way */
-    moonlet_tls_ctx *sx = ctx_of(true, "server", "ca.pem");
-    moonlet_tls_ctx *cx = ctx_of(false, "client", "ca.pem");
-    moonlet_rpc_server *s = start(sx, 0);
+    tls_pair p = pair_start("server", 0);
     moonlet_rpc_client *c = NULL;
-    assert_int_equal(dial(s, cx, NULL, &c), 0);
+    assert_int_equal(dial(p.s, p.cx, NULL, &c), 0);
     char *payload = malloc(SIZE);
     assert_non_null(payload);
     for (int round = 0; round < 2; round++) {
@@ -453,9 +458,7 @@ static void test_large_pipelined(void **state)
     }
     free(payload);
     moonlet_rpc_client_close(c);
-    moonlet_rpc_server_destroy(s);
-    moonlet_tls_ctx_unref(sx);
-    moonlet_tls_ctx_unref(cx);
+    pair_stop(&p);
 }
 
 /* Contexts refuse what a side cannot work with. */
