@@ -369,27 +369,47 @@ class MemoryDescriptor:
         self.buffer_descriptor = buffer_descriptor
 
 
+class DiskDescriptor:
+    """Where a disk replica lies (Mooncake's DiskDescriptor): moonlet's are
+    on a store node's disk tier, read through that node, so there is no
+    local file_path (""); object_size and the node's transport_endpoint."""
+
+    __slots__ = ("file_path", "object_size", "transport_endpoint")
+
+    def __init__(self, object_size, transport_endpoint):
+        self.file_path = ""
+        self.object_size = object_size
+        self.transport_endpoint = transport_endpoint
+
+
 class ReplicaDescriptor:
-    """One replica (Mooncake's ReplicaDescriptor); moonlet's are all in memory."""
+    """One replica (Mooncake's ReplicaDescriptor): in a node's memory, or
+    on a node's disk tier (is_disk_replica)."""
 
-    __slots__ = ("status", "_memory", "segment_name")
+    __slots__ = ("status", "_memory", "segment_name", "_disk")
 
-    def __init__(self, status, memory, segment_name=""):
+    def __init__(self, status, memory, segment_name="", disk=False):
         self.status = status
         self._memory = memory
         self.segment_name = segment_name
+        self._disk = disk
 
     def is_memory_replica(self):
-        return True
+        return not self._disk
 
     def is_disk_replica(self):
-        return False
+        return self._disk
 
     def get_memory_descriptor(self):
+        if self._disk:
+            raise RuntimeError("a disk replica has no memory descriptor")
         return self._memory
 
     def get_disk_descriptor(self):
-        raise RuntimeError("moonlet keeps no disk replicas")
+        if not self._disk:
+            raise RuntimeError("a memory replica has no disk descriptor")
+        d = self._memory.buffer_descriptor
+        return DiskDescriptor(d.size, d.transport_endpoint)
 
     def __repr__(self):
         return (f"<ReplicaDescriptor {self.status.name} "
@@ -1233,7 +1253,7 @@ class MooncakeDistributedStore:
                                   MemoryDescriptor(Descriptor(r.get("length", 0),
                                                               r.get("offset", 0),
                                                               r.get("endpoint", ""))),
-                                  r.get("segment", ""))
+                                  r.get("segment", ""), r.get("tier") == "disk")
                 for r in entry.get("replicas", [])]
 
     def batch_get_replica_desc(self, keys):

@@ -1822,7 +1822,8 @@ static cJSON *client_replicas_json(const moonlet_replica_list *l, int rc)
              cJSON_AddNumberToObject(o, "offset", (double)r->offset) &&
              cJSON_AddNumberToObject(o, "length", (double)r->size) &&
              cJSON_AddStringToObject(o, "status", r->status == MOONLET_REPLICA_COMPLETE
-                                                      ? "COMPLETE" : "INITIALIZED");
+                                                      ? "COMPLETE" : "INITIALIZED") &&
+             cJSON_AddStringToObject(o, "tier", r->disk ? "disk" : "dram");
     }
     if (!ok) {
         cJSON_Delete(e);

@@ -319,7 +319,7 @@ static void test_batch_round_trip_two_devices(void **state)
     if (fake_reset)
         fake_reset();
     zbatch b;
-    _Static_assert(N <= ZB_MAX, "the batch fits a zbatch");
+    _Static_assert((int)N <= (int)ZB_MAX, "the batch fits a zbatch");
     for (size_t i = 0; i < N; i++) {
         key_of(b.names[i], sizeof(b.names[i]), "kv", i);
         b.keys[i] = b.names[i];

@@ -12,6 +12,7 @@
 #include "alloc.h"
 #include "disk_layout.h"
 #include "moonlet/types.h"
+#include "replicate.h"
 
 #define MS MOONLET_NS_PER_MS
 #define MIB (1ull << 20)
@@ -446,6 +447,65 @@ static void test_unmount_takes_disk_objects(void **state)
     end_test(m);
 }
 
+/* A hot standby follows the disk tier through the record stream (each
+ * record through the codec): after a promotion, the disk segment is a disk
+ * segment again and the demoted object is read from its extent, which the
+ * new leader does not place another demotion over. */
+static void to_standby(void *arg, const moonlet_repl_rec *rec)
+{
+    uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
+    size_t n = moonlet_repl_encode(rec, buf, sizeof(buf));
+    assert_true(n > 0);
+    moonlet_repl_decoded d;
+    assert_int_equal(moonlet_repl_decode(buf, n, &d), MOONLET_OK);
+    assert_int_equal(moonlet_repl_state_apply(arg, &d.rec), MOONLET_OK);
+}
+
+static void test_standby_follows_the_disk(void **state)
+{
+    (void)state;
+    moonlet_repl_state *st;
+    assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
+    moonlet_master_config cfg = fix_config(16);
+    cfg.lease_ttl_ms = 1000;
+    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
+    cfg.repl_emit = to_standby;
+    cfg.repl_arg = st;
+    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
+    mount_node(m, 8 * MIB);
+    put(m, "k");
+    assert_int_equal(demote_all(m), 1);
+    struct reps was;
+    assert_int_equal(replicas(m, "k", &was), MOONLET_OK);
+    assert_true(was.r[0].disk);
+    moonlet_master_destroy(m);
+
+    moonlet_master *p = disk_master(0);
+    uint64_t restored = 0;
+    assert_int_equal(moonlet_repl_state_restore(st, p, &restored, NULL), MOONLET_OK);
+    assert_int_equal(restored, 1);
+    struct reps rs;
+    assert_int_equal(replicas(p, "k", &rs), MOONLET_OK);
+    assert_int_equal(rs.n, 1);
+    assert_true(rs.r[0].disk);
+    assert_string_equal(rs.r[0].seg, "d");
+    assert_int_equal(rs.r[0].offset, was.r[0].offset);
+    moonlet_master_stats sts = stats(p);
+    assert_int_equal(sts.disk_segments, 1);
+    assert_int_equal(sts.disk_objects, 1);
+    assert_int_equal(sts.disk_used, footprint("k"));
+    assert_int_equal(sts.capacity, MIB); /* the disk is not DRAM */
+    /* the next demotion lands elsewhere on the disk */
+    put(p, "j");
+    moonlet_master_evict_now(p, 1.0);
+    struct jobs js;
+    assert_int_equal(fetch(p, &js), 1);
+    assert_true(js.j[0].target_offset >= was.r[0].offset + footprint("k") ||
+                js.j[0].target_offset + footprint("j") <= was.r[0].offset);
+    end_test(p);
+    moonlet_repl_state_destroy(st);
+}
+
 MOONLET_TEST_MAIN("disk", NULL, NULL,
                   cmocka_unit_test(test_disk_segment_takes_no_put),
                   cmocka_unit_test(test_eviction_demotes),
@@ -454,4 +514,5 @@ MOONLET_TEST_MAIN("disk", NULL, NULL,
                   cmocka_unit_test(test_full_disk_evicts_its_own),
                   cmocka_unit_test(test_trim_waits_for_readers),
                   cmocka_unit_test(test_announce),
-                  cmocka_unit_test(test_unmount_takes_disk_objects))
+                  cmocka_unit_test(test_unmount_takes_disk_objects),
+                  cmocka_unit_test(test_standby_follows_the_disk))

@@ -311,6 +311,65 @@ def test_lmcache_connector(engine_store):
 # ---- a C / C++ engine: docs/examples/engine_client.c -------------------------------------------
 
 
+def _disk_dir(tag):
+    """A directory for a disk tier on the build tree's file system (the
+    tier writes with O_DIRECT: not tmpfs)."""
+    d = os.path.join(os.environ["MOONLET_BUILD_ROOT"], "test-engine-ssd", f"{tag}-{os.getpid()}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+@pytest.mark.parametrize("engine", ["mooncake_setup", "vllm_config", "refused"])
+def test_ssd_offload_setups(cluster, tmp_path, monkeypatch, engine):
+    """The engines' SSD-offload switches: Mooncake's setup(...,
+    enable_ssd_offload=True, ssd_offload_path=DIR) and vLLM's config file
+    (enable_offload with ssd_offload_path) give the client's own segment a
+    disk tier (its file appears, its disk segment is mounted, puts and gets
+    work); without a segment of its own the switch is refused (-600)."""
+    import shutil
+    import subprocess
+
+    import daemons
+
+    d = _disk_dir(engine)
+    tenant = f"ssd-{uuid.uuid4().hex[:8]}"
+    s = MooncakeDistributedStore()
+    try:
+        if engine == "mooncake_setup":
+            rc = s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "",
+                         cluster.addr, tenant_id=tenant, enable_ssd_offload=True,
+                         ssd_offload_path=d, ssd_offload_size="64MB")
+        elif engine == "vllm_config":
+            cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                   "global_segment_size": "16MB", "local_buffer_size": "16MB",
+                   "protocol": "tcp", "device_name": "", "master_server_address": cluster.addr,
+                   "tenant_id": tenant, "enable_offload": True, "ssd_offload_path": d}
+            path = tmp_path / "mooncake.json"
+            path.write_text(json.dumps(cfg))
+            monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(path))
+            rc = s.setup()
+        else:
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MIB, "tcp", "", cluster.addr,
+                           tenant_id=tenant, enable_ssd_offload=True,
+                           ssd_offload_path=d) == -600
+            assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 * MIB, 16 * MIB, "tcp", "",
+                           cluster.addr, tenant_id=tenant, enable_ssd_offload=True) == -600
+            assert not os.listdir(d)
+            return
+        assert rc == 0
+        assert os.path.getsize(os.path.join(d, "moonlet-disk.tier")) >= 64 * MIB
+        out = subprocess.run([daemons.tool("moonlet-inspect"), "--master", cluster.addr,
+                              "--json", "segments"], capture_output=True, text=True,
+                             timeout=30, check=True)
+        disks = [g for g in json.loads(out.stdout)["segments"] if g["disk"]]
+        assert len(disks) >= 1
+        value = bytes(range(256)) * 1024
+        assert s.put("ssd/k", value) == 0 and s.get("ssd/k") == value
+    finally:
+        s.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.mark.parametrize("build", ["engine_client_example", "engine_client_example_cpp"])
 @pytest.mark.parametrize("how", ["direct", "dummy"])
 def test_c_engine_example(cluster, build, how):

@@ -1068,6 +1068,64 @@ static void test_idle_close_is_invisible_to_clients(void **state)
     free(seg);
 }
 
+/* ---- reader segments (a store node's disk tier) ------------------------ */
+
+/* A reader that serves [0, 4096) as bytes i * 5 and refuses anything else
+ * with INVALID_READ, counting its calls. */
+static int reader_calls;
+static int test_reader(void *arg, uint64_t offset, uint64_t len, void **buf)
+{
+    (void)arg;
+    reader_calls++;
+    if (offset != 0 || len != 4096)
+        return MOONLET_ERR_INVALID_READ;
+    uint8_t *b = malloc(len);
+    if (!b)
+        return MOONLET_ERR_INTERNAL_ERROR;
+    for (uint64_t i = 0; i < len; i++)
+        b[i] = (uint8_t)(i * 5);
+    *buf = b;
+    return MOONLET_OK;
+}
+
+/* A read of a reader segment gets the function's bytes, or its error as
+ * the read's status; a range outside the segment never reaches it; a write
+ * is refused; the connection stays usable after each refusal. */
+static void test_reader_segment(void **state)
+{
+    (void)state;
+    moonlet_xfer_opts so = {.protocol = MOONLET_XFER_TCP, .listen_addr = "127.0.0.1:0",
+                            .server_threads = 2, .timeout_ms = 2000};
+    moonlet_xfer *x;
+    assert_int_equal(moonlet_xfer_create(&so, &x), 0);
+    moonlet_xfer_segment_info info;
+    assert_int_equal(moonlet_xfer_register_reader(x, 1u << 20, test_reader, NULL, &info), 0);
+    moonlet_xfer *c = tcp_client(1, 2000);
+    uint8_t buf[4096], want[4096];
+    for (int i = 0; i < 4096; i++)
+        want[i] = (uint8_t)(i * 5);
+    reader_calls = 0;
+    assert_int_equal(moonlet_xfer_read(c, info.endpoint, info.segment_id, 0, buf, 4096), 0);
+    assert_memory_equal(buf, want, sizeof(buf));
+    assert_int_equal(moonlet_xfer_read(c, info.endpoint, info.segment_id, 4096, buf, 4096),
+                     MOONLET_ERR_INVALID_READ);
+    assert_int_equal(reader_calls, 2);
+    /* past the segment's size: refused before the function is called */
+    assert_int_equal(moonlet_xfer_read(c, info.endpoint, info.segment_id, 1u << 20, buf, 4096),
+                     MOONLET_ERR_INVALID_PARAMS);
+    assert_int_equal(reader_calls, 2);
+    assert_int_equal(moonlet_xfer_write(c, info.endpoint, info.segment_id, 0, want, 4096),
+                     MOONLET_ERR_INVALID_WRITE);
+    memset(buf, 0, sizeof(buf));
+    assert_int_equal(moonlet_xfer_read(c, info.endpoint, info.segment_id, 0, buf, 4096), 0);
+    assert_memory_equal(buf, want, sizeof(buf));
+    assert_int_equal(moonlet_xfer_unregister_segment(x, info.segment_id), 0);
+    assert_int_equal(moonlet_xfer_read(c, info.endpoint, info.segment_id, 0, buf, 4096),
+                     MOONLET_ERR_SEGMENT_NOT_FOUND);
+    moonlet_xfer_destroy(c);
+    moonlet_xfer_destroy(x);
+}
+
 /* ---- the client's connection pool cap (issue 12 section 4) ------------- */
 
 #define POOL_SERVERS 6
@@ -1365,6 +1423,7 @@ int main(void)
     moonlet_log_set_level(MOONLET_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_codec),
+        cmocka_unit_test(test_reader_segment),
         cmocka_unit_test_setup_teardown(test_server_checks, server_setup, server_teardown),
         cmocka_unit_test_setup_teardown(test_malformed_closes_only_its_connection, server_setup, server_teardown),
         cmocka_unit_test(test_raw_auth),

@@ -58,6 +58,9 @@ int bench_exec_start(bench_master *bm, const char *path, const char *const *args
  * printed its "listening on" line (it prints it after mounting); bm->addr
  * then holds its data endpoint. */
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes);
+/* The same with more flags (a NULL-terminated list; NULL: none). */
+int bench_store_start_with(bench_master *bs, const char *master_addr, uint64_t segment_bytes,
+                           const char *const *extra);
 /* The path of `name` in the directory of this binary. */
 void bench_tool_path(const char *name, char *out, size_t cap);
 /* Runs /usr/bin/python3 <script next to this binary> data out (stdout

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Draws `moonlet-bench trace`'s three runs side by side.
+"""Draws `moonlet-bench trace`'s runs side by side (three, and a fourth with
+--disk-fraction: the one-call lookup with a disk tier).
 
 Usage: plot_trace.py SERIES.csv OUT.png
 
@@ -21,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 WINDOWS = 30  # hit-ratio windows across the trace
 STYLE = {"lease_all": ("tab:red", "lease-all"), "selective": ("tab:blue", "selective, two calls"),
-         "k3_one_rtt": ("tab:green", "selective, one call (ProbeResume)")}
+         "k3_one_rtt": ("tab:green", "selective, one call (ProbeResume)"),
+         "k3_one_rtt_disk": ("tab:purple", "one call, with a disk tier")}
 
 
 def load(path):

@@ -60,6 +60,7 @@
 
 #include "bench.h"
 #include "bytesize.h"
+#include "disk_layout.h"
 #include "master_client.h"
 #include "moonlet/client.h"
 #include "moonlet/error.h"
@@ -77,12 +78,14 @@ typedef struct trace_opts {
     uint32_t kda_every, ranks, stores;
     uint64_t kv_bytes, kda_bytes;
     double capacity_fraction;
+    double disk_fraction;     /* the disk tiers / the working set's disk extents; 0: no disk run */
+    const char *disk_dir;     /* where the disk tiers' files go (not tmpfs) */
     bool json;
 } trace_opts;
 
 
 /* Runs, in order: lease-all, selective in two calls, selective in one (ProbeResume). */
-#define NMODES 3
+#define NMODES 4 /* lease_all, selective, k3_one_rtt, and k3_one_rtt with a disk tier */
 
 /* Cumulative figures after one request, for the plot. */
 typedef struct series_row {
@@ -99,7 +102,7 @@ typedef struct run_result {
      * was evicted), or none (all were evicted). */
     uint64_t resume_newest, resume_older, resume_none;
     double leases_exist, leases_probe, evictions, eviction_passes, resume_kda, resume_kv;
-    double resume_examined, resume_fallbacks;
+    double resume_examined, resume_fallbacks, demotions, demotions_dropped;
     bench_samples lookup_us, lag_ms;
     double wall_s;
     series_row *rows;
@@ -129,7 +132,14 @@ static void cluster_stop(cluster *cl)
     memset(cl, 0, sizeof(*cl));
 }
 
-static int cluster_start(cluster *cl, const trace_opts *o, uint64_t per_store)
+/* A disk run's tier file of store i. */
+static void disk_file(const trace_opts *o, uint32_t i, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/moonlet-trace-disk-%d-%u.tier", o->disk_dir, (int)getpid(), i);
+}
+
+/* per_disk 0: no disk tier. */
+static int cluster_start(cluster *cl, const trace_opts *o, uint64_t per_store, uint64_t per_disk)
 {
     memset(cl, 0, sizeof(*cl));
     char ttl[32];
@@ -140,11 +150,18 @@ static int cluster_start(cluster *cl, const trace_opts *o, uint64_t per_store)
         fprintf(stderr, "moonlet-bench trace: cannot start moonlet-master\n");
         return -1;
     }
-    for (; cl->nstores < o->stores; cl->nstores++)
-        if (bench_store_start(&cl->stores[cl->nstores], cl->master.addr, per_store)) {
+    for (; cl->nstores < o->stores; cl->nstores++) {
+        char file[1024], dsize[32];
+        disk_file(o, cl->nstores, file, sizeof(file));
+        unlink(file); /* a fresh tier: no objects of an earlier run */
+        snprintf(dsize, sizeof(dsize), "%llu", (unsigned long long)per_disk);
+        const char *disk[] = {"--disk", file, "--disk-size", dsize, NULL};
+        if (bench_store_start_with(&cl->stores[cl->nstores], cl->master.addr, per_store,
+                                   per_disk ? disk : NULL)) {
             fprintf(stderr, "moonlet-bench trace: cannot start moonlet-store\n");
             return -1;
         }
+    }
     moonlet_client_config cfg;
     moonlet_client_config_init(&cfg, sizeof cfg);
     cfg.master_addr = cl->master.addr;
@@ -165,7 +182,7 @@ static double stat_num(cJSON *st, const char *name)
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
 
-#define NSTATS 8
+#define NSTATS 10
 static int stats_now(moonlet_master_client *mc, double out[NSTATS])
 {
     cJSON *st = NULL;
@@ -180,6 +197,8 @@ static int stats_now(moonlet_master_client *mc, double out[NSTATS])
     out[5] = stat_num(st, "leases_resume_kv");
     out[6] = stat_num(st, "resume_candidates_examined");
     out[7] = stat_num(st, "resume_recheck_fallbacks");
+    out[8] = stat_num(st, "demotions");
+    out[9] = stat_num(st, "demotions_dropped");
     cJSON_Delete(st);
     return MOONLET_OK;
 }
@@ -287,11 +306,12 @@ static void count_resume(const moonlet_k3_request *req, const moonlet_k3_result 
 }
 
 static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uint64_t per_store,
-                  run_result *rr)
+                  uint64_t per_disk, run_result *rr)
 {
     memset(rr, 0, sizeof(*rr));
     rr->mode = mode == MOONLET_K3_LEASE_ALL ? "lease_all"
                : mode == MOONLET_K3_SELECTIVE_TWO_CALLS ? "selective"
+               : per_disk                               ? "k3_one_rtt_disk"
                                                         : "k3_one_rtt";
     rr->rows = calloc(t->n, sizeof(*rr->rows));
     scratch s = {0};
@@ -300,7 +320,7 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     double st0[NSTATS], st1[NSTATS];
     int rc = -1;
     if (!rr->rows || scratch_alloc(&s, t->max_blocks, o->ranks) || idset_init(&written, t->n) ||
-        cluster_start(&cl, o, per_store) || stats_now(cl.mc, st0))
+        cluster_start(&cl, o, per_store, per_disk) || stats_now(cl.mc, st0))
         goto out;
     const moonlet_k3_layout layout = {.block_tokens = BLOCK_TOKENS, .groups = 1,
                                       .ranks = o->ranks, .components = 1};
@@ -358,9 +378,16 @@ static int replay(const trace *t, const trace_opts *o, moonlet_k3_mode mode, uin
     rr->resume_kv = st1[5] - st0[5];
     rr->resume_examined = st1[6] - st0[6];
     rr->resume_fallbacks = st1[7] - st0[7];
+    rr->demotions = st1[8] - st0[8];
+    rr->demotions_dropped = st1[9] - st0[9];
     rc = 0;
 out:
     cluster_stop(&cl);
+    for (uint32_t i = 0; per_disk && i < o->stores; i++) {
+        char file[1024];
+        disk_file(o, i, file, sizeof(file));
+        unlink(file);
+    }
     scratch_free(&s);
     free(written.slot);
     return rc;
@@ -452,6 +479,8 @@ static void print_text(run_result *r, const trace_opts *o)
            "evictions");
     for (int i = 0; i < NMODES; i++) {
         run_result *rr = &r[i];
+        if (!rr->mode)
+            continue; /* no disk run */
         double kda = kda_leased_master(rr);
         printf("%-10s %7llu %9.1f %9.1f %12.0f %12.1f %10.0f %6.1f%% %6.1f%% %7.1f%% %10.0f\n",
                rr->mode, (unsigned long long)rr->rpcs, bench_percentile(&rr->lookup_us, 50),
@@ -478,7 +507,7 @@ static int write_series(const char *path, const run_result *r, size_t n, const t
     fprintf(f, "mode,t_s,requests,blocks,kv_hit_blocks,kda_hit_blocks,kda_keys_leased,"
                "kda_bytes_leased\n");
     for (int m = 0; m < NMODES; m++)
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; r[m].rows && i < n; i++) {
             const series_row *w = &r[m].rows[i];
             fprintf(f, "%s,%.3f,%zu,%llu,%llu,%llu,%llu,%llu\n", r[m].mode, w->t_s, i + 1,
                     (unsigned long long)w->blocks, (unsigned long long)w->kv_hit,
@@ -509,6 +538,9 @@ static void usage(FILE *f)
             "  --kda-bytes SIZE          bytes per checkpoint key (default 4KiB, at most 1GiB)\n"
             "  --capacity-fraction F     segment capacity / working set (default 0.3)\n"
             "  --stores N                store nodes sharing the capacity (default 1, at most 16)\n"
+            "  --disk-fraction F         also replay the one-call lookup with a disk tier on every\n"
+            "                            node, F x the working set's disk extents in all (0: no)\n"
+            "  --disk-dir DIR            where the disk tiers' files go (default .; not tmpfs)\n"
             "  --series PATH             write the per-request time series (CSV) there\n"
             "  --plot OUT.png            draw it (tools/bench/plot_trace.py, /usr/bin/python3)\n"
             "  --json                    print the result as JSON\n");
@@ -546,9 +578,10 @@ static bool parse_size(const char *s, uint64_t *out)
 static int parse_opts(int argc, char **argv, trace_opts *o)
 {
     *o = (trace_opts){.time_scale = 0.02, .lease_ttl_ms = 5000, .kda_every = 4, .ranks = 4,
-                      .stores = 1, .kv_bytes = 2048, .kda_bytes = 4096, .capacity_fraction = 0.3};
+                      .stores = 1, .kv_bytes = 2048, .kda_bytes = 4096, .capacity_fraction = 0.3,
+                      .disk_dir = "."};
     enum { O_TRACE = 256, O_LIMIT, O_SCALE, O_TTL, O_EVERY, O_RANKS, O_KV, O_KDA, O_CAP,
-           O_STORES, O_SERIES, O_PLOT, O_JSON, O_HELP };
+           O_STORES, O_SERIES, O_PLOT, O_JSON, O_HELP, O_DISK, O_DISK_DIR };
     static const struct option opts[] = {
         {"trace", required_argument, 0, O_TRACE}, {"limit", required_argument, 0, O_LIMIT},
         {"time-scale", required_argument, 0, O_SCALE}, {"lease-ttl-ms", required_argument, 0, O_TTL},
@@ -556,7 +589,9 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
         {"kv-bytes", required_argument, 0, O_KV}, {"kda-bytes", required_argument, 0, O_KDA},
         {"capacity-fraction", required_argument, 0, O_CAP}, {"stores", required_argument, 0, O_STORES},
         {"series", required_argument, 0, O_SERIES}, {"plot", required_argument, 0, O_PLOT},
-        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0},
+        {"json", no_argument, 0, O_JSON}, {"help", no_argument, 0, O_HELP},
+        {"disk-fraction", required_argument, 0, O_DISK}, {"disk-dir", required_argument, 0, O_DISK_DIR},
+        {0, 0, 0, 0},
     };
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", opts, &li)) != -1) {
@@ -570,6 +605,8 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
         case O_HELP: usage(stdout); return 1;
         case O_SCALE: ok = parse_positive(optarg, 1000, &o->time_scale); break;
         case O_CAP: ok = parse_positive(optarg, 1, &o->capacity_fraction); break;
+        case O_DISK: ok = parse_positive(optarg, 100, &o->disk_fraction); break;
+        case O_DISK_DIR: o->disk_dir = optarg; break;
         case O_KV: ok = parse_size(optarg, &o->kv_bytes); break;
         case O_KDA: ok = parse_size(optarg, &o->kda_bytes); break;
         case O_LIMIT: ok = parse_count(optarg, SIZE_MAX, &u); o->limit = (size_t)u; break;
@@ -600,7 +637,7 @@ static trace_model model_of(const trace_opts *o)
 /* ---- main ------------------------------------------------------------------------------ */
 
 static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint64_t capacity,
-                run_result r[NMODES])
+                uint64_t disk_bytes, run_result r[NMODES])
 {
     trace_model model = model_of(o);
     double kda_all = kda_leased_master(&r[0]), kda_sel = kda_leased_master(&r[1]);
@@ -612,6 +649,9 @@ static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint
                "%.1f MiB\n", t->n, (double)(t->r[t->n - 1].ts_ms - t->r[0].ts_ms) / 1e3,
                o->time_scale, (double)ws->bytes / 1048576.0, (double)capacity / 1048576.0);
         print_text(r, o);
+        if (r[3].mode)
+            printf("k3_one_rtt_disk: disk tiers of %.1f MiB in all, %.0f demotions, %.0f dropped\n",
+                   (double)disk_bytes / 1048576.0, r[3].demotions, r[3].demotions_dropped);
         printf("a cache that never evicts: KV hit %.1f%%, KDA hit %.1f%%\n", 100 * ref_kv,
                100 * ref_kda);
         return 0;
@@ -644,6 +684,21 @@ static int emit(const trace *t, const trace_opts *o, const working_set *ws, uint
     cJSON_AddItemToObject(root, "lease_all", run_json(&r[0], o));
     cJSON_AddItemToObject(root, "selective", run_json(&r[1], o));
     cJSON_AddItemToObject(root, "k3_one_rtt", run_json(&r[2], o));
+    if (r[3].mode) { /* the disk run: hit ratios beside the one without, and the reference */
+        cJSON *d = run_json(&r[3], o);
+        cJSON_AddNumberToObject(d, "demotions", r[3].demotions);
+        cJSON_AddNumberToObject(d, "demotions_dropped", r[3].demotions_dropped);
+        cJSON_AddNumberToObject(d, "disk_bytes", (double)disk_bytes);
+        cJSON_AddItemToObject(root, "k3_one_rtt_disk", d);
+        double kv_d = ratio((double)r[3].kv_hit_blocks, (double)r[3].blocks);
+        double kda_d = ratio((double)r[3].kda_hit_blocks, (double)r[3].blocks);
+        cJSON_AddNumberToObject(root, "kv_hit_ratio_disk_minus_no_disk",
+                                kv_d - ratio((double)r[2].kv_hit_blocks, (double)r[2].blocks));
+        cJSON_AddNumberToObject(root, "kda_hit_ratio_disk_minus_no_disk",
+                                kda_d - ratio((double)r[2].kda_hit_blocks, (double)r[2].blocks));
+        cJSON_AddNumberToObject(root, "kv_hit_ratio_reference_minus_disk", ref_kv - kv_d);
+        cJSON_AddNumberToObject(root, "kda_hit_ratio_reference_minus_disk", ref_kda - kda_d);
+    }
     cJSON_AddNumberToObject(root, "kda_keys_leased_ratio_lease_all_over_k3_one_rtt",
                             ratio(kda_all, kda_leased_master(&r[2])));
     cJSON_AddNumberToObject(root, "kv_keys_leased_ratio_selective_over_k3_one_rtt",
@@ -702,11 +757,22 @@ int bench_trace_main(int argc, char **argv)
     }
     run_result r[NMODES];
     memset(r, 0, sizeof(r));
-    rc = replay(&t, &o, MOONLET_K3_LEASE_ALL, per_store, &r[0]) ||
-         replay(&t, &o, MOONLET_K3_SELECTIVE_TWO_CALLS, per_store, &r[1]) ||
-         replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, &r[2]);
+    /* The disk run: each node's tier a share of the working set's disk extents
+     * (a header block per object, bytes in whole blocks) times --disk-fraction. */
+    uint64_t disk_ws = ws.kv_objects * moonlet_disk_footprint(64, o.kv_bytes) +
+                       ws.checkpoints * o.ranks * moonlet_disk_footprint(64, o.kda_bytes);
+    uint64_t per_disk = 0;
+    if (o.disk_fraction > 0) {
+        per_disk = (uint64_t)((double)disk_ws * o.disk_fraction / o.stores);
+        per_disk = (per_disk + (1u << 20) - 1) / (1u << 20) * (1u << 20); /* whole MiB */
+    }
+    rc = replay(&t, &o, MOONLET_K3_LEASE_ALL, per_store, 0, &r[0]) ||
+         replay(&t, &o, MOONLET_K3_SELECTIVE_TWO_CALLS, per_store, 0, &r[1]) ||
+         replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, 0, &r[2]) ||
+         (per_disk && replay(&t, &o, MOONLET_K3_SELECTIVE, per_store, per_disk, &r[3]));
     if (!rc)
-        rc = emit(&t, &o, &ws, per_store * o.stores, r) || plot_and_series(&o, r, t.n);
+        rc = emit(&t, &o, &ws, per_store * o.stores, per_disk * o.stores, r) ||
+             plot_and_series(&o, r, t.n);
     for (int m = 0; m < NMODES; m++)
         run_free(&r[m]);
     trace_free(&t);

@@ -204,10 +204,20 @@ int bench_exec_start(bench_master *bm, const char *path, const char *const *args
 
 int bench_store_start(bench_master *bs, const char *master_addr, uint64_t segment_bytes)
 {
+    return bench_store_start_with(bs, master_addr, segment_bytes, NULL);
+}
+
+int bench_store_start_with(bench_master *bs, const char *master_addr, uint64_t segment_bytes,
+                           const char *const *extra)
+{
     char size[32];
     snprintf(size, sizeof(size), "%llu", (unsigned long long)segment_bytes);
-    const char *args[] = {"--master", master_addr, "--segment-size", size, "--protocol", "tcp",
-                          "--listen", "127.0.0.1:0", "--log-level", "error", NULL};
+    const char *args[24] = {"--master", master_addr, "--segment-size", size, "--protocol", "tcp",
+                            "--listen", "127.0.0.1:0", "--log-level", "error"};
+    size_t n = 10;
+    for (size_t i = 0; extra && extra[i] && n + 1 < sizeof(args) / sizeof(args[0]); i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
     return bench_child_start(bs, "moonlet-store", args, "listening on ");
 }
 
