@@ -1,5 +1,6 @@
 /*
- * evict.c - eviction under memory pressure, and the reaper of stale puts.
+ * evict.c - eviction under memory pressure (demoting to the disk tier when one
+ * is mounted), and the reaper of stale puts.
  *
  * A pass evicts about `ratio` of the objects, choosing those whose lease
  * deadline is earliest.  PutEnd dates a new object's (already expired)
@@ -30,6 +31,17 @@
  * enough segments).  It then evicts exactly the owners in the nrep cheapest
  * runs, each re-checked under its shard lock.  With no such runs it evicts
  * nothing: the put fails without destroying the cache.
+ *
+ * With a disk tier (disk segments mounted), eviction from DRAM demotes:
+ * a pass hands each victim to repair_demote_locked (repair.c), which swaps
+ * in a copy made ahead or queues a copy (the victim counts as evicted;
+ * its DRAM goes when the copy is durable), or declines (a full queue, no
+ * room) and the victim is destroyed as before.  evict_for_space swaps in
+ * copies made ahead and destroys the rest: a put's space never waits for
+ * a disk.  Objects held by the disk tier are not DRAM's to evict; the disk
+ * has its own eviction for a demotion's room (evict_disk_for_space: the
+ * same run search over disk extents).  demote_ahead_pass queues copies of
+ * the coldest DRAM objects ahead of eviction.
  *
  * Locks: evict_mu (order 0) for the whole pass, the guard shared, then one
  * shard lock at a time (object_destroy_locked adds registry.mu);

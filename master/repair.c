@@ -1,6 +1,7 @@
 /*
  * repair.c - re-replication: objects left with fewer readable replicas than
- * they were put with get a new replica on another host.
+ * they were put with get a new replica on another host; and demotion to the
+ * disk tier, on the same jobs.
  *
  * Owns the repair queue and the jobs in flight (struct repair_state).  The
  * master stays a pure server doing no I/O: it only decides and records.
@@ -37,6 +38,24 @@
  * Work per call is bounded (REPAIR_PUMP_BUDGET entries looked at per pump),
  * and each object is handled under its one shard lock, briefly: lookups of
  * other keys never wait on repair.
+ *
+ * Demotion (a disk tier mounted: disk segments, segment.c).  Eviction
+ * (evict.c) hands a victim to repair_demote_locked instead of destroying
+ * it: a job whose target is an extent on a disk segment (its own node's
+ * disk when that has room), queued apart (`demote`, at most
+ * cfg.demote_queue queued or running, cfg.demote_concurrency running; no
+ * repair bandwidth), fetched by the disk's node like a repair job
+ * (RepairFetch, with the tenant and key the disk header carries).  On a
+ * good RepairDone the object's DRAM replicas are swapped for the disk one
+ * (demote_swap_locked: ranges freed, quarantined while a lease holds); a
+ * failed or late copy ends the job and the object stays in DRAM; a disk
+ * without room evicts its own coldest objects (evict_disk_for_space), and
+ * when that cannot make room either the object is evicted as without a
+ * disk.  Copies *ahead* of eviction (demote_ahead_pass) are the same jobs
+ * whose copy, on RepairDone, is staged (`stg`, indexed by hash) instead of
+ * joined; eviction of such an object (repair_swap_staged_locked, also from
+ * evict_for_space) swaps it in at once.  A staged copy of an object that
+ * goes is given back (its extent to the node's trim).
  *
  * Locks: repair_mu is a leaf (taken under a shard lock by
  * repair_note_locked and when a job starts; nothing is taken under it).

@@ -43,6 +43,18 @@
  * placed there later; sweeps return due ranges lazily (placement) and from
  * the background thread.  Quarantined bytes stay counted as used.
  *
+ * Disk segments (a store node's disk tier, one per path) are mounted like
+ * the others, with `disk` set: they are never in `avail` (puts and repairs
+ * do not place there), their capacity and use count apart (disk_capacity,
+ * disk_used; the eviction watermark reads DRAM's), their ranges are
+ * extents of whole disk blocks (mrep_len), placed by demotions
+ * (registry_place_disk_locked) and by a restarted node's announce.  A disk
+ * extent that is released does not go back to the allocator: it waits in
+ * the segment's trims (after a reader's lease) until its node says it has
+ * invalidated the object's header (moonlet_master_disk_trim), so nothing
+ * is placed over an object the node still holds and a removed object does
+ * not come back with the node's restart.
+ *
  * Locks: registry.mu (order 3) around every registry change and lookup; it
  * is never held while calling out (registry_collect_expired's callback only
  * queues).  ListSegments copies a chunk of segments under it and visits

@@ -81,6 +81,10 @@ static void usage(FILE *f)
             "                                     (default 256MiB; units: KiB MiB GiB ...)\n"
             "  --repair-concurrency N             re-replication copies in flight at once\n"
             "                                     (default 16)\n"
+            "  --demote-queue N                   demotions to the disk tier queued or copying at\n"
+            "                                     most; eviction past it destroys (default 4096)\n"
+            "  --demote-ahead-ratio R             coldest fraction of DRAM objects copied to disk\n"
+            "                                     ahead of eviction (default 0.5; 0 none)\n"
             "  --max-frame-bytes N                largest RPC frame (default 67108864; before\n"
             "                                     authentication 8192)\n"
             "  --max-batch-keys N                 keys per BatchExistKey/BatchProbeKey/ProbeResume\n"
@@ -210,7 +214,7 @@ enum {
     O_ADDR = 1000, O_PORT, O_THREADS, O_SHARDS, O_LEASE, O_PIN, O_HWM, O_RATIO, O_LIVE, O_PUT,
     O_QGRACE, O_FRAME, O_TOKEN, O_LOG, O_HELP, O_VERSION, O_METRICS, O_BATCH, O_MAXCONN, O_AUTH_TO,
     O_FRAME_TO, O_IDLE_TO, O_CLIENT_TTL, O_VERBOSE, O_IGNORED, O_DISABLE, O_HARDPIN,
-    O_REPAIR_BW, O_REPAIR_CONC,
+    O_REPAIR_BW, O_REPAIR_CONC, O_DEMOTE_Q, O_DEMOTE_AHEAD,
     O_ETCD, O_CLUSTER, O_ADVERTISE, O_ETCD_TTL, O_ENABLE_HA, O_REPL_LAG, O_NO_REPL, O_PEER_TOKEN,
     O_CREDS,
     O_TLS_CERT, O_TLS_KEY, O_TLS_CA, O_ETCD_CA, O_ETCD_CERT, O_ETCD_KEY
@@ -256,6 +260,8 @@ int main(int argc, char **argv)
         {"max-frame-bytes", required_argument, 0, O_FRAME},
         {"repair-bandwidth", required_argument, 0, O_REPAIR_BW},
         {"repair-concurrency", required_argument, 0, O_REPAIR_CONC},
+        {"demote-queue", required_argument, 0, O_DEMOTE_Q},
+        {"demote-ahead-ratio", required_argument, 0, O_DEMOTE_AHEAD},
         {"auth-token-file", required_argument, 0, O_TOKEN},
         {"peer-token-file", required_argument, 0, O_PEER_TOKEN},
         {"credentials", required_argument, 0, O_CREDS},
@@ -374,6 +380,13 @@ int main(int argc, char **argv)
         case O_REPAIR_CONC:
             bad = parse_u64("--repair-concurrency", optarg, &v) || v == 0 || v > 4096;
             cfg.repair_concurrency = (uint32_t)v;
+            break;
+        case O_DEMOTE_Q:
+            bad = parse_u64("--demote-queue", optarg, &v) || v == 0 || v > (1u << 24);
+            cfg.demote_queue = (uint32_t)v;
+            break;
+        case O_DEMOTE_AHEAD:
+            bad = parse_ratio("--demote-ahead-ratio", optarg, &cfg.demote_ahead_ratio);
             break;
         case O_BATCH: bad = parse_u64("--max-batch-keys", optarg, &v) || v == 0 || v > (1u << 24); so.max_batch_keys = v; break;
         case O_MAXCONN: bad = parse_u64("--max-connections", optarg, &v) || v == 0 || v > (1u << 20); so.max_connections = (uint32_t)v; break;

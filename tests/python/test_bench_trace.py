@@ -124,6 +124,28 @@ def test_plot_and_series(trace_file, tmp_path):
     assert last["blocks"] == str(8 + 12 + 16) and last["kda_keys_leased"] == "8"
 
 
+def test_disk_run(trace_file):
+    """--disk-fraction adds a fourth run, the one-call lookup with a disk tier
+    on the node (the whole working set fits in DRAM here, so its figures are
+    the one-call run's, exactly), reports it beside the others and removes
+    the tiers' files."""
+    d = os.path.join(BUILD, "test-bench-trace-disk")
+    os.makedirs(d, exist_ok=True)
+    r = json.loads(run_bench(*common_args(trace_file), "--disk-fraction", "2", "--disk-dir", d,
+                             "--json"))
+    disk, one, ref = r["k3_one_rtt_disk"], r["k3_one_rtt"], r["never_evicting_cache"]
+    # each of the 28 objects: a header block and its 64 KiB, twice, in whole MiB
+    assert disk["disk_bytes"] == 4 << 20
+    for k in ("lookups", "blocks_requested", "kv_hit_blocks", "kda_hit_blocks",
+              "kv_keys_leased", "kda_keys_leased", "puts"):
+        assert disk[k] == one[k], k
+    assert disk["demotions"] == 0 and disk["demotions_dropped"] == 0
+    assert r["kv_hit_ratio_disk_minus_no_disk"] == 0
+    assert r["kv_hit_ratio_reference_minus_disk"] == pytest.approx(
+        ref["kv_hit_ratio"] - disk["kv_hit_ratio"])
+    assert not [f for f in os.listdir(d) if f.startswith("moonlet-trace-disk-")]
+
+
 def test_rejects_bad_flags(trace_file):
     p = subprocess.run([BENCH, "trace", "--trace", str(trace_file), "--kda-every", "0"],
                        capture_output=True, timeout=30)

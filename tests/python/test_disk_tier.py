@@ -204,6 +204,38 @@ def test_small_disk_evicts_its_own(disk_dir):
         master.stop()
 
 
+def test_flood_never_waits_for_the_disk(disk_dir):
+    """A flood of puts (no pacing), far past the segment, with a demotion
+    queue of 4: eviction never waits for the disk. Every put succeeds (each
+    has a deadline: one held back behind the disk would fail), demotions
+    beyond the queue are dropped and counted, and every read is exact or
+    OBJECT_NOT_FOUND."""
+    master = daemons.start_master("--shards", "16", "--eviction_high_watermark_ratio", "0.5",
+                                  "--client_live_ttl_sec", "600", "--demote-queue", "4")
+    node = start_store(master, disk_dir)
+    s = moonlet.Store.connect(master.addr, protocol="tcp")
+    try:
+        keys = [f"f{i}" for i in range(200)]
+        data = {k: value(i) for i, k in enumerate(keys)}
+        for k in keys:
+            s.put(k, data[k])
+        st = wait_for(master, lambda st: st["demotions_queued"] == 0)
+        assert st["evictions"] > 0
+        assert st["demotions"] + st["demotions_dropped"] > 0
+        back = 0
+        for k in keys:
+            try:
+                assert s.get(k) == data[k], k
+                back += 1
+            except moonlet.StoreError as e:
+                assert e.name == "OBJECT_NOT_FOUND", (k, e)
+        assert back >= 16
+    finally:
+        s.close()
+        node.stop()
+        master.stop()
+
+
 def test_disk_flags_refused(disk_dir):
     for extra, why in [(["--disk", os.path.join(disk_dir, "x")], "--disk-size"),
                        (["--disk-size", "64MiB"], "--disk-size"),
