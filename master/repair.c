@@ -341,8 +341,8 @@ int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o)
     if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
         return DEMOTE_NONE;
     int res = DEMOTE_NONE;
-    struct stg_ctx c = {r->stg, o->tenant};
     pthread_mutex_lock(&r->mu);
+    struct stg_ctx c = {r->stg, o->tenant};
     if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant) ||
         (r->nstg && hmap_find(&r->stg_ix, o->hash, stg_eq, &c))) {
         res = DEMOTE_BUSY;

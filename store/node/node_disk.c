@@ -31,8 +31,10 @@ typedef struct disk_seg {
     uint32_t path;
     moonlet_xfer_segment_info info; /* the reader segment (mu: its id while mounted) */
     bool registered, mounted;
+    uint64_t mount_gen;             /* mu: +1 per mount (a new segment: new trims) */
     uint64_t *done;                 /* trimmed, not yet reported (the repair thread's) */
     uint32_t ndone, done_cap;
+    uint64_t done_gen;              /* the mount the done offsets belong to (repair thread) */
 } disk_seg;
 
 struct moonlet_node_disk {
@@ -265,7 +267,7 @@ int moonlet_node_disk_mount(moonlet_node_disk *nd, moonlet_master_client *mc,
         ps->info = info;
         ps->registered = true;
         ps->mounted = false;
-        ps->ndone = 0; /* a new segment: the master forgot the old one's trims */
+        ps->mount_gen++; /* a new segment: the master forgot the old one's trims */
         pthread_mutex_unlock(&nd->mu);
         char name[MOONLET_MAX_ID_BYTES + 1];
         snprintf(name, sizeof(name), "%.200s/disk%u", client_id, p);
@@ -479,10 +481,15 @@ int moonlet_node_disk_trim(moonlet_node_disk *nd, moonlet_master_client *mc,
         char seg_id[MOONLET_MAX_ID_BYTES + 1];
         pthread_mutex_lock(&nd->mu);
         bool mounted = ps->mounted;
+        uint64_t gen = ps->mount_gen;
         snprintf(seg_id, sizeof(seg_id), "%s", ps->info.segment_id);
         pthread_mutex_unlock(&nd->mu);
         if (!mounted)
             continue;
+        if (gen != ps->done_gen) { /* another segment than the offsets were the trims of */
+            ps->ndone = 0;
+            ps->done_gen = gen;
+        }
         uint64_t offs[TRIM_BATCH], lens[TRIM_BATCH];
         uint32_t got = 0;
         rc = moonlet_mc_disk_trim(mc, client_id, seg_id, ps->done, ps->ndone, offs, lens,

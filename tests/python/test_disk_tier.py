@@ -46,7 +46,8 @@ def start_store(master, disk_dir, disk_size="64MiB", client_id="disk-node"):
 
 def stats(master):
     out = subprocess.run([daemons.tool("moonlet-inspect"), "--master", master.addr, "--json",
-                          "stats"], capture_output=True, text=True, timeout=30, check=True)
+                          "stats"], capture_output=True, text=True, timeout=30, check=True,
+                         env=daemons.child_env())
     return json.loads(out.stdout)
 
 
@@ -131,7 +132,8 @@ def test_restart_brings_the_disk_back(disk_dir):
 def disk_replica(master, key):
     """The key's disk replica (inspect's view), or None."""
     out = subprocess.run([daemons.tool("moonlet-inspect"), "--master", master.addr, "--json",
-                          "key", key], capture_output=True, text=True, timeout=30)
+                          "key", key], capture_output=True, text=True, timeout=30,
+                         env=daemons.child_env())
     if out.returncode:
         return None
     doc = json.loads(out.stdout)
@@ -242,5 +244,5 @@ def test_disk_flags_refused(disk_dir):
                        (["--disk", "a", "--disk-size", "12"], "--disk-size"),
                        (["--disk-queue-depth", "4"], "--disk")]:
         out = subprocess.run([daemons.tool("moonlet-store"), "--master", "127.0.0.1:1", *extra],
-                             capture_output=True, text=True, timeout=30)
+                             capture_output=True, text=True, timeout=30, env=daemons.child_env())
         assert out.returncode == 2 and why in out.stderr, (extra, out.stderr)

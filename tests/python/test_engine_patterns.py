@@ -360,7 +360,7 @@ def test_ssd_offload_setups(cluster, tmp_path, monkeypatch, engine):
         assert os.path.getsize(os.path.join(d, "moonlet-disk.tier")) >= 64 * MIB
         out = subprocess.run([daemons.tool("moonlet-inspect"), "--master", cluster.addr,
                               "--json", "segments"], capture_output=True, text=True,
-                             timeout=30, check=True)
+                             timeout=30, check=True, env=daemons.child_env())
         disks = [g for g in json.loads(out.stdout)["segments"] if g["disk"]]
         assert len(disks) >= 1
         value = bytes(range(256)) * 1024

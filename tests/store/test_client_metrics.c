@@ -103,8 +103,8 @@ static void test_counts_render(void **state)
         "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\",outcome=\"ok\"} 1",
         "moonlet_client_tenant_keys_total{tenant=\"t1\",op=\"get\",outcome=\"miss\"} 1",
         "moonlet_client_tenant_keys_total{tenant=\"my-default\",op=\"exist\",outcome=\"miss\"} 1",
-        "moonlet_client_tenant_keys_total{tenant=\"a\\\"b\\\\c\",op=\"remove\","
-        "outcome=\"error\"} 1",
+        ("moonlet_client_tenant_keys_total{tenant=\"a\\\"b\\\\c\",op=\"remove\","
+         "outcome=\"error\"} 1"), /* one line, cut in two */
         "moonlet_client_tenant_bytes_total{tenant=\"my-default\",op=\"put\"} 1000",
         "moonlet_client_tenant_bytes_total{tenant=\"t1\",op=\"get\"} 24",
     };
