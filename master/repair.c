@@ -335,28 +335,41 @@ bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o)
     return true;
 }
 
+/* Queues o's demotion (ahead: a copy to stage) as known: DEMOTE_QUEUED,
+ * or DEMOTE_NONE when out of memory.  repair_mu held. */
+static int demote_enqueue_locked(struct repair_state *r, const struct mobj *o, bool ahead)
+{
+    if (!hmap_insert(&r->known, o->hash, o->tenant))
+        return DEMOTE_NONE;
+    struct rq_entry e = {.hash = o->hash, .tenant = o->tenant, .demote = true, .ahead = ahead};
+    if (!rq_push(&r->demote, e)) {
+        hmap_remove_hv(&r->known, o->hash, o->tenant);
+        return DEMOTE_NONE;
+    }
+    r->ndemote++;
+    return DEMOTE_QUEUED;
+}
+
+/* Whether o can be demoted at all: a disk tier mounted, o sealed, in DRAM. */
+static bool demotable(moonlet_master *m, const struct mobj *o)
+{
+    return atomic_load(&m->reg.ndisk) > 0 && o->state == OBJ_COMPLETE && !mobj_on_disk(o);
+}
+
 int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o)
 {
     struct repair_state *r = m->repair;
-    if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
+    if (!demotable(m, o))
         return DEMOTE_NONE;
     int res = DEMOTE_NONE;
     pthread_mutex_lock(&r->mu);
     struct stg_ctx c = {r->stg, o->tenant};
     if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant) ||
-        (r->nstg && hmap_find(&r->stg_ix, o->hash, stg_eq, &c))) {
+        (r->nstg && hmap_find(&r->stg_ix, o->hash, stg_eq, &c)))
         res = DEMOTE_BUSY;
-    } else if (r->ndemote < m->cfg.demote_queue &&
-               r->stg_bytes < atomic_load(&m->reg.disk_capacity) / 2 &&
-               hmap_insert(&r->known, o->hash, o->tenant)) {
-        struct rq_entry e = {.hash = o->hash, .tenant = o->tenant, .demote = true, .ahead = true};
-        if (rq_push(&r->demote, e)) {
-            r->ndemote++;
-            res = DEMOTE_QUEUED;
-        } else {
-            hmap_remove_hv(&r->known, o->hash, o->tenant);
-        }
-    }
+    else if (r->ndemote < m->cfg.demote_queue &&
+             r->stg_bytes < atomic_load(&m->reg.disk_capacity) / 2)
+        res = demote_enqueue_locked(r, o, true);
     pthread_mutex_unlock(&r->mu);
     return res;
 }
@@ -364,26 +377,18 @@ int repair_demote_ahead_locked(moonlet_master *m, const struct mobj *o)
 int repair_demote_locked(moonlet_master *m, struct mobj *o)
 {
     struct repair_state *r = m->repair;
-    if (atomic_load(&m->reg.ndisk) == 0 || o->state != OBJ_COMPLETE || mobj_on_disk(o))
+    if (!demotable(m, o))
         return DEMOTE_NONE;
     if (repair_swap_staged_locked(m, o)) /* copied ahead: the DRAM goes at once */
         return DEMOTE_SWAPPED;
     int res = DEMOTE_NONE;
     pthread_mutex_lock(&r->mu);
-    if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant)) {
+    if (hmap_find(&r->known, o->hash, tenant_eq, &o->tenant))
         res = DEMOTE_BUSY;
-    } else if (r->ndemote >= m->cfg.demote_queue) {
-        /* Eviction never waits for a slow disk: this one is destroyed. */
+    else if (r->ndemote >= m->cfg.demote_queue) /* eviction never waits for a slow disk */
         atomic_fetch_add(&r->demote_dropped, 1);
-    } else if (hmap_insert(&r->known, o->hash, o->tenant)) {
-        struct rq_entry e = {.hash = o->hash, .tenant = o->tenant, .demote = true};
-        if (rq_push(&r->demote, e)) {
-            r->ndemote++;
-            res = DEMOTE_QUEUED;
-        } else {
-            hmap_remove_hv(&r->known, o->hash, o->tenant);
-        }
-    }
+    else
+        res = demote_enqueue_locked(r, o, false);
     pthread_mutex_unlock(&r->mu);
     return res;
 }

@@ -246,7 +246,10 @@ int moonlet_xfer_tcp_parse_seg_id(const char *s, uint64_t *id)
     return MOONLET_OK;
 }
 
-int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info)
+/* Serves a segment of len bytes: memory at base, or (base NULL) what
+ * read returns; fills *info. */
+static int tcp_seg_serve(moonlet_xfer *x, uint8_t *base, uint64_t len, moonlet_xfer_reader read,
+                         void *arg, moonlet_xfer_segment_info *info)
 {
     tcp_server *s = x->be_state;
     tcp_segment *g = calloc(1, sizeof(*g));
@@ -254,28 +257,6 @@ int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_
         return MOONLET_ERR_INTERNAL_ERROR;
     g->id = moonlet_xfer_random_id();
     g->base = base;
-    g->size = len;
-    pthread_mutex_lock(&s->seg_lock);
-    LIST_INSERT_HEAD(&s->segs, g, link);
-    pthread_mutex_unlock(&s->seg_lock);
-    snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
-    snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
-    snprintf(info->protocol, sizeof(info->protocol), "tcp");
-    info->base = (uint64_t)(uintptr_t)base;
-    info->size = len;
-    ML_INFO(MOD, "segment %s registered: %" PRIu64 " bytes at %s", info->segment_id, len,
-            x->endpoint);
-    return MOONLET_OK;
-}
-
-int moonlet_xfer_tcp_seg_add_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
-                                    void *arg, moonlet_xfer_segment_info *info)
-{
-    tcp_server *s = x->be_state;
-    tcp_segment *g = calloc(1, sizeof(*g));
-    if (!g)
-        return MOONLET_ERR_INTERNAL_ERROR;
-    g->id = moonlet_xfer_random_id();
     g->size = len;
     g->reader = read;
     g->reader_arg = arg;
@@ -285,10 +266,22 @@ int moonlet_xfer_tcp_seg_add_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_
     snprintf(info->segment_id, sizeof(info->segment_id), "%016" PRIx64, g->id);
     snprintf(info->endpoint, sizeof(info->endpoint), "%s", x->endpoint);
     snprintf(info->protocol, sizeof(info->protocol), "tcp");
+    info->base = (uint64_t)(uintptr_t)base;
     info->size = len;
-    ML_INFO(MOD, "reader segment %s registered: %" PRIu64 " bytes at %s", info->segment_id, len,
-            x->endpoint);
+    ML_INFO(MOD, "%ssegment %s registered: %" PRIu64 " bytes at %s", read ? "reader " : "",
+            info->segment_id, len, x->endpoint);
     return MOONLET_OK;
+}
+
+int moonlet_xfer_tcp_seg_add(moonlet_xfer *x, void *base, uint64_t len, moonlet_xfer_segment_info *info)
+{
+    return tcp_seg_serve(x, base, len, NULL, NULL, info);
+}
+
+int moonlet_xfer_tcp_seg_add_reader(moonlet_xfer *x, uint64_t len, moonlet_xfer_reader read,
+                                    void *arg, moonlet_xfer_segment_info *info)
+{
+    return tcp_seg_serve(x, NULL, len, read, arg, info);
 }
 
 /* Shuts down the connections whose request holds segment g, so a removal

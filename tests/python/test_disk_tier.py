@@ -33,11 +33,6 @@ def disk_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def start_master():
-    return daemons.start_master("--shards", "16", "--eviction_high_watermark_ratio", "0.5",
-                                "--client_live_ttl_sec", "600")
-
-
 def start_store(master, disk_dir, disk_size="64MiB", client_id="disk-node"):
     return daemons.start_store(master.addr, "4MiB", "--client-id", client_id,
                                "--disk", os.path.join(disk_dir, "a.tier"),
@@ -74,20 +69,52 @@ def put_paced(store, keys, data, master):
         wait_for(master, lambda st: st["demotions_queued"] == 0)
 
 
-def test_evicted_objects_come_back_from_disk(disk_dir):
-    master = start_master()
-    node = start_store(master, disk_dir)
-    try:
-        s = moonlet.Store.connect(master.addr, protocol="tcp")
-        keys = [f"k{i}" for i in range(40)]
+class DiskCluster:
+    """A master, a node with a disk tier and a client, stopped on exit.
+    .node may be replaced (a restart) by restart_node()."""
+
+    def __init__(self, disk_dir, *master_flags, disk_size="64MiB"):
+        self.disk_dir, self.disk_size = disk_dir, disk_size
+        self.master = daemons.start_master("--shards", "16", "--eviction_high_watermark_ratio",
+                                           "0.5", "--client_live_ttl_sec", "600", *master_flags)
+        self.node = start_store(self.master, disk_dir, disk_size)
+        self.store = moonlet.Store.connect(self.master.addr, protocol="tcp")
+
+    def fill(self, prefix, n, paced=True):
+        """Puts n objects prefix0.. (one at a time after the master settled
+        the last, or all at once), waits until no demotion is queued, and
+        returns (keys, their values)."""
+        keys = [f"{prefix}{i}" for i in range(n)]
         data = {k: value(i) for i, k in enumerate(keys)}
-        put_paced(s, keys, data, master)
-        st = wait_for(master, lambda st: st["demotions"] > 0 and st["demotions_queued"] == 0)
+        if paced:
+            put_paced(self.store, keys, data, self.master)
+        else:
+            for k in keys:
+                self.store.put(k, data[k])
+        return keys, data
+
+    def restart_node(self):
+        self.node.stop()
+        self.node = start_store(self.master, self.disk_dir, self.disk_size)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.store.close()
+        self.node.stop()
+        self.master.stop()
+
+
+def test_evicted_objects_come_back_from_disk(disk_dir):
+    with DiskCluster(disk_dir) as c:
+        keys, data = c.fill("k", 40)
+        st = wait_for(c.master, lambda st: st["demotions"] > 0 and st["demotions_queued"] == 0)
         assert st["disk_objects"] == st["demotions"] > 0
         back = 0
         for k in keys:
             try:
-                got = s.get(k)
+                got = c.store.get(k)
             except moonlet.StoreError as e:
                 assert e.name == "OBJECT_NOT_FOUND", (k, e)
                 continue
@@ -96,37 +123,24 @@ def test_evicted_objects_come_back_from_disk(disk_dir):
         # DRAM holds at most 16; the disk gave back the others
         assert back >= 16 + st["disk_objects"] // 2, (back, st)
         assert back > 16
-        s.close()
-    finally:
-        node.stop()
-        master.stop()
 
 
 def test_restart_brings_the_disk_back(disk_dir):
-    master = start_master()
-    node = start_store(master, disk_dir)
-    s = moonlet.Store.connect(master.addr, protocol="tcp")
-    try:
-        keys = [f"r{i}" for i in range(30)]
-        data = {k: value(i) for i, k in enumerate(keys)}
-        put_paced(s, keys, data, master)
-        wait_for(master, lambda st: st["disk_objects"] >= 8 and st["demotions_queued"] == 0)
-        on_disk = [k for k in keys if disk_replica(master, k)]
+    with DiskCluster(disk_dir) as c:
+        keys, data = c.fill("r", 30)
+        wait_for(c.master, lambda st: st["disk_objects"] >= 8 and st["demotions_queued"] == 0)
+        on_disk = [k for k in keys if disk_replica(c.master, k)]
         assert len(on_disk) >= 8
-        node.stop()  # unmounts: the master forgets the node's objects
+        c.node.stop()  # unmounts: the master forgets the node's objects
         for k in on_disk:
             with pytest.raises(moonlet.StoreError) as ei:
-                s.get(k)
+                c.store.get(k)
             assert ei.value.name == "OBJECT_NOT_FOUND"
-        node = start_store(master, disk_dir)
-        st = wait_for(master, lambda st: st["disk_announced"] >= len(on_disk))
+        c.restart_node()
+        st = wait_for(c.master, lambda st: st["disk_announced"] >= len(on_disk))
         for k in on_disk:
-            assert s.get(k) == data[k], k
+            assert c.store.get(k) == data[k], k
         assert st["disk_objects"] >= len(on_disk)
-    finally:
-        s.close()
-        node.stop()
-        master.stop()
 
 
 def disk_replica(master, key):
@@ -145,16 +159,11 @@ def disk_replica(master, key):
 
 
 def test_damaged_disk_object_is_refused(disk_dir):
-    master = start_master()
-    node = start_store(master, disk_dir)
-    s = moonlet.Store.connect(master.addr, protocol="tcp")
-    try:
-        keys = [f"d{i}" for i in range(30)]
-        data = {k: value(i) for i, k in enumerate(keys)}
-        put_paced(s, keys, data, master)
-        wait_for(master, lambda st: st["disk_objects"] >= 2 and st["demotions_queued"] == 0)
-        victim = next(k for k in keys if disk_replica(master, k))
-        extent = disk_replica(master, victim)["offset"]
+    with DiskCluster(disk_dir) as c:
+        keys, data = c.fill("d", 30)
+        wait_for(c.master, lambda st: st["disk_objects"] >= 2 and st["demotions_queued"] == 0)
+        victim = next(k for k in keys if disk_replica(c.master, k))
+        extent = disk_replica(c.master, victim)["offset"]
         # the header is one block (a short key): flip a byte of the bytes
         with open(os.path.join(disk_dir, "a.tier"), "r+b") as f:
             f.seek(extent + 4096 + 1000)
@@ -162,48 +171,42 @@ def test_damaged_disk_object_is_refused(disk_dir):
             f.seek(extent + 4096 + 1000)
             f.write(bytes([b[0] ^ 0xFF]))
         with pytest.raises(moonlet.StoreError) as ei:
-            s.get(victim)
+            c.store.get(victim)
         assert ei.value.name in ("INVALID_READ", "TRANSFER_FAIL"), ei.value
         # the others still read exact
         for k in keys:
-            if k != victim and disk_replica(master, k):
-                assert s.get(k) == data[k]
+            if k != victim and disk_replica(c.master, k):
+                assert c.store.get(k) == data[k]
         # a restart's rescan drops it: it is not announced again
-        node.stop()
-        node = start_store(master, disk_dir)
-        wait_for(master, lambda st: st["disk_announced"] > 0)
+        c.restart_node()
+        wait_for(c.master, lambda st: st["disk_announced"] > 0)
         with pytest.raises(moonlet.StoreError) as ei:
-            s.get(victim)
+            c.store.get(victim)
         assert ei.value.name == "OBJECT_NOT_FOUND"
-    finally:
-        s.close()
-        node.stop()
-        master.stop()
+
+
+def exact_or_missing(store, keys, data):
+    """Every key reads its own bytes or OBJECT_NOT_FOUND; returns how many read."""
+    back = 0
+    for k in keys:
+        try:
+            assert store.get(k) == data[k], k
+            back += 1
+        except moonlet.StoreError as e:
+            assert e.name == "OBJECT_NOT_FOUND", (k, e)
+    return back
 
 
 def test_small_disk_evicts_its_own(disk_dir):
     """A 1 MiB disk holds three objects: demotions evict the disk's coldest,
     and every read is exact or OBJECT_NOT_FOUND."""
-    master = start_master()
-    node = start_store(master, disk_dir, disk_size="1MiB")
-    s = moonlet.Store.connect(master.addr, protocol="tcp")
-    try:
-        keys = [f"s{i}" for i in range(40)]
-        data = {k: value(i) for i, k in enumerate(keys)}
-        put_paced(s, keys, data, master)
-        st = wait_for(master, lambda st: st["disk_evictions"] > 0 and
+    with DiskCluster(disk_dir, disk_size="1MiB") as c:
+        keys, data = c.fill("s", 40)
+        st = wait_for(c.master, lambda st: st["disk_evictions"] > 0 and
                       st["demotions_queued"] == 0)
         assert st["disk_objects"] <= 3
         assert st["disk_used"] <= st["disk_capacity"]
-        for k in keys:
-            try:
-                assert s.get(k) == data[k], k
-            except moonlet.StoreError as e:
-                assert e.name == "OBJECT_NOT_FOUND", (k, e)
-    finally:
-        s.close()
-        node.stop()
-        master.stop()
+        exact_or_missing(c.store, keys, data)
 
 
 def test_flood_never_waits_for_the_disk(disk_dir):
@@ -212,30 +215,12 @@ def test_flood_never_waits_for_the_disk(disk_dir):
     has a deadline: one held back behind the disk would fail), demotions
     beyond the queue are dropped and counted, and every read is exact or
     OBJECT_NOT_FOUND."""
-    master = daemons.start_master("--shards", "16", "--eviction_high_watermark_ratio", "0.5",
-                                  "--client_live_ttl_sec", "600", "--demote-queue", "4")
-    node = start_store(master, disk_dir)
-    s = moonlet.Store.connect(master.addr, protocol="tcp")
-    try:
-        keys = [f"f{i}" for i in range(200)]
-        data = {k: value(i) for i, k in enumerate(keys)}
-        for k in keys:
-            s.put(k, data[k])
-        st = wait_for(master, lambda st: st["demotions_queued"] == 0)
+    with DiskCluster(disk_dir, "--demote-queue", "4") as c:
+        keys, data = c.fill("f", 200, paced=False)
+        st = wait_for(c.master, lambda st: st["demotions_queued"] == 0)
         assert st["evictions"] > 0
         assert st["demotions"] + st["demotions_dropped"] > 0
-        back = 0
-        for k in keys:
-            try:
-                assert s.get(k) == data[k], k
-                back += 1
-            except moonlet.StoreError as e:
-                assert e.name == "OBJECT_NOT_FOUND", (k, e)
-        assert back >= 16
-    finally:
-        s.close()
-        node.stop()
-        master.stop()
+        assert exact_or_missing(c.store, keys, data) >= 16
 
 
 def test_disk_flags_refused(disk_dir):
