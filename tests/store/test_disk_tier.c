@@ -260,31 +260,47 @@ static void test_truncated_file(void **state)
     free(b);
 }
 
-/* A block device as a path (a loop device over a 16 MiB file, when this
- * host lets the test make one: root and /dev/loop-control; else skipped):
- * the tier takes at most the device's size, writes and reads it, and a
- * reopen finds the objects again. */
-static void test_block_device(void **state)
+/* A loop device over a 16 MiB file (img names it), when this host lets
+ * the test make one (root and /dev/loop-control): its path in dev, else
+ * false (the test skips). */
+static bool loop_up(char *img, size_t img_cap, char *dev, size_t dev_cap)
 {
-    (void)state;
-    char img[600], cmd[700], dev[64] = "";
-    snprintf(img, sizeof(img), "%s/loop.img", g_dir);
+    char cmd[700];
+    snprintf(img, img_cap, "%s/loop.img", g_dir);
     int fd = open(img, O_CREAT | O_RDWR | O_TRUNC, 0600);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, 16u << 20), 0);
     close(fd);
+    dev[0] = 0;
     snprintf(cmd, sizeof(cmd), "losetup -f --show '%s' 2>/dev/null", img);
     FILE *p = geteuid() == 0 ? popen(cmd, "r") : NULL;
     if (p) {
-        if (!fgets(dev, sizeof(dev), p))
+        if (!fgets(dev, (int)dev_cap, p))
             dev[0] = 0;
         pclose(p);
     }
     dev[strcspn(dev, "\n")] = 0;
-    if (!dev[0]) {
+    if (!dev[0])
         unlink(img);
+    return dev[0] != 0;
+}
+
+static void loop_down(const char *img, const char *dev)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "losetup -d '%s'", dev);
+    assert_int_equal(system(cmd), 0);
+    unlink(img);
+}
+
+/* A block device as a path: the tier takes at most the device's size,
+ * writes and reads it, and a reopen finds the objects again. */
+static void test_block_device(void **state)
+{
+    (void)state;
+    char img[600], dev[64];
+    if (!loop_up(img, sizeof(img), dev, sizeof(dev)))
         skip();
-    }
     const char *paths[] = {dev};
     moonlet_disk_opts o = {.paths = paths, .npaths = 1, .size = 64u << 20};
     moonlet_disk *d = NULL;
@@ -305,11 +321,57 @@ static void test_block_device(void **state)
             moonlet_disk_close(d);
         }
     }
-    snprintf(cmd, sizeof(cmd), "losetup -d '%s'", dev);
-    assert_int_equal(system(cmd), 0);
-    unlink(img);
+    loop_down(img, dev);
     free(a);
     assert_int_equal(rc, MOONLET_OK);
+}
+
+/* A device that fails under the tier (the loop device shrunk to half
+ * while the tier runs: I/O past its new end fails): a read there is an
+ * error, never bytes; a write there fails and gives its space back; the
+ * objects below still read exact; the errors are counted. */
+static void test_device_errors(void **state)
+{
+    (void)state;
+    char img[600], dev[64], cmd[700];
+    if (!loop_up(img, sizeof(img), dev, sizeof(dev)))
+        skip();
+    const char *paths[] = {dev};
+    moonlet_disk_opts o = {.paths = paths, .npaths = 1, .size = 16u << 20};
+    moonlet_disk *d = NULL;
+    assert_int_equal(moonlet_disk_open(&o, &d), MOONLET_OK);
+    unsigned char *a = pattern(100000, 21), *b = pattern(100000, 22);
+    moonlet_disk_loc la = {.path = 0, .offset = 0, .size = 100000};
+    moonlet_disk_loc lb = {.path = 0, .offset = 12u << 20, .size = 100000};
+    moonlet_disk_loc lc = {.path = 0, .offset = 13u << 20, .size = 100000};
+    struct iovec ia = {a, 100000}, ib = {b, 100000};
+    assert_int_equal(moonlet_disk_write_at(d, &la, TENANT, "a", 1, &ia, 1, XXH3_64bits(a, 100000)),
+                     MOONLET_OK);
+    assert_int_equal(moonlet_disk_write_at(d, &lb, TENANT, "b", 1, &ib, 1, XXH3_64bits(b, 100000)),
+                     MOONLET_OK);
+    assert_int_equal(truncate(img, 8u << 20), 0);
+    snprintf(cmd, sizeof(cmd), "losetup -c '%s'", dev);
+    assert_int_equal(system(cmd), 0);
+
+    unsigned char *got = malloc(100000);
+    size_t len = 1;
+    int rc = rd(d, &lb, "b", got, 100000, &len);
+    assert_true(rc == MOONLET_ERR_INTERNAL_ERROR || rc == MOONLET_ERR_INVALID_READ);
+    assert_int_equal(len, 0);
+    moonlet_disk_stats st0, st1;
+    moonlet_disk_get_stats(d, &st0);
+    assert_int_equal(moonlet_disk_write_at(d, &lc, TENANT, "c", 1, &ib, 1,
+                                           XXH3_64bits(b, 100000)),
+                     MOONLET_ERR_INTERNAL_ERROR);
+    moonlet_disk_get_stats(d, &st1);
+    assert_int_equal(st1.used, st0.used); /* the failed write's space is back */
+    assert_true(st1.io_errors > 0);
+    read_is(d, &la, "a", a, 100000);
+    moonlet_disk_close(d);
+    loop_down(img, dev);
+    free(got);
+    free(a);
+    free(b);
 }
 
 /* A full tier refuses (NO_AVAILABLE_HANDLE); a remove makes room. */
@@ -938,6 +1000,7 @@ int main(void)
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_block_device),
+        cmocka_unit_test(test_device_errors),
         cmocka_unit_test(test_two_paths),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_threads),
