@@ -309,9 +309,12 @@ int moonlet_master_put_start_opts(moonlet_master *m, moonlet_str tenant, moonlet
             rc = MOONLET_ERR_INVALID_PARAMS;
     }
     for (int i = 0; i < 3 && can_fit && rc == MOONLET_ERR_NO_AVAILABLE_HANDLE; i++) {
-        if (evict_for_space(m, size, replica_num) == 0)
-            break;
+        /* Nothing evicted: the space may still have been freed meanwhile
+         * (a demotion's copy swapped in, a removal), so one more try. */
+        bool none = evict_for_space(m, size, replica_num) == 0;
         rc = put_start_once(m, &ref, key, size, po, visit, arg);
+        if (none)
+            break;
     }
     /* The call's reference; a failed call under a new name frees the tenant here. */
     tenant_release(m, ref.tenant);
