@@ -292,6 +292,7 @@ struct registry {
      * evicts, disk pressure what the disk tier's own eviction answers. */
     _Atomic uint64_t disk_capacity, disk_used;
     _Atomic uint32_t ndisk;                  /* disk segments mounted */
+    _Atomic uint64_t disk_extents;           /* extents placed on them (mseg.objects summed) */
 };
 
 /* The counter of allocated + quarantined bytes a segment's ranges count in. */

@@ -794,10 +794,10 @@ static bool take_job_locked(struct repair_state *r, uint64_t id, struct rjob *j)
 void repair_object_gone_locked(moonlet_master *m, const struct mobj *o)
 {
     struct repair_state *r = m->repair;
-    /* A job starts under the object's shard lock, which the caller holds:
-     * 0 here means no job of this object runs; without a disk tier there
-     * is no staged copy either. */
-    if (!r || (atomic_load(&r->running) == 0 && atomic_load(&m->reg.ndisk) == 0))
+    /* A job starts, and a copy is staged, under the object's shard lock,
+     * which the caller holds: 0 and 0 here mean no job of this object runs
+     * and it has no staged copy. */
+    if (!r || (atomic_load(&r->running) == 0 && atomic_load(&r->nstg_pub) == 0))
         return;
     struct staged s;
     pthread_mutex_lock(&r->mu);
@@ -1107,22 +1107,18 @@ void repair_stats(moonlet_master *m, moonlet_master_stats *st)
     st->under_replicated = r->known.n - r->ndemote;
     st->repairs_queued = rq_len(&r->urgent) + rq_len(&r->normal);
     st->repairs_running = r->nrun;
+    st->demotions_queued = r->ndemote;
+    st->demotions_staged = r->nstg;
     pthread_mutex_unlock(&r->mu);
     st->repairs_done = atomic_load(&r->done);
     st->repairs_failed = atomic_load(&r->failed);
     st->repairs_retried = atomic_load(&r->retried);
     st->repairs_dropped = atomic_load(&r->dropped);
     st->repair_bytes = atomic_load(&r->bytes);
-    pthread_mutex_lock(&r->mu);
-    st->demotions_queued = r->ndemote;
-    pthread_mutex_unlock(&r->mu);
     st->demotions = atomic_load(&r->demoted);
     st->demotion_bytes = atomic_load(&r->demote_bytes);
     st->demotions_dropped = atomic_load(&r->demote_dropped);
     st->demotions_failed = atomic_load(&r->demote_failed);
-    pthread_mutex_lock(&r->mu);
-    st->demotions_staged = r->nstg;
-    pthread_mutex_unlock(&r->mu);
 }
 
 void repair_snapshot_targets(moonlet_master *m,

@@ -746,6 +746,8 @@ void registry_retire(moonlet_master *m, uint32_t slot)
         atomic_fetch_sub(&r->capacity, s->size);
     }
     atomic_fetch_sub(reg_used_of(r, s), moonlet_alloc_used(s->alloc));
+    if (s->disk)
+        atomic_fetch_sub(&r->disk_extents, s->objects);
     for (uint32_t q = 0; q < s->nquar; q++) /* gone with the segment's id and key */
         atomic_fetch_sub(&r->quarantined, s->quar[q].len);
     s->nquar = 0;
@@ -874,6 +876,8 @@ static void placed_commit_locked(struct registry *r, uint64_t hash, const struct
     for (uint32_t k = 0; k < n; k++) {
         struct mseg *s = reg_seg(r, reps[k].seg);
         s->objects++;
+        if (s->disk)
+            atomic_fetch_add(&r->disk_extents, 1);
         ix_add_locked(s, hash);
         if (!counted) /* pooled ranges were counted when the pool took them */
             atomic_fetch_add(reg_used_of(r, s), mrep_len(&reps[k], len));
@@ -1091,8 +1095,10 @@ int moonlet_master_disk_trim(moonlet_master *m, moonlet_str client_id, uint64_t 
             continue;
         rc = MOONLET_OK;
         /* The node invalidated these: free now.  Only due entries (a node
-         * cannot end a reader's hold by naming an offset early). */
-        for (uint32_t k = 0; ndone && k < s->ntrim;) {
+         * cannot end a reader's hold by naming an offset early).  Handed out
+         * from the front, they are found there: the walk ends once every
+         * offset named is matched, not at the end of a long list. */
+        for (uint32_t k = 0, matched = 0; matched < ndone && k < s->ntrim;) {
             struct quarantined *t = &s->trims[k];
             if (t->until_ns > now ||
                 !bsearch(&t->offset, done, ndone, sizeof(*done), cmp_u64)) {
@@ -1102,6 +1108,7 @@ int moonlet_master_disk_trim(moonlet_master *m, moonlet_str client_id, uint64_t 
             if (moonlet_alloc_release(s->alloc, t->offset, t->len) == MOONLET_OK)
                 atomic_fetch_sub(&r->disk_used, t->len);
             s->trims[k] = s->trims[--s->ntrim];
+            matched++;
         }
         for (uint32_t k = 0, n = 0; k < s->ntrim && n < max; k++)
             if (s->trims[k].until_ns <= now) {
@@ -1126,6 +1133,8 @@ static void release_one_locked(struct registry *r, uint64_t hash, uint64_t size,
         return;
     uint64_t len = mrep_len(rp, size);
     s->objects--;
+    if (s->disk)
+        atomic_fetch_sub(&r->disk_extents, 1);
     ix_del_locked(s, hash);
     if (s->disk) { /* until the node has invalidated it (DiskTrim) */
         trim_add_locked(s, rp->offset, len, until_ns);
@@ -1418,17 +1427,9 @@ uint32_t registry_mounted(moonlet_master *m)
 
 uint64_t registry_disk_objects(moonlet_master *m)
 {
-    struct registry *r = &m->reg;
-    uint64_t n = 0;
-    if (atomic_load(&r->ndisk) == 0)
+    uint64_t n = atomic_load(&m->reg.disk_extents); /* no scan: evict_pass asks each tick */
+    if (n == 0)
         return 0;
-    pthread_mutex_lock(&r->mu);
-    for (uint32_t i = 0; i < r->nslots; i++) {
-        const struct mseg *s = reg_seg(r, i);
-        if (s && s->disk && atomic_load(&s->state) != SEG_FREE)
-            n += s->objects;
-    }
-    pthread_mutex_unlock(&r->mu);
     /* extents placed for copies not (yet) joined to their objects */
     uint64_t other = repair_running_demotions(m) + repair_staged(m);
     return n > other ? n - other : 0;

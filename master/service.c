@@ -1228,6 +1228,7 @@ static bool is_write(uint32_t id)
     case MOONLET_M_REMOVE_ALL:
     case MOONLET_M_PUT_REPLACE_REPLICA:
     case MOONLET_M_REPAIR_FETCH: /* the targets' QUAR records (repair.c) */
+    case MOONLET_M_DISK_ANNOUNCE: /* the objects a node's disk brought back */
     case MOONLET_M_BATCH_PUT_START:
     case MOONLET_M_BATCH_PUT_END:
     case MOONLET_M_BATCH_PUT_REVOKE:

@@ -1906,10 +1906,12 @@ static void *client_node_main(void *arg)
 }
 
 /* The local segment's disk tier (config local_disk_path): its paths, a
- * directory standing for the file moonlet-disk.tier in it. */
+ * directory standing for the file moonlet-disk.tier in it, one after the
+ * other in `files` (each NUL-terminated). */
+#define CLIENT_DISK_FILE "/moonlet-disk.tier"
 typedef struct client_disk_paths {
     char buf[4096];
-    char files[MOONLET_DISK_MAX_PATHS][4096 + 32];
+    char files[4096 + MOONLET_DISK_MAX_PATHS * sizeof(CLIENT_DISK_FILE)];
     const char *paths[MOONLET_DISK_MAX_PATHS];
 } client_disk_paths;
 
@@ -1920,17 +1922,16 @@ static int client_disk_config(const moonlet_client_config *cfg, client_disk_path
         return MOONLET_ERR_INVALID_PARAMS;
     snprintf(d->buf, sizeof(d->buf), "%s", cfg->local_disk_path);
     uint32_t n = 0;
+    size_t at = 0;
     char *save = NULL;
     for (char *t = strtok_r(d->buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (n == MOONLET_DISK_MAX_PATHS)
             return MOONLET_ERR_INVALID_PARAMS;
         struct stat st;
-        if (stat(t, &st) == 0 && S_ISDIR(st.st_mode))
-            snprintf(d->files[n], sizeof(d->files[n]), "%s/moonlet-disk.tier", t);
-        else
-            snprintf(d->files[n], sizeof(d->files[n]), "%s", t);
-        d->paths[n] = d->files[n];
-        n++;
+        bool dir = stat(t, &st) == 0 && S_ISDIR(st.st_mode);
+        d->paths[n++] = d->files + at; /* the paths and 16 suffixes fit: no truncation */
+        at += (size_t)snprintf(d->files + at, sizeof(d->files) - at, "%s%s", t,
+                               dir ? CLIENT_DISK_FILE : "") + 1;
     }
     if (!n)
         return MOONLET_ERR_INVALID_PARAMS;

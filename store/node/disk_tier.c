@@ -601,11 +601,10 @@ static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *req
     iov_cursor c;
     size_t next = 0;
     unsigned inflight = 0;
-    bool ring_failed = false;
     uint64_t dirty[MOONLET_DISK_MAX_PATHS] = {0};
     bool behind[MOONLET_DISK_MAX_PATHS] = {false}, behind_failed[MOONLET_DISK_MAX_PATHS] = {false};
     for (;;) {
-        while (l->nfree && next < n && !ring_failed) {
+        while (l->nfree && next < n) {
             wjob *j = &jobs[next];
             if (j->rc) {
                 next++;
@@ -658,8 +657,7 @@ static void write_io(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *req
         }
         l->free_buf[l->nfree++] = b;
         /* only while the batch has more to write: the last sync covers the rest */
-        if (dirty[p] >= DISK_SYNC_BEHIND && !behind[p] && (inflight || next < n) &&
-            !ring_failed) {
+        if (dirty[p] >= DISK_SYNC_BEHIND && !behind[p] && (inflight || next < n)) {
             if (lane_prep_sync(d, l, p)) {
                 behind[p] = true;
                 dirty[p] = 0;

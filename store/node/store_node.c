@@ -552,11 +552,14 @@ static int repair_source(void *arg, const moonlet_mc_repair_job *j, void *buf)
     for (uint32_t i = 0; j->has_checksum && i < j->sources.count; i++) {
         const moonlet_replica_desc *r = &j->sources.replicas[i];
         pthread_mutex_lock(&n->mu);
-        bool mine = strcmp(r->segment_id, n->seg_id) == 0 && r->size == j->size &&
-                    r->offset <= n->mem.size && j->size <= n->mem.size - r->offset;
+        bool mine = strcmp(r->segment_id, n->seg_id) == 0;
+        pthread_mutex_unlock(&n->mu);
+        /* The memory stays mapped for the node's life; a re-registration
+         * meanwhile only makes the bytes stale, which the checksum catches. */
+        mine = mine && r->size == j->size && r->offset <= n->mem.size &&
+               j->size <= n->mem.size - r->offset;
         if (mine)
             memcpy(buf, (char *)n->mem.base + r->offset, j->size);
-        pthread_mutex_unlock(&n->mu);
         if (mine && XXH3_64bits(buf, j->size) == j->checksum)
             return MOONLET_OK;
     }

@@ -168,6 +168,18 @@ static size_t k_batch(const k_bench *b, uint64_t size)
 }
 
 /* One round of moonlet at object size `size`: out[] in GB/s, or -1. */
+/* 0 when every one of a batch's m results (objects first.. of n) is 0;
+ * else -1, the first failure said. */
+static int batch_failed(const int *res, size_t m, size_t first, size_t n, const char *what)
+{
+    for (size_t k = 0; k < m; k++)
+        if (res[k]) {
+            fprintf(stderr, "disk bench: %s %zu of %zu failed\n", what, first + k, n);
+            return -1;
+        }
+    return 0;
+}
+
 static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, double out[K_NOPS])
 {
     size_t n = (size_t)(b->round_bytes / size), per = k_batch(b, size);
@@ -208,12 +220,7 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
             w[k] = (moonlet_disk_wreq){.loc = &loc[i + k], .placed = true, .key = key[i + k],
                                        .key_len = (uint32_t)strlen(key[i + k]), .iov = &iov,
                                        .iovcnt = 1, .checksum = sum};
-        rc = moonlet_disk_write_batch(d, w, m, res) ? -1 : 0;
-        for (size_t k = 0; k < m && !rc; k++)
-            if (res[k]) {
-                fprintf(stderr, "disk bench: write %zu of %zu failed\n", i + k, n);
-                rc = -1;
-            }
+        rc = moonlet_disk_write_batch(d, w, m, res) ? -1 : batch_failed(res, m, i, n, "write");
     }
     double t1 = moonlet_mono_s();
     for (size_t i = 0; i < n && !rc; i += per) {
@@ -222,12 +229,7 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
             r[k] = (moonlet_disk_rreq){.loc = loc[i + k], .key = key[i + k],
                                        .key_len = (uint32_t)strlen(key[i + k]),
                                        .buf = back + k * size, .cap = size};
-        rc = moonlet_disk_read_batch(d, r, m, res) ? -1 : 0;
-        for (size_t k = 0; k < m && !rc; k++)
-            if (res[k]) {
-                fprintf(stderr, "disk bench: read %zu of %zu failed\n", i + k, n);
-                rc = -1;
-            }
+        rc = moonlet_disk_read_batch(d, r, m, res) ? -1 : batch_failed(res, m, i, n, "read");
     }
     double t2 = moonlet_mono_s();
     for (size_t k = 0; k < per && !rc; k++)
