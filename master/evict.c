@@ -69,6 +69,13 @@ static bool dram_evictable(const struct mobj *o, uint64_t now, bool include_pinn
     return evictable(o, now, include_pinned) && !mobj_on_disk(o);
 }
 
+/* The objects in DRAM: those the disk tier holds are not eviction's. */
+static uint64_t dram_objects(moonlet_master *m)
+{
+    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
+    return objects > on_disk ? objects - on_disk : 0;
+}
+
 /* Eviction from DRAM: a sealed object in DRAM (not one the disk tier
  * holds) is demoted when a disk tier is mounted and the demotion queue has
  * room (repair_demote_locked: its DRAM ranges are freed once the disk copy
@@ -79,7 +86,7 @@ static bool evict_locked(moonlet_master *m, struct shard *s, struct mobj *o)
     int d = repair_demote_locked(m, o);
     if (d == DEMOTE_QUEUED || d == DEMOTE_SWAPPED)
         return true;
-    if (d == DEMOTE_BUSY) /* a repair of it runs: not now */
+    if (d == DEMOTE_BUSY) /* a repair or its demotion is queued or runs: not now */
         return false;
     object_destroy_locked(m, s, o);
     return true;
@@ -155,9 +162,7 @@ uint64_t evict_pass(moonlet_master *m, double ratio)
 {
     pthread_mutex_lock(&m->evict_mu);
     pthread_rwlock_rdlock(&m->guard);
-    /* Objects in DRAM: those the disk tier holds are not this pass's. */
-    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
-    objects = objects > on_disk ? objects - on_disk : 0;
+    uint64_t objects = dram_objects(m);
     uint64_t target = (uint64_t)((double)objects * ratio + 0.999999);
     if (target == 0 && objects > 0)
         target = 1;
@@ -179,9 +184,7 @@ uint64_t demote_ahead_pass(moonlet_master *m)
 {
     moonlet_master_stats st;
     repair_stats(m, &st);
-    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
-    objects = objects > on_disk ? objects - on_disk : 0;
-    uint64_t want = (uint64_t)((double)objects * m->cfg.demote_ahead_ratio);
+    uint64_t want = (uint64_t)((double)dram_objects(m) * m->cfg.demote_ahead_ratio);
     uint64_t have = st.demotions_staged + st.demotions_queued;
     if (want <= have)
         return 0;
