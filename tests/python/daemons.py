@@ -23,6 +23,24 @@ def build_root():
     return root
 
 
+def direct_io_dir(prefix):
+    """A new directory for files opened with O_DIRECT (a disk tier): under
+    the build tree, or under /var/tmp when the build tree's file system
+    refuses O_DIRECT (tmpfs: a clone under a tmpfs /tmp).  The caller
+    removes it (shutil.rmtree)."""
+    import shutil
+    for base in (build_root(), "/var/tmp"):
+        d = tempfile.mkdtemp(prefix=prefix, dir=base)
+        try:
+            fd = os.open(os.path.join(d, "probe"), os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
+            os.close(fd)
+            os.unlink(os.path.join(d, "probe"))
+            return d
+        except OSError:
+            shutil.rmtree(d, ignore_errors=True)
+    raise RuntimeError("neither the build tree nor /var/tmp takes O_DIRECT")
+
+
 def terminate(proc, timeout=10):
     """SIGTERM to a child still running, SIGKILL if it has not ended within
     timeout seconds; waits for it either way."""

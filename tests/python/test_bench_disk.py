@@ -7,7 +7,6 @@ its own figures, and that it leaves no file behind.  Bad flags exit 2.
 import json
 import os
 import shutil
-import tempfile
 
 import pytest
 
@@ -17,7 +16,7 @@ import daemons
 def test_short_run():
     if not shutil.which("fio"):
         pytest.skip("no fio (Debian's fio: scripts/setup.sh)")
-    d = tempfile.mkdtemp(prefix="bench-disk-", dir=".")
+    d = daemons.direct_io_dir("bench-disk-")
     try:
         p, out, err = daemons.run_bench("disk", "--json", "--rounds", "1", "--sizes", "64KiB,1MiB",
                                         "--round-bytes", "8MiB", "--queue-depth", "4", "--dir", d,

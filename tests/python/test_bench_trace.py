@@ -28,6 +28,7 @@ turn 4's puts, which follow its lookup, so no eviction can change a figure.
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -129,10 +130,13 @@ def test_disk_run(trace_file):
     on the node (the whole working set fits in DRAM here, so its figures are
     the one-call run's, exactly), reports it beside the others and removes
     the tiers' files."""
-    d = os.path.join(BUILD, "test-bench-trace-disk")
-    os.makedirs(d, exist_ok=True)
-    r = json.loads(run_bench(*common_args(trace_file), "--disk-fraction", "2", "--disk-dir", d,
-                             "--json"))
+    d = daemons.direct_io_dir("test-bench-trace-disk-")
+    try:
+        r = json.loads(run_bench(*common_args(trace_file), "--disk-fraction", "2", "--disk-dir",
+                                 d, "--json"))
+        left = [f for f in os.listdir(d) if f.startswith("moonlet-trace-disk-")]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     disk, one, ref = r["k3_one_rtt_disk"], r["k3_one_rtt"], r["never_evicting_cache"]
     # each of the 28 objects: a header block and its 64 KiB, twice, in whole MiB
     assert disk["disk_bytes"] == 4 << 20
@@ -143,7 +147,7 @@ def test_disk_run(trace_file):
     assert r["kv_hit_ratio_disk_minus_no_disk"] == 0
     assert r["kv_hit_ratio_reference_minus_disk"] == pytest.approx(
         ref["kv_hit_ratio"] - disk["kv_hit_ratio"])
-    assert not [f for f in os.listdir(d) if f.startswith("moonlet-trace-disk-")]
+    assert not left
 
 
 def test_rejects_bad_flags(trace_file):

@@ -26,9 +26,7 @@ OBJ = 256 * KIB  # 16 fit in the segment
 
 @pytest.fixture
 def disk_dir():
-    d = os.path.join(daemons.build_root(), "test-disk-tier", str(os.getpid()))
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    d = daemons.direct_io_dir("test-disk-tier-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

@@ -311,14 +311,6 @@ def test_lmcache_connector(engine_store):
 # ---- a C / C++ engine: docs/examples/engine_client.c -------------------------------------------
 
 
-def _disk_dir(tag):
-    """A directory for a disk tier on the build tree's file system (the
-    tier writes with O_DIRECT: not tmpfs)."""
-    d = os.path.join(os.environ["MOONLET_BUILD_ROOT"], "test-engine-ssd", f"{tag}-{os.getpid()}")
-    os.makedirs(d, exist_ok=True)
-    return d
-
-
 @pytest.mark.parametrize("engine", ["mooncake_setup", "vllm_config", "refused"])
 def test_ssd_offload_setups(cluster, tmp_path, monkeypatch, engine):
     """The engines' SSD-offload switches: Mooncake's setup(...,
@@ -331,7 +323,7 @@ def test_ssd_offload_setups(cluster, tmp_path, monkeypatch, engine):
 
     import daemons
 
-    d = _disk_dir(engine)
+    d = daemons.direct_io_dir(f"test-engine-ssd-{engine}-")
     tenant = f"ssd-{uuid.uuid4().hex[:8]}"
     s = MooncakeDistributedStore()
     try:
