@@ -16,7 +16,10 @@
  * and bytes: a torn one fails its checksum at the rescan); a larger one as
  * its bytes, hashed as they are staged, then its header, staged only once
  * the bytes matched the checksum (a mismatch leaves bytes without a
- * header: free space).  Once every I/O of the batch completed, one data
+ * header: free space).  A larger one whose bytes are one block-aligned
+ * range of the caller's memory goes from that memory: hashed whole first
+ * (a mismatch writes nothing), then its header and first bytes in one I/O
+ * (a writev), then the rest.  Once every I/O of the batch completed, one data
  * sync per path with an object that went well; only then are the objects
  * in the table (readable, listed).  Before that, sync-behind: each time
  * DISK_SYNC_BEHIND bytes of a path's writes have completed, a data sync of
@@ -68,9 +71,9 @@
 #define DISK_LANES_MAX 8u
 /* a sync's user data: this bit and the path */
 #define DISK_SYNC_TAG ((uint64_t)1 << 63)
-/* the most bytes of one I/O from or into the caller's memory (a write's
- * are hashed just before it goes: the hashing overlaps the I/Os before) */
-#define DISK_DIRECT_MAX ((size_t)4 << 20)
+/* the most bytes of one I/O from or into the caller's memory: a 16 MiB
+ * object goes as one I/O (with its header), as fio's 16 MiB block */
+#define DISK_DIRECT_MAX ((size_t)16 << 20)
 /* a batch's bytes written to a path, completed, after which a data sync of
  * it goes while the rest of the batch is in flight (write_io) */
 #define DISK_SYNC_BEHIND ((uint64_t)8 << 20)
@@ -112,6 +115,7 @@ typedef struct lane_io {
     uint64_t at;  /* a chunk: its offset in the object's bytes */
     size_t len;   /* a chunk: the object's bytes in it */
     uint64_t want; /* the I/O's bytes */
+    struct iovec iov[2]; /* a header and its object's first bytes: their ranges */
 } lane_io;
 enum { IO_ONE, IO_HDR, IO_CHUNK, IO_DIRECT };
 
@@ -122,6 +126,7 @@ typedef struct disk_lane {
     unsigned char **stage; /* qd buffers of io_bytes */
     unsigned *free_buf, nfree;
     lane_io *io; /* per buffer */
+    atomic_uint inflight; /* I/Os prepared and not yet completed (a gauge, for stats) */
 } disk_lane;
 
 struct moonlet_disk {
@@ -285,6 +290,8 @@ static struct io_uring_sqe *lane_sqe(disk_lane *l)
     struct io_uring_sqe *sqe = io_uring_get_sqe(&l->ring);
     if (!sqe && io_uring_submit(&l->ring) >= 0)
         sqe = io_uring_get_sqe(&l->ring);
+    if (sqe)
+        atomic_fetch_add_explicit(&l->inflight, 1, memory_order_relaxed);
     return sqe;
 }
 
@@ -323,6 +330,23 @@ static bool lane_prep_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t
     return true;
 }
 
+/* Prepares, in slot b, one write at off of buffer b's first hdr bytes (a
+ * header) followed by len bytes of the caller's memory at addr (both block
+ * aligned and whole blocks). */
+static bool lane_prep_hdr_direct(moonlet_disk *d, disk_lane *l, uint32_t p, uint64_t off,
+                                 unsigned b, size_t hdr, const void *addr, size_t len)
+{
+    struct io_uring_sqe *sqe = lane_sqe(l);
+    if (!sqe)
+        return false;
+    l->io[b].iov[0] = (struct iovec){l->stage[b], hdr};
+    l->io[b].iov[1] = (struct iovec){(void *)addr, len};
+    io_uring_prep_writev(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
+    io_uring_sqe_set_data64(sqe, b);
+    l->io[b].want = hdr + len;
+    return true;
+}
+
 /* Submits what is prepared and waits for a completion: 0 and its user data
  * and result, or INTERNAL_ERROR when the ring fails (logged). */
 static int lane_wait(disk_lane *l, uint64_t *data, int *res)
@@ -344,6 +368,7 @@ static int lane_wait(disk_lane *l, uint64_t *data, int *res)
     *data = io_uring_cqe_get_data64(cqe);
     *res = cqe->res;
     io_uring_cqe_seen(&l->ring, cqe);
+    atomic_fetch_sub_explicit(&l->inflight, 1, memory_order_relaxed);
     return MOONLET_OK;
 }
 
@@ -502,11 +527,28 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
     uint64_t off;
     size_t len;
     *done = false;
-    if (j->direct && j->staged < j->size) {
+    if (j->direct) {
         const unsigned char *src = (const unsigned char *)r->iov[0].iov_base + j->staged;
+        if (j->staged == 0) {
+            /* the bytes match the checksum before any I/O goes: no header
+             * ever names other bytes (a mismatch writes nothing) */
+            if (XXH3_64bits(src, j->size) != r->checksum) {
+                j->rc = MOONLET_ERR_INVALID_PARAMS;
+                *done = true;
+                return;
+            }
+            /* the header and the first whole blocks, in one I/O */
+            len = j->body < DISK_DIRECT_MAX ? (size_t)j->body : DISK_DIRECT_MAX;
+            hdr_fill(buf, r->tenant, r->key, r->key_len, j->size, r->checksum, j->seq);
+            l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = 0, .len = len};
+            j->staged = len;
+            *done = j->staged == j->size;
+            if (!lane_prep_hdr_direct(d, l, j->loc.path, j->loc.offset, b, (size_t)j->h, src,
+                                      len))
+                j->rc = MOONLET_ERR_INTERNAL_ERROR;
+            return;
+        }
         bool tail = j->staged >= j->body;
-        if (j->staged == 0)
-            XXH3_64bits_reset(&c->hash);
         if (tail) { /* the last part block, staged */
             len = (size_t)(j->size - j->staged);
             memcpy(buf, src, len);
@@ -517,16 +559,9 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
             len = left < DISK_DIRECT_MAX ? (size_t)left : DISK_DIRECT_MAX;
             l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = j->staged, .len = len};
         }
-        XXH3_64bits_update(&c->hash, src, len);
         off = j->loc.offset + j->h + j->staged;
         j->staged += len;
-        /* the last of the bytes: they match the checksum, or no header will
-         * name them (nor does this I/O go) */
-        if (j->staged == j->size && XXH3_64bits_digest(&c->hash) != r->checksum) {
-            j->rc = MOONLET_ERR_INVALID_PARAMS;
-            *done = true;
-            return;
-        }
+        *done = j->staged == j->size;
         if (!(tail ? lane_prep(d, l, true, j->loc.path, off, b, MOONLET_DISK_BLOCK)
                    : lane_prep_direct(d, l, true, j->loc.path, off, b, (void *)src, len)))
             j->rc = MOONLET_ERR_INTERNAL_ERROR;
@@ -1115,6 +1150,10 @@ void moonlet_disk_get_stats(moonlet_disk *d, moonlet_disk_stats *out)
     pthread_mutex_unlock(&d->meta_mu);
     out->io_errors = atomic_load_explicit(&d->io_errors, memory_order_relaxed);
     out->syncs_behind = atomic_load_explicit(&d->syncs_behind, memory_order_relaxed);
+    out->queue_depth = (uint64_t)d->qd * d->nlanes;
+    out->inflight = 0;
+    for (unsigned k = 0; k < d->nlanes; k++)
+        out->inflight += atomic_load_explicit(&d->lanes[k].inflight, memory_order_relaxed);
 }
 
 uint32_t moonlet_disk_npaths(moonlet_disk *d)

@@ -98,6 +98,8 @@ typedef struct moonlet_disk_stats {
     uint64_t io_errors;       /* failed or short I/Os */
     uint64_t scan_kept, scan_dropped;
     uint64_t syncs_behind; /* a batch's early data syncs (disk_tier.c: sync-behind) */
+    uint64_t queue_depth;  /* the most I/Os in flight: the depth times the lanes */
+    uint64_t inflight;     /* I/Os in flight now */
 } moonlet_disk_stats;
 
 /* Opens (creating what is missing) and rescans.  INVALID_PARAMS for bad

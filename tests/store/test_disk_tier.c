@@ -798,7 +798,8 @@ static void test_threads(void **state)
 /* Block-aligned buffers of several I/Os go without a staging copy (whole
  * blocks from and into the caller's memory, the tail block staged): read
  * back exact into aligned and unaligned buffers, a checksum that does not
- * match refused (space given back), a flipped byte refused on the way in. */
+ * match refused before anything is written (space given back), a flipped
+ * byte refused on the way in. */
 static void test_direct_aligned(void **state)
 {
     (void)state;
@@ -816,6 +817,13 @@ static void test_direct_aligned(void **state)
         struct iovec iov = {b[i], sz[i]};
         assert_int_equal(wr(d, "bad", &iov, 1, XXH3_64bits(b[i], sz[i]) ^ 1, &loc[i]),
                          MOONLET_ERR_INVALID_PARAMS);
+        if (i == 0) { /* refused before any I/O: no header at the first extent */
+            char magic[8] = {0};
+            int fd = open(g_path[0], O_RDONLY);
+            assert_int_equal(pread(fd, magic, sizeof magic, 0), (ssize_t)sizeof magic);
+            close(fd);
+            assert_memory_not_equal(magic, "MLTDISK1", sizeof magic);
+        }
         char key[8];
         snprintf(key, sizeof key, "d%d", i);
         assert_int_equal(wr(d, key, &iov, 1, XXH3_64bits(b[i], sz[i]), &loc[i]), MOONLET_OK);

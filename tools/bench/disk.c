@@ -9,31 +9,34 @@
  * depth of I/Os in flight across a batch's objects, then one data sync: a
  * batch is durable when the call returns), reads them all back in batches
  * of B (moonlet_disk_read_batch, each object verified: header and
- * checksum), and closes the tier (untimed); fio then writes and reads a
- * file of the same bytes with the same block size and queue depth
- * (io_uring engine, O_DIRECT, and on writes --fdatasync=B: a data sync
- * issued after every B blocks, and --end_fsync=1: a sync once every write
- * completed, inside fio's timed run, so that fio's time, as the tier's,
- * ends with every byte durable).  Both write into fallocated space: the
- * tier preallocates its file (posix_fallocate), and fio's write job lays
- * out a new file with fallocate(2) too (strace: fallocate(fd, 0, 0, size));
- * the reads read what the writes wrote.  Not quite the batch's contract:
- * fio issues each --fdatasync sync without waiting for the writes in
- * flight, and goes on writing while it runs, so its syncs overlap its
- * writes; the tier returns from a batch only once its sync (after every
- * I/O of the batch) completed, so one batch's flush does not overlap the
- * next batch's writes (within a batch, sync-behind overlaps them).  A
- * larger --batch-bytes brings the two closer (docs/benchmarks.md).  B is --batch-bytes / size (at
- * least 1; default 32 MiB: 512 objects of 64 KiB, 32 of 1 MiB, 2 of 16
- * MiB).  The two alternate which goes first.  GB/s are medians of the
- * rounds; the ratio is moonlet / fio (issue 32's target: 0.8 at 1 MiB and
- * above).  fio is Debian's (scripts/setup.sh installs it); without it the
- * bench says so and exits 1.
+ * checksum), and closes the tier (untimed).  --streams threads (default 2)
+ * take the batches, as a store node writes its demotions: two batches in
+ * flight, each on its own lane, so that one's data sync overlaps the
+ * other's writes.  fio then writes and reads a file of the same bytes with
+ * the same block size and queue depth (io_uring engine, O_DIRECT, and on
+ * writes --fdatasync=B: a data sync issued after every B blocks, and
+ * --end_fsync=1: a sync once every write completed, inside fio's timed
+ * run, so that fio's time, as the tier's, ends with every byte durable).
+ * Both write into fallocated space: the tier preallocates its file
+ * (posix_fallocate), and fio's write job lays out a new file with
+ * fallocate(2) too (strace: fallocate(fd, 0, 0, size)); the reads read
+ * what the writes wrote.  Not quite the batch's contract: fio issues each
+ * --fdatasync sync without waiting for it and goes on writing while it
+ * runs; a tier batch returns only once its sync completed, and it is the
+ * other stream's batch that overlaps it.  B is --batch-bytes / size, and
+ * at least the queue depth: fio keeps that many blocks in flight, and a
+ * batch's objects are what the tier has in flight (default 32 MiB and 32:
+ * 512 objects of 64 KiB, 32 of 1 MiB, 32 of 16 MiB).  The two alternate which goes first.  GB/s are medians of the
+ * rounds; the ratio is moonlet / fio (the target: 0.8 at 1 MiB and above).
+ * fio is Debian's (scripts/setup.sh installs it); without it the bench says
+ * so and exits 1.
  *
  * The files go in --dir (default: the working directory; not a tmpfs:
  * O_DIRECT) and are removed at the end.
  */
 #include <getopt.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,10 +52,12 @@
 #include "bytesize.h"
 #include "disk_tier.h"
 #include "monotime.h"
+#include "thread.h"
 #include "moonlet/error.h"
 
 #define K_MAX_SIZES 4
 #define K_MAX_ROUNDS 51
+#define K_MAX_STREAMS 8
 enum { K_WRITE, K_READ, K_NOPS };
 enum { K_MOONLET, K_FIO, K_NPATHS };
 static const char *const k_op[K_NOPS] = {"write", "read"};
@@ -65,6 +70,7 @@ typedef struct k_bench {
     uint64_t round_bytes;
     unsigned qd;
     uint64_t batch_bytes;
+    unsigned streams;
     const char *dir;
     char tier_path[512], fio_path[512];
     bench_samples s[K_MAX_SIZES][K_NPATHS][K_NOPS];
@@ -74,23 +80,23 @@ static void k_usage(void)
 {
     fprintf(stderr,
             "usage: moonlet-bench disk [--json] [--rounds N] [--sizes S,S...] [--round-bytes N]\n"
-            "           [--queue-depth N] [--batch-bytes N] [--dir DIR]\n"
+            "           [--queue-depth N] [--batch-bytes N] [--streams N] [--dir DIR]\n"
             "  the disk tier's durable batch writes and verified batch reads against fio\n"
             "  (io_uring, O_DIRECT, an fdatasync per batch of writes) on the same file\n"
-            "  system, one run; defaults: 3 rounds, sizes 64KiB,1MiB,16MiB, 512MiB per\n"
-            "  round, depth 32, batches of 32MiB (at least one object)\n");
+            "  system, one run; defaults: 5 rounds, sizes 64KiB,1MiB,16MiB, 512MiB per\n"
+            "  round, depth 32, batches of 32MiB (at least depth objects), 2 streams\n");
 }
 
 static int k_parse(int argc, char **argv, k_bench *b)
 {
-    enum { O_JSON = 1, O_ROUNDS, O_SIZES, O_ROUND_BYTES, O_QD, O_DIR, O_BATCH };
+    enum { O_JSON = 1, O_ROUNDS, O_SIZES, O_ROUND_BYTES, O_QD, O_DIR, O_BATCH, O_STREAMS };
     static const struct option opts[] = {
         {"json", no_argument, 0, O_JSON},         {"rounds", required_argument, 0, O_ROUNDS},
         {"sizes", required_argument, 0, O_SIZES}, {"round-bytes", required_argument, 0, O_ROUND_BYTES},
         {"queue-depth", required_argument, 0, O_QD}, {"dir", required_argument, 0, O_DIR},
-        {"batch-bytes", required_argument, 0, O_BATCH},
+        {"batch-bytes", required_argument, 0, O_BATCH}, {"streams", required_argument, 0, O_STREAMS},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
-    b->rounds = 3;
+    b->rounds = 5;
     b->sizes[0] = 64u << 10;
     b->sizes[1] = 1u << 20;
     b->sizes[2] = 16u << 20;
@@ -98,6 +104,7 @@ static int k_parse(int argc, char **argv, k_bench *b)
     b->round_bytes = 512u << 20;
     b->qd = 32;
     b->batch_bytes = 32u << 20;
+    b->streams = 2;
     b->dir = ".";
     optind = 1;
     int o;
@@ -137,6 +144,13 @@ static int k_parse(int argc, char **argv, k_bench *b)
                 return -1;
             }
             break;
+        case O_STREAMS:
+            b->streams = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || b->streams < 1 || b->streams > K_MAX_STREAMS) {
+                fprintf(stderr, "--streams: 1..%d\n", K_MAX_STREAMS);
+                return -1;
+            }
+            break;
         case O_DIR:
             b->dir = optarg;
             break;
@@ -160,14 +174,16 @@ static int k_parse(int argc, char **argv, k_bench *b)
     return 0;
 }
 
-/* Objects per batch at object size `size` (1 .. a round's objects). */
+/* Objects per batch at object size `size`: --batch-bytes of them, and at
+ * least the queue depth's (fio keeps that many blocks in flight; a batch's
+ * objects are what the tier has in flight), at most a round's. */
 static size_t k_batch(const k_bench *b, uint64_t size)
 {
     size_t per = (size_t)(b->batch_bytes / size), n = (size_t)(b->round_bytes / size);
-    return per < 1 ? 1 : per > n ? n : per;
+    per = per < b->qd ? b->qd : per;
+    return per > n ? n : per;
 }
 
-/* One round of moonlet at object size `size`: out[] in GB/s, or -1. */
 /* 0 when every one of a batch's m results (objects first.. of n) is 0;
  * else -1, the first failure said. */
 static int batch_failed(const int *res, size_t m, size_t first, size_t n, const char *what)
@@ -180,6 +196,90 @@ static int batch_failed(const int *res, size_t m, size_t first, size_t n, const 
     return 0;
 }
 
+/* One round of moonlet at one size, shared by its streams: each stream
+ * takes the next batch (writes, then, once every stream wrote, reads) and
+ * has its own requests and read buffer. */
+typedef struct k_run {
+    moonlet_disk *d;
+    const moonlet_disk_loc *loc;
+    char (*key)[32];
+    const unsigned char *data;
+    uint64_t size, sum;
+    size_t n, per;
+    bool write;
+    _Atomic size_t next; /* the next batch's first object */
+    _Atomic int rc;
+} k_run;
+
+typedef struct k_stream {
+    k_run *run;
+    moonlet_disk_wreq *w;
+    moonlet_disk_rreq *r;
+    int *res;
+    unsigned char *back; /* per objects, block aligned, as a node's segments are */
+    pthread_t th;
+    bool started;
+} k_stream;
+
+/* A stream's batches until none is left or one failed. */
+static void *k_stream_main(void *arg)
+{
+    k_stream *s = arg;
+    k_run *u = s->run;
+    struct iovec iov = {(void *)u->data, u->size};
+    for (;;) {
+        size_t i = atomic_fetch_add(&u->next, u->per);
+        if (i >= u->n || atomic_load(&u->rc))
+            break;
+        size_t m = u->n - i < u->per ? u->n - i : u->per;
+        int rc;
+        if (u->write) {
+            for (size_t k = 0; k < m; k++)
+                s->w[k] = (moonlet_disk_wreq){.loc = (moonlet_disk_loc *)&u->loc[i + k],
+                                              .placed = true, .key = u->key[i + k],
+                                              .key_len = (uint32_t)strlen(u->key[i + k]),
+                                              .iov = &iov, .iovcnt = 1, .checksum = u->sum};
+            rc = moonlet_disk_write_batch(u->d, s->w, m, s->res) ? -1
+                                                               : batch_failed(s->res, m, i, u->n,
+                                                                              "write");
+        } else {
+            for (size_t k = 0; k < m; k++)
+                s->r[k] = (moonlet_disk_rreq){.loc = u->loc[i + k], .key = u->key[i + k],
+                                              .key_len = (uint32_t)strlen(u->key[i + k]),
+                                              .buf = s->back + k * u->size, .cap = u->size};
+            rc = moonlet_disk_read_batch(u->d, s->r, m, s->res) ? -1
+                                                              : batch_failed(s->res, m, i, u->n,
+                                                                             "read");
+            for (size_t k = 0; k < m && !rc; k++)
+                if (memcmp(s->back + k * u->size, u->data, u->size) != 0) {
+                    fprintf(stderr, "disk bench: the bytes read differ from those written\n");
+                    rc = -1;
+                }
+        }
+        if (rc)
+            atomic_store(&u->rc, rc);
+    }
+    return NULL;
+}
+
+/* Runs every stream over the round's objects (writes or reads): its
+ * seconds, or -1 when one failed. */
+static double k_phase(k_run *u, k_stream *st, unsigned nst, bool write)
+{
+    u->write = write;
+    atomic_store(&u->next, 0);
+    double t0 = moonlet_mono_s();
+    for (unsigned k = 0; k < nst; k++)
+        st[k].started = k == 0 || moonlet_thread_create(&st[k].th, k_stream_main, &st[k],
+                                                        "bench-disk%u", k) == 0;
+    k_stream_main(&st[0]);
+    for (unsigned k = 1; k < nst; k++)
+        if (st[k].started)
+            pthread_join(st[k].th, NULL);
+    double t = moonlet_mono_s() - t0;
+    return atomic_load(&u->rc) ? -1 : t;
+}
+
 static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, double out[K_NOPS])
 {
     size_t n = (size_t)(b->round_bytes / size), per = k_batch(b, size);
@@ -187,7 +287,8 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
     const char *paths[] = {b->tier_path};
     /* room for the objects and their header blocks */
     uint64_t cap = (n * moonlet_disk_footprint(32, size) + (2u << 20)) / (1u << 20) * (1u << 20);
-    moonlet_disk_opts o = {.paths = paths, .npaths = 1, .size = cap, .queue_depth = b->qd};
+    moonlet_disk_opts o = {.paths = paths, .npaths = 1, .size = cap, .queue_depth = b->qd,
+                           .lanes = b->streams};
     moonlet_disk *d = NULL;
     if (moonlet_disk_open(&o, &d)) {
         fprintf(stderr, "disk bench: cannot open a tier in %s\n", b->dir);
@@ -195,58 +296,41 @@ static int k_moonlet(k_bench *b, uint64_t size, const unsigned char *data, doubl
     }
     moonlet_disk_loc *loc = calloc(n, sizeof(*loc));
     char (*key)[32] = calloc(n, sizeof(*key));
-    moonlet_disk_wreq *w = calloc(per, sizeof(*w));
-    moonlet_disk_rreq *r = calloc(per, sizeof(*r));
-    int *res = calloc(per, sizeof(*res));
-    /* block aligned, as a node's segments are: whole blocks go without a copy */
-    unsigned char *back = NULL;
-    if (posix_memalign((void **)&back, MOONLET_DISK_BLOCK, per * size))
-        back = NULL;
-    else
-        memset(back, 0, per * size); /* resident, as a node's segments are (untimed) */
-    uint64_t sum = XXH3_64bits(data, size);
-    struct iovec iov = {(void *)data, size};
-    int rc = loc && key && w && r && res && back ? 0 : -1;
+    k_stream st[K_MAX_STREAMS] = {0};
+    k_run u = {.d = d, .loc = loc, .key = key, .data = data, .size = size, .n = n, .per = per,
+               .sum = XXH3_64bits(data, size)};
+    int rc = loc && key ? 0 : -1;
+    for (unsigned k = 0; k < b->streams && !rc; k++) {
+        st[k] = (k_stream){.run = &u, .w = calloc(per, sizeof(*st[k].w)),
+                           .r = calloc(per, sizeof(*st[k].r)),
+                           .res = calloc(per, sizeof(*st[k].res))};
+        if (posix_memalign((void **)&st[k].back, MOONLET_DISK_BLOCK, per * size))
+            st[k].back = NULL;
+        else
+            memset(st[k].back, 0, per * size); /* resident, as a node's segments are (untimed) */
+        rc = st[k].w && st[k].r && st[k].res && st[k].back ? 0 : -1;
+    }
     uint64_t off = 0;
     for (size_t i = 0; i < n && !rc; i++) { /* placed one after the other, as a master would */
         snprintf(key[i], sizeof key[i], "disk-bench-%zu", i);
         loc[i] = (moonlet_disk_loc){.path = 0, .offset = off, .size = size};
         off += moonlet_disk_footprint((uint32_t)strlen(key[i]), size);
     }
-    double t0 = moonlet_mono_s();
-    for (size_t i = 0; i < n && !rc; i += per) {
-        size_t m = n - i < per ? n - i : per;
-        for (size_t k = 0; k < m; k++)
-            w[k] = (moonlet_disk_wreq){.loc = &loc[i + k], .placed = true, .key = key[i + k],
-                                       .key_len = (uint32_t)strlen(key[i + k]), .iov = &iov,
-                                       .iovcnt = 1, .checksum = sum};
-        rc = moonlet_disk_write_batch(d, w, m, res) ? -1 : batch_failed(res, m, i, n, "write");
-    }
-    double t1 = moonlet_mono_s();
-    for (size_t i = 0; i < n && !rc; i += per) {
-        size_t m = n - i < per ? n - i : per;
-        for (size_t k = 0; k < m; k++)
-            r[k] = (moonlet_disk_rreq){.loc = loc[i + k], .key = key[i + k],
-                                       .key_len = (uint32_t)strlen(key[i + k]),
-                                       .buf = back + k * size, .cap = size};
-        rc = moonlet_disk_read_batch(d, r, m, res) ? -1 : batch_failed(res, m, i, n, "read");
-    }
-    double t2 = moonlet_mono_s();
-    for (size_t k = 0; k < per && !rc; k++)
-        if (memcmp(back + k * size, data, size) != 0) {
-            fprintf(stderr, "disk bench: the bytes read differ from those written\n");
-            rc = -1;
-        }
+    double tw = rc ? -1 : k_phase(&u, st, b->streams, true);
+    double tr = tw < 0 ? -1 : k_phase(&u, st, b->streams, false);
+    rc = tw < 0 || tr < 0 ? -1 : 0;
     moonlet_disk_close(d);
     unlink(b->tier_path);
     free(loc);
     free(key);
-    free(w);
-    free(r);
-    free(res);
-    free(back);
-    out[K_WRITE] = (double)n * (double)size / (t1 - t0) / 1e9;
-    out[K_READ] = (double)n * (double)size / (t2 - t1) / 1e9;
+    for (unsigned k = 0; k < b->streams; k++) {
+        free(st[k].w);
+        free(st[k].r);
+        free(st[k].res);
+        free(st[k].back);
+    }
+    out[K_WRITE] = (double)n * (double)size / tw / 1e9;
+    out[K_READ] = (double)n * (double)size / tr / 1e9;
     return rc;
 }
 
@@ -344,6 +428,7 @@ int bench_disk_main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "round_bytes", (double)b.round_bytes);
     cJSON_AddNumberToObject(root, "queue_depth", b.qd);
     cJSON_AddNumberToObject(root, "batch_bytes", (double)b.batch_bytes);
+    cJSON_AddNumberToObject(root, "streams", b.streams);
     cJSON *arr = cJSON_AddArrayToObject(root, "sizes");
     for (int k = 0; k < b.nsizes; k++) {
         cJSON *z = cJSON_CreateObject();
@@ -367,10 +452,10 @@ int bench_disk_main(int argc, char **argv)
         bench_print_json(root); /* frees it */
         root = NULL;
     } else {
-        printf("disk tier vs fio (%d rounds of %llu bytes, depth %u, a sync per %llu bytes of "
-               "writes; GB/s, medians)\n",
-               b.rounds, (unsigned long long)b.round_bytes, b.qd,
-               (unsigned long long)b.batch_bytes);
+        printf("disk tier vs fio (%d rounds of %llu bytes, depth %u, %u streams, a sync per "
+               "batch of %llu bytes and at least %u objects; GB/s, medians)\n",
+               b.rounds, (unsigned long long)b.round_bytes, b.qd, b.streams,
+               (unsigned long long)b.batch_bytes, b.qd);
         for (int k = 0; k < b.nsizes; k++) {
             char sz[32];
             for (int o = 0; o < K_NOPS; o++) {
