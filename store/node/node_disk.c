@@ -16,6 +16,7 @@
 #include "disk_tier.h"
 #include "grow.h"
 #include "log.h"
+#include "thread.h"
 #include "moonlet/error.h"
 #include "moonlet/types.h"
 
@@ -419,35 +420,68 @@ out:
     free(which);
 }
 
-uint32_t moonlet_node_disk_demote(moonlet_node_disk *nd, moonlet_master_client *mc,
-                                  const char *client_id, const moonlet_mc_repair_job *jobs,
-                                  uint32_t n, moonlet_node_disk_source read, void *arg,
-                                  int *results)
+/* One call's demotions, shared by its streams: each takes the next batch
+ * of jobs (under mu), prepares, writes and reports it. */
+typedef struct demote_run {
+    moonlet_node_disk *nd;
+    moonlet_master_client *mc;
+    const char *client_id;
+    const moonlet_mc_repair_job *jobs;
+    uint32_t n;
+    moonlet_node_disk_source read;
+    void *arg;
+    int *results;
+    pthread_mutex_t mu;
+    uint32_t next;          /* mu: the first job no stream has taken */
+    _Atomic uint32_t total; /* demotions reported */
+} demote_run;
+
+/* The next batch: [*first, *end) of the jobs, demotions of up to
+ * DEMOTE_BATCH_BYTES of objects (at least one); false when none is left. */
+static bool demote_take(demote_run *u, uint32_t *first, uint32_t *end)
 {
-    uint32_t total = 0;
-    struct demote *d = calloc(n ? n : 1, sizeof(*d));
-    for (uint32_t i = 0; i < n;) {
-        /* a batch: demotions up to DEMOTE_BATCH_BYTES of objects (at least one) */
+    pthread_mutex_lock(&u->mu);
+    uint32_t i = u->next, m = 0;
+    uint64_t bytes = 0;
+    while (i < u->n && !u->jobs[i].demote)
+        i++;
+    *first = i;
+    for (; i < u->n && (m == 0 || bytes + u->jobs[i].size <= DEMOTE_BATCH_BYTES); i++)
+        if (u->jobs[i].demote) {
+            bytes += u->jobs[i].size;
+            m++;
+        }
+    *end = u->next = i;
+    pthread_mutex_unlock(&u->mu);
+    return m > 0;
+}
+
+/* A stream: batches until none is left. */
+static void *demote_stream(void *arg)
+{
+    demote_run *u = arg;
+    moonlet_node_disk *nd = u->nd;
+    uint32_t first, end;
+    while (demote_take(u, &first, &end)) {
+        struct demote *d = calloc(end - first, sizeof(*d));
         uint32_t m = 0;
-        uint64_t bytes = 0;
-        for (; i < n && (m == 0 || bytes + jobs[i].size <= DEMOTE_BATCH_BYTES); i++) {
-            if (!jobs[i].demote)
+        for (uint32_t i = first; i < end; i++) {
+            if (!u->jobs[i].demote)
                 continue;
             if (!d) {
-                results[i] = MOONLET_ERR_INTERNAL_ERROR;
+                u->results[i] = MOONLET_ERR_INTERNAL_ERROR;
                 continue;
             }
             d[m] = (struct demote){.job = i};
-            demote_prepare(nd, &jobs[i], &d[m], read, arg);
-            bytes += jobs[i].size;
+            demote_prepare(nd, &u->jobs[i], &d[m], u->read, u->arg);
             m++;
         }
         if (!d)
             continue;
         demote_write(nd, d, m);
         for (uint32_t k = 0; k < m; k++) {
-            const moonlet_mc_repair_job *j = &jobs[d[k].job];
-            int drc = moonlet_mc_repair_done(mc, client_id, j->job_id, d[k].rc,
+            const moonlet_mc_repair_job *j = &u->jobs[d[k].job];
+            int drc = moonlet_mc_repair_done(u->mc, u->client_id, j->job_id, d[k].rc,
                                              d[k].rc ? 0 : j->size);
             if (d[k].rc == MOONLET_OK && drc != MOONLET_OK) {
                 /* the master does not want it (the object went, the job timed
@@ -459,15 +493,38 @@ uint32_t moonlet_node_disk_demote(moonlet_node_disk *nd, moonlet_master_client *
             if (d[k].rc)
                 ML_WARN(MOD, "demotion job %" PRIu64 " failed: %s", j->job_id,
                         moonlet_strerror(d[k].rc));
-            results[d[k].job] = d[k].rc ? d[k].rc : drc;
-            atomic_fetch_add(results[d[k].job] ? &nd->demote_failed : &nd->demoted, 1);
+            u->results[d[k].job] = d[k].rc ? d[k].rc : drc;
+            atomic_fetch_add(u->results[d[k].job] ? &nd->demote_failed : &nd->demoted, 1);
             free(d[k].buf);
             free(d[k].key);
-            total++;
+            atomic_fetch_add(&u->total, 1);
         }
+        free(d);
     }
-    free(d);
-    return total;
+    return NULL;
+}
+
+uint32_t moonlet_node_disk_demote(moonlet_node_disk *nd, moonlet_master_client *mc,
+                                  const char *client_id, const moonlet_mc_repair_job *jobs,
+                                  uint32_t n, moonlet_node_disk_source read, void *arg,
+                                  int *results)
+{
+    demote_run u = {.nd = nd, .mc = mc, .client_id = client_id, .jobs = jobs, .n = n,
+                    .read = read, .arg = arg, .results = results};
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        bytes += jobs[i].demote ? jobs[i].size : 0;
+    pthread_mutex_init(&u.mu, NULL);
+    /* more than one batch: a second stream, so that one batch's data sync
+     * overlaps the other's writes (the tier gives each its own lane) */
+    pthread_t th;
+    bool second = bytes > DEMOTE_BATCH_BYTES &&
+                  moonlet_thread_create(&th, demote_stream, &u, "ml-demote") == 0;
+    demote_stream(&u);
+    if (second)
+        pthread_join(th, NULL);
+    pthread_mutex_destroy(&u.mu);
+    return atomic_load(&u.total);
 }
 
 /* ---- trims ----------------------------------------------------------------------- */
@@ -533,4 +590,8 @@ void moonlet_node_disk_get_stats(moonlet_node_disk *nd, moonlet_node_disk_stats 
     out->capacity = st.capacity;
     out->used = st.used;
     out->objects = st.objects;
+    out->io_errors = st.io_errors;
+    out->checksum_errors = st.checksum_errors;
+    out->inflight = st.inflight;
+    out->queue_depth = st.queue_depth;
 }

@@ -16,8 +16,10 @@
  *     thread): the object's bytes, read from a DRAM replica (this node's
  *     segment in place, else over the transport), are written to the
  *     target path at the target extent, checked against the checksum the
- *     put recorded, all of a fetch's jobs in one batch (one data sync), and
- *     reported (RepairDone).  A copy the master no longer wants is removed;
+ *     put recorded, in batches of up to 64 MiB of objects (one data sync
+ *     each), two batches at once on two threads (the caller's and one it
+ *     starts for the call, so that one batch's sync overlaps the other's
+ *     writes), and reported (RepairDone).  A copy the master no longer wants is removed;
  *     an extent the master placed over objects the tier still holds (a new
  *     leader that did not know them) has them removed first;
  *   - trims (DiskTrim): extents the master freed are invalidated on disk,
@@ -73,7 +75,8 @@ void moonlet_node_disk_unmount(moonlet_node_disk *nd, moonlet_master_client *mc,
                                const char *client_id);
 
 /* Reads a demotion's bytes from one of its sources into buf (size bytes,
- * checksum-verified when the job has one): the store node's repair_read. */
+ * checksum-verified when the job has one): the store node's repair_source.
+ * Called from both demotion streams at once: it must be thread safe. */
 typedef int (*moonlet_node_disk_source)(void *arg, const moonlet_mc_repair_job *j, void *buf);
 
 /* Runs the demotion jobs among jobs[0..n) (the others are left alone):
@@ -93,6 +96,7 @@ int moonlet_node_disk_trim(moonlet_node_disk *nd, moonlet_master_client *mc,
 typedef struct moonlet_node_disk_stats {
     uint64_t demoted, demote_failed, reads, read_errors, trimmed, announced, announce_dropped;
     uint64_t capacity, used, objects; /* the tier's */
+    uint64_t io_errors, checksum_errors, inflight, queue_depth; /* the tier's */
 } moonlet_node_disk_stats;
 void moonlet_node_disk_get_stats(moonlet_node_disk *nd, moonlet_node_disk_stats *out);
 
