@@ -451,6 +451,8 @@ void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st)
     st->disk_objects = registry_disk_objects(m);
     st->disk_evictions = atomic_load(&m->st.disk_evictions);
     st->disk_announced = atomic_load(&m->st.disk_announced);
+    for (uint32_t k = 0; k < MOONLET_NODE_DISK_NFIELDS; k++)
+        st->node_disk[k] = atomic_load(&m->reg.node_disk[k]);
     st->used = atomic_load(&m->reg.used);
     pthread_mutex_lock(&m->reg.mu);
     st->segments = m->reg.nmounted;

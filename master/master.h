@@ -26,6 +26,7 @@
 #include "moonlet/policy.h"
 #include "moonlet/types.h"
 #include "moonlet_str.h"
+#include "node_disk_fields.h"
 #include "replica.h"
 
 typedef struct moonlet_master moonlet_master;
@@ -210,6 +211,12 @@ int moonlet_master_bind_client(moonlet_master *m, moonlet_str client_id, moonlet
                                uint64_t session);
 int moonlet_master_ping_as(moonlet_master *m, moonlet_str client_id, uint64_t session,
                            uint32_t *segments_out);
+/* A node's disk tier figures from its Ping (n values in the order of
+ * node_disk_fields.h; extra ones ignored, missing ones 0): kept for the
+ * node while it is known, shown with its disk segments and summed over the
+ * nodes in moonlet_master_stats.  Nothing for an unknown client. */
+void moonlet_master_note_node_disk(moonlet_master *m, moonlet_str client_id, const uint64_t *v,
+                                   uint32_t n);
 int moonlet_master_mount_segment_as(moonlet_master *m, const moonlet_segment_desc *seg,
                                     uint64_t session);
 int moonlet_master_unmount_segment_as(moonlet_master *m, moonlet_str client_id,
@@ -526,6 +533,8 @@ typedef struct moonlet_segment_view {
     uint64_t last_ping_age_ms;
     bool draining;               /* moonlet_master_drain: objects leave, no new put lands */
     bool disk;                   /* a disk segment (a node's disk tier) */
+    const uint64_t *node_disk;   /* a disk segment whose node sent its disk tier's figures:
+                                  * MOONLET_NODE_DISK_NFIELDS of them; else NULL */
 } moonlet_segment_view;
 
 /* Every mounted segment (in pages internally: the registry lock is never
@@ -650,6 +659,8 @@ typedef struct moonlet_master_stats {
     uint64_t demotions_failed;         /* copies a node reported failed or let time out */
     uint64_t disk_evictions;           /* disk-only objects evicted for room */
     uint64_t disk_announced;           /* objects a restarted node's disk brought back */
+    uint64_t node_disk[MOONLET_NODE_DISK_NFIELDS]; /* the nodes' own figures, summed over
+                                                    * the nodes the master knows */
 } moonlet_master_stats;
 
 void moonlet_master_get_stats(moonlet_master *m, moonlet_master_stats *st);

@@ -255,6 +255,8 @@ struct mclient {
     uint8_t secret_len;                      /* 0: none */
     uint8_t secret[MOONLET_MAX_SECRET_BYTES];
     bool used;
+    bool has_disk;                           /* disk[] came with a Ping */
+    uint64_t disk[MOONLET_NODE_DISK_NFIELDS]; /* its disk tier's figures (node_disk_fields.h) */
 };
 
 /*
@@ -293,6 +295,8 @@ struct registry {
     _Atomic uint64_t disk_capacity, disk_used;
     _Atomic uint32_t ndisk;                  /* disk segments mounted */
     _Atomic uint64_t disk_extents;           /* extents placed on them (mseg.objects summed) */
+    /* mclient.disk summed over the clients (changed under mu, read lock-free) */
+    _Atomic uint64_t node_disk[MOONLET_NODE_DISK_NFIELDS];
 };
 
 /* The counter of allocated + quarantined bytes a segment's ranges count in. */

@@ -37,6 +37,18 @@ static const moonlet_rpc_arg auth_args[] = {
 static const moonlet_rpc_arg ping_args[] = {
     {ARG(moonlet_args_ping, client_id, STR, 0)},
     {ARG(moonlet_args_ping, node_clock_ms, U64, OPT)},
+    {ARG(moonlet_args_ping, disk, U64S, OPT), .max = MOONLET_NODE_DISK_MAX},
+};
+
+const char *const moonlet_node_disk_names[MOONLET_NODE_DISK_NFIELDS] = {
+    [MOONLET_NODE_DISK_READS] = "reads",
+    [MOONLET_NODE_DISK_READ_ERRORS] = "read_errors",
+    [MOONLET_NODE_DISK_IO_ERRORS] = "io_errors",
+    [MOONLET_NODE_DISK_CHECKSUM_ERRORS] = "checksum_errors",
+    [MOONLET_NODE_DISK_INFLIGHT] = "inflight",
+    [MOONLET_NODE_DISK_QUEUE_DEPTH] = "queue_depth",
+    [MOONLET_NODE_DISK_DEMOTED] = "demoted",
+    [MOONLET_NODE_DISK_DEMOTE_FAILED] = "demote_failed",
 };
 
 static const moonlet_rpc_arg mount_args[] = {

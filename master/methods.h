@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "frame.h"
+#include "node_disk_fields.h"
 #include "rpc_args.h"
 
 enum moonlet_method {
@@ -73,7 +74,9 @@ typedef struct {
     MOONLET_RPC_ARGS_HEAD;
     moonlet_str client_id;
     uint64_t node_clock_ms; /* optional: the node's CLOCK_MONOTONIC ms when it sent this */
+    moonlet_u64v disk;      /* optional: its disk tier's figures, MOONLET_NODE_DISK_* order */
 } moonlet_args_ping;
+
 
 typedef struct {
     MOONLET_RPC_ARGS_HEAD;

@@ -138,6 +138,22 @@ static void write_stats(FILE *f, const void *arg)
     moonlet_prom_sample(f, "moonlet_demotions_total", "{outcome=\"failed\"}", st->demotions_failed);
     moonlet_prom_counter(f, "moonlet_demotion_bytes_total", "Bytes moved from DRAM to disk.",
             st->demotion_bytes);
+    /* the store nodes' own disk tier figures (their Pings), summed over the
+     * nodes the master knows: gauges, as a node the master forgets leaves
+     * the sums */
+    moonlet_prom_gauge(f, "moonlet_node_disk_reads", "Disk reads the nodes served (disk hits).",
+          st->node_disk[MOONLET_NODE_DISK_READS]);
+    moonlet_prom_gauge(f, "moonlet_node_disk_read_errors", "Disk reads refused or failed.",
+          st->node_disk[MOONLET_NODE_DISK_READ_ERRORS]);
+    moonlet_prom_gauge(f, "moonlet_node_disk_io_errors", "Failed or short disk I/Os and syncs.",
+          st->node_disk[MOONLET_NODE_DISK_IO_ERRORS]);
+    moonlet_prom_gauge(f, "moonlet_node_disk_checksum_errors",
+          "Disk reads whose bytes or header did not verify.",
+          st->node_disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS]);
+    moonlet_prom_gauge(f, "moonlet_node_disk_inflight", "Disk I/Os in flight.",
+          st->node_disk[MOONLET_NODE_DISK_INFLIGHT]);
+    moonlet_prom_gauge(f, "moonlet_node_disk_queue_depth", "The most disk I/Os in flight.",
+          st->node_disk[MOONLET_NODE_DISK_QUEUE_DEPTH]);
     moonlet_prom_counter(f, "moonlet_disk_evictions_total",
             "Disk-only objects evicted for a demotion's room.", st->disk_evictions);
     moonlet_prom_counter(f, "moonlet_disk_announced_total",

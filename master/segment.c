@@ -208,9 +208,22 @@ static void client_set_session_locked(struct registry *r, uint32_t i, uint64_t s
 }
 
 /* Forgets a client entry (its segments are gone).  registry.mu held. */
+/* Sets client i's disk tier figures (NULL: none), keeping the sums. */
+static void client_set_disk_locked(struct registry *r, uint32_t i, const uint64_t *v)
+{
+    struct mclient *c = &r->clients[i];
+    for (uint32_t k = 0; k < MOONLET_NODE_DISK_NFIELDS; k++) {
+        uint64_t nv = v ? v[k] : 0;
+        atomic_fetch_add(&r->node_disk[k], nv - c->disk[k]); /* modulo 2^64: the difference */
+        c->disk[k] = nv;
+    }
+    c->has_disk = v != NULL;
+}
+
 static void client_forget_locked(struct registry *r, uint32_t i)
 {
     struct mclient *c = &r->clients[i];
+    client_set_disk_locked(r, i, NULL);
     client_set_session_locked(r, i, 0);
     lru_unlink(r, i);
     hmap_remove_hv(&r->client_by_id, hmap_str_hash(c->id, strlen(c->id)), i);
@@ -403,6 +416,21 @@ int moonlet_master_ping_as(moonlet_master *m, moonlet_str client_id, uint64_t se
     }
     pthread_mutex_unlock(&r->mu);
     return rc;
+}
+
+void moonlet_master_note_node_disk(moonlet_master *m, moonlet_str client_id, const uint64_t *v,
+                                   uint32_t n)
+{
+    uint64_t d[MOONLET_NODE_DISK_NFIELDS] = {0};
+    if (id_check(client_id) || (n && !v))
+        return;
+    memcpy(d, v, (n < MOONLET_NODE_DISK_NFIELDS ? n : MOONLET_NODE_DISK_NFIELDS) * sizeof(*d));
+    struct registry *r = &m->reg;
+    uint32_t idx;
+    pthread_mutex_lock(&r->mu);
+    if (client_get_locked(r, client_id, false, &idx))
+        client_set_disk_locked(r, idx, d);
+    pthread_mutex_unlock(&r->mu);
 }
 
 int moonlet_master_ping(moonlet_master *m, moonlet_str client_id, uint32_t *segments_out)
@@ -1505,7 +1533,8 @@ struct seg_copy {
     char alt_id[MOONLET_MAX_ID_BYTES + 1], alt_endpoint[MOONLET_MAX_ENDPOINT_BYTES + 1];
     char alt_protocol[16];
     uint64_t base, capacity, used, objects, ping_age_ms;
-    bool draining, disk;
+    bool draining, disk, has_node_disk;
+    uint64_t node_disk[MOONLET_NODE_DISK_NFIELDS];
 };
 
 static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint64_t now,
@@ -1526,6 +1555,9 @@ static void seg_copy_locked(const struct registry *r, const struct mseg *s, uint
     c->objects = s->objects;
     c->draining = atomic_load(&s->draining);
     c->disk = s->disk;
+    c->has_node_disk = s->disk && cl->has_disk;
+    if (c->has_node_disk)
+        memcpy(c->node_disk, cl->disk, sizeof(c->node_disk));
     c->ping_age_ms = now > cl->last_ping_ns ? (now - cl->last_ping_ns) / MOONLET_NS_PER_MS : 0;
 }
 
@@ -1541,6 +1573,7 @@ static void seg_copy_visit(const struct seg_copy *c,
         .alt_protocol = alt ? c->alt_protocol : NULL,
         .capacity = c->capacity, .used = c->used, .objects = c->objects,
         .last_ping_age_ms = c->ping_age_ms, .draining = c->draining, .disk = c->disk,
+        .node_disk = c->has_node_disk ? c->node_disk : NULL,
     };
     visit(arg, &v);
 }

@@ -377,6 +377,8 @@ HANDLER(h_ping, moonlet_args_ping)
                                  (int)a->client_id.len, a->client_id.ptr);
     if (rc == MOONLET_OK && a->nargs > 1)
         moonlet_master_note_node_clock(M(ctx), a->client_id, a->node_clock_ms);
+    if (rc == MOONLET_OK && a->nargs > 2)
+        moonlet_master_note_node_disk(M(ctx), a->client_id, a->disk.v, a->disk.n);
     if (rc)
         return reply(out, rc);
     msgpack_pack_map(out, 1);
@@ -737,12 +739,24 @@ static const map_field segment_fields[] = {
     FIELD(moonlet_segment_view, F_BOOL, "disk", disk),
 };
 
+/* {name: value} of a node's disk tier figures (node_disk_fields.h). */
+static void pack_node_disk(msgpack_packer *pk, const uint64_t *v)
+{
+    msgpack_pack_map(pk, MOONLET_NODE_DISK_NFIELDS);
+    for (uint32_t k = 0; k < MOONLET_NODE_DISK_NFIELDS; k++)
+        pack_u64_kv(pk, moonlet_node_disk_names[k], v[k]);
+}
+
 static void seg_visit(void *arg, const moonlet_segment_view *s)
 {
     struct side_array *sa = arg;
     sa->count++;
-    pack_view_map(&sa->pk, s, segment_fields, NFIELDS(segment_fields), 0, s->alt_segment_id,
-                  s->alt_endpoint, s->alt_protocol);
+    pack_view_map(&sa->pk, s, segment_fields, NFIELDS(segment_fields), s->node_disk ? 1 : 0,
+                  s->alt_segment_id, s->alt_endpoint, s->alt_protocol);
+    if (s->node_disk) { /* a disk segment: its node's disk tier, as its last Ping said */
+        moonlet_pack_key(&sa->pk, "node_tier");
+        pack_node_disk(&sa->pk, s->node_disk);
+    }
 }
 
 /* Optional trailing [cursor, limit, client_id] (docs/protocol.md): with any,
@@ -914,8 +928,11 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
 {
     moonlet_master_stats st;
     moonlet_master_get_stats(M(ctx), &st);
-    msgpack_pack_map(out, NFIELDS(stats_fields) + 1);
+    msgpack_pack_map(out, NFIELDS(stats_fields) + 2);
     pack_fields(out, &st, stats_fields, NFIELDS(stats_fields));
+    /* "node_disk": the store nodes' disk tier figures, summed */
+    moonlet_pack_key(out, "node_disk");
+    pack_node_disk(out, st.node_disk);
     /* "calls": {method name: requests served}, the methods called so far */
     uint64_t calls[MOONLET_M__COUNT]; /* one snapshot: the map's size and entries agree */
     uint32_t ncalled = 0;

@@ -618,11 +618,18 @@ static int decode_ping(const msgpack_object *r, void *segments_out)
     return MOONLET_OK;
 }
 
-int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
+int moonlet_mc_ping_disk(moonlet_master_client *mc, const char *client_id, const uint64_t *disk,
+                         uint32_t ndisk, uint32_t *segments_out)
 {
     /* the clock sampled before the send: only makes the master's offset bound smaller */
-    moonlet_args_ping a = {.client_id = mstr(client_id), .node_clock_ms = moonlet_mono_ms()};
-    return mc_call(mc, MOONLET_M_PING, &a, 2, decode_ping, segments_out);
+    moonlet_args_ping a = {.client_id = mstr(client_id), .node_clock_ms = moonlet_mono_ms(),
+                           .disk = {.v = disk, .n = disk ? ndisk : 0}};
+    return mc_call(mc, MOONLET_M_PING, &a, disk ? 3 : 2, decode_ping, segments_out);
+}
+
+int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out)
+{
+    return moonlet_mc_ping_disk(mc, client_id, NULL, 0, segments_out);
 }
 
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *s)

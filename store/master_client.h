@@ -91,6 +91,12 @@ int moonlet_mc_echo(moonlet_master_client *mc, const void *payload, size_t len);
  * reads 0 after it mounted one knows the master forgot it (restart, or
  * declared dead) and must mount again. */
 int moonlet_mc_ping(moonlet_master_client *mc, const char *client_id, uint32_t *segments_out);
+/* The same, carrying a node's disk tier figures (ndisk values in the order
+ * of common/node_disk_fields.h; NULL: none, the Ping above).  Only a node
+ * with a disk tier sends them: a master without the disk tier refuses the
+ * argument. */
+int moonlet_mc_ping_disk(moonlet_master_client *mc, const char *client_id, const uint64_t *disk,
+                         uint32_t ndisk, uint32_t *segments_out);
 int moonlet_mc_mount_segment(moonlet_master_client *mc, const moonlet_segment_desc *seg);
 /* Binds client_id to this MasterClient's connection with a per-node secret
  * (BindClient), now and again on every reconnect before any other call, so

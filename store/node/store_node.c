@@ -76,6 +76,7 @@
 #include "moonlet/error.h"
 #include "net.h"
 #include "node_disk.h"
+#include "node_disk_fields.h"
 #include "segment_mem.h"
 #include "writecap.h"
 #include "monotime.h"
@@ -425,7 +426,21 @@ static int node_heartbeat(moonlet_store_node *n)
         return rc;
     }
     uint32_t segs = 0;
-    int rc = moonlet_mc_ping(n->mc, n->client_id, &segs);
+    uint64_t disk[MOONLET_NODE_DISK_NFIELDS];
+    if (n->disk) { /* its disk tier's figures, for the master's inspect, Stats and /metrics */
+        moonlet_node_disk_stats ds;
+        moonlet_node_disk_get_stats(n->disk, &ds);
+        disk[MOONLET_NODE_DISK_READS] = ds.reads;
+        disk[MOONLET_NODE_DISK_READ_ERRORS] = ds.read_errors;
+        disk[MOONLET_NODE_DISK_IO_ERRORS] = ds.io_errors;
+        disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS] = ds.checksum_errors;
+        disk[MOONLET_NODE_DISK_INFLIGHT] = ds.inflight;
+        disk[MOONLET_NODE_DISK_QUEUE_DEPTH] = ds.queue_depth;
+        disk[MOONLET_NODE_DISK_DEMOTED] = ds.demoted;
+        disk[MOONLET_NODE_DISK_DEMOTE_FAILED] = ds.demote_failed;
+    }
+    int rc = moonlet_mc_ping_disk(n->mc, n->client_id, n->disk ? disk : NULL,
+                                  MOONLET_NODE_DISK_NFIELDS, &segs);
     node_note_ping(n, rc);
     if (!rc)
         node_note_epoch(n);

@@ -447,6 +447,66 @@ static void test_unmount_takes_disk_objects(void **state)
     end_test(m);
 }
 
+/* A node's disk tier figures from its Pings: shown with its disk segment
+ * (not its DRAM one), summed over the nodes in Stats, replaced by its next
+ * Ping (a short array's missing figures are 0), and out of the sums once
+ * the master forgets the node. */
+struct node_disk_seen {
+    uint64_t disk_reads; /* UINT64_MAX: the disk segment had none */
+    bool dram_has;
+};
+
+static void see_node_disk(void *arg, const moonlet_segment_view *v)
+{
+    struct node_disk_seen *s = arg;
+    if (strcmp(v->segment_id, "d") == 0)
+        s->disk_reads = v->node_disk ? v->node_disk[MOONLET_NODE_DISK_READS] : UINT64_MAX;
+    else
+        s->dram_has = s->dram_has || v->node_disk != NULL;
+}
+
+static void test_node_disk_figures(void **state)
+{
+    (void)state;
+    moonlet_master *m = disk_master(0);
+    mount_node(m, 8 * MIB);
+    struct node_disk_seen seen = {0};
+    assert_int_equal(moonlet_master_list_segments(m, see_node_disk, &seen), MOONLET_OK);
+    assert_int_equal(seen.disk_reads, UINT64_MAX); /* no Ping with figures yet */
+    uint64_t n1[MOONLET_NODE_DISK_NFIELDS] = {[MOONLET_NODE_DISK_READS] = 5,
+                                              [MOONLET_NODE_DISK_IO_ERRORS] = 1,
+                                              [MOONLET_NODE_DISK_QUEUE_DEPTH] = 64};
+    moonlet_master_note_node_disk(m, MOONLET_STR("n"), n1, MOONLET_NODE_DISK_NFIELDS);
+    /* a second node, bound to a connection, with no segment */
+    assert_int_equal(moonlet_master_bind_client(m, MOONLET_STR("n2"), MOONLET_STR("s"), 9),
+                     MOONLET_OK);
+    uint64_t n2[] = {7, 0, 0, 2}; /* reads, read_errors, io_errors, checksum_errors */
+    moonlet_master_note_node_disk(m, MOONLET_STR("n2"), n2, 4);
+    moonlet_master_note_node_disk(m, MOONLET_STR("nobody"), n2, 4); /* unknown: nothing */
+    moonlet_master_stats st = stats(m);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 12);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_IO_ERRORS], 1);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS], 2);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_QUEUE_DEPTH], 64);
+    seen = (struct node_disk_seen){0};
+    assert_int_equal(moonlet_master_list_segments(m, see_node_disk, &seen), MOONLET_OK);
+    assert_int_equal(seen.disk_reads, 5);
+    assert_false(seen.dram_has);
+    /* the next Ping replaces the figures: a lower count too (a restarted node) */
+    uint64_t again[] = {1};
+    moonlet_master_note_node_disk(m, MOONLET_STR("n"), again, 1);
+    st = stats(m);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 8);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_IO_ERRORS], 0);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_QUEUE_DEPTH], 0);
+    /* n2's connection closes: the master forgets it and its figures */
+    moonlet_master_session_closed(m, 9);
+    st = stats(m);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 1);
+    assert_int_equal(st.node_disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS], 0);
+    end_test(m);
+}
+
 /* A hot standby follows the disk tier through the record stream (each
  * record through the codec): after a promotion, the disk segment is a disk
  * segment again and the demoted object is read from its extent, which the
@@ -515,4 +575,5 @@ MOONLET_TEST_MAIN("disk", NULL, NULL,
                   cmocka_unit_test(test_trim_waits_for_readers),
                   cmocka_unit_test(test_announce),
                   cmocka_unit_test(test_unmount_takes_disk_objects),
+                  cmocka_unit_test(test_node_disk_figures),
                   cmocka_unit_test(test_standby_follows_the_disk))

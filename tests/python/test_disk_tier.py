@@ -31,8 +31,8 @@ def disk_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def start_store(master, disk_dir, disk_size="64MiB", client_id="disk-node"):
-    return daemons.start_store(master.addr, "4MiB", "--client-id", client_id,
+def start_store(master, disk_dir, disk_size="64MiB", client_id="disk-node", segment="4MiB"):
+    return daemons.start_store(master.addr, segment, "--client-id", client_id,
                                "--disk", os.path.join(disk_dir, "a.tier"),
                                "--disk-size", disk_size, "--ping-interval-ms", "200")
 
@@ -55,37 +55,38 @@ def wait_for(master, what, timeout=30.0):
         time.sleep(0.05)
 
 
-def value(i):
-    return bytes([i & 0xFF]) * 17 + os.urandom(OBJ - 17)
+def value(i, size=OBJ):
+    return bytes([i & 0xFF]) * 17 + os.urandom(size - 17)
 
 
-def put_paced(store, keys, data, master):
-    """Puts one at a time, each after the master has settled the last
-    (no demotion queued): eviction finds copies made ahead."""
-    for k in keys:
+def put_paced(store, keys, data, master, chunk=1):
+    """Puts chunk at a time, each chunk after the master has settled the
+    last (no demotion queued): eviction finds copies made ahead."""
+    for i, k in enumerate(keys):
         store.put(k, data[k])
-        wait_for(master, lambda st: st["demotions_queued"] == 0)
+        if (i + 1) % chunk == 0 or i + 1 == len(keys):
+            wait_for(master, lambda st: st["demotions_queued"] == 0, timeout=60)
 
 
 class DiskCluster:
     """A master, a node with a disk tier and a client, stopped on exit.
     .node may be replaced (a restart) by restart_node()."""
 
-    def __init__(self, disk_dir, *master_flags, disk_size="64MiB"):
-        self.disk_dir, self.disk_size = disk_dir, disk_size
+    def __init__(self, disk_dir, *master_flags, disk_size="64MiB", segment="4MiB"):
+        self.disk_dir, self.disk_size, self.segment = disk_dir, disk_size, segment
         self.master = daemons.start_master("--shards", "16", "--eviction_high_watermark_ratio",
                                            "0.5", "--client_live_ttl_sec", "600", *master_flags)
-        self.node = start_store(self.master, disk_dir, disk_size)
+        self.node = start_store(self.master, disk_dir, disk_size, segment=segment)
         self.store = moonlet.Store.connect(self.master.addr, protocol="tcp")
 
-    def fill(self, prefix, n, paced=True):
-        """Puts n objects prefix0.. (one at a time after the master settled
-        the last, or all at once), waits until no demotion is queued, and
-        returns (keys, their values)."""
+    def fill(self, prefix, n, paced=True, size=OBJ, chunk=1):
+        """Puts n objects prefix0.. of size bytes (chunk at a time, each
+        after the master settled the last, or all at once) and returns
+        (keys, their values)."""
         keys = [f"{prefix}{i}" for i in range(n)]
-        data = {k: value(i) for i, k in enumerate(keys)}
+        data = {k: value(i, size) for i, k in enumerate(keys)}
         if paced:
-            put_paced(self.store, keys, data, self.master)
+            put_paced(self.store, keys, data, self.master, chunk)
         else:
             for k in keys:
                 self.store.put(k, data[k])
@@ -93,7 +94,7 @@ class DiskCluster:
 
     def restart_node(self):
         self.node.stop()
-        self.node = start_store(self.master, self.disk_dir, self.disk_size)
+        self.node = start_store(self.master, self.disk_dir, self.disk_size, segment=self.segment)
 
     def __enter__(self):
         return self
@@ -229,3 +230,53 @@ def test_disk_flags_refused(disk_dir):
         out = subprocess.run([daemons.tool("moonlet-store"), "--master", "127.0.0.1:1", *extra],
                              capture_output=True, text=True, timeout=30, env=daemons.child_env())
         assert out.returncode == 2 and why in out.stderr, (extra, out.stderr)
+
+
+def segments(master):
+    out = subprocess.run([daemons.tool("moonlet-inspect"), "--master", master.addr, "--json",
+                          "segments"], capture_output=True, text=True, timeout=30, check=True,
+                         env=daemons.child_env())
+    return json.loads(out.stdout)["segments"]
+
+
+def test_node_reports_its_disk_tier(disk_dir):
+    """The node's own disk tier figures reach the master with its Pings:
+    inspect segments shows them with the disk segment (and once per node in
+    the table), Stats sums them; disk hits count the reads served from
+    disk, demotions at least those the master joined."""
+    with DiskCluster(disk_dir) as c:
+        keys, data = c.fill("n", 30)
+        st = wait_for(c.master, lambda st: st["disk_objects"] >= 4 and
+                      st["demotions_queued"] == 0)
+        on_disk = [k for k in keys if disk_replica(c.master, k)]
+        assert len(on_disk) >= 4
+        for k in on_disk:
+            assert c.store.get(k) == data[k], k
+        # the node's demoted counts copies made ahead too (staged, not yet joined)
+        st = wait_for(c.master, lambda st: st["node_disk"]["reads"] >= len(on_disk) and
+                      st["node_disk"]["demoted"] >= st["demotions"] > 0)
+        nd = st["node_disk"]
+        assert nd["read_errors"] == nd["io_errors"] == nd["checksum_errors"] == 0, nd
+        assert nd["queue_depth"] > 0 and nd["inflight"] <= nd["queue_depth"], nd
+        [seg] = [s for s in segments(c.master) if s["disk"]]
+        assert seg["node_tier"]["reads"] >= len(on_disk), seg
+        assert all("node_tier" not in s for s in segments(c.master) if not s["disk"])
+        table = subprocess.run([daemons.tool("moonlet-inspect"), "--master", c.master.addr,
+                                "segments"], capture_output=True, text=True, timeout=30,
+                               check=True, env=daemons.child_env()).stdout
+        assert table.count("disk tier of disk-node:") == 1, table
+
+
+def test_large_demotions_come_back(disk_dir):
+    """Demotions of 8 MiB objects, more than a node's demotion batch
+    (64 MiB) at a time: the node writes its batches on two streams at once;
+    every object reads back exact or OBJECT_NOT_FOUND, and most come back."""
+    size = 8 * MIB
+    with DiskCluster(disk_dir, disk_size="1GiB", segment="128MiB") as c:
+        keys, data = c.fill("L", 40, size=size, chunk=12)
+        st = wait_for(c.master, lambda st: st["demotions"] > 0 and
+                      st["demotions_queued"] == 0, timeout=60)
+        assert st["demotions_failed"] == 0, st
+        # DRAM holds at most 16 of them; the disk gives back the others
+        back = exact_or_missing(c.store, keys, data)
+        assert back > 16, (back, st)

@@ -2,7 +2,9 @@
  * segments.c - `moonlet-inspect segments`: every segment mounted on the
  * master, with its owner, transport endpoint, space and the age of its
  * owner's last ping (a store node that stops pinging is unmounted when the
- * age passes the master's liveness TTL).
+ * age passes the master's liveness TTL).  A disk segment's node also says
+ * how its disk tier does (node_tier: disk hits, errors, I/Os in flight, as
+ * its last Ping carried them): once per node, below the table.
  *
  * ListSegments page by page (INSPECT_SEG_PAGE segments per call, so no reply
  * grows with the cluster); the rows are gathered, then rendered at once.  A
@@ -36,6 +38,9 @@ static int render_json(const cJSON *list, const inspect_opts *o, FILE *out)
         inspect_json_copy_alt(j, s);
         cJSON_AddBoolToObject(j, "draining", cJSON_IsTrue(cJSON_GetObjectItem(s, "draining")));
         cJSON_AddBoolToObject(j, "disk", cJSON_IsTrue(cJSON_GetObjectItem(s, "disk")));
+        const cJSON *nt = cJSON_GetObjectItem(s, "node_tier");
+        if (cJSON_IsObject(nt))
+            cJSON_AddItemToObject(j, "node_tier", cJSON_Duplicate(nt, true));
         cap += inspect_json_u64(s, "capacity");
         used += inspect_json_u64(s, "used");
         cJSON_AddItemToArray(arr, j);
@@ -58,6 +63,21 @@ static const inspect_col SEG_COLS[] = {
 static double pct(uint64_t part, uint64_t whole)
 {
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
+}
+
+/* Whether a segment of client id listed before `upto` carried its node's
+ * disk tier figures (they are printed once per node). */
+static bool node_tier_before(const cJSON *list, const cJSON *upto, const char *id)
+{
+    const cJSON *p;
+    cJSON_ArrayForEach(p, list) {
+        if (p == upto)
+            return false;
+        if (cJSON_IsObject(cJSON_GetObjectItem(p, "node_tier")) &&
+            strcmp(inspect_json_str(p, "client_id"), id) == 0)
+            return true;
+    }
+    return false;
 }
 
 static int render_table(const cJSON *list, FILE *out, int width)
@@ -127,6 +147,20 @@ static int render_table(const cJSON *list, FILE *out, int width)
         fprintf(out, "disk tier: %d path%s, %s capacity, %s used (%.1f%%), %" PRIu64 " object%s\n",
                 ndisk, ndisk == 1 ? "" : "s", capb, usedb, pct(dused, dcap), dobjects,
                 dobjects == 1 ? "" : "s");
+    }
+    /* each disk node's own figures, once per node (its paths share its tier) */
+    cJSON_ArrayForEach(s, list) {
+        const cJSON *nt = cJSON_GetObjectItem(s, "node_tier");
+        const char *id = inspect_json_str(s, "client_id");
+        if (!cJSON_IsObject(nt) || node_tier_before(list, s, id))
+            continue;
+        fprintf(out, "disk tier of %s: %" PRIu64 " reads (hits), %" PRIu64 " read errors, %" PRIu64
+                " I/O errors, %" PRIu64 " checksum errors, %" PRIu64 " of %" PRIu64
+                " I/Os in flight, %" PRIu64 " demoted, %" PRIu64 " demotions failed\n", id,
+                inspect_json_u64(nt, "reads"), inspect_json_u64(nt, "read_errors"),
+                inspect_json_u64(nt, "io_errors"), inspect_json_u64(nt, "checksum_errors"),
+                inspect_json_u64(nt, "inflight"), inspect_json_u64(nt, "queue_depth"),
+                inspect_json_u64(nt, "demoted"), inspect_json_u64(nt, "demote_failed"));
     }
     return MOONLET_OK;
 }

@@ -63,6 +63,9 @@ static int render_json(const cJSON *st, const inspect_opts *o, FILE *out)
     cJSON_AddStringToObject(doc, "master", o->master);
     for (size_t i = 0; i < sizeof(STAT_FIELDS) / sizeof(STAT_FIELDS[0]); i++)
         inspect_json_add_u64(doc, STAT_FIELDS[i], inspect_json_u64(st, STAT_FIELDS[i]));
+    const cJSON *nd = cJSON_GetObjectItem(st, "node_disk"); /* the nodes' disk tiers, summed */
+    if (cJSON_IsObject(nd))
+        cJSON_AddItemToObject(doc, "node_disk", cJSON_Duplicate(nd, true));
     cJSON *arr = cJSON_AddArrayToObject(doc, HIST_FIELD);
     for (int i = 0; i < MOONLET_LOCK_HIST_BUCKETS; i++) {
         cJSON *b = cJSON_CreateObject();
@@ -152,6 +155,14 @@ static int render_table(const cJSON *st, FILE *out, int width)
                   " disk evictions, %" PRIu64 " announced", U("demotions"), dbytes,
                   U("demotions_queued"), U("demotions_staged"), U("demotions_dropped"),
                   U("demotions_failed"), U("disk_evictions"), U("disk_announced"));
+        const cJSON *nd = cJSON_GetObjectItem(st, "node_disk");
+        if (cJSON_IsObject(nd))
+            bad |= kv(t, "disk nodes", "%" PRIu64 " reads (hits), %" PRIu64 " read errors, %"
+                      PRIu64 " I/O errors, %" PRIu64 " checksum errors, %" PRIu64 " of %" PRIu64
+                      " I/Os in flight", inspect_json_u64(nd, "reads"),
+                      inspect_json_u64(nd, "read_errors"), inspect_json_u64(nd, "io_errors"),
+                      inspect_json_u64(nd, "checksum_errors"), inspect_json_u64(nd, "inflight"),
+                      inspect_json_u64(nd, "queue_depth"));
     }
     if (bad) {
         inspect_table_free(t);
