@@ -19,6 +19,7 @@
 #include "clock.h"
 #include "master.h"
 #include "moonlet/error.h"
+#include "replicate.h"
 
 #define FIX_T0 (1000ull * 1000000000ull) /* the frozen clock starts at 1000 s */
 
@@ -156,7 +157,7 @@ struct fix_reps {
     uint64_t off[FIX_MAX_REPS], ttl[FIX_MAX_REPS];
     uint64_t cap_expiry[FIX_MAX_REPS], cap_len[FIX_MAX_REPS], cap_tag[FIX_MAX_REPS];
     uint8_t status[FIX_MAX_REPS];
-    bool has_cap[FIX_MAX_REPS];
+    bool has_cap[FIX_MAX_REPS], disk[FIX_MAX_REPS];
 };
 
 static inline void fix_reps_visit(void *arg, const moonlet_replica_view *r)
@@ -171,6 +172,7 @@ static inline void fix_reps_visit(void *arg, const moonlet_replica_view *r)
     c->cap_tag[c->n] = r->cap_tag;
     c->status[c->n] = r->status;
     c->has_cap[c->n] = r->has_cap;
+    c->disk[c->n] = r->disk;
     c->n++;
 }
 
@@ -187,6 +189,77 @@ static inline void fix_put_opts(moonlet_master *m, const char *key, uint64_t siz
                                                    r ? fix_reps_visit : NULL, r),
                      MOONLET_OK);
     assert_int_equal(moonlet_master_put_end(m, MOONLET_STR(""), MOONLET_STR(key), ck), MOONLET_OK);
+}
+
+/* The repair jobs (re-replications and demotions) RepairFetch hands a
+ * node, as a test looks at them: the first FIX_JOB_SOURCES sources only. */
+#define FIX_MAX_JOBS 64
+#define FIX_JOB_SOURCES 4
+struct fix_job {
+    uint64_t id, size, checksum;
+    bool has_checksum, demote;
+    char tenant[32], key[32];
+    char target_seg[32], target_ep[64];
+    uint64_t target_offset;
+    uint8_t target_status;
+    bool target_disk;
+    uint32_t nsources;
+    char source_seg[FIX_JOB_SOURCES][32], source_ep[FIX_JOB_SOURCES][64];
+};
+
+struct fix_jobs {
+    struct fix_job j[FIX_MAX_JOBS];
+    uint32_t n;
+};
+
+static inline void fix_jobs_visit(void *arg, const moonlet_repair_job_view *v)
+{
+    struct fix_jobs *js = arg;
+    assert_true(js->n < FIX_MAX_JOBS);
+    struct fix_job *j = &js->j[js->n++];
+    memset(j, 0, sizeof(*j));
+    j->id = v->job_id;
+    j->size = v->size;
+    j->checksum = v->checksum;
+    j->has_checksum = v->has_checksum;
+    j->demote = v->demote;
+    snprintf(j->tenant, sizeof(j->tenant), "%.*s", (int)v->tenant.len, v->tenant.ptr);
+    snprintf(j->key, sizeof(j->key), "%.*s", (int)v->key.len, v->key.ptr);
+    snprintf(j->target_seg, sizeof(j->target_seg), "%s", v->target->segment_id);
+    snprintf(j->target_ep, sizeof(j->target_ep), "%s", v->target->endpoint);
+    j->target_offset = v->target->offset;
+    j->target_status = v->target->status;
+    j->target_disk = v->target->disk;
+    j->nsources = v->nsources;
+    for (uint32_t i = 0; i < v->nsources && i < FIX_JOB_SOURCES; i++) {
+        snprintf(j->source_seg[i], sizeof(j->source_seg[i]), "%s", v->sources[i].segment_id);
+        snprintf(j->source_ep[i], sizeof(j->source_ep[i]), "%s", v->sources[i].endpoint);
+    }
+}
+
+/* RepairFetch for `client` (session 0): the jobs to *js (cleared first),
+ * returns how many.  The call must succeed. */
+static inline uint32_t fix_repair_fetch(moonlet_master *m, const char *client,
+                                        struct fix_jobs *js)
+{
+    js->n = 0;
+    assert_int_equal(moonlet_master_repair_fetch(m, MOONLET_STR(client), 0, FIX_MAX_JOBS,
+                                                 fix_jobs_visit, js),
+                     MOONLET_OK);
+    return js->n;
+}
+
+/* A hot standby's end of the leader's record stream (cfg.repl_emit with
+ * cfg.repl_arg a moonlet_repl_state): each record goes through the codec
+ * and is applied to the standby's state; every step must succeed. */
+static inline void fix_repl_apply(void *standby, const moonlet_repl_rec *rec)
+{
+    uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
+    size_t len = moonlet_repl_encode(rec, buf, sizeof(buf));
+    assert_true(len > 0);
+    moonlet_repl_decoded d;
+    assert_int_equal(moonlet_repl_decode(buf, len, &d), MOONLET_OK);
+    assert_int_equal(moonlet_repl_state_apply(standby, &d.rec), MOONLET_OK);
 }
 
 #endif

@@ -219,16 +219,16 @@ static dev_pair dev_pair_new(moonlet_client *c, size_t n, uint32_t a, uint32_t b
 }
 
 /* The arrays of a zero-copy batch (batch_put_from / batch_get_into) of up
- * to ZB_MAX keys: the keys (and their names), the sources, the
- * destinations, their lengths, the bytes read and each key's outcome. */
+ * to ZB_MAX keys. */
 enum { ZB_MAX = 96 };
 typedef struct zbatch {
-    char names[ZB_MAX][64];
+    char names[ZB_MAX][64];   /* the keys' text */
     const char *keys[ZB_MAX];
-    const void *bufs[ZB_MAX];
-    void *out[ZB_MAX];
-    size_t lens[ZB_MAX], got[ZB_MAX];
-    int32_t res[ZB_MAX];
+    const void *bufs[ZB_MAX]; /* the sources (put) */
+    void *out[ZB_MAX];        /* the destinations (get) */
+    size_t lens[ZB_MAX];      /* each key's bytes */
+    size_t got[ZB_MAX];       /* the bytes a get read */
+    int32_t res[ZB_MAX];      /* each key's outcome */
 } zbatch;
 
 static void key_of(char *buf, size_t cap, const char *what, size_t i)
@@ -644,12 +644,6 @@ int main(int argc, char **argv)
 {
     g_dummy = argc > 1 && strcmp(argv[1], "dummy") == 0;
     if (argc > 1 && strcmp(argv[1], "rdma") == 0) {
-        g_rdma_addr = getenv("MOONLET_GPU_RDMA_ADDR");
-        g_rdma_src = getenv("MOONLET_GPU_RDMA_SRC");
-        if (!g_rdma_addr || !g_rdma_src) {
-            fprintf(stderr, "rdma: set MOONLET_GPU_RDMA_ADDR and MOONLET_GPU_RDMA_SRC\n");
-            return 1;
-        }
         const struct CMUnitTest rdma[] = {
             cmocka_unit_test(test_register_device_memory),
             cmocka_unit_test(test_batch_round_trip_two_devices),
@@ -658,6 +652,12 @@ int main(int argc, char **argv)
             cmocka_unit_test(test_gpudirect_refused_once),
             cmocka_unit_test(test_gpudirect_refused_by_nic),
         };
+        g_rdma_addr = getenv("MOONLET_GPU_RDMA_ADDR");
+        g_rdma_src = getenv("MOONLET_GPU_RDMA_SRC");
+        if (!g_rdma_addr || !g_rdma_src) {
+            fprintf(stderr, "rdma: set MOONLET_GPU_RDMA_ADDR and MOONLET_GPU_RDMA_SRC\n");
+            return 1;
+        }
         return cmocka_run_group_tests_name("client_gpu_rdma", rdma, setup, teardown);
     }
     const struct CMUnitTest neutral[] = {

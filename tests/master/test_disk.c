@@ -18,7 +18,9 @@
 #define MIB (1ull << 20)
 #define OBJ 1000ull /* bytes of every object here */
 
-static moonlet_master *disk_master(uint32_t demote_queue)
+/* standby: the state a hot standby follows this master's records into
+ * (NULL: none). */
+static moonlet_master *disk_master(uint32_t demote_queue, moonlet_repl_state *standby)
 {
     moonlet_master_config cfg = fix_config(16);
     cfg.lease_ttl_ms = 1000;
@@ -26,6 +28,10 @@ static moonlet_master *disk_master(uint32_t demote_queue)
     cfg.repair_timeout_ms = 5000;
     if (demote_queue)
         cfg.demote_queue = demote_queue;
+    if (standby) {
+        cfg.repl_emit = fix_repl_apply;
+        cfg.repl_arg = standby;
+    }
     return fix_master_of(&cfg, FIX_T0);
 }
 
@@ -64,80 +70,34 @@ static uint64_t footprint(const char *key)
         OBJ);
 }
 
-struct rep {
-    char seg[32];
-    uint64_t offset;
-    bool disk;
-};
-
-struct reps {
-    struct rep r[8];
-    uint32_t n;
-};
-
-static void collect_rep(void *arg, const moonlet_replica_view *v)
-{
-    struct reps *rs = arg;
-    struct rep *r = &rs->r[rs->n++];
-    snprintf(r->seg, sizeof(r->seg), "%s", v->segment_id);
-    r->offset = v->offset;
-    r->disk = v->disk;
-}
-
 /* The replicas GetReplicaList hands a reader (rc OBJECT_NOT_FOUND: none). */
-static int replicas(moonlet_master *m, const char *key, struct reps *rs)
+static int replicas(moonlet_master *m, const char *key, struct fix_reps *rs)
 {
-    rs->n = 0;
+    memset(rs, 0, sizeof(*rs));
     return moonlet_master_get_replica_list(m, MOONLET_STR(""), MOONLET_STR(key), NULL, NULL,
-                                           collect_rep, rs);
+                                           fix_reps_visit, rs);
 }
 
-struct job {
-    uint64_t id;
-    bool demote;
-    char tenant[32], key[32], target[32], source[32];
-    uint64_t target_offset;
-    bool target_disk;
-};
-
-struct jobs {
-    struct job j[64];
-    uint32_t n;
-};
-
-static void collect_job(void *arg, const moonlet_repair_job_view *v)
+/* key's only replica is its disk copy, on segment d at offset. */
+static void expect_on_disk(moonlet_master *m, const char *key, uint64_t offset)
 {
-    struct jobs *js = arg;
-    struct job *j = &js->j[js->n++];
-    memset(j, 0, sizeof(*j));
-    j->id = v->job_id;
-    j->demote = v->demote;
-    snprintf(j->tenant, sizeof(j->tenant), "%.*s", (int)v->tenant.len, v->tenant.ptr);
-    snprintf(j->key, sizeof(j->key), "%.*s", (int)v->key.len, v->key.ptr);
-    snprintf(j->target, sizeof(j->target), "%s", v->target->segment_id);
-    j->target_offset = v->target->offset;
-    j->target_disk = v->target->disk;
-    snprintf(j->source, sizeof(j->source), "%s", v->sources[0].segment_id);
+    struct fix_reps rs;
+    assert_int_equal(replicas(m, key, &rs), MOONLET_OK);
+    assert_int_equal(rs.n, 1);
+    assert_true(rs.disk[0]);
+    assert_string_equal(rs.segs[0], "d");
+    assert_int_equal(rs.off[0], offset);
 }
 
-static uint32_t fetch(moonlet_master *m, struct jobs *js)
+/* The jobs node n fetches. */
+static uint32_t fetch(moonlet_master *m, struct fix_jobs *js)
 {
-    js->n = 0;
-    assert_int_equal(moonlet_master_repair_fetch(m, MOONLET_STR("n"), 0, 64, collect_job, js),
-                     MOONLET_OK);
-    return js->n;
+    return fix_repair_fetch(m, "n", js);
 }
 
 static int done(moonlet_master *m, uint64_t id, int32_t code)
 {
     return moonlet_master_repair_done(m, MOONLET_STR("n"), 0, id, code, OBJ);
-}
-
-static moonlet_master_stats stats(moonlet_master *m)
-{
-    moonlet_master_stats st;
-    moonlet_master_get_stats(m, &st);
-    return st;
 }
 
 struct trims {
@@ -162,10 +122,22 @@ static uint32_t trim(moonlet_master *m, uint64_t *done_offs, uint32_t ndone, str
     return t->n;
 }
 
-static void end_test(moonlet_master *m)
+/* Most tests run on disk_master(0, NULL) with node n's 8 MiB disk, their state;
+ * the others make their own master and leave it there for teardown(). */
+static int setup(void **state)
 {
-    moonlet_master_destroy(m);
+    moonlet_master *m = disk_master(0, NULL);
+    mount_node(m, 8 * MIB);
+    *state = m;
+    return 0;
+}
+
+/* The test's master destroyed (also after a failure), the clock real again. */
+static int teardown(void **state)
+{
+    moonlet_master_destroy(*state);
     moonlet_clock_set_fake(0);
+    return 0;
 }
 
 /* Demotes every object eviction picks and completes the copies: returns
@@ -173,7 +145,7 @@ static void end_test(moonlet_master *m)
 static uint32_t demote_all(moonlet_master *m)
 {
     moonlet_master_evict_now(m, 1.0);
-    struct jobs js;
+    struct fix_jobs js;
     uint32_t n = fetch(m, &js);
     for (uint32_t i = 0; i < n; i++)
         assert_int_equal(done(m, js.j[i].id, MOONLET_OK), MOONLET_OK);
@@ -184,14 +156,12 @@ static uint32_t demote_all(moonlet_master *m)
  * whole blocks. */
 static void test_disk_segment_takes_no_put(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     moonlet_segment_desc odd = {.client_id = "n", .segment_id = "d2", .size = 8 * MIB + 100,
                                 .endpoint = "10.0.0.1:3", .protocol = "tcp", .disk = true,
                                 .write_key = wkey, .node_clock_ms = 1};
     assert_int_equal(moonlet_master_mount_segment(m, &odd), MOONLET_ERR_INVALID_PARAMS);
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.capacity, MIB);
     assert_int_equal(st.disk_capacity, 8 * MIB);
     assert_int_equal(st.disk_segments, 1);
@@ -199,13 +169,12 @@ static void test_disk_segment_takes_no_put(void **state)
     for (int i = 0; i < 200; i++) { /* more than fit in DRAM: evicts, never places on d */
         snprintf(k, sizeof(k), "k%d", i);
         put(m, k);
-        struct reps rs;
+        struct fix_reps rs;
         assert_int_equal(replicas(m, k, &rs), MOONLET_OK);
-        assert_string_equal(rs.r[0].seg, "a");
-        assert_false(rs.r[0].disk);
+        assert_string_equal(rs.segs[0], "a");
+        assert_false(rs.disk[0]);
     }
-    assert_int_equal(stats(m).disk_used, 0);
-    end_test(m);
+    assert_int_equal(fix_stats(m).disk_used, 0);
 }
 
 /* Eviction queues a demotion; the object stays readable from DRAM until
@@ -213,43 +182,37 @@ static void test_disk_segment_takes_no_put(void **state)
  * range is free. */
 static void test_eviction_demotes(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     put(m, "k");
-    uint64_t dram_used = stats(m).used;
+    uint64_t dram_used = fix_stats(m).used;
     assert_true(dram_used > 0);
     assert_int_equal(moonlet_master_evict_now(m, 1.0), 1);
-    assert_int_equal(stats(m).demotions_queued, 1);
-    struct reps rs;
+    assert_int_equal(fix_stats(m).demotions_queued, 1);
+    struct fix_reps rs;
     assert_int_equal(replicas(m, "k", &rs), MOONLET_OK);
     assert_int_equal(rs.n, 1);
-    assert_false(rs.r[0].disk);
+    assert_false(rs.disk[0]);
 
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, &js), 1);
     assert_true(js.j[0].demote);
     assert_true(js.j[0].target_disk);
-    assert_string_equal(js.j[0].target, "d");
-    assert_string_equal(js.j[0].source, "a");
+    assert_string_equal(js.j[0].target_seg, "d");
+    assert_string_equal(js.j[0].source_seg[0], "a");
     assert_string_equal(js.j[0].key, "k");
     assert_string_equal(js.j[0].tenant, MOONLET_DEFAULT_TENANT);
     assert_int_equal(js.j[0].target_offset % MOONLET_DISK_BLOCK, 0);
-    assert_int_equal(stats(m).disk_used, footprint("k"));
+    assert_int_equal(fix_stats(m).disk_used, footprint("k"));
     assert_int_equal(replicas(m, "k", &rs), MOONLET_OK); /* still DRAM while copying */
-    assert_false(rs.r[0].disk);
+    assert_false(rs.disk[0]);
 
     assert_int_equal(done(m, js.j[0].id, MOONLET_OK), MOONLET_OK);
     /* The reader above still holds its lease: the DRAM range waits for it. */
-    assert_int_equal(stats(m).used, dram_used);
+    assert_int_equal(fix_stats(m).used, dram_used);
     moonlet_clock_set_fake(FIX_T0 + 1001 * MS);
     moonlet_master_tick(m);
-    assert_int_equal(replicas(m, "k", &rs), MOONLET_OK);
-    assert_int_equal(rs.n, 1);
-    assert_true(rs.r[0].disk);
-    assert_string_equal(rs.r[0].seg, "d");
-    assert_int_equal(rs.r[0].offset, js.j[0].target_offset);
-    moonlet_master_stats st = stats(m);
+    expect_on_disk(m, "k", js.j[0].target_offset);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.used, dram_used - moonlet_alloc_rounded(OBJ));
     assert_int_equal(st.demotions, 1);
     assert_int_equal(st.demotion_bytes, OBJ);
@@ -259,30 +222,27 @@ static void test_eviction_demotes(void **state)
     /* A disk object is not DRAM's to evict: a pass finds nothing. */
     assert_int_equal(moonlet_master_evict_now(m, 1.0), 0);
     assert_int_equal(fetch(m, &js), 0);
-    end_test(m);
 }
 
 /* A copy the node reports failed (or lets time out) keeps the object in
  * DRAM, and its disk extent goes back. */
 static void test_failed_demotion_keeps_dram(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     put(m, "k");
     put(m, "j");
     moonlet_master_evict_now(m, 1.0);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, &js), 2);
     assert_int_equal(done(m, js.j[0].id, MOONLET_ERR_INTERNAL_ERROR), MOONLET_OK);
     moonlet_clock_set_fake(FIX_T0 + 6000 * MS); /* past the other's deadline */
     moonlet_master_tick(m);
-    struct reps rs;
+    struct fix_reps rs;
     for (int i = 0; i < 2; i++) {
         assert_int_equal(replicas(m, js.j[i].key, &rs), MOONLET_OK);
-        assert_false(rs.r[0].disk);
+        assert_false(rs.disk[0]);
     }
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.demotions_failed, 2);
     assert_int_equal(st.demotions_queued, 0);
     assert_int_equal(st.demotions, 0);
@@ -293,52 +253,50 @@ static void test_failed_demotion_keeps_dram(void **state)
     moonlet_clock_set_fake(FIX_T0 + 120000 * MS);
     assert_int_equal(trim(m, NULL, 0, &t), 2);
     assert_int_equal(trim(m, t.off, t.n, &t), 0);
-    assert_int_equal(stats(m).disk_used, 0);
-    end_test(m);
+    assert_int_equal(fix_stats(m).disk_used, 0);
 }
 
 /* Eviction never waits for the disk: past demote_queue, objects are
  * destroyed (counted), the queued ones demoted. */
 static void test_full_queue_drops(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(2);
+    moonlet_master *m = disk_master(2, NULL);
+    *state = m;
     mount_node(m, 8 * MIB);
     put(m, "k0");
     put(m, "k1");
     put(m, "k2");
     put(m, "k3");
     assert_int_equal(moonlet_master_evict_now(m, 1.0), 4);
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.demotions_queued, 2);
     assert_int_equal(st.demotions_dropped, 2);
     assert_int_equal(st.objects, 2);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, &js), 2);
-    end_test(m);
 }
 
 /* A full disk evicts its coldest objects for a demotion's room; the
  * victim's extent is reused only after the node trimmed it. */
 static void test_full_disk_evicts_its_own(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
+    moonlet_master *m = disk_master(0, NULL);
+    *state = m;
     mount_node(m, 2 * footprint("k0")); /* two extents */
     put(m, "k0");
     put(m, "k1");
     assert_int_equal(demote_all(m), 2);
-    assert_int_equal(stats(m).disk_objects, 2);
+    assert_int_equal(fix_stats(m).disk_objects, 2);
     moonlet_clock_set_fake(FIX_T0 + 10 * MS);
     put(m, "k2");
     moonlet_master_evict_now(m, 1.0);
-    struct jobs js;
+    struct fix_jobs js;
     /* No room: the disk evicted one, but its extent waits for the trim. */
     assert_int_equal(fetch(m, &js), 0);
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.disk_evictions, 1);
     assert_int_equal(st.demotions_dropped, 1); /* k2 evicted without a copy */
-    struct reps rs;
+    struct fix_reps rs;
     assert_int_equal(replicas(m, "k2", &rs), MOONLET_ERR_OBJECT_NOT_FOUND);
     struct trims t;
     assert_int_equal(trim(m, NULL, 0, &t), 1);
@@ -350,33 +308,29 @@ static void test_full_disk_evicts_its_own(void **state)
     assert_int_equal(fetch(m, &js), 1);
     assert_string_equal(js.j[0].key, "k3");
     assert_int_equal(done(m, js.j[0].id, MOONLET_OK), MOONLET_OK);
-    assert_int_equal(stats(m).disk_objects, 2);
-    end_test(m);
+    assert_int_equal(fix_stats(m).disk_objects, 2);
 }
 
 /* A disk object removed while a reader holds its lease: its extent is not
  * handed out for trimming (nor reused) before the lease ends. */
 static void test_trim_waits_for_readers(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     put(m, "k");
     assert_int_equal(demote_all(m), 1);
-    struct reps rs;
+    struct fix_reps rs;
     assert_int_equal(replicas(m, "k", &rs), MOONLET_OK); /* leases it for 1000 ms */
     assert_int_equal(moonlet_master_remove_ex(m, MOONLET_STR(""), MOONLET_STR("k"), true),
                      MOONLET_OK);
     struct trims t;
-    uint64_t early = rs.r[0].offset;
+    uint64_t early = rs.off[0];
     assert_int_equal(trim(m, &early, 1, &t), 0); /* naming it early frees nothing */
-    assert_int_equal(stats(m).disk_used, footprint("k"));
+    assert_int_equal(fix_stats(m).disk_used, footprint("k"));
     moonlet_clock_set_fake(FIX_T0 + 1001 * MS);
     assert_int_equal(trim(m, NULL, 0, &t), 1);
-    assert_int_equal(t.off[0], rs.r[0].offset);
+    assert_int_equal(t.off[0], rs.off[0]);
     assert_int_equal(trim(m, t.off, 1, &t), 0);
-    assert_int_equal(stats(m).disk_used, 0);
-    end_test(m);
+    assert_int_equal(fix_stats(m).disk_used, 0);
 }
 
 /* A restarted node's announce: objects back on their extents, readable
@@ -384,9 +338,7 @@ static void test_trim_waits_for_readers(void **state)
  * another node's segment are refused. */
 static void test_announce(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     put(m, "again");
     moonlet_disk_entry e[4] = {
         {MOONLET_STR(""), MOONLET_STR("x"), OBJ, 0x77, 0},
@@ -402,16 +354,16 @@ static void test_announce(void **state)
     assert_int_equal(codes[1], MOONLET_OK);
     assert_int_equal(codes[2], MOONLET_ERR_OBJECT_ALREADY_EXISTS);
     assert_int_equal(codes[3], MOONLET_ERR_NO_AVAILABLE_HANDLE);
-    struct reps rs;
+    struct fix_reps rs;
     assert_int_equal(replicas(m, "x", &rs), MOONLET_OK);
-    assert_true(rs.r[0].disk);
-    assert_int_equal(rs.r[0].offset, 0);
-    rs.n = 0;
+    assert_true(rs.disk[0]);
+    assert_int_equal(rs.off[0], 0);
+    memset(&rs, 0, sizeof(rs));
     assert_int_equal(moonlet_master_get_replica_list(m, MOONLET_STR("t2"), MOONLET_STR("y"), NULL,
-                                                     NULL, collect_rep, &rs),
+                                                     NULL, fix_reps_visit, &rs),
                      MOONLET_OK);
-    assert_true(rs.r[0].disk);
-    moonlet_master_stats st = stats(m);
+    assert_true(rs.disk[0]);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.disk_announced, 2);
     assert_int_equal(st.disk_objects, 2);
     /* DRAM segment "a" is not a disk; "d" is not another client's. */
@@ -424,27 +376,23 @@ static void test_announce(void **state)
     assert_int_equal(moonlet_master_disk_announce(m, MOONLET_STR("o"), 0, MOONLET_STR("d"), e, 1,
                                                   codes),
                      MOONLET_ERR_SEGMENT_NOT_FOUND);
-    end_test(m);
 }
 
 /* The node's death takes its disk objects with its segments (they come back
  * with its announce); the DRAM watermark ignores the disk. */
 static void test_unmount_takes_disk_objects(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     put(m, "k");
     assert_int_equal(demote_all(m), 1);
     assert_int_equal(moonlet_master_unmount_segment(m, MOONLET_STR("n"), MOONLET_STR("d")),
                      MOONLET_OK);
-    struct reps rs;
+    struct fix_reps rs;
     assert_int_equal(replicas(m, "k", &rs), MOONLET_ERR_OBJECT_NOT_FOUND);
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.disk_capacity, 0);
     assert_int_equal(st.disk_used, 0);
     assert_int_equal(st.objects, 0);
-    end_test(m);
 }
 
 /* A node's disk tier figures from its Pings: shown with its disk segment
@@ -467,9 +415,7 @@ static void see_node_disk(void *arg, const moonlet_segment_view *v)
 
 static void test_node_disk_figures(void **state)
 {
-    (void)state;
-    moonlet_master *m = disk_master(0);
-    mount_node(m, 8 * MIB);
+    moonlet_master *m = *state;
     struct node_disk_seen seen = {0};
     assert_int_equal(moonlet_master_list_segments(m, see_node_disk, &seen), MOONLET_OK);
     assert_int_equal(seen.disk_reads, UINT64_MAX); /* no Ping with figures yet */
@@ -483,7 +429,7 @@ static void test_node_disk_figures(void **state)
     uint64_t n2[] = {7, 0, 0, 2}; /* reads, read_errors, io_errors, checksum_errors */
     moonlet_master_note_node_disk(m, MOONLET_STR("n2"), n2, 4);
     moonlet_master_note_node_disk(m, MOONLET_STR("nobody"), n2, 4); /* unknown: nothing */
-    moonlet_master_stats st = stats(m);
+    moonlet_master_stats st = fix_stats(m);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 12);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_IO_ERRORS], 1);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS], 2);
@@ -495,62 +441,42 @@ static void test_node_disk_figures(void **state)
     /* the next Ping replaces the figures: a lower count too (a restarted node) */
     uint64_t again[] = {1};
     moonlet_master_note_node_disk(m, MOONLET_STR("n"), again, 1);
-    st = stats(m);
+    st = fix_stats(m);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 8);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_IO_ERRORS], 0);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_QUEUE_DEPTH], 0);
     /* n2's connection closes: the master forgets it and its figures */
     moonlet_master_session_closed(m, 9);
-    st = stats(m);
+    st = fix_stats(m);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_READS], 1);
     assert_int_equal(st.node_disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS], 0);
-    end_test(m);
 }
 
 /* A hot standby follows the disk tier through the record stream (each
  * record through the codec): after a promotion, the disk segment is a disk
  * segment again and the demoted object is read from its extent, which the
  * new leader does not place another demotion over. */
-static void to_standby(void *arg, const moonlet_repl_rec *rec)
-{
-    uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
-    size_t n = moonlet_repl_encode(rec, buf, sizeof(buf));
-    assert_true(n > 0);
-    moonlet_repl_decoded d;
-    assert_int_equal(moonlet_repl_decode(buf, n, &d), MOONLET_OK);
-    assert_int_equal(moonlet_repl_state_apply(arg, &d.rec), MOONLET_OK);
-}
-
 static void test_standby_follows_the_disk(void **state)
 {
-    (void)state;
     moonlet_repl_state *st;
     assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
-    moonlet_master_config cfg = fix_config(16);
-    cfg.lease_ttl_ms = 1000;
-    cfg.client_live_ttl_ms = 1000ull * 1000 * 1000;
-    cfg.repl_emit = to_standby;
-    cfg.repl_arg = st;
-    moonlet_master *m = fix_master_of(&cfg, FIX_T0);
+    moonlet_master *m = disk_master(0, st);
+    *state = m;
     mount_node(m, 8 * MIB);
     put(m, "k");
     assert_int_equal(demote_all(m), 1);
-    struct reps was;
+    struct fix_reps was;
     assert_int_equal(replicas(m, "k", &was), MOONLET_OK);
-    assert_true(was.r[0].disk);
+    assert_true(was.disk[0]);
     moonlet_master_destroy(m);
 
-    moonlet_master *p = disk_master(0);
+    moonlet_master *p = disk_master(0, NULL);
+    *state = p;
     uint64_t restored = 0;
     assert_int_equal(moonlet_repl_state_restore(st, p, &restored, NULL), MOONLET_OK);
     assert_int_equal(restored, 1);
-    struct reps rs;
-    assert_int_equal(replicas(p, "k", &rs), MOONLET_OK);
-    assert_int_equal(rs.n, 1);
-    assert_true(rs.r[0].disk);
-    assert_string_equal(rs.r[0].seg, "d");
-    assert_int_equal(rs.r[0].offset, was.r[0].offset);
-    moonlet_master_stats sts = stats(p);
+    expect_on_disk(p, "k", was.off[0]);
+    moonlet_master_stats sts = fix_stats(p);
     assert_int_equal(sts.disk_segments, 1);
     assert_int_equal(sts.disk_objects, 1);
     assert_int_equal(sts.disk_used, footprint("k"));
@@ -558,22 +484,21 @@ static void test_standby_follows_the_disk(void **state)
     /* the next demotion lands elsewhere on the disk */
     put(p, "j");
     moonlet_master_evict_now(p, 1.0);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(p, &js), 1);
-    assert_true(js.j[0].target_offset >= was.r[0].offset + footprint("k") ||
-                js.j[0].target_offset + footprint("j") <= was.r[0].offset);
-    end_test(p);
+    assert_true(js.j[0].target_offset >= was.off[0] + footprint("k") ||
+                js.j[0].target_offset + footprint("j") <= was.off[0]);
     moonlet_repl_state_destroy(st);
 }
 
 MOONLET_TEST_MAIN("disk", NULL, NULL,
-                  cmocka_unit_test(test_disk_segment_takes_no_put),
-                  cmocka_unit_test(test_eviction_demotes),
-                  cmocka_unit_test(test_failed_demotion_keeps_dram),
-                  cmocka_unit_test(test_full_queue_drops),
-                  cmocka_unit_test(test_full_disk_evicts_its_own),
-                  cmocka_unit_test(test_trim_waits_for_readers),
-                  cmocka_unit_test(test_announce),
-                  cmocka_unit_test(test_unmount_takes_disk_objects),
-                  cmocka_unit_test(test_node_disk_figures),
-                  cmocka_unit_test(test_standby_follows_the_disk))
+                  cmocka_unit_test_setup_teardown(test_disk_segment_takes_no_put, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_eviction_demotes, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_failed_demotion_keeps_dram, setup, teardown),
+                  cmocka_unit_test_teardown(test_full_queue_drops, teardown),
+                  cmocka_unit_test_teardown(test_full_disk_evicts_its_own, teardown),
+                  cmocka_unit_test_setup_teardown(test_trim_waits_for_readers, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_announce, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_unmount_takes_disk_objects, setup, teardown),
+                  cmocka_unit_test_setup_teardown(test_node_disk_figures, setup, teardown),
+                  cmocka_unit_test_teardown(test_standby_follows_the_disk, teardown))

@@ -23,24 +23,12 @@
 #define TICK_MS 100u   /* the background thread's period, as the test plays it */
 #define NKEYS 16
 
-/* The leader's stream, applied as it comes to a standby's state. */
-static void emit(void *arg, const moonlet_repl_rec *rec)
-{
-    moonlet_repl_state *st = arg;
-    uint8_t buf[MOONLET_REPL_MAX_REC_BYTES];
-    size_t len = moonlet_repl_encode(rec, buf, sizeof(buf));
-    assert_true(len > 0);
-    moonlet_repl_decoded d;
-    assert_int_equal(moonlet_repl_decode(buf, len, &d), MOONLET_OK);
-    assert_int_equal(moonlet_repl_state_apply(st, &d.rec), MOONLET_OK);
-}
-
 static moonlet_master *master_of(moonlet_repl_state *st)
 {
     moonlet_master_config cfg = fix_config(16);
     cfg.lease_ttl_ms = 5000;
     cfg.client_live_ttl_ms = LIVE_MS;
-    cfg.repl_emit = st ? emit : NULL;
+    cfg.repl_emit = st ? fix_repl_apply : NULL; /* the leader's stream, to a standby's state */
     cfg.repl_arg = st;
     moonlet_master *m = NULL;
     assert_int_equal(moonlet_master_create(&cfg, &m), MOONLET_OK);

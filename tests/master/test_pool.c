@@ -97,6 +97,28 @@ static moonlet_master *warm_leader(struct stream *s)
     return m;
 }
 
+/* A test on a warm leader: the leader (NULL once the test destroyed it)
+ * and its stream. */
+struct warm {
+    moonlet_master *a;
+    struct stream s;
+};
+
+static int setup_warm(void **state)
+{
+    static struct warm w;
+    w.a = warm_leader(&w.s);
+    *state = &w;
+    return 0;
+}
+
+static int teardown_warm(void **state)
+{
+    struct warm *w = *state;
+    moonlet_master_destroy(w->a);
+    return 0;
+}
+
 static int count_type(const struct stream *s, uint64_t from, uint8_t type)
 {
     int n = 0;
@@ -192,20 +214,19 @@ static void test_no_pool_without_positions(void **state)
  * range of the segment is tried), and the range is free again after. */
 static void test_failover_holds_unannounced_put(void **state)
 {
-    (void)state;
-    static struct stream s;
-    moonlet_master *a = warm_leader(&s);
+    struct warm *w = *state;
     uint64_t off;
     bool covered = false;
-    uint64_t known = s.n; /* what the standby got */
+    uint64_t known = w->s.n; /* what the standby got */
     uint64_t lost_off;
-    assert_int_equal(put_start(a, "lost", OBJ, &lost_off, &covered), MOONLET_OK);
+    assert_int_equal(put_start(w->a, "lost", OBJ, &lost_off, &covered), MOONLET_OK);
     assert_true(covered);
-    moonlet_master_destroy(a);
+    moonlet_master_destroy(w->a);
+    w->a = NULL; /* dead: nothing for teardown_warm */
 
     moonlet_repl_state *st = NULL;
     assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
-    apply(st, &s, 0, known);
+    apply(st, &w->s, 0, known);
     moonlet_repl_counts c;
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.reserved, 8);
@@ -257,20 +278,19 @@ static void test_failover_holds_unannounced_put(void **state)
  * the segment's; a replayed RESV is no second reservation. */
 static void test_standby_reservations(void **state)
 {
-    (void)state;
-    static struct stream s;
-    moonlet_master *a = warm_leader(&s);
+    struct warm *w = *state;
     uint64_t off;
     bool covered;
-    assert_int_equal(put_start(a, "b", OBJ, &off, &covered), MOONLET_OK);
+    assert_int_equal(put_start(w->a, "b", OBJ, &off, &covered), MOONLET_OK);
     assert_true(covered);
-    assert_int_equal(moonlet_master_put_end(a, MOONLET_STR(""), MOONLET_STR("b"), NULL), MOONLET_OK);
+    assert_int_equal(moonlet_master_put_end(w->a, MOONLET_STR(""), MOONLET_STR("b"), NULL),
+                     MOONLET_OK);
 
     moonlet_repl_state *st = NULL;
     assert_int_equal(moonlet_repl_state_create(&st), MOONLET_OK);
-    apply(st, &s, 0, s.n);
-    apply(st, &s, 2, 3); /* a RESV again (of a range still pooled) */
-    assert_int_equal(s.recs[2].rec.type, MOONLET_REPL_RESV);
+    apply(st, &w->s, 0, w->s.n);
+    apply(st, &w->s, 2, 3); /* a RESV again (of a range still pooled) */
+    assert_int_equal(w->s.recs[2].rec.type, MOONLET_REPL_RESV);
     moonlet_repl_counts c;
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.reserved, 7);
@@ -290,7 +310,7 @@ static void test_standby_reservations(void **state)
     moonlet_repl_rec un = {.type = MOONLET_REPL_UNRESV, .key = {"", 0},
                            .size = moonlet_alloc_rounded(OBJ), .nrep = 1};
     un.rep_seg[0] = MOONLET_STR("s0");
-    un.rep_off[0] = s.recs[2].rec.rep_off[0];
+    un.rep_off[0] = w->s.recs[2].rec.rep_off[0];
     assert_int_equal(moonlet_repl_state_apply(st, &un), MOONLET_OK);
     assert_int_equal(moonlet_repl_state_apply(st, &un), MOONLET_OK); /* gone: a no-op */
     moonlet_repl_state_counts(st, &c);
@@ -302,7 +322,6 @@ static void test_standby_reservations(void **state)
     moonlet_repl_state_counts(st, &c);
     assert_int_equal(c.reserved, 0);
     moonlet_repl_state_destroy(st);
-    moonlet_master_destroy(a);
 }
 
 /* Puts of a new size miss the pool; the fourth in a row drains it (UNRESV
@@ -310,39 +329,36 @@ static void test_standby_reservations(void **state)
  * size. */
 static void test_new_size_drains_pool(void **state)
 {
-    (void)state;
-    static struct stream s;
-    moonlet_master *a = warm_leader(&s);
+    struct warm *w = *state;
     uint64_t off;
     bool covered;
     for (int i = 0; i < 3; i++) {
         char key[8];
         snprintf(key, sizeof(key), "b%d", i);
-        uint64_t mark = s.n;
-        assert_int_equal(put_start(a, key, 2 * OBJ, &off, &covered), MOONLET_OK);
+        uint64_t mark = w->s.n;
+        assert_int_equal(put_start(w->a, key, 2 * OBJ, &off, &covered), MOONLET_OK);
         assert_false(covered);
-        assert_int_equal(count_type(&s, mark, MOONLET_REPL_UNRESV), 0);
+        assert_int_equal(count_type(&w->s, mark, MOONLET_REPL_UNRESV), 0);
     }
-    uint64_t mark = s.n;
-    assert_int_equal(put_start(a, "b3", 2 * OBJ, &off, &covered), MOONLET_OK);
-    assert_int_equal(count_type(&s, mark, MOONLET_REPL_UNRESV), 8);
-    assert_int_equal(count_type(&s, mark, MOONLET_REPL_RESV), 8);
-    for (uint64_t i = mark; i < s.n; i++)
-        if (s.recs[i].rec.type == MOONLET_REPL_RESV)
-            assert_int_equal(s.recs[i].rec.size, moonlet_alloc_rounded(2 * OBJ));
+    uint64_t mark = w->s.n;
+    assert_int_equal(put_start(w->a, "b3", 2 * OBJ, &off, &covered), MOONLET_OK);
+    assert_int_equal(count_type(&w->s, mark, MOONLET_REPL_UNRESV), 8);
+    assert_int_equal(count_type(&w->s, mark, MOONLET_REPL_RESV), 8);
+    for (uint64_t i = mark; i < w->s.n; i++)
+        if (w->s.recs[i].rec.type == MOONLET_REPL_RESV)
+            assert_int_equal(w->s.recs[i].rec.size, moonlet_alloc_rounded(2 * OBJ));
     /* the old size's UNRESVs all come before the new size's RESVs */
-    uint64_t last_un = 0, first_resv = s.n;
-    for (uint64_t i = mark; i < s.n; i++) {
-        if (s.recs[i].rec.type == MOONLET_REPL_UNRESV)
+    uint64_t last_un = 0, first_resv = w->s.n;
+    for (uint64_t i = mark; i < w->s.n; i++) {
+        if (w->s.recs[i].rec.type == MOONLET_REPL_UNRESV)
             last_un = i;
-        if (s.recs[i].rec.type == MOONLET_REPL_RESV && i < first_resv)
+        if (w->s.recs[i].rec.type == MOONLET_REPL_RESV && i < first_resv)
             first_resv = i;
     }
     assert_true(last_un < first_resv);
     /* 1 + 4 objects and the 8 new pooled ranges */
-    assert_int_equal(fix_stats(a).used,
+    assert_int_equal(fix_stats(w->a).used,
                      moonlet_alloc_rounded(OBJ) + 12 * moonlet_alloc_rounded(2 * OBJ));
-    moonlet_master_destroy(a);
 }
 
 /* A snapshot carries the pool (RESV after its segment's MOUNT), so a
@@ -421,8 +437,11 @@ static void test_bad_reservations_refused(void **state)
 MOONLET_TEST_MAIN("master_pool", NULL, NULL,
                   cmocka_unit_test(test_covered_once_acknowledged),
                   cmocka_unit_test(test_no_pool_without_positions),
-                  cmocka_unit_test(test_failover_holds_unannounced_put),
-                  cmocka_unit_test(test_standby_reservations),
-                  cmocka_unit_test(test_new_size_drains_pool),
+                  cmocka_unit_test_setup_teardown(test_failover_holds_unannounced_put, setup_warm,
+                                                  teardown_warm),
+                  cmocka_unit_test_setup_teardown(test_standby_reservations, setup_warm,
+                                                  teardown_warm),
+                  cmocka_unit_test_setup_teardown(test_new_size_drains_pool, setup_warm,
+                                                  teardown_warm),
                   cmocka_unit_test(test_snapshot_carries_pool),
                   cmocka_unit_test(test_bad_reservations_refused))

@@ -79,43 +79,15 @@ static void reput_k(moonlet_master *m, bool force)
     put_on(m, "k", "b", "c");
 }
 
-struct job {
-    uint64_t id, size, checksum;
-    bool has_checksum;
-    char target_seg[32], target_ep[64];
-    uint32_t nsources;
-    char source_ep[4][64];
-};
-
-struct jobs {
-    struct job j[64];
-    uint32_t n;
-};
-
-static void collect_job(void *arg, const moonlet_repair_job_view *v)
-{
-    struct jobs *js = arg;
-    struct job *j = &js->j[js->n++];
-    memset(j, 0, sizeof(*j));
-    j->id = v->job_id;
-    j->size = v->size;
-    j->checksum = v->checksum;
-    j->has_checksum = v->has_checksum;
-    snprintf(j->target_seg, sizeof(j->target_seg), "%s", v->target->segment_id);
-    snprintf(j->target_ep, sizeof(j->target_ep), "%s", v->target->endpoint);
-    assert_int_equal(v->target->status, MOONLET_REPLICA_INITIALIZED);
-    j->nsources = v->nsources;
-    for (uint32_t i = 0; i < v->nsources && i < 4; i++)
-        snprintf(j->source_ep[i], sizeof(j->source_ep[i]), "%s", v->sources[i].endpoint);
-}
-
-static uint32_t fetch(moonlet_master *m, const char *seg, struct jobs *js)
+/* The jobs client "c-<seg>" fetches; each one's target is a fresh replica
+ * (INITIALIZED) until RepairDone. */
+static uint32_t fetch(moonlet_master *m, const char *seg, struct fix_jobs *js)
 {
     char client[32];
     snprintf(client, sizeof(client), "c-%s", seg);
-    js->n = 0;
-    assert_int_equal(moonlet_master_repair_fetch(m, MOONLET_STR(client), 0, 64, collect_job, js),
-                     MOONLET_OK);
+    fix_repair_fetch(m, client, js);
+    for (uint32_t i = 0; i < js->n; i++)
+        assert_int_equal(js->j[i].target_status, MOONLET_REPLICA_INITIALIZED);
     return js->n;
 }
 
@@ -239,12 +211,12 @@ static void test_drop_queues_and_repairs(void **state)
     moonlet_master_tick(m);
     st = stats(m);
     assert_int_equal(st.repairs_running, 10);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "b", &js), 0);
     assert_int_equal(fetch(m, "b2", &js), 0);
     assert_int_equal(fetch(m, "d", &js), 10);
     for (uint32_t i = 0; i < js.n; i++) {
-        struct job *j = &js.j[i];
+        struct fix_job *j = &js.j[i];
         assert_string_equal(j->target_seg, "d");
         assert_int_equal(j->nsources, 1);
         assert_true(j->has_checksum);
@@ -254,7 +226,7 @@ static void test_drop_queues_and_repairs(void **state)
                      memcmp(j->source_ep[0], j->target_ep, host_len(j->target_ep)) == 0);
     }
     /* fetched once: a second fetch gets nothing */
-    struct jobs again;
+    struct fix_jobs again;
     assert_int_equal(fetch(m, "d", &again), 0);
     /* not readable before RepairDone */
     expect_readable(m, 10, 1);
@@ -289,7 +261,7 @@ static void test_concurrency_limit(void **state)
     assert_int_equal(stats(m).repairs_queued, 4);
     uint32_t total = 0;
     for (int round = 0; round < 5 && total < 7; round++) {
-        struct jobs js;
+        struct fix_jobs js;
         fetch(m, "c", &js);
         assert_true(js.n <= 3);
         for (uint32_t i = 0; i < js.n; i++)
@@ -313,7 +285,7 @@ static moonlet_master *started_repair_job(void)
 }
 
 /* started_repair_job(), the job fetched into js. */
-static moonlet_master *one_repair_job(struct jobs *js)
+static moonlet_master *one_repair_job(struct fix_jobs *js)
 {
     moonlet_master *m = started_repair_job();
     assert_int_equal(fetch(m, "c", js), 1);
@@ -327,7 +299,7 @@ static moonlet_master *one_repair_job(struct jobs *js)
 static void test_removal_mid_repair(void **state)
 {
     (void)state;
-    struct jobs js;
+    struct fix_jobs js;
     moonlet_master *m = one_repair_job(&js);
     uint64_t used = stats(m).used; /* the source on b and the target on c */
     assert_int_equal(moonlet_master_remove(m, MOONLET_STR(""), MOONLET_STR("k")), MOONLET_OK);
@@ -352,7 +324,7 @@ static void test_removal_mid_repair(void **state)
 static void test_reput_mid_repair(void **state)
 {
     (void)state;
-    struct jobs js;
+    struct fix_jobs js;
     moonlet_master *m = one_repair_job(&js); /* k on a and b, a gone, target on c */
     reput_k(m, true);
     unmount(m, "b");          /* the new object: one replica of two, on c */
@@ -370,7 +342,7 @@ static void test_removed_before_fetch(void **state)
     (void)state;
     moonlet_master *m = started_repair_job();
     reput_k(m, false);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "c", &js), 0);
     assert_int_equal(stats(m).repairs_dropped, 1);
     end_test(m);
@@ -380,7 +352,7 @@ static void test_removed_before_fetch(void **state)
 static void test_failures_bounded(void **state)
 {
     (void)state;
-    struct jobs js;
+    struct fix_jobs js;
     moonlet_master *m = one_repair_job(&js);
     assert_int_equal(done(m, "c", js.j[0].id, MOONLET_ERR_INVALID_READ), MOONLET_OK);
     assert_int_equal(stats(m).repairs_retried, 1);
@@ -426,7 +398,7 @@ static void test_no_other_host(void **state)
     put_on(m, "k2", "a", "b");
     unmount(m, "a");
     moonlet_master_tick(m);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "b2", &js), 2);
     assert_int_equal(done(m, "b2", js.j[0].id, 0), MOONLET_OK);
     assert_int_equal(done(m, "b2", js.j[1].id, 0), MOONLET_OK);
@@ -450,7 +422,7 @@ static void test_no_other_host(void **state)
 static void test_target_unmounted(void **state)
 {
     (void)state;
-    struct jobs js;
+    struct fix_jobs js;
     moonlet_master *m = one_repair_job(&js);
     unmount(m, "c");
     /* no longer its target's: refused; the next tick ends the job (before
@@ -495,7 +467,7 @@ static void test_leased_first(void **state)
                      MOONLET_OK); /* ... but this one is being read */
     unmount(m, "a");
     moonlet_master_tick(m);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "c", &js), 1);
     assert_int_equal(js.j[0].size, 3000);
     end_test(m);
@@ -582,7 +554,7 @@ static void test_drain(void **state)
     /* still readable from the draining segment meanwhile */
     assert_int_equal(listed(m, "k0"), 2);
     moonlet_master_tick(m);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "c", &js), 5);
     for (uint32_t i = 0; i < js.n; i++) {
         assert_int_equal(js.j[i].nsources, 2);
@@ -610,7 +582,7 @@ static void test_undrain(void **state)
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), false, NULL), MOONLET_OK);
     moonlet_master_tick(m);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "c", &js), 0);
     assert_int_equal(stats(m).under_replicated, 0);
     assert_int_equal(readable(m, "k"), 2);
@@ -670,7 +642,7 @@ static void test_standby_holds_target(void **state)
     assert_string_equal(snap.seg[0], "d");
     assert_int_equal(snap.free_ms[0], 5000 + 2000);
 
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "d", &js), 1);
     assert_int_equal(done(m, "d", js.j[0].id, 0), MOONLET_OK);
     memset(&snap, 0, sizeof(snap));
@@ -718,7 +690,7 @@ static void test_standby_told_of_drain_swap(void **state)
     moonlet_master *m = k_streamed(rec_capture, &rs, "c", "10.0.0.3:1");
     assert_int_equal(moonlet_master_drain(m, MOONLET_STR("a"), true, NULL), MOONLET_OK);
     moonlet_master_tick(m);
-    struct jobs js;
+    struct fix_jobs js;
     assert_int_equal(fetch(m, "c", &js), 1);
     assert_int_equal(listed(m, "k"), 2); /* a reader leases k (on a and b) */
     rs.n = 0;

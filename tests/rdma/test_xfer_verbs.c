@@ -728,11 +728,10 @@ static moonlet_xfer_qp_info client_qp(moonlet_xfer *c)
     return qi[0];
 }
 
-#define NSMALL 512u
-
 static void test_chained_small(void **state)
 {
     (void)state;
+    enum { NSMALL = 512 };
     server s;
     static uint8_t buf[NSMALL * 256];
     moonlet_xfer *c = connected_client(&s, buf, sizeof(buf));
@@ -776,15 +775,13 @@ static void test_chained_small(void **state)
     server_stop(&s);
 }
 
-#define NCHAIN 96u
-#define BAD_AT 41u
-
 /* One op with a bad rkey in the middle of a chained batch to one peer: it
  * fails, every op posted after it on that QP fails (flushed), and none of the
  * earlier ones (signalled or not) is counted failed. */
 static void test_chained_error(void **state)
 {
     (void)state;
+    enum { NCHAIN = 96, BAD_AT = 41 };
     server s;
     static uint8_t buf[NCHAIN * 1024];
     moonlet_xfer *c = connected_client(&s, buf, sizeof(buf));

@@ -827,9 +827,9 @@ static void op_late_write(void)
     if (!p)
         return;
     uint32_t j = below(p->nrep);
-    bool ok = write_rep(p, j);
+    const char *outcome = write_rep(p, j) ? "landed" : "refused";
     trace("k%u: put %u (state %d) late write of replica %u (s%ug%u@%" PRIu64 "): %s", p->key,
-          p->id, p->st, j, p->node[j], p->gen[j], p->off[j], ok ? "landed" : "refused");
+          p->id, p->st, j, p->node[j], p->gen[j], p->off[j], outcome);
 }
 
 static void op_put_end(void)
@@ -1253,6 +1253,45 @@ static void frozen_step(void)
           fenced ? "refused (the node has seen a newer epoch)" : u ? "landed" : "refused");
 }
 
+static void op_evict_now(void)
+{
+    uint64_t n = moonlet_master_evict_now(S.m, 0.2);
+    trace("evict now: %" PRIu64 " objects", n);
+}
+
+/* What a step does, by a draw w from [0, 100): each op in turn takes its
+ * weight's share of the draws (op_put_start w < 14, op_write the next 16,
+ * ...); false when w is past them all (14 of 100). */
+static bool op_weighted(uint32_t w)
+{
+    static const struct {
+        uint32_t weight;
+        void (*op)(void);
+    } ops[] = {
+        {14, op_put_start},
+        {16, op_write},
+        {11, op_put_end},
+        {2, op_put_revoke},
+        {4, op_late_write},
+        {7, op_get},
+        {3, op_remove},
+        {2, op_evict_now},
+        {8, op_node},
+        {7, op_repair_fetch},
+        {7, op_repair_done},
+        {3, op_standby},
+        {2, op_failover},
+    };
+    for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
+        if (w < ops[i].weight) {
+            ops[i].op();
+            return true;
+        }
+        w -= ops[i].weight;
+    }
+    return false;
+}
+
 /* ---- a run --------------------------------------------------------------------- */
 
 static void run_reset(void)
@@ -1291,38 +1330,12 @@ static bool run(uint64_t seed, uint32_t steps, bool print_all, bool quiet)
         deliver(false);
         if (S.diverged)
             standby_resync("diverged");
-        uint32_t w = below(100);
-        if (w < 14)
-            op_put_start();
-        else if (w < 30)
-            op_write();
-        else if (w < 41)
-            op_put_end();
-        else if (w < 43)
-            op_put_revoke();
-        else if (w < 47)
-            op_late_write();
-        else if (w < 54)
-            op_get();
-        else if (w < 57)
-            op_remove();
-        else if (w < 59) {
-            uint64_t n = moonlet_master_evict_now(S.m, 0.2);
-            trace("evict now: %" PRIu64 " objects", n);
-        } else if (w < 67)
-            op_node();
-        else if (w < 74)
-            op_repair_fetch();
-        else if (w < 81)
-            op_repair_done();
-        else if (w < 84)
-            op_standby();
-        else if (w < 86)
-            op_failover();
-        else if (g_deposals && dbelow(4) == 0)
-            op_deposed();
-        else
-            trace("nothing");
+        if (!op_weighted(below(100))) {
+            if (g_deposals && dbelow(4) == 0)
+                op_deposed();
+            else
+                trace("nothing");
+        }
         if (S.failed)
             break;
         frozen_step();

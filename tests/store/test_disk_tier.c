@@ -92,6 +92,51 @@ static moonlet_disk *open_tier(size_t npaths, uint64_t size, unsigned qd, size_t
     return d;
 }
 
+/* The tier a test runs on, its cmocka state: fresh_tier() opens it on
+ * fresh files, reopen() closes it and opens it again on the same files (as
+ * a restart does), close_tier() closes it; the test's teardown_tier()
+ * closes what is still open, also after a failure. */
+struct tier {
+    moonlet_disk *d;
+    size_t npaths;
+    uint64_t size;
+    unsigned qd;
+    size_t io;
+};
+
+static moonlet_disk *fresh_tier(void **state, size_t npaths, uint64_t size, unsigned qd,
+                                size_t io)
+{
+    static struct tier t;
+    fresh();
+    t = (struct tier){.npaths = npaths, .size = size, .qd = qd, .io = io};
+    t.d = open_tier(npaths, size, qd, io);
+    *state = &t;
+    return t.d;
+}
+
+static void close_tier(void **state)
+{
+    struct tier *t = *state;
+    moonlet_disk_close(t->d);
+    t->d = NULL;
+}
+
+static moonlet_disk *reopen(void **state)
+{
+    struct tier *t = *state;
+    close_tier(state);
+    t->d = open_tier(t->npaths, t->size, t->qd, t->io);
+    return t->d;
+}
+
+static int teardown_tier(void **state)
+{
+    if (*state)
+        close_tier(state);
+    return 0;
+}
+
 /* moonlet_disk_write and moonlet_disk_read with the tests' tenant and a
  * terminated key (NULL: read unchecked). */
 static int wr(moonlet_disk *d, const char *key, const struct iovec *iov, int iovcnt,
@@ -161,9 +206,7 @@ static void see(void *arg, uint32_t tenant, const char *key, uint32_t key_len,
  * removed before stays removed. */
 static void test_round_trip_and_rescan(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 32u << 20, 4, 64u << 10);
+    moonlet_disk *d = fresh_tier(state, 1, 32u << 20, 4, 64u << 10);
     moonlet_disk_loc loc[NSIZES];
     unsigned char *b[NSIZES];
     char key[NSIZES][32];
@@ -180,9 +223,8 @@ static void test_round_trip_and_rescan(void **state)
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.objects, NSIZES - 1);
     assert_int_equal(st.writes, NSIZES);
-    moonlet_disk_close(d);
 
-    d = open_tier(1, 32u << 20, 4, 64u << 10);
+    d = reopen(state);
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, NSIZES - 1);
     assert_int_equal(st.scan_dropped, 0);
@@ -206,7 +248,6 @@ static void test_round_trip_and_rescan(void **state)
     unsigned char one[4096];
     assert_int_equal(rd(d, &loc[2], NULL, one, sizeof one, &len),
                      MOONLET_ERR_INVALID_PARAMS);
-    moonlet_disk_close(d);
     for (size_t i = 0; i < NSIZES; i++)
         free(b[i]);
 }
@@ -216,9 +257,7 @@ static void test_round_trip_and_rescan(void **state)
  * other object is untouched. */
 static void test_corrupt_byte(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 8u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 1, 8u << 20, 0, 0);
     unsigned char *a = pattern(100000, 7), *b = pattern(3000, 8);
     moonlet_disk_loc la, lb;
     assert_int_equal(put(d, "a", a, 100000, &la), MOONLET_OK);
@@ -238,15 +277,13 @@ static void test_corrupt_byte(void **state)
     moonlet_disk_stats st;
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.checksum_errors, 1);
-    moonlet_disk_close(d);
-    d = open_tier(1, 8u << 20, 0, 0);
+    d = reopen(state);
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, 1);
     assert_int_equal(st.scan_dropped, 1);
     assert_int_equal(st.objects, 1);
     read_is(d, &lb, "b", b, 3000);
     assert_int_equal(rd(d, &la, "a", got, 100000, &len), MOONLET_ERR_INVALID_PARAMS);
-    moonlet_disk_close(d);
     free(got);
     free(a);
     free(b);
@@ -256,16 +293,14 @@ static void test_corrupt_byte(void **state)
  * the object whose bytes were in the lost part is dropped. */
 static void test_truncated_file(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 8u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 1, 8u << 20, 0, 0);
     unsigned char *a = pattern(50000, 3), *b = pattern(2u << 20, 4);
     moonlet_disk_loc la, lb;
     assert_int_equal(put(d, "first", a, 50000, &la), MOONLET_OK);
     assert_int_equal(put(d, "second", b, 2u << 20, &lb), MOONLET_OK);
-    moonlet_disk_close(d);
+    close_tier(state);
     assert_int_equal(truncate(g_path[0], (off_t)(lb.offset + 4096 + (1u << 20))), 0);
-    d = open_tier(1, 8u << 20, 0, 0);
+    d = reopen(state);
     moonlet_disk_stats st;
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, 1);
@@ -274,7 +309,6 @@ static void test_truncated_file(void **state)
     struct stat sb;
     assert_int_equal(stat(g_path[0], &sb), 0);
     assert_int_equal(sb.st_size, 8u << 20);
-    moonlet_disk_close(d);
     free(a);
     free(b);
 }
@@ -396,9 +430,7 @@ static void test_device_errors(void **state)
 /* A full tier refuses (NO_AVAILABLE_HANDLE); a remove makes room. */
 static void test_full(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 2u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 1, 2u << 20, 0, 0);
     unsigned char *b = pattern(600000, 9);
     moonlet_disk_loc loc[4];
     int n = 0;
@@ -415,16 +447,13 @@ static void test_full(void **state)
     assert_int_equal(moonlet_disk_remove(d, &loc[1]), MOONLET_OK);
     assert_int_equal(put(d, "f3", b, 600000, &loc[3]), MOONLET_OK);
     read_is(d, &loc[3], "f3", b, 600000);
-    moonlet_disk_close(d);
     free(b);
 }
 
 /* Two paths share the size and the objects. */
 static void test_two_paths(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(2, 8u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 2, 8u << 20, 0, 0);
     unsigned char *b = pattern(10000, 5);
     moonlet_disk_loc loc[4];
     int on[2] = {0, 0};
@@ -439,14 +468,12 @@ static void test_two_paths(void **state)
     moonlet_disk_stats st;
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.capacity, 8u << 20);
-    moonlet_disk_close(d);
-    d = open_tier(2, 8u << 20, 0, 0);
+    d = reopen(state);
     for (int i = 0; i < 4; i++) {
         char key[16];
         snprintf(key, sizeof key, "p%d", i);
         read_is(d, &loc[i], key, b, 10000);
     }
-    moonlet_disk_close(d);
     free(b);
 }
 
@@ -515,9 +542,7 @@ static void test_bad_arguments(void **state)
  * object the tier places itself goes around them. */
 static void test_write_at(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 8u << 20, 4, 64u << 10);
+    moonlet_disk *d = fresh_tier(state, 1, 8u << 20, 4, 64u << 10);
     assert_int_equal(moonlet_disk_npaths(d), 1);
     assert_int_equal(moonlet_disk_path_capacity(d, 0), 8u << 20);
     assert_int_equal(moonlet_disk_path_capacity(d, 1), 0);
@@ -551,9 +576,8 @@ static void test_write_at(void **state)
         assert_true(l3.offset + moonlet_disk_footprint(2, 2u << 20) <= l1.offset ||
                     l3.offset >= l2.offset + moonlet_disk_footprint(2, n2));
     }
-    moonlet_disk_close(d);
 
-    d = open_tier(1, 8u << 20, 4, 64u << 10);
+    d = reopen(state);
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, 4);
     struct seen s = {0};
@@ -578,7 +602,6 @@ static void test_write_at(void **state)
     assert_int_equal(moonlet_disk_read(d, &l2, 43, "k2", 2, got, n1, &len), MOONLET_OK);
     assert_int_equal(len, n2);
     assert_memory_equal(got, b2, n2);
-    moonlet_disk_close(d);
     free(got);
     free(b1);
     free(b2);
@@ -590,9 +613,7 @@ static void test_write_at(void **state)
  * nothing reserved; the exact range once freed is taken again. */
 static void test_write_at_refused(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(2, 8u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 2, 8u << 20, 0, 0);
     uint64_t cap = moonlet_disk_path_capacity(d, 1);
     assert_int_equal(cap, 4u << 20);
     unsigned char *b = pattern(100000, 31);
@@ -633,7 +654,6 @@ static void test_write_at_refused(void **state)
     size_t len;
     assert_int_equal(moonlet_disk_read(d, &held, 2, "h2", 2, got, 100000, &len), MOONLET_OK);
     assert_memory_equal(got, b, 100000);
-    moonlet_disk_close(d);
     free(got);
     free(b);
 }
@@ -642,9 +662,7 @@ static void test_write_at_refused(void **state)
  * is not this object. */
 static void test_wrong_tenant(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 4u << 20, 0, 0);
+    moonlet_disk *d = fresh_tier(state, 1, 4u << 20, 0, 0);
     unsigned char *b = pattern(5000, 41);
     moonlet_disk_loc loc;
     assert_int_equal(put(d, "shared", b, 5000, &loc), MOONLET_OK);
@@ -659,7 +677,6 @@ static void test_wrong_tenant(void **state)
                      MOONLET_ERR_INVALID_PARAMS);
     assert_int_equal(rd(d, &loc, NULL, got, sizeof got, &len), MOONLET_OK); /* unchecked */
     assert_memory_equal(got, b, 5000);
-    moonlet_disk_close(d);
     free(b);
 }
 
@@ -669,9 +686,7 @@ static void test_wrong_tenant(void **state)
  * (found after a reopen) and read back, one batch read for all. */
 static void test_batch_one_bad(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(2, 32u << 20, 4, 64u << 10);
+    moonlet_disk *d = fresh_tier(state, 2, 32u << 20, 4, 64u << 10);
     enum { N = 6 };
     const size_t sz[N] = {3000, 300000, 1u << 20, 70000, 0, 5u << 20};
     const bool placed[N] = {true, true, false, true, false, false};
@@ -710,9 +725,8 @@ static void test_batch_one_bad(void **state)
     assert_int_equal(st.used, used);
     assert_int_equal(st.objects, N - 2);
     assert_int_equal(st.writes, N - 2);
-    moonlet_disk_close(d);
 
-    d = open_tier(2, 32u << 20, 4, 64u << 10);
+    d = reopen(state);
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, N - 2);
     assert_int_equal(st.used, used);
@@ -738,7 +752,6 @@ static void test_batch_one_bad(void **state)
                                                &iov[i], 1, XXH3_64bits(b[i], sz[i])),
                          MOONLET_OK);
     }
-    moonlet_disk_close(d);
     for (int i = 0; i < N; i++) {
         free(b[i]);
         free(got[i]);
@@ -774,9 +787,7 @@ static void *work(void *arg)
 
 static void test_threads(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(2, 16u << 20, 8, 128u << 10);
+    moonlet_disk *d = fresh_tier(state, 2, 16u << 20, 8, 128u << 10);
     struct worker w[4];
     pthread_t t[4];
     for (int i = 0; i < 4; i++) {
@@ -792,7 +803,6 @@ static void test_threads(void **state)
     assert_int_equal(st.objects, 0);
     assert_int_equal(st.used, 0);
     assert_int_equal(st.io_errors, 0);
-    moonlet_disk_close(d);
 }
 
 /* Block-aligned buffers of several I/Os go without a staging copy (whole
@@ -802,9 +812,7 @@ static void test_threads(void **state)
  * byte refused on the way in. */
 static void test_direct_aligned(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 32u << 20, 4, 64u << 10);
+    moonlet_disk *d = fresh_tier(state, 1, 32u << 20, 4, 64u << 10);
     const size_t sz[] = {(3u << 20) + 123, 2u << 20};
     unsigned char *b[2], *got[2];
     moonlet_disk_loc loc[2];
@@ -846,7 +854,6 @@ static void test_direct_aligned(void **state)
     size_t len = 5;
     assert_int_equal(rd(d, &loc[0], "d0", got[0], sz[0], &len), MOONLET_ERR_INVALID_READ);
     assert_int_equal(len, 0);
-    moonlet_disk_close(d);
     for (int i = 0; i < 2; i++) {
         free(b[i]);
         free(got[i]);
@@ -939,9 +946,7 @@ static void *rw_writer(void *arg)
 
 static void test_readers_and_batches(void **state)
 {
-    (void)state;
-    fresh();
-    struct rw_shared s = {.d = open_tier(2, 32u << 20, 8, 128u << 10)};
+    struct rw_shared s = {.d = fresh_tier(state, 2, 32u << 20, 8, 128u << 10)};
     atomic_init(&s.writing, 1);
     for (int i = 0; i < 4; i++) {
         char key[16];
@@ -965,7 +970,6 @@ static void test_readers_and_batches(void **state)
     assert_int_equal(st.io_errors, 0);
     assert_int_equal(st.checksum_errors, 0);
     assert_int_equal(st.writes, 4 + 12 * 6);
-    moonlet_disk_close(s.d);
     for (int i = 0; i < 4; i++)
         free(s.b[i]);
 }
@@ -975,9 +979,7 @@ static void test_readers_and_batches(void **state)
  * rescan after a reopen finds them; a small batch makes no early sync. */
 static void test_sync_behind(void **state)
 {
-    (void)state;
-    fresh();
-    moonlet_disk *d = open_tier(1, 64u << 20, 4, 0);
+    moonlet_disk *d = fresh_tier(state, 1, 64u << 20, 4, 0);
     enum { N = 6 };
     const size_t size = (3u << 20) + 1000; /* several I/Os each, a part block */
     unsigned char *b[N];
@@ -1007,8 +1009,7 @@ static void test_sync_behind(void **state)
     assert_int_equal(st.io_errors, 0);
     for (int i = 0; i < N; i++)
         read_is(d, &loc[i], key[i], b[i], size);
-    moonlet_disk_close(d);
-    d = open_tier(1, 64u << 20, 4, 0);
+    d = reopen(state);
     moonlet_disk_get_stats(d, &st);
     assert_int_equal(st.scan_kept, N);
     assert_int_equal(st.scan_dropped, 0);
@@ -1016,28 +1017,27 @@ static void test_sync_behind(void **state)
         read_is(d, &loc[i], key[i], b[i], size);
         free(b[i]);
     }
-    moonlet_disk_close(d);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_and_rescan),
-        cmocka_unit_test(test_corrupt_byte),
-        cmocka_unit_test(test_truncated_file),
-        cmocka_unit_test(test_full),
+        cmocka_unit_test_teardown(test_round_trip_and_rescan, teardown_tier),
+        cmocka_unit_test_teardown(test_corrupt_byte, teardown_tier),
+        cmocka_unit_test_teardown(test_truncated_file, teardown_tier),
+        cmocka_unit_test_teardown(test_full, teardown_tier),
         cmocka_unit_test(test_block_device),
         cmocka_unit_test(test_device_errors),
-        cmocka_unit_test(test_two_paths),
+        cmocka_unit_test_teardown(test_two_paths, teardown_tier),
         cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_write_at),
-        cmocka_unit_test(test_write_at_refused),
-        cmocka_unit_test(test_wrong_tenant),
-        cmocka_unit_test(test_batch_one_bad),
-        cmocka_unit_test(test_readers_and_batches),
-        cmocka_unit_test(test_direct_aligned),
-        cmocka_unit_test(test_sync_behind),
+        cmocka_unit_test_teardown(test_threads, teardown_tier),
+        cmocka_unit_test_teardown(test_write_at, teardown_tier),
+        cmocka_unit_test_teardown(test_write_at_refused, teardown_tier),
+        cmocka_unit_test_teardown(test_wrong_tenant, teardown_tier),
+        cmocka_unit_test_teardown(test_batch_one_bad, teardown_tier),
+        cmocka_unit_test_teardown(test_readers_and_batches, teardown_tier),
+        cmocka_unit_test_teardown(test_direct_aligned, teardown_tier),
+        cmocka_unit_test_teardown(test_sync_behind, teardown_tier),
     };
     return cmocka_run_group_tests_name("disk_tier", tests, setup, teardown);
 }
