@@ -274,22 +274,24 @@ int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tena
     return c->ops->get_size(c->be, key, size, tenant);
 }
 
-int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+/* remove and remove_force: checked and counted. */
+static int remove_one(moonlet_client *c, const char *key, const char *tenant, bool force)
 {
     if (!c || !key)
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->remove(c->be, key, tenant, false);
+    int rc = c->ops->remove(c->be, key, tenant, force);
     return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
+}
+
+int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+{
+    return remove_one(c, key, tenant, false);
 }
 
 int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
 {
-    if (!c || !key)
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->remove(c->be, key, tenant, true);
-    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
+    return remove_one(c, key, tenant, true);
 }
 
 int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)
