@@ -90,6 +90,10 @@ uint64_t bench_now_ns(void);
  * range, a character that is neither digit nor comma). */
 int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n);
 
+/* Parses a flag's number (strtol's reading, base 10, nothing after it) into
+ * *out when it lies from min to max; -1 otherwise. */
+int bench_parse_long(const char *s, long min, long max, long *out);
+
 /* Parses a flag's comma-separated byte sizes ("64KiB,1MiB") into
  * out[0..cap): each from min to max and a multiple of align (1: any).
  * Returns 0 with *n set, or -1 (empty, too many, one that does not parse or
