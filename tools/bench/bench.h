@@ -1,8 +1,8 @@
 /*
  * bench.h - shared pieces of moonlet-bench's subcommands: starting
  * moonlet-master and moonlet-store child processes (tied to the bench), free
- * loopback ports, latency samples and percentiles, RSS of a process, JSON
- * output.
+ * loopback ports, latency samples and percentiles, RSS of a process, flag
+ * values (numbers, counts, sizes), JSON output.
  */
 #ifndef MOONLET_BENCH_H
 #define MOONLET_BENCH_H
