@@ -483,6 +483,20 @@ static int ml_parse_tenant(PyObject *args, PyObject *kw, const char *name, const
     return PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, conv_tenant, tenant);
 }
 
+/* As ml_parse_key for the (keys, *, tenant_id=None) methods, with the keys
+ * pinned in *k (ml_keys_free is the caller's once this returned 1). */
+static int ml_parse_keys(PyObject *args, PyObject *kw, const char *name, ml_keys *k,
+                         const char **tenant)
+{
+    static char *kwl[] = {"keys", "tenant_id", NULL};
+    char fmt[64];
+    PyObject *keys;
+    snprintf(fmt, sizeof(fmt), "O|$O&:%s", name);
+    *tenant = NULL;
+    return PyArg_ParseTupleAndKeywords(args, kw, fmt, kwl, &keys, conv_tenant, tenant) &&
+           ml_keys_init(k, keys) == 0;
+}
+
 /* A call's outcome: None, or StoreError(rc) naming what. */
 static PyObject *ml_none_or_raise(int rc, const char *what)
 {
@@ -993,14 +1007,9 @@ PyDoc_STRVAR(Client_batch_replicas_json_doc,
 
 static PyObject *Client_batch_replicas_json(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "tenant_id", NULL};
-    PyObject *keys_obj;
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:_batch_replicas_json", kwl, &keys_obj,
-                                     conv_tenant, &tenant))
-        return NULL;
     ml_keys k;
-    if (ml_keys_init(&k, keys_obj))
+    const char *tenant;
+    if (!ml_parse_keys(args, kw, "_batch_replicas_json", &k, &tenant))
         return NULL;
     char *json = NULL;
     int rc;
@@ -1469,14 +1478,9 @@ PyDoc_STRVAR(Client_batch_get_doc,
  */
 static PyObject *Client_batch_get(ClientObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwl[] = {"keys", "tenant_id", NULL};
-    PyObject *keys_obj;
-    const char *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$O&:batch_get", kwl, &keys_obj, conv_tenant,
-                                     &tenant))
-        return NULL;
     ml_keys k;
-    if (ml_keys_init(&k, keys_obj))
+    const char *tenant;
+    if (!ml_parse_keys(args, kw, "batch_get", &k, &tenant))
         return NULL;
     size_t n = k.n, alloc = n ? n : 1;
     PyObject **objs = PyMem_Calloc(alloc, sizeof(*objs));

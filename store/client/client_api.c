@@ -194,59 +194,64 @@ static int device_batch(moonlet_client *c, const char *const *keys, size_t n,
 
 /* ---- objects ---------------------------------------------------------------------- */
 
+/* put, put_from and upsert: checked and counted; a buffer in device memory
+ * to stage goes to `staged` (client_gpu.c), any other to the backend's `op`. */
+static int put_one(moonlet_client *c, const char *key, const void *buf, size_t len,
+                   const moonlet_put_options *opt,
+                   int (*staged)(moonlet_client *, const char *, const void *, size_t,
+                                 const moonlet_put_options *),
+                   int (*op)(moonlet_client_be *, const char *, const void *, size_t,
+                             const moonlet_put_options *))
+{
+    if (!key || (!buf && len))
+        return BAD;
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = on_device(c, buf, len) ? staged(c, key, buf, len, opt) : op(c->be, key, buf, len, opt);
+    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
+}
+
+/* get and get_into, likewise (the staged path: device_get1). */
+static int get_one(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
+                   size_t *len,
+                   int (*op)(moonlet_client_be *, const char *, void *, size_t, size_t *,
+                             const char *))
+{
+    if (!key || !len || (!buf && cap))
+        return BAD;
+    uint64_t t0 = moonlet_cm_begin(c->metrics);
+    int rc = on_device(c, buf, cap) ? device_get1(c, key, buf, cap, tenant, len)
+                                    : op(c->be, key, buf, cap, len, tenant);
+    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
+}
+
 int moonlet_client_put(moonlet_client *c, const char *key, const void *buf, size_t len,
                        const moonlet_put_options *opt)
 {
-    if (!c || !key || (!buf && len))
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = on_device(c, buf, len) ? device_put1(c, key, buf, len, opt)
-                                    : c->ops->put(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
+    return c ? put_one(c, key, buf, len, opt, device_put1, c->ops->put) : BAD;
 }
 
 int moonlet_client_put_from(moonlet_client *c, const char *key, const void *buf, size_t len,
                             const moonlet_put_options *opt)
 {
-    if (!c || !key || (!buf && len))
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = on_device(c, buf, len) ? device_put1(c, key, buf, len, opt)
-                                    : c->ops->put_from(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
+    return c ? put_one(c, key, buf, len, opt, device_put1, c->ops->put_from) : BAD;
 }
 
 int moonlet_client_upsert(moonlet_client *c, const char *key, const void *buf, size_t len,
                           const moonlet_put_options *opt)
 {
-    if (!c || !key || (!buf && len))
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = on_device(c, buf, len) ? moonlet_client_gpu_upsert(c, key, buf, len, opt)
-                                    : c->ops->upsert(c->be, key, buf, len, opt);
-    return counted(c, MOONLET_CM_PUT, opt ? opt->tenant : NULL, t0, rc, rc ? 0 : len, 1);
+    return c ? put_one(c, key, buf, len, opt, moonlet_client_gpu_upsert, c->ops->upsert) : BAD;
 }
 
 int moonlet_client_get(moonlet_client *c, const char *key, void *buf, size_t cap, const char *tenant,
                        size_t *len)
 {
-    if (!c || !key || !len || (!buf && cap))
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = on_device(c, buf, cap) ? device_get1(c, key, buf, cap, tenant, len)
-                                    : c->ops->get(c->be, key, buf, cap, len, tenant);
-    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
+    return c ? get_one(c, key, buf, cap, tenant, len, c->ops->get) : BAD;
 }
 
 int moonlet_client_get_into(moonlet_client *c, const char *key, void *buf, size_t cap,
                             const char *tenant, size_t *len)
 {
-    if (!c || !key || !len || (!buf && cap))
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = on_device(c, buf, cap) ? device_get1(c, key, buf, cap, tenant, len)
-                                    : c->ops->get_into(c->be, key, buf, cap, len, tenant);
-    return counted(c, MOONLET_CM_GET, tenant, t0, rc, rc ? 0 : *len, 1);
+    return c ? get_one(c, key, buf, cap, tenant, len, c->ops->get_into) : BAD;
 }
 
 int moonlet_client_get_alloc(moonlet_client *c, const char *key, const char *tenant, void **buf,
@@ -269,22 +274,24 @@ int moonlet_client_get_size(moonlet_client *c, const char *key, const char *tena
     return c->ops->get_size(c->be, key, size, tenant);
 }
 
-int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+/* remove and remove_force: checked and counted. */
+static int remove_one(moonlet_client *c, const char *key, const char *tenant, bool force)
 {
     if (!c || !key)
         return BAD;
     uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->remove(c->be, key, tenant, false);
+    int rc = c->ops->remove(c->be, key, tenant, force);
     return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
+}
+
+int moonlet_client_remove(moonlet_client *c, const char *key, const char *tenant)
+{
+    return remove_one(c, key, tenant, false);
 }
 
 int moonlet_client_remove_force(moonlet_client *c, const char *key, const char *tenant)
 {
-    if (!c || !key)
-        return BAD;
-    uint64_t t0 = moonlet_cm_begin(c->metrics);
-    int rc = c->ops->remove(c->be, key, tenant, true);
-    return counted(c, MOONLET_CM_REMOVE, tenant, t0, rc, 0, 1);
+    return remove_one(c, key, tenant, true);
 }
 
 int moonlet_client_remove_all(moonlet_client *c, const char *tenant, uint64_t *removed)

@@ -383,6 +383,15 @@ static int gpu_stage_alloc(moonlet_client *c, moonlet_client_gpu *g)
     return MOONLET_OK;
 }
 
+/* Gives the region back to the next call. */
+static void gpu_stage_give(moonlet_client_gpu *g)
+{
+    pthread_mutex_lock(&g->stage_mu);
+    g->stage_busy = false;
+    pthread_cond_signal(&g->stage_cv);
+    pthread_mutex_unlock(&g->stage_mu);
+}
+
 /* Takes the region for this call (waiting for another call to finish). */
 static int gpu_stage_take(moonlet_client *c, moonlet_client_gpu *g)
 {
@@ -392,21 +401,9 @@ static int gpu_stage_take(moonlet_client *c, moonlet_client_gpu *g)
     g->stage_busy = true;
     pthread_mutex_unlock(&g->stage_mu);
     int rc = gpu_stage_alloc(c, g);
-    if (rc) {
-        pthread_mutex_lock(&g->stage_mu);
-        g->stage_busy = false;
-        pthread_cond_signal(&g->stage_cv);
-        pthread_mutex_unlock(&g->stage_mu);
-    }
+    if (rc)
+        gpu_stage_give(g);
     return rc;
-}
-
-static void gpu_stage_give(moonlet_client_gpu *g)
-{
-    pthread_mutex_lock(&g->stage_mu);
-    g->stage_busy = false;
-    pthread_cond_signal(&g->stage_cv);
-    pthread_mutex_unlock(&g->stage_mu);
 }
 
 /* ---- one staged call ---------------------------------------------------------------------- */

@@ -341,6 +341,15 @@ static void chan_free(dchan *ch)
     free(ch);
 }
 
+/* Gives a channel back to the next caller. */
+static void chan_release(moonlet_dummy *d, dchan *ch)
+{
+    pthread_mutex_lock(&d->mu);
+    ch->busy = false;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Takes an idle channel (connected first), opens one, or waits. */
 static int chan_acquire(moonlet_dummy *d, dchan **out)
 {
@@ -377,22 +386,11 @@ static int chan_acquire(moonlet_dummy *d, dchan **out)
     else
         chan_prune(d, ch);
     if (rc) {
-        pthread_mutex_lock(&d->mu);
-        ch->busy = false;
-        pthread_cond_signal(&d->cv);
-        pthread_mutex_unlock(&d->mu);
+        chan_release(d, ch);
         return rc;
     }
     *out = ch;
     return MOONLET_OK;
-}
-
-static void chan_release(moonlet_dummy *d, dchan *ch)
-{
-    pthread_mutex_lock(&d->mu);
-    ch->busy = false;
-    pthread_cond_signal(&d->cv);
-    pthread_mutex_unlock(&d->mu);
 }
 
 /* Makes sure alloc_shared region s is attached on this channel. */

@@ -139,21 +139,18 @@ static int b_parse(int argc, char **argv, b_bench *b)
         } else if (o == 'S') {
             b->source_addr = optarg;
         } else if (o == 's') {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > 64 || (v & (v - 1)))
+            long v;
+            if (bench_parse_long(optarg, 1, 64, &v) || (v & (v - 1)))
                 goto usage;
             b->scale = (unsigned)v;
         } else if (o == 'l') {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 100 || v > 600000)
+            long v;
+            if (bench_parse_long(optarg, 100, 600000, &v))
                 goto usage;
             snprintf(b->lease_ms, sizeof(b->lease_ms), "%ld", v);
         } else if (o == 'r') {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > B_MAX_ROUNDS)
+            long v;
+            if (bench_parse_long(optarg, 1, B_MAX_ROUNDS, &v))
                 goto usage;
             b->rounds = (int)v;
         } else {

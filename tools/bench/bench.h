@@ -1,8 +1,8 @@
 /*
  * bench.h - shared pieces of moonlet-bench's subcommands: starting
  * moonlet-master and moonlet-store child processes (tied to the bench), free
- * loopback ports, latency samples and percentiles, RSS of a process, JSON
- * output.
+ * loopback ports, latency samples and percentiles, RSS of a process, flag
+ * values (numbers, counts, sizes), JSON output.
  */
 #ifndef MOONLET_BENCH_H
 #define MOONLET_BENCH_H
@@ -89,6 +89,10 @@ uint64_t bench_now_ns(void);
  * from 1 to max.  Returns 0 with *n set, or -1 (empty list, a count out of
  * range, a character that is neither digit nor comma). */
 int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int *n);
+
+/* Parses a flag's number (strtol's reading, base 10, nothing after it) into
+ * *out when it lies from min to max; -1 otherwise. */
+int bench_parse_long(const char *s, long min, long max, long *out);
 
 /* Parses a flag's comma-separated byte sizes ("64KiB,1MiB") into
  * out[0..cap): each from min to max and a multiple of align (1: any).

@@ -100,7 +100,7 @@ static int d_parse(int argc, char **argv, d_bench *b)
     optind = 1;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        char *end = NULL;
+        long n;
         switch (o) {
         case O_JSON:
             b->json = true;
@@ -108,11 +108,11 @@ static int d_parse(int argc, char **argv, d_bench *b)
         case O_DEV:
             break;
         case O_ROUNDS:
-            b->rounds = (int)strtol(optarg, &end, 10);
-            if (*end || b->rounds < 1 || b->rounds > D_MAX_ROUNDS) {
+            if (bench_parse_long(optarg, 1, D_MAX_ROUNDS, &n)) {
                 fprintf(stderr, "--rounds: 1..%d\n", D_MAX_ROUNDS);
                 return -1;
             }
+            b->rounds = (int)n;
             break;
         case O_SIZES:
             if (bench_parse_sizes(optarg, 1, 1u << 30, 1, b->sizes, D_MAX_SIZES, &b->nsizes)) {
@@ -132,9 +132,9 @@ static int d_parse(int argc, char **argv, d_bench *b)
             break;
         }
         case O_DEVICE:
-            b->device = (int)strtol(optarg, &end, 10);
-            if (*end || b->device < 0 || b->device > 63)
+            if (bench_parse_long(optarg, 0, 63, &n))
                 return -1;
+            b->device = (int)n;
             break;
         case O_LEASE:
             b->lease_ms = optarg;

@@ -81,11 +81,19 @@ static int exist_once(moonlet_master_client *mc, uint64_t nobjects, unsigned *se
     return MOONLET_OK;
 }
 
-/* A master of its own, with a segment mounted; connections in *mc and *c. */
-static int side_start(bench_master *bm, const char *const *args, moonlet_tls_ctx *tls,
-                      uint64_t objects, moonlet_master_client **mc, moonlet_rpc_client **c)
+/* One of the two masters a run compares side by side: the master, its
+ * connections, and the latencies measured against it (us). */
+typedef struct side {
+    bench_master m;
+    moonlet_master_client *mc;
+    moonlet_rpc_client *c;
+    bench_samples echo, exist, connect;
+} side;
+
+/* A master of its own for s, with a segment mounted and s's connections. */
+static int side_start(side *s, const char *const *args, moonlet_tls_ctx *tls, uint64_t objects)
 {
-    if (bench_master_start(bm, args)) {
+    if (bench_master_start(&s->m, args)) {
         fprintf(stderr, "moonlet-bench: cannot start moonlet-master\n");
         return -1;
     }
@@ -94,11 +102,22 @@ static int side_start(bench_master *bm, const char *const *args, moonlet_tls_ctx
                                 .endpoint = "127.0.0.1:1", .protocol = "tcp"};
     moonlet_master_client_opts mo = {.tls = tls};
     moonlet_rpc_client_opts ro = {.tls = tls};
-    if (moonlet_mc_create(bm->addr, &mo, mc) ||
-        moonlet_rpc_client_connect("127.0.0.1", bm->port, &ro, c) ||
-        moonlet_mc_mount_segment(*mc, &seg))
+    if (moonlet_mc_create(s->m.addr, &mo, &s->mc) ||
+        moonlet_rpc_client_connect("127.0.0.1", s->m.port, &ro, &s->c) ||
+        moonlet_mc_mount_segment(s->mc, &seg))
         return -1;
     return 0;
+}
+
+/* Closes s's connections, stops its master (if started) and frees its samples. */
+static void side_stop(side *s)
+{
+    moonlet_rpc_client_close(s->c);
+    moonlet_mc_destroy(s->mc);
+    bench_master_stop(&s->m);
+    bench_samples_free(&s->echo);
+    bench_samples_free(&s->exist);
+    bench_samples_free(&s->connect);
 }
 
 /* One Echo on c; its latency (us) into s. */
@@ -151,11 +170,8 @@ static int rpc_tls_main(uint64_t small, int calls, int json)
     snprintf(key, sizeof(key), "%s/server.key", dir);
     snprintf(ccert, sizeof(ccert), "%s/client.pem", dir);
     snprintf(ckey, sizeof(ckey), "%s/client.key", dir);
-    bench_master plain_m = {0}, tls_m = {0};
-    moonlet_master_client *mc_p = NULL, *mc_t = NULL;
-    moonlet_rpc_client *c_p = NULL, *c_t = NULL;
+    side p = {0}, t = {0}; /* plaintext, TLS */
     moonlet_tls_ctx *cx = NULL;
-    bench_samples e_p = {0}, e_t = {0}, x_p = {0}, x_t = {0}, k_p = {0}, k_t = {0};
     int rc = 1;
     const char *tls_args[] = {"--rpc-address", "127.0.0.1", "--tls-cert", cert, "--tls-key", key,
                               "--tls-ca", ca, NULL};
@@ -167,53 +183,43 @@ static int rpc_tls_main(uint64_t small, int calls, int json)
         fprintf(stderr, "moonlet-bench rpc: cannot make the TLS certificates\n");
         goto out;
     }
-    if (side_start(&plain_m, NULL, NULL, small, &mc_p, &c_p) ||
-        side_start(&tls_m, tls_args, cx, small, &mc_t, &c_t) || fill(c_p, 0, small) ||
-        fill(c_t, 0, small))
+    if (side_start(&p, NULL, NULL, small) || side_start(&t, tls_args, cx, small) ||
+        fill(p.c, 0, small) || fill(t.c, 0, small))
         goto out;
     unsigned seed_p = 1, seed_t = 1;
     for (int i = 0; i < calls * 2; i++) /* alternating, so drift hits both alike */
-        if (echo_once(c_p, &e_p) || echo_once(c_t, &e_t))
+        if (echo_once(p.c, &p.echo) || echo_once(t.c, &t.echo))
             goto out;
     for (int i = 0; i < calls; i++)
-        if (exist_once(mc_p, small, &seed_p, &x_p) || exist_once(mc_t, small, &seed_t, &x_t))
+        if (exist_once(p.mc, small, &seed_p, &p.exist) ||
+            exist_once(t.mc, small, &seed_t, &t.exist))
             goto out;
     for (int i = 0; i < calls / 4 + 10; i++)
-        if (connect_once(plain_m.port, NULL, &k_p) || connect_once(tls_m.port, cx, &k_t))
+        if (connect_once(p.m.port, NULL, &p.connect) || connect_once(t.m.port, cx, &t.connect))
             goto out;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "tls", "TLS 1.3, mutual, EC P-256 certificates (OpenSSL)");
     cJSON_AddNumberToObject(root, "objects", (double)small);
-    add_pair(root, "echo", &e_p, &e_t);
-    add_pair(root, "batch_exist_640", &x_p, &x_t);
-    add_pair(root, "connect_and_echo", &k_p, &k_t);
+    add_pair(root, "echo", &p.echo, &t.echo);
+    add_pair(root, "batch_exist_640", &p.exist, &t.exist);
+    add_pair(root, "connect_and_echo", &p.connect, &t.connect);
     if (json) {
         bench_print_json(root);
     } else {
         printf("p50 plain / TLS: echo %.1f / %.1f us; BatchExistKey(640) %.1f / %.1f us; "
                "connect+echo %.1f / %.1f us\n",
-               bench_percentile(&e_p, 50), bench_percentile(&e_t, 50),
-               bench_percentile(&x_p, 50), bench_percentile(&x_t, 50),
-               bench_percentile(&k_p, 50), bench_percentile(&k_t, 50));
+               bench_percentile(&p.echo, 50), bench_percentile(&t.echo, 50),
+               bench_percentile(&p.exist, 50), bench_percentile(&t.exist, 50),
+               bench_percentile(&p.connect, 50), bench_percentile(&t.connect, 50));
         cJSON_Delete(root);
     }
     rc = 0;
 out:
     if (rc)
         fprintf(stderr, "moonlet-bench rpc --tls: failed\n");
-    bench_samples_free(&e_p);
-    bench_samples_free(&e_t);
-    bench_samples_free(&x_p);
-    bench_samples_free(&x_t);
-    bench_samples_free(&k_p);
-    bench_samples_free(&k_t);
-    moonlet_rpc_client_close(c_p);
-    moonlet_rpc_client_close(c_t);
-    moonlet_mc_destroy(mc_p);
-    moonlet_mc_destroy(mc_t);
+    side_stop(&p);
+    side_stop(&t);
     moonlet_tls_ctx_unref(cx);
-    bench_master_stop(&plain_m);
-    bench_master_stop(&tls_m);
     const char *const files[] = {ca, cakey, cert, key, ccert, ckey};
     for (int i = 0; i < 6; i++)
         unlink(files[i]);
@@ -253,43 +259,39 @@ int bench_rpc_main(int argc, char **argv)
     if (tls)
         return rpc_tls_main(small, calls, json);
 
-    bench_master small_m = {0}, large_m = {0};
+    side sm = {0}, lg = {0}; /* --small objects, --objects objects */
     int rc = 1;
-    moonlet_master_client *mc_s = NULL, *mc_l = NULL;
-    moonlet_rpc_client *c_s = NULL, *c_l = NULL;
-    bench_samples echo = {0}, ex_small = {0}, ex_large = {0};
-    if (side_start(&small_m, NULL, NULL, small, &mc_s, &c_s) ||
-        side_start(&large_m, NULL, NULL, objects, &mc_l, &c_l))
+    if (side_start(&sm, NULL, NULL, small) || side_start(&lg, NULL, NULL, objects))
         goto out;
 
     for (int i = 0; i < calls * 2; i++) {
         uint64_t t0 = bench_now_ns();
-        moonlet_rpc_client_begin(c_l, MOONLET_M_ECHO, 0);
+        moonlet_rpc_client_begin(lg.c, MOONLET_M_ECHO, 0);
         moonlet_reply rep;
-        if (moonlet_rpc_client_call(c_l, &rep))
+        if (moonlet_rpc_client_call(lg.c, &rep))
             goto out;
         moonlet_reply_destroy(&rep);
-        bench_samples_add(&echo, (double)(bench_now_ns() - t0) / 1000.0);
+        bench_samples_add(&lg.echo, (double)(bench_now_ns() - t0) / 1000.0);
     }
-    uint64_t rss0 = bench_rss_bytes(large_m.pid);
-    if (fill(c_s, 0, small) || fill(c_l, 0, objects))
+    uint64_t rss0 = bench_rss_bytes(lg.m.pid);
+    if (fill(sm.c, 0, small) || fill(lg.c, 0, objects))
         goto out;
-    uint64_t rss1 = bench_rss_bytes(large_m.pid);
+    uint64_t rss1 = bench_rss_bytes(lg.m.pid);
     unsigned seed_s = 1, seed_l = 2;
     for (int i = 0; i < calls; i++)
-        if (exist_once(mc_s, small, &seed_s, &ex_small) ||
-            exist_once(mc_l, objects, &seed_l, &ex_large))
+        if (exist_once(sm.mc, small, &seed_s, &sm.exist) ||
+            exist_once(lg.mc, objects, &seed_l, &lg.exist))
             goto out;
 
     double per_obj = (double)(rss1 - rss0) / (double)objects;
-    double p50s = bench_percentile(&ex_small, 50), p50l = bench_percentile(&ex_large, 50);
+    double p50s = bench_percentile(&sm.exist, 50), p50l = bench_percentile(&lg.exist, 50);
     cJSON *root = cJSON_CreateObject();
-    bench_json_latency(root, "echo", &echo);
+    bench_json_latency(root, "echo", &lg.echo);
     char name[64];
     snprintf(name, sizeof(name), "batch_exist_640_at_%" PRIu64, small);
-    bench_json_latency(root, name, &ex_small);
+    bench_json_latency(root, name, &sm.exist);
     snprintf(name, sizeof(name), "batch_exist_640_at_%" PRIu64, objects);
-    bench_json_latency(root, name, &ex_large);
+    bench_json_latency(root, name, &lg.exist);
     cJSON_AddNumberToObject(root, "batch_exist_p50_ratio", p50l / p50s);
     cJSON_AddNumberToObject(root, "batch_exist_p50_ratio_target_max", 1.5);
     cJSON_AddNumberToObject(root, "objects", (double)objects);
@@ -303,7 +305,7 @@ int bench_rpc_main(int argc, char **argv)
     } else {
         printf("echo p50 %.1f us; BatchExistKey(640) p50 %.1f us at %" PRIu64 " objects, %.1f us at %" PRIu64
                " (ratio %.2f); master %.0f bytes/object (%.0f beyond the key)\n",
-               bench_percentile(&echo, 50), p50s, small, p50l, objects, p50l / p50s, per_obj,
+               bench_percentile(&lg.echo, 50), p50s, small, p50l, objects, p50l / p50s, per_obj,
                per_obj - KEY_BYTES);
         cJSON_Delete(root);
     }
@@ -311,14 +313,7 @@ int bench_rpc_main(int argc, char **argv)
 out:
     if (rc)
         fprintf(stderr, "moonlet-bench rpc: failed\n");
-    bench_samples_free(&echo);
-    bench_samples_free(&ex_small);
-    bench_samples_free(&ex_large);
-    moonlet_rpc_client_close(c_s);
-    moonlet_rpc_client_close(c_l);
-    moonlet_mc_destroy(mc_s);
-    moonlet_mc_destroy(mc_l);
-    bench_master_stop(&small_m);
-    bench_master_stop(&large_m);
+    side_stop(&sm);
+    side_stop(&lg);
     return rc;
 }

@@ -62,6 +62,16 @@ int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int 
     return *n ? 0 : -1;
 }
 
+int bench_parse_long(const char *s, long min, long max, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 void bench_tool_path(const char *name, char *out, size_t cap)
 {
     char self[PATH_MAX];
