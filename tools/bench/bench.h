@@ -106,6 +106,10 @@ void bench_json_latency(cJSON *obj, const char *name, bench_samples *s);
 
 /* Prints the JSON document (pretty unless compact) and frees it. */
 void bench_print_json(cJSON *root);
+/* Two paths' GB/s side by side: "<a>_<op>_gbps", "<b>_<op>_gbps" and
+ * "<op>_ratio" (av / bv, 0 when bv is 0) added to obj. */
+void bench_json_ratio(cJSON *obj, const char *op, const char *a, double av, const char *b,
+                      double bv);
 
 /* A client's defaults, given the master(s) master_addr, over TCP: what a
  * bench's client starts from. */

@@ -327,16 +327,9 @@ static void d_report(d_bench *b)
         cJSON *e = cJSON_CreateObject();
         cJSON_AddNumberToObject(e, "size", (double)b->sizes[k]);
         cJSON_AddNumberToObject(e, "keys", (double)d_keys(b, k));
-        for (int o = 0; o < D_NOPS; o++) {
-            char name[48];
-            double h = d_median(&b->s[k][D_HOST][o]), d = d_median(&b->s[k][D_DEVICE][o]);
-            snprintf(name, sizeof name, "host_%s_gbps", d_op[o]);
-            cJSON_AddNumberToObject(e, name, h);
-            snprintf(name, sizeof name, "device_%s_gbps", d_op[o]);
-            cJSON_AddNumberToObject(e, name, d);
-            snprintf(name, sizeof name, "%s_ratio", d_op[o]);
-            cJSON_AddNumberToObject(e, name, h > 0 ? d / h : 0);
-        }
+        for (int o = 0; o < D_NOPS; o++)
+            bench_json_ratio(e, d_op[o], "device", d_median(&b->s[k][D_DEVICE][o]), "host",
+                             d_median(&b->s[k][D_HOST][o]));
         cJSON_AddItemToArray(sizes, e);
     }
     cJSON_AddNumberToObject(root, "driver_d2h_gbps", d2h);

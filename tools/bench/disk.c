@@ -87,6 +87,15 @@ static void k_usage(void)
             "  round, depth 32, batches of 32MiB (at least depth objects), 2 streams\n");
 }
 
+/* optarg as a number of min..max, or -1 with the flag's range said. */
+static int k_flag_long(const char *flag, long min, long max, long *out)
+{
+    if (bench_parse_long(optarg, min, max, out) == 0)
+        return 0;
+    fprintf(stderr, "--%s: %ld..%ld\n", flag, min, max);
+    return -1;
+}
+
 static int k_parse(int argc, char **argv, k_bench *b)
 {
     enum { O_JSON = 1, O_ROUNDS, O_SIZES, O_ROUND_BYTES, O_QD, O_DIR, O_BATCH, O_STREAMS };
@@ -109,18 +118,16 @@ static int k_parse(int argc, char **argv, k_bench *b)
     optind = 1;
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        char *end = NULL;
         uint64_t v = 0;
+        long n = 0;
         switch (o) {
         case O_JSON:
             b->json = true;
             break;
         case O_ROUNDS:
-            b->rounds = (int)strtol(optarg, &end, 10);
-            if (*end || b->rounds < 1 || b->rounds > K_MAX_ROUNDS) {
-                fprintf(stderr, "--rounds: 1..%d\n", K_MAX_ROUNDS);
+            if (k_flag_long("rounds", 1, K_MAX_ROUNDS, &n))
                 return -1;
-            }
+            b->rounds = (int)n;
             break;
         case O_SIZES:
             if (bench_parse_sizes(optarg, 4096, 256u << 20, 4096, b->sizes, K_MAX_SIZES,
@@ -138,18 +145,14 @@ static int k_parse(int argc, char **argv, k_bench *b)
             b->round_bytes = v;
             break;
         case O_QD:
-            b->qd = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || b->qd < 1 || b->qd > 1024) {
-                fprintf(stderr, "--queue-depth: 1..1024\n");
+            if (k_flag_long("queue-depth", 1, 1024, &n))
                 return -1;
-            }
+            b->qd = (unsigned)n;
             break;
         case O_STREAMS:
-            b->streams = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || b->streams < 1 || b->streams > K_MAX_STREAMS) {
-                fprintf(stderr, "--streams: 1..%d\n", K_MAX_STREAMS);
+            if (k_flag_long("streams", 1, K_MAX_STREAMS, &n))
                 return -1;
-            }
+            b->streams = (unsigned)n;
             break;
         case O_DIR:
             b->dir = optarg;
@@ -434,17 +437,9 @@ int bench_disk_main(int argc, char **argv)
         cJSON *z = cJSON_CreateObject();
         cJSON_AddNumberToObject(z, "size", (double)b.sizes[k]);
         cJSON_AddNumberToObject(z, "batch", (double)k_batch(&b, b.sizes[k])); /* fio's fdatasync= */
-        for (int o = 0; o < K_NOPS; o++) {
-            char name[48];
-            double m = bench_percentile(&b.s[k][K_MOONLET][o], 50);
-            double f = bench_percentile(&b.s[k][K_FIO][o], 50);
-            snprintf(name, sizeof name, "moonlet_%s_gbps", k_op[o]);
-            cJSON_AddNumberToObject(z, name, m);
-            snprintf(name, sizeof name, "fio_%s_gbps", k_op[o]);
-            cJSON_AddNumberToObject(z, name, f);
-            snprintf(name, sizeof name, "%s_ratio", k_op[o]);
-            cJSON_AddNumberToObject(z, name, f > 0 ? m / f : 0);
-        }
+        for (int o = 0; o < K_NOPS; o++)
+            bench_json_ratio(z, k_op[o], "moonlet", bench_percentile(&b.s[k][K_MOONLET][o], 50),
+                             "fio", bench_percentile(&b.s[k][K_FIO][o], 50));
         cJSON_AddItemToArray(arr, z);
     }
     cJSON_AddNumberToObject(root, "target_ratio", 0.8);

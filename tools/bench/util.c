@@ -319,6 +319,18 @@ void bench_samples_free(bench_samples *s)
     memset(s, 0, sizeof(*s));
 }
 
+void bench_json_ratio(cJSON *obj, const char *op, const char *a, double av, const char *b,
+                      double bv)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s_%s_gbps", a, op);
+    cJSON_AddNumberToObject(obj, name, av);
+    snprintf(name, sizeof name, "%s_%s_gbps", b, op);
+    cJSON_AddNumberToObject(obj, name, bv);
+    snprintf(name, sizeof name, "%s_ratio", op);
+    cJSON_AddNumberToObject(obj, name, bv > 0 ? av / bv : 0);
+}
+
 void bench_json_latency(cJSON *obj, const char *name, bench_samples *s)
 {
     cJSON *o = cJSON_AddObjectToObject(obj, name);
