@@ -28,9 +28,10 @@
  * sync has less to do; these make nothing durable on their own (the last
  * sync is still waited for after every I/O), and one that fails fails the
  * path's objects of the batch.  A batch read issues each object's
- * header and bytes at once (a small object: one I/O), copies the bytes to
- * the caller's buffer as they come, then checks the header and the whole
- * checksum.  A remove zeroes the header and syncs before it frees the
+ * header and bytes at once (a small object: one I/O; into a block-aligned
+ * buffer, the header and the first bytes in one readv), copies staged
+ * bytes to the caller's buffer as they come, then checks the header and
+ * the whole checksum.  A remove zeroes the header and syncs before it frees the
  * space, so a rescan never finds a header whose space was given to another
  * object (and if it did, the bytes would not match its checksum).
  *
@@ -330,18 +331,22 @@ static bool lane_prep_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t
     return true;
 }
 
-/* Prepares, in slot b, one write at off of buffer b's first hdr bytes (a
- * header) followed by len bytes of the caller's memory at addr (both block
- * aligned and whole blocks). */
-static bool lane_prep_hdr_direct(moonlet_disk *d, disk_lane *l, uint32_t p, uint64_t off,
-                                 unsigned b, size_t hdr, const void *addr, size_t len)
+/* Prepares, in slot b, one write or read at off of buffer b's first hdr
+ * bytes (a header) and then len bytes from or into the caller's memory at
+ * addr (both block aligned and whole blocks). */
+static bool lane_prep_hdr_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t p,
+                                 uint64_t off, unsigned b, size_t hdr, const void *addr,
+                                 size_t len)
 {
     struct io_uring_sqe *sqe = lane_sqe(l);
     if (!sqe)
         return false;
     l->io[b].iov[0] = (struct iovec){l->stage[b], hdr};
     l->io[b].iov[1] = (struct iovec){(void *)addr, len};
-    io_uring_prep_writev(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
+    if (write)
+        io_uring_prep_writev(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
+    else
+        io_uring_prep_readv(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
     io_uring_sqe_set_data64(sqe, b);
     l->io[b].want = hdr + len;
     return true;
@@ -543,8 +548,8 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
             l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = 0, .len = len};
             j->staged = len;
             *done = j->staged == j->size;
-            if (!lane_prep_hdr_direct(d, l, j->loc.path, j->loc.offset, b, (size_t)j->h, src,
-                                      len))
+            if (!lane_prep_hdr_direct(d, l, true, j->loc.path, j->loc.offset, b, (size_t)j->h,
+                                      src, len))
                 j->rc = MOONLET_ERR_INTERNAL_ERROR;
             return;
         }
@@ -846,6 +851,18 @@ static void read_stage(moonlet_disk *d, disk_lane *l, size_t i, rjob *j, unsigne
         off = o->loc.offset;
         len = (size_t)j->total;
         *done = true;
+    } else if (!j->hdr_issued && j->direct) { /* the header and the first whole blocks */
+        len = j->body < DISK_DIRECT_MAX ? (size_t)j->body : DISK_DIRECT_MAX;
+        l->io[b] = (lane_io){.req = i, .kind = IO_HDR, .at = 0, .len = len};
+        j->hdr_issued = true;
+        j->issued = len;
+        *done = j->issued == o->loc.size;
+        if (lane_prep_hdr_direct(d, l, false, o->loc.path, o->loc.offset, b, (size_t)j->h, dst,
+                                 len))
+            j->inflight++;
+        else
+            j->rc = MOONLET_ERR_INTERNAL_ERROR;
+        return;
     } else if (!j->hdr_issued) {
         l->io[b] = (lane_io){.req = i, .kind = IO_HDR};
         off = o->loc.offset;

@@ -809,7 +809,7 @@ static void test_threads(void **state)
  * blocks from and into the caller's memory, the tail block staged): read
  * back exact into aligned and unaligned buffers, a checksum that does not
  * match refused before anything is written (space given back), a flipped
- * byte refused on the way in. */
+ * byte of the bytes or of a header refused on the way in. */
 static void test_direct_aligned(void **state)
 {
     moonlet_disk *d = fresh_tier(state, 1, 32u << 20, 4, 64u << 10);
@@ -853,6 +853,16 @@ static void test_direct_aligned(void **state)
     close(fd);
     size_t len = 5;
     assert_int_equal(rd(d, &loc[0], "d0", got[0], sz[0], &len), MOONLET_ERR_INVALID_READ);
+    assert_int_equal(len, 0);
+    /* a flipped byte of a header, read with the first bytes in one I/O */
+    fd = open(g_path[0], O_RDWR);
+    at = (off_t)(loc[1].offset + 20);
+    assert_int_equal(pread(fd, &x, 1, at), 1);
+    x ^= 1;
+    assert_int_equal(pwrite(fd, &x, 1, at), 1);
+    close(fd);
+    len = 5;
+    assert_int_equal(rd(d, &loc[1], "d1", got[1], sz[1], &len), MOONLET_ERR_INVALID_READ);
     assert_int_equal(len, 0);
     for (int i = 0; i < 2; i++) {
         free(b[i]);
