@@ -29,7 +29,7 @@
  * is pending), so a writer can never loop over placements.
  *
  * PutStart's options (moonlet_master_put_opts): preferred segments go to
- * placement (segment.c); a soft pin's TTL (the object's own or the master's)
+ * placement (placement.c); a soft pin's TTL (the object's own or the master's)
  * waits in soft_pin_deadline until PutEnd turns it into a deadline; a hard
  * pin is the deadline MOBJ_HARD_PIN, which eviction never takes.  Its bytes
  * (size x replicas) are reserved in st.hard_pinned_bytes against

@@ -86,7 +86,7 @@ struct mseg {
      * reader's lease) has passed. */
     struct quarantined *trims;
     uint32_t ntrim, trim_cap;
-    /* registry.mu: the reservation pool (with cfg.repl_pos, segment.c): up
+    /* registry.mu: the reservation pool (with cfg.repl_pos, pool.c): up
      * to POOL_DEPTH ranges of pool_len bytes, allocated and announced to the
      * standby (RESV) ahead of the PutStarts that take them; pool_ready[i]:
      * the stream position the standby must have acknowledged first.  The

@@ -1,7 +1,7 @@
 /*
  * snapshot.c - the master's metadata as replication records
  * (moonlet_master_snapshot, master.h): what a standby starts from before it
- * follows the stream (master/repl_stream.c).
+ * follows the stream (master/ha/repl_stream.c).
  *
  * The snapshot is fuzzy: it is taken while the master keeps serving, one
  * lock at a time (registry.mu for the segments and quarantined ranges, then
