@@ -50,8 +50,8 @@ struct tenants {
     uint64_t full_warned_ns;     /* last "table full" warning (lock held for writing) */
 };
 
-
-/* An empty table of at most max live tenants; its memory freed. */
+/* tenants_init: an empty table (zeroed memory) of at most max live
+ * tenants; tenants_destroy frees it. */
 void tenants_init(struct tenants *t, uint32_t max);
 void tenants_destroy(struct tenants *t);
 /* Looks a tenant up (a hash map); MOONLET_NO_TENANT when unknown.  Returns
