@@ -1,7 +1,7 @@
 /*
  * http_server.h - a small HTTP endpoint for scraping (libmicrohttpd) and the
  * Prometheus text format (version 0.0.4) helpers its pages are written with.
- * Used by the master's /metrics (master/metrics.c) and the client's /metrics
+ * Used by the master's /metrics (master/service/metrics.c) and the client's /metrics
  * and /health (store/client/client_metrics.c).
  *
  * Owns the libmicrohttpd daemon (one internal polling thread) and a copy of

@@ -1,7 +1,7 @@
 /*
  * node_disk_fields.h - a store node's disk tier figures as its Ping carries them
  * to the master (an array of unsigned integers in this order): shared by
- * the node (store/node/store_node.c), the method table (master/methods.c,
+ * the node (store/node/store_node.c), the method table (master/service/methods.c,
  * which names them), the master (kept per node, summed in Stats and
  * /metrics) and moonlet-inspect.  A longer array's extra values are
  * ignored and a shorter one's missing values are 0, so a field can be
@@ -25,7 +25,7 @@ enum {
 #define MOONLET_NODE_DISK_MAX 64u /* the most values a Ping may carry */
 
 /* Their names, as ListSegments' node_tier map and Stats (prefixed
- * "node_disk_") say them (master/methods.c). */
+ * "node_disk_") say them (master/service/methods.c). */
 extern const char *const moonlet_node_disk_names[MOONLET_NODE_DISK_NFIELDS];
 
 #endif

@@ -3,7 +3,7 @@
  *
  * The master's liveness rules depend on how a store node retries: a master
  * promoted with state holds liveness long enough for a node asleep in its
- * longest retry backoff to ping it (master/ha.c), and the node's heartbeat
+ * longest retry backoff to ping it (master/ha/ha.c), and the node's heartbeat
  * (store/node/store_node.c) never waits longer than this between retries.
  * Both sides include this header, so neither includes the other's: a
  * change of the node's backoff changes the master's hold with it.

@@ -2,7 +2,7 @@
  * probe_policy.c - validation, grouping and walk order for GrantLeasePolicy.
  *
  * Pure functions over arrays: no locks, no I/O, no allocation.  The master
- * calls them around its two probe phases (see master/probe.c).
+ * calls them around its two probe phases (see master/store/probe.c).
  */
 #include "probe_policy.h"
 

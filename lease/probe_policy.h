@@ -2,7 +2,7 @@
  * probe_policy.h - pure selection logic of BatchProbeKey's GrantLeasePolicy.
  *
  * Validation, candidate grouping and the walk order live here, without locks
- * or I/O, so they can be tested alone; master/probe.c executes them under the
+ * or I/O, so they can be tested alone; master/store/probe.c executes them under the
  * snapshot guard and shard locks.
  *
  * Scan results use the batch convention: 1 readable, 0 not readable,

@@ -1,6 +1,6 @@
 /*
  * master.h - the master service as a library: metadata, segments, leases,
- * eviction, liveness and probes.  No I/O: master/service.c exposes these calls
+ * eviction, liveness and probes.  No I/O: master/service/service.c exposes these calls
  * over the control RPC; tests call them directly.
  *
  * Strings come as moonlet_str (pointer + length, not NUL-terminated) because
@@ -51,7 +51,7 @@ typedef struct moonlet_master moonlet_master;
  *            saw the object (a snapshot part walked after it went)
  *   QUAR     (snapshots) a quarantined range and the ms it stays so
  *   RESV     a range the leader set aside for PutStarts to come (its
- *            segment's pool, segment.c): rep_seg[0] / rep_off[0], size
+ *            segment's pool, pool.c): rep_seg[0] / rep_off[0], size
  *            bytes.  A PutStart placed there is answered without waiting for
  *            the standby (the standby already holds the range as reserved);
  *            a promoted standby holds every reserved range no PLACE took
@@ -116,7 +116,7 @@ typedef struct moonlet_master_config {
     uint32_t max_tenants;             /* live tenants at most (65536, the most ids allow) */
     double hard_pin_max_ratio;        /* hard-pinned bytes (size x replicas) at most this
                                        * share of the capacity (0.5); 0: no hard pins */
-    /* Replication (master/replicate.c): called with every metadata change
+    /* Replication (master/ha/replicate.c): called with every metadata change
      * as it happens (moonlet_repl_rec below), under the locks of the change
      * (a shard lock and/or registry.mu): it must only copy the record into a
      * queue guarded by a leaf lock, and must not call back into the master.
@@ -358,7 +358,7 @@ int moonlet_master_batch_probe_key(moonlet_master *m, moonlet_str tenant,
                                    const moonlet_str *keys, size_t n, int32_t *results);
 
 /*
- * ProbeResume: the K3 lookup in one call (master/probe_resume.c,
+ * ProbeResume: the K3 lookup in one call (master/store/probe_resume.c,
  * docs/probe-policy.md).  kv: the request's KV keys in order; kda: n_kda
  * keys, candidates of candidate_size contiguous keys in order of increasing
  * resume position; boundaries[c]: the leading KV keys candidate c needs
@@ -399,7 +399,7 @@ uint64_t moonlet_master_evict_now(moonlet_master *m, double ratio);
 /* One pass of the background work: watermark eviction, put timeouts, liveness. */
 void moonlet_master_tick(moonlet_master *m);
 
-/* ---- promotion with state (master/replicate.c) --------------------------- */
+/* ---- promotion with state (master/ha/replicate.c) --------------------------- */
 
 /* Recreates an object of the replication stream on a master that has its
  * segments mounted: the exact ranges (each must be free: NO_AVAILABLE_HANDLE
@@ -433,7 +433,7 @@ int moonlet_master_restore_reserved(moonlet_master *m, moonlet_str segment_id, u
  * the promotion. */
 void moonlet_master_hold_liveness(moonlet_master *m, uint64_t ms);
 
-/* The whole metadata as records (master/snapshot.c): MOUNT, QUAR and RESV per
+/* The whole metadata as records (master/store/snapshot.c): MOUNT, QUAR and RESV per
  * segment, then PLACE (+ SEAL when sealed) per object.  Fuzzy: the master
  * keeps serving; emit runs under the master's locks (it must only copy). */
 void moonlet_master_snapshot(moonlet_master *m,

@@ -3,7 +3,11 @@
 
 Usage: scripts/master_graph.py [DIR]   (default: master/ beside this script)
 
-Every non-static function a .c file of DIR defines (a line that starts a
+Run by .ci/run before the builds, and by `meson test` (suite unit, test
+master_graph).
+
+Every non-static function a .c file of DIR or of any folder below it
+defines (a line that starts a
 definition at column 0) is that file's; a file depends on another when it
 names one of the other's functions.  Prints each file's dependencies, then
 every strongly connected component of more than one file (a cycle: files
@@ -23,7 +27,12 @@ STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 def sources(d):
-    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".c"))
+    """The .c files of d and of every folder below it."""
+    found = []
+    for root, dirs, files in os.walk(d):
+        dirs.sort()
+        found += [os.path.join(root, f) for f in files if f.endswith(".c")]
+    return sorted(found)
 
 
 def strip(text):
@@ -84,11 +93,14 @@ def main(argv):
     for f in files:
         used = set(IDENT.findall(text[f]))
         graph[f] = sorted({owner[n] for n in used if n in owner and owner[n] != f})
+    def name(f):  # the path below DIR: rooms/file.c
+        return os.path.relpath(f, d)
+
     for f in files:
-        print(f"{os.path.basename(f)}: {' '.join(os.path.basename(g) for g in graph[f])}")
+        print(f"{name(f)}: {' '.join(name(g) for g in graph[f])}")
     cycles = [c for c in sccs(graph) if len(c) > 1]
     for c in cycles:
-        print("cycle:", " ".join(os.path.basename(f) for f in c))
+        print("cycle:", " ".join(name(f) for f in c))
     if not cycles:
         print("no cycle")
     return 1 if cycles else 0

@@ -234,7 +234,7 @@ int moonlet_mc_stats(moonlet_master_client *mc, struct cJSON **out);
 int moonlet_mc_hello_at(const char *addr, const moonlet_master_client_opts *opts,
                         struct cJSON **out);
 
-/* ---- re-replication (master/repair.c, docs/protocol.md) ------------------ */
+/* ---- re-replication (master/store/repair.c, docs/protocol.md) ------------------ */
 typedef struct moonlet_mc_repair_job {
     uint64_t job_id, size;
     bool has_checksum;

@@ -17,12 +17,12 @@
  * the network (docs/cli.md).
  *
  * HA: with --etcd-endpoints it campaigns for leadership on etcd and serves
- * only while it is the leader (master/role.h); a standby answers
+ * only while it is the leader (master/ha/role.h); a standby answers
  * NOT_LEADER.  The election, the hot standby and the promotion are
- * master/ha.h's; this file creates the role and hands it the flags.  A
+ * master/ha/ha.h's; this file creates the role and hands it the flags.  A
  * leader that is deposed drops its master before it may campaign again:
  * the election thread raises SIGUSR1 and this main thread hands a copy of
- * the metadata to master/ha.c (moonlet_ha_keep: restored if it wins again
+ * the metadata to master/ha/ha.c (moonlet_ha_keep: restored if it wins again
  * and nobody else has led since), restarts the service on a new, empty
  * master (same port), then lets the election resume (moonlet_ha_reset,
  * moonlet_ha_resume).

@@ -108,7 +108,7 @@ typedef struct moonlet_rpc_method_decl {
     uint32_t roles; /* MOONLET_ROLE_* bits (common/cred.h) of its callers; 0: any */
     /* Its decoded arguments begin with `moonlet_str tenant` (right after
      * MOONLET_RPC_ARGS_HEAD): a credential limited to some tenants may only
-     * name those (master/service.c). */
+     * name those (master/service/service.c). */
     bool tenant_scoped;
 } moonlet_rpc_method_decl;
 

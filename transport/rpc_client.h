@@ -8,7 +8,7 @@
  * call fails with MOONLET_ERR_RPC_FAIL until the owner reconnects.
  *
  * Call pattern (method ids belong to the service, not to this module: the
- * master's are in master/methods.h - ExistKey, MOONLET_M_EXIST_KEY, takes
+ * master's are in master/service/methods.h - ExistKey, MOONLET_M_EXIST_KEY, takes
  * (tenant, key) - the DummyClient protocol's in store/client/dummy_proto.h):
  *     msgpack_packer *pk = moonlet_rpc_client_begin(c, MOONLET_M_EXIST_KEY, 2);
  *     moonlet_pack_cstr(pk, tenant); moonlet_pack_str(pk, key, len);

@@ -4,7 +4,7 @@
  * RealClient's unix-domain socket.
  *
  * It is the control-plane RPC framing (transport/frame.h) with its own method
- * table: the ids below are not the master's (master/methods.h), and a
+ * table: the ids below are not the master's (master/service/methods.h), and a
  * range of their own (101..) so that a DummyClient pointed at a master, or a
  * MasterClient pointed at a RealClient, gets "unknown method" instead of a
  * misread call.  Never renumber, only append.

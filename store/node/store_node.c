@@ -37,7 +37,7 @@
  * and segment id as the segment's second endpoint.  They are registered,
  * re-registered and health-checked together.
  *
- * Re-replication (master/repair.c): a second thread, started by run(),
+ * Re-replication (master/store/repair.c): a second thread, started by run(),
  * asks the master for the repair jobs whose target is this node's segment
  * (RepairFetch, every repair_poll_ms and again at once after a non-empty
  * batch), reads each object from a surviving replica over the data plane

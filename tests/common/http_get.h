@@ -1,6 +1,6 @@
 /*
  * http_get.h - one raw HTTP/1.0 request to 127.0.0.1 for the tests of the
- * scraping endpoints (master/metrics.c, store/client/client_metrics.c):
+ * scraping endpoints (master/service/metrics.c, store/client/client_metrics.c):
  * http_get(port, "GET /metrics HTTP/1.0\r\n\r\n") returns the whole
  * response (status line, headers, body; malloc'd), or NULL when nothing
  * listens.  Bounded: at most 100 waits of 100 ms for the answer.  And the

@@ -11,7 +11,7 @@
  * agree with each other, and re-encoding must round-trip to stable bytes.
  * The args of every request also go through the table decoder
  * (transport/rpc_args.c) with every method of the master's table
- * (master/methods.c) and of the DummyClient's (store/client/dummy_proto.c): what it accepts must hold within the table's bounds,
+ * (master/service/methods.c) and of the DummyClient's (store/client/dummy_proto.c): what it accepts must hold within the table's bounds,
  * and packing the decoded struct again must decode to the same arguments.
  * Every body is also decoded by msgpack-c's unpacker, which must agree with
  * frame.c's own decoder (fuzz_against_msgpack).

@@ -64,7 +64,7 @@ seeds = {
     "req_list_keys": pack([6, 17, ["t", "model/", "", 100]]),
     "req_mixed_types": pack([7, 2, [1.5, b"\x00\x01bin", -1, (1 << 63), None, False,
                                     {"a": [1, {"b": None}]}]]),
-    # trailing optional arguments and groups of the method table (master/methods.c)
+    # trailing optional arguments and groups of the method table (master/service/methods.c)
     "req_mount_segment_key_alt": pack([11, 4, ["client-1", "seg-1", "dram0", 0x7F0000000000,
                                                1 << 30, "127.0.0.1:7000", "rdma",
                                                b"0123456789abcdef", 123456, "127.0.0.1:7001",

@@ -88,7 +88,7 @@ FAILOVER_KEEPS_ACKED_PUTS = True
 # refuses what it read: the object outlived the failover, the lease did not);
 # UNAVAILABLE_IN_CURRENT_STATUS: a write the leader could not acknowledge -
 # its standby stopped acking (it is taking over) and etcd, which must first
-# record it out of sync, is cut off (master/repl_stream.c).
+# record it out of sync, is cut off (master/ha/repl_stream.c).
 FAULT_CODES = {"NOT_LEADER", "RPC_FAIL", "RPC_TIMEOUT", "OBJECT_NOT_FOUND", "SEGMENT_NOT_FOUND",
                "NO_AVAILABLE_HANDLE", "OBJECT_HAS_LEASE", "REPLICA_IS_NOT_READY", "TRANSFER_FAIL",
                "LEASE_EXPIRED", "UNAVAILABLE_IN_CURRENT_STATUS"}

@@ -1,4 +1,4 @@
-/* Tests of master/alloc.c: best fit, fragmentation, coalescing, exhaustion, double free. */
+/* Tests of master/store/alloc.c: best fit, fragmentation, coalescing, exhaustion, double free. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>

@@ -1,5 +1,5 @@
 /*
- * test_etcd.c - master/etcd.c against a real loopback etcd (one member,
+ * test_etcd.c - master/ha/etcd.c against a real loopback etcd (one member,
  * started and stopped by this test, tests/common/etcd_fixture.h): leases,
  * the create-if-absent transaction bound to a lease, compare on
  * create/mod revision, reads, deletes, endpoint failover and an etcd that

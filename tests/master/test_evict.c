@@ -1,4 +1,4 @@
-/* Tests of master/evict.c: leased objects survive, earliest deadline first,
+/* Tests of master/store/evict.c: leased objects survive, earliest deadline first,
  * soft pins only in the second round, watermark and allocation-driven passes. */
 #include "../common/master_fixture.h"
 #include "../common/test_main.h"

@@ -1,5 +1,5 @@
 /*
- * Tests of a promotion's steps on the master (master/ha.c, without etcd) on
+ * Tests of a promotion's steps on the master (master/ha/ha.c, without etcd) on
  * a frozen clock: a standby's state, fed the leader's records, is restored
  * only when etcd named it in sync and its follower was consistent; a
  * master promoted with state holds liveness long enough for a restored

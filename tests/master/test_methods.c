@@ -1,5 +1,5 @@
 /*
- * test_methods.c - the master's method table (master/methods.c) and the
+ * test_methods.c - the master's method table (master/service/methods.c) and the
  * table-driven argument codec (transport/rpc_args.c): docs/protocol.md
  * documents exactly the table's argument lists; the decoder enforces the
  * count rule, the kinds and the bounds the table declares; what a client

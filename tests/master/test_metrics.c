@@ -1,5 +1,5 @@
 /*
- * Unit tests of master/metrics.c: the Prometheus text rendering of a stats
+ * Unit tests of master/service/metrics.c: the Prometheus text rendering of a stats
  * snapshot (families, labels, cumulative histogram buckets) and the HTTP
  * server itself on an ephemeral loopback port (200 on /metrics with the
  * master's live counters, 404 elsewhere, 405 for other methods).

@@ -1,6 +1,6 @@
 /*
  * Tests of the master's object lifecycle, leases, tenant isolation, segment
- * unmount and client liveness (master/object.c, segment.c), on a frozen clock.
+ * unmount and client liveness (master/store/object.c, segment.c), on a frozen clock.
  */
 #include "../common/master_fixture.h"
 #include "alloc.h"

@@ -1,4 +1,4 @@
-/* Tests of master/objslab.c: blocks are distinct and zeroed, freed blocks are
+/* Tests of master/store/objslab.c: blocks are distinct and zeroed, freed blocks are
  * reused, and a mass removal returns its chunks to the system (issue 13:
  * master memory after mass removal was reused but never returned). */
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* Tests of PutStart's placement and pinning options (master/segment.c,
+/* Tests of PutStart's placement and pinning options (master/store/segment.c,
  * object.c, evict.c): preferred segments (present, absent, full), hard pins
  * that neither eviction path takes, per-object soft-pin TTLs, and the old
  * PutStart without options. */

@@ -1,5 +1,5 @@
 /*
- * Tests of the reservation pools (master/pool.c) on a frozen clock: a
+ * Tests of the reservation pools (master/store/pool.c) on a frozen clock: a
  * leader with a hot standby sets ranges aside ahead of PutStarts and tells
  * the standby (RESV); a PutStart placed in a range the standby acknowledged
  * is "covered" (its reply need not wait for the standby); a standby promoted

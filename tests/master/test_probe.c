@@ -1,6 +1,6 @@
 /*
  * Tests of BatchProbeKey with a GrantLeasePolicy against the master library
- * (master/probe.c with lease/probe_policy.c), on a frozen clock so lease
+ * (master/store/probe.c with lease/probe_policy.c), on a frozen clock so lease
  * deadlines can be compared exactly before and after each call.
  */
 #include "../common/master_fixture.h"

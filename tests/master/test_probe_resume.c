@@ -1,5 +1,5 @@
 /*
- * Tests of ProbeResume (master/probe_resume.c): the K3 lookup in one call,
+ * Tests of ProbeResume (master/store/probe_resume.c): the K3 lookup in one call,
  * against the master library on a frozen clock, so every key's lease can be
  * compared exactly before and after each call.  The rule checked throughout:
  * the keys that gained a lease are exactly the selected candidate's KDA keys

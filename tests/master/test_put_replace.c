@@ -1,5 +1,5 @@
 /*
- * Tests of PutReplaceReplica (master/object.c, segment.c) on a frozen clock:
+ * Tests of PutReplaceReplica (master/store/object.c, segment.c) on a frozen clock:
  * the replacement avoids every segment holding a replica and every excluded
  * one, the failed replica's range waits in quarantine until the put deadline
  * + the grace, at most MOONLET_MAX_PUT_REPLACEMENTS per put, a replica an

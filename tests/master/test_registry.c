@@ -1,5 +1,5 @@
 /*
- * Tests of the registry at cluster scale (master/segment.c, unmount.c,
+ * Tests of the registry at cluster scale (master/store/segment.c, unmount.c,
  * hmap.c, the tenant map in master.c), on a frozen clock: more segments
  * than the old fixed table held, mount/ping/unmount churn over many ids,
  * liveness that unmounts only the dead nodes and their objects, placement

@@ -1,5 +1,5 @@
 /*
- * Concurrency stress of the registry (master/segment.c, unmount.c): node
+ * Concurrency stress of the registry (master/store/segment.c, unmount.c): node
  * threads mount, ping and unmount segments over many client ids and let
  * some go silent; I/O threads put, read and remove keys with two replicas;
  * a tick thread runs the liveness check (unmounts of silent nodes, spread

@@ -1,4 +1,4 @@
-/* Tests of re-replication and drain (master/repair.c), on a frozen clock:
+/* Tests of re-replication and drain (master/store/repair.c), on a frozen clock:
  * a segment drop queues the objects that lost a replica, the target is on
  * another host than the surviving replicas, the new replica is readable only
  * after RepairDone, a removal mid-repair sends the target range to

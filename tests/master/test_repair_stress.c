@@ -1,4 +1,4 @@
-/* Stress of re-replication against lookups and unmounts (master/repair.c),
+/* Stress of re-replication against lookups and unmounts (master/store/repair.c),
  * for ThreadSanitizer and lock order: readers look keys up while a thread
  * unmounts and remounts segments and another runs the background tick and
  * plays the target nodes (RepairFetch, RepairDone).  Readers only ever see

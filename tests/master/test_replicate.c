@@ -1,5 +1,5 @@
 /*
- * Tests of the replication records (master/replicate.c and the master's
+ * Tests of the replication records (master/ha/replicate.c and the master's
  * cfg.repl_emit) on a frozen clock: the codec round-trips every record type
  * and refuses every truncation and bad field; a standby state fed the
  * leader's records, restored into a fresh master, holds every object on the

@@ -1,5 +1,5 @@
 /*
- * test_role.c - master/role.c, the HA role state machine, on clock values
+ * test_role.c - master/ha/role.c, the HA role state machine, on clock values
  * the test chooses: the serving window (grace before it, fencing at its
  * end), renewals that never move it backwards nor revive a closed one,
  * deposition, and the epoch a reply carries in each state.

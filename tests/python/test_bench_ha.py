@@ -38,7 +38,7 @@ def test_short_run():
         assert lag[k] >= 0
     # the repl leader's semi-sync waits over the rounds: a put is two
     # (PutStart, PutEnd), but a PutStart placed in a range the standby holds
-    # reserved (master/pool.c) does not wait, and most of them are
+    # reserved (master/store/pool.c) does not wait, and most of them are
     ss = d["semi_sync"]
     assert ss["waits"] >= 50 and 0 <= ss["acked_on_entry"] <= ss["waits"]
     assert ss["waits"] + ss["put_starts_reserved"] >= 2 * 50

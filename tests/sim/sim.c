@@ -2,10 +2,10 @@
  * sim.c - a deterministic, seeded, single-threaded simulation of the master
  * pair (issue 31): a leader master (the library, no background thread, on
  * the frozen lease clock the simulation drives), a hot standby's state fed
- * the leader's replication records (master/replicate.c) after a random lag,
+ * the leader's replication records (master/ha/replicate.c) after a random lag,
  * in order, cut off by crashes, store nodes with one segment each, clients,
  * repair jobs, snapshots in parts and failovers (moonlet_ha_promote, as
- * master/ha.c promotes), checked after every step against a model of the
+ * master/ha/ha.c promotes), checked after every step against a model of the
  * bytes.
  *
  * What it owns: the model (nodes and the bytes of their segments, puts,
@@ -31,7 +31,7 @@
  *      sealed, or an error (a checksum mismatch, a dead node);
  *   I4 at most one master serves at a time: at each failover the election
  *      is modelled on the lease (election.c's TTL, margin and grace, the
- *      windows computed by master/role.c): the old leader's last keepalive,
+ *      windows computed by master/ha/role.c): the old leader's last keepalive,
  *      etcd's delay in taking it, the lease's expiry on etcd, the new
  *      leader's campaign and grace, and the old leader's clock running up
  *      to 2% slow (a crashed, or partitioned, leader); both roles' gates
@@ -56,7 +56,7 @@
  * regression seed's path, is as before.
  * A deposed leader (--deposals): the leader loses etcd, is deposed, and
  * wins again with nobody else having led; it restores the copy of its
- * metadata it kept (master/ha.c, moonlet_ha_keep: moonlet_master_snapshot
+ * metadata it kept (master/ha/ha.c, moonlet_ha_keep: moonlet_master_snapshot
  * into a state, restored as a promotion with state), and I1-I3 hold on the
  * restored master as after a failover.  Drawn from a stream of its own in
  * the steps that do nothing else, and off by default, so every regression

@@ -1,6 +1,6 @@
 /*
  * test_master_ha.c - the MasterClient against masters in HA mode, without
- * etcd: two in-process masters, each served with a role (master/role.h)
+ * etcd: two in-process masters, each served with a role (master/ha/role.h)
  * that the test moves itself (elected, deposed, the leader it names), so
  * every case is deterministic:
  *   - a standby answers NOT_LEADER with the leader's address; Echo and

@@ -1,5 +1,5 @@
 /*
- * Re-replication end to end on loopback (master/repair.c, the repair thread
+ * Re-replication end to end on loopback (master/store/repair.c, the repair thread
  * of store/node/store_node.c): a moonlet-master process and three in-process
  * store nodes P, Q, R.  Objects on P and Q lose Q (a clean stop: the unmount
  * queues them at once); R, the only other segment, fetches the jobs, reads

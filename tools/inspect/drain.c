@@ -1,6 +1,6 @@
 /*
  * drain.c - `moonlet-inspect drain TARGET` and `undrain TARGET`: the Drain /
- * Undrain admin calls (master/repair.c).  A draining segment takes no new
+ * Undrain admin calls (master/store/repair.c).  A draining segment takes no new
  * replica, and the master re-replicates its objects on other hosts; its
  * OBJECTS count in `moonlet-inspect segments` falls to 0 when the drain is
  * done, and stopping its node then loses nothing.  TARGET is a segment id, a

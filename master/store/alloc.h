@@ -32,7 +32,7 @@ uint64_t moonlet_alloc_rounded(uint64_t len);
 int moonlet_alloc_reserve(moonlet_alloc *a, uint64_t len, uint64_t *offset);
 
 /* Reserves exactly [offset, offset + rounded len) (a replica restored from
- * the replication stream, master/replicate.c): INVALID_PARAMS for a range
+ * the replication stream, master/ha/replicate.c): INVALID_PARAMS for a range
  * outside the segment or not aligned, NO_AVAILABLE_HANDLE when any of it is
  * not free. */
 int moonlet_alloc_reserve_at(moonlet_alloc *a, uint64_t offset, uint64_t len);

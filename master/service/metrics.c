@@ -103,7 +103,7 @@ static void write_stats(FILE *f, const void *arg)
               "Longest shard-lock hold by BatchProbeKey(LAST_HIT_ONLY) since the master started.",
               st->probe_lock_hold_max_ns);
 
-    /* Re-replication (master/repair.c) */
+    /* Re-replication (master/store/repair.c) */
     moonlet_prom_gauge(f, "moonlet_under_replicated_objects",
           "Objects with fewer live replicas than they were put with, queued or being repaired.",
           st->under_replicated);
@@ -119,7 +119,7 @@ static void write_stats(FILE *f, const void *arg)
     moonlet_prom_counter(f, "moonlet_repair_bytes_total", "Bytes copied by finished repairs.",
             st->repair_bytes);
 
-    /* The disk tier (master/repair.c's demotions, the disk segments) */
+    /* The disk tier (master/store/repair.c's demotions, the disk segments) */
     moonlet_prom_gauge(f, "moonlet_disk_capacity_bytes", "Bytes of the store nodes' disk tiers.",
           st->disk_capacity);
     moonlet_prom_gauge(f, "moonlet_disk_used_bytes",
@@ -159,7 +159,7 @@ static void write_stats(FILE *f, const void *arg)
     moonlet_prom_counter(f, "moonlet_disk_announced_total",
             "Objects restarted nodes' disks brought back.", st->disk_announced);
 
-    /* ProbeResume (master/probe_resume.c) */
+    /* ProbeResume (master/store/probe_resume.c) */
     moonlet_prom_counter(f, "moonlet_resume_calls_total", "ProbeResume calls (the K3 lookup in one call).",
             st->resume_calls);
     moonlet_prom_counter(f, "moonlet_resume_candidates_examined_total",

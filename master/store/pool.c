@@ -34,6 +34,8 @@
 
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "pool.h"
+#include "registry.h"
 
 #define POOL_MAX_LEN (1u << 20)  /* larger objects always wait */
 #define POOL_SWITCH_MISSES 4u    /* misses of one new size before the pool takes it */
@@ -96,14 +98,6 @@ static void pool_drain(moonlet_master *m, uint32_t slot)
     if (s->npool)
         registry_avail_add_locked(&m->reg, slot);
     s->npool = 0;
-}
-
-void pool_reset(struct mseg *s)
-{
-    s->npool = 0;
-    s->pool_len = 0;
-    s->pool_misses = 0;
-    s->pool_miss_len = 0;
 }
 
 static bool pool_usable(const struct mseg *s, uint64_t len, uint64_t acked)

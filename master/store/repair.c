@@ -51,7 +51,9 @@
  * failed or late copy ends the job and the object stays in DRAM; a disk
  * without room evicts its own coldest objects (evict_disk_for_space), and
  * when that cannot make room either the object is evicted as without a
- * disk.  Copies *ahead* of eviction (demote_ahead_pass) are the same jobs
+ * disk.  Eviction sits above this file (it queues the demotions), so those
+ * two come as the hooks master.c passes to repair_init (repair.h), not as
+ * calls up.  Copies *ahead* of eviction (demote_ahead_pass) are the same jobs
  * whose copy, on RepairDone, is staged (`stg`, indexed by hash) instead of
  * joined; eviction of such an object (repair_swap_staged_locked, also from
  * evict_for_space) swaps it in at once.  A staged copy of an object that
@@ -71,6 +73,10 @@
 #include "log.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "placement.h"
+#include "record.h"
+#include "repair.h"
+#include "tenant.h"
 
 #define REPAIR_PUMP_BUDGET 256u   /* queue entries looked at per pump */
 #define REPAIR_BACKOFF_FIRST_NS (1000ull * MOONLET_NS_PER_MS)
@@ -131,6 +137,7 @@ struct repair_state {
     uint64_t tokens_ns;
     _Atomic uint64_t done, failed, retried, dropped, bytes;
     _Atomic uint64_t demoted, demote_bytes, demote_dropped, demote_failed, staged_done;
+    struct repair_evict evict; /* eviction a demotion falls back on (repair_init) */
 };
 
 static bool tenant_eq(const void *ctx, uint32_t v) { return *(const uint32_t *)ctx == v; }
@@ -152,13 +159,14 @@ static bool rq_push(struct rq *q, struct rq_entry e)
     return true;
 }
 
-int repair_init(moonlet_master *m)
+int repair_init(moonlet_master *m, const struct repair_evict *ev)
 {
     struct repair_state *r = calloc(1, sizeof(*r));
     if (!r)
         return MOONLET_ERR_INTERNAL_ERROR;
     pthread_mutex_init(&r->mu, NULL);
     r->next_id = 1;
+    r->evict = *ev;
     r->tokens = (double)m->cfg.repair_bandwidth;
     r->tokens_ns = moonlet_clock_now_ns();
     m->repair = r;
@@ -304,14 +312,24 @@ static bool staged_add_locked(struct repair_state *r, const struct staged *s)
     return true;
 }
 
-uint32_t repair_running_demotions(const moonlet_master *m)
+static uint32_t repair_running_demotions(const moonlet_master *m)
 {
     return m->repair ? atomic_load(&m->repair->ndemote_run) : 0;
 }
 
-uint32_t repair_staged(const moonlet_master *m)
+static uint32_t repair_staged(const moonlet_master *m)
 {
     return m->repair ? atomic_load(&m->repair->nstg_pub) : 0;
+}
+
+uint64_t repair_disk_objects(moonlet_master *m)
+{
+    uint64_t n = atomic_load(&m->reg.disk_extents); /* no scan: evict_pass asks each tick */
+    if (n == 0)
+        return 0;
+    /* extents placed for copies not (yet) joined to their objects */
+    uint64_t other = repair_running_demotions(m) + repair_staged(m);
+    return n > other ? n - other : 0;
 }
 
 bool repair_swap_staged_locked(moonlet_master *m, struct mobj *o)
@@ -661,12 +679,12 @@ static void demote_pump(moonlet_master *m, uint64_t now)
         uint64_t footprint = 0;
         int res = start_demote(m, &batch[i], now, &footprint);
         /* A copy ahead of eviction takes only free room: nothing is evicted for it. */
-        if (res == START_NO_ROOM && !batch[i].ahead && evict_disk_for_space(m, footprint) > 0)
+        if (res == START_NO_ROOM && !batch[i].ahead && r->evict.disk_for_space(m, footprint) > 0)
             res = start_demote(m, &batch[i], now, &footprint);
         if (res == START_OK)
             continue;
         if (res == START_NO_ROOM && !batch[i].ahead) {
-            evict_without_copy(m, batch[i].hash, batch[i].tenant);
+            r->evict.without_copy(m, batch[i].hash, batch[i].tenant);
             atomic_fetch_add(&r->demote_dropped, 1);
         }
         pthread_mutex_lock(&r->mu);

@@ -948,7 +948,7 @@ static int h_stats(moonlet_rpc_ctx *ctx, const msgpack_object *args, msgpack_pac
     return MOONLET_OK;
 }
 
-/* ---- re-replication (master/repair.c) ----------------------------------------- */
+/* ---- re-replication (master/store/repair.c) ----------------------------------------- */
 
 /* One job: [job_id, size, checksum or nil, target (with capability),
  * [sources...]], and for a demotion three more: true, tenant, key. */

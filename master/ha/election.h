@@ -30,7 +30,7 @@
  * fail (lease gone) and depose it.  A partition (no answer, or unreachable)
  * is not a refusal: the lease runs out as before.  The owner may refuse a
  * takeover (opts.may_take_over): the master takes over only when it would
- * promote with its state (master/ha.c).
+ * promote with its state (master/ha/ha.c).
  *
  * Threads and locks: its own thread, and while on_elected runs a second
  * one that keeps the lease alive (a slow promotion cannot lose it); el->mu

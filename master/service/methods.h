@@ -1,8 +1,8 @@
 /*
  * methods.h - the master's control RPC, declared once: method ids, and per
- * method the struct its arguments decode into.  master/methods.c holds the
+ * method the struct its arguments decode into.  master/service/methods.c holds the
  * table (moonlet_master_methods) that gives each argument its name, kind,
- * bounds and field; the master (master/service.c) decodes requests from it
+ * bounds and field; the master (master/service/service.c) decodes requests from it
  * before a handler runs, and the MasterClient (store/master_client.c) packs
  * requests from it.  docs/protocol.md's method table is checked against it
  * by tests/master/test_methods.c.

@@ -24,6 +24,7 @@
 
 #include "lease.h"
 #include "master_internal.h"
+#include "tenant.h"
 #include "moonlet/error.h"
 
 static void key_view_fill(const struct mobj *o, uint64_t now, moonlet_key_view *v)

@@ -26,6 +26,7 @@
 
 #include "lease.h"
 #include "master_internal.h"
+#include "tenant.h"
 #include "moonlet/error.h"
 #include "probe_policy.h"
 

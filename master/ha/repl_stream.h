@@ -159,7 +159,7 @@ moonlet_repl_state *moonlet_repl_follower_stop(moonlet_repl_follower *f, bool *c
 void moonlet_repl_follower_destroy(moonlet_repl_follower *f);
 /* What a stop now would report as consistent, without stopping: true (and
  * *epoch, the leader epoch of its snapshot) when the state could be
- * restored.  A fast takeover asks it (master/ha.c). */
+ * restored.  A fast takeover asks it (master/ha/ha.c). */
 bool moonlet_repl_follower_restorable(moonlet_repl_follower *f, uint64_t *epoch);
 
 typedef struct moonlet_repl_follower_status {

@@ -2,7 +2,7 @@
  * ha.c - the master's HA orchestration (ha.h): the hot standby's follower,
  * the election's callbacks, the promotion and its liveness hold.
  *
- * The hot standby (master/repl_stream.h).  The leader's records go to
+ * The hot standby (master/ha/repl_stream.h).  The leader's records go to
  * g_ha.log; a standby's follower thread applies the leader's to its state.
  * In etcd, /moonlet/<cluster>/insync names, as "HOST:PORT@EPOCH", a master
  * that holds every acknowledged record of term EPOCH: the standby in sync,

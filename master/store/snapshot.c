@@ -1,7 +1,7 @@
 /*
  * snapshot.c - the master's metadata as replication records
  * (moonlet_master_snapshot, master.h): what a standby starts from before it
- * follows the stream (master/repl_stream.c).
+ * follows the stream (master/ha/repl_stream.c).
  *
  * The snapshot is fuzzy: it is taken while the master keeps serving, one
  * lock at a time (registry.mu for the segments and quarantined ranges, then
@@ -25,42 +25,14 @@
 #include "clock.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "pool.h"
+#include "record.h"
+#include "repair.h"
 
 struct snap_args {
     void (*emit)(void *arg, const moonlet_repl_rec *rec);
     void *arg;
 };
-
-void repl_object_send(moonlet_master *m, const struct mobj *o, uint64_t free_ms,
-                      void (*emit)(void *arg, const moonlet_repl_rec *rec),
-                      void *arg)
-{
-    moonlet_repl_rec rec;
-    repl_object_rec(m, o, MOONLET_REPL_PLACE, &rec);
-    rec.free_ms = free_ms;
-    if (o->state == OBJ_COMPLETE)
-        rec.flags |= MOONLET_REPL_FLAG_SEALED;
-    /* Only replicas on MOUNTED segments: a segment being unmounted was
-     * announced (UNMOUNT) before its replicas are stripped, and a snapshot
-     * lists only mounted ones, so the standby does not know it: a record
-     * naming it failed to apply, and in a snapshot part after the first
-     * that failure is skipped with the whole object, which is never sent
-     * again (issue 31, finding 8). */
-    uint32_t n = 0;
-    for (uint32_t k = 0; k < rec.nrep; k++) {
-        if (atomic_load(&reg_seg(&m->reg, mobj_creps(o)[k].seg)->state) != SEG_MOUNTED)
-            continue;
-        rec.rep_seg[n] = rec.rep_seg[k];
-        rec.rep_off[n++] = rec.rep_off[k];
-    }
-    rec.nrep = n;
-    if (rec.nrep == 0)
-        return;
-    char name[MOONLET_MAX_ID_BYTES + 1];
-    uint32_t len = tenant_name_of(m, o->tenant, name);
-    rec.tenant = (moonlet_str){name, len};
-    emit(arg, &rec);
-}
 
 static bool snap_visit(moonlet_master *m, struct shard *s, struct mobj *o, void *varg)
 {

@@ -52,8 +52,11 @@
 
 #include "grow.h"
 #include "lease.h"
+#include "destroy.h"
+#include "evict.h"
 #include "log.h"
 #include "master_internal.h"
+#include "repair.h"
 
 static bool evictable(const struct mobj *o, uint64_t now, bool include_pinned)
 {
@@ -72,7 +75,7 @@ static bool dram_evictable(const struct mobj *o, uint64_t now, bool include_pinn
 /* The objects in DRAM: those the disk tier holds are not eviction's. */
 static uint64_t dram_objects(moonlet_master *m)
 {
-    uint64_t objects = atomic_load(&m->st.objects), on_disk = registry_disk_objects(m);
+    uint64_t objects = atomic_load(&m->st.objects), on_disk = repair_disk_objects(m);
     return objects > on_disk ? objects - on_disk : 0;
 }
 

@@ -29,15 +29,16 @@
  * is pending), so a writer can never loop over placements.
  *
  * PutStart's options (moonlet_master_put_opts): preferred segments go to
- * placement (segment.c); a soft pin's TTL (the object's own or the master's)
+ * placement (placement.c); a soft pin's TTL (the object's own or the master's)
  * waits in soft_pin_deadline until PutEnd turns it into a deadline; a hard
  * pin is the deadline MOBJ_HARD_PIN, which eviction never takes.  Its bytes
  * (size x replicas) are reserved in st.hard_pinned_bytes against
  * cfg.hard_pin_max_ratio of the capacity before placement (an atomic add,
  * undone on failure; no lock) and released when the object is destroyed.
  *
- * object_destroy_locked (here, not in shard.c, which is a pure table) gives
- * an object's space back, unlinks and frees it; unmount.c and evict.c use it.
+ * object_destroy_locked (destroy.c, below this file, evict.c and unmount.c,
+ * which all take objects away) gives an object's space back, unlinks and
+ * frees it.
  *
  * Locks: guard (shared) -> one shard lock -> registry.mu, then tenants.lock
  * (a leaf) when an object's destruction drops its tenant reference.
@@ -45,81 +46,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "destroy.h"
+#include "evict.h"
 #include "lease.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "object.h"
+#include "placement.h"
+#include "record.h"
+#include "repair.h"
+#include "tenant.h"
 
 /* A key located in its shard: what every single-key operation starts from. */
-void object_destroy_locked(moonlet_master *m, struct shard *s, struct mobj *o)
-{
-    shard_unlink_locked(s, o);
-    repair_object_gone_locked(m, o);
-    /* An unfinished put's writer may still be sending: its ranges wait in
-     * quarantine until its put deadline (after which no store node accepts
-     * its writes) plus the grace.  A sealed object had every write
-     * acknowledged before its PutEnd; its ranges go back at once, unless a
-     * reader still holds a lease on it (only a forced Remove takes such an
-     * object): then they wait until the lease ends, after which a reader's
-     * own lease check refuses whatever it read (LEASE_EXPIRED), so no reader
-     * gets bytes of an object placed there later. */
-    uint64_t until = 0;
-    if (o->state == OBJ_PENDING)
-        until = o->lease_deadline + m->quarantine_grace_ns;
-    else if (moonlet_lease_active(o->lease_deadline, moonlet_clock_now_ns()))
-        until = o->lease_deadline;
-    if (repl_on(m)) { /* before the space is freed: a record reusing it follows */
-        moonlet_repl_rec rec;
-        repl_object_rec(m, o, MOONLET_REPL_DROP, &rec);
-        uint64_t now = moonlet_clock_now_ns();
-        rec.free_ms = until > now ? (until - now + MOONLET_NS_PER_MS - 1) / MOONLET_NS_PER_MS : 0;
-        repl_emit(m, &rec);
-    }
-    if (o->nrep)
-        registry_release(m, o->hash, o->size, mobj_reps(o), o->nrep, until);
-    if (o->state == OBJ_PENDING)
-        atomic_fetch_sub(&m->st.pending, 1);
-    atomic_fetch_sub(&m->st.objects, 1);
-    atomic_fetch_sub(&m->st.bytes, o->size);
-    if (mobj_hard_pinned(o)) {
-        atomic_fetch_sub(&m->st.hard_pinned, 1);
-        atomic_fetch_sub(&m->st.hard_pinned_bytes, mobj_pinned_bytes(o));
-    }
-    uint32_t tenant = o->tenant;
-    mobj_free(m, o);
-    tenant_release(m, tenant); /* tenants.lock is a leaf */
-}
-
-void repl_object_rec(const moonlet_master *m, const struct mobj *o, uint8_t type,
-                     moonlet_repl_rec *rec)
-{
-    memset(rec, 0, sizeof(*rec));
-    rec->type = type;
-    rec->tenant_id = o->tenant;
-    rec->key = (moonlet_str){o->key, o->key_len};
-    rec->size = o->size;
-    rec->flags = (uint8_t)((o->soft_pin && !mobj_hard_pinned(o) ? MOONLET_REPL_FLAG_SOFT_PIN : 0) |
-                           (mobj_hard_pinned(o) ? MOONLET_REPL_FLAG_HARD_PIN : 0));
-    uint64_t now = moonlet_clock_now_ns();
-    if (o->state == OBJ_PENDING) {
-        rec->checksum = o->checksum; /* the put's id and replacements (mobj_put_id) */
-        rec->ttl_ms = o->lease_deadline > now ? (o->lease_deadline - now) / MOONLET_NS_PER_MS : 0;
-        if (rec->flags & MOONLET_REPL_FLAG_SOFT_PIN)
-            rec->pin_ttl_ms = o->soft_pin_deadline / MOONLET_NS_PER_MS;
-    } else {
-        if (o->has_checksum)
-            rec->flags |= MOONLET_REPL_FLAG_CHECKSUM;
-        rec->checksum = o->checksum;
-        if ((rec->flags & MOONLET_REPL_FLAG_SOFT_PIN) && o->soft_pin_deadline > now)
-            rec->pin_ttl_ms = (o->soft_pin_deadline - now) / MOONLET_NS_PER_MS;
-    }
-    rec->nrep = o->nrep;
-    for (uint32_t k = 0; k < o->nrep && k < MOONLET_REPL_MAX_REPS; k++) {
-        const struct mrep *r = &mobj_creps(o)[k];
-        rec->rep_seg[k] = MOONLET_STR(reg_seg(&m->reg, r->seg)->id);
-        rec->rep_off[k] = r->offset;
-    }
-}
-
 struct keyref {
     moonlet_str tname; /* the tenant's name, as the call gave it */
     uint32_t tenant;

@@ -52,6 +52,7 @@
 
 #include "lease.h"
 #include "master_internal.h"
+#include "tenant.h"
 #include "moonlet/error.h"
 
 #define KV_SCAN_CHUNK 64 /* KV keys per scan step: the scan stops at the first miss */

@@ -38,9 +38,12 @@
 #include "grow.h"
 #include "lease.h"
 #include "log.h"
+#include "destroy.h"
 #include "master_internal.h"
 #include "moonlet/error.h"
+#include "repair.h"
 #include "sync.h"
+#include "unmount.h"
 
 #define UNMOUNT_BATCH 256u         /* index entries per hold of the guard */
 #define UNMOUNT_TICK_BUDGET 65536u /* index entries per liveness check (cfg 0) */
