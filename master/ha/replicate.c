@@ -41,6 +41,24 @@
 
 /* ---- codec ---------------------------------------------------------------- */
 
+/* The body each record type carries (the wire format above): the encoder and
+ * the decoder both switch on it.  RANGE is an object body naming a range:
+ * an empty key and one replica. */
+enum rec_body { BODY_NONE, BODY_OBJECT, BODY_RANGE, BODY_MOUNT, BODY_UNMOUNT };
+
+static const uint8_t rec_bodies[] = {
+    [MOONLET_REPL_MOUNT] = BODY_MOUNT,   [MOONLET_REPL_UNMOUNT] = BODY_UNMOUNT,
+    [MOONLET_REPL_PLACE] = BODY_OBJECT,  [MOONLET_REPL_SEAL] = BODY_OBJECT,
+    [MOONLET_REPL_DROP] = BODY_OBJECT,   [MOONLET_REPL_QUAR] = BODY_RANGE,
+    [MOONLET_REPL_RESV] = BODY_RANGE,    [MOONLET_REPL_UNRESV] = BODY_RANGE,
+};
+
+/* BODY_NONE: not a record type. */
+static enum rec_body rec_body(uint8_t type)
+{
+    return type < sizeof(rec_bodies) ? (enum rec_body)rec_bodies[type] : BODY_NONE;
+}
+
 struct wbuf {
     uint8_t *p;
     size_t n, cap;
@@ -94,13 +112,9 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
     struct wbuf w = {buf, 0, cap, false};
     w_u8(&w, rec->type);
     w_u8(&w, rec->flags);
-    switch (rec->type) {
-    case MOONLET_REPL_PLACE:
-    case MOONLET_REPL_SEAL:
-    case MOONLET_REPL_DROP:
-    case MOONLET_REPL_QUAR:
-    case MOONLET_REPL_RESV:
-    case MOONLET_REPL_UNRESV:
+    switch (rec_body(rec->type)) {
+    case BODY_OBJECT:
+    case BODY_RANGE:
         if (rec->nrep > MOONLET_REPL_MAX_REPS)
             return 0;
         w_u32(&w, rec->tenant_id);
@@ -117,7 +131,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
             w_u64(&w, rec->rep_off[k]);
         }
         break;
-    case MOONLET_REPL_MOUNT: {
+    case BODY_MOUNT: {
         const moonlet_segment_desc *d = rec->seg;
         if (!d)
             return 0;
@@ -138,7 +152,7 @@ size_t moonlet_repl_encode(const moonlet_repl_rec *rec, uint8_t *buf, size_t cap
         w_u64(&w, (uint64_t)rec->clock_offset_ms);
         break;
     }
-    case MOONLET_REPL_UNMOUNT:
+    case BODY_UNMOUNT:
         w_str(&w, rec->client_id);
         w_str(&w, rec->segment_id);
         break;
@@ -221,15 +235,11 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
     moonlet_repl_rec *rec = &out->rec;
     rec->type = r_u8(&r);
     rec->flags = r_u8(&r);
-    switch (rec->type) {
-    case MOONLET_REPL_PLACE:
-    case MOONLET_REPL_SEAL:
-    case MOONLET_REPL_DROP:
-    case MOONLET_REPL_QUAR:
-    case MOONLET_REPL_RESV:
-    case MOONLET_REPL_UNRESV: {
-        bool range = rec->type == MOONLET_REPL_QUAR || rec->type == MOONLET_REPL_RESV ||
-                     rec->type == MOONLET_REPL_UNRESV;
+    enum rec_body body = rec_body(rec->type);
+    switch (body) {
+    case BODY_OBJECT:
+    case BODY_RANGE: {
+        bool range = body == BODY_RANGE;
         rec->tenant_id = r_u32(&r);
         rec->tenant = r_str(&r, MOONLET_MAX_ID_BYTES);
         rec->key = r_str(&r, MOONLET_MAX_KEY_BYTES);
@@ -250,7 +260,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         }
         break;
     }
-    case MOONLET_REPL_MOUNT: {
+    case BODY_MOUNT: {
         moonlet_segment_desc *d = &out->seg;
         d->client_id = r_cstr(&r, out->client_id, sizeof(out->client_id), false);
         d->segment_id = r_cstr(&r, out->segment_id, sizeof(out->segment_id), false);
@@ -281,7 +291,7 @@ int moonlet_repl_decode(const uint8_t *buf, size_t len, moonlet_repl_decoded *ou
         rec->seg = d;
         break;
     }
-    case MOONLET_REPL_UNMOUNT:
+    case BODY_UNMOUNT:
         rec->client_id = r_str(&r, MOONLET_MAX_ID_BYTES);
         rec->segment_id = r_str(&r, MOONLET_MAX_ID_BYTES);
         if (!r.bad && rec->segment_id.len == 0)
