@@ -4,6 +4,7 @@
 #include "hmap.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <xxhash.h>
 
 uint64_t hmap_str_hash(const char *p, size_t len)
@@ -35,6 +36,26 @@ struct hent *hmap_find(const struct hmap *m, uint64_t h, hmap_eq_fn eq, const vo
         if (e->h == h && (!eq || eq(ctx, e->v)))
             return e;
     }
+}
+
+struct str_ctx {
+    moonlet_str s;
+    hmap_key_fn key;
+    const void *owner;
+};
+
+static bool str_eq(const void *ctx, uint32_t v)
+{
+    const struct str_ctx *c = ctx;
+    moonlet_str k = c->key(c->owner, v);
+    return k.ptr && k.len == c->s.len && memcmp(k.ptr, c->s.ptr, k.len) == 0;
+}
+
+struct hent *hmap_find_str(const struct hmap *m, uint64_t h, moonlet_str s, hmap_key_fn key,
+                           const void *owner)
+{
+    struct str_ctx c = {s, key, owner};
+    return hmap_find(m, h, str_eq, &c);
 }
 
 static void put(struct hmap *m, uint64_t h, uint32_t v)

@@ -119,33 +119,25 @@ static bool u32_push(uint32_t **a, uint32_t *n, uint32_t *cap, uint32_t v)
 
 /* ---- lookups by id ----------------------------------------------------------- */
 
-struct id_ctx {
-    const struct registry *r;
-    moonlet_str id;
-};
-
-static bool client_eq(const void *ctx, uint32_t v)
+/* The strings behind a value of the registry's maps (hmap_find_str). */
+static moonlet_str client_id_of(const void *r, uint32_t v)
 {
-    const struct id_ctx *c = ctx;
-    return str_eq(c->r->clients[v].id, c->id);
+    return MOONLET_STR(((const struct registry *)r)->clients[v].id);
 }
 
-static bool seg_eq(const void *ctx, uint32_t v)
+static moonlet_str seg_id_of(const void *r, uint32_t v)
 {
-    const struct id_ctx *c = ctx;
-    return str_eq(reg_seg(c->r, v)->id, c->id);
+    return MOONLET_STR(reg_seg(r, v)->id);
 }
 
-static bool seg_name_eq(const void *ctx, uint32_t v)
+static moonlet_str seg_name_of(const void *r, uint32_t v)
 {
-    const struct id_ctx *c = ctx;
-    return str_eq(reg_seg(c->r, v)->name, c->id);
+    return MOONLET_STR(reg_seg(r, v)->name);
 }
 
-static bool seg_endpoint_eq(const void *ctx, uint32_t v)
+static moonlet_str seg_endpoint_of(const void *r, uint32_t v)
 {
-    const struct id_ctx *c = ctx;
-    return str_eq(reg_seg(c->r, v)->endpoint, c->id);
+    return MOONLET_STR(reg_seg(r, v)->endpoint);
 }
 
 /* ---- the ping-order list of clients (registry.mu) -------------------------------- */
@@ -232,8 +224,7 @@ static struct mclient *client_get_locked(struct registry *r, moonlet_str id, boo
                                          uint32_t *idx)
 {
     uint64_t h = hmap_str_hash(id.ptr, id.len);
-    struct id_ctx ctx = {r, id};
-    struct hent *e = hmap_find(&r->client_by_id, h, client_eq, &ctx);
+    struct hent *e = hmap_find_str(&r->client_by_id, h, id, client_id_of, r);
     if (e) {
         *idx = e->v;
         return &r->clients[e->v];
@@ -463,8 +454,7 @@ void moonlet_master_note_node_clock(moonlet_master *m, moonlet_str client_id, ui
 /* The MOUNTED segment with this id.  registry.mu held. */
 struct mseg *registry_seg_find_locked(struct registry *r, moonlet_str id, uint32_t *slot)
 {
-    struct id_ctx ctx = {r, id};
-    struct hent *e = hmap_find(&r->seg_by_id, hmap_str_hash(id.ptr, id.len), seg_eq, &ctx);
+    struct hent *e = hmap_find_str(&r->seg_by_id, hmap_str_hash(id.ptr, id.len), id, seg_id_of, r);
     if (!e)
         return NULL;
     *slot = e->v;
@@ -856,11 +846,10 @@ void registry_placed_commit_locked(struct registry *r, uint64_t hash, const stru
  * same name, any); SLOT_NONE when none.  Caller holds registry.mu. */
 uint32_t registry_slot_by_name_locked(const struct registry *r, moonlet_str name)
 {
-    struct id_ctx ctx = {r, name};
     uint64_t h = hmap_str_hash(name.ptr, name.len);
-    const struct hent *e = hmap_find(&r->seg_by_name, h, seg_name_eq, &ctx);
+    const struct hent *e = hmap_find_str(&r->seg_by_name, h, name, seg_name_of, r);
     if (!e)
-        e = hmap_find(&r->seg_by_endpoint, h, seg_endpoint_eq, &ctx);
+        e = hmap_find_str(&r->seg_by_endpoint, h, name, seg_endpoint_of, r);
     return e ? e->v : SLOT_NONE;
 }
 

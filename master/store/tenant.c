@@ -62,23 +62,18 @@ uint32_t tenant_name_of(moonlet_master *m, uint32_t id, char name[MOONLET_MAX_ID
     return len;
 }
 
-struct tenant_ctx {
-    const struct tenants *t;
-    moonlet_str name;
-};
-
-static bool tenant_eq(const void *ctx, uint32_t v)
+/* The name behind a value of tenants.by_name (hmap_find_str); none: a free slot. */
+static moonlet_str slot_name_of(const void *t, uint32_t v)
 {
-    const struct tenant_ctx *c = ctx;
-    const struct tenant_slot *ts = &c->t->slots[v];
-    return ts->name && ts->len == c->name.len && memcmp(ts->name, c->name.ptr, c->name.len) == 0;
+    const struct tenant_slot *ts = &((const struct tenants *)t)->slots[v];
+    return (moonlet_str){ts->name, ts->len};
 }
 
 /* The slot of a live tenant by name (a hash map), or UINT32_MAX. */
 static uint32_t tenant_find_locked(struct tenants *t, moonlet_str name)
 {
-    struct tenant_ctx c = {t, name};
-    struct hent *e = hmap_find(&t->by_name, hmap_str_hash(name.ptr, name.len), tenant_eq, &c);
+    struct hent *e =
+        hmap_find_str(&t->by_name, hmap_str_hash(name.ptr, name.len), name, slot_name_of, t);
     return e ? e->v : UINT32_MAX;
 }
 
