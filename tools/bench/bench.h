@@ -94,6 +94,10 @@ int bench_parse_counts(const char *s, uint32_t max, uint32_t *out, int cap, int 
  * *out when it lies from min to max; -1 otherwise. */
 int bench_parse_long(const char *s, long min, long max, long *out);
 
+/* bench_parse_long of optarg for the flag --name; on a refusal says the
+ * flag's range on stderr and returns -1. */
+int bench_flag_long(const char *name, long min, long max, long *out);
+
 /* Parses a flag's comma-separated byte sizes ("64KiB,1MiB") into
  * out[0..cap): each from min to max and a multiple of align (1: any).
  * Returns 0 with *n set, or -1 (empty, too many, one that does not parse or

@@ -108,10 +108,8 @@ static int d_parse(int argc, char **argv, d_bench *b)
         case O_DEV:
             break;
         case O_ROUNDS:
-            if (bench_parse_long(optarg, 1, D_MAX_ROUNDS, &n)) {
-                fprintf(stderr, "--rounds: 1..%d\n", D_MAX_ROUNDS);
+            if (bench_flag_long("rounds", 1, D_MAX_ROUNDS, &n))
                 return -1;
-            }
             b->rounds = (int)n;
             break;
         case O_SIZES:
@@ -132,7 +130,7 @@ static int d_parse(int argc, char **argv, d_bench *b)
             break;
         }
         case O_DEVICE:
-            if (bench_parse_long(optarg, 0, 63, &n))
+            if (bench_flag_long("device", 0, 63, &n))
                 return -1;
             b->device = (int)n;
             break;

@@ -87,15 +87,6 @@ static void k_usage(void)
             "  round, depth 32, batches of 32MiB (at least depth objects), 2 streams\n");
 }
 
-/* optarg as a number of min..max, or -1 with the flag's range said. */
-static int k_flag_long(const char *flag, long min, long max, long *out)
-{
-    if (bench_parse_long(optarg, min, max, out) == 0)
-        return 0;
-    fprintf(stderr, "--%s: %ld..%ld\n", flag, min, max);
-    return -1;
-}
-
 static int k_parse(int argc, char **argv, k_bench *b)
 {
     enum { O_JSON = 1, O_ROUNDS, O_SIZES, O_ROUND_BYTES, O_QD, O_DIR, O_BATCH, O_STREAMS };
@@ -125,7 +116,7 @@ static int k_parse(int argc, char **argv, k_bench *b)
             b->json = true;
             break;
         case O_ROUNDS:
-            if (k_flag_long("rounds", 1, K_MAX_ROUNDS, &n))
+            if (bench_flag_long("rounds", 1, K_MAX_ROUNDS, &n))
                 return -1;
             b->rounds = (int)n;
             break;
@@ -145,12 +136,12 @@ static int k_parse(int argc, char **argv, k_bench *b)
             b->round_bytes = v;
             break;
         case O_QD:
-            if (k_flag_long("queue-depth", 1, 1024, &n))
+            if (bench_flag_long("queue-depth", 1, 1024, &n))
                 return -1;
             b->qd = (unsigned)n;
             break;
         case O_STREAMS:
-            if (k_flag_long("streams", 1, K_MAX_STREAMS, &n))
+            if (bench_flag_long("streams", 1, K_MAX_STREAMS, &n))
                 return -1;
             b->streams = (unsigned)n;
             break;

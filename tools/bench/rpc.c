@@ -264,15 +264,9 @@ int bench_rpc_main(int argc, char **argv)
     if (side_start(&sm, NULL, NULL, small) || side_start(&lg, NULL, NULL, objects))
         goto out;
 
-    for (int i = 0; i < calls * 2; i++) {
-        uint64_t t0 = bench_now_ns();
-        moonlet_rpc_client_begin(lg.c, MOONLET_M_ECHO, 0);
-        moonlet_reply rep;
-        if (moonlet_rpc_client_call(lg.c, &rep))
+    for (int i = 0; i < calls * 2; i++)
+        if (echo_once(lg.c, &lg.echo))
             goto out;
-        moonlet_reply_destroy(&rep);
-        bench_samples_add(&lg.echo, (double)(bench_now_ns() - t0) / 1000.0);
-    }
     uint64_t rss0 = bench_rss_bytes(lg.m.pid);
     if (fill(sm.c, 0, small) || fill(lg.c, 0, objects))
         goto out;

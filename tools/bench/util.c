@@ -9,6 +9,7 @@
 #include "net.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <stdbool.h>
 #include <limits.h>
 #include <poll.h>
@@ -70,6 +71,14 @@ int bench_parse_long(const char *s, long min, long max, long *out)
         return -1;
     *out = v;
     return 0;
+}
+
+int bench_flag_long(const char *name, long min, long max, long *out)
+{
+    if (bench_parse_long(optarg, min, max, out) == 0)
+        return 0;
+    fprintf(stderr, "--%s: %ld..%ld\n", name, min, max);
+    return -1;
 }
 
 void bench_tool_path(const char *name, char *out, size_t cap)
