@@ -228,6 +228,18 @@ static int redis_start(bench_master *rs, uint16_t port)
     return bench_exec_start(rs, REDIS_PATH, args, "Ready to accept connections");
 }
 
+/* redis-server on a free port, *port: a port is picked before redis binds
+ * it, and another process may take it meanwhile, so a few are tried. */
+static int redis_start_free(bench_master *rs, uint16_t *port)
+{
+    for (int i = 0; i < 5; i++) {
+        *port = bench_free_port();
+        if (*port && redis_start(rs, *port) == 0)
+            return 0;
+    }
+    return -1;
+}
+
 /* ---- the phases -------------------------------------------------------------------- */
 
 typedef struct load_cfg {
@@ -537,14 +549,14 @@ int bench_load_main(int argc, char **argv)
     char *value = malloc(VALUE_BYTES);
     cJSON *root = NULL;
     int rc = 1;
-    uint16_t rport = bench_free_port();
-    if (!value || !rport)
+    uint16_t rport = 0;
+    if (!value)
         goto out;
     memset(value, 'v', VALUE_BYTES);
     /* 1 GiB: every put of a run fits without eviction (a lease protects each
      * object its get read for 5 s, so eviction could not keep up anyway) */
     if (bench_master_start(&bm, NULL) || bench_store_start(&bs, bm.addr, 1ull << 30) ||
-        redis_start(&rs, rport)) {
+        redis_start_free(&rs, &rport)) {
         fprintf(stderr, "moonlet-bench load: cannot start moonlet-master, moonlet-store or "
                         "redis-server\n");
         goto out;
