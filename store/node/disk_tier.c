@@ -18,8 +18,10 @@
  * the bytes matched the checksum (a mismatch leaves bytes without a
  * header: free space).  A larger one whose bytes are one block-aligned
  * range of the caller's memory goes from that memory: hashed whole first
- * (a mismatch writes nothing), then its header and first bytes in one I/O
- * (a writev), then the rest.  Once every I/O of the batch completed, one data
+ * (a mismatch writes nothing), then its bytes in I/Os of up to 16 MiB,
+ * then its header.  (A header and the first bytes in one writev measured
+ * half the rate of the bytes alone on an ext4 virtual disk:
+ * docs/benchmarks.md.)  Once every I/O of the batch completed, one data
  * sync per path with an object that went well; only then are the objects
  * in the table (readable, listed).  Before that, sync-behind: each time
  * DISK_SYNC_BEHIND bytes of a path's writes have completed, a data sync of
@@ -29,7 +31,8 @@
  * sync is still waited for after every I/O), and one that fails fails the
  * path's objects of the batch.  A batch read issues each object's
  * header and bytes at once (a small object: one I/O; into a block-aligned
- * buffer, the header and the first bytes in one readv), copies staged
+ * buffer, the header and the first bytes in one readv, so that each object
+ * takes one slot of the depth, as a block of fio's does), copies staged
  * bytes to the caller's buffer as they come, then checks the header and
  * the whole checksum.  A remove zeroes the header and syncs before it frees the
  * space, so a rescan never finds a header whose space was given to another
@@ -73,7 +76,7 @@
 /* a sync's user data: this bit and the path */
 #define DISK_SYNC_TAG ((uint64_t)1 << 63)
 /* the most bytes of one I/O from or into the caller's memory: a 16 MiB
- * object goes as one I/O (with its header), as fio's 16 MiB block */
+ * object's bytes go as one I/O, as fio's 16 MiB block */
 #define DISK_DIRECT_MAX ((size_t)16 << 20)
 /* a batch's bytes written to a path, completed, after which a data sync of
  * it goes while the rest of the batch is in flight (write_io) */
@@ -116,7 +119,7 @@ typedef struct lane_io {
     uint64_t at;  /* a chunk: its offset in the object's bytes */
     size_t len;   /* a chunk: the object's bytes in it */
     uint64_t want; /* the I/O's bytes */
-    struct iovec iov[2]; /* a header and its object's first bytes: their ranges */
+    struct iovec iov[2]; /* a read's header and its object's first bytes: their ranges */
 } lane_io;
 enum { IO_ONE, IO_HDR, IO_CHUNK, IO_DIRECT };
 
@@ -331,22 +334,18 @@ static bool lane_prep_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t
     return true;
 }
 
-/* Prepares, in slot b, one write or read at off of buffer b's first hdr
- * bytes (a header) and then len bytes from or into the caller's memory at
- * addr (both block aligned and whole blocks). */
-static bool lane_prep_hdr_direct(moonlet_disk *d, disk_lane *l, bool write, uint32_t p,
-                                 uint64_t off, unsigned b, size_t hdr, const void *addr,
-                                 size_t len)
+/* Prepares, in slot b, one read at off into buffer b's first hdr bytes (a
+ * header) and then len bytes into the caller's memory at addr (both block
+ * aligned and whole blocks). */
+static bool lane_prep_read_hdr_direct(moonlet_disk *d, disk_lane *l, uint32_t p, uint64_t off,
+                                      unsigned b, size_t hdr, void *addr, size_t len)
 {
     struct io_uring_sqe *sqe = lane_sqe(l);
     if (!sqe)
         return false;
     l->io[b].iov[0] = (struct iovec){l->stage[b], hdr};
-    l->io[b].iov[1] = (struct iovec){(void *)addr, len};
-    if (write)
-        io_uring_prep_writev(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
-    else
-        io_uring_prep_readv(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
+    l->io[b].iov[1] = (struct iovec){addr, len};
+    io_uring_prep_readv(sqe, d->paths[p].fd, l->io[b].iov, 2, off);
     io_uring_sqe_set_data64(sqe, b);
     l->io[b].want = hdr + len;
     return true;
@@ -534,22 +533,18 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
     *done = false;
     if (j->direct) {
         const unsigned char *src = (const unsigned char *)r->iov[0].iov_base + j->staged;
-        if (j->staged == 0) {
+        if (j->staged == 0 && XXH3_64bits(src, j->size) != r->checksum) {
             /* the bytes match the checksum before any I/O goes: no header
              * ever names other bytes (a mismatch writes nothing) */
-            if (XXH3_64bits(src, j->size) != r->checksum) {
-                j->rc = MOONLET_ERR_INVALID_PARAMS;
-                *done = true;
-                return;
-            }
-            /* the header and the first whole blocks, in one I/O */
-            len = j->body < DISK_DIRECT_MAX ? (size_t)j->body : DISK_DIRECT_MAX;
+            j->rc = MOONLET_ERR_INVALID_PARAMS;
+            *done = true;
+            return;
+        }
+        if (j->staged == j->size) { /* its header, once its bytes are on their way */
             hdr_fill(buf, r->tenant, r->key, r->key_len, j->size, r->checksum, j->seq);
-            l->io[b] = (lane_io){.req = i, .kind = IO_DIRECT, .at = 0, .len = len};
-            j->staged = len;
-            *done = j->staged == j->size;
-            if (!lane_prep_hdr_direct(d, l, true, j->loc.path, j->loc.offset, b, (size_t)j->h,
-                                      src, len))
+            l->io[b] = (lane_io){.req = i, .kind = IO_HDR};
+            *done = true;
+            if (!lane_prep(d, l, true, j->loc.path, j->loc.offset, b, (size_t)j->h))
                 j->rc = MOONLET_ERR_INTERNAL_ERROR;
             return;
         }
@@ -566,7 +561,6 @@ static void write_stage(moonlet_disk *d, disk_lane *l, const moonlet_disk_wreq *
         }
         off = j->loc.offset + j->h + j->staged;
         j->staged += len;
-        *done = j->staged == j->size;
         if (!(tail ? lane_prep(d, l, true, j->loc.path, off, b, MOONLET_DISK_BLOCK)
                    : lane_prep_direct(d, l, true, j->loc.path, off, b, (void *)src, len)))
             j->rc = MOONLET_ERR_INTERNAL_ERROR;
@@ -857,8 +851,8 @@ static void read_stage(moonlet_disk *d, disk_lane *l, size_t i, rjob *j, unsigne
         j->hdr_issued = true;
         j->issued = len;
         *done = j->issued == o->loc.size;
-        if (lane_prep_hdr_direct(d, l, false, o->loc.path, o->loc.offset, b, (size_t)j->h, dst,
-                                 len))
+        if (lane_prep_read_hdr_direct(d, l, o->loc.path, o->loc.offset, b, (size_t)j->h, dst,
+                                      len))
             j->inflight++;
         else
             j->rc = MOONLET_ERR_INTERNAL_ERROR;
