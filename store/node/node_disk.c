@@ -16,6 +16,7 @@
 #include "disk_tier.h"
 #include "grow.h"
 #include "log.h"
+#include "node_disk_fields.h"
 #include "thread.h"
 #include "moonlet/error.h"
 #include "moonlet/types.h"
@@ -594,4 +595,18 @@ void moonlet_node_disk_get_stats(moonlet_node_disk *nd, moonlet_node_disk_stats 
     out->checksum_errors = st.checksum_errors;
     out->inflight = st.inflight;
     out->queue_depth = st.queue_depth;
+}
+
+void moonlet_node_disk_figures(moonlet_node_disk *nd, uint64_t *out)
+{
+    moonlet_node_disk_stats s;
+    moonlet_node_disk_get_stats(nd, &s);
+    out[MOONLET_NODE_DISK_READS] = s.reads;
+    out[MOONLET_NODE_DISK_READ_ERRORS] = s.read_errors;
+    out[MOONLET_NODE_DISK_IO_ERRORS] = s.io_errors;
+    out[MOONLET_NODE_DISK_CHECKSUM_ERRORS] = s.checksum_errors;
+    out[MOONLET_NODE_DISK_INFLIGHT] = s.inflight;
+    out[MOONLET_NODE_DISK_QUEUE_DEPTH] = s.queue_depth;
+    out[MOONLET_NODE_DISK_DEMOTED] = s.demoted;
+    out[MOONLET_NODE_DISK_DEMOTE_FAILED] = s.demote_failed;
 }

@@ -100,4 +100,8 @@ typedef struct moonlet_node_disk_stats {
 } moonlet_node_disk_stats;
 void moonlet_node_disk_get_stats(moonlet_node_disk *nd, moonlet_node_disk_stats *out);
 
+/* The figures a Ping carries to the master, in the order of
+ * common/node_disk_fields.h. */
+void moonlet_node_disk_figures(moonlet_node_disk *nd, uint64_t *out /* NFIELDS */);
+
 #endif

@@ -427,18 +427,8 @@ static int node_heartbeat(moonlet_store_node *n)
     }
     uint32_t segs = 0;
     uint64_t disk[MOONLET_NODE_DISK_NFIELDS];
-    if (n->disk) { /* its disk tier's figures, for the master's inspect, Stats and /metrics */
-        moonlet_node_disk_stats ds;
-        moonlet_node_disk_get_stats(n->disk, &ds);
-        disk[MOONLET_NODE_DISK_READS] = ds.reads;
-        disk[MOONLET_NODE_DISK_READ_ERRORS] = ds.read_errors;
-        disk[MOONLET_NODE_DISK_IO_ERRORS] = ds.io_errors;
-        disk[MOONLET_NODE_DISK_CHECKSUM_ERRORS] = ds.checksum_errors;
-        disk[MOONLET_NODE_DISK_INFLIGHT] = ds.inflight;
-        disk[MOONLET_NODE_DISK_QUEUE_DEPTH] = ds.queue_depth;
-        disk[MOONLET_NODE_DISK_DEMOTED] = ds.demoted;
-        disk[MOONLET_NODE_DISK_DEMOTE_FAILED] = ds.demote_failed;
-    }
+    if (n->disk) /* its disk tier's figures, for the master's inspect, Stats and /metrics */
+        moonlet_node_disk_figures(n->disk, disk);
     int rc = moonlet_mc_ping_disk(n->mc, n->client_id, n->disk ? disk : NULL,
                                   MOONLET_NODE_DISK_NFIELDS, &segs);
     node_note_ping(n, rc);

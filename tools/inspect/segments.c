@@ -12,6 +12,7 @@
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "inspect.h"
@@ -65,19 +66,39 @@ static double pct(uint64_t part, uint64_t whole)
     return whole ? 100.0 * (double)part / (double)whole : 0.0;
 }
 
-/* Whether a segment of client id listed before `upto` carried its node's
- * disk tier figures (they are printed once per node). */
-static bool node_tier_before(const cJSON *list, const cJSON *upto, const char *id)
+static int by_client(const void *a, const void *b)
 {
-    const cJSON *p;
-    cJSON_ArrayForEach(p, list) {
-        if (p == upto)
-            return false;
-        if (cJSON_IsObject(cJSON_GetObjectItem(p, "node_tier")) &&
-            strcmp(inspect_json_str(p, "client_id"), id) == 0)
-            return true;
+    return strcmp(inspect_json_str(*(const cJSON *const *)a, "client_id"),
+                  inspect_json_str(*(const cJSON *const *)b, "client_id"));
+}
+
+/* Each disk node's own figures (its disk segments carry them), once per
+ * node, in client id order: the segments sorted, not searched per row. */
+static void print_node_tiers(const cJSON *list, FILE *out)
+{
+    int n = cJSON_GetArraySize(list), k = 0;
+    const cJSON **rows = n ? malloc((size_t)n * sizeof(*rows)) : NULL;
+    const cJSON *s;
+    if (!rows)
+        return;
+    cJSON_ArrayForEach(s, list)
+        if (cJSON_IsObject(cJSON_GetObjectItem(s, "node_tier")))
+            rows[k++] = s;
+    qsort(rows, (size_t)k, sizeof(*rows), by_client);
+    for (int i = 0; i < k; i++) {
+        const char *id = inspect_json_str(rows[i], "client_id");
+        if (i > 0 && strcmp(id, inspect_json_str(rows[i - 1], "client_id")) == 0)
+            continue; /* its paths share its tier */
+        const cJSON *nt = cJSON_GetObjectItem(rows[i], "node_tier");
+        fprintf(out, "disk tier of %s: %" PRIu64 " reads (hits), %" PRIu64 " read errors, %" PRIu64
+                " I/O errors, %" PRIu64 " checksum errors, %" PRIu64 " of %" PRIu64
+                " I/Os in flight, %" PRIu64 " demoted, %" PRIu64 " demotions failed\n", id,
+                inspect_json_u64(nt, "reads"), inspect_json_u64(nt, "read_errors"),
+                inspect_json_u64(nt, "io_errors"), inspect_json_u64(nt, "checksum_errors"),
+                inspect_json_u64(nt, "inflight"), inspect_json_u64(nt, "queue_depth"),
+                inspect_json_u64(nt, "demoted"), inspect_json_u64(nt, "demote_failed"));
     }
-    return false;
+    free(rows);
 }
 
 static int render_table(const cJSON *list, FILE *out, int width)
@@ -148,20 +169,7 @@ static int render_table(const cJSON *list, FILE *out, int width)
                 ndisk, ndisk == 1 ? "" : "s", capb, usedb, pct(dused, dcap), dobjects,
                 dobjects == 1 ? "" : "s");
     }
-    /* each disk node's own figures, once per node (its paths share its tier) */
-    cJSON_ArrayForEach(s, list) {
-        const cJSON *nt = cJSON_GetObjectItem(s, "node_tier");
-        const char *id = inspect_json_str(s, "client_id");
-        if (!cJSON_IsObject(nt) || node_tier_before(list, s, id))
-            continue;
-        fprintf(out, "disk tier of %s: %" PRIu64 " reads (hits), %" PRIu64 " read errors, %" PRIu64
-                " I/O errors, %" PRIu64 " checksum errors, %" PRIu64 " of %" PRIu64
-                " I/Os in flight, %" PRIu64 " demoted, %" PRIu64 " demotions failed\n", id,
-                inspect_json_u64(nt, "reads"), inspect_json_u64(nt, "read_errors"),
-                inspect_json_u64(nt, "io_errors"), inspect_json_u64(nt, "checksum_errors"),
-                inspect_json_u64(nt, "inflight"), inspect_json_u64(nt, "queue_depth"),
-                inspect_json_u64(nt, "demoted"), inspect_json_u64(nt, "demote_failed"));
-    }
+    print_node_tiers(list, out);
     return MOONLET_OK;
 }
 
