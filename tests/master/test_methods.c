@@ -275,6 +275,28 @@ static void test_decode_groups_and_bounds(void **state)
     moonlet_pack_cstr(pk, longname);
     assert_int_equal(req_decode(&r, MOONLET_M_PUT_START, &p, 0), MOONLET_ERR_INVALID_PARAMS);
     req_end(&r);
+    /* a Ping's disk figures: at most MOONLET_NODE_DISK_MAX unsigned values */
+    moonlet_args_ping g;
+    for (uint32_t n = MOONLET_NODE_DISK_MAX; n <= MOONLET_NODE_DISK_MAX + 1; n++) {
+        pk = req_begin(&r, 3);
+        moonlet_pack_cstr(pk, "node");
+        msgpack_pack_uint64(pk, 5);
+        msgpack_pack_array(pk, n);
+        for (uint32_t i = 0; i < n; i++)
+            msgpack_pack_uint64(pk, i);
+        assert_int_equal(req_decode(&r, MOONLET_M_PING, &g, 0),
+                         n > MOONLET_NODE_DISK_MAX ? MOONLET_ERR_INVALID_PARAMS : MOONLET_OK);
+        if (n == MOONLET_NODE_DISK_MAX)
+            assert_int_equal(g.disk.n, MOONLET_NODE_DISK_MAX);
+        req_end(&r);
+    }
+    pk = req_begin(&r, 3); /* a value that is not an unsigned integer */
+    moonlet_pack_cstr(pk, "node");
+    msgpack_pack_uint64(pk, 5);
+    msgpack_pack_array(pk, 1);
+    msgpack_pack_int64(pk, -1);
+    assert_int_equal(req_decode(&r, MOONLET_M_PING, &g, 0), MOONLET_ERR_INVALID_PARAMS);
+    req_end(&r);
     /* a batch above the server's cap, and at it */
     moonlet_args_batch_exist b;
     for (uint32_t n = 4; n <= 5; n++) {
