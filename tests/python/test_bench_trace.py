@@ -158,3 +158,8 @@ def test_rejects_bad_flags(trace_file):
     p = subprocess.run([BENCH, "trace", "--trace", str(trace_file)], capture_output=True,
                        timeout=30)
     assert p.returncode == 2 and b"1 MiB minimum" in p.stderr
+    # A disk run's directory that is not there: refused before any run starts.
+    p = subprocess.run([BENCH, "trace", "--trace", str(trace_file), "--disk-fraction", "1",
+                        "--disk-dir", "/nonexistent/moonlet-trace-disk"], capture_output=True,
+                       timeout=30)
+    assert p.returncode == 2 and b"--disk-dir" in p.stderr

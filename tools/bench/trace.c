@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -623,6 +624,13 @@ static int parse_opts(int argc, char **argv, trace_opts *o)
     }
     if (!o->path || optind < argc) {
         usage(stderr);
+        return 2;
+    }
+    struct stat st;
+    if (o->disk_fraction > 0 && (stat(o->disk_dir, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        /* said before any run starts, not by the disk run's store after the others */
+        fprintf(stderr, "moonlet-bench trace: --disk-dir %s: not a directory (create it)\n",
+                o->disk_dir);
         return 2;
     }
     return 0;
